@@ -1,0 +1,219 @@
+"""The plan: how one training job is split over GPUs (DESIGN.md section 4).
+
+A Plan is what `search` writes and `train`/`export` read. Its validity rules live in
+`autoplan.plan_rules` so one plan and a table of a million candidates are judged by the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import ConfigError
+from autoplan.model_spec import ModelSpec, load_model
+from autoplan.yaml_io import (
+    SCHEMA_VERSION, check_schema_version, from_dict, read_yaml, save_yaml, to_dict,
+)
+
+
+class Schedule(str, enum.Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZERO_BUBBLE = "zero-bubble"
+
+
+class RecomputePolicy(str, enum.Enum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Precision(str, enum.Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+def _check_int(field_name: str, value: int, low: int, high: int | None = None) -> None:
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise ConfigError(field_name, f"got {value!r}", f"expected an integer {bound}")
+
+
+@dataclass(frozen=True)
+class ClusterRef:
+    profile: str
+    """Hardware profile: a name in profiles/ or a path to a profile YAML."""
+    num_gpus: int
+    """GPUs the job runs on; must equal dp * tp * pp * cp."""
+
+    def __post_init__(self) -> None:
+        _check_int("cluster.num_gpus", self.num_gpus, 1)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    dp: int = 1
+    """Data-parallel replicas (ZeRO shards over this group)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron-style column/row split of each block)."""
+    pp: int = 1
+    """Pipeline stages."""
+    cp: int = 1
+    """Context-parallel degree (sequence split for attention)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp"):
+            _check_int(f"parallel.{name}", getattr(self, name), 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    """gpipe | 1f1b | interleaved-1f1b | zero-bubble."""
+    vpp: int = 1
+    """Virtual stages (model chunks) per pipeline rank; > 1 needs interleaved-1f1b."""
+    layers_per_stage: tuple[int, ...] | None = None
+    """Optional uneven split: layers of each of the pp * vpp stages, in order. Default: even."""
+
+    def __post_init__(self) -> None:
+        _check_int("pipeline.vpp", self.vpp, 1)
+        if self.layers_per_stage is not None:
+            for i, n in enumerate(self.layers_per_stage):
+                _check_int(f"pipeline.layers_per_stage[{i}]", n, 1)
+
+
+@dataclass(frozen=True)
+class Offload:
+    optimizer: bool = False
+    """Optimizer states (and the fp32 master weights) live in host memory; the step runs on CPU."""
+    params: bool = False
+    """Parameters live in host memory and stream to the GPU per layer (needs ZeRO-3)."""
+
+
+@dataclass(frozen=True)
+class Recompute:
+    policy: RecomputePolicy = RecomputePolicy.NONE
+    """none | selective (attention core only) | full (whole block)."""
+    num_layers: int | None = None
+    """Recomputed layers per pipeline stage (Megatron's block method); null means all."""
+
+    def __post_init__(self) -> None:
+        if self.num_layers is not None:
+            _check_int("recompute.num_layers", self.num_layers, 0)
+
+
+@dataclass(frozen=True)
+class Batch:
+    micro_batch_size: int
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch_size: int
+    """Sequences per optimizer step over all replicas."""
+
+    def __post_init__(self) -> None:
+        _check_int("batch.micro_batch_size", self.micro_batch_size, 1)
+        _check_int("batch.global_batch_size", self.global_batch_size, 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str | ModelSpec
+    """A preset name, a path to a model YAML / config.json, or an inline model spec."""
+    cluster: ClusterRef
+    batch: Batch
+    parallel: Parallel = field(default_factory=Parallel)
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: shard norms/dropout activations over tp (needs tp > 1)."""
+    pipeline: Pipeline = field(default_factory=Pipeline)
+    zero_stage: int = 0
+    """0: replicated states; 1: optimizer sharded; 2: + gradients; 3: + parameters."""
+    offload: Offload = field(default_factory=Offload)
+    recompute: Recompute = field(default_factory=Recompute)
+    precision: Precision = Precision.BF16
+    """bf16 | fp16 mixed precision with fp32 master weights, or plain fp32."""
+    predicted: dict[str, Any] | None = None
+    """Written by search/estimate for comparison; train ignores it except to report."""
+
+    def __post_init__(self) -> None:
+        _check_int("zero_stage", self.zero_stage, 0, 3)
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step (exact only for a valid plan)."""
+        per_replica = self.batch.global_batch_size // self.parallel.dp
+        return max(1, per_replica // self.batch.micro_batch_size)
+
+    def model_spec(self) -> ModelSpec:
+        return load_model(self.model)
+
+    def replace(self, **changes: Any) -> Plan:
+        return dataclasses.replace(self, **changes)
+
+
+def plan_from_dict(data: Any, where: str = "plan") -> Plan:
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"got {data!r}", "expected a mapping of plan fields")
+    data = check_schema_version(data, "")
+    if isinstance(data.get("model"), dict):
+        data["model"] = load_model(data["model"])
+    return from_dict(Plan, data, "")
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+    out.update(to_dict(plan))
+    if out.get("predicted") is None:
+        out.pop("predicted")
+    if out["pipeline"].get("layers_per_stage") is None:
+        out["pipeline"].pop("layers_per_stage")
+    return out
+
+
+def load_plan(path: str | Path) -> Plan:
+    data = read_yaml(path, "PLAN")
+    if not isinstance(data, dict):
+        raise ConfigError(f"PLAN {path}", "expected a mapping of plan fields")
+    return plan_from_dict(data)
+
+
+def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> Path:
+    data = plan_to_dict(plan)
+    written = save_yaml(data, path, overwrite=overwrite)
+    if load_plan(written) != plan:  # every save reloads and compares
+        raise AssertionError(f"plan written to {written} does not reload equal")
+    return written
+
+
+def set_field(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `--set a.b.c=value` to a plan mapping; the value is parsed as YAML."""
+    import yaml
+
+    if "=" not in assignment:
+        raise ConfigError("--set", f"got {assignment!r}", "write key=value, e.g. parallel.tp=4")
+    key, _, raw = assignment.partition("=")
+    try:
+        value = yaml.safe_load(raw) if raw else None
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError("--set", f"{key!r}: {part!r} is not a section", "check the key")
+        node = child
+    node[parts[-1]] = value

@@ -1,0 +1,208 @@
+"""Strict YAML <-> frozen dataclass conversion.
+
+Unknown keys are errors that list the valid ones, enums load by their YAML spelling, numbers are
+type-checked, and every save reloads the file and compares it with what was meant to be written.
+Files are written atomically and never silently overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import os
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from autoplan.errors import ConfigError
+
+T = TypeVar("T")
+SCHEMA_VERSION = 1
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    """Convert one YAML value to the annotated type `tp`, or raise ConfigError naming `where`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _convert(inner[0], value, where)
+        for candidate in inner:  # first type that accepts the value wins
+            try:
+                return _convert(candidate, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(where, f"got {value!r}", f"expected one of {[_tn(a) for a in inner]}")
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)  # type: ignore[arg-type]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        choices = [m.value for m in tp]
+        if isinstance(value, tp):
+            return value
+        if value not in choices:
+            raise ConfigError(where, f"got {value!r}", f"choose one of {', '.join(map(str, choices))}")
+        return tp(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a number")
+        if not math.isfinite(value):
+            raise ConfigError(where, f"got {value!r}", "expected a finite number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a string")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a list")
+        item_tp = args[0] if args else Any
+        return tuple(_convert(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a mapping")
+        key_tp, val_tp = args if args else (Any, Any)
+        return {
+            _convert(key_tp, k, f"{where}"): _convert(val_tp, v, f"{where}.{k}")
+            for k, v in value.items()
+        }
+    raise TypeError(f"yaml_io cannot convert to {tp!r} at {where}")  # programming error
+
+
+def _tn(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def from_dict(cls: type[T], data: Any, where: str) -> T:
+    """Build dataclass `cls` from a mapping, strictly. `where` is the dotted path for errors."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"got {data!r} ({_type_name(data)})", "expected a mapping")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in data:
+        if key not in fields:
+            raise ConfigError(
+                f"{where}.{key}" if where else str(key),
+                "unknown key",
+                f"valid keys: {', '.join(fields)}",
+            )
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        path = f"{where}.{name}" if where else name
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], path)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(path, "missing", f"add '{name}:' to the file")
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        if where and not err.field.startswith(where):
+            raise ConfigError(f"{where}.{err.field}", err.problem, err.fix) from None
+        raise
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclasses, enums and tuples to plain YAML-ready Python values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    return obj
+
+
+def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
+    """Read a YAML file with `yaml.safe_load`; missing or malformed files raise ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(what, f"no such file {str(p)!r}", "check the path")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(what, f"cannot read {str(p)!r} ({err.__class__.__name__})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "syntax error"
+        raise ConfigError(what, f"{str(p)!r} is not valid YAML{where}: {problem}") from None
+
+
+def check_schema_version(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """Pop and check `schema_version` (absent means the current version)."""
+    data = dict(data)
+    version = data.pop("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ConfigError(
+            f"{where}.schema_version" if where else "schema_version",
+            f"got {version!r}",
+            f"this autoplan reads schema_version {SCHEMA_VERSION}",
+        )
+    return data
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: bool = False) -> Path:
+    """Write `text` to `path` via a temporary file and rename; refuse to replace unless asked."""
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise ConfigError(
+            "output", f"{str(p)!r} already exists", "choose another path or pass --force"
+        )
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def save_yaml(
+    data: Any, path: str | os.PathLike[str], *, overwrite: bool = False
+) -> Path:
+    """Save plain data as YAML atomically, then reload and compare with what was meant."""
+    text = dump_yaml(data)
+    if yaml.safe_load(text) != data:
+        raise AssertionError("YAML round trip changed the data")  # internal invariant
+    return write_text_atomic(path, text, overwrite=overwrite)
