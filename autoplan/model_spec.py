@@ -62,6 +62,8 @@ class ModelSpec:
     """Linear layers carry biases (GPT) or not (Llama)."""
     tie_embeddings: bool = False
     """The output projection shares the input embedding's weights."""
+    dropout: float = 0.0
+    """Dropout probability after attention and MLP (and on attention probabilities)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "seq_len"):
@@ -72,6 +74,8 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         _positive("model.num_kv_heads", self.num_kv_heads)
         _positive("model.ffn_hidden_size", self.ffn_hidden_size)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 "model.num_heads",
@@ -116,7 +120,7 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     # dense attention everywhere (we ignore the alternating sparse layers), tied embeddings.
     return ModelSpec(
         name=name, num_layers=layers, hidden_size=hidden, num_heads=heads,
-        vocab_size=50257, seq_len=2048, tie_embeddings=True,
+        vocab_size=50257, seq_len=2048, tie_embeddings=True, dropout=0.1,
     )
 
 

@@ -32,6 +32,11 @@ class RecomputePolicy(str, enum.Enum):
     FULL = "full"
 
 
+class Attention(str, enum.Enum):
+    FLASH = "flash"
+    EAGER = "eager"
+
+
 class Precision(str, enum.Enum):
     BF16 = "bf16"
     FP16 = "fp16"
@@ -104,7 +109,8 @@ class Recompute:
     policy: RecomputePolicy = RecomputePolicy.NONE
     """none | selective (attention core only) | full (whole block)."""
     num_layers: int | None = None
-    """Recomputed layers per pipeline stage (Megatron's block method); null means all."""
+    """Recomputed layers of each pipeline stage (each model chunk when vpp > 1), counted from
+    its first layer (Megatron's block method); null means all."""
 
     def __post_init__(self) -> None:
         if self.num_layers is not None:
@@ -139,6 +145,9 @@ class Plan:
     recompute: Recompute = field(default_factory=Recompute)
     precision: Precision = Precision.BF16
     """bf16 | fp16 mixed precision with fp32 master weights, or plain fp32."""
+    attention: Attention = Attention.FLASH
+    """flash: fused attention that keeps no s x s matrices (SDPA / FlashAttention); eager: the
+    unfused softmax(QK^T)V that stores them (Megatron-LM before FlashAttention)."""
     predicted: dict[str, Any] | None = None
     """Written by search/estimate for comparison; train ignores it except to report."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 import os
 import tempfile
 import types
@@ -22,6 +23,7 @@ import yaml
 from autoplan.errors import ConfigError
 
 T = TypeVar("T")
+_YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 SCHEMA_VERSION = 1
 
 
@@ -65,6 +67,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected an integer")
         return value
     if tp is float:
+        if isinstance(value, str) and _YAML11_FLOAT.match(value):
+            value = float(value)  # PyYAML reads 1e12 (no dot, no sign) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a number")
         if not math.isfinite(value):

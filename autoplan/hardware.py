@@ -1,0 +1,166 @@
+"""Hardware: devices, links, hosts and efficiency curves, loaded from profiles/NAME.yaml.
+
+A profile describes one node type; the GPU count of a job is given separately (ClusterSpec).
+Datasheet presets carry reasonable efficiency curves; `autoplan profile` writes measured ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoplan.errors import ConfigError
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A monotone table y(x), interpolated linearly in log(x) and clamped at both ends."""
+
+    x: tuple[float, ...]
+    """Sizes (FLOPs of one matmul, or bytes of one message), strictly increasing, > 0."""
+    y: tuple[float, ...]
+    """Values at those sizes (efficiencies are fractions of the peak, in (0, 1])."""
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y) or not self.x:
+            raise ConfigError("curve", f"x has {len(self.x)} points, y {len(self.y)}",
+                              "give x and y of the same, non-zero length")
+        if any(v <= 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:])):
+            raise ConfigError("curve.x", f"got {list(self.x)}", "use increasing positive sizes")
+        if any(not 0 < v <= 1.0 for v in self.y):
+            raise ConfigError("curve.y", f"got {list(self.y)}", "efficiencies lie in (0, 1]")
+
+    def __call__(self, x: Any) -> np.ndarray:
+        logx = np.log(np.maximum(np.asarray(x, dtype=np.float64), 1e-30))
+        return np.interp(logx, np.log(np.asarray(self.x)), np.asarray(self.y))
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    """Marketing name of the accelerator."""
+    memory_bytes: int
+    """Device memory (HBM) in bytes."""
+    hbm_bytes_per_s: float
+    """Peak device-memory bandwidth."""
+    peak_flops_per_s: dict[str, float]
+    """Dense peak per dtype: bf16, fp16, fp32 (and tf32 where it exists)."""
+    reserved_bytes: int = 0
+    """Memory the runtime holds before the model: CUDA context, NCCL and cuBLAS workspaces."""
+
+    def peak(self, precision: str) -> float:
+        if precision not in self.peak_flops_per_s:
+            raise ConfigError("device.peak_flops_per_s", f"has no {precision!r} entry",
+                              f"add one (have {', '.join(self.peak_flops_per_s)})")
+        return self.peak_flops_per_s[precision]
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bytes_per_s: float
+    """Unidirectional bandwidth available to one GPU on this link tier."""
+    latency_s: float
+    """Per-message latency (one hop)."""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    memory_bytes: int
+    """Host (CPU) memory per node."""
+    pcie_bytes_per_s: float
+    """Host <-> one GPU copy bandwidth (pinned memory)."""
+    optimizer_params_per_s: float
+    """Parameters per second one GPU's share of the host CPU updates with Adam (offload)."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    matmul: Curve
+    """Achieved / peak FLOP/s of one GEMM by its FLOPs (2*m*n*k)."""
+    memory_bound: float = 0.7
+    """Achieved / peak HBM bandwidth of element-wise and normalisation kernels."""
+    intra_node: Curve | None = None
+    """Achieved / link bandwidth of a collective by message bytes, inside a node."""
+    inter_node: Curve | None = None
+    """Achieved / link bandwidth of a collective by message bytes, across nodes."""
+    overlap: float = 0.8
+    """Fraction of data-parallel communication hidden behind backward compute when overlapped."""
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    name: str
+    device: DeviceSpec
+    gpus_per_node: int
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+    host: HostSpec
+    efficiency: Efficiency
+    description: str = ""
+    measured: dict[str, Any] | None = None
+    """Written by `autoplan profile`: measured curves and the conditions they were taken in."""
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1:
+            raise ConfigError("gpus_per_node", f"got {self.gpus_per_node}", "expected >= 1")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A profile and a GPU count: the machine a plan is scored for."""
+
+    profile: ClusterProfile
+    num_gpus: int
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise ConfigError("--num-gpus", f"got {self.num_gpus}", "expected a positive integer")
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_gpus // self.profile.gpus_per_node)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(self.num_gpus, self.profile.gpus_per_node)
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"got {data!r}", "expected a mapping of profile fields")
+    return from_dict(ClusterProfile, check_schema_version(data, where), where)
+
+
+def load_profile(ref: str | Path) -> ClusterProfile:
+    """A profile by name (profiles/NAME.yaml) or by path."""
+    path = Path(ref)
+    if not path.suffix:
+        named = PROFILES_DIR / f"{ref}.yaml"
+        if not named.is_file():
+            raise ConfigError(
+                "--cluster", f"unknown profile {str(ref)!r}",
+                f"choose one of {', '.join(available_profiles())} or a path to a profile YAML",
+            )
+        path = named
+    return profile_from_dict(read_yaml(path, "--cluster"), "profile")
+
+
+def cluster(ref: str | Path, num_gpus: int) -> ClusterSpec:
+    return ClusterSpec(load_profile(ref), num_gpus)
+
+
+def replace(profile: ClusterProfile, **changes: Any) -> ClusterProfile:
+    return dataclasses.replace(profile, **changes)
+
+

@@ -1,0 +1,188 @@
+"""Validity rules for plans, vectorised: one rule set judges one plan or a million candidates.
+
+Each rule gives a boolean column "violated" and, for one row, a message naming the field, the
+value and a fix. Search counts rejected candidates by the first rule they break; `validate_plan`
+lists every rule one plan breaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.hardware import ClusterSpec
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan
+from autoplan.plan_table import (
+    GPIPE, INTERLEAVED, RC_NONE, SCHEDULES, ZERO_BUBBLE, Table, col, plan_to_row,
+)
+
+
+def _divisors(n: int) -> str:
+    ds = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, ds if len(ds) <= 12 else ds[:6] + ["..."] + ds[-3:]))
+
+
+def _int(t: Table, name: str, i: int) -> int:
+    return int(col(t, name)[i])
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    """Short name used to count rejected candidates."""
+    violated: Callable[[Table, ModelSpec], np.ndarray]
+    message: Callable[[Table, int, ModelSpec], str]
+
+
+def _micro(t: Table) -> np.ndarray:
+    return col(t, "gbs") // np.maximum(col(t, "dp") * col(t, "mbs"), 1)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "tp-divides-heads",
+        lambda t, m: m.num_heads % col(t, "tp") != 0,
+        lambda t, i, m: f"parallel.tp={_int(t, 'tp', i)} does not divide num_heads="
+        f"{m.num_heads}; choose tp from {_divisors(m.num_heads)}",
+    ),
+    Rule(
+        "tp-divides-kv-heads",
+        lambda t, m: m.kv_heads % col(t, "tp") != 0,
+        lambda t, i, m: f"parallel.tp={_int(t, 'tp', i)} does not divide num_kv_heads="
+        f"{m.kv_heads}; choose tp from {_divisors(m.kv_heads)}",
+    ),
+    Rule(
+        "tp-divides-ffn",
+        lambda t, m: m.ffn % col(t, "tp") != 0,
+        lambda t, i, m: f"parallel.tp={_int(t, 'tp', i)} does not divide ffn_hidden_size="
+        f"{m.ffn}; choose a tp that divides it",
+    ),
+    Rule(
+        "pp-vpp-divides-layers",
+        lambda t, m: m.num_layers % (col(t, "pp") * col(t, "vpp")) != 0,
+        lambda t, i, m: f"parallel.pp * pipeline.vpp = {_int(t, 'pp', i) * _int(t, 'vpp', i)} "
+        f"does not divide num_layers={m.num_layers}; choose pp * vpp from "
+        f"{_divisors(m.num_layers)} or give pipeline.layers_per_stage",
+    ),
+    Rule(
+        "batch-divides",
+        lambda t, m: col(t, "gbs") % (col(t, "dp") * col(t, "mbs")) != 0,
+        lambda t, i, m: f"batch.global_batch_size={_int(t, 'gbs', i)} is not a multiple of "
+        f"dp * micro_batch_size = {_int(t, 'dp', i) * _int(t, 'mbs', i)}; change either",
+    ),
+    Rule(
+        "microbatches-ge-pp",
+        lambda t, m: (col(t, "pp") > 1) & (col(t, "schedule") != GPIPE)
+        & (_micro(t) < col(t, "pp")),
+        lambda t, i, m: f"pipeline.schedule={SCHEDULES[_int(t, 'schedule', i)].value} needs at "
+        f"least pp={_int(t, 'pp', i)} micro-batches per step, got {int(_micro(t)[i])}; "
+        "raise global_batch_size or lower micro_batch_size or dp",
+    ),
+    Rule(
+        "interleaved-microbatches",
+        lambda t, m: (col(t, "schedule") == INTERLEAVED) & (col(t, "pp") > 1)
+        & (_micro(t) % col(t, "pp") != 0),
+        lambda t, i, m: f"pipeline.schedule=interleaved-1f1b needs micro-batches per step "
+        f"({int(_micro(t)[i])}) to be a multiple of pp={_int(t, 'pp', i)}",
+    ),
+    Rule(
+        "vpp-needs-interleaving",
+        lambda t, m: (col(t, "vpp") > 1)
+        & ((col(t, "pp") == 1) | ~np.isin(col(t, "schedule"), (INTERLEAVED, ZERO_BUBBLE))),
+        lambda t, i, m: f"pipeline.vpp={_int(t, 'vpp', i)} needs pp > 1 and schedule "
+        "interleaved-1f1b or zero-bubble; set vpp: 1 or change the schedule",
+    ),
+    Rule(
+        "interleaving-needs-vpp",
+        lambda t, m: (col(t, "schedule") == INTERLEAVED) & (col(t, "vpp") < 2)
+        & (col(t, "pp") > 1),
+        lambda t, i, m: "pipeline.schedule=interleaved-1f1b needs vpp >= 2; set pipeline.vpp "
+        "or use 1f1b",
+    ),
+    Rule(
+        "sp-needs-tp",
+        lambda t, m: col(t, "sp") & (col(t, "tp") == 1),
+        lambda t, i, m: "sequence_parallel=true needs parallel.tp > 1; set it false or raise tp",
+    ),
+    Rule(
+        "cp-divides-seq",
+        lambda t, m: (m.seq_len % (2 * col(t, "cp")) != 0) & (col(t, "cp") > 1),
+        lambda t, i, m: f"parallel.cp={_int(t, 'cp', i)}: seq_len={m.seq_len} must split into "
+        "2 * cp equal chunks (load-balanced context parallelism); choose another cp",
+    ),
+    Rule(
+        "offload-params-needs-zero3",
+        lambda t, m: col(t, "offload_params") & (col(t, "zero_stage") != 3),
+        lambda t, i, m: f"offload.params=true needs zero_stage=3, got {_int(t, 'zero_stage', i)}",
+    ),
+    Rule(
+        "offload-optimizer-needs-zero",
+        lambda t, m: col(t, "offload_optimizer") & (col(t, "zero_stage") == 0),
+        lambda t, i, m: "offload.optimizer=true needs zero_stage >= 1 (ZeRO-Offload partitions "
+        "the optimizer first); set zero_stage: 2",
+    ),
+    Rule(
+        "recompute-layers",
+        lambda t, m: (col(t, "recompute_layers") >= 0)
+        & (((col(t, "recompute") == RC_NONE) & (col(t, "recompute_layers") > 0))
+           | (col(t, "recompute_layers") * col(t, "vpp") > col(t, "layers_max"))),
+        lambda t, i, m: f"recompute.num_layers={_int(t, 'recompute_layers', i)} must be at most "
+        f"the layers of one stage ({_int(t, 'layers_max', i) // _int(t, 'vpp', i)}) and needs a "
+        "policy other than none",
+    ),
+    Rule(
+        "pp-le-layers",
+        lambda t, m: col(t, "pp") * col(t, "vpp") > m.num_layers,
+        lambda t, i, m: f"parallel.pp * vpp = {_int(t, 'pp', i) * _int(t, 'vpp', i)} exceeds "
+        f"num_layers={m.num_layers}",
+    ),
+)
+RULE_KEYS: tuple[str, ...] = tuple(r.key for r in RULES)
+
+
+def violations(table: Table, model: ModelSpec) -> np.ndarray:
+    """Boolean matrix (rows x rules): which rules each candidate breaks."""
+    n = len(col(table, "dp"))
+    out = np.zeros((n, len(RULES)), dtype=bool)
+    for j, rule in enumerate(RULES):
+        out[:, j] = np.broadcast_to(rule.violated(table, model), (n,))
+    return out
+
+
+def first_violation(table: Table, model: ModelSpec) -> np.ndarray:
+    """Index into RULES of the first rule each row breaks, or -1 for a valid row."""
+    bad = violations(table, model)
+    return np.where(bad.any(axis=1), bad.argmax(axis=1), -1)
+
+
+def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
+    """Every rule the plan breaks, as messages naming the field, the value and the fix."""
+    reasons: list[str] = []
+    if plan.world_size != cluster.num_gpus:
+        reasons.append(
+            f"dp * tp * pp * cp = {plan.world_size} but the cluster has {cluster.num_gpus} GPUs; "
+            "make the degrees multiply to cluster.num_gpus"
+        )
+    lps = plan.pipeline.layers_per_stage
+    stages = plan.parallel.pp * plan.pipeline.vpp
+    if lps is not None and (len(lps) != stages or sum(lps) != model.num_layers):
+        reasons.append(
+            f"pipeline.layers_per_stage has {len(lps)} stages summing to {sum(lps)}; it needs "
+            f"pp * vpp = {stages} entries summing to num_layers={model.num_layers}"
+        )
+    precision = plan.precision.value
+    if precision not in cluster.profile.device.peak_flops_per_s:
+        have = ", ".join(cluster.profile.device.peak_flops_per_s)
+        reasons.append(
+            f"precision={precision} is not supported by {cluster.profile.device.name} "
+            f"(it has {have}); choose one of those"
+        )
+    row = plan_to_row(plan, model)
+    bad = violations(row, model)[0]
+    for j, rule in enumerate(RULES):
+        if bad[j] and not (rule.key == "pp-vpp-divides-layers" and lps is not None):
+            reasons.append(rule.message(row, 0, model))
+    return reasons

@@ -1,0 +1,93 @@
+"""Plans as columns: the numeric form the cost model and the rules score in one numpy pass.
+
+A table holds one row per candidate plan; enums are small integer codes. `plan_to_row` turns one
+Plan into a one-row table, so a single plan and a million candidates go through the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import (
+    Batch, ClusterRef, Offload, Parallel, Pipeline, Plan, Precision, Recompute, RecomputePolicy,
+    Schedule,
+)
+
+SCHEDULES: tuple[Schedule, ...] = tuple(Schedule)
+"""Code i in column `schedule` means SCHEDULES[i]."""
+RECOMPUTE: tuple[RecomputePolicy, ...] = tuple(RecomputePolicy)
+"""Code i in column `recompute` means RECOMPUTE[i]: 0 none, 1 selective, 2 full."""
+GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE = range(4)
+RC_NONE, RC_SELECTIVE, RC_FULL = range(3)
+
+COLUMNS: dict[str, Any] = {
+    "dp": np.int64, "tp": np.int64, "pp": np.int64, "cp": np.int64, "vpp": np.int64,
+    "sp": np.bool_, "schedule": np.int64, "zero_stage": np.int64,
+    "offload_optimizer": np.bool_, "offload_params": np.bool_,
+    "recompute": np.int64, "recompute_layers": np.int64,
+    "mbs": np.int64, "gbs": np.int64,
+    "layers_max": np.int64, "layers_first": np.int64,
+}
+"""Column -> dtype. recompute_layers = -1 means every layer of the stage; layers_max is the
+layer count of the most loaded pipeline rank (all its chunks) and layers_first that of rank 0."""
+
+Table = Mapping[str, Any]
+
+
+def col(table: Table, name: str) -> np.ndarray:
+    return np.asarray(table[name])
+
+
+def even_layers(model: ModelSpec, pp: np.ndarray) -> np.ndarray:
+    """Layers per pipeline rank under an even split (ceil, so an uneven count is not hidden)."""
+    return -(-model.num_layers // np.maximum(np.asarray(pp), 1))
+
+
+def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
+    par, pipe = plan.parallel, plan.pipeline
+    if pipe.layers_per_stage is not None and len(pipe.layers_per_stage) == par.pp * pipe.vpp:
+        per_rank = [
+            sum(pipe.layers_per_stage[r + c * par.pp] for c in range(pipe.vpp))
+            for r in range(par.pp)
+        ]
+        layers_max, layers_first = max(per_rank), per_rank[0]
+    else:
+        layers_max = layers_first = int(even_layers(model, np.array(par.pp)))
+    n = plan.recompute.num_layers
+    row = {
+        "dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "vpp": pipe.vpp,
+        "sp": plan.sequence_parallel, "schedule": SCHEDULES.index(pipe.schedule),
+        "zero_stage": plan.zero_stage,
+        "offload_optimizer": plan.offload.optimizer, "offload_params": plan.offload.params,
+        "recompute": RECOMPUTE.index(plan.recompute.policy),
+        "recompute_layers": -1 if n is None else n,
+        "mbs": plan.batch.micro_batch_size, "gbs": plan.batch.global_batch_size,
+        "layers_max": layers_max, "layers_first": layers_first,
+    }
+    return {k: np.array([v], dtype=COLUMNS[k]) for k, v in row.items()}
+
+
+def row_to_plan(
+    table: Table, i: int, model_ref: str | ModelSpec, cluster: ClusterRef, precision: Precision
+) -> Plan:
+    """Row i of a candidate table as a Plan (even layer split)."""
+    def v(name: str) -> Any:
+        return np.asarray(table[name])[i].item()
+
+    rl = v("recompute_layers")
+    return Plan(
+        model=model_ref,
+        cluster=ClusterRef(cluster.profile, int(v("dp") * v("tp") * v("pp") * v("cp"))),
+        batch=Batch(micro_batch_size=v("mbs"), global_batch_size=v("gbs")),
+        parallel=Parallel(dp=v("dp"), tp=v("tp"), pp=v("pp"), cp=v("cp")),
+        sequence_parallel=bool(v("sp")),
+        pipeline=Pipeline(schedule=SCHEDULES[v("schedule")], vpp=v("vpp")),
+        zero_stage=v("zero_stage"),
+        offload=Offload(optimizer=bool(v("offload_optimizer")), params=bool(v("offload_params"))),
+        recompute=Recompute(policy=RECOMPUTE[v("recompute")], num_layers=None if rl < 0 else rl),
+        precision=precision,
+    )
