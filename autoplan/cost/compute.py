@@ -1,0 +1,99 @@
+"""Compute: FLOPs of a transformer and the time a GPU needs for them.
+
+FLOPs: Narayanan et al. 2021 (SC21) eq. 3, 72*B*s*L*h^2*(1 + s/6h + V/12Lh) per step for GPT;
+here each GEMM is counted on its own, so grouped-query attention and SwiGLU are exact too.
+Time: every GEMM runs at the profile's efficiency for its size (small GEMMs are slow), the
+element-wise work is bounded by memory bandwidth (Korthikanti et al. 2022 count the bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplan.hardware import ClusterProfile
+from autoplan.model_spec import MlpKind, ModelSpec
+
+ELEMENTWISE_PASSES = 3.3
+"""HBM bytes moved by norms, activation functions, bias/dropout/residual kernels per byte of
+activation kept for backward: forward reads and writes each tensor about once (38sbh moved per
+34sbh kept for GPT) and backward moves about twice that (inputs, saved tensors, gradients)."""
+SOFTMAX_PASSES = 5.4
+"""Same for the eager attention core (scale, mask, softmax, dropout): 9as^2b moved forward per
+5as^2b kept, twice that backward."""
+FLASH_EFFICIENCY = 0.75
+"""Fused attention runs at ~75% of the GEMM efficiency of its size (Dao 2023, FlashAttention-2:
+50-73% of A100 peak forward, less backward, against ~80% for large GEMMs)."""
+FLASH_BACKWARD = 2.5
+"""Fused attention backward recomputes the scores: 2.5x the forward FLOPs instead of 2x."""
+
+
+def gemm_flops_per_layer(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> list[np.ndarray]:
+    """Forward FLOPs of each GEMM of one block on one tp rank, for `tokens` tokens."""
+    t = np.asarray(tokens, float)
+    tp = np.asarray(tp, float)
+    h, f = model.hidden_size, model.ffn
+    kv_width = model.kv_heads * model.head_dim
+    gemms = [2 * t * h * (h + 2 * kv_width) / tp, 2 * t * h * h / tp]
+    if model.mlp is MlpKind.SWIGLU:
+        gemms += [2 * t * h * 2 * f / tp, 2 * t * f * h / tp]  # gate+up fused, then down
+    else:
+        gemms += [2 * t * h * f / tp, 2 * t * f * h / tp]
+    return gemms
+
+
+def attention_core_flops(model: ModelSpec, b: np.ndarray, tp: np.ndarray, cp: np.ndarray) -> np.ndarray:
+    """QK^T and attention-times-V forward FLOPs per rank: 4*b*s^2*h, split by tp and cp
+    (full square, as the papers count it, though causal kernels skip half)."""
+    return 4.0 * np.asarray(b, float) * model.seq_len**2 * model.hidden_size / (
+        np.asarray(tp, float) * np.asarray(cp, float))
+
+
+def model_flops_per_sequence(model: ModelSpec) -> float:
+    """Model FLOPs (forward + backward, no recompute) to train on one sequence."""
+    s = model.seq_len
+    layer = sum(float(g) for g in gemm_flops_per_layer(model, np.array(s), np.array(1)))
+    layer += float(attention_core_flops(model, np.array(1), np.array(1), np.array(1)))
+    logits = 2.0 * s * model.hidden_size * model.vocab_size
+    return 3.0 * (model.num_layers * layer + logits)
+
+
+def gemm_time_s(flops: np.ndarray, profile: ClusterProfile, peak: float) -> np.ndarray:
+    return flops / (peak * profile.efficiency.matmul(flops))
+
+
+def memory_time_s(nbytes: np.ndarray, profile: ClusterProfile) -> np.ndarray:
+    return nbytes / (profile.device.hbm_bytes_per_s * profile.efficiency.memory_bound)
+
+
+def layer_times_s(
+    model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
+    cp: np.ndarray, act_noncore_bytes: np.ndarray, act_core_bytes: np.ndarray, eager: bool,
+) -> dict[str, np.ndarray]:
+    """Forward and backward seconds of one block for one micro-batch on one rank, and the
+    extra seconds of selective (attention core) and full recompute."""
+    tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
+    gemm = sum(gemm_time_s(g, profile, peak) for g in gemm_flops_per_layer(model, tokens, tp))
+    core_flops = attention_core_flops(model, b, tp, cp)
+    if eager:
+        # batched per-head GEMMs: efficiency of one head's s x d x s product
+        per_head = core_flops / (np.asarray(b, float) * model.num_heads / np.asarray(tp, float))
+        core_gemm = core_flops / (peak * profile.efficiency.matmul(per_head))
+        core_fwd = core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES / 3.0, profile)
+        core_bwd = 2.0 * core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES * 2 / 3, profile)
+    else:
+        core_fwd = core_flops / (peak * profile.efficiency.matmul(core_flops) * FLASH_EFFICIENCY)
+        core_bwd = FLASH_BACKWARD * core_fwd
+    elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES, profile)
+    forward = gemm + core_fwd + elem / 3.0
+    backward = 2.0 * gemm + core_bwd + elem * 2.0 / 3.0
+    return {"forward": forward, "backward": backward, "selective": core_fwd, "full": forward}
+
+
+def logits_times_s(
+    model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
+    cp: np.ndarray, vocab: np.ndarray, logits_bytes: np.ndarray,
+) -> np.ndarray:
+    """Forward + backward seconds of the output layer and cross-entropy per micro-batch."""
+    tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
+    flops = 2.0 * tokens * model.hidden_size * vocab / np.asarray(tp, float)
+    return 3.0 * gemm_time_s(flops, profile, peak) + memory_time_s(2.0 * logits_bytes, profile)

@@ -1,0 +1,41 @@
+"""Pipeline schedules: micro-batches in flight (memory) and the bubble (time).
+
+GPipe keeps every micro-batch in flight (Huang et al. 2019); 1F1B at most pp on stage 0
+(Narayanan et al. 2021, PipeDream-Flush); interleaving with v chunks keeps
+pp * (1 + (pp-1)/(pp*v)) layer-sets (Korthikanti et al. 2022, section 4.2.3). Bubble: (pp-1)/m of
+the ideal time for GPipe and 1F1B, (pp-1)/(v*m) interleaved (Narayanan et al. 2021, section 2.2);
+zero-bubble ZB-H1 leaves about a third of 1F1B's (Qi et al. 2023, "Zero Bubble Pipeline
+Parallelism", Table 3), and its V schedule with two chunks less still.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplan.plan_table import GPIPE, INTERLEAVED, ZERO_BUBBLE
+
+ZERO_BUBBLE_SHARE = 1.0 / 3.0
+
+
+def in_flight_microbatches(
+    schedule: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray,
+) -> np.ndarray:
+    """Micro-batches' worth of activations stage 0 holds at its peak (in units of its layers)."""
+    pp, vpp, m = (np.asarray(x, float) for x in (pp, vpp, m))
+    sched = np.asarray(schedule)
+    one_f_one_b = np.minimum(pp, m)
+    interleaved = np.minimum(m, pp * (1.0 + (pp - 1.0) / (pp * vpp)))
+    out = np.where(sched == GPIPE, m, np.where(sched == INTERLEAVED, interleaved, one_f_one_b))
+    return np.where(pp > 1, out, 1.0)
+
+
+def bubble_fraction(
+    schedule: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray,
+) -> np.ndarray:
+    """Idle time as a fraction of the ideal (bubble-free) pipeline time m * t_microbatch."""
+    pp, vpp, m = (np.asarray(x, float) for x in (pp, vpp, m))
+    sched = np.asarray(schedule)
+    base = (pp - 1.0) / np.maximum(m, 1.0)
+    out = np.where(sched == INTERLEAVED, base / vpp,
+                   np.where(sched == ZERO_BUBBLE, base * ZERO_BUBBLE_SHARE / vpp, base))
+    return np.where(pp > 1, out, 0.0)
