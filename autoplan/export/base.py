@@ -1,0 +1,153 @@
+"""What every export target shares: its options, its tiny ABC and the refuse-or-render entry point.
+
+A target either expresses every field of a plan in its consumer's own format or refuses with the
+reasons; `export_plan` turns refusals into one ConfigError so the CLI writes nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
+
+from autoplan.errors import ConfigError
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Everything an export needs that the plan leaves to the site where the job runs."""
+
+    plan_path: str = "plan.yaml"
+    """Path of the plan file as the launched job sees it."""
+    gpus_per_node: int = 8
+    """GPUs on one node (from the hardware profile, or --gpus-per-node)."""
+    checkpoint_dir: str = "checkpoints"
+    """Where the job writes and resumes checkpoints."""
+    max_restarts: int = 3
+    """torchrun --max-restarts: worker-group restarts before the job fails."""
+    job_name: str = "autoplan"
+    """Scheduler job name (SLURM job, Kubernetes object name)."""
+    rdzv_port: int = 29500
+    """TCP port of the c10d rendezvous on the first node."""
+    image: str = "autoplan:latest"
+    """Container image (Kubernetes)."""
+    namespace: str | None = None
+    """Kubernetes namespace; None leaves it to kubectl's context."""
+    k8s_kind: str = "trainjob"
+    """trainjob (Kubeflow Trainer v2) | pytorchjob (Kubeflow training-operator v1) | jobset."""
+    torchtitan_format: str = "python"
+    """python (config_registry function, torchtitan >= 0.3) | toml (torchtitan <= 0.2.2)."""
+    script: str | None = None
+    """Training script for the deepspeed/megatron launch command (default per target)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the plan's GPUs fall on nodes."""
+
+    num_nodes: int
+    nproc_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.nproc_per_node
+
+
+def layout_reasons(plan: Plan, gpus_per_node: int) -> list[str]:
+    """Why the plan's GPUs cannot be laid out on whole nodes (empty when they can)."""
+    world = plan.world_size
+    reasons = []
+    if world != plan.cluster.num_gpus:
+        reasons.append(f"dp*tp*pp*cp = {world} but cluster.num_gpus = {plan.cluster.num_gpus}")
+    if gpus_per_node < 1:
+        reasons.append(f"gpus_per_node = {gpus_per_node} must be at least 1")
+    elif world > gpus_per_node and world % gpus_per_node:
+        reasons.append(
+            f"{world} GPUs do not fill whole nodes of {gpus_per_node} GPUs; "
+            "pick a multiple of gpus_per_node"
+        )
+    return reasons
+
+
+def layout(plan: Plan, gpus_per_node: int) -> Layout:
+    world = plan.world_size
+    if world <= gpus_per_node:
+        return Layout(num_nodes=1, nproc_per_node=world)
+    return Layout(num_nodes=world // gpus_per_node, nproc_per_node=gpus_per_node)
+
+
+class ExportTarget(abc.ABC):
+    """One consumer format. Subclasses set `name`/`summary` and implement check and render."""
+
+    name: ClassVar[str]
+    """The value of `--to`."""
+    summary: ClassVar[str]
+    """One line for --help."""
+
+    @abc.abstractmethod
+    def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        """Reasons this target cannot express the plan; empty when it can."""
+
+    @abc.abstractmethod
+    def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
+        """Files by name, the primary one first; only called when `check` found nothing."""
+
+
+def export_plan(
+    target: ExportTarget, plan: Plan, model: ModelSpec, opts: ExportOptions
+) -> dict[str, str]:
+    """Render `plan` for `target`, or raise ConfigError listing every reason it cannot."""
+    reasons = target.check(plan, model, opts)
+    if reasons:
+        raise ConfigError(
+            f"--to {target.name}",
+            "cannot express this plan: " + "; ".join(reasons),
+            "change the plan or pick another target",
+        )
+    return target.render(plan, model, opts)
+
+
+def even_split(total: int, parts: int) -> bool:
+    return parts > 0 and total % parts == 0
+
+
+def stage_layers(plan: Plan, model: ModelSpec) -> tuple[int, ...] | None:
+    """Layers of each of the pp*vpp stages, in model order; None when they cannot be split."""
+    stages = plan.parallel.pp * plan.pipeline.vpp
+    if plan.pipeline.layers_per_stage is not None:
+        split = tuple(plan.pipeline.layers_per_stage)
+        if len(split) != stages or sum(split) != model.num_layers:
+            return None
+        return split
+    if not even_split(model.num_layers, stages):
+        return None
+    return (model.num_layers // stages,) * stages
+
+
+def stage_reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    if stage_layers(plan, model) is not None:
+        return []
+    stages = plan.parallel.pp * plan.pipeline.vpp
+    given = plan.pipeline.layers_per_stage
+    what = f"layers_per_stage {list(given)}" if given is not None else "an even split"
+    return [f"{model.num_layers} layers do not fit {stages} pipeline stages as {what}"]
+
+
+def grad_accum_steps(plan: Plan) -> int | None:
+    """Micro-batches per step per replica, or None when the batch does not divide."""
+    per_step = plan.batch.micro_batch_size * plan.parallel.dp
+    if plan.batch.global_batch_size % per_step:
+        return None
+    return plan.batch.global_batch_size // per_step
+
+
+def batch_reasons(plan: Plan) -> list[str]:
+    if grad_accum_steps(plan) is not None:
+        return []
+    b = plan.batch
+    return [
+        f"global_batch_size {b.global_batch_size} is not a multiple of "
+        f"micro_batch_size {b.micro_batch_size} * dp {plan.parallel.dp}"
+    ]

@@ -1,0 +1,151 @@
+"""`autoplan export PLAN --to TARGET` and `autoplan import FILE --from deepspeed|megatron`.
+
+Export prints to stdout, or writes --out (never over an existing file without --force); a plan
+the target cannot express is refused with exit code 2 and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from autoplan.cli_common import add_format_argument
+from autoplan.errors import ConfigError
+from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.registry import TARGET_NAMES, get_target
+from autoplan.yaml_io import dump_yaml, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("export", help="write a plan in another tool's format")
+    p.add_argument("plan", metavar="PLAN", help="plan YAML")
+    p.add_argument("--to", required=True, choices=TARGET_NAMES, help="target format")
+    p.add_argument("--out", help="write here instead of stdout (extra files go beside it)")
+    p.add_argument("--force", action="store_true", help="replace existing output files")
+    p.add_argument("--gpus-per-node", type=int, help="default: the plan's hardware profile")
+    p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint directory")
+    p.add_argument("--max-restarts", type=int, default=3, help="torchrun --max-restarts")
+    p.add_argument("--job-name", default="autoplan", help="scheduler job / object name")
+    p.add_argument("--image", default="autoplan:latest", help="container image (kubernetes)")
+    p.add_argument("--namespace", help="Kubernetes namespace")
+    p.add_argument(
+        "--kind",
+        default="trainjob",
+        choices=("trainjob", "pytorchjob", "jobset"),
+        help="Kubernetes resource (default: Kubeflow Trainer v2 TrainJob)",
+    )
+    p.add_argument(
+        "--torchtitan-format",
+        default="python",
+        choices=("python", "toml"),
+        help="python: config_registry (torchtitan >= 0.3); toml: <= 0.2.2",
+    )
+    p.add_argument("--script", help="training script in the deepspeed/megatron launch command")
+    add_format_argument(p)
+    p.set_defaults(func=run_export)
+
+    q = subparsers.add_parser("import", help="read a DeepSpeed or Megatron config into a plan")
+    q.add_argument("file", metavar="FILE", help="DeepSpeed JSON, or Megatron arguments / script")
+    q.add_argument("--from", dest="source", required=True, choices=("deepspeed", "megatron"))
+    q.add_argument("--model", help="model preset or spec (required for DeepSpeed)")
+    q.add_argument("--cluster", required=True, help="hardware profile name or path")
+    q.add_argument("--num-gpus", type=int, help="GPUs in the job (default: from the config)")
+    q.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="edit a plan field the config cannot say, e.g. --set parallel.pp=4",
+    )
+    q.add_argument("--out", help="write the plan YAML here instead of stdout")
+    q.add_argument("--force", action="store_true", help="replace an existing --out file")
+    add_format_argument(q)
+    q.set_defaults(func=run_import)
+
+
+def _gpus_per_node(args: argparse.Namespace, profile: str, world: int) -> int:
+    if args.gpus_per_node is not None:
+        if args.gpus_per_node < 1:
+            raise ConfigError("--gpus-per-node", f"got {args.gpus_per_node}", "expected >= 1")
+        return int(args.gpus_per_node)
+    try:
+        from autoplan.hardware import load_profile
+    except ImportError:  # hardware profiles not available: a node of up to 8 GPUs
+        return min(8, world)
+    return load_profile(profile).gpus_per_node
+
+
+def _out_paths(out: Path, names: list[str]) -> list[Path]:
+    """The primary file at --out, the others beside it as <stem>.<name>."""
+    return [out] + [out.with_name(f"{out.stem}.{name}") for name in names[1:]]
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from autoplan.plan import load_plan
+
+    plan = load_plan(args.plan)
+    model = plan.model_spec()
+    opts = ExportOptions(
+        plan_path=args.plan,
+        gpus_per_node=_gpus_per_node(args, plan.cluster.profile, plan.world_size),
+        checkpoint_dir=args.checkpoint_dir,
+        max_restarts=args.max_restarts,
+        job_name=args.job_name,
+        image=args.image,
+        namespace=args.namespace,
+        k8s_kind=args.kind,
+        torchtitan_format=args.torchtitan_format,
+        script=args.script,
+    )
+    files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
+    names = list(files)
+    if args.format in ("json", "yaml"):
+        data = {"target": args.to, "files": files}
+        text = json.dumps(data, indent=2) + "\n" if args.format == "json" else dump_yaml(data)
+        if args.out:
+            write_text_atomic(args.out, text, overwrite=args.force)
+        else:
+            sys.stdout.write(text)
+        return 0
+    if not args.out:
+        sys.stdout.write(files[names[0]])
+        for name in names[1:]:  # e.g. the deepspeed launch command: a hint, not the output
+            sys.stderr.write(f"# {name}\n{files[name]}")
+        return 0
+    paths = _out_paths(Path(args.out), names)
+    if not args.force:
+        for path in paths:  # check all first, so a refusal writes nothing
+            if path.exists():
+                raise ConfigError(
+                    "--out", f"{str(path)!r} already exists", "choose another path or pass --force"
+                )
+    for path, name in zip(paths, names, strict=True):
+        write_text_atomic(path, files[name], overwrite=args.force)
+        sys.stderr.write(f"wrote {path}\n")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from autoplan.export.importers import IMPORTERS
+    from autoplan.plan import plan_to_dict, save_plan
+
+    plan = IMPORTERS[args.source](
+        args.file,
+        model=args.model,
+        cluster=args.cluster,
+        num_gpus=args.num_gpus,
+        assignments=args.set,
+    )
+    if args.out:
+        save_plan(plan, args.out, overwrite=args.force)
+        sys.stderr.write(f"wrote {args.out}\n")
+    elif args.format == "json":
+        sys.stdout.write(json.dumps(plan_to_dict(plan), indent=2) + "\n")
+    else:
+        sys.stdout.write(dump_yaml(plan_to_dict(plan)))
+    return 0

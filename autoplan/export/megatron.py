@@ -1,0 +1,191 @@
+"""`--to megatron`: Megatron-LM `pretrain_gpt.py` arguments for a plan, as a launch script.
+
+Parallel degrees, sequence parallelism, the (virtual) pipeline split, recompute, the distributed
+optimizer (ZeRO-1) and its CPU offload, batch sizes, precision and the model's shape. Data,
+tokenizer files and optimizer hyper-parameters are not planned: append them to the script's
+arguments. The flag spellings follow megatron/training/arguments.py.
+"""
+
+from __future__ import annotations
+
+from autoplan.export.base import (
+    ExportOptions,
+    ExportTarget,
+    batch_reasons,
+    layout,
+    layout_reasons,
+    stage_layers,
+    stage_reasons,
+)
+from autoplan.export.launch import continued, shell_join
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
+
+ATTENTION_BACKENDS = {Attention.FLASH: "flash", Attention.EAGER: "unfused"}
+"""Plan attention -> Megatron --attention-backend (unfused keeps the s x s scores)."""
+NULL_TOKENIZER_EXTRA = 1
+"""Megatron's NullTokenizer adds one end-of-document token to --vocab-size."""
+
+
+def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    p, pipe, why = plan.parallel, plan.pipeline, []
+    if plan.sequence_parallel and p.tp == 1:
+        why.append(
+            "sequence_parallel with tp=1: Megatron's --sequence-parallel shards over the "
+            "tensor-parallel group, so it needs tp > 1"
+        )
+    if plan.zero_stage >= 2:
+        why.append(
+            f"zero_stage={plan.zero_stage}: Megatron's distributed optimizer shards "
+            "optimizer states only (ZeRO-1); gradient/parameter sharding is not expressible"
+        )
+    if plan.offload.params:
+        why.append("offload.params: Megatron has no parameter offload to host memory")
+    if plan.offload.optimizer and plan.zero_stage != 1:
+        why.append(
+            "offload.optimizer: Megatron offloads the distributed optimizer only "
+            "(needs zero_stage 1)"
+        )
+    if p.pp > 1 or pipe.vpp > 1:
+        if pipe.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
+            why.append(f"schedule {pipe.schedule.value}: Megatron runs 1F1B or interleaved 1F1B")
+        if pipe.schedule == Schedule.INTERLEAVED_1F1B and pipe.vpp == 1:
+            why.append("interleaved-1f1b with vpp=1: Megatron interleaves only with vpp > 1")
+        if pipe.schedule == Schedule.ONE_F_ONE_B and pipe.vpp > 1:
+            why.append(f"1f1b with vpp={pipe.vpp}: Megatron runs vpp > 1 as interleaved 1F1B")
+        if p.pp == 1:
+            why.append(f"vpp={pipe.vpp} with pp=1: Megatron needs pp > 1 for virtual stages")
+        why += stage_reasons(plan, model)
+    for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
+        if n % p.tp:
+            why.append(f"tp={p.tp} does not divide {what}={n} (Megatron splits heads over tp)")
+    rc = plan.recompute
+    if rc.num_layers is not None and rc.policy != RecomputePolicy.FULL:
+        why.append(
+            f"recompute.num_layers={rc.num_layers} with policy {rc.policy.value}: "
+            "Megatron counts recomputed layers for full recompute only"
+        )
+    return why
+
+
+def layout_string(split: tuple[int, ...]) -> str:
+    """--pipeline-model-parallel-layout: E embedding, t per layer, L loss, '|' between stages."""
+    chunks = [f"t*{n}" for n in split]
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] += "L"
+    return "|".join(chunks)
+
+
+def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
+    """Flags for a plan that `check` accepted, grouped as Megatron's argument groups are."""
+    p, pipe, rc = plan.parallel, plan.pipeline, plan.recompute
+    a = [
+        f"--tensor-model-parallel-size {p.tp}",
+        f"--pipeline-model-parallel-size {p.pp}",
+        f"--context-parallel-size {p.cp}",
+    ]
+    if plan.sequence_parallel:
+        a.append("--sequence-parallel")
+    split = stage_layers(plan, model)
+    if p.pp > 1 and split is not None:
+        if pipe.layers_per_stage is not None and len(set(split)) > 1:
+            a.append(f"--pipeline-model-parallel-layout {layout_string(split)}")
+            if pipe.vpp > 1:
+                a.append(f"--num-virtual-stages-per-pipeline-rank {pipe.vpp}")
+        elif pipe.vpp > 1:
+            a.append(f"--num-layers-per-virtual-pipeline-stage {split[0]}")
+    if plan.zero_stage == 1:
+        a.append("--use-distributed-optimizer")
+    if plan.offload.optimizer:
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0"]
+    if rc.policy == RecomputePolicy.SELECTIVE:
+        a.append("--recompute-granularity selective")
+    elif rc.policy == RecomputePolicy.FULL:
+        a.append("--recompute-granularity full")
+        if rc.num_layers is None:  # every layer: uniform groups of one layer
+            a += ["--recompute-method uniform", "--recompute-num-layers 1"]
+        else:
+            a += ["--recompute-method block", f"--recompute-num-layers {rc.num_layers}"]
+    a += [
+        f"--micro-batch-size {plan.batch.micro_batch_size}",
+        f"--global-batch-size {plan.batch.global_batch_size}",
+    ]
+    if plan.precision == Precision.BF16:
+        a.append("--bf16")
+    elif plan.precision == Precision.FP16:
+        a.append("--fp16")
+    a.append(f"--attention-backend {ATTENTION_BACKENDS[plan.attention]}")
+    a += _model_args(model)
+    return a
+
+
+def _model_args(m: ModelSpec) -> list[str]:
+    a = [
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--ffn-hidden-size {m.ffn}",
+        f"--num-attention-heads {m.num_heads}",
+    ]
+    if m.kv_heads != m.num_heads:
+        a += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
+    a += [f"--seq-length {m.seq_len}", f"--max-position-embeddings {m.seq_len}"]
+    a += [f"--attention-dropout {m.dropout}", f"--hidden-dropout {m.dropout}"]
+    if m.mlp == MlpKind.SWIGLU:
+        a.append("--swiglu")
+    a.append("--normalization " + ("RMSNorm" if m.norm == NormKind.RMSNORM else "LayerNorm"))
+    a.append(
+        "--position-embedding-type "
+        + ("rope" if m.position == PositionKind.ROPE else "learned_absolute")
+    )
+    if not m.tie_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        a.append("--disable-bias-linear")
+    a += ["--tokenizer-type NullTokenizer", f"--vocab-size {m.vocab_size - NULL_TOKENIZER_EXTRA}"]
+    return a
+
+
+class MegatronTarget(ExportTarget):
+    name = "megatron"
+    summary = "Megatron-LM pretrain_gpt.py arguments (TP/PP/VPP/CP/SP, recompute, dist-opt, model)"
+
+    def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        return (
+            layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + _reasons(plan, model)
+        )
+
+    def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
+        lay = layout(plan, opts.gpus_per_node)
+        flags = [shell_join(f.split(" ")) for f in megatron_args(plan, model)]
+        torchrun = [f"--nnodes={lay.num_nodes}", f"--nproc-per-node={lay.nproc_per_node}"]
+        if lay.num_nodes > 1:
+            torchrun += [
+                "--rdzv-backend=c10d",
+                f'"--rdzv-endpoint=${{RDZV_HOST}}:{opts.rdzv_port}"',
+                f"--rdzv-id={opts.job_name}",
+            ]
+        text = "\n".join(
+            [
+                "#!/usr/bin/env bash",
+                f"# Megatron-LM arguments for model {model.name}, written by "
+                "`autoplan export --to megatron`.",
+                "# NullTokenizer adds one EOD token to --vocab-size, so the model has the plan's "
+                f"vocabulary ({model.vocab_size}).",
+                "# Append data, tokenizer and optimizer flags as arguments to this script.",
+                "set -euo pipefail",
+                "MEGATRON_ARGS=(",
+                *(f"  {f}" for f in flags),
+                ")",
+                continued(
+                    [
+                        "torchrun",
+                        *torchrun,
+                        opts.script or "pretrain_gpt.py",
+                        '"${MEGATRON_ARGS[@]}"',
+                        '"$@"',
+                    ]
+                ),
+                "",
+            ]
+        )
+        return {"megatron_args.sh": text}

@@ -1,0 +1,309 @@
+"""Read Megatron-LM `pretrain_gpt.py` arguments (a file of flags, or a launch script with them)
+into plan fields and, unless --model is given, a model spec.
+
+Only flags that decide a plan field are read; the rest (data, optimizer, logging) are skipped.
+Settings a plan cannot represent (partial optimizer offload, mismatched dropouts) are errors.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from autoplan.errors import ConfigError
+from autoplan.export.megatron import ATTENTION_BACKENDS, NULL_TOKENIZER_EXTRA
+from autoplan.model_spec import PRESETS, load_model
+
+SWITCHES = frozenset(
+    {
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--optimizer-cpu-offload",
+        "--recompute-activations",
+        "--bf16",
+        "--fp16",
+        "--group-query-attention",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--use-torch-fsdp2",
+        "--use-megatron-fsdp",
+        "--standalone",
+        "--no-python",
+    }
+)
+"""store_true flags we read or may meet beside them (torchrun's); they take no value."""
+BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {"local": "eager"}
+
+
+def parse_flags(text: str) -> dict[str, str | bool]:
+    """`--flag value` / `--flag=value` / `--switch` from shell text; the last occurrence wins."""
+    text = text.replace("\\\n", " ")
+    try:
+        lexer = shlex.shlex(text, posix=True)
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        tokens = list(lexer)
+    except ValueError as err:
+        raise ConfigError(
+            "FILE", f"cannot split the arguments ({err})", "check the quoting"
+        ) from None
+    flags: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if not tok.startswith("--") or len(tok) == 2:
+            continue
+        if "=" in tok:
+            name, _, value = tok.partition("=")
+            flags[name] = value
+        elif tok in SWITCHES or i >= len(tokens) or tokens[i].startswith("--"):
+            flags[tok] = True
+        else:
+            flags[tok] = tokens[i]
+            i += 1
+    return flags
+
+
+class _Flags:
+    def __init__(self, flags: dict[str, str | bool], what: str) -> None:
+        self.flags, self.what = flags, what
+
+    def has(self, name: str) -> bool:
+        return self.flags.get(name) is True
+
+    def str(self, name: str, default: str | None = None) -> str | None:
+        value = self.flags.get(name, default)
+        if value is True:
+            raise ConfigError(f"{self.what} {name}", "has no value", "give it one")
+        return value  # type: ignore[return-value]
+
+    def int(self, name: str, default: int | None = None) -> int | None:
+        raw = self.str(name)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{self.what} {name}", f"got {raw!r}", "expected an integer"
+            ) from None
+
+    def float(self, name: str, default: float) -> float:
+        raw = self.str(name)
+        try:
+            return default if raw is None else float(raw)
+        except ValueError:
+            raise ConfigError(f"{self.what} {name}", f"got {raw!r}", "expected a number") from None
+
+    def need(self, name: str) -> int:
+        value = self.int(name)
+        if value is None:
+            raise ConfigError(self.what, f"no {name}", "add it or pass --model")
+        return value
+
+
+def parse_layout(layout: str, what: str) -> tuple[int, ...]:
+    """Transformer layers per stage of a --pipeline-model-parallel-layout ('Et*3|t*4|tL')."""
+    text = re.sub(r"[\s,\\]", "", layout)
+    while "(" in text:  # (group)*n -> group repeated n times
+        new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        if new == text:
+            raise ConfigError(what, f"cannot read layout {layout!r}", "expected e.g. Et*4|t*4L")
+        text = new
+    stages = []
+    for chunk in text.split("|"):
+        expanded = re.sub(r"([EtLm])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), chunk)
+        if set(expanded) - set("EtL"):
+            raise ConfigError(
+                what,
+                f"layout {layout!r} has items autoplan does not model",
+                "only E, t and L (no MTP layers)",
+            )
+        stages.append(expanded.count("t"))
+    return tuple(stages)
+
+
+def model_fields(f: _Flags, name: str) -> dict[str, Any]:
+    """A model spec mapping from the model-shape flags."""
+    hidden, heads = f.need("--hidden-size"), f.need("--num-attention-heads")
+    swiglu = f.has("--swiglu")
+    ffn = f.int("--ffn-hidden-size")
+    if ffn is None:  # Megatron's defaults (validate_args)
+        ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
+    vocab = f.int("--vocab-size")
+    if vocab is None:
+        raise ConfigError(
+            f.what,
+            "no --vocab-size (the tokenizer file decides it)",
+            "pass --model, or add --vocab-size",
+        )
+    if f.str("--tokenizer-type") == "NullTokenizer":
+        vocab += NULL_TOKENIZER_EXTRA
+    attn_drop = f.float("--attention-dropout", 0.1)  # Megatron's defaults
+    hidden_drop = f.float("--hidden-dropout", 0.1)
+    if attn_drop != hidden_drop:
+        raise ConfigError(
+            f.what,
+            f"--attention-dropout {attn_drop} != --hidden-dropout {hidden_drop}",
+            "autoplan models one dropout; pass --model",
+        )
+    return {
+        "name": name,
+        "num_layers": f.need("--num-layers"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": f.int("--num-query-groups", heads)
+        if f.has("--group-query-attention")
+        else heads,
+        "ffn_hidden_size": ffn,
+        "vocab_size": vocab,
+        "seq_len": f.need("--seq-length"),
+        "mlp": "swiglu" if swiglu else "gelu",
+        "norm": "rmsnorm" if f.str("--normalization", "LayerNorm") == "RMSNorm" else "layernorm",
+        "position": _position(f),
+        "bias": not f.has("--disable-bias-linear"),
+        "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
+        "dropout": hidden_drop,
+    }
+
+
+def _position(f: _Flags) -> str:
+    kind = f.str("--position-embedding-type", "learned_absolute")
+    if kind not in ("learned_absolute", "rope"):
+        raise ConfigError(
+            f"{f.what} --position-embedding-type",
+            f"got {kind!r}",
+            "autoplan models learned_absolute or rope",
+        )
+    return "rope" if kind == "rope" else "learned"
+
+
+def _stages(f: _Flags, layers: int, pp: int) -> dict[str, Any]:
+    """The pipeline section: vpp, schedule and an uneven split when the flags give one."""
+    split: tuple[int, ...] | None = None
+    vpp = 1
+    layout = f.str("--pipeline-model-parallel-layout")
+    if layout is not None:
+        split = parse_layout(layout, f"{f.what} --pipeline-model-parallel-layout")
+        vpp = len(split) // pp if len(split) % pp == 0 else 0
+        if vpp == 0:
+            raise ConfigError(
+                f.what,
+                f"the layout has {len(split)} stages, not a multiple of pp={pp}",
+                "check --pipeline-model-parallel-layout",
+            )
+    elif f.int("--num-layers-per-virtual-pipeline-stage") is not None:
+        per = f.int("--num-layers-per-virtual-pipeline-stage") or 1
+        vpp = layers // (pp * per) if layers % (pp * per) == 0 else 0
+        if vpp == 0:
+            raise ConfigError(
+                f.what,
+                f"{layers} layers do not split into pp={pp} ranks of {per}-layer virtual stages",
+                "check the virtual pipeline flags",
+            )
+    else:
+        vpp = f.int("--num-virtual-stages-per-pipeline-rank", 1) or 1
+        first = f.int("--decoder-first-pipeline-num-layers")
+        last = f.int("--decoder-last-pipeline-num-layers")
+        if (first is not None or last is not None) and vpp == 1 and pp > 1:
+            first = layers // pp if first is None else first
+            last = layers // pp if last is None else last
+            middle = layers - first - last
+            if pp == 2 and middle == 0:
+                split = (first, last)
+            elif pp > 2 and middle > 0 and middle % (pp - 2) == 0:
+                split = (first,) + (middle // (pp - 2),) * (pp - 2) + (last,)
+            else:
+                raise ConfigError(
+                    f.what,
+                    "the first/last stage layer counts leave an uneven middle",
+                    "check --decoder-first/last-pipeline-num-layers",
+                )
+    out: dict[str, Any] = {"schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "vpp": vpp}
+    if split is not None:
+        out["layers_per_stage"] = list(split)
+    return out
+
+
+def _zero(f: _Flags) -> int:
+    if f.has("--use-torch-fsdp2") or f.has("--use-megatron-fsdp"):
+        strategy = f.str("--data-parallel-sharding-strategy", "optim_grads_params")
+        stages = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+        if strategy not in stages:
+            raise ConfigError(
+                f"{f.what} --data-parallel-sharding-strategy",
+                f"got {strategy!r}",
+                f"expected one of {', '.join(stages)}",
+            )
+        return stages[strategy]
+    return 1 if f.has("--use-distributed-optimizer") else 0
+
+
+def _recompute(f: _Flags) -> dict[str, Any]:
+    granularity = f.str("--recompute-granularity")
+    if granularity is None and f.has("--recompute-activations"):
+        granularity = "selective"  # Megatron: --recompute-activations means selective
+    if granularity in (None, "selective"):
+        return {"policy": granularity or "none", "num_layers": None}
+    method = f.str("--recompute-method")
+    count = f.int("--recompute-num-layers")
+    # block: that many layers per stage; uniform (or none): every layer, in groups.
+    return {"policy": "full", "num_layers": count if method == "block" else None}
+
+
+def megatron_plan_dict(
+    text: str, model_ref: Any, num_gpus: int | None, what: str
+) -> dict[str, Any]:
+    """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
+    f = _Flags(parse_flags(text), what)
+    tp, pp = (
+        f.int("--tensor-model-parallel-size", 1) or 1,
+        f.int("--pipeline-model-parallel-size", 1) or 1,
+    )
+    cp = f.int("--context-parallel-size", 1) or 1
+    if num_gpus is None:
+        nodes, procs = f.int("--nnodes"), f.int("--nproc-per-node")
+        if nodes is None or procs is None:
+            raise ConfigError("--num-gpus", "missing", "the arguments do not fix the GPU count")
+        num_gpus = nodes * procs
+    if num_gpus % (tp * pp * cp):
+        raise ConfigError(
+            "--num-gpus",
+            f"{num_gpus} is not a multiple of tp*pp*cp = {tp * pp * cp}",
+            "check the GPU count",
+        )
+    dp = num_gpus // (tp * pp * cp)
+    if model_ref is None:
+        found = re.search(r"for model (\S+),", text)
+        fields = model_fields(f, found.group(1) if found else "megatron-import")
+        preset = PRESETS.get(fields["name"])
+        model_ref = fields["name"] if preset == load_model(dict(fields)) else fields
+    layers = load_model(model_ref).num_layers
+    fraction = f.float("--optimizer-offload-fraction", 1.0)
+    if f.has("--optimizer-cpu-offload") and fraction != 1.0:
+        raise ConfigError(
+            f"{what} --optimizer-offload-fraction",
+            f"got {fraction}",
+            "autoplan models offloading all optimizer states (1.0)",
+        )
+    mb = f.need("--micro-batch-size")
+    backend = f.str("--attention-backend", "auto")
+    return {
+        "model": model_ref,
+        "cluster": {"num_gpus": num_gpus},
+        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp},
+        "sequence_parallel": f.has("--sequence-parallel"),
+        "pipeline": _stages(f, layers, pp),
+        "zero_stage": _zero(f),
+        "offload": {"optimizer": f.has("--optimizer-cpu-offload"), "params": False},
+        "recompute": _recompute(f),
+        "batch": {
+            "micro_batch_size": mb,
+            "global_batch_size": f.int("--global-batch-size", mb * dp),
+        },
+        "precision": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
+        "attention": BACKEND_ATTENTION.get(backend, "flash"),
+    }

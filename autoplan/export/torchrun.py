@@ -1,0 +1,41 @@
+"""`--to torchrun`: the torchrun command line that runs `autoplan train PLAN` on each node.
+
+One node: `--standalone`. Several nodes: the same command on every node, with a c10d rendezvous on
+the first node, whose address the script reads from RDZV_HOST.
+"""
+
+from __future__ import annotations
+
+from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons
+from autoplan.export.launch import continued, shell_join, torchrun_argv, train_argv
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan
+
+
+class TorchrunTarget(ExportTarget):
+    name = "torchrun"
+    summary = "torchrun command line launching `autoplan train PLAN` (runs every plan field)"
+
+    def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        return layout_reasons(plan, opts.gpus_per_node)
+
+    def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
+        lay = layout(plan, opts.gpus_per_node)
+        head = [
+            "#!/usr/bin/env bash",
+            "# torchrun launch written by `autoplan export --to torchrun`.",
+        ]
+        if lay.num_nodes == 1:
+            argv = torchrun_argv(lay, opts, rdzv_host=None, rdzv_id=None)
+            head.append(f"# One node, {lay.nproc_per_node} processes.")
+        else:
+            argv = torchrun_argv(lay, opts, rdzv_host="${RDZV_HOST}", rdzv_id=opts.job_name)
+            head += [
+                f"# Run this same command on each of the {lay.num_nodes} nodes;",
+                "# RDZV_HOST is the address of the first node (the c10d rendezvous host).",
+                ': "${RDZV_HOST:?set RDZV_HOST to the first node\'s address}"',
+            ]
+        head.append("set -euo pipefail")
+        lines = [shell_join([w], keep=("${",)) for w in argv]
+        lines.append(shell_join(train_argv(opts)))
+        return {"launch.sh": "\n".join(head) + "\n" + continued(lines) + "\n"}

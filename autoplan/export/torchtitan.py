@@ -1,0 +1,191 @@
+"""`--to torchtitan`: a torchtitan job for a plan, as a Python config_registry module (torchtitan
+>= 0.3, `--torchtitan-format python`) or as the TOML job file of releases up to 0.2.2 (`toml`).
+
+torchtitan builds its Llama 3 models from registered flavors, so the model must match one. ZeRO
+maps to FSDP2 (2: keep parameters gathered after forward, 3: reshard), ZeRO-0 to replication; the
+pipeline split is written out as module names per stage, so nothing depends on its defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplan.export.base import (
+    ExportOptions,
+    ExportTarget,
+    batch_reasons,
+    layout,
+    layout_reasons,
+    stage_layers,
+    stage_reasons,
+)
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
+
+FLAVORS = {
+    # (layers, hidden, heads, kv_heads, ffn, vocab) -> (flavor, config_registry function)
+    (16, 2048, 32, 8, 8192, 128256): ("1B", "llama3_1b"),
+    (28, 3072, 24, 8, 8192, 128256): ("3B", "llama3_3b"),
+    (32, 4096, 32, 8, 14336, 128256): ("8B", "llama3_8b"),
+    (80, 8192, 64, 8, 28672, 128256): ("70B", "llama3_70b"),
+    (126, 16384, 128, 8, 53248, 128256): ("405B", "llama3_405b"),
+}
+"""torchtitan's Llama 3 flavors (torchtitan/models/llama3/__init__.py); 1B/3B exist from 0.3."""
+TOML_FLAVORS = ("8B", "70B", "405B")
+PYTHON_REGISTRY = ("llama3_8b", "llama3_70b", "llama3_405b")
+"""config_registry functions torchtitan 0.3 ships for Llama 3 (the others start from 8B's)."""
+SCHEDULES = {
+    (Schedule.GPIPE, False): "GPipe",
+    (Schedule.ONE_F_ONE_B, False): "1F1B",
+    (Schedule.INTERLEAVED_1F1B, True): "Interleaved1F1B",
+    (Schedule.ZERO_BUBBLE, True): "InterleavedZeroBubble",
+}
+"""(plan schedule, several stages per rank) -> torch.distributed.pipelining schedule name."""
+
+
+def flavor(model: ModelSpec) -> tuple[str, str] | None:
+    m = model
+    if (m.mlp, m.norm, m.position, m.bias, m.tie_embeddings) != (
+        MlpKind.SWIGLU,
+        NormKind.RMSNORM,
+        PositionKind.ROPE,
+        False,
+        False,
+    ):
+        return None
+    return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size))
+
+
+def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
+    p, pipe, why = plan.parallel, plan.pipeline, []
+    found = flavor(model)
+    if found is None or (fmt == "toml" and found[0] not in TOML_FLAVORS):
+        why.append(
+            f"model {model.name} matches no torchtitan Llama 3 flavor; torchtitan builds "
+            "models from registered flavors (8B, 70B, 405B; 1B, 3B from 0.3)"
+        )
+    if plan.zero_stage == 1:
+        why.append(
+            "zero_stage=1: torchtitan shards with FSDP2, which has no optimizer-only "
+            "sharding; use zero_stage 2 or 3"
+        )
+    if plan.offload.optimizer != plan.offload.params:
+        why.append(
+            "offload: torchtitan's CPU offload (FSDP2) moves parameters, gradients and "
+            "optimizer states together; set both offload flags or neither"
+        )
+    if plan.offload.params and plan.zero_stage != 3:
+        why.append("offload needs zero_stage 3 (FSDP2 CPU offload shards the parameters)")
+    if plan.attention == Attention.EAGER:
+        why.append("attention eager: torchtitan always runs fused SDPA attention")
+    if model.dropout > 0:
+        why.append(f"model dropout {model.dropout}: torchtitan's Llama 3 has no dropout")
+    if plan.precision == Precision.FP16:
+        why.append("precision fp16: torchtitan trains in bf16 or fp32")
+    if fmt == "toml" and p.tp > 1 and not plan.sequence_parallel:
+        why.append(
+            "sequence_parallel false with tp > 1: torchtitan <= 0.2.2 always shards "
+            "norms over tp (use --torchtitan-format python)"
+        )
+    if plan.sequence_parallel and p.tp == 1:
+        why.append("sequence_parallel with tp=1: sequence parallelism shards over tp")
+    fsdp = (plan.zero_stage >= 2 and p.dp > 1) or p.cp > 1
+    if fmt == "toml" and plan.precision == Precision.BF16 and not fsdp:
+        why.append(
+            "bf16 without FSDP (zero_stage >= 2 with dp > 1, or cp > 1): torchtitan <= "
+            "0.2.2 applies mixed precision only through FSDP (use --torchtitan-format "
+            "python)"
+        )
+    if p.pp > 1:
+        if (pipe.schedule, pipe.vpp > 1) not in SCHEDULES:
+            why.append(
+                f"schedule {pipe.schedule.value} with vpp={pipe.vpp}: torchtitan runs "
+                "GPipe/1F1B with one stage per rank, Interleaved1F1B/"
+                "InterleavedZeroBubble with several"
+            )
+        why += stage_reasons(plan, model)
+    elif pipe.vpp > 1:
+        why.append(f"vpp={pipe.vpp} with pp=1: virtual stages need pp > 1")
+    if plan.recompute.num_layers is not None:
+        why.append(
+            f"recompute.num_layers={plan.recompute.num_layers}: torchtitan checkpoints "
+            "every block or none; it cannot count layers per stage"
+        )
+    return why
+
+
+def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]]:
+    """Section -> field -> value, in torchtitan's own names (TOML sections / config fields)."""
+    p, b = plan.parallel, plan.batch
+    training: dict[str, Any] = {"seq_len": model.seq_len, "global_batch_size": b.global_batch_size}
+    # With a pipeline the local batch is split into micro-batches; without one, torchtitan
+    # accumulates gradients over global / (local * dp) forward passes of local_batch_size.
+    training["local_batch_size"] = b.global_batch_size // p.dp if p.pp > 1 else b.micro_batch_size
+    training["mixed_precision_param"] = (
+        "float32" if plan.precision == Precision.FP32 else "bfloat16"
+    )
+    training["enable_cpu_offload"] = plan.offload.params
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": p.dp if plan.zero_stage == 0 else 1,
+        "data_parallel_shard_degree": 1 if plan.zero_stage == 0 else p.dp,
+        "fsdp_reshard_after_forward": "always" if plan.zero_stage == 3 else "never",
+        "tensor_parallel_degree": p.tp,
+        "context_parallel_degree": p.cp,
+        "pipeline_parallel_degree": p.pp,
+    }
+    if fmt == "python":
+        par["enable_sequence_parallel"] = plan.sequence_parallel
+    if p.pp > 1:
+        split = stage_layers(plan, model)
+        assert split is not None
+        par["pipeline_parallel_schedule"] = SCHEDULES[
+            (plan.pipeline.schedule, plan.pipeline.vpp > 1)
+        ]
+        par["pipeline_parallel_microbatch_size"] = b.micro_batch_size
+        par["module_fqns_per_model_part"] = module_parts(split, fmt)
+    mode = "full" if plan.recompute.policy == RecomputePolicy.FULL else "none"
+    out = {"training": training, "parallelism": par, "activation_checkpoint": {"mode": mode}}
+    if plan.recompute.policy == RecomputePolicy.SELECTIVE:
+        # Korthikanti et al.'s selective recompute = do not keep the attention scores; SDPA's
+        # fused backward recomputes them, so no block needs checkpointing.
+        out["note"] = {
+            "selective": "selective recompute (attention core): SDPA's fused "
+            "backward recomputes the scores; no block is checkpointed"
+        }
+    if fmt == "toml":
+        out["model"] = {"name": "llama3", "flavor": (flavor(model) or ("?",))[0]}
+    return out
+
+
+def module_parts(split: tuple[int, ...], fmt: str) -> list[list[str]]:
+    """Module names of each pipeline stage: embeddings first, norm and output head last."""
+    parts, first = [], 0
+    for n in split:
+        parts.append([f"layers.{i}" for i in range(first, first + n)])
+        first += n
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output" if fmt == "toml" else "lm_head"]
+    return parts
+
+
+class TorchtitanTarget(ExportTarget):
+    name = "torchtitan"
+    summary = "torchtitan job: Python config_registry (>= 0.3) or TOML (<= 0.2.2)"
+
+    def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        why = layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan)
+        if opts.torchtitan_format not in ("python", "toml"):
+            why.append(f"--torchtitan-format {opts.torchtitan_format!r}: choose python or toml")
+            return why
+        return why + _reasons(plan, model, opts.torchtitan_format)
+
+    def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
+        from autoplan.export import torchtitan_text
+
+        lay = layout(plan, opts.gpus_per_node)
+        values = settings(plan, model, opts.torchtitan_format)
+        if opts.torchtitan_format == "toml":
+            return {"torchtitan.toml": torchtitan_text.toml_text(plan, model, values, lay)}
+        found = flavor(model)
+        assert found is not None
+        return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, found, lay)}

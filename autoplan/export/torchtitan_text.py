@@ -1,0 +1,92 @@
+"""Text of the torchtitan export: a TOML job file (<= 0.2.2) or a config_registry module (>= 0.3).
+
+Both are written from the same section -> field -> value mapping built in `torchtitan.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import pprint
+from typing import Any
+
+from autoplan.export.base import Layout
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan
+
+MODULE = "autoplan_torchtitan"
+FUNCTION = "autoplan_plan"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")  # programming error
+
+
+def _torchrun(lay: Layout) -> str:
+    if lay.num_nodes == 1:
+        return f"torchrun --standalone --nproc-per-node={lay.nproc_per_node}"
+    return (
+        f"torchrun --nnodes={lay.num_nodes} --nproc-per-node={lay.nproc_per_node} "
+        "--rdzv-backend=c10d --rdzv-endpoint=$RDZV_HOST:29500"
+    )
+
+
+def toml_text(plan: Plan, model: ModelSpec, values: dict[str, dict[str, Any]], lay: Layout) -> str:
+    lines = [
+        f"# torchtitan (<= 0.2.2) job for model {model.name}, written by "
+        "`autoplan export --to torchtitan --torchtitan-format toml`.",
+        f"# Run: {_torchrun(lay)} -m torchtitan.train --job.config_file torchtitan.toml",
+        "# Data, tokenizer, optimizer and step count keep torchtitan's defaults: add them here.",
+        "",
+        "[job]",
+        f"description = {_toml_value('autoplan plan for ' + model.name)}",
+    ]
+    for section in ("model", "training", "parallelism", "activation_checkpoint"):
+        lines += ["", f"[{section}]"]
+        if section == "activation_checkpoint" and values.get("note"):
+            lines.append(f"# {values['note']['selective']}")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values[section].items()]
+    return "\n".join(lines) + "\n"
+
+
+def python_text(
+    model: ModelSpec, values: dict[str, dict[str, Any]], found: tuple[str, str], lay: Layout
+) -> str:
+    flavor, base = found
+    start = base if base in ("llama3_8b", "llama3_70b", "llama3_405b") else "llama3_8b"
+    ac = values["activation_checkpoint"]["mode"]
+    lines = [
+        f'"""torchtitan (>= 0.3) config for model {model.name}, written by `autoplan export`.',
+        "",
+        f"Run: PYTHONPATH=. {_torchrun(lay)} -m torchtitan.train --module {MODULE} "
+        f"--config {FUNCTION}",
+        "Data, tokenizer, optimizer and step count come from the base config: change them here.",
+        '"""',
+        "",
+        "from torchtitan.distributed.activation_checkpoint import FullAC",
+        "from torchtitan.models.llama3 import config_registry, model_registry",
+        "",
+        "",
+        f"def {FUNCTION}():",
+        f"    config = config_registry.{start}()",
+        f"    config.model_spec = model_registry({flavor!r})",
+    ]
+    for section in ("training", "parallelism"):
+        for key, value in values[section].items():
+            text = pprint.pformat(value, width=80, compact=True).replace("\n", "\n        ")
+            lines.append(f"    config.{section}.{key} = {text}")
+    if ac == "full":
+        lines.append("    config.activation_checkpoint = FullAC.Config()")
+    else:
+        if values.get("note"):
+            lines.append(f"    # {values['note']['selective']}")
+        lines.append("    config.activation_checkpoint = None")
+    lines.append("    return config")
+    return "\n".join(lines) + "\n"
