@@ -112,8 +112,9 @@ def from_dict(cls: type[T], data: Any, where: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key in data:
         if key not in fields:
+            shown = key if isinstance(key, str) and key.isprintable() and key.strip() else repr(key)
             raise ConfigError(
-                f"{where}.{key}" if where else str(key),
+                f"{where}.{shown}" if where else str(shown),
                 "unknown key",
                 f"valid keys: {', '.join(fields)}",
             )

@@ -1,0 +1,140 @@
+"""`autoplan estimate`, `autoplan models` and `autoplan clusters`: score one plan and list presets."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autoplan.cli_common import add_format_argument, emit
+from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
+from autoplan.cost.params import total_params
+from autoplan.hardware import available_profiles, load_profile
+from autoplan.model_spec import PRESETS
+from autoplan.plan import plan_to_dict
+from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_from_args
+
+GIB = 2**30
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("estimate", help="memory per GPU and step time of one plan",
+                       description="Score one plan with the cost model and explain it.")
+    add_target_arguments(p, required=False)
+    add_plan_arguments(p)
+    p.add_argument("--train-tokens", type=float, help="token budget, for days_to_train")
+    add_format_argument(p)
+    p.set_defaults(func=estimate_command)
+
+    m = sub.add_parser("models", help="list model presets")
+    add_format_argument(m)
+    m.set_defaults(func=models_command)
+    c = sub.add_parser("clusters", help="list hardware profiles")
+    add_format_argument(c)
+    c.set_defaults(func=clusters_command)
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    plan, model, cluster = plan_from_args(args)
+    if args.train_tokens is not None and args.train_tokens <= 0:
+        from autoplan.errors import ConfigError
+        raise ConfigError("--train-tokens", f"got {args.train_tokens}", "expected a positive number")
+    est = estimate_plan(plan, cluster, model, train_tokens=args.train_tokens)
+    data = {
+        "feasible": est.feasible, "reasons": list(est.reasons), "memory": est.memory,
+        "time": est.time, "tokens_per_s": est.tokens_per_s,
+        "model_flops_per_step": est.model_flops_per_step, "mfu": est.mfu, "hfu": est.hfu,
+        "days_to_train": est.days_to_train, "dominant": est.dominant,
+        "num_params": est.num_params, "model": model.name, "plan": plan_to_dict(plan),
+    }
+
+    def render(console: Console) -> None:
+        par = plan.parallel
+        console.print(
+            f"[bold]{model.name}[/] ({est.num_params / 1e9:.2f}B params) on "
+            f"{cluster.num_gpus} x {cluster.profile.device.name}: dp={par.dp} tp={par.tp} "
+            f"pp={par.pp} cp={par.cp} sp={plan.sequence_parallel} "
+            f"schedule={plan.pipeline.schedule.value} vpp={plan.pipeline.vpp} "
+            f"zero={plan.zero_stage} recompute={plan.recompute.policy.value} "
+            f"mbs={plan.batch.micro_batch_size} gbs={plan.batch.global_batch_size}")
+        mem = Table(title="memory per GPU (worst pipeline stage)")
+        mem.add_column("part")
+        mem.add_column("GiB", justify="right")
+        mem.add_column("share", justify="right")
+        for k in MEMORY_PARTS:
+            mem.add_row(k, f"{est.memory[k] / GIB:.2f}", f"{est.memory[k] / est.memory['total']:.0%}")
+        mem.add_row("[bold]total[/]", f"[bold]{est.memory['total'] / GIB:.2f}[/]",
+                    f"of {est.memory['capacity'] / GIB:.0f} GiB")
+        if est.memory["host_total"]:
+            mem.add_row("host (offload)", f"{est.memory['host_total'] / GIB:.2f}", "")
+        tim = Table(title="time per step")
+        tim.add_column("part")
+        tim.add_column("seconds", justify="right")
+        tim.add_column("share", justify="right")
+        for k in TIME_PARTS:
+            tim.add_row(k, f"{est.time[k]:.4g}", f"{est.time[k] / est.time['step']:.0%}")
+        tim.add_row("[bold]step[/]", f"[bold]{est.time['step']:.4g}[/]", "")
+        console.print(mem, tim)
+        line = (f"tokens/s {est.tokens_per_s:,.0f}   MFU {est.mfu:.1%}   HFU {est.hfu:.1%}   "
+                f"biggest cost: {est.dominant} ({est.time[est.dominant] / est.time['step']:.0%})")
+        if est.days_to_train is not None:
+            line += f"   days to train: {est.days_to_train:.1f}"
+        console.print(line)
+        if est.feasible:
+            console.print("[green]feasible[/]")
+        else:
+            console.print("[red]infeasible:[/]")
+            for r in est.reasons:
+                console.print(f"  - {r}", markup=False)
+
+    emit(args, data, render)
+    return 0 if est.feasible else 3
+
+
+def models_command(args: argparse.Namespace) -> int:
+    rows = [{"name": m.name, "params": total_params(m), "layers": m.num_layers,
+             "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.kv_heads,
+             "ffn": m.ffn, "vocab": m.vocab_size, "seq_len": m.seq_len, "mlp": m.mlp.value}
+            for m in PRESETS.values()]
+
+    def render(console: Console) -> None:
+        t = Table(title="model presets")
+        for k in rows[0]:
+            t.add_column(k, justify="left" if k in ("name", "mlp") else "right")
+        for r in rows:
+            t.add_row(*[f"{r['params'] / 1e9:.2f}B" if k == "params" else str(v)
+                        for k, v in r.items()])
+        console.print(t)
+
+    emit(args, rows, render)
+    return 0
+
+
+def clusters_command(args: argparse.Namespace) -> int:
+    rows = []
+    for name in available_profiles():
+        p = load_profile(name)
+        rows.append({"name": name, "device": p.device.name,
+                     "memory_gib": p.device.memory_bytes / GIB,
+                     "peak_tflops": {k: v / 1e12 for k, v in p.device.peak_flops_per_s.items()},
+                     "gpus_per_node": p.gpus_per_node,
+                     "intra_node_gb_per_s": p.intra_node.bytes_per_s / 1e9,
+                     "inter_node_gb_per_s": p.inter_node.bytes_per_s / 1e9,
+                     "measured": p.measured is not None})
+
+    def render(console: Console) -> None:
+        t = Table(title="hardware profiles (profiles/)")
+        for k in ("name", "device", "memory GiB", "peak TFLOP/s", "GPUs/node", "NVLink GB/s",
+                  "network GB/s", "measured"):
+            t.add_column(k)
+        for r in rows:
+            peaks = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
+            t.add_row(r["name"], r["device"], f"{r['memory_gib']:.0f}", peaks,
+                      str(r["gpus_per_node"]), f"{r['intra_node_gb_per_s']:g}",
+                      f"{r['inter_node_gb_per_s']:g}", "yes" if r["measured"] else "datasheet")
+        console.print(t)
+
+    emit(args, rows, render)
+    return 0

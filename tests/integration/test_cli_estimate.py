@@ -1,0 +1,108 @@
+"""`autoplan estimate`, `models`, `clusters` through the real command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoplan.commands import main
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT3 = ["--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "1024",
+        "--global-batch-size", "1536", "--micro-batch-size", "2", "--set", "parallel.dp=16",
+        "--set", "parallel.tp=8", "--set", "parallel.pp=8", "--set", "sequence_parallel=true",
+        "--set", "recompute.policy=selective", "--set", "zero_stage=1"]
+
+
+def run_json(capsys, argv: list[str]) -> tuple[int, dict]:
+    code = main(argv + ["--format", "json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_estimate_json_has_the_contract_fields(capsys) -> None:
+    code, data = run_json(capsys, ["estimate", *GPT3, "--train-tokens", "300e9"])
+    assert code == 0 and data["feasible"] is True and data["reasons"] == []
+    for part in ("params", "grads", "optimizer", "activations", "buffers", "total", "host_total"):
+        assert part in data["memory"]
+    for part in ("compute", "recompute", "tp_comm", "pp_bubble", "pp_comm", "dp_comm",
+                 "offload", "step"):
+        assert part in data["time"]
+    assert 0 < data["mfu"] < 1 and data["hfu"] >= data["mfu"]
+    assert data["tokens_per_s"] == pytest.approx(1536 * 2048 / data["time"]["step"])
+    assert 20 < data["days_to_train"] < 28
+    parts = sum(v for k, v in data["time"].items() if k != "step")
+    assert parts == pytest.approx(data["time"]["step"])
+
+
+def test_estimate_reads_a_plan_file_and_set_overrides(tmp_path, capsys) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "schema_version: 1\nmodel: llama-3-8b\ncluster: {profile: h100-sxm-80gb, num_gpus: 8}\n"
+        "parallel: {dp: 8}\nzero_stage: 2\nrecompute: {policy: full}\n"
+        "batch: {micro_batch_size: 1, global_batch_size: 64}\n")
+    code, data = run_json(capsys, ["estimate", "--plan", str(plan)])
+    assert code == 0 and data["plan"]["parallel"]["dp"] == 8
+    code, data2 = run_json(capsys, ["estimate", "--plan", str(plan), "--set", "zero_stage=3"])
+    assert data2["memory"]["params"] < data["memory"]["params"]
+
+
+def test_infeasible_plan_exits_3_with_shortfall(capsys) -> None:
+    code, data = run_json(capsys, ["estimate", "--model", "gpt3-175b", "--cluster",
+                                   "a100-sxm4-80gb", "--num-gpus", "8",
+                                   "--global-batch-size", "8"])
+    assert code == 3 and data["feasible"] is False
+    assert data["memory"]["shortfall"] > 0
+    assert any("short by" in r for r in data["reasons"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--model", "gpt-9", "--cluster", "a100-sxm4-80gb", "--num-gpus", "8"], "unknown model"),
+        (["--model", "tiny", "--cluster", "tpu-v9", "--num-gpus", "8"], "unknown profile"),
+        (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "0"], "num_gpus"),
+        (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2", "--set", "parallel.tq=2"],
+         "valid keys"),
+        (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2", "--set", "zero_stage=x"],
+         "zero_stage"),
+        (["--plan", "/nonexistent/plan.yaml"], "no such file"),
+        (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2", "--set", "oops"],
+         "key=value"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str, capsys) -> None:
+    code = main(["estimate", *argv, "--format", "json"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_models_and_clusters_list_presets(capsys) -> None:
+    code, models = run_json(capsys, ["models"])
+    assert code == 0 and {"gpt3-175b", "llama-3-8b", "tiny"} <= {m["name"] for m in models}
+    code, clusters = run_json(capsys, ["clusters"])
+    assert {"v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm-80gb",
+            "h200-sxm-141gb", "cpu-gloo"} <= {c["name"] for c in clusters}
+
+
+def test_cli_shim_runs_as_a_process_and_renders_a_table() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "estimate", *GPT3,
+                           "--format", "table"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory per GPU" in proc.stdout and "biggest cost" in proc.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "cli.py"), "estimate", "--model", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_planner_does_not_import_torch() -> None:
+    code = "import sys, autoplan.commands as c; c.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr

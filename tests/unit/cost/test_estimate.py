@@ -1,0 +1,105 @@
+"""End-to-end estimates: the claims autoplan was founded on, and one table == many plans."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from autoplan.cost.estimate import estimate_plan, estimate_table
+from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.model_spec import PRESETS
+from autoplan.plan import plan_from_dict
+from autoplan.plan_table import COLUMNS, plan_to_row
+
+GPT3_BASE = {"model": "gpt3-175b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 1024},
+             "zero_stage": 1, "attention": "eager"}
+
+
+def _plan(**fields):
+    return plan_from_dict({**GPT3_BASE, **fields})
+
+
+def test_zero_offload_fits_13b_on_one_v100() -> None:
+    # Ren et al. 2021 (ZeRO-Offload), section 1 and Figure 7: a 13B model trains on a single
+    # 32 GB V100 only with the optimizer offloaded; plain data parallel and ZeRO-2 alone OOM.
+    base = {"model": "gpt3-13b", "cluster": {"profile": "v100-sxm2-32gb", "num_gpus": 1},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 1}, "precision": "fp16",
+            "attention": "eager", "recompute": {"policy": "full"}}
+    plain = estimate_plan(plan_from_dict({**base, "zero_stage": 0}))
+    zero2 = estimate_plan(plan_from_dict({**base, "zero_stage": 2}))
+    offload = estimate_plan(plan_from_dict({**base, "zero_stage": 2,
+                                            "offload": {"optimizer": True}}))
+    assert not plain.feasible and not zero2.feasible
+    assert plain.memory["shortfall"] > 100 * 2**30  # 16 bytes x 13B is far beyond 32 GiB
+    assert offload.feasible, offload.reasons
+    assert offload.memory["host_total"] > 150e9  # the 12 + 4 bytes per parameter moved to host
+    assert offload.time["offload"] > 0
+
+
+def test_gpt3_175b_sequence_parallel_and_selective_recompute_pay() -> None:
+    # Korthikanti et al. 2022, Table 5 / Figure 1 and NeMo Megatron's published 175B configs:
+    # TP8 PP8 mbs2 with SP + selective recompute vs TP8 PP16 mbs1 with full recompute, no SP.
+    fast = estimate_plan(_plan(parallel={"dp": 16, "tp": 8, "pp": 8}, sequence_parallel=True,
+                               recompute={"policy": "selective"},
+                               batch={"micro_batch_size": 2, "global_batch_size": 1536}),
+                         train_tokens=300e9)
+    slow = estimate_plan(_plan(parallel={"dp": 8, "tp": 8, "pp": 16},
+                               recompute={"policy": "full"},
+                               batch={"micro_batch_size": 1, "global_batch_size": 1536}),
+                         train_tokens=300e9)
+    assert fast.feasible and slow.feasible
+    assert 20 <= fast.days_to_train <= 28
+    assert 30 <= slow.days_to_train <= 40
+    assert slow.days_to_train >= 1.2 * fast.days_to_train
+    assert slow.hfu > slow.mfu  # full recompute spends FLOPs that MFU does not count
+
+
+def test_infeasible_plan_reports_every_reason_and_the_shortfall() -> None:
+    est = estimate_plan(_plan(parallel={"dp": 1024}, zero_stage=0,
+                              batch={"micro_batch_size": 3, "global_batch_size": 1536}))
+    assert not est.feasible
+    assert any("needs" in r and "short by" in r for r in est.reasons)
+    assert any("global_batch_size" in r for r in est.reasons)  # 1536 % (1024 * 3) != 0
+    assert est.memory["shortfall"] == pytest.approx(est.memory["total"] - 80 * 2**30)
+
+
+def test_memory_savings_move_the_right_way() -> None:
+    kw = dict(parallel={"dp": 16, "tp": 8, "pp": 8},
+              batch={"micro_batch_size": 1, "global_batch_size": 1536})
+    none = estimate_plan(_plan(**kw))
+    sp = estimate_plan(_plan(**kw, sequence_parallel=True))
+    sel = estimate_plan(_plan(**kw, sequence_parallel=True, recompute={"policy": "selective"}))
+    full = estimate_plan(_plan(**kw, recompute={"policy": "full"}))
+    acts = [e.memory["activations"] for e in (none, sp, sel, full)]
+    assert acts[0] > acts[1] > acts[2] > acts[3]
+    assert full.time["recompute"] > sel.time["recompute"] > 0 == none.time["recompute"]
+    z3 = estimate_plan(_plan(**kw, zero_stage=3))
+    assert z3.memory["params"] < none.memory["params"] / 8
+    assert z3.time["dp_comm"] > none.time["dp_comm"]
+
+
+def test_table_scores_equal_single_plan_scores() -> None:
+    model = PRESETS["llama-3-8b"]
+    profile = load_profile("h100-sxm-80gb")
+    plans = []
+    for tp, pp, zero, rc, sp in itertools.product((1, 2, 8), (1, 2, 4), (0, 1, 3), (
+            "none", "selective", "full"), (False, True)):
+        if sp and tp == 1:
+            continue
+        dp = 64 // (tp * pp)
+        plans.append(plan_from_dict({
+            "model": "llama-3-8b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
+            "parallel": {"dp": dp, "tp": tp, "pp": pp}, "zero_stage": zero,
+            "sequence_parallel": sp, "recompute": {"policy": rc},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 512}}))
+    rows = [plan_to_row(p, model) for p in plans]
+    table = {k: np.concatenate([r[k] for r in rows]) for k in COLUMNS}
+    cols = estimate_table(table, model, profile, "bf16", "flash")
+    cluster = ClusterSpec(profile, 64)
+    for i, plan in enumerate(plans):
+        one = estimate_plan(plan, cluster, model)
+        assert cols["time_step"][i] == pytest.approx(one.time["step"], rel=1e-12)
+        assert cols["mem_total"][i] == pytest.approx(one.memory["total"], rel=1e-12)
+    assert np.all(np.isfinite(cols["time_step"])) and np.all(cols["mfu"] < 1)

@@ -1,0 +1,81 @@
+"""Memory terms against the published figures they come from."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoplan.cost import memory
+from autoplan.model_spec import PRESETS
+
+
+@pytest.mark.parametrize(
+    ("zero", "expected_gb"),
+    # Rajbhandari et al. 2020 (ZeRO), Figure 1: 7.5B parameters, 64-way data parallelism,
+    # K = 12: baseline 120 GB, P_os 31.4 GB, P_os+g 16.6 GB, P_os+g+p 1.9 GB per device.
+    [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)],
+)
+def test_zero_model_states_match_zero_paper(zero: int, expected_gb: float) -> None:
+    st = memory.model_state_bytes(np.array(7.5e9), np.array(zero), np.array(64), "fp16")
+    total = float(st["params"] + st["grads"] + st["optimizer"])
+    assert total / 1e9 == pytest.approx(expected_gb, rel=0.02)
+
+
+def test_offload_moves_optimizer_and_grads_to_host() -> None:
+    st = memory.model_state_bytes(np.array(1e9), np.array(2), np.array(1), "bf16",
+                                  offload_optimizer=np.array(True))
+    assert float(st["optimizer"]) == 0 and float(st["grads"]) == 0
+    assert float(st["params"]) == 2e9
+    host = memory.host_state_bytes(np.array(1e9), np.array(1), "bf16", np.array(True),
+                                   np.array(False))
+    assert float(host) == 16e9  # 12 bytes of Adam states + 4 of fp32 gradient per parameter
+
+
+# Korthikanti et al. 2022, Table 2: activation bytes per transformer layer.
+GPT = PRESETS["gpt3-175b"].replace(dropout=0.1)
+S, B, H, A = GPT.seq_len, 1, GPT.hidden_size, GPT.num_heads
+
+
+def _per_layer(t: int, sp: bool, recompute: int) -> float:
+    parts = memory.activation_elements_per_layer(
+        GPT, np.array(B), np.array(t), np.array(sp), np.array(1), eager_attention=True)
+    return float(memory.activation_bytes_per_layer(parts, np.array(recompute), "bf16"))
+
+
+@pytest.mark.parametrize(
+    ("t", "sp", "recompute", "formula"),
+    [
+        (1, False, 0, S * B * H * (34 + 5 * A * S / H)),                        # no parallelism
+        (8, False, 0, S * B * H * (10 + 24 / 8 + 5 * A * S / (H * 8))),          # tensor parallel
+        (8, True, 0, S * B * H / 8 * (34 + 5 * A * S / H)),                      # + sequence par.
+        (8, False, 1, S * B * H * (10 + 24 / 8)),                                # + selective
+        (8, True, 1, S * B * H * 34 / 8),                                        # SP + selective
+        (1, False, 2, 2 * S * B * H),                                            # full recompute
+    ],
+)
+def test_activations_match_korthikanti_table2(t, sp, recompute, formula) -> None:
+    assert _per_layer(t, sp, recompute) == pytest.approx(formula, rel=0.02)
+
+
+def test_flash_attention_keeps_no_square_matrices() -> None:
+    eager = memory.activation_elements_per_layer(GPT, 1, 1, False, 1, eager_attention=True)
+    flash = memory.activation_elements_per_layer(GPT, 1, 1, False, 1, eager_attention=False)
+    assert float(flash["core"]) < float(eager["core"]) / 100
+    assert float(flash["split"]) == float(eager["split"])
+
+
+def test_context_parallel_splits_the_sequence() -> None:
+    one = memory.activation_elements_per_layer(GPT, 1, 1, False, 1, eager_attention=False)
+    two = memory.activation_elements_per_layer(GPT, 1, 1, False, 2, eager_attention=False)
+    for k in ("replicated", "split", "core"):
+        assert float(two[k]) == pytest.approx(float(one[k]) / 2)
+
+
+def test_swiglu_and_gqa_terms() -> None:
+    llama = PRESETS["llama-3-8b"]
+    parts = memory.activation_elements_per_layer(llama, 1, 1, False, 1, eager_attention=False)
+    s, h, f = llama.seq_len, llama.hidden_size, llama.ffn
+    kv = llama.kv_heads * llama.head_dim
+    # Q, attention output (2sbh each), K and V (2sb*kv each), SwiGLU gate/up/product (8sbf)
+    assert float(parts["split"]) == pytest.approx(s * (4 * h + 4 * kv + 8 * f))
+    assert float(parts["replicated"]) == pytest.approx(8 * s * h)  # no dropout masks

@@ -1,0 +1,44 @@
+"""The cost model against measured runs of Megatron SC21 and Korthikanti et al. 2022.
+
+The runs live in ../shared/data/published-open.yaml (Megatron SC21 Tables 1-2, Korthikanti et
+al. 2022 Table 5); benchmarks/published_accuracy.py prints the per-run table. Nothing is fitted
+to these runs, so this guards the model against drifting away from them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "published_accuracy.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("published_accuracy", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_time_error_on_published_runs() -> None:
+    bench = _bench()
+    if not bench.DEFAULT_DATA.is_file():
+        pytest.skip(f"no published data at {bench.DEFAULT_DATA}")
+    rows = bench.score(bench.DEFAULT_DATA)
+    assert len(rows) >= 20
+    mape = sum(abs(r["error"]) for r in rows) / len(rows)
+    assert mape <= 0.10, f"mean absolute percentage error {mape:.1%}"
+    assert max(abs(r["error"]) for r in rows) <= 0.25
+    assert all(r["feasible"] for r in rows), "a run that trained must be predicted to fit"
+
+
+def test_sc21_flop_convention_is_reproduced() -> None:
+    bench = _bench()
+    run = {"model": {"layers": 96, "hidden": 12288, "seq_len": 2048, "vocab": 51200},
+           "plan": {"global_batch": 1536}}
+    # SC21 Table 2: 175B at 1536 GPUs, 141 TFLOP/s per GPU, 300B tokens in ~23 days.
+    seconds = bench.sc21_flops_per_iteration(run) / (141e12 * 1536)
+    days = 300e9 / (1536 * 2048) * seconds / 86400
+    assert days == pytest.approx(23, rel=0.05)

@@ -1,0 +1,97 @@
+"""Model presets and Hugging Face config import."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoplan.cost.params import total_params
+from autoplan.errors import ConfigError
+from autoplan.model_spec import PRESETS, MlpKind, ModelSpec, load_model
+
+
+@pytest.mark.parametrize(
+    ("name", "published"),
+    [
+        # Brown et al. 2020, Table 2.1; Touvron et al. 2023 (Llama 2); Dubey et al. 2024 (Llama 3);
+        # Jiang et al. 2023 (Mistral). Figures as the model cards state them.
+        # (GPT-3 1.3B and 13B are left out: Table 2.1's rows for them do not multiply out, see
+        # autoplan/model_spec.py, so their names are not a count to check against.)
+        ("gpt3-125m", 125e6), ("gpt3-6.7b", 6.7e9),
+        ("gpt3-175b", 174.6e9), ("llama-2-7b", 6.74e9), ("llama-2-13b", 13.02e9),
+        ("llama-2-70b", 68.98e9), ("llama-3-8b", 8.03e9), ("llama-3-70b", 70.55e9),
+        ("llama-3.1-405b", 405.85e9), ("mistral-7b", 7.24e9),
+    ],
+)
+def test_parameter_counts_match_published(name: str, published: float) -> None:
+    assert total_params(PRESETS[name]) == pytest.approx(published, rel=0.01)
+
+
+def test_defaults_resolve() -> None:
+    m = ModelSpec(name="x", num_layers=2, hidden_size=64, num_heads=4, vocab_size=10, seq_len=8)
+    assert m.num_kv_heads == 4 and m.ffn_hidden_size == 256 and m.mlp is MlpKind.GELU
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"num_heads": 5}, "model.num_heads"),
+        ({"num_kv_heads": 3}, "model.num_kv_heads"),
+        ({"num_layers": 0}, "model.num_layers"),
+        ({"dropout": 1.5}, "model.dropout"),
+    ],
+)
+def test_bad_shapes_name_the_field(fields: dict, field: str) -> None:
+    base = dict(name="x", num_layers=2, hidden_size=64, num_heads=4, vocab_size=10, seq_len=8)
+    with pytest.raises(ConfigError) as err:
+        ModelSpec(**{**base, **fields})
+    assert err.value.field == field
+
+
+def _write(tmp_path, cfg: dict):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_import_llama3_config(tmp_path) -> None:
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 128256, "max_position_embeddings": 8192, "hidden_act": "silu",
+           "tie_word_embeddings": False}
+    m = load_model(_write(tmp_path, cfg))
+    assert total_params(m) == total_params(PRESETS["llama-3-8b"])
+
+
+def test_import_qwen2_mistral_gpt2_neox(tmp_path) -> None:
+    qwen = {"model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+            "vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": True}
+    assert load_model(_write(tmp_path, qwen)).kv_heads == 2
+    gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+            "vocab_size": 50257, "n_positions": 1024}
+    assert total_params(load_model(_write(tmp_path, gpt2))) == pytest.approx(124.4e6, rel=0.01)
+    neox = {"model_type": "gpt_neox", "num_hidden_layers": 44, "hidden_size": 6144,
+            "num_attention_heads": 64, "intermediate_size": 24576, "vocab_size": 50432,
+            "max_position_embeddings": 2048}  # GPT-NeoX-20B: 20.6B (Black et al. 2022)
+    assert total_params(load_model(_write(tmp_path, neox))) == pytest.approx(20.55e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "[1, 2]", json.dumps({"model_type": "t5"}),
+     json.dumps({"model_type": "llama", "hidden_size": 64}),
+     json.dumps({"model_type": "gpt2", "n_layer": "twelve", "n_embd": 64, "n_head": 4,
+                 "vocab_size": 10, "n_positions": 8})],
+)
+def test_malformed_config_json_is_a_config_error(tmp_path, content: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError):
+        load_model(str(path))
+
+
+def test_unknown_preset_lists_choices() -> None:
+    with pytest.raises(ConfigError, match="gpt3-175b"):
+        load_model("gpt-5")

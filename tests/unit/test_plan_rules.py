@@ -1,0 +1,68 @@
+"""Validity rules: each one fires on the plan it is about, and only there."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.hardware import cluster
+from autoplan.model_spec import PRESETS
+from autoplan.plan import plan_from_dict
+from autoplan.plan_rules import RULE_KEYS, first_violation, validate_plan
+from autoplan.plan_table import plan_to_row
+
+BASE = {"model": "llama-3-8b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
+        "parallel": {"dp": 8, "tp": 4, "pp": 2}, "zero_stage": 1,
+        "batch": {"micro_batch_size": 2, "global_batch_size": 256}}
+MODEL = PRESETS["llama-3-8b"]
+
+
+def _reasons(**edits):
+    data = {**BASE, **edits}
+    plan = plan_from_dict(data)
+    return validate_plan(plan, MODEL, cluster("h100-sxm-80gb", 64))
+
+
+def test_base_plan_is_valid() -> None:
+    assert _reasons() == []
+
+
+@pytest.mark.parametrize(
+    ("edits", "needle"),
+    [
+        ({"parallel": {"dp": 4, "tp": 4, "pp": 2}}, "cluster has 64 GPUs"),
+        ({"parallel": {"dp": 4, "tp": 16, "pp": 1}}, "num_kv_heads=8"),
+        ({"parallel": {"dp": 2, "tp": 1, "pp": 32}, "pipeline": {"vpp": 2,
+          "schedule": "interleaved-1f1b"}}, "does not divide num_layers=32"),
+        ({"batch": {"micro_batch_size": 3, "global_batch_size": 256}}, "not a multiple"),
+        ({"batch": {"micro_batch_size": 32, "global_batch_size": 256}}, "needs at least pp=2"),
+        ({"pipeline": {"vpp": 2}}, "vpp=2 needs pp > 1 and schedule"),
+        ({"pipeline": {"schedule": "interleaved-1f1b"}}, "needs vpp >= 2"),
+        ({"sequence_parallel": True, "parallel": {"dp": 32, "tp": 1, "pp": 2}}, "needs parallel.tp > 1"),
+        ({"offload": {"params": True}}, "needs zero_stage=3"),
+        ({"offload": {"optimizer": True}, "zero_stage": 0}, "needs zero_stage >= 1"),
+        ({"recompute": {"policy": "full", "num_layers": 17}}, "recompute.num_layers=17"),
+        ({"parallel": {"dp": 4, "tp": 4, "pp": 2, "cp": 2}, "model": "llama-3-8b",
+          "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64}}, None),
+        ({"pipeline": {"layers_per_stage": [10, 20]}}, "summing to 30"),
+        ({"precision": "fp32"}, None),
+    ],
+)
+def test_each_rule_fires(edits: dict, needle: str | None) -> None:
+    reasons = _reasons(**edits)
+    if needle is None:
+        assert reasons == []
+    else:
+        assert any(needle in r for r in reasons), reasons
+
+
+def test_v100_has_no_bf16() -> None:
+    plan = plan_from_dict({**BASE, "cluster": {"profile": "v100-sxm2-32gb", "num_gpus": 64}})
+    reasons = validate_plan(plan, MODEL, cluster("v100-sxm2-32gb", 64))
+    assert any("precision=bf16 is not supported" in r for r in reasons)
+
+
+def test_first_violation_counts_by_rule() -> None:
+    plan = plan_from_dict({**BASE, "sequence_parallel": True,
+                           "parallel": {"dp": 32, "tp": 1, "pp": 2}})
+    idx = first_violation(plan_to_row(plan, MODEL), MODEL)
+    assert RULE_KEYS[int(idx[0])] == "sp-needs-tp"
