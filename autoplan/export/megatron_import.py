@@ -229,8 +229,10 @@ def _stages(f: _Flags, layers: int, pp: int) -> dict[str, Any]:
 
 
 def _zero(f: _Flags) -> int:
-    if f.has("--use-torch-fsdp2") or f.has("--use-megatron-fsdp"):
-        strategy = f.str("--data-parallel-sharding-strategy", "optim_grads_params")
+    if f.has("--use-torch-fsdp2"):  # FSDP2 reshards after forward (ZeRO-3) unless told not to
+        return 2 if f.has("--torch-fsdp2-no-reshard-after-forward") else 3
+    if f.has("--use-megatron-fsdp"):
+        strategy = f.str("--data-parallel-sharding-strategy", "no_shard")
         stages = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
         if strategy not in stages:
             raise ConfigError(

@@ -146,11 +146,11 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
     mode = "full" if plan.recompute.policy == RecomputePolicy.FULL else "none"
     out = {"training": training, "parallelism": par, "activation_checkpoint": {"mode": mode}}
     if plan.recompute.policy == RecomputePolicy.SELECTIVE:
-        # Korthikanti et al.'s selective recompute = do not keep the attention scores; SDPA's
-        # fused backward recomputes them, so no block needs checkpointing.
+        # Korthikanti et al.'s selective recompute = do not keep the attention scores; fused
+        # attention recomputes them in its backward, so no block needs checkpointing.
         out["note"] = {
-            "selective": "selective recompute (attention core): SDPA's fused "
-            "backward recomputes the scores; no block is checkpointed"
+            "selective": "selective recompute (attention core): torchtitan's fused attention "
+            "(FlexAttention/SDPA) recomputes the scores in backward; no block is checkpointed"
         }
     if fmt == "toml":
         out["model"] = {"name": "llama3", "flavor": (flavor(model) or ("?",))[0]}

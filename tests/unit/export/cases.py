@@ -1,0 +1,124 @@
+"""Named plans the export tests share: which targets must express each, and which must refuse."""
+
+from __future__ import annotations
+
+from autoplan.export.base import ExportOptions
+from autoplan.plan import (
+    Attention,
+    Batch,
+    ClusterRef,
+    Offload,
+    Parallel,
+    Pipeline,
+    Plan,
+    Precision,
+    Recompute,
+    RecomputePolicy,
+    Schedule,
+)
+
+ALL = ("slurm", "kubernetes", "torchrun", "deepspeed", "megatron", "torchtitan")
+LAUNCHERS = ("slurm", "kubernetes", "torchrun")
+
+
+def plan(model: str = "gpt3-1.3b", gpus: int = 16, **kw) -> Plan:
+    kw.setdefault("parallel", Parallel(dp=gpus))
+    kw.setdefault("batch", Batch(micro_batch_size=1, global_batch_size=8 * gpus))
+    return Plan(model=model, cluster=ClusterRef("h100-sxm-80gb", gpus), **kw)
+
+
+FULL = Recompute(RecomputePolicy.FULL)
+SELECTIVE = Recompute(RecomputePolicy.SELECTIVE)
+INTERLEAVED = Pipeline(Schedule.INTERLEAVED_1F1B, vpp=2)
+
+CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
+    # name: (plan, targets that must express it; every other target must refuse it)
+    "dp-zero1": (plan(zero_stage=1), ALL[:5]),
+    "dp-zero3-offload": (
+        plan(zero_stage=3, offload=Offload(optimizer=True, params=True), recompute=FULL),
+        (*LAUNCHERS, "deepspeed"),
+    ),
+    "megatron-3d": (
+        plan(
+            "gpt3-13b",
+            64,
+            parallel=Parallel(dp=2, tp=8, pp=4),
+            sequence_parallel=True,
+            zero_stage=1,
+            pipeline=INTERLEAVED,
+            recompute=SELECTIVE,
+            batch=Batch(1, 128),
+        ),
+        (*LAUNCHERS, "megatron"),
+    ),
+    "llama-uneven-pp": (
+        plan(
+            "llama-3-8b",
+            16,
+            parallel=Parallel(dp=2, tp=2, pp=4),
+            sequence_parallel=True,
+            zero_stage=3,
+            pipeline=Pipeline(Schedule.ONE_F_ONE_B, 1, (7, 9, 9, 7)),
+            recompute=FULL,
+            batch=Batch(2, 64),
+        ),
+        (*LAUNCHERS, "torchtitan"),
+    ),
+    "llama-cp-zb": (
+        plan(
+            "llama-3-8b",
+            32,
+            parallel=Parallel(dp=2, tp=4, pp=2, cp=2),
+            sequence_parallel=True,
+            zero_stage=2,
+            pipeline=Pipeline(Schedule.ZERO_BUBBLE, vpp=2),
+            batch=Batch(1, 32),
+        ),
+        (*LAUNCHERS, "torchtitan"),
+    ),
+    "llama-megatron-fullblock": (
+        plan(
+            "llama-2-70b",
+            64,
+            parallel=Parallel(dp=2, tp=8, pp=4),
+            sequence_parallel=True,
+            zero_stage=1,
+            offload=Offload(optimizer=True),
+            pipeline=INTERLEAVED,
+            recompute=Recompute(RecomputePolicy.FULL, 2),
+            batch=Batch(1, 64),
+            attention=Attention.EAGER,
+        ),
+        (*LAUNCHERS, "megatron"),
+    ),
+    "fp16-pipeline-ds": (
+        plan(
+            "gpt3-2.7b",
+            16,
+            parallel=Parallel(dp=4, pp=4),
+            zero_stage=1,
+            recompute=FULL,
+            precision=Precision.FP16,
+            batch=Batch(2, 64),
+        ),
+        (*LAUNCHERS, "deepspeed", "megatron"),
+    ),
+    "single-node-tp": (
+        plan(
+            "llama-3-8b",
+            4,
+            parallel=Parallel(dp=2, tp=2),
+            zero_stage=0,
+            precision=Precision.FP32,
+            batch=Batch(4, 64),
+        ),
+        ALL,
+    ),
+    "sp-without-tp": (plan(sequence_parallel=True), LAUNCHERS),
+    "nodes-not-whole": (plan(gpus=12, batch=Batch(1, 12)), ()),
+}
+
+
+def options(target: str, **kw) -> ExportOptions:
+    kw.setdefault("gpus_per_node", 8)
+    return ExportOptions(**kw)

@@ -1,0 +1,93 @@
+"""`autoplan export` / `autoplan import` through the real command line entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoplan.commands import main
+from autoplan.plan import load_plan, save_plan
+
+from .cases import CASES
+
+
+@pytest.fixture
+def plan_file(tmp_path: Path) -> Path:
+    return save_plan(CASES["dp-zero1"][0], tmp_path / "plan.yaml")
+
+
+def test_export_prints_to_stdout(plan_file: Path, capsys):
+    assert main(["export", str(plan_file), "--to", "deepspeed"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["zero_optimization"]["stage"] == 1
+    assert "deepspeed --num_nodes=2" in err  # the launch command is a hint on stderr
+
+
+def test_export_json_wraps_every_file(plan_file: Path, capsys):
+    assert main(["export", str(plan_file), "--to", "deepspeed", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["target"] == "deepspeed" and set(data["files"]) == {"ds_config.json", "launch.sh"}
+
+
+def test_out_never_overwrites_silently(plan_file: Path, tmp_path: Path, capsys):
+    out = tmp_path / "job.sbatch"
+    assert main(["export", str(plan_file), "--to", "slurm", "--out", str(out)]) == 0
+    first = out.read_text()
+    out.write_text("mine\n")
+    assert main(["export", str(plan_file), "--to", "slurm", "--out", str(out)]) == 2
+    assert out.read_text() == "mine\n"
+    assert "--force" in capsys.readouterr().err
+    assert main(["export", str(plan_file), "--to", "slurm", "--out", str(out), "--force"]) == 0
+    assert out.read_text() == first
+
+
+def test_extra_files_go_beside_out(plan_file: Path, tmp_path: Path):
+    out = tmp_path / "ds.json"
+    assert main(["export", str(plan_file), "--to", "deepspeed", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["train_batch_size"] == 128
+    assert (tmp_path / "ds.launch.sh").read_text().startswith("#!/usr/bin/env bash")
+
+
+def test_refused_plan_exits_2_and_writes_nothing(tmp_path: Path, capsys):
+    plan_file = save_plan(CASES["sp-without-tp"][0], tmp_path / "plan.yaml")
+    out = tmp_path / "megatron.sh"
+    assert main(["export", str(plan_file), "--to", "megatron", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "sequence_parallel with tp=1" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
+
+
+def test_gpus_per_node_flag_overrides_the_profile(plan_file: Path, capsys):
+    assert main(["export", str(plan_file), "--to", "slurm", "--gpus-per-node", "4"]) == 0
+    assert "#SBATCH --nodes=4" in capsys.readouterr().out
+
+
+def test_import_writes_a_plan_that_loads(plan_file: Path, tmp_path: Path, capsys):
+    ds = tmp_path / "ds.json"
+    assert main(["export", str(plan_file), "--to", "deepspeed", "--out", str(ds)]) == 0
+    out = tmp_path / "imported.yaml"
+    argv = [
+        "import",
+        str(ds),
+        "--from",
+        "deepspeed",
+        "--model",
+        "gpt3-1.3b",
+        "--cluster",
+        "h100-sxm-80gb",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    assert load_plan(out) == CASES["dp-zero1"][0]
+    assert main(argv) == 2  # exists: not replaced without --force
+
+
+def test_import_needs_a_model_for_deepspeed(tmp_path: Path, capsys):
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1}')
+    argv = ["import", str(ds), "--from", "deepspeed", "--cluster", "h100-sxm-80gb"]
+    assert main(argv) == 2
+    assert "--model" in capsys.readouterr().err
