@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from autoplan import __version__
 from autoplan.errors import AutoplanError
@@ -30,7 +31,7 @@ not built yet) is skipped."""
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own code)
+X
         self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
 
 

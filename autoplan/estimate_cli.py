@@ -94,7 +94,7 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 
 def models_command(args: argparse.Namespace) -> int:
-    rows = [{"name": m.name, "params": total_params(m), "layers": m.num_layers,
+    rows: list[dict[str, Any]] = [{"name": m.name, "params": total_params(m), "layers": m.num_layers,
              "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.kv_heads,
              "ffn": m.ffn, "vocab": m.vocab_size, "seq_len": m.seq_len, "mlp": m.mlp.value}
             for m in PRESETS.values()]
@@ -113,7 +113,7 @@ def models_command(args: argparse.Namespace) -> int:
 
 
 def clusters_command(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in available_profiles():
         p = load_profile(name)
         rows.append({"name": name, "device": p.device.name,

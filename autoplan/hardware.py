@@ -32,7 +32,7 @@ class Curve:
         if len(self.x) != len(self.y) or not self.x:
             raise ConfigError("curve", f"x has {len(self.x)} points, y {len(self.y)}",
                               "give x and y of the same, non-zero length")
-        if any(v <= 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:])):
+        if any(v <= 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):
             raise ConfigError("curve.x", f"got {list(self.x)}", "use increasing positive sizes")
         if any(not 0 < v <= 1.0 for v in self.y):
             raise ConfigError("curve.y", f"got {list(self.y)}", "efficiencies lie in (0, 1]")

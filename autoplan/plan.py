@@ -15,7 +15,12 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec, load_model
 from autoplan.yaml_io import (
-    SCHEMA_VERSION, check_schema_version, from_dict, read_yaml, save_yaml, to_dict,
+    SCHEMA_VERSION,
+    check_schema_version,
+    from_dict,
+    read_yaml,
+    save_yaml,
+    to_dict,
 )
 
 

@@ -16,13 +16,20 @@ from autoplan.hardware import ClusterSpec
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 from autoplan.plan_table import (
-    GPIPE, INTERLEAVED, RC_NONE, SCHEDULES, ZERO_BUBBLE, Table, col, plan_to_row,
+    GPIPE,
+    INTERLEAVED,
+    RC_NONE,
+    SCHEDULES,
+    ZERO_BUBBLE,
+    Table,
+    col,
+    plan_to_row,
 )
 
 
 def _divisors(n: int) -> str:
-    ds = [d for d in range(1, n + 1) if n % d == 0]
-    return ", ".join(map(str, ds if len(ds) <= 12 else ds[:6] + ["..."] + ds[-3:]))
+    ds = [str(d) for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(ds if len(ds) <= 12 else [*ds[:6], "...", *ds[-3:]])
 
 
 def _int(t: Table, name: str, i: int) -> int:

@@ -13,7 +13,15 @@ import numpy as np
 
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import (
-    Batch, ClusterRef, Offload, Parallel, Pipeline, Plan, Precision, Recompute, RecomputePolicy,
+    Batch,
+    ClusterRef,
+    Offload,
+    Parallel,
+    Pipeline,
+    Plan,
+    Precision,
+    Recompute,
+    RecomputePolicy,
     Schedule,
 )
 

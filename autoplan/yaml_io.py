@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import re
 import os
+import re
 import tempfile
 import types
 import typing

@@ -17,8 +17,16 @@ from autoplan.cost import comm, compute, memory, offload, params, pipeline
 from autoplan.hardware import ClusterProfile, ClusterSpec, load_profile
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
-from autoplan.plan_table import GPIPE, INTERLEAVED, RC_FULL, RC_NONE, RC_SELECTIVE, Table, col
-from autoplan.plan_table import plan_to_row
+from autoplan.plan_table import (
+    GPIPE,
+    INTERLEAVED,
+    RC_FULL,
+    RC_NONE,
+    RC_SELECTIVE,
+    Table,
+    col,
+    plan_to_row,
+)
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserved")
 TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_bubble", "pp_comm", "dp_comm", "offload",
@@ -91,7 +99,10 @@ def estimate_table(
 
     tot_first, tot_last = total(st_first, act_first), total(st_last, act_last)
     worst_first = tot_first >= tot_last
-    pick = lambda a, c: np.where(worst_first, a, c)  # noqa: E731
+
+    def pick(a: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return np.where(worst_first, a, c)
+
     act = pick(act_first, act_last)
     out: dict[str, np.ndarray] = {
         "mem_params": pick(st_first["params"], st_last["params"]),
@@ -117,7 +128,7 @@ def estimate_table(
         parts["core"] * act_scale, eager)
     rec_extra = np.where(rc == RC_SELECTIVE, lt["selective"], np.where(rc == RC_FULL, lt["full"], 0))
     tp_msg = w_bytes * model.seq_len / cp * b * model.hidden_size
-    tp_ar = comm.collective_time_s(comm.ALL_REDUCE, tp_msg, tp, comm.intra_node(1, tp, gpn), profile)
+    tp_ar = comm.collective_time_s(comm.ALL_REDUCE, tp_msg, tp, comm.intra_node(np.ones_like(tp), tp, gpn), profile)
     logit_t = compute.logits_times_s(model, profile, peak, b, tp, cp, vocab, logits)
 
     def stage(layers: np.ndarray, extra: np.ndarray) -> dict[str, np.ndarray]:
@@ -141,7 +152,7 @@ def estimate_table(
     out["time_tp_comm"] = m * crit["tp"]
     out["time_pp_bubble"] = pipeline.bubble_fraction(sched, pp, vpp, m) * m * t_mb
     p2p_bytes = w_bytes * model.seq_len / cp * b * model.hidden_size / sp_div
-    p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(tp * cp * dp, 2, gpn), profile)
+    p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(tp * cp * dp, np.full_like(tp, 2.0), gpn), profile)
     out["time_pp_comm"] = np.where(pp > 1, 2.0 * (m * vpp + pp - 1.0) * p2p, 0.0)
 
     # ---- data parallel / ZeRO communication ------------------------------------------------
@@ -167,13 +178,14 @@ def estimate_table(
             psi / shard, m, w_bytes, profile, m * t_mb * profile.efficiency.overlap), 0.0))
     out["time_optimizer"] = np.where(
         off_o, 0.0, compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile))
-    out["time_step"] = sum(out[f"time_{k}"] for k in TIME_PARTS)
+    out["time_step"] = np.sum([out[f"time_{k}"] for k in TIME_PARTS], axis=0)
 
     # ---- throughput and utilisation ---------------------------------------------------------
     per_seq = compute.model_flops_per_sequence(model)
     out["model_flops_per_step"] = gbs * per_seq
-    fwd_layer = sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), 1))
-    fwd_core = compute.attention_core_flops(model, 1.0, 1.0, 1.0)
+    one = np.array(1.0)
+    fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
+    fwd_core = compute.attention_core_flops(model, one, one, one)
     frac = _recomputed_layers(l_first, rc, rcl, vpp) / np.maximum(l_first, 1)
     rec_flops = gbs * model.num_layers * frac * np.where(
         rc == RC_FULL, fwd_layer + fwd_core, np.where(rc == RC_SELECTIVE, fwd_core, 0.0))
@@ -230,8 +242,8 @@ def estimate_plan(
     train_tokens: float | None = None,
 ) -> CostEstimate:
     """Score one plan: validity reasons, memory by part, time by part, throughput and MFU."""
-    from autoplan.plan_rules import validate_plan
     from autoplan.cost.params import total_params
+    from autoplan.plan_rules import validate_plan
 
     model = model or plan.model_spec()
     cluster = cluster or ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
