@@ -1,0 +1,93 @@
+"""Turn measurements into a profile: the same schema as the datasheet profiles, with efficiency
+curves replaced by measured ones and the raw tables kept under `measured`."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import platform
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoplan.profiler.compute import Timing
+
+MIN_EFF = 0.005
+
+
+def _clamp(v: float) -> float:
+    return float(min(1.0, max(MIN_EFF, v)))
+
+
+def matmul_curve(timings: list[Timing], peak: float) -> dict[str, list[float]]:
+    """Efficiency = achieved FLOP/s / peak at each measured GEMM size."""
+    return {"x": [t.size for t in timings], "y": [_clamp(t.size / t.seconds / peak) for t in timings]}
+
+
+def link_from_all_reduce(rows: list[list[float]], group: int
+                         ) -> tuple[float, float, dict[str, list[float]]]:
+    """(bandwidth bytes/s, latency s, efficiency curve) for the cost model's ring formula
+    t = 2(n-1) * latency + 2(n-1)/n * bytes / (bandwidth * efficiency(bytes)).
+
+    A least-squares line t = a + c * bytes over all sizes gives the latency (a / steps) and the
+    bandwidth (factor / c); the curve is what each size achieved against that bandwidth."""
+    steps, factor = 2.0 * (group - 1), 2.0 * (group - 1) / group
+    xs = np.array([r[0] for r in rows])
+    ts = np.array([r[1] for r in rows])
+    slope, intercept = np.polyfit(xs, ts, 1)
+    intercept = max(float(intercept), float(ts.min()) * 0.5, 1e-7)
+    slope = max(float(slope), 1e-15)
+    bandwidth = factor / slope
+    achieved = factor * xs / np.maximum(ts - intercept, 1e-9)
+    curve = {"x": [float(x) for x in xs], "y": [_clamp(a / bandwidth) for a in achieved]}
+    return float(bandwidth), intercept / steps, curve
+
+
+def assemble(
+    base: dict[str, Any], name: str, device: torch.device, precision: str,
+    matmul: list[Timing], copy_bw: float, elementwise_bw: float,
+    collectives: dict[int, dict[str, list[list[float]]]], host_copy_bw: float,
+    adam_params_per_s: float, quick: bool,
+) -> dict[str, Any]:
+    prof = copy.deepcopy(base)
+    prof["schema_version"] = 1
+    prof["name"] = name
+    dev = prof["device"]
+    if device.type == "cpu":
+        best = max(t.size / t.seconds for t in matmul)
+        dev["name"] = f"cpu-1-thread ({platform.processor() or platform.machine()})"
+        dev["peak_flops_per_s"] = {**dev.get("peak_flops_per_s", {}), precision: best}
+        peak = best
+    else:
+        dev["name"] = torch.cuda.get_device_name(device)
+        dev["memory_bytes"] = int(torch.cuda.get_device_properties(device).total_memory)
+        peak = float(dev["peak_flops_per_s"][precision])
+    dev["hbm_bytes_per_s"] = float(copy_bw)
+    eff = prof["efficiency"]
+    eff["matmul"] = matmul_curve(matmul, peak)
+    eff["memory_bound"] = _clamp(elementwise_bw / copy_bw)
+    if collectives:
+        group = max(collectives)
+        bw, lat, curve = link_from_all_reduce(collectives[group]["all_reduce"], group)
+        prof["intra_node"] = {"bytes_per_s": float(bw), "latency_s": float(lat)}
+        eff["intra_node"] = curve
+        if device.type == "cpu":  # one host: there is no other tier to measure
+            prof["inter_node"] = dict(prof["intra_node"])
+            eff["inter_node"] = copy.deepcopy(curve)
+    prof["host"]["pcie_bytes_per_s"] = float(host_copy_bw)
+    prof["host"]["optimizer_params_per_s"] = float(adam_params_per_s)
+    prof["description"] = (f"Measured by `autoplan profile{' --quick' if quick else ''}` on "
+                           f"{platform.node()} ({dev['name']}); fields not measured come from "
+                           f"the base profile {base.get('name')!r}.")
+    prof["measured"] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": str(torch.__version__), "device": dev["name"], "precision": precision,
+        "quick": quick, "threads_per_rank": 1 if device.type == "cpu" else None,
+        "matmul": [[t.size, t.seconds] for t in matmul],
+        "copy_bytes_per_s": float(copy_bw), "elementwise_bytes_per_s": float(elementwise_bw),
+        "collectives": {str(g): ops for g, ops in collectives.items()},
+        "host_copy_bytes_per_s": float(host_copy_bw),
+        "cpu_adam_params_per_s": float(adam_params_per_s),
+    }
+    return prof

@@ -1,0 +1,108 @@
+"""`autoplan profile`: measure this machine and write profiles/NAME.yaml."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from autoplan.cli_common import add_format_argument, emit, stderr_console
+from autoplan.errors import ConfigError
+from autoplan.hardware import PROFILES_DIR, load_profile, profile_from_dict
+from autoplan.yaml_io import read_yaml, save_yaml, to_dict
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("profile", help="measure this machine into a hardware profile",
+                       description="Measure GEMM efficiency, memory bandwidth, collectives and "
+                       "host paths on this machine and write a profile the cost model reads.")
+    p.add_argument("--out", help="output path (default profiles/NAME.yaml)")
+    p.add_argument("--name", help="profile name (default: cpu-measured or the GPU's name)")
+    p.add_argument("--base", help="profile whose unmeasured fields are kept (default: cpu-gloo "
+                   "on CPU, the matching datasheet profile on a GPU)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="dtype of the GEMM curve (default fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--ranks", type=int, help="largest collective group (default: 4 on CPU, "
+                   "the GPU count on CUDA)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (~1 minute)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    add_format_argument(p)
+    p.set_defaults(func=profile_command)
+
+
+def _gpu_base(device_name: str) -> str:
+    name = device_name.lower()
+    for key, prof in (("h200", "h200-sxm-141gb"), ("h100", "h100-sxm-80gb"),
+                      ("a100", "a100-sxm4-80gb"), ("v100", "v100-sxm2-32gb")):
+        if key in name:
+            return prof
+    return "h100-sxm-80gb"
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from autoplan.profiler import build, collectives, compute, host
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", "cuda requested but torch sees no CUDA device",
+                          "use --device cpu or install a CUDA build of torch")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+    precision = args.precision or ("bf16" if use_cuda else "fp32")
+    default_base = _gpu_base(torch.cuda.get_device_name(0)) if use_cuda else "cpu-gloo"
+    base_ref = args.base or default_base
+    load_profile(base_ref)  # validates the name or path with the usual one-line error
+    base_path = PROFILES_DIR / f"{base_ref}.yaml" if not Path(base_ref).suffix else Path(base_ref)
+    base = read_yaml(base_path, "--base")
+    name = args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured")
+    out = Path(args.out) if args.out else PROFILES_DIR / f"{name}.yaml"
+    if out.exists() and not args.force:
+        raise ConfigError("--out", f"{str(out)!r} already exists", "choose --out or pass --force")
+    max_ranks = args.ranks or (torch.cuda.device_count() if use_cuda else 4)
+    if max_ranks < 1 or (not use_cuda and max_ranks > 8):
+        raise ConfigError("--ranks", f"got {max_ranks}", "expected 1 to 8 on CPU")
+
+    console = stderr_console()
+    torch.set_num_threads(1) if not use_cuda else None
+    with console.status("measuring") as status:
+        status.update(f"GEMMs ({precision})")
+        mm = compute.measure_matmul(device, precision, args.quick)
+        status.update("memory bandwidth")
+        copy_bw, elem_bw = compute.measure_bandwidth(device, args.quick)
+        status.update("host copies and CPU Adam")
+        host_bw = host.measure_copy_bandwidth(device, args.quick)
+        adam = host.measure_cpu_adam(args.quick, threads=None if use_cuda else 1)
+        colls: dict[int, dict[str, list[list[float]]]] = {}
+        groups = [g for g in (2, 4, 8) if g <= max_ranks]
+        for g in groups:
+            status.update(f"collectives over {g} ranks")
+            colls[g] = collectives.measure_collectives(g, device.type, args.quick)
+    prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, colls, host_bw,
+                          adam, args.quick)
+    profile_from_dict(prof)  # the result must load like any other profile
+    written = save_yaml(prof, out, overwrite=args.force)
+    summary = {
+        "profile": str(written), "device": prof["device"]["name"],
+        "matmul_peak_flops_per_s": max(t.size / t.seconds for t in mm),
+        "copy_bytes_per_s": copy_bw, "host_copy_bytes_per_s": host_bw,
+        "cpu_adam_params_per_s": adam,
+        "all_reduce_bytes_per_s": prof["intra_node"]["bytes_per_s"] if colls else None,
+        "all_reduce_latency_s": prof["intra_node"]["latency_s"] if colls else None,
+        "groups": groups, "pid": os.getpid(),
+    }
+
+    def render(c: Any) -> None:
+        c.print(f"wrote [bold]{written}[/] ({summary['device']})")
+        c.print(f"  GEMM best {summary['matmul_peak_flops_per_s'] / 1e9:,.1f} GFLOP/s, memory "
+                f"copy {copy_bw / 1e9:.1f} GB/s, host copy {host_bw / 1e9:.1f} GB/s, "
+                f"CPU Adam {adam / 1e6:.0f} M params/s")
+        if colls:
+            c.print(f"  all-reduce over {max(groups)} ranks: "
+                    f"{summary['all_reduce_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, "
+                    f"{summary['all_reduce_latency_s'] * 1e6:.0f} us per step")
+
+    emit(args, to_dict(summary), render)
+    return 0

@@ -1,0 +1,133 @@
+"""Collective and point-to-point times over message sizes and group sizes.
+
+Each group size is one short job of forked CPU processes (gloo) or spawned GPU processes
+(NCCL), rendezvous through a FileStore, with a finite timeout on the process group. Rank 0
+writes the medians (the slowest rank's) as JSON; nothing is pickled to or from disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from autoplan.errors import RuntimeLaunchError
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+TIMEOUT = timedelta(seconds=120)
+
+
+def message_sizes(device_type: str, quick: bool) -> list[int]:
+    top = 256 * 2**20 if device_type == "cuda" else 64 * 2**20
+    if quick:
+        top = min(top, 16 * 2**20)
+    sizes, size = [], 1024
+    while size <= top:
+        sizes.append(size)
+        size *= 4 if quick else 2 if device_type == "cuda" else 4
+    return sizes
+
+
+def _one_op(op: str, nbytes: int, world: int, rank: int, device: torch.device) -> None:
+    numel = max(world, nbytes // 4 // world * world)
+    buf = torch.ones(numel, device=device)
+    if op == "all_reduce":
+        dist.all_reduce(buf)
+    elif op == "all_gather":
+        out = torch.empty(numel * world, device=device)
+        dist.all_gather_into_tensor(out, buf)
+    elif op == "reduce_scatter":
+        out = torch.empty(numel // world, device=device)
+        dist.reduce_scatter_tensor(out, buf)
+    elif op == "all_to_all":
+        out = torch.empty_like(buf)
+        dist.all_to_all_single(out, buf)
+    elif op == "send_recv":
+        if rank == 0:
+            dist.send(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+
+
+def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
+            sizes: list[int], repeats: int) -> None:
+    import time
+    import warnings
+
+    # all_gather_into_tensor / reduce_scatter_tensor: deprecated after 2.11 in favour of
+    # *_single, which 2.11 (our oldest supported GPU stack) may lack; keep the portable names.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    torch.set_num_threads(1)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+    results: dict[str, list[list[float]]] = {}
+    try:
+        for op in OPS:
+            rows = []
+            for nbytes in sizes:
+                _one_op(op, nbytes, world, rank, device)  # warm-up (and connection set-up)
+                samples = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    if backend == "nccl":
+                        torch.cuda.synchronize(device)
+                    t0 = time.perf_counter()
+                    _one_op(op, nbytes, world, rank, device)
+                    if backend == "nccl":
+                        torch.cuda.synchronize(device)
+                    samples.append(time.perf_counter() - t0)
+                samples.sort()
+                median = torch.tensor([samples[len(samples) // 2]], dtype=torch.float64)
+                if backend == "nccl":
+                    median = median.to(device)
+                dist.all_reduce(median, op=dist.ReduceOp.MAX)
+                rows.append([float(nbytes), float(median.item())])
+            results[op] = rows
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_collectives(group_size: int, device_type: str, quick: bool) -> dict[str, list[list[float]]]:
+    """{op: [[bytes, seconds], ...]} for one group of `group_size` ranks."""
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    sizes = message_sizes(device_type, quick)
+    repeats = 3 if quick else 5
+    with tempfile.TemporaryDirectory(prefix="autoplan-profile-") as tmp:
+        store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
+        env = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            ctx = mp.start_processes(
+                _worker, args=(group_size, store, out, backend, sizes, repeats),
+                nprocs=group_size, join=False,
+                start_method="spawn" if backend == "nccl" else "fork")
+            deadline = TIMEOUT.total_seconds() * 4
+            import time
+
+            start = time.monotonic()
+            while not ctx.join(timeout=5):
+                if time.monotonic() - start > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    raise RuntimeLaunchError(
+                        f"collective benchmark with {group_size} ranks did not finish in "
+                        f"{deadline:.0f} s")
+        except mp.ProcessRaisedException as err:
+            raise RuntimeLaunchError(f"collective benchmark failed: {err}") from None
+        finally:
+            if env is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = env
+        return json.loads(Path(out).read_text())

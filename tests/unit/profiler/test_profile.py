@@ -1,0 +1,83 @@
+"""`autoplan profile`: the derivations are right, and a measured profile is a usable profile."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from autoplan.commands import main
+from autoplan.cost.estimate import estimate_plan
+from autoplan.hardware import ClusterSpec, load_profile, profile_from_dict
+from autoplan.plan import plan_from_dict
+from autoplan.profiler.build import link_from_all_reduce, matmul_curve
+from autoplan.profiler.compute import Timing
+from autoplan.yaml_io import save_yaml, to_dict
+
+
+def test_link_fit_recovers_ring_bandwidth_and_latency() -> None:
+    n, bw, lat = 4, 2.0e9, 50e-6
+    sizes = [2.0**k for k in range(10, 26, 2)]
+    rows = [[s, 2 * (n - 1) * lat + 2 * (n - 1) / n * s / bw] for s in sizes]
+    got_bw, got_lat, curve = link_from_all_reduce(rows, n)
+    assert got_bw == pytest.approx(bw, rel=1e-6)
+    assert got_lat == pytest.approx(lat, rel=1e-6)
+    assert curve["y"][-1] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_matmul_curve_is_achieved_over_peak() -> None:
+    curve = matmul_curve([Timing(1e9, 0.01), Timing(1e11, 0.5)], peak=2e11)
+    assert curve["y"] == pytest.approx([0.5, 1.0])
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prof") / "cpu-test.yaml"
+    code = main(["profile", "--quick", "--ranks", "2", "--out", str(out), "--format", "json"])
+    assert code == 0
+    return out
+
+
+def test_measured_profile_loads_and_scores_plans(measured, capsys) -> None:
+    prof = load_profile(measured)
+    raw = yaml.safe_load(measured.read_text())
+    assert raw["measured"]["collectives"]["2"]["all_reduce"]
+    assert prof.device.peak("fp32") == pytest.approx(max(s / t for s, t in raw["measured"]["matmul"]))
+    assert 0 < prof.intra_node.bytes_per_s and 0 < prof.intra_node.latency_s < 1
+    capsys.readouterr()
+    code = main(["estimate", "--model", "tiny", "--cluster", str(measured), "--num-gpus", "2",
+                 "--global-batch-size", "8", "--set", "precision=fp32", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["time"]["dp_comm"] > 0
+
+
+def test_measured_profile_round_trips_to_the_same_estimates(measured, tmp_path) -> None:
+    prof = load_profile(measured)
+    copy = tmp_path / "copy.yaml"
+    save_yaml(to_dict(prof) | {"schema_version": 1}, copy)
+    again = load_profile(copy)
+    assert again == prof
+    plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "x", "num_gpus": 2},
+                           "parallel": {"dp": 2}, "precision": "fp32",
+                           "batch": {"micro_batch_size": 2, "global_batch_size": 8}})
+    a = estimate_plan(plan, ClusterSpec(prof, 2))
+    b = estimate_plan(plan, ClusterSpec(again, 2))
+    assert a.time == b.time and a.memory == b.memory
+    assert np.isfinite(a.time["step"])
+
+
+def test_profile_refuses_to_overwrite(measured, capsys) -> None:
+    before = measured.read_text()
+    assert main(["profile", "--quick", "--out", str(measured)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert measured.read_text() == before
+
+
+def test_measured_profile_validates_strictly(measured) -> None:
+    raw = yaml.safe_load(measured.read_text())
+    raw["efficiency"]["matmul"]["y"][0] = 0.0
+    from autoplan.errors import ConfigError
+    with pytest.raises(ConfigError, match="curve.y"):
+        profile_from_dict(raw)
