@@ -84,7 +84,11 @@ def pytorch_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, A
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": _metadata(opts),
-        "spec": {"nprocPerNode": str(lay.nproc_per_node), "pytorchReplicaSpecs": specs},
+        "spec": {
+            "nprocPerNode": str(lay.nproc_per_node),
+            "pytorchReplicaSpecs": specs,
+            "runPolicy": {"cleanPodPolicy": "None"},  # required by the v1 API
+        },
     }
 
 

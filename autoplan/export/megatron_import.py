@@ -37,6 +37,21 @@ SWITCHES = frozenset(
 BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {"local": "eager"}
 
 
+def expand_variables(text: str) -> str:
+    """Substitute $NAME / ${NAME} where the text assigns NAME a plain value (NAME=8)."""
+    assigned = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=([^\s()'\"$;&|]+)[ \t]*$", re.M)
+    values = {m.group(1): m.group(2) for m in assigned.finditer(text)}
+
+    def value(m: re.Match[str]) -> str:
+        return values.get(m.group(1) or m.group(2), m.group(0))
+
+    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", value, text)
+
+
+def _plain_int(raw: str | None) -> int | None:
+    return int(raw) if raw is not None and raw.isdigit() else None
+
+
 def parse_flags(text: str) -> dict[str, str | bool]:
     """`--flag value` / `--flag=value` / `--switch` from shell text; the last occurrence wins."""
     text = text.replace("\\\n", " ")
@@ -260,14 +275,15 @@ def megatron_plan_dict(
     text: str, model_ref: Any, num_gpus: int | None, what: str
 ) -> dict[str, Any]:
     """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
-    f = _Flags(parse_flags(text), what)
+    f = _Flags(parse_flags(expand_variables(text)), what)
     tp, pp = (
         f.int("--tensor-model-parallel-size", 1) or 1,
         f.int("--pipeline-model-parallel-size", 1) or 1,
     )
     cp = f.int("--context-parallel-size", 1) or 1
     if num_gpus is None:
-        nodes, procs = f.int("--nnodes"), f.int("--nproc-per-node")
+        nodes = _plain_int(f.str("--nnodes"))
+        procs = _plain_int(f.str("--nproc-per-node") or f.str("--nproc_per_node"))
         if nodes is None or procs is None:
             raise ConfigError("--num-gpus", "missing", "the arguments do not fix the GPU count")
         num_gpus = nodes * procs

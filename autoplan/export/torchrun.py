@@ -33,7 +33,7 @@ class TorchrunTarget(ExportTarget):
             head += [
                 f"# Run this same command on each of the {lay.num_nodes} nodes;",
                 "# RDZV_HOST is the address of the first node (the c10d rendezvous host).",
-                ': "${RDZV_HOST:?set RDZV_HOST to the first node\'s address}"',
+                ': "${RDZV_HOST:?set RDZV_HOST to the address of the first node}"',
             ]
         head.append("set -euo pipefail")
         lines = [shell_join([w], keep=("${",)) for w in argv]

@@ -1,0 +1,82 @@
+"""The real consumers the export tests check against, or their documented stand-ins.
+
+`run_script` executes an exported shell script under bash with the launchers stubbed out, so a
+test sees the exact argv that torchrun/srun/deepspeed would receive; torchrun's own argument
+parser then reads it; Megatron's flags are parsed by a parser rebuilt from its definitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import yaml
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "export"
+
+
+def run_script(path: Path, stubs: dict[str, str], *args: str) -> list[list[str]]:
+    """Run `path` under bash with each stub command replaced by a recorder on PATH.
+
+    `stubs` maps a command name to the line it prints (e.g. a host name for `scontrol`);
+    recorded calls come back as [name, *argv] lists, one per call.
+    """
+    bin_dir = path.parent / "stub-bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = path.parent / "stub-calls"
+    for name, output in stubs.items():
+        stub = bin_dir / name
+        stub.write_text(
+            "#!/bin/bash\n"
+            f'{{ printf "%s\\0" {name} "$@"; printf "\\n"; }} >> "$CALLS"\n'
+            f"printf '%s\\n' {shlex.quote(output)}\n"
+        )
+        stub.chmod(0o755)
+    env = {
+        **os.environ,
+        "CALLS": str(log),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_JOB_ID": "42",
+        "RDZV_HOST": "node1",
+    }
+    subprocess.run(
+        ["bash", str(path), *args],
+        env=env,
+        check=True,
+        timeout=30,
+        capture_output=True,
+        cwd=path.parent,
+    )
+    calls = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
+    log.unlink()
+    return calls
+
+
+def bash_syntax_ok(path: Path) -> None:
+    subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
+
+
+def torchrun_args(argv: list[str]) -> argparse.Namespace:
+    """torchrun's own parser (torch.distributed.run) on the options after `torchrun`."""
+    from torch.distributed.run import get_args_parser
+
+    return get_args_parser().parse_args(argv)
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's parser for the flags autoplan uses, rebuilt from tests/data/export."""
+    table = yaml.safe_load((DATA / "megatron_flags.yaml").read_text())["flags"]
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    types = {"int": int, "float": float, "str": str}
+    for flag, kind in table.items():
+        if kind == "switch":
+            parser.add_argument(flag, action="store_true")
+        elif isinstance(kind, list):
+            parser.add_argument(flag, choices=kind)
+        else:
+            parser.add_argument(flag, type=types[kind])
+    return parser

@@ -1,0 +1,198 @@
+"""Megatron export: the script runs under bash, torchrun's parser reads its launch, Megatron's
+flag definitions parse the arguments and Megatron-Core's TransformerConfig validates them;
+export -> import -> export round-trips."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from autoplan.errors import ConfigError
+from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.importers import import_megatron
+from autoplan.export.megatron import layout_string
+from autoplan.export.megatron_import import parse_flags, parse_layout
+from autoplan.export.registry import get_target
+from autoplan.plan import Parallel, Pipeline, Schedule
+
+from .cases import CASES, plan
+from .consumers import DATA, bash_syntax_ok, megatron_parser, run_script, torchrun_args
+
+EXPRESSIBLE = [name for name, (_, ok) in CASES.items() if "megatron" in ok]
+
+
+def _script(tmp_path: Path, case: str) -> Path:
+    p = CASES[case][0]
+    files = export_plan(get_target("megatron"), p, p.model_spec(), ExportOptions(gpus_per_node=8))
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(files["megatron_args.sh"])
+    return path
+
+
+def _launch(tmp_path: Path, case: str) -> list[str]:
+    path = _script(tmp_path, case)
+    bash_syntax_ok(path)
+    [call] = run_script(path, {"torchrun": ""}, "--train-iters", "10")
+    return call[1:]
+
+
+def transformer_config(ns):
+    """Megatron-Core's TransformerConfig from parsed args, as megatron.training maps them."""
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
+        from megatron.core.transformer import TransformerConfig
+        from megatron.core.transformer.enums import AttnBackend
+    dtype = torch.bfloat16 if ns.bf16 else torch.float16 if ns.fp16 else torch.float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _config(TransformerConfig, AttnBackend, ns, dtype)
+
+
+def _config(TransformerConfig, AttnBackend, ns, dtype):  # noqa: N803 (classes passed in)
+    return TransformerConfig(
+        num_layers=ns.num_layers,
+        hidden_size=ns.hidden_size,
+        ffn_hidden_size=ns.ffn_hidden_size,
+        num_attention_heads=ns.num_attention_heads,
+        num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
+        tensor_model_parallel_size=ns.tensor_model_parallel_size,
+        pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
+        context_parallel_size=ns.context_parallel_size,
+        sequence_parallel=ns.sequence_parallel,
+        virtual_pipeline_model_parallel_size=_vpp(ns),
+        recompute_granularity=ns.recompute_granularity,
+        recompute_method=ns.recompute_method,
+        recompute_num_layers=ns.recompute_num_layers,
+        gated_linear_unit=ns.swiglu,
+        normalization=ns.normalization or "LayerNorm",
+        add_bias_linear=not ns.disable_bias_linear,
+        hidden_dropout=_or(ns.hidden_dropout, 0.1),
+        attention_dropout=_or(ns.attention_dropout, 0.1),
+        bf16=ns.bf16,
+        fp16=ns.fp16,
+        attention_backend=AttnBackend[ns.attention_backend or "auto"],
+        params_dtype=dtype,
+        pipeline_dtype=dtype,  # megatron.training sets both from --bf16/--fp16
+    )
+
+
+def _or(value, default):  # Megatron's defaults for flags the table leaves unset
+    return default if value is None else value
+
+
+def _vpp(ns) -> int | None:
+    if ns.num_layers_per_virtual_pipeline_stage:
+        per_rank = ns.num_layers // ns.pipeline_model_parallel_size
+        return per_rank // ns.num_layers_per_virtual_pipeline_stage
+    return ns.num_virtual_stages_per_pipeline_rank
+
+
+@pytest.mark.parametrize("case", EXPRESSIBLE)
+def test_megatron_parsers_accept_the_launch(tmp_path: Path, case: str):
+    p = CASES[case][0]
+    args = torchrun_args(_launch(tmp_path, case))
+    assert int(args.nnodes) * int(args.nproc_per_node) == p.world_size
+    assert args.training_script == "pretrain_gpt.py"
+    assert args.training_script_args[-2:] == ["--train-iters", "10"]  # "$@" passes through
+    ns = megatron_parser().parse_args(args.training_script_args[:-2])
+    assert (
+        ns.tensor_model_parallel_size,
+        ns.pipeline_model_parallel_size,
+        ns.context_parallel_size,
+    ) == (p.parallel.tp, p.parallel.pp, p.parallel.cp)
+    assert ns.global_batch_size == p.batch.global_batch_size
+    assert ns.use_distributed_optimizer == (p.zero_stage == 1)
+    config = transformer_config(ns)  # Megatron-Core's own validation
+    assert config.sequence_parallel == p.sequence_parallel
+    assert config.num_query_groups == p.model_spec().kv_heads
+
+
+@pytest.mark.parametrize("case", EXPRESSIBLE)
+def test_export_import_export_round_trips(tmp_path: Path, case: str):
+    p = CASES[case][0]
+    path = _script(tmp_path, case)
+    back = import_megatron(path, model=None, cluster=p.cluster.profile, num_gpus=None)
+    assert back == p
+    again = export_plan(
+        get_target("megatron"), back, back.model_spec(), ExportOptions(gpus_per_node=8)
+    )
+    assert again["megatron_args.sh"] == path.read_text()
+
+
+def test_megatron_core_rejects_what_we_refuse():
+    """The reason we refuse sequence parallelism without tp is Megatron-Core's own rule."""
+    from argparse import Namespace
+
+    ns = megatron_parser().parse_args(
+        [
+            "--num-layers",
+            "4",
+            "--hidden-size",
+            "64",
+            "--num-attention-heads",
+            "4",
+            "--sequence-parallel",
+            "--tensor-model-parallel-size",
+            "1",
+        ]
+    )
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        transformer_config(Namespace(**{**vars(ns), "ffn_hidden_size": 256}))
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"sequence_parallel": True}, "needs tp > 1"),
+        ({"zero_stage": 3}, "ZeRO-1"),
+        ({"parallel": Parallel(dp=4, pp=4), "pipeline": Pipeline(Schedule.GPIPE)}, "1F1B"),
+        (
+            {"parallel": Parallel(dp=4, pp=4), "pipeline": Pipeline(layers_per_stage=(5, 5, 5, 5))},
+            "do not fit",
+        ),
+        ({"model": "llama-3-8b", "parallel": Parallel(dp=1, tp=16)}, "divide num_kv_heads"),
+    ],
+)
+def test_refusals_name_the_reason(changes: dict, why: str):
+    p = plan(**changes)
+    with pytest.raises(ConfigError, match=why):
+        export_plan(get_target("megatron"), p, p.model_spec(), ExportOptions(gpus_per_node=8))
+
+
+def test_import_of_a_hand_written_launch_script():
+    text = (DATA / "megatron_gpt3_175b.sh").read_text()
+    p = import_megatron(
+        DATA / "megatron_gpt3_175b.sh", model=None, cluster="a100-sxm4-80gb", num_gpus=None
+    )
+    assert "NullTokenizer" not in text
+    assert (p.parallel.dp, p.parallel.tp, p.parallel.pp) == (16, 8, 8)
+    assert p.sequence_parallel and p.zero_stage == 1
+    assert (p.pipeline.schedule, p.pipeline.vpp) == (Schedule.INTERLEAVED_1F1B, 2)
+    assert p.recompute.policy.value == "selective" and p.precision.value == "bf16"
+    m = p.model_spec()
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.vocab_size) == (96, 12288, 96, 51200)
+    assert (m.dropout, m.tie_embeddings, m.mlp.value) == (0.1, True, "gelu")
+
+
+def test_layout_round_trips_and_reads_megatron_shorthand():
+    assert parse_layout(layout_string((3, 5, 5, 3)), "t") == (3, 5, 5, 3)
+    assert parse_layout("Et*2|(tt|)*3t,L", "t") == (2, 2, 2, 2, 1)
+    with pytest.raises(ConfigError, match="MTP"):
+        parse_layout("Et|tmL", "t")
+
+
+def test_parse_flags_handles_equals_switches_and_continuations():
+    flags = parse_flags(
+        "torchrun --nnodes=2 x.py \\\n  --bf16 --tensor-model-parallel-size 4 "
+        "# comment --fp16\n --seq-length=2048"
+    )
+    assert flags == {
+        "--nnodes": "2",
+        "--bf16": True,
+        "--tensor-model-parallel-size": "4",
+        "--seq-length": "2048",
+    }
