@@ -1,0 +1,124 @@
+"""Order scored candidates, turn rows into Plans and into the display/CSV frame.
+
+Single objective: best value first, ties broken by lower memory, then by candidate order (so
+runs are reproducible). Several objectives: the Pareto front, ordered by the first objective.
+pandas appears only here, for the final table and the CSV.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoplan.cost.estimate import TIME_PARTS, row_estimate
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import ClusterRef, Pipeline, Plan
+from autoplan.plan_table import RECOMPUTE, SCHEDULES, row_to_plan
+from autoplan.search.pareto import pareto_mask
+from autoplan.search.partition import balanced_layers
+from autoplan.search.scoring import Scored
+from autoplan.search.targets import MISS_KEYS, Targets, display_value, gpu_hours
+from autoplan.search_space import SearchSpace, Split
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GIB = 2**30
+
+
+def rank(scored: Scored, targets: Targets) -> tuple[np.ndarray, np.ndarray]:
+    """(ranked row indexes of the feasible candidates, Pareto-front mask over all rows)."""
+    c = scored.cols
+    feas = np.flatnonzero(scored.feasible)
+    obj = c["objectives"][feas]
+    front = np.zeros(scored.n, dtype=bool)
+    if len(feas):
+        front[feas[pareto_mask(obj)]] = True
+    keys = [feas, c["mem_total"][feas]] + [obj[:, j] for j in range(obj.shape[1])][::-1]
+    if targets.multi:
+        keys.append(~front[feas])  # front first
+    order = feas[np.lexsort(keys)]
+    return order, front
+
+
+def nearest(scored: Scored) -> int | None:
+    """The valid candidate closest to working: among those that fit in memory, the one that
+    misses its targets by the smallest margin; if none fits, the one short of the least memory."""
+    if scored.n == 0:
+        return None
+    miss = scored.cols["miss"]
+    memory = np.max(miss[:, :2], axis=1)
+    fits = memory <= 0
+    if fits.any():
+        worst = np.where(fits, np.max(miss[:, 2:], axis=1), np.inf)
+        return int(np.argmin(worst))
+    return int(np.argmin(memory))
+
+
+def row_plan(scored: Scored, i: int, model: ModelSpec, model_ref: str | ModelSpec,
+             profile_ref: str, space: SearchSpace, targets: Targets) -> Plan:
+    """Row i as a Plan carrying its prediction."""
+    c = scored.cols
+    plan = row_to_plan(c, i, model_ref, ClusterRef(profile_ref, int(c["num_gpus"][i])),
+                       space.precision[int(c["precision"][i])])
+    plan = plan.replace(attention=space.attention[int(c["attention"][i])])
+    if int(c["split"][i]) == 1:
+        lps = balanced_layers(model, plan.parallel.pp * plan.pipeline.vpp)
+        plan = plan.replace(pipeline=Pipeline(plan.pipeline.schedule, plan.pipeline.vpp, lps))
+    return plan.replace(predicted=predicted(scored, i, targets))
+
+
+def predicted(scored: Scored, i: int, targets: Targets) -> dict[str, Any]:
+    est = row_estimate(scored.cols, i)
+    out: dict[str, Any] = {
+        "tokens_per_s": est["tokens_per_s"], "step_time_s": est["time"]["step"],
+        "mfu": est["mfu"], "hfu": est["hfu"], "memory_bytes": est["memory"],
+        "time_s": est["time"], "dominant": est["dominant"],
+    }
+    for j, name in enumerate(targets.objectives):
+        out[f"objective_{name}"] = display_value(name, float(scored.cols["objectives"][i, j]))
+    if targets.train_tokens is not None:
+        out["days_to_train"] = targets.train_tokens / est["tokens_per_s"] / 86400.0
+        out["gpu_hours"] = float(gpu_hours(est["tokens_per_s"], scored.cols["num_gpus"][i],
+                                           targets.train_tokens))
+    return out
+
+
+def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets,
+          front: np.ndarray | None = None) -> pd.DataFrame:
+    """One line per row: every knob, memory, time, throughput, MFU, dominant cost, status."""
+    import pandas as pd
+
+    c = scored.cols
+    rows = np.asarray(rows, dtype=np.int64)
+    reason = c["reason"][rows]
+    data: dict[str, Any] = {
+        "num_gpus": c["num_gpus"][rows], "dp": c["dp"][rows], "tp": c["tp"][rows],
+        "pp": c["pp"][rows], "cp": c["cp"][rows], "sp": c["sp"][rows],
+        "schedule": np.array([s.value for s in SCHEDULES])[c["schedule"][rows]],
+        "vpp": c["vpp"][rows],
+        "split": np.array([s.value for s in Split])[c["split"][rows]],
+        "zero": c["zero_stage"][rows], "offload_optimizer": c["offload_optimizer"][rows],
+        "offload_params": c["offload_params"][rows],
+        "recompute": np.array([r.value for r in RECOMPUTE])[c["recompute"][rows]],
+        "recompute_layers": c["recompute_layers"][rows], "mbs": c["mbs"][rows],
+        "precision": np.array([p.value for p in space.precision])[c["precision"][rows]],
+        "attention": np.array([a.value for a in space.attention])[c["attention"][rows]],
+        "mem_gib": c["mem_total"][rows] / GIB, "host_gib": c["mem_host"][rows] / GIB,
+        "step_s": c["time_step"][rows], "tokens_per_s": c["tokens_per_s"][rows],
+        "mfu": c["mfu"][rows], "hfu": c["hfu"][rows],
+        "dominant": np.array(TIME_PARTS)[c["dominant"][rows]],
+    }
+    for k in TIME_PARTS:
+        data[f"time_{k}_s"] = c[f"time_{k}"][rows]
+    if targets.train_tokens is not None or "cost" in targets.objectives:
+        data["gpu_hours"] = gpu_hours(c["tokens_per_s"][rows], c["num_gpus"][rows],
+                                      targets.cost_tokens)
+    if front is not None:
+        data["pareto"] = front[rows]
+    data["status"] = np.where(reason < 0, "feasible",
+                              np.array(MISS_KEYS, dtype=object)[np.maximum(reason, 0)])
+    if "trial" in c:
+        data["trial"] = c["trial"][rows]
+    return pd.DataFrame(data)

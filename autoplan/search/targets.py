@@ -1,0 +1,127 @@
+"""What the search optimises and what it must meet: objectives, target constraints, and the
+reasons a scored candidate misses them, as numpy columns over a whole table.
+
+Objective values are oriented so that smaller is better; `display_value` turns them back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.errors import ConfigError
+
+OBJECTIVES = ("throughput", "latency", "cost")
+SECONDS_PER_DAY = 86400.0
+COST_TOKENS_DEFAULT = 1e9
+"""Without --train-tokens, cost is GPU-hours per 1e9 tokens."""
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Targets:
+    objectives: tuple[str, ...] = ("throughput",)
+    """throughput (max tokens/s) | latency (min step time) | cost (min GPU-hours)."""
+    max_step_time_s: float | None = None
+    min_tokens_per_s: float | None = None
+    deadline_days: float | None = None
+    """Train `train_tokens` within this many days."""
+    train_tokens: float | None = None
+    """Token budget: turns cost into GPU-hours and enables the deadline."""
+
+    def __post_init__(self) -> None:
+        if not self.objectives:
+            raise ConfigError("--objective", "got nothing", f"choose from {', '.join(OBJECTIVES)}")
+        for o in self.objectives:
+            if o not in OBJECTIVES:
+                raise ConfigError("--objective", f"got {o!r}",
+                                  f"choose from {', '.join(OBJECTIVES)} (comma-separated)")
+        if len(set(self.objectives)) != len(self.objectives):
+            raise ConfigError("--objective", f"got {','.join(self.objectives)}",
+                              "name each objective once")
+        for name in ("max_step_time_s", "min_tokens_per_s", "deadline_days", "train_tokens"):
+            value = getattr(self, name)
+            if value is not None and not (np.isfinite(value) and value > 0):
+                raise ConfigError(f"--{name.replace('_', '-')}", f"got {value}",
+                                  "expected a positive number")
+        if self.deadline_days is not None and self.train_tokens is None:
+            raise ConfigError("--deadline-days", "needs --train-tokens",
+                              "give the token budget, e.g. --train-tokens 3e11")
+
+    @property
+    def cost_tokens(self) -> float:
+        return self.train_tokens if self.train_tokens is not None else COST_TOKENS_DEFAULT
+
+    @property
+    def multi(self) -> bool:
+        return len(self.objectives) > 1
+
+
+def gpu_hours(tokens_per_s: np.ndarray, num_gpus: np.ndarray, tokens: float) -> np.ndarray:
+    return np.asarray(num_gpus, float) * tokens / np.asarray(tokens_per_s, float) / 3600.0
+
+
+def objective_matrix(cols: Mapping[str, np.ndarray], targets: Targets) -> np.ndarray:
+    """(rows x objectives), smaller is better: -tokens/s, step seconds, GPU-hours."""
+    out = []
+    for o in targets.objectives:
+        if o == "throughput":
+            out.append(-np.asarray(cols["tokens_per_s"], float))
+        elif o == "latency":
+            out.append(np.asarray(cols["time_step"], float))
+        else:
+            out.append(gpu_hours(cols["tokens_per_s"], cols["num_gpus"], targets.cost_tokens))
+    return np.stack(out, axis=1)
+
+
+def display_value(objective: str, value: float) -> float:
+    return -value if objective == "throughput" else value
+
+
+MISS_KEYS = ("out-of-memory", "host-memory", "step-time", "tokens-per-s", "deadline")
+"""Reasons a valid, scored candidate is not feasible, in the order they are reported."""
+
+
+def miss_ratios(cols: Mapping[str, np.ndarray], targets: Targets, memory_bytes: float,
+                host_bytes: float, gpus_per_node: int) -> np.ndarray:
+    """(rows x MISS_KEYS) relative shortfall: > 0 misses by that fraction, <= 0 is met."""
+    n = len(cols["tokens_per_s"])
+    ratios = np.full((n, len(MISS_KEYS)), -1.0)
+    ratios[:, 0] = np.asarray(cols["mem_total"]) / memory_bytes - 1.0
+    per_node = np.asarray(cols["mem_host"]) * np.minimum(cols["num_gpus"], gpus_per_node)
+    ratios[:, 1] = per_node / host_bytes - 1.0
+    if targets.max_step_time_s is not None:
+        ratios[:, 2] = np.asarray(cols["time_step"]) / targets.max_step_time_s - 1.0
+    if targets.min_tokens_per_s is not None:
+        ratios[:, 3] = targets.min_tokens_per_s / np.asarray(cols["tokens_per_s"]) - 1.0
+    if targets.deadline_days is not None and targets.train_tokens is not None:
+        days = targets.train_tokens / np.asarray(cols["tokens_per_s"]) / SECONDS_PER_DAY
+        ratios[:, 4] = days / targets.deadline_days - 1.0
+    return np.nan_to_num(ratios, nan=np.inf)
+
+
+def miss_messages(row: Mapping[str, float], targets: Targets, memory_bytes: float,
+                  host_bytes: float, gpus_per_node: int) -> list[str]:
+    """What one scored candidate misses, by how much (empty when it meets everything)."""
+    out = []
+    if row["mem_total"] > memory_bytes:
+        out.append(f"needs {row['mem_total'] / GIB:.1f} GiB of {memory_bytes / GIB:.0f} GiB "
+                   "per GPU")
+    host = row["mem_host"] * min(row["num_gpus"], gpus_per_node)
+    if host > host_bytes:
+        out.append(f"needs {host / GIB:.1f} GiB of host memory of {host_bytes / GIB:.0f} GiB "
+                   "per node")
+    if targets.max_step_time_s is not None and row["time_step"] > targets.max_step_time_s:
+        out.append(f"takes {row['time_step']:.3g} s per step of at most "
+                   f"{targets.max_step_time_s:g} s")
+    if targets.min_tokens_per_s is not None and row["tokens_per_s"] < targets.min_tokens_per_s:
+        out.append(f"reaches {row['tokens_per_s']:,.0f} tokens/s of at least "
+                   f"{targets.min_tokens_per_s:,.0f}")
+    if targets.deadline_days is not None and targets.train_tokens is not None:
+        days = targets.train_tokens / row["tokens_per_s"] / SECONDS_PER_DAY
+        if days > targets.deadline_days:
+            out.append(f"needs {days:.1f} days for {targets.train_tokens:.3g} tokens of at "
+                       f"most {targets.deadline_days:g}")
+    return out
