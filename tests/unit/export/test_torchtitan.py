@@ -1,0 +1,186 @@
+"""torchtitan export: the TOML form against torchtitan 0.2.2's job-config fields, the Python form
+executed against stand-ins that accept only torchtitan 0.3.0's field names, and pipeline schedule
+names resolved by torch.distributed.pipelining itself (which torchtitan calls)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import pytest
+import tomllib
+import yaml
+
+from autoplan.errors import ConfigError
+from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.registry import get_target
+from autoplan.export.torchtitan_text import FUNCTION
+from autoplan.plan import (
+    Attention,
+    Batch,
+    Offload,
+    Parallel,
+    Pipeline,
+    Precision,
+    Recompute,
+    RecomputePolicy,
+    Schedule,
+)
+
+from .cases import CASES, plan
+from .consumers import DATA
+
+EXPRESSIBLE = [name for name, (_, ok) in CASES.items() if "torchtitan" in ok]
+FIELDS = yaml.safe_load((DATA / "torchtitan_fields.yaml").read_text())
+
+
+def _export(case_or_plan: Any, fmt: str) -> str:
+    p = CASES[case_or_plan][0] if isinstance(case_or_plan, str) else case_or_plan
+    files = export_plan(
+        get_target("torchtitan"),
+        p,
+        p.model_spec(),
+        ExportOptions(gpus_per_node=8, torchtitan_format=fmt),
+    )
+    [text] = files.values()
+    return text
+
+
+def _check_parallelism(p, par: dict[str, Any], training: dict[str, Any]) -> None:
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    degrees = (
+        "data_parallel_replicate_degree",
+        "data_parallel_shard_degree",
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "context_parallel_degree",
+    )
+    world = 1
+    for key in degrees:
+        world *= par[key]
+    assert world == p.world_size
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    if p.parallel.pp > 1:
+        get_schedule_class(par["pipeline_parallel_schedule"])  # torch knows the name
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) == p.parallel.pp * p.pipeline.vpp
+        layers = [m for part in parts for m in part if m.startswith("layers.")]
+        assert layers == [f"layers.{i}" for i in range(p.model_spec().num_layers)]
+        assert parts[0][0] == "tok_embeddings" and parts[-1][-2] == "norm"
+        assert training["local_batch_size"] * dp == p.batch.global_batch_size
+    else:
+        assert training["local_batch_size"] == p.batch.micro_batch_size
+    assert training["global_batch_size"] == p.batch.global_batch_size
+
+
+@pytest.mark.parametrize("case", EXPRESSIBLE)
+def test_toml_uses_only_torchtitan_0_2_2_fields(case: str):
+    p = CASES[case][0]
+    try:
+        doc = tomllib.loads(_export(case, "toml"))
+    except ConfigError as err:  # some plans only the newer Python form can express
+        assert "python" in str(err)
+        return
+    known = FIELDS["toml_0_2_2"]
+    for section, values in doc.items():
+        assert set(values) <= set(known[section]), section
+    assert doc["model"] == {"name": "llama3", "flavor": "8B"}
+    assert doc["model"]["flavor"] in FIELDS["toml_llama3_flavors"]
+    assert doc["activation_checkpoint"]["mode"] in FIELDS["toml_activation_checkpoint_modes"]
+    assert doc["parallelism"]["module_fqns_per_model_part"][-1][-1] == "output" or (
+        p.parallel.pp == 1
+    )
+    _check_parallelism(p, doc["parallelism"], doc["training"])
+
+
+class _Section:
+    """Accepts only the attribute names torchtitan's dataclass has."""
+
+    def __init__(self, fields: list[str]) -> None:
+        object.__setattr__(self, "_fields", set(fields))
+        object.__setattr__(self, "values", {})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        assert name in self._fields, f"torchtitan has no field {name!r}"
+        self.values[name] = value
+
+
+def _fake_torchtitan(monkeypatch) -> None:
+    new = FIELDS["python_0_3_0"]
+
+    def trainer_config() -> Any:
+        config = _Section(FIELDS["python_trainer_config_fields"])
+        object.__setattr__(config, "training", _Section(new["training"]))
+        object.__setattr__(config, "parallelism", _Section(new["parallelism"]))
+        return config
+
+    registry = types.ModuleType("torchtitan.models.llama3.config_registry")
+    for name in FIELDS["python_llama3_config_registry"]:
+        setattr(registry, name, trainer_config)
+    llama3 = types.ModuleType("torchtitan.models.llama3")
+    llama3.config_registry = registry
+
+    def model_registry(flavor: str) -> str:
+        assert flavor in FIELDS["python_llama3_flavors"]
+        return f"spec:{flavor}"
+
+    llama3.model_registry = model_registry
+    ac = types.ModuleType(FIELDS["python_activation_checkpoint_module"])
+    for name in FIELDS["python_activation_checkpoint_classes"]:
+        setattr(ac, name, type(name, (), {"Config": type("Config", (), {})}))
+    for name, module in {
+        "torchtitan": types.ModuleType("torchtitan"),
+        "torchtitan.distributed": types.ModuleType("torchtitan.distributed"),
+        "torchtitan.models": types.ModuleType("torchtitan.models"),
+        "torchtitan.models.llama3": llama3,
+        "torchtitan.models.llama3.config_registry": registry,
+        ac.__name__: ac,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.mark.parametrize("case", EXPRESSIBLE)
+def test_python_config_runs_against_torchtitan_0_3_0_names(case: str, monkeypatch):
+    p = CASES[case][0]
+    source = _export(case, "python")
+    _fake_torchtitan(monkeypatch)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "autoplan_torchtitan.py", "exec"), namespace)  # noqa: S102
+    config = namespace[FUNCTION]()
+    assert config.values["model_spec"] == "spec:8B"
+    par, training = config.parallelism.values, config.training.values
+    _check_parallelism(p, par, training)
+    assert par["enable_sequence_parallel"] == p.sequence_parallel
+    ac = config.values["activation_checkpoint"]
+    assert (ac is None) == (p.recompute.policy != RecomputePolicy.FULL)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fmt", "why"),
+    [
+        ({"zero_stage": 1}, "python", "no optimizer-only"),
+        ({"precision": Precision.FP16}, "python", "bf16 or fp32"),
+        ({"attention": Attention.EAGER}, "python", "SDPA"),
+        ({"offload": Offload(optimizer=True), "zero_stage": 3}, "python", "together"),
+        ({"recompute": Recompute(RecomputePolicy.FULL, 2)}, "python", "every block or none"),
+        (
+            {"parallel": Parallel(dp=4, pp=4), "pipeline": Pipeline(Schedule.ONE_F_ONE_B, vpp=2)},
+            "python",
+            "Interleaved1F1B",
+        ),
+        ({"parallel": Parallel(dp=8, tp=2)}, "toml", "always shards norms"),
+        ({"zero_stage": 0}, "toml", "only through FSDP"),
+    ],
+)
+def test_refusals_name_the_reason(changes: dict, fmt: str, why: str):
+    changes.setdefault("zero_stage", 2)
+    p = plan("llama-3-8b", 16, batch=Batch(1, 64), **changes)
+    with pytest.raises(ConfigError, match=why):
+        _export(p, fmt)
+
+
+def test_gpt_models_have_no_torchtitan_flavor():
+    with pytest.raises(ConfigError, match="flavor"):
+        _export(plan(zero_stage=2), "python")
