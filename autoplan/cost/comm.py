@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.hardware import ClusterProfile
+from autoplan.model_spec import ModelSpec
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "all_gather", "reduce_scatter"
 
@@ -48,3 +49,20 @@ def p2p_time_s(nbytes: np.ndarray, inside_node: np.ndarray, profile: ClusterProf
     """Seconds to send one activation tensor to the next pipeline stage."""
     bw, lat = link(np.asarray(nbytes, float), inside_node, profile)
     return lat + np.asarray(nbytes, float) / bw
+
+
+def context_parallel_time_s(
+    model: ModelSpec, b: np.ndarray, tp: np.ndarray, cp: np.ndarray, elem_bytes: float,
+    core_forward_s: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile,
+) -> np.ndarray:
+    """Exposed seconds per block and micro-batch of ring attention (Liu et al. 2023; Megatron
+    context parallelism): cp - 1 hops pass each rank's K and V chunk forward, and backward
+    passes K, V and their gradients (twice the bytes); each hop overlaps with the attention
+    of the chunk already held, so only what exceeds the attention core's time is exposed."""
+    cp = np.asarray(cp, float)
+    kv = 2.0 * elem_bytes * model.seq_len / cp * np.asarray(b, float) * (
+        model.kv_heads * model.head_dim) / np.asarray(tp, float)
+    hop = p2p_time_s(kv, inside_node, profile)
+    total = 3.0 * (cp - 1.0) * hop
+    hidden = 3.0 * np.asarray(core_forward_s, float)  # forward + backward of attention
+    return np.where(cp > 1, np.maximum(total - hidden, 0.0), 0.0)

@@ -86,7 +86,8 @@ def layer_times_s(
     elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES, profile)
     forward = gemm + core_fwd + elem / 3.0
     backward = 2.0 * gemm + core_bwd + elem * 2.0 / 3.0
-    return {"forward": forward, "backward": backward, "selective": core_fwd, "full": forward}
+    return {"forward": forward, "backward": backward, "selective": core_fwd, "full": forward,
+            "core_forward": core_fwd}
 
 
 def logits_times_s(

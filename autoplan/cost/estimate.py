@@ -29,7 +29,7 @@ from autoplan.plan_table import (
 )
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserved")
-TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_bubble", "pp_comm", "dp_comm", "offload",
+TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_bubble", "pp_comm", "dp_comm", "offload",
               "optimizer")
 ADAM_BYTES_PER_PARAM = 28.0
 """HBM traffic of a fused Adam step per parameter: fp32 master, m and v read and written (24),
@@ -128,7 +128,10 @@ def estimate_table(
         parts["core"] * act_scale, eager)
     rec_extra = np.where(rc == RC_SELECTIVE, lt["selective"], np.where(rc == RC_FULL, lt["full"], 0))
     tp_msg = w_bytes * model.seq_len / cp * b * model.hidden_size
-    tp_ar = comm.collective_time_s(comm.ALL_REDUCE, tp_msg, tp, comm.intra_node(np.ones_like(tp), tp, gpn), profile)
+    tp_ar = comm.collective_time_s(
+        comm.ALL_REDUCE, tp_msg, tp, comm.intra_node(np.ones_like(tp), tp, gpn), profile)
+    cp_layer = comm.context_parallel_time_s(model, b, tp, cp, w_bytes, lt["core_forward"],
+                                            comm.intra_node(tp, cp, gpn), profile)
     logit_t = compute.logits_times_s(model, profile, peak, b, tp, cp, vocab, logits)
 
     def stage(layers: np.ndarray, extra: np.ndarray) -> dict[str, np.ndarray]:
@@ -137,12 +140,13 @@ def estimate_table(
             "compute": layers * (lt["forward"] + lt["backward"]) + extra,
             "recompute": n * rec_extra,
             "tp": layers * 4.0 * tp_ar + np.where(rc == RC_FULL, n * 2.0 * tp_ar, 0.0),
+            "cp": layers * cp_layer,
             "backward": layers * lt["backward"],
         }
 
     stages = [stage(l_first, np.where(single, logit_t, 0.0)), stage(l_max, 0.0 * l_max),
               stage(l_last, logit_t)]
-    per_mb = [s["compute"] + s["recompute"] + s["tp"] for s in stages]
+    per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
     crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
     t_mb = np.choose(slowest, per_mb)
@@ -150,6 +154,7 @@ def estimate_table(
     out["time_compute"] = m * crit["compute"]
     out["time_recompute"] = m * crit["recompute"]
     out["time_tp_comm"] = m * crit["tp"]
+    out["time_cp_comm"] = m * crit["cp"]
     out["time_pp_bubble"] = pipeline.bubble_fraction(sched, pp, vpp, m) * m * t_mb
     p2p_bytes = w_bytes * model.seq_len / cp * b * model.hidden_size / sp_div
     p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(tp * cp * dp, np.full_like(tp, 2.0), gpn), profile)

@@ -29,7 +29,7 @@ def test_estimate_json_has_the_contract_fields(capsys) -> None:
     assert code == 0 and data["feasible"] is True and data["reasons"] == []
     for part in ("params", "grads", "optimizer", "activations", "buffers", "total", "host_total"):
         assert part in data["memory"]
-    for part in ("compute", "recompute", "tp_comm", "pp_bubble", "pp_comm", "dp_comm",
+    for part in ("compute", "recompute", "tp_comm", "cp_comm", "pp_bubble", "pp_comm", "dp_comm",
                  "offload", "step"):
         assert part in data["time"]
     assert 0 < data["mfu"] < 1 and data["hfu"] >= data["mfu"]
