@@ -135,6 +135,8 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
     }
     if fmt == "python":
         par["enable_sequence_parallel"] = plan.sequence_parallel
+        if p.pp > 1:  # torchtitan 0.3 refuses CUDA graphs with a pipeline
+            training["disable_cuda_graphs"] = True
     if p.pp > 1:
         split = stage_layers(plan, model)
         assert split is not None

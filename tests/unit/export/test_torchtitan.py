@@ -184,3 +184,25 @@ def test_refusals_name_the_reason(changes: dict, fmt: str, why: str):
 def test_gpt_models_have_no_torchtitan_flavor():
     with pytest.raises(ConfigError, match="flavor"):
         _export(plan(zero_stage=2), "python")
+
+
+@pytest.mark.parametrize("case", EXPRESSIBLE)
+def test_real_torchtitan_parses_the_export(case: str, tmp_path, monkeypatch):
+    """Runs where torchtitan is installed (it needs triton; not a dev dependency): its own
+    ConfigManager loads the Python config (>= 0.3) or the TOML (<= 0.2.2) and validates it."""
+    manager = pytest.importorskip("torchtitan.config.manager")
+    python_form = hasattr(pytest.importorskip("torchtitan.config"), "ParallelismConfig")
+    try:
+        text = _export(case, "python" if python_form else "toml")
+    except ConfigError:
+        pytest.skip("this torchtitan version's format cannot express the plan")
+    if python_form:
+        module = f"autoplan_tt_{case.replace('-', '_')}"
+        (tmp_path / f"{module}.py").write_text(text)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        argv = ["--module", module, "--config", FUNCTION]
+    else:
+        (tmp_path / "job.toml").write_text(text)
+        argv = ["--job.config_file", str(tmp_path / "job.toml")]
+    config = manager.ConfigManager().parse_args(argv)
+    assert config.parallelism.tensor_parallel_degree == CASES[case][0].parallel.tp
