@@ -92,6 +92,10 @@ class Efficiency:
     """Achieved / link bandwidth of a collective by message bytes, across nodes."""
     overlap: float = 0.8
     """Fraction of data-parallel communication hidden behind backward compute when overlapped."""
+    op_overhead_s: float = 0.0
+    """Host-side seconds to dispatch one operator that nothing hides: eager PyTorch on a CPU
+    pays it for every op (measured by `autoplan profile`); on a GPU, launches of the large
+    kernels these datasheet profiles are for overlap with execution, so they leave it at 0."""
 
 
 @dataclass(frozen=True)

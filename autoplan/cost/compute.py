@@ -23,6 +23,10 @@ SOFTMAX_PASSES = 5.4
 FLASH_EFFICIENCY = 0.75
 """Fused attention runs at ~75% of the GEMM efficiency of its size (Dao 2023, FlashAttention-2:
 50-73% of A100 peak forward, less backward, against ~80% for large GEMMs)."""
+OPS_PER_LAYER_FORWARD = 24
+"""Operators one eager block dispatches in forward: 2 norms, 4 GEMMs, QKV split and reshapes,
+attention, 2 dropouts, 2 residual adds, bias adds and the activation function; backward
+dispatches about twice as many."""
 FLASH_BACKWARD = 2.5
 """Fused attention backward recomputes the scores: 2.5x the forward FLOPs instead of 2x."""
 
@@ -84,8 +88,9 @@ def layer_times_s(
         core_fwd = core_flops / (peak * profile.efficiency.matmul(core_flops) * FLASH_EFFICIENCY)
         core_bwd = FLASH_BACKWARD * core_fwd
     elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES, profile)
-    forward = gemm + core_fwd + elem / 3.0
-    backward = 2.0 * gemm + core_bwd + elem * 2.0 / 3.0
+    dispatch = OPS_PER_LAYER_FORWARD * profile.efficiency.op_overhead_s
+    forward = gemm + core_fwd + elem / 3.0 + dispatch
+    backward = 2.0 * gemm + core_bwd + elem * 2.0 / 3.0 + 2.0 * dispatch
     return {"forward": forward, "backward": backward, "selective": core_fwd, "full": forward,
             "core_forward": core_fwd}
 

@@ -46,7 +46,7 @@ def link_from_all_reduce(rows: list[list[float]], group: int
 
 def assemble(
     base: dict[str, Any], name: str, device: torch.device, precision: str,
-    matmul: list[Timing], copy_bw: float, elementwise_bw: float,
+    matmul: list[Timing], copy_bw: float, elementwise_bw: float, op_overhead_s: float,
     collectives: dict[int, dict[str, list[list[float]]]], host_copy_bw: float,
     adam_params_per_s: float, quick: bool,
 ) -> dict[str, Any]:
@@ -67,6 +67,7 @@ def assemble(
     eff = prof["efficiency"]
     eff["matmul"] = matmul_curve(matmul, peak)
     eff["memory_bound"] = _clamp(elementwise_bw / copy_bw)
+    eff["op_overhead_s"] = float(op_overhead_s)
     if collectives:
         group = max(collectives)
         bw, lat, curve = link_from_all_reduce(collectives[group]["all_reduce"], group)
@@ -86,6 +87,7 @@ def assemble(
         "quick": quick, "threads_per_rank": 1 if device.type == "cpu" else None,
         "matmul": [[t.size, t.seconds] for t in matmul],
         "copy_bytes_per_s": float(copy_bw), "elementwise_bytes_per_s": float(elementwise_bw),
+        "op_overhead_s": float(op_overhead_s),
         "collectives": {str(g): ops for g, ops in collectives.items()},
         "host_copy_bytes_per_s": float(host_copy_bw),
         "cpu_adam_params_per_s": float(adam_params_per_s),

@@ -72,6 +72,8 @@ def profile_command(args: argparse.Namespace) -> int:
         mm = compute.measure_matmul(device, precision, args.quick)
         status.update("memory bandwidth")
         copy_bw, elem_bw = compute.measure_bandwidth(device, args.quick)
+        status.update("operator dispatch")
+        op_s = compute.measure_op_overhead(device, args.quick)
         status.update("host copies and CPU Adam")
         host_bw = host.measure_copy_bandwidth(device, args.quick)
         adam = host.measure_cpu_adam(args.quick, threads=None if use_cuda else 1)
@@ -80,7 +82,7 @@ def profile_command(args: argparse.Namespace) -> int:
         for g in groups:
             status.update(f"collectives over {g} ranks")
             colls[g] = collectives.measure_collectives(g, device.type, args.quick)
-    prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, colls, host_bw,
+    prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
                           adam, args.quick)
     profile_from_dict(prof)  # the result must load like any other profile
     written = save_yaml(prof, out, overwrite=args.force)
@@ -88,7 +90,7 @@ def profile_command(args: argparse.Namespace) -> int:
         "profile": str(written), "device": prof["device"]["name"],
         "matmul_peak_flops_per_s": max(t.size / t.seconds for t in mm),
         "copy_bytes_per_s": copy_bw, "host_copy_bytes_per_s": host_bw,
-        "cpu_adam_params_per_s": adam,
+        "cpu_adam_params_per_s": adam, "op_overhead_s": op_s,
         "all_reduce_bytes_per_s": prof["intra_node"]["bytes_per_s"] if colls else None,
         "all_reduce_latency_s": prof["intra_node"]["latency_s"] if colls else None,
         "groups": groups, "pid": os.getpid(),
@@ -98,7 +100,7 @@ def profile_command(args: argparse.Namespace) -> int:
         c.print(f"wrote [bold]{written}[/] ({summary['device']})")
         c.print(f"  GEMM best {summary['matmul_peak_flops_per_s'] / 1e9:,.1f} GFLOP/s, memory "
                 f"copy {copy_bw / 1e9:.1f} GB/s, host copy {host_bw / 1e9:.1f} GB/s, "
-                f"CPU Adam {adam / 1e6:.0f} M params/s")
+                f"CPU Adam {adam / 1e6:.0f} M params/s, {op_s * 1e6:.1f} us per operator")
         if colls:
             c.print(f"  all-reduce over {max(groups)} ranks: "
                     f"{summary['all_reduce_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, "
