@@ -8,12 +8,12 @@ Settings a plan cannot represent (partial optimizer offload, mismatched dropouts
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.export.megatron import ATTENTION_BACKENDS, NULL_TOKENIZER_EXTRA
-from autoplan.model_spec import PRESETS, load_model
+from autoplan.export.shell_args import Flags, expand_variables, parse_flags, plain_int
+from autoplan.model_spec import PRESETS, ModelSpec, load_model
 
 SWITCHES = frozenset(
     {
@@ -29,95 +29,13 @@ SWITCHES = frozenset(
         "--disable-bias-linear",
         "--use-torch-fsdp2",
         "--use-megatron-fsdp",
+        "--torch-fsdp2-no-reshard-after-forward",
         "--standalone",
         "--no-python",
     }
 )
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
 BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {"local": "eager"}
-
-
-def expand_variables(text: str) -> str:
-    """Substitute $NAME / ${NAME} where the text assigns NAME a plain value (NAME=8)."""
-    assigned = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=([^\s()'\"$;&|]+)[ \t]*$", re.M)
-    values = {m.group(1): m.group(2) for m in assigned.finditer(text)}
-
-    def value(m: re.Match[str]) -> str:
-        return values.get(m.group(1) or m.group(2), m.group(0))
-
-    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", value, text)
-
-
-def _plain_int(raw: str | None) -> int | None:
-    return int(raw) if raw is not None and raw.isdigit() else None
-
-
-def parse_flags(text: str) -> dict[str, str | bool]:
-    """`--flag value` / `--flag=value` / `--switch` from shell text; the last occurrence wins."""
-    text = text.replace("\\\n", " ")
-    try:
-        lexer = shlex.shlex(text, posix=True)
-        lexer.whitespace_split = True
-        lexer.commenters = "#"
-        tokens = list(lexer)
-    except ValueError as err:
-        raise ConfigError(
-            "FILE", f"cannot split the arguments ({err})", "check the quoting"
-        ) from None
-    flags: dict[str, str | bool] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        i += 1
-        if not tok.startswith("--") or len(tok) == 2:
-            continue
-        if "=" in tok:
-            name, _, value = tok.partition("=")
-            flags[name] = value
-        elif tok in SWITCHES or i >= len(tokens) or tokens[i].startswith("--"):
-            flags[tok] = True
-        else:
-            flags[tok] = tokens[i]
-            i += 1
-    return flags
-
-
-class _Flags:
-    def __init__(self, flags: dict[str, str | bool], what: str) -> None:
-        self.flags, self.what = flags, what
-
-    def has(self, name: str) -> bool:
-        return self.flags.get(name) is True
-
-    def str(self, name: str, default: str | None = None) -> str | None:
-        value = self.flags.get(name, default)
-        if value is True:
-            raise ConfigError(f"{self.what} {name}", "has no value", "give it one")
-        return value  # type: ignore[return-value]
-
-    def int(self, name: str, default: int | None = None) -> int | None:
-        raw = self.str(name)
-        if raw is None:
-            return default
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigError(
-                f"{self.what} {name}", f"got {raw!r}", "expected an integer"
-            ) from None
-
-    def float(self, name: str, default: float) -> float:
-        raw = self.str(name)
-        try:
-            return default if raw is None else float(raw)
-        except ValueError:
-            raise ConfigError(f"{self.what} {name}", f"got {raw!r}", "expected a number") from None
-
-    def need(self, name: str) -> int:
-        value = self.int(name)
-        if value is None:
-            raise ConfigError(self.what, f"no {name}", "add it or pass --model")
-        return value
 
 
 def parse_layout(layout: str, what: str) -> tuple[int, ...]:
@@ -141,7 +59,7 @@ def parse_layout(layout: str, what: str) -> tuple[int, ...]:
     return tuple(stages)
 
 
-def model_fields(f: _Flags, name: str) -> dict[str, Any]:
+def model_fields(f: Flags, name: str) -> dict[str, Any]:
     """A model spec mapping from the model-shape flags."""
     hidden, heads = f.need("--hidden-size"), f.need("--num-attention-heads")
     swiglu = f.has("--swiglu")
@@ -185,7 +103,7 @@ def model_fields(f: _Flags, name: str) -> dict[str, Any]:
     }
 
 
-def _position(f: _Flags) -> str:
+def _position(f: Flags) -> str:
     kind = f.str("--position-embedding-type", "learned_absolute")
     if kind not in ("learned_absolute", "rope"):
         raise ConfigError(
@@ -196,7 +114,7 @@ def _position(f: _Flags) -> str:
     return "rope" if kind == "rope" else "learned"
 
 
-def _stages(f: _Flags, layers: int, pp: int) -> dict[str, Any]:
+def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
     """The pipeline section: vpp, schedule and an uneven split when the flags give one."""
     split: tuple[int, ...] | None = None
     vpp = 1
@@ -243,7 +161,7 @@ def _stages(f: _Flags, layers: int, pp: int) -> dict[str, Any]:
     return out
 
 
-def _zero(f: _Flags) -> int:
+def _zero(f: Flags) -> int:
     if f.has("--use-torch-fsdp2"):  # FSDP2 reshards after forward (ZeRO-3) unless told not to
         return 2 if f.has("--torch-fsdp2-no-reshard-after-forward") else 3
     if f.has("--use-megatron-fsdp"):
@@ -259,7 +177,7 @@ def _zero(f: _Flags) -> int:
     return 1 if f.has("--use-distributed-optimizer") else 0
 
 
-def _recompute(f: _Flags) -> dict[str, Any]:
+def _recompute(f: Flags) -> dict[str, Any]:
     granularity = f.str("--recompute-granularity")
     if granularity is None and f.has("--recompute-activations"):
         granularity = "selective"  # Megatron: --recompute-activations means selective
@@ -275,15 +193,15 @@ def megatron_plan_dict(
     text: str, model_ref: Any, num_gpus: int | None, what: str
 ) -> dict[str, Any]:
     """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
-    f = _Flags(parse_flags(expand_variables(text)), what)
+    f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
     tp, pp = (
         f.int("--tensor-model-parallel-size", 1) or 1,
         f.int("--pipeline-model-parallel-size", 1) or 1,
     )
     cp = f.int("--context-parallel-size", 1) or 1
     if num_gpus is None:
-        nodes = _plain_int(f.str("--nnodes"))
-        procs = _plain_int(f.str("--nproc-per-node") or f.str("--nproc_per_node"))
+        nodes = plain_int(f.str("--nnodes"))
+        procs = plain_int(f.str("--nproc-per-node") or f.str("--nproc_per_node"))
         if nodes is None or procs is None:
             raise ConfigError("--num-gpus", "missing", "the arguments do not fix the GPU count")
         num_gpus = nodes * procs
@@ -299,6 +217,8 @@ def megatron_plan_dict(
         fields = model_fields(f, found.group(1) if found else "megatron-import")
         preset = PRESETS.get(fields["name"])
         model_ref = fields["name"] if preset == load_model(dict(fields)) else fields
+    else:
+        _agree(f, load_model(model_ref))
     layers = load_model(model_ref).num_layers
     fraction = f.float("--optimizer-offload-fraction", 1.0)
     if f.has("--optimizer-cpu-offload") and fraction != 1.0:
@@ -325,3 +245,21 @@ def megatron_plan_dict(
         "precision": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
         "attention": BACKEND_ATTENTION.get(backend, "flash"),
     }
+
+
+def _agree(f: Flags, model: ModelSpec) -> None:
+    """--model wins over the shape flags, but only when they agree."""
+    shape = {
+        "--num-layers": model.num_layers,
+        "--hidden-size": model.hidden_size,
+        "--num-attention-heads": model.num_heads,
+        "--seq-length": model.seq_len,
+    }
+    for flag, value in shape.items():
+        given = f.int(flag)
+        if given is not None and given != value:
+            raise ConfigError(
+                f"{f.what} {flag}",
+                f"{given} but --model {model.name} has {value}",
+                "drop --model to read the model from the arguments",
+            )

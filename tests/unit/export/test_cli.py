@@ -91,3 +91,66 @@ def test_import_needs_a_model_for_deepspeed(tmp_path: Path, capsys):
     argv = ["import", str(ds), "--from", "deepspeed", "--cluster", "h100-sxm-80gb"]
     assert main(argv) == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_imported_megatron_launch_can_be_estimated(tmp_path: Path, capsys):
+    script = Path(__file__).resolve().parents[2] / "data" / "export" / "megatron_gpt3_175b.sh"
+    out = tmp_path / "imported.yaml"
+    argv = [
+        "import",
+        str(script),
+        "--from",
+        "megatron",
+        "--cluster",
+        "a100-sxm4-80gb",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["estimate", "--plan", str(out), "--format", "json"]) == 0
+    assert "feasible" in json.loads(capsys.readouterr().out)
+
+
+def test_import_set_edits_what_the_config_cannot_say(tmp_path: Path, capsys):
+    ds = tmp_path / "ds.json"
+    ds.write_text(
+        '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, '
+        '"gradient_accumulation_steps": 8, "bf16": {"enabled": true}}'
+    )
+    argv = [
+        "import",
+        str(ds),
+        "--from",
+        "deepspeed",
+        "--model",
+        "gpt3-1.3b",
+        "--cluster",
+        "h100-sxm-80gb",
+        "--set",
+        "attention=eager",
+        "--format",
+        "json",
+    ]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["attention"] == "eager" and data["parallel"]["dp"] == 8
+
+
+def test_import_rejects_a_model_that_disagrees_with_the_flags(tmp_path: Path, capsys):
+    script = tmp_path / "args.txt"
+    script.write_text("--num-layers 12 --micro-batch-size 1\n")
+    argv = [
+        "import",
+        str(script),
+        "--from",
+        "megatron",
+        "--model",
+        "gpt3-1.3b",
+        "--cluster",
+        "h100-sxm-80gb",
+        "--num-gpus",
+        "8",
+    ]
+    assert main(argv) == 2
+    assert "--num-layers" in capsys.readouterr().err

@@ -13,8 +13,9 @@ from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.importers import import_megatron
 from autoplan.export.megatron import layout_string
-from autoplan.export.megatron_import import parse_flags, parse_layout
+from autoplan.export.megatron_import import SWITCHES, parse_layout
 from autoplan.export.registry import get_target
+from autoplan.export.shell_args import expand_variables, parse_flags
 from autoplan.plan import Parallel, Pipeline, Schedule
 
 from .cases import CASES, plan
@@ -188,7 +189,8 @@ def test_layout_round_trips_and_reads_megatron_shorthand():
 def test_parse_flags_handles_equals_switches_and_continuations():
     flags = parse_flags(
         "torchrun --nnodes=2 x.py \\\n  --bf16 --tensor-model-parallel-size 4 "
-        "# comment --fp16\n --seq-length=2048"
+        "# comment --fp16\n --seq-length=2048",
+        SWITCHES,
     )
     assert flags == {
         "--nnodes": "2",
@@ -196,3 +198,18 @@ def test_parse_flags_handles_equals_switches_and_continuations():
         "--tensor-model-parallel-size": "4",
         "--seq-length": "2048",
     }
+
+
+def test_shell_variables_are_expanded_and_unknown_gpu_counts_are_errors(tmp_path: Path):
+    text = "N=4\nexport TP=2\ntorchrun --nnodes $N --nproc_per_node=${TP} x.py --tensor-model-parallel-size $TP"
+    assert parse_flags(expand_variables(text), SWITCHES) == {
+        "--nnodes": "4",
+        "--nproc_per_node": "2",
+        "--tensor-model-parallel-size": "2",
+    }
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nnodes $SLURM_NNODES pretrain_gpt.py --micro-batch-size 1\n")
+    with pytest.raises(ConfigError, match="--num-gpus"):
+        import_megatron(script, model="gpt3-1.3b", cluster="h100-sxm-80gb", num_gpus=None)
+    p = import_megatron(script, model="gpt3-1.3b", cluster="h100-sxm-80gb", num_gpus=8)
+    assert (p.parallel.dp, p.batch.global_batch_size, p.model) == (8, 8, "gpt3-1.3b")

@@ -1,0 +1,96 @@
+"""Shell argument lists as data: the flags of a launch script or a file of flags.
+
+Handles `--flag value`, `--flag=value`, switches, comments, line continuations and simple
+`NAME=value` variables; it does not run the shell. Typed getters raise ConfigError.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Collection
+
+from autoplan.errors import ConfigError
+
+
+def expand_variables(text: str) -> str:
+    """Substitute $NAME / ${NAME} where the text assigns NAME a plain value (NAME=8)."""
+    assigned = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=([^\s()'\"$;&|]+)[ \t]*$", re.M)
+    values = {m.group(1): m.group(2) for m in assigned.finditer(text)}
+
+    def value(m: re.Match[str]) -> str:
+        return values.get(m.group(1) or m.group(2), m.group(0))
+
+    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", value, text)
+
+
+def plain_int(raw: str | None) -> int | None:
+    return int(raw) if raw is not None and raw.isdigit() else None
+
+
+def parse_flags(text: str, switches: Collection[str]) -> dict[str, str | bool]:
+    """`--flag value` / `--flag=value` / `--switch` from shell text; the last occurrence wins."""
+    text = text.replace("\\\n", " ")
+    try:
+        lexer = shlex.shlex(text, posix=True)
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        tokens = list(lexer)
+    except ValueError as err:
+        raise ConfigError(
+            "FILE", f"cannot split the arguments ({err})", "check the quoting"
+        ) from None
+    flags: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if not tok.startswith("--") or len(tok) == 2:
+            continue
+        if "=" in tok:
+            name, _, value = tok.partition("=")
+            flags[name] = value
+        elif tok in switches or i >= len(tokens) or tokens[i].startswith("--"):
+            flags[tok] = True
+        else:
+            flags[tok] = tokens[i]
+            i += 1
+    return flags
+
+
+class Flags:
+    def __init__(self, flags: dict[str, str | bool], what: str) -> None:
+        self.flags, self.what = flags, what
+
+    def has(self, name: str) -> bool:
+        return self.flags.get(name) is True
+
+    def str(self, name: str, default: str | None = None) -> str | None:
+        value = self.flags.get(name, default)
+        if value is True:
+            raise ConfigError(f"{self.what} {name}", "has no value", "give it one")
+        return value  # type: ignore[return-value]
+
+    def int(self, name: str, default: int | None = None) -> int | None:
+        raw = self.str(name)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{self.what} {name}", f"got {raw!r}", "expected an integer"
+            ) from None
+
+    def float(self, name: str, default: float) -> float:
+        raw = self.str(name)
+        try:
+            return default if raw is None else float(raw)
+        except ValueError:
+            raise ConfigError(f"{self.what} {name}", f"got {raw!r}", "expected a number") from None
+
+    def need(self, name: str) -> int:
+        value = self.int(name)
+        if value is None:
+            raise ConfigError(self.what, f"no {name}", "add it or pass --model")
+        return value
