@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "autoplan.runtime.cli",
     "autoplan.export.cli",
     "autoplan.profiler.cli",
+    "autoplan.calibrate_cli",
     "autoplan.tune_cli",
 )
 """Each module's `register(subparsers)` adds its sub-commands; a module that is absent (a part

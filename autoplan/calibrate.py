@@ -1,0 +1,178 @@
+"""Calibration: fit a profile's efficiency factors to measured runs (`autoplan calibrate`).
+
+A run record is what `autoplan train` writes at the end of a run: the plan as run, the profile
+it was predicted with, and measured step time and peak memory. The fit searches a handful of
+multipliers (compute peak, memory bandwidth, link bandwidth and latency, per-operator dispatch,
+overlap) with Optuna's TPE sampler, seeded, starting from the unchanged profile so the fit never
+ends worse than it began; peak memory fixes the profile's reserved bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplan.cost.estimate import estimate_plan
+from autoplan.errors import ConfigError
+from autoplan.hardware import ClusterProfile, ClusterSpec, LinkSpec
+from autoplan.plan import Plan, plan_from_dict
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+
+
+@dataclass(frozen=True)
+class Measured:
+    step_time_s: float
+    """Median seconds per optimizer step after warm-up."""
+    peak_memory_bytes: float | None = None
+    """Peak memory of the busiest rank (device memory on a GPU, RSS growth on CPU)."""
+    tokens_per_s: float | None = None
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.step_time_s > 0:
+            raise ConfigError("measured.step_time_s", f"got {self.step_time_s}",
+                              "expected a positive number of seconds")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    plan: Plan
+    measured: Measured
+    profile: str | None = None
+    """Profile the run was predicted with (name or path)."""
+    source: str = ""
+
+
+def load_run(path: str | Path) -> RunRecord:
+    data = read_yaml(path, f"RUN {path}")  # JSON is YAML, so both load
+    if not isinstance(data, dict):
+        raise ConfigError(f"RUN {path}", "expected a mapping with plan and measured")
+    data = check_schema_version(data, "run")
+    for key in ("plan", "measured"):
+        if key not in data:
+            raise ConfigError(f"RUN {path}: {key}", "missing", "pass a run record written by "
+                              "`autoplan train --run-record FILE`")
+    known = {"plan", "measured", "profile", "predicted", "metrics", "machine"}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"RUN {path}: {sorted(unknown)[0]}", "unknown key",
+                          f"valid keys: {', '.join(sorted(known))}")
+    measured = from_dict(Measured, {k: v for k, v in data["measured"].items()
+                                    if k in {f.name for f in dataclasses.fields(Measured)}}
+                         if isinstance(data["measured"], dict) else data["measured"], "measured")
+    return RunRecord(plan=plan_from_dict(data["plan"]), measured=measured,
+                     profile=data.get("profile"), source=str(path))
+
+
+FACTORS = {  # name: (low, high, log scale)
+    "compute": (0.1, 10.0, True),
+    "memory_bandwidth": (0.1, 10.0, True),
+    "link_bandwidth": (0.1, 10.0, True),
+    "link_latency": (0.1, 10.0, True),
+    "op_overhead_s": (1e-7, 1e-3, True),
+    "overlap": (0.0, 1.0, False),
+}
+
+
+def apply_factors(profile: ClusterProfile, f: dict[str, float]) -> ClusterProfile:
+    dev = profile.device
+    device = dataclasses.replace(
+        dev, peak_flops_per_s={k: v * f["compute"] for k, v in dev.peak_flops_per_s.items()},
+        hbm_bytes_per_s=dev.hbm_bytes_per_s * f["memory_bandwidth"])
+
+    def link(spec: LinkSpec) -> LinkSpec:
+        return LinkSpec(spec.bytes_per_s * f["link_bandwidth"], spec.latency_s * f["link_latency"])
+
+    eff = dataclasses.replace(profile.efficiency, op_overhead_s=f["op_overhead_s"],
+                              overlap=f["overlap"])
+    return dataclasses.replace(profile, device=device, intra_node=link(profile.intra_node),
+                               inter_node=link(profile.inter_node), efficiency=eff)
+
+
+def identity(profile: ClusterProfile) -> dict[str, float]:
+    return {"compute": 1.0, "memory_bandwidth": 1.0, "link_bandwidth": 1.0, "link_latency": 1.0,
+            "op_overhead_s": max(profile.efficiency.op_overhead_s, 1e-7),
+            "overlap": profile.efficiency.overlap}
+
+
+def step_errors(runs: list[RunRecord], profile: ClusterProfile) -> list[float]:
+    """predicted / measured - 1 for each run's step time."""
+    out = []
+    for run in runs:
+        est = estimate_plan(run.plan, ClusterSpec(profile, run.plan.cluster.num_gpus))
+        out.append(est.step_time_s / run.measured.step_time_s - 1.0)
+    return out
+
+
+def memory_errors(runs: list[RunRecord], profile: ClusterProfile) -> list[float]:
+    out = []
+    for run in runs:
+        if run.measured.peak_memory_bytes:
+            est = estimate_plan(run.plan, ClusterSpec(profile, run.plan.cluster.num_gpus))
+            out.append(est.memory_total_bytes / run.measured.peak_memory_bytes - 1.0)
+    return out
+
+
+def _log_error(errors: list[float]) -> float:
+    return statistics.fmean(abs(math.log1p(e)) for e in errors)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    profile: ClusterProfile
+    factors: dict[str, float]
+    step_errors_before: list[float]
+    step_errors_after: list[float]
+    memory_errors_before: list[float]
+    memory_errors_after: list[float]
+
+    def summary(self) -> dict[str, Any]:
+        def mape(errs: list[float]) -> float | None:
+            return statistics.fmean(abs(e) for e in errs) if errs else None
+
+        return {"runs": len(self.step_errors_before), "factors": self.factors,
+                "step_time_mape_before": mape(self.step_errors_before),
+                "step_time_mape_after": mape(self.step_errors_after),
+                "memory_mape_before": mape(self.memory_errors_before),
+                "memory_mape_after": mape(self.memory_errors_after)}
+
+
+def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
+              seed: int = 0) -> Calibration:
+    """Fit the factors to the runs' step times and the reserved bytes to their peak memory."""
+    import optuna
+
+    if not runs:
+        raise ConfigError("RUNS", "no run records given", "pass one or more run record files")
+    start = identity(profile)
+
+    def objective(trial: optuna.Trial) -> float:
+        f = {name: trial.suggest_float(name, lo, hi, log=log)
+             for name, (lo, hi, log) in FACTORS.items()}
+        return _log_error(step_errors(runs, apply_factors(profile, f)))
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize",
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+    study.enqueue_trial(start)
+    study.optimize(objective, n_trials=trials)
+    best = dict(study.best_params)
+    fitted = apply_factors(profile, best)
+    if any(r.measured.peak_memory_bytes for r in runs):  # shift the fixed reserve by the median residual, never below zero
+        residual = statistics.median(
+            r.measured.peak_memory_bytes - estimate_plan(
+                r.plan, ClusterSpec(fitted, r.plan.cluster.num_gpus)).memory_total_bytes
+            for r in runs if r.measured.peak_memory_bytes)
+        reserved = max(0, int(fitted.device.reserved_bytes + residual))
+        fitted = dataclasses.replace(
+            fitted, device=dataclasses.replace(fitted.device, reserved_bytes=reserved))
+    return Calibration(
+        profile=fitted, factors=best,
+        step_errors_before=step_errors(runs, profile),
+        step_errors_after=step_errors(runs, fitted),
+        memory_errors_before=memory_errors(runs, profile),
+        memory_errors_after=memory_errors(runs, fitted))

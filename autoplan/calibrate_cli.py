@@ -1,0 +1,71 @@
+"""`autoplan calibrate RUNS... --profile P`: fit a profile to measured runs and say how much the
+prediction error shrank."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from autoplan.calibrate import calibrate, load_run
+from autoplan.cli_common import add_format_argument, emit
+from autoplan.errors import ConfigError
+from autoplan.hardware import PROFILES_DIR, load_profile
+from autoplan.yaml_io import save_yaml, to_dict
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="fit a profile's efficiency factors to measured runs",
+                       description="Fit compute, bandwidth, latency, dispatch and overlap "
+                       "factors of a profile to run records written by `autoplan train`.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run record files (YAML or JSON)")
+    p.add_argument("--profile", required=True, help="profile to start from (name or path)")
+    p.add_argument("--out", help="where to write the fitted profile "
+                   "(default profiles/<profile>-calibrated.yaml)")
+    p.add_argument("--trials", type=int, default=300, help="Optuna trials (default 300)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    add_format_argument(p)
+    p.set_defaults(func=calibrate_command)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    if args.trials < 1:
+        raise ConfigError("--trials", f"got {args.trials}", "expected a positive integer")
+    base = load_profile(args.profile)
+    runs = [load_run(r) for r in args.runs]
+    out = Path(args.out) if args.out else PROFILES_DIR / f"{base.name}-calibrated.yaml"
+    if out.exists() and not args.force:
+        raise ConfigError("--out", f"{str(out)!r} already exists", "choose --out or pass --force")
+    result = calibrate(runs, base, trials=args.trials, seed=args.seed)
+    summary = result.summary()
+    prof = to_dict(result.profile)
+    prof["name"] = out.stem
+    prof["measured"] = {**(prof.get("measured") or {}), "calibration": {
+        **summary, "base": base.name, "sources": [r.source for r in runs]}}
+    written = save_yaml({"schema_version": 1, **prof}, out, overwrite=args.force)
+    rows = [{"run": r.source, "measured_s": r.measured.step_time_s,
+             "error_before": b, "error_after": a}
+            for r, b, a in zip(runs, result.step_errors_before, result.step_errors_after,
+                               strict=True)]
+    data = {"profile": str(written), **summary, "per_run": rows}
+
+    def render(console: Any) -> None:
+        t = Table(title=f"step time: predicted vs measured ({len(runs)} runs)")
+        for c in ("run", "measured s", "error before", "error after"):
+            t.add_column(c, justify="left" if c == "run" else "right")
+        for r in rows:
+            t.add_row(Path(r["run"]).name, f"{r['measured_s']:.4g}", f"{r['error_before']:+.1%}",
+                      f"{r['error_after']:+.1%}")
+        console.print(t)
+        console.print(f"mean absolute error {summary['step_time_mape_before']:.1%} -> "
+                      f"{summary['step_time_mape_after']:.1%}")
+        if summary["memory_mape_before"] is not None:
+            console.print(f"peak memory error {summary['memory_mape_before']:.1%} -> "
+                          f"{summary['memory_mape_after']:.1%}")
+        console.print(f"wrote {written}")
+
+    emit(args, data, render)
+    return 0

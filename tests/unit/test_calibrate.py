@@ -1,0 +1,83 @@
+"""Calibration recovers a profile that explains the runs, and never ends worse than it began."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from autoplan.calibrate import apply_factors, calibrate, identity, load_run
+from autoplan.commands import main
+from autoplan.cost.estimate import estimate_plan
+from autoplan.errors import ConfigError
+from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.plan import plan_from_dict, plan_to_dict
+
+PLANS = [
+    {"parallel": {"dp": 2}}, {"parallel": {"tp": 2}, "sequence_parallel": True},
+    {"parallel": {"pp": 2}}, {"parallel": {"dp": 4}, "zero_stage": 3},
+    {"parallel": {"dp": 2, "tp": 2}}, {"parallel": {"dp": 1}},
+    {"parallel": {"dp": 2}, "recompute": {"policy": "full"}},
+    {"parallel": {"dp": 4}, "batch": {"micro_batch_size": 4, "global_batch_size": 32}},
+]
+
+
+def _runs(tmp_path, truth):
+    paths = []
+    for i, extra in enumerate(PLANS):
+        par = extra["parallel"]
+        n = par.get("dp", 1) * par.get("tp", 1) * par.get("pp", 1)
+        plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": n},
+                               "precision": "fp32", "attention": "eager",
+                               "batch": {"micro_batch_size": 2, "global_batch_size": 16},
+                               **extra})
+        est = estimate_plan(plan, ClusterSpec(truth, n))
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps({"plan": plan_to_dict(plan), "profile": "cpu-gloo",
+                                    "measured": {"step_time_s": est.step_time_s,
+                                                 "peak_memory_bytes": est.memory_total_bytes}}))
+        paths.append(path)
+    return paths
+
+
+def test_calibration_recovers_a_hidden_profile(tmp_path) -> None:
+    base = load_profile("cpu-gloo")
+    hidden = dict(identity(base), compute=0.4, op_overhead_s=2.5e-5, link_latency=3.0)
+    truth = apply_factors(base, hidden)
+    truth = dataclasses.replace(
+        truth, device=dataclasses.replace(truth.device, reserved_bytes=500 * 2**20))
+    runs = [load_run(p) for p in _runs(tmp_path, truth)]
+    result = calibrate(runs, base, trials=200, seed=0)
+    s = result.summary()
+    assert s["step_time_mape_before"] > 0.3
+    assert s["step_time_mape_after"] < 0.05
+    assert s["memory_mape_after"] < s["memory_mape_before"]
+    assert result.profile.device.reserved_bytes == pytest.approx(500 * 2**20, rel=0.02)
+
+
+def test_calibrate_cli_writes_a_loadable_profile(tmp_path, capsys) -> None:
+    base = load_profile("cpu-gloo")
+    truth = apply_factors(base, dict(identity(base), compute=0.5))
+    paths = _runs(tmp_path, truth)
+    out = tmp_path / "fitted.yaml"
+    code = main(["calibrate", *map(str, paths), "--profile", "cpu-gloo", "--out", str(out),
+                 "--trials", "60", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["step_time_mape_after"] <= data["step_time_mape_before"]
+    fitted = load_profile(out)
+    assert fitted.measured["calibration"]["runs"] == len(PLANS)
+    assert main(["calibrate", str(paths[0]), "--profile", "cpu-gloo", "--out", str(out)]) == 2
+
+
+def test_bad_run_records(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"plan": {}, "measured": {"step_time_s": 1.0}}))
+    with pytest.raises(ConfigError):
+        load_run(bad)
+    bad.write_text(json.dumps({"measured": {"step_time_s": 1.0}}))
+    with pytest.raises(ConfigError, match="plan"):
+        load_run(bad)
+    bad.write_text(json.dumps({"plan": {}, "measured": {"step_time_s": -1}, "extra": 1}))
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_run(bad)
