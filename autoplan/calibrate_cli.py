@@ -46,7 +46,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     prof["measured"] = {**(prof.get("measured") or {}), "calibration": {
         **summary, "base": base.name, "sources": [r.source for r in runs]}}
     written = save_yaml({"schema_version": 1, **prof}, out, overwrite=args.force)
-    rows = [{"run": r.source, "measured_s": r.measured.step_time_s,
+    rows: list[dict[str, Any]] = [{"run": r.source, "measured_s": r.measured.step_time_s,
              "error_before": b, "error_after": a}
             for r, b, a in zip(runs, result.step_errors_before, result.step_errors_after,
                                strict=True)]
