@@ -8,6 +8,7 @@ it with the same rules as every other plan. Settings autoplan cannot represent a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +102,14 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) ->
             raise ConfigError(f"{what} {key}", "is 'auto'", "resolve it to a number")
         if value is not None:
             _require_int(value, f"{what} {key}")
-    gbs, mb, gas = raw.values()
+    gbs: int | None = raw["train_batch_size"]
+    mb: int | None = raw["train_micro_batch_size_per_gpu"]
+    gas: int | None = raw["gradient_accumulation_steps"]
     if num_gpus is not None:
         dp = _exact(
             num_gpus, tp * pp, "--num-gpus", "it must be a multiple of autotp_size * stages"
         )
-    elif None not in (gbs, mb, gas):
+    elif gbs is not None and mb is not None and gas is not None:
         dp = _exact(
             gbs,
             mb * gas,
@@ -115,8 +118,16 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) ->
         )
     else:
         raise ConfigError("--num-gpus", "missing", "the config does not fix the data-parallel size")
-    mb = mb or _exact(gbs, (gas or 1) * dp, f"{what} train_batch_size", "check the batch keys")
-    gbs = gbs or mb * (gas or 1) * dp
+    if mb is None:
+        if gbs is None:
+            raise ConfigError(
+                what,
+                "no train_batch_size or train_micro_batch_size_per_gpu",
+                "DeepSpeed needs at least one of them",
+            )
+        mb = _exact(gbs, (gas or 1) * dp, f"{what} train_batch_size", "check the batch keys")
+    if gbs is None:
+        gbs = mb * (gas or 1) * dp
     if gas is not None and gbs != mb * gas * dp:
         raise ConfigError(
             f"{what} train_batch_size",
@@ -150,8 +161,8 @@ def import_deepspeed(
     model: str | None,
     cluster: str,
     num_gpus: int | None,
-    assignments: list[str] = (),
-) -> Plan:  # type: ignore[assignment]
+    assignments: Sequence[str] = (),
+) -> Plan:
     what = f"deepspeed config {path}"
     try:
         cfg = json.loads(_read(path, "FILE"))
@@ -179,8 +190,8 @@ def import_megatron(
     model: str | None,
     cluster: str,
     num_gpus: int | None,
-    assignments: list[str] = (),
-) -> Plan:  # type: ignore[assignment]
+    assignments: Sequence[str] = (),
+) -> Plan:
     from autoplan.export.megatron_import import megatron_plan_dict
 
     what = f"megatron arguments {path}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
 from autoplan.export.launch import shell_join, torchrun_argv, train_argv
 from autoplan.model_spec import ModelSpec
@@ -71,9 +73,9 @@ def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any
 def pytorch_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
     script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts)
-    container = _container("pytorch", script, plan_yaml, opts, lay.nproc_per_node)
 
-    def replica(n: int) -> dict[str, Any]:
+    def replica(n: int) -> dict[str, Any]:  # a container per replica: no YAML aliases
+        container = _container("pytorch", script, plan_yaml, opts, lay.nproc_per_node)
         template = {"spec": {"containers": [container]}}
         return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
 
@@ -142,4 +144,5 @@ class KubernetesTarget(ExportTarget):
             f"{lay.num_nodes} node(s) x {lay.nproc_per_node} GPU(s).\n"
             f"# Checkpoints go to {opts.checkpoint_dir}: mount persistent storage there.\n"
         )
-        return {f"{opts.job_name}-{opts.k8s_kind}.yaml": header + dump_yaml(manifest)}
+        body = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False, width=100)
+        return {f"{opts.job_name}-{opts.k8s_kind}.yaml": header + body}

@@ -63,20 +63,20 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
     """A model spec mapping from the model-shape flags."""
     hidden, heads = f.need("--hidden-size"), f.need("--num-attention-heads")
     swiglu = f.has("--swiglu")
-    ffn = f.int("--ffn-hidden-size")
+    ffn = f.integer("--ffn-hidden-size")
     if ffn is None:  # Megatron's defaults (validate_args)
         ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
-    vocab = f.int("--vocab-size")
+    vocab = f.integer("--vocab-size")
     if vocab is None:
         raise ConfigError(
             f.what,
             "no --vocab-size (the tokenizer file decides it)",
             "pass --model, or add --vocab-size",
         )
-    if f.str("--tokenizer-type") == "NullTokenizer":
+    if f.text("--tokenizer-type") == "NullTokenizer":
         vocab += NULL_TOKENIZER_EXTRA
-    attn_drop = f.float("--attention-dropout", 0.1)  # Megatron's defaults
-    hidden_drop = f.float("--hidden-dropout", 0.1)
+    attn_drop = f.number("--attention-dropout", 0.1)  # Megatron's defaults
+    hidden_drop = f.number("--hidden-dropout", 0.1)
     if attn_drop != hidden_drop:
         raise ConfigError(
             f.what,
@@ -88,14 +88,14 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "num_layers": f.need("--num-layers"),
         "hidden_size": hidden,
         "num_heads": heads,
-        "num_kv_heads": f.int("--num-query-groups", heads)
+        "num_kv_heads": f.integer("--num-query-groups", heads)
         if f.has("--group-query-attention")
         else heads,
         "ffn_hidden_size": ffn,
         "vocab_size": vocab,
         "seq_len": f.need("--seq-length"),
         "mlp": "swiglu" if swiglu else "gelu",
-        "norm": "rmsnorm" if f.str("--normalization", "LayerNorm") == "RMSNorm" else "layernorm",
+        "norm": "rmsnorm" if f.text("--normalization", "LayerNorm") == "RMSNorm" else "layernorm",
         "position": _position(f),
         "bias": not f.has("--disable-bias-linear"),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
@@ -104,7 +104,7 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
 
 
 def _position(f: Flags) -> str:
-    kind = f.str("--position-embedding-type", "learned_absolute")
+    kind = f.text("--position-embedding-type", "learned_absolute")
     if kind not in ("learned_absolute", "rope"):
         raise ConfigError(
             f"{f.what} --position-embedding-type",
@@ -118,7 +118,7 @@ def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
     """The pipeline section: vpp, schedule and an uneven split when the flags give one."""
     split: tuple[int, ...] | None = None
     vpp = 1
-    layout = f.str("--pipeline-model-parallel-layout")
+    layout = f.text("--pipeline-model-parallel-layout")
     if layout is not None:
         split = parse_layout(layout, f"{f.what} --pipeline-model-parallel-layout")
         vpp = len(split) // pp if len(split) % pp == 0 else 0
@@ -128,8 +128,8 @@ def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
                 f"the layout has {len(split)} stages, not a multiple of pp={pp}",
                 "check --pipeline-model-parallel-layout",
             )
-    elif f.int("--num-layers-per-virtual-pipeline-stage") is not None:
-        per = f.int("--num-layers-per-virtual-pipeline-stage") or 1
+    elif f.integer("--num-layers-per-virtual-pipeline-stage") is not None:
+        per = f.integer("--num-layers-per-virtual-pipeline-stage") or 1
         vpp = layers // (pp * per) if layers % (pp * per) == 0 else 0
         if vpp == 0:
             raise ConfigError(
@@ -138,9 +138,9 @@ def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
                 "check the virtual pipeline flags",
             )
     else:
-        vpp = f.int("--num-virtual-stages-per-pipeline-rank", 1) or 1
-        first = f.int("--decoder-first-pipeline-num-layers")
-        last = f.int("--decoder-last-pipeline-num-layers")
+        vpp = f.integer("--num-virtual-stages-per-pipeline-rank", 1) or 1
+        first = f.integer("--decoder-first-pipeline-num-layers")
+        last = f.integer("--decoder-last-pipeline-num-layers")
         if (first is not None or last is not None) and vpp == 1 and pp > 1:
             first = layers // pp if first is None else first
             last = layers // pp if last is None else last
@@ -165,7 +165,7 @@ def _zero(f: Flags) -> int:
     if f.has("--use-torch-fsdp2"):  # FSDP2 reshards after forward (ZeRO-3) unless told not to
         return 2 if f.has("--torch-fsdp2-no-reshard-after-forward") else 3
     if f.has("--use-megatron-fsdp"):
-        strategy = f.str("--data-parallel-sharding-strategy", "no_shard")
+        strategy = f.text("--data-parallel-sharding-strategy", "no_shard")
         stages = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
         if strategy not in stages:
             raise ConfigError(
@@ -178,13 +178,13 @@ def _zero(f: Flags) -> int:
 
 
 def _recompute(f: Flags) -> dict[str, Any]:
-    granularity = f.str("--recompute-granularity")
+    granularity = f.text("--recompute-granularity")
     if granularity is None and f.has("--recompute-activations"):
         granularity = "selective"  # Megatron: --recompute-activations means selective
     if granularity in (None, "selective"):
         return {"policy": granularity or "none", "num_layers": None}
-    method = f.str("--recompute-method")
-    count = f.int("--recompute-num-layers")
+    method = f.text("--recompute-method")
+    count = f.integer("--recompute-num-layers")
     # block: that many layers per stage; uniform (or none): every layer, in groups.
     return {"policy": "full", "num_layers": count if method == "block" else None}
 
@@ -195,13 +195,13 @@ def megatron_plan_dict(
     """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
     tp, pp = (
-        f.int("--tensor-model-parallel-size", 1) or 1,
-        f.int("--pipeline-model-parallel-size", 1) or 1,
+        f.integer("--tensor-model-parallel-size", 1) or 1,
+        f.integer("--pipeline-model-parallel-size", 1) or 1,
     )
-    cp = f.int("--context-parallel-size", 1) or 1
+    cp = f.integer("--context-parallel-size", 1) or 1
     if num_gpus is None:
-        nodes = plain_int(f.str("--nnodes"))
-        procs = plain_int(f.str("--nproc-per-node") or f.str("--nproc_per_node"))
+        nodes = plain_int(f.text("--nnodes"))
+        procs = plain_int(f.text("--nproc-per-node") or f.text("--nproc_per_node"))
         if nodes is None or procs is None:
             raise ConfigError("--num-gpus", "missing", "the arguments do not fix the GPU count")
         num_gpus = nodes * procs
@@ -220,7 +220,7 @@ def megatron_plan_dict(
     else:
         _agree(f, load_model(model_ref))
     layers = load_model(model_ref).num_layers
-    fraction = f.float("--optimizer-offload-fraction", 1.0)
+    fraction = f.number("--optimizer-offload-fraction", 1.0)
     if f.has("--optimizer-cpu-offload") and fraction != 1.0:
         raise ConfigError(
             f"{what} --optimizer-offload-fraction",
@@ -228,7 +228,7 @@ def megatron_plan_dict(
             "autoplan models offloading all optimizer states (1.0)",
         )
     mb = f.need("--micro-batch-size")
-    backend = f.str("--attention-backend", "auto")
+    backend = f.text("--attention-backend", "auto")
     return {
         "model": model_ref,
         "cluster": {"num_gpus": num_gpus},
@@ -240,10 +240,10 @@ def megatron_plan_dict(
         "recompute": _recompute(f),
         "batch": {
             "micro_batch_size": mb,
-            "global_batch_size": f.int("--global-batch-size", mb * dp),
+            "global_batch_size": f.integer("--global-batch-size", mb * dp),
         },
         "precision": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
-        "attention": BACKEND_ATTENTION.get(backend, "flash"),
+        "attention": BACKEND_ATTENTION.get(backend or "auto", "flash"),
     }
 
 
@@ -256,7 +256,7 @@ def _agree(f: Flags, model: ModelSpec) -> None:
         "--seq-length": model.seq_len,
     }
     for flag, value in shape.items():
-        given = f.int(flag)
+        given = f.integer(flag)
         if given is not None and given != value:
             raise ConfigError(
                 f"{f.what} {flag}",

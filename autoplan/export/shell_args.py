@@ -65,14 +65,14 @@ class Flags:
     def has(self, name: str) -> bool:
         return self.flags.get(name) is True
 
-    def str(self, name: str, default: str | None = None) -> str | None:
+    def text(self, name: str, default: str | None = None) -> str | None:
         value = self.flags.get(name, default)
         if value is True:
             raise ConfigError(f"{self.what} {name}", "has no value", "give it one")
         return value  # type: ignore[return-value]
 
-    def int(self, name: str, default: int | None = None) -> int | None:
-        raw = self.str(name)
+    def integer(self, name: str, default: int | None = None) -> int | None:
+        raw = self.text(name)
         if raw is None:
             return default
         try:
@@ -82,15 +82,15 @@ class Flags:
                 f"{self.what} {name}", f"got {raw!r}", "expected an integer"
             ) from None
 
-    def float(self, name: str, default: float) -> float:
-        raw = self.str(name)
+    def number(self, name: str, default: float) -> float:
+        raw = self.text(name)
         try:
             return default if raw is None else float(raw)
         except ValueError:
             raise ConfigError(f"{self.what} {name}", f"got {raw!r}", "expected a number") from None
 
     def need(self, name: str) -> int:
-        value = self.int(name)
+        value = self.integer(name)
         if value is None:
             raise ConfigError(self.what, f"no {name}", "add it or pass --model")
         return value
