@@ -89,9 +89,8 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     split = stage_layers(plan, model)
     if p.pp > 1 and split is not None:
         if pipe.layers_per_stage is not None and len(set(split)) > 1:
+            # The layout's stage count sets vpp; Megatron allows no second vpp flag with it.
             a.append(f"--pipeline-model-parallel-layout {layout_string(split)}")
-            if pipe.vpp > 1:
-                a.append(f"--num-virtual-stages-per-pipeline-rank {pipe.vpp}")
         elif pipe.vpp > 1:
             a.append(f"--num-layers-per-virtual-pipeline-stage {split[0]}")
     if plan.zero_stage == 1:

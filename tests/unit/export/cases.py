@@ -91,6 +91,18 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
         ),
         (*LAUNCHERS, "megatron"),
     ),
+    "llama-uneven-vpp": (
+        plan(
+            "llama-3-8b",
+            16,
+            parallel=Parallel(dp=2, tp=2, pp=4),
+            sequence_parallel=True,
+            zero_stage=1,
+            pipeline=Pipeline(Schedule.INTERLEAVED_1F1B, 2, (3, 4, 4, 5, 5, 4, 4, 3)),
+            batch=Batch(1, 32),
+        ),
+        (*LAUNCHERS, "megatron"),
+    ),
     "fp16-pipeline-ds": (
         plan(
             "gpt3-2.7b",

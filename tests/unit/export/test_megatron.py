@@ -47,6 +47,13 @@ def transformer_config(ns):
         import torch
         from megatron.core.transformer import TransformerConfig
         from megatron.core.transformer.enums import AttnBackend
+    # megatron.training's validate_args: at most one of the three virtual-pipeline flags.
+    vpp_flags = (
+        ns.num_layers_per_virtual_pipeline_stage,
+        ns.num_virtual_stages_per_pipeline_rank,
+        ns.pipeline_model_parallel_layout,
+    )
+    assert sum(v is not None for v in vpp_flags) <= 1, "Megatron allows one vpp flag"
     dtype = torch.bfloat16 if ns.bf16 else torch.float16 if ns.fp16 else torch.float32
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -76,6 +83,7 @@ def _config(TransformerConfig, AttnBackend, ns, dtype):  # noqa: N803 (classes p
         bf16=ns.bf16,
         fp16=ns.fp16,
         attention_backend=AttnBackend[ns.attention_backend or "auto"],
+        pipeline_model_parallel_layout=ns.pipeline_model_parallel_layout,
         params_dtype=dtype,
         pipeline_dtype=dtype,  # megatron.training sets both from --bf16/--fp16
     )
@@ -86,6 +94,9 @@ def _or(value, default):  # Megatron's defaults for flags the table leaves unset
 
 
 def _vpp(ns) -> int | None:
+    if ns.pipeline_model_parallel_layout:  # as validate_args derives it
+        stages = ns.pipeline_model_parallel_layout.count("|") + 1
+        return stages // ns.pipeline_model_parallel_size
     if ns.num_layers_per_virtual_pipeline_stage:
         per_rank = ns.num_layers // ns.pipeline_model_parallel_size
         return per_rank // ns.num_layers_per_virtual_pipeline_stage
