@@ -25,7 +25,7 @@ SUBCOMMAND_MODULES = (
     "autoplan.export.cli",
     "autoplan.profiler.cli",
     "autoplan.calibrate_cli",
-    "autoplan.tune_cli",
+    "autoplan.tune.cli",
 )
 """Each module's `register(subparsers)` adds its sub-commands; a module that is absent (a part
 not built yet) is skipped."""

@@ -1,0 +1,212 @@
+"""`autoplan tune`: run the cost model's best candidates for a few steps and keep the fastest."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from autoplan.cli_common import add_format_argument, emit, stderr_console
+from autoplan.errors import ConfigError, NoFeasiblePlanError
+from autoplan.plan import Plan, load_plan, plan_to_dict
+from autoplan.yaml_io import dump_yaml, write_text_atomic
+
+OUT_FILES = ("plan.yaml", "trials.csv", "summary.json")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("tune", help="measure the best candidate plans with short real runs",
+                       description="Take the search's top plans (and any --plan), run each for "
+                       "a few steps with the built-in runtime on this machine, prune clearly "
+                       "slower ones, and keep the measured best; every run feeds calibration.")
+    p.add_argument("--model", required=True)
+    p.add_argument("--cluster", required=True, help="profile of this machine (name or path)")
+    p.add_argument("--num-gpus", type=int, required=True, help="ranks/GPUs on this machine")
+    p.add_argument("--global-batch-size", type=int, required=True)
+    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--space", default="small-cpu", help="search space (default small-cpu)")
+    p.add_argument("--top", type=int, default=8, help="candidates from the search (default 8)")
+    p.add_argument("--plan", action="append", default=[], help="also run this plan (repeatable)")
+    p.add_argument("--steps", type=int, default=8, help="steps per trial (default 8)")
+    p.add_argument("--budget-s", type=float, default=600.0, help="whole tune (default 600 s)")
+    p.add_argument("--trial-timeout-s", type=float, default=180.0,
+                   help="a trial running longer is recorded as a hang (default 180 s)")
+    p.add_argument("--prune-ratio", type=float, default=1.3,
+                   help="prune a trial slower than this times the best (default 1.3)")
+    p.add_argument("--storage", help="Optuna storage to resume from: sqlite:///x.db or journal:PATH")
+    p.add_argument("--study", help="study name in --storage")
+    p.add_argument("--out", help="directory for plan.yaml, trials.csv, runs/, summary.json")
+    p.add_argument("--force", action="store_true", help="replace files in --out")
+    p.add_argument("--dry-run", action="store_true", help="print the trials and their budget")
+    add_format_argument(p)
+    p.set_defaults(func=tune_command)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    for name in ("top", "steps"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}", f"got {getattr(args, name)}",
+                              "expected a positive integer")
+    if args.steps < 3:
+        raise ConfigError("--steps", f"got {args.steps}", "need at least 3 (1 warm-up, 2 timed)")
+    if args.budget_s <= 0 or args.trial_timeout_s <= 0:
+        raise ConfigError("--budget-s", "must be positive", "give seconds, e.g. 600")
+    if args.prune_ratio <= 1:
+        raise ConfigError("--prune-ratio", f"got {args.prune_ratio}", "expected more than 1")
+    if bool(args.storage) != bool(args.study):
+        raise ConfigError("--storage", "needs --study (and the reverse)", "give both or neither")
+
+
+def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
+    from autoplan.search.cli import build_request
+    from autoplan.search.engine import run_search
+    from autoplan.search.output import plans, top_rows
+
+    ns = argparse.Namespace(
+        model=args.model, cluster=args.cluster, num_gpus=str(args.num_gpus),
+        global_batch_size=args.global_batch_size, seq_len=args.seq_len, space=args.space,
+        objective="throughput", max_step_time_s=None, min_tokens_per_s=None,
+        deadline_days=None, train_tokens=None, sampler=None, trials=300, seed=0, storage=None,
+        study=None, worker=0, top=args.top)
+    result = run_search(build_request(ns))
+    ranked = plans(result, top_rows(result, len(result.order)))
+    # One plan per layout first (the cost model's near-ties, e.g. ZeRO-1 vs ZeRO-2 on a few
+    # ranks, teach a tune little), then the rest in rank order.
+    firsts: list[tuple[Plan, str]] = []
+    rest: list[tuple[Plan, str]] = []
+    seen: set[Any] = set()
+    for rank, p in enumerate(ranked, 1):
+        layout = (p.parallel, p.batch.micro_batch_size, p.pipeline.schedule, p.pipeline.vpp)
+        (rest if layout in seen else firsts).append((p, f"model rank {rank}"))
+        seen.add(layout)
+    return (firsts + rest)[:args.top]
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from autoplan.calibrate import RunRecord, calibrate, load_run
+    from autoplan.hardware import load_profile
+    from autoplan.tune.study import TuneConfig, make_candidates, run_record, run_tune
+
+    _validate(args)
+    out = Path(args.out) if args.out else None
+    if out and not args.force and any((out / f).exists() for f in OUT_FILES):
+        raise ConfigError("--out", f"{str(out)!r} already holds tune results",
+                          "choose another directory or pass --force")
+    user = [(load_plan(p), "user") for p in args.plan]
+    for plan, _ in user:
+        if plan.world_size != args.num_gpus:
+            raise ConfigError("--plan", f"a plan for {plan.world_size} ranks",
+                              f"this tune runs on --num-gpus {args.num_gpus}")
+    candidates = make_candidates(user + search_candidates(args))
+    if not candidates:
+        raise NoFeasiblePlanError("the search found no feasible plan to run; see autoplan search")
+    cfg = TuneConfig(steps=args.steps, budget_s=args.budget_s,
+                     trial_timeout_s=args.trial_timeout_s, prune_ratio=args.prune_ratio,
+                     storage=args.storage, study_name=args.study)
+    rows: list[dict[str, Any]] = [{"key": c.key, "source": c.source, "plan": _short(c.plan),
+             "predicted_step_s": c.predicted_step_s,
+             "predicted_trial_s": c.predicted_trial_s(args.steps)} for c in candidates]
+    if args.dry_run:
+        total = sum(r["predicted_trial_s"] for r in rows)
+        dry = {"trials": rows, "predicted_total_s": total, "budget_s": args.budget_s}
+
+        def render_dry(console: Any) -> None:
+            console.print(_table(rows, ("source", "plan", "predicted_step_s",
+                                        "predicted_trial_s"), "trials tune would run"))
+            console.print(f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget")
+
+        emit(args, dry, render_dry)
+        return 0
+
+    workdir = out or Path(".autoplan-tune")
+    console = stderr_console()
+
+    def on_trial(cand: Any, outcome: Any) -> None:
+        measured = f"{outcome.step_time_s:.4g} s" if outcome.step_time_s else "-"
+        console.print(f"  {cand.source:14} {_short(cand.plan):48} {outcome.status:8} "
+                      f"{measured} {outcome.reason}", markup=False)
+
+    console.print(f"tune: {len(candidates)} plans, {args.steps} steps each, "
+                  f"budget {args.budget_s:.0f} s")
+    result = run_tune(candidates, cfg, workdir, on_trial)
+    by_key = {c.key: c for c in candidates}
+    records = [run_record(by_key[t["key"]], t, args.cluster)
+               for t in result.trials if t["status"] == "complete"]
+    calib = None
+    if len(records) >= 2:
+        runs_dir = workdir / "runs"
+        paths = []
+        for i, rec in enumerate(records):
+            path = runs_dir / f"{i:03d}.json"
+            write_text_atomic(path, json.dumps(rec, indent=2), overwrite=True)
+            paths.append(path)
+        runs: list[RunRecord] = [load_run(p) for p in paths]
+        calib = calibrate(runs, load_profile(args.cluster), trials=150)
+    table_rows = []
+    errors_after = iter(calib.step_errors_after if calib else [])
+    for t in result.trials:
+        row = {"source": by_key[t["key"]].source, "plan": _short(by_key[t["key"]].plan), **t}
+        if t["status"] == "complete" and calib:
+            row["predicted_after_s"] = t["measured_step_s"] * (1 + next(errors_after))
+        table_rows.append(row)
+    best = result.best
+    data: dict[str, Any] = {"trials": table_rows, "seconds": result.seconds,
+                            "chosen": plan_to_dict(best.plan) if best else None,
+                            "calibration": calib.summary() if calib else None}
+    if out:
+        _write_out(out, data, table_rows, best.plan if best else None, args.force)
+
+    def render(console_out: Any) -> None:
+        cols = ("source", "plan", "status", "predicted_step_s", "predicted_after_s",
+                "measured_step_s", "reason")
+        console_out.print(_table(table_rows, cols, "tune: predicted and measured step time"))
+        if calib:
+            s = calib.summary()
+            console_out.print(f"cost model error {s['step_time_mape_before']:.1%} -> "
+                              f"{s['step_time_mape_after']:.1%} after calibration")
+        if best:
+            console_out.print(f"chosen: {_short(best.plan)}")
+
+    emit(args, data, render)
+    if best is None:
+        raise NoFeasiblePlanError("no trial completed; see the reasons in the table")
+    return 0
+
+
+def _short(plan: Plan) -> str:
+    p = plan.parallel
+    return (f"dp{p.dp} tp{p.tp} pp{p.pp} z{plan.zero_stage} "
+            f"{plan.recompute.policy.value} mbs{plan.batch.micro_batch_size}"
+            + (" sp" if plan.sequence_parallel else "")
+            + (f" {plan.pipeline.schedule.value}" if p.pp > 1 else "")
+            + (f" {plan.precision.value}" if plan.precision.value != "bf16" else "")
+            + (" eager" if plan.attention.value == "eager" else ""))
+
+
+def _table(rows: list[dict[str, Any]], cols: tuple[str, ...], title: str) -> Table:
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, ""))
+                    for c in cols])
+    return t
+
+
+def _write_out(out: Path, data: dict[str, Any], rows: list[dict[str, Any]], best: Plan | None,
+               force: bool) -> None:
+    if best is not None:
+        write_text_atomic(out / "plan.yaml", dump_yaml(plan_to_dict(best)), overwrite=force)
+    buf = io.StringIO()
+    fields = sorted({k for r in rows for k in r})
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(out / "trials.csv", buf.getvalue(), overwrite=force)
+    write_text_atomic(out / "summary.json", json.dumps(data, indent=2, default=str),
+                      overwrite=force)
