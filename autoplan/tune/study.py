@@ -179,10 +179,10 @@ def run_tune(
                        timeout=max(1.0, cfg.budget_s))
     result = TuneResult(candidates, seconds=time.monotonic() - start)
     latest: dict[str, Any] = {}  # key -> FrozenTrial
-    for t in study.get_trials(deepcopy=False):
-        key = t.params.get("candidate")
+    for ft in study.get_trials(deepcopy=False):
+        key = ft.params.get("candidate")
         if key in by_key:
-            latest[key] = t  # the last trial of a candidate wins (a rerun after a crash)
+            latest[key] = ft  # the last trial of a candidate wins (a rerun after a crash)
     for key in keys:
         t: Any = latest.get(key)
         if t is None:
