@@ -1,0 +1,92 @@
+"""Data parallelism and ZeRO: DDP, or FSDP2 `fully_shard` per block plus the root.
+
+How the plan's zero_stage maps onto the runtime (the cost model must assume the same):
+
+=========  ======================================================================================
+ZeRO-0     Replicated params, grads and optimizer state; gradients all-reduced (averaged) over
+           dp. Pure data parallelism (pp = tp = cp = 1, fp32, no offload) uses torch DDP;
+           otherwise FSDP2 on the 2-D (dp_replicate = dp, dp_shard = 1) mesh, i.e. HSDP with
+           shard groups of one rank = an all-reduce of full gradients.
+ZeRO-1     Run as ZeRO-2. FSDP2 has no optimizer-only sharding (it always reduce-scatters
+           gradients) and ZeroRedundancyOptimizer cannot go through DCP; ZeRO-2 sends the same
+           bytes as ZeRO-1 (all-gather + reduce-scatter = one all-reduce) and needs less memory.
+ZeRO-2     FSDP2 fully_shard(reshard_after_forward=False) over dp: optimizer state, gradients
+           and fp32 parameters sharded 1/dp between steps; each block's parameters are
+           all-gathered once in forward and stay unsharded until its backward, gradients are
+           reduce-scattered. Memory: Ψ_compute unsharded during fwd/bwd + (4+4+8)Ψ/dp.
+ZeRO-3     FSDP2 fully_shard(reshard_after_forward=True): parameters are freed after each
+           block's forward and all-gathered again in backward (one extra all-gather per step).
+=========  ======================================================================================
+
+bf16 runs use FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) at every
+stage (ZeRO-0 included, through the HSDP path); offload uses CPUOffloadPolicy (offload.py).
+Gradients are averaged over dp (FSDP2's default divide factor, DDP's average).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from autoplan.plan import Offload, Precision
+from autoplan.runtime.mesh import ParallelDims
+from autoplan.runtime.offload import offload_policy, wants_offload
+
+
+def uses_ddp(dims: ParallelDims, precision: Precision, offload: Offload) -> bool:
+    """Pure ZeRO-0 data parallelism in fp32 runs on torch DDP (the fastest path)."""
+    return (
+        dims.zero_stage == 0
+        and dims.dp > 1
+        and dims.pp == dims.tp == dims.cp == 1
+        and precision == Precision.FP32
+        and not wants_offload(offload)
+    )
+
+
+def uses_fsdp(dims: ParallelDims, precision: Precision, offload: Offload) -> bool:
+    """FSDP2 wraps the model whenever gradients need a dp reduction that DDP does not do, or
+    for mixed precision / offload (which only FSDP2 provides here)."""
+    if uses_ddp(dims, precision, offload):
+        return False
+    return dims.dp > 1 or precision != Precision.FP32 or wants_offload(offload)
+
+
+def reshard_after_forward(zero_stage: int) -> bool:
+    """ZeRO-3 frees parameters after forward; ZeRO-0/1/2 keep them until backward."""
+    return zero_stage >= 3
+
+
+def fsdp_mesh(world_mesh, dims: ParallelDims):
+    """1-D dp_shard mesh (ZeRO >= 1) or the 2-D HSDP mesh with shard size 1 (ZeRO-0)."""
+    if dims.zero_stage == 0:
+        return world_mesh["dp_replicate", "dp_shard"]
+    return world_mesh["dp_shard"]
+
+
+def apply_fsdp(
+    model: nn.Module, world_mesh, dims: ParallelDims, precision: Precision, offload: Offload
+) -> nn.Module:
+    """fully_shard each block, then the root (embedding, final norm and head), in place."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy()
+    if precision == Precision.BF16:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs = {
+        "mesh": fsdp_mesh(world_mesh, dims),
+        "mp_policy": mp,
+        "offload_policy": offload_policy(offload),
+        "reshard_after_forward": reshard_after_forward(dims.zero_stage),
+    }
+    for block in model.layers.values():
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def apply_ddp(model: nn.Module, world_mesh) -> nn.Module:
+    """torch DDP over the dp_replicate group (pure data parallelism only)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, process_group=world_mesh["dp_replicate"].get_group())

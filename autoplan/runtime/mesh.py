@@ -1,0 +1,73 @@
+"""Parallel dimensions of a plan and the named DeviceMesh built from them.
+
+The world mesh has five named dimensions, outermost first: ("pp", "dp_replicate", "dp_shard",
+"cp", "tp"). The plan's `dp` is split, as in torchtitan's HSDP, into a replicated part and a
+sharded part: ZeRO-0 replicates over all dp ranks (dp_replicate = dp, dp_shard = 1), ZeRO-1/2/3
+shard over all of them (dp_replicate = 1, dp_shard = dp). tp is innermost so TP groups are
+consecutive ranks (one node), pp outermost. Nothing here is global: `ParallelDims` and the mesh
+are passed explicitly to whoever needs them.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+from autoplan.plan import Plan
+
+MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of one job; world_size = pp * dp * cp * tp."""
+
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    zero_stage: int = 0
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> ParallelDims:
+        p = plan.parallel
+        return cls(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, zero_stage=plan.zero_stage)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def dp_replicate(self) -> int:
+        return self.dp if self.zero_stage == 0 else 1
+
+    @property
+    def dp_shard(self) -> int:
+        return 1 if self.zero_stage == 0 else self.dp
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
+
+
+def build_mesh(dims: ParallelDims, device_type: str):  # -> DeviceMesh
+    """The 5-D named world mesh over the default process group (init_device_mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, dims.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
+
+
+def coordinate(mesh, name: str) -> int:
+    """This rank's index along the named mesh dimension."""
+    return mesh.get_local_rank(name)
+
+
+def dp_rank(mesh, dims: ParallelDims) -> int:
+    """This rank's index among the dp replicas (replicate-major, then shard)."""
+    return coordinate(mesh, "dp_replicate") * dims.dp_shard + coordinate(mesh, "dp_shard")
+
+
+def pg_timeout(seconds: float = DEFAULT_TIMEOUT_S) -> datetime.timedelta:
+    """The finite timeout every process group gets: a rank-local failure cannot hang the job."""
+    return datetime.timedelta(seconds=seconds)

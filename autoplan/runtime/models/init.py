@@ -1,0 +1,49 @@
+"""Deterministic, layout-independent initialisation of a (possibly sharded) model.
+
+Each parameter's full value is drawn from a generator seeded by (seed, FQN), so one process and
+any parallel layout start from bitwise-equal weights; the full values are then loaded into the
+sharded parameters with torch.distributed.checkpoint's set_model_state_dict.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from torch import nn
+
+from autoplan.runtime.names import clean_fqn
+
+INIT_STD = 0.02
+
+
+def full_init_value(fqn: str, shape: torch.Size, num_layers: int, seed: int) -> torch.Tensor:
+    """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2L), norms 1, biases 0."""
+    name = fqn.rsplit(".", 1)[-1]
+    if name == "bias":
+        return torch.zeros(shape)
+    if "norm" in fqn:
+        return torch.ones(shape)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % 2**63)
+    std = INIT_STD
+    if fqn.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+        std = INIT_STD / math.sqrt(2 * num_layers)
+    return torch.randn(shape, generator=gen) * std
+
+
+def materialize_and_init(
+    module: nn.Module, device: torch.device, num_layers: int, seed: int
+) -> None:
+    """Allocate a meta-device (possibly sharded) module on `device` and load the initial weights."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for fqn, t in module.state_dict().items():
+            full = full_init_value(clean_fqn(fqn), t.shape, num_layers, seed).to(device, t.dtype)
+            if isinstance(t, DTensor):
+                shard = distribute_tensor(full, t.device_mesh, t.placements, src_data_rank=None)
+                t.to_local().copy_(shard.to_local())
+            else:
+                t.copy_(full)

@@ -1,0 +1,86 @@
+"""Transformer sub-layers: attention (MHA/GQA, optional RoPE) and MLPs (GELU, SwiGLU).
+
+Every layer reads the number of local heads from tensor shapes, never from the spec, so the same
+code runs on a full layer and on a tensor-parallel shard (heads split over tp ranks).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+
+ROPE_THETA = 10000.0
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    """LayerNorm (weight and bias, GPT) or RMSNorm (weight only, Llama); eps 1e-5."""
+    if spec.norm == NormKind.RMSNORM:
+        return nn.RMSNorm(spec.hidden_size, eps=1e-5)
+    return nn.LayerNorm(spec.hidden_size, eps=1e-5, bias=spec.bias)
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """cos/sin tables of shape (seq_len, head_dim/2), theta = 10000 (Su et al. 2021)."""
+    inv_freq = 1.0 / ROPE_THETA ** (
+        torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    )
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x: (b, s, heads, head_dim) by position angles."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each (b, s, heads, head_dim/2)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention; GQA when num_kv_heads < num_heads (k/v heads are repeated)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, hd = spec.hidden_size, spec.head_dim
+        self.head_dim = hd
+        self.rope = spec.position == PositionKind.ROPE
+        self.wq = nn.Linear(h, spec.num_heads * hd, bias=spec.bias)
+        self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
+        self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
+        self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, -1, self.head_dim)  # (b, s, local heads, hd)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        if self.rope:
+            cos, sin = rope_cos_sin(s, self.head_dim, x.device)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, hd)
+        n_rep = q.shape[1] // k.shape[1]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)
+            v = v.repeat_interleave(n_rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """GELU MLP w2(gelu(w1 x)) or SwiGLU w2(silu(w1 x) * w3 x) (Shazeer 2020)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.swiglu = spec.mlp == MlpKind.SWIGLU
+        self.w1 = nn.Linear(spec.hidden_size, spec.ffn, bias=spec.bias)
+        self.w2 = nn.Linear(spec.ffn, spec.hidden_size, bias=spec.bias)
+        if self.swiglu:
+            self.w3 = nn.Linear(spec.hidden_size, spec.ffn, bias=spec.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x)))

@@ -1,0 +1,79 @@
+"""The decoder-only transformer; layers live in an nn.ModuleDict keyed by their global index.
+
+Parameter names (FQNs) therefore never depend on the layout: a pipeline stage is the same class
+with the other layers (and the embedding or the head) deleted, which DCP resharding relies on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.model_spec import ModelSpec, PositionKind
+from autoplan.runtime.models.layers import Attention, FeedForward, make_norm
+
+
+class Embedding(nn.Module):
+    """Token embedding plus, for GPT, a learned position table; output (b, s, h)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.pos = (
+            nn.Embedding(spec.seq_len, spec.hidden_size)
+            if spec.position == PositionKind.LEARNED
+            else None
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok(tokens)
+        if self.pos is not None:
+            h = h + self.pos.weight[: tokens.shape[1]]
+        return h
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + drop(attn(norm(x))), then h + drop(mlp(norm(h)))."""
+
+    def __init__(self, spec: ModelSpec, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.attention_norm = make_norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = make_norm(spec)
+        self.feed_forward = FeedForward(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + F.dropout(self.attention(self.attention_norm(x)), self.dropout, self.training)
+        return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.dropout, self.training)
+
+
+class Transformer(nn.Module):
+    """tokens (b, s) -> logits (b, s, V); any of embed/norm/output may be None on a stage."""
+
+    def __init__(self, spec: ModelSpec, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed: nn.Module | None = Embedding(spec)
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout) for i in range(spec.num_layers)})
+        self.norm: nn.Module | None = make_norm(spec)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_embeddings:
+            self.output.weight = self.embed.tok.weight  # type: ignore[union-attr]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+
+def build_meta_model(spec: ModelSpec, dropout: float = 0.0) -> Transformer:
+    """The whole model on the meta device (no memory); materialise it after parallelising."""
+    with torch.device("meta"):
+        return Transformer(spec, dropout)

@@ -1,0 +1,76 @@
+"""Optimizers (one per model chunk, as DCP's per-module state dicts need) and the gradient norm."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"
+    """adamw | sgd."""
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 0.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+def _single_mesh(params: list[torch.Tensor]) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    meshes = {p.device_mesh if isinstance(p, DTensor) else None for p in params}
+    return len(meshes) == 1
+
+
+def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    params = [p for p in module.parameters() if p.requires_grad]
+    foreach = None if _single_mesh(params) else False  # foreach cannot mix meshes
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=foreach)
+    return torch.optim.AdamW(
+        params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=cfg.weight_decay,
+        foreach=foreach,
+    )
+
+
+def _group_key(g: torch.Tensor) -> object:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(g, DTensor):
+        return (id(g.device_mesh), tuple(g.placements))
+    return None
+
+
+def global_grad_norm(modules: list[nn.Module], pp_group) -> float:
+    """L2 norm of all gradients of the job: sharded grads are reduced within their mesh
+    (DTensor), then squares are summed over pipeline ranks."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for m in modules:
+        for p in m.parameters():
+            if p.grad is not None:
+                groups.setdefault(_group_key(p.grad), []).append(p.grad)
+    total_sq = torch.zeros((), dtype=torch.float64)
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        total_sq += norm.double() ** 2
+    if pp_group is not None:
+        dist.all_reduce(total_sq, group=pp_group)
+    return math.sqrt(total_sq.item())
+
+
+def clip_grads_(modules: list[nn.Module], max_norm: float, total_norm: float) -> None:
+    coef = max_norm / (total_norm + 1e-6)
+    if coef >= 1.0:
+        return
+    with torch.no_grad():
+        for m in modules:
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)

@@ -1,0 +1,123 @@
+"""parallelize(): build the model for one rank of a plan, applying each technique in one order.
+
+Order (torchtitan's, measured to compose on gloo; see notes/torch-cpu-gloo.md):
+
+1. build the whole model on the meta device (no memory);
+2. pipeline split: keep this pp rank's stage(s), deleting the other modules (FQNs unchanged);
+3. per stage: tensor/sequence parallelism (DTensor), then activation recomputation
+   (checkpoint wrappers around blocks), then FSDP2 fully_shard (ZeRO-1/2/3, bf16, offload);
+4. materialise on the device and load the deterministic, layout-independent initial weights;
+5. DDP for pure data parallelism (it needs real tensors);
+6. pipeline stages and schedule (pp > 1).
+The optimizer is built last, by the trainer, over the resulting parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan
+from autoplan.runtime import data_parallel, pipeline_parallel, recompute, tensor_parallel
+from autoplan.runtime.mesh import ParallelDims, coordinate
+from autoplan.runtime.models.init import materialize_and_init
+from autoplan.runtime.models.transformer import build_meta_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Knobs of the runtime that are not part of a plan."""
+
+    seed: int = 0
+    """Seeds the initial weights (per FQN) and the per-step dropout RNG."""
+    dropout: float = 0.0
+    """Residual dropout probability (0 for parity runs)."""
+    loss_parallel: bool = True
+    """With tp > 1, keep the logits vocab-sharded and compute the loss on the shards."""
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model and how to run it; built by parallelize()."""
+
+    dims: ParallelDims
+    mesh: object
+    parts: list[nn.Module]
+    """Model chunks held by this rank (one unless vpp > 1 or zero-bubble V)."""
+    stage_indices: list[int]
+    num_stages: int
+    n_microbatches: int
+    local_batch_size: int
+    loss_parallel: bool
+    ddp: bool
+    fsdp: bool
+    schedule: object | None = None
+    extras: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_indices
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy; logits (b, s, V) possibly vocab-sharded, labels (b, s)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def parallelize(
+    plan: Plan, spec: ModelSpec, mesh, device: torch.device, options: RuntimeOptions
+) -> ParallelModel:
+    """This rank's model chunks for `plan` on `mesh` (see the module docstring for the order)."""
+    dims = ParallelDims.from_plan(plan)
+    local_batch = plan.batch.global_batch_size // dims.dp
+    n_micro = local_batch // plan.batch.micro_batch_size
+    loss_parallel = dims.tp > 1 and options.loss_parallel
+    meta = build_meta_model(spec, options.dropout)  # 1
+
+    num_stages = dims.pp * plan.pipeline.vpp if dims.pp > 1 else 1  # 2
+    if dims.pp > 1:
+        counts = pipeline_parallel.layers_per_stage(
+            spec.num_layers, num_stages, plan.pipeline.layers_per_stage
+        )
+        indices = pipeline_parallel.stage_indices(coordinate(mesh, "pp"), dims.pp, plan.pipeline)
+        parts = [pipeline_parallel.split_stage(meta, i, counts) for i in indices]
+    else:
+        indices, parts = [0], [meta]
+
+    ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload)
+    fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload)
+    for part in parts:  # 3
+        if dims.tp > 1:
+            tensor_parallel.apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel)
+        recompute.apply_recompute(part, plan.recompute.policy, plan.recompute.num_layers)
+        if fsdp:
+            data_parallel.apply_fsdp(part, mesh, dims, plan.precision, plan.offload)
+    for part in parts:  # 4
+        materialize_and_init(part, device, spec.num_layers, options.seed)
+        part.train()
+    if ddp:  # 5
+        parts = [data_parallel.apply_ddp(parts[0], mesh)]
+
+    pm = ParallelModel(
+        dims=dims, mesh=mesh, parts=parts, stage_indices=indices, num_stages=num_stages,
+        n_microbatches=n_micro, local_batch_size=local_batch, loss_parallel=loss_parallel,
+        ddp=ddp, fsdp=fsdp,
+    )
+    if dims.pp > 1:  # 6
+        pm.schedule = pipeline_parallel.build_schedule(
+            parts, indices, num_stages, mesh["pp"].get_group(), device, plan.pipeline,
+            n_micro, cross_entropy,
+        )
+    log.debug("rank layout: stages %s of %d, ddp=%s fsdp=%s", indices, num_stages, ddp, fsdp)
+    return pm

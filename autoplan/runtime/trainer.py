@@ -1,0 +1,120 @@
+"""One training step over a ParallelModel: micro-batches (or the pipeline schedule), the global
+loss, the gradient norm, clipping and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from autoplan.runtime.optim import OptimConfig, build_optimizer, clip_grads_, global_grad_norm
+from autoplan.runtime.parallelize import ParallelModel, cross_entropy
+
+log = logging.getLogger(__name__)
+
+GradHook = Callable[["Trainer", int], None]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float
+    grad_norm: float
+    stop_requested: bool = False
+
+
+class Trainer:
+    """Owns the optimizers of one rank and runs steps; the step counter starts at 0."""
+
+    def __init__(self, pm: ParallelModel, optim: OptimConfig, seed: int = 0) -> None:
+        self.pm = pm
+        self.optim_cfg = optim
+        self.seed = seed
+        self.optimizers = [build_optimizer(part, optim) for part in pm.parts]
+        self.step = 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self._pp_group = pm.mesh["pp"].get_group() if pm.dims.pp > 1 else None
+
+    # -- forward and backward -------------------------------------------------------------
+    def _loss_context(self):
+        if self.pm.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def _sync_context(self, part, last: bool):
+        """Gradient reduction only on the last micro-batch (DDP no_sync / FSDP2 sync flag)."""
+        if self.pm.ddp and not last:
+            return part.no_sync()
+        if self.pm.fsdp:
+            part.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """Accumulate gradients of the mean loss over this rank's local batch; returns the local
+        mean loss where this rank computes it (the last pipeline stage), else None."""
+        pm = self.pm
+        with self._loss_context():
+            if pm.schedule is not None:
+                losses: list[torch.Tensor] = []
+                args = (inputs,) if pm.has_first_stage else ()
+                target = labels if pm.has_last_stage else None
+                pm.schedule.step(*args, target=target, losses=losses)
+                if not pm.has_last_stage:
+                    return None
+                return torch.stack([_plain(x) for x in losses]).mean()
+            part = pm.parts[0]
+            total = torch.zeros(())
+            n = pm.n_microbatches
+            for i, (x, y) in enumerate(zip(inputs.chunk(n), labels.chunk(n), strict=True)):
+                with self._sync_context(part, last=i == n - 1):
+                    loss = cross_entropy(part(x), y) / n
+                    loss.backward()
+                total += _plain(loss.detach())
+            return total
+
+    # -- one step ----------------------------------------------------------------------------
+    def train_step(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        stop_flag: bool = False,
+        grad_hook: GradHook | None = None,
+    ) -> StepResult:
+        """Run step `self.step + 1` on this rank's batch; returns the global mean loss."""
+        self.step += 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        torch.manual_seed(self.seed * 1_000_003 + self.step * 8191 + rank)  # dropout masks
+        local = self.forward_backward(inputs, labels)
+        loss, stop = self._reduce_loss(local, stop_flag)
+        norm = global_grad_norm(self.pm.parts, self._pp_group)
+        if self.optim_cfg.max_grad_norm > 0:
+            clip_grads_(self.pm.parts, self.optim_cfg.max_grad_norm, norm)
+        if grad_hook is not None:
+            grad_hook(self, self.step)
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return StepResult(self.step, loss, norm, stop)
+
+    def _reduce_loss(self, local: torch.Tensor | None, stop_flag: bool) -> tuple[float, bool]:
+        """Mean of the local losses of all last-stage ranks, and whether any rank wants to stop,
+        in one small all-reduce over the world."""
+        buf = torch.zeros(3, dtype=torch.float64)
+        if local is not None:
+            buf[0], buf[1] = float(local.detach()), 1.0
+        buf[2] = float(stop_flag)
+        if self.world > 1:
+            dist.all_reduce(buf)
+        return float(buf[0] / buf[1]), bool(buf[2] > 0)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor loss (loss_parallel) as a local replicated tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

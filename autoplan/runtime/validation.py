@@ -1,0 +1,104 @@
+"""What the runtime itself needs of a plan, checked before any process trains.
+
+Each problem is a ConfigError (exit 2) that names the field, the values and the fix. The
+planner-wide rules (autoplan.plan_rules.validate_plan) are applied too when that module exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from autoplan.errors import ConfigError
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan, Precision, RecomputePolicy, Schedule
+
+log = logging.getLogger(__name__)
+
+
+def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    """Reasons this runtime cannot execute `plan` for `spec` (empty if it can)."""
+    p, out = plan.parallel, []
+    tp, pp, dp = p.tp, p.pp, p.dp
+    if p.cp > 1:
+        out.append(f"parallel.cp={p.cp}: context parallelism is not implemented; use cp: 1")
+    for name, value in (("num_heads", spec.num_heads), ("num_kv_heads", spec.kv_heads),
+                        ("ffn_hidden_size", spec.ffn), ("vocab_size", spec.vocab_size)):
+        if value % tp:
+            out.append(f"parallel.tp={tp} does not divide model.{name}={value}")
+    if plan.sequence_parallel and spec.seq_len % tp:
+        out.append(f"sequence_parallel: tp={tp} does not divide seq_len={spec.seq_len}")
+    if spec.tie_embeddings and (tp > 1 or pp > 1):
+        out.append("model.tie_embeddings with tp > 1 or pp > 1 is not supported; untie them")
+    gbs, mbs = plan.batch.global_batch_size, plan.batch.micro_batch_size
+    if gbs % dp:
+        out.append(f"batch.global_batch_size={gbs} is not divisible by dp={dp}")
+    elif (gbs // dp) % mbs:
+        out.append(f"local batch {gbs // dp} (global {gbs} / dp {dp}) is not a multiple of "
+                   f"micro_batch_size={mbs} (an uneven split hangs the pipeline)")
+    n_micro = max(1, (gbs // dp) // mbs)
+    out += _pipeline_problems(plan, spec, n_micro)
+    if plan.precision == Precision.FP16:
+        out.append("precision fp16 is not supported by this runtime (no loss scaling); use bf16")
+    if (plan.offload.optimizer or plan.offload.params) and plan.zero_stage == 0:
+        out.append("offload needs zero_stage >= 1 (FSDP2 offloads sharded states)")
+    return out
+
+
+def _pipeline_problems(plan: Plan, spec: ModelSpec, n_micro: int) -> list[str]:
+    out: list[str] = []
+    pp, vpp, sched = plan.parallel.pp, plan.pipeline.vpp, plan.pipeline.schedule
+    stages = pp * vpp if pp > 1 else 1
+    if pp == 1:
+        if vpp > 1:
+            out.append(f"pipeline.vpp={vpp} needs pp > 1")
+        return out
+    if vpp > 1 and sched not in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE):
+        out.append(f"pipeline.vpp={vpp} needs schedule interleaved-1f1b or zero-bubble")
+    lps = plan.pipeline.layers_per_stage
+    if lps is not None:
+        if len(lps) != stages or sum(lps) != spec.num_layers:
+            out.append(f"pipeline.layers_per_stage={list(lps)} must list {stages} stages "
+                       f"summing to num_layers={spec.num_layers}")
+    elif spec.num_layers < stages:
+        out.append(f"num_layers={spec.num_layers} < pp*vpp={stages} stages")
+    if sched != Schedule.GPIPE and n_micro < pp:
+        out.append(f"schedule {sched.value} needs micro-batches per step ({n_micro}) >= pp={pp}")
+    if sched == Schedule.ZERO_BUBBLE and plan.recompute.policy == RecomputePolicy.SELECTIVE:
+        # zero-bubble runs backward in two passes (input grads, then weight grads); selective
+        # checkpointing allows one backward per region ("Trying to backward an extra time")
+        out.append("schedule zero-bubble cannot use selective recompute; use full or none")
+    if sched in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE) and n_micro % pp:
+        out.append(f"schedule {sched.value} needs micro-batches per step ({n_micro}) to be a "
+                   f"multiple of pp={pp}")
+    return out
+
+
+def planner_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    """autoplan.plan_rules.validate_plan(plan, model, cluster), when that module exists."""
+    try:
+        rules = importlib.import_module("autoplan.plan_rules")
+    except ImportError:
+        return []
+    validate = getattr(rules, "validate_plan", None)
+    if validate is None:
+        return []
+    try:
+        hardware = importlib.import_module("autoplan.hardware")
+        cluster = hardware.load_cluster(plan.cluster.profile, num_gpus=plan.cluster.num_gpus)
+    except Exception as err:  # the cluster profile is optional for running locally
+        log.info("plan_rules skipped: cannot load cluster %r (%s)", plan.cluster.profile, err)
+        return []
+    return list(validate(plan, spec, cluster))
+
+
+def check_plan(plan: Plan, spec: ModelSpec, world_size: int | None = None) -> None:
+    """Raise one ConfigError listing every problem; world_size is the launched process count."""
+    problems = runtime_problems(plan, spec)
+    if world_size is not None and world_size != plan.world_size:
+        p = plan.parallel
+        problems.insert(0, f"world size {world_size} != plan's dp*tp*pp*cp = {p.dp}*{p.tp}*"
+                           f"{p.pp}*{p.cp} = {plan.world_size}")
+    problems += [r for r in planner_problems(plan, spec) if r not in problems]
+    if problems:
+        raise ConfigError("plan", "; ".join(problems), "fix the plan or pass a matching --nproc")

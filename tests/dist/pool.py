@@ -1,0 +1,97 @@
+"""Forked worker processes that run one multi-rank task at a time.
+
+Forking from a parent that already imported torch costs ~0.1-0.3 s instead of ~7-15 s per
+torchrun (notes/torch-cpu-gloo.md). Each task gets freshly forked ranks, a FileStore rendezvous
+and a gloo process group with a finite timeout; a task past its deadline is killed.
+
+Why not keep the same workers for every task: in torch 2.13, a process that ran a 3-D
+(tp x pp) task and destroyed its process group later failed to resolve a DeviceMesh group
+("Could not resolve the process group registered under the name 27") in the next task, so
+process-global c10d/DeviceMesh state does not reliably survive init/destroy cycles. A fork per
+task costs a fraction of a second and isolates tasks completely.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+PG_TIMEOUT_S = 45.0
+
+
+def _task_main(rank: int, fn: Callable[..., Any], world_size: int, store_path: str,
+               args: tuple[Any, ...], results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
+        )
+        out: Any = ("ok", fn(rank, world_size, *args))
+    except BaseException:  # report everything; the parent decides
+        out = ("error", traceback.format_exc())
+    results.put((rank, out))
+    results.close()
+    results.join_thread()
+    os._exit(0)  # skip interpreter teardown (it can hang after gloo; see the notes)
+
+
+class WorkerPool:
+    """Runs fn(rank, world_size, *args) on up to `size` freshly forked ranks per task."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    def close(self) -> None:
+        pass
+
+    def run(self, fn: Callable[..., Any], world_size: int, *args: Any,
+            timeout_s: float = 180.0) -> list[Any]:
+        """Results by rank. Raises RuntimeError with the ranks' tracebacks, or TimeoutError."""
+        import torch.multiprocessing as tmp
+
+        assert world_size <= self.size
+        fd, store_path = tempfile.mkstemp(prefix="autoplan-store-")
+        os.close(fd)
+        os.unlink(store_path)
+        results = mp.get_context("fork").Queue()
+        ctx = tmp.start_processes(
+            _task_main, args=(fn, world_size, store_path, args, results), nprocs=world_size,
+            join=False, start_method="fork",
+        )
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(out) < world_size:
+                try:
+                    rank, res = results.get(timeout=max(0.1, deadline - time.monotonic()))
+                    out[rank] = res
+                except queue.Empty:
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"task timed out after {timeout_s}s; ranks done: {sorted(out)}"
+                        ) from None
+        finally:
+            for p in ctx.processes:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            if os.path.exists(store_path):
+                os.unlink(store_path)
+        errors = [f"rank {r}:\n{res[1]}" for r, res in sorted(out.items()) if res[0] != "ok"]
+        if errors:
+            raise RuntimeError("\n".join(errors))
+        return [out[r][1] for r in range(world_size)]
