@@ -1,0 +1,140 @@
+"""Closed loop on this machine: profile it, predict a set of plans, run each, compare.
+
+1. `autoplan profile --quick` measures this machine into a temporary profile (or --profile P).
+2. At least 12 plans of a small model on 1-8 gloo ranks (dp/tp/pp/ZeRO/recompute/micro-batch
+   variety) are scored by the cost model with that profile.
+3. Each plan runs for --steps steps with `autoplan train --metrics-file` in its own process.
+4. Prints predicted against measured step time and peak memory per plan, and the summary:
+   Spearman rank correlation, median absolute step-time error, median peak-memory error, and
+   how far the model's first choice is from the measured best.
+
+Run: python benchmarks/closed_loop.py [--profile P] [--steps 8] [--model tiny] [--out DIR]
+Optionally `--calibrate` fits the profile to these runs (autoplan calibrate) and reprints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from autoplan.cost.estimate import estimate_plan
+from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.tune.runner import run_trial
+from autoplan.yaml_io import dump_yaml
+
+PLANS: list[dict] = [  # (world size from the degrees)
+    {"parallel": {"dp": 1}},
+    {"parallel": {"dp": 1}, "batch": {"micro_batch_size": 2, "global_batch_size": 16}},
+    {"parallel": {"dp": 2}},
+    {"parallel": {"dp": 4}},
+    {"parallel": {"dp": 8}},
+    {"parallel": {"dp": 2}, "zero_stage": 3},
+    {"parallel": {"dp": 4}, "zero_stage": 2},
+    {"parallel": {"tp": 2}},
+    {"parallel": {"tp": 2}, "sequence_parallel": True},
+    {"parallel": {"tp": 4}, "sequence_parallel": True},
+    {"parallel": {"pp": 2}, "pipeline": {"schedule": "1f1b"}},
+    {"parallel": {"pp": 2}, "pipeline": {"schedule": "gpipe"}},
+    {"parallel": {"dp": 2, "tp": 2}},
+    {"parallel": {"dp": 2, "pp": 2}},
+    {"parallel": {"dp": 2}, "recompute": {"policy": "full"}},
+    {"parallel": {"dp": 2}, "recompute": {"policy": "selective"}},
+]
+
+
+def make_plan(extra: dict, model: str, profile: str) -> Plan:
+    par = {"dp": 1, "tp": 1, "pp": 1, **extra["parallel"]}
+    world = par["dp"] * par["tp"] * par["pp"]
+    data = {"model": model, "cluster": {"profile": profile, "num_gpus": world},
+            "precision": "fp32", "zero_stage": 1 if par["dp"] > 1 else 0,
+            "batch": {"micro_batch_size": 4, "global_batch_size": 16}, **extra}
+    return plan_from_dict(data)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", help="profile to predict with (default: measure one now)")
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--out", type=Path, help="keep plans, metrics and run records here")
+    ap.add_argument("--calibrate", action="store_true", help="also fit the profile and reprint")
+    args = ap.parse_args()
+    work = args.out or Path(tempfile.mkdtemp(prefix="autoplan-closed-loop-"))
+    work.mkdir(parents=True, exist_ok=True)
+    profile_ref = args.profile
+    if profile_ref is None:
+        profile_ref = str(work / "cpu-measured.yaml")
+        subprocess.run([sys.executable, "-m", "autoplan.commands", "profile", "--quick",
+                        "--ranks", "8", "--out", profile_ref, "--force", "--format", "json"],
+                       check=True, stdout=subprocess.DEVNULL)
+    profile = load_profile(profile_ref)
+    rows = []
+    for i, extra in enumerate(PLANS):
+        plan = make_plan(extra, args.model, profile_ref)
+        est = estimate_plan(plan, ClusterSpec(profile, plan.world_size))
+        tdir = work / f"plan{i:02d}"
+        tdir.mkdir(exist_ok=True)
+        (tdir / "plan.yaml").write_text(dump_yaml(plan_to_dict(plan)))
+        out = run_trial(tdir / "plan.yaml", plan.world_size, args.steps, tdir, timeout_s=600)
+        label = " ".join(f"{k}{v}" for k, v in extra["parallel"].items())
+        label += "".join(f" {k}={v}" for k, v in extra.items() if k != "parallel")
+        rows.append({"plan": label[:60], "ranks": plan.world_size,
+                     "predicted_s": est.step_time_s, "measured_s": out.step_time_s,
+                     "predicted_mem_mib": est.memory_total_bytes / 2**20,
+                     "measured_mem_mib": (out.peak_memory_bytes or float("nan")) / 2**20,
+                     "status": out.status, "reason": out.reason})
+        rec = {"schema_version": 1, "plan": plan_to_dict(plan), "profile": profile_ref,
+               "measured": {"step_time_s": out.step_time_s,
+                            "peak_memory_bytes": out.peak_memory_bytes}}
+        if out.status == "complete":
+            (tdir / "run.json").write_text(json.dumps(rec))
+        print(f"[{i + 1}/{len(PLANS)}] {label[:50]:50} {out.status}", file=sys.stderr)
+    report(pd.DataFrame(rows))
+    if args.calibrate:
+        runs = sorted(str(p) for p in work.glob("plan*/run.json"))
+        fitted = work / "cpu-calibrated.yaml"
+        subprocess.run([sys.executable, "-m", "autoplan.commands", "calibrate", *runs,
+                        "--profile", profile_ref, "--out", str(fitted), "--force",
+                        "--format", "json"], check=True, stdout=subprocess.DEVNULL)
+        prof2 = load_profile(fitted)
+        df = pd.DataFrame(rows)
+        df["predicted_s"] = [estimate_plan(make_plan(e, args.model, profile_ref),
+                                           ClusterSpec(prof2, r)).step_time_s
+                             for e, r in zip(PLANS, df["ranks"], strict=True)]
+        print("\nafter calibration (in-sample):")
+        report(df)
+    print(f"\nfiles in {work}")
+    return 0
+
+
+def report(df: pd.DataFrame) -> None:
+    ok = df[df["status"] == "complete"].copy()
+    ok["err"] = ok["predicted_s"] / ok["measured_s"] - 1
+    ok["mem_err"] = ok["predicted_mem_mib"] / ok["measured_mem_mib"] - 1
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(df.drop(columns=["reason"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if len(ok) < 3:
+        print("too few completed runs for statistics")
+        return
+    spearman = ok["predicted_s"].rank().corr(ok["measured_s"].rank())
+    best_measured = ok["measured_s"].min()
+    model_first = ok.loc[ok["predicted_s"].idxmin(), "measured_s"]
+    print(f"\nruns completed: {len(ok)} of {len(df)}")
+    print(f"Spearman rank correlation (step time): {spearman:.3f}")
+    print(f"median absolute step-time error: {statistics.median(ok['err'].abs()):.1%}")
+    mem = ok["mem_err"].dropna()
+    if len(mem):
+        print(f"median absolute peak-memory error: {statistics.median(mem.abs()):.1%}")
+    print(f"model's first choice vs measured best: {model_first / best_measured - 1:+.1%}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
