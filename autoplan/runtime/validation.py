@@ -85,7 +85,7 @@ def planner_problems(plan: Plan, spec: ModelSpec) -> list[str]:
         return []
     try:
         hardware = importlib.import_module("autoplan.hardware")
-        cluster = hardware.load_cluster(plan.cluster.profile, num_gpus=plan.cluster.num_gpus)
+        cluster = hardware.cluster(plan.cluster.profile, plan.cluster.num_gpus)
     except Exception as err:  # the cluster profile is optional for running locally
         log.info("plan_rules skipped: cannot load cluster %r (%s)", plan.cluster.profile, err)
         return []

@@ -1,12 +1,143 @@
-"""Test-only planted parallelism bugs, applied by monkeypatching inside a worker process."""
+"""Test-only planted parallelism bugs, applied by monkeypatching inside the forked ranks.
+
+Each entry breaks one piece the way real bugs do; the parity check must catch every one.
+Nothing here is reachable from production code paths.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
+import pytest
+
+
+def _tp_missing_allreduce(mp: pytest.MonkeyPatch) -> None:
+    """Row-parallel attention output used as the local partial sum (no all-reduce)."""
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    from autoplan.runtime import tensor_parallel
+
+    class NoReduce(RowwiseParallel):
+        @staticmethod
+        def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+            return outputs.to_local()
+
+    original = tensor_parallel.block_plan
+
+    def block_plan(sequence_parallel, swiglu):
+        plan = original(sequence_parallel, swiglu)
+        plan["attention.wo"] = NoReduce()
+        return plan
+
+    mp.setattr(tensor_parallel, "block_plan", block_plan)
+
+
+def _dp_sum_not_average(mp: pytest.MonkeyPatch) -> None:
+    """Gradients summed over dp instead of averaged (FSDP2 divide factor 1)."""
+    from autoplan.runtime import data_parallel
+
+    original = data_parallel.apply_fsdp
+
+    def apply_fsdp(model, *args, **kwargs):
+        out = original(model, *args, **kwargs)
+        for m in model.modules():
+            if hasattr(m, "set_gradient_divide_factor"):
+                m.set_gradient_divide_factor(1.0)
+        return out
+
+    mp.setattr(data_parallel, "apply_fsdp", apply_fsdp)
+
+
+def _pp_drop_microbatch_grad(mp: pytest.MonkeyPatch) -> None:
+    """The last stage's loss of the first micro-batch of every step carries no gradient."""
+    from autoplan.runtime import parallelize
+
+    original = parallelize.cross_entropy
+    calls = {"n": 0}
+
+    def cross_entropy(logits, labels):
+        loss = original(logits, labels)
+        calls["n"] += 1
+        if calls["n"] % 4 == 1:  # 4 micro-batches per step in the test plan
+            return loss.detach() + 0.0 * loss
+        return loss
+
+    mp.setattr(parallelize, "cross_entropy", cross_entropy)
+
+
+def _sp_wrong_gather(mp: pytest.MonkeyPatch) -> None:
+    """Sequence-parallel activations gathered (and scattered) along the batch dimension."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel
+
+    from autoplan.runtime import tensor_parallel
+
+    original = tensor_parallel.block_plan
+
+    def block_plan(sequence_parallel, swiglu):
+        plan = original(sequence_parallel, swiglu)
+        plan["attention"] = PrepareModuleInput(input_layouts=(Shard(0),),
+                                               desired_input_layouts=(Replicate(),))
+        plan["attention.wo"] = RowwiseParallel(output_layouts=Shard(0))
+        return plan
+
+    mp.setattr(tensor_parallel, "block_plan", block_plan)
+
+
+def _zero_stale_grads(mp: pytest.MonkeyPatch) -> None:
+    """The optimizer updates the sharded parameters with the previous step's gradients."""
+    from autoplan.runtime import trainer
+
+    original = trainer.build_optimizer
+
+    def build_optimizer(module, cfg):
+        opt = original(module, cfg)
+        step, prev = opt.step, {}
+
+        def stale_step(*args, **kwargs):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    current = p.grad.detach().clone()
+                    if p in prev:
+                        p.grad.copy_(prev[p])
+                    prev[p] = current
+            return step(*args, **kwargs)
+
+        opt.step = stale_step
+        return opt
+
+    mp.setattr(trainer, "build_optimizer", build_optimizer)
+
+
+def _recompute_fresh_rng(mp: pytest.MonkeyPatch) -> None:
+    """Recomputation does not restore the RNG state: dropout masks differ from the forward's."""
+    from autoplan.runtime import recompute
+
+    original = recompute.checkpoint_kwargs
+
+    def checkpoint_kwargs(policy):
+        kwargs = original(policy)
+        kwargs["preserve_rng_state"] = False
+        return kwargs
+
+    mp.setattr(recompute, "checkpoint_kwargs", checkpoint_kwargs)
+
+
+BUGS = {
+    "tp-missing-allreduce": _tp_missing_allreduce,
+    "dp-sum-not-average": _dp_sum_not_average,
+    "pp-drop-microbatch-grad": _pp_drop_microbatch_grad,
+    "sp-wrong-gather": _sp_wrong_gather,
+    "zero-stale-grads": _zero_stale_grads,
+    "recompute-fresh-rng": _recompute_fresh_rng,
+}
+
 
 @contextlib.contextmanager
 def planted(name: str) -> Iterator[None]:
-    raise KeyError(name)
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        BUGS[name](mp)
+        yield

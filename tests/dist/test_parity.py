@@ -79,3 +79,23 @@ def check_parity(pool, reference_cache, row: dict, steps: int = 10) -> None:
 @pytest.mark.parametrize("name", list(COVERING))
 def test_covering_set_matches_single_process(pool, reference_cache, name):
     check_parity(pool, reference_cache, COVERING[name])
+
+
+def test_recompute_and_offload_are_bitwise_neutral_and_runs_repeat(pool):
+    """Plans that differ only in recompute/offload give bitwise-equal losses; the same plan run
+    twice is bitwise identical."""
+    base = dict(dp=2, tp=2, sp=True, zero=3)
+    variants = [make_plan(**base), make_plan(**base, recompute="full"),
+                make_plan(**base, recompute="selective", recompute_layers=2),
+                make_plan(**base, offload=True), make_plan(**base)]
+    losses = [run_parity(pool, v, 5, "adamw", capture=(1,))["losses"] for v in variants]
+    for v, got in zip(variants[1:], losses[1:], strict=True):
+        assert got == losses[0], (v.recompute, v.offload)
+
+
+def test_bf16_mixed_precision_trains_close_to_fp32(pool, reference_cache):
+    plan = make_plan(dp=2, zero=2, precision="bf16")
+    ref = run_parity(pool, reference_plan(make_plan(dp=2, zero=2)), 5, "adamw", capture=())
+    got = run_parity(pool, plan, 5, "adamw", capture=())
+    for a, b in zip(got["losses"], ref["losses"], strict=True):
+        assert a == pytest.approx(b, rel=2e-2)

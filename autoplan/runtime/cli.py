@@ -1,0 +1,87 @@
+"""`autoplan train PLAN ...`: argument parsing and the sub-command (cli_common convention).
+
+Outside torchrun it validates the plan and launches torchrun (launch.py); under torchrun or a
+scheduler (RANK and WORLD_SIZE set) it trains in place (worker.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from autoplan.cli_common import add_format_argument
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", metavar="PLAN", help="plan YAML written by search (or by hand)")
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="processes to launch locally (default: the plan's world size)")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps to run (total)")
+    parser.add_argument("--data", default=None,
+                        help="text file or folder (byte-level tokens); default synthetic tokens")
+    parser.add_argument("--checkpoint-dir", default=None, help="where DCP checkpoints go")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="save every K steps (0: only on SIGTERM and at the end)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest complete checkpoint in --checkpoint-dir")
+    parser.add_argument("--metrics-file", default=None, help="append one JSON line per step")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="torchrun restarts after a rank fails (resuming from a checkpoint)")
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--max-grad-norm", type=float, default=0.0,
+                        help="clip the global gradient norm (0: no clipping)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="process-group backend (auto: nccl with CUDA, else gloo)")
+    parser.add_argument("--pg-timeout-s", type=float, default=120.0,
+                        help="timeout of every collective (finite: a failed rank cannot hang)")
+    parser.add_argument("--summary-file", default=None, help=argparse.SUPPRESS)
+    add_format_argument(parser)
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train", help="run a plan with the built-in PyTorch runtime",
+        description="Train with the built-in runtime: torchrun locally, in place under a "
+                    "scheduler. Ends with measured vs predicted step time, tokens/s, memory.",
+    )
+    add_train_arguments(parser)
+    parser.set_defaults(func=train_command)
+    return parser
+
+
+def under_launcher() -> bool:
+    """True under torchrun or a scheduler that set the rank environment."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def train_command(args: argparse.Namespace) -> int:
+    if under_launcher():
+        from autoplan.runtime.worker import run_and_report
+
+        return run_and_report(args)
+    from autoplan.runtime.launch import launch_and_report
+
+    return launch_and_report(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (`python -m autoplan.runtime.cli train ...`) until commands.py wires it."""
+    import sys
+
+    from autoplan.errors import AutoplanError
+
+    parser = argparse.ArgumentParser(prog="autoplan")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except AutoplanError as err:
+        print(f"autoplan: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

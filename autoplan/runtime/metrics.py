@@ -1,0 +1,117 @@
+"""Step metrics: a live line on stderr, a JSONL file, and the end-of-run summary with the cost
+model's prediction for the same plan next to the measurement."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import resource
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int
+    loss: float
+    step_time_s: float
+    tokens_per_s: float
+    peak_memory_bytes: int
+    grad_norm: float
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory on CUDA; peak resident set size of the process on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+class MetricsSink:
+    """Rank 0 only: prints a live line per step and appends JSONL records."""
+
+    def __init__(self, metrics_file: str | None, live: bool = True) -> None:
+        self.path = Path(metrics_file) if metrics_file else None
+        self.live = live
+        self.history: list[StepMetrics] = []
+        self._console = None
+        if live:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False)
+
+    def record(self, m: StepMetrics) -> None:
+        self.history.append(m)
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(asdict(m)) + "\n")
+        if self._console is not None:
+            self._console.print(
+                f"[bold]step {m.step:>5}[/]  loss [cyan]{m.loss:.4f}[/]  "
+                f"{m.tokens_per_s:>10,.0f} tok/s  {m.step_time_s * 1e3:8.1f} ms/step  "
+                f"mem {m.peak_memory_bytes / 2**20:8.1f} MiB  |g| {m.grad_norm:.3f}"
+            )
+            sys.stderr.flush()
+
+
+def predicted(plan: Any) -> tuple[dict[str, float] | None, str | None]:
+    """The cost model's estimate for `plan`, or (None, why it is missing)."""
+    try:
+        est_mod = importlib.import_module("autoplan.cost.estimate")
+        est = est_mod.estimate_plan(plan)
+        return {
+            "step_time_s": float(est.step_time_s),
+            "tokens_per_s": float(est.tokens_per_s),
+            "memory_bytes": float(est.memory_total_bytes),
+        }, None
+    except Exception as err:  # the cost model is optional here: report, never fail training
+        return None, f"cost model unavailable ({type(err).__name__}: {err})"
+
+
+def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1) -> dict[str, Any]:
+    """Measured medians over the steps after `warmup`, and the prediction for the plan."""
+    steady = history[warmup:] or history
+    measured = {
+        "step_time_s": statistics.median(m.step_time_s for m in steady) if steady else None,
+        "tokens_per_s": statistics.median(m.tokens_per_s for m in steady) if steady else None,
+        "memory_bytes": max((m.peak_memory_bytes for m in history), default=None),
+    }
+    pred, note = predicted(plan)
+    return {
+        "steps": len(history),
+        "final_step": history[-1].step if history else None,
+        "final_loss": history[-1].loss if history else None,
+        "measured": measured,
+        "predicted": pred,
+        "note": note,
+    }
+
+
+def render_summary(console, summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"autoplan train: {summary['steps']} steps, final loss "
+                        f"{summary['final_loss']:.4f}" if summary["final_loss"] is not None
+                  else "autoplan train")
+    table.add_column("quantity")
+    table.add_column("measured", justify="right")
+    table.add_column("predicted", justify="right")
+    table.add_column("measured / predicted", justify="right")
+    pred = summary.get("predicted") or {}
+    fmt = {"step_time_s": "{:.4f} s", "tokens_per_s": "{:,.0f}", "memory_bytes": "{:,.0f} B"}
+    for key, f in fmt.items():
+        m, p = summary["measured"].get(key), pred.get(key)
+        ratio = f"{m / p:.2f}" if m is not None and p else "-"
+        table.add_row(key, f.format(m) if m is not None else "-",
+                      f.format(p) if p is not None else "-", ratio)
+    console.print(table)
+    if summary.get("note"):
+        console.print(f"note: {summary['note']}")

@@ -1,0 +1,138 @@
+"""One rank of a training job: process group, mesh, parallelize, data, steps, checkpoints.
+
+Runs under torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR/PORT). A rank that
+gets SIGTERM finishes its step; all ranks agree through the step's loss all-reduce, save a
+checkpoint and leave. After a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) ranks resume
+from the latest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank, pg_timeout
+
+log = logging.getLogger(__name__)
+
+
+def _setup_logging(rank: int) -> None:
+    level = logging.INFO if rank == 0 else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
+class _StopFlag:
+    def __init__(self) -> None:
+        self.set = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        log.warning("SIGTERM: finishing this step, then checkpointing")
+        self.set = True
+
+
+def run(args: argparse.Namespace) -> dict | None:
+    """Train; returns the summary on rank 0 (None elsewhere)."""
+    from autoplan.runtime.checkpoint import Checkpointer, latest_checkpoint
+    from autoplan.runtime.data import local_batch, make_source
+    from autoplan.runtime.launch import preflight
+    from autoplan.runtime.metrics import MetricsSink, StepMetrics, peak_memory_bytes, summarize
+    from autoplan.runtime.optim import OptimConfig
+    from autoplan.runtime.parallelize import RuntimeOptions, parallelize
+    from autoplan.runtime.trainer import Trainer
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _setup_logging(rank)
+    plan, spec, backend = preflight(args, world)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=pg_timeout(args.pg_timeout_s))
+    dims = ParallelDims.from_plan(plan)
+    mesh = build_mesh(dims, device.type)
+    pm = parallelize(plan, spec, mesh, device,
+                     RuntimeOptions(seed=args.seed, dropout=args.dropout))
+    trainer = Trainer(pm, OptimConfig(name=args.optimizer, lr=args.lr,
+                                      max_grad_norm=args.max_grad_norm), seed=args.seed)
+    ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers) \
+        if args.checkpoint_dir else None
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if ckpt is not None and (args.resume or restarted):
+        path = latest_checkpoint(args.checkpoint_dir)
+        if path is not None:
+            trainer.step = ckpt.load(path)
+        elif args.resume:
+            log.warning("--resume: no complete checkpoint in %s; starting at step 0",
+                        args.checkpoint_dir)
+    source = make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)
+    sink = MetricsSink(args.metrics_file, live=True) if rank == 0 else None
+    stop = _StopFlag()
+    tokens_per_step = plan.batch.global_batch_size * spec.seq_len
+    my_dp = dp_rank(mesh, dims)
+    while trainer.step < args.steps:
+        t0 = time.perf_counter()
+        x, y = local_batch(source, trainer.step + 1, plan.batch.global_batch_size, dims.dp, my_dp)
+        res = trainer.train_step(x.to(device), y.to(device), stop_flag=stop.set)
+        dt = time.perf_counter() - t0
+        if sink is not None:
+            sink.record(StepMetrics(res.step, res.loss, dt, tokens_per_step / dt,
+                                    peak_memory_bytes(device), res.grad_norm))
+        every = args.checkpoint_every
+        if ckpt is not None and (res.stop_requested or (every and res.step % every == 0)
+                                 or res.step == args.steps):
+            ckpt.save(res.step, {"plan": os.path.basename(args.plan), "world_size": world})
+        if res.stop_requested:
+            log.warning("stopped after step %d on SIGTERM", res.step)
+            break
+    summary = summarize(sink.history, plan) if sink is not None else None
+    del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
+    dist.barrier()
+    dist.destroy_process_group()
+    return summary
+
+
+def run_and_report(args: argparse.Namespace) -> int:
+    """In place under a launcher: rank 0 prints the summary (or writes --summary-file)."""
+    from autoplan.cli_common import emit
+    from autoplan.runtime.metrics import render_summary
+
+    summary = run(args)
+    if summary is not None:
+        if args.summary_file:
+            with open(args.summary_file, "w", encoding="utf-8") as f:
+                json.dump(summary, f)
+        else:
+            emit(args, summary, lambda console: render_summary(console, summary))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autoplan.errors import AutoplanError
+    from autoplan.runtime.cli import add_train_arguments
+
+    parser = argparse.ArgumentParser(prog="autoplan-train-worker")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_and_report(args)
+    except AutoplanError as err:
+        print(f"autoplan: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown, which can hang after gloo (see the notes)
