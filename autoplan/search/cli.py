@@ -104,11 +104,9 @@ def search_command(args: argparse.Namespace) -> int:
     if args.report is not None and args.report == "" and not args.out:
         raise ConfigError("--report", "needs a directory", "give --report DIR or --out DIR")
     if args.out:
-        from pathlib import Path
+        from autoplan.search.output import check_target
 
-        from autoplan.search.output import _check_target
-
-        _check_target(Path(args.out), args.force)  # refuse before spending time
+        check_target(args.out, args.force)  # refuse before spending time
     with progress_bar(sys.stderr.isatty()) as progress:
         result = run_search(req, progress)
     from autoplan.search.output import summary, write_out

@@ -1,5 +1,6 @@
 """Optuna search for spaces too large to enumerate: GPU-count choice, balanced (uneven) layer
-splits, and every knob of the space, scored by the same code as the exhaustive search.
+splits, and every knob of the space, scored by the same code as the exhaustive search (what a
+trial chooses is in `trial_space`).
 
 Reproducible and resumable: trial k (k = trials already complete) is sampled by a fresh sampler
 seeded with (seed, worker, k) from the completed history alone (constant_liar off), so a search
@@ -17,22 +18,18 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.errors import ConfigError
-from autoplan.plan import RecomputePolicy, Schedule
-from autoplan.plan_table import COLUMNS, INTERLEAVED, RECOMPUTE, SCHEDULES, ZERO_BUBBLE
+from autoplan.plan_table import COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
-from autoplan.search.partition import split_columns
-from autoplan.search.scoring import REASON_KEYS, Scored, canonical_schedule, score_table
+from autoplan.search.scoring import REASON_KEYS, Scored
 from autoplan.search.space import EXTRA_COLUMNS
 from autoplan.search.targets import MISS_KEYS, display_value
-from autoplan.search_space import Split
+from autoplan.search.trial_space import evaluate, suggest_layout
 from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
-HAS_SET_CONSTRAINT = hasattr(Trial, "set_constraint")
-"""Optuna 5 takes constraints from the trial; Optuna 4 from the sampler's constraints_func."""
 REJECTED = 10.0
 """Constraint violation of a candidate that breaks a plan rule (worse than any miss ratio)."""
 Callback = Callable[[optuna.Study, FrozenTrial], None]
@@ -71,9 +68,12 @@ def _constraints(trial: FrozenTrial) -> Sequence[float]:
 
 
 def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
-    cons = {} if HAS_SET_CONSTRAINT else {"constraints_func": _constraints}
+    cons = {"constraints_func": _constraints}
+    # constraints_func (one storage write per trial) rather than Optuna 5's Trial.set_constraint
+    # (one write per constraint, which dominates a trial on SQLite); deprecated, not removed < 7
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", FutureWarning)
         if name == "tpe":
             return optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True, constant_liar=False,
@@ -84,72 +84,8 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
         return optuna.samplers.RandomSampler(seed=seed)
 
 
-def _pick(trial: Trial, name: str, values: Sequence[Any], relevant: bool, default: Any) -> Any:
-    """Suggest a knob only where it matters; elsewhere use its no-op value if the space has it."""
-    values = list(values)
-    if not relevant and default in values:
-        return default
-    if len(values) == 1:
-        return values[0]
-    return trial.suggest_categorical(name, values)
-
-
-def suggest(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
-    """One candidate row from the trial's choices; None when tp*pp*cp cannot fill the GPUs."""
-    sp, par = req.space, req.space.parallel
-    n = _pick(trial, "num_gpus", req.gpu_counts, True, None)
-    tp, pp, cp = (_pick(trial, k, getattr(par, k), True, None) for k in ("tp", "pp", "cp"))
-    if n % (tp * pp * cp) or (par.dp is not None and n // (tp * pp * cp) not in par.dp):
-        return None
-    sched_values = [s.value for s in sp.pipeline.schedule]
-    schedule = _pick(trial, "schedule", sched_values, pp > 1,
-                     SCHEDULES[canonical_schedule(sp)].value)
-    code = SCHEDULES.index(Schedule(schedule))
-    vpp = _pick(trial, "vpp", sp.pipeline.vpp, pp > 1 and code in (INTERLEAVED, ZERO_BUBBLE), 1)
-    split = _pick(trial, "split", [s.value for s in sp.pipeline.split], pp > 1, "even")
-    zero = _pick(trial, "zero_stage", sp.zero_stage, True, None)
-    policy = _pick(trial, "recompute", [p.value for p in sp.recompute.policy], True, None)
-    rcl = _pick(trial, "recompute_layers", sp.recompute.num_layers,
-                policy != RecomputePolicy.NONE.value, None)
-    row = {
-        "num_gpus": n, "dp": n // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
-        "sp": _pick(trial, "sp", sp.sequence_parallel, tp > 1, False),
-        "schedule": code, "zero_stage": zero,
-        "offload_optimizer": _pick(trial, "offload_optimizer", sp.offload.optimizer,
-                                   zero >= 1, False),
-        "offload_params": _pick(trial, "offload_params", sp.offload.params, zero == 3, False),
-        "recompute": RECOMPUTE.index(RecomputePolicy(policy)),
-        "recompute_layers": -1 if policy == RecomputePolicy.NONE.value or rcl is None else rcl,
-        "mbs": _pick(trial, "mbs", sp.micro_batch_size, True, None),
-        "gbs": req.global_batch_size,
-        "precision": sp.precision.index(_pick(trial, "precision", sp.precision, True, None)),
-        "attention": sp.attention.index(_pick(trial, "attention", sp.attention, True, None)),
-        "split": list(Split).index(Split(split)),
-    }
-    layers = -(-req.model.num_layers // pp)
-    cols = split_columns(req.model, pp, vpp) if split == Split.BALANCED.value else None
-    if cols is None:
-        row["split"] = 0
-        cols = (layers, layers, layers)
-    row["layers_first"], row["layers_max"], row["layers_last"] = cols
-    return row
-
-
-def _evaluate(row: dict[str, Any] | None, req: SearchRequest) -> dict[str, Any]:
-    """Score one row; the record stored on the trial (plain JSON values)."""
-    if row is None:
-        return {"rejected": "world-size"}
-    dtypes = {**COLUMNS, **EXTRA_COLUMNS}
-    table = {k: np.array([row[k]], dtype=dtypes[k]) for k in dtypes}
-    scored = score_table(table, req.context(), dedupe=False)
-    if scored.n == 0:
-        key = next(k for k in REASON_KEYS if scored.counts[k])
-        return {"rejected": key, "params": row}
-    rec: dict[str, Any] = {}
-    for k, v in scored.cols.items():
-        v = np.asarray(v)[0]
-        rec[k] = v.tolist()
-    return rec
+def _key(rec: dict[str, Any]) -> str:
+    return json.dumps(rec["layout"], sort_keys=True)
 
 
 def _values_and_constraints(rec: dict[str, Any], req: SearchRequest) -> tuple[list[float],
@@ -195,23 +131,21 @@ def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = Non
         raise ConfigError("--trials", f"got {req.trials}", "expected a positive integer")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(req, sampler)
-    cache: dict[str, dict[str, Any]] = {}
+    cache = {_key(t.user_attrs["record"]): t.user_attrs["record"] for t in _finished(study)}
     done = len(_finished(study))
     while done < req.trials:
         seed = int(np.random.SeedSequence([req.seed, req.worker, done]).generate_state(1)[0])
         study.sampler = make_sampler(sampler, seed, req.trials)
         trial = study.ask()
         try:
-            row = suggest(trial, req)
-            key = json.dumps(row, sort_keys=True)
-            rec = cache.get(key) or _evaluate(row, req)
-            cache[key] = rec
+            layout = suggest_layout(trial, req)
+            key = json.dumps(layout, sort_keys=True)
+            if key not in cache:  # a layout sampled again is not re-scored
+                cache[key] = evaluate(layout, req)
+            rec = {k: v for k, v in cache[key].items() if k != "seq"}
             values, cons = _values_and_constraints(rec, req)
             trial.set_user_attr("record", {**rec, "seq": done})
             trial.set_user_attr("constraints", cons)
-            if HAS_SET_CONSTRAINT:
-                for name, value in zip(("rule", *MISS_KEYS), cons, strict=True):
-                    trial.set_constraint(name, value)
         except BaseException:
             study.tell(trial, state=TrialState.FAIL)
             raise
@@ -226,7 +160,8 @@ def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = Non
 
 def collect(study: optuna.Study, req: SearchRequest) -> Scored:
     """The scored set from the study's stored records (no re-scoring); the same plan sampled
-    twice is kept once, at its first trial."""
+    twice is kept once, at its first trial. Column `seq` numbers the complete trials 0, 1, ...
+    in the order they were sampled; `trial` is Optuna's trial number."""
     counts = dict.fromkeys((*REASON_KEYS, "feasible"), 0)
     trials = sorted(_finished(study), key=lambda t: (t.user_attrs["record"]["seq"], t.number))
     records, seen = [], set()
@@ -235,31 +170,29 @@ def collect(study: optuna.Study, req: SearchRequest) -> Scored:
         if "rejected" in rec:
             counts[rec["rejected"]] += 1
             continue
-        key = tuple(rec[k] for k in (*COLUMNS, *EXTRA_COLUMNS))
+        key = _key(rec)
         if key in seen:
+            counts["duplicate"] += 1
             continue
         seen.add(key)
         counts[MISS_KEYS[rec["reason"]] if rec["reason"] >= 0 else "feasible"] += 1
         records.append({**rec, "trial": t.number})
     cols: dict[str, np.ndarray] = {}
-    if records:
-        for k in records[0]:
-            if k == "seq":
-                continue
+    if not records:
+        return _empty(counts)
+    for k in records[0]:
+        if k not in ("layout", "variants"):
             cols[k] = np.array([r[k] for r in records])
-    else:
-        empty = Scored({}, {})
-        return _empty(empty, counts)
     dtypes = {**COLUMNS, **EXTRA_COLUMNS}
     for k, dt in dtypes.items():
         cols[k] = cols[k].astype(dt)
     return Scored(cols, counts)
 
 
-def _empty(_: Scored, counts: dict[str, int]) -> Scored:
+def _empty(counts: dict[str, int]) -> Scored:
     cols: dict[str, np.ndarray] = {k: np.zeros(0, dtype=dt)
                                    for k, dt in {**COLUMNS, **EXTRA_COLUMNS}.items()}
-    for k in ("tokens_per_s", "time_step", "mem_total", "mem_host", "trial"):
+    for k in ("tokens_per_s", "time_step", "mem_total", "mem_host", "trial", "seq"):
         cols[k] = np.zeros(0)
     cols["miss"] = np.zeros((0, len(MISS_KEYS)))
     cols["objectives"] = np.zeros((0, 1))

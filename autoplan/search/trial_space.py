@@ -1,0 +1,113 @@
+"""What one Optuna trial chooses and how it is scored.
+
+A trial picks the *layout* of a plan: GPU count, tp, pp, cp, schedule, vpp, layer split,
+micro-batch size (and precision/attention when the space lists several). The memory-saving knobs
+(sequence parallelism, ZeRO stage, offload, recompute policy and layers) are then settled inside
+the trial by scoring all their combinations in one vectorised pass and keeping the fastest that
+fits: at a fixed GPU count every objective (throughput, latency, cost) prefers the shorter step,
+so this inner choice is exact, and the sampler spends its trials on the structure that matters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from optuna.trial import Trial
+
+from autoplan.plan import Schedule
+from autoplan.plan_table import COLUMNS, INTERLEAVED, SCHEDULES, ZERO_BUBBLE
+from autoplan.search.engine import SearchRequest
+from autoplan.search.partition import split_columns
+from autoplan.search.ranking import nearest
+from autoplan.search.scoring import REASON_KEYS, canonical_schedule, score_table
+from autoplan.search.space import EXTRA_COLUMNS, recompute_pairs
+from autoplan.search_space import Split
+
+DTYPES = {**COLUMNS, **EXTRA_COLUMNS}
+
+
+def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
+          default: Any = None) -> Any:
+    """Suggest a knob only where it matters; elsewhere use its no-op value if the space has it.
+    Ordinal knobs (degrees, sizes) are suggested as an index so TPE models neighbourhoods."""
+    values = list(values)
+    if not relevant and default in values:
+        return default
+    if len(values) == 1:
+        return values[0]
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        ordered = sorted(values)
+        return ordered[trial.suggest_int(name, 0, len(ordered) - 1)]
+    return trial.suggest_categorical(name, values)
+
+
+def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
+    """The trial's layout; None when tp * pp * cp cannot fill the chosen GPU count."""
+    sp, par = req.space, req.space.parallel
+    n = _pick(trial, "num_gpus", req.gpu_counts)
+    tp, pp, cp = (_pick(trial, k, getattr(par, k)) for k in ("tp", "pp", "cp"))
+    if n % (tp * pp * cp) or (par.dp is not None and n // (tp * pp * cp) not in par.dp):
+        return None
+    schedule = _pick(trial, "schedule", [s.value for s in sp.pipeline.schedule], pp > 1,
+                     SCHEDULES[canonical_schedule(sp)].value)
+    code = SCHEDULES.index(Schedule(schedule))
+    vpp = _pick(trial, "vpp", sp.pipeline.vpp, pp > 1 and code in (INTERLEAVED, ZERO_BUBBLE), 1)
+    split = _pick(trial, "split", [s.value for s in sp.pipeline.split], pp > 1, "even")
+    layout = {
+        "num_gpus": n, "dp": n // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
+        "schedule": code, "split": list(Split).index(Split(split)),
+        "mbs": _pick(trial, "mbs", sp.micro_batch_size),
+        "precision": sp.precision.index(_pick(trial, "precision", sp.precision)),
+        "attention": sp.attention.index(_pick(trial, "attention", sp.attention)),
+        "gbs": req.global_batch_size,
+    }
+    even = -(-req.model.num_layers // pp)
+    cols = split_columns(req.model, pp, vpp) if split == Split.BALANCED.value else None
+    if cols is None:
+        layout["split"] = 0
+        cols = (even, even, even)
+    layout["layers_first"], layout["layers_max"], layout["layers_last"] = cols
+    return layout
+
+
+def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray]:
+    """The layout crossed with every memory-saving choice of the space, as a table."""
+    sp = req.space
+    sp_values = [False] if layout["tp"] == 1 and False in sp.sequence_parallel \
+        else list(sp.sequence_parallel)
+    rc = np.array(recompute_pairs(sp), dtype=np.int64).reshape(-1, 2)
+    grid = np.meshgrid(np.array(sp_values, dtype=bool), np.array(sp.zero_stage),
+                       np.array(sp.offload.optimizer, dtype=bool),
+                       np.array(sp.offload.params, dtype=bool), np.arange(len(rc)),
+                       indexing="ij")
+    flat = [g.ravel() for g in grid]
+    n = len(flat[0])
+    t = {k: np.full(n, v) for k, v in layout.items()}
+    t["sp"], t["zero_stage"], t["offload_optimizer"], t["offload_params"] = flat[:4]
+    t["recompute"], t["recompute_layers"] = rc[flat[4], 0], rc[flat[4], 1]
+    return {k: np.asarray(t[k], dtype=dt) for k, dt in DTYPES.items()}
+
+
+def evaluate(layout: dict[str, Any] | None, req: SearchRequest) -> dict[str, Any]:
+    """Score a layout's variants; the record stored on the trial (plain JSON values): the
+    fastest variant that fits, else the nearest miss, else the rule most variants break."""
+    if layout is None:
+        return {"rejected": "world-size", "layout": None}
+    table = variants(layout, req)
+    scored = score_table(table, req.context())
+    if scored.n == 0:
+        rules = Counter({k: v for k, v in scored.counts.items() if v and k in REASON_KEYS})
+        return {"rejected": rules.most_common(1)[0][0], "layout": layout}
+    c = scored.cols
+    feasible = np.flatnonzero(scored.feasible)
+    if len(feasible):
+        best = feasible[np.lexsort((feasible, c["mem_total"][feasible],
+                                    c["time_step"][feasible]))[0]]
+    else:
+        best = nearest(scored)
+    rec: dict[str, Any] = {k: np.asarray(v)[best].tolist() for k, v in c.items()}
+    rec["layout"] = layout
+    rec["variants"] = len(table)
+    return rec
