@@ -31,6 +31,26 @@ def _setup_logging(rank: int) -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
+def _init_process_group(backend: str, rank: int, world: int, timeout_s: float) -> None:
+    """init_process_group on a TCPStore whose keys are prefixed by the torchrun attempt.
+
+    torch 2.13's env:// rendezvous reuses the agent's store across torchrun restarts without a
+    per-attempt prefix, so restarted gloo ranks read the dead ranks' addresses ("Gloo
+    connectFullMesh failed ... Connection refused"); the prefix keeps attempts apart.
+    """
+    timeout = pg_timeout(timeout_s)
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+        is_master=(not agent_store and rank == 0), timeout=timeout,
+        multi_tenant=not agent_store,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"autoplan/attempt-{attempt}", store)
+    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world,
+                            timeout=timeout)
+
+
 class _StopFlag:
     def __init__(self) -> None:
         self.set = False
@@ -58,7 +78,7 @@ def run(args: argparse.Namespace) -> dict | None:
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=pg_timeout(args.pg_timeout_s))
+    _init_process_group(backend, rank, world, args.pg_timeout_s)
     dims = ParallelDims.from_plan(plan)
     mesh = build_mesh(dims, device.type)
     pm = parallelize(plan, spec, mesh, device,

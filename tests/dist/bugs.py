@@ -34,19 +34,23 @@ def _tp_missing_allreduce(mp: pytest.MonkeyPatch) -> None:
 
 
 def _dp_sum_not_average(mp: pytest.MonkeyPatch) -> None:
-    """Gradients summed over dp instead of averaged (FSDP2 divide factor 1)."""
-    from autoplan.runtime import data_parallel
+    """Gradients summed over dp instead of averaged (what a SUM reduce-scatter leaves)."""
+    import torch
 
-    original = data_parallel.apply_fsdp
+    from autoplan.runtime.trainer import Trainer
 
-    def apply_fsdp(model, *args, **kwargs):
-        out = original(model, *args, **kwargs)
-        for m in model.modules():
-            if hasattr(m, "set_gradient_divide_factor"):
-                m.set_gradient_divide_factor(1.0)
+    original = Trainer.forward_backward
+
+    def forward_backward(self, inputs, labels):
+        out = original(self, inputs, labels)
+        with torch.no_grad():
+            for part in self.pm.parts:
+                for p in part.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(self.pm.dims.dp)
         return out
 
-    mp.setattr(data_parallel, "apply_fsdp", apply_fsdp)
+    mp.setattr(Trainer, "forward_backward", forward_backward)
 
 
 def _pp_drop_microbatch_grad(mp: pytest.MonkeyPatch) -> None:
@@ -67,7 +71,8 @@ def _pp_drop_microbatch_grad(mp: pytest.MonkeyPatch) -> None:
 
 
 def _sp_wrong_gather(mp: pytest.MonkeyPatch) -> None:
-    """Sequence-parallel activations gathered (and scattered) along the batch dimension."""
+    """Sequence parallelism without the all-gather before attention: each rank attends within
+    its own sequence chunk (the row-parallel output is all-reduced, so shapes still fit)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel
 
@@ -77,9 +82,10 @@ def _sp_wrong_gather(mp: pytest.MonkeyPatch) -> None:
 
     def block_plan(sequence_parallel, swiglu):
         plan = original(sequence_parallel, swiglu)
-        plan["attention"] = PrepareModuleInput(input_layouts=(Shard(0),),
-                                               desired_input_layouts=(Replicate(),))
-        plan["attention.wo"] = RowwiseParallel(output_layouts=Shard(0))
+        plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                               desired_input_layouts=(Shard(1),),
+                                               use_local_output=True)
+        plan["attention.wo"] = RowwiseParallel(output_layouts=Replicate())
         return plan
 
     mp.setattr(tensor_parallel, "block_plan", block_plan)

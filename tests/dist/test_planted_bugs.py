@@ -31,10 +31,7 @@ def test_parity_catches_planted_bug(pool, reference_cache, bug):
         reference_cache[key] = run_parity(pool, reference_plan(plan), 10, optim)
     clean = run_parity(pool, plan, 10, optim)
     assert not compare(clean, reference_cache[key]), "the plan must pass without the bug"
-    try:
-        buggy = run_parity(pool, plan, 10, optim, bug=bug, timeout_s=120)
-    except (RuntimeError, TimeoutError):
-        return  # a crash or hang is also a detected bug
+    buggy = run_parity(pool, plan, 10, optim, bug=bug, timeout_s=120)  # runs, but wrongly
     assert compare(buggy, reference_cache[key]), f"parity did not catch {bug}"
 
 
