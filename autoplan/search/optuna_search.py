@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from autoplan.search.trial_space import evaluate, suggest_layout
 from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
+STORAGE_ATTEMPTS = 5
 REJECTED = 10.0
 """Constraint violation of a candidate that breaks a plan rule (worse than any miss ratio)."""
 Callback = Callable[[optuna.Study, FrozenTrial], None]
@@ -44,11 +46,18 @@ def open_storage(url: str | None) -> Any:
 
         path = url.removeprefix("journal:").removeprefix("//")
         return JournalStorage(JournalFileBackend(path))
-    try:
-        return optuna.storages.RDBStorage(url)
-    except Exception as err:  # sqlalchemy raises many kinds
-        raise ConfigError("--storage", f"cannot open {url!r} ({err.__class__.__name__})",
-                          "use sqlite:///PATH.db, an RDB URL, or journal:PATH") from None
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except Exception as err:  # sqlalchemy raises many kinds
+            racing = type(err).__module__.startswith("sqlalchemy")
+            if attempt + 1 < STORAGE_ATTEMPTS and racing:
+                # workers creating a fresh SQLite schema at once race; the loser retries
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise ConfigError("--storage", f"cannot open {url!r} ({err.__class__.__name__})",
+                              "use sqlite:///PATH.db, an RDB URL, or journal:PATH") from None
+    raise AssertionError("unreachable")
 
 
 def _fingerprint(req: SearchRequest, sampler: str) -> str:
@@ -59,7 +68,7 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     }), sort_keys=True, default=str)
 
 
-def _directions(req: SearchRequest) -> list[str]:
+def _directions(req: SearchRequest) -> list[Any]:
     return ["maximize" if o == "throughput" else "minimize" for o in req.targets.objectives]
 
 
@@ -68,7 +77,6 @@ def _constraints(trial: FrozenTrial) -> Sequence[float]:
 
 
 def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
-    cons = {"constraints_func": _constraints}
     # constraints_func (one storage write per trial) rather than Optuna 5's Trial.set_constraint
     # (one write per constraint, which dominates a trial on SQLite); deprecated, not removed < 7
     with warnings.catch_warnings():
@@ -77,10 +85,11 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
         if name == "tpe":
             return optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True, constant_liar=False,
-                n_startup_trials=min(20, max(5, trials // 10)), **cons)
+                n_startup_trials=min(20, max(5, trials // 10)), constraints_func=_constraints)
         if name == "nsga2":
             return optuna.samplers.NSGAIISampler(
-                seed=seed, population_size=min(50, max(10, trials // 10)), **cons)
+                seed=seed, population_size=min(50, max(10, trials // 10)),
+                constraints_func=_constraints)
         return optuna.samplers.RandomSampler(seed=seed)
 
 

@@ -22,8 +22,9 @@ def layer_graph(model: ModelSpec) -> nx.DiGraph:
     """Path graph of the model with node attribute `flops` (fwd+bwd FLOPs per token) and
     `blocks` (transformer blocks in the node: 1 for a block, 0 for embedding and head)."""
     s = float(model.seq_len)
-    block = 3.0 * (sum(float(g) for g in gemm_flops_per_layer(model, np.array(s), 1))
-                   + float(attention_core_flops(model, 1.0, 1.0, 1.0))) / s
+    one = np.array(1.0)
+    gemms = gemm_flops_per_layer(model, np.array(s), one)
+    block = 3.0 * (float(np.sum(gemms)) + float(attention_core_flops(model, one, one, one))) / s
     head = 3.0 * 2.0 * model.hidden_size * model.vocab_size  # logits GEMM, fwd + bwd
     embed = 3.0 * model.hidden_size  # a gather and an add: memory-bound, tiny in FLOPs
     g = nx.DiGraph()
@@ -61,11 +62,12 @@ def min_max_partition(weights: np.ndarray, stages: int) -> tuple[int, ...]:
             cost = np.maximum(best[s - 1, i], prefix[j] - prefix[i])
             k = int(np.argmin(cost))
             best[s, j], cut[s, j] = cost[k], i[k]
-    sizes, j = [], n
+    sizes: list[int] = []
+    end = n
     for s in range(stages, 0, -1):
-        i = int(cut[s, j])
-        sizes.append(j - i)
-        j = i
+        start = int(cut[s, end])
+        sizes.append(end - start)
+        end = start
     return tuple(reversed(sizes))
 
 

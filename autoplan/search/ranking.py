@@ -1,7 +1,7 @@
 """Order scored candidates, turn rows into Plans and into the display/CSV frame.
 
-Single objective: best value first, ties broken by lower memory, then by candidate order (so
-runs are reproducible). Several objectives: the Pareto front, ordered by the first objective.
+Single objective: best value first, ties broken by the shorter step, lower memory, then
+candidate order (so runs are reproducible). Several objectives: the Pareto front, ordered by the first objective.
 pandas appears only here, for the final table and the CSV.
 """
 
@@ -35,7 +35,9 @@ def rank(scored: Scored, targets: Targets) -> tuple[np.ndarray, np.ndarray]:
     front = np.zeros(scored.n, dtype=bool)
     if len(feas):
         front[feas[pareto_mask(obj)]] = True
-    keys = [feas, c["mem_total"][feas]] + [obj[:, j] for j in range(obj.shape[1])][::-1]
+    # ties: the faster plan (matters for the gpus objective), then the one using less memory
+    keys = [feas, c["mem_total"][feas], c["time_step"][feas]] \
+        + [obj[:, j] for j in range(obj.shape[1])][::-1]
     if targets.multi:
         keys.append(~front[feas])  # front first
     order = feas[np.lexsort(keys)]

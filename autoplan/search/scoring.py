@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,8 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
     n = len(t["dp"])
     out: dict[str, np.ndarray] = {}
     unsupported = np.zeros(n, dtype=bool)
-    pairs = np.unique(np.stack([t["precision"], t["attention"]], axis=1), axis=0) if n else []
+    pairs: Any = np.unique(np.stack([t["precision"], t["attention"]], axis=1), axis=0) \
+        if n else []
     for p_code, a_code in pairs:
         precision = ctx.space.precision[p_code].value
         rows = (t["precision"] == p_code) & (t["attention"] == a_code)

@@ -13,7 +13,7 @@ import numpy as np
 
 from autoplan.errors import ConfigError
 
-OBJECTIVES = ("throughput", "latency", "cost")
+OBJECTIVES = ("throughput", "latency", "cost", "gpus")
 SECONDS_PER_DAY = 86400.0
 COST_TOKENS_DEFAULT = 1e9
 """Without --train-tokens, cost is GPU-hours per 1e9 tokens."""
@@ -23,7 +23,8 @@ GIB = 2**30
 @dataclass(frozen=True)
 class Targets:
     objectives: tuple[str, ...] = ("throughput",)
-    """throughput (max tokens/s) | latency (min step time) | cost (min GPU-hours)."""
+    """throughput (max tokens/s) | latency (min step time) | cost (min GPU-hours) | gpus (the
+    smallest GPU count, e.g. with --min-tokens-per-s and --num-gpus A..B)."""
     max_step_time_s: float | None = None
     min_tokens_per_s: float | None = None
     deadline_days: float | None = None
@@ -64,13 +65,15 @@ def gpu_hours(tokens_per_s: np.ndarray, num_gpus: np.ndarray, tokens: float) -> 
 
 
 def objective_matrix(cols: Mapping[str, np.ndarray], targets: Targets) -> np.ndarray:
-    """(rows x objectives), smaller is better: -tokens/s, step seconds, GPU-hours."""
+    """(rows x objectives), smaller is better: -tokens/s, step seconds, GPU-hours, GPUs."""
     out = []
     for o in targets.objectives:
         if o == "throughput":
             out.append(-np.asarray(cols["tokens_per_s"], float))
         elif o == "latency":
             out.append(np.asarray(cols["time_step"], float))
+        elif o == "gpus":
+            out.append(np.asarray(cols["num_gpus"], float))
         else:
             out.append(gpu_hours(cols["tokens_per_s"], cols["num_gpus"], targets.cost_tokens))
     return np.stack(out, axis=1)

@@ -131,3 +131,18 @@ def test_gpu_count_range_is_searched(brute) -> None:
                              targets=Targets(("cost",))))
     assert set(np.unique(res.scored.cols["num_gpus"])) <= {1, 2, 4, 8}
     assert res.best is not None
+
+
+def test_smallest_cluster_that_meets_a_target() -> None:
+    gpus = (1, 2, 4, 8)
+    full = run_search(request(gpus=gpus, sampler="exhaustive"))
+    c = full.scored.cols
+    feas = full.scored.feasible
+    # a target only 4 and 8 GPUs can reach
+    best_at = {n: c["tokens_per_s"][feas & (c["num_gpus"] == n)].max() for n in gpus}
+    target = (best_at[2] + best_at[4]) / 2
+    assert best_at[4] > target > best_at[2]
+    res = run_search(request(gpus=gpus, sampler="exhaustive",
+                             targets=Targets(("gpus",), min_tokens_per_s=target)))
+    assert res.scored.cols["num_gpus"][res.best] == 4
+    assert res.scored.cols["tokens_per_s"][res.best] == pytest.approx(best_at[4])

@@ -163,3 +163,26 @@ def test_multi_objective_front_is_non_dominated() -> None:
     for i in front:
         others = obj[res.scored.feasible]
         assert not np.any(np.all(others <= obj[i], axis=1) & np.any(others < obj[i], axis=1))
+
+
+def test_two_workers_share_one_study(tmp_path: Path, space_file) -> None:
+    space = space_file(SMALL_SPACE)
+    db = f"sqlite:///{tmp_path / 'shared.db'}"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    cmd = [sys.executable, "-m", "autoplan.commands", "search", "--model", "tiny", "--cluster",
+           "cpu-gloo", "--num-gpus", "2..8", "--global-batch-size", "16", "--space", str(space),
+           "--sampler", "tpe", "--trials", "24", "--storage", db, "--study", "w",
+           "--format", "json"]
+    procs = [subprocess.Popen(cmd + ["--worker", str(w)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env) for w in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-400:] for _, e in outs]
+    import json
+
+    import optuna
+
+    study = optuna.load_study(study_name="w", storage=db)
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert 24 <= len(complete) <= 26  # each worker stops once the study holds 24
+    assert len({t.user_attrs["record"]["seq"] for t in complete}) >= 12  # both made progress
+    assert all(json.loads(o)["candidates"] >= 24 for o, _ in outs)
