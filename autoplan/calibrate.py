@@ -4,7 +4,7 @@ A run record is what `autoplan train` writes at the end of a run: the plan as ru
 it was predicted with, and measured step time and peak memory. The fit searches a handful of
 multipliers (compute peak, memory bandwidth, link bandwidth and latency, per-operator dispatch,
 overlap) with Optuna's TPE sampler, seeded, starting from the unchanged profile so the fit never
-ends worse than it began; peak memory fixes the profile's reserved bytes.
+ends worse than it began; peak memory can only raise the profile's reserved bytes.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class Measured:
         if not self.step_time_s > 0:
             raise ConfigError("measured.step_time_s", f"got {self.step_time_s}",
                               "expected a positive number of seconds")
+        if self.peak_memory_bytes is not None and not self.peak_memory_bytes > 0:
+            raise ConfigError("measured.peak_memory_bytes", f"got {self.peak_memory_bytes}",
+                              "expected a positive number of bytes, or leave it out")
 
 
 @dataclass(frozen=True)
@@ -162,12 +165,14 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
     study.optimize(objective, n_trials=trials)
     best = dict(study.best_params)
     fitted = apply_factors(profile, best)
-    if any(r.measured.peak_memory_bytes for r in runs):  # shift the fixed reserve by the median residual, never below zero
-        residual = statistics.median(
+    if any(r.measured.peak_memory_bytes for r in runs):
+        # raise the fixed reserve by the largest shortfall, never lower it: memory predictions
+        # must stay conservative, so a fit only ever makes them safer
+        residual = max(
             r.measured.peak_memory_bytes - estimate_plan(
                 r.plan, ClusterSpec(fitted, r.plan.cluster.num_gpus)).memory_total_bytes
             for r in runs if r.measured.peak_memory_bytes)
-        reserved = max(0, int(fitted.device.reserved_bytes + residual))
+        reserved = int(fitted.device.reserved_bytes + max(0.0, residual))
         fitted = dataclasses.replace(
             fitted, device=dataclasses.replace(fitted.device, reserved_bytes=reserved))
     return Calibration(

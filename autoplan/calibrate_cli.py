@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
 def calibrate_command(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise ConfigError("--trials", f"got {args.trials}", "expected a positive integer")
-    base = load_profile(args.profile)
+    base = load_profile(args.profile, "--profile")
     runs = [load_run(r) for r in args.runs]
     out = Path(args.out) if args.out else PROFILES_DIR / f"{base.name}-calibrated.yaml"
     if out.exists() and not args.force:

@@ -19,6 +19,9 @@ class ConfigError(AutoplanError):
     exit_code = 2
 
     def __init__(self, field: str, problem: str, fix: str | None = None) -> None:
+        # one line always: a key or value with a line break in it is shown escaped
+        field, problem = _one_line(field), _one_line(problem)
+        fix = _one_line(fix) if fix else fix
         self.field = field
         self.problem = problem
         self.fix = fix
@@ -26,6 +29,10 @@ class ConfigError(AutoplanError):
         if fix:
             message += f"; {fix}"
         super().__init__(message)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class InfeasiblePlanError(AutoplanError):

@@ -19,6 +19,16 @@ from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 
+def _positive(field: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(field, f"got {value!r}", "expected a positive number")
+
+
+def _fraction(field: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(field, f"got {value!r}", "expected a fraction from 0 to 1")
+
+
 @dataclass(frozen=True)
 class Curve:
     """A monotone table y(x), interpolated linearly in log(x) and clamped at both ends."""
@@ -55,9 +65,20 @@ class DeviceSpec:
     reserved_bytes: int = 0
     """Memory the runtime holds before the model: CUDA context, NCCL and cuBLAS workspaces."""
 
+    def __post_init__(self) -> None:
+        _positive("memory_bytes", self.memory_bytes)
+        _positive("hbm_bytes_per_s", self.hbm_bytes_per_s)
+        if not self.peak_flops_per_s:
+            raise ConfigError("peak_flops_per_s", "is empty", "give at least one dtype")
+        for k, v in self.peak_flops_per_s.items():
+            _positive(f"peak_flops_per_s.{k}", v)
+        if self.reserved_bytes < 0:
+            raise ConfigError("reserved_bytes", f"got {self.reserved_bytes}",
+                              "expected 0 or more bytes")
+
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops_per_s:
-            raise ConfigError("device.peak_flops_per_s", f"has no {precision!r} entry",
+            raise ConfigError("peak_flops_per_s", f"has no {precision!r} entry",
                               f"add one (have {', '.join(self.peak_flops_per_s)})")
         return self.peak_flops_per_s[precision]
 
@@ -69,6 +90,11 @@ class LinkSpec:
     latency_s: float
     """Per-message latency (one hop)."""
 
+    def __post_init__(self) -> None:
+        _positive("bytes_per_s", self.bytes_per_s)
+        if self.latency_s < 0:
+            raise ConfigError("latency_s", f"got {self.latency_s}", "expected >= 0 seconds")
+
 
 @dataclass(frozen=True)
 class HostSpec:
@@ -77,7 +103,12 @@ class HostSpec:
     pcie_bytes_per_s: float
     """Host <-> one GPU copy bandwidth (pinned memory)."""
     optimizer_params_per_s: float
-    """Parameters per second one GPU's share of the host CPU updates with Adam (offload)."""
+    """Parameters per second the node's CPUs update with Adam (shared by its GPUs; offload)."""
+
+    def __post_init__(self) -> None:
+        _positive("memory_bytes", self.memory_bytes)
+        _positive("pcie_bytes_per_s", self.pcie_bytes_per_s)
+        _positive("optimizer_params_per_s", self.optimizer_params_per_s)
 
 
 @dataclass(frozen=True)
@@ -96,6 +127,15 @@ class Efficiency:
     """Host-side seconds to dispatch one operator that nothing hides: eager PyTorch on a CPU
     pays it for every op (measured by `autoplan profile`); on a GPU, launches of the large
     kernels these datasheet profiles are for overlap with execution, so they leave it at 0."""
+
+    def __post_init__(self) -> None:
+        _fraction("memory_bound", self.memory_bound)
+        if self.memory_bound == 0:
+            raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")
+        _fraction("overlap", self.overlap)
+        if self.op_overhead_s < 0:
+            raise ConfigError("op_overhead_s", f"got {self.op_overhead_s}",
+                              "expected >= 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -146,18 +186,18 @@ def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
     return from_dict(ClusterProfile, check_schema_version(data, where), where)
 
 
-def load_profile(ref: str | Path) -> ClusterProfile:
-    """A profile by name (profiles/NAME.yaml) or by path."""
+def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
+    """A profile by name (profiles/NAME.yaml) or by path; `flag` names the option in errors."""
     path = Path(ref)
     if not path.suffix:
         named = PROFILES_DIR / f"{ref}.yaml"
         if not named.is_file():
             raise ConfigError(
-                "--cluster", f"unknown profile {str(ref)!r}",
+                flag, f"unknown profile {str(ref)!r}",
                 f"choose one of {', '.join(available_profiles())} or a path to a profile YAML",
             )
         path = named
-    return profile_from_dict(read_yaml(path, "--cluster"), "profile")
+    return profile_from_dict(read_yaml(path, flag), "profile")
 
 
 def cluster(ref: str | Path, num_gpus: int) -> ClusterSpec:

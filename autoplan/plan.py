@@ -48,10 +48,16 @@ class Precision(str, enum.Enum):
     FP32 = "fp32"
 
 
+MAX_INT = 2**40
+"""Largest count any field takes (degrees, batch sizes, GPUs); keeps numpy int64 safe."""
+
+
 def _check_int(field_name: str, value: int, low: int, high: int | None = None) -> None:
     if value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise ConfigError(field_name, f"got {value!r}", f"expected an integer {bound}")
+    if value > MAX_INT:
+        raise ConfigError(field_name, f"got {value!r}", f"expected an integer up to {MAX_INT}")
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,8 @@ def set_field(data: dict[str, Any], assignment: str) -> None:
     except yaml.YAMLError:
         value = raw
     parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError("--set", f"got {assignment!r}", "write key=value, e.g. parallel.tp=4")
     node = data
     for part in parts[:-1]:
         child = node.get(part)

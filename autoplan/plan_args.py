@@ -35,7 +35,7 @@ def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
     if ref is None:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
     model = load_model(ref)
-    if getattr(args, "seq_len", None):
+    if getattr(args, "seq_len", None) is not None:
         if args.seq_len <= 0:
             raise ConfigError("--seq-len", f"got {args.seq_len}", "expected a positive integer")
         model = model.replace(seq_len=args.seq_len)
@@ -54,7 +54,10 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         if args.num_gpus is None:
             raise ConfigError("--num-gpus", "missing", "give --num-gpus or --plan")
         data = {"parallel": {"dp": args.num_gpus}}
-    cluster_ref = dict(data.get("cluster") or {}) if isinstance(data.get("cluster"), dict) else {}
+    if "cluster" in data and not isinstance(data["cluster"], dict):
+        raise ConfigError("cluster", f"got {data['cluster']!r}",
+                          "expected a mapping: {profile: NAME, num_gpus: N}")
+    cluster_ref = dict(data.get("cluster") or {})
     if args.cluster:
         cluster_ref["profile"] = args.cluster
     if args.num_gpus is not None:
@@ -73,6 +76,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     data["batch"] = batch
     for assignment in args.set:
         set_field(data, assignment)
+    for section in ("cluster", "batch"):
+        if not isinstance(data.get(section), dict):
+            raise ConfigError(section, f"got {data.get(section)!r}", "expected a mapping")
     if "model" not in data:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
     if "profile" not in data["cluster"]:

@@ -19,6 +19,7 @@ from autoplan.plan_table import (
     GPIPE,
     INTERLEAVED,
     RC_NONE,
+    RC_SELECTIVE,
     SCHEDULES,
     ZERO_BUBBLE,
     Table,
@@ -96,6 +97,20 @@ RULES: tuple[Rule, ...] = (
         f"({int(_micro(t)[i])}) to be a multiple of pp={_int(t, 'pp', i)}",
     ),
     Rule(
+        "zero-bubble-microbatches",
+        lambda t, m: (col(t, "schedule") == ZERO_BUBBLE) & (col(t, "pp") > 1)
+        & (_micro(t) % col(t, "pp") != 0),
+        lambda t, i, m: f"pipeline.schedule=zero-bubble needs micro-batches per step "
+        f"({int(_micro(t)[i])}) to be a multiple of pp={_int(t, 'pp', i)}",
+    ),
+    Rule(
+        "zero-bubble-selective",
+        lambda t, m: (col(t, "schedule") == ZERO_BUBBLE) & (col(t, "pp") > 1)
+        & (col(t, "recompute") == RC_SELECTIVE),
+        lambda t, i, m: "pipeline.schedule=zero-bubble splits backward into input and weight "
+        "passes, which selective recompute cannot follow; use recompute none or full",
+    ),
+    Rule(
         "vpp-needs-interleaving",
         lambda t, m: (col(t, "vpp") > 1)
         & ((col(t, "pp") == 1) | ~np.isin(col(t, "schedule"), (INTERLEAVED, ZERO_BUBBLE))),
@@ -113,6 +128,12 @@ RULES: tuple[Rule, ...] = (
         "sp-needs-tp",
         lambda t, m: col(t, "sp") & (col(t, "tp") == 1),
         lambda t, i, m: "sequence_parallel=true needs parallel.tp > 1; set it false or raise tp",
+    ),
+    Rule(
+        "sp-divides-seq",
+        lambda t, m: col(t, "sp") & ((m.seq_len // col(t, "cp")) % col(t, "tp") != 0),
+        lambda t, i, m: f"sequence_parallel=true shards the sequence over tp={_int(t, 'tp', i)}, "
+        f"which does not divide seq_len / cp = {m.seq_len // _int(t, 'cp', i)}",
     ),
     Rule(
         "cp-divides-seq",

@@ -23,6 +23,7 @@ from autoplan.plan_table import (
     RC_FULL,
     RC_NONE,
     RC_SELECTIVE,
+    ZERO_BUBBLE,
     Table,
     col,
     plan_to_row,
@@ -68,8 +69,17 @@ def estimate_table(
 
     # ---- memory -------------------------------------------------------------------------
     psi_first, psi_last = params.params_per_rank(model, tp, pp, l_first, l_last)
-    st_first = memory.model_state_bytes(psi_first, zero, shard, precision, off_o, off_p)
-    st_last = memory.model_state_bytes(psi_last, zero, shard, precision, off_o, off_p)
+    # Zero-bubble's V schedule (two chunks per rank) puts the last stage on rank 0 beside the
+    # first (Qi et al. 2024, ZB-V): the output head, its logits and the loss live there.
+    v_shape = (sched == ZERO_BUBBLE) & (vpp == 2) & (pp > 1)
+    head = vocab * model.hidden_size / tp
+    psi_first = psi_first + np.where(v_shape, head, 0.0)
+    psi_last = psi_last - np.where(v_shape, head, 0.0)
+    acc = (zero >= 2) & (pp > 1)
+    st_first = memory.model_state_bytes(psi_first, zero, shard, precision, off_o, off_p,
+                                        unsharded_accumulation=acc)
+    st_last = memory.model_state_bytes(psi_last, zero, shard, precision, off_o, off_p,
+                                       unsharded_accumulation=acc)
     parts = memory.activation_elements_per_layer(model, b, tp, sp, cp, eager)
     a_none = memory.activation_bytes_per_layer(parts, np.zeros_like(rc), precision)
     a_pol = memory.activation_bytes_per_layer(parts, rc, precision)
@@ -83,10 +93,15 @@ def estimate_table(
     working = a_none * np.where(rc != RC_NONE, 2.0, 1.0)
     sp_div = np.where(sp, tp, 1.0)
     embed_act = 3.0 * model.seq_len / cp * b * model.hidden_size / sp_div * act_scale
-    logits = memory.logits_bytes(model, b, tp, vocab, cp)
+    logits = memory.logits_bytes(model, b, tp, vocab, cp, np.where(sched == GPIPE, m, 1.0))
     single = pp == 1
-    act_first = in_flight * (act_layers(l_first) + embed_act) + working + np.where(single, logits, 0)
-    act_last = np.where(single, act_first, in_flight_last * act_layers(l_last) + working + logits)
+    loss_first = single | v_shape
+    # an uneven split is scored as if its largest stage held rank 0's micro-batches: an upper
+    # bound on every rank's layers x micro-batches in flight, equal to it for an even split
+    act_first = (in_flight * (act_layers(l_max) + embed_act) + working
+                 + np.where(loss_first, logits, 0))
+    act_last = np.where(single, act_first, in_flight_last * act_layers(l_last) + working
+                        + np.where(v_shape, 0.0, logits))
 
     has_dp = shard > 1
     zero3_gather = np.where((zero == 3) & has_dp, 3.0 * w_bytes * params.layer_params(model) / tp, 0)
@@ -144,8 +159,8 @@ def estimate_table(
             "backward": layers * lt["backward"],
         }
 
-    stages = [stage(l_first, np.where(single, logit_t, 0.0)), stage(l_max, 0.0 * l_max),
-              stage(l_last, logit_t)]
+    stages = [stage(l_first, np.where(loss_first, logit_t, 0.0)), stage(l_max, 0.0 * l_max),
+              stage(l_last, np.where(v_shape, 0.0, logit_t))]
     per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
     crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
@@ -157,12 +172,14 @@ def estimate_table(
     out["time_cp_comm"] = m * crit["cp"]
     out["time_pp_bubble"] = pipeline.bubble_fraction(sched, pp, vpp, m) * m * t_mb
     p2p_bytes = w_bytes * model.seq_len / cp * b * model.hidden_size / sp_div
-    p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(tp * cp * dp, np.full_like(tp, 2.0), gpn), profile)
+    # a pipeline that spans nodes sends some boundaries over the network: price the slowest
+    p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(tp * cp * dp, pp, gpn), profile)
     out["time_pp_comm"] = np.where(pp > 1, 2.0 * (m * vpp + pp - 1.0) * p2p, 0.0)
 
     # ---- data parallel / ZeRO communication ------------------------------------------------
     dp_inside = comm.intra_node(tp, shard, gpn)
-    g_bytes, p_bytes = psi * w_bytes, psi * w_bytes
+    grad_bytes = memory.state_bytes_per_param(precision)[1]  # reduced in fp32 (see memory.py)
+    g_bytes, p_bytes = psi * grad_bytes, psi * w_bytes
 
     def coll(kind: str, nbytes: np.ndarray) -> np.ndarray:
         return comm.collective_time_s(kind, nbytes, shard, dp_inside, profile)

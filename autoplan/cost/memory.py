@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.model_spec import MlpKind, ModelSpec
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind
 
 MASTER_AND_ADAM_BYTES = 12.0
 """fp32 master weights + Adam m + Adam v per parameter under mixed precision (ZeRO, 3.1: K=12)."""
@@ -21,33 +21,48 @@ DDP_BUCKET_BYTES = 2 * 25 * 2**20
 """Two 25 MiB gradient buckets in flight (torch DDP bucket_cap_mb default)."""
 
 
-def state_bytes_per_param(precision: str) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per parameter; 16 in total either way."""
+GRAD_BYTES_MIXED = 4.0
+"""Gradient bytes per parameter under bf16/fp16 mixed precision. Megatron-LM accumulates and
+reduces gradients in an fp32 main_grad buffer (18 bytes per parameter without the distributed
+optimizer, 6 + 12/d with it: Megatron-Core distributed-optimizer docs) and FSDP2 with
+reduce_dtype=fp32 does the same; the ZeRO paper's K=12 accounting with 16-bit gradients (16Ψ)
+is `grad_bytes=2`."""
+
+
+def state_bytes_per_param(precision: str, grad_bytes: float | None = None
+                          ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter."""
     if precision == "fp32":
         return 4.0, 4.0, 8.0  # fp32 weights and grads, Adam m and v
-    return 2.0, 2.0, MASTER_AND_ADAM_BYTES  # 2 + 2 + 12 = 16 (ZeRO, 3.1)
+    g = GRAD_BYTES_MIXED if grad_bytes is None else grad_bytes
+    return 2.0, g, MASTER_AND_ADAM_BYTES
 
 
 def model_state_bytes(
     params: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray, precision: str = "bf16",
     offload_optimizer: np.ndarray | bool = False, offload_params: np.ndarray | bool = False,
+    grad_bytes: float | None = None, unsharded_accumulation: np.ndarray | bool = False,
 ) -> dict[str, np.ndarray]:
     """Device bytes of weights, gradients and optimizer states for `params` parameters.
 
-    ZeRO-1 shards the optimizer over `shard` ranks (4Ψ + 12Ψ/N), ZeRO-2 also the gradients
-    (2Ψ + 14Ψ/N), ZeRO-3 also the weights (16Ψ/N) (Rajbhandari et al. 2020, Figure 1).
-    Optimizer offload moves the optimizer and the gradient shard to host memory (ZeRO-Offload,
-    Ren et al. 2021); parameter offload moves the weight shard too (ZeRO-Infinity).
+    ZeRO-1 shards the optimizer over `shard` ranks (2Ψ + gΨ + 12Ψ/N), ZeRO-2 also the gradients
+    (2Ψ + (g+12)Ψ/N), ZeRO-3 also the weights ((2+g+12)Ψ/N) (Rajbhandari et al. 2020, Figure 1,
+    with g = 2). Optimizer offload moves the optimizer and, from ZeRO-2 on, the gradient shard to
+    host memory (ZeRO-Offload, Ren et al. 2021); parameter offload moves the weight shard too.
+    `unsharded_accumulation`: ZeRO-2/3 under a pipeline schedule accumulate full gradients and
+    keep the 16-bit weights gathered across micro-batches (torch.distributed.pipelining defers
+    the reduce-scatter and resharding to the last micro-batch, as torchtitan runs FSDP + PP).
     """
-    w, g, o = state_bytes_per_param(precision)
+    w, g, o = state_bytes_per_param(precision, grad_bytes)
     params, z, n = np.asarray(params, float), np.asarray(zero_stage), np.asarray(shard)
-    weights = params * w / np.where(z >= 3, n, 1)
-    grads = params * g / np.where(z >= 2, n, 1)
+    acc = np.asarray(unsharded_accumulation)
+    weights = params * w / np.where((z >= 3) & ~acc, n, 1)
+    grads = params * g / np.where((z >= 2) & ~acc, n, 1)
     optim = params * o / np.where(z >= 1, n, 1)
     off_o, off_p = np.asarray(offload_optimizer), np.asarray(offload_params)
     return {
         "params": np.where(off_p, 0.0, weights),
-        "grads": np.where(off_o, 0.0, grads),
+        "grads": np.where(off_o & (z >= 2), 0.0, grads),
         "optimizer": np.where(off_o, 0.0, optim),
     }
 
@@ -83,7 +98,11 @@ def activation_elements_per_layer(
     s = model.seq_len / cp
     sbh = s * b * h
     masks = 2.0 if model.dropout > 0 else 0.0
-    replicated = sbh * (8.0 + masks)
+    # torch's RMSNorm on 16-bit inputs computes in fp32 and keeps fp32 copies for backward:
+    # +7sbh per norm measured with saved_tensors_hooks (torch 2.13, bf16); LayerNorm's fused
+    # kernel keeps only its 16-bit input and per-row statistics.
+    norm_extra = 14.0 if model.norm is NormKind.RMSNORM else 0.0
+    replicated = sbh * (8.0 + masks + norm_extra)
     kv = 2.0 * 2.0 * s * b * model.kv_heads * model.head_dim
     inner = (8.0 if model.mlp is MlpKind.SWIGLU else 4.0) * s * b * f
     split = 2.0 * sbh + kv + 2.0 * sbh + inner
@@ -112,8 +131,16 @@ def activation_bytes_per_layer(
     return np.where(r == 0, full, np.where(r == 1, selective, parts["input"] * scale))
 
 
+LOGIT_BYTES_SAVED = 4.0
+"""fp32 log-softmax the cross-entropy keeps for backward, per logit, per micro-batch in flight."""
+LOGIT_BYTES_TRANSIENT = 6.0
+"""16-bit logits and the fp32 gradient of the micro-batch at the loss, per logit."""
+
+
 def logits_bytes(model: ModelSpec, b: np.ndarray, tp: np.ndarray, vocab: np.ndarray,
-                 cp: np.ndarray) -> np.ndarray:
-    """Output layer of the last stage for one micro-batch: 16-bit logits plus the fp32 copy
-    the cross-entropy works in and its gradient (2 + 4 + 4 bytes per logit, vocab split by tp)."""
-    return 10.0 * model.seq_len / np.asarray(cp) * np.asarray(b) * vocab / np.asarray(tp)
+                 cp: np.ndarray, in_flight: np.ndarray | float = 1.0) -> np.ndarray:
+    """Output layer memory of the stage that computes the loss: the saved fp32 log-softmax of
+    every micro-batch whose backward has not run yet (all of them under GPipe) plus one
+    micro-batch's 16-bit logits and fp32 gradient; the vocabulary is split by tp."""
+    per_logit = LOGIT_BYTES_SAVED * np.asarray(in_flight, float) + LOGIT_BYTES_TRANSIENT
+    return per_logit * model.seq_len / np.asarray(cp) * np.asarray(b) * vocab / np.asarray(tp)

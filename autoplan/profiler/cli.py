@@ -54,14 +54,15 @@ def profile_command(args: argparse.Namespace) -> int:
     precision = args.precision or ("bf16" if use_cuda else "fp32")
     default_base = _gpu_base(torch.cuda.get_device_name(0)) if use_cuda else "cpu-gloo"
     base_ref = args.base or default_base
-    load_profile(base_ref)  # validates the name or path with the usual one-line error
+    load_profile(base_ref, "--base")  # validates the name or path with the usual one-line error
     base_path = PROFILES_DIR / f"{base_ref}.yaml" if not Path(base_ref).suffix else Path(base_ref)
     base = read_yaml(base_path, "--base")
     name = args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured")
     out = Path(args.out) if args.out else PROFILES_DIR / f"{name}.yaml"
     if out.exists() and not args.force:
         raise ConfigError("--out", f"{str(out)!r} already exists", "choose --out or pass --force")
-    max_ranks = args.ranks or (torch.cuda.device_count() if use_cuda else 4)
+    max_ranks = args.ranks if args.ranks is not None else (
+        torch.cuda.device_count() if use_cuda else 4)
     if max_ranks < 1 or (not use_cuda and max_ranks > 8):
         raise ConfigError("--ranks", f"got {max_ranks}", "expected 1 to 8 on CPU")
 

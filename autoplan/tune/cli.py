@@ -54,8 +54,9 @@ def _validate(args: argparse.Namespace) -> None:
                               "expected a positive integer")
     if args.steps < 3:
         raise ConfigError("--steps", f"got {args.steps}", "need at least 3 (1 warm-up, 2 timed)")
-    if args.budget_s <= 0 or args.trial_timeout_s <= 0:
-        raise ConfigError("--budget-s", "must be positive", "give seconds, e.g. 600")
+    for flag, value in (("--budget-s", args.budget_s), ("--trial-timeout-s", args.trial_timeout_s)):
+        if value <= 0:
+            raise ConfigError(flag, f"got {value}", "give a positive number of seconds")
     if args.prune_ratio <= 1:
         raise ConfigError("--prune-ratio", f"got {args.prune_ratio}", "expected more than 1")
     if bool(args.storage) != bool(args.study):

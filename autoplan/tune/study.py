@@ -22,6 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autoplan.cost.estimate import estimate_plan
+from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
 from autoplan.tune.pruner import SlowerThanBestPruner
@@ -97,15 +98,26 @@ class TuneResult:
 def open_study(cfg: TuneConfig) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage: Any = cfg.storage
-    if cfg.storage and cfg.storage.startswith("journal:"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
+    try:
+        if cfg.storage and cfg.storage.startswith("journal:"):
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
 
-        storage = JournalStorage(JournalFileBackend(cfg.storage.removeprefix("journal:")))
-    return optuna.create_study(
-        storage=storage, study_name=cfg.study_name, load_if_exists=bool(cfg.storage),
-        direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
-        pruner=SlowerThanBestPruner(cfg.prune_ratio))
+            storage = JournalStorage(JournalFileBackend(cfg.storage.removeprefix("journal:")))
+        return optuna.create_study(
+            storage=storage, study_name=cfg.study_name, load_if_exists=bool(cfg.storage),
+            direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
+            pruner=SlowerThanBestPruner(cfg.prune_ratio))
+    except (ValueError, ImportError, OSError) as err:
+        raise ConfigError("--storage", f"cannot open {cfg.storage!r} ({err.__class__.__name__}: "
+                          f"{str(err).splitlines()[0][:120]})",
+                          "use sqlite:///path.db, an RDB URL or journal:PATH") from None
+    except Exception as err:  # SQLAlchemy's errors: a bad URL or an unreachable database
+        if err.__class__.__module__.startswith("sqlalchemy"):
+            raise ConfigError("--storage", f"cannot open {cfg.storage!r} "
+                              f"({err.__class__.__name__})",
+                              "use sqlite:///path.db, an RDB URL or journal:PATH") from None
+        raise
 
 
 def _finished_keys(study: optuna.Study) -> set[str]:

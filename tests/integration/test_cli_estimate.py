@@ -73,6 +73,12 @@ def test_infeasible_plan_exits_3_with_shortfall(capsys) -> None:
         (["--plan", "/nonexistent/plan.yaml"], "no such file"),
         (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2", "--set", "oops"],
          "key=value"),
+        (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2", "--set", "cluster=7"],
+         "cluster: got 7"),
+        (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2",
+          "--set", "parallel.dp=99999999999999999999"], "up to"),
+        (["--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2", "--seq-len", "0"],
+         "--seq-len"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str, capsys) -> None:

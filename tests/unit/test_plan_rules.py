@@ -45,6 +45,10 @@ def test_base_plan_is_valid() -> None:
           "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64}}, None),
         ({"pipeline": {"layers_per_stage": [10, 20]}}, "summing to 30"),
         ({"precision": "fp32"}, None),
+        ({"pipeline": {"schedule": "zero-bubble"},
+          "batch": {"micro_batch_size": 2, "global_batch_size": 48}}, "multiple of pp=2"),
+        ({"pipeline": {"schedule": "zero-bubble"}, "recompute": {"policy": "selective"}},
+         "selective recompute cannot follow"),
     ],
 )
 def test_each_rule_fires(edits: dict, needle: str | None) -> None:
@@ -66,3 +70,12 @@ def test_first_violation_counts_by_rule() -> None:
                            "parallel": {"dp": 32, "tp": 1, "pp": 2}})
     idx = first_violation(plan_to_row(plan, MODEL), MODEL)
     assert RULE_KEYS[int(idx[0])] == "sp-needs-tp"
+
+
+def test_sequence_parallel_needs_tp_to_divide_the_sequence() -> None:
+    model = PRESETS["tiny"].replace(seq_len=66)
+    plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 4},
+                           "parallel": {"tp": 4}, "sequence_parallel": True,
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 4}})
+    reasons = validate_plan(plan, model, cluster("cpu-gloo", 4))
+    assert any("does not divide seq_len / cp = 66" in r for r in reasons), reasons

@@ -81,3 +81,19 @@ def test_measured_profile_validates_strictly(measured) -> None:
     from autoplan.errors import ConfigError
     with pytest.raises(ConfigError, match="curve.y"):
         profile_from_dict(raw)
+
+
+@pytest.mark.parametrize(("path", "value", "needle"), [
+    (("efficiency", "overlap"), 5, "efficiency.overlap"),
+    (("host", "pcie_bytes_per_s"), -1, "host.pcie_bytes_per_s"),
+    (("device", "hbm_bytes_per_s"), 0, "device.hbm_bytes_per_s"),
+    (("device", "memory_bytes"), -1, "device.memory_bytes"),
+])
+def test_profile_values_are_range_checked(path, value, needle) -> None:
+    from autoplan.errors import ConfigError
+    from autoplan.hardware import PROFILES_DIR
+    raw = yaml.safe_load((PROFILES_DIR / "a100-sxm4-80gb.yaml").read_text())
+    raw[path[0]][path[1]] = value
+    with pytest.raises(ConfigError) as err:
+        profile_from_dict(raw)
+    assert err.value.field == f"profile.{needle}"
