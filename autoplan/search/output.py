@@ -104,7 +104,9 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         req = result.request
-        save_plan(plans(result, np.array([result.best]))[0], tmp / "plan.yaml")
+        winner = plans(result, np.array([result.best]))[0]
+        _cross_check(winner)
+        save_plan(winner, tmp / "plan.yaml")
         top_plans = [plan_to_dict(p) for p in plans(result, top_rows(result, top))]
         (tmp / "top.yaml").write_text(dump_yaml({"schema_version": 1, "plans": top_plans}),
                                       encoding="utf-8")
@@ -123,6 +125,19 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _cross_check(plan: Plan) -> None:
+    """Warn when `autoplan estimate --plan` would judge the winner differently."""
+    from autoplan.cost.estimate import estimate_plan
+
+    est = estimate_plan(plan)
+    predicted = (plan.predicted or {}).get("tokens_per_s")
+    if not est.feasible or (predicted and abs(est.tokens_per_s / predicted - 1.0) > 1e-6):
+        log.warning("estimate_plan scores the winner differently (%s, %.0f tokens/s vs %.0f "
+                    "predicted)%s", "; ".join(est.reasons) or "feasible", est.tokens_per_s,
+                    predicted or 0.0, " - uneven split: plan_table.plan_to_row has no "
+                    "layers_last" if plan.pipeline.layers_per_stage else "")
 
 
 def targets_line(t: Targets) -> str:
