@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,24 @@ def torchrun_command(nproc: int, max_restarts: int, argv: list[str]) -> list[str
             "-m", "autoplan.runtime.worker", *argv]
 
 
+def _run_forwarding_sigterm(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
+    """Run torchrun; a SIGTERM to us is passed on (torchrun passes it to the ranks, which
+    checkpoint and stop). Worker stdout goes to our stderr: with --format json our stdout
+    carries only the summary object."""
+    proc = subprocess.Popen(cmd, stdout=sys.stderr, env=env)
+    got = {"term": False}
+
+    def forward(signum, frame) -> None:
+        got["term"] = True
+        proc.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        return proc.wait(), got["term"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def launch_and_report(args: argparse.Namespace) -> int:
     """Validate, run torchrun, and print the summary rank 0 wrote (table, json or yaml)."""
     from autoplan.cli_common import emit
@@ -90,10 +109,12 @@ def launch_and_report(args: argparse.Namespace) -> int:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         log.info("launching: %s", " ".join(cmd))
-        # worker stdout goes to our stderr: with --format json our stdout is one JSON object
-        proc = subprocess.run(cmd, stdout=sys.stderr, env=env, check=False)
-        if proc.returncode != 0 or not os.path.exists(summary_file):
-            raise RuntimeLaunchError(f"torchrun exited with code {proc.returncode}; see the "
+        returncode, terminated = _run_forwarding_sigterm(cmd, env)
+        if terminated:
+            raise RuntimeLaunchError("stopped by SIGTERM (ranks checkpointed after their "
+                                     "current step when --checkpoint-dir was given)")
+        if returncode != 0 or not os.path.exists(summary_file):
+            raise RuntimeLaunchError(f"torchrun exited with code {returncode}; see the "
                                      "rank logs above")
         summary = json.loads(Path(summary_file).read_text())
 

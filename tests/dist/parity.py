@@ -24,6 +24,13 @@ to lr-sized steps, so their values after training are not compared."""
 
 
 TEST_MODELS = {
+    # 8 heads and few layers: tp = 8 and dp = 8 rows at the lowest cost
+    "h8-2l": ModelSpec(name="h8-2l", num_layers=2, hidden_size=64, num_heads=8,
+                       vocab_size=256, seq_len=32),
+    "llama-h8kv4-4l": ModelSpec(name="llama-h8kv4-4l", num_layers=4, hidden_size=64,
+                                num_heads=8, num_kv_heads=4, ffn_hidden_size=128,
+                                vocab_size=256, seq_len=32, mlp=MlpKind.SWIGLU,
+                                norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=False),
     # 8 layers and 8 heads so that pp = 8 and tp = 8 are possible on 8 ranks
     "tiny8-gpt": ModelSpec(name="tiny8-gpt", num_layers=8, hidden_size=64, num_heads=8,
                            vocab_size=256, seq_len=32),

@@ -120,7 +120,35 @@ def test_kill_9_one_rank_restarts_from_checkpoint(tmp_path):
     assert killed, "the run ended before a rank could be killed"
     assert proc.returncode == 0, err[-3000:]
     steps_seen = [r["step"] for r in _metrics(metrics)]
-    restart_at = next(b for a, b in zip(steps_seen, steps_seen[1:]) if b <= a)
+    restart_at = next(b for a, b in zip(steps_seen, steps_seen[1:], strict=False) if b <= a)
     assert (restart_at - 1) % 5 == 0, steps_seen  # resumed right after a whole checkpoint
     assert steps_seen[-1] == 40
     assert json.loads(out)["final_loss"] == json.loads(ref.stdout)["final_loss"]
+
+
+def test_sigterm_checkpoints_and_resume_finishes_identically(tmp_path):
+    plan = _plan(tmp_path, dp=2, zero=3)
+    ref = _train(plan, "--steps", "30", "--format", "json")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    metrics, ck = tmp_path / "m.jsonl", tmp_path / "ck"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "autoplan.runtime.cli", "train", plan, "--steps", "30",
+           "--checkpoint-dir", str(ck), "--metrics-file", str(metrics), "--format", "json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    deadline = time.monotonic() + OUTER_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r["step"] >= 5 for r in _metrics(metrics)):
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=OUTER_TIMEOUT_S)
+    assert proc.returncode == 1 and "SIGTERM" in err, err[-3000:]
+    saved = sorted(p.name for p in ck.iterdir())
+    assert saved and all(not name.endswith(".tmp") for name in saved), saved
+    last = max(r["step"] for r in _metrics(metrics))
+    assert saved[-1] == f"step-{last:08d}"  # the step it was in when the signal came
+    resumed = _train(plan, "--steps", "30", "--checkpoint-dir", str(ck), "--resume",
+                     "--format", "json")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["final_loss"] == json.loads(ref.stdout)["final_loss"]
