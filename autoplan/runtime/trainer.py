@@ -31,8 +31,10 @@ class StepResult:
 class Trainer:
     """Owns the optimizers of one rank and runs steps; the step counter starts at 0."""
 
-    def __init__(self, pm: ParallelModel, optim: OptimConfig, seed: int = 0) -> None:
+    def __init__(self, pm: ParallelModel, optim: OptimConfig, seed: int = 0,
+                 reseed: bool = True) -> None:
         self.pm = pm
+        self.reseed = reseed
         self.optim_cfg = optim
         self.seed = seed
         self.optimizers = [build_optimizer(part, optim) for part in pm.parts]
@@ -74,7 +76,9 @@ class Trainer:
             n = pm.n_microbatches
             for i, (x, y) in enumerate(zip(inputs.chunk(n), labels.chunk(n), strict=True)):
                 with self._sync_context(part, last=i == n - 1):
-                    loss = cross_entropy(part(x), y) / n
+                    loss = cross_entropy(part(x), y)
+                    if n > 1:
+                        loss = loss / n
                     loss.backward()
                 total += _plain(loss.detach())
             return total
@@ -90,7 +94,8 @@ class Trainer:
         """Run step `self.step + 1` on this rank's batch; returns the global mean loss."""
         self.step += 1
         rank = dist.get_rank() if dist.is_initialized() else 0
-        torch.manual_seed(self.seed * 1_000_003 + self.step * 8191 + rank)  # dropout masks
+        if self.reseed:  # dropout masks are a function of (seed, step, rank): resumable
+            torch.manual_seed(self.seed * 1_000_003 + self.step * 8191 + rank)
         local = self.forward_backward(inputs, labels)
         loss, stop = self._reduce_loss(local, stop_flag)
         norm = global_grad_norm(self.pm.parts, self._pp_group)

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> dict | None:
     pm = parallelize(plan, spec, mesh, device,
                      RuntimeOptions(seed=args.seed, dropout=args.dropout))
     trainer = Trainer(pm, OptimConfig(name=args.optimizer, lr=args.lr,
-                                      max_grad_norm=args.max_grad_norm), seed=args.seed)
+                                      max_grad_norm=args.max_grad_norm), seed=args.seed,
+                      reseed=args.dropout > 0)
     ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers) \
         if args.checkpoint_dir else None
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0

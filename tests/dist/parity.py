@@ -73,7 +73,8 @@ def reference_plan(plan: Plan) -> Plan:
 
 
 def run_plan_rank(rank: int, world_size: int, plan: Plan, steps: int, optim_name: str,
-                  capture: tuple[int, ...], bug: str | None, dropout: float = 0.0) -> dict:
+                  capture: tuple[int, ...], bug: str | None, dropout: float = 0.0,
+                  clip: float = 0.0) -> dict:
     """Per-rank body: train `steps` steps; return losses, full grads at `capture` steps and
     full final parameters (numpy, keyed by clean FQN)."""
     import torch
@@ -92,7 +93,7 @@ def run_plan_rank(rank: int, world_size: int, plan: Plan, steps: int, optim_name
     with bugs.planted(bug) if bug else contextlib.nullcontext():
         mesh = build_mesh(dims, "cpu")
         pm = parallelize(plan, spec, mesh, torch.device("cpu"), RuntimeOptions(dropout=dropout))
-        trainer = Trainer(pm, OptimConfig(name=optim_name, lr=lr))
+        trainer = Trainer(pm, OptimConfig(name=optim_name, lr=lr, max_grad_norm=clip))
         source = SyntheticTokens(spec.vocab_size, spec.seq_len, seed=0)
         grads: dict[int, dict[str, np.ndarray]] = {}
 
@@ -168,9 +169,9 @@ def compare(run: dict, ref: dict, rtol: float = RTOL, param_atol: float = 0.0) -
 
 def run_parity(pool, plan: Plan, steps: int = 10, optim: str = "adamw",
                capture: tuple[int, ...] = (1, 10), bug: str | None = None,
-               timeout_s: float = 240.0, dropout: float = 0.0) -> dict:
+               timeout_s: float = 240.0, dropout: float = 0.0, clip: float = 0.0) -> dict:
     results = pool.run(run_plan_rank, plan.world_size, plan, steps, optim, capture, bug,
-                       dropout, timeout_s=timeout_s)
+                       dropout, clip, timeout_s=timeout_s)
     return merge_ranks(results)
 
 

@@ -26,14 +26,16 @@ COVERING = {
     # 2 ranks
     "dp2-ddp-sgd": C(model="tiny", dp=2, optim="sgd"),
     "tp2-sp-llama-selective": C(model="tiny-llama", tp=2, sp=True, recompute="selective"),
-    "pp2-gpipe-full-sgd": C(model="tiny", pp=2, schedule="gpipe", recompute="full",
-                            optim="sgd"),
+    "pp2-gpipe-uneven-full-sgd-clip": C(model="tiny", pp=2, schedule="gpipe",
+                                        layers_per_stage=(1, 3), recompute="full",
+                                        optim="sgd", clip=0.5),
     # 4 ranks
     "dp4-zero1-selective": C(model="tiny", dp=4, zero=1, recompute="selective"),
     "tp4-nosp-sgd": C(model="tiny", tp=4, optim="sgd"),
     "pp4-1f1b-llama": C(model="tiny-llama", pp=4, mbs=1),
-    "dp2tp2-sp-zero2-offload-full-sgd": C(model="tiny", dp=2, tp=2, sp=True, zero=2,
-                                          offload=True, recompute="full", optim="sgd"),
+    "dp2tp2-sp-zero2-offload-full-sgd-clip": C(model="tiny", dp=2, tp=2, sp=True, zero=2,
+                                               offload=True, recompute="full", optim="sgd",
+                                               clip=0.5),
     "dp2pp2-zero3-interleaved-llama": C(model="tiny-llama", dp=2, pp=2, zero=3,
                                         schedule="interleaved-1f1b", vpp=2, mbs=1),
     "tp2pp2-sp-zerobubble-full-sgd": C(model="tiny", tp=2, pp=2, sp=True,
@@ -65,12 +67,12 @@ COVERING = {
 
 def check_parity(pool, reference_cache, row: dict, steps: int = 10) -> None:
     row = dict(row)
-    optim = row.pop("optim", "adamw")
+    optim, clip = row.pop("optim", "adamw"), row.pop("clip", 0.0)
     plan = make_plan(**row)
-    key = (str(plan.model), plan.batch, optim, steps)
+    key = (str(plan.model), plan.batch, optim, steps, clip)
     if key not in reference_cache:
-        reference_cache[key] = run_parity(pool, reference_plan(plan), steps, optim)
-    run = run_parity(pool, plan, steps, optim)
+        reference_cache[key] = run_parity(pool, reference_plan(plan), steps, optim, clip=clip)
+    run = run_parity(pool, plan, steps, optim, clip=clip)
     atol = ADAM_PARAM_ATOL if optim == "adamw" else 0.0
     problems = compare(run, reference_cache[key], param_atol=atol)
     assert not problems, "\n".join(problems[:20])

@@ -26,7 +26,7 @@ def test_every_bug_has_a_check():
 @pytest.mark.parametrize("bug", list(PLANS))
 def test_parity_catches_planted_bug(pool, reference_cache, bug):
     plan, optim = PLANS[bug]
-    key = (str(plan.model), plan.batch, optim, 10)
+    key = (str(plan.model), plan.batch, optim, 10, 0.0)
     if key not in reference_cache:
         reference_cache[key] = run_parity(pool, reference_plan(plan), 10, optim)
     clean = run_parity(pool, plan, 10, optim)
