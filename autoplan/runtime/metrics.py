@@ -46,7 +46,7 @@ class MetricsSink:
         if live:
             from rich.console import Console
 
-            self._console = Console(stderr=True, highlight=False)
+            self._console = Console(stderr=True, highlight=False, soft_wrap=True)
 
     def record(self, m: StepMetrics) -> None:
         self.history.append(m)

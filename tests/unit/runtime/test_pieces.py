@@ -104,3 +104,30 @@ def test_world_size_mismatch_is_a_config_error():
     plan = make_plan(dp=2)
     with pytest.raises(ConfigError, match="world size 4"):
         check_plan(plan, plan.model_spec(), world_size=4)
+
+
+def test_zero_mapping_onto_ddp_and_fsdp():
+    from autoplan.plan import Offload, Precision
+    from autoplan.runtime.data_parallel import reshard_after_forward, uses_ddp, uses_fsdp
+    from autoplan.runtime.mesh import ParallelDims
+
+    fp32, off = Precision.FP32, Offload()
+    assert uses_ddp(ParallelDims(dp=2), fp32, off)
+    assert not uses_ddp(ParallelDims(dp=2, tp=2), fp32, off)  # ZeRO-0 + TP: HSDP replicate
+    assert uses_fsdp(ParallelDims(dp=2, tp=2), fp32, off)
+    assert uses_fsdp(ParallelDims(dp=2, zero_stage=1), fp32, off)
+    assert uses_fsdp(ParallelDims(), Precision.BF16, off)  # mixed precision via FSDP2
+    assert not uses_fsdp(ParallelDims(tp=2), fp32, off)  # nothing to reduce over dp
+    assert ParallelDims(dp=4, zero_stage=0).mesh_shape == (1, 4, 1, 1, 1)
+    assert ParallelDims(dp=4, zero_stage=1).mesh_shape == (1, 1, 4, 1, 1)
+    assert [reshard_after_forward(z) for z in range(4)] == [False, False, False, True]
+
+
+def test_context_parallel_is_a_clear_config_error():
+    import dataclasses
+
+    from autoplan.plan import Parallel
+
+    plan = make_plan(dp=2)
+    plan = dataclasses.replace(plan, parallel=Parallel(dp=1, cp=2))
+    assert any("context parallelism" in p for p in runtime_problems(plan, plan.model_spec()))
