@@ -7,8 +7,10 @@ and a gloo process group with a finite timeout; a task past its deadline is kill
 Why not keep the same workers for every task: in torch 2.13, a process that ran a 3-D
 (tp x pp) task and destroyed its process group later failed to resolve a DeviceMesh group
 ("Could not resolve the process group registered under the name 27") in the next task, so
-process-global c10d/DeviceMesh state does not reliably survive init/destroy cycles. A fork per
-task costs a fraction of a second and isolates tasks completely.
+process-global state does not reliably survive init/destroy cycles. The likely culprit is
+DTensor's process-wide caches (sharding propagation, redistribute plans) keyed by meshes that
+compare equal across tasks (same ranks and layout) while naming the old task's process groups.
+A fork per task costs a fraction of a second and isolates tasks completely.
 """
 
 from __future__ import annotations
