@@ -7,13 +7,15 @@ ZeRO-0     Replicated params, grads and optimizer state; gradients all-reduced (
            dp. Pure data parallelism (pp = tp = cp = 1, fp32, no offload) uses torch DDP;
            otherwise FSDP2 on the 2-D (dp_replicate = dp, dp_shard = 1) mesh, i.e. HSDP with
            shard groups of one rank = an all-reduce of full gradients.
-ZeRO-1     Run as ZeRO-2. FSDP2 has no optimizer-only sharding (it always reduce-scatters
-           gradients) and ZeroRedundancyOptimizer cannot go through DCP; ZeRO-2 sends the same
-           bytes as ZeRO-1 (all-gather + reduce-scatter = one all-reduce) and needs less memory.
-ZeRO-2     FSDP2 fully_shard(reshard_after_forward=False) over dp: optimizer state, gradients
-           and fp32 parameters sharded 1/dp between steps; each block's parameters are
-           all-gathered once in forward and stay unsharded until its backward, gradients are
-           reduce-scattered. Memory: Ψ_compute unsharded during fwd/bwd + (4+4+8)Ψ/dp.
+ZeRO-1     FSDP2 fully_shard(reshard_after_forward=False) with gradient sync and resharding
+           deferred to the last micro-batch (trainer._sync_context): one all-gather and one
+           reduce-scatter per step, full fp32 gradients accumulated between them, optimizer
+           state (and the fp32 master weights) sharded 1/dp. FSDP2 has no optimizer-only mode
+           and ZeroRedundancyOptimizer cannot go through DCP; this is ZeRO-1's traffic and at
+           most its memory.
+ZeRO-2     FSDP2 fully_shard(reshard_after_forward=False): weights stay gathered from the first
+           forward to the last backward, gradients are reduce-scattered every micro-batch so
+           they stay sharded. Memory: 2Ψ gathered weights + (4+4+8)Ψ/dp.
 ZeRO-3     FSDP2 fully_shard(reshard_after_forward=True): parameters are freed after each
            block's forward and all-gathered again in backward (one extra all-gather per step).
 =========  ======================================================================================

@@ -51,11 +51,18 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _sync_context(self, part, last: bool):
-        """Gradient reduction only on the last micro-batch (DDP no_sync / FSDP2 sync flag)."""
+        """Gradient reduction across micro-batches follows the ZeRO stage, as the cost model
+        assumes (cost/memory.py, cost/estimate.py): ZeRO-0/1 reduce once, on the last
+        micro-batch, and keep the gathered weights in between (one all-gather and one
+        reduce-scatter per step, full gradients accumulated); ZeRO-2/3 reduce-scatter every
+        micro-batch so gradients stay sharded, and ZeRO-3 also reshards the weights after
+        each backward."""
         if self.pm.ddp and not last:
             return part.no_sync()
         if self.pm.fsdp:
-            part.set_requires_gradient_sync(last)
+            zero = self.pm.dims.zero_stage
+            part.set_requires_gradient_sync(last or zero >= 2)
+            part.set_reshard_after_backward(last or zero >= 3)
         return contextlib.nullcontext()
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
