@@ -144,6 +144,25 @@ class Calibration:
                 "memory_mape_after": mape(self.memory_errors_after)}
 
 
+def _refine(factors: dict[str, float], loss: Any, rounds: int = 4) -> dict[str, float]:
+    """Pattern search from TPE's best: scale one factor at a time while the loss drops (the
+    factors trade off against each other, which a sampler alone converges on slowly)."""
+    best, best_loss = dict(factors), loss(factors)
+    for _ in range(rounds):
+        improved = False
+        for name, (lo, hi, log) in FACTORS.items():
+            for step in (0.5, 0.8, 0.95, 1.05, 1.25, 2.0):
+                trial = dict(best)
+                value = best[name] * step if log else best[name] + (step - 1.0) / 2
+                trial[name] = min(hi, max(lo, value))
+                trial_loss = loss(trial)
+                if trial_loss < best_loss - 1e-12:
+                    best, best_loss, improved = trial, trial_loss, True
+        if not improved:
+            break
+    return best
+
+
 def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
               seed: int = 0) -> Calibration:
     """Fit the factors to the runs' step times and the reserved bytes to their peak memory."""
@@ -163,7 +182,8 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
                                 sampler=optuna.samplers.TPESampler(seed=seed))
     study.enqueue_trial(start)
     study.optimize(objective, n_trials=trials)
-    best = dict(study.best_params)
+    best = _refine(dict(study.best_params), lambda f: _log_error(
+        step_errors(runs, apply_factors(profile, f))))
     fitted = apply_factors(profile, best)
     if any(r.measured.peak_memory_bytes for r in runs):
         # raise the fixed reserve by the largest shortfall, never lower it: memory predictions

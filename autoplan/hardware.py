@@ -105,7 +105,15 @@ class HostSpec:
     optimizer_params_per_s: float
     """Parameters per second the node's CPUs update with Adam (shared by its GPUs; offload)."""
 
+    compute_slots: int | None = None
+    """Ranks one node can run at once without time-sharing (CPU cores for a CPU profile, each
+    rank using one thread); more ranks than this slow every rank proportionally. null: every
+    GPU is its own device."""
+
     def __post_init__(self) -> None:
+        if self.compute_slots is not None and self.compute_slots < 1:
+            raise ConfigError("compute_slots", f"got {self.compute_slots}",
+                              "expected a positive integer or null")
         _positive("memory_bytes", self.memory_bytes)
         _positive("pcie_bytes_per_s", self.pcie_bytes_per_s)
         _positive("optimizer_params_per_s", self.optimizer_params_per_s)

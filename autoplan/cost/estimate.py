@@ -181,14 +181,25 @@ def estimate_table(
     grad_bytes = memory.state_bytes_per_param(precision)[1]  # reduced in fp32 (see memory.py)
     g_bytes, p_bytes = psi * grad_bytes, psi * w_bytes
 
+    # ZeRO >= 1 runs one collective per FSDP unit (each block and the root); ZeRO-0 one per
+    # 25 MiB gradient bucket (torch DDP's bucket_cap_mb; Megatron's buckets are similar)
+    calls = np.where(zero >= 1, l_max + 1.0,
+                     np.maximum(1.0, np.ceil(g_bytes / (memory.DDP_BUCKET_BYTES / 2))))
+
     def coll(kind: str, nbytes: np.ndarray) -> np.ndarray:
-        return comm.collective_time_s(kind, nbytes, shard, dp_inside, profile)
+        return calls * comm.collective_time_s(kind, nbytes / calls, shard, dp_inside, profile)
 
     rs, ag = coll(comm.REDUCE_SCATTER, g_bytes), coll(comm.ALL_GATHER, p_bytes)
     dp_total = np.choose(np.clip(zero, 0, 3), [
         coll(comm.ALL_REDUCE, g_bytes), rs + ag, m * rs + ag, m * (rs + 2.0 * ag)])
+    # every step all-reduces the loss and the gradient norm over the whole job: two tiny
+    # collectives that nothing hides
+    step_sync = 2.0 * comm.collective_time_s(comm.ALL_REDUCE, np.full_like(world, 8.0), world,
+                                             comm.intra_node(np.ones_like(world), world, gpn),
+                                             profile)
     hideable = np.where(zero >= 2, m * t_mb, crit["backward"]) * profile.efficiency.overlap
-    out["time_dp_comm"] = dp_total - np.minimum(dp_total * profile.efficiency.overlap, hideable)
+    out["time_dp_comm"] = (dp_total - np.minimum(dp_total * profile.efficiency.overlap, hideable)
+                           + step_sync)
 
     # ---- offload and the optimizer step -----------------------------------------------------
     shard_params = psi / np.where(zero >= 1, shard, 1.0)
@@ -200,6 +211,11 @@ def estimate_table(
             psi / shard, m, w_bytes, profile, m * t_mb * profile.efficiency.overlap), 0.0))
     out["time_optimizer"] = np.where(
         off_o, 0.0, compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile))
+    slots = profile.host.compute_slots
+    if slots:  # more ranks than cores on a node time-share them (CPU runs)
+        share = np.maximum(1.0, np.minimum(world, gpn) / slots)
+        for k in TIME_PARTS:
+            out[f"time_{k}"] = out[f"time_{k}"] * share
     out["time_step"] = np.sum([out[f"time_{k}"] for k in TIME_PARTS], axis=0)
 
     # ---- throughput and utilisation ---------------------------------------------------------

@@ -69,7 +69,9 @@ def assemble(
     eff["memory_bound"] = _clamp(elementwise_bw / copy_bw)
     eff["op_overhead_s"] = float(op_overhead_s)
     if collectives:
-        group = max(collectives)
+        # the smallest group: larger ones on a CPU host are slowed by ranks sharing cores,
+        # which the cost model accounts for separately (host.compute_slots)
+        group = min(collectives)
         bw, lat, curve = link_from_all_reduce(collectives[group]["all_reduce"], group)
         prof["intra_node"] = {"bytes_per_s": float(bw), "latency_s": float(lat)}
         eff["intra_node"] = curve
@@ -78,6 +80,10 @@ def assemble(
             eff["inter_node"] = copy.deepcopy(curve)
     prof["host"]["pcie_bytes_per_s"] = float(host_copy_bw)
     prof["host"]["optimizer_params_per_s"] = float(adam_params_per_s)
+    if device.type == "cpu":
+        import os
+
+        prof["host"]["compute_slots"] = len(os.sched_getaffinity(0))
     prof["description"] = (f"Measured by `autoplan profile{' --quick' if quick else ''}` on "
                            f"{platform.node()} ({dev['name']}); fields not measured come from "
                            f"the base profile {base.get('name')!r}.")
