@@ -35,7 +35,7 @@ PLANS: list[dict] = [  # (world size from the degrees)
     {"parallel": {"dp": 1}, "batch": {"micro_batch_size": 2, "global_batch_size": 16}},
     {"parallel": {"dp": 2}},
     {"parallel": {"dp": 4}},
-    {"parallel": {"dp": 8}},
+    {"parallel": {"dp": 8}, "batch": {"micro_batch_size": 2, "global_batch_size": 16}},
     {"parallel": {"dp": 2}, "zero_stage": 3},
     {"parallel": {"dp": 4}, "zero_stage": 2},
     {"parallel": {"tp": 2}},
