@@ -2,10 +2,12 @@
 splits, and every knob of the space, scored by the same code as the exhaustive search (what a
 trial chooses is in `trial_space`).
 
-Reproducible and resumable: trial k (k = trials already complete) is sampled by a fresh sampler
-seeded with (seed, worker, k) from the completed history alone (constant_liar off), so a search
-killed halfway and rerun on the same storage continues exactly where an uninterrupted run would
-be. Results live in each trial's user attributes and are never re-scored.
+Reproducible and resumable: trial k (k = trials already complete, r = repeats rejected since) is
+sampled by a fresh sampler seeded with (seed, worker, k, r) from the completed history alone
+(constant_liar off); a repeated layout is replaced by a local move (local_moves.py). Everything
+that steers the next sample is read back from storage, so a search killed halfway and rerun
+continues exactly where an uninterrupted run would be. Results live in each trial's user
+attributes and are never re-scored.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoplan.errors import ConfigError
 from autoplan.plan_table import COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
+from autoplan.search.local_moves import failed_since_last_complete, next_move
 from autoplan.search.scoring import REASON_KEYS, Scored
 from autoplan.search.space import EXTRA_COLUMNS
 from autoplan.search.targets import MISS_KEYS, display_value
@@ -32,6 +35,10 @@ from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
 STORAGE_ATTEMPTS = 5
+MAX_MOVES = 8
+"""A repeated layout is replaced by a local move (local_moves.py), or a random sample when the
+best layouts' neighbourhoods are explored, up to this many times in a row; then it is accepted
+(and not re-scored)."""
 REJECTED = 10.0
 """Constraint violation of a candidate that breaks a plan rule (worse than any miss ratio)."""
 Callback = Callable[[optuna.Study, FrozenTrial], None]
@@ -133,6 +140,26 @@ def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
     return study
 
 
+def _seed(req: SearchRequest, done: int, retry: int) -> int:
+    return int(np.random.SeedSequence([req.seed, req.worker, done, retry]).generate_state(1)[0])
+
+
+def _recover_move(study: optuna.Study, req: SearchRequest, done: int) -> None:
+    """Restore the local move a killed run was about to make, so the resumed search takes the
+    same path: re-queue a move that was being scored, or queue the one a repeat had earned."""
+    trials = study.get_trials(deepcopy=False)
+    if not trials or any(t.state == TrialState.WAITING for t in trials):
+        return
+    last = max(trials, key=lambda t: t.number)
+    if last.state == TrialState.RUNNING and "fixed_params" in last.system_attrs:
+        study.enqueue_trial(last.system_attrs["fixed_params"])
+    elif last.state == TrialState.FAIL:
+        retry = failed_since_last_complete(study) - 1
+        move = next_move(study, np.random.default_rng(_seed(req, done, retry)))
+        if move is not None:
+            study.enqueue_trial(move)
+
+
 def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = None,
                callbacks: Sequence[Callback] = ()) -> tuple[Scored, int]:
     """Run trials until the study holds `req.trials` complete ones; rebuild the scored set."""
@@ -141,25 +168,39 @@ def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = Non
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(req, sampler)
     cache = {_key(t.user_attrs["record"]): t.user_attrs["record"] for t in _finished(study)}
+    local_retry = 0
+    if req.storage:
+        _recover_move(study, req, len(_finished(study)))
     done = len(_finished(study))
     while done < req.trials:
-        seed = int(np.random.SeedSequence([req.seed, req.worker, done]).generate_state(1)[0])
-        study.sampler = make_sampler(sampler, seed, req.trials)
-        trial = study.ask()
-        try:
+        retry = failed_since_last_complete(study) if req.storage else local_retry
+        seed = _seed(req, done, retry)
+        # after a repeat: a queued local move (its new knobs filled at random) or a random sample
+        study.sampler = make_sampler(sampler if retry == 0 else "random", seed, req.trials)
+        trial = study.ask()  # an enqueued local move comes out first
+        # an exception (Ctrl-C, kill) leaves this trial RUNNING, like SIGKILL would: samplers
+        # ignore it and _recover_move re-queues it if it was a local move
+        try:  # two workers can pop the same queued move; the slower one moves on
             layout = suggest_layout(trial, req)
             key = json.dumps(layout, sort_keys=True)
-            if key not in cache:  # a layout sampled again is not re-scored
+            if key in cache and layout is not None and retry < MAX_MOVES:
+                study.tell(trial, state=TrialState.FAIL)  # samplers ignore failed trials
+                move = next_move(study, np.random.default_rng(seed))
+                if move is not None:
+                    study.enqueue_trial(move)
+                local_retry = retry + 1
+                continue
+            if key not in cache:  # a layout sampled again (after the retries) is not re-scored
                 cache[key] = evaluate(layout, req)
             rec = {k: v for k, v in cache[key].items() if k != "seq"}
             values, cons = _values_and_constraints(rec, req)
             trial.set_user_attr("record", {**rec, "seq": done})
             trial.set_user_attr("constraints", cons)
-        except BaseException:
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        frozen = study.tell(trial, values)
-        done = len(_finished(study))
+            frozen = study.tell(trial, values)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            log.info("trial %d was finished by another worker; moving on", trial.number)
+            continue
+        done, local_retry = len(_finished(study)), 0
         if progress:
             progress("trials", min(done, req.trials), req.trials)
         for cb in callbacks:
