@@ -3,7 +3,8 @@ Optuna finds after N trials with the exhaustive optimum, over 10 seeds, and prin
 best/optimum at 100, 200 and 300 trials, and the trials needed to come within 3%.
 
 Optuna samples the same knobs as the exhaustive search (the even layer split only, so the two
-searches cover exactly the same plans). Target: within 3% in <= 300 trials for >= 9 of 10 seeds.
+searches cover exactly the same plans); one trial is one layout (GPUs, tp/pp/cp, schedule, vpp,
+micro-batch) whose memory-saving knobs are scored together inside the trial (trial_space.py). Target: within 3% in <= 300 trials for >= 9 of 10 seeds.
 Run: python benchmarks/sampler_quality.py [--trials 300] [--seeds 10] [--sampler tpe]
 """
 
