@@ -38,7 +38,7 @@ COLUMNS: dict[str, Any] = {
     "offload_optimizer": np.bool_, "offload_params": np.bool_,
     "recompute": np.int64, "recompute_layers": np.int64,
     "mbs": np.int64, "gbs": np.int64,
-    "layers_max": np.int64, "layers_first": np.int64,
+    "layers_max": np.int64, "layers_first": np.int64, "layers_last": np.int64,
 }
 """Column -> dtype. recompute_layers = -1 means every layer of the stage; layers_max is the
 layer count of the most loaded pipeline rank (all its chunks) and layers_first that of rank 0."""
@@ -55,16 +55,24 @@ def even_layers(model: ModelSpec, pp: np.ndarray) -> np.ndarray:
     return -(-model.num_layers // np.maximum(np.asarray(pp), 1))
 
 
+def stages_of_rank(plan: Plan, rank: int) -> list[int]:
+    """Pipeline stages (model chunks) rank `rank` holds: round-robin r, r + pp, ... (Megatron's
+    interleaving), or the V order r and 2pp - 1 - r of zero-bubble with two chunks (ZB-V)."""
+    pp, vpp = plan.parallel.pp, plan.pipeline.vpp
+    if plan.pipeline.schedule is Schedule.ZERO_BUBBLE and vpp == 2:
+        return [rank, 2 * pp - 1 - rank]
+    return [rank + c * pp for c in range(vpp)]
+
+
 def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
     par, pipe = plan.parallel, plan.pipeline
+    layers_last: int
     if pipe.layers_per_stage is not None and len(pipe.layers_per_stage) == par.pp * pipe.vpp:
-        per_rank = [
-            sum(pipe.layers_per_stage[r + c * par.pp] for c in range(pipe.vpp))
-            for r in range(par.pp)
-        ]
-        layers_max, layers_first = max(per_rank), per_rank[0]
+        per_rank = [sum(pipe.layers_per_stage[s] for s in stages_of_rank(plan, r))
+                    for r in range(par.pp)]
+        layers_max, layers_first, layers_last = max(per_rank), per_rank[0], per_rank[-1]
     else:
-        layers_max = layers_first = int(even_layers(model, np.array(par.pp)))
+        layers_max = layers_first = layers_last = int(even_layers(model, np.array(par.pp)))
     n = plan.recompute.num_layers
     row = {
         "dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "vpp": pipe.vpp,
@@ -74,7 +82,7 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         "recompute": RECOMPUTE.index(plan.recompute.policy),
         "recompute_layers": -1 if n is None else n,
         "mbs": plan.batch.micro_batch_size, "gbs": plan.batch.global_batch_size,
-        "layers_max": layers_max, "layers_first": layers_first,
+        "layers_max": layers_max, "layers_first": layers_first, "layers_last": layers_last,
     }
     return {k: np.array([v], dtype=COLUMNS[k]) for k, v in row.items()}
 

@@ -36,8 +36,8 @@ def register(sub: Any) -> None:
     p.add_argument("--budget-s", type=float, default=600.0, help="whole tune (default 600 s)")
     p.add_argument("--trial-timeout-s", type=float, default=180.0,
                    help="a trial running longer is recorded as a hang (default 180 s)")
-    p.add_argument("--prune-ratio", type=float, default=1.3,
-                   help="prune a trial slower than this times the best (default 1.3)")
+    p.add_argument("--prune-ratio", type=float, default=1.5,
+                   help="prune a trial slower than this times the best (default 1.5)")
     p.add_argument("--storage", help="Optuna storage to resume from: sqlite:///x.db or journal:PATH")
     p.add_argument("--study", help="study name in --storage")
     p.add_argument("--out", help="directory for plan.yaml, trials.csv, runs/, summary.json")

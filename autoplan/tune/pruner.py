@@ -10,21 +10,28 @@ from optuna.trial import FrozenTrial, TrialState
 
 
 class SlowerThanBestPruner(BasePruner):
-    """Prune once the median step time reported so far (after `warmup_steps`) exceeds `ratio`
-    times the best completed trial's measured step time. Unlike the median pruner, a plan is
-    stopped only when it is clearly slower, not when it is merely below the middle."""
+    """Prune once this trial's step times over its last two reported steps (after
+    `warmup_steps`) exceed `ratio` times the best completed trial's at the same steps. Comparing
+    step for step keeps warm-up (slow first steps, allocator and collective set-up) out of the
+    verdict; unlike the median pruner, a plan is stopped only when it is clearly slower."""
 
-    def __init__(self, ratio: float = 1.3, warmup_steps: int = 2) -> None:
+    def __init__(self, ratio: float = 1.5, warmup_steps: int = 2) -> None:
         if ratio <= 1.0:
             raise ValueError("ratio must exceed 1")
         self.ratio = ratio
         self.warmup_steps = warmup_steps
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None]
         steps = sorted(trial.intermediate_values)
-        if not done or len(steps) <= self.warmup_steps:
+        if len(steps) <= self.warmup_steps:
             return False
-        recent = [trial.intermediate_values[s] for s in steps[self.warmup_steps:]]
-        return statistics.median(recent) > self.ratio * min(done)
+        recent = steps[self.warmup_steps:][-2:]
+        mine = statistics.median(trial.intermediate_values[s] for s in recent)
+        best = None
+        for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            values = [done.intermediate_values.get(s) for s in recent]
+            if any(v is None for v in values):
+                continue
+            ref = statistics.median(v for v in values if v is not None)
+            best = ref if best is None else min(best, ref)
+        return best is not None and mine > self.ratio * best

@@ -49,7 +49,7 @@ class TuneConfig:
     steps: int = 8
     budget_s: float = 600.0
     trial_timeout_s: float = 180.0
-    prune_ratio: float = 1.3
+    prune_ratio: float = 1.5
     storage: str | None = None
     study_name: str | None = None
     command: tuple[str, ...] | None = None
