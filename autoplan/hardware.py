@@ -6,7 +6,6 @@ Datasheet presets carry reasonable efficiency curves; `autoplan profile` writes 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,9 +209,5 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
 
 def cluster(ref: str | Path, num_gpus: int) -> ClusterSpec:
     return ClusterSpec(load_profile(ref), num_gpus)
-
-
-def replace(profile: ClusterProfile, **changes: Any) -> ClusterProfile:
-    return dataclasses.replace(profile, **changes)
 
 

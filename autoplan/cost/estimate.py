@@ -8,7 +8,7 @@ memory is the worst stage's and the step time follows the slowest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -249,7 +249,6 @@ class CostEstimate:
     dominant: str
     """The largest part of the step time."""
     days_to_train: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def step_time_s(self) -> float:
