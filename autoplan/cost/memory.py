@@ -92,17 +92,23 @@ def activation_elements_per_layer(
       attention core, split by tp: softmax output 2as^2b, dropout mask as^2b and output 2as^2b
         -> 5as^2b (eager attention); fused attention keeps only fp32 row statistics, 4asb.
     Returns bytes for 16-bit activations; context parallelism divides the sequence by cp.
+    `replicated_fp32` is the share of `replicated` that is fp32 even in a 16-bit run (RMSNorm's
+    temporaries), so it does not double in an fp32 run (see activation_bytes_per_layer).
     """
     b, tp, cp = np.asarray(b, float), np.asarray(tp, float), np.asarray(cp, float)
     h, a, f = model.hidden_size, model.num_heads, model.ffn
     s = model.seq_len / cp
     sbh = s * b * h
     masks = 2.0 if model.dropout > 0 else 0.0
-    # torch's RMSNorm on 16-bit inputs computes in fp32 and keeps fp32 copies for backward:
-    # +7sbh per norm measured with saved_tensors_hooks (torch 2.13, bf16); LayerNorm's fused
-    # kernel keeps only its 16-bit input and per-row statistics.
-    norm_extra = 14.0 if model.norm is NormKind.RMSNORM else 0.0
-    replicated = sbh * (8.0 + masks + norm_extra)
+    # LayerNorm's fused kernel keeps its 16-bit input (and per-row statistics, not counted).
+    # torch's RMSNorm off CUDA is composite (rms_norm_composite, torch 2.13): per norm it keeps
+    # its input upcast to fp32 (4sbh) and the fp32 normalised input (4sbh) instead of the
+    # 16-bit input, in bf16 and fp32 runs alike (measured with saved_tensors_hooks by
+    # autoplan.profiler.activations). On CUDA, _fused_rms_norm keeps the input and fp32 row
+    # statistics as LayerNorm does; counting the composite form there is conservative.
+    rms = model.norm is NormKind.RMSNORM
+    norm_fp32 = 16.0 * sbh if rms else 0.0
+    replicated = sbh * ((4.0 if rms else 8.0) + masks) + norm_fp32
     kv = 2.0 * 2.0 * s * b * model.kv_heads * model.head_dim
     inner = (8.0 if model.mlp is MlpKind.SWIGLU else 4.0) * s * b * f
     split = 2.0 * sbh + kv + 2.0 * sbh + inner
@@ -113,6 +119,7 @@ def activation_elements_per_layer(
     sp_div = np.where(np.asarray(sp), tp, 1.0)
     return {
         "replicated": replicated / sp_div,
+        "replicated_fp32": norm_fp32 / sp_div,
         "split": split / tp,
         "core": core / tp,
         "input": 2.0 * sbh / sp_div,
@@ -123,10 +130,12 @@ def activation_bytes_per_layer(
     parts: dict[str, np.ndarray], recompute: np.ndarray, precision: str,
 ) -> np.ndarray:
     """Bytes kept per layer for recompute 0 none (all parts), 1 selective (no attention core:
-    34sbh/t with sequence parallelism), 2 full (only the layer input, 2sbh)."""
+    34sbh/t with sequence parallelism), 2 full (only the layer input, 2sbh). An fp32 run doubles
+    every 16-bit tensor; the fp32 ones (`replicated_fp32`) stay as they are."""
     scale = 2.0 if precision == "fp32" else 1.0
-    full = (parts["replicated"] + parts["split"] + parts["core"]) * scale
-    selective = (parts["replicated"] + parts["split"]) * scale
+    fixed = parts.get("replicated_fp32", 0.0) * (scale - 1.0)
+    full = (parts["replicated"] + parts["split"] + parts["core"]) * scale - fixed
+    selective = (parts["replicated"] + parts["split"]) * scale - fixed
     r = np.asarray(recompute)
     return np.where(r == 0, full, np.where(r == 1, selective, parts["input"] * scale))
 
