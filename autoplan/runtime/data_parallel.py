@@ -22,7 +22,8 @@ ZeRO-3     FSDP2 fully_shard(reshard_after_forward=True): parameters are freed a
 
 bf16 runs use FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) at every
 stage (ZeRO-0 included, through the HSDP path); offload uses CPUOffloadPolicy (offload.py).
-Gradients are averaged over dp (FSDP2's default divide factor, DDP's average).
+Gradients are averaged over dp (FSDP2's default divide factor, DDP's average), over dp x cp
+under context parallelism (fsdp_mesh).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def uses_fsdp(dims: ParallelDims, precision: Precision, offload: Offload) -> boo
     for mixed precision / offload (which only FSDP2 provides here)."""
     if uses_ddp(dims, precision, offload):
         return False
-    return dims.dp > 1 or precision != Precision.FP32 or wants_offload(offload)
+    return dims.dp * dims.cp > 1 or precision != Precision.FP32 or wants_offload(offload)
 
 
 def reshard_after_forward(zero_stage: int) -> bool:
@@ -60,7 +61,20 @@ def reshard_after_forward(zero_stage: int) -> bool:
 
 
 def fsdp_mesh(world_mesh, dims: ParallelDims):
-    """1-D dp_shard mesh (ZeRO >= 1) or the 2-D HSDP mesh with shard size 1 (ZeRO-0)."""
+    """1-D dp_shard mesh (ZeRO >= 1) or the 2-D HSDP mesh with shard size 1 (ZeRO-0).
+
+    With cp > 1 the cp ranks join the data-parallel group (torchtitan's dp_shard_cp): each
+    holds other tokens of the same samples, so gradients are averaged over dp x cp, and
+    ZeRO-1/2/3 shard over dp x cp, as the cost model's `shard = dp * cp` assumes.
+    """
+    if dims.cp > 1:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        # one of dp_replicate / dp_shard is 1, so this is the dp x cp group
+        dp_cp = world_mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        if dims.zero_stage == 0:
+            return DeviceMesh._concatenate([dp_cp, world_mesh["dp_shard"]])
+        return dp_cp
     if dims.zero_stage == 0:
         return world_mesh["dp_replicate", "dp_shard"]
     return world_mesh["dp_shard"]

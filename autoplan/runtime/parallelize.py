@@ -4,8 +4,9 @@ Order (torchtitan's, measured to compose on gloo; see notes/torch-cpu-gloo.md):
 
 1. build the whole model on the meta device (no memory);
 2. pipeline split: keep this pp rank's stage(s), deleting the other modules (FQNs unchanged);
-3. per stage: tensor/sequence parallelism (DTensor), then activation recomputation
-   (checkpoint wrappers around blocks), then FSDP2 fully_shard (ZeRO-1/2/3, bf16, offload);
+3. per stage: tensor/sequence parallelism (DTensor), then context parallelism (attention and
+   positions hooked to the cp group), then activation recomputation (checkpoint wrappers
+   around blocks), then FSDP2 fully_shard (ZeRO-1/2/3, bf16, offload; over dp x cp);
 4. materialise on the device and load the deterministic, layout-independent initial weights;
 5. DDP for pure data parallelism (it needs real tensors);
 6. pipeline stages and schedule (pp > 1).
@@ -23,7 +24,13 @@ from torch import nn
 
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
-from autoplan.runtime import data_parallel, pipeline_parallel, recompute, tensor_parallel
+from autoplan.runtime import (
+    context_parallel,
+    data_parallel,
+    pipeline_parallel,
+    recompute,
+    tensor_parallel,
+)
 from autoplan.runtime.mesh import ParallelDims, coordinate
 from autoplan.runtime.models.init import materialize_and_init
 from autoplan.runtime.models.transformer import build_meta_model
@@ -59,6 +66,8 @@ class ParallelModel:
     ddp: bool
     fsdp: bool
     schedule: object | None = None
+    cp_layout: context_parallel.LoadBalancedLayout | None = None
+    """With cp > 1, which sequence chunks this rank's inputs and labels keep."""
     extras: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -100,6 +109,8 @@ def parallelize(
     for part in parts:  # 3
         if dims.tp > 1:
             tensor_parallel.apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel)
+        if dims.cp > 1:
+            context_parallel.apply_cp(part, mesh["cp"])
         recompute.apply_recompute(part, plan.recompute.policy, plan.recompute.num_layers)
         if fsdp:
             data_parallel.apply_fsdp(part, mesh, dims, plan.precision, plan.offload)
@@ -114,6 +125,8 @@ def parallelize(
         n_microbatches=n_micro, local_batch_size=local_batch, loss_parallel=loss_parallel,
         ddp=ddp, fsdp=fsdp,
     )
+    if dims.cp > 1:
+        pm.cp_layout = context_parallel.LoadBalancedLayout(dims.cp, coordinate(mesh, "cp"))
     if dims.pp > 1:  # 6
         pm.schedule = pipeline_parallel.build_schedule(
             parts, indices, num_stages, mesh["pp"].get_group(), device, plan.pipeline,

@@ -67,8 +67,11 @@ class Trainer:
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         """Accumulate gradients of the mean loss over this rank's local batch; returns the local
-        mean loss where this rank computes it (the last pipeline stage), else None."""
+        mean loss where this rank computes it (the last pipeline stage), else None.
+        Under context parallelism each rank keeps its own chunks of the (b, s) batch."""
         pm = self.pm
+        if pm.cp_layout is not None:
+            inputs, labels = pm.cp_layout.shard(inputs), pm.cp_layout.shard(labels)
         with self._loss_context():
             if pm.schedule is not None:
                 losses: list[torch.Tensor] = []

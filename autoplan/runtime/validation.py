@@ -20,8 +20,7 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     """Reasons this runtime cannot execute `plan` for `spec` (empty if it can)."""
     p, out = plan.parallel, []
     tp, pp, dp = p.tp, p.pp, p.dp
-    if p.cp > 1:
-        out.append(f"parallel.cp={p.cp}: context parallelism is not implemented; use cp: 1")
+    out += _context_parallel_problems(plan, spec)
     for name, value in (("num_heads", spec.num_heads), ("num_kv_heads", spec.kv_heads),
                         ("ffn_hidden_size", spec.ffn), ("vocab_size", spec.vocab_size)):
         if value % tp:
@@ -43,6 +42,21 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if (plan.offload.optimizer or plan.offload.params) and plan.zero_stage == 0:
         out.append("offload needs zero_stage >= 1 (FSDP2 offloads sharded states)")
     return out
+
+
+def _context_parallel_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    """cp splits the sequence into 2*cp chunks (context_parallel.py); sequence parallelism then
+    splits each rank's seq_len/cp tokens over tp."""
+    cp, tp, s = plan.parallel.cp, plan.parallel.tp, spec.seq_len
+    if cp == 1:
+        return []
+    if s % (2 * cp):
+        return [f"parallel.cp={cp}: model.seq_len={s} is not divisible by 2*cp={2 * cp} (the "
+                f"load-balanced layout cuts it into 2*cp chunks); pick a cp that divides {s}/2"]
+    if plan.sequence_parallel and (s // cp) % tp:
+        return [f"sequence_parallel: tp={tp} does not divide the per-cp-rank sequence "
+                f"seq_len/cp = {s}/{cp} = {s // cp}; lower tp or cp"]
+    return []
 
 
 def _pipeline_problems(plan: Plan, spec: ModelSpec, n_micro: int) -> list[str]:

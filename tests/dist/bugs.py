@@ -132,6 +132,34 @@ def _recompute_fresh_rng(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(recompute, "checkpoint_kwargs", checkpoint_kwargs)
 
 
+def _cp_kv_rank_order(mp: pytest.MonkeyPatch) -> None:
+    """Context parallelism uses the all-gathered K/V in rank order (rank 0's chunks 0 and
+    2cp-1, then rank 1's, ...) without restoring sequence order; masks assume sequence order."""
+    import torch
+
+    from autoplan.runtime.context_parallel import LoadBalancedLayout
+
+    def natural_order(self, local_len, device=None):
+        return torch.arange(local_len * self.cp, device=device)
+
+    mp.setattr(LoadBalancedLayout, "natural_order", natural_order)
+
+
+def _cp_position_off_by_one(mp: pytest.MonkeyPatch) -> None:
+    """Each cp rank's second chunk is given positions one token early (learned positions and
+    RoPE see the wrong offset; a shift of every position alike would be harmless to RoPE)."""
+    from autoplan.runtime.context_parallel import LoadBalancedLayout
+
+    original = LoadBalancedLayout.positions
+
+    def positions(self, local_len, device=None):
+        pos = original(self, local_len, device).clone()
+        pos[local_len // 2 :] -= 1
+        return pos
+
+    mp.setattr(LoadBalancedLayout, "positions", positions)
+
+
 BUGS = {
     "tp-missing-allreduce": _tp_missing_allreduce,
     "dp-sum-not-average": _dp_sum_not_average,
@@ -139,6 +167,8 @@ BUGS = {
     "sp-wrong-gather": _sp_wrong_gather,
     "zero-stale-grads": _zero_stale_grads,
     "recompute-fresh-rng": _recompute_fresh_rng,
+    "cp-kv-rank-order": _cp_kv_rank_order,
+    "cp-position-off-by-one": _cp_position_off_by_one,
 }
 
 

@@ -41,7 +41,8 @@ TEST_MODELS = {
 }
 
 
-def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, sp: bool = False,
+def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, cp: int = 1,
+              sp: bool = False,
               schedule: str = "1f1b", vpp: int = 1, zero: int = 0, offload: bool = False,
               recompute: str = "none", recompute_layers: int | None = None, mbs: int = 2,
               gbs: int = 8, layers_per_stage: tuple[int, ...] | None = None,
@@ -50,9 +51,9 @@ def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, sp:
 
     return Plan(
         model=TEST_MODELS.get(model, model),
-        cluster=ClusterRef(profile="cpu-gloo", num_gpus=dp * tp * pp),
+        cluster=ClusterRef(profile="cpu-gloo", num_gpus=dp * tp * pp * cp),
         batch=Batch(micro_batch_size=mbs, global_batch_size=gbs),
-        parallel=Parallel(dp=dp, tp=tp, pp=pp),
+        parallel=Parallel(dp=dp, tp=tp, pp=pp, cp=cp),
         sequence_parallel=sp,
         pipeline=Pipeline(schedule=Schedule(schedule), vpp=vpp,
                           layers_per_stage=layers_per_stage),

@@ -1,8 +1,9 @@
 """PARITY: every layout matches the single-process fp32 run (losses, gradients, parameters).
 
 The covering set below is a table of named plans: every dp x tp x pp factorisation of 1, 2, 4
-and 8 ranks appears, and the other knobs (sequence parallelism, ZeRO 0-3, offload, recompute,
-schedule, model family, optimizer) are spread so that every value occurs and most pairs do.
+and 8 ranks appears, context parallelism alone and with each of dp, tp and pp, and the other
+knobs (sequence parallelism, ZeRO 0-3, offload, recompute, schedule, model family, optimizer)
+are spread so that every value occurs and most pairs do.
 `-m slow` runs the full product (tests/dist/test_parity_full.py).
 """
 
@@ -25,6 +26,7 @@ COVERING = {
     "1r-zero3-offload-full": C(model="tiny", zero=3, offload=True, recompute="full"),
     # 2 ranks
     "dp2-ddp-sgd": C(model="tiny", dp=2, optim="sgd"),
+    "cp2-llama-selective": C(model="tiny-llama", cp=2, recompute="selective"),
     "tp2-sp-llama-selective": C(model="tiny-llama", tp=2, sp=True, recompute="selective"),
     "pp2-gpipe-uneven-full-sgd-clip": C(model="tiny", pp=2, schedule="gpipe",
                                         layers_per_stage=(1, 3), recompute="full",
@@ -42,6 +44,11 @@ COVERING = {
                                        schedule="zero-bubble", recompute="full", optim="sgd"),
     "dp2pp2-zbv-zero2-sgd": C(model="tiny", dp=2, pp=2, zero=2, schedule="zero-bubble", vpp=2,
                               mbs=1, optim="sgd"),
+    "cp2tp2-sp-zero1-full-sgd": C(model="tiny", cp=2, tp=2, sp=True, zero=1, recompute="full",
+                                  optim="sgd"),
+    "dp2cp2-zero3": C(model="tiny", dp=2, cp=2, zero=3),
+    "cp2pp2-zero2-llama-sgd": C(model="tiny-llama", cp=2, pp=2, zero=2, optim="sgd"),
+    "cp4-llama-gqa-zero1": C(model="tiny-llama", cp=4, zero=1),
     # 8 ranks
     "dp8-zero3": C(model="h8-2l", dp=8, zero=3, mbs=1),
     "tp8-sp-sgd": C(model="h8-2l", tp=8, sp=True, optim="sgd"),

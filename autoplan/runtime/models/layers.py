@@ -51,22 +51,30 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
         self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
         self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.bias)
+        self.context_parallel = None  # context_parallel.apply_cp sets it when cp > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
+        cp = self.context_parallel
         q = self.wq(x).view(b, s, -1, self.head_dim)  # (b, s, local heads, hd)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rope:
-            cos, sin = rope_cos_sin(s, self.head_dim, x.device)
+            cos, sin = (rope_cos_sin(s, self.head_dim, x.device) if cp is None
+                        else cp.rope_cos_sin(s, self.head_dim, x.device))  # global positions
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, hd)
+        out = self.core(q, k, v) if cp is None else cp.attention(q, k, v, self.core)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + causal or boolean `mask`) v; GQA repeats k/v heads here."""
         n_rep = q.shape[1] // k.shape[1]
         if n_rep > 1:
             k = k.repeat_interleave(n_rep, dim=1)
             v = v.repeat_interleave(n_rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
 
 
 class FeedForward(nn.Module):

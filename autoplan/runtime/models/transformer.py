@@ -25,11 +25,14 @@ class Embedding(nn.Module):
             if spec.position == PositionKind.LEARNED
             else None
         )
+        self.context_parallel = None  # context_parallel.apply_cp sets it when cp > 1
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)
         if self.pos is not None:
-            h = h + self.pos.weight[: tokens.shape[1]]
+            s, cp = tokens.shape[1], self.context_parallel
+            h = h + (self.pos.weight[:s] if cp is None
+                     else self.pos.weight[cp.positions(s, tokens.device)])
         return h
 
 

@@ -93,6 +93,8 @@ def test_byte_text_reads_pydoc_topics(tmp_path):
         (dict(pp=4, mbs=4, gbs=8), "micro-batches per step (2) >= pp=4"),
         (dict(pp=2, schedule="zero-bubble", recompute="selective"), "selective"),
         (dict(dp=2, offload=True), "offload needs zero_stage"),
+        (dict(cp=3), "model.seq_len=64 is not divisible by 2*cp=6"),
+        (dict(cp=32, tp=4, sp=True), "seq_len/cp = 64/32 = 2; lower tp or cp"),
     ],
 )
 def test_runtime_problems_name_the_values(plan_kw, fragment):
@@ -123,11 +125,18 @@ def test_zero_mapping_onto_ddp_and_fsdp():
     assert [reshard_after_forward(z) for z in range(4)] == [False, False, False, True]
 
 
-def test_context_parallel_is_a_clear_config_error():
-    import dataclasses
+def test_context_parallel_plans_are_accepted():
+    for kw in (dict(cp=2), dict(cp=4, model="tiny-llama"), dict(cp=2, tp=2, sp=True, zero=1),
+               dict(cp=2, pp=2, dp=2, zero=3)):
+        plan = make_plan(**kw)
+        assert runtime_problems(plan, plan.model_spec()) == [], kw
 
-    from autoplan.plan import Parallel
 
-    plan = make_plan(dp=2)
-    plan = dataclasses.replace(plan, parallel=Parallel(dp=1, cp=2))
-    assert any("context parallelism" in p for p in runtime_problems(plan, plan.model_spec()))
+def test_context_parallel_reduces_gradients_over_cp_with_fsdp():
+    from autoplan.plan import Offload, Precision
+    from autoplan.runtime.data_parallel import uses_ddp, uses_fsdp
+    from autoplan.runtime.mesh import ParallelDims
+
+    fp32, off = Precision.FP32, Offload()
+    assert uses_fsdp(ParallelDims(cp=2), fp32, off)  # dp = 1: the cp ranks still average
+    assert not uses_ddp(ParallelDims(dp=2, cp=2), fp32, off)
