@@ -111,15 +111,16 @@ def test_table_scores_equal_single_plan_scores() -> None:
     assert np.all(np.isfinite(cols["time_step"])) and np.all(cols["mfu"] < 1)
 
 
-def test_context_parallelism_splits_activations_and_costs_ring_traffic() -> None:
+def test_context_parallelism_splits_activations_and_costs_kv_gathers() -> None:
     base = {"model": "llama-3-8b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
             "zero_stage": 3, "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
     one = estimate_plan(plan_from_dict({**base, "parallel": {"dp": 64}}))
     cp8 = estimate_plan(plan_from_dict({**base, "parallel": {"dp": 8, "cp": 8}}))
     assert cp8.memory["activations"] < one.memory["activations"] / 4
     assert one.time["cp_comm"] == 0
-    # across nodes (tp 8 fills a node, so the cp ring hops over InfiniBand) and with a short
-    # sequence, the K/V exchange outlasts the attention it hides behind
+    # the runtime's K/V all-gather and dK/dV reduce-scatter are not hidden (comm.py), inside
+    # a node and across nodes (tp 8 fills a node, so the cp group spans InfiniBand)
+    assert cp8.time["cp_comm"] > 0
     slow = estimate_plan(plan_from_dict({**base, "parallel": {"dp": 1, "tp": 8, "cp": 8},
                                          "batch": {"micro_batch_size": 1,
                                                    "global_batch_size": 8}}))
