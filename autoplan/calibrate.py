@@ -18,7 +18,13 @@ from typing import Any
 
 from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
-from autoplan.hardware import ClusterProfile, ClusterSpec, LinkSpec
+from autoplan.hardware import (
+    ClusterProfile,
+    ClusterSpec,
+    CollectiveTimes,
+    LinkSpec,
+    TimeTable,
+)
 from autoplan.plan import Plan, plan_from_dict
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
 
@@ -76,6 +82,7 @@ FACTORS = {  # name: (low, high, log scale)
     "memory_bandwidth": (0.1, 10.0, True),
     "link_bandwidth": (0.1, 10.0, True),
     "link_latency": (0.1, 10.0, True),
+    "collective_tables": (0.1, 10.0, True),
     "op_overhead_s": (1e-7, 1e-3, True),
     "overlap": (0.0, 1.0, False),
 }
@@ -93,12 +100,22 @@ def apply_factors(profile: ClusterProfile, f: dict[str, float]) -> ClusterProfil
     eff = dataclasses.replace(profile.efficiency, op_overhead_s=f["op_overhead_s"],
                               overlap=f["overlap"])
     return dataclasses.replace(profile, device=device, intra_node=link(profile.intra_node),
-                               inter_node=link(profile.inter_node), efficiency=eff)
+                               inter_node=link(profile.inter_node), efficiency=eff,
+                               collectives=_scaled(profile.collectives, f["collective_tables"]))
+
+
+def _scaled(tables: CollectiveTimes | None, factor: float) -> CollectiveTimes | None:
+    """The measured collective tables with every time multiplied by `factor`."""
+    if tables is None:
+        return None
+    return CollectiveTimes(**{
+        kind: {g: TimeTable(t.x, tuple(y * factor for y in t.y)) for g, t in by_group.items()}
+        for kind, by_group in vars(tables).items() if by_group})
 
 
 def identity(profile: ClusterProfile) -> dict[str, float]:
     return {"compute": 1.0, "memory_bandwidth": 1.0, "link_bandwidth": 1.0, "link_latency": 1.0,
-            "op_overhead_s": max(profile.efficiency.op_overhead_s, 1e-7),
+            "collective_tables": 1.0, "op_overhead_s": max(profile.efficiency.op_overhead_s, 1e-7),
             "overlap": profile.efficiency.overlap}
 
 
@@ -144,13 +161,20 @@ class Calibration:
                 "memory_mape_after": mape(self.memory_errors_after)}
 
 
-def _refine(factors: dict[str, float], loss: Any, rounds: int = 4) -> dict[str, float]:
+def active_factors(profile: ClusterProfile) -> dict[str, tuple[float, float, bool]]:
+    """FACTORS less those this profile gives no effect (no measured collective tables)."""
+    return {k: v for k, v in FACTORS.items()
+            if k != "collective_tables" or profile.collectives is not None}
+
+
+def _refine(factors: dict[str, float], loss: Any, space: dict[str, tuple[float, float, bool]],
+            rounds: int = 4) -> dict[str, float]:
     """Pattern search from TPE's best: scale one factor at a time while the loss drops (the
     factors trade off against each other, which a sampler alone converges on slowly)."""
     best, best_loss = dict(factors), loss(factors)
     for _ in range(rounds):
         improved = False
-        for name, (lo, hi, log) in FACTORS.items():
+        for name, (lo, hi, log) in space.items():
             for step in (0.5, 0.8, 0.95, 1.05, 1.25, 2.0):
                 trial = dict(best)
                 value = best[name] * step if log else best[name] + (step - 1.0) / 2
@@ -170,20 +194,24 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
 
     if not runs:
         raise ConfigError("RUNS", "no run records given", "pass one or more run record files")
-    start = identity(profile)
+    space = active_factors(profile)
+    start = {k: v for k, v in identity(profile).items() if k in space}
+
+    def full(f: dict[str, float]) -> dict[str, float]:
+        return {**identity(profile), **f}
 
     def objective(trial: optuna.Trial) -> float:
         f = {name: trial.suggest_float(name, lo, hi, log=log)
-             for name, (lo, hi, log) in FACTORS.items()}
-        return _log_error(step_errors(runs, apply_factors(profile, f)))
+             for name, (lo, hi, log) in space.items()}
+        return _log_error(step_errors(runs, apply_factors(profile, full(f))))
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize",
                                 sampler=optuna.samplers.TPESampler(seed=seed))
     study.enqueue_trial(start)
     study.optimize(objective, n_trials=trials)
-    best = _refine(dict(study.best_params), lambda f: _log_error(
-        step_errors(runs, apply_factors(profile, f))))
+    best = full(_refine(dict(study.best_params), lambda f: _log_error(
+        step_errors(runs, apply_factors(profile, full(f)))), space))
     fitted = apply_factors(profile, best)
     if any(r.measured.peak_memory_bytes for r in runs):
         # raise the fixed reserve by the largest shortfall, never lower it: memory predictions

@@ -52,6 +52,62 @@ class Curve:
 
 
 @dataclass(frozen=True)
+class TimeTable:
+    """Measured seconds of one collective by message bytes, interpolated in log-log between the
+    points and extended past the largest one at the bandwidth of the last segment."""
+
+    x: tuple[float, ...]
+    """Message bytes, strictly increasing, > 0 (the full message: the all-reduced buffer, the
+    gathered output of an all-gather, the input of a reduce-scatter, one point-to-point send)."""
+    y: tuple[float, ...]
+    """Seconds at those sizes, > 0 and non-decreasing (`autoplan profile` cleans its samples)."""
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y) or not self.x:
+            raise ConfigError("collectives table", f"x has {len(self.x)} points, y {len(self.y)}",
+                              "give x and y of the same, non-zero length")
+        if any(v <= 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):
+            raise ConfigError("collectives table x", f"got {list(self.x)}",
+                              "use increasing positive message sizes")
+        if any(v <= 0 for v in self.y) or any(b < a for a, b in zip(self.y, self.y[1:], strict=False)):
+            raise ConfigError("collectives table y", f"got {list(self.y)}",
+                              "use positive seconds that do not fall with message size")
+
+    def __call__(self, nbytes: Any) -> np.ndarray:
+        x = np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0)
+        xs, ys = np.asarray(self.x), np.asarray(self.y)
+        inside = np.exp(np.interp(np.log(x), np.log(xs), np.log(ys)))
+        if len(xs) < 2:
+            return inside
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)  # seconds per byte
+        return np.where(x > xs[-1], ys[-1] + (x - xs[-1]) * slope, inside)
+
+
+@dataclass(frozen=True)
+class CollectiveTimes:
+    """Seconds per call measured on this machine by `autoplan profile`, per group size (ranks
+    inside one node, each group measured with only its own ranks running). Where a table
+    exists the cost model reads it instead of the ring formula: it holds what the formula
+    leaves out, such as each kind's fixed cost per call."""
+
+    all_reduce: dict[int, TimeTable] | None = None
+    all_gather: dict[int, TimeTable] | None = None
+    reduce_scatter: dict[int, TimeTable] | None = None
+    all_to_all: dict[int, TimeTable] | None = None
+    send_recv: dict[int, TimeTable] | None = None
+
+    def __post_init__(self) -> None:
+        for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
+            for size in (getattr(self, kind) or {}):
+                if size < 2:
+                    raise ConfigError(f"collectives.{kind}", f"group size {size}",
+                                      "measure groups of 2 or more ranks")
+
+    def table(self, kind: str) -> dict[int, TimeTable]:
+        return getattr(self, kind) or {}
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     name: str
     """Marketing name of the accelerator."""
@@ -134,15 +190,25 @@ class Efficiency:
     """Host-side seconds to dispatch one operator that nothing hides: eager PyTorch on a CPU
     pays it for every op (measured by `autoplan profile`); on a GPU, launches of the large
     kernels these datasheet profiles are for overlap with execution, so they leave it at 0."""
+    dtensor_op_overhead_s: float = 0.0
+    """Extra host seconds per operator on a DTensor (tensor parallelism): sharding propagation
+    runs in Python for every op (measured by `autoplan profile` on the runtime's block)."""
+    checkpoint_op_overhead_s: float = 0.0
+    """Extra host seconds per forward operator of a fully recomputed block beyond redoing the
+    forward: saved-tensor hooks and recompute bookkeeping of torch.utils.checkpoint."""
+    selective_op_overhead_s: float = 0.0
+    """Extra host seconds per forward operator of a selectively recomputed block beyond
+    redoing its non-GEMM ops: the checkpoint policy is a Python callback on every op."""
 
     def __post_init__(self) -> None:
         _fraction("memory_bound", self.memory_bound)
         if self.memory_bound == 0:
             raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")
         _fraction("overlap", self.overlap)
-        if self.op_overhead_s < 0:
-            raise ConfigError("op_overhead_s", f"got {self.op_overhead_s}",
-                              "expected >= 0 seconds")
+        for name in ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
+                     "selective_op_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"got {getattr(self, name)}", "expected >= 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -155,6 +221,8 @@ class ClusterProfile:
     host: HostSpec
     efficiency: Efficiency
     description: str = ""
+    collectives: CollectiveTimes | None = None
+    """Measured seconds per collective call by size and group (CPU hosts and profiled GPUs)."""
     measured: dict[str, Any] | None = None
     """Written by `autoplan profile`: measured curves and the conditions they were taken in."""
 

@@ -3,6 +3,8 @@
 Ring collectives (Patarasuk and Yuan 2009; NCCL): all-reduce moves 2(n-1)/n of the message per
 rank, all-gather and reduce-scatter (n-1)/n. Ranks are placed tp innermost, then cp, dp, and pp
 outermost (Megatron-LM); a group stays inside a node when stride * size <= gpus_per_node.
+A profile measured by `autoplan profile` carries seconds per call by kind, size and group
+(`collectives`); inside a node those tables replace the ring formula.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.hardware import ClusterProfile
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import ModelSpec, NormKind
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "all_gather", "reduce_scatter"
+SEND_RECV = "send_recv"
 
 
 def intra_node(stride: np.ndarray, size: np.ndarray, gpus_per_node: int) -> np.ndarray:
@@ -42,13 +45,80 @@ def collective_time_s(
     factor = 2.0 * (n - 1) / n if kind == ALL_REDUCE else (n - 1) / n
     steps = 2.0 * (n - 1) if kind == ALL_REDUCE else (n - 1)
     bw, lat = link(nbytes, inside_node, profile)
-    return np.where(n > 1, steps * lat + factor * nbytes / bw, 0.0)
+    ring = np.where(n > 1, steps * lat + factor * nbytes / bw, 0.0)
+    return measured_or(kind, nbytes, n, inside_node, profile, ring)
+
+
+def measured_or(kind: str, nbytes: np.ndarray, size: np.ndarray, inside_node: np.ndarray,
+                profile: ClusterProfile, formula: np.ndarray) -> np.ndarray:
+    """`formula`, replaced by the profile's measured seconds per call where it has a table for
+    this kind and group size inside a node. A table measured with more ranks than the host
+    has cores already holds that time-sharing, which estimate_table applies to every part of
+    the step; it is divided out here so it is not counted twice."""
+    tables = profile.collectives.table(kind) if profile.collectives is not None else {}
+    if not tables:
+        return formula
+    slots = profile.host.compute_slots
+    out = np.asarray(formula, float)
+    for group, table in tables.items():
+        shared = max(1.0, group / slots) if slots else 1.0
+        out = np.where((np.asarray(size) == group) & inside_node, table(nbytes) / shared, out)
+    return out
 
 
 def p2p_time_s(nbytes: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile) -> np.ndarray:
     """Seconds to send one activation tensor to the next pipeline stage."""
-    bw, lat = link(np.asarray(nbytes, float), inside_node, profile)
-    return lat + np.asarray(nbytes, float) / bw
+    nbytes = np.asarray(nbytes, float)
+    bw, lat = link(nbytes, inside_node, profile)
+    return measured_or(SEND_RECV, nbytes, np.full_like(nbytes, 2.0), inside_node, profile,
+                       lat + nbytes / bw)
+
+
+def tensor_parallel_time_s(
+    model: ModelSpec, msg_bytes: np.ndarray, loss_bytes: np.ndarray, tp: np.ndarray,
+    sp: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile,
+) -> dict[str, np.ndarray]:
+    """Seconds of the tensor-parallel collectives, by where they occur.
+
+    Each block all-reduces its attention and MLP outputs forward and their inputs' gradients
+    backward (Megatron-LM, Shoeybi et al. 2019): 4 all-reduces of b*s*h. With sequence
+    parallelism each becomes a reduce-scatter plus an all-gather of the same bytes
+    (Korthikanti et al. 2022 §4.2.2), so the bytes match and the calls double. Counted on the
+    runtime with torch.profiler (tp=2, GPT and Llama tiny models, 4 and 8 layers, 4 and 8
+    micro-batches), per micro-batch unless said otherwise:
+    - "layer": 4 all-reduces, or 4 all-gathers + 4 reduce-scatters, per block;
+    - "recompute_full": forward collectives a full recompute repeats; non-reentrant checkpoint
+      stops at the last tensor backward needs, so the block's final all-reduce (reduce-scatter)
+      is not repeated: 1 all-reduce, or 2 all-gathers + 1 reduce-scatter;
+    - "recompute_selective": selective recompute keeps the matmul and reduction outputs but
+      re-gathers the sequence-parallel inputs of the two column-parallel GEMMs: 2 all-gathers;
+    - "embedding" (first stage): the vocab-parallel embedding's all-reduce, and with sequence
+      parallelism an all-gather of the gradient of its sequence-sharded output backward;
+    - "head" (last stage): the output layer's input gradient, an all-reduce (with sequence
+      parallelism an all-gather forward and a reduce-scatter backward), and the
+      vocab-parallel loss (max, sum of exponentials, target logit): 3 all-reduces of one
+      float per token;
+    - "step_per_layer", once per step: with sequence parallelism the weights that stay
+      replicated (norm weights and biases, the row-parallel biases) see partial gradients;
+      the runtime all-reduces each once per step.
+    """
+    ar = collective_time_s(ALL_REDUCE, msg_bytes, tp, inside_node, profile)
+    ag = collective_time_s(ALL_GATHER, msg_bytes, tp, inside_node, profile)
+    rs = collective_time_s(REDUCE_SCATTER, msg_bytes, tp, inside_node, profile)
+    loss = 3.0 * collective_time_s(ALL_REDUCE, loss_bytes, tp, inside_node, profile)
+    per_norm = 2 if model.norm is NormKind.LAYERNORM else 1
+    replicated = 2 * per_norm + (2 if model.bias else 0)
+    grad = replicated * collective_time_s(
+        ALL_REDUCE, np.full_like(np.asarray(msg_bytes, float), 4.0 * model.hidden_size), tp,
+        inside_node, profile)
+    return {
+        "layer": np.where(sp, 4.0 * (ag + rs), 4.0 * ar),
+        "recompute_full": np.where(sp, 2.0 * ag + rs, ar),
+        "recompute_selective": np.where(sp, 2.0 * ag, 0.0),
+        "embedding": np.where(sp, ar + ag, ar),
+        "head": np.where(sp, ag + rs, ar) + loss,
+        "step_per_layer": np.where(sp, grad, 0.0),
+    }
 
 
 def context_parallel_time_s(

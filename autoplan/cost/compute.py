@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.hardware import ClusterProfile
-from autoplan.model_spec import MlpKind, ModelSpec
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 
 ELEMENTWISE_PASSES = 3.3
 """HBM bytes moved by norms, activation functions, bias/dropout/residual kernels per byte of
@@ -23,12 +23,34 @@ SOFTMAX_PASSES = 5.4
 FLASH_EFFICIENCY = 0.75
 """Fused attention runs at ~75% of the GEMM efficiency of its size (Dao 2023, FlashAttention-2:
 50-73% of A100 peak forward, less backward, against ~80% for large GEMMs)."""
-OPS_PER_LAYER_FORWARD = 24
-"""Operators one eager block dispatches in forward: 2 norms, 4 GEMMs, QKV split and reshapes,
-attention, 2 dropouts, 2 residual adds, bias adds and the activation function; backward
-dispatches about twice as many."""
+BLOCK_OPS = (39, 97, 6)
+"""aten operators a GPT block (LayerNorm, GELU MLP, biases, multi-head fused attention)
+dispatches forward, backward, and how many forward ones are GEMMs: counted on the runtime's
+block with a TorchDispatchMode (autoplan.profiler.dispatch; tests/unit/cost/test_compute.py
+recounts them). The changes below are counted the same way, one feature at a time."""
+BLOCK_OPS_DELTA = {
+    "rmsnorm": (12, 30, 0),  # composite RMSNorm: pow, mean, add, rsqrt, casts, per norm x2
+    "rope": (38, 24, 0),  # rotary embedding of q and k: reshapes, complex-free mul/add
+    "swiglu": (5, 15, 1),  # a third MLP GEMM and the gate's silu * up
+    "no_bias": (0, -20, 0),  # mm instead of addmm: same forward count, no bias gradients
+    "gqa": (8, 8, 0),  # repeating K and V heads to the query heads
+    "eager": (4, 8, 2),  # scores and weights matmuls, scale, mask, softmax instead of SDPA
+}
 FLASH_BACKWARD = 2.5
 """Fused attention backward recomputes the scores: 2.5x the forward FLOPs instead of 2x."""
+
+
+def block_ops(model: ModelSpec, eager: bool = False) -> tuple[int, int, int]:
+    """(forward, backward, forward GEMM) aten op counts of one block of the runtime."""
+    features = [model.norm is NormKind.RMSNORM and "rmsnorm",
+                model.position is PositionKind.ROPE and "rope",
+                model.mlp is MlpKind.SWIGLU and "swiglu", not model.bias and "no_bias",
+                model.kv_heads != model.num_heads and "gqa", eager and "eager"]
+    f, b, g = BLOCK_OPS
+    for name in filter(None, features):
+        df, db, dg = BLOCK_OPS_DELTA[name]
+        f, b, g = f + df, b + db, g + dg
+    return f, b, g
 
 
 def gemm_flops_per_layer(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> list[np.ndarray]:
@@ -73,8 +95,11 @@ def layer_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
     cp: np.ndarray, act_noncore_bytes: np.ndarray, act_core_bytes: np.ndarray, eager: bool,
 ) -> dict[str, np.ndarray]:
-    """Forward and backward seconds of one block for one micro-batch on one rank, and the
-    extra seconds of selective (attention core) and full recompute."""
+    """Forward and backward seconds of one block for one micro-batch on one rank; the host
+    overhead of DTensor under tensor parallelism ("dtensor", forward + backward); and the
+    extra seconds of full recompute (the forward again) and of selective recompute (the
+    runtime keeps GEMM outputs and recomputes the rest: attention core, norms, activation
+    functions; Megatron's selective keeps those too, and on a GPU they are a few percent)."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     gemm = sum(gemm_time_s(g, profile, peak) for g in gemm_flops_per_layer(model, tokens, tp))
     core_flops = attention_core_flops(model, b, tp, cp)
@@ -88,11 +113,19 @@ def layer_times_s(
         core_fwd = core_flops / (peak * profile.efficiency.matmul(core_flops) * FLASH_EFFICIENCY)
         core_bwd = FLASH_BACKWARD * core_fwd
     elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES, profile)
-    dispatch = OPS_PER_LAYER_FORWARD * profile.efficiency.op_overhead_s
-    forward = gemm + core_fwd + elem / 3.0 + dispatch
-    backward = 2.0 * gemm + core_bwd + elem * 2.0 / 3.0 + 2.0 * dispatch
-    return {"forward": forward, "backward": backward, "selective": core_fwd, "full": forward,
-            "core_forward": core_fwd}
+    eff = profile.efficiency
+    ops_f, ops_b, ops_gemm = block_ops(model, eager)
+    forward = gemm + core_fwd + elem / 3.0 + ops_f * eff.op_overhead_s
+    backward = 2.0 * gemm + core_bwd + elem * 2.0 / 3.0 + ops_b * eff.op_overhead_s
+    tp_on = np.asarray(tp) > 1
+    dtensor = np.where(tp_on, (ops_f + ops_b) * eff.dtensor_op_overhead_s, 0.0)
+    non_gemm = ops_f - ops_gemm
+    full = forward + ops_f * eff.checkpoint_op_overhead_s + dtensor * ops_f / (ops_f + ops_b)
+    selective = (core_fwd + elem / 3.0 + non_gemm * eff.op_overhead_s
+                 + ops_f * eff.selective_op_overhead_s
+                 + dtensor * non_gemm / (ops_f + ops_b))
+    return {"forward": forward, "backward": backward, "dtensor": dtensor, "selective": selective,
+            "full": full, "core_forward": core_fwd}
 
 
 def logits_times_s(

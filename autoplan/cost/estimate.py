@@ -142,25 +142,29 @@ def estimate_table(
         model, profile, peak, b, tp, cp, (parts["replicated"] + parts["split"]) * act_scale,
         parts["core"] * act_scale, eager)
     rec_extra = np.where(rc == RC_SELECTIVE, lt["selective"], np.where(rc == RC_FULL, lt["full"], 0))
-    tp_msg = w_bytes * model.seq_len / cp * b * model.hidden_size
-    tp_ar = comm.collective_time_s(
-        comm.ALL_REDUCE, tp_msg, tp, comm.intra_node(np.ones_like(tp), tp, gpn), profile)
+    tokens = model.seq_len / cp * b
+    tpc = comm.tensor_parallel_time_s(model, w_bytes * tokens * model.hidden_size, 4.0 * tokens,
+                                      tp, sp, comm.intra_node(np.ones_like(tp), tp, gpn), profile)
+    tp_rec = np.where(rc == RC_FULL, tpc["recompute_full"],
+                      np.where(rc == RC_SELECTIVE, tpc["recompute_selective"], 0.0))
     cp_layer = comm.context_parallel_time_s(model, b, tp, cp, w_bytes, lt["core_forward"],
                                             comm.intra_node(tp, cp, gpn), profile)
     logit_t = compute.logits_times_s(model, profile, peak, b, tp, cp, vocab, logits)
 
-    def stage(layers: np.ndarray, extra: np.ndarray) -> dict[str, np.ndarray]:
+    def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray) -> dict[str, np.ndarray]:
         n = _recomputed_layers(layers, rc, rcl, vpp)
         return {
-            "compute": layers * (lt["forward"] + lt["backward"]) + extra,
+            "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
             "recompute": n * rec_extra,
-            "tp": layers * 4.0 * tp_ar + np.where(rc == RC_FULL, n * 2.0 * tp_ar, 0.0),
+            "tp": layers * tpc["layer"] + n * tp_rec + tp_ends,
             "cp": layers * cp_layer,
             "backward": layers * lt["backward"],
         }
 
-    stages = [stage(l_first, np.where(loss_first, logit_t, 0.0)), stage(l_max, 0.0 * l_max),
-              stage(l_last, np.where(v_shape, 0.0, logit_t))]
+    head_first = np.where(loss_first, 1.0, 0.0)
+    stages = [stage(l_first, head_first * logit_t, tpc["embedding"] + head_first * tpc["head"]),
+              stage(l_max, 0.0 * l_max, 0.0 * l_max),
+              stage(l_last, (1.0 - head_first) * logit_t, (1.0 - head_first) * tpc["head"])]
     per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
     crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
@@ -168,7 +172,9 @@ def estimate_table(
 
     out["time_compute"] = m * crit["compute"]
     out["time_recompute"] = m * crit["recompute"]
-    out["time_tp_comm"] = m * crit["tp"]
+    # replicated weights' partial gradients under sequence parallelism: once per step
+    out["time_tp_comm"] = m * crit["tp"] + np.choose(slowest, [l_first, l_max, l_last]) * tpc[
+        "step_per_layer"]
     out["time_cp_comm"] = m * crit["cp"]
     out["time_pp_bubble"] = pipeline.bubble_fraction(sched, pp, vpp, m) * m * t_mb
     p2p_bytes = w_bytes * model.seq_len / cp * b * model.hidden_size / sp_div

@@ -12,6 +12,7 @@ import os
 import tempfile
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,11 +99,42 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
         dist.destroy_process_group()
 
 
+def full_message_bytes(op: str, nbytes: float, group: int) -> float:
+    """The benchmark's per-rank buffer as the cost model's message size: an all-gather's is
+    its output (autoplan.cost.comm prices the full message)."""
+    return nbytes * group if op == "all_gather" else nbytes
+
+
+def monotone(seconds: list[float]) -> list[float]:
+    """Each time replaced by the least of it and every larger size's, so the table never falls
+    with size: a slow small-message sample (a rank that lost its core) would otherwise price
+    every small call of a run."""
+    out, best = [], float("inf")
+    for t in reversed(seconds):
+        best = min(best, t)
+        out.append(best)
+    return out[::-1]
+
+
+def collective_tables(measured: dict[int, dict[str, list[list[float]]]]) -> dict[str, Any]:
+    """{kind: {group: {x: bytes, y: seconds}}}: the profile's `collectives` section
+    (autoplan.hardware.CollectiveTimes)."""
+    tables: dict[str, Any] = {}
+    for group, ops in sorted(measured.items()):
+        for op, rows in ops.items():
+            rows = sorted(rows)
+            tables.setdefault(op, {})[int(group)] = {
+                "x": [full_message_bytes(op, r[0], int(group)) for r in rows],
+                "y": monotone([r[1] for r in rows]),
+            }
+    return tables
+
+
 def measure_collectives(group_size: int, device_type: str, quick: bool) -> dict[str, list[list[float]]]:
     """{op: [[bytes, seconds], ...]} for one group of `group_size` ranks."""
     backend = "nccl" if device_type == "cuda" else "gloo"
     sizes = message_sizes(device_type, quick)
-    repeats = 3 if quick else 5
+    repeats = 7 if quick else 11  # odd: the median is a sample
     with tempfile.TemporaryDirectory(prefix="autoplan-profile-") as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
         env = os.environ.get("OMP_NUM_THREADS")

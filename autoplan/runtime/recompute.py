@@ -23,12 +23,15 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from autoplan.plan import RecomputePolicy
 
 
-def _saved_ops() -> set[object]:
+@functools.cache
+def _saved_ops() -> frozenset[object]:
+    """Built once: the policy runs for every forward op, where rebuilding this set cost about
+    as much as the op itself on CPU."""
     ops: set[object] = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
     c10d = getattr(torch.ops, "_c10d_functional", None)
     if c10d is not None:  # results of TP collectives: recomputing them would re-communicate
         ops |= {c10d.reduce_scatter_tensor.default, c10d.all_reduce.default}
-    return ops
+    return frozenset(ops)
 
 
 def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:

@@ -52,3 +52,70 @@ def test_context_parallel_gathers_kv_heads_not_query_heads() -> None:
     ratio = (comm.context_parallel_time_s(mha, *args) - lat) / (
         comm.context_parallel_time_s(gqa, *args) - lat)
     assert float(ratio) == pytest.approx(gqa.num_heads / gqa.kv_heads, rel=1e-9)
+
+
+def _tabled(per_call_s: float, slots: int | None = 2):
+    """cpu-gloo with measured tables: a fixed cost per call and 1 GB/s beyond it."""
+    from autoplan.hardware import CollectiveTimes, TimeTable
+
+    xs = (1024.0, 2.0**20, 2.0**24)
+    table = {g: TimeTable(xs, tuple(per_call_s * g + x / 1e9 for x in xs)) for g in (2, 4)}
+    prof = load_profile("cpu-gloo")
+    host = dataclasses.replace(prof.host, compute_slots=slots)
+    return dataclasses.replace(prof, host=host, collectives=CollectiveTimes(
+        all_reduce=table, all_gather=table, reduce_scatter=table))
+
+
+def test_measured_tables_replace_the_ring_formula_for_measured_groups() -> None:
+    prof = _tabled(1e-3, slots=None)
+    inside = np.array([True, True, True, False])
+    sizes = np.array([2, 4, 8, 2])
+    t = comm.collective_time_s(comm.ALL_REDUCE, np.full(4, 2.0**20), sizes, inside, prof)
+    ring = comm.collective_time_s(comm.ALL_REDUCE, np.full(4, 2.0**20), sizes, inside,
+                                  dataclasses.replace(prof, collectives=None))
+    assert t[0] == pytest.approx(2e-3 + 2.0**20 / 1e9)
+    assert t[1] == pytest.approx(4e-3 + 2.0**20 / 1e9)
+    assert t[2] == ring[2] and t[3] == ring[3]  # no table for 8 ranks; across nodes: formula
+
+
+def test_a_table_measured_on_shared_cores_is_not_slowed_twice() -> None:
+    """A 4-rank table taken on 2 cores already holds the 2x time-sharing that estimate_table
+    applies to the whole step; comm divides it out."""
+    t = comm.collective_time_s(comm.ALL_REDUCE, np.array([1024.0]), np.array([4]),
+                               np.array([True]), _tabled(1e-3, slots=2))
+    assert t[0] == pytest.approx((4e-3 + 1024 / 1e9) / 2)
+
+
+def test_time_table_extends_past_its_largest_size_at_the_last_bandwidth() -> None:
+    from autoplan.hardware import TimeTable
+
+    table = TimeTable((1e3, 1e6), (1e-4, 1.1e-3))
+    slope = (1.1e-3 - 1e-4) / (1e6 - 1e3)
+    assert table(np.array([2e6]))[0] == pytest.approx(1.1e-3 + 1e6 * slope)
+    assert table(np.array([1e3, 1e6]))[1] == pytest.approx(1.1e-3)
+    assert 1e-4 < table(np.array([3e4]))[0] < 1.1e-3  # log-log inside
+
+
+def test_sequence_parallel_doubles_the_calls_of_tensor_parallelism() -> None:
+    """Same bytes, twice the collectives: where each call costs a fixed time, SP's block
+    communication costs twice plain TP's (measured on the runtime: 4 all-reduces vs 4
+    all-gathers + 4 reduce-scatters per block and micro-batch)."""
+    prof = _tabled(1e-3, slots=None)
+    model = PRESETS["tiny"]
+    args = (np.array([1024.0]), np.array([256.0]), np.array([2.0]))
+    plain = comm.tensor_parallel_time_s(model, *args, np.array([False]), np.array([True]), prof)
+    sp = comm.tensor_parallel_time_s(model, *args, np.array([True]), np.array([True]), prof)
+    assert sp["layer"][0] == pytest.approx(2.0 * plain["layer"][0])
+    assert plain["step_per_layer"][0] == 0.0
+    # LayerNorm weight + bias twice, and two row-parallel biases: 6 partial-gradient reductions
+    # (h floats each: below the table's smallest size, which prices them)
+    assert sp["step_per_layer"][0] == pytest.approx(6 * (2e-3 + 1024 / 1e9))
+    assert plain["recompute_selective"][0] == 0.0 and sp["recompute_selective"][0] > 0.0
+
+
+def test_time_table_rejects_times_that_fall_with_size() -> None:
+    from autoplan.errors import ConfigError
+    from autoplan.hardware import TimeTable
+
+    with pytest.raises(ConfigError, match="do not fall"):
+        TimeTable((1e3, 1e6), (2e-4, 1e-4))

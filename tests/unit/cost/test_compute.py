@@ -43,3 +43,44 @@ def test_tensor_parallel_splits_gemm_flops() -> None:
     eight = sum(compute.gemm_flops_per_layer(m, np.array(2048.0), np.array(8.0)))
     assert float(one) == pytest.approx(8 * float(eight))
     assert float(one) == pytest.approx(24 * 2048 * m.hidden_size**2)  # 24 s h^2 forward
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+def test_block_op_counts_match_the_runtime_block(name: str) -> None:
+    """The cost model charges dispatch per aten op of a block; recount the runtime's block."""
+    import torch
+
+    from autoplan.profiler.dispatch import _count, _materialize
+    from autoplan.runtime.models.transformer import build_meta_model
+
+    spec = PRESETS[name]
+    model = build_meta_model(spec, 0.0)
+    _materialize(model, spec)
+    x = torch.randn(1, 8, spec.hidden_size, requires_grad=True)
+    fwd, bwd, gemms = _count(model.layers["0"], x)
+    f, b, g = compute.block_ops(spec)
+    assert (f, g) == (fwd, gemms)
+    assert abs(b - bwd) <= 2  # the per-feature deltas add up to within two backward ops
+
+
+def test_host_overheads_charge_tensor_parallel_and_recompute() -> None:
+    import dataclasses
+
+    prof = load_profile("cpu-gloo")
+    eff = dataclasses.replace(prof.efficiency, dtensor_op_overhead_s=1e-5,
+                              checkpoint_op_overhead_s=2e-5, selective_op_overhead_s=3e-5)
+    prof = dataclasses.replace(prof, efficiency=eff)
+    model = PRESETS["tiny"]
+    one = np.array([1.0])
+
+    def times(tp: float) -> dict[str, np.ndarray]:
+        return compute.layer_times_s(model, prof, 1e11, one, np.array([tp]), one, one * 0,
+                                     one * 0, eager=False)
+
+    t1, t2 = times(1.0), times(2.0)
+    f, b, g = compute.block_ops(model)
+    assert t1["dtensor"][0] == 0.0
+    assert t2["dtensor"][0] == pytest.approx((f + b) * 1e-5)
+    assert t1["full"][0] == pytest.approx(t1["forward"][0] + f * 2e-5)
+    assert t1["selective"][0] == pytest.approx(
+        t1["core_forward"][0] + (f - g) * eff.op_overhead_s + f * 3e-5)
