@@ -44,12 +44,27 @@ def link_from_all_reduce(rows: list[list[float]], group: int
     return float(bandwidth), intercept / steps, curve
 
 
+def with_layer_points(curve: dict[str, list[float]], points: list[list[float]]
+                      ) -> dict[str, list[float]]:
+    """The matmul curve with the square-GEMM points inside the span of `points` (measured on
+    the runtime's own MLP GEMMs, see compare.mlp_gemm_points) replaced by them: inside that
+    span the layers' shapes are what the cost model prices; outside it the square GEMMs stay."""
+    if not points:
+        return curve
+    lo, hi = points[0][0], points[-1][0]
+    merged = [(x, y) for x, y in zip(curve["x"], curve["y"], strict=True) if not lo <= x <= hi]
+    merged = sorted(merged + [(x, _clamp(y)) for x, y in points])
+    return {"x": [x for x, _ in merged], "y": [y for _, y in merged]}
+
+
 def assemble(
     base: dict[str, Any], name: str, device: torch.device, precision: str,
     matmul: list[Timing], copy_bw: float, elementwise_bw: float, op_overhead_s: float,
     collectives: dict[int, dict[str, list[list[float]]]], host_copy_bw: float,
-    adam_params_per_s: float, quick: bool,
+    adam_params_per_s: float, quick: bool, layers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The profile: `base` with the measured fields replaced; `layers` (optional) holds the
+    per-layer tables (layer_models, layers, saved_activations) kept under `measured`."""
     prof = copy.deepcopy(base)
     prof["schema_version"] = 1
     prof["name"] = name
@@ -97,5 +112,30 @@ def assemble(
         "collectives": {str(g): ops for g, ops in collectives.items()},
         "host_copy_bytes_per_s": float(host_copy_bw),
         "cpu_adam_params_per_s": float(adam_params_per_s),
+        **(layers or {}),
     }
+    if layers and layers.get("layers"):
+        _feed_layer_points(prof, layers, precision)
     return prof
+
+
+def _feed_layer_points(prof: dict[str, Any], layers: dict[str, Any], precision: str) -> None:
+    """Put the runtime's MLP GEMM efficiencies on the matmul curve when that brings the
+    predicted block times (rows the points were not taken from) closer to the measured ones;
+    record the points, the verdict and both errors under measured.matmul_from_layers."""
+    from autoplan.hardware import profile_from_dict
+    from autoplan.profiler.compare import layer_error, mlp_gemm_points
+
+    eff, tables, models = prof["efficiency"], layers["layers"], layers["layer_models"]
+    square = profile_from_dict(prof)
+    points = mlp_gemm_points(tables, models, square, precision)
+    curve = with_layer_points(eff["matmul"], points)
+    fed = profile_from_dict(prof | {"efficiency": eff | {"matmul": curve}})
+    before = layer_error(tables, models, square, precision)
+    after = layer_error(tables, models, fed, precision)
+    used = bool(points) and before is not None and after is not None and after <= before
+    if used:
+        eff["matmul"] = curve
+    prof["measured"]["matmul_from_layers"] = {
+        "points": points, "used": used,
+        "block_log_error": {"square_gemms": before, "with_points": after}}

@@ -44,7 +44,7 @@ def _gpu_base(device_name: str) -> str:
 def profile_command(args: argparse.Namespace) -> int:
     import torch
 
-    from autoplan.profiler import build, collectives, compute, host
+    from autoplan.profiler import build, collectives, compare, compute, host, layers, report
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", "cuda requested but torch sees no CUDA device",
@@ -78,14 +78,17 @@ def profile_command(args: argparse.Namespace) -> int:
         status.update("host copies and CPU Adam")
         host_bw = host.measure_copy_bandwidth(device, args.quick)
         adam = host.measure_cpu_adam(args.quick, threads=None if use_cuda else 1)
+        tables = layers.measured_tables(
+            device, precision, args.quick,
+            lambda i, n, what: status.update(f"runtime layers {i}/{n}: {what}"))
         colls: dict[int, dict[str, list[list[float]]]] = {}
         groups = [g for g in (2, 4, 8) if g <= max_ranks]
         for g in groups:
             status.update(f"collectives over {g} ranks")
             colls[g] = collectives.measure_collectives(g, device.type, args.quick)
     prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
-                          adam, args.quick)
-    profile_from_dict(prof)  # the result must load like any other profile
+                          adam, args.quick, tables)
+    loaded = profile_from_dict(prof)  # the result must load like any other profile
     written = save_yaml(prof, out, overwrite=args.force)
     summary = {
         "profile": str(written), "device": prof["device"]["name"],
@@ -95,6 +98,11 @@ def profile_command(args: argparse.Namespace) -> int:
         "all_reduce_bytes_per_s": prof["intra_node"]["bytes_per_s"] if colls else None,
         "all_reduce_latency_s": prof["intra_node"]["latency_s"] if colls else None,
         "groups": groups, "pid": os.getpid(),
+        "layers_vs_model": compare.layer_comparison(tables["layers"], tables["layer_models"],
+                                                    loaded, precision),
+        "saved_vs_model": compare.saved_comparison(tables["saved_activations"],
+                                                   tables["layer_models"], precision),
+        "matmul_from_layers": prof["measured"]["matmul_from_layers"],
     }
 
     def render(c: Any) -> None:
@@ -106,6 +114,14 @@ def profile_command(args: argparse.Namespace) -> int:
             c.print(f"  all-reduce over {max(groups)} ranks: "
                     f"{summary['all_reduce_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, "
                     f"{summary['all_reduce_latency_s'] * 1e6:.0f} us per step")
+        fed = summary["matmul_from_layers"]
+        err = fed["block_log_error"]
+        c.print(f"  matmul curve: {len(fed['points'])} points from the runtime's MLP GEMMs "
+                f"{'used' if fed['used'] else 'not used'}; block time mean |log(measured/"
+                f"predicted)| {err['square_gemms']:.3f} square GEMMs only, "
+                f"{err['with_points']:.3f} with them")
+        c.print(report.layer_table(summary["layers_vs_model"]))
+        c.print(report.saved_table(summary["saved_vs_model"]))
 
     emit(args, to_dict(summary), render)
     return 0

@@ -12,7 +12,7 @@ from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import ClusterSpec, load_profile, profile_from_dict
 from autoplan.plan import plan_from_dict
-from autoplan.profiler.build import link_from_all_reduce, matmul_curve
+from autoplan.profiler.build import MIN_EFF, link_from_all_reduce, matmul_curve
 from autoplan.profiler.compute import Timing
 from autoplan.yaml_io import save_yaml, to_dict
 
@@ -53,19 +53,45 @@ def test_measured_profile_loads_and_scores_plans(measured, capsys) -> None:
     assert code == 0 and data["time"]["dp_comm"] > 0
 
 
-def test_measured_profile_round_trips_to_the_same_estimates(measured, tmp_path) -> None:
+@pytest.mark.parametrize("layout", [
+    {"parallel": {"dp": 2}},
+    {"parallel": {"tp": 2}, "recompute": {"policy": "selective"}},
+])
+def test_measured_profile_round_trips_to_the_same_estimates(measured, tmp_path, layout) -> None:
     prof = load_profile(measured)
+    assert prof.measured is not None
+    layers = prof.measured["layers"]
+    assert layers["columns"] == ["layer", "model", "mbs", "seq", "tp", "hidden", "fwd_s", "bwd_s",
+                                 "flops", "ops"]
+    assert {r[0] for r in layers["rows"]} == {"attention", "mlp", "norm", "embedding", "logits",
+                                              "block"}
+    assert prof.measured["saved_activations"]["rows"]
     copy = tmp_path / "copy.yaml"
     save_yaml(to_dict(prof) | {"schema_version": 1}, copy)
     again = load_profile(copy)
     assert again == prof
+    assert again.measured["layers"] == layers
     plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "x", "num_gpus": 2},
-                           "parallel": {"dp": 2}, "precision": "fp32",
-                           "batch": {"micro_batch_size": 2, "global_batch_size": 8}})
+                           "precision": "fp32",
+                           "batch": {"micro_batch_size": 2, "global_batch_size": 8}} | layout)
     a = estimate_plan(plan, ClusterSpec(prof, 2))
     b = estimate_plan(plan, ClusterSpec(again, 2))
     assert a.time == b.time and a.memory == b.memory
     assert np.isfinite(a.time["step"])
+
+
+def test_layer_points_are_on_the_curve_when_used(measured) -> None:
+    prof = load_profile(measured)
+    fed = prof.measured["matmul_from_layers"]
+    assert fed["points"]  # the quick grid's GELU MLP rows are GEMM-bound on this machine
+    err = fed["block_log_error"]
+    assert fed["used"] == (err["with_points"] <= err["square_gemms"])
+    curve = prof.efficiency.matmul
+    if fed["used"]:
+        for x, y in fed["points"]:
+            assert float(curve(x)) == pytest.approx(min(1.0, max(MIN_EFF, y)))
+    else:
+        assert list(curve.x) == [size for size, _ in prof.measured["matmul"]]
 
 
 def test_profile_refuses_to_overwrite(measured, capsys) -> None:
