@@ -44,7 +44,16 @@ def _gpu_base(device_name: str) -> str:
 def profile_command(args: argparse.Namespace) -> int:
     import torch
 
-    from autoplan.profiler import build, collectives, compare, compute, host, layers, report
+    from autoplan.profiler import (
+        build,
+        collectives,
+        compare,
+        compute,
+        dispatch,
+        host,
+        layers,
+        report,
+    )
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", "cuda requested but torch sees no CUDA device",
@@ -73,8 +82,9 @@ def profile_command(args: argparse.Namespace) -> int:
         mm = compute.measure_matmul(device, precision, args.quick)
         status.update("memory bandwidth")
         copy_bw, elem_bw = compute.measure_bandwidth(device, args.quick)
-        status.update("operator dispatch")
-        op_s = compute.measure_op_overhead(device, args.quick)
+        status.update("operator dispatch (plain, DTensor, checkpointed)")
+        disp = dispatch.measure_dispatch(device, args.quick)
+        op_s = disp.op_overhead_s
         status.update("host copies and CPU Adam")
         host_bw = host.measure_copy_bandwidth(device, args.quick)
         adam = host.measure_cpu_adam(args.quick, threads=None if use_cuda else 1)
@@ -88,6 +98,9 @@ def profile_command(args: argparse.Namespace) -> int:
             colls[g] = collectives.measure_collectives(g, device.type, args.quick)
     prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
                           adam, args.quick, tables)
+    dispatch.apply_dispatch(prof, disp)
+    if colls:
+        prof["collectives"] = collectives.collective_tables(colls)
     loaded = profile_from_dict(prof)  # the result must load like any other profile
     written = save_yaml(prof, out, overwrite=args.force)
     summary = {

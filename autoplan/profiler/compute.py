@@ -79,22 +79,3 @@ def measure_bandwidth(device: torch.device, quick: bool) -> tuple[float, float]:
     add_s = time_call(lambda: torch.add(src, other, out=dst), device, 3 if quick else 5)
     size = src.element_size() * numel
     return 2.0 * size / copy_s, 3.0 * size / add_s  # copy: read + write; add: 2 reads + write
-
-
-def measure_op_overhead(device: torch.device, quick: bool) -> float:
-    """Seconds of dispatch per forward operator, with its share of backward, when the work
-    itself is negligible: forward + backward of a chain of tiny norm/linear/activation modules,
-    divided by 3x its operator count (the cost model charges backward twice forward). This is
-    eager PyTorch's module, dispatcher and autograd overhead on CPU, the launch rate on a GPU."""
-    blocks = 16
-    layers: list[torch.nn.Module] = []
-    for _ in range(blocks):
-        layers += [torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.GELU()]
-    chain = torch.nn.Sequential(*layers).to(device)
-    x = torch.randn(1, 8, device=device)
-
-    def run() -> None:
-        chain(x).sum().backward()
-
-    seconds = time_call(run, device, 5 if quick else 20, warmup=3)
-    return seconds / (3.0 * 3 * blocks)
