@@ -199,6 +199,12 @@ class Efficiency:
     selective_op_overhead_s: float = 0.0
     """Extra host seconds per forward operator of a selectively recomputed block beyond
     redoing its non-GEMM ops: the checkpoint policy is a Python callback on every op."""
+    fsdp_unit_overhead_s: float = 0.0
+    """Extra host seconds per FSDP2 unit and micro-batch: its pre/post forward and backward
+    hooks and the copies into and out of the communication buffers (measured)."""
+    dtensor_optimizer_overhead_s: float = 0.0
+    """Extra host seconds per parameter tensor of an optimizer step when the parameters are
+    DTensors (FSDP2 or tensor parallelism): foreach kernels fall back to per-tensor ops."""
 
     def __post_init__(self) -> None:
         _fraction("memory_bound", self.memory_bound)
@@ -206,7 +212,8 @@ class Efficiency:
             raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")
         _fraction("overlap", self.overlap)
         for name in ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
-                     "selective_op_overhead_s"):
+                     "selective_op_overhead_s", "fsdp_unit_overhead_s",
+                     "dtensor_optimizer_overhead_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"got {getattr(self, name)}", "expected >= 0 seconds")
 

@@ -9,7 +9,10 @@
    how far the model's first choice is from the measured best.
 
 Run: python benchmarks/closed_loop.py [--profile P] [--steps 8] [--model tiny] [--out DIR]
-Optionally `--calibrate` fits the profile to these runs (autoplan calibrate) and reprints.
+`--calibrate` fits the profile to these runs (autoplan calibrate) and reprints, in sample and
+held out (k-fold: each plan predicted by a profile fitted to the other folds' runs).
+`--reuse` takes the measurements already in --out instead of running the plans again (for
+re-predicting after a cost-model change).
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from autoplan.calibrate import calibrate, load_run
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
-from autoplan.tune.runner import run_trial
+from autoplan.tune.runner import TrialOutcome, run_trial
 from autoplan.yaml_io import dump_yaml
 
 PLANS: list[dict] = [  # (world size from the degrees)
@@ -47,14 +51,17 @@ PLANS: list[dict] = [  # (world size from the degrees)
     {"parallel": {"dp": 2, "pp": 2}},
     {"parallel": {"dp": 2}, "recompute": {"policy": "full"}},
     {"parallel": {"dp": 2}, "recompute": {"policy": "selective"}},
+    {"parallel": {"cp": 2}},
+    {"parallel": {"dp": 2, "cp": 2}, "zero_stage": 3},
 ]
+FOLDS = 4
 
 
 def make_plan(extra: dict, model: str, profile: str) -> Plan:
-    par = {"dp": 1, "tp": 1, "pp": 1, **extra["parallel"]}
-    world = par["dp"] * par["tp"] * par["pp"]
+    par = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, **extra["parallel"]}
+    world = par["dp"] * par["tp"] * par["pp"] * par["cp"]
     data = {"model": model, "cluster": {"profile": profile, "num_gpus": world},
-            "precision": "fp32", "zero_stage": 1 if par["dp"] > 1 else 0,
+            "precision": "fp32", "zero_stage": 1 if par["dp"] * par["cp"] > 1 else 0,
             "batch": {"micro_batch_size": 4, "global_batch_size": 16}, **extra}
     return plan_from_dict(data)
 
@@ -66,6 +73,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", type=Path, help="keep plans, metrics and run records here")
     ap.add_argument("--calibrate", action="store_true", help="also fit the profile and reprint")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse the measured runs in --out instead of running the plans")
     args = ap.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix="autoplan-closed-loop-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -83,7 +92,9 @@ def main() -> int:
         tdir = work / f"plan{i:02d}"
         tdir.mkdir(exist_ok=True)
         (tdir / "plan.yaml").write_text(dump_yaml(plan_to_dict(plan)))
-        out = run_trial(tdir / "plan.yaml", plan.world_size, args.steps, tdir, timeout_s=600)
+        out = reused(tdir) if args.reuse else None
+        if out is None:
+            out = run_trial(tdir / "plan.yaml", plan.world_size, args.steps, tdir, timeout_s=600)
         label = " ".join(f"{k}{v}" for k, v in extra["parallel"].items())
         label += "".join(f" {k}={v}" for k, v in extra.items() if k != "parallel")
         rows.append({"plan": label[:60], "ranks": plan.world_size,
@@ -111,8 +122,35 @@ def main() -> int:
                              for e, r in zip(PLANS, df["ranks"], strict=True)]
         print("\nafter calibration (in-sample):")
         report(df)
+        print(f"\nafter calibration, held out ({FOLDS}-fold):")
+        report(held_out(rows, args.model, profile_ref, profile, work))
     print(f"\nfiles in {work}")
     return 0
+
+
+def reused(tdir: Path) -> TrialOutcome | None:
+    """A completed run's measurements from an earlier invocation, if there is one."""
+    path = tdir / "run.json"
+    if not path.is_file():
+        return None
+    m = json.loads(path.read_text())["measured"]
+    return TrialOutcome(status="complete", step_times_s=[m["step_time_s"]],
+                        peak_memory_bytes=m["peak_memory_bytes"])
+
+
+def held_out(rows: list[dict], model: str, profile_ref: str, profile, work: Path) -> pd.DataFrame:
+    """Each plan predicted by a profile calibrated on the runs of the other folds only."""
+    df = pd.DataFrame(rows)
+    runs = {i: load_run(work / f"plan{i:02d}" / "run.json") for i in range(len(PLANS))
+            if (work / f"plan{i:02d}" / "run.json").is_file()}
+    for fold in range(FOLDS):
+        train = [r for i, r in runs.items() if i % FOLDS != fold]
+        fitted = calibrate(train, profile, trials=200, seed=fold).profile
+        for i in range(fold, len(PLANS), FOLDS):
+            plan = make_plan(PLANS[i], model, profile_ref)
+            df.loc[i, "predicted_s"] = estimate_plan(
+                plan, ClusterSpec(fitted, plan.world_size)).step_time_s
+    return df
 
 
 def report(df: pd.DataFrame) -> None:

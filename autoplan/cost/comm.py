@@ -123,8 +123,7 @@ def tensor_parallel_time_s(
 
 def context_parallel_time_s(
     model: ModelSpec, b: np.ndarray, tp: np.ndarray, cp: np.ndarray, elem_bytes: float,
-    core_forward_s: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile,
-    recompute_gathers: np.ndarray | float = 0.0,
+    inside_node: np.ndarray, profile: ClusterProfile, recompute_gathers: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """Exposed seconds per block and micro-batch of the runtime's all-gather context
     parallelism (autoplan/runtime/context_parallel.py; Llama 3, Dubey et al. 2024, §3.3.2).
@@ -133,8 +132,7 @@ def context_parallel_time_s(
     GQA repeats them, split by tp), b * s * kv_heads * head_dim / tp elements each once
     gathered; backward reduce-scatters dK and dV, the same bytes. Attention waits for the
     gather and the K/V projections' backward for the reduce-scatter, so nothing overlaps:
-    both are exposed, and `core_forward_s` (what ring attention hid its hops behind) no longer
-    enters. Counted with torch.profiler on the runtime (cp = 2, 4 blocks, 4 micro-batches):
+    both are exposed. Counted with torch.profiler on the runtime (cp = 2, 4 blocks, 4 micro-batches):
     1 all-gather and 1 reduce-scatter per block and micro-batch; full and selective recompute
     each repeat the all-gather once (`recompute_gathers` = 1 for callers that know the policy).
     """

@@ -147,8 +147,11 @@ def estimate_table(
                                       tp, sp, comm.intra_node(np.ones_like(tp), tp, gpn), profile)
     tp_rec = np.where(rc == RC_FULL, tpc["recompute_full"],
                       np.where(rc == RC_SELECTIVE, tpc["recompute_selective"], 0.0))
-    cp_layer = comm.context_parallel_time_s(model, b, tp, cp, w_bytes, lt["core_forward"],
-                                            comm.intra_node(tp, cp, gpn), profile)
+    cp_inside = comm.intra_node(tp, cp, gpn)
+    cp_layer = comm.context_parallel_time_s(model, b, tp, cp, w_bytes, cp_inside, profile)
+    # a recomputed block gathers K and V again
+    cp_rec = comm.context_parallel_time_s(model, b, tp, cp, w_bytes, cp_inside, profile,
+                                          recompute_gathers=1.0) - cp_layer
     logit_t = compute.logits_times_s(model, profile, peak, b, tp, cp, vocab, logits)
 
     def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray) -> dict[str, np.ndarray]:
@@ -157,7 +160,7 @@ def estimate_table(
             "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
             "recompute": n * rec_extra,
             "tp": layers * tpc["layer"] + n * tp_rec + tp_ends,
-            "cp": layers * cp_layer,
+            "cp": layers * cp_layer + n * cp_rec,
             "backward": layers * lt["backward"],
         }
 
@@ -198,6 +201,14 @@ def estimate_table(
     rs, ag = coll(comm.REDUCE_SCATTER, g_bytes), coll(comm.ALL_GATHER, p_bytes)
     dp_total = np.choose(np.clip(zero, 0, 3), [
         coll(comm.ALL_REDUCE, g_bytes), rs + ag, m * rs + ag, m * (rs + 2.0 * ag)])
+    # host work of the runtime's FSDP2 units per micro-batch (FSDP2 wraps every data-parallel
+    # plan but fp32 ZeRO-0 without pipeline/tensor/context parallelism, which runs on DDP, and
+    # every mixed-precision or offloaded plan: autoplan.runtime.data_parallel.uses_fsdp)
+    ddp = ((zero == 0) & (dp > 1) & (pp == 1) & (tp == 1) & (cp == 1) & (precision == "fp32")
+           & ~(off_o | off_p))
+    fsdp = ~ddp & ((shard > 1) | (precision != "fp32") | off_o | off_p)
+    eff = profile.efficiency
+    fsdp_host = np.where(fsdp, m * (l_max + 1.0) * eff.fsdp_unit_overhead_s, 0.0)
     # every step all-reduces the loss and the gradient norm over the whole job: two tiny
     # collectives that nothing hides
     step_sync = 2.0 * comm.collective_time_s(comm.ALL_REDUCE, np.full_like(world, 8.0), world,
@@ -205,7 +216,7 @@ def estimate_table(
                                              profile)
     hideable = np.where(zero >= 2, m * t_mb, crit["backward"]) * profile.efficiency.overlap
     out["time_dp_comm"] = (dp_total - np.minimum(dp_total * profile.efficiency.overlap, hideable)
-                           + step_sync)
+                           + step_sync + fsdp_host)
 
     # ---- offload and the optimizer step -----------------------------------------------------
     shard_params = psi / np.where(zero >= 1, shard, 1.0)
@@ -215,8 +226,10 @@ def estimate_table(
             crit["backward"] * profile.efficiency.overlap), 0.0)
         + np.where(off_p, offload.param_offload_time_s(
             psi / shard, m, w_bytes, profile, m * t_mb * profile.efficiency.overlap), 0.0))
+    tensors = l_max * params.tensors_per_layer(model) + params.end_tensors(model)
     out["time_optimizer"] = np.where(
-        off_o, 0.0, compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile))
+        off_o, 0.0, compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile)
+    ) + np.where(fsdp | (tp > 1), tensors * eff.dtensor_optimizer_overhead_s, 0.0)
     slots = profile.host.compute_slots
     if slots:  # more ranks than cores on a node time-share them (CPU runs)
         share = np.maximum(1.0, np.minimum(world, gpn) / slots)

@@ -42,6 +42,20 @@ def layer_params(model: ModelSpec) -> int:
     return attention_params(model) + mlp_params(model) + 2 * norm_params(model)
 
 
+def tensors_per_layer(model: ModelSpec) -> int:
+    """Parameter tensors of one block (optimizers over DTensors pay per tensor): q, k, v, o and
+    two or three MLP weights, their biases, and two norms' weights (and biases)."""
+    weights = 4 + (3 if model.mlp is MlpKind.SWIGLU else 2)
+    norms = 2 * (2 if model.norm is NormKind.LAYERNORM else 1)
+    return weights * (2 if model.bias else 1) + norms
+
+
+def end_tensors(model: ModelSpec) -> int:
+    """Parameter tensors outside the blocks: token (and position) embedding, final norm, head."""
+    return (1 + (model.position is PositionKind.LEARNED)
+            + (2 if model.norm is NormKind.LAYERNORM else 1) + (not model.tie_embeddings))
+
+
 def embedding_params(model: ModelSpec, vocab: np.ndarray | int | None = None) -> np.ndarray:
     """Token embedding (vocab x h) plus the learned position table where there is one."""
     v = model.vocab_size if vocab is None else vocab

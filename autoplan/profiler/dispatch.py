@@ -36,6 +36,10 @@ class DispatchCosts:
     forward_ops: int
     backward_ops: int
     gemm_ops: int
+    fsdp_unit_overhead_s: float = 0.0
+    """Extra seconds per FSDP2 unit and micro-batch (forward + backward hooks, copies)."""
+    dtensor_optimizer_overhead_s: float = 0.0
+    """Extra seconds per parameter tensor of an AdamW step over DTensor parameters."""
 
 
 GEMMS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
@@ -108,6 +112,39 @@ def _dtensor_block_seconds(x: torch.Tensor, repeats: int) -> float:
             dist.destroy_process_group()
 
 
+def _fsdp_seconds(tokens: torch.Tensor, repeats: int) -> tuple[float, float, int, int]:
+    """(forward + backward s, AdamW step s, FSDP units, parameter tensors) of the tiny model,
+    each block and the root a fully_shard unit over a one-rank mesh; plain when units is 0."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    out = []
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for shard in (False, True):
+            spec, model = _tiny_model()
+            units = 0
+            if shard:
+                mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+                for block in model.layers.values():
+                    fully_shard(block, mesh=mesh, reshard_after_forward=False)
+                fully_shard(model, mesh=mesh, reshard_after_forward=False)
+                units = len(model.layers) + 1
+            _materialize(model, spec)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            step = time_call(_step(model, tokens), CPU, repeats, warmup=3)
+            out.append((step, time_call(opt.step, CPU, repeats, warmup=3), units,
+                        len(list(model.parameters()))))
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    (plain_fb, plain_opt, _, _), (fsdp_fb, fsdp_opt, units, tensors) = out
+    return fsdp_fb - plain_fb, fsdp_opt - plain_opt, units, tensors
+
+
 def _checkpointed_seconds(x: torch.Tensor, repeats: int, policy) -> float:
     """Forward + backward of the block under the runtime's own recompute wrapper."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -122,7 +159,7 @@ def _checkpointed_seconds(x: torch.Tensor, repeats: int, policy) -> float:
 
 def measure_dispatch(device: torch.device, quick: bool) -> DispatchCosts:
     """Per-op host costs of the runtime's block on `device` (see the module docstring). The
-    DTensor and checkpoint overheads are measured on CPU only; on a GPU they are host work
+    DTensor, checkpoint and FSDP overheads are measured on CPU only; on a GPU they are host work
     that large kernels hide, and stay 0."""
     from autoplan.plan import RecomputePolicy
 
@@ -141,18 +178,22 @@ def measure_dispatch(device: torch.device, quick: bool) -> DispatchCosts:
     full = _checkpointed_seconds(x, repeats, RecomputePolicy.FULL)
     selective = _checkpointed_seconds(x, repeats, RecomputePolicy.SELECTIVE)
     recomputed = forward * (fwd - gemms) / fwd  # selective recomputes all but the GEMMs
+    fsdp_fb, fsdp_opt, units, tensors = _fsdp_seconds(
+        torch.randint(0, spec.vocab_size, (BATCH, SEQ)), repeats)
     return dataclasses.replace(
         costs,
         dtensor_op_overhead_s=max(dtensor - plain, 0.0) / (fwd + bwd),
         checkpoint_op_overhead_s=max(full - plain - forward, 0.0) / fwd,
         selective_op_overhead_s=max(selective - plain - recomputed, 0.0) / fwd,
+        fsdp_unit_overhead_s=max(fsdp_fb, 0.0) / units,
+        dtensor_optimizer_overhead_s=max(fsdp_opt, 0.0) / tensors,
     )
 
 
 def apply_dispatch(prof: dict[str, Any], costs: DispatchCosts) -> None:
     """Write the per-op host costs into a profile's efficiency section and `measured`."""
     names = ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
-             "selective_op_overhead_s")
+             "selective_op_overhead_s", "fsdp_unit_overhead_s", "dtensor_optimizer_overhead_s")
     for name in names:
         prof["efficiency"][name] = float(getattr(costs, name))
     prof.setdefault("measured", {})["dispatch"] = {

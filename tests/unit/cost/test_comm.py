@@ -28,13 +28,12 @@ def test_context_parallel_is_one_kv_all_gather_and_one_reduce_scatter_exposed() 
     kv_all = 2 * 2 * 8192 * 8 * 128
     one = 3 * prof.intra_node.latency_s + 0.75 * kv_all / prof.intra_node.bytes_per_s
 
-    def t(cp, tp=1, core=0.0, **kw):
+    def t(cp, tp=1, **kw):
         return float(comm.context_parallel_time_s(m, np.array(1.0), np.array(float(tp)),
-                                                  np.array(float(cp)), 2.0, np.array(core),
-                                                  np.array(True), prof, **kw))
+                                                  np.array(float(cp)), 2.0, np.array(True), prof,
+                                                  **kw))
 
     assert t(4) == pytest.approx(2 * one, rel=1e-12)
-    assert t(4, core=1.0) == t(4)  # not hidden behind the attention core
     assert t(4, recompute_gathers=1.0) == pytest.approx(3 * one, rel=1e-12)
     assert t(1) == 0.0
     # tp splits the kv heads, so each cp collective carries 1/tp of the bytes
@@ -46,8 +45,7 @@ def test_context_parallel_gathers_kv_heads_not_query_heads() -> None:
     prof = _flat_profile()
     gqa = PRESETS["llama-3-8b"]
     mha = gqa.replace(num_kv_heads=gqa.num_heads)
-    args = (np.array(1.0), np.array(1.0), np.array(8.0), 2.0, np.array(0.0), np.array(True),
-            prof)
+    args = (np.array(1.0), np.array(1.0), np.array(8.0), 2.0, np.array(True), prof)
     lat = 2 * 7 * prof.intra_node.latency_s
     ratio = (comm.context_parallel_time_s(mha, *args) - lat) / (
         comm.context_parallel_time_s(gqa, *args) - lat)

@@ -157,3 +157,33 @@ def test_pipeline_across_nodes_pays_network_latency() -> None:
     # 16 GPUs over 8-GPU nodes: the stage-1 -> stage-2 boundary crosses InfiniBand
     from autoplan.cost.comm import intra_node
     assert not bool(intra_node(np.array(4), np.array(4), 8))
+
+
+def test_host_work_of_fsdp_and_dtensor_optimizers_follows_the_runtime_wrapping() -> None:
+    """FSDP2 wraps ZeRO >= 1 data parallelism (per unit and micro-batch hooks; DTensor
+    parameters slow the optimizer per tensor); fp32 ZeRO-0 runs on DDP and pays neither."""
+    import dataclasses
+
+    from autoplan.cost.params import end_tensors, tensors_per_layer
+
+    base = load_profile("cpu-gloo")
+    eff = dataclasses.replace(base.efficiency, fsdp_unit_overhead_s=1e-3,
+                              dtensor_optimizer_overhead_s=1e-4)
+    prof = dataclasses.replace(base, efficiency=eff)
+
+    def parts(profile, **fields):
+        plan = plan_from_dict({"model": "tiny", "precision": "fp32",
+                               "cluster": {"profile": "cpu-gloo", "num_gpus": 2},
+                               "parallel": {"dp": 2},
+                               "batch": {"micro_batch_size": 2, "global_batch_size": 16},
+                               **fields})
+        return estimate_plan(plan, ClusterSpec(profile, 2)).time
+
+    model = PRESETS["tiny"]
+    zero1, zero1_base = parts(prof, zero_stage=1), parts(base, zero_stage=1)
+    m, units = 4, model.num_layers + 1  # 16 / dp 2 / mbs 2 micro-batches; blocks and the root
+    assert zero1["dp_comm"] - zero1_base["dp_comm"] == pytest.approx(m * units * 1e-3)
+    tensors = model.num_layers * tensors_per_layer(model) + end_tensors(model)
+    assert tensors == 69  # counted on the runtime's tiny model
+    assert zero1["optimizer"] - zero1_base["optimizer"] == pytest.approx(tensors * 1e-4)
+    assert parts(prof, zero_stage=0) == parts(base, zero_stage=0)  # DDP
