@@ -5,6 +5,10 @@ state flattened per parameter), so a checkpoint saved under one plan loads under
 (different dp/tp/pp/ZeRO/world size). A checkpoint is only ever picked up whole: every rank
 writes into `step-NNNNNNNN.tmp/`, then, after a barrier, rank 0 writes `meta.json` and renames
 the folder to `step-NNNNNNNN/` (an atomic rename on one file system).
+
+A tied embedding/head weight is saved once, as `embed.tok.weight` (tied_embeddings.canonical),
+so pp = 1 and pp > 1 checkpoints load into each other. The fp16 loss scale is saved too and
+restored when the checkpoint has it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from autoplan.runtime import tied_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +55,25 @@ class Checkpointer:
     """Saves and loads the model chunks and optimizers of this rank."""
 
     def __init__(self, directory: str | Path, parts: list[nn.Module],
-                 optimizers: list) -> None:
+                 optimizers: list, tied: bool = False, loss_scaler=None) -> None:
         self.root = Path(directory)
         self.parts, self.optimizers = parts, optimizers
+        self.tied, self.loss_scaler = tied, loss_scaler
 
     def _state(self) -> dict[str, dict]:
         model: dict = {}
         optim: dict = {}
         for part, opt in zip(self.parts, self.optimizers, strict=True):
-            model.update(get_model_state_dict(part, options=_OPTIONS))
-            optim.update(get_optimizer_state_dict(part, opt, options=_OPTIONS))
-        return {"model": model, "optim": optim}
+            m = get_model_state_dict(part, options=_OPTIONS)
+            o = get_optimizer_state_dict(part, opt, options=_OPTIONS)
+            if self.tied:
+                m, o = tied_embeddings.canonical(m, o)
+            model.update(m)
+            optim.update(o)
+        state = {"model": model, "optim": optim}
+        if self.loss_scaler is not None:
+            state["loss_scaler"] = self.loss_scaler.state_dict()
+        return state
 
     def save(self, step: int, meta: dict | None = None) -> Path:
         final = self.root / f"step-{step:08d}"
@@ -82,10 +96,22 @@ class Checkpointer:
     def load(self, path: Path) -> int:
         """Load a checkpoint saved under any plan into this layout; returns its step."""
         state = self._state()
+        if "loss_scaler" in state and not _has_key(path, "loss_scaler."):
+            del state["loss_scaler"]  # saved without fp16: keep the initial scale
         dcp.load(state, checkpoint_id=str(path))
         for part, opt in zip(self.parts, self.optimizers, strict=True):
-            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-            set_optimizer_state_dict(part, opt, state["optim"], options=_OPTIONS)
+            model, optim = state["model"], state["optim"]
+            if self.tied:
+                model, optim = tied_embeddings.for_part(part, model, optim)
+            set_model_state_dict(part, model, options=StateDictOptions(strict=False))
+            set_optimizer_state_dict(part, opt, optim, options=_OPTIONS)
+        if "loss_scaler" in state:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
         step = checkpoint_step(path)
         log.info("resumed from %s (step %d)", path, step)
         return step
+
+
+def _has_key(path: Path, prefix: str) -> bool:
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    return any(k.startswith(prefix) for k in metadata.state_dict_metadata)

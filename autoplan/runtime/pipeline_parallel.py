@@ -93,3 +93,8 @@ def build_schedule(
     if issubclass(cls, PipelineScheduleSingle):
         return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
     return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+
+
+def stage_owner(stage: int, pp: int, pipeline: Pipeline) -> int:
+    """The pipeline rank that holds global stage `stage`."""
+    return next(r for r in range(pp) if stage in stage_indices(r, pp, pipeline))

@@ -16,6 +16,7 @@ PLANS = {
     "pp-drop-microbatch-grad": (make_plan(pp=2, mbs=2, gbs=8), "adamw"),
     "sp-wrong-gather": (make_plan(tp=2, sp=True), "sgd"),
     "zero-stale-grads": (make_plan(dp=2, zero=3), "sgd"),
+    "pp-tied-no-grad-sync": (make_plan(model="tiny-tied", pp=2), "sgd"),
     "cp-kv-rank-order": (make_plan("tiny-llama", cp=2), "sgd"),
     "cp-position-off-by-one": (make_plan(cp=2), "sgd"),
 }

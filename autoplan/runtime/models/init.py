@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from autoplan.runtime.names import clean_fqn
+from autoplan.runtime.tied_embeddings import init_fqn, retie
 
 INIT_STD = 0.02
 
@@ -33,15 +34,19 @@ def full_init_value(fqn: str, shape: torch.Size, num_layers: int, seed: int) -> 
 
 
 def materialize_and_init(
-    module: nn.Module, device: torch.device, num_layers: int, seed: int
+    module: nn.Module, device: torch.device, num_layers: int, seed: int, tied: bool = False
 ) -> None:
-    """Allocate a meta-device (possibly sharded) module on `device` and load the initial weights."""
+    """Allocate a meta-device (possibly sharded) module on `device` and load the initial weights.
+    `tied`: the head weight is drawn as the embedding's, so a pipeline's two copies start equal."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     module.to_empty(device=device)
+    if tied:  # to_empty gives each module its own plain tensor (DTensors keep the tie)
+        retie(module)
     with torch.no_grad():
         for fqn, t in module.state_dict().items():
-            full = full_init_value(clean_fqn(fqn), t.shape, num_layers, seed).to(device, t.dtype)
+            name = init_fqn(clean_fqn(fqn), tied)
+            full = full_init_value(name, t.shape, num_layers, seed).to(device, t.dtype)
             if isinstance(t, DTensor):
                 shard = distribute_tensor(full, t.device_mesh, t.placements, src_data_rank=None)
                 t.to_local().copy_(shard.to_local())
