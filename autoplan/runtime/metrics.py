@@ -25,7 +25,12 @@ class StepMetrics:
     step_time_s: float
     tokens_per_s: float
     peak_memory_bytes: int
-    grad_norm: float
+    grad_norm: float | None
+    """None when the step was skipped (fp16 overflow: the norm is inf/NaN)."""
+    loss_scale: float | None = None
+    """fp16 dynamic loss scale this step ran with; None without loss scaling."""
+    skipped: bool = False
+    """The optimizer step was skipped on every rank (fp16 overflow)."""
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -54,10 +59,13 @@ class MetricsSink:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(asdict(m)) + "\n")
         if self._console is not None:
+            norm = "-" if m.grad_norm is None else f"{m.grad_norm:.3f}"
+            scale = "" if m.loss_scale is None else f"  scale {m.loss_scale:g}"
+            skip = "  [yellow]skipped (overflow)[/]" if m.skipped else ""
             self._console.print(
                 f"[bold]step {m.step:>5}[/]  loss [cyan]{m.loss:.4f}[/]  "
                 f"{m.tokens_per_s:>10,.0f} tok/s  {m.step_time_s * 1e3:8.1f} ms/step  "
-                f"mem {m.peak_memory_bytes / 2**20:8.1f} MiB  |g| {m.grad_norm:.3f}"
+                f"mem {m.peak_memory_bytes / 2**20:8.1f} MiB  |g| {norm}{scale}{skip}"
             )
             sys.stderr.flush()
 
@@ -89,6 +97,7 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1) -> dict[st
         "steps": len(history),
         "final_step": history[-1].step if history else None,
         "final_loss": history[-1].loss if history else None,
+        "skipped_steps": sum(m.skipped for m in history),
         "measured": measured,
         "predicted": pred,
         "note": note,

@@ -1,8 +1,12 @@
-"""Optimizers (one per model chunk, as DCP's per-module state dicts need) and the gradient norm."""
+"""Optimizers (one per model chunk, as DCP's per-module state dicts need) and the gradient norm.
+
+With `host_offload` the torch optimizer runs on host copies (offload.HostOffloadOptimizer).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +22,8 @@ class OptimConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 0.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
+    host_offload: bool = False
+    """Optimizer state and master weights in host memory; the step runs there (ZeRO-Offload)."""
 
 
 def _single_mesh(params: list[torch.Tensor]) -> bool:
@@ -29,6 +35,14 @@ def _single_mesh(params: list[torch.Tensor]) -> bool:
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = [p for p in module.parameters() if p.requires_grad]
+    if cfg.host_offload:
+        from autoplan.runtime.offload import HostOffloadOptimizer
+
+        return HostOffloadOptimizer(params, lambda host: _torch_optimizer(host, cfg))
+    return _torch_optimizer(params, cfg)
+
+
+def _torch_optimizer(params: list[torch.Tensor], cfg: OptimConfig) -> torch.optim.Optimizer:
     foreach = None if _single_mesh(params) else False  # foreach cannot mix meshes
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=foreach)
@@ -46,13 +60,16 @@ def _group_key(g: torch.Tensor) -> object:
     return None
 
 
-def global_grad_norm(modules: list[nn.Module], pp_group) -> float:
+def global_grad_norm(modules: list[nn.Module], pp_group,
+                     skip: Iterable[torch.Tensor] = ()) -> float:
     """L2 norm of all gradients of the job: sharded grads are reduced within their mesh
-    (DTensor), then squares are summed over pipeline ranks."""
+    (DTensor), then squares are summed over pipeline ranks. `skip`: second copies of a tied
+    weight (counted once, on the stage that holds the first)."""
     groups: dict[object, list[torch.Tensor]] = {}
+    skipped = {id(p) for p in skip}
     for m in modules:
         for p in m.parameters():
-            if p.grad is not None:
+            if p.grad is not None and id(p) not in skipped:
                 groups.setdefault(_group_key(p.grad), []).append(p.grad)
     total_sq = torch.zeros((), dtype=torch.float64)
     for grads in groups.values():

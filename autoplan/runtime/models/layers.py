@@ -6,11 +6,14 @@ code runs on a full layer and on a tensor-parallel shard (heads split over tp ra
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.plan import Attention as AttentionKind
 
 ROPE_THETA = 10000.0
 
@@ -52,6 +55,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
         self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.bias)
         self.context_parallel = None  # context_parallel.apply_cp sets it when cp > 1
+        self.eager = False  # plan.attention: set_attention() sets it for eager
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -74,7 +78,28 @@ class Attention(nn.Module):
         if n_rep > 1:
             k = k.repeat_interleave(n_rep, dim=1)
             v = v.repeat_interleave(n_rep, dim=1)
+        if self.eager:
+            return eager_attention(q, k, v, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Unfused softmax(q k^T / sqrt(d) + mask) v (Vaswani et al. 2017, eq. 1), as Megatron-LM ran
+    before FlashAttention: the (b, heads, s, s) probabilities are materialised and kept for
+    backward (the 2as^2b bytes of the cost model's eager attention core). `mask`: True attends."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (b, heads, s_q, s_k)
+    if mask is None:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return probs @ v
+
+
+def set_attention(model: nn.Module, kind: AttentionKind) -> None:
+    """plan.attention: flash runs SDPA (fused, no s x s tensors kept), eager the unfused form."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.eager = kind == AttentionKind.EAGER
 
 
 class FeedForward(nn.Module):
