@@ -20,8 +20,10 @@ ZeRO-3     FSDP2 fully_shard(reshard_after_forward=True): parameters are freed a
            block's forward and all-gathered again in backward (one extra all-gather per step).
 =========  ======================================================================================
 
-bf16 runs use FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) at every
-stage (ZeRO-0 included, through the HSDP path); offload uses CPUOffloadPolicy (offload.py).
+bf16 and fp16 runs use FSDP2's MixedPrecisionPolicy(param_dtype=bf16 or fp16,
+reduce_dtype=fp32) at every stage (ZeRO-0 included, through the HSDP path), fp16 with dynamic
+loss scaling (loss_scaling.py); offload.params uses CPUOffloadPolicy, offload.optimizer alone a
+host optimizer over device-resident FSDP2 shards (offload.py).
 Gradients are averaged over dp (FSDP2's default divide factor, DDP's average), over dp x cp
 under context parallelism (fsdp_mesh).
 """
@@ -87,8 +89,9 @@ def apply_fsdp(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
-    if precision == Precision.BF16:
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if precision != Precision.FP32:
+        low = torch.bfloat16 if precision == Precision.BF16 else torch.float16
+        mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     kwargs = {
         "mesh": fsdp_mesh(world_mesh, dims),
         "mp_policy": mp,

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan
+from autoplan.plan import Plan, Precision
 from autoplan.runtime import (
     context_parallel,
     data_parallel,
@@ -31,9 +31,13 @@ from autoplan.runtime import (
     recompute,
     tensor_parallel,
 )
-from autoplan.runtime.mesh import ParallelDims, coordinate
+from autoplan.runtime.loss_scaling import LossScaler
+from autoplan.runtime.mesh import ParallelDims, coordinate, pg_timeout
 from autoplan.runtime.models.init import materialize_and_init
+from autoplan.runtime.models.layers import set_attention
 from autoplan.runtime.models.transformer import build_meta_model
+from autoplan.runtime.offload import host_optimizer
+from autoplan.runtime.tied_embeddings import TiedEmbeddings, retie
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,8 @@ class RuntimeOptions:
     """Residual dropout probability (0 for parity runs)."""
     loss_parallel: bool = True
     """With tp > 1, keep the logits vocab-sharded and compute the loss on the shards."""
+    pg_timeout_s: float = 60.0
+    """Timeout of the process groups parallelize() creates (tied embeddings under pp > 2)."""
 
 
 @dataclass
@@ -68,6 +74,14 @@ class ParallelModel:
     schedule: object | None = None
     cp_layout: context_parallel.LoadBalancedLayout | None = None
     """With cp > 1, which sequence chunks this rank's inputs and labels keep."""
+    tie_embeddings: bool = False
+    """The head uses the embedding's weight (checkpoints name it embed.tok.weight only)."""
+    tied: TiedEmbeddings | None = None
+    """pp > 1 with tied embeddings: the copies whose gradients are summed after backward."""
+    loss_scaler: LossScaler | None = None
+    """fp16: dynamic loss scaling with one skip decision for the whole job."""
+    host_optimizer: bool = False
+    """offload.optimizer without offload.params: the optimizer steps on host copies."""
     extras: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -93,6 +107,7 @@ def parallelize(
     n_micro = local_batch // plan.batch.micro_batch_size
     loss_parallel = dims.tp > 1 and options.loss_parallel
     meta = build_meta_model(spec, options.dropout)  # 1
+    set_attention(meta, plan.attention)
 
     num_stages = dims.pp * plan.pipeline.vpp if dims.pp > 1 else 1  # 2
     if dims.pp > 1:
@@ -109,13 +124,15 @@ def parallelize(
     for part in parts:  # 3
         if dims.tp > 1:
             tensor_parallel.apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel)
+            if spec.tie_embeddings:
+                retie(part)  # one DTensor for the embedding and the head (both Shard(0))
         if dims.cp > 1:
             context_parallel.apply_cp(part, mesh["cp"])
         recompute.apply_recompute(part, plan.recompute.policy, plan.recompute.num_layers)
         if fsdp:
             data_parallel.apply_fsdp(part, mesh, dims, plan.precision, plan.offload)
     for part in parts:  # 4
-        materialize_and_init(part, device, spec.num_layers, options.seed)
+        materialize_and_init(part, device, spec.num_layers, options.seed, spec.tie_embeddings)
         part.train()
     if ddp:  # 5
         parts = [data_parallel.apply_ddp(parts[0], mesh)]
@@ -123,14 +140,23 @@ def parallelize(
     pm = ParallelModel(
         dims=dims, mesh=mesh, parts=parts, stage_indices=indices, num_stages=num_stages,
         n_microbatches=n_micro, local_batch_size=local_batch, loss_parallel=loss_parallel,
-        ddp=ddp, fsdp=fsdp,
+        ddp=ddp, fsdp=fsdp, tie_embeddings=spec.tie_embeddings,
+        host_optimizer=host_optimizer(plan.offload),
     )
+    if spec.tie_embeddings and dims.pp > 1:
+        last = pipeline_parallel.stage_owner(num_stages - 1, dims.pp, plan.pipeline)
+        pm.tied = TiedEmbeddings.build(parts, mesh, dims.pp, 0, last,
+                                       pg_timeout(options.pg_timeout_s))
+    loss_fn = cross_entropy
+    if plan.precision == Precision.FP16:
+        pm.loss_scaler = LossScaler(device.type)
+        loss_fn = pm.loss_scaler.loss_fn(cross_entropy)
     if dims.cp > 1:
         pm.cp_layout = context_parallel.LoadBalancedLayout(dims.cp, coordinate(mesh, "cp"))
     if dims.pp > 1:  # 6
         pm.schedule = pipeline_parallel.build_schedule(
             parts, indices, num_stages, mesh["pp"].get_group(), device, plan.pipeline,
-            n_micro, cross_entropy,
+            n_micro, loss_fn,
         )
     log.debug("rank layout: stages %s of %d, ddp=%s fsdp=%s", indices, num_stages, ddp, fsdp)
     return pm

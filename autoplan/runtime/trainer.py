@@ -1,11 +1,14 @@
 """One training step over a ParallelModel: micro-batches (or the pipeline schedule), the global
-loss, the gradient norm, clipping and the optimizer step.
+loss, the tied-embedding gradient sum, fp16 unscaling and the job-wide overflow check, the
+gradient norm, clipping and the optimizer step (skipped on every rank after an overflow).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +29,10 @@ class StepResult:
     loss: float
     grad_norm: float
     stop_requested: bool = False
+    loss_scale: float | None = None
+    """fp16: the loss scale this step ran with; None without loss scaling."""
+    skipped: bool = False
+    """fp16: the optimizer step was skipped (an inf/NaN gradient on some rank)."""
 
 
 class Trainer:
@@ -35,6 +42,8 @@ class Trainer:
                  reseed: bool = True) -> None:
         self.pm = pm
         self.reseed = reseed
+        if pm.host_optimizer:
+            optim = dataclasses.replace(optim, host_offload=True)
         self.optim_cfg = optim
         self.seed = seed
         self.optimizers = [build_optimizer(part, optim) for part in pm.parts]
@@ -80,7 +89,7 @@ class Trainer:
                 pm.schedule.step(*args, target=target, losses=losses)
                 if not pm.has_last_stage:
                     return None
-                return torch.stack([_plain(x) for x in losses]).mean()
+                return torch.stack([_plain(x) for x in losses]).mean() / self._loss_multiplier
             part = pm.parts[0]
             total = torch.zeros(())
             n = pm.n_microbatches
@@ -89,7 +98,10 @@ class Trainer:
                     loss = cross_entropy(part(x), y)
                     if n > 1:
                         loss = loss / n
-                    loss.backward()
+                    if pm.loss_scaler is not None:
+                        (loss * pm.loss_scaler.multiplier).backward()
+                    else:
+                        loss.backward()
                 total += _plain(loss.detach())
             return total
 
@@ -106,17 +118,37 @@ class Trainer:
         rank = dist.get_rank() if dist.is_initialized() else 0
         if self.reseed:  # dropout masks are a function of (seed, step, rank): resumable
             torch.manual_seed(self.seed * 1_000_003 + self.step * 8191 + rank)
+        pm, scale = self.pm, self._loss_multiplier
         local = self.forward_backward(inputs, labels)
+        if pm.tied is not None:
+            pm.tied.sync_grads()  # before unscaling, the norm and clipping
         loss, stop = self._reduce_loss(local, stop_flag)
-        norm = global_grad_norm(self.pm.parts, self._pp_group)
-        if self.optim_cfg.max_grad_norm > 0:
-            clip_grads_(self.pm.parts, self.optim_cfg.max_grad_norm, norm)
+        skipped = pm.loss_scaler is not None and pm.loss_scaler.unscale_and_agree(self.optimizers)
+        norm = math.nan
+        if not skipped:
+            norm = global_grad_norm(pm.parts, self._pp_group,
+                                    pm.tied.duplicates if pm.tied is not None else ())
+            if self.optim_cfg.max_grad_norm > 0:
+                clip_grads_(pm.parts, self.optim_cfg.max_grad_norm, norm)
         if grad_hook is not None:
             grad_hook(self, self.step)
+        if pm.loss_scaler is not None:
+            pm.loss_scaler.step_and_update(self.optimizers)  # skips every step after overflow
+        else:
+            for opt in self.optimizers:
+                opt.step()
         for opt in self.optimizers:
-            opt.step()
             opt.zero_grad(set_to_none=True)
-        return StepResult(self.step, loss, norm, stop)
+        if skipped:
+            log.warning("step %d: inf/NaN gradient at loss scale %g; optimizer step skipped, "
+                        "scale now %g", self.step, scale, pm.loss_scaler.multiplier)
+        return StepResult(self.step, loss, norm, stop,
+                          loss_scale=scale if pm.loss_scaler is not None else None,
+                          skipped=skipped)
+
+    @property
+    def _loss_multiplier(self) -> float:
+        return self.pm.loss_scaler.multiplier if self.pm.loss_scaler is not None else 1.0
 
     def _reduce_loss(self, local: torch.Tensor | None, stop_flag: bool) -> tuple[float, bool]:
         """Mean of the local losses of all last-stage ranks, and whether any rank wants to stop,

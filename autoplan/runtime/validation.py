@@ -11,7 +11,7 @@ import logging
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan, Precision, RecomputePolicy, Schedule
+from autoplan.plan import Plan, RecomputePolicy, Schedule
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     """Reasons this runtime cannot execute `plan` for `spec` (empty if it can)."""
     p, out = plan.parallel, []
-    tp, pp, dp = p.tp, p.pp, p.dp
+    tp, dp = p.tp, p.dp
     out += _context_parallel_problems(plan, spec)
     for name, value in (("num_heads", spec.num_heads), ("num_kv_heads", spec.kv_heads),
                         ("ffn_hidden_size", spec.ffn), ("vocab_size", spec.vocab_size)):
@@ -27,8 +27,6 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
             out.append(f"parallel.tp={tp} does not divide model.{name}={value}")
     if plan.sequence_parallel and spec.seq_len % tp:
         out.append(f"sequence_parallel: tp={tp} does not divide seq_len={spec.seq_len}")
-    if spec.tie_embeddings and (tp > 1 or pp > 1):
-        out.append("model.tie_embeddings with tp > 1 or pp > 1 is not supported; untie them")
     gbs, mbs = plan.batch.global_batch_size, plan.batch.micro_batch_size
     if gbs % dp:
         out.append(f"batch.global_batch_size={gbs} is not divisible by dp={dp}")
@@ -37,8 +35,6 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
                    f"micro_batch_size={mbs} (an uneven split hangs the pipeline)")
     n_micro = max(1, (gbs // dp) // mbs)
     out += _pipeline_problems(plan, spec, n_micro)
-    if plan.precision == Precision.FP16:
-        out.append("precision fp16 is not supported by this runtime (no loss scaling); use bf16")
     if (plan.offload.optimizer or plan.offload.params) and plan.zero_stage == 0:
         out.append("offload needs zero_stage >= 1 (FSDP2 offloads sharded states)")
     return out

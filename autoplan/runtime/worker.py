@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -82,11 +83,13 @@ def run(args: argparse.Namespace) -> dict | None:
     dims = ParallelDims.from_plan(plan)
     mesh = build_mesh(dims, device.type)
     pm = parallelize(plan, spec, mesh, device,
-                     RuntimeOptions(seed=args.seed, dropout=args.dropout))
+                     RuntimeOptions(seed=args.seed, dropout=args.dropout,
+                                    pg_timeout_s=args.pg_timeout_s))
     trainer = Trainer(pm, OptimConfig(name=args.optimizer, lr=args.lr,
                                       max_grad_norm=args.max_grad_norm), seed=args.seed,
                       reseed=args.dropout > 0)
-    ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers) \
+    ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers,
+                        tied=pm.tie_embeddings, loss_scaler=pm.loss_scaler) \
         if args.checkpoint_dir else None
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if ckpt is not None and (args.resume or restarted):
@@ -107,8 +110,10 @@ def run(args: argparse.Namespace) -> dict | None:
         res = trainer.train_step(x.to(device), y.to(device), stop_flag=stop.set)
         dt = time.perf_counter() - t0
         if sink is not None:
+            norm = res.grad_norm if math.isfinite(res.grad_norm) else None
             sink.record(StepMetrics(res.step, res.loss, dt, tokens_per_step / dt,
-                                    peak_memory_bytes(device), res.grad_norm))
+                                    peak_memory_bytes(device), norm, res.loss_scale,
+                                    res.skipped))
         every = args.checkpoint_every
         if ckpt is not None and (res.stop_requested or (every and res.step % every == 0)
                                  or res.step == args.steps):

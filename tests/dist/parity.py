@@ -38,6 +38,14 @@ TEST_MODELS = {
                              num_kv_heads=4, ffn_hidden_size=128, vocab_size=256, seq_len=32,
                              mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM,
                              position=PositionKind.ROPE, bias=False),
+    # tied embedding and head (GPT-2/3 presets tie them)
+    "tiny-tied": ModelSpec(name="tiny-tied", num_layers=4, hidden_size=64, num_heads=4,
+                           vocab_size=256, seq_len=64, tie_embeddings=True),
+    "tiny-llama-tied": ModelSpec(name="tiny-llama-tied", num_layers=4, hidden_size=64,
+                                 num_heads=4, num_kv_heads=2, ffn_hidden_size=176,
+                                 vocab_size=256, seq_len=64, mlp=MlpKind.SWIGLU,
+                                 norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=False,
+                                 tie_embeddings=True),
 }
 
 
@@ -46,8 +54,12 @@ def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, cp:
               schedule: str = "1f1b", vpp: int = 1, zero: int = 0, offload: bool = False,
               recompute: str = "none", recompute_layers: int | None = None, mbs: int = 2,
               gbs: int = 8, layers_per_stage: tuple[int, ...] | None = None,
-              precision: str = "fp32") -> Plan:
-    from autoplan.plan import Offload, Recompute, RecomputePolicy
+              precision: str = "fp32", offload_params: bool | None = None,
+              attention: str = "flash") -> Plan:
+    """`offload` sets both offload flags unless `offload_params` is given (optimizer only)."""
+    from autoplan.plan import Attention, Offload, Recompute, RecomputePolicy
+
+    params = offload if offload_params is None else offload_params
 
     return Plan(
         model=TEST_MODELS.get(model, model),
@@ -58,9 +70,10 @@ def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, cp:
         pipeline=Pipeline(schedule=Schedule(schedule), vpp=vpp,
                           layers_per_stage=layers_per_stage),
         zero_stage=zero,
-        offload=Offload(optimizer=offload, params=offload),
+        offload=Offload(optimizer=offload, params=params),
         recompute=Recompute(policy=RecomputePolicy(recompute), num_layers=recompute_layers),
         precision=Precision(precision),
+        attention=Attention(attention),
     )
 
 
@@ -116,8 +129,8 @@ def full_values(parts: list[Any], grad: bool) -> dict[str, np.ndarray]:
     from autoplan.runtime.names import clean_fqn
 
     out = {}
-    for part in parts:
-        for name, p in part.named_parameters():
+    for part in parts:  # remove_duplicate=False: a tied head shows under its own name too
+        for name, p in part.named_parameters(remove_duplicate=False):
             t = p.grad if grad else p.detach()
             if t is None:
                 continue

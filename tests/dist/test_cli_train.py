@@ -50,7 +50,8 @@ def test_train_dp2_json_with_text_data_and_metrics(tmp_path):
     rows = _metrics(metrics)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert set(rows[0]) == {"step", "loss", "step_time_s", "tokens_per_s", "peak_memory_bytes",
-                            "grad_norm"}
+                            "grad_norm", "loss_scale", "skipped"}
+    assert rows[0]["loss_scale"] is None and rows[0]["skipped"] is False  # fp32: no scaling
 
 
 def test_bad_plans_fail_before_launch_with_exit_2(tmp_path):

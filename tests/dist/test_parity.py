@@ -2,8 +2,9 @@
 
 The covering set below is a table of named plans: every dp x tp x pp factorisation of 1, 2, 4
 and 8 ranks appears, context parallelism alone and with each of dp, tp and pp, and the other
-knobs (sequence parallelism, ZeRO 0-3, offload, recompute, schedule, model family, optimizer)
-are spread so that every value occurs and most pairs do.
+knobs (sequence parallelism, ZeRO 0-3, offload of params or of the optimizer only, recompute,
+eager attention, tied embeddings under tp and pp, schedule, model family, optimizer) are spread
+so that every value occurs and most pairs do.
 `-m slow` runs the full product (tests/dist/test_parity_full.py).
 """
 
@@ -27,23 +28,25 @@ COVERING = {
     # 2 ranks
     "dp2-ddp-sgd": C(model="tiny", dp=2, optim="sgd"),
     "cp2-llama-selective": C(model="tiny-llama", cp=2, recompute="selective"),
-    "tp2-sp-llama-selective": C(model="tiny-llama", tp=2, sp=True, recompute="selective"),
+    "tp2-sp-llama-selective-eager": C(model="tiny-llama", tp=2, sp=True, recompute="selective",
+                                      attention="eager"),
     "pp2-gpipe-uneven-full-sgd-clip": C(model="tiny", pp=2, schedule="gpipe",
                                         layers_per_stage=(1, 3), recompute="full",
                                         optim="sgd", clip=0.5),
     # 4 ranks
     "dp4-zero1-selective": C(model="tiny", dp=4, zero=1, recompute="selective"),
-    "tp4-nosp-sgd": C(model="tiny", tp=4, optim="sgd"),
+    "tp4-nosp-tied-sgd": C(model="tiny-tied", tp=4, optim="sgd"),
     "pp4-1f1b-llama": C(model="tiny-llama", pp=4, mbs=1),
-    "dp2tp2-sp-zero2-offload-full-sgd-clip": C(model="tiny", dp=2, tp=2, sp=True, zero=2,
-                                               offload=True, recompute="full", optim="sgd",
-                                               clip=0.5),
-    "dp2pp2-zero3-interleaved-llama": C(model="tiny-llama", dp=2, pp=2, zero=3,
-                                        schedule="interleaved-1f1b", vpp=2, mbs=1),
+    "dp2tp2-sp-zero2-optoffload-full-sgd-clip": C(model="tiny", dp=2, tp=2, sp=True, zero=2,
+                                                  offload=True, offload_params=False,
+                                                  recompute="full", optim="sgd", clip=0.5),
+    "dp2pp2-zero3-optoffload-interleaved-llama": C(model="tiny-llama", dp=2, pp=2, zero=3,
+                                                   offload=True, offload_params=False,
+                                                   schedule="interleaved-1f1b", vpp=2, mbs=1),
     "tp2pp2-sp-zerobubble-full-sgd": C(model="tiny", tp=2, pp=2, sp=True,
                                        schedule="zero-bubble", recompute="full", optim="sgd"),
-    "dp2pp2-zbv-zero2-sgd": C(model="tiny", dp=2, pp=2, zero=2, schedule="zero-bubble", vpp=2,
-                              mbs=1, optim="sgd"),
+    "dp2pp2-zbv-zero2-tied-sgd": C(model="tiny-tied", dp=2, pp=2, zero=2,
+                                   schedule="zero-bubble", vpp=2, mbs=1, optim="sgd"),
     "cp2tp2-sp-zero1-full-sgd": C(model="tiny", cp=2, tp=2, sp=True, zero=1, recompute="full",
                                   optim="sgd"),
     "dp2cp2-zero3": C(model="tiny", dp=2, cp=2, zero=3),
@@ -54,8 +57,8 @@ COVERING = {
     "tp8-sp-sgd": C(model="h8-2l", tp=8, sp=True, optim="sgd"),
     "pp8-gpipe-llama-full": C(model="tiny8-llama", pp=8, schedule="gpipe", mbs=1,
                               recompute="full", recompute_layers=1),
-    "dp4tp2-zero1-selective-llama-sgd": C(model="tiny-llama", dp=4, tp=2, zero=1, mbs=1,
-                                          recompute="selective", optim="sgd"),
+    "dp4tp2-zero1-selective-llama-tied-sgd": C(model="tiny-llama-tied", dp=4, tp=2, zero=1,
+                                               mbs=1, recompute="selective", optim="sgd"),
     "dp4pp2-ddpfsdp-1f1b": C(model="tiny8-gpt", dp=4, pp=2, mbs=1),
     "dp2tp4-sp-zero3-offload-llama": C(model="llama-h8kv4-4l", dp=2, tp=4, sp=True, zero=3,
                                        offload=True),
@@ -91,12 +94,13 @@ def test_covering_set_matches_single_process(pool, reference_cache, name):
 
 
 def test_recompute_and_offload_are_bitwise_neutral_and_runs_repeat(pool):
-    """Plans that differ only in recompute/offload give bitwise-equal losses; the same plan run
-    twice is bitwise identical."""
+    """Plans that differ only in recompute/offload (params, or the optimizer only) give
+    bitwise-equal losses; the same plan run twice is bitwise identical."""
     base = dict(dp=2, zero=3)
     variants = [make_plan(**base), make_plan(**base, recompute="full"),
                 make_plan(**base, recompute="selective", recompute_layers=2),
-                make_plan(**base, offload=True), make_plan(**base)]
+                make_plan(**base, offload=True),
+                make_plan(**base, offload=True, offload_params=False), make_plan(**base)]
     losses = [run_parity(pool, v, 5, "adamw", capture=(1,))["losses"] for v in variants]
     for v, got in zip(variants[1:], losses[1:], strict=True):
         assert got == losses[0], (v.recompute, v.offload)
