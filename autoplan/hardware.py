@@ -202,9 +202,12 @@ class Efficiency:
     fsdp_unit_overhead_s: float = 0.0
     """Extra host seconds per FSDP2 unit and micro-batch: its pre/post forward and backward
     hooks and the copies into and out of the communication buffers (measured)."""
+    optimizer_overhead_s: float = 0.0
+    """Host seconds per parameter tensor of the step after backward (gradient norm, optimizer,
+    zero_grad) beyond its memory traffic (measured)."""
     dtensor_optimizer_overhead_s: float = 0.0
-    """Extra host seconds per parameter tensor of an optimizer step when the parameters are
-    DTensors (FSDP2 or tensor parallelism): foreach kernels fall back to per-tensor ops."""
+    """Extra host seconds per parameter tensor of that step when the parameters are DTensors
+    (FSDP2 or tensor parallelism): each op dispatches through DTensor per tensor."""
 
     def __post_init__(self) -> None:
         _fraction("memory_bound", self.memory_bound)
@@ -213,7 +216,7 @@ class Efficiency:
         _fraction("overlap", self.overlap)
         for name in ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
                      "selective_op_overhead_s", "fsdp_unit_overhead_s",
-                     "dtensor_optimizer_overhead_s"):
+                     "optimizer_overhead_s", "dtensor_optimizer_overhead_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"got {getattr(self, name)}", "expected >= 0 seconds")
 

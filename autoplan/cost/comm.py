@@ -98,17 +98,16 @@ def tensor_parallel_time_s(
       parallelism an all-gather forward and a reduce-scatter backward), and the
       vocab-parallel loss (max, sum of exponentials, target logit): 3 all-reduces of one
       float per token;
-    - "step_per_layer", once per step: with sequence parallelism the weights that stay
-      replicated (norm weights and biases, the row-parallel biases) see partial gradients;
-      the runtime all-reduces each once per step.
+    - "step_per_layer", once per step: with sequence parallelism the norm weights (and
+      biases) stay replicated but see sequence shards, so their gradients are partial sums;
+      the runtime all-reduces each once per step (autoplan.runtime.optim.reduce_partial_grads).
     """
     ar = collective_time_s(ALL_REDUCE, msg_bytes, tp, inside_node, profile)
     ag = collective_time_s(ALL_GATHER, msg_bytes, tp, inside_node, profile)
     rs = collective_time_s(REDUCE_SCATTER, msg_bytes, tp, inside_node, profile)
     loss = 3.0 * collective_time_s(ALL_REDUCE, loss_bytes, tp, inside_node, profile)
-    per_norm = 2 if model.norm is NormKind.LAYERNORM else 1
-    replicated = 2 * per_norm + (2 if model.bias else 0)
-    grad = replicated * collective_time_s(
+    norm_tensors = 2 * (2 if model.norm is NormKind.LAYERNORM else 1)
+    grad = norm_tensors * collective_time_s(
         ALL_REDUCE, np.full_like(np.asarray(msg_bytes, float), 4.0 * model.hidden_size), tp,
         inside_node, profile)
     return {

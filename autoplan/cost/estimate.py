@@ -185,6 +185,7 @@ def estimate_table(
     p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(tp * cp * dp, pp, gpn), profile)
     out["time_pp_comm"] = np.where(pp > 1, 2.0 * (m * vpp + pp - 1.0) * p2p, 0.0)
 
+
     # ---- data parallel / ZeRO communication ------------------------------------------------
     dp_inside = comm.intra_node(tp, shard, gpn)
     grad_bytes = memory.state_bytes_per_param(precision)[1]  # reduced in fp32 (see memory.py)
@@ -209,9 +210,15 @@ def estimate_table(
     fsdp = ~ddp & ((shard > 1) | (precision != "fp32") | off_o | off_p)
     eff = profile.efficiency
     fsdp_host = np.where(fsdp, m * (l_max + 1.0) * eff.fsdp_unit_overhead_s, 0.0)
-    # every step all-reduces the loss and the gradient norm over the whole job: two tiny
-    # collectives that nothing hides
-    step_sync = 2.0 * comm.collective_time_s(comm.ALL_REDUCE, np.full_like(world, 8.0), world,
+    if model.tie_embeddings:  # first and last stage sum their copies' (FSDP-sharded) gradients
+        tied = head * grad_bytes / np.where(fsdp, shard, 1.0)
+        out["time_pp_comm"] += np.where(pp > 1, comm.collective_time_s(
+            comm.ALL_REDUCE, tied, np.full_like(pp, 2.0), comm.intra_node(tp * cp * dp, pp, gpn),
+            profile), 0.0)
+    # every step all-reduces the loss and the gradient norm over the whole job, and an fp16
+    # run its overflow verdict: tiny collectives that nothing hides
+    syncs = 3.0 if precision == "fp16" else 2.0
+    step_sync = syncs * comm.collective_time_s(comm.ALL_REDUCE, np.full_like(world, 8.0), world,
                                              comm.intra_node(np.ones_like(world), world, gpn),
                                              profile)
     hideable = np.where(zero >= 2, m * t_mb, crit["backward"]) * profile.efficiency.overlap
@@ -229,7 +236,8 @@ def estimate_table(
     tensors = l_max * params.tensors_per_layer(model) + params.end_tensors(model)
     out["time_optimizer"] = np.where(
         off_o, 0.0, compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile)
-    ) + np.where(fsdp | (tp > 1), tensors * eff.dtensor_optimizer_overhead_s, 0.0)
+    ) + tensors * (eff.optimizer_overhead_s + np.where(
+        fsdp | (tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
     slots = profile.host.compute_slots
     if slots:  # more ranks than cores on a node time-share them (CPU runs)
         share = np.maximum(1.0, np.minimum(world, gpn) / slots)

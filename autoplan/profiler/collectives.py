@@ -4,10 +4,11 @@ Each group size is one short job of forked CPU processes (gloo) or spawned GPU p
 (NCCL), rendezvous through a FileStore, with a finite timeout on the process group. Rank 0
 writes the medians (the slowest rank's) as JSON; nothing is pickled to or from disk.
 
-On CPU each call is timed as training meets it: after about a millisecond of arithmetic on
-every rank, less that arithmetic's own time. Ranks that share cores with compute arrive apart
-and the transport threads wait for a core, so a call costs several times what it costs right
-after a barrier (measured here on 2 ranks: 1.2-1.7 ms against 0.3 ms for a 1 KiB all-reduce).
+On CPU each call is timed as training meets it: a burst of (about a millisecond of
+arithmetic, one call) on every rank, less the same arithmetic timed alone. Ranks that share
+cores with compute arrive apart and gloo's transport threads compete with the arithmetic for
+a core, so a call costs several times what it costs right after a barrier (measured here on
+2 ranks: 1.2-1.7 ms against 0.3 ms for a 1 KiB all-reduce).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def message_sizes(device_type: str, quick: bool) -> list[int]:
 
 
 INTERLEAVE_S = 1e-3
-"""Arithmetic each CPU rank does before a timed call (see the module docstring)."""
+"""Arithmetic each CPU rank does before each call (see the module docstring)."""
+BURST = 4
+"""Calls per CPU sample: the time of BURST x (arithmetic, call) less BURST x arithmetic."""
 
 
 def _arithmetic(seconds: float):
@@ -109,13 +112,21 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
                     dist.barrier()
                     if backend == "nccl":
                         torch.cuda.synchronize(device)
-                    else:
-                        work()
-                    t0 = time.perf_counter()
-                    _one_op(op, nbytes, world, rank, device)
-                    if backend == "nccl":
+                        t0 = time.perf_counter()
+                        _one_op(op, nbytes, world, rank, device)
                         torch.cuda.synchronize(device)
-                    samples.append(time.perf_counter() - t0)
+                        samples.append(time.perf_counter() - t0)
+                        continue
+                    t0 = time.perf_counter()
+                    for _ in range(BURST):
+                        work()
+                    alone = time.perf_counter() - t0
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(BURST):
+                        work()
+                        _one_op(op, nbytes, world, rank, device)
+                    samples.append(max(time.perf_counter() - t0 - alone, 0.0) / BURST)
                 samples.sort()
                 median = torch.tensor([samples[len(samples) // 2]], dtype=torch.float64)
                 if backend == "nccl":

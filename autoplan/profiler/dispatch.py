@@ -38,8 +38,11 @@ class DispatchCosts:
     gemm_ops: int
     fsdp_unit_overhead_s: float = 0.0
     """Extra seconds per FSDP2 unit and micro-batch (forward + backward hooks, copies)."""
+    optimizer_overhead_s: float = 0.0
+    """Seconds per parameter tensor of the runtime's step after backward (gradient norm,
+    AdamW, zero_grad) at a size where the arithmetic is negligible."""
     dtensor_optimizer_overhead_s: float = 0.0
-    """Extra seconds per parameter tensor of an AdamW step over DTensor parameters."""
+    """Extra seconds per parameter tensor of that step over DTensor parameters."""
 
 
 GEMMS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
@@ -112,12 +115,15 @@ def _dtensor_block_seconds(x: torch.Tensor, repeats: int) -> float:
             dist.destroy_process_group()
 
 
-def _fsdp_seconds(tokens: torch.Tensor, repeats: int) -> tuple[float, float, int, int]:
-    """(forward + backward s, AdamW step s, FSDP units, parameter tensors) of the tiny model,
-    each block and the root a fully_shard unit over a one-rank mesh; plain when units is 0."""
+def _training_seconds(tokens: torch.Tensor, repeats: int) -> list[tuple[float, float, int]]:
+    """[(forward + backward s, step s, FSDP units)] of the tiny model, plain and with each
+    block and the root a fully_shard unit over a one-rank mesh. The step is what the runtime
+    does after backward: gradient norm, AdamW, zero_grad."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    from autoplan.runtime.optim import global_grad_norm
 
     out = []
     owned = not dist.is_initialized()
@@ -135,14 +141,21 @@ def _fsdp_seconds(tokens: torch.Tensor, repeats: int) -> tuple[float, float, int
                 units = len(model.layers) + 1
             _materialize(model, spec)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            step = time_call(_step(model, tokens), CPU, repeats, warmup=3)
-            out.append((step, time_call(opt.step, CPU, repeats, warmup=3), units,
-                        len(list(model.parameters()))))
+            backward = _step(model, tokens)
+
+            def train_step(opt=opt, model=model, backward=backward) -> None:
+                backward()
+                global_grad_norm([model], None)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            whole = time_call(train_step, CPU, repeats, warmup=3)
+            fb = time_call(backward, CPU, repeats, warmup=3)
+            out.append((fb, whole - fb, units))
     finally:
         if owned:
             dist.destroy_process_group()
-    (plain_fb, plain_opt, _, _), (fsdp_fb, fsdp_opt, units, tensors) = out
-    return fsdp_fb - plain_fb, fsdp_opt - plain_opt, units, tensors
+    return out
 
 
 def _checkpointed_seconds(x: torch.Tensor, repeats: int, policy) -> float:
@@ -178,22 +191,25 @@ def measure_dispatch(device: torch.device, quick: bool) -> DispatchCosts:
     full = _checkpointed_seconds(x, repeats, RecomputePolicy.FULL)
     selective = _checkpointed_seconds(x, repeats, RecomputePolicy.SELECTIVE)
     recomputed = forward * (fwd - gemms) / fwd  # selective recomputes all but the GEMMs
-    fsdp_fb, fsdp_opt, units, tensors = _fsdp_seconds(
+    (plain_fb, plain_step, _), (fsdp_fb, fsdp_step, units) = _training_seconds(
         torch.randint(0, spec.vocab_size, (BATCH, SEQ)), repeats)
+    tensors = len(list(model.parameters()))
     return dataclasses.replace(
         costs,
         dtensor_op_overhead_s=max(dtensor - plain, 0.0) / (fwd + bwd),
         checkpoint_op_overhead_s=max(full - plain - forward, 0.0) / fwd,
         selective_op_overhead_s=max(selective - plain - recomputed, 0.0) / fwd,
-        fsdp_unit_overhead_s=max(fsdp_fb, 0.0) / units,
-        dtensor_optimizer_overhead_s=max(fsdp_opt, 0.0) / tensors,
+        fsdp_unit_overhead_s=max(fsdp_fb - plain_fb, 0.0) / units,
+        optimizer_overhead_s=max(plain_step, 0.0) / tensors,
+        dtensor_optimizer_overhead_s=max(fsdp_step - plain_step, 0.0) / tensors,
     )
 
 
 def apply_dispatch(prof: dict[str, Any], costs: DispatchCosts) -> None:
     """Write the per-op host costs into a profile's efficiency section and `measured`."""
     names = ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
-             "selective_op_overhead_s", "fsdp_unit_overhead_s", "dtensor_optimizer_overhead_s")
+             "selective_op_overhead_s", "fsdp_unit_overhead_s", "optimizer_overhead_s",
+             "dtensor_optimizer_overhead_s")
     for name in names:
         prof["efficiency"][name] = float(getattr(costs, name))
     prof.setdefault("measured", {})["dispatch"] = {

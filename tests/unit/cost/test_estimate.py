@@ -187,3 +187,41 @@ def test_host_work_of_fsdp_and_dtensor_optimizers_follows_the_runtime_wrapping()
     assert tensors == 69  # counted on the runtime's tiny model
     assert zero1["optimizer"] - zero1_base["optimizer"] == pytest.approx(tensors * 1e-4)
     assert parts(prof, zero_stage=0) == parts(base, zero_stage=0)  # DDP
+
+
+def test_tied_embeddings_across_a_pipeline_pay_one_gradient_all_reduce() -> None:
+    """The runtime sums the first and last stage's copies of a tied embedding every step."""
+    import dataclasses
+
+    tied = PRESETS["tiny"]
+    untied = dataclasses.replace(tied, tie_embeddings=False)
+
+    def pp_comm(model) -> float:
+        plan = plan_from_dict({"model": model, "precision": "fp32", "parallel": {"pp": 2},
+                               "cluster": {"profile": "cpu-gloo", "num_gpus": 2},
+                               "pipeline": {"schedule": "1f1b"},
+                               "batch": {"micro_batch_size": 2, "global_batch_size": 16}})
+        return estimate_plan(plan, ClusterSpec(load_profile("cpu-gloo"), 2)).time["pp_comm"]
+
+    tied = dataclasses.replace(tied, tie_embeddings=True)
+    from autoplan.cost import comm
+
+    prof = load_profile("cpu-gloo")
+    grad = 4.0 * tied.vocab_size * tied.hidden_size  # fp32 gradient of the shared weight
+    expect = comm.collective_time_s(comm.ALL_REDUCE, np.array([grad]), np.array([2.0]),
+                                    np.array([True]), prof)[0]
+    assert pp_comm(tied) - pp_comm(untied) == pytest.approx(expect)
+
+
+def test_fp16_adds_the_overflow_verdict_to_the_per_step_syncs() -> None:
+    def dp_comm(precision: str) -> float:
+        plan = plan_from_dict({"model": "tiny", "precision": precision, "parallel": {"dp": 2},
+                               "zero_stage": 1, "cluster": {"profile": "cpu-gloo", "num_gpus": 2},
+                               "batch": {"micro_batch_size": 2, "global_batch_size": 16}})
+        return estimate_plan(plan, ClusterSpec(load_profile("cpu-gloo"), 2)).time["dp_comm"]
+
+    from autoplan.cost import comm
+
+    one = comm.collective_time_s(comm.ALL_REDUCE, np.array([8.0]), np.array([2.0]),
+                                 np.array([True]), load_profile("cpu-gloo"))[0]
+    assert dp_comm("fp16") - dp_comm("bf16") == pytest.approx(one)
