@@ -82,6 +82,21 @@ def global_grad_norm(modules: list[nn.Module], pp_group,
     return math.sqrt(total_sq.item())
 
 
+def reduce_partial_grads(modules: list[nn.Module]) -> None:
+    """Sum partial gradients once per step. Under sequence parallelism the norm weights are
+    replicated but see sequence shards, so their gradients come out Partial; left so, every
+    later op on them (the norm, each AdamW update) would all-reduce them again."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.placement_types import Partial
+
+    for m in modules:
+        for p in m.parameters():
+            g = p.grad
+            if isinstance(g, DTensor) and any(isinstance(pl, Partial) for pl in g.placements):
+                p.grad = g.redistribute(placements=[
+                    Replicate() if isinstance(pl, Partial) else pl for pl in g.placements])
+
+
 def clip_grads_(modules: list[nn.Module], max_norm: float, total_norm: float) -> None:
     coef = max_norm / (total_norm + 1e-6)
     if coef >= 1.0:

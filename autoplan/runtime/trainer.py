@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from autoplan.runtime.optim import OptimConfig, build_optimizer, clip_grads_, global_grad_norm
+from autoplan.runtime.optim import (
+    OptimConfig,
+    build_optimizer,
+    clip_grads_,
+    global_grad_norm,
+    reduce_partial_grads,
+)
 from autoplan.runtime.parallelize import ParallelModel, cross_entropy
 
 log = logging.getLogger(__name__)
@@ -120,6 +126,7 @@ class Trainer:
             torch.manual_seed(self.seed * 1_000_003 + self.step * 8191 + rank)
         pm, scale = self.pm, self._loss_multiplier
         local = self.forward_backward(inputs, labels)
+        reduce_partial_grads(pm.parts)
         if pm.tied is not None:
             pm.tied.sync_grads()  # before unscaling, the norm and clipping
         loss, stop = self._reduce_loss(local, stop_flag)
