@@ -28,6 +28,15 @@ def _fraction(field: str, value: float) -> None:
         raise ConfigError(field, f"got {value!r}", "expected a fraction from 0 to 1")
 
 
+def _check_sizes(what: str, x: tuple[float, ...], y: tuple[float, ...]) -> None:
+    """x and y of a table: the same non-zero length, x positive and strictly increasing."""
+    if len(x) != len(y) or not x:
+        raise ConfigError(what, f"x has {len(x)} points, y {len(y)}",
+                          "give x and y of the same, non-zero length")
+    if any(v <= 0 for v in x) or any(b <= a for a, b in zip(x, x[1:], strict=False)):
+        raise ConfigError(f"{what}.x", f"got {list(x)}", "use increasing positive sizes")
+
+
 @dataclass(frozen=True)
 class Curve:
     """A monotone table y(x), interpolated linearly in log(x) and clamped at both ends."""
@@ -38,11 +47,7 @@ class Curve:
     """Values at those sizes (efficiencies are fractions of the peak, in (0, 1])."""
 
     def __post_init__(self) -> None:
-        if len(self.x) != len(self.y) or not self.x:
-            raise ConfigError("curve", f"x has {len(self.x)} points, y {len(self.y)}",
-                              "give x and y of the same, non-zero length")
-        if any(v <= 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):
-            raise ConfigError("curve.x", f"got {list(self.x)}", "use increasing positive sizes")
+        _check_sizes("curve", self.x, self.y)
         if any(not 0 < v <= 1.0 for v in self.y):
             raise ConfigError("curve.y", f"got {list(self.y)}", "efficiencies lie in (0, 1]")
 
@@ -63,12 +68,7 @@ class TimeTable:
     """Seconds at those sizes, > 0 and non-decreasing (`autoplan profile` cleans its samples)."""
 
     def __post_init__(self) -> None:
-        if len(self.x) != len(self.y) or not self.x:
-            raise ConfigError("collectives table", f"x has {len(self.x)} points, y {len(self.y)}",
-                              "give x and y of the same, non-zero length")
-        if any(v <= 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):
-            raise ConfigError("collectives table x", f"got {list(self.x)}",
-                              "use increasing positive message sizes")
+        _check_sizes("collectives table", self.x, self.y)
         if any(v <= 0 for v in self.y) or any(b < a for a, b in zip(self.y, self.y[1:], strict=False)):
             raise ConfigError("collectives table y", f"got {list(self.y)}",
                               "use positive seconds that do not fall with message size")
