@@ -81,7 +81,8 @@ def _rank(rank: int, world: int, store_path: str, model: str, steps: int, out) -
     cfg = OptimConfig(lr=1e-3)
 
     plain = build_meta_model(spec)
-    materialize_and_init(plain, torch.device("cpu"), spec.num_layers, seed=0)
+    materialize_and_init(plain, torch.device("cpu"), spec.num_layers, seed=0,
+                         tied=spec.tie_embeddings)  # the same model the runtime builds
     if world > 1:
         plain = DistributedDataParallel(plain)
     opt = build_optimizer(plain, cfg)

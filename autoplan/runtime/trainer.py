@@ -126,7 +126,8 @@ class Trainer:
             torch.manual_seed(self.seed * 1_000_003 + self.step * 8191 + rank)
         pm, scale = self.pm, self._loss_multiplier
         local = self.forward_backward(inputs, labels)
-        reduce_partial_grads(pm.parts)
+        if pm.dims.tp > 1:  # only sequence-parallel norms leave partial gradients
+            reduce_partial_grads(pm.parts)
         if pm.tied is not None:
             pm.tied.sync_grads()  # before unscaling, the norm and clipping
         loss, stop = self._reduce_loss(local, stop_flag)
