@@ -166,10 +166,11 @@ def test_host_work_of_fsdp_and_dtensor_optimizers_follows_the_runtime_wrapping()
 
     from autoplan.cost.params import end_tensors, tensors_per_layer
 
-    base = load_profile("cpu-gloo")
-    eff = dataclasses.replace(base.efficiency, fsdp_unit_overhead_s=1e-3,
-                              dtensor_optimizer_overhead_s=1e-4)
-    prof = dataclasses.replace(base, efficiency=eff)
+    cpu = load_profile("cpu-gloo")
+    base = dataclasses.replace(cpu, efficiency=dataclasses.replace(
+        cpu.efficiency, fsdp_unit_overhead_s=0.0, dtensor_optimizer_overhead_s=0.0))
+    prof = dataclasses.replace(base, efficiency=dataclasses.replace(
+        base.efficiency, fsdp_unit_overhead_s=1e-3, dtensor_optimizer_overhead_s=1e-4))
 
     def parts(profile, **fields):
         plan = plan_from_dict({"model": "tiny", "precision": "fp32",
