@@ -41,6 +41,20 @@ def _gpu_base(device_name: str) -> str:
     return "h100-sxm-80gb"
 
 
+def _progress(console: Any):  # -> rich.progress.Progress
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description:<58}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+
+
 def profile_command(args: argparse.Namespace) -> int:
     import torch
 
@@ -77,25 +91,37 @@ def profile_command(args: argparse.Namespace) -> int:
 
     console = stderr_console()
     torch.set_num_threads(1) if not use_cuda else None
-    with console.status("measuring") as status:
-        status.update(f"GEMMs ({precision})")
+    groups = [g for g in (2, 4, 8) if g <= max_ranks]
+    colls: dict[int, dict[str, list[list[float]]]] = {}
+    with _progress(console) as progress:
+        # one unit per step; the runtime-layer grid reports its own sub-steps
+        task = progress.add_task("measuring", total=5 + len(groups))
+
+        def step(what: str) -> None:
+            progress.update(task, description=what)
+
+        step(f"GEMMs ({precision})")
         mm = compute.measure_matmul(device, precision, args.quick)
-        status.update("memory bandwidth")
+        progress.advance(task)
+        step("memory bandwidth")
         copy_bw, elem_bw = compute.measure_bandwidth(device, args.quick)
-        status.update("operator dispatch (plain, DTensor, checkpointed)")
+        progress.advance(task)
+        step("operator dispatch (plain, DTensor, checkpointed, FSDP)")
         disp = dispatch.measure_dispatch(device, args.quick)
         op_s = disp.op_overhead_s
-        status.update("host copies and CPU Adam")
+        progress.advance(task)
+        step("host copies and CPU Adam")
         host_bw = host.measure_copy_bandwidth(device, args.quick)
         adam = host.measure_cpu_adam(args.quick, threads=None if use_cuda else 1)
+        progress.advance(task)
         tables = layers.measured_tables(
             device, precision, args.quick,
-            lambda i, n, what: status.update(f"runtime layers {i}/{n}: {what}"))
-        colls: dict[int, dict[str, list[list[float]]]] = {}
-        groups = [g for g in (2, 4, 8) if g <= max_ranks]
+            lambda i, n, what: step(f"runtime layers {i}/{n}: {what}"))
+        progress.advance(task)
         for g in groups:
-            status.update(f"collectives over {g} ranks")
+            step(f"collectives over {g} ranks")
             colls[g] = collectives.measure_collectives(g, device.type, args.quick)
+            progress.advance(task)
     prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
                           adam, args.quick, tables)
     dispatch.apply_dispatch(prof, disp)
