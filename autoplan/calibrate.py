@@ -84,8 +84,14 @@ FACTORS = {  # name: (low, high, log scale)
     "link_latency": (0.1, 10.0, True),
     "collective_tables": (0.1, 10.0, True),
     "op_overhead_s": (1e-7, 1e-3, True),
+    "host_overheads": (0.1, 10.0, True),
     "overlap": (0.0, 1.0, False),
 }
+
+
+HOST_OVERHEADS = ("dtensor_op_overhead_s", "checkpoint_op_overhead_s", "selective_op_overhead_s",
+                  "fsdp_unit_overhead_s", "optimizer_overhead_s", "dtensor_optimizer_overhead_s")
+"""Measured host costs that `host_overheads` scales together (one host, one speed)."""
 
 
 def apply_factors(profile: ClusterProfile, f: dict[str, float]) -> ClusterProfile:
@@ -97,8 +103,10 @@ def apply_factors(profile: ClusterProfile, f: dict[str, float]) -> ClusterProfil
     def link(spec: LinkSpec) -> LinkSpec:
         return LinkSpec(spec.bytes_per_s * f["link_bandwidth"], spec.latency_s * f["link_latency"])
 
-    eff = dataclasses.replace(profile.efficiency, op_overhead_s=f["op_overhead_s"],
-                              overlap=f["overlap"])
+    eff = profile.efficiency
+    eff = dataclasses.replace(
+        eff, op_overhead_s=f["op_overhead_s"], overlap=f["overlap"],
+        **{name: getattr(eff, name) * f["host_overheads"] for name in HOST_OVERHEADS})
     return dataclasses.replace(profile, device=device, intra_node=link(profile.intra_node),
                                inter_node=link(profile.inter_node), efficiency=eff,
                                collectives=_scaled(profile.collectives, f["collective_tables"]))
@@ -115,7 +123,8 @@ def _scaled(tables: CollectiveTimes | None, factor: float) -> CollectiveTimes | 
 
 def identity(profile: ClusterProfile) -> dict[str, float]:
     return {"compute": 1.0, "memory_bandwidth": 1.0, "link_bandwidth": 1.0, "link_latency": 1.0,
-            "collective_tables": 1.0, "op_overhead_s": max(profile.efficiency.op_overhead_s, 1e-7),
+            "collective_tables": 1.0, "host_overheads": 1.0,
+            "op_overhead_s": max(profile.efficiency.op_overhead_s, 1e-7),
             "overlap": profile.efficiency.overlap}
 
 
@@ -162,9 +171,12 @@ class Calibration:
 
 
 def active_factors(profile: ClusterProfile) -> dict[str, tuple[float, float, bool]]:
-    """FACTORS less those this profile gives no effect (no measured collective tables)."""
+    """FACTORS less those this profile gives no effect (no measured collective tables, no
+    measured host overheads)."""
+    has_host = any(getattr(profile.efficiency, name) for name in HOST_OVERHEADS)
     return {k: v for k, v in FACTORS.items()
-            if k != "collective_tables" or profile.collectives is not None}
+            if (k != "collective_tables" or profile.collectives is not None)
+            and (k != "host_overheads" or has_host)}
 
 
 def _refine(factors: dict[str, float], loss: Any, space: dict[str, tuple[float, float, bool]],

@@ -79,7 +79,11 @@ class TimeTable:
         inside = np.exp(np.interp(np.log(x), np.log(xs), np.log(ys)))
         if len(xs) < 2:
             return inside
-        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)  # seconds per byte
+        # seconds per byte past the table: the last rising segment's, never below the
+        # largest message's average (a cleaned table can end flat)
+        rising = [i for i in range(len(xs) - 1) if ys[i + 1] > ys[i]]
+        last = rising[-1] if rising else len(xs) - 2
+        slope = max((ys[last + 1] - ys[last]) / (xs[last + 1] - xs[last]), ys[-1] / xs[-1])
         return np.where(x > xs[-1], ys[-1] + (x - xs[-1]) * slope, inside)
 
 

@@ -92,7 +92,7 @@ def main() -> int:
         tdir = work / f"plan{i:02d}"
         tdir.mkdir(exist_ok=True)
         (tdir / "plan.yaml").write_text(dump_yaml(plan_to_dict(plan)))
-        out = reused(tdir) if args.reuse else None
+        out = reused(tdir, plan) if args.reuse else None
         if out is None:
             out = run_trial(tdir / "plan.yaml", plan.world_size, args.steps, tdir, timeout_s=600)
         label = " ".join(f"{k}{v}" for k, v in extra["parallel"].items())
@@ -128,12 +128,17 @@ def main() -> int:
     return 0
 
 
-def reused(tdir: Path) -> TrialOutcome | None:
-    """A completed run's measurements from an earlier invocation, if there is one."""
+def reused(tdir: Path, plan: Plan) -> TrialOutcome | None:
+    """A completed run's measurements from an earlier invocation of the same plan, if any."""
     path = tdir / "run.json"
     if not path.is_file():
         return None
-    m = json.loads(path.read_text())["measured"]
+    rec = json.loads(path.read_text())
+    want = json.loads(json.dumps(plan_to_dict(plan)))
+    rec["plan"]["cluster"]["profile"] = want["cluster"]["profile"]  # predicts, not measured
+    if rec["plan"] != want:
+        return None  # another model or an edited PLANS list: run it again
+    m = rec["measured"]
     return TrialOutcome(status="complete", step_times_s=[m["step_time_s"]],
                         peak_memory_bytes=m["peak_memory_bytes"])
 

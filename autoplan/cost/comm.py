@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.hardware import ClusterProfile
-from autoplan.model_spec import ModelSpec, NormKind
+from autoplan.model_spec import ModelSpec
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "all_gather", "reduce_scatter"
 SEND_RECV = "send_recv"
@@ -98,16 +98,16 @@ def tensor_parallel_time_s(
       parallelism an all-gather forward and a reduce-scatter backward), and the
       vocab-parallel loss (max, sum of exponentials, target logit): 3 all-reduces of one
       float per token;
-    - "step_per_layer", once per step: with sequence parallelism the norm weights (and
-      biases) stay replicated but see sequence shards, so their gradients are partial sums;
-      the runtime all-reduces each once per step (autoplan.runtime.optim.reduce_partial_grads).
+    - "norm_grad": one all-reduce of a norm weight's (or bias's) gradient, h floats. With
+      sequence parallelism the norms (each block's two and the final one) stay replicated but
+      see sequence shards, so their gradients are partial sums; the caller counts how often
+      they are summed (once per step, or per micro-batch where FSDP reduces every one).
     """
     ar = collective_time_s(ALL_REDUCE, msg_bytes, tp, inside_node, profile)
     ag = collective_time_s(ALL_GATHER, msg_bytes, tp, inside_node, profile)
     rs = collective_time_s(REDUCE_SCATTER, msg_bytes, tp, inside_node, profile)
     loss = 3.0 * collective_time_s(ALL_REDUCE, loss_bytes, tp, inside_node, profile)
-    norm_tensors = 2 * (2 if model.norm is NormKind.LAYERNORM else 1)
-    grad = norm_tensors * collective_time_s(
+    norm_grad = collective_time_s(
         ALL_REDUCE, np.full_like(np.asarray(msg_bytes, float), 4.0 * model.hidden_size), tp,
         inside_node, profile)
     return {
@@ -116,7 +116,7 @@ def tensor_parallel_time_s(
         "recompute_selective": np.where(sp, 2.0 * ag, 0.0),
         "embedding": np.where(sp, ar + ag, ar),
         "head": np.where(sp, ag + rs, ar) + loss,
-        "step_per_layer": np.where(sp, grad, 0.0),
+        "norm_grad": np.where(sp, norm_grad, 0.0),
     }
 
 

@@ -97,9 +97,11 @@ def layer_times_s(
 ) -> dict[str, np.ndarray]:
     """Forward and backward seconds of one block for one micro-batch on one rank; the host
     overhead of DTensor under tensor parallelism ("dtensor", forward + backward); and the
-    extra seconds of full recompute (the forward again) and of selective recompute (the
-    runtime keeps GEMM outputs and recomputes the rest: attention core, norms, activation
-    functions; Megatron's selective keeps those too, and on a GPU they are a few percent)."""
+    extra seconds of full recompute (the forward again) and of selective recompute. Selective
+    follows autoplan's runtime, which keeps GEMM outputs and recomputes everything else
+    (attention core, norms, activation functions); Megatron-LM's selective recomputes only
+    the attention core, so for Megatron runs this charges the element-wise part extra (a few
+    percent of a block on a GPU)."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     gemm = sum(gemm_time_s(g, profile, peak) for g in gemm_flops_per_layer(model, tokens, tp))
     core_flops = attention_core_flops(model, b, tp, cp)

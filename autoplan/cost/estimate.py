@@ -15,7 +15,7 @@ import numpy as np
 
 from autoplan.cost import comm, compute, memory, offload, params, pipeline
 from autoplan.hardware import ClusterProfile, ClusterSpec, load_profile
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import ModelSpec, NormKind
 from autoplan.plan import Plan
 from autoplan.plan_table import (
     GPIPE,
@@ -66,6 +66,12 @@ def estimate_table(
     w_bytes = 4.0 if precision == "fp32" else 2.0
     act_scale = 2.0 if precision == "fp32" else 1.0
     vocab = params.padded_vocab(model, tp).astype(float)
+    # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
+    # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
+    # (autoplan.runtime.data_parallel.uses_fsdp)
+    ddp = ((zero == 0) & (dp > 1) & (pp == 1) & (tp == 1) & (cp == 1) & (precision == "fp32")
+           & ~(off_o | off_p))
+    fsdp = ~ddp & ((shard > 1) | (precision != "fp32") | off_o | off_p)
 
     # ---- memory -------------------------------------------------------------------------
     psi_first, psi_last = params.params_per_rank(model, tp, pp, l_first, l_last)
@@ -175,9 +181,14 @@ def estimate_table(
 
     out["time_compute"] = m * crit["compute"]
     out["time_recompute"] = m * crit["recompute"]
-    # replicated weights' partial gradients under sequence parallelism: once per step
-    out["time_tp_comm"] = m * crit["tp"] + np.choose(slowest, [l_first, l_max, l_last]) * tpc[
-        "step_per_layer"]
+    # sequence parallelism's partial norm gradients: summed once per step by the trainer, or
+    # per micro-batch where FSDP reduces every micro-batch (ZeRO-2/3: FSDP2 redistributes a
+    # Partial gradient to Replicate inside its reduce-scatter)
+    per_norm = 2.0 if model.norm is NormKind.LAYERNORM else 1.0
+    holds_head = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
+    norm_tensors = per_norm * (2.0 * np.choose(slowest, [l_first, l_max, l_last]) + holds_head)
+    out["time_tp_comm"] = m * crit["tp"] + norm_tensors * tpc["norm_grad"] * np.where(
+        fsdp & (zero >= 2), m, 1.0)
     out["time_cp_comm"] = m * crit["cp"]
     out["time_pp_bubble"] = pipeline.bubble_fraction(sched, pp, vpp, m) * m * t_mb
     p2p_bytes = w_bytes * model.seq_len / cp * b * model.hidden_size / sp_div
@@ -202,17 +213,13 @@ def estimate_table(
     rs, ag = coll(comm.REDUCE_SCATTER, g_bytes), coll(comm.ALL_GATHER, p_bytes)
     dp_total = np.choose(np.clip(zero, 0, 3), [
         coll(comm.ALL_REDUCE, g_bytes), rs + ag, m * rs + ag, m * (rs + 2.0 * ag)])
-    # host work of the runtime's FSDP2 units per micro-batch (FSDP2 wraps every data-parallel
-    # plan but fp32 ZeRO-0 without pipeline/tensor/context parallelism, which runs on DDP, and
-    # every mixed-precision or offloaded plan: autoplan.runtime.data_parallel.uses_fsdp)
-    ddp = ((zero == 0) & (dp > 1) & (pp == 1) & (tp == 1) & (cp == 1) & (precision == "fp32")
-           & ~(off_o | off_p))
-    fsdp = ~ddp & ((shard > 1) | (precision != "fp32") | off_o | off_p)
+    # host work of the runtime's FSDP2 units per micro-batch: each block and one root per chunk
     eff = profile.efficiency
-    fsdp_host = np.where(fsdp, m * (l_max + 1.0) * eff.fsdp_unit_overhead_s, 0.0)
-    if model.tie_embeddings:  # first and last stage sum their copies' (FSDP-sharded) gradients
-        tied = head * grad_bytes / np.where(fsdp, shard, 1.0)
-        out["time_pp_comm"] += np.where(pp > 1, comm.collective_time_s(
+    fsdp_host = np.where(fsdp, m * (l_max + vpp) * eff.fsdp_unit_overhead_s, 0.0)
+    if model.tie_embeddings:  # first and last stage sum their copies' (FSDP-sharded) gradients;
+        # under ZB-V both copies sit on rank 0 and add up locally
+        tied = head * grad_bytes / np.where(fsdp & (zero >= 1), shard, 1.0)
+        out["time_pp_comm"] += np.where((pp > 1) & ~v_shape, comm.collective_time_s(
             comm.ALL_REDUCE, tied, np.full_like(pp, 2.0), comm.intra_node(tp * cp * dp, pp, gpn),
             profile), 0.0)
     # every step all-reduces the loss and the gradient norm over the whole job, and an fp16

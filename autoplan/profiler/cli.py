@@ -124,7 +124,7 @@ def profile_command(args: argparse.Namespace) -> int:
             progress.advance(task)
     prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
                           adam, args.quick, tables)
-    dispatch.apply_dispatch(prof, disp)
+    dispatch.apply_dispatch(prof, disp, device)
     if colls:
         prof["collectives"] = collectives.collective_tables(colls)
     loaded = profile_from_dict(prof)  # the result must load like any other profile

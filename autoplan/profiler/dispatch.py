@@ -205,13 +205,15 @@ def measure_dispatch(device: torch.device, quick: bool) -> DispatchCosts:
     )
 
 
-def apply_dispatch(prof: dict[str, Any], costs: DispatchCosts) -> None:
+def apply_dispatch(prof: dict[str, Any], costs: DispatchCosts, device: torch.device) -> None:
     """Write the per-op host costs into a profile's efficiency section and `measured`."""
     names = ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
              "selective_op_overhead_s", "fsdp_unit_overhead_s", "optimizer_overhead_s",
              "dtensor_optimizer_overhead_s")
+    on_cpu = device.type == "cpu"
     for name in names:
-        prof["efficiency"][name] = float(getattr(costs, name))
+        # a GPU hides host work behind kernels of real size: measured, kept, not charged
+        prof["efficiency"][name] = float(getattr(costs, name)) if on_cpu else 0.0
     prof.setdefault("measured", {})["dispatch"] = {
         **{name: float(getattr(costs, name)) for name in names},
         "block_ops": [costs.forward_ops, costs.backward_ops, costs.gemm_ops],

@@ -43,7 +43,7 @@ def _runs(tmp_path, truth):
 
 def test_calibration_recovers_a_hidden_profile(tmp_path) -> None:
     base = load_profile("cpu-gloo")
-    hidden = dict(identity(base), compute=0.4, op_overhead_s=2.5e-5, link_latency=3.0)
+    hidden = dict(identity(base), compute=0.4, op_overhead_s=2.5e-5, collective_tables=3.0)
     truth = apply_factors(base, hidden)
     truth = dataclasses.replace(
         truth, device=dataclasses.replace(truth.device, reserved_bytes=500 * 2**20))
@@ -81,3 +81,17 @@ def test_bad_run_records(tmp_path) -> None:
     bad.write_text(json.dumps({"plan": {}, "measured": {"step_time_s": -1}, "extra": 1}))
     with pytest.raises(ConfigError, match="unknown key"):
         load_run(bad)
+
+
+def test_only_factors_a_profile_can_feel_are_fitted() -> None:
+    from autoplan.calibrate import active_factors
+
+    gpu, cpu = load_profile("h100-sxm-80gb"), load_profile("cpu-gloo")
+    assert {"collective_tables", "host_overheads"}.isdisjoint(active_factors(gpu))
+    assert {"collective_tables", "host_overheads"} <= set(active_factors(cpu))
+    scaled = apply_factors(cpu, dict(identity(cpu), collective_tables=2.0, host_overheads=3.0))
+    assert scaled.collectives.all_reduce[2].y[0] == pytest.approx(
+        2.0 * cpu.collectives.all_reduce[2].y[0])
+    assert scaled.efficiency.fsdp_unit_overhead_s == pytest.approx(
+        3.0 * cpu.efficiency.fsdp_unit_overhead_s)
+    assert scaled.efficiency.op_overhead_s == cpu.efficiency.op_overhead_s  # fitted on its own

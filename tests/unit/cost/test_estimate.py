@@ -226,3 +226,46 @@ def test_fp16_adds_the_overflow_verdict_to_the_per_step_syncs() -> None:
     one = comm.collective_time_s(comm.ALL_REDUCE, np.array([8.0]), np.array([2.0]),
                                  np.array([True]), load_profile("cpu-gloo"))[0]
     assert dp_comm("fp16") - dp_comm("bf16") == pytest.approx(one)
+
+
+def test_tied_gradient_sum_follows_where_the_copies_live() -> None:
+    """No sum under ZB-V (both copies on rank 0); the full gradient at ZeRO-0 under FSDP
+    (bf16 runs on FSDP with a shard group of 1), a 1/dp shard at ZeRO >= 1."""
+    import dataclasses
+
+    tied = dataclasses.replace(PRESETS["gpt3-1.3b"], tie_embeddings=True)
+    untied = dataclasses.replace(tied, tie_embeddings=False)
+
+    def extra(**fields) -> float:
+        def pp_comm(model) -> float:
+            plan = plan_from_dict({"model": model, "precision": "bf16",
+                                   "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 16},
+                                   "batch": {"micro_batch_size": 1, "global_batch_size": 64},
+                                   **fields})
+            return estimate_plan(plan, ClusterSpec(load_profile("h100-sxm-80gb"), 16)
+                                 ).time["pp_comm"]
+        return pp_comm(tied) - pp_comm(untied)
+
+    assert extra(parallel={"pp": 4, "dp": 4}, zero_stage=1,
+                 pipeline={"schedule": "zero-bubble", "vpp": 2}) == 0.0
+    zero0 = extra(parallel={"pp": 2, "dp": 8}, zero_stage=0, pipeline={"schedule": "1f1b"})
+    zero1 = extra(parallel={"pp": 2, "dp": 8}, zero_stage=1, pipeline={"schedule": "1f1b"})
+    assert zero0 > 4 * zero1 > 0.0  # 8x the bytes (less the fixed latency)
+
+
+def test_sequence_parallel_norm_gradients_are_summed_per_micro_batch_under_zero2() -> None:
+    """FSDP2 turns a Partial gradient into Replicate inside every micro-batch's reduce-scatter
+    at ZeRO-2/3; the trainer sums them once per step otherwise."""
+    def tp_comm(zero: int, gbs: int) -> float:
+        plan = plan_from_dict({"model": "tiny", "precision": "fp32", "zero_stage": zero,
+                               "parallel": {"tp": 2, "dp": 2}, "sequence_parallel": True,
+                               "cluster": {"profile": "cpu-gloo", "num_gpus": 4},
+                               "batch": {"micro_batch_size": 2, "global_batch_size": gbs}})
+        return estimate_plan(plan, ClusterSpec(load_profile("cpu-gloo"), 4)).time["tp_comm"]
+
+    # doubling the micro-batches doubles everything per micro-batch; the difference between
+    # ZeRO-2 and ZeRO-1 is the norm sums, m - 1 extra of them
+    d4 = tp_comm(2, 16) - tp_comm(1, 16)  # m = 4
+    d8 = tp_comm(2, 32) - tp_comm(1, 32)  # m = 8
+    assert d4 > 0.0
+    assert d8 == pytest.approx(d4 * 7 / 3)

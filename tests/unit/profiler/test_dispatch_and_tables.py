@@ -32,6 +32,11 @@ def test_dispatch_costs_are_measured_per_op_of_the_runtime_block() -> None:
     # DTensor and the checkpoint machinery add host work per op on a CPU
     assert costs.dtensor_op_overhead_s > 0 and costs.selective_op_overhead_s > 0
     prof: dict = {"efficiency": {}}
-    dispatch.apply_dispatch(prof, costs)
+    dispatch.apply_dispatch(prof, costs, torch.device("cpu"))
     assert prof["efficiency"]["dtensor_op_overhead_s"] == costs.dtensor_op_overhead_s
     assert prof["measured"]["dispatch"]["block_ops"][0] == costs.forward_ops
+    # a GPU profile keeps the figures under `measured` and charges none of them
+    gpu: dict = {"efficiency": {}}
+    dispatch.apply_dispatch(gpu, costs, torch.device("cuda", 0))
+    assert all(v == 0.0 for v in gpu["efficiency"].values())
+    assert gpu["measured"]["dispatch"]["op_overhead_s"] == costs.op_overhead_s
