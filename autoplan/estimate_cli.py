@@ -11,6 +11,7 @@ from rich.table import Table
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
+from autoplan.display import column, count
 from autoplan.hardware import available_profiles, load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_to_dict
@@ -52,32 +53,41 @@ def estimate_command(args: argparse.Namespace) -> int:
 
     def render(console: Console) -> None:
         par = plan.parallel
+        note = "" if est.feasible else ", of an INFEASIBLE plan"
+        if not est.feasible:
+            console.print("[red bold]infeasible:[/]")
+            for r in est.reasons:
+                console.print(f"  - {r}", markup=False)
         console.print(
-            f"[bold]{model.name}[/] ({est.num_params / 1e9:.2f}B params) on "
+            f"[bold]{model.name}[/] ({count(est.num_params)} params) on "
             f"{cluster.num_gpus} x {cluster.profile.device.name}: dp={par.dp} tp={par.tp} "
             f"pp={par.pp} cp={par.cp} sp={plan.sequence_parallel} "
             f"schedule={plan.pipeline.schedule.value} vpp={plan.pipeline.vpp} "
             f"zero={plan.zero_stage} recompute={plan.recompute.policy.value} "
             f"mbs={plan.batch.micro_batch_size} gbs={plan.batch.global_batch_size}")
-        mem = Table(title="memory per GPU (worst pipeline stage)")
+        mem = Table(title=f"memory per GPU (worst stage){note}")
         mem.add_column("part")
         mem.add_column("GiB", justify="right")
         mem.add_column("share", justify="right")
-        for k in MEMORY_PARTS:
-            mem.add_row(k, f"{est.memory[k] / GIB:.2f}", f"{est.memory[k] / est.memory['total']:.0%}")
-        mem.add_row("[bold]total[/]", f"[bold]{est.memory['total'] / GIB:.2f}[/]",
+        gib = column([est.memory[k] / GIB for k in (*MEMORY_PARTS, "total")],
+                     est.memory["total"] / GIB, digits=4)
+        for k, cell in zip(MEMORY_PARTS, gib[:-1], strict=True):
+            mem.add_row(k, cell, f"{est.memory[k] / est.memory['total']:.0%}")
+        mem.add_row("[bold]total[/]", f"[bold]{gib[-1]}[/]",
                     f"of {est.memory['capacity'] / GIB:.0f} GiB")
         if est.memory["host_total"]:
             mem.add_row("host (offload)", f"{est.memory['host_total'] / GIB:.2f}", "")
-        tim = Table(title="time per step")
+        tim = Table(title=f"time per step{note}")
         tim.add_column("part")
         tim.add_column("seconds", justify="right")
         tim.add_column("share", justify="right")
-        for k in TIME_PARTS:
-            tim.add_row(k, f"{est.time[k]:.4g}", f"{est.time[k] / est.time['step']:.0%}")
-        tim.add_row("[bold]step[/]", f"[bold]{est.time['step']:.4g}[/]", "")
+        secs = column([est.time[k] for k in (*TIME_PARTS, "step")], est.time["step"])
+        for k, cell in zip(TIME_PARTS, secs[:-1], strict=True):
+            tim.add_row(k, cell, f"{est.time[k] / est.time['step']:.0%}")
+        tim.add_row("[bold]step[/]", f"[bold]{secs[-1]}[/]", "")
         console.print(mem, tim)
-        line = (f"tokens/s {est.tokens_per_s:,.0f}   MFU {est.mfu:.1%}   HFU {est.hfu:.1%}   "
+        line = ("[red](infeasible plan)[/] " if not est.feasible else "") + (
+                f"tokens/s {est.tokens_per_s:,.0f}   MFU {est.mfu:.1%}   HFU {est.hfu:.1%}   "
                 f"biggest cost: {est.dominant} ({est.time[est.dominant] / est.time['step']:.0%})")
         if est.days_to_train is not None:
             line += f"   days to train: {est.days_to_train:.1f}"
@@ -85,9 +95,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         if est.feasible:
             console.print("[green]feasible[/]")
         else:
-            console.print("[red]infeasible:[/]")
-            for r in est.reasons:
-                console.print(f"  - {r}", markup=False)
+            console.print(f"[red]infeasible[/] ({len(est.reasons)} reason(s) above)")
 
     emit(args, data, render)
     return 0 if est.feasible else 3

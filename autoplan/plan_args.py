@@ -71,11 +71,19 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     if args.micro_batch_size is not None:
         batch["micro_batch_size"] = args.micro_batch_size
     batch.setdefault("micro_batch_size", 1)
-    dp = (data.get("parallel") or {}).get("dp", 1) if isinstance(data.get("parallel"), dict) else 1
-    batch.setdefault("global_batch_size", batch["micro_batch_size"] * (dp if isinstance(dp, int) else 1))
     data["batch"] = batch
+    derive = _dp_follows(args)
+    if derive and isinstance(data.get("parallel"), dict):
+        data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
     for assignment in args.set:
         set_field(data, assignment)
+    if derive:
+        _derive_dp(data)
+    if isinstance(data.get("batch"), dict) and "global_batch_size" not in data["batch"]:
+        dp = data.get("parallel", {}).get("dp", 1) if isinstance(data.get("parallel"), dict) else 1
+        mbs = data["batch"].get("micro_batch_size", 1)
+        if isinstance(dp, int) and isinstance(mbs, int):
+            data["batch"]["global_batch_size"] = mbs * dp
     for section in ("cluster", "batch"):
         if not isinstance(data.get(section), dict):
             raise ConfigError(section, f"got {data.get(section)!r}", "expected a mapping")
@@ -89,6 +97,40 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         plan = plan.replace(model=model)
     cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
     return plan, model, cluster
+
+
+def _set_keys(args: argparse.Namespace) -> set[str]:
+    return {a.partition("=")[0].strip() for a in args.set}
+
+
+def _dp_follows(args: argparse.Namespace) -> bool:
+    """dp follows from the GPU count unless the user sets it: always without a plan file, and
+    with one when the command line changes the GPU count or another degree."""
+    keys = _set_keys(args)
+    if "parallel.dp" in keys or "parallel" in keys:
+        return False
+    changes_world = args.num_gpus is not None or "cluster.num_gpus" in keys or bool(
+        keys & {"parallel.tp", "parallel.pp", "parallel.cp"})
+    return not args.plan or changes_world
+
+
+def _derive_dp(data: dict[str, Any]) -> None:
+    """Set parallel.dp = num_gpus / (tp * pp * cp); exit 2 naming the values if it is not whole."""
+    par = data.setdefault("parallel", {})
+    gpus = data["cluster"].get("num_gpus") if isinstance(data.get("cluster"), dict) else None
+    if not isinstance(par, dict) or not isinstance(gpus, int) or isinstance(gpus, bool):
+        return  # the strict loader names what is wrong
+    degrees = {k: par.get(k, 1) for k in ("tp", "pp", "cp")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in degrees.values()) or gpus <= 0:
+        return
+    model_parallel = degrees["tp"] * degrees["pp"] * degrees["cp"]
+    if gpus % model_parallel:
+        raise ConfigError(
+            "parallel", f"tp={degrees['tp']} pp={degrees['pp']} cp={degrees['cp']} multiply to "
+            f"{model_parallel}, which does not divide num_gpus={gpus}",
+            f"choose degrees whose product divides {gpus}, or set parallel.dp and num_gpus")
+    par["dp"] = gpus // model_parallel
 
 
 __all__ = ["add_plan_arguments", "add_target_arguments", "plan_from_args", "plan_to_dict"]

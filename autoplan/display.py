@@ -1,0 +1,54 @@
+"""Numbers for people: significant figures, column-wise decimals and compact counts.
+
+Tables and YAML output round what they show; JSON keeps full precision for machines.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def sig(value: float, digits: int = 3) -> str:
+    """`value` to `digits` significant figures, without an exponent for ordinary sizes."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    value = float(f"{value:.{digits}g}")
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude >= 15 or magnitude < -6:
+        return f"{value:.{digits - 1}e}"
+    return f"{value:,.{max(0, digits - 1 - magnitude)}f}"
+
+
+def column(values: list[float], total: float, digits: int = 3) -> list[str]:
+    """Each value with the decimals that give `total` `digits` significant figures; a nonzero
+    value that would round to zero reads "<0.01" (say) rather than a misleading 0."""
+    if total <= 0 or not math.isfinite(total):
+        return [sig(v, digits) for v in values]
+    decimals = max(0, digits - 1 - math.floor(math.log10(total)))
+    floor = 10.0 ** -decimals
+    return ["0" if v == 0 else f"<{floor:.{decimals}f}" if abs(v) < floor / 2
+            else f"{v:.{decimals}f}" for v in values]
+
+
+def count(n: float) -> str:
+    """A parameter or token count in millions below a billion: 0.24M, 125M, 8.03B, 1.20T."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B")):
+        if abs(n) >= scale:
+            return f"{sig(n / scale, 3)}{suffix}"
+    return f"{sig(n / 1e6, 3 if abs(n) >= 1e6 else 2)}M"
+
+
+def rounded(obj: Any, digits: int = 4) -> Any:
+    """A copy of nested data with every float at `digits` significant figures (for YAML)."""
+    if isinstance(obj, bool) or isinstance(obj, int) or obj is None:
+        return obj
+    if isinstance(obj, float):
+        if obj == 0 or not math.isfinite(obj):
+            return obj
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
