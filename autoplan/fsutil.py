@@ -1,0 +1,258 @@
+"""Output files and directories that are whole or absent: atomic writes, a lock per output path,
+no silent overwrite, and the permissions the user's umask asks for.
+
+A file is written to a temporary file in its own directory and renamed into place (os.replace),
+so a reader sees the old file or the new one, never half of one. A directory is built as a
+temporary sibling and renamed into place. `check_*` refuse a bad target (under a regular file,
+unwritable, a directory where a file goes, existing without --force) before any work starts.
+Every refusal is a ConfigError (exit 2) naming the flag, the path and the fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from autoplan.errors import ConfigError
+
+
+def umask() -> int:
+    """The process umask (read from /proc where it can be, else set and restored at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """What open() would give a new file: 0o666 less the umask (mkstemp's default is 0o600)."""
+    return 0o666 & ~umask()
+
+
+def dir_mode() -> int:
+    """What mkdir() would give a new directory: 0o777 less the umask (mkdtemp's is 0o700)."""
+    return 0o777 & ~umask()
+
+
+def _existing_ancestor(path: Path) -> Path:
+    q = path
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    return q
+
+
+def check_parent(path: str | os.PathLike[str], field: str) -> None:
+    """Refuse when the directory that would hold `path` cannot be made or written: a regular
+    file on the way, or the first existing folder not writable (read-only or no permission)."""
+    p = Path(path)
+    base = _existing_ancestor(p.parent)
+    if not base.is_dir():
+        raise ConfigError(field, f"{str(p)!r} lies under {str(base)!r}, which is a file",
+                          "choose a path outside it")
+    read_only = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
+    if read_only or not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(field, f"cannot write in {str(base)!r} "
+                          f"({'read-only file system' if read_only else 'permission denied'})",
+                          "choose a directory you can write to")
+
+
+def check_file_target(path: str | os.PathLike[str], *, force: bool, field: str = "--out") -> Path:
+    """Refuse a file target that is a directory, that exists (without force), or that cannot be
+    written; call it before any work so a refusal costs nothing."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(field, f"{str(p)!r} is a directory", "give a file path")
+    if (p.exists() or p.is_symlink()) and not force:
+        raise ConfigError(field, f"{str(p)!r} already exists",
+                          "choose another path or pass --force")
+    check_parent(p, field)
+    return p
+
+
+def check_dir_target(path: str | os.PathLike[str], *, force: bool, names: Iterable[str],
+                     field: str = "--out") -> Path:
+    """Refuse an output directory that is a file, cannot be written, or already holds one of
+    `names` (the files this command writes) without force."""
+    p = Path(path)
+    names = tuple(names)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(field, f"{str(p)!r} is a file", "give a directory path")
+    check_parent(p, field)  # the temporary sibling is made beside it
+    if p.is_dir():
+        check_parent(p / "x", field)  # files may be replaced inside it
+        blocked = [n for n in names if (p / n).is_dir()]
+        if blocked:
+            raise ConfigError(field, f"{str(p / blocked[0])!r} is a directory",
+                              "remove it or choose another directory")
+        clash = [n for n in names if (p / n).exists()]
+        if clash and not force:
+            raise ConfigError(field, f"{str(p)!r} already holds {', '.join(clash)}",
+                              "choose another directory or pass --force")
+    return p
+
+
+def make_parents(path: Path) -> list[Path]:
+    """mkdir -p `path`; returns the folders it created, deepest last (for `remove_empty`)."""
+    missing = []
+    q = path
+    while not q.exists() and q != q.parent:
+        missing.append(q)
+        q = q.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def remove_empty(created: list[Path]) -> None:
+    """Undo `make_parents` after a failure: remove the folders it made, if still empty."""
+    for q in reversed(created):
+        try:
+            q.rmdir()
+        except OSError:
+            return
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, force: bool = False,
+                field: str = "--out") -> Path:
+    """Write `data` to `path` atomically with mode 0o666 & ~umask; without force an existing
+    file is never replaced (not even one that appears while this one is written)."""
+    p = check_file_target(path, force=force, field=field)
+    created = make_parents(p.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if force:
+            os.replace(tmp, p)
+        else:
+            _link_new(tmp, p, field)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        remove_empty(created)
+        raise
+    return p
+
+
+def _link_new(tmp: str, p: Path, field: str) -> None:
+    """Move tmp to p only if p does not exist (a hard link fails on an existing name)."""
+    try:
+        os.link(tmp, p)
+    except FileExistsError:
+        raise ConfigError(field, f"{str(p)!r} already exists",
+                          "choose another path or pass --force") from None
+    except OSError as err:  # a file system without hard links
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        if p.exists():
+            raise ConfigError(field, f"{str(p)!r} already exists",
+                              "choose another path or pass --force") from None
+        os.replace(tmp, p)
+    else:
+        os.unlink(tmp)
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, force: bool = False,
+               field: str = "--out") -> Path:
+    """`write_bytes` of UTF-8 text."""
+    return write_bytes(path, text.encode("utf-8"), force=force, field=field)
+
+
+@contextmanager
+def output_lock(path: str | os.PathLike[str], field: str = "--out") -> Iterator[Path]:
+    """Hold an exclusive lock on output `path` (the sibling file `.NAME.lock`) while the block
+    runs: a second autoplan asking for the same output is refused at once (exit 2) instead of
+    racing it. The lock file is removed when the block ends."""
+    import fcntl
+
+    p = Path(path)
+    created = make_parents(p.parent)
+    lock = p.parent / f".{p.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            remove_empty(created)
+            raise ConfigError(field, f"another autoplan is writing {str(p)!r} (it holds "
+                              f"{str(lock)!r})", "wait for it to finish or choose another "
+                              "path") from None
+        try:  # the holder before us may have removed the lock file after we opened it
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    ok = False
+    try:
+        yield lock
+        ok = True
+    finally:
+        os.unlink(lock)  # unlink while still holding it, then release
+        os.close(fd)
+        if not ok:
+            remove_empty(created)
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str],
+               field: str = "--out") -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to fill; when the block ends without an error it
+    becomes `path`, else it is removed and `path` is left as it was.
+
+    `path` absent or empty: one rename. `path` holding only files named in `names` (an earlier
+    result): the old folder is renamed aside, the new one into place, the old one removed.
+    `path` holding other files too: each new file replaces its namesake by os.replace and the
+    other files stay (the set is not atomic then, each file is)."""
+    p = Path(path)
+    names = tuple(names)
+    check_dir_target(p, force=force, names=names, field=field)
+    created = make_parents(p.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, dir_mode())
+        check_dir_target(p, force=force, names=names, field=field)  # again, just before
+        _commit(tmp, p, names)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(created)
+        raise
+
+
+def _commit(tmp: Path, p: Path, names: tuple[str, ...]) -> None:
+    if not p.exists() or not any(p.iterdir()):
+        try:
+            os.rename(tmp, p)  # replaces an empty directory too
+            return
+        except OSError as err:  # filled meanwhile by something that took no lock
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    if set(os.listdir(p)) <= set(names):
+        old = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=p.parent))
+        os.rename(p, old / "d")
+        try:
+            os.rename(tmp, p)
+        except BaseException:
+            os.rename(old / "d", p)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    for name in sorted(os.listdir(tmp)):
+        os.replace(tmp / name, p / name)
+    tmp.rmdir()

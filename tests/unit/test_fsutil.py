@@ -1,0 +1,106 @@
+"""autoplan.fsutil: atomic files and directories, the output lock, refusals before any work,
+and modes that follow the umask."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from autoplan import fsutil
+from autoplan.errors import ConfigError
+
+
+@pytest.fixture
+def mask() -> Iterator[None]:
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+@pytest.mark.parametrize("umask,want", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_file_follows_the_umask(tmp_path: Path, umask: int, want: int) -> None:
+    old = os.umask(umask)
+    try:
+        p = fsutil.write_text(tmp_path / "a.yaml", "x: 1\n")
+    finally:
+        os.umask(old)
+    assert mode(p) == want and p.read_text() == "x: 1\n"
+
+
+def test_existing_file_needs_force_and_no_temp_is_left(tmp_path: Path, mask: None) -> None:
+    p = fsutil.write_text(tmp_path / "a", "one")
+    with pytest.raises(ConfigError, match="already exists.*--force"):
+        fsutil.write_text(p, "two")
+    assert p.read_text() == "one"
+    fsutil.write_text(p, "two", force=True)
+    assert p.read_text() == "two" and sorted(x.name for x in tmp_path.iterdir()) == ["a"]
+
+
+def test_file_targets_refused_before_any_write(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(ConfigError, match="which is a file"):
+        fsutil.check_file_target(afile / "x" / "y.yaml", force=False, field="--out")
+    with pytest.raises(ConfigError, match="is a directory"):
+        fsutil.write_text(tmp_path / "adir", "x", force=True)
+    assert list((tmp_path / "adir").iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
+def test_unwritable_directory_is_refused(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    with pytest.raises(ConfigError, match="permission denied"):
+        fsutil.check_dir_target(ro / "out", force=False, names=("a",), field="--out")
+
+
+def test_atomic_dir_is_whole_or_absent(tmp_path: Path, mask: None) -> None:
+    out = tmp_path / "deep" / "res"
+    with pytest.raises(RuntimeError), fsutil.atomic_dir(out, force=False, names=("a", "b")) as d:
+        (d / "a").write_text("1")
+        raise RuntimeError("killed halfway")
+    assert not (tmp_path / "deep").exists()  # nor the parent it made
+    with fsutil.atomic_dir(out, force=False, names=("a", "b")) as d:
+        (d / "a").write_text("1")
+        (d / "b").write_text("2")
+    assert sorted(x.name for x in out.iterdir()) == ["a", "b"] and mode(out) == 0o755
+    assert sorted(x.name for x in out.parent.iterdir()) == ["res"]
+
+
+def test_atomic_dir_replaces_an_old_result_and_keeps_foreign_files(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    with fsutil.atomic_dir(out, force=False, names=("a", "b")) as d:
+        (d / "a").write_text("old")
+        (d / "b").write_text("old")
+    with pytest.raises(ConfigError, match="already holds a, b"):
+        with fsutil.atomic_dir(out, force=False, names=("a", "b")):
+            pass
+    with fsutil.atomic_dir(out, force=True, names=("a", "b")) as d:
+        (d / "a").write_text("new")
+    assert sorted(x.name for x in out.iterdir()) == ["a"] and (out / "a").read_text() == "new"
+    (out / "notes.txt").write_text("mine")
+    with fsutil.atomic_dir(out, force=True, names=("a", "b")) as d:
+        (d / "b").write_text("newer")
+    assert (out / "notes.txt").read_text() == "mine" and (out / "b").read_text() == "newer"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["res"]
+
+
+def test_second_lock_on_one_output_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    with fsutil.output_lock(out) as lock:
+        assert lock.exists()
+        with pytest.raises(ConfigError, match="another autoplan is writing"):
+            with fsutil.output_lock(out):
+                pass
+    assert not lock.exists()
+    with fsutil.output_lock(out):  # free again
+        pass
