@@ -9,10 +9,11 @@ from typing import Any
 
 from rich.table import Table
 
+from autoplan import resources
 from autoplan.calibrate import calibrate, load_run
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.errors import ConfigError
-from autoplan.hardware import PROFILES_DIR, load_profile
+from autoplan.hardware import load_profile
 from autoplan.yaml_io import save_yaml, to_dict
 
 
@@ -21,9 +22,11 @@ def register(sub: Any) -> None:
                        description="Fit compute, bandwidth, latency, dispatch and overlap "
                        "factors of a profile to run records written by `autoplan train`.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run record files (YAML or JSON)")
-    p.add_argument("--profile", required=True, help="profile to start from (name or path)")
-    p.add_argument("--out", help="where to write the fitted profile "
-                   "(default profiles/<profile>-calibrated.yaml)")
+    p.add_argument("--profile", required=True, help="profile to start from: a name (your "
+                   "profile directory, then the built-in ones) or a path")
+    p.add_argument("--out", help="where to write the fitted profile (default "
+                   "<profile>-calibrated.yaml in $AUTOPLAN_PROFILES or ~/.config/autoplan/"
+                   "profiles, under the name given to --profile)")
     p.add_argument("--trials", type=int, default=300, help="Optuna trials (default 300)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -31,12 +34,23 @@ def register(sub: Any) -> None:
     p.set_defaults(func=calibrate_command)
 
 
+def default_out(profile_ref: str) -> Path:
+    """`<name given>-calibrated.yaml` in the user's profile directory: never the checkout, and
+    never a directory that a profile's inner `name:` or a crafted file name decides."""
+    stem = profile_ref if resources.is_name(profile_ref) else Path(profile_ref).stem
+    try:
+        stem = resources.safe_name(stem, "--profile")
+    except ConfigError as err:
+        raise ConfigError(err.field, err.problem, "give --out PATH for the fitted profile") from None
+    return resources.user_dir(resources.PROFILES) / f"{stem}-calibrated.yaml"
+
+
 def calibrate_command(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise ConfigError("--trials", f"got {args.trials}", "expected a positive integer")
     base = load_profile(args.profile, "--profile")
     runs = [load_run(r) for r in args.runs]
-    out = Path(args.out) if args.out else PROFILES_DIR / f"{base.name}-calibrated.yaml"
+    out = Path(args.out) if args.out else default_out(args.profile)
     if out.exists() and not args.force:
         raise ConfigError("--out", f"{str(out)!r} already exists", "choose --out or pass --force")
     result = calibrate(runs, base, trials=args.trials, seed=args.seed)

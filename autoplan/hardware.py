@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from autoplan import resources
 from autoplan.errors import ConfigError
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILES_DIR = resources.package_dir(resources.PROFILES)
+"""The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
 
 
 def _positive(field: str, value: float) -> None:
@@ -266,7 +268,8 @@ class ClusterSpec:
 
 
 def available_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    """Profile names: the user's directory and the built-in ones."""
+    return resources.names(resources.PROFILES)
 
 
 def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
@@ -276,11 +279,12 @@ def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
 
 
 def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
-    """A profile by name (profiles/NAME.yaml) or by path; `flag` names the option in errors."""
+    """A profile by name (the user's profile directory, then the built-in ones) or by path;
+    `flag` names the option in errors."""
     path = Path(ref)
-    if not path.suffix:
-        named = PROFILES_DIR / f"{ref}.yaml"
-        if not named.is_file():
+    if resources.is_name(ref):
+        named = resources.find(resources.PROFILES, str(ref))
+        if named is None:
             raise ConfigError(
                 flag, f"unknown profile {str(ref)!r}",
                 f"choose one of {', '.join(available_profiles())} or a path to a profile YAML",

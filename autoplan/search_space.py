@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan import resources
 from autoplan.errors import ConfigError
 from autoplan.plan import Attention, Precision, RecomputePolicy, Schedule
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+SPACES_DIR = resources.package_dir(resources.SPACES)
+"""The built-in spaces (package data); a user directory is searched first (autoplan.resources)."""
 ENUMERABLE_LIMIT = 5_000_000
 """Default ceiling on candidates for the exhaustive sampler; larger spaces go to Optuna."""
 
@@ -206,15 +208,16 @@ def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
 
 
 def available_spaces() -> list[str]:
-    return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+    """Space names: the user's directory ($AUTOPLAN_SPACES) and the built-in ones."""
+    return resources.names(resources.SPACES)
 
 
 def load_space(ref: str | Path) -> SearchSpace:
-    """A search space by name (search_spaces/NAME.yaml) or by path."""
+    """A search space by name (the user's space directory, then the built-in ones) or by path."""
     path = Path(ref)
-    if not path.suffix:
-        named = SPACES_DIR / f"{ref}.yaml"
-        if not named.is_file():
+    if resources.is_name(ref):
+        named = resources.find(resources.SPACES, str(ref))
+        if named is None:
             raise ConfigError("--space", f"no search space named {str(ref)!r}",
                               f"choose one of {', '.join(available_spaces())} or give a path")
         path = named

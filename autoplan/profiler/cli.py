@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autoplan import resources
 from autoplan.cli_common import add_format_argument, emit, stderr_console
 from autoplan.errors import ConfigError
-from autoplan.hardware import PROFILES_DIR, load_profile, profile_from_dict
+from autoplan.hardware import load_profile, profile_from_dict
 from autoplan.yaml_io import read_yaml, save_yaml, to_dict
 
 
@@ -17,7 +18,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure this machine into a hardware profile",
                        description="Measure GEMM efficiency, memory bandwidth, collectives and "
                        "host paths on this machine and write a profile the cost model reads.")
-    p.add_argument("--out", help="output path (default profiles/NAME.yaml)")
+    p.add_argument("--out", help="output path (default NAME.yaml in the checkout's profiles/ "
+                   "when run inside it, else in $AUTOPLAN_PROFILES or ~/.config/autoplan/profiles)")
     p.add_argument("--name", help="profile name (default: cpu-measured or the GPU's name)")
     p.add_argument("--base", help="profile whose unmeasured fields are kept (default: cpu-gloo "
                    "on CPU, the matching datasheet profile on a GPU)")
@@ -78,10 +80,12 @@ def profile_command(args: argparse.Namespace) -> int:
     default_base = _gpu_base(torch.cuda.get_device_name(0)) if use_cuda else "cpu-gloo"
     base_ref = args.base or default_base
     load_profile(base_ref, "--base")  # validates the name or path with the usual one-line error
-    base_path = PROFILES_DIR / f"{base_ref}.yaml" if not Path(base_ref).suffix else Path(base_ref)
-    base = read_yaml(base_path, "--base")
+    base_path = resources.find(resources.PROFILES, base_ref) if resources.is_name(base_ref) \
+        else Path(base_ref)
+    base = read_yaml(base_path or base_ref, "--base")
     name = args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured")
-    out = Path(args.out) if args.out else PROFILES_DIR / f"{name}.yaml"
+    out = Path(args.out) if args.out else (resources.default_write_dir(resources.PROFILES)
+                                           / f"{resources.safe_name(name, '--name')}.yaml")
     if out.exists() and not args.force:
         raise ConfigError("--out", f"{str(out)!r} already exists", "choose --out or pass --force")
     max_ranks = args.ranks if args.ranks is not None else (

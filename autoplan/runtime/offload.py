@@ -10,7 +10,8 @@
   back.
 
 Pinned host memory and non_blocking copies need CUDA, so they are used only when CUDA is
-available (pinning fails on a CPU-only host; see notes/torch-cpu-gloo.md).
+available (pinning needs an accelerator, so FSDP2's default CPUOffloadPolicy(pin_memory=True)
+fails on a CPU-only host; see torch.distributed.fsdp.CPUOffloadPolicy's documentation).
 """
 
 from __future__ import annotations

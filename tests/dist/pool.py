@@ -1,8 +1,9 @@
 """Forked worker processes that run one multi-rank task at a time.
 
 Forking from a parent that already imported torch costs ~0.1-0.3 s instead of ~7-15 s per
-torchrun (notes/torch-cpu-gloo.md). Each task gets freshly forked ranks, a FileStore rendezvous
-and a gloo process group with a finite timeout; a task past its deadline is killed.
+torchrun (measured on the 2-core test machine: every torchrun rank imports torch afresh). Each
+task gets freshly forked ranks, a FileStore rendezvous and a gloo process group with a finite
+timeout; a task past its deadline is killed.
 
 Why not keep the same workers for every task: in torch 2.13, a process that ran a 3-D
 (tp x pp) task and destroyed its process group later failed to resolve a DeviceMesh group

@@ -95,3 +95,36 @@ def test_only_factors_a_profile_can_feel_are_fitted() -> None:
     assert scaled.efficiency.fsdp_unit_overhead_s == pytest.approx(
         3.0 * cpu.efficiency.fsdp_unit_overhead_s)
     assert scaled.efficiency.op_overhead_s == cpu.efficiency.op_overhead_s  # fitted on its own
+
+
+def test_calibrate_writes_under_the_name_given_into_the_user_directory(tmp_path, monkeypatch,
+                                                                       capsys) -> None:
+    """#14 item 2, #16 item 2: a name resolves from the user's directory, the result is named
+    after it, and a profile's inner `name:` never decides where the file goes."""
+    import yaml
+
+    from autoplan.hardware import PROFILES_DIR
+
+    user = tmp_path / "user"
+    user.mkdir()
+    monkeypatch.setenv("AUTOPLAN_PROFILES", str(user))
+    raw = yaml.safe_load((PROFILES_DIR / "cpu-gloo.yaml").read_text())
+    (user / "my-machine.yaml").write_text(yaml.safe_dump({**raw, "name": "../../escaped"}))
+    run = _runs(tmp_path, load_profile("cpu-gloo"))[0]
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", str(run), "--profile", "my-machine", "--trials", "3",
+                 "--format", "json"]) == 0
+    written = json.loads(capsys.readouterr().out)["profile"]
+    assert written == str(user / "my-machine-calibrated.yaml")
+    assert load_profile("my-machine-calibrated").name == "my-machine-calibrated"
+    assert not list(tmp_path.rglob("escaped*")) and not (tmp_path.parent / "escaped").exists()
+
+    evil = tmp_path / "elsewhere" / "x.yaml"  # a path: named after the file, still the user dir
+    evil.parent.mkdir()
+    evil.write_text(yaml.safe_dump({**raw, "name": "/abs/x"}))
+    assert main(["calibrate", str(run), "--profile", str(evil), "--trials", "3"]) == 0
+    assert (user / "x-calibrated.yaml").is_file()
+    hidden = tmp_path / ".hidden.yaml"
+    hidden.write_text(yaml.safe_dump(raw))
+    assert main(["calibrate", str(run), "--profile", str(hidden), "--trials", "3"]) == 2
+    assert "plain file name" in capsys.readouterr().err

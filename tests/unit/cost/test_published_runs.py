@@ -1,7 +1,7 @@
 """The cost model against measured runs of Megatron SC21 and Korthikanti et al. 2022.
 
-The runs live in ../shared/data/published-open.yaml (Megatron SC21 Tables 1-2, Korthikanti et
-al. 2022 Table 5); benchmarks/published_accuracy.py prints the per-run table. Nothing is fitted
+The runs live in tests/data/published/published-open.yaml (Megatron SC21 Tables 1-2, Korthikanti
+et al. 2022 Table 5); benchmarks/published_accuracy.py prints the per-run table. Nothing is fitted
 to these runs, so this guards the model against drifting away from them.
 """
 
@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "published_accuracy.py"
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = ROOT / "benchmarks" / "published_accuracy.py"
+DATA = ROOT / "tests" / "data" / "published" / "published-open.yaml"
 
 
 def _bench():
@@ -24,9 +26,7 @@ def _bench():
 
 def test_step_time_error_on_published_runs() -> None:
     bench = _bench()
-    if not bench.DEFAULT_DATA.is_file():
-        pytest.skip(f"no published data at {bench.DEFAULT_DATA}")
-    rows = bench.score(bench.DEFAULT_DATA)
+    rows = bench.score(DATA)
     assert len(rows) >= 20
     mape = sum(abs(r["error"]) for r in rows) / len(rows)
     assert mape <= 0.10, f"mean absolute percentage error {mape:.1%}"
