@@ -1,6 +1,7 @@
 """parallelize(): build the model for one rank of a plan, applying each technique in one order.
 
-Order (torchtitan's, measured to compose on gloo; see notes/torch-cpu-gloo.md):
+Order (torchtitan's parallelize_llama, torchtitan/models/llama3/infra/parallelize.py; shown to
+compose on gloo by the parity table in tests/dist/test_parity.py):
 
 1. build the whole model on the meta device (no memory);
 2. pipeline split: keep this pp rank's stage(s), deleting the other modules (FQNs unchanged);
