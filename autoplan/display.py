@@ -6,6 +6,7 @@ Tables and YAML output round what they show; JSON keeps full precision for machi
 from __future__ import annotations
 
 import math
+import shutil
 from typing import Any
 
 
@@ -52,3 +53,8 @@ def rounded(obj: Any, digits: int = 4) -> Any:
     if isinstance(obj, (list, tuple)):
         return [rounded(v, digits) for v in obj]
     return obj
+
+
+def terminal_width() -> int:
+    """COLUMNS when set, else the terminal's width, else 80."""
+    return shutil.get_terminal_size((80, 24)).columns

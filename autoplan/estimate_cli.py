@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
-from autoplan.display import column, count
+from autoplan.display import column, count, terminal_width
 from autoplan.hardware import available_profiles, load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_to_dict
@@ -97,7 +98,10 @@ def estimate_command(args: argparse.Namespace) -> int:
         else:
             console.print(f"[red]infeasible[/] ({len(est.reasons)} reason(s) above)")
 
-    emit(args, data, render)
+    from autoplan.cli_common import resolve_format
+    from autoplan.display import rounded
+
+    emit(args, rounded(data) if resolve_format(args) == "yaml" else data, render)
     return 0 if est.feasible else 3
 
 
@@ -108,12 +112,17 @@ def models_command(args: argparse.Namespace) -> int:
             for m in PRESETS.values()]
 
     def render(console: Console) -> None:
-        t = Table(title="model presets")
-        for k in rows[0]:
-            t.add_column(k, justify="left" if k in ("name", "mlp") else "right")
+        t = Table(title="model presets", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+        heads = {"heads": "heads/kv", "seq_len": "seq"}
+        keys = [k for k in rows[0] if k != "kv_heads"]
+        for k in keys:
+            t.add_column(heads.get(k, k), justify="left" if k in ("name", "mlp") else "right",
+                         no_wrap=True)
         for r in rows:
-            t.add_row(*[f"{r['params'] / 1e9:.2f}B" if k == "params" else str(v)
-                        for k, v in r.items()])
+            cells = {**{k: str(v) for k, v in r.items()}, "params": count(r["params"]),
+                     "heads": f"{r['heads']}/{r['kv_heads']}"}
+            t.add_row(*[cells[k] for k in keys])
+        console.width = min(console.width, terminal_width())
         console.print(t)
 
     emit(args, rows, render)
@@ -133,15 +142,19 @@ def clusters_command(args: argparse.Namespace) -> int:
                      "measured": p.measured is not None})
 
     def render(console: Console) -> None:
-        t = Table(title="hardware profiles (profiles/)")
-        for k in ("name", "device", "memory GiB", "peak TFLOP/s", "GPUs/node", "NVLink GB/s",
-                  "network GB/s", "measured"):
-            t.add_column(k)
+        t = Table(title="hardware profiles", caption="TF: peak 16-bit TFLOP/s (bf16, else fp16); "
+                  "intra/inter: GB/s inside a node / between nodes; all peaks: --format json",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+        for k in ("name", "device", "GiB", "TF", "/node", "intra", "inter", "source"):
+            t.add_column(k, no_wrap=k == "name",
+                         justify="left" if k in ("name", "device", "source") else "right")
         for r in rows:
-            peaks = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
-            t.add_row(r["name"], r["device"], f"{r['memory_gib']:.0f}", peaks,
+            peaks = r["peak_tflops"]
+            peak = peaks.get("bf16", peaks.get("fp16", max(peaks.values(), default=0.0)))
+            t.add_row(r["name"], r["device"], f"{r['memory_gib']:.0f}", f"{peak:g}",
                       str(r["gpus_per_node"]), f"{r['intra_node_gb_per_s']:g}",
-                      f"{r['inter_node_gb_per_s']:g}", "yes" if r["measured"] else "datasheet")
+                      f"{r['inter_node_gb_per_s']:g}", "measured" if r["measured"] else "datasheet")
+        console.width = min(console.width, terminal_width())
         console.print(t)
 
     emit(args, rows, render)

@@ -55,6 +55,8 @@ def register(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace files in --out")
     p.add_argument("--report", nargs="?", const="", default=None, metavar="DIR",
                    help="write PNG plots and an HTML page (default DIR: --out)")
+    p.add_argument("--wide", action="store_true",
+                   help="table: every column in full (default: fit the terminal, 80 columns)")
     add_format_argument(p)
     p.set_defaults(func=search_command)
 
@@ -120,9 +122,13 @@ def search_command(args: argparse.Namespace) -> int:
 
             data["report"] = str(write_report(result, args.report or args.out, args.top,
                                               args.force))
+    from autoplan.cli_common import resolve_format
+    from autoplan.display import rounded
     from autoplan.search.render import render
 
-    emit(args, data, lambda console: render(console, result, data, args.top))
+    shown = rounded(data) if resolve_format(args) == "yaml" else data  # JSON keeps every digit
+    emit(args, shown, lambda console: render(console, result, data, args.top,
+                                             wide=getattr(args, "wide", False)))
     if result.best is None:
         raise NoFeasiblePlanError(infeasible_line(data))
     return 0

@@ -1,59 +1,245 @@
-"""The terminal view of a search: the ranked table (every knob, memory, step time, tokens/s, MFU,
-dominant cost), the count of candidates by reason, and the nearest miss when nothing fits."""
+"""The terminal view of a search: the ranked table, a legend for its abbreviations, why the
+winner wins, the count of candidates by reason, and the nearest miss when nothing fits.
+
+The default layout fits the terminal (80 columns when there is none): knobs that every shown
+plan shares move to one line above the table, cells are abbreviated and equivalent plans share
+a row. `--wide` prints every column in full.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from autoplan.display import sig, terminal_width
 from autoplan.search.engine import SearchResult
 
 SHORT = {"interleaved-1f1b": "int", "zero-bubble": "zb", "1f1b": "1f1b", "gpipe": "gpipe"}
-WIDTH = 160
-"""Columns the ranked table needs; a narrower terminal wraps it."""
+RECOMPUTE_SHORT = {"none": "-", "selective": "sel", "full": "full"}
+DOMINANT_SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "cp_comm": "cp",
+                  "pp_bubble": "bubble", "pp_comm": "pp", "dp_comm": "dp", "offload": "offload",
+                  "optimizer": "optim"}
+FIGURES = ("mem_gib", "step_s", "tokens_per_s")
+KNOBS = ("num_gpus", "dp", "tp", "pp", "cp", "sp", "schedule", "vpp", "split", "zero",
+         "offload_optimizer", "offload_params", "recompute", "recompute_layers", "mbs",
+         "precision", "attention")
+MERGEABLE = ("zero", "split")
+"""Knobs whose values can give identical figures (ZeRO at dp 1, balanced = even splits)."""
+LAYOUT = ("num_gpus", "dp", "tp", "pp", "cp")
 
 
-def _knobs(r: dict[str, Any]) -> list[str]:
-    offload = "+".join(k for k, on in (("opt", r["offload_optimizer"]),
-                                       ("params", r["offload_params"])) if on) or "-"
-    rc = r["recompute"]
-    if rc != "none" and r["recompute_layers"] >= 0:
-        rc += f":{r['recompute_layers']}"
-    sched = SHORT.get(r["schedule"], r["schedule"]) if r["pp"] > 1 else "-"
-    if r["pp"] > 1 and r["vpp"] > 1:
-        sched += f" v{r['vpp']}"
-    if r["split"] != "even":
-        sched += " bal"
-    return [str(r["dp"]), str(r["tp"]), str(r["pp"]), str(r["cp"]),
-            "y" if r["sp"] else "-", sched, str(r["zero"]), offload, rc, str(r["mbs"])]
+@dataclass
+class Shown:
+    """One table row: a ranked plan and the equivalent plans merged into it."""
+
+    rank: int
+    row: dict[str, Any]
+    zeros: list[int]
+    splits: list[str]
 
 
-def ranked_table(rows: list[dict[str, Any]], title: str, objectives: list[str]) -> Table:
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    multi_gpus = len({r["num_gpus"] for r in rows}) > 1
-    if multi_gpus:
-        t.add_column("gpus", justify="right", no_wrap=True)
-    for name in ("#", "dp", "tp", "pp", "cp", "sp", "schedule", "zero", "offload",
-                 "recompute", "mbs", "mem GiB", "step s", "tokens/s", "MFU", "dominant"):
-        t.add_column(name, justify="left" if name in ("schedule", "offload", "recompute",
-                                                      "dominant") else "right",
-                     no_wrap=True)
-    if "cost" in objectives:
-        t.add_column("GPU-h", justify="right")
+def same_figures(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12) for k in FIGURES)
+
+
+def collapse(rows: list[dict[str, Any]], limit: int) -> list[Shown]:
+    """Merge rows that differ only in ZeRO stage or layer split and score identically; keep
+    the first `limit` distinct rows in rank order."""
+    shown: list[Shown] = []
     for k, r in enumerate(rows, 1):
-        cells = ([str(r["num_gpus"])] if multi_gpus else []) + [str(k), *_knobs(r), f"{r['mem_gib']:.1f}", f"{r['step_s']:.3g}",
-                 f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}", r["dominant"]]
-        if "cost" in objectives:
-            cells.append(f"{r['gpu_hours']:,.0f}")
-        t.add_row(*cells)
-    return t
+        key = tuple(r[n] for n in KNOBS if n not in MERGEABLE)
+        for s in shown:
+            if tuple(s.row[n] for n in KNOBS if n not in MERGEABLE) == key \
+                    and same_figures(s.row, r):
+                s.zeros = sorted({*s.zeros, int(r["zero"])})
+                s.splits = sorted({*s.splits, r["split"]})
+                break
+        else:
+            if len(shown) == limit:
+                break
+            shown.append(Shown(k, r, [int(r["zero"])], [r["split"]]))
+    return shown
+
+
+def zero_cell(s: Shown) -> str:
+    z = s.zeros
+    if len(z) == 1:
+        return str(z[0])
+    return f"{z[0]}-{z[-1]}" if z == list(range(z[0], z[-1] + 1)) else ",".join(map(str, z))
+
+
+def sched_cell(r: dict[str, Any], splits: list[str]) -> str:
+    if r["pp"] <= 1:
+        return "-"
+    out = SHORT.get(r["schedule"], r["schedule"])
+    if r["vpp"] > 1:
+        out += f" v{r['vpp']}"
+    if len(splits) > 1:
+        out += " bal=even"
+    elif splits[0] != "even":
+        out += " bal"
+    return out
+
+
+def recompute_cell(r: dict[str, Any], wide: bool) -> str:
+    rc = r["recompute"] if wide else RECOMPUTE_SHORT.get(r["recompute"], r["recompute"])
+    if r["recompute"] != "none" and r["recompute_layers"] >= 0:
+        rc += f":{r['recompute_layers']}"
+    return rc
+
+
+def offload_cell(r: dict[str, Any], wide: bool) -> str:
+    on = [k for k, flag in (("opt", r["offload_optimizer"]), ("params", r["offload_params"]))
+          if flag]
+    if not wide and len(on) == 2:
+        return "o+p"
+    return "+".join(k if wide else k[:3] for k in on) or "-"
+
+
+def step_cell(r: dict[str, Any]) -> str:
+    band = r.get("band")
+    return sig(r["step_s"]) + (f" ±{band:.0%}" if isinstance(band, float) else "")
+
+
+def tokens_cell(v: float, wide: bool) -> str:
+    if wide or v < 1e4:
+        return f"{v:,.0f}"
+    return f"{sig(v / 1e6, 3)}M" if v >= 1e6 else f"{sig(v / 1e3, 3)}k"
+
+
+# (key, wide header, narrow header, right-aligned, cell)
+Cell = tuple[str, str, str, bool, Any]
+COLUMNS: list[Cell] = [
+    ("num_gpus", "gpus", "gpus", True, lambda s, w: str(s.row["num_gpus"])),
+    ("rank", "#", "#", True, lambda s, w: str(s.rank)),
+    ("dp", "dp", "dp", True, lambda s, w: str(s.row["dp"])),
+    ("tp", "tp", "tp", True, lambda s, w: str(s.row["tp"])),
+    ("pp", "pp", "pp", True, lambda s, w: str(s.row["pp"])),
+    ("cp", "cp", "cp", True, lambda s, w: str(s.row["cp"])),
+    ("sp", "sp", "sp", True, lambda s, w: ("yes" if w else "y") if s.row["sp"] else "-"),
+    ("schedule", "schedule", "sched", False, lambda s, w: sched_cell(s.row, s.splits)),
+    ("zero", "zero", "zero", True, lambda s, w: zero_cell(s)),
+    ("offload", "offload", "off", False, lambda s, w: offload_cell(s.row, w)),
+    ("recompute", "recompute", "rc", False, lambda s, w: recompute_cell(s.row, w)),
+    ("mbs", "mbs", "mbs", True, lambda s, w: str(s.row["mbs"])),
+    ("precision", "precision", "prec", False, lambda s, w: s.row["precision"]),
+    ("attention", "attention", "attn", False, lambda s, w: s.row["attention"]),
+    ("mem", "mem GiB", "GiB", True, lambda s, w: f"{s.row['mem_gib']:.1f}"),
+    ("step", "step s", "step s", True, lambda s, w: step_cell(s.row)),
+    ("tokens", "tokens/s", "tok/s", True, lambda s, w: tokens_cell(s.row["tokens_per_s"], w)),
+    ("mfu", "MFU", "MFU", True, lambda s, w: f"{s.row['mfu']:.1%}"),
+    ("dominant", "dominant", "biggest", False,
+     lambda s, w: s.row["dominant"] if w else DOMINANT_SHORT.get(s.row["dominant"],
+                                                                  s.row["dominant"])),
+    ("gpu_hours", "GPU-h", "GPU-h", True, lambda s, w: f"{s.row['gpu_hours']:,.0f}"),
+]
+HOISTABLE = ("num_gpus", "sp", "schedule", "zero", "offload", "recompute", "mbs", "precision",
+             "attention", "cp", "dominant")
+"""Columns that move to the "all rows" line when every shown row has the same cell."""
+SHARED_NAMES = {"sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
+                "dominant": "biggest cost"}
+DROP_ORDER = ("dominant", "attention", "precision", "mfu")
+"""Narrow layout: columns left out, in this order, while the table is wider than the terminal."""
+
+
+def new_table(title: str) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+
+
+def table_width(headers: list[str], justify: list[bool], cells: list[list[str]]) -> int:
+    """Columns the table takes when nothing is wrapped (measured by rich itself)."""
+    t = new_table("")
+    for h, right in zip(headers, justify, strict=True):
+        t.add_column(h, justify="right" if right else "left", no_wrap=True)
+    for r in cells:
+        t.add_row(*r)
+    return Console(width=10_000).measure(t).maximum
+
+
+def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int
+           ) -> tuple[list[Cell], list[str], list[str]]:
+    """(columns to show, "header value" pairs every row shares, columns left out)."""
+    cols = [c for c in COLUMNS if c[0] != "gpu_hours" or "cost" in objectives]
+    multi = len({s.row["num_gpus"] for s in shown}) > 1
+    if wide:
+        cols = [c for c in cols if (c[0] != "num_gpus" or multi)
+                and c[0] not in ("precision", "attention")]
+        return cols, [], []
+    shared: list[str] = []
+    keep: list[Cell] = []
+    for c in cols:
+        values = {c[4](s, True) for s in shown}
+        if c[0] in HOISTABLE and len(values) == 1:
+            value = values.pop()
+            if c[0] != "num_gpus":  # the header line names a single GPU count already
+                shared.append(f"{SHARED_NAMES.get(c[0], c[1])} "
+                              f"{'none' if value == '-' else value}")
+        else:
+            keep.append(c)
+    dropped: list[str] = []
+    for name in DROP_ORDER:
+        cells = [[c[4](s, False) for c in keep] for s in shown]
+        if table_width([c[2] for c in keep], [c[3] for c in keep], cells) <= width:
+            break
+        if any(c[0] == name for c in keep):
+            keep = [c for c in keep if c[0] != name]
+            dropped.append(name)
+    return keep, shared, dropped
+
+
+def legend(shown: list[Shown], wide: bool) -> str:
+    """One line explaining every abbreviation that appears in the shown rows."""
+    rows = [s.row for s in shown]
+    parts = []
+    scheds = {r["schedule"] for r in rows if r["pp"] > 1}
+    names = {"int": "int = interleaved 1F1B", "zb": "zb = zero-bubble (ZB-H1)",
+             "1f1b": "1f1b = one-forward-one-backward", "gpipe": "gpipe = all forwards first"}
+    parts += [names[SHORT.get(s, s)] for s in sorted(scheds) if SHORT.get(s, s) in names]
+    if any(r["pp"] > 1 and r["vpp"] > 1 for r in rows):
+        parts.append("vN = N model chunks per pipeline rank")
+    if any(r["split"] != "even" for r in rows):
+        parts.append("bal = layers balanced against the embedding and head stages")
+    if any(len(s.splits) > 1 for s in shown):
+        parts.append("bal=even = balanced and even splits score the same")
+    if any(len(s.zeros) > 1 for s in shown):
+        dp1 = all(s.row["dp"] == 1 for s in shown if len(s.zeros) > 1)
+        parts.append("zero 0-3 = those ZeRO stages score the same" + (" (equal at dp 1: nothing "
+                     "to shard)" if dp1 else ""))
+    if any(r["sp"] for r in rows):
+        parts.append("sp y = sequence parallel")
+    if any(r["recompute"] != "none" for r in rows):
+        parts.append(("recompute" if wide else "rc = recompute (sel = selective)") + ", :N = "
+                     "on N layers per stage")
+    if any(r["offload_optimizer"] for r in rows):
+        parts.append("opt = optimizer states on the host")
+    if any(r["offload_params"] for r in rows):
+        parts.append(("params" if wide else "par") + " = parameters on the host")
+    if not wide and any(r["offload_optimizer"] and r["offload_params"] for r in rows):
+        parts.append("o+p = both")
+    if any("band" in r for r in rows):
+        parts.append("± = the cost model's error band for that prediction")
+    return "legend: " + "; ".join(parts) if parts else ""
+
+
+def ranked_table(shown: list[Shown], title: str, objectives: list[str], wide: bool = False,
+                 width: int = 80) -> tuple[Table, list[str], list[str]]:
+    """The table, the knobs every row shares and the columns left out for width."""
+    cols, shared, dropped = layout(shown, objectives, wide, width)
+    t = new_table(title)
+    for c in cols:
+        t.add_column(c[1] if wide else c[2], justify="right" if c[3] else "left", no_wrap=True)
+    for s in shown:
+        t.add_row(*[c[4](s, wide) for c in cols])
+    return t, shared, dropped
 
 
 def counts_table(counts: dict[str, int], total: int) -> Table:
-    t = Table(title="candidates by outcome (first reason)")
+    t = Table(title="candidates by outcome (first reason)", box=box.SIMPLE_HEAD)
     t.add_column("reason")
     t.add_column("count", justify="right")
     t.add_column("share", justify="right")
@@ -62,9 +248,27 @@ def counts_table(counts: dict[str, int], total: int) -> Table:
     return t
 
 
-def render(console: Console, result: SearchResult, data: dict[str, Any], top: int) -> None:
-    if not console.is_terminal:
-        console.width = max(console.width, WIDTH)
+def shown_rows(result: SearchResult, data: dict[str, Any], top: int) -> list[Shown]:
+    """The rows of the table: enough ranked plans that `top` distinct ones remain."""
+    rows = data["top"]
+    if not result.request.targets.multi and len(result.order) > len(rows):
+        from autoplan.search.ranking import frame
+
+        req = result.request
+        more = frame(result.scored, result.order[:4 * top], req.space, req.targets, result.front)
+        rows = more.to_dict(orient="records")
+    if "band" in result.scored.cols:
+        bands = result.scored.cols["band"]
+        order = result.order[:len(rows)] if not result.request.targets.multi else None
+        if order is not None:
+            rows = [r | {"band": float(bands[i])} for r, i in zip(rows, order, strict=False)]
+    return collapse(rows, top)
+
+
+def render(console: Console, result: SearchResult, data: dict[str, Any], top: int,
+           wide: bool = False) -> None:
+    width = terminal_width()
+    console.width = max(width, 80)
     gpus = data["num_gpus"]
     where = f"{gpus[0]}" if len(gpus) == 1 else f"{gpus[0]}..{gpus[-1]} ({len(gpus)} counts)"
     console.print(
@@ -73,10 +277,27 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
         f"{data['candidates']:,} candidates, {data['scored']:,} scored, "
         f"{data['feasible_count']:,} feasible in {data['seconds']:.2f} s")
     if data["top"]:
+        shown = shown_rows(result, data, top)
+        merged = sum(len(s.zeros) > 1 or len(s.splits) > 1 for s in shown)
         title = (f"Pareto front ({data['pareto_size']} plans; {' vs '.join(data['objectives'])})"
-                 if result.request.targets.multi else f"top {len(data['top'])} plans by "
-                 f"{data['objectives'][0]}")
-        console.print(ranked_table(data["top"], title, data["objectives"]))
+                 if result.request.targets.multi else f"top {len(shown)} plans by "
+                 f"{data['objectives'][0]}" + (" (equivalent plans share a row)" if merged
+                                               else ""))
+        table, shared, dropped = ranked_table(shown, title, data["objectives"], wide, width)
+        if wide:
+            console.width = max(width, Console(width=10_000).measure(table).maximum)
+        if shared:
+            console.print("every plan below: " + ", ".join(shared), markup=False)
+        console.print(table)
+        line = legend(shown, wide)
+        if dropped:
+            line += f"{'; ' if line else ''}--wide adds: {', '.join(dropped)}"
+        if line:
+            console.print(line, markup=False, style="dim")
+        from autoplan.search.baseline import why_lines
+
+        for why in why_lines(result, data, shown):
+            console.print(why, markup=False)
     console.print(counts_table(data["counts"], data["candidates"]))
     near = data.get("nearest")
     if near:

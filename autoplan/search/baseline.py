@@ -1,0 +1,129 @@
+"""Why the winner wins: what it gains against the next different layout in the ranking and
+against the published recipe for the model (`baselines.yaml`), scored with the same cost model
+at the user's GPU count. The cost model's error band, where it reports one, says whether the
+gain is larger than the model's own error."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from autoplan.display import sig
+from autoplan.search.engine import SearchResult
+
+log = logging.getLogger(__name__)
+LAYOUT = ("num_gpus", "dp", "tp", "pp", "cp")
+"""The knobs that make two plans different layouts for the "why" line."""
+
+
+@dataclass(frozen=True)
+class BaselineScore:
+    """A published recipe scored at the user's GPU count and batch."""
+
+    name: str
+    source: str
+    layout: str
+    feasible: bool
+    reasons: tuple[str, ...]
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    band: float | None
+
+
+def load_baselines() -> list[dict[str, Any]]:
+    text = resources.files("autoplan.search").joinpath("baselines.yaml").read_text("utf-8")
+    data = yaml.safe_load(text)
+    return list(data["baselines"])
+
+
+def recipe_for(model_name: str) -> dict[str, Any] | None:
+    return next((b for b in load_baselines() if model_name in b["models"]), None)
+
+
+def score_baseline(result: SearchResult, num_gpus: int) -> BaselineScore | None:
+    """The model's published recipe as a plan at `num_gpus` (dp refilled), or None when the
+    model has no recipe or the GPU count is not a multiple of the recipe's tp * pp * cp."""
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.hardware import ClusterSpec
+    from autoplan.plan import plan_from_dict
+    from autoplan.search.partition import balanced_layers
+
+    req = result.request
+    recipe = recipe_for(req.model.name)
+    if recipe is None:
+        return None
+    par = dict(recipe["parallel"])
+    model_parallel = par["tp"] * par["pp"] * par["cp"]
+    if num_gpus % model_parallel:
+        return None
+    par["dp"] = num_gpus // model_parallel
+    pipeline = dict(recipe["pipeline"])
+    if recipe.get("split") == "balanced":
+        layers = balanced_layers(req.model, par["pp"] * pipeline["vpp"])
+        if layers is not None:
+            pipeline["layers_per_stage"] = list(layers)
+    model_ref = req.model_ref if isinstance(req.model_ref, str) else req.model.name
+    plan = plan_from_dict({
+        "model": model_ref, "cluster": {"profile": req.profile_ref, "num_gpus": num_gpus},
+        "parallel": par, "sequence_parallel": recipe["sequence_parallel"], "pipeline": pipeline,
+        "zero_stage": recipe["zero_stage"], "recompute": {"policy": recipe["recompute"]},
+        "batch": {"micro_batch_size": recipe["micro_batch_size"],
+                  "global_batch_size": req.global_batch_size},
+        "precision": req.space.precision[0].value,
+    })
+    est = estimate_plan(plan, ClusterSpec(req.profile, num_gpus), req.model)
+    band = getattr(est, "error_band", None)
+    layout = (f"dp{par['dp']} tp{par['tp']} pp{par['pp']}" + (f" cp{par['cp']}" if par["cp"] > 1
+              else "") + (" sp" if recipe["sequence_parallel"] else "")
+              + (f" {pipeline['schedule']} v{pipeline['vpp']}" if pipeline["vpp"] > 1 else "")
+              + f" {recipe['recompute']} mbs{recipe['micro_batch_size']}")
+    return BaselineScore(recipe["name"], " ".join(recipe["source"].split()), layout,
+                         est.feasible, tuple(est.reasons), est.time["step"], est.tokens_per_s,
+                         est.mfu, float(band) if isinstance(band, (int, float)) else None)
+
+
+def layout_text(r: dict[str, Any]) -> str:
+    return " ".join(f"{k}{r[k]}" for k in ("dp", "tp", "pp", "cp") if k != "cp" or r[k] > 1)
+
+
+def gain_text(best: float, other: float, band: float | None) -> str:
+    """"+4.2% tokens/s", with a note when the gain is inside the error band."""
+    gain = best / other - 1.0
+    text = f"{gain:+.1%} tokens/s"
+    if band is not None:
+        text += (" - inside the cost model's ±" f"{band:.0%} band, so measure both"
+                 if abs(gain) < band else f" (outside the ±{band:.0%} band)")
+    return text
+
+
+def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> list[str]:
+    """The "why this plan" lines under the ranked table (single objective only)."""
+    if result.request.targets.multi or not shown:
+        return []
+    best = shown[0].row
+    band = best.get("band") if isinstance(best.get("band"), float) else None
+    lines = []
+    other = next((s for s in shown[1:] if any(s.row[k] != best[k] for k in LAYOUT)), None)
+    if other is not None:
+        lines.append(f"why this plan: {gain_text(best['tokens_per_s'], other.row['tokens_per_s'], band)}"
+                     f" against the next different layout (#{other.rank}, "
+                     f"{layout_text(other.row)}, step {sig(other.row['step_s'])} s)")
+    try:
+        base = score_baseline(result, int(best["num_gpus"]))
+    except Exception as exc:  # a recipe the plan loader rejects is not the user's mistake
+        log.warning("baseline not scored: %s", exc)
+        base = None
+    if base is not None:
+        if base.feasible:
+            lines.append(f"against the {base.name} ({base.layout}): "
+                         f"{gain_text(best['tokens_per_s'], base.tokens_per_s, band)}; the recipe "
+                         f"scores step {sig(base.step_s)} s, MFU {base.mfu:.1%} here")
+        else:
+            lines.append(f"the {base.name} ({base.layout}) does not fit here: "
+                         f"{'; '.join(base.reasons[:2])}")
+    return lines

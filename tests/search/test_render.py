@@ -1,0 +1,106 @@
+"""The terminal view of a search (issue #16 item 3/4): fits 80 columns with nothing cut,
+explains its abbreviations, shares a row between equivalent plans, says why the winner wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from autoplan.display import column, count, rounded, sig
+from autoplan.search.render import collapse, legend, ranked_table, step_cell, zero_cell
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN_JOB = ["search", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "1024",
+            "--global-batch-size", "1536"]
+
+
+def cli(argv: list[str], columns: int = 80) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": str(columns)}
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *argv], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+
+
+def row(**kw):
+    base = {"num_gpus": 8, "dp": 1, "tp": 8, "pp": 1, "cp": 1, "sp": True, "schedule": "1f1b",
+            "vpp": 1, "split": "even", "zero": 0, "offload_optimizer": False,
+            "offload_params": False, "recompute": "none", "recompute_layers": -1, "mbs": 1,
+            "precision": "bf16", "attention": "flash", "mem_gib": 40.0, "step_s": 2.0,
+            "tokens_per_s": 1000.0, "mfu": 0.5, "dominant": "compute"}
+    return base | kw
+
+
+def test_equal_zero_stages_and_splits_share_a_row_and_different_figures_do_not() -> None:
+    rows = [row(zero=z) for z in range(4)] + [row(tp=4, pp=2, split="even"),
+                                              row(tp=4, pp=2, split="balanced"),
+                                              row(tp=4, pp=2, zero=1, step_s=2.5)]
+    shown = collapse(rows, limit=10)
+    assert [s.rank for s in shown] == [1, 5, 7]
+    assert zero_cell(shown[0]) == "0-3" and shown[1].splits == ["balanced", "even"]
+    assert zero_cell(shown[2]) == "1"
+    text = legend(shown, wide=False)
+    assert "equal at dp 1" in text and "bal=even" in text and "sp y" in text
+    # the limit counts distinct rows
+    assert len(collapse(rows, limit=1)) == 1
+
+
+def test_band_shows_beside_the_step_time() -> None:
+    assert step_cell(row(step_s=20.31, band=0.09)) == "20.3 ±9%"
+    assert step_cell(row(step_s=20.31)) == "20.3"
+
+
+def test_narrow_layout_hoists_shared_knobs_and_wide_keeps_every_column() -> None:
+    shown = collapse([row(zero=1, tp=t, dp=8 // t) for t in (1, 2, 8)], 10)
+    _, shared, _ = ranked_table(shown, "t", ["throughput"], wide=False, width=80)
+    assert "ZeRO 1" in shared and "sequence parallel yes" in shared
+    table, shared, dropped = ranked_table(shown, "t", ["throughput"], wide=True)
+    assert shared == [] and dropped == []
+    assert {"zero", "recompute", "dominant", "offload"} <= {c.header for c in table.columns}
+
+
+def test_numbers_at_sensible_figures() -> None:
+    assert sig(0.0006992) == "0.000699" and sig(131.31648302078247) == "131"
+    assert column([3.468, 0.0, 0.2151, 0.0006992], 4.056) == ["3.47", "0", "0.22", "<0.01"]
+    assert count(240_000) == "0.24M" and count(8.03e9) == "8.03B"
+    assert rounded({"a": [131.31648302078247, 3], "b": True}) == {"a": [131.3, 3], "b": True}
+
+
+def test_main_job_fits_80_columns_with_a_legend_and_a_why_line() -> None:
+    proc = cli([*MAIN_JOB, "--format", "table"])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "…" not in proc.stdout
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    for col in ("dp", "tp", "pp", "step s", "tok/s", "MFU"):
+        assert re.search(rf"(^|\s){re.escape(col)}(\s|$)", header), col
+    text = " ".join(lines)
+    assert "legend:" in text and "zb = zero-bubble" in text
+    assert "why this plan:" in text and "Korthikanti" in text
+    wide = cli([*MAIN_JOB, "--format", "table", "--wide"])
+    assert "dominant" in wide.stdout and "…" not in wide.stdout
+    assert max(len(line) for line in wide.stdout.splitlines()) > 80
+
+
+def test_yaml_rounds_for_people_and_json_keeps_every_digit() -> None:
+    small = ["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "4",
+             "--global-batch-size", "16", "--top", "2"]
+    as_json = json.loads(cli([*small, "--format", "json"]).stdout)
+    as_yaml = yaml.safe_load(cli([*small, "--format", "yaml"]).stdout)
+    full, short = as_json["top"][0]["step_s"], as_yaml["top"][0]["step_s"]
+    assert short == float(f"{full:.4g}") and len(repr(full)) > len(repr(short))
+
+
+def test_models_and_clusters_fit_80_columns_without_cutting_names() -> None:
+    for what in ("models", "clusters"):
+        proc = cli([what, "--format", "table"])
+        assert proc.returncode == 0, proc.stderr
+        assert "…" not in proc.stdout
+        assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    models = cli(["models", "--format", "table"]).stdout
+    assert "llama-3.1-405b" in models and re.search(r"tiny\s+0\.24M", models)
