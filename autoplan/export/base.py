@@ -41,6 +41,8 @@ class ExportOptions:
     """python (config_registry function, torchtitan >= 0.3) | toml (torchtitan <= 0.2.2)."""
     script: str | None = None
     """Training script for the deepspeed/megatron launch command (default per target)."""
+    out: str | None = None
+    """Where the primary file is written (--out); run instructions name it. None: stdout."""
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,7 @@ def run_export(args: argparse.Namespace) -> int:
         k8s_kind=args.kind,
         torchtitan_format=args.torchtitan_format,
         script=args.script,
+        out=args.out,
     )
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
     names = list(files)
