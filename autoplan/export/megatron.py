@@ -8,6 +8,8 @@ arguments. The flag spellings follow megatron/training/arguments.py.
 
 from __future__ import annotations
 
+import shlex
+
 from autoplan.export.base import (
     ExportOptions,
     ExportTarget,
@@ -170,7 +172,11 @@ class MegatronTarget(ExportTarget):
                 "`autoplan export --to megatron`.",
                 "# NullTokenizer adds one EOD token to --vocab-size, so the model has the plan's "
                 f"vocabulary ({model.vocab_size}).",
-                "# Append data, tokenizer and optimizer flags as arguments to this script.",
+                "# Append data, tokenizer and optimizer flags as arguments to this script:",
+                f"# bash {shlex.quote(opts.out) if opts.out else 'megatron_args.sh'} "
+                "--data-path ... --tokenizer-type ... (run from the Megatron-LM checkout"
+                + (" on every node, RDZV_HOST set to the first node)" if lay.num_nodes > 1
+                   else ")"),
                 "set -euo pipefail",
                 "MEGATRON_ARGS=(",
                 *(f"  {f}" for f in flags),

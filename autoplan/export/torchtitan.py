@@ -8,6 +8,7 @@ pipeline split is written out as module names per stage, so nothing depends on i
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from autoplan.export.base import (
@@ -170,6 +171,19 @@ def module_parts(split: tuple[int, ...], fmt: str) -> list[list[str]]:
     return parts
 
 
+def _out_reasons(opts: ExportOptions) -> list[str]:
+    """torchtitan imports the Python config as a module: its --out must be NAME.py, NAME an
+    identifier (`--module NAME`)."""
+    if opts.out is None or opts.torchtitan_format != "python":
+        return []
+    path = Path(opts.out)
+    if path.suffix != ".py" or not path.stem.isidentifier():
+        fixed = "".join(ch if ch.isalnum() else "_" for ch in path.stem) or "job"
+        return [f"--out {opts.out!r}: torchtitan imports the config as a module, so it must be "
+                f"NAME.py with NAME a Python identifier, e.g. {path.with_name(fixed + '.py')}"]
+    return []
+
+
 class TorchtitanTarget(ExportTarget):
     name = "torchtitan"
     summary = "torchtitan job: Python config_registry (>= 0.3) or TOML (<= 0.2.2)"
@@ -179,7 +193,7 @@ class TorchtitanTarget(ExportTarget):
         if opts.torchtitan_format not in ("python", "toml"):
             why.append(f"--torchtitan-format {opts.torchtitan_format!r}: choose python or toml")
             return why
-        return why + _reasons(plan, model, opts.torchtitan_format)
+        return why + _reasons(plan, model, opts.torchtitan_format) + _out_reasons(opts)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         from autoplan.export import torchtitan_text
@@ -187,7 +201,9 @@ class TorchtitanTarget(ExportTarget):
         lay = layout(plan, opts.gpus_per_node)
         values = settings(plan, model, opts.torchtitan_format)
         if opts.torchtitan_format == "toml":
-            return {"torchtitan.toml": torchtitan_text.toml_text(plan, model, values, lay)}
+            return {"torchtitan.toml": torchtitan_text.toml_text(plan, model, values, lay,
+                                                                 opts.out)}
         found = flavor(model)
         assert found is not None
-        return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, found, lay)}
+        return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, found, lay,
+                                                                      opts.out)}

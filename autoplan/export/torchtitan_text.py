@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import pprint
+import shlex
+from pathlib import Path
 from typing import Any
 
 from autoplan.export.base import Layout
@@ -29,6 +31,14 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"no TOML form for {value!r}")  # programming error
 
 
+def module_name(out: str | None) -> tuple[str, str]:
+    """(PYTHONPATH, module) under which torchtitan imports the file written at `out`."""
+    if out is None:
+        return ".", MODULE
+    path = Path(out)
+    return shlex.quote(str(path.parent)), path.stem
+
+
 def _torchrun(lay: Layout) -> str:
     if lay.num_nodes == 1:
         return f"torchrun --standalone --nproc-per-node={lay.nproc_per_node}"
@@ -38,11 +48,13 @@ def _torchrun(lay: Layout) -> str:
     )
 
 
-def toml_text(plan: Plan, model: ModelSpec, values: dict[str, dict[str, Any]], lay: Layout) -> str:
+def toml_text(plan: Plan, model: ModelSpec, values: dict[str, dict[str, Any]], lay: Layout,
+              out: str | None = None) -> str:
+    config_file = shlex.quote(out) if out else "torchtitan.toml"
     lines = [
         f"# torchtitan (<= 0.2.2) job for model {model.name}, written by "
         "`autoplan export --to torchtitan --torchtitan-format toml`.",
-        f"# Run: {_torchrun(lay)} -m torchtitan.train --job.config_file torchtitan.toml",
+        f"# Run: {_torchrun(lay)} -m torchtitan.train --job.config_file {config_file}",
         "# Data, tokenizer, optimizer and step count keep torchtitan's defaults: add them here.",
         "",
         "[job]",
@@ -57,20 +69,24 @@ def toml_text(plan: Plan, model: ModelSpec, values: dict[str, dict[str, Any]], l
 
 
 def python_text(
-    model: ModelSpec, values: dict[str, dict[str, Any]], found: tuple[str, str], lay: Layout
+    model: ModelSpec, values: dict[str, dict[str, Any]], found: tuple[str, str], lay: Layout,
+    out: str | None = None,
 ) -> str:
     flavor, base = found
     start = base if base in ("llama3_8b", "llama3_70b", "llama3_405b") else "llama3_8b"
     ac = values["activation_checkpoint"]["mode"]
+    pythonpath, module = module_name(out)
+    saved = "" if out else f" (save this file as {MODULE}.py)"
     lines = [
         f'"""torchtitan (>= 0.3) config for model {model.name}, written by `autoplan export`.',
         "",
-        f"Run: PYTHONPATH=. {_torchrun(lay)} -m torchtitan.train --module {MODULE} "
-        f"--config {FUNCTION}",
+        f"Run{saved}: PYTHONPATH={pythonpath} {_torchrun(lay)} -m torchtitan.train "
+        f"--module {module} --config {FUNCTION}",
         "Data, tokenizer, optimizer and step count come from the base config: change them here.",
         '"""',
         "",
-        "from torchtitan.distributed.activation_checkpoint import FullAC",
+        *(["from torchtitan.distributed.activation_checkpoint import FullAC"] if ac == "full"
+          else []),
         "from torchtitan.models.llama3 import config_registry, model_registry",
         "",
         "",

@@ -1,0 +1,61 @@
+"""Exports name the file the user chose in their run instructions (issue #16 item 7)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from autoplan.commands import main
+from autoplan.plan import save_plan
+
+from .cases import CASES
+
+
+def export(tmp_path: Path, case: str, target: str, out: Path, *extra: str) -> int:
+    plan = save_plan(CASES[case][0], tmp_path / "plan.yaml", overwrite=True)
+    return main(["export", str(plan), "--to", target, "--out", str(out), *extra])
+
+
+TITAN = [k for k, (_, targets) in CASES.items() if "torchtitan" in targets]
+
+
+def titan_case() -> str:
+    return TITAN[0]
+
+
+@pytest.mark.parametrize("case", TITAN)
+def test_torchtitan_python_names_its_own_module(tmp_path: Path, capsys, case: str) -> None:
+    out = tmp_path / "x" / "my_job.py"
+    out.parent.mkdir()
+    assert export(tmp_path, case, "torchtitan", out) == 0
+    text = out.read_text()
+    assert f"PYTHONPATH={out.parent}" in text and "--module my_job " in text
+    assert "autoplan_torchtitan" not in text
+    tree = ast.parse(text)
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                for a in n.names}
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert imported <= used, f"unused imports: {imported - used}"
+    assert f"wrote {out}" in capsys.readouterr().err
+
+
+def test_torchtitan_refuses_a_name_python_cannot_import(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "my-job.py"
+    assert export(tmp_path, titan_case(), "torchtitan", out) == 2
+    assert not out.exists() and "my_job.py" in capsys.readouterr().err
+
+
+def test_torchtitan_toml_names_its_own_file(tmp_path: Path) -> None:
+    out = tmp_path / "run.toml"
+    assert export(tmp_path, titan_case(), "torchtitan", out, "--torchtitan-format", "toml") == 0
+    assert f"--job.config_file {out}" in out.read_text()
+
+
+@pytest.mark.parametrize("name", ["train_mega.sh", "jobs/m.sh"])
+def test_megatron_script_names_itself(tmp_path: Path, name: str) -> None:
+    out = tmp_path / name
+    out.parent.mkdir(exist_ok=True)
+    assert export(tmp_path, "megatron-3d", "megatron", out) == 0
+    assert f"# bash {out} " in out.read_text()
