@@ -1,0 +1,145 @@
+"""The practitioner set (benchmarks/data/practitioner.yaml) is well-formed and self-consistent.
+
+Each configuration must build a valid autoplan plan for the GPUs it ran on, cite its source,
+publish only positive figures, and every figure it derives must follow from its stated formula.
+How well the cost model predicts these runs is what benchmarks/practitioner.py prints; it is
+not asserted here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoplan.errors import ConfigError
+from autoplan.plan_rules import validate_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "practitioner.py"
+DATA = ROOT / "benchmarks" / "data" / "practitioner.yaml"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("practitioner", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH_MODULE = _bench()
+ENTRIES = BENCH_MODULE.load_data(DATA)
+IDS = [e["id"] for e in ENTRIES]
+
+
+def test_the_set_covers_the_sources_the_issue_names() -> None:
+    ids = " ".join(IDS)
+    for needle in ("llama3-405b-8k-16384gpu", "llama3-405b-8k-8192gpu", "llama3-405b-128k",
+                   "nemo-llama31-8b", "nemo-llama31-70b", "nemo-llama31-405b", "torchtitan-",
+                   "zero-offload", "bloom-176b"):
+        assert needle in ids, needle
+    assert sum(e.get("scored", True) for e in ENTRIES) >= 15
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_entry_builds_a_valid_plan_for_its_gpus(entry) -> None:
+    plan, model, cluster = BENCH_MODULE.build(entry)
+    assert plan.world_size == entry["cluster"]["num_gpus"] == cluster.num_gpus
+    assert validate_plan(plan, model, cluster) == []
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_measured_figures_are_positive_and_accounted_for(entry) -> None:
+    meas = entry["measured"]
+    derived = entry.get("derived") or {}
+    assert meas["step_time_s"] is not None, "every configuration needs a step time"
+    for figure in BENCH_MODULE.MEASURED_FIGURES:
+        value = meas[figure]
+        if value is None:
+            assert figure not in derived and figure not in meas["stated"]
+            continue
+        assert value > 0, figure
+        assert (figure in meas["stated"]) != (figure in derived), (
+            f"{figure} must be either stated by the source or derived, not both or neither")
+    if meas["mfu"] is not None:
+        assert meas["mfu"] < 1.0
+    if meas["peak_memory_gib"] is not None:
+        assert meas.get("memory_basis"), "say which memory counter the source reports"
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_every_entry_cites_a_url_or_a_paper(entry) -> None:
+    src = entry["source"]
+    assert src["title"] and src["authors"] and 2015 <= src["year"] <= 2030 and src["where"]
+    url = str(src.get("url") or "")
+    assert url.startswith("https://") or "arXiv" in src["where"] or "USENIX" in src["where"]
+    assert entry["notes"].strip()
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_derived_figures_follow_from_their_formula(entry) -> None:
+    _, model, _ = BENCH_MODULE.build(entry)
+    for figure in entry.get("derived") or {}:
+        recomputed = BENCH_MODULE.derive(entry, figure, model)
+        assert recomputed == pytest.approx(entry["measured"][figure], rel=5e-3), figure
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_step_time_agrees_with_tokens_per_gpu(entry) -> None:
+    meas = entry["measured"]
+    if meas["tokens_per_s_per_gpu"] is None:
+        pytest.skip("no tokens/s/GPU published or derived")
+    _, model, _ = BENCH_MODULE.build(entry)
+    tokens = entry["plan"]["batch"]["global_batch_size"] * model.seq_len
+    implied = tokens / (meas["tokens_per_s_per_gpu"] * entry["cluster"]["num_gpus"])
+    assert implied == pytest.approx(meas["step_time_s"], rel=0.01)
+
+
+def test_nemo_llama_flops_match_nvidias_worked_example() -> None:
+    """NVIDIA's README_8b.md: 8192 * (20.94e9 + 33.82e9 + 3.15e9) = 4.74e14 FLOPs per sequence."""
+    from autoplan.model_spec import load_model
+
+    model = load_model("llama-3.1-8b")
+    per_sequence = model.seq_len * BENCH_MODULE.flops_per_token("nemo-llama", model)
+    assert per_sequence == pytest.approx(4.74e14, rel=5e-3)
+
+
+def _write(tmp_path: Path, data) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_loader_rejects_unknown_keys_and_bad_runtimes(tmp_path: Path) -> None:
+    raw = yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    entry = dict(raw["configurations"][0])
+    with pytest.raises(ConfigError, match="unknown keys"):
+        BENCH_MODULE.load_data(_write(tmp_path, {**raw, "configurations": [
+            {**entry, "tflops": 1}]}))
+    with pytest.raises(ConfigError, match="runtime"):
+        BENCH_MODULE.load_data(_write(tmp_path, {**raw, "configurations": [
+            {**entry, "runtime": "nemo"}]}))
+    with pytest.raises(ConfigError, match="appears twice"):
+        BENCH_MODULE.load_data(_write(tmp_path, {**raw, "configurations": [entry, entry]}))
+    with pytest.raises(ConfigError, match="schema_version"):
+        BENCH_MODULE.load_data(_write(tmp_path, {**raw, "schema_version": 2}))
+
+
+def test_script_prints_one_row_per_configuration_and_exits_0(capsys) -> None:
+    assert BENCH_MODULE.main(["--format", "json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in out["configurations"]] == IDS
+    assert out["scored"] == sum(e.get("scored", True) for e in ENTRIES)
+    assert all(r["predicted_s"] > 0 for r in out["configurations"])
+
+
+def test_script_reports_a_malformed_file_in_one_line(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nconfigurations: [{id: x}]\n", encoding="utf-8")
+    assert BENCH_MODULE.main(["--data", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing keys" in err
