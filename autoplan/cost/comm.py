@@ -35,18 +35,42 @@ def link(nbytes: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile
     return bw, lat
 
 
+def members_per_node(stride: np.ndarray, size: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Ranks of a group of `size` ranks `stride` apart that share one node (ranks are placed tp
+    innermost, Megatron-LM's order): the whole group inside a node, or gpus_per_node / stride."""
+    stride, size = np.asarray(stride, float), np.asarray(size, float)
+    return np.clip(np.floor(gpus_per_node / np.maximum(stride, 1.0)), 1.0, size)
+
+
 def collective_time_s(
     kind: str, nbytes: np.ndarray, size: np.ndarray, inside_node: np.ndarray,
-    profile: ClusterProfile,
+    profile: ClusterProfile, per_node: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Seconds for one collective of `nbytes` (the full message) over `size` ranks."""
+    """Seconds for one collective of `nbytes` (the full message) over `size` ranks, `per_node`
+    of them in each node (default: all when `inside_node`, else one).
+
+    Hierarchical, as NCCL runs a group spanning nodes with g ranks per node (Jeaugey, "Massively
+    Scale Your Deep Learning Training with NCCL 2.4", 2019; Sergeev & Del Balso 2018): a ring
+    inside each node over NVLink and, across the k = size/g nodes, a ring per rail in which each
+    of the g GPUs sends 1/g of the message through its own NIC. All-reduce bandwidth term
+    2(g-1)/g * M/B_intra + 2(k-1)/k * M/(g B_inter); all-gather and reduce-scatter half of each.
+    Latency: ring steps inside the node; across nodes NCCL's double binary tree for all-reduce
+    (2 log2 k hops, which it picks for small messages) or the ring's k-1 steps, whichever is
+    shorter, and k-1 ring steps for all-gather and reduce-scatter."""
     n = np.asarray(size, float)
     nbytes = np.asarray(nbytes, float)
-    factor = 2.0 * (n - 1) / n if kind == ALL_REDUCE else (n - 1) / n
-    steps = 2.0 * (n - 1) if kind == ALL_REDUCE else (n - 1)
-    bw, lat = link(nbytes, inside_node, profile)
-    ring = np.where(n > 1, steps * lat + factor * nbytes / bw, 0.0)
-    return measured_or(kind, nbytes, n, inside_node, profile, ring)
+    g = np.where(np.asarray(inside_node), n, 1.0) if per_node is None else np.minimum(
+        np.asarray(per_node, float), n)
+    k = np.maximum(n / g, 1.0)
+    twice = 2.0 if kind == ALL_REDUCE else 1.0
+    bw_in, lat_in = link(nbytes, np.ones_like(n, dtype=bool), profile)
+    bw_out, lat_out = link(nbytes / g, np.zeros_like(n, dtype=bool), profile)
+    intra = twice * ((g - 1.0) / g * nbytes / bw_in + (g - 1.0) * lat_in)
+    ring_hops = twice * (k - 1.0)
+    hops = np.minimum(ring_hops, 2.0 * np.ceil(np.log2(k))) if kind == ALL_REDUCE else ring_hops
+    inter = twice * (k - 1.0) / k * nbytes / (g * bw_out) + hops * lat_out
+    total = np.where(n > 1, intra + np.where(k > 1, inter, 0.0), 0.0)
+    return measured_or(kind, nbytes, n, inside_node, profile, total)
 
 
 def measured_or(kind: str, nbytes: np.ndarray, size: np.ndarray, inside_node: np.ndarray,
@@ -77,6 +101,7 @@ def p2p_time_s(nbytes: np.ndarray, inside_node: np.ndarray, profile: ClusterProf
 def tensor_parallel_time_s(
     model: ModelSpec, msg_bytes: np.ndarray, loss_bytes: np.ndarray, tp: np.ndarray,
     sp: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile,
+    per_node: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Seconds of the tensor-parallel collectives, by where they occur.
 
@@ -103,13 +128,14 @@ def tensor_parallel_time_s(
       see sequence shards, so their gradients are partial sums; the caller counts how often
       they are summed (once per step, or per micro-batch where FSDP reduces every one).
     """
-    ar = collective_time_s(ALL_REDUCE, msg_bytes, tp, inside_node, profile)
-    ag = collective_time_s(ALL_GATHER, msg_bytes, tp, inside_node, profile)
-    rs = collective_time_s(REDUCE_SCATTER, msg_bytes, tp, inside_node, profile)
-    loss = 3.0 * collective_time_s(ALL_REDUCE, loss_bytes, tp, inside_node, profile)
-    norm_grad = collective_time_s(
-        ALL_REDUCE, np.full_like(np.asarray(msg_bytes, float), 4.0 * model.hidden_size), tp,
-        inside_node, profile)
+    def coll(kind: str, nbytes: np.ndarray) -> np.ndarray:
+        return collective_time_s(kind, nbytes, tp, inside_node, profile, per_node=per_node)
+
+    ar, ag, rs = coll(ALL_REDUCE, msg_bytes), coll(ALL_GATHER, msg_bytes), coll(
+        REDUCE_SCATTER, msg_bytes)
+    loss = 3.0 * coll(ALL_REDUCE, loss_bytes)
+    norm_grad = coll(ALL_REDUCE, np.full_like(np.asarray(msg_bytes, float),
+                                              4.0 * model.hidden_size))
     return {
         "layer": np.where(sp, 4.0 * (ag + rs), 4.0 * ar),
         "recompute_full": np.where(sp, 2.0 * ag + rs, ar),
@@ -123,6 +149,7 @@ def tensor_parallel_time_s(
 def context_parallel_time_s(
     model: ModelSpec, b: np.ndarray, tp: np.ndarray, cp: np.ndarray, elem_bytes: float,
     inside_node: np.ndarray, profile: ClusterProfile, recompute_gathers: np.ndarray | float = 0.0,
+    per_node: np.ndarray | None = None,
 ) -> np.ndarray:
     """Exposed seconds per block and micro-batch of the runtime's all-gather context
     parallelism (autoplan/runtime/context_parallel.py; Llama 3, Dubey et al. 2024, §3.3.2).
@@ -137,7 +164,8 @@ def context_parallel_time_s(
     """
     cp = np.asarray(cp, float)
     kv_all = 2.0 * elem_bytes * model.seq_len * np.asarray(b, float) * (
-        model.kv_heads * model.head_dim) / np.asarray(tp, float)  # K and V of all s tokens
-    gather = collective_time_s(ALL_GATHER, kv_all, cp, inside_node, profile)
-    scatter = collective_time_s(REDUCE_SCATTER, kv_all, cp, inside_node, profile)
+        model.kv_heads * model.head_width) / np.asarray(tp, float)  # K and V of all s tokens
+    gather = collective_time_s(ALL_GATHER, kv_all, cp, inside_node, profile, per_node=per_node)
+    scatter = collective_time_s(REDUCE_SCATTER, kv_all, cp, inside_node, profile,
+                                per_node=per_node)
     return np.where(cp > 1, (1.0 + np.asarray(recompute_gathers, float)) * gather + scatter, 0.0)

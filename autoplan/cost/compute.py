@@ -58,9 +58,9 @@ def gemm_flops_per_layer(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -
     t = np.asarray(tokens, float)
     tp = np.asarray(tp, float)
     h, f = model.hidden_size, model.ffn
-    kv_width = model.kv_heads * model.head_dim
-    gemms = [2 * t * h * (h + 2 * kv_width) / tp, 2 * t * h * h / tp]
-    if model.mlp is MlpKind.SWIGLU:
+    kv_width, q_width = model.kv_heads * model.head_width, model.q_width
+    gemms = [2 * t * h * (q_width + 2 * kv_width) / tp, 2 * t * q_width * h / tp]
+    if model.gated_mlp:
         gemms += [2 * t * h * 2 * f / tp, 2 * t * f * h / tp]  # gate+up fused, then down
     else:
         gemms += [2 * t * h * f / tp, 2 * t * f * h / tp]
@@ -68,9 +68,10 @@ def gemm_flops_per_layer(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -
 
 
 def attention_core_flops(model: ModelSpec, b: np.ndarray, tp: np.ndarray, cp: np.ndarray) -> np.ndarray:
-    """QK^T and attention-times-V forward FLOPs per rank: 4*b*s^2*h, split by tp and cp
-    (full square, as the papers count it, though causal kernels skip half)."""
-    return 4.0 * np.asarray(b, float) * model.seq_len**2 * model.hidden_size / (
+    """QK^T and attention-times-V forward FLOPs per rank: 4*b*s^2*(a*d) (a*d = h unless head_dim
+    is set apart), split by tp and cp (full square, as the papers count it, though causal
+    kernels skip half)."""
+    return 4.0 * np.asarray(b, float) * model.seq_len**2 * model.q_width / (
         np.asarray(tp, float) * np.asarray(cp, float))
 
 
@@ -91,17 +92,28 @@ def memory_time_s(nbytes: np.ndarray, profile: ClusterProfile) -> np.ndarray:
     return nbytes / (profile.device.hbm_bytes_per_s * profile.efficiency.memory_bound)
 
 
+def op_sac_recomputed_gemm_share(model: ModelSpec) -> float:
+    """Share of a block's GEMM FLOPs torchtitan's op-level selective checkpointing re-runs: it
+    saves every second matmul's output in forward order wq, wk, wv, wo, w1, w3, w2 (GELU: wq,
+    wk, wv, wo, w1, w2), so wk, wo and w3 (GELU: wk, wo, w2) run again."""
+    h, f, q, kv = model.hidden_size, model.ffn, model.q_width, model.kv_heads * model.head_width
+    total = h * (q + 2 * kv) + q * h + (3 if model.gated_mlp else 2) * h * f
+    again = h * kv + q * h + h * f
+    return again / total
+
+
 def layer_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
     cp: np.ndarray, act_noncore_bytes: np.ndarray, act_core_bytes: np.ndarray, eager: bool,
+    causal_skip: bool = False,
 ) -> dict[str, np.ndarray]:
     """Forward and backward seconds of one block for one micro-batch on one rank; the host
     overhead of DTensor under tensor parallelism ("dtensor", forward + backward); and the
-    extra seconds of full recompute (the forward again) and of selective recompute. Selective
-    follows autoplan's runtime, which keeps GEMM outputs and recomputes everything else
-    (attention core, norms, activation functions); Megatron-LM's selective recomputes only
-    the attention core, so for Megatron runs this charges the element-wise part extra (a few
-    percent of a block on a GPU)."""
+    extra seconds of each recompute kind: "full" (the forward again), "attention-core"
+    (Megatron's selective: the attention core again), "all-but-gemms" (autoplan's runtime:
+    everything but GEMMs, the attention core included), "op-sac" (torchtitan: the element-wise
+    work and every second matmul). `causal_skip`: a fused causal kernel does half the s^2 work
+    (FlashAttention-2, Dao 2023 §3.1: fully masked tiles are skipped)."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     gemm = sum(gemm_time_s(g, profile, peak) for g in gemm_flops_per_layer(model, tokens, tp))
     core_flops = attention_core_flops(model, b, tp, cp)
@@ -112,7 +124,9 @@ def layer_times_s(
         core_fwd = core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES / 3.0, profile)
         core_bwd = 2.0 * core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES * 2 / 3, profile)
     else:
-        core_fwd = core_flops / (peak * profile.efficiency.matmul(core_flops) * FLASH_EFFICIENCY)
+        work = 0.5 if causal_skip else 1.0
+        core_fwd = work * core_flops / (
+            peak * profile.efficiency.matmul(core_flops) * FLASH_EFFICIENCY)
         core_bwd = FLASH_BACKWARD * core_fwd
     elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES, profile)
     eff = profile.efficiency
@@ -123,11 +137,14 @@ def layer_times_s(
     dtensor = np.where(tp_on, (ops_f + ops_b) * eff.dtensor_op_overhead_s, 0.0)
     non_gemm = ops_f - ops_gemm
     full = forward + ops_f * eff.checkpoint_op_overhead_s + dtensor * ops_f / (ops_f + ops_b)
-    selective = (core_fwd + elem / 3.0 + non_gemm * eff.op_overhead_s
-                 + ops_f * eff.selective_op_overhead_s
-                 + dtensor * non_gemm / (ops_f + ops_b))
-    return {"forward": forward, "backward": backward, "dtensor": dtensor, "selective": selective,
-            "full": full, "core_forward": core_fwd}
+    hooks = ops_f * eff.selective_op_overhead_s + dtensor * non_gemm / (ops_f + ops_b)
+    all_but_gemms = core_fwd + elem / 3.0 + non_gemm * eff.op_overhead_s + hooks
+    op_sac = (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0
+              + non_gemm * eff.op_overhead_s + hooks)
+    attention_core = core_fwd + np.zeros_like(gemm)
+    return {"forward": forward, "backward": backward, "dtensor": dtensor,
+            "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,
+            "full": full, "core_forward": core_fwd, "gemm_forward": gemm}
 
 
 def logits_times_s(

@@ -42,6 +42,7 @@ def model_state_bytes(
     params: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray, precision: str = "bf16",
     offload_optimizer: np.ndarray | bool = False, offload_params: np.ndarray | bool = False,
     grad_bytes: float | None = None, unsharded_accumulation: np.ndarray | bool = False,
+    fp32_sharded_params: bool = False,
 ) -> dict[str, np.ndarray]:
     """Device bytes of weights, gradients and optimizer states for `params` parameters.
 
@@ -51,18 +52,28 @@ def model_state_bytes(
     host memory (ZeRO-Offload, Ren et al. 2021); parameter offload moves the weight shard too.
     `unsharded_accumulation`: ZeRO-2/3 under a pipeline schedule accumulate full gradients and
     keep the 16-bit weights gathered across micro-batches (torch.distributed.pipelining defers
-    the reduce-scatter and resharding to the last micro-batch, as torchtitan runs FSDP + PP).
+    the reduce-scatter and resharding to the last micro-batch, as torchtitan runs FSDP + PP);
+    the full gradients then stay on the device even when the optimizer is offloaded.
+    `fp32_sharded_params` (FSDP2 mixed precision): the sharded parameters are the fp32 master
+    weights (4Ψ/N from ZeRO-1 on), the optimizer holds Adam m and v (8Ψ/N), and the 16-bit
+    compute copy is gathered: whole under ZeRO-1/2 (reshard_after_forward=False), per unit
+    under ZeRO-3 (counted in the buffers).
     """
     w, g, o = state_bytes_per_param(precision, grad_bytes)
     params, z, n = np.asarray(params, float), np.asarray(zero_stage), np.asarray(shard)
     acc = np.asarray(unsharded_accumulation)
-    weights = params * w / np.where((z >= 3) & ~acc, n, 1)
     grads = params * g / np.where((z >= 2) & ~acc, n, 1)
     optim = params * o / np.where(z >= 1, n, 1)
+    if fp32_sharded_params and precision != "fp32":
+        master = params * 4.0 / np.where(z >= 1, n, 1)
+        weights = master + np.where((z >= 3) & ~acc, 0.0, params * w)
+        optim = optim * (o - 4.0) / o
+    else:
+        weights = params * w / np.where((z >= 3) & ~acc, n, 1)
     off_o, off_p = np.asarray(offload_optimizer), np.asarray(offload_params)
     return {
         "params": np.where(off_p, 0.0, weights),
-        "grads": np.where(off_o & (z >= 2), 0.0, grads),
+        "grads": np.where(off_o & (z >= 2) & ~acc, 0.0, grads),
         "optimizer": np.where(off_o, 0.0, optim),
     }
 
@@ -80,64 +91,94 @@ def host_state_bytes(
 
 def activation_elements_per_layer(
     model: ModelSpec, b: np.ndarray, tp: np.ndarray, sp: np.ndarray, cp: np.ndarray,
-    eager_attention: bool,
+    eager_attention: bool, fused_norm: bool = True, fused_swiglu: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Activation bytes one block keeps for backward, per micro-batch, in three parts.
+    """Bytes one block keeps for backward per micro-batch (16-bit activations), by tensor.
 
-    Korthikanti et al. 2022, section 4.1, with 16-bit activations and 1-byte dropout masks:
-      replicated (not split by tp unless sequence parallel): norm inputs 4sbh, QKV and MLP inputs
-        4sbh, two dropout masks 2sbh -> 10sbh for GPT;
-      split by tp: Q 2sbh, K and V 4sb*kv*d, attention output 2sbh, MLP inner 4sbf (GELU input
-        and output) or 8sbf (SwiGLU gate, up, product) -> 24sbh for GPT with f = 4h;
-      attention core, split by tp: softmax output 2as^2b, dropout mask as^2b and output 2as^2b
-        -> 5as^2b (eager attention); fused attention keeps only fp32 row statistics, 4asb.
-    Returns bytes for 16-bit activations; context parallelism divides the sequence by cp.
-    `replicated_fp32` is the share of `replicated` that is fp32 even in a 16-bit run (RMSNorm's
-    temporaries), so it does not double in an fp32 run (see activation_bytes_per_layer).
+    Korthikanti et al. 2022, section 4.1 (34sbh + 5as^2b for GPT), term by term so that
+    grouped-query attention, gated MLPs and each runtime's kernels are exact:
+      norm      each norm's saved input: 2sbh x 2 (fused LayerNorm / RMSNorm; per-row fp32
+                statistics not counted); torch's composite RMSNorm off CUDA instead keeps its
+                fp32 upcast input and fp32 normalised input, 8sbh per norm, fp32 in any run
+                (measured with saved_tensors_hooks, autoplan.profiler.activations);
+      gemm_in   the inputs of the QKV and first MLP GEMMs (the norms' outputs): 2sbh x 2;
+      masks     two 1-byte dropout masks: 2sbh (none without dropout);
+      branch    the attention and MLP output GEMMs' results before the residual add: 2sbh x 2
+                (kept only by runtimes that must-save every GEMM output);
+      qkv       Q (2sb * a*d) and K, V (2 x 2sb * kv*d), split by tp;
+      attn_out  the attention output, input of the output projection: 2sb * a*d;
+      core      eager: softmax output 2as^2b, its dropout mask as^2b and dropout output 2as^2b
+                (5as^2b; 2as^2b without dropout); fused attention: fp32 row statistics 4asb;
+      mlp_act   the first MLP GEMM's output: 2sbf (GELU input), 4sbf for gated MLPs (gate, up);
+      mlp_mid   the second MLP GEMM's input: 2sbf (GELU output, or the gate x up product), and
+                an unfused SwiGLU's silu(gate) output, 2sbf more.
+    Replicated parts (norm, gemm_in, masks, branch) are split by tp only under sequence
+    parallelism; the rest by tp. Context parallelism divides the sequence by cp. `input` is the
+    block input full recompute keeps, 2sbh.
     """
     b, tp, cp = np.asarray(b, float), np.asarray(tp, float), np.asarray(cp, float)
     h, a, f = model.hidden_size, model.num_heads, model.ffn
+    d = model.head_width
     s = model.seq_len / cp
     sbh = s * b * h
-    masks = 2.0 if model.dropout > 0 else 0.0
-    # LayerNorm's fused kernel keeps its 16-bit input (and per-row statistics, not counted).
-    # torch's RMSNorm off CUDA is composite (rms_norm_composite, torch 2.13): per norm it keeps
-    # its input upcast to fp32 (4sbh) and the fp32 normalised input (4sbh) instead of the
-    # 16-bit input, in bf16 and fp32 runs alike (measured with saved_tensors_hooks by
-    # autoplan.profiler.activations). On CUDA, _fused_rms_norm keeps the input and fp32 row
-    # statistics as LayerNorm does; counting the composite form there is conservative.
-    rms = model.norm is NormKind.RMSNORM
-    norm_fp32 = 16.0 * sbh if rms else 0.0
-    replicated = sbh * ((4.0 if rms else 8.0) + masks) + norm_fp32
-    kv = 2.0 * 2.0 * s * b * model.kv_heads * model.head_dim
-    inner = (8.0 if model.mlp is MlpKind.SWIGLU else 4.0) * s * b * f
-    split = 2.0 * sbh + kv + 2.0 * sbh + inner
+    gated = model.mlp is not MlpKind.GELU
+    composite_rms = model.norm is NormKind.RMSNORM and not fused_norm
+    norm = (16.0 if composite_rms else 4.0) * sbh
     if eager_attention:
         core = (2.0 + (3.0 if model.dropout > 0 else 0.0)) * a * s * model.seq_len * b
     else:
         core = 4.0 * a * s * b
     sp_div = np.where(np.asarray(sp), tp, 1.0)
-    return {
-        "replicated": replicated / sp_div,
-        "replicated_fp32": norm_fp32 / sp_div,
-        "split": split / tp,
-        "core": core / tp,
-        "input": 2.0 * sbh / sp_div,
+    split = {
+        "qkv": 2.0 * s * b * (a * d + 2.0 * model.kv_heads * d),
+        "attn_out": 2.0 * s * b * a * d,
+        "core": core,
+        "mlp_act": (4.0 if gated else 2.0) * s * b * f,
+        "mlp_mid": (4.0 if gated and not fused_swiglu else 2.0) * s * b * f,
     }
+    replicated = {"norm": norm, "gemm_in": 4.0 * sbh,
+                  "masks": (2.0 if model.dropout > 0 else 0.0) * sbh, "branch": 4.0 * sbh}
+    out = {k: v / sp_div for k, v in replicated.items()}
+    out.update({k: v / tp for k, v in split.items()})
+    out["fp32_fixed"] = (norm if composite_rms else 0.0) / sp_div
+    out["input"] = 2.0 * sbh / sp_div
+    out["gate_share"] = np.asarray(0.5 if gated else 1.0)
+    out["kv_share"] = np.asarray(model.kv_heads / (a + 2.0 * model.kv_heads))
+    return out
+
+
+def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
+    """Bytes a block keeps under one recompute kind (see runtimes.SelectiveKind)."""
+    core_kept = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
+    if policy == "none":
+        return sum(parts[k] for k in (*core_kept, "core"))
+    if policy == "attention-core":  # Megatron: re-run the core, keep the rest
+        return sum(parts[k] for k in core_kept)
+    if policy == "all-but-gemms":  # GEMM outputs (Q, K, V, the MLP's first GEMM, branches) and
+        # the block input torch.utils.checkpoint keeps for the re-run
+        return parts["qkv"] + parts["mlp_act"] + parts["branch"] + parts["input"]
+    if policy == "op-sac":  # SDPA outputs and every second matmul's (wq, wv, w1, w2), block input
+        q_and_v = parts["qkv"] * (1.0 - parts["kv_share"])
+        return (q_and_v + parts["attn_out"] + parts["core"] + parts["mlp_act"] * parts["gate_share"]
+                + parts["branch"] / 2.0 + parts["input"])
+    raise ValueError(policy)
 
 
 def activation_bytes_per_layer(
     parts: dict[str, np.ndarray], recompute: np.ndarray, precision: str,
+    selective: str = "attention-core",
 ) -> np.ndarray:
-    """Bytes kept per layer for recompute 0 none (all parts), 1 selective (no attention core:
-    34sbh/t with sequence parallelism), 2 full (only the layer input, 2sbh). An fp32 run doubles
-    every 16-bit tensor; the fp32 ones (`replicated_fp32`) stay as they are."""
+    """Bytes kept per layer for recompute 0 none, 1 selective (what `selective` keeps: see
+    runtimes.SelectiveKind; Megatron's is 34sbh/t for GPT with sequence parallelism), 2 full
+    (only the layer input, 2sbh). An fp32 run doubles every 16-bit tensor; the fp32 ones
+    (`fp32_fixed`) stay as they are."""
     scale = 2.0 if precision == "fp32" else 1.0
-    fixed = parts.get("replicated_fp32", 0.0) * (scale - 1.0)
-    full = (parts["replicated"] + parts["split"] + parts["core"]) * scale - fixed
-    selective = (parts["replicated"] + parts["split"]) * scale - fixed
+    fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
+    full = _kept_bytes_16bit(parts, "none") * scale - fixed
+    keeps_norms = selective == "attention-core"  # the other kinds re-run the norms
+    selective_bytes = _kept_bytes_16bit(parts, selective) * scale - (fixed if keeps_norms else 0.0)
     r = np.asarray(recompute)
-    return np.where(r == 0, full, np.where(r == 1, selective, parts["input"] * scale))
+    return np.where(r == 0, full, np.where(r == 1, selective_bytes, parts["input"] * scale))
 
 
 LOGIT_BYTES_SAVED = 4.0
@@ -147,9 +188,12 @@ LOGIT_BYTES_TRANSIENT = 6.0
 
 
 def logits_bytes(model: ModelSpec, b: np.ndarray, tp: np.ndarray, vocab: np.ndarray,
-                 cp: np.ndarray, in_flight: np.ndarray | float = 1.0) -> np.ndarray:
-    """Output layer memory of the stage that computes the loss: the saved fp32 log-softmax of
+                 cp: np.ndarray, in_flight: np.ndarray | float = 1.0,
+                 saved: float = LOGIT_BYTES_SAVED, transient: float = LOGIT_BYTES_TRANSIENT
+                 ) -> np.ndarray:
+    """Output layer memory of the stage that computes the loss: the saved fp32 softmax of
     every micro-batch whose backward has not run yet (all of them under GPipe) plus one
-    micro-batch's 16-bit logits and fp32 gradient; the vocabulary is split by tp."""
-    per_logit = LOGIT_BYTES_SAVED * np.asarray(in_flight, float) + LOGIT_BYTES_TRANSIENT
+    micro-batch's 16-bit logits and fp32 gradient; the vocabulary is split by tp. `saved` and
+    `transient` bytes per logit come from the runtime's loss kernel (runtimes.RuntimeTraits)."""
+    per_logit = saved * np.asarray(in_flight, float) + transient
     return per_logit * model.seq_len / np.asarray(cp) * np.asarray(b) * vocab / np.asarray(tp)

@@ -20,15 +20,16 @@ def padded_vocab(model: ModelSpec, tp: np.ndarray | int = 1) -> np.ndarray:
 
 
 def attention_params(model: ModelSpec) -> int:
-    h, kv_width = model.hidden_size, model.kv_heads * model.head_dim
-    weights = h * (h + 2 * kv_width) + h * h  # QKV and output projection
-    biases = (h + 2 * kv_width) + h if model.bias else 0
+    h, kv_width = model.hidden_size, model.kv_heads * model.head_width
+    q_width = model.q_width  # num_heads * head_dim; h unless head_dim is set apart (Gemma, Qwen3)
+    weights = h * (q_width + 2 * kv_width) + q_width * h  # QKV and output projection
+    biases = (q_width + 2 * kv_width) + h if model.bias else 0
     return weights + biases
 
 
 def mlp_params(model: ModelSpec) -> int:
     h, f = model.hidden_size, model.ffn
-    matrices = 3 if model.mlp is MlpKind.SWIGLU else 2
+    matrices = 3 if model.gated_mlp else 2  # SwiGLU and GeGLU: gate, up, down
     biases = ((matrices - 1) * f + h) if model.bias else 0
     return matrices * h * f + biases
 

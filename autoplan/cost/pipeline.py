@@ -25,7 +25,11 @@ def in_flight_microbatches(
     sched = np.asarray(schedule)
     one_f_one_b = np.minimum(pp, m)
     interleaved = np.minimum(m, pp * (1.0 + (pp - 1.0) / (pp * vpp)))
-    out = np.where(sched == GPIPE, m, np.where(sched == INTERLEAVED, interleaved, one_f_one_b))
+    # zero-bubble with one chunk (ZB-H1) or two in V order (ZB-V) keeps 1F1B's peak (Qi et al.
+    # 2023 §3, 2024); with three or more chunks torch's ScheduleInterleavedZeroBubble warms up
+    # as interleaved 1F1B does, so it holds interleaving's extra (pp-1)/(pp*v) share
+    warms_interleaved = (sched == INTERLEAVED) | ((sched == ZERO_BUBBLE) & (vpp >= 3))
+    out = np.where(sched == GPIPE, m, np.where(warms_interleaved, interleaved, one_f_one_b))
     return np.where(pp > 1, out, 1.0)
 
 

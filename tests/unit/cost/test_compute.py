@@ -82,5 +82,5 @@ def test_host_overheads_charge_tensor_parallel_and_recompute() -> None:
     assert t1["dtensor"][0] == 0.0
     assert t2["dtensor"][0] == pytest.approx((f + b) * 1e-5)
     assert t1["full"][0] == pytest.approx(t1["forward"][0] + f * 2e-5)
-    assert t1["selective"][0] == pytest.approx(
+    assert t1["all-but-gemms"][0] == pytest.approx(
         t1["core_forward"][0] + (f - g) * eff.op_overhead_s + f * 3e-5)

@@ -76,45 +76,87 @@ def test_activations_match_korthikanti_table2(t, sp, recompute, formula) -> None
     assert _per_layer(t, sp, recompute) == pytest.approx(formula, rel=0.02)
 
 
+SPLIT = ("qkv", "attn_out", "mlp_act", "mlp_mid")
+REPLICATED = ("norm", "gemm_in", "masks")
+
+
 def test_flash_attention_keeps_no_square_matrices() -> None:
     eager = memory.activation_elements_per_layer(GPT, 1, 1, False, 1, eager_attention=True)
     flash = memory.activation_elements_per_layer(GPT, 1, 1, False, 1, eager_attention=False)
     assert float(flash["core"]) < float(eager["core"]) / 100
-    assert float(flash["split"]) == float(eager["split"])
+    for k in SPLIT:
+        assert float(flash[k]) == float(eager[k])
 
 
 def test_context_parallel_splits_the_sequence() -> None:
     one = memory.activation_elements_per_layer(GPT, 1, 1, False, 1, eager_attention=False)
     two = memory.activation_elements_per_layer(GPT, 1, 1, False, 2, eager_attention=False)
-    for k in ("replicated", "split", "core"):
+    for k in (*REPLICATED, *SPLIT, "core"):
         assert float(two[k]) == pytest.approx(float(one[k]) / 2)
 
 
 def test_swiglu_and_gqa_terms() -> None:
     llama = PRESETS["llama-3-8b"]
-    parts = memory.activation_elements_per_layer(llama, 1, 1, False, 1, eager_attention=False)
     s, h, f = llama.seq_len, llama.hidden_size, llama.ffn
-    kv = llama.kv_heads * llama.head_dim
-    # Q, attention output (2sbh each), K and V (2sb*kv each), SwiGLU gate/up/product (8sbf)
-    assert float(parts["split"]) == pytest.approx(s * (4 * h + 4 * kv + 8 * f))
-    # no dropout masks; per RMSNorm its 16-bit output (2sbh) and, instead of the 16-bit input,
-    # two fp32 temporaries (8sbh): measured on the runtime's block, see memory.py
-    assert float(parts["replicated"]) == pytest.approx((4 + 16) * s * h)
-    assert float(parts["replicated_fp32"]) == pytest.approx(16 * s * h)
+    kv = llama.kv_heads * llama.head_width
+    for fused, product in ((True, 6), (False, 8)):
+        parts = memory.activation_elements_per_layer(llama, 1, 1, False, 1,
+                                                     eager_attention=False, fused_swiglu=fused)
+        # Q, attention output (2sbh each), K and V (2sb*kv each); SwiGLU's gate and up GEMM
+        # output (4sbf) and product (2sbf), plus silu's output (2sbf) when not fused
+        assert sum(float(parts[k]) for k in SPLIT) == pytest.approx(
+            s * (4 * h + 4 * kv + product * f))
+    # no dropout masks; fused RMSNorm keeps its 16-bit input (2sbh per norm), the composite one
+    # two fp32 temporaries (8sbh per norm): measured on the runtime's CPU block, see memory.py
+    fused = memory.activation_elements_per_layer(llama, 1, 1, False, 1, eager_attention=False)
+    composite = memory.activation_elements_per_layer(llama, 1, 1, False, 1,
+                                                     eager_attention=False, fused_norm=False)
+    assert float(fused["norm"]) == pytest.approx(4 * s * h)
+    assert float(composite["norm"]) == pytest.approx(16 * s * h)
+    assert float(composite["fp32_fixed"]) == pytest.approx(16 * s * h)
+    assert float(fused["masks"]) == 0.0
 
 
-@pytest.mark.parametrize(("precision", "per_norm"), [("bf16", 2 + 8), ("fp32", 4 + 8)])
+@pytest.mark.parametrize("preset", ["llama-3-8b", "llama-3-70b"])
+def test_megatron_selective_matches_report_theoretical_memory(preset) -> None:
+    # Megatron-LM megatron/training/theoretical_memory_usage.py, compute_activation_memory:
+    # s*b*h*(18 + 4*ffn/h) per layer with selective recompute and sequence parallelism (it
+    # counts K and V as wide as Q and the MLP as 4sbf; GQA and SwiGLU's product differ a little)
+    model = PRESETS[preset]
+    s, h, f, t = model.seq_len, model.hidden_size, model.ffn, 8
+    parts = memory.activation_elements_per_layer(model, 1, t, True, 1, eager_attention=False)
+    ours = float(memory.activation_bytes_per_layer(parts, np.array(1), "bf16", "attention-core"))
+    megatron = s * h * (18 + 4 * f / h) / t
+    assert ours == pytest.approx(megatron, rel=0.08)
+
+
+def test_selective_kinds_keep_what_their_runtime_keeps() -> None:
+    # GPT, tp = 1, flash: Megatron's keeps all but the core's row statistics; autoplan's
+    # runtime keeps GEMM outputs (Q, K, V, the first MLP GEMM, both branch outputs: 20sbh,
+    # measured with saved_tensors_hooks on the runtime's block); torchtitan's op-level policy
+    # keeps Q, V, SDPA's output, every second matmul's output and the block input
+    s, h = GPT.seq_len, GPT.hidden_size
+    parts = memory.activation_elements_per_layer(GPT, 1, 1, False, 1, eager_attention=False)
+    keep = {k: float(memory.activation_bytes_per_layer(parts, np.array(1), "bf16", k))
+            for k in ("attention-core", "all-but-gemms", "op-sac")}
+    none = float(memory.activation_bytes_per_layer(parts, np.array(0), "bf16"))
+    assert keep["attention-core"] == pytest.approx(none - float(parts["core"]))
+    assert keep["all-but-gemms"] == pytest.approx(20 * s * h)
+    assert keep["op-sac"] == pytest.approx((4 + 2 + 8 + 2 + 2) * s * h + float(parts["core"]))
+
+
+@pytest.mark.parametrize(("precision", "per_norm"), [("bf16", 8), ("fp32", 8)])
 def test_rmsnorm_fp32_temporaries_do_not_double_in_fp32(precision, per_norm) -> None:
-    # composite RMSNorm keeps x.float() and x.float() * rstd (fp32 in either precision) and its
-    # output (activation dtype); the rest of the block doubles from bf16 to fp32
+    # composite RMSNorm keeps x.float() and x.float() * rstd (fp32 in either precision) instead
+    # of its 16-bit input; the rest of the block doubles from bf16 to fp32
     llama = PRESETS["tiny-llama"]
     gpt_like = llama.replace(norm=NormKind.LAYERNORM)
-    kw = {"b": 1, "tp": 1, "sp": False, "cp": 1, "eager_attention": False}
+    kw = {"b": 1, "tp": 1, "sp": False, "cp": 1, "eager_attention": False, "fused_norm": False}
     rms = memory.activation_bytes_per_layer(
         memory.activation_elements_per_layer(llama, **kw), np.array(0), precision)
     ln = memory.activation_bytes_per_layer(
         memory.activation_elements_per_layer(gpt_like, **kw), np.array(0), precision)
     width = 2 if precision == "bf16" else 4
     s, h = llama.seq_len, llama.hidden_size
-    # LayerNorm keeps input and output in the activation dtype: 2 * width per norm
-    assert float(rms - ln) == pytest.approx(2 * (per_norm - 2 * width) * s * h)
+    # LayerNorm keeps its input in the activation dtype: width per element per norm
+    assert float(rms - ln) == pytest.approx(2 * (per_norm - width) * s * h)

@@ -1,0 +1,80 @@
+"""How sure the cost model is: an error band per kind of plan, from validation residuals.
+
+`benchmarks/published_accuracy.py --write-bands` predicts published measured runs, leaving each
+source out of nothing (nothing is fitted to them), and writes the root-mean-square relative
+step-time error per group (runtime family x kind of parallelism x scale) to error_bands.yaml
+beside this file. A group with fewer than MIN_RUNS runs takes its runtime family's band, and a
+family with none the stated default.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import yaml
+
+from autoplan.cost.rows import Rows
+from autoplan.hardware import ClusterProfile
+
+MIN_RUNS = 3
+"""Fewest validated runs a group needs for a band of its own."""
+KINDS = ("dp", "tp", "3d")
+"""dp: data parallel / ZeRO only; tp: tensor (and context) parallel without a pipeline; 3d: a
+pipeline with anything else."""
+SCALES = ("node", "cluster", "large")
+"""node: within one node; cluster: up to 1,024 GPUs; large: more."""
+
+
+def family(runtime: str) -> str:
+    """Runtimes that share kernels and schedules share validation runs."""
+    if runtime in ("megatron", "nemo"):
+        return "megatron"
+    if runtime.startswith("autoplan"):
+        return runtime
+    return runtime
+
+
+def kind_of(tp: Any, pp: Any, cp: Any) -> np.ndarray:
+    tp, pp, cp = np.asarray(tp), np.asarray(pp), np.asarray(cp)
+    return np.where(pp > 1, 2, np.where((tp > 1) | (cp > 1), 1, 0))
+
+
+def scale_of(world: Any, gpus_per_node: int) -> np.ndarray:
+    world = np.asarray(world)
+    return np.where(world <= gpus_per_node, 0, np.where(world <= 1024, 1, 2))
+
+
+@functools.cache
+def _bands() -> dict[str, Any]:
+    text = resources.files("autoplan.cost").joinpath("error_bands.yaml").read_text()
+    data = yaml.safe_load(text)
+    return data if isinstance(data, dict) else {}
+
+
+def band_table() -> tuple[float, dict[str, float], dict[tuple[str, int, int], float]]:
+    """(default, band per family, band per (family, kind, scale)) from error_bands.yaml."""
+    data = _bands()
+    default = float(data.get("default", 0.25))
+    families = {str(k): float(v["band"]) for k, v in (data.get("families") or {}).items()
+                if v.get("runs", 0) >= MIN_RUNS}
+    groups = {}
+    for g in data.get("groups") or []:
+        if g.get("runs", 0) >= MIN_RUNS:
+            key = (str(g["family"]), KINDS.index(g["kind"]), SCALES.index(g["scale"]))
+            groups[key] = float(g["band"])
+    return default, families, groups
+
+
+def band_of_table(runtime: str, r: Rows, profile: ClusterProfile) -> np.ndarray:
+    """The relative step-time error band of every row."""
+    default, families, groups = band_table()
+    fam = family(runtime)
+    kind, scale = kind_of(r.tp, r.pp, r.cp), scale_of(r.world, profile.gpus_per_node)
+    out = np.full(np.shape(r.world), families.get(fam, default), dtype=float)
+    for (g_fam, g_kind, g_scale), band in groups.items():
+        if g_fam == fam:
+            out = np.where((kind == g_kind) & (scale == g_scale), band, out)
+    return out

@@ -1,0 +1,96 @@
+"""The candidate table's columns as the quantities the cost terms need, derived once.
+
+`Rows` names every column as the papers do (dp, tp, pp, cp, v, b, m, L per stage) and holds the
+facts several terms share: micro-batches per step, the FSDP/DDP choice the runtime makes, where
+pipeline stages sit, the bytes of a weight and of a gradient on the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.cost import params
+from autoplan.cost.runtimes import PipelineGradSync, RuntimeTraits
+from autoplan.model_spec import ModelSpec
+from autoplan.plan_table import RC_NONE, ZERO_BUBBLE, Table, col
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One value per candidate in every field (numpy arrays of the table's length)."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    vpp: np.ndarray
+    sp: np.ndarray
+    schedule: np.ndarray
+    zero: np.ndarray
+    offload_optimizer: np.ndarray
+    offload_params: np.ndarray
+    recompute: np.ndarray
+    recompute_layers: np.ndarray
+    b: np.ndarray
+    """Micro-batch size (sequences)."""
+    gbs: np.ndarray
+    layers_max: np.ndarray
+    """Layers of the most loaded pipeline rank (all its chunks)."""
+    layers_first: np.ndarray
+    layers_last: np.ndarray
+    world: np.ndarray
+    m: np.ndarray
+    """Micro-batches per step on one data-parallel rank."""
+    shard: np.ndarray
+    """Ranks the ZeRO states are sharded over: dp x cp (FSDP runs over both)."""
+    vocab: np.ndarray
+    """Vocabulary padded as the runtime pads it (params.padded_vocab)."""
+    fsdp: np.ndarray
+    """The autoplan runtime wraps the model in FSDP2 (else DDP or nothing)."""
+    v_shape: np.ndarray
+    """Zero-bubble's V schedule: the last stage sits on rank 0 beside the first."""
+    unsharded_accumulation: np.ndarray
+    """ZeRO-2/3 gradients accumulate unsharded until the last micro-batch (under a pipeline)."""
+    weight_bytes: float
+    act_scale: float
+    """2 for fp32 activations, 1 for 16-bit."""
+
+
+def recomputed_layers(layers: np.ndarray, rows: Rows) -> np.ndarray:
+    """Layers of a stage that recompute: all of them, or `recompute_layers` per chunk."""
+    some = np.where(rows.recompute_layers < 0, layers,
+                    np.minimum(rows.recompute_layers * rows.vpp, layers))
+    return np.where(rows.recompute == RC_NONE, 0, some).astype(float)
+
+
+def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTraits) -> Rows:
+    dp, tp, pp, cp, vpp = (col(table, k).astype(float) for k in ("dp", "tp", "pp", "cp", "vpp"))
+    zero = col(table, "zero_stage")
+    off_o, off_p = col(table, "offload_optimizer"), col(table, "offload_params")
+    b, gbs = col(table, "mbs").astype(float), col(table, "gbs").astype(float)
+    l_max = col(table, "layers_max").astype(float)
+    sched = col(table, "schedule")
+    shard = dp * cp
+    # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
+    # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
+    # (autoplan.runtime.data_parallel.uses_fsdp)
+    ddp = ((zero == 0) & (dp > 1) & (pp == 1) & (tp == 1) & (cp == 1) & (precision == "fp32")
+           & ~(off_o | off_p))
+    fsdp = ~ddp & ((shard > 1) | (precision != "fp32") | off_o | off_p)
+    deferred = runtime.pipeline_grad_sync is PipelineGradSync.LAST_MICROBATCH
+    return Rows(
+        dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, sp=col(table, "sp").astype(bool), schedule=sched,
+        zero=zero, offload_optimizer=off_o, offload_params=off_p,
+        recompute=col(table, "recompute"), recompute_layers=col(table, "recompute_layers"),
+        b=b, gbs=gbs, layers_max=l_max, layers_first=col(table, "layers_first").astype(float),
+        layers_last=(col(table, "layers_last").astype(float) if "layers_last" in table
+                     else l_max),
+        world=dp * tp * pp * cp, m=np.maximum(np.floor(gbs / (dp * b)), 1.0), shard=shard,
+        vocab=params.padded_vocab(model, tp).astype(float), fsdp=fsdp,
+        v_shape=(sched == ZERO_BUBBLE) & (vpp == 2) & (pp > 1),
+        unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred,
+        weight_bytes=4.0 if precision == "fp32" else 2.0,
+        act_scale=2.0 if precision == "fp32" else 1.0,
+    )

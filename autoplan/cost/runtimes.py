@@ -1,0 +1,218 @@
+"""Runtime traits: what the software that runs a plan does, apart from the hardware it runs on.
+
+The same plan costs different memory and time under Megatron-Core and under autoplan's runtime:
+which kernels are fused, what selective recompute keeps, which dtype gradients are reduced in,
+which communication overlaps and which schedules exist. A `RuntimeTraits` says that; presets
+below, or a YAML file of the same fields (loaded strictly). Host costs per op stay in the
+hardware profile (they are measured on one machine by `autoplan profile`); a runtime says
+whether it pays them (`eager_host_overheads`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import ConfigError
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+
+
+class SelectiveKind(str, enum.Enum):
+    """What `recompute: selective` means in a runtime."""
+
+    ATTENTION_CORE = "attention-core"
+    """Megatron-LM/Core `--recompute-granularity selective` (recompute_modules: core_attn):
+    re-runs the attention core (QK^T, softmax, dropout, attention x V) and keeps everything
+    else (Korthikanti et al. 2022 §5). Under a fused (flash) kernel the core keeps only its row
+    statistics, so this saves almost nothing and costs one more attention forward."""
+    ALL_BUT_GEMMS = "all-but-gemms"
+    """autoplan's runtime (runtime/recompute.py): a checkpoint policy that must-saves GEMM and
+    fused-attention outputs and re-runs everything else (norms, activation functions, dropout,
+    residual adds): the 20sbh of GPT's 34sbh that GEMMs and SDPA produce are kept."""
+    OP_SAC = "op-sac"
+    """torchtitan's op-level selective activation checkpointing (activation_checkpoint.mode
+    = "selective", selective_ac_option = "op"): saves the outputs of SDPA and of every second
+    matmul and re-runs the rest (torchtitan/models/llama3/infra/parallelize.py, _save_list)."""
+
+
+class PipelineGradSync(str, enum.Enum):
+    """When a runtime reduces ZeRO-2/3 gradients under a pipeline schedule."""
+
+    LAST_MICROBATCH = "last-microbatch"
+    """torch.distributed.pipelining disables FSDP gradient sync and resharding until the last
+    micro-batch's backward (PipelineStage.backward_maybe_with_nosync): full gradients are
+    accumulated and reduce-scattered once per step."""
+    EVERY_MICROBATCH = "every-microbatch"
+    """Gradients are reduce-scattered after every micro-batch and stay sharded."""
+
+
+@dataclass(frozen=True)
+class RuntimeTraits:
+    """The software side of the cost model (DESIGN.md section 6: hardware x runtime x plan)."""
+
+    name: str
+    """Identifier shown with every estimate ("priced for megatron")."""
+    description: str = ""
+    fused_norm: bool = True
+    """Norms keep their 16-bit input and fp32 row statistics (fused LayerNorm/RMSNorm kernels:
+    Apex/TE, torch's CUDA `_fused_rms_norm`). False: torch's composite RMSNorm off CUDA keeps
+    its fp32 upcast input and fp32 normalised input per norm (measured by
+    autoplan.profiler.activations on CPU)."""
+    fused_swiglu: bool = True
+    """SwiGLU keeps its gate+up GEMM output and the product (6 bytes per ffn element per token in
+    16-bit; Megatron's bias_swiglu fusion). False: eager silu(gate) * up also keeps silu's
+    output (8)."""
+    selective: SelectiveKind = SelectiveKind.ATTENTION_CORE
+    """What selective recompute keeps and re-runs."""
+    grad_bytes_bf16: float = 4.0
+    """Bytes per gradient element in a bf16 run: Megatron accumulates into an fp32 main_grad
+    buffer (accumulate_allreduce_grads_in_fp32 is forced on for bf16); FSDP2 with
+    reduce_dtype=fp32 keeps fp32 sharded gradients."""
+    grad_bytes_fp16: float = 2.0
+    """Bytes per gradient element in an fp16 run: Megatron keeps fp16 gradients unless
+    --accumulate-allreduce-grads-in-fp32 (the SC21 runs: 16 bytes per parameter in all)."""
+    reduce_bytes_bf16: float = 4.0
+    """Bytes per gradient element on the wire in data-parallel reductions of a bf16 run."""
+    reduce_bytes_fp16: float = 2.0
+    """The same for an fp16 run."""
+    fp32_sharded_params: bool = False
+    """FSDP2 mixed precision: the sharded parameters are the fp32 master weights (4 bytes,
+    sharded like the optimizer) and the optimizer holds only Adam m and v (8); compute copies
+    are 16-bit and gathered per unit. False: a separate 16-bit model (2) and fp32 master + m + v
+    in the optimizer (12; Megatron, DeepSpeed)."""
+    pipeline_grad_sync: PipelineGradSync = PipelineGradSync.LAST_MICROBATCH
+    """When ZeRO-2/3 gradients are reduce-scattered under a pipeline."""
+    overlap_dp_comm: bool = True
+    """Data-parallel reductions overlap backward (DDP buckets, FSDP2 reduce-scatter streams,
+    Megatron --overlap-grad-reduce); the profile's `efficiency.overlap` says how well."""
+    overlap_param_gather: bool = True
+    """ZeRO parameter all-gathers overlap the neighbouring compute (FSDP2 prefetch, Megatron
+    --overlap-param-gather): only the first gather and the last reduce-scatter of a step are
+    exposed, and the rest as far as the compute beside them hides it."""
+    tp_comm_overlap: float = 0.0
+    """Fraction of tensor-parallel collective time hidden behind GEMMs (Transformer Engine
+    userbuffers, Megatron --tp-comm-overlap; NeMo's large-model recipes turn it on). 0: none."""
+    causal_attention_skip: bool = True
+    """Fused causal attention skips fully masked tiles, doing about half of the s^2 work
+    (FlashAttention-2, Dao 2023 §3.1; cuDNN/FA3 alike). Eager attention always does all of it."""
+    eager_host_overheads: bool = False
+    """Pays the profile's measured host seconds per aten op, DTensor op, checkpoint, FSDP unit
+    and optimizer tensor (eager PyTorch on a CPU: autoplan's own runtime). GPU runtimes with
+    large kernels hide them."""
+    logit_bytes_saved: float = 4.0
+    """Bytes per logit the loss keeps for backward, per micro-batch in flight (the fp32
+    softmax of Megatron's vocab-parallel cross-entropy; fp32 log-softmax in torch)."""
+    logit_bytes_transient: float = 6.0
+    """Bytes per logit of the micro-batch at the loss beyond those: 16-bit logits and the fp32
+    copy or gradient being formed."""
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+    """Pipeline schedules the runtime can run (Plan spelling)."""
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    """ZeRO stages the runtime can run."""
+
+    def __post_init__(self) -> None:
+        for f in ("grad_bytes_bf16", "grad_bytes_fp16", "reduce_bytes_bf16", "reduce_bytes_fp16",
+                  "logit_bytes_saved", "logit_bytes_transient"):
+            value = getattr(self, f)
+            if not 0 < value <= 8:
+                raise ConfigError(f"runtime.{f}", f"got {value!r}", "expected bytes in (0, 8]")
+        if not 0.0 <= self.tp_comm_overlap <= 1.0:
+            raise ConfigError("runtime.tp_comm_overlap", f"got {self.tp_comm_overlap!r}",
+                              "expected a fraction from 0 to 1")
+        known = {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+        bad = [s for s in self.schedules if s not in known]
+        if bad or not self.schedules:
+            raise ConfigError("runtime.schedules", f"got {list(self.schedules)!r}",
+                              f"list some of {', '.join(sorted(known))}")
+        if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
+            raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
+                              "list some of 0, 1, 2, 3")
+
+    def grad_bytes(self, precision: str) -> float:
+        """Bytes per gradient element kept on the device."""
+        if precision == "fp32":
+            return 4.0
+        return self.grad_bytes_fp16 if precision == "fp16" else self.grad_bytes_bf16
+
+    def reduce_bytes(self, precision: str) -> float:
+        """Bytes per gradient element sent in data-parallel reductions."""
+        if precision == "fp32":
+            return 4.0
+        return self.reduce_bytes_fp16 if precision == "fp16" else self.reduce_bytes_bf16
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "megatron": {
+        "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
+                       "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
+                       "with overlapped gradient reduce and parameter gather",
+        "selective": "attention-core", "zero_stages": [0, 1],
+        "schedules": ["1f1b", "interleaved-1f1b"],
+    },
+    "nemo": {
+        "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
+                       "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
+                       "Transformer Engine userbuffers)",
+        "selective": "attention-core", "zero_stages": [0, 1],
+        "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap": 0.8,
+    },
+    "torchtitan": {
+        "description": "torchtitan: FSDP2 (fp32 sharded params, fp32 reduce), DTensor TP/SP, "
+                       "torch.distributed.pipelining, op-level selective checkpointing, eager "
+                       "SwiGLU",
+        "fused_swiglu": False, "selective": "op-sac", "fp32_sharded_params": True,
+        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "zero_stages": [0, 1, 2, 3],
+    },
+    "deepspeed": {
+        "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "
+                       "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",
+        "selective": "attention-core", "grad_bytes_bf16": 2.0, "reduce_bytes_bf16": 2.0,
+        "pipeline_grad_sync": "every-microbatch", "schedules": ["1f1b"],
+        "zero_stages": [0, 1, 2, 3],
+    },
+    "autoplan-cuda": {
+        "description": "autoplan's own runtime on CUDA: FSDP2 (fp32 sharded params, fp32 "
+                       "reduce), DTensor TP/SP, torch.distributed.pipelining, selective keeps GEMM "
+                       "and SDPA outputs, eager SwiGLU",
+        "fused_swiglu": False, "selective": "all-but-gemms", "fp32_sharded_params": True,
+        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
+    },
+    "autoplan-cpu": {
+        "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
+                       "composite RMSNorm and measured eager host costs per op",
+        "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
+        "fp32_sharded_params": True, "eager_host_overheads": True,
+        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
+        "overlap_param_gather": False,
+    },
+}
+"""Each preset cites its runtime's defaults in the field docstrings above; every field not set
+takes the RuntimeTraits default."""
+
+RUNTIMES: tuple[str, ...] = tuple(_PRESETS)
+
+
+def runtime_from_dict(data: Any, where: str = "runtime") -> RuntimeTraits:
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"got {data!r}", "expected a mapping of runtime-traits fields")
+    return from_dict(RuntimeTraits, check_schema_version(data, where), where)
+
+
+def load_runtime(ref: str | Path | RuntimeTraits | None, flag: str = "--runtime",
+                 on_cpu: bool = False) -> RuntimeTraits:
+    """A preset by name (see RUNTIMES), a YAML file of RuntimeTraits fields, or the default:
+    autoplan's own runtime on the profile's kind of device (`on_cpu`)."""
+    if isinstance(ref, RuntimeTraits):
+        return ref
+    if ref is None or ref == "autoplan":
+        ref = "autoplan-cpu" if on_cpu else "autoplan-cuda"
+    name = str(ref)
+    if name in _PRESETS:
+        return runtime_from_dict({"schema_version": 1, "name": name, **_PRESETS[name]}, flag)
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return runtime_from_dict(read_yaml(path, flag), flag)
+    raise ConfigError(flag, f"unknown runtime {name!r}",
+                      f"choose one of autoplan, {', '.join(RUNTIMES)} or a path to a traits YAML")

@@ -1,0 +1,129 @@
+"""Peak memory per GPU by part, at the pipeline stages that can hold the most.
+
+Stage 0 holds the embedding and the most micro-batches in flight; the last stage the output
+layer and its fp32 logits; an uneven split is bounded by its largest stage. The worst stage's
+parts are reported (memory.py has the formulas and their sources).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplan.cost import memory, params, pipeline
+from autoplan.cost.rows import Rows, recomputed_layers
+from autoplan.cost.runtimes import RuntimeTraits
+from autoplan.hardware import ClusterProfile
+from autoplan.model_spec import ModelSpec
+from autoplan.plan_table import GPIPE, INTERLEAVED, RC_NONE
+
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserved")
+
+
+def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTraits
+                     ) -> dict[str, np.ndarray]:
+    return memory.activation_elements_per_layer(
+        model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
+        fused_swiglu=runtime.fused_swiglu)
+
+
+def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTraits
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Model states of the first and the last stage, and the larger parameter count."""
+    psi_first, psi_last = params.params_per_rank(model, r.tp, r.pp, r.layers_first,
+                                                 r.layers_last)
+    # ZB-V puts the last stage on rank 0 beside the first (Qi et al. 2024): the head lives there
+    head = r.vocab * model.hidden_size / r.tp
+    psi_first = psi_first + np.where(r.v_shape, head, 0.0)
+    psi_last = psi_last - np.where(r.v_shape, head, 0.0)
+
+    def states(psi: np.ndarray) -> dict[str, np.ndarray]:
+        return memory.model_state_bytes(
+            psi, r.zero, r.shard, precision, r.offload_optimizer, r.offload_params,
+            grad_bytes=runtime.grad_bytes(precision),
+            unsharded_accumulation=r.unsharded_accumulation,
+            fp32_sharded_params=runtime.fp32_sharded_params)
+
+    return states(psi_first), states(psi_last), np.maximum(psi_first, psi_last)
+
+
+def memory_by_part(
+    model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
+    runtime: RuntimeTraits, parts: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """mem_<part>, mem_total and mem_host (bytes per GPU), mem_psi (parameters of the larger
+    stage) and fits."""
+    dev = profile.device
+    st_first, st_last, psi = _stage_states(model, r, precision, runtime)
+    a_none = memory.activation_bytes_per_layer(parts, np.zeros_like(r.recompute), precision)
+    a_pol = memory.activation_bytes_per_layer(parts, r.recompute, precision,
+                                              runtime.selective.value)
+
+    def act_layers(layers: np.ndarray) -> np.ndarray:
+        n = recomputed_layers(layers, r)
+        return n * a_pol + (layers - n) * a_none
+
+    in_flight = pipeline.in_flight_microbatches(r.schedule, r.pp, r.vpp, r.m)
+    in_flight_last = np.where(r.schedule == GPIPE, r.m,
+                              np.where(r.schedule == INTERLEAVED, in_flight, 1.0))
+    # the block whose backward runs holds its gradients' worth of activations, plus what a
+    # recomputed block brings back (all of it under full recompute, the re-run part selectively)
+    working = a_none + np.where(r.recompute != RC_NONE, a_none - a_pol, 0.0)
+    sp_div = np.where(r.sp, r.tp, 1.0)
+    embed_act = 3.0 * model.seq_len / r.cp * r.b * model.hidden_size / sp_div * r.act_scale
+    logits = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp,
+                                 np.where(r.schedule == GPIPE, r.m, 1.0),
+                                 saved=runtime.logit_bytes_saved,
+                                 transient=runtime.logit_bytes_transient)
+    single = r.pp == 1
+    loss_first = single | r.v_shape
+    # an uneven split is scored as if its largest stage held rank 0's micro-batches: an upper
+    # bound on every rank's layers x micro-batches in flight, equal to it for an even split
+    act_first = (in_flight * (act_layers(r.layers_max) + embed_act) + working
+                 + np.where(loss_first, logits, 0))
+    act_last = np.where(single, act_first, in_flight_last * act_layers(r.layers_last) + working
+                        + np.where(r.v_shape, 0.0, logits))
+    buffers = _buffers(model, r, runtime)
+
+    def total(st: dict[str, np.ndarray], act: np.ndarray) -> np.ndarray:
+        frag = memory.FRAGMENTATION * (act + buffers)
+        return st["params"] + st["grads"] + st["optimizer"] + act + buffers + frag \
+            + dev.reserved_bytes
+
+    tot_first, tot_last = total(st_first, act_first), total(st_last, act_last)
+    worst_first = tot_first >= tot_last
+
+    def pick(a: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return np.where(worst_first, a, c)
+
+    act = pick(act_first, act_last)
+    out = {
+        "mem_params": pick(st_first["params"], st_last["params"]),
+        "mem_grads": pick(st_first["grads"], st_last["grads"]),
+        "mem_optimizer": pick(st_first["optimizer"], st_last["optimizer"]),
+        "mem_activations": act,
+        "mem_buffers": buffers + 0.0 * act,
+        "mem_allocator": memory.FRAGMENTATION * (act + buffers),
+        "mem_reserved": np.full_like(act, float(dev.reserved_bytes)),
+        "mem_total": np.maximum(tot_first, tot_last),
+        "mem_psi": psi,
+    }
+    host = memory.host_state_bytes(psi, r.shard, precision, r.offload_optimizer,
+                                   r.offload_params)
+    out["mem_host"] = host
+    out["fits"] = (out["mem_total"] <= dev.memory_bytes) & (
+        host * np.minimum(r.world, profile.gpus_per_node) <= profile.host.memory_bytes)
+    return out
+
+
+def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
+    """Communication buffers: DDP/FSDP reduce buckets, ZeRO-3's gathered units, offload staging.
+
+    ZeRO-3 holds the unit being computed, the one prefetched and the one being reduced (three
+    gathered 16-bit copies); the largest unit is a block, or the embedding/head where that is
+    larger (a 128K vocabulary at h = 4096 is 2x a Llama-8B block)."""
+    has_dp = r.shard > 1
+    largest_unit = np.maximum(params.layer_params(model) / r.tp,
+                              r.vocab * model.hidden_size / r.tp)
+    zero3_gather = np.where((r.zero == 3) & has_dp, 3.0 * r.weight_bytes * largest_unit, 0.0)
+    return (np.where(has_dp & (r.zero < 3), memory.DDP_BUCKET_BYTES, 0.0) + zero3_gather
+            + np.where(r.offload_optimizer | r.offload_params, memory.DDP_BUCKET_BYTES, 0.0))

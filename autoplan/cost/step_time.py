@@ -1,0 +1,233 @@
+"""Step time by part: compute and recompute on the slowest pipeline stage, tensor- and
+context-parallel collectives, the pipeline bubble and sends, data-parallel/ZeRO traffic left
+exposed, offload and the optimizer step.
+
+Every part is seconds per optimizer step on the critical (slowest) stage; comm.py, compute.py,
+pipeline.py and offload.py hold the formulas and their sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from autoplan.cost import comm, compute, memory, offload, params, pipeline
+from autoplan.cost.rows import Rows, recomputed_layers
+from autoplan.cost.runtimes import RuntimeTraits
+from autoplan.hardware import ClusterProfile
+from autoplan.model_spec import ModelSpec, NormKind
+from autoplan.plan_table import GPIPE, RC_FULL, RC_SELECTIVE
+
+TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_bubble", "pp_comm", "dp_comm",
+              "offload", "optimizer")
+ADAM_BYTES_PER_PARAM = 28.0
+"""HBM traffic of a fused Adam step per parameter: fp32 master, m and v read and written (24),
+16-bit gradient read and weight written (4)."""
+
+
+def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterProfile:
+    """The profile as this runtime meets it: host costs per op only where it pays them, and no
+    data-parallel overlap where it does not overlap."""
+    eff = profile.efficiency
+    if not runtime.eager_host_overheads:
+        eff = replace(eff, op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
+                      checkpoint_op_overhead_s=0.0, selective_op_overhead_s=0.0,
+                      fsdp_unit_overhead_s=0.0, optimizer_overhead_s=0.0,
+                      dtensor_optimizer_overhead_s=0.0)
+    if not runtime.overlap_dp_comm:
+        eff = replace(eff, overlap=0.0)
+    return replace(profile, efficiency=eff)
+
+
+def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
+            runtime: RuntimeTraits, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
+    peak = profile.device.peak(precision)
+    noncore = sum(parts[k] for k in ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act",
+                                     "mlp_mid")) * r.act_scale
+    lt = compute.layer_times_s(model, profile, peak, r.b, r.tp, r.cp, noncore,
+                               parts["core"] * r.act_scale, eager,
+                               causal_skip=runtime.causal_attention_skip and not eager)
+    rec_extra = np.where(r.recompute == RC_SELECTIVE, lt[runtime.selective.value],
+                         np.where(r.recompute == RC_FULL, lt["full"], 0.0))
+    tokens = model.seq_len / r.cp * r.b
+    gpn = profile.gpus_per_node
+    tp_nodes = comm.members_per_node(np.ones_like(r.tp), r.tp, gpn)
+    tpc = comm.tensor_parallel_time_s(model, r.weight_bytes * tokens * model.hidden_size,
+                                      4.0 * tokens, r.tp, r.sp,
+                                      comm.intra_node(np.ones_like(r.tp), r.tp, gpn), profile,
+                                      per_node=tp_nodes)
+    hidden_tp = 1.0 - runtime.tp_comm_overlap  # TE userbuffers hide it behind the GEMMs
+    tp_rec = np.where(r.recompute == RC_FULL, tpc["recompute_full"],
+                      np.where(r.recompute == RC_SELECTIVE, tpc["recompute_selective"], 0.0))
+    cp_inside = comm.intra_node(r.tp, r.cp, gpn)
+    cp_nodes = comm.members_per_node(r.tp, r.cp, gpn)
+    cp_layer = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
+                                            profile, per_node=cp_nodes)
+    cp_rec = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
+                                          profile, recompute_gathers=1.0,
+                                          per_node=cp_nodes) - cp_layer
+    logits = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp, 1.0,
+                                 saved=runtime.logit_bytes_saved,
+                                 transient=runtime.logit_bytes_transient)
+    logit_t = compute.logits_times_s(model, profile, peak, r.b, r.tp, r.cp, r.vocab, logits)
+
+    def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray) -> dict[str, np.ndarray]:
+        n = recomputed_layers(layers, r)
+        return {
+            "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
+            "recompute": n * rec_extra,
+            "tp": (layers * tpc["layer"] + n * tp_rec) * hidden_tp + tp_ends,
+            "cp": layers * cp_layer + n * cp_rec,
+            "forward": layers * lt["forward"],
+            "backward": layers * lt["backward"],
+            "layers": layers + 0.0 * extra,
+        }
+
+    loss_first = (r.pp == 1) | r.v_shape
+    head_first = np.where(loss_first, 1.0, 0.0)
+    stages = [stage(r.layers_first, head_first * logit_t,
+                    tpc["embedding"] + head_first * tpc["head"]),
+              stage(r.layers_max, 0.0 * r.layers_max, 0.0 * r.layers_max),
+              stage(r.layers_last, (1.0 - head_first) * logit_t, (1.0 - head_first) * tpc["head"])]
+    per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] for s in stages]
+    slowest = np.argmax(np.stack(per_mb), axis=0)
+    crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
+    crit["t_mb"] = np.choose(slowest, per_mb)
+    crit["holds_head"] = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
+    crit["norm_grad"] = tpc["norm_grad"]
+    return crit
+
+
+def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
+             runtime: RuntimeTraits, crit: dict[str, np.ndarray], psi: np.ndarray
+             ) -> np.ndarray:
+    """Exposed seconds of the data-parallel (ZeRO) collectives per step.
+
+    ZeRO >= 1 runs one collective per FSDP unit (each block and the root); ZeRO-0 one per
+    25 MiB gradient bucket (torch DDP's bucket_cap_mb; Megatron's buckets are similar). Per
+    step: ZeRO-0 all-reduces gradients; ZeRO-1 reduce-scatters once and all-gathers once;
+    ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 also gathers weights in forward and
+    backward of every micro-batch. Under a pipeline that defers gradient sync
+    (runtimes.PipelineGradSync) ZeRO-2/3 reduce-scatter once. Overlap (runtime.overlap_*):
+    reductions hide behind the backward they follow, gathers behind the compute they precede;
+    one unit of each is always exposed (the first gather, the last reduction)."""
+    gpn = profile.gpus_per_node
+    inside = comm.intra_node(r.tp, r.shard, gpn)
+    nodes = comm.members_per_node(r.tp, r.shard, gpn)
+    g_bytes = psi * runtime.reduce_bytes(precision)
+    p_bytes = psi * r.weight_bytes
+    calls = np.where(r.zero >= 1, r.layers_max + 1.0,
+                     np.maximum(1.0, np.ceil(g_bytes / (memory.DDP_BUCKET_BYTES / 2))))
+
+    def coll(kind: str, nbytes: np.ndarray) -> np.ndarray:
+        return calls * comm.collective_time_s(kind, nbytes / calls, r.shard, inside, profile,
+                                              per_node=nodes)
+
+    rs, ag, ar = (coll(comm.REDUCE_SCATTER, g_bytes), coll(comm.ALL_GATHER, p_bytes),
+                  coll(comm.ALL_REDUCE, g_bytes))
+    once = r.unsharded_accumulation | (r.zero <= 1)
+    reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
+    gathers = np.where(r.zero == 0, 0.0, np.where(r.zero == 3, 2.0 * r.m, 1.0) * ag)
+    overlap = profile.efficiency.overlap
+    # reductions follow one micro-batch's backward, or every one when they run each time;
+    # gathers precede the forward (ZeRO-1/2: once per step) or every forward and backward
+    hide_red = np.where(once, 1.0, r.m) * crit["backward"] * overlap
+    hide_gat = np.where(r.zero == 3, r.m * (crit["forward"] + crit["backward"]),
+                        crit["forward"]) * overlap
+    if runtime.overlap_param_gather:
+        exposed_red = np.maximum(reductions / calls, reductions - hide_red)
+        exposed_gat = np.maximum(np.where(r.zero == 0, 0.0, gathers / calls), gathers - hide_gat)
+    else:
+        exposed_red, exposed_gat = np.maximum(0.0, reductions - hide_red), gathers
+    has_dp = r.shard > 1
+    return np.where(has_dp, exposed_red + exposed_gat, 0.0)
+
+
+def time_by_part(
+    model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
+    runtime: RuntimeTraits, parts: dict[str, np.ndarray], psi: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """time_<part> (seconds per step) and time_step, with t_mb (seconds per micro-batch)."""
+    profile = priced_profile(profile, runtime)
+    eff, gpn = profile.efficiency, profile.gpus_per_node
+    crit = _stages(model, profile, r, precision, eager, runtime, parts)
+    m = r.m
+    out: dict[str, np.ndarray] = {}
+    out["time_compute"] = m * crit["compute"]
+    out["time_recompute"] = m * crit["recompute"]
+    # sequence parallelism's partial norm gradients: summed once per step by the trainer, or
+    # per micro-batch where FSDP reduces every micro-batch (ZeRO-2/3: FSDP2 redistributes a
+    # Partial gradient to Replicate inside its reduce-scatter)
+    per_norm = 2.0 if model.norm is NormKind.LAYERNORM else 1.0
+    norm_tensors = per_norm * (2.0 * crit["layers"] + crit["holds_head"])
+    every_mb = r.fsdp & (r.zero >= 2) & ~r.unsharded_accumulation
+    out["time_tp_comm"] = m * crit["tp"] + norm_tensors * crit["norm_grad"] * np.where(
+        every_mb, m, 1.0)
+    out["time_cp_comm"] = m * crit["cp"]
+    out["time_pp_bubble"] = pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_mb"]
+    sp_div = np.where(r.sp, r.tp, 1.0)
+    p2p_bytes = r.weight_bytes * model.seq_len / r.cp * r.b * model.hidden_size / sp_div
+    # a pipeline that spans nodes sends some boundaries over the network: price the slowest
+    p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile)
+    out["time_pp_comm"] = np.where(r.pp > 1, 2.0 * (m * r.vpp + r.pp - 1.0) * p2p, 0.0)
+    if model.tie_embeddings:  # first and last stage sum their copies' (FSDP-sharded) gradients;
+        # under ZB-V both copies sit on rank 0 and add up locally
+        head = r.vocab * model.hidden_size / r.tp
+        tied = head * runtime.reduce_bytes(precision) / np.where(r.fsdp & (r.zero >= 1),
+                                                                 r.shard, 1.0)
+        out["time_pp_comm"] += np.where((r.pp > 1) & ~r.v_shape, comm.collective_time_s(
+            comm.ALL_REDUCE, tied, np.full_like(r.pp, 2.0),
+            comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile), 0.0)
+
+    # every step all-reduces the loss and the gradient norm over the whole job, and an fp16
+    # run its overflow verdict: tiny collectives that nothing hides
+    syncs = 3.0 if precision == "fp16" else 2.0
+    one = np.ones_like(r.world)
+    step_sync = syncs * comm.collective_time_s(
+        comm.ALL_REDUCE, np.full_like(r.world, 8.0), r.world, comm.intra_node(one, r.world, gpn),
+        profile, per_node=comm.members_per_node(one, r.world, gpn))
+    fsdp_host = np.where(r.fsdp, m * (r.layers_max + r.vpp) * eff.fsdp_unit_overhead_s, 0.0)
+    out["time_dp_comm"] = _dp_comm(model, profile, r, precision, runtime, crit, psi) \
+        + step_sync + fsdp_host
+
+    shard_params = psi / np.where(r.zero >= 1, r.shard, 1.0)
+    gpus_per_host = np.minimum(r.world, gpn)
+    out["time_offload"] = (
+        np.where(r.offload_optimizer, offload.optimizer_offload_time_s(
+            shard_params, gpus_per_host, r.weight_bytes, profile,
+            crit["backward"] * eff.overlap), 0.0)
+        + np.where(r.offload_params, offload.param_offload_time_s(
+            psi / r.shard, m, r.weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
+    tensors = r.layers_max * params.tensors_per_layer(model) + params.end_tensors(model)
+    out["time_optimizer"] = np.where(
+        r.offload_optimizer, 0.0,
+        compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile)
+    ) + tensors * (eff.optimizer_overhead_s + np.where(
+        r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
+    slots = profile.host.compute_slots
+    if slots:  # more ranks than cores on a node time-share them (CPU runs)
+        share = np.maximum(1.0, np.minimum(r.world, gpn) / slots)
+        for k in TIME_PARTS:
+            out[f"time_{k}"] = out[f"time_{k}"] * share
+    out["time_step"] = np.sum([out[f"time_{k}"] for k in TIME_PARTS], axis=0)
+    return out
+
+
+def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
+    """FLOPs the recompute adds per step (for HFU)."""
+    one = np.array(1.0)
+    fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
+    fwd_core = compute.attention_core_flops(model, one, one, one)
+    selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core,
+                 "op-sac": compute.op_sac_recomputed_gemm_share(model) * fwd_layer
+                 }[runtime.selective.value]
+    frac = recomputed_layers(r.layers_first, r) / np.maximum(r.layers_first, 1)
+    return r.gbs * model.num_layers * frac * np.where(
+        r.recompute == RC_FULL, fwd_layer + fwd_core,
+        np.where(r.recompute == RC_SELECTIVE, selective, 0.0))
+
+
+__all__ = ["ADAM_BYTES_PER_PARAM", "GPIPE", "TIME_PARTS", "recompute_flops_per_step",
+           "time_by_part"]
