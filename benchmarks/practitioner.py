@@ -216,7 +216,7 @@ def _fmt(value: float | None, spec: str, width: int) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
-    head = (f"{'configuration':44} {'runtime':10} {'GPUs':>5}  {'plan':44} {'meas s':>8} "
+    head = (f"{'configuration':50} {'runtime':10} {'GPUs':>5}  {'plan':44} {'meas s':>8} "
             f"{'pred s':>8} {'error':>7} {'mem GiB m/p':>12} {'MFU m/p':>11}  feasible")
     for title, keep in (("scored (bf16/fp16 as run)", True), ("not scored", False)):
         part = [r for r in rows if r["scored"] is keep]
@@ -227,7 +227,7 @@ def print_table(rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
             mem = f"{_fmt(r['measured_mem_gib'], '.1f', 5)}/{r['predicted_mem_gib']:<6.1f}"
             mfu = f"{_fmt(r['measured_mfu'], '.0%', 4)}/{r['predicted_mfu']:<5.0%}"
             ok = "yes" if r["feasible"] else f"no: {r['first_reason']}"
-            print(f"{r['id']:44} {r['runtime']:10} {r['gpus']:>5}  {r['plan']:44} "
+            print(f"{r['id']:50} {r['runtime']:10} {r['gpus']:>5}  {r['plan']:44} "
                   f"{_fmt(r['measured_s'], '.2f', 8)} {r['predicted_s']:>8.2f} "
                   f"{_fmt(r['error'], '+.1%', 7)} {mem:>12} {mfu:>11}  {ok}")
     print(f"\n{stats['scored']} scored configurations: mean absolute error "
