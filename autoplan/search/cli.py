@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
+from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, emit, stderr_console
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan_args import resolve_model
-from autoplan.search.engine import SAMPLERS, Progress, SearchRequest, run_search
+from autoplan.search.engine import SAMPLERS, Progress, SearchRequest, SearchResult, run_search
 from autoplan.search.space import parse_gpu_counts
 from autoplan.search.targets import OBJECTIVES, Targets
 from autoplan.search_space import load_space
@@ -70,6 +72,8 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
                           "expected a positive integer")
     if args.top < 1:
         raise ConfigError("--top", f"got {args.top}", "expected a positive integer")
+    if args.storage is not None:
+        check_storage(args.storage)
     targets = Targets(
         objectives=tuple(o.strip() for o in args.objective.split(",") if o.strip()),
         max_step_time_s=args.max_step_time_s, min_tokens_per_s=args.min_tokens_per_s,
@@ -81,6 +85,29 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         global_batch_size=args.global_batch_size, targets=targets, sampler=args.sampler,
         trials=args.trials, seed=args.seed, storage=args.storage, study=args.study,
         worker=args.worker)
+
+
+def check_storage(url: str) -> None:
+    """Refuse, before any work, an Optuna storage file that cannot be made: journal:PATH or
+    sqlite:///PATH naming a directory, lying under a file, in a missing or unwritable folder."""
+    fix = "write journal:PATH or sqlite:///PATH.db"
+    if url.startswith("journal:"):
+        path = url.removeprefix("journal:").removeprefix("//")
+    elif url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if path in ("", ":memory:"):
+            return
+    else:
+        return  # a database server: Optuna reports what is wrong with it
+    if not path:
+        raise ConfigError("--storage", f"{url!r} needs a path", f"{fix}, e.g. journal:study.log")
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError("--storage", f"{path!r} is a directory", f"{fix} naming a file")
+    fsutil.check_parent(p, "--storage")
+    if not p.parent.is_dir():
+        raise ConfigError("--storage", f"the directory {str(p.parent)!r} does not exist",
+                          "create it first or give another path")
 
 
 @contextmanager
@@ -103,45 +130,95 @@ def progress_bar(enabled: bool) -> Iterator[Progress | None]:
 
 def search_command(args: argparse.Namespace) -> int:
     req = build_request(args)
-    if args.report is not None and args.report == "" and not args.out:
-        raise ConfigError("--report", "needs a directory", "give --report DIR or --out DIR")
-    if args.out:
-        from autoplan.search.output import check_target
-
-        check_target(args.out, args.force)  # refuse before spending time
-    with progress_bar(sys.stderr.isatty()) as progress:
-        result = run_search(req, progress)
-    from autoplan.search.output import summary, write_out
-
-    data = summary(result, args.top)
-    if result.best is not None:
+    report = report_dir(args)
+    together = report is not None and args.out is not None and Path(report) == Path(args.out)
+    with ExitStack() as held:
+        # every output is checked and locked before the search spends any time
         if args.out:
-            write_out(result, args.out, args.top, args.force, data)
-        if args.report is not None:
-            from autoplan.search.report import write_report
+            from autoplan.search.output import OUT_FILES, check_target
 
-            data["report"] = str(write_report(result, args.report or args.out, args.top,
-                                              args.force))
-    from autoplan.cli_common import resolve_format
-    from autoplan.display import rounded
-    from autoplan.search.render import render
+            names = OUT_FILES + (report_files() if together else ())
+            check_target(args.out, args.force, names)
+            held.enter_context(fsutil.output_lock(args.out, "--out"))
+        if report is not None and not together:
+            fsutil.check_dir_target(report, force=args.force, names=report_files(),
+                                    field="--report")
+            held.enter_context(fsutil.output_lock(report, "--report"))
+        if report is not None:
+            from autoplan.search.report import _pyplot
 
-    shown = rounded(data) if resolve_format(args) == "yaml" else data  # JSON keeps every digit
-    emit(args, shown, lambda console: render(console, result, data, args.top,
-                                             wide=getattr(args, "wide", False)))
-    if result.best is None:
-        raise NoFeasiblePlanError(infeasible_line(data))
+            _pyplot()  # matplotlib missing: refused now, not after the search
+        with progress_bar(sys.stderr.isatty()) as progress:
+            result = run_search(req, progress)
+        data = write_results(args, result, report, together)
+        from autoplan.cli_common import resolve_format
+        from autoplan.display import rounded
+        from autoplan.search.render import render
+
+        # the table shows the nearest miss when it is a plan; the line on stderr always does
+        view = data if (data.get("nearest") or {}).get("plan") is not None \
+            else {k: v for k, v in data.items() if k != "nearest"}
+        shown = rounded(data) if resolve_format(args) == "yaml" else data  # JSON: every digit
+        emit(args, shown, lambda console: render(console, result, view, args.top,
+                                                 wide=getattr(args, "wide", False)))
+        if result.best is None:
+            raise NoFeasiblePlanError(infeasible_line(data))
     return 0
 
 
+def report_dir(args: argparse.Namespace) -> str | None:
+    """Where --report writes: its DIR, or --out when given bare; None without --report."""
+    if args.report is None:
+        return None
+    if args.report == "" and not args.out:
+        raise ConfigError("--report", "needs a directory", "give --report DIR or --out DIR")
+    return str(args.report or args.out)
+
+
+def report_files() -> tuple[str, ...]:
+    from autoplan.search.report import REPORT_FILES
+
+    return tuple(REPORT_FILES)
+
+
+def write_results(args: argparse.Namespace, result: SearchResult, report: str | None,
+                  together: bool) -> dict[str, Any]:
+    """The summary object; --out and --report written whole (nothing when nothing is
+    feasible). A report that goes into --out is part of the same atomic directory."""
+    from autoplan.search.output import OUT_FILES, summary, write_out
+
+    data = summary(result, args.top)
+    if result.best is None:
+        return data
+    if report is not None:
+        from autoplan.search.report import write_report
+
+        def add_report(folder: Path) -> None:
+            write_report(result, folder, args.top, True)
+
+        data["report"] = str(Path(report) / "report.html")
+    if args.out:
+        write_out(result, args.out, args.top, args.force, data,
+                  also=add_report if together else None,
+                  names=OUT_FILES + (report_files() if together else ()))
+    if report is not None and not together:
+        with fsutil.atomic_dir(report, force=args.force, names=report_files(),
+                               field="--report") as tmp:
+            add_report(tmp)
+    return data
+
+
 def infeasible_line(data: dict[str, Any]) -> str:
+    """One line: the candidates by reason, then the nearest miss and what it misses."""
     counts = ", ".join(f"{k} {v:,}" for k, v in data["counts"].items() if k != "feasible")
     line = f"no feasible plan among {data['candidates']:,} candidates ({counts})"
     near = data.get("nearest")
     if near:
         p = near["plan"]
-        par = p["parallel"]
-        line += (f"; nearest: dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']} "
-                 f"{'; '.join(near['misses'])}")
+        where = ""
+        if p is not None:
+            par = p["parallel"]
+            where = (f" dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']} "
+                     f"mbs={p['batch']['micro_batch_size']}")
+        line += f"; nearest ({near['reason']}){where}: {'; '.join(near['misses'])}"
     return line
-

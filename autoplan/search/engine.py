@@ -10,17 +10,21 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
-from autoplan.search.ranking import nearest, rank
+from autoplan.search.ranking import rank
 from autoplan.search.scoring import Context, Scored, score_table
 from autoplan.search.space import enumerate_space
 from autoplan.search.targets import Targets
 from autoplan.search_space import SearchSpace, Split
+
+if TYPE_CHECKING:
+    from autoplan.search.nearest import Miss
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,9 @@ class SearchResult:
     """Candidates generated (exhaustive) or trials run (Optuna)."""
     seconds: float
     nearest: int | None = None
-    """Row of the closest miss when nothing is feasible."""
+    """Row of the closest miss when nothing is feasible and something was scored."""
+    miss: Miss | None = None
+    """The closest miss and what it misses, whenever nothing is feasible."""
 
     @property
     def best(self) -> int | None:
@@ -117,6 +123,10 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
 
         scored, total = run_optuna(req, sampler, progress)
     order, front = rank(scored, req.targets)
-    near = nearest(scored) if not len(order) else None
+    miss = None
+    if not len(order):
+        from autoplan.search.nearest import nearest_miss
+
+        miss = nearest_miss(req, scored)
     return SearchResult(req, sampler, scored, order, front, total,
-                        time.perf_counter() - t0, near)
+                        time.perf_counter() - t0, miss.row if miss else None, miss)

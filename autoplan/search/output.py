@@ -1,27 +1,26 @@
 """What a search leaves behind: the summary object (--format json/yaml) and the --out directory
 (plan.yaml, top.yaml, trials.csv, summary.json), written whole or not at all.
 
-Files are written into a temporary sibling directory first and moved into place only when all
-of them are complete; existing files are never replaced without --force.
+The directory is built as a temporary sibling and renamed into place only when every file is
+complete (autoplan.fsutil); existing files are never replaced without --force.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from autoplan import fsutil
 from autoplan.errors import ConfigError
-from autoplan.plan import Plan, plan_to_dict, save_plan
+from autoplan.plan import Plan, load_plan, plan_to_dict
 from autoplan.search.engine import SearchResult
 from autoplan.search.ranking import frame, row_plan
-from autoplan.search.targets import Targets, miss_messages
+from autoplan.search.targets import Targets
 from autoplan.yaml_io import dump_yaml, to_dict
 
 log = logging.getLogger(__name__)
@@ -43,16 +42,14 @@ def top_rows(result: SearchResult, k: int) -> np.ndarray:
 
 
 def nearest_info(result: SearchResult) -> dict[str, Any] | None:
-    i = result.nearest
-    if i is None:
+    """The nearest miss as plain data: its reason, what it misses, and the plan (None when no
+    candidate is a plan, e.g. no layout fills the GPU count)."""
+    miss = result.miss
+    if miss is None:
         return None
-    c, prof = result.scored.cols, result.request.profile
-    row = {k: float(c[k][i]) for k in ("mem_total", "mem_host", "time_step", "tokens_per_s",
-                                       "num_gpus")}
-    misses = miss_messages(row, result.request.targets, prof.device.memory_bytes,
-                           prof.host.memory_bytes, prof.gpus_per_node)
-    plan = plans(result, np.array([i]))[0]
-    return {"misses": misses, "plan": plan_to_dict(plan)}
+    plan = plans(result, np.array([miss.row]))[0] if miss.row is not None else miss.plan
+    return {"reason": miss.reason, "misses": list(miss.misses),
+            "plan": plan_to_dict(plan) if plan is not None else None}
 
 
 def summary(result: SearchResult, top: int) -> dict[str, Any]:
@@ -82,49 +79,39 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     return out
 
 
-def check_target(out: str | Path, force: bool) -> None:
-    """Refuse an --out that is a file or already holds result files (unless --force)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{str(out)!r} is a file", "give a directory path")
-    clash = [f for f in OUT_FILES if (out / f).exists()]
-    if clash and not force:
-        raise ConfigError("--out", f"{str(out)!r} already holds {', '.join(clash)}",
-                          "choose another directory or pass --force")
+def check_target(out: str | Path, force: bool, names: tuple[str, ...] = OUT_FILES) -> None:
+    """Refuse, before any work, an --out that is a file, lies under one, cannot be written,
+    or already holds result files (unless --force)."""
+    fsutil.check_dir_target(out, force=force, names=names, field="--out")
 
 
 def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
-              summary_data: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
-    """Write the result directory atomically (all files or none)."""
-    out = Path(out)
-    check_target(out, force)
+              summary_data: dict[str, Any], extra: dict[str, Any] | None = None,
+              also: Callable[[Path], None] | None = None,
+              names: tuple[str, ...] = OUT_FILES) -> Path:
+    """Write the result directory atomically (all files or none): built as a temporary
+    sibling, renamed into place (fsutil.atomic_dir). `also(tmp)` adds files to the same
+    directory before it is renamed (the report, when it goes into --out)."""
     if result.best is None:
         raise ConfigError("--out", "nothing feasible to write", "relax the targets")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        req = result.request
+    req = result.request
+    with fsutil.atomic_dir(out, force=force, names=names, field="--out") as tmp:
         winner = plans(result, np.array([result.best]))[0]
         _cross_check(winner)
-        save_plan(winner, tmp / "plan.yaml")
+        fsutil.write_text(tmp / "plan.yaml", dump_yaml(plan_to_dict(winner)))
+        if load_plan(tmp / "plan.yaml") != winner:  # every save reloads and compares
+            raise AssertionError("plan.yaml does not reload equal")
         top_plans = [plan_to_dict(p) for p in plans(result, top_rows(result, top))]
-        (tmp / "top.yaml").write_text(dump_yaml({"schema_version": 1, "plans": top_plans}),
-                                      encoding="utf-8")
+        fsutil.write_text(tmp / "top.yaml", dump_yaml({"schema_version": 1, "plans": top_plans}))
         everything = np.concatenate([result.order, np.flatnonzero(~result.scored.feasible)])
-        frame(result.scored, everything, req.space, req.targets, result.front).to_csv(
-            tmp / "trials.csv", index_label="row")
-        (tmp / "summary.json").write_text(
-            json.dumps(to_dict(summary_data | (extra or {})), indent=2, default=str) + "\n",
-            encoding="utf-8")
-        out.mkdir(parents=True, exist_ok=True)
-        umask = os.umask(0)
-        os.umask(umask)
-        for name in OUT_FILES:
-            os.chmod(tmp / name, 0o666 & ~umask)  # mkstemp makes 0600 files
-            os.replace(tmp / name, out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+        csv = frame(result.scored, everything, req.space, req.targets, result.front).to_csv(
+            index_label="row")
+        fsutil.write_text(tmp / "trials.csv", csv)
+        fsutil.write_text(tmp / "summary.json", json.dumps(
+            to_dict(summary_data | (extra or {})), indent=2, default=str) + "\n")
+        if also is not None:
+            also(tmp)
+    return Path(out)
 
 
 def _cross_check(plan: Plan) -> None:

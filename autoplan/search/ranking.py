@@ -92,8 +92,8 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
     """One line per row: every knob, memory, time, throughput, MFU, dominant cost, status."""
     import pandas as pd
 
-    c = scored.cols
     rows = np.asarray(rows, dtype=np.int64)
+    c = scored.cols if scored.n else _empty_columns(scored.cols)
     reason = c["reason"][rows]
     data: dict[str, Any] = {
         "num_gpus": c["num_gpus"][rows], "dp": c["dp"][rows], "tp": c["tp"][rows],
@@ -124,3 +124,12 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
     if "trial" in c:
         data["trial"] = c["trial"][rows]
     return pd.DataFrame(data)
+
+
+def _empty_columns(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Nothing was scored (every candidate broke a rule): the estimate columns a frame shows,
+    empty, so the no-plan outcome has the same table shape as any other."""
+    names = ("mem_total", "mem_host", "time_step", "tokens_per_s", "mfu", "hfu", "dominant",
+             *(f"time_{k}" for k in TIME_PARTS))
+    return {**{k: np.zeros(0, dtype=np.int64 if k == "dominant" else float) for k in names},
+            **cols}

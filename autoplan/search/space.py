@@ -24,11 +24,30 @@ EXTRA_COLUMNS = {"num_gpus": np.int64, "precision": np.int64, "attention": np.in
 """Columns beyond plan_table.COLUMNS: precision/attention are indexes into the space's lists,
 split 0 is even and 1 balanced."""
 MAX_GPU_COUNTS = 4096
+"""Most GPU counts one search scores (a range keeps powers of two and whole nodes)."""
+MAX_GPUS = 2**20
+"""Largest GPU count a search takes (1,048,576; today's largest clusters hold ~10^5 GPUs)."""
+MAX_ROWS = 20_000_000
+"""Most candidates the exhaustive search holds in memory at once (about 300 bytes each while
+they are scored: ~6 GB); larger spaces go to the Optuna samplers."""
+
+
+def _range_counts(lo: int, hi: int, gpus_per_node: int) -> list[int]:
+    """Counts in [lo, hi] that are whole nodes or powers of two, counted before listed."""
+    g = max(gpus_per_node, 1)
+    first = -(-lo // g) * g
+    nodes = range(first, hi + 1, g)
+    powers = [1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi and (1 << k) % g]
+    if len(nodes) + len(powers) > MAX_GPU_COUNTS:
+        raise ConfigError("--num-gpus", f"{lo}..{hi} gives {len(nodes) + len(powers):,} GPU "
+                          "counts", f"narrow the range to at most {MAX_GPU_COUNTS:,} counts "
+                          f"(powers of two and multiples of {g} GPUs per node)")
+    return sorted({*nodes, *powers})
 
 
 def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
     """`N`, `A,B,C` or `A..B` (every count in [A, B] that is a power of two or a multiple of
-    gpus_per_node, i.e. whole nodes)."""
+    gpus_per_node, i.e. whole nodes), each at most MAX_GPUS."""
     where, fix = "--num-gpus", "write N, A,B,C or A..B, e.g. 64..1024"
     try:
         if ".." in text:
@@ -36,17 +55,23 @@ def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
             lo, hi = int(lo_s), int(hi_s)
             if lo < 1 or hi < lo:
                 raise ConfigError(where, f"got {text!r}", "the range needs 1 <= A <= B")
-            counts = [n for n in range(lo, hi + 1)
-                      if n % gpus_per_node == 0 or n & (n - 1) == 0]
+            values = [lo, hi]
         else:
-            counts = sorted({int(x) for x in text.split(",")})
+            values = [int(x) for x in text.split(",")]
     except ValueError:
-        raise ConfigError(where, f"got {text!r}", fix) from None
-    if not counts or min(counts) < 1:
-        raise ConfigError(where, f"got {text!r}", "GPU counts must be positive; " + fix)
+        raise ConfigError(where, f"got {text[:80]!r}", fix) from None
+    if not values or min(values) < 1:
+        raise ConfigError(where, f"got {text[:80]!r}", "GPU counts must be positive; " + fix)
+    if max(values) > MAX_GPUS:
+        raise ConfigError(where, f"got {max(values)}",
+                          f"a search takes at most {MAX_GPUS:,} GPUs")
+    counts = _range_counts(lo, hi, gpus_per_node) if ".." in text else sorted(set(values))
+    if not counts:
+        raise ConfigError(where, f"{text!r} holds no power of two nor whole node of "
+                          f"{gpus_per_node} GPUs", "widen the range or list the counts")
     if len(counts) > MAX_GPU_COUNTS:
-        raise ConfigError(where, f"{text!r} gives {len(counts)} counts",
-                          f"narrow the range to at most {MAX_GPU_COUNTS}")
+        raise ConfigError(where, f"{text[:80]!r} gives {len(counts):,} counts",
+                          f"list at most {MAX_GPU_COUNTS:,}")
     return tuple(counts)
 
 
@@ -85,9 +110,23 @@ def layouts(space: SearchSpace, gpu_counts: tuple[int, ...]) -> tuple[np.ndarray
     return np.stack([n, dp, tp, pp, cp])[:, ok], int((~ok).sum())
 
 
+def check_rows(rows: int, limit: int | None) -> None:
+    """Refuse, before anything is allocated, a table above `limit` or above MAX_ROWS."""
+    if limit is not None and rows > limit:
+        raise ConfigError("--sampler exhaustive", f"the space has {rows:,} candidates",
+                          f"above max_enumerate={limit:,}; use --sampler tpe or a smaller space")
+    if rows > MAX_ROWS:
+        raise ConfigError("max_enumerate", f"the space has {rows:,} candidates to list (its "
+                          f"max_enumerate is {limit or 0:,})", f"the exhaustive search holds at most "
+                          f"{MAX_ROWS:,} (about 6 GB); lower max_enumerate so TPE takes "
+                          "over, or shrink the space")
+
+
 def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
-                    global_batch_size: int, limit: int | None = None) -> Enumeration:
-    """Every candidate of `space` for the given GPU counts, as numpy columns."""
+                    global_batch_size: int, limit: int | None = None,
+                    sample: int | None = None) -> Enumeration:
+    """Every candidate of `space` for the given GPU counts, as numpy columns; with `sample`,
+    at most that many of them drawn without repeats (seeded: the same draw every time)."""
     lay, misfits = layouts(space, gpu_counts)
     rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 2)
     axes: list[tuple[str, np.ndarray]] = [
@@ -105,10 +144,14 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int,
     rest = math.prod(len(v) for _, v in axes)
     total = (lay.shape[1] + misfits) * rest
     rows = lay.shape[1] * rest
-    if limit is not None and rows > limit:
-        raise ConfigError("--sampler exhaustive", f"the space has {rows:,} candidates",
-                          f"above max_enumerate={limit:,}; use --sampler tpe or a smaller space")
-    idx = np.arange(rows, dtype=np.int64)
+    if sample is None:
+        check_rows(rows, limit)
+        idx = np.arange(rows, dtype=np.int64)
+    elif rows > sample:
+        idx = np.sort(np.random.default_rng(0).choice(rows, sample, replace=False))
+        rows = sample
+    else:
+        idx = np.arange(rows, dtype=np.int64)
     lay_idx, rem = np.divmod(idx, rest)
     t: dict[str, np.ndarray] = {}
     for name, values in reversed(axes):  # last axis varies fastest

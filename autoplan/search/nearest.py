@@ -1,0 +1,128 @@
+"""Why a search found nothing: the nearest miss, for every sampler and every cause.
+
+Candidates that were scored but miss (memory, targets): the one closest to working, and by how
+much. Nothing scored (every candidate breaks a plan rule, or the device lacks the precision): a
+seeded sample of the space's candidates judged by the same rules gives the one breaking the
+fewest, with each rule's own message. No layout fills the GPU count: the nearest count one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoplan.errors import ConfigError
+from autoplan.plan import ClusterRef, Plan
+from autoplan.plan_rules import RULES, violations
+from autoplan.plan_table import row_to_plan
+from autoplan.search.ranking import nearest
+from autoplan.search.scoring import Scored, score_table
+from autoplan.search.space import enumerate_space, layouts
+from autoplan.search.targets import MISS_KEYS, miss_messages
+
+if TYPE_CHECKING:
+    from autoplan.search.engine import SearchRequest
+
+SAMPLE = 20_000
+"""Candidates drawn from the space to find the nearest miss when nothing was scored."""
+
+
+@dataclass(frozen=True)
+class Miss:
+    reason: str
+    """The count key it falls under (a plan rule, precision-unsupported, world-size, or a
+    target such as out-of-memory)."""
+    misses: list[str]
+    """What it misses and by how much, one message each."""
+    row: int | None = None
+    """Its row among the scored candidates, when it was scored."""
+    plan: Plan | None = None
+    """The candidate as a plan, when it was not scored (no prediction)."""
+
+
+def nearest_miss(req: SearchRequest, scored: Scored) -> Miss:
+    """The candidate closest to feasible, and what it misses."""
+    prof = req.profile
+    if scored.n:
+        i = nearest(scored)
+        assert i is not None
+        c = scored.cols
+        row = {k: float(c[k][i]) for k in ("mem_total", "mem_host", "time_step", "tokens_per_s",
+                                           "num_gpus")}
+        misses = miss_messages(row, req.targets, prof.device.memory_bytes,
+                               prof.host.memory_bytes, prof.gpus_per_node)
+        reason = int(c["reason"][i])
+        return Miss(MISS_KEYS[reason] if reason >= 0 else "non-finite", misses, row=i)
+    lay, _ = layouts(req.space, req.gpu_counts)
+    if not lay.shape[1]:
+        return _world_size_miss(req)
+    return _rule_miss(req)
+
+
+def _world_size_miss(req: SearchRequest) -> Miss:
+    """No tp * pp * cp of the space fills any requested GPU count: the nearest count that one
+    does (with dp among the space's values when the space fixes them)."""
+    par = req.space.parallel
+    products = sorted({tp * pp * cp for tp in par.tp for pp in par.pp for cp in par.cp})
+    best: tuple[int, int, int] | None = None  # (distance, count, requested)
+    for n in req.gpu_counts:
+        for p in products:
+            fills = [p * d for d in par.dp] if par.dp is not None \
+                else [max(p, n // p * p), -(-n // p) * p]
+            for m in fills:
+                if best is None or (abs(m - n), m) < best[:2]:
+                    best = (abs(m - n), m, n)
+    assert best is not None
+    dist, m, n = best
+    shown = ", ".join(map(str, products[:8])) + (", ..." if len(products) > 8 else "")
+    dp = f" with dp in {list(par.dp)}" if par.dp is not None else ""
+    return Miss("world-size", [f"no tp * pp * cp of the space ({shown}) fills {n} GPUs{dp}; "
+                               f"nearest GPU count it fills: {m} ({m - n:+d})"])
+
+
+def _rule_miss(req: SearchRequest) -> Miss:
+    """Judge a sample of the space by the plan rules and the device's precisions; the
+    candidate with the fewest problems, each in the rule's own words."""
+    enum = enumerate_space(req.space, req.model, req.gpu_counts, req.global_batch_size,
+                           sample=SAMPLE)
+    t = enum.table
+    bad = violations(t, req.model)
+    peaks = req.profile.device.peak_flops_per_s
+    lacking = np.array([p.value not in peaks for p in req.space.precision])[t["precision"]]
+    problems = bad.sum(axis=1) + lacking
+    i = int(np.argmin(problems))
+    if problems[i] == 0:
+        return _valid_sample_miss(req, t)
+    misses = [RULES[j].message(t, i, req.model) for j in np.flatnonzero(bad[i])]
+    reason = RULES[int(np.argmax(bad[i]))].key if bad[i].any() else "precision-unsupported"
+    if lacking[i]:
+        name = req.space.precision[int(t["precision"][i])].value
+        misses.append(f"precision={name} is not supported by {req.profile.device.name} (it has "
+                      f"{', '.join(peaks)}); put one of those in the space's precision list")
+    return Miss(reason, misses, plan=_plan(req, t, i))
+
+
+def _valid_sample_miss(req: SearchRequest, t: dict[str, np.ndarray]) -> Miss:
+    """The sampler reached no valid candidate, but the space holds some."""
+    sc = score_table(t, req.context())
+    hint = (f"the space holds valid candidates the {req.pick_sampler()} search did not reach; "
+            "raise --trials or use --sampler exhaustive")
+    if not sc.n:
+        return Miss("not-reached", [hint])
+    miss = nearest_miss(req, sc)
+    i = miss.row
+    assert i is not None
+    return Miss(miss.reason if miss.misses else "not-reached", [*miss.misses, hint],
+                plan=_plan(req, sc.cols, i))
+
+
+def _plan(req: SearchRequest, t: dict[str, np.ndarray], i: int) -> Plan | None:
+    try:
+        plan = row_to_plan(t, i, req.model_ref, ClusterRef(req.profile_ref,
+                                                            int(t["num_gpus"][i])),
+                           req.space.precision[int(t["precision"][i])])
+        return plan.replace(attention=req.space.attention[int(t["attention"][i])])
+    except ConfigError:  # a candidate too broken to be a plan at all
+        return None
