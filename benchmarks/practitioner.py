@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -205,8 +204,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     errs = [abs(r["error"]) for r in rows if r["scored"] and r["error"] is not None]
     return {
         "scored": len(errs),
-        "mean_abs_error": sum(errs) / len(errs) if errs else math.nan,
-        "within_10pct": sum(e <= 0.10 for e in errs) / len(errs) if errs else math.nan,
+        "mean_abs_error": sum(errs) / len(errs) if errs else None,
+        "within_10pct": sum(e <= 0.10 for e in errs) / len(errs) if errs else None,
         "feasible_where_ran": sum(r["feasible"] for r in rows if r["scored"]),
     }
 
@@ -230,6 +229,9 @@ def print_table(rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
             print(f"{r['id']:50} {r['runtime']:10} {r['gpus']:>5}  {r['plan']:44} "
                   f"{_fmt(r['measured_s'], '.2f', 8)} {r['predicted_s']:>8.2f} "
                   f"{_fmt(r['error'], '+.1%', 7)} {mem:>12} {mfu:>11}  {ok}")
+    if not stats["scored"]:
+        print("\nno scored configurations")
+        return
     print(f"\n{stats['scored']} scored configurations: mean absolute error "
           f"{stats['mean_abs_error']:.1%}, within 10%: {stats['within_10pct']:.0%}, "
           f"predicted feasible: {stats['feasible_where_ran']} of {stats['scored']}")
