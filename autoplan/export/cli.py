@@ -12,11 +12,12 @@ import logging
 import sys
 from pathlib import Path
 
+from autoplan import fsutil
 from autoplan.cli_common import add_format_argument
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.registry import TARGET_NAMES, get_target
-from autoplan.yaml_io import dump_yaml, write_text_atomic
+from autoplan.yaml_io import dump_yaml
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
 def run_export(args: argparse.Namespace) -> int:
     from autoplan.plan import load_plan
 
+    if args.out:  # a directory, a path under a file, an unwritable folder: before any work
+        fsutil.check_file_target(args.out, force=args.force, field="--out")
     plan = load_plan(args.plan)
     model = plan.model_spec()
     opts = ExportOptions(
@@ -109,7 +112,7 @@ def run_export(args: argparse.Namespace) -> int:
         data = {"target": args.to, "files": files}
         text = json.dumps(data, indent=2) + "\n" if args.format == "json" else dump_yaml(data)
         if args.out:
-            write_text_atomic(args.out, text, overwrite=args.force)
+            fsutil.write_text(args.out, text, force=args.force, field="--out")
         else:
             sys.stdout.write(text)
         return 0
@@ -119,22 +122,20 @@ def run_export(args: argparse.Namespace) -> int:
             sys.stderr.write(f"# {name}\n{files[name]}")
         return 0
     paths = _out_paths(Path(args.out), names)
-    if not args.force:
-        for path in paths:  # check all first, so a refusal writes nothing
-            if path.exists():
-                raise ConfigError(
-                    "--out", f"{str(path)!r} already exists", "choose another path or pass --force"
-                )
+    for path in paths:  # check all first, so a refusal writes nothing
+        fsutil.check_file_target(path, force=args.force, field="--out")
     for path, name in zip(paths, names, strict=True):
-        write_text_atomic(path, files[name], overwrite=args.force)
+        fsutil.write_text(path, files[name], force=args.force, field="--out")
         sys.stderr.write(f"wrote {path}\n")
     return 0
 
 
 def run_import(args: argparse.Namespace) -> int:
     from autoplan.export.importers import IMPORTERS
-    from autoplan.plan import plan_to_dict, save_plan
+    from autoplan.plan import load_plan, plan_to_dict
 
+    if args.out:
+        fsutil.check_file_target(args.out, force=args.force, field="--out")
     plan = IMPORTERS[args.source](
         args.file,
         model=args.model,
@@ -143,7 +144,10 @@ def run_import(args: argparse.Namespace) -> int:
         assignments=args.set,
     )
     if args.out:
-        save_plan(plan, args.out, overwrite=args.force)
+        fsutil.write_text(args.out, dump_yaml(plan_to_dict(plan)), force=args.force,
+                          field="--out")
+        if load_plan(args.out) != plan:  # every save reloads and compares (plan.save_plan)
+            raise AssertionError(f"plan written to {args.out} does not reload equal")
         sys.stderr.write(f"wrote {args.out}\n")
     elif args.format == "json":
         sys.stdout.write(json.dumps(plan_to_dict(plan), indent=2) + "\n")
