@@ -43,13 +43,15 @@ def estimate_command(args: argparse.Namespace) -> int:
     if args.train_tokens is not None and args.train_tokens <= 0:
         from autoplan.errors import ConfigError
         raise ConfigError("--train-tokens", f"got {args.train_tokens}", "expected a positive number")
-    est = estimate_plan(plan, cluster, model, train_tokens=args.train_tokens)
+    est = estimate_plan(plan, cluster, model, train_tokens=args.train_tokens,
+                        runtime=getattr(args, "runtime", None))
     data = {
         "feasible": est.feasible, "reasons": list(est.reasons), "memory": est.memory,
         "time": est.time, "tokens_per_s": est.tokens_per_s,
         "model_flops_per_step": est.model_flops_per_step, "mfu": est.mfu, "hfu": est.hfu,
         "days_to_train": est.days_to_train, "dominant": est.dominant,
         "num_params": est.num_params, "model": model.name, "plan": plan_to_dict(plan),
+        "runtime": est.runtime, "error_band": est.error_band,
     }
 
     def render(console: Console) -> None:
@@ -85,7 +87,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         secs = column([est.time[k] for k in (*TIME_PARTS, "step")], est.time["step"])
         for k, cell in zip(TIME_PARTS, secs[:-1], strict=True):
             tim.add_row(k, cell, f"{est.time[k] / est.time['step']:.0%}")
-        tim.add_row("[bold]step[/]", f"[bold]{secs[-1]}[/]", "")
+        tim.add_row("[bold]step[/]", f"[bold]{secs[-1]}[/]", f"± {est.error_band:.0%}")
         console.print(mem, tim)
         line = ("[red](infeasible plan)[/] " if not est.feasible else "") + (
                 f"tokens/s {est.tokens_per_s:,.0f}   MFU {est.mfu:.1%}   HFU {est.hfu:.1%}   "
@@ -93,6 +95,9 @@ def estimate_command(args: argparse.Namespace) -> int:
         if est.days_to_train is not None:
             line += f"   days to train: {est.days_to_train:.1f}"
         console.print(line)
+        console.print(f"priced for runtime {est.runtime}: step {est.time['step']:.3g} s "
+                      f"± {est.error_band:.0%} (validation error of runs of this kind)",
+                      markup=False)
         if est.feasible:
             console.print("[green]feasible[/]")
         else:

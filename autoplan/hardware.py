@@ -125,6 +125,13 @@ class DeviceSpec:
     """Dense peak per dtype: bf16, fp16, fp32 (and tf32 where it exists)."""
     reserved_bytes: int = 0
     """Memory the runtime holds before the model: CUDA context, NCCL and cuBLAS workspaces."""
+    sm_count: int | None = None
+    """Streaming multiprocessors (datasheet). With it the cost model prices the tile and wave
+    quantization of each GEMM (NVIDIA, "Matrix Multiplication Background User's Guide"); null
+    (CPUs): no quantization."""
+    gemm_tile: tuple[int, int] = (256, 128)
+    """Output tile (rows, columns) one SM computes at a time for large 16-bit GEMMs: cuBLAS's
+    largest tensor-core tiles on Volta to Hopper (the guide's examples use 256 x 128)."""
 
     def __post_init__(self) -> None:
         _positive("memory_bytes", self.memory_bytes)
@@ -133,6 +140,11 @@ class DeviceSpec:
             raise ConfigError("peak_flops_per_s", "is empty", "give at least one dtype")
         for k, v in self.peak_flops_per_s.items():
             _positive(f"peak_flops_per_s.{k}", v)
+        if self.sm_count is not None and self.sm_count < 1:
+            raise ConfigError("sm_count", f"got {self.sm_count}", "expected a positive integer")
+        if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1:
+            raise ConfigError("gemm_tile", f"got {list(self.gemm_tile)}",
+                              "expected [rows, columns], both positive")
         if self.reserved_bytes < 0:
             raise ConfigError("reserved_bytes", f"got {self.reserved_bytes}",
                               "expected 0 or more bytes")

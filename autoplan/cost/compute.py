@@ -67,6 +67,33 @@ def gemm_flops_per_layer(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -
     return gemms
 
 
+def gemm_shapes_per_layer(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
+                          ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(rows m, columns n) of each GEMM's output in gemm_flops_per_layer's order, on one tp
+    rank: m = tokens, n = the output width (column-parallel GEMMs split it by tp; row-parallel
+    ones keep h and split k, which quantization does not see)."""
+    t, tp = np.asarray(tokens, float), np.asarray(tp, float)
+    h, f = model.hidden_size, model.ffn
+    kv_width, q_width = model.kv_heads * model.head_width, model.q_width
+    up = 2 * f if model.gated_mlp else f
+    return [(t, (q_width + 2 * kv_width) / tp), (t, h + 0 * tp), (t, up / tp), (t, h + 0 * tp)]
+
+
+def quantization_efficiency(m: np.ndarray, n: np.ndarray, profile: ClusterProfile) -> np.ndarray:
+    """Share of the GPU's tile slots a GEMM with an m x n output keeps busy (NVIDIA, "Matrix
+    Multiplication Background User's Guide", tile and wave quantization): the output is cut into
+    ceil(m/T_m) * ceil(n/T_n) tiles, run in waves of one tile per SM; a partial tile or a partial
+    last wave runs at the cost of a full one."""
+    dev = profile.device
+    if dev.sm_count is None:
+        return np.ones_like(np.asarray(m, float))
+    tm, tn = dev.gemm_tile
+    m, n = np.maximum(np.asarray(m, float), 1.0), np.maximum(np.asarray(n, float), 1.0)
+    tiles = np.ceil(m / tm) * np.ceil(n / tn)
+    waves = np.ceil(tiles / dev.sm_count)
+    return (m * n) / (waves * dev.sm_count * tm * tn)
+
+
 def attention_core_flops(model: ModelSpec, b: np.ndarray, tp: np.ndarray, cp: np.ndarray) -> np.ndarray:
     """QK^T and attention-times-V forward FLOPs per rank: 4*b*s^2*(a*d) (a*d = h unless head_dim
     is set apart), split by tp and cp (full square, as the papers count it, though causal
@@ -84,8 +111,25 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     return 3.0 * (model.num_layers * layer + logits)
 
 
-def gemm_time_s(flops: np.ndarray, profile: ClusterProfile, peak: float) -> np.ndarray:
-    return flops / (peak * profile.efficiency.matmul(flops))
+def gemm_time_s(flops: np.ndarray, profile: ClusterProfile, peak: float,
+                shape: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Seconds of one GEMM: the profile's efficiency for its size and, given its output shape
+    and a device with an SM count, the tile/wave quantization of that shape. A measured
+    profile's curve already holds its own GEMMs' quantization, so only datasheet profiles
+    (no `measured` section) apply it."""
+    eff = profile.efficiency.matmul(flops)
+    if shape is not None and profile.measured is None:
+        eff = eff * np.minimum(1.0, quantization_efficiency(shape[0], shape[1], profile)
+                               / _envelope_quantization(flops, profile))
+    return flops / (peak * eff)
+
+
+def _envelope_quantization(flops: np.ndarray, profile: ClusterProfile) -> np.ndarray:
+    """Quantization of the square GEMM of the same FLOPs, which the datasheet curves were read
+    from (the guide's figures are square): the curve stands for that shape, so a GEMM is
+    charged only for quantizing worse than its square twin."""
+    side = np.cbrt(np.maximum(np.asarray(flops, float), 1.0) / 2.0)
+    return quantization_efficiency(side, side, profile)
 
 
 def memory_time_s(nbytes: np.ndarray, profile: ClusterProfile) -> np.ndarray:
@@ -115,7 +159,9 @@ def layer_times_s(
     work and every second matmul). `causal_skip`: a fused causal kernel does half the s^2 work
     (FlashAttention-2, Dao 2023 §3.1: fully masked tiles are skipped)."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
-    gemm = sum(gemm_time_s(g, profile, peak) for g in gemm_flops_per_layer(model, tokens, tp))
+    gemm = sum(gemm_time_s(g, profile, peak, shape) for g, shape in zip(
+        gemm_flops_per_layer(model, tokens, tp), gemm_shapes_per_layer(model, tokens, tp),
+        strict=True))
     core_flops = attention_core_flops(model, b, tp, cp)
     if eager:
         # batched per-head GEMMs: efficiency of one head's s x d x s product
@@ -154,4 +200,6 @@ def logits_times_s(
     """Forward + backward seconds of the output layer and cross-entropy per micro-batch."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     flops = 2.0 * tokens * model.hidden_size * vocab / np.asarray(tp, float)
-    return 3.0 * gemm_time_s(flops, profile, peak) + memory_time_s(2.0 * logits_bytes, profile)
+    shape = (tokens, np.asarray(vocab, float) / np.asarray(tp, float))
+    return 3.0 * gemm_time_s(flops, profile, peak, shape) + memory_time_s(2.0 * logits_bytes,
+                                                                          profile)

@@ -30,7 +30,7 @@ SCALES = ("node", "cluster", "large")
 
 def family(runtime: str) -> str:
     """Runtimes that share kernels and schedules share validation runs."""
-    if runtime in ("megatron", "nemo"):
+    if runtime in ("megatron", "megatron-2022", "nemo"):
         return "megatron"
     if runtime.startswith("autoplan"):
         return runtime

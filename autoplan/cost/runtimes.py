@@ -151,6 +151,15 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "selective": "attention-core", "zero_stages": [0, 1],
         "schedules": ["1f1b", "interleaved-1f1b"],
     },
+    "megatron-2022": {
+        "description": "Megatron-LM as the SC21 and Korthikanti et al. 2022 runs used it "
+                       "(examples/sc21 at de7dc40f88; the 2022 selective-recompute release): the "
+                       "data-parallel all-reduce runs after backward (train_step calls "
+                       "allreduce_gradients once backward is done), no overlap; fused LayerNorm",
+        "selective": "attention-core", "zero_stages": [0, 1],
+        "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
+        "overlap_param_gather": False,
+    },
     "nemo": {
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "

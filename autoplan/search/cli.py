@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, emit, stderr_console
+from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS
@@ -38,6 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("--global-batch-size", type=int, required=True, help="sequences per step")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--space", default="default", help="search space name or YAML path")
+    p.add_argument("--runtime", help="price plans as this runtime runs them and keep to what it "
+                   f"can run: {', '.join(('autoplan', *RUNTIMES))} or a traits YAML "
+                   "(default: autoplan's own runtime on the profile's device)")
     p.add_argument("--objective", default="throughput",
                    help=f"{'|'.join(OBJECTIVES)}, or several comma-separated for a Pareto front")
     p.add_argument("--max-step-time-s", type=float, help="constraint: step time at most X s")
@@ -84,7 +88,8 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
                                                                    profile.gpus_per_node),
         global_batch_size=args.global_batch_size, targets=targets, sampler=args.sampler,
         trials=args.trials, seed=args.seed, storage=args.storage, study=args.study,
-        worker=args.worker)
+        worker=args.worker, runtime=load_runtime(
+            args.runtime, on_cpu=profile.host.compute_slots is not None))
 
 
 def check_storage(url: str) -> None:

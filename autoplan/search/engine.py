@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
@@ -52,9 +53,11 @@ class SearchRequest:
     study: str | None = None
     worker: int = 0
     """Offsets the sampler seed so workers sharing one study explore differently."""
+    runtime: RuntimeTraits | None = None
+    """The runtime plans are priced for and must run on (None: autoplan's own on the device)."""
 
     def context(self) -> Context:
-        return Context(self.model, self.profile, self.space, self.targets)
+        return Context(self.model, self.profile, self.space, self.targets, self.runtime)
 
     def space_size(self) -> int:
         return self.space.size(len(self.gpu_counts))

@@ -118,7 +118,7 @@ def _cross_check(plan: Plan) -> None:
     """Warn when `autoplan estimate --plan` would judge the winner differently."""
     from autoplan.cost.estimate import estimate_plan
 
-    est = estimate_plan(plan)
+    est = estimate_plan(plan, runtime=(plan.predicted or {}).get("runtime") or None)
     predicted = (plan.predicted or {}).get("tokens_per_s")
     if not est.feasible or (predicted and abs(est.tokens_per_s / predicted - 1.0) > 1e-6):
         log.warning("estimate_plan scores the winner differently (%s, %.0f tokens/s vs %.0f "

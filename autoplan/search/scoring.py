@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost.estimate import TIME_PARTS, estimate_table
+from autoplan.cost.estimate import TIME_PARTS, default_runtime, estimate_table
+from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Schedule
@@ -25,7 +26,8 @@ from autoplan.search_space import SearchSpace
 
 log = logging.getLogger(__name__)
 
-REASON_KEYS = ("world-size", *RULE_KEYS, "duplicate", "precision-unsupported", *MISS_KEYS)
+REASON_KEYS = ("world-size", *RULE_KEYS, "duplicate", "precision-unsupported",
+               "runtime-unsupported", *MISS_KEYS)
 """Every way a candidate can fail, in the order it is checked."""
 _UNEVEN_EXEMPT = RULE_KEYS.index("pp-vpp-divides-layers")
 
@@ -38,6 +40,8 @@ class Context:
     profile: ClusterProfile
     space: SearchSpace
     targets: Targets
+    runtime: RuntimeTraits | None = None
+    """The runtime the plans are priced for and must run on (default: autoplan's own)."""
 
 
 @dataclass
@@ -50,6 +54,8 @@ class Scored:
     MISS_KEYS) and `dominant` (index into TIME_PARTS)."""
     counts: dict[str, int] = field(default_factory=dict)
     """Candidates by reason: REASON_KEYS plus "feasible"."""
+    runtime: str = ""
+    """The runtime-traits preset the estimates priced."""
 
     @property
     def n(self) -> int:
@@ -105,7 +111,7 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
         whole = bool(rows.all())
         sub = t if whole else {k: v[rows] for k, v in t.items()}
         est = estimate_table(sub, ctx.model, ctx.profile, precision,
-                             ctx.space.attention[a_code].value)
+                             ctx.space.attention[a_code].value, ctx.runtime)
         for k, v in est.items():
             v = np.broadcast_to(np.asarray(v), (len(sub["dp"]),))
             if k not in out:
@@ -115,6 +121,15 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
             else:
                 out[k][rows] = v
     return out, unsupported
+
+
+def runtime_lacks(t: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
+    """Rows whose pipeline schedule or ZeRO stage the runtime cannot run (so `search --runtime
+    megatron` keeps to plans Megatron runs, and its winner exports)."""
+    traits = ctx.runtime or default_runtime(ctx.profile)
+    codes = [i for i, s in enumerate(SCHEDULES) if s.value in traits.schedules]
+    bad_schedule = (t["pp"] > 1) & ~np.isin(t["schedule"], codes)
+    return bad_schedule | ~np.isin(t["zero_stage"], list(traits.zero_stages))
 
 
 def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool = True,
@@ -131,6 +146,10 @@ def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool =
         counts["duplicate"] += int(dup.sum())
         keep &= ~dup
     t = {k: v[keep] for k, v in t.items()} if not keep.all() else t
+    lacking = runtime_lacks(t, ctx)
+    counts["runtime-unsupported"] += int(lacking.sum())
+    if lacking.any():
+        t = {k: v[~lacking] for k, v in t.items()}
     est, unsupported = _estimate_groups(t, ctx)
     counts["precision-unsupported"] += int(unsupported.sum())
     if unsupported.any():
@@ -158,7 +177,7 @@ def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool =
             cols["reason"] = np.where(bad & (reason < 0), 0, cols["reason"])
     else:
         cols["dominant"] = np.zeros(0, dtype=np.int64)
-    return Scored(cols, counts)
+    return Scored(cols, counts, (ctx.runtime or default_runtime(ctx.profile)).name)
 
 
 def rule_message(table: Mapping[str, np.ndarray], i: int, key: str, model: ModelSpec) -> str:
