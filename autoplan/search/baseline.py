@@ -96,8 +96,8 @@ def gain_text(best: float, other: float, band: float | None) -> str:
     gain = best / other - 1.0
     text = f"{gain:+.1%} tokens/s"
     if band is not None:
-        text += (" - inside the cost model's ±" f"{band:.0%} band, so measure both"
-                 if abs(gain) < band else f" (outside the ±{band:.0%} band)")
+        text += (f", inside the cost model's ±{band:.0%} band: measure both (autoplan tune)"
+                 if abs(gain) < band else f", more than the cost model's ±{band:.0%} band")
     return text
 
 
@@ -110,9 +110,9 @@ def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> l
     lines = []
     other = next((s for s in shown[1:] if any(s.row[k] != best[k] for k in LAYOUT)), None)
     if other is not None:
-        lines.append(f"why this plan: {gain_text(best['tokens_per_s'], other.row['tokens_per_s'], band)}"
-                     f" against the next different layout (#{other.rank}, "
-                     f"{layout_text(other.row)}, step {sig(other.row['step_s'])} s)")
+        lines.append(f"why this plan: against the next different layout (#{other.rank}, "
+                     f"{layout_text(other.row)}, step {sig(other.row['step_s'])} s) "
+                     f"{gain_text(best['tokens_per_s'], other.row['tokens_per_s'], band)}")
     try:
         base = score_baseline(result, int(best["num_gpus"]))
     except Exception as exc:  # a recipe the plan loader rejects is not the user's mistake
@@ -120,9 +120,9 @@ def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> l
         base = None
     if base is not None:
         if base.feasible:
-            lines.append(f"against the {base.name} ({base.layout}): "
-                         f"{gain_text(best['tokens_per_s'], base.tokens_per_s, band)}; the recipe "
-                         f"scores step {sig(base.step_s)} s, MFU {base.mfu:.1%} here")
+            lines.append(f"against the {base.name}, {base.layout}, which scores step "
+                         f"{sig(base.step_s)} s, MFU {base.mfu:.1%} here: "
+                         f"{gain_text(best['tokens_per_s'], base.tokens_per_s, band)}")
         else:
             lines.append(f"the {base.name} ({base.layout}) does not fit here: "
                          f"{'; '.join(base.reasons[:2])}")

@@ -208,8 +208,8 @@ def legend(shown: list[Shown], wide: bool) -> str:
         parts.append("bal=even = balanced and even splits score the same")
     if any(len(s.zeros) > 1 for s in shown):
         dp1 = all(s.row["dp"] == 1 for s in shown if len(s.zeros) > 1)
-        parts.append("zero 0-3 = those ZeRO stages score the same" + (" (equal at dp 1: nothing "
-                     "to shard)" if dp1 else ""))
+        parts.append("zero A-B = ZeRO stages that score the same, one row" + (" (equal at dp 1: "
+                     "nothing to shard)" if dp1 else ""))
     if any(r["sp"] for r in rows):
         parts.append("sp y = sequence parallel")
     if any(r["recompute"] != "none" for r in rows):

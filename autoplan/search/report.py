@@ -1,5 +1,6 @@
-"""`--report`: PNG plots of a search (Pareto front, memory breakdown and time breakdown of the
-top plans) and a small HTML page holding them.
+"""`--report`: one self-contained HTML page of a search (figures inline as base64 PNG): the run's
+inputs, why the winner wins, the ranked table, the Pareto front, memory and time per plan, and
+what was rejected and why.
 
 matplotlib is optional (`pip install autoplan[report]`) and imported only here, lazily.
 """
@@ -8,26 +9,25 @@ from __future__ import annotations
 
 import html
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS
 from autoplan.errors import ConfigError
 from autoplan.search.engine import SearchResult
 from autoplan.search.output import top_rows
-from autoplan.search.pareto import pareto_mask
-from autoplan.search.targets import gpu_hours
+from autoplan.search.render import COLUMNS, Shown, collapse, legend, zero_cell
+from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
-REPORT_FILES = ("pareto.png", "memory.png", "time.png", "report.html")
+REPORT_FILES = ("report.html",)
 GIB = 2**30
-MAX_POINTS = 20_000
-"""Feasible candidates drawn in the scatter (a deterministic subsample beyond this)."""
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1150px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{padding:2px 8px;
+border-bottom:1px solid #ddd;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}
+tr.best{background:#fff7d6}img{max-width:100%;border:1px solid #eee}p.note{color:#555;
+font-size:13px}h2{margin-top:1.6em;border-bottom:1px solid #ccc}code{background:#f5f5f5}"""
 
 
 def _pyplot() -> Any:
@@ -42,104 +42,130 @@ def _pyplot() -> Any:
     return plt
 
 
-def _label(result: SearchResult, i: int) -> str:
-    c = result.scored.cols
-    return (f"dp{c['dp'][i]} tp{c['tp'][i]} pp{c['pp'][i]}"
-            + (f" cp{c['cp'][i]}" if c["cp"][i] > 1 else "")
-            + (f" ({c['num_gpus'][i]} GPUs)" if len(result.request.gpu_counts) > 1 else ""))
+def esc(text: Any) -> str:
+    return html.escape(str(text))
 
 
-def plot_pareto(plt: Any, result: SearchResult, path: Path) -> None:
-    """Throughput against cost (GPU-hours) when the GPU count varies, else against memory."""
-    c, feas = result.scored.cols, np.flatnonzero(result.scored.feasible)
-    if len(feas) > MAX_POINTS:
-        feas = feas[np.linspace(0, len(feas) - 1, MAX_POINTS).astype(np.int64)]
-    tps = c["tokens_per_s"][feas]
-    if len(result.request.gpu_counts) > 1 or "cost" in result.request.targets.objectives:
-        x = gpu_hours(tps, c["num_gpus"][feas], result.request.targets.cost_tokens)
-        xlabel = f"GPU-hours for {result.request.targets.cost_tokens:.3g} tokens"
-    else:
-        x = c["mem_total"][feas] / GIB
-        xlabel = "memory per GPU (GiB)"
-    front = pareto_mask(np.stack([x, -tps], axis=1)) if len(feas) else np.zeros(0, bool)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter(x, tps, s=4, alpha=0.3, color="tab:gray", label="feasible plans")
-    order = np.argsort(x[front])
-    ax.plot(x[front][order], tps[front][order], "o-", color="tab:red", label="Pareto front")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("tokens / s")
-    ax.set_title(f"{result.request.model.name}: throughput vs {xlabel.split(' (')[0]}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def table_html(headers: list[str], rows: list[list[str]], left: set[int] = frozenset(),
+               best: int | None = None) -> str:
+    head = "".join(f"<th class='{'l' if j in left else ''}'>{esc(h)}</th>"
+                   for j, h in enumerate(headers))
+    body = "".join(
+        f"<tr{' class=best' if k == best else ''}>" + "".join(
+            f"<td class='{'l' if j in left else ''}'>{esc(v)}</td>" for j, v in enumerate(r))
+        + "</tr>" for k, r in enumerate(rows))
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _stacked(plt: Any, result: SearchResult, rows: np.ndarray, parts: tuple[str, ...],
-             prefix: str, scale: float, ylabel: str, title: str, path: Path) -> None:
-    c = result.scored.cols
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows) + 3), 4.5))
-    bottom = np.zeros(len(rows))
-    xs = np.arange(len(rows))
-    for part in parts:
-        v = c[f"{prefix}{part}"][rows] / scale
-        if np.any(v > 0):
-            ax.bar(xs, v, bottom=bottom, label=part)
-            bottom += v
-    if prefix == "mem_":
-        ax.axhline(result.request.profile.device.memory_bytes / scale, color="k", ls="--",
-                   label="capacity")
-    ax.set_xticks(xs, [f"#{k + 1}\n{_label(result, i)}" for k, i in enumerate(rows)],
-                  fontsize=7, rotation=30, ha="right")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray]:
+    """The ranked plans as table rows (equivalent ones merged) and their row indexes."""
+    from autoplan.search.ranking import frame
 
-
-def _page(result: SearchResult) -> str:
     req = result.request
-    best = result.best
-    head = html.escape(f"{req.model.name} on {req.profile_ref}, GPUs "
-                       f"{', '.join(map(str, req.gpu_counts[:8]))}"
-                       f"{'...' if len(req.gpu_counts) > 8 else ''}, global batch "
-                       f"{req.global_batch_size}: {result.sampler} search")
-    line = ""
-    if best is not None:
-        c = result.scored.cols
-        line = html.escape(f"best: {_label(result, best)}, {c['tokens_per_s'][best]:,.0f} "
-                           f"tokens/s, MFU {c['mfu'][best]:.1%}, "
-                           f"{c['mem_total'][best] / GIB:.1f} GiB per GPU")
-    figs = "\n".join(f'<h2>{title}</h2><img src="{name}" alt="{title}">' for name, title in (
-        ("pareto.png", "Pareto front"), ("memory.png", "Memory per GPU of the top plans"),
-        ("time.png", "Where the step time goes")))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>autoplan search</title>"
-            f"</head><body><h1>{head}</h1><p>{line}</p>{figs}</body></html>\n")
+    idx = top_rows(result, top) if req.targets.multi else result.order[:4 * top]
+    records = frame(result.scored, idx, req.space, req.targets, result.front).to_dict("records")
+    bands = result.scored.cols.get("band")
+    for r, i in zip(records, idx, strict=True):
+        r["_row"] = int(i)
+        if bands is not None:
+            r["band"] = float(bands[i])
+    shown = collapse(records, top)
+    return shown, np.array([s.row["_row"] for s in shown], dtype=np.int64)
+
+
+def inputs_html(result: SearchResult) -> str:
+    req, m, prof = result.request, result.request.model, result.request.profile
+    gpus = ", ".join(map(str, req.gpu_counts[:12])) + ("..." if len(req.gpu_counts) > 12 else "")
+    rows = [
+        ["model", f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads "
+                  f"({m.kv_heads} K/V), ffn {m.ffn}, vocab {m.vocab_size}, sequence {m.seq_len}"],
+        ["cluster", f"{req.profile_ref}: {prof.device.name}, "
+                    f"{prof.device.memory_bytes / GIB:.0f} GiB, {prof.gpus_per_node} GPUs per node"
+                    + (" (measured profile)" if prof.measured is not None else " (datasheet)")],
+        ["GPUs", gpus], ["global batch", f"{req.global_batch_size} sequences"],
+        ["space", req.space.name], ["sampler", f"{result.sampler} (seed {req.seed}"
+                                    + (f", {req.trials} trials)" if result.sampler != "exhaustive"
+                                       else ")")],
+        ["targets", "; ".join(f"{k.replace('_', ' ')} "
+                              f"{', '.join(map(str, v)) if isinstance(v, list) else v}"
+                              for k, v in to_dict(req.targets).items() if v not in (None, [], ()))],
+        ["candidates", f"{result.total:,} ({result.scored.n:,} scored, "
+                       f"{int(result.scored.feasible.sum()):,} feasible) in {result.seconds:.2f} s"],
+    ]
+    return table_html(["input", "value"], rows, left={0, 1})
+
+
+def ranked_html(result: SearchResult, shown: list[Shown]) -> str:
+    objectives = list(result.request.targets.objectives)
+    cols = [c for c in COLUMNS if (c[0] != "gpu_hours" or "cost" in objectives)
+            and (c[0] != "num_gpus" or len(result.request.gpu_counts) > 1)]
+    rows = [[c[4](s, True) for c in cols] for s in shown]
+    left = {j for j, c in enumerate(cols) if not c[3]}
+    return (table_html([c[1] for c in cols], rows, left, best=0)
+            + f"<p class=note>{esc(legend(shown, wide=True))}</p>")
+
+
+def rejected_html(result: SearchResult) -> str:
+    """Counts by first reason, then the fastest scored plans that missed, with what they miss."""
+    counts = {k: v for k, v in result.scored.counts.items() if v}
+    total = max(result.total, 1)
+    out = table_html(["outcome (first reason)", "candidates", "share"],
+                     [[k, f"{v:,}", f"{v / total:.1%}"] for k, v in
+                      sorted(counts.items(), key=lambda kv: -kv[1])], left={0})
+    c = result.scored.cols
+    missed = np.flatnonzero(~result.scored.feasible)
+    if len(missed):
+        from autoplan.search.targets import MISS_KEYS
+
+        fastest = missed[np.argsort(-c["tokens_per_s"][missed], kind="stable")][:8]
+        cap = result.request.profile.device.memory_bytes / GIB
+        rows = [[f"dp{c['dp'][i]} tp{c['tp'][i]} pp{c['pp'][i]} cp{c['cp'][i]} "
+                 f"vpp{c['vpp'][i]} zero{c['zero_stage'][i]} mbs{c['mbs'][i]}",
+                 f"{c['tokens_per_s'][i]:,.0f}", f"{c['mem_total'][i] / GIB:.1f} of {cap:.0f}",
+                 MISS_KEYS[int(c["reason"][i])] if c["reason"][i] >= 0 else "?"]
+                for i in fastest]
+        out += ("<p>The fastest plans that were scored and rejected (they would have ranked "
+                "first):</p>" + table_html(["plan", "tokens/s", "GiB per GPU", "rejected for"],
+                                           rows, left={0, 3}))
+    return out
+
+
+def page(result: SearchResult, top: int, plt: Any) -> str:
+    from autoplan.search import report_plots as rp
+    from autoplan.search.baseline import why_lines
+
+    req = result.request
+    title = (f"{req.model.name} on {req.profile_ref}, global batch {req.global_batch_size}: "
+             f"{result.sampler} search")
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+             f"<style>{STYLE}</style></head><body><h1>{esc(title)}</h1>",
+             "<h2>Inputs</h2>", inputs_html(result)]
+    if result.best is None:
+        parts += ["<h2>No feasible plan</h2>", rejected_html(result), "</body></html>"]
+        return "\n".join(parts)
+    shown, rows = shown_plans(result, top)
+    labels = [label.replace(f"zero{s.zeros[0]}", f"zero{zero_cell(s)}") for label, s in
+              zip(rp.plan_labels(result, rows, [s.rank for s in shown]), shown, strict=True)]
+    why = why_lines(result, {}, shown)
+    parts += ["<h2>Why this plan</h2>", "".join(f"<p>{esc(w)}</p>" for w in why) or
+              "<p>Only one layout is feasible.</p>",
+              "<h2>Ranked plans</h2>", ranked_html(result, shown),
+              "<h2>Pareto front</h2>", f"<img alt='Pareto front' src='{rp.pareto_figure(plt, result)}'>",
+              "<h2>Memory per GPU</h2>",
+              f"<img alt='memory per plan' src='{rp.memory_figure(plt, result, rows, labels)}'>",
+              "<h2>Where the step time goes</h2>",
+              "<p class=note>Split axis: compute on the left, everything else on the right "
+              "with its own scale.</p>",
+              f"<img alt='time per plan' src='{rp.time_figure(plt, result, rows, labels)}'>",
+              "<h2>Rejected candidates</h2>", rejected_html(result), "</body></html>"]
+    return "\n".join(parts)
 
 
 def write_report(result: SearchResult, out: str | Path, top: int, force: bool) -> Path:
-    """Write the plots and the page into `out` (all or nothing); returns the HTML path."""
+    """Write `out/report.html` (whole or not at all); returns its path."""
+    from autoplan import fsutil
+
     plt = _pyplot()
-    out = Path(out)
-    clash = [f for f in REPORT_FILES if (out / f).exists()]
-    if clash and not force:
-        raise ConfigError("--report", f"{str(out)!r} already holds {', '.join(clash)}",
-                          "choose another directory or pass --force")
-    rows = top_rows(result, top)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".report.", dir=out))
-    try:
-        plot_pareto(plt, result, tmp / "pareto.png")
-        _stacked(plt, result, rows, MEMORY_PARTS, "mem_", GIB, "GiB per GPU",
-                 "memory per GPU (worst stage)", tmp / "memory.png")
-        _stacked(plt, result, rows, TIME_PARTS, "time_", 1.0, "seconds per step",
-                 "step time by part", tmp / "time.png")
-        (tmp / "report.html").write_text(_page(result), encoding="utf-8")
-        for name in REPORT_FILES:
-            os.chmod(tmp / name, 0o644)
-            os.replace(tmp / name, out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out / "report.html"
+    path = Path(out) / "report.html"
+    fsutil.check_file_target(path, force=force, field="--report")
+    return fsutil.write_text(path, page(result, top, plt), force=force, field="--report")

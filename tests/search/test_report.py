@@ -1,0 +1,59 @@
+"""`--report` (issue #16 item 6): one self-contained HTML page with the inputs, the ranked table,
+the Pareto front, memory and time per plan under distinct labels, and what was rejected."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from autoplan.search.engine import run_search
+from autoplan.search.report import shown_plans, write_report
+from autoplan.search.report_plots import DP1_LABEL, plan_labels, small_series
+
+from .conftest import request
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_search(request("default", model="tiny", cluster="cpu-gloo", gpus=(4,), gbs=16))
+
+
+def test_one_self_contained_page_with_every_section(result, tmp_path) -> None:
+    path = write_report(result, tmp_path / "r", 10, force=False)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.html"]
+    page = path.read_text(encoding="utf-8")
+    for section in ("Inputs", "Why this plan", "Ranked plans", "Pareto front", "Memory per GPU",
+                    "Where the step time goes", "Rejected candidates"):
+        assert f"<h2>{section}</h2>" in page, section
+    sources = re.findall(r"src='([^']*)'", page)
+    assert len(sources) == 3 and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "http://" not in page and "https://" not in page and "<link" not in page
+    assert "tiny" in page and "cpu-gloo" in page and "global batch" in page
+    assert page.count("<tr") > 10  # the ranked plans and the outcomes by reason
+    with pytest.raises(Exception, match="already exists|already holds"):
+        write_report(result, tmp_path / "r", 10, force=False)
+
+
+def test_bars_carry_distinct_labels_beyond_the_degrees(result) -> None:
+    shown, rows = shown_plans(result, 10)
+    labels = plan_labels(result, rows, [s.rank for s in shown])
+    assert len(set(labels)) == len(labels) == len(rows)
+    c = result.scored.cols
+    degrees = {(c["dp"][i], c["tp"][i], c["pp"][i], c["cp"][i]) for i in rows}
+    assert len(degrees) < len(rows)  # plain degrees would repeat, the labels do not
+    assert all(label.startswith(f"#{s.rank} ") for label, s in zip(labels, shown, strict=True))
+
+
+def test_without_data_parallelism_no_gradient_sync_is_billed(result) -> None:
+    _, rows = shown_plans(result, 10)
+    c = result.scored.cols
+    dp1 = c["dp"][rows] == 1
+    assert dp1.any() and (~dp1).any()
+    series = dict(small_series(result, rows))
+    assert np.all(series["data-parallel gradient sync"][dp1] == 0)
+    assert np.allclose(series[DP1_LABEL][dp1], c["time_dp_comm"][rows][dp1])
+    assert np.all(series[DP1_LABEL][~dp1] == 0)
