@@ -10,7 +10,7 @@
    $OUT/gpu_check.json (or --json) after every plan, and the measured profile is copied to $OUT.
 
 Run: python benchmarks/gpu_check.py             (the GPU machine; see benchmarks/gpu_check.sh)
-     python benchmarks/gpu_check.py --dry-run   (the same flow on CPU: tiny-llama, cpu-gloo)
+     python benchmarks/gpu_check.py --dry-run   (the same flow on CPU: a tiny tied Llama)
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))  # run from a source tree without installing autop
 from autoplan.errors import AutoplanError, ConfigError  # noqa: E402
 
 MODEL_1B = ROOT / "benchmarks" / "data" / "llama-3.2-1b.yaml"
+MODEL_DRY = ROOT / "benchmarks" / "data" / "tiny-llama-tied.yaml"  # the 1B's family, tied too
 PLANS: tuple[dict[str, Any], ...] = (  # most informative first: a late one may be cut by time
     {"recompute": "none", "mbs": 2},
     {"recompute": "selective", "mbs": 2},
@@ -251,8 +252,8 @@ def run_plans(args: argparse.Namespace, work: Path, datasheet: str, measured: st
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny-llama, cpu-gloo, 4 steps, "
-                    "4 of the plans: the whole flow in under 2 minutes")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, a tiny tied Llama, cpu-gloo, "
+                    "4 steps, 4 of the plans: the whole flow in under 2 minutes")
     ap.add_argument("--device", choices=("cuda", "cpu"), help="default cuda (cpu with --dry-run)")
     ap.add_argument("--model", help="model preset or spec path (default Llama 3.2 1B)")
     ap.add_argument("--datasheet", help="profile to compare with (default: the GPU's datasheet)")
@@ -272,7 +273,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     dry = args.dry_run
     args.device = args.device or ("cpu" if dry else "cuda")
-    args.model = args.model or ("tiny-llama" if dry else str(MODEL_1B))
+    args.model = args.model or str(MODEL_DRY if dry else MODEL_1B)
     args.steps = args.steps or (4 if dry else 12)
     args.offload_steps = args.offload_steps or (4 if dry else 8)
     args.global_batch_size = args.global_batch_size or (4 if dry else 8)

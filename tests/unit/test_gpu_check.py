@@ -95,6 +95,14 @@ def test_every_plan_of_the_check_is_valid_on_one_gpu(gc, index: int) -> None:
     assert plan.offload.optimizer is bool(knobs.get("offload"))
 
 
+def test_the_dry_run_model_is_the_1b_family_in_small(gc) -> None:
+    big, small = load_model(str(gc.MODEL_1B)), load_model(str(gc.MODEL_DRY))
+    same = ("mlp", "norm", "position", "bias", "tie_embeddings")
+    assert [getattr(small, k) for k in same] == [getattr(big, k) for k in same]
+    assert small.kv_heads < small.num_heads and big.kv_heads < big.num_heads  # both GQA
+    assert small.hidden_size * 16 <= big.hidden_size
+
+
 def test_the_plans_cover_what_the_issue_asks(gc) -> None:
     policies = {k["recompute"] for k in gc.PLANS}
     sizes = {k["mbs"] for k in gc.PLANS}
