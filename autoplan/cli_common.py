@@ -18,6 +18,25 @@ from rich.console import Console
 from autoplan.yaml_io import dump_yaml, to_dict
 
 FORMATS = ("table", "json", "yaml")
+MAX_COUNT = 2**40
+"""Largest integer a command-line count takes (GPUs, tokens, sequences); as plan.MAX_INT."""
+
+
+def count(low: int = 1, high: int = MAX_COUNT) -> Callable[[str], int]:
+    """An argparse `type=` for an integer from `low` to `high`, in plain ASCII digits."""
+
+    def parse(text: str) -> int:
+        digits = text.strip()
+        body = digits[1:] if digits[:1] in "+-" else digits
+        if not body.isascii() or not body.isdigit() or len(body) > 20:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}")
+        value = int(digits)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {value}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in some messages
+    return parse
 
 
 def add_format_argument(parser: argparse.ArgumentParser) -> None:

@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 
 class MlpKind(str, enum.Enum):
     GELU = "gelu"
     SWIGLU = "swiglu"
+    GEGLU = "geglu"
 
+
+GATED_MLPS = (MlpKind.SWIGLU, MlpKind.GEGLU)
+"""MLPs with three matrices: gate and up (fused as one 2f-wide GEMM in cost.compute), then down."""
+
+MAX_SIZE = {
+    "num_layers": 2**16, "hidden_size": 2**20, "num_heads": 2**16, "num_kv_heads": 2**16,
+    "head_dim": 2**16, "ffn_hidden_size": 2**22, "vocab_size": 2**24, "seq_len": 2**24,
+}
+"""Largest value of each size field. Far past any published model (Llama 3.1 405B: 126 layers,
+h 16384, ffn 53248, vocab 128256) yet small enough that the products the cost model forms
+(V*h and L*h*ffn in int64, s^2*h*L*B in float64) cannot overflow."""
 
 class NormKind(str, enum.Enum):
     LAYERNORM = "layernorm"
@@ -53,7 +64,8 @@ class ModelSpec:
     ffn_hidden_size: int | None = None
     """MLP inner width. Default: 4 * hidden_size."""
     mlp: MlpKind = MlpKind.GELU
-    """gelu: two matrices (GPT); swiglu: three matrices, gate and up (Llama)."""
+    """gelu: two matrices (GPT); swiglu: three matrices, gate and up (Llama); geglu: the same
+    three with GELU on the gate (Gemma; Shazeer 2020, "GLU Variants Improve Transformer")."""
     norm: NormKind = NormKind.LAYERNORM
     """layernorm (weight and bias) or rmsnorm (weight only)."""
     position: PositionKind = PositionKind.LEARNED
@@ -64,8 +76,15 @@ class ModelSpec:
     """The output projection shares the input embedding's weights."""
     dropout: float = 0.0
     """Dropout probability after attention and MLP (and on attention probabilities)."""
+    head_dim: int | None = None
+    """Width of one attention head; the query projection is num_heads * head_dim wide (and K, V
+    num_kv_heads * head_dim). Default: hidden_size / num_heads. Gemma and Qwen3 set it apart."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isprintable() or not self.name.strip():
+            raise ConfigError("model.name", f"got {show(self.name)}", "expected a printable name")
+        if len(self.name) > 200:
+            raise ConfigError("model.name", f"got {show(self.name)}", "expected <= 200 characters")
         for name in ("num_layers", "hidden_size", "num_heads", "vocab_size", "seq_len"):
             _positive(f"model.{name}", getattr(self, name))
         if self.num_kv_heads is None:
@@ -74,14 +93,17 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         _positive("model.num_kv_heads", self.num_kv_heads)
         _positive("model.ffn_hidden_size", self.ffn_hidden_size)
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ConfigError(
+                    "model.num_heads",
+                    f"{self.num_heads} does not divide hidden_size={self.hidden_size}",
+                    "choose a divisor of hidden_size, or give head_dim",
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        _positive("model.head_dim", self.head_dim)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                "model.num_heads",
-                f"{self.num_heads} does not divide hidden_size={self.hidden_size}",
-                "choose a divisor of hidden_size",
-            )
         assert self.num_kv_heads is not None
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
@@ -91,8 +113,20 @@ class ModelSpec:
             )
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def head_width(self) -> int:
+        """head_dim, typed as int (it is resolved in __post_init__)."""
+        assert self.head_dim is not None
+        return self.head_dim
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection (and the attention output): num_heads * head_dim."""
+        return self.num_heads * self.head_width
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Three MLP matrices (SwiGLU, GeGLU) rather than two (GELU)."""
+        return self.mlp in GATED_MLPS
 
     @property
     def kv_heads(self) -> int:
@@ -112,7 +146,10 @@ class ModelSpec:
 
 def _positive(field: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(field, f"got {value!r}", "expected a positive integer")
+        raise ConfigError(field, f"got {show(value)}", "expected a positive integer")
+    high = MAX_SIZE[field.removeprefix("model.")]
+    if value > high:
+        raise ConfigError(field, f"got {show(value)}", f"expected at most 2**{high.bit_length() - 1}")
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -169,70 +206,11 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
-def _hf_get(cfg: dict[str, Any], path: str, *names: str, default: Any = None) -> Any:
-    for n in names:
-        if n in cfg and cfg[n] is not None:
-            return cfg[n]
-    if default is not None:
-        return default
-    raise ConfigError(path, f"no {' or '.join(names)} in the config", "is this a decoder config?")
-
-
 def from_hf_config(path: str | Path) -> ModelSpec:
-    """Read a Hugging Face `config.json` (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX)."""
-    p = Path(path)
-    where = f"--model {p}"
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError("--model", f"no such file {str(p)!r}", "check the path") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(where, f"not valid JSON ({err})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(where, "expected a JSON object at the top level")
-    kind = cfg.get("model_type", "")
-    name = str(cfg.get("_name_or_path") or p.parent.name or kind or "hf-model")
-    try:
-        if kind == "gpt2":
-            hidden = _hf_get(cfg, where, "n_embd")
-            return ModelSpec(
-                name=name, num_layers=_hf_get(cfg, where, "n_layer"), hidden_size=hidden,
-                num_heads=_hf_get(cfg, where, "n_head"),
-                ffn_hidden_size=cfg.get("n_inner") or 4 * hidden,
-                vocab_size=_hf_get(cfg, where, "vocab_size"),
-                seq_len=_hf_get(cfg, where, "n_positions", "n_ctx"), tie_embeddings=True,
-            )
-        if kind == "gpt_neox":
-            return ModelSpec(
-                name=name, num_layers=_hf_get(cfg, where, "num_hidden_layers"),
-                hidden_size=_hf_get(cfg, where, "hidden_size"),
-                num_heads=_hf_get(cfg, where, "num_attention_heads"),
-                ffn_hidden_size=_hf_get(cfg, where, "intermediate_size"),
-                vocab_size=_hf_get(cfg, where, "vocab_size"),
-                seq_len=_hf_get(cfg, where, "max_position_embeddings"),
-                position=PositionKind.ROPE,
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            )
-        if kind in ("llama", "mistral", "qwen2") or "intermediate_size" in cfg:
-            heads = _hf_get(cfg, where, "num_attention_heads")
-            act = str(cfg.get("hidden_act", "silu"))
-            return ModelSpec(
-                name=name, num_layers=_hf_get(cfg, where, "num_hidden_layers"),
-                hidden_size=_hf_get(cfg, where, "hidden_size"), num_heads=heads,
-                num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                ffn_hidden_size=_hf_get(cfg, where, "intermediate_size"),
-                vocab_size=_hf_get(cfg, where, "vocab_size"),
-                seq_len=_hf_get(cfg, where, "max_position_embeddings"),
-                mlp=MlpKind.SWIGLU if act in ("silu", "swish") else MlpKind.GELU,
-                norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=False,
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            )
-    except TypeError as err:  # e.g. a string where a number belongs
-        raise ConfigError(where, f"a field has the wrong type ({err})") from None
-    raise ConfigError(
-        f"{where} model_type", f"got {kind!r}",
-        "supported: llama, mistral, qwen2, gpt2, gpt_neox",
-    )
+    """Read a local Hugging Face `config.json`; see `autoplan.model_hf` for the families."""
+    from autoplan.model_hf import from_hf_config as read
+
+    return read(path)
 
 
 def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from autoplan.cli_common import count
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
@@ -18,16 +19,19 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
                         help=f"preset ({', '.join(list(PRESETS)[:4])}, ...), model YAML or config.json")
     parser.add_argument("--cluster", required=required,
                         help=f"hardware profile ({', '.join(available_profiles())}) or a path")
-    parser.add_argument("--num-gpus", type=int, required=required, help="GPUs in the job")
-    parser.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    parser.add_argument("--num-gpus", type=count(), required=required, help="GPUs in the job")
+    parser.add_argument("--seq-len", type=count(), help="override the model's sequence length")
+    parser.add_argument("--runtime", help="price the plan as this runtime runs it: autoplan, "
+                        "megatron, nemo, torchtitan, deepspeed, or a traits YAML (default: "
+                        "autoplan's own runtime on the profile's device)")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", help="plan YAML (default: plain data parallel over all GPUs)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="edit a plan field, e.g. --set parallel.tp=8 (repeatable)")
-    parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
-    parser.add_argument("--micro-batch-size", type=int, help="sequences per micro-batch")
+    parser.add_argument("--global-batch-size", type=count(), help="sequences per optimizer step")
+    parser.add_argument("--micro-batch-size", type=count(), help="sequences per micro-batch")
 
 
 def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:

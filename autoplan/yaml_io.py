@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import os
 import re
+import reprlib
 import tempfile
 import types
 import typing
@@ -25,6 +27,139 @@ from autoplan.errors import ConfigError
 T = TypeVar("T")
 _YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 SCHEMA_VERSION = 1
+MAX_YAML_DEPTH = 32
+"""Deepest nesting of mappings and lists a YAML/JSON file may have (autoplan's own files: 5)."""
+MAX_YAML_NODES = 100_000
+"""Most values a YAML file may hold once its aliases are expanded (a profile holds ~500): a
+470-byte file of nested aliases would otherwise expand to hundreds of millions."""
+MAX_FILE_INT = 2**53
+"""Largest integer a loaded field takes: float64 holds every integer up to it exactly, and numpy
+int64 holds it; ModelSpec and Plan bound their fields tighter."""
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 120
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = 6
+_SHOWN.maxlevel = 3
+
+
+def show(value: Any, limit: int = 200) -> str:
+    """repr() of a value for an error message, cut to about `limit` characters."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Refused(Exception):
+    """A YAML document autoplan refuses to build (too deep, too many values, self-reference)."""
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses documents nested past MAX_YAML_DEPTH or holding more than
+    MAX_YAML_NODES values once aliases are expanded, before any Python object is built."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expanded_size(node)
+        return node
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Count values as if every alias were copied (iteratively, memoised per node)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
+            if sizes[key] > MAX_YAML_NODES:
+                raise _Refused(
+                    f"expands to more than {MAX_YAML_NODES} values (nested aliases?)"
+                )
+            continue
+        if key in sizes:
+            continue
+        open_nodes.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in open_nodes:
+                raise _Refused("an alias refers to itself (a recursive structure)")
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def safe_load_text(text: str, what: str) -> Any:
+    """yaml.safe_load through BoundedLoader; every refusal is a one-line ConfigError on `what`."""
+    try:
+        return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except _Refused as err:
+        raise ConfigError(what, f"refused: {err}", "write the values out plainly") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "syntax error"
+        raise ConfigError(what, f"not valid YAML{where}: {problem}") from None
+    except ValueError as err:  # int() past sys.get_int_max_str_digits(), bad timestamps
+        raise ConfigError(what, f"a value cannot be read ({show(str(err), 120)})") from None
+    except RecursionError:  # pragma: no cover - the depth bound comes first
+        raise ConfigError(what, f"nested deeper than {MAX_YAML_DEPTH} levels") from None
+
+
+def check_nesting(data: Any, what: str, max_depth: int = MAX_YAML_DEPTH) -> Any:
+    """Refuse plain data (e.g. from JSON) nested deeper than `max_depth`; iterative."""
+    stack = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= max_depth:
+                raise ConfigError(what, f"nested deeper than {max_depth} levels",
+                                  "write the values out plainly")
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in items)
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def load_json_text(text: str, what: str) -> Any:
+    """json.loads, strictly: no NaN/Infinity, no numbers of thousands of digits, no nesting
+    past MAX_YAML_DEPTH; every problem is a one-line ConfigError on `what`."""
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as err:
+        raise ConfigError(what, f"not valid JSON ({err.msg} at line {err.lineno}, "
+                                f"column {err.colno})") from None
+    except RecursionError:
+        raise ConfigError(what, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                          "write the values out plainly") from None
+    except ValueError as err:  # NaN/Infinity, or an integer past the digit limit
+        raise ConfigError(what, f"a value cannot be read ({show(str(err), 120)})",
+                          "numbers must be finite and of ordinary size") from None
+    return check_nesting(data, what)
 
 
 def _type_name(value: Any) -> str:
@@ -46,7 +181,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
                 return _convert(candidate, value, where)
             except ConfigError:
                 continue
-        raise ConfigError(where, f"got {value!r}", f"expected one of {[_tn(a) for a in inner]}")
+        raise ConfigError(where, f"got {show(value)}", f"expected one of {[_tn(a) for a in inner]}")
     if tp is Any:
         return value
     if dataclasses.is_dataclass(tp):
@@ -56,36 +191,38 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if isinstance(value, tp):
             return value
         if value not in choices:
-            raise ConfigError(where, f"got {value!r}", f"choose one of {', '.join(map(str, choices))}")
+            raise ConfigError(where, f"got {show(value)}", f"choose one of {', '.join(map(str, choices))}")
         return tp(value)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected true or false")
+            raise ConfigError(where, f"got {show(value)} ({_type_name(value)})", "expected true or false")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected an integer")
+            raise ConfigError(where, f"got {show(value)} ({_type_name(value)})", "expected an integer")
+        if abs(value) > MAX_FILE_INT:
+            raise ConfigError(where, f"got {show(value)}", "expected an integer up to 2**53")
         return value
     if tp is float:
         if isinstance(value, str) and _YAML11_FLOAT.match(value):
             value = float(value)  # PyYAML reads 1e12 (no dot, no sign) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a number")
+            raise ConfigError(where, f"got {show(value)} ({_type_name(value)})", "expected a number")
         if not math.isfinite(value):
-            raise ConfigError(where, f"got {value!r}", "expected a finite number")
+            raise ConfigError(where, f"got {show(value)}", "expected a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a string")
+            raise ConfigError(where, f"got {show(value)} ({_type_name(value)})", "expected a string")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a list")
+            raise ConfigError(where, f"got {show(value)} ({_type_name(value)})", "expected a list")
         item_tp = args[0] if args else Any
         return tuple(_convert(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(where, f"got {value!r} ({_type_name(value)})", "expected a mapping")
+            raise ConfigError(where, f"got {show(value)} ({_type_name(value)})", "expected a mapping")
         key_tp, val_tp = args if args else (Any, Any)
         return {
             _convert(key_tp, k, f"{where}"): _convert(val_tp, v, f"{where}.{k}")
@@ -107,12 +244,13 @@ def from_dict(cls: type[T], data: Any, where: str) -> T:
     if isinstance(data, cls):
         return data
     if not isinstance(data, dict):
-        raise ConfigError(where, f"got {data!r} ({_type_name(data)})", "expected a mapping")
+        raise ConfigError(where, f"got {show(data)} ({_type_name(data)})", "expected a mapping")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key in data:
         if key not in fields:
-            shown = key if isinstance(key, str) and key.isprintable() and key.strip() else repr(key)
+            shown = (key if isinstance(key, str) and key.isprintable() and key.strip()
+                     and len(key) <= 100 else show(key, 100))
             raise ConfigError(
                 f"{where}.{shown}" if where else str(shown),
                 "unknown key",
@@ -157,13 +295,7 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(what, f"cannot read {str(p)!r} ({err.__class__.__name__})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or "syntax error"
-        raise ConfigError(what, f"{str(p)!r} is not valid YAML{where}: {problem}") from None
+    return safe_load_text(text, f"{what} {str(p)!r}")
 
 
 def check_schema_version(data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -173,7 +305,7 @@ def check_schema_version(data: dict[str, Any], where: str) -> dict[str, Any]:
     if version != SCHEMA_VERSION:
         raise ConfigError(
             f"{where}.schema_version" if where else "schema_version",
-            f"got {version!r}",
+            f"got {show(version)}",
             f"this autoplan reads schema_version {SCHEMA_VERSION}",
         )
     return data

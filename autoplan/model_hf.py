@@ -1,0 +1,162 @@
+"""Import of a local Hugging Face `config.json` into a ModelSpec (no network, no transformers).
+
+Decoder-only families only: Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma 2, GPT-2, GPT-NeoX. Every
+value is type-checked (no truthiness), encoder models are refused, and the training sequence
+length is the model's pre-training context, not its longest supported window.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import ConfigError
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.yaml_io import load_json_text, show
+
+log = logging.getLogger(__name__)
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
+"""Families with HF's Llama block: q/k/v/o projections and a gated MLP (gate, up, down)."""
+SUPPORTED = (*LLAMA_LIKE, "gpt2", "gpt_neox")
+TIED_BY_DEFAULT = {"gemma": True, "gemma2": True}
+"""`tie_word_embeddings` when the file leaves it out, as each family's HF config class sets it
+(GemmaConfig/Gemma2Config: True; LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
+GPTNeoXConfig: False)."""
+ENCODERS = frozenset({
+    "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta",
+    "deberta-v2", "camembert", "mpnet", "modernbert", "ernie", "longformer", "big_bird",
+    "t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "whisper", "led",
+})
+"""model_type values of encoder and encoder-decoder models (refused by name)."""
+GATE_ACTIVATIONS = {
+    "silu": MlpKind.SWIGLU, "swish": MlpKind.SWIGLU,
+    "gelu": MlpKind.GEGLU, "gelu_new": MlpKind.GEGLU, "gelu_fast": MlpKind.GEGLU,
+    "gelu_pytorch_tanh": MlpKind.GEGLU, "gelu_python": MlpKind.GEGLU,
+}
+"""The gate's activation of a Llama-style MLP: SiLU is SwiGLU, any GELU is GeGLU (Gemma)."""
+DEFAULT_SEQ_LEN = 8192
+"""Training sequence length when the config does not state the pre-training context: Llama 3 /
+3.1 (Dubey et al. 2024, sec. 3.4), Gemma 2 (Gemma Team 2024, sec. 3) and Mistral 7B pre-train
+on 8192-token sequences; the longer `max_position_embeddings` of Llama 3.1 (131072) or Qwen
+(32768-40960) come from a later long-context stage. `--seq-len` overrides it."""
+
+
+def _int(cfg: dict[str, Any], where: str, *names: str, default: int | None = None) -> int:
+    """The first of `names` the config sets, as a positive integer (bools and strings refused)."""
+    for name in names:
+        value = cfg.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{where} {name}", f"got {show(value)}", "expected a positive integer")
+        return value
+    if default is not None:
+        return default
+    raise ConfigError(where, f"no {' or '.join(names)} in the config", "is this a decoder config?")
+
+
+def _bool(cfg: dict[str, Any], where: str, name: str, default: bool) -> bool:
+    value = cfg.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} {name}", f"got {show(value)} ({type(value).__name__})",
+                          "expected JSON true or false")
+    return value
+
+
+def training_seq_len(cfg: dict[str, Any], where: str) -> int:
+    """The pre-training context: rope_scaling's original window, else max_position_embeddings
+    capped at DEFAULT_SEQ_LEN."""
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("original_max_position_embeddings") is not None:
+        return _int(scaling, f"{where} rope_scaling", "original_max_position_embeddings")
+    longest = _int(cfg, where, "max_position_embeddings", default=DEFAULT_SEQ_LEN)
+    if longest > DEFAULT_SEQ_LEN:
+        log.info("%s: max_position_embeddings %d; planning for %d-token training sequences "
+                 "(pass --seq-len to change)", where, longest, DEFAULT_SEQ_LEN)
+    return min(longest, DEFAULT_SEQ_LEN)
+
+
+def _gated_mlp(cfg: dict[str, Any], where: str) -> MlpKind:
+    key = "hidden_activation" if cfg.get("hidden_activation") is not None else "hidden_act"
+    act = cfg.get(key, "silu")
+    if act not in GATE_ACTIVATIONS:
+        raise ConfigError(f"{where} {key}", f"got {show(act)}",
+                          f"autoplan models a gate with {', '.join(GATE_ACTIVATIONS)}")
+    return GATE_ACTIVATIONS[act]
+
+
+def _llama_like(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
+    heads = _int(cfg, where, "num_attention_heads")
+    kv = cfg.get("num_key_value_heads")
+    head_dim = cfg.get("head_dim")
+    return ModelSpec(
+        name=name, num_layers=_int(cfg, where, "num_hidden_layers"),
+        hidden_size=_int(cfg, where, "hidden_size"), num_heads=heads,
+        num_kv_heads=heads if kv is None else _int(cfg, where, "num_key_value_heads"),
+        head_dim=None if head_dim is None else _int(cfg, where, "head_dim"),
+        ffn_hidden_size=_int(cfg, where, "intermediate_size"),
+        vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
+        mlp=_gated_mlp(cfg, where), norm=NormKind.RMSNORM, position=PositionKind.ROPE,
+        bias=False,
+        tie_embeddings=_bool(cfg, where, "tie_word_embeddings", TIED_BY_DEFAULT.get(kind, False)),
+    )
+
+
+def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
+    if kind == "gpt2":
+        hidden = _int(cfg, where, "n_embd")
+        return ModelSpec(
+            name=name, num_layers=_int(cfg, where, "n_layer"), hidden_size=hidden,
+            num_heads=_int(cfg, where, "n_head"),
+            ffn_hidden_size=_int(cfg, where, "n_inner", default=4 * hidden),
+            vocab_size=_int(cfg, where, "vocab_size"),
+            # learned positions: the table has n_positions rows, so no cap here
+            seq_len=_int(cfg, where, "n_positions", "n_ctx"),
+            tie_embeddings=_bool(cfg, where, "tie_word_embeddings", True),
+        )
+    if kind == "gpt_neox":
+        return ModelSpec(
+            name=name, num_layers=_int(cfg, where, "num_hidden_layers"),
+            hidden_size=_int(cfg, where, "hidden_size"),
+            num_heads=_int(cfg, where, "num_attention_heads"),
+            ffn_hidden_size=_int(cfg, where, "intermediate_size"),
+            vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
+            position=PositionKind.ROPE,
+            tie_embeddings=_bool(cfg, where, "tie_word_embeddings", False),
+        )
+    return _llama_like(cfg, where, name, kind)
+
+
+def from_hf_config(path: str | Path) -> ModelSpec:
+    """Read a Hugging Face `config.json` of a decoder-only model family in SUPPORTED."""
+    p = Path(path)
+    where = f"--model {p}"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("--model", f"no such file {str(p)!r}", "check the path") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(where, f"cannot read the file ({err.__class__.__name__})") from None
+    cfg = load_json_text(text, where)
+    if not isinstance(cfg, dict):
+        raise ConfigError(where, "expected a JSON object at the top level")
+    kind = cfg.get("model_type", "")
+    if kind in ENCODERS or cfg.get("is_encoder_decoder") is True:
+        raise ConfigError(f"{where} model_type", f"{show(kind)} is an encoder model",
+                          "autoplan plans decoder-only transformers")
+    if kind not in SUPPORTED:
+        raise ConfigError(f"{where} model_type", f"got {show(kind)}",
+                          f"supported: {', '.join(SUPPORTED)}")
+    raw_name = cfg.get("_name_or_path")
+    readable = isinstance(raw_name, str) and raw_name.strip() and raw_name.isprintable()
+    name = raw_name if readable else p.parent.name or kind
+    try:
+        return _build(cfg, where, str(name)[:200], kind)
+    except ConfigError as err:
+        if err.field.startswith("model."):  # a shape rule of ModelSpec: say which file
+            raise ConfigError(f"{where} {err.field}", err.problem, err.fix) from None
+        raise
