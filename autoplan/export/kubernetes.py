@@ -7,12 +7,14 @@ its model spec inlined, so the image needs autoplan but no copy of the plan.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
+from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
-from autoplan.export.launch import shell_join, torchrun_argv, train_argv
+from autoplan.export.launch import check_path_word, shell_join, torchrun_argv, train_argv
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, plan_to_dict
 from autoplan.yaml_io import dump_yaml
@@ -23,6 +25,20 @@ PLAN_FILE = "/tmp/autoplan-plan.yaml"
 GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_RUNTIME = "torch-distributed"
 """The ClusterTrainingRuntime Kubeflow Trainer installs for PyTorch (torchrun) jobs."""
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1123_RULE = ("an RFC 1123 DNS label: at most 63 characters, lowercase letters, digits and '-',"
+                " starting and ending with a letter or digit")
+"""Kubernetes, "Object Names and IDs" (kubernetes.io/docs/concepts/overview/working-with-objects/
+names): namespaces must be RFC 1123 labels; the job's name is also the prefix of its pods' host
+names and Services (JobSet, the Kubeflow operators), which are labels too, so it obeys the same
+rule (stricter than the 253-character DNS subdomain most objects allow)."""
+
+
+def check_dns_label(flag: str, value: str, *, suffix: str = "") -> None:
+    """Refuse a name that is not a DNS-1123 label (with `suffix` appended where it must fit)."""
+    if not DNS1123_LABEL.fullmatch(value) or len(value + suffix) > 63:
+        extra = f" (with {suffix!r} appended for the pods' host names)" if suffix else ""
+        raise ConfigError(flag, f"got {value[:80]!r}", f"it must be {DNS1123_RULE}{extra}")
 
 
 def _script(torchrun: list[str], opts: ExportOptions) -> str:
@@ -130,6 +146,13 @@ class KubernetesTarget(ExportTarget):
     summary = "Kubernetes manifest: Kubeflow TrainJob (default), PyTorchJob or JobSet (--kind)"
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        # JobSet pods are named <jobset>-<replicated job>-<job index>-<pod index>
+        check_dns_label("--job-name", opts.job_name,
+                        suffix="-node-0-0" if opts.k8s_kind == "jobset" else "")
+        if opts.namespace is not None:
+            check_dns_label("--namespace", opts.namespace)
+        check_path_word("--checkpoint-dir", opts.checkpoint_dir)
+        check_path_word("--image", opts.image)
         why = layout_reasons(plan, opts.gpus_per_node)
         if opts.k8s_kind not in KINDS:
             why.append(f"--kind {opts.k8s_kind!r}: choose one of {', '.join(KINDS)}")

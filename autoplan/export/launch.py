@@ -6,9 +6,31 @@ torchrun it runs in place, one process per GPU. Scheduler specifics stay in thei
 
 from __future__ import annotations
 
+import re
 import shlex
 
+from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
+
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Job names every scheduler target takes as they are: letters, digits, '.', '_', '-' (no shell
+metacharacters, no '%' that SLURM's --output expands, no '/' in the file named after the job)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_job_name(name: str) -> None:
+    """Refuse a job name outside JOB_NAME (it is written into scripts and file names)."""
+    if not JOB_NAME.fullmatch(name):
+        raise ConfigError(
+            "--job-name", f"got {name[:80]!r}",
+            "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+
+
+def check_path_word(flag: str, value: str) -> None:
+    """Refuse control characters (a line break would end the script's line) in a path."""
+    if _CONTROL.search(value) or not value:
+        raise ConfigError(flag, f"got {value[:80]!r}", "give a path without control characters")
 
 
 def train_argv(opts: ExportOptions, plan_path: str | None = None) -> list[str]:

@@ -8,7 +8,14 @@ hardware profile; torchrun restarts the worker group up to --max-restarts times 
 from __future__ import annotations
 
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons
-from autoplan.export.launch import continued, shell_join, torchrun_argv, train_argv
+from autoplan.export.launch import (
+    check_job_name,
+    check_path_word,
+    continued,
+    shell_join,
+    torchrun_argv,
+    train_argv,
+)
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -18,6 +25,9 @@ class SlurmTarget(ExportTarget):
     summary = "sbatch script: srun + multi-node torchrun (c10d) running `autoplan train PLAN`"
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        check_job_name(opts.job_name)  # it names the job, its log and the script file
+        check_path_word("--checkpoint-dir", opts.checkpoint_dir)
+        check_path_word("PLAN", opts.plan_path)
         return layout_reasons(plan, opts.gpus_per_node)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:

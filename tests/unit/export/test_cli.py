@@ -154,3 +154,52 @@ def test_import_rejects_a_model_that_disagrees_with_the_flags(tmp_path: Path, ca
     ]
     assert main(argv) == 2
     assert "--num-layers" in capsys.readouterr().err
+
+
+# ---- issue #14 item 3: names that would inject lines or break the scheduler's rules ------------
+
+
+@pytest.mark.parametrize(
+    "name", ["a\nrm -rf $HOME", "a;rm -rf ~", "../x", "job name", "$(id)", "-x", "j%j", ""]
+)
+def test_slurm_job_name_outside_the_safe_set_is_refused(plan_file: Path, tmp_path: Path,
+                                                        capsys, name: str):
+    out = tmp_path / "job.sbatch"
+    code = main(["export", str(plan_file), "--to", "slurm", f"--job-name={name}", "--out", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "--job-name" in err
+    assert list(tmp_path.iterdir()) == [plan_file]  # nothing written
+
+
+def test_slurm_job_name_in_the_safe_set_is_written_as_is(plan_file: Path, capsys):
+    assert main(["export", str(plan_file), "--to", "slurm", "--job-name", "llm_7b.v2-run"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --job-name=llm_7b.v2-run\n#SBATCH --nodes=" in out
+
+
+def test_slurm_checkpoint_dir_with_a_line_break_is_refused(plan_file: Path, capsys):
+    code = main(["export", str(plan_file), "--to", "slurm", "--checkpoint-dir", "ck\nrm -rf /"])
+    assert code == 2 and "--checkpoint-dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--job-name", "--namespace"])
+@pytest.mark.parametrize("name", ["My_Job Name!", "../x", "Upper", "a" * 64, "-a", "a-", "a.b"])
+def test_kubernetes_names_must_be_dns_1123_labels(plan_file: Path, capsys, flag: str, name: str):
+    code = main(["export", str(plan_file), "--to", "kubernetes", f"{flag}={name}"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and flag in err and "RFC 1123" in err
+
+
+def test_jobset_name_leaves_room_for_pod_host_names(plan_file: Path, capsys):
+    ok = "a" * 54  # + "-node-0-0" = 63
+    assert main(["export", str(plan_file), "--to", "kubernetes", "--kind", "jobset",
+                 "--job-name", ok]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan_file), "--to", "kubernetes", "--kind", "jobset",
+                 "--job-name", ok + "a"]) == 2
+
+
+def test_kubernetes_valid_names_pass(plan_file: Path, capsys):
+    assert main(["export", str(plan_file), "--to", "kubernetes", "--job-name", "llm-7b-0",
+                 "--namespace", "ml-team"]) == 0
+    assert "namespace: ml-team" in capsys.readouterr().out
