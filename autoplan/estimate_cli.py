@@ -17,6 +17,7 @@ from autoplan.hardware import available_profiles, load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_to_dict
 from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_from_args
+from autoplan.plan_rules import validate_plan
 
 GIB = 2**30
 
@@ -43,6 +44,11 @@ def estimate_command(args: argparse.Namespace) -> int:
     if args.train_tokens is not None and args.train_tokens <= 0:
         from autoplan.errors import ConfigError
         raise ConfigError("--train-tokens", f"got {args.train_tokens}", "expected a positive number")
+    problems = validate_plan(plan, model, cluster)  # the rule set `autoplan train` applies
+    if problems:  # a mistake in the plan (exit 2); not fitting or missing a target is exit 3
+        from autoplan.errors import ConfigError
+        raise ConfigError("plan", "; ".join(problems), "fix the plan (`autoplan search` lists "
+                          "valid ones)")
     est = estimate_plan(plan, cluster, model, train_tokens=args.train_tokens,
                         runtime=getattr(args, "runtime", None))
     data = {

@@ -45,6 +45,14 @@ class Rule:
     message: Callable[[Table, int, ModelSpec], str]
 
 
+def _batch_message(gbs: int, dp: int, mbs: int) -> str:
+    if gbs % dp:
+        return (f"batch.global_batch_size={gbs} is not divisible by dp={dp}; change either "
+                "(each data-parallel rank takes an equal share)")
+    return (f"local batch {gbs // dp} (batch.global_batch_size={gbs} / dp={dp}) is not a "
+            f"multiple of micro_batch_size={mbs}; change either")
+
+
 def _micro(t: Table) -> np.ndarray:
     return col(t, "gbs") // np.maximum(col(t, "dp") * col(t, "mbs"), 1)
 
@@ -78,16 +86,15 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "batch-divides",
         lambda t, m: col(t, "gbs") % (col(t, "dp") * col(t, "mbs")) != 0,
-        lambda t, i, m: f"batch.global_batch_size={_int(t, 'gbs', i)} is not a multiple of "
-        f"dp * micro_batch_size = {_int(t, 'dp', i) * _int(t, 'mbs', i)}; change either",
+        lambda t, i, m: _batch_message(_int(t, "gbs", i), _int(t, "dp", i), _int(t, "mbs", i)),
     ),
     Rule(
         "microbatches-ge-pp",
         lambda t, m: (col(t, "pp") > 1) & (col(t, "schedule") != GPIPE)
         & (_micro(t) < col(t, "pp")),
-        lambda t, i, m: f"pipeline.schedule={SCHEDULES[_int(t, 'schedule', i)].value} needs at "
-        f"least pp={_int(t, 'pp', i)} micro-batches per step, got {int(_micro(t)[i])}; "
-        "raise global_batch_size or lower micro_batch_size or dp",
+        lambda t, i, m: f"pipeline.schedule={SCHEDULES[_int(t, 'schedule', i)].value} needs "
+        f"micro-batches per step ({int(_micro(t)[i])}) >= pp={_int(t, 'pp', i)}; raise "
+        "global_batch_size or lower micro_batch_size or dp",
     ),
     Rule(
         "interleaved-microbatches",
@@ -132,14 +139,16 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sp-divides-seq",
         lambda t, m: col(t, "sp") & ((m.seq_len // col(t, "cp")) % col(t, "tp") != 0),
-        lambda t, i, m: f"sequence_parallel=true shards the sequence over tp={_int(t, 'tp', i)}, "
-        f"which does not divide seq_len / cp = {m.seq_len // _int(t, 'cp', i)}",
+        lambda t, i, m: f"sequence_parallel=true: tp={_int(t, 'tp', i)} does not divide the "
+        f"per-cp-rank sequence seq_len/cp = {m.seq_len}/{_int(t, 'cp', i)} = "
+        f"{m.seq_len // _int(t, 'cp', i)}; lower tp or cp",
     ),
     Rule(
         "cp-divides-seq",
         lambda t, m: (m.seq_len % (2 * col(t, "cp")) != 0) & (col(t, "cp") > 1),
-        lambda t, i, m: f"parallel.cp={_int(t, 'cp', i)}: seq_len={m.seq_len} must split into "
-        "2 * cp equal chunks (load-balanced context parallelism); choose another cp",
+        lambda t, i, m: f"parallel.cp={_int(t, 'cp', i)}: model.seq_len={m.seq_len} is not "
+        f"divisible by 2*cp={2 * _int(t, 'cp', i)} (the load-balanced layout cuts it into 2*cp "
+        f"chunks); pick a cp that divides {m.seq_len}/2",
     ),
     Rule(
         "offload-params-needs-zero3",
@@ -149,8 +158,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "offload-optimizer-needs-zero",
         lambda t, m: col(t, "offload_optimizer") & (col(t, "zero_stage") == 0),
-        lambda t, i, m: "offload.optimizer=true needs zero_stage >= 1 (ZeRO-Offload partitions "
-        "the optimizer first); set zero_stage: 2",
+        lambda t, i, m: "offload.optimizer=true: offload needs zero_stage >= 1 (ZeRO-Offload "
+        "partitions the optimizer first); set zero_stage: 2",
     ),
     Rule(
         "recompute-layers",
@@ -186,12 +195,19 @@ def first_violation(table: Table, model: ModelSpec) -> np.ndarray:
     return np.where(bad.any(axis=1), bad.argmax(axis=1), -1)
 
 
-def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
-    """Every rule the plan breaks, as messages naming the field, the value and the fix."""
+def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None) -> list[str]:
+    """Every rule the plan breaks, as messages naming the field, the value and the fix.
+
+    The one rule set of planner and runtime: search, estimate, export and `autoplan train`
+    (runtime/validation.py) all judge a plan here. Each message is a structural mistake (exit
+    2); whether a valid plan fits or meets a target is the cost model's answer (exit 3).
+    Without `cluster` (its profile cannot be loaded) the GPU count is the plan's own and the
+    precision is not checked against a device."""
     reasons: list[str] = []
-    if plan.world_size != cluster.num_gpus:
+    num_gpus = cluster.num_gpus if cluster is not None else plan.cluster.num_gpus
+    if plan.world_size != num_gpus:
         reasons.append(
-            f"dp * tp * pp * cp = {plan.world_size} but the cluster has {cluster.num_gpus} GPUs; "
+            f"dp * tp * pp * cp = {plan.world_size} but the cluster has {num_gpus} GPUs; "
             "make the degrees multiply to cluster.num_gpus"
         )
     lps = plan.pipeline.layers_per_stage
@@ -202,7 +218,7 @@ def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[st
             f"pp * vpp = {stages} entries summing to num_layers={model.num_layers}"
         )
     precision = plan.precision.value
-    if precision not in cluster.profile.device.peak_flops_per_s:
+    if cluster is not None and precision not in cluster.profile.device.peak_flops_per_s:
         have = ", ".join(cluster.profile.device.peak_flops_per_s)
         reasons.append(
             f"precision={precision} is not supported by {cluster.profile.device.name} "

@@ -112,3 +112,20 @@ def test_planner_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_structurally_invalid_plan_is_exit_2_like_train(tmp_path: Path, capsys) -> None:
+    """tp not dividing the heads is a mistake in the plan (exit 2, the rule's words, once),
+    as `autoplan train` says; only a plan that does not fit or misses a target is exit 3."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("schema_version: 1\nmodel: tiny\ncluster: {profile: cpu-gloo, num_gpus: 3}\n"
+                    "parallel: {tp: 3}\nbatch: {micro_batch_size: 1, global_batch_size: 3}\n"
+                    "precision: fp32\n")
+    needle = "parallel.tp=3 does not divide num_heads=4"
+    for argv in (["estimate", "--plan", str(plan), "--format", "json"],
+                 ["train", str(plan), "--nproc", "3", "--steps", "1"]):
+        code = main(argv)
+        out = capsys.readouterr()
+        assert code == 2, (argv, out.err)
+        assert out.err.count("\n") == 1 and out.err.count(needle) == 1, out.err
+        assert out.out == ""

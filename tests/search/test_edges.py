@@ -38,11 +38,11 @@ def space(tmp_path: Path, name: str, **fields: Any) -> str:
 CAUSES: dict[str, tuple[list[str], str, str]] = {
     # cause: (argv after "search", the reason counted, a word of the nearest miss)
     "breaks-rules": (TINY + ["--num-gpus", "3", "--global-batch-size", "16"],
-                     "batch-divides", "multiple of dp"),
+                     "batch-divides", "not divisible by dp"),
     "precision": (["--model", "gpt3-13b", "--cluster", "v100-sxm2-32gb", "--num-gpus", "8",
                    "--global-batch-size", "64"], "precision-unsupported", "precision=bf16"),
     "huge-count": (TINY + ["--num-gpus", "1000003", "--global-batch-size", "16"],
-                   "batch-divides", "multiple of dp"),
+                   "batch-divides", "not divisible by dp"),
     "memory": (["--model", "gpt3-13b", "--cluster", "cpu-gloo", "--num-gpus", "4",
                 "--global-batch-size", "8", "--space", "small-cpu"], "out-of-memory", "GiB"),
     "target": (SMALL + ["--max-step-time-s", "1e-9"], "step-time", "per step of at most"),

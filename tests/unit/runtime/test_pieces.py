@@ -88,7 +88,7 @@ def test_byte_text_reads_pydoc_topics(tmp_path):
 @pytest.mark.parametrize(
     ("plan_kw", "fragment"),
     [
-        (dict(tp=8), "does not divide model.num_heads"),
+        (dict(tp=8), "does not divide num_heads"),
         (dict(dp=2, mbs=3, gbs=8), "not a multiple of micro_batch_size"),
         (dict(pp=4, mbs=4, gbs=8), "micro-batches per step (2) >= pp=4"),
         (dict(pp=2, schedule="zero-bubble", recompute="selective"), "selective"),
