@@ -43,18 +43,11 @@ def _gpu_base(device_name: str) -> str:
     return "h100-sxm-80gb"
 
 
-def _progress(console: Any):  # -> rich.progress.Progress
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+def _progress(console: Any):  # -> a context manager yielding an autoplan.progress.Tracker
+    """A bar on a terminal, a line every few seconds on stderr otherwise (autoplan.progress)."""
+    from autoplan.progress import tracker
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description:<58}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+    return tracker("profile", console)
 
 
 def profile_command(args: argparse.Namespace) -> int:

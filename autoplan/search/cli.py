@@ -8,7 +8,6 @@ nothing is feasible.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -116,21 +115,15 @@ def check_storage(url: str) -> None:
 
 
 @contextmanager
-def progress_bar(enabled: bool) -> Iterator[Progress | None]:
+def progress_bar(enabled: bool = True) -> Iterator[Progress | None]:
+    """A bar on a terminal, a line every few seconds on stderr otherwise (autoplan.progress)."""
     if not enabled:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bar
+    from autoplan.progress import tracker
 
-    with Bar(TextColumn("search: {task.description}"), BarColumn(), MofNCompleteColumn(),
-             TimeElapsedColumn(), console=stderr_console(), transient=True) as bar:
-        task = bar.add_task("starting", total=None)
-
-        def update(stage: str, done: int, total: int) -> None:
-            bar.update(task, description=stage, completed=done, total=total)
-
-        yield update
+    with tracker("search", stderr_console()) as progress:
+        yield progress
 
 
 def search_command(args: argparse.Namespace) -> int:
@@ -153,7 +146,7 @@ def search_command(args: argparse.Namespace) -> int:
             from autoplan.search.report import _pyplot
 
             _pyplot()  # matplotlib missing: refused now, not after the search
-        with progress_bar(sys.stderr.isatty()) as progress:
+        with progress_bar() as progress:
             result = run_search(req, progress)
         data = write_results(args, result, report, together)
         from autoplan.cli_common import resolve_format

@@ -6,6 +6,7 @@ import argparse
 import csv
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +128,14 @@ def tune_command(args: argparse.Namespace) -> int:
     workdir = out or Path(".autoplan-tune")
     console = stderr_console()
 
-    def on_trial(cand: Any, outcome: Any) -> None:
+    finished = [0]
+    started = time.monotonic()
+
+    def on_trial(cand: Any, outcome: Any) -> None:  # one line per run, terminal or not
+        finished[0] += 1
         measured = f"{outcome.step_time_s:.4g} s" if outcome.step_time_s else "-"
-        console.print(f"  {cand.source:14} {_short(cand.plan):48} {outcome.status:8} "
+        console.print(f"  [{finished[0]}/{len(candidates)}, {time.monotonic() - started:.0f} s] "
+                      f"{cand.source:14} {_short(cand.plan):48} {outcome.status:8} "
                       f"{measured} {outcome.reason}", markup=False)
 
     console.print(f"tune: {len(candidates)} plans, {args.steps} steps each, "
