@@ -166,8 +166,22 @@ def run_profile(args: argparse.Namespace, out: Path, name: str, timeout_s: float
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout_s:.0f} s"
     if done.returncode != 0 or not out.is_file():
-        return None, f"exit {done.returncode}: {done.stderr.strip()[-600:]}"
+        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        last = next((ln for ln in reversed(lines) if "error" in ln.lower()), "")
+        return None, f"exit {done.returncode}: {last[:300]} | {done.stderr.strip()[-1500:]}"
     return json.loads(done.stdout), ""
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, where git and .git are there (the device's copy may lack them)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=ROOT, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def write_json(path: Path | None, data: dict[str, Any]) -> None:
@@ -325,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "device": gpu or platform.processor() or platform.machine(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+        "commit": git_commit(),
         "model": args.model, "precision": args.precision, "datasheet_profile": datasheet,
         "datasheet_peak_flops_per_s": peak, "global_batch_size": args.global_batch_size,
         "warmup_steps": args.warmup, "work_dir": str(work), "plans": [],
@@ -333,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                                                            deadline - time.monotonic()))
     report["measured_profile"] = str(prof_path) if summary else None
     report["profile_summary"] = summary if summary else {"error": why}
-    print(f"profile: {'wrote ' + str(prof_path) if summary else 'failed: ' + why} "
+    print(f"profile: {'wrote ' + str(prof_path) if summary else 'failed: ' + why[:400]} "
           f"({time.monotonic() - start:.0f} s)", flush=True)
     if summary and args.json is not None:
         shutil.copy2(prof_path, args.json.parent / prof_path.name)
