@@ -8,6 +8,7 @@ nothing is feasible.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -56,7 +57,8 @@ def register(sub: Any) -> None:
     p.add_argument("--worker", type=int, default=0,
                    help="worker index when several processes share one study")
     p.add_argument("--top", type=int, default=10, help="plans to show and keep (default 10)")
-    p.add_argument("--out", help="directory for plan.yaml, top.yaml, trials.csv, summary.json")
+    p.add_argument("--out", help="directory for plan.yaml, top.yaml, trials.csv.gz, "
+                   "summary.json")
     p.add_argument("--force", action="store_true", help="replace files in --out")
     p.add_argument("--report", nargs="?", const="", default=None, metavar="DIR",
                    help="write PNG plots and an HTML page (default DIR: --out)")
@@ -203,6 +205,9 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
         with fsutil.atomic_dir(report, force=args.force, names=report_files(),
                                field="--report") as tmp:
             add_report(tmp)
+    for folder, names in ((args.out, OUT_FILES), (report, report_files())):
+        for name in names if folder else ():
+            sys.stderr.write(f"wrote {Path(folder) / name}\n")
     return data
 
 

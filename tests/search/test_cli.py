@@ -46,7 +46,7 @@ def test_out_dir_files_load_and_refuse_overwrite(tmp_path: Path, capsys) -> None
     code, _, _ = run(SMALL + ["--out", str(out), "--format", "json", "--top", "4"], capsys)
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["plan.yaml", "summary.json", "top.yaml",
-                                                     "trials.csv"]
+                                                     "trials.csv.gz"]
     plan = load_plan(out / "plan.yaml")
     assert estimate_plan(plan).feasible
     assert len(yaml.safe_load((out / "top.yaml").read_text())["plans"]) == 4

@@ -110,8 +110,8 @@ def test_resume_after_sigkill_equals_uninterrupted(tmp_path: Path, space_file) -
                           "--out", str(ref)], check=True, env=env, capture_output=True)
     import pandas as pd
 
-    a = pd.read_csv(out / "trials.csv").drop(columns=["trial", "row"])
-    b = pd.read_csv(ref / "trials.csv").drop(columns=["trial", "row"])
+    a = pd.read_csv(out / "trials.csv.gz").drop(columns=["trial", "row"])
+    b = pd.read_csv(ref / "trials.csv.gz").drop(columns=["trial", "row"])
     pd.testing.assert_frame_equal(a, b)
     assert (out / "plan.yaml").read_text() == (ref / "plan.yaml").read_text()
 

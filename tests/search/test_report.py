@@ -57,3 +57,25 @@ def test_without_data_parallelism_no_gradient_sync_is_billed(result) -> None:
     assert np.all(series["data-parallel gradient sync"][dp1] == 0)
     assert np.allclose(series[DP1_LABEL][dp1], c["time_dp_comm"][rows][dp1])
     assert np.all(series[DP1_LABEL][~dp1] == 0)
+
+
+def test_out_compresses_trials_and_says_what_it_wrote(tmp_path, capsys) -> None:
+    import gzip
+
+    import pandas as pd
+
+    from autoplan.commands import main
+
+    out = tmp_path / "res"
+    code = main(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "4",
+                 "--global-batch-size", "16", "--format", "json", "--out", str(out),
+                 "--report", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 0
+    for path in (out / "plan.yaml", out / "trials.csv.gz", out / "summary.json",
+                 tmp_path / "rep" / "report.html"):
+        assert f"wrote {path}" in err
+    with gzip.open(out / "trials.csv.gz", "rt") as fh:
+        assert fh.readline().startswith("row,num_gpus,dp,tp")
+    trials = pd.read_csv(out / "trials.csv.gz")
+    assert len(trials) > 100 and (trials["status"] == "feasible").any()
