@@ -7,13 +7,13 @@ it with the same rules as every other plan. Settings autoplan cannot represent a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, plan_from_dict, set_field
+from autoplan.yaml_io import load_json_text, show
 
 
 def _read(path: str | Path, what: str) -> str:
@@ -34,7 +34,7 @@ def _exact(n: int, d: int, what: str, fix: str) -> int:
 
 def _require_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(where, f"got {value!r}", "expected a positive integer")
+        raise ConfigError(where, f"got {show(value)}", "expected a positive integer")
     return value
 
 
@@ -55,35 +55,63 @@ def finish_plan(data: dict[str, Any], assignments: list[str], what: str) -> Plan
 # ---- DeepSpeed ---------------------------------------------------------------------------------
 
 
-def _offload(section: Any, where: str) -> bool:
-    if not isinstance(section, dict):
-        return False
+def _section(cfg: dict[str, Any], key: str, what: str, parent: str = "") -> dict[str, Any]:
+    """A config section as a mapping ({} when absent); a list or scalar is refused."""
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} {parent}{key}", f"got {show(value)} ({type(value).__name__})",
+                          'expected a JSON object, e.g. {"enabled": true}')
+    return value
+
+
+def _offload(zero: dict[str, Any], key: str, what: str) -> bool:
+    section = _section(zero, key, what, "zero_optimization.")
     device = section.get("device", "none")
+    where = f"{what} zero_optimization.{key}.device"
     if device == "nvme":
-        raise ConfigError(where, "device nvme", "autoplan models offload to CPU memory only")
+        raise ConfigError(where, "got 'nvme'", "autoplan models offload to CPU memory only")
     if device not in ("cpu", "none", None):
-        raise ConfigError(where, f"device {device!r}", "expected cpu or none")
+        raise ConfigError(where, f"got {show(device)}", "expected one of cpu, none")
     return device == "cpu"
 
 
-def _enabled(cfg: dict[str, Any], *keys: str) -> bool:
-    for key in keys:
-        section = cfg.get(key)
-        if isinstance(section, dict):
-            flag = section.get("enabled", False)
-            if flag == "auto":
-                raise ConfigError(f"{key}.enabled", "is 'auto'", "resolve it to true or false")
-            if flag:
-                return True
-    return False
+def _enabled(cfg: dict[str, Any], key: str, what: str) -> bool:
+    flag = _section(cfg, key, what).get("enabled", False)
+    if flag == "auto":
+        raise ConfigError(f"{what} {key}.enabled", "is 'auto'", "resolve it to true or false")
+    if not isinstance(flag, bool):
+        raise ConfigError(f"{what} {key}.enabled", f"got {show(flag)}", "expected true or false")
+    return flag
+
+
+def _precision(cfg: dict[str, Any], what: str) -> str:
+    bf16 = _enabled(cfg, "bf16", what) or _enabled(cfg, "bfloat16", what)
+    fp16 = _enabled(cfg, "fp16", what)
+    if bf16 and fp16:
+        raise ConfigError(f"{what} fp16.enabled", "true together with bf16.enabled",
+                          "enable one of fp16, bf16 (DeepSpeed refuses both)")
+    return "bf16" if bf16 else "fp16" if fp16 else "fp32"
+
+
+def _zero_stage(zero: dict[str, Any], what: str) -> int:
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3:
+        raise ConfigError(f"{what} zero_optimization.stage", f"got {show(stage)}",
+                          "expected one of 0, 1, 2, 3")
+    return stage
 
 
 def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) -> dict[str, Any]:
     """Plan fields a DeepSpeed config determines (model and cluster come from the caller)."""
-    tp = _require_int((cfg.get("tensor_parallel") or {}).get("autotp_size", 0) or 1, "autotp_size")
-    stages = (cfg.get("pipeline") or {}).get("stages", "auto")
+    autotp = _section(cfg, "tensor_parallel", what).get("autotp_size", 0)
+    tp = 1 if autotp == 0 else _require_int(autotp, f"{what} tensor_parallel.autotp_size")
+    pipeline = _section(cfg, "pipeline", what)
+    stages = pipeline.get("stages", "auto")
     pp = 1 if stages == "auto" else _require_int(stages, f"{what} pipeline.stages")
-    if (cfg.get("sequence_parallel_size") or 1) > 1:
+    ulysses = cfg.get("sequence_parallel_size")
+    if ulysses is not None and _require_int(ulysses, f"{what} sequence_parallel_size") > 1:
         raise ConfigError(
             f"{what} sequence_parallel_size",
             "Ulysses sequence parallelism",
@@ -134,24 +162,22 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) ->
             f"{gbs} != {mb} * {gas} * dp {dp}",
             "DeepSpeed requires train_batch_size = micro * accumulation * dp",
         )
-    zero = cfg.get("zero_optimization") or {}
-    checkpointing = "activation_checkpointing" in cfg or (cfg.get("pipeline") or {}).get(
-        "activation_checkpoint_interval", 0
-    )
+    zero = _section(cfg, "zero_optimization", what)
+    interval = pipeline.get("activation_checkpoint_interval", 0)
+    if interval != 0:
+        _require_int(interval, f"{what} pipeline.activation_checkpoint_interval")
+    _section(cfg, "activation_checkpointing", what)  # present (any settings): full recompute
+    checkpointing = "activation_checkpointing" in cfg or interval > 0
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},
-        "zero_stage": int(zero.get("stage", 0)),
+        "zero_stage": _zero_stage(zero, what),
         "offload": {
-            "optimizer": _offload(zero.get("offload_optimizer"), "offload_optimizer"),
-            "params": _offload(zero.get("offload_param"), "offload_param"),
+            "optimizer": _offload(zero, "offload_optimizer", what),
+            "params": _offload(zero, "offload_param", what),
         },
         "recompute": {"policy": "full" if checkpointing else "none"},
-        "precision": "bf16"
-        if _enabled(cfg, "bf16", "bfloat16")
-        else "fp16"
-        if _enabled(cfg, "fp16")
-        else "fp32",
+        "precision": _precision(cfg, what),
     }
 
 
@@ -164,10 +190,7 @@ def import_deepspeed(
     assignments: Sequence[str] = (),
 ) -> Plan:
     what = f"deepspeed config {path}"
-    try:
-        cfg = json.loads(_read(path, "FILE"))
-    except json.JSONDecodeError as err:
-        raise ConfigError(what, f"not valid JSON ({err})") from None
+    cfg = load_json_text(_read(path, "FILE"), what)
     if not isinstance(cfg, dict):
         raise ConfigError(what, "expected a JSON object")
     if model is None:

@@ -58,6 +58,8 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         if p.pp == 1:
             why.append(f"vpp={pipe.vpp} with pp=1: Megatron needs pp > 1 for virtual stages")
         why += stage_reasons(plan, model)
+    if model.mlp == MlpKind.GEGLU:
+        why.append("mlp geglu: Megatron's arguments gate the MLP with SiLU only (--swiglu)")
     for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
         if n % p.tp:
             why.append(f"tp={p.tp} does not divide {what}={n} (Megatron splits heads over tp)")
@@ -129,6 +131,8 @@ def _model_args(m: ModelSpec) -> list[str]:
     ]
     if m.kv_heads != m.num_heads:
         a += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
+    if m.q_width != m.hidden_size:  # Megatron's default is hidden_size / num_attention_heads
+        a.append(f"--kv-channels {m.head_dim}")
     a += [f"--seq-length {m.seq_len}", f"--max-position-embeddings {m.seq_len}"]
     a += [f"--attention-dropout {m.dropout}", f"--hidden-dropout {m.dropout}"]
     if m.mlp == MlpKind.SWIGLU:

@@ -8,12 +8,14 @@ Settings a plan cannot represent (partial optimizer offload, mismatched dropouts
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.export.megatron import ATTENTION_BACKENDS, NULL_TOKENIZER_EXTRA
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags, plain_int
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
+from autoplan.yaml_io import show
 
 SWITCHES = frozenset(
     {
@@ -35,24 +37,67 @@ SWITCHES = frozenset(
     }
 )
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
-BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {"local": "eager"}
+BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {
+    "fused": "flash", "auto": "flash", "local": "eager"}
+"""Megatron-Core's AttnBackend (transformer/enums.py: flash, fused, unfused, local, auto) -> plan
+attention: flash and cuDNN fused kernels keep no s x s scores; unfused and local do."""
+GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
+"""Megatron's --recompute-granularity, --recompute-method and --normalization choices."""
+MAX_LAYOUT_ITEMS = 2**16
+"""Most items a --pipeline-model-parallel-layout may expand to (checked before expanding)."""
+
+
+def _choice(f: Flags, flag: str, choices: Collection[str], default: str | None) -> str | None:
+    """A flag's value, refused unless it is one of Megatron's `choices`."""
+    value = f.text(flag, default)
+    if value is not None and value not in choices:
+        raise ConfigError(f"{f.what} {flag}", f"got {show(value)}",
+                          f"expected one of {', '.join(choices)}")
+    return value
+
+
+def _degree(f: Flags, flag: str) -> int:
+    """A parallel degree: a positive integer, 1 when absent."""
+    value = f.integer(flag, 1)
+    if value is None or value < 1:
+        raise ConfigError(f"{f.what} {flag}", f"got {value}", "expected a positive integer")
+    return value
+
+
+def _expanded_length(text: str, pattern: str) -> int:
+    """Length of `text` once every `pattern` match (group 1 times group 2) is expanded."""
+    total = len(text)
+    for m in re.finditer(pattern, text):
+        times = int(m.group(2)) if len(m.group(2)) <= 12 else MAX_LAYOUT_ITEMS + 1
+        total += len(m.group(1)) * times - len(m.group(0))
+    return total
+
+
+def _expand(text: str, pattern: str, layout: str, what: str) -> str:
+    if _expanded_length(text, pattern) > MAX_LAYOUT_ITEMS:
+        raise ConfigError(what, f"layout {show(layout, 80)} expands past {MAX_LAYOUT_ITEMS} items",
+                          "give one item per layer, e.g. Et*4|t*4L")
+    return re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
 
 
 def parse_layout(layout: str, what: str) -> tuple[int, ...]:
     """Transformer layers per stage of a --pipeline-model-parallel-layout ('Et*3|t*4|tL')."""
     text = re.sub(r"[\s,\\]", "", layout)
     while "(" in text:  # (group)*n -> group repeated n times
-        new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        new = _expand(text, r"\(([^()]*)\)\*(\d+)", layout, what)
         if new == text:
-            raise ConfigError(what, f"cannot read layout {layout!r}", "expected e.g. Et*4|t*4L")
+            raise ConfigError(what, f"cannot read layout {show(layout, 80)}",
+                              "expected e.g. Et*4|t*4L")
         text = new
     stages = []
     for chunk in text.split("|"):
-        expanded = re.sub(r"([EtLm])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), chunk)
+        expanded = _expand(chunk, r"([EtLm])\*(\d+)", layout, what)
         if set(expanded) - set("EtL"):
             raise ConfigError(
                 what,
-                f"layout {layout!r} has items autoplan does not model",
+                f"layout {show(layout, 80)} has items autoplan does not model",
                 "only E, t and L (no MTP layers)",
             )
         stages.append(expanded.count("t"))
@@ -88,6 +133,7 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "num_layers": f.need("--num-layers"),
         "hidden_size": hidden,
         "num_heads": heads,
+        "head_dim": f.integer("--kv-channels"),
         "num_kv_heads": f.integer("--num-query-groups", heads)
         if f.has("--group-query-attention")
         else heads,
@@ -95,7 +141,7 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "vocab_size": vocab,
         "seq_len": f.need("--seq-length"),
         "mlp": "swiglu" if swiglu else "gelu",
-        "norm": "rmsnorm" if f.text("--normalization", "LayerNorm") == "RMSNorm" else "layernorm",
+        "norm": NORMALIZATIONS[str(_choice(f, "--normalization", NORMALIZATIONS, "LayerNorm"))],
         "position": _position(f),
         "bias": not f.has("--disable-bias-linear"),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
@@ -178,12 +224,12 @@ def _zero(f: Flags) -> int:
 
 
 def _recompute(f: Flags) -> dict[str, Any]:
-    granularity = f.text("--recompute-granularity")
+    granularity = _choice(f, "--recompute-granularity", GRANULARITIES, None)
     if granularity is None and f.has("--recompute-activations"):
         granularity = "selective"  # Megatron: --recompute-activations means selective
     if granularity in (None, "selective"):
         return {"policy": granularity or "none", "num_layers": None}
-    method = f.text("--recompute-method")
+    method = _choice(f, "--recompute-method", RECOMPUTE_METHODS, None)
     count = f.integer("--recompute-num-layers")
     # block: that many layers per stage; uniform (or none): every layer, in groups.
     return {"policy": "full", "num_layers": count if method == "block" else None}
@@ -194,11 +240,8 @@ def megatron_plan_dict(
 ) -> dict[str, Any]:
     """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
-    tp, pp = (
-        f.integer("--tensor-model-parallel-size", 1) or 1,
-        f.integer("--pipeline-model-parallel-size", 1) or 1,
-    )
-    cp = f.integer("--context-parallel-size", 1) or 1
+    tp, pp = _degree(f, "--tensor-model-parallel-size"), _degree(f, "--pipeline-model-parallel-size")
+    cp = _degree(f, "--context-parallel-size")
     if num_gpus is None:
         nodes = plain_int(f.text("--nnodes"))
         procs = plain_int(f.text("--nproc-per-node") or f.text("--nproc_per_node"))
@@ -228,7 +271,7 @@ def megatron_plan_dict(
             "autoplan models offloading all optimizer states (1.0)",
         )
     mb = f.need("--micro-batch-size")
-    backend = f.text("--attention-backend", "auto")
+    backend = _choice(f, "--attention-backend", BACKEND_ATTENTION, "auto")
     return {
         "model": model_ref,
         "cluster": {"num_gpus": num_gpus},
@@ -243,7 +286,7 @@ def megatron_plan_dict(
             "global_batch_size": f.integer("--global-batch-size", mb * dp),
         },
         "precision": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
-        "attention": BACKEND_ATTENTION.get(backend or "auto", "flash"),
+        "attention": BACKEND_ATTENTION[str(backend)],
     }
 
 

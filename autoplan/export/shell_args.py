@@ -6,6 +6,7 @@ Handles `--flag value`, `--flag=value`, switches, comments, line continuations a
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Collection
@@ -25,7 +26,8 @@ def expand_variables(text: str) -> str:
 
 
 def plain_int(raw: str | None) -> int | None:
-    return int(raw) if raw is not None and raw.isdigit() else None
+    ok = raw is not None and raw.isascii() and raw.isdigit() and len(raw) <= 12
+    return int(raw) if ok else None  # type: ignore[arg-type]
 
 
 def parse_flags(text: str, switches: Collection[str]) -> dict[str, str | bool]:
@@ -75,19 +77,24 @@ class Flags:
         raw = self.text(name)
         if raw is None:
             return default
-        try:
-            return int(raw)
-        except ValueError:
+        body = raw.strip().removeprefix("-")
+        if not body.isascii() or not body.isdigit() or len(body) > 15:  # int() takes "1_0", "٣"
             raise ConfigError(
-                f"{self.what} {name}", f"got {raw!r}", "expected an integer"
-            ) from None
+                f"{self.what} {name}", f"got {raw[:60]!r}", "expected an integer below 10**15"
+            )
+        return int(raw)
 
     def number(self, name: str, default: float) -> float:
         raw = self.text(name)
         try:
-            return default if raw is None else float(raw)
+            value = default if raw is None else float(raw)
         except ValueError:
-            raise ConfigError(f"{self.what} {name}", f"got {raw!r}", "expected a number") from None
+            raise ConfigError(
+                f"{self.what} {name}", f"got {raw[:60]!r}", "expected a number"
+            ) from None
+        if not math.isfinite(value):
+            raise ConfigError(f"{self.what} {name}", f"got {raw!r}", "expected a finite number")
+        return value
 
     def need(self, name: str) -> int:
         value = self.integer(name)

@@ -52,7 +52,7 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
         PositionKind.ROPE,
         False,
         False,
-    ):
+    ) or m.q_width != m.hidden_size:  # torchtitan's Llama 3: head_dim = dim / n_heads
         return None
     return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size))
 

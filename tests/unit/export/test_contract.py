@@ -80,6 +80,7 @@ MODEL_FIELDS = {
     "bias",
     "tie_embeddings",
     "dropout",
+    "head_dim",
 }
 
 
