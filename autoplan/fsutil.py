@@ -52,6 +52,27 @@ def _existing_ancestor(path: Path) -> Path:
     return q
 
 
+def _writable(folder: Path) -> bool:
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+    return not read_only and os.access(folder, os.W_OK | os.X_OK)
+
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    """The path made absolute without resolving links, so `.` and `..` have a real name."""
+    return Path(os.path.abspath(path))
+
+
+def staging_folder(path: Path) -> Path:
+    """Where the temporary sibling of output directory `path` goes: beside it, or inside it
+    when `path` exists and only it (not its parent) can be written."""
+    if path.is_dir() and not _writable(path.parent):
+        return path
+    return path.parent
+
+
 def check_parent(path: str | os.PathLike[str], field: str) -> None:
     """Refuse when the directory that would hold `path` cannot be made or written: a regular
     file on the way, or the first existing folder not writable (read-only or no permission)."""
@@ -88,9 +109,10 @@ def check_dir_target(path: str | os.PathLike[str], *, force: bool, names: Iterab
     names = tuple(names)
     if p.exists() and not p.is_dir():
         raise ConfigError(field, f"{str(p)!r} is a file", "give a directory path")
-    check_parent(p, field)  # the temporary sibling is made beside it
-    if p.is_dir():
-        check_parent(p / "x", field)  # files may be replaced inside it
+    if not p.is_dir():
+        check_parent(p, field)  # it is made in its parent folder
+    else:
+        check_parent(p / "x", field)  # files are made or replaced inside it
         blocked = [n for n in names if (p / n).is_dir()]
         if blocked:
             raise ConfigError(field, f"{str(p / blocked[0])!r} is a directory",
@@ -178,9 +200,9 @@ def output_lock(path: str | os.PathLike[str], field: str = "--out") -> Iterator[
     racing it. The lock file is removed when the block ends."""
     import fcntl
 
-    p = Path(path)
+    p = _absolute(path)
     created = make_parents(p.parent)
-    lock = p.parent / f".{p.name}.lock"
+    lock = staging_folder(p) / f".{p.name}.lock"
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
         try:
@@ -217,17 +239,18 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str
 
     `path` absent or empty: one rename. `path` holding only files named in `names` (an earlier
     result): the old folder is renamed aside, the new one into place, the old one removed.
-    `path` holding other files too: each new file replaces its namesake by os.replace and the
-    other files stay (the set is not atomic then, each file is)."""
-    p = Path(path)
+    `path` holding other files too, or in a folder that cannot be written: each new file
+    replaces its namesake by os.replace and the other files stay (the set is not atomic then,
+    each file is)."""
     names = tuple(names)
-    check_dir_target(p, force=force, names=names, field=field)
+    check_dir_target(path, force=force, names=names, field=field)
+    p = _absolute(path)
     created = make_parents(p.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=staging_folder(p)))
     try:
         yield tmp
         os.chmod(tmp, dir_mode())
-        check_dir_target(p, force=force, names=names, field=field)  # again, just before
+        check_dir_target(path, force=force, names=names, field=field)  # again, just before
         _commit(tmp, p, names)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -236,6 +259,11 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str
 
 
 def _commit(tmp: Path, p: Path, names: tuple[str, ...]) -> None:
+    if tmp.parent == p:  # staged inside: only the parent is read-only
+        for name in sorted(os.listdir(tmp)):
+            os.replace(tmp / name, p / name)
+        tmp.rmdir()
+        return
     if not p.exists() or not any(p.iterdir()):
         try:
             os.rename(tmp, p)  # replaces an empty directory too

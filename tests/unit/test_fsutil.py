@@ -104,3 +104,24 @@ def test_second_lock_on_one_output_is_refused(tmp_path: Path) -> None:
     assert not lock.exists()
     with fsutil.output_lock(out):  # free again
         pass
+
+
+def test_out_dot_and_a_folder_whose_parent_is_read_only(tmp_path: Path, monkeypatch) -> None:
+    """`--out .` names the folder itself; when only the folder (not its parent) can be
+    written, the files are staged inside it and replaced one by one."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    with fsutil.output_lock("."), fsutil.atomic_dir(".", force=False, names=("a",)) as d:
+        assert d.parent == tmp_path
+        (d / "a").write_text("1")
+    assert sorted(x.name for x in work.iterdir()) == ["a", "notes.txt"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["work"]
+    monkeypatch.setattr(fsutil, "_writable", lambda folder: folder != tmp_path)
+    with fsutil.output_lock(work) as lock, \
+            fsutil.atomic_dir(work, force=True, names=("a",)) as d:
+        assert lock.parent == work and d.parent == work
+        (d / "a").write_text("2")
+    assert sorted(x.name for x in work.iterdir()) == ["a", "notes.txt"]
+    assert (work / "a").read_text() == "2"
