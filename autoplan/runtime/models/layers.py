@@ -1,4 +1,4 @@
-"""Transformer sub-layers: attention (MHA/GQA, optional RoPE) and MLPs (GELU, SwiGLU).
+"""Transformer sub-layers: attention (MHA/GQA, optional RoPE) and MLPs (GELU, SwiGLU, GeGLU).
 
 Every layer reads the number of local heads from tensor shapes, never from the spec, so the same
 code runs on a full layer and on a tensor-parallel shard (heads split over tp ranks).
@@ -43,7 +43,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal self-attention; GQA when num_kv_heads < num_heads (k/v heads are repeated)."""
+    """Causal self-attention; GQA when num_kv_heads < num_heads (k/v heads are repeated). Heads
+    are spec.head_dim wide, so q is num_heads * head_dim wide, which need not be hidden_size."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -103,17 +104,22 @@ def set_attention(model: nn.Module, kind: AttentionKind) -> None:
 
 
 class FeedForward(nn.Module):
-    """GELU MLP w2(gelu(w1 x)) or SwiGLU w2(silu(w1 x) * w3 x) (Shazeer 2020)."""
+    """GELU MLP w2(gelu(w1 x)), SwiGLU w2(silu(w1 x) * w3 x) or GeGLU w2(gelu(w1 x) * w3 x)
+    (Shazeer 2020, "GLU Variants Improve Transformer"; GeGLU's GELU in tanh form, as Gemma's
+    gelu_pytorch_tanh)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.swiglu = spec.mlp == MlpKind.SWIGLU
+        self.geglu = spec.mlp == MlpKind.GEGLU
         self.w1 = nn.Linear(spec.hidden_size, spec.ffn, bias=spec.bias)
         self.w2 = nn.Linear(spec.ffn, spec.hidden_size, bias=spec.bias)
-        if self.swiglu:
+        if self.swiglu or self.geglu:  # tensor_parallel shards w3 like w1 (column-wise)
             self.w3 = nn.Linear(spec.hidden_size, spec.ffn, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.geglu:
+            return self.w2(F.gelu(self.w1(x), approximate="tanh") * self.w3(x))
         return self.w2(F.gelu(self.w1(x)))
