@@ -36,7 +36,7 @@ from autoplan.runtime.loss_scaling import LossScaler
 from autoplan.runtime.mesh import ParallelDims, coordinate, pg_timeout
 from autoplan.runtime.models.init import materialize_and_init
 from autoplan.runtime.models.layers import set_attention
-from autoplan.runtime.models.transformer import build_meta_model
+from autoplan.runtime.models.transformer import build_meta_model, vocab_rows
 from autoplan.runtime.offload import host_optimizer
 from autoplan.runtime.tied_embeddings import TiedEmbeddings, retie
 
@@ -83,6 +83,8 @@ class ParallelModel:
     """fp16: dynamic loss scaling with one skip decision for the whole job."""
     host_optimizer: bool = False
     """offload.optimizer without offload.params: the optimizer steps on host copies."""
+    loss_fn: object = None
+    """(logits, labels) -> mean loss over the real vocabulary (loss_function)."""
     extras: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -99,6 +101,38 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
+def mask_padded_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits over the real vocabulary only: the padding columns sliced away, or, on
+    vocab-sharded logits (loss_parallel), set to -inf on their shard, which gives them zero
+    probability and zero gradient, so the loss equals the unpadded model's."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(logits, DTensor):
+        return logits[..., :vocab_size]
+    (placement,) = logits.placements  # the 1-D tp mesh
+    if not placement.is_shard() or placement.dim not in (-1, logits.ndim - 1):
+        return mask_padded_logits(logits.full_tensor(), vocab_size)
+    local = logits.to_local()
+    width = local.shape[-1]  # padded rows are a multiple of tp: equal shards
+    offset = logits.device_mesh.get_local_rank() * width
+    pad = torch.arange(offset, offset + width, device=local.device) >= vocab_size
+    local = local.masked_fill(pad, float("-inf"))
+    return DTensor.from_local(local, logits.device_mesh, logits.placements,
+                              shape=logits.shape, stride=logits.stride())
+
+
+def loss_function(vocab_size: int, rows: int):
+    """cross_entropy over the real vocabulary of a model whose head has `rows` >= vocab_size
+    outputs (the padded vocabulary)."""
+    if rows == vocab_size:
+        return cross_entropy
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(mask_padded_logits(logits, vocab_size), labels)
+
+    return loss
+
+
 def parallelize(
     plan: Plan, spec: ModelSpec, mesh, device: torch.device, options: RuntimeOptions
 ) -> ParallelModel:
@@ -107,7 +141,7 @@ def parallelize(
     local_batch = plan.batch.global_batch_size // dims.dp
     n_micro = local_batch // plan.batch.micro_batch_size
     loss_parallel = dims.tp > 1 and options.loss_parallel
-    meta = build_meta_model(spec, options.dropout)  # 1
+    meta = build_meta_model(spec, options.dropout, dims.tp)  # 1
     set_attention(meta, plan.attention)
 
     num_stages = dims.pp * plan.pipeline.vpp if dims.pp > 1 else 1  # 2
@@ -148,10 +182,10 @@ def parallelize(
         last = pipeline_parallel.stage_owner(num_stages - 1, dims.pp, plan.pipeline)
         pm.tied = TiedEmbeddings.build(parts, mesh, dims.pp, 0, last,
                                        pg_timeout(options.pg_timeout_s))
-    loss_fn = cross_entropy
+    pm.loss_fn = loss_fn = loss_function(spec.vocab_size, vocab_rows(spec, dims.tp))
     if plan.precision == Precision.FP16:
         pm.loss_scaler = LossScaler(device.type)
-        loss_fn = pm.loss_scaler.loss_fn(cross_entropy)
+        loss_fn = pm.loss_scaler.loss_fn(pm.loss_fn)
     if dims.cp > 1:
         pm.cp_layout = context_parallel.LoadBalancedLayout(dims.cp, coordinate(mesh, "cp"))
     if dims.pp > 1:  # 6

@@ -22,7 +22,7 @@ from autoplan.runtime.optim import (
     global_grad_norm,
     reduce_partial_grads,
 )
-from autoplan.runtime.parallelize import ParallelModel, cross_entropy
+from autoplan.runtime.parallelize import ParallelModel
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Trainer:
             n = pm.n_microbatches
             for i, (x, y) in enumerate(zip(inputs.chunk(n), labels.chunk(n), strict=True)):
                 with self._sync_context(part, last=i == n - 1):
-                    loss = cross_entropy(part(x), y)
+                    loss = pm.loss_fn(part(x), y)
                     if n > 1:
                         loss = loss / n
                     if pm.loss_scaler is not None:
@@ -116,10 +116,11 @@ class Trainer:
         self,
         inputs: torch.Tensor,
         labels: torch.Tensor,
-        stop_flag: bool = False,
+        stop_flag: bool | Callable[[], bool] = False,
         grad_hook: GradHook | None = None,
     ) -> StepResult:
-        """Run step `self.step + 1` on this rank's batch; returns the global mean loss."""
+        """Run step `self.step + 1` on this rank's batch; returns the global mean loss.
+        `stop_flag` (or a callable asked after backward) asks every rank to stop after it."""
         self.step += 1
         rank = dist.get_rank() if dist.is_initialized() else 0
         if self.reseed:  # dropout masks are a function of (seed, step, rank): resumable
@@ -130,7 +131,7 @@ class Trainer:
             reduce_partial_grads(pm.parts)
         if pm.tied is not None:
             pm.tied.sync_grads()  # before unscaling, the norm and clipping
-        loss, stop = self._reduce_loss(local, stop_flag)
+        loss, stop = self._reduce_loss(local, stop_flag() if callable(stop_flag) else stop_flag)
         skipped = pm.loss_scaler is not None and pm.loss_scaler.unscale_and_agree(self.optimizers)
         norm = math.nan
         if not skipped:

@@ -41,6 +41,12 @@ TEST_MODELS = {
     # tied embedding and head (GPT-2/3 presets tie them)
     "tiny-tied": ModelSpec(name="tiny-tied", num_layers=4, hidden_size=64, num_heads=4,
                            vocab_size=256, seq_len=64, tie_embeddings=True),
+    # an odd vocabulary (padded to 1024 rows: a multiple of 128*tp for tp 1, 2, 4, 8), untied and
+    # tied, as GPT-3's 50257 under the README's tp 4 winner
+    "odd-vocab": ModelSpec(name="odd-vocab", num_layers=2, hidden_size=64, num_heads=4,
+                           vocab_size=1001, seq_len=32),
+    "odd-vocab-tied": ModelSpec(name="odd-vocab-tied", num_layers=2, hidden_size=64,
+                                num_heads=4, vocab_size=1001, seq_len=32, tie_embeddings=True),
     "tiny-llama-tied": ModelSpec(name="tiny-llama-tied", num_layers=4, hidden_size=64,
                                  num_heads=4, num_kv_heads=2, ffn_hidden_size=176,
                                  vocab_size=256, seq_len=64, mlp=MlpKind.SWIGLU,
@@ -113,19 +119,24 @@ def run_plan_rank(rank: int, world_size: int, plan: Plan, steps: int, optim_name
 
         def hook(tr: Trainer, step: int) -> None:
             if step in capture:
-                grads[step] = full_values(tr.pm.parts, grad=True)
+                grads[step] = full_values(tr.pm.parts, grad=True, vocab=spec.vocab_size)
 
         losses = []
         for step in range(1, steps + 1):
             x, y = local_batch(source, step, plan.batch.global_batch_size, dims.dp,
                                dp_rank(mesh, dims))
             losses.append(trainer.train_step(x, y, grad_hook=hook).loss)
-        params = full_values(pm.parts, grad=False)
+        params = full_values(pm.parts, grad=False, vocab=spec.vocab_size)
     return {"losses": losses, "grads": grads, "params": params}
 
 
-def full_values(parts: list[Any], grad: bool) -> dict[str, np.ndarray]:
-    """Gathered full parameters (or gradients) of this rank's chunks, by clean FQN."""
+VOCAB_FQNS = ("embed.tok.weight", "output.weight")
+
+
+def full_values(parts: list[Any], grad: bool, vocab: int | None = None) -> dict[str, np.ndarray]:
+    """Gathered full parameters (or gradients) of this rank's chunks, by clean FQN; with
+    `vocab`, the embedding and head without their padding rows (whose count depends on tp),
+    after checking that the padding rows are zero (they must never train)."""
     from autoplan.runtime.names import clean_fqn
 
     out = {}
@@ -136,7 +147,12 @@ def full_values(parts: list[Any], grad: bool) -> dict[str, np.ndarray]:
                 continue
             if hasattr(t, "full_tensor"):
                 t = t.full_tensor()
-            out[clean_fqn(name)] = t.detach().float().numpy().copy()
+            value = t.detach().float().numpy().copy()
+            name = clean_fqn(name)
+            if vocab is not None and name in VOCAB_FQNS:
+                assert not value[vocab:].any(), f"{name}: padding rows {vocab}: are not zero"
+                value = value[:vocab]
+            out[name] = value
     return out
 
 

@@ -42,7 +42,8 @@ def train_with_checkpoints(rank: int, world_size: int, plan: Plan, ckpt_dir: str
         losses[res.step], scales[res.step] = res.loss, res.loss_scale
         if res.step in save_at:
             ckpt.save(res.step)
-    return {"losses": losses, "scales": scales, "params": full_values(pm.parts, grad=False)}
+    return {"losses": losses, "scales": scales, "params": full_values(pm.parts, grad=False,
+                                                                   vocab=spec.vocab_size)}
 
 
 def plant_overflow(trainer, at_step: int) -> None:

@@ -3,7 +3,8 @@
 The covering set below is a table of named plans: every dp x tp x pp factorisation of 1, 2, 4
 and 8 ranks appears, context parallelism alone and with each of dp, tp and pp, and the other
 knobs (sequence parallelism, ZeRO 0-3, offload of params or of the optimizer only, recompute,
-eager attention, tied embeddings under tp and pp, schedule, model family, optimizer) are spread
+eager attention, tied embeddings under tp and pp, an odd vocabulary that the runtime pads to a
+multiple of 128*tp, schedule, model family, optimizer) are spread
 so that every value occurs and most pairs do.
 `-m slow` runs the full product (tests/dist/test_parity_full.py).
 """
@@ -30,6 +31,8 @@ COVERING = {
     "cp2-llama-selective": C(model="tiny-llama", cp=2, recompute="selective"),
     "tp2-sp-llama-selective-eager": C(model="tiny-llama", tp=2, sp=True, recompute="selective",
                                       attention="eager"),
+    "tp2-odd-vocab": C(model="odd-vocab", tp=2),
+    "tp2-sp-odd-vocab-tied-sgd": C(model="odd-vocab-tied", tp=2, sp=True, optim="sgd"),
     "pp2-gpipe-uneven-full-sgd-clip": C(model="tiny", pp=2, schedule="gpipe",
                                         layers_per_stage=(1, 3), recompute="full",
                                         optim="sgd", clip=0.5),

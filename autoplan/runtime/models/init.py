@@ -19,8 +19,17 @@ from autoplan.runtime.tied_embeddings import init_fqn, retie
 INIT_STD = 0.02
 
 
-def full_init_value(fqn: str, shape: torch.Size, num_layers: int, seed: int) -> torch.Tensor:
-    """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2L), norms 1, biases 0."""
+VOCAB_FQNS = ("embed.tok.weight", "output.weight")
+
+
+def full_init_value(fqn: str, shape: torch.Size, num_layers: int, seed: int,
+                    vocab_size: int | None = None) -> torch.Tensor:
+    """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2L), norms 1, biases 0.
+    The vocabulary's padding rows (beyond `vocab_size`) are zero and the real rows are drawn as
+    for an unpadded table, so every padding gives the same model."""
+    if vocab_size is not None and fqn in VOCAB_FQNS and shape[0] > vocab_size:
+        real = full_init_value(fqn, torch.Size((vocab_size, *shape[1:])), num_layers, seed)
+        return torch.cat([real, torch.zeros((shape[0] - vocab_size, *shape[1:]))])
     name = fqn.rsplit(".", 1)[-1]
     if name == "bias":
         return torch.zeros(shape)
@@ -40,13 +49,15 @@ def materialize_and_init(
     `tied`: the head weight is drawn as the embedding's, so a pipeline's two copies start equal."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
+    spec = getattr(module, "spec", None)  # a Transformer or a pipeline stage of one
+    vocab = spec.vocab_size if spec is not None else None
     module.to_empty(device=device)
     if tied:  # to_empty gives each module its own plain tensor (DTensors keep the tie)
         retie(module)
     with torch.no_grad():
         for fqn, t in module.state_dict().items():
             name = init_fqn(clean_fqn(fqn), tied)
-            full = full_init_value(name, t.shape, num_layers, seed).to(device, t.dtype)
+            full = full_init_value(name, t.shape, num_layers, seed, vocab).to(device, t.dtype)
             if isinstance(t, DTensor):
                 shard = distribute_tensor(full, t.device_mesh, t.placements, src_data_rank=None)
                 t.to_local().copy_(shard.to_local())

@@ -14,12 +14,22 @@ from autoplan.model_spec import ModelSpec, PositionKind
 from autoplan.runtime.models.layers import Attention, FeedForward, make_norm
 
 
+def vocab_rows(spec: ModelSpec, tp: int = 1) -> int:
+    """Rows of the embedding and the head: the vocabulary padded as the cost model prices it
+    (cost/params.py padded_vocab: a multiple of 128*tp, Megatron-LM's
+    --make-vocab-size-divisible-by), so every tp shard is equal; the padded logits are masked
+    out of the loss (parallelize.loss_function)."""
+    from autoplan.cost.params import padded_vocab
+
+    return int(padded_vocab(spec, tp))
+
+
 class Embedding(nn.Module):
     """Token embedding plus, for GPT, a learned position table; output (b, s, h)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, rows: int | None = None) -> None:
         super().__init__()
-        self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.tok = nn.Embedding(rows or vocab_rows(spec), spec.hidden_size)
         self.pos = (
             nn.Embedding(spec.seq_len, spec.hidden_size)
             if spec.position == PositionKind.LEARNED
@@ -53,15 +63,17 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """tokens (b, s) -> logits (b, s, V); any of embed/norm/output may be None on a stage."""
+    """tokens (b, s) -> logits (b, s, V_padded); any of embed/norm/output may be None on a
+    stage. `tp` decides the vocabulary padding (vocab_rows)."""
 
-    def __init__(self, spec: ModelSpec, dropout: float = 0.0) -> None:
+    def __init__(self, spec: ModelSpec, dropout: float = 0.0, tp: int = 1) -> None:
         super().__init__()
         self.spec = spec
-        self.embed: nn.Module | None = Embedding(spec)
+        rows = vocab_rows(spec, tp)
+        self.embed: nn.Module | None = Embedding(spec, rows)
         self.layers = nn.ModuleDict({str(i): Block(spec, dropout) for i in range(spec.num_layers)})
         self.norm: nn.Module | None = make_norm(spec)
-        self.output: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden_size, rows, bias=False)
         if spec.tie_embeddings:
             self.output.weight = self.embed.tok.weight  # type: ignore[union-attr]
 
@@ -76,7 +88,7 @@ class Transformer(nn.Module):
         return h
 
 
-def build_meta_model(spec: ModelSpec, dropout: float = 0.0) -> Transformer:
+def build_meta_model(spec: ModelSpec, dropout: float = 0.0, tp: int = 1) -> Transformer:
     """The whole model on the meta device (no memory); materialise it after parallelising."""
     with torch.device("meta"):
-        return Transformer(spec, dropout)
+        return Transformer(spec, dropout, tp)
