@@ -4,7 +4,12 @@ State is keyed by layout-independent FQNs (get_state_dict over every model chunk
 state flattened per parameter), so a checkpoint saved under one plan loads under another
 (different dp/tp/pp/ZeRO/world size). A checkpoint is only ever picked up whole: every rank
 writes into `step-NNNNNNNN.tmp/`, then, after a barrier, rank 0 writes `meta.json` and renames
-the folder to `step-NNNNNNNN/` (an atomic rename on one file system).
+the folder to `step-NNNNNNNN/` (an atomic rename on one file system); stale `.tmp/` folders of a
+killed save are removed, and only the newest `keep` checkpoints are kept.
+
+Loading trusts nothing in the folder (checkpoint_files: restricted metadata unpickler,
+weights_only byte items), skips damaged checkpoints for the newest intact one, refuses a
+different model (checkpoint_compat), and re-pads the vocabulary rows when tp changed.
 
 A tied embedding/head weight is saved once, as `embed.tok.weight` (tied_embeddings.canonical),
 so pp = 1 and pp > 1 checkpoints load into each other. The fp16 loss scale is saved too and
@@ -15,10 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
@@ -30,21 +35,35 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from autoplan.errors import ConfigError
 from autoplan.runtime import tied_embeddings
+from autoplan.runtime.checkpoint_compat import VOCAB_FQNS, check_resumable
+from autoplan.runtime.checkpoint_files import (
+    CorruptCheckpoint,
+    Intact,
+    SafePlanner,
+    SafeReader,
+    clean_temporaries,
+    complete_dirs,
+    fallback_warning,
+    prune,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+DEFAULT_KEEP = 3
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step in `directory`, or None."""
-    root = Path(directory)
-    if not root.is_dir():
-        return None
-    done = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "meta.json").is_file()]
-    return max(done, key=lambda p: p.name) if done else None
+    """The newest checkpoint in `directory` that verifies whole, or None."""
+    for path in complete_dirs(Path(directory)):
+        try:
+            return verify(path).path
+        except CorruptCheckpoint:
+            continue
+    return None
 
 
 def checkpoint_step(path: Path) -> int:
@@ -55,10 +74,12 @@ class Checkpointer:
     """Saves and loads the model chunks and optimizers of this rank."""
 
     def __init__(self, directory: str | Path, parts: list[nn.Module],
-                 optimizers: list, tied: bool = False, loss_scaler=None) -> None:
+                 optimizers: list, tied: bool = False, loss_scaler=None,
+                 keep: int = DEFAULT_KEEP) -> None:
         self.root = Path(directory)
         self.parts, self.optimizers = parts, optimizers
         self.tied, self.loss_scaler = tied, loss_scaler
+        self.keep = keep
 
     def _state(self) -> dict[str, dict]:
         model: dict = {}
@@ -81,7 +102,7 @@ class Checkpointer:
         rank = dist.get_rank()
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
+            clean_temporaries(self.root)  # this step's and any a killed save left
         dist.barrier()
         dcp.save(self._state(), checkpoint_id=str(tmp))
         dist.barrier()
@@ -89,16 +110,52 @@ class Checkpointer:
             (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
+            for old in prune(self.root, self.keep):
+                log.info("pruned checkpoint %s (keeping the newest %d)", old.name, self.keep)
         dist.barrier()
         log.info("saved checkpoint %s", final)
         return final
 
-    def load(self, path: Path) -> int:
+    def load_newest(self, plan, spec) -> int | None:
+        """Load the newest intact checkpoint that fits `plan`'s model; returns its step, or None
+        when the folder has none. Damaged ones are skipped with one warning; a different model
+        or a hostile file is a ConfigError (the same decision on every rank)."""
+        skipped: list[str] = []
+        for path in complete_dirs(self.root):
+            try:
+                found = verify(path)
+            except CorruptCheckpoint as err:
+                skipped.append(str(err))
+                continue
+            note = check_resumable(found, plan, spec)
+            try:
+                step = self.load(found)
+            except dcp.api.CheckpointException as err:
+                skipped.append(f"{path.name}: {str(err).splitlines()[0][:200]}")
+                continue
+            warning = fallback_warning(found, skipped)
+            if warning and dist.get_rank() == 0:
+                log.warning("%s", warning)
+            if note and dist.get_rank() == 0:
+                log.info("%s", note)
+            return step
+        if skipped:
+            raise ConfigError("--checkpoint-dir", f"no intact checkpoint in {self.root} "
+                              f"({skipped[0]})", "remove the damaged step-* folders, or "
+                              "start without --resume in a new --checkpoint-dir")
+        return None
+
+    def load(self, found: Intact | Path) -> int:
         """Load a checkpoint saved under any plan into this layout; returns its step."""
+        if not isinstance(found, Intact):
+            found = verify(Path(found))
+        path, saved = found.path, found.metadata.state_dict_metadata
         state = self._state()
-        if "loss_scaler" in state and not _has_key(path, "loss_scaler."):
+        if "loss_scaler" in state and not any(k.startswith("loss_scaler.") for k in saved):
             del state["loss_scaler"]  # saved without fp16: keep the initial scale
-        dcp.load(state, checkpoint_id=str(path))
+        repad = _swap_vocab_tensors(state, saved)
+        dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner())
+        _repad(state, repad)
         for part, opt in zip(self.parts, self.optimizers, strict=True):
             model, optim = state["model"], state["optim"]
             if self.tied:
@@ -107,11 +164,39 @@ class Checkpointer:
             set_optimizer_state_dict(part, opt, optim, options=_OPTIONS)
         if "loss_scaler" in state:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
-        step = checkpoint_step(path)
-        log.info("resumed from %s (step %d)", path, step)
-        return step
+        log.info("resumed from %s (step %d)", path, found.step)
+        return found.step
 
 
-def _has_key(path: Path, prefix: str) -> bool:
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    return any(k.startswith(prefix) for k in metadata.state_dict_metadata)
+def _swap_vocab_tensors(state: dict, saved: dict) -> dict:
+    """Vocabulary-shaped tensors saved with another padding (another tp): put a plain tensor
+    of the saved shape in their place for dcp.load; returns {(section, key): original}."""
+    out = {}
+    for section in ("model", "optim"):
+        for key, value in state[section].items():
+            md = saved.get(f"{section}.{key}")
+            if (isinstance(value, torch.Tensor) and md is not None and hasattr(md, "size")
+                    and any(f in key for f in VOCAB_FQNS) and tuple(md.size) != value.shape):
+                out[(section, key)] = value
+                state[section][key] = torch.empty(tuple(md.size), dtype=value.dtype)
+    return out
+
+
+@torch.no_grad()
+def _repad(state: dict, originals: dict) -> None:
+    """Copy the loaded real rows into the current padding (padding rows zero) and restore the
+    original (possibly sharded) tensors in `state`."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for (section, key), orig in originals.items():
+        loaded = state[section][key]
+        full = torch.zeros(orig.shape, dtype=orig.dtype)
+        rows = min(loaded.shape[0], orig.shape[0])
+        full[:rows] = loaded[:rows]
+        if isinstance(orig, DTensor):
+            shard = distribute_tensor(full.to(orig.device), orig.device_mesh, orig.placements,
+                                      src_data_rank=None)
+            orig.to_local().copy_(shard.to_local())
+        else:
+            orig.copy_(full.to(orig.device))
+        state[section][key] = orig

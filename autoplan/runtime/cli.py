@@ -21,10 +21,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text file or folder (byte-level tokens); default synthetic tokens")
     parser.add_argument("--checkpoint-dir", default=None, help="where DCP checkpoints go")
     parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="save every K steps (0: only on SIGTERM and at the end)")
+                        help="save every K steps (0: only on Ctrl-C/SIGTERM and at the end)")
+    parser.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
+                        help="keep the newest K checkpoints, delete older ones (0: keep all)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest complete checkpoint in --checkpoint-dir")
-    parser.add_argument("--metrics-file", default=None, help="append one JSON line per step")
+    parser.add_argument("--metrics-file", default=None,
+                        help="one JSON line per step (with --resume: continued after the "
+                             "resumed step, later lines dropped)")
+    parser.add_argument("--run-record", default=None, metavar="FILE",
+                        help="write the run record `autoplan calibrate` reads (plan, profile, "
+                             "measured and predicted step time and memory)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="torchrun restarts after a rank fails (resuming from a checkpoint)")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
@@ -38,6 +45,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pg-timeout-s", type=float, default=120.0,
                         help="timeout of every collective (finite: a failed rank cannot hang)")
     parser.add_argument("--summary-file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--stop-file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--launcher-pid", type=int, default=None, help=argparse.SUPPRESS)
     add_format_argument(parser)
 
 

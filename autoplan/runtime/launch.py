@@ -1,8 +1,10 @@
-"""Local launch: validate the plan, then run torchrun as a subprocess (list args, no shell).
+"""Local launch: validate every flag and the plan, then run torchrun as a subprocess (list args,
+no shell) under a supervisor that stops it cleanly on Ctrl-C/SIGTERM (supervise.py).
 
-Every user mistake (world size, plan invalid for the model, NCCL without CUDA) is one
-ConfigError raised here, before any process starts. torchrun restarts all ranks up to
---max-restarts times after a failure; restarted ranks resume from the last whole checkpoint.
+Every user mistake (a flag's value, world size, plan invalid for the model, NCCL without CUDA,
+a checkpoint that cannot resume this plan) is one ConfigError raised here, before any process
+starts. torchrun restarts all ranks up to --max-restarts times after a failure; restarted ranks
+resume from the newest intact checkpoint.
 """
 
 from __future__ import annotations
@@ -12,14 +14,21 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from autoplan.errors import ConfigError, RuntimeLaunchError
+from autoplan.errors import AutoplanError, ConfigError, RuntimeLaunchError
 
 log = logging.getLogger(__name__)
+
+
+class TrainingInterrupted(AutoplanError):
+    """Stopped by SIGINT (exit 130) or SIGTERM (exit 143), after checkpointing if asked."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 def resolve_backend(requested: str) -> str:
@@ -37,16 +46,13 @@ def resolve_backend(requested: str) -> str:
 def preflight(args: argparse.Namespace, world_size: int):
     """Load and check the plan for `world_size` processes; returns (plan, spec, backend)."""
     from autoplan.plan import load_plan
+    from autoplan.runtime.train_args import check_train_args
     from autoplan.runtime.validation import check_plan
 
+    check_train_args(args)
     plan = load_plan(args.plan)
     spec = plan.model_spec()
     check_plan(plan, spec, world_size)
-    if args.steps < 1:
-        raise ConfigError("--steps", f"got {args.steps}", "expected at least 1")
-    if (args.resume or args.checkpoint_every or args.max_restarts) and not args.checkpoint_dir:
-        raise ConfigError("--checkpoint-dir", "missing",
-                          "--resume, --checkpoint-every and --max-restarts need a checkpoint dir")
     if args.data is not None:
         from autoplan.runtime.data import make_source
 
@@ -60,7 +66,9 @@ def worker_argv(args: argparse.Namespace, summary_file: str) -> list[str]:
            args.optimizer, "--lr", repr(args.lr), "--max-grad-norm", repr(args.max_grad_norm),
            "--seed", str(args.seed), "--dropout", repr(args.dropout), "--backend", args.backend,
            "--pg-timeout-s", repr(args.pg_timeout_s), "--checkpoint-every",
-           str(args.checkpoint_every), "--summary-file", summary_file, "--format", "json"]
+           str(args.checkpoint_every), "--keep-checkpoints", str(args.keep_checkpoints),
+           "--summary-file", summary_file, "--stop-file", stop_file_for(summary_file),
+           "--launcher-pid", str(os.getpid()), "--format", "json"]
     for flag, value in (("--data", args.data), ("--checkpoint-dir", args.checkpoint_dir),
                         ("--metrics-file", args.metrics_file)):
         if value is not None:
@@ -70,55 +78,81 @@ def worker_argv(args: argparse.Namespace, summary_file: str) -> list[str]:
     return out
 
 
+def stop_file_for(summary_file: str) -> str:
+    return os.path.join(os.path.dirname(summary_file), "stop")
+
+
+def resume_preflight(args: argparse.Namespace, plan, spec) -> None:
+    """With --resume: refuse a hostile or damaged-beyond-use folder, or a checkpoint of another
+    model, before any rank starts (the ranks repeat the decision, which is deterministic)."""
+    from autoplan.runtime.checkpoint_compat import check_resumable
+    from autoplan.runtime.checkpoint_files import clean_temporaries, newest_intact
+
+    if not args.checkpoint_dir:
+        return
+    clean_temporaries(args.checkpoint_dir)
+    if not args.resume:
+        return
+    found, skipped = newest_intact(args.checkpoint_dir)
+    if found is None and skipped:
+        raise ConfigError("--checkpoint-dir", f"no intact checkpoint in {args.checkpoint_dir} "
+                          f"({skipped[0]})", "remove the damaged step-* folders, or start "
+                          "without --resume in a new --checkpoint-dir")
+    if found is not None:
+        check_resumable(found, plan, spec)
+
+
 def torchrun_command(nproc: int, max_restarts: int, argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
             "-m", "autoplan.runtime.worker", *argv]
 
 
-def _run_forwarding_sigterm(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
-    """Run torchrun; a SIGTERM to us is passed on (torchrun passes it to the ranks, which
-    checkpoint and stop). Worker stdout goes to our stderr: with --format json our stdout
-    carries only the summary object."""
-    proc = subprocess.Popen(cmd, stdout=sys.stderr, env=env)
-    got = {"term": False}
-
-    def forward(signum, frame) -> None:
-        got["term"] = True
-        proc.send_signal(signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        return proc.wait(), got["term"]
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def launch_and_report(args: argparse.Namespace) -> int:
     """Validate, run torchrun, and print the summary rank 0 wrote (table, json or yaml)."""
     from autoplan.cli_common import emit
     from autoplan.plan import load_plan
+    from autoplan.runtime.checkpoint_files import clean_temporaries
+    from autoplan.runtime.metrics import render_summary, write_run_record
+    from autoplan.runtime.supervise import run_supervised
+    from autoplan.runtime.train_args import check_train_args
 
+    check_train_args(args)
     nproc = args.nproc if args.nproc is not None else load_plan(args.plan).world_size
-    if nproc < 1:
-        raise ConfigError("--nproc", f"got {nproc}", "expected at least 1")
-    preflight(args, nproc)
+    plan, spec, _ = preflight(args, nproc)
+    resume_preflight(args, plan, spec)
     with tempfile.TemporaryDirectory(prefix="autoplan-train-") as tmp:
         summary_file = os.path.join(tmp, "summary.json")
         cmd = torchrun_command(nproc, args.max_restarts, worker_argv(args, summary_file))
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         log.info("launching: %s", " ".join(cmd))
-        returncode, terminated = _run_forwarding_sigterm(cmd, env)
-        if terminated:
-            raise RuntimeLaunchError("stopped by SIGTERM (ranks checkpointed after their "
-                                     "current step when --checkpoint-dir was given)")
-        if returncode != 0 or not os.path.exists(summary_file):
-            raise RuntimeLaunchError(f"torchrun exited with code {returncode}; see the "
-                                     "rank logs above")
-        summary = json.loads(Path(summary_file).read_text())
-
-    from autoplan.runtime.metrics import render_summary
-
+        outcome = run_supervised(cmd, env, stop_file_for(summary_file),
+                                 grace_s=args.pg_timeout_s + 60.0)
+        if args.checkpoint_dir:
+            clean_temporaries(args.checkpoint_dir)  # a save cut short by a kill
+        summary = None
+        if outcome.returncode == 0 and os.path.exists(summary_file):
+            summary = json.loads(Path(summary_file).read_text())
+    if outcome.signal is not None:
+        raise TrainingInterrupted(outcome.signal, _interrupted(outcome, summary, args))
+    if summary is None:
+        raise RuntimeLaunchError(f"torchrun exited with code {outcome.returncode}; see the "
+                                 "rank logs above")
+    if args.run_record:
+        write_run_record(args.run_record, summary, plan)
     emit(args, summary, lambda console: render_summary(console, summary))
     return 0
+
+
+def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str:
+    name = signal.Signals(outcome.signal).name
+    if outcome.killed or summary is None:
+        return (f"stopped by {name}: killed torchrun and the ranks before they finished a step"
+                + ("; --resume continues from the newest whole checkpoint"
+                   if args.checkpoint_dir else ""))
+    step = summary.get("final_step")
+    if args.checkpoint_dir:
+        return (f"stopped by {name} after step {step}; checkpoint step-{step:08d} saved in "
+                f"{args.checkpoint_dir}; continue with --resume")
+    return f"stopped by {name} after step {step} (no --checkpoint-dir: nothing saved)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import resource
 import statistics
 import sys
@@ -41,12 +42,19 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class MetricsSink:
-    """Rank 0 only: prints a live line per step and appends JSONL records."""
+    """Rank 0 only: prints a live line per step and appends JSONL records.
 
-    def __init__(self, metrics_file: str | None, live: bool = True) -> None:
+    `resumed_step`: the run continues after that step (a resume or a torchrun restart), so the
+    file keeps only the records up to it and every step appears exactly once."""
+
+    def __init__(self, metrics_file: str | None, live: bool = True,
+                 resumed_step: int = 0) -> None:
         self.path = Path(metrics_file) if metrics_file else None
         self.live = live
         self.history: list[StepMetrics] = []
+        self.resumed_step = resumed_step
+        if self.path is not None and self.path.exists():
+            truncate_after(self.path, resumed_step)
         self._console = None
         if live:
             from rich.console import Console
@@ -70,6 +78,23 @@ class MetricsSink:
             sys.stderr.flush()
 
 
+def truncate_after(path: Path, step: int) -> int:
+    """Drop the records past `step` (and a torn last line) from a metrics file, atomically;
+    returns how many were kept."""
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
+            kept.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(kept)
+
+
 def predicted(plan: Any) -> tuple[dict[str, float] | None, str | None]:
     """The cost model's estimate for `plan`, or (None, why it is missing)."""
     try:
@@ -84,8 +109,10 @@ def predicted(plan: Any) -> tuple[dict[str, float] | None, str | None]:
         return None, f"cost model unavailable ({type(err).__name__}: {err})"
 
 
-def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1) -> dict[str, Any]:
-    """Measured medians over the steps after `warmup`, and the prediction for the plan."""
+def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
+              resumed_step: int = 0) -> dict[str, Any]:
+    """Measured medians over this run's steps after `warmup`, and the prediction for the plan.
+    `steps` counts the run's steps including those before a resume (`resumed_from`)."""
     steady = history[warmup:] or history
     measured = {
         "step_time_s": statistics.median(m.step_time_s for m in steady) if steady else None,
@@ -94,7 +121,9 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1) -> dict[st
     }
     pred, note = predicted(plan)
     return {
-        "steps": len(history),
+        "steps": history[-1].step if history else resumed_step,
+        "steps_this_run": len(history),
+        "resumed_from": resumed_step,
         "final_step": history[-1].step if history else None,
         "final_loss": history[-1].loss if history else None,
         "skipped_steps": sum(m.skipped for m in history),
@@ -102,6 +131,34 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1) -> dict[st
         "predicted": pred,
         "note": note,
     }
+
+
+def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """The run record `autoplan calibrate` reads (calibrate.load_run; the format tune writes):
+    the plan as run, the profile it was predicted with, measured and predicted numbers."""
+    from autoplan.plan import plan_to_dict
+
+    m = summary["measured"]
+    pred = summary.get("predicted") or {}
+    return {
+        "schema_version": 1,
+        "plan": plan_to_dict(plan),
+        "profile": plan.cluster.profile,
+        "measured": {"step_time_s": m.get("step_time_s"),
+                     "peak_memory_bytes": m.get("memory_bytes"),
+                     "tokens_per_s": m.get("tokens_per_s"),
+                     "steps": summary.get("steps_this_run")},
+        "predicted": {"step_time_s": pred.get("step_time_s"),
+                      "memory_total_bytes": pred.get("memory_bytes")},
+        "machine": {"torch": torch.__version__, "world_size": plan.world_size},
+    }
+
+
+def write_run_record(path: str, summary: dict[str, Any], plan: Any) -> None:
+    """Write the run record atomically; an existing file is never replaced."""
+    from autoplan.yaml_io import write_text_atomic
+
+    write_text_atomic(path, json.dumps(run_record(summary, plan), indent=2))
 
 
 def render_summary(console, summary: dict[str, Any]) -> None:

@@ -1,9 +1,10 @@
 """One rank of a training job: process group, mesh, parallelize, data, steps, checkpoints.
 
 Runs under torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR/PORT). A rank that
-gets SIGTERM finishes its step; all ranks agree through the step's loss all-reduce, save a
-checkpoint and leave. After a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) ranks resume
-from the latest complete checkpoint.
+gets SIGTERM or SIGINT, sees the CLI's stop file, or finds the CLI gone, finishes its step; all
+ranks agree through the step's loss all-reduce, save a checkpoint and leave quietly. After a
+torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) ranks resume from the newest intact
+checkpoint, and the metrics file drops the records past it.
 """
 
 from __future__ import annotations
@@ -53,18 +54,43 @@ def _init_process_group(backend: str, rank: int, world: int, timeout_s: float) -
 
 
 class _StopFlag:
-    def __init__(self) -> None:
-        self.set = False
-        signal.signal(signal.SIGTERM, self._handle)
+    """Whether this rank wants the job to stop after the current step."""
+
+    def __init__(self, stop_file: str | None = None, launcher_pid: int | None = None) -> None:
+        self.signalled = False
+        self.stop_file, self.launcher_pid = stop_file, launcher_pid
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        log.warning("SIGTERM: finishing this step, then checkpointing")
-        self.set = True
+        if not self.signalled:
+            log.warning("%s: finishing this step, then checkpointing",
+                        signal.Signals(signum).name)
+        self.signalled = True
+
+    @property
+    def set(self) -> bool:
+        if self.signalled:
+            return True
+        if self.stop_file and os.path.exists(self.stop_file):
+            return True
+        return self.launcher_pid is not None and not _alive(self.launcher_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run(args: argparse.Namespace) -> dict | None:
     """Train; returns the summary on rank 0 (None elsewhere)."""
-    from autoplan.runtime.checkpoint import Checkpointer, latest_checkpoint
+    from autoplan.runtime.checkpoint import Checkpointer
+    from autoplan.runtime.checkpoint_compat import checkpoint_meta
     from autoplan.runtime.data import local_batch, make_source
     from autoplan.runtime.launch import preflight
     from autoplan.runtime.metrics import MetricsSink, StepMetrics, peak_memory_bytes, summarize
@@ -74,6 +100,7 @@ def run(args: argparse.Namespace) -> dict | None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _setup_logging(rank)
+    stop = _StopFlag(args.stop_file, args.launcher_pid)  # before the slow start-up
     plan, spec, backend = preflight(args, world)
     device = torch.device("cpu")
     if backend == "nccl":
@@ -89,25 +116,27 @@ def run(args: argparse.Namespace) -> dict | None:
                                       max_grad_norm=args.max_grad_norm), seed=args.seed,
                       reseed=args.dropout > 0)
     ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers,
-                        tied=pm.tie_embeddings, loss_scaler=pm.loss_scaler) \
-        if args.checkpoint_dir else None
+                        tied=pm.tie_embeddings, loss_scaler=pm.loss_scaler,
+                        keep=args.keep_checkpoints) if args.checkpoint_dir else None
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if ckpt is not None and (args.resume or restarted):
-        path = latest_checkpoint(args.checkpoint_dir)
-        if path is not None:
-            trainer.step = ckpt.load(path)
-        elif args.resume:
-            log.warning("--resume: no complete checkpoint in %s; starting at step 0",
+        step = ckpt.load_newest(plan, spec)
+        if step is not None:
+            trainer.step = step
+        elif args.resume and rank == 0:
+            log.warning("--resume: no checkpoint in %s; starting at step 0",
                         args.checkpoint_dir)
+    resumed = trainer.step
     source = make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)
-    sink = MetricsSink(args.metrics_file, live=True) if rank == 0 else None
-    stop = _StopFlag()
+    sink = MetricsSink(args.metrics_file, live=True, resumed_step=resumed) \
+        if rank == 0 else None
+    meta = {"plan": os.path.basename(args.plan), **checkpoint_meta(plan, spec, world)}
     tokens_per_step = plan.batch.global_batch_size * spec.seq_len
     my_dp = dp_rank(mesh, dims)
     while trainer.step < args.steps:
         t0 = time.perf_counter()
         x, y = local_batch(source, trainer.step + 1, plan.batch.global_batch_size, dims.dp, my_dp)
-        res = trainer.train_step(x.to(device), y.to(device), stop_flag=stop.set)
+        res = trainer.train_step(x.to(device), y.to(device), stop_flag=lambda: stop.set)
         dt = time.perf_counter() - t0
         if sink is not None:
             norm = res.grad_norm if math.isfinite(res.grad_norm) else None
@@ -117,11 +146,12 @@ def run(args: argparse.Namespace) -> dict | None:
         every = args.checkpoint_every
         if ckpt is not None and (res.stop_requested or (every and res.step % every == 0)
                                  or res.step == args.steps):
-            ckpt.save(res.step, {"plan": os.path.basename(args.plan), "world_size": world})
+            ckpt.save(res.step, meta)
         if res.stop_requested:
-            log.warning("stopped after step %d on SIGTERM", res.step)
+            if rank == 0:
+                log.warning("stopped after step %d", res.step)
             break
-    summary = summarize(sink.history, plan) if sink is not None else None
+    summary = summarize(sink.history, plan, resumed_step=resumed) if sink is not None else None
     del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
     dist.barrier()
     dist.destroy_process_group()
@@ -135,6 +165,11 @@ def run_and_report(args: argparse.Namespace) -> int:
 
     summary = run(args)
     if summary is not None:
+        if args.run_record and not args.summary_file:  # under a scheduler: no CLI to write it
+            from autoplan.plan import load_plan
+            from autoplan.runtime.metrics import write_run_record
+
+            write_run_record(args.run_record, summary, load_plan(args.plan))
         if args.summary_file:
             with open(args.summary_file, "w", encoding="utf-8") as f:
                 json.dump(summary, f)

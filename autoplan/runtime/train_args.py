@@ -1,0 +1,101 @@
+"""Every `autoplan train` value checked before any process starts: one ConfigError (exit 2)
+that names the flag, the value and the fix. The ranks run the same checks (they parse the same
+flags), so a job started by a scheduler without the CLI fails just as early."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from autoplan.errors import ConfigError
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""Longest --pg-timeout-s (a week): datetime.timedelta overflows far above it."""
+MAX_SEED = 2**32 - 1
+"""Largest --seed: seeds are combined with steps and FQN hashes below torch's 2**64 limit."""
+
+
+def _number(flag: str, value: float, low: float, high: float, *, low_open: bool = False,
+            high_open: bool = False, fix: str) -> None:
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
+    if not ok:
+        raise ConfigError(flag, f"got {value!r}", fix)
+
+
+def _output_parent(flag: str, path: str) -> Path:
+    """The nearest existing ancestor of `path`, which must be a writable folder."""
+    p = Path(path).expanduser().absolute()
+    parent = p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(flag, f"{path!r}: {str(parent)!r} is a file, not a folder",
+                          "choose a path inside a folder")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(flag, f"{path!r}: {str(parent)!r} is not writable",
+                          "choose a path in a folder you can write")
+    return p
+
+
+def check_train_args(args: argparse.Namespace) -> None:
+    """Raise one ConfigError for the first bad value among the train flags."""
+    if args.steps < 1:
+        raise ConfigError("--steps", f"got {args.steps}", "expected at least 1")
+    if args.nproc is not None and args.nproc < 1:
+        raise ConfigError("--nproc", f"got {args.nproc}", "expected at least 1")
+    _number("--lr", args.lr, 0.0, math.inf, low_open=True, high_open=True,
+            fix="expected a positive finite learning rate, e.g. 1e-3")
+    _number("--max-grad-norm", args.max_grad_norm, 0.0, math.inf, high_open=True,
+            fix="expected a finite norm >= 0 (0: no clipping)")
+    _number("--dropout", args.dropout, 0.0, 1.0, high_open=True,
+            fix="expected a probability in [0, 1)")
+    _number("--pg-timeout-s", args.pg_timeout_s, 0.0, MAX_TIMEOUT_S, low_open=True,
+            fix=f"expected seconds in (0, {MAX_TIMEOUT_S:.0f}] (finite: a failed rank "
+                "cannot hang the job)")
+    for flag, value in (("--max-restarts", args.max_restarts),
+                        ("--checkpoint-every", args.checkpoint_every),
+                        ("--keep-checkpoints", args.keep_checkpoints)):
+        if value < 0:
+            raise ConfigError(flag, f"got {value}", "expected 0 or more")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError("--seed", f"got {args.seed}", f"expected 0 to {MAX_SEED}")
+    if (args.resume or args.checkpoint_every or args.max_restarts) and not args.checkpoint_dir:
+        raise ConfigError("--checkpoint-dir", "missing",
+                          "--resume, --checkpoint-every and --max-restarts need a checkpoint dir")
+    _check_paths(args)
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    if args.checkpoint_dir is not None:
+        d = Path(args.checkpoint_dir)
+        if d.exists() and not d.is_dir():
+            raise ConfigError("--checkpoint-dir", f"{args.checkpoint_dir!r} is a file",
+                              "name a folder (it is created if missing)")
+        if not d.exists():
+            _output_parent("--checkpoint-dir", args.checkpoint_dir)
+        elif not os.access(d, os.W_OK):
+            raise ConfigError("--checkpoint-dir", f"{args.checkpoint_dir!r} is not writable",
+                              "choose a folder you can write")
+    if args.metrics_file is not None:
+        m = Path(args.metrics_file)
+        if m.is_dir():
+            raise ConfigError("--metrics-file", f"{args.metrics_file!r} is a folder",
+                              "name a file")
+        if m.exists() and not args.resume and not _under_restart():
+            raise ConfigError("--metrics-file", f"{args.metrics_file!r} already exists",
+                              "pass --resume to continue it, or choose another path")
+        _output_parent("--metrics-file", args.metrics_file)
+    if args.run_record is not None:
+        r = Path(args.run_record)
+        if r.exists() and not _under_restart():
+            raise ConfigError("--run-record", f"{args.run_record!r} already exists",
+                              "choose another path (run records are never overwritten)")
+        _output_parent("--run-record", args.run_record)
+
+
+def _under_restart() -> bool:
+    """A torchrun restart re-runs the ranks' checks on the files the first attempt wrote."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0

@@ -1,0 +1,88 @@
+"""#14 item 10: every `autoplan train` value is checked before torchrun starts (one line, exit
+2); #16 item 2: the run record `train --run-record` writes is what `autoplan calibrate` reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoplan.calibrate import load_run
+from autoplan.commands import main
+from autoplan.plan import save_plan
+from autoplan.runtime.metrics import (
+    MetricsSink,
+    StepMetrics,
+    summarize,
+    truncate_after,
+    write_run_record,
+)
+from tests.dist.parity import make_plan
+
+BAD = [
+    (["--pg-timeout-s", "nan"], "--pg-timeout-s"),
+    (["--pg-timeout-s", "-1"], "--pg-timeout-s"),
+    (["--pg-timeout-s", "1e300"], "--pg-timeout-s"),
+    (["--lr", "nan"], "--lr"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "inf"], "--lr"),
+    (["--dropout", "1.5"], "--dropout"),
+    (["--dropout", "-0.1"], "--dropout"),
+    (["--max-grad-norm", "nan"], "--max-grad-norm"),
+    (["--max-restarts", "-1"], "--max-restarts"),
+    (["--checkpoint-every", "-2"], "--checkpoint-every"),
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints"),
+    (["--steps", "0"], "--steps"),
+    (["--nproc", "0"], "--nproc"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", str(2**70)], "--seed"),
+    (["--checkpoint-dir", "{file}"], "--checkpoint-dir"),
+    (["--checkpoint-dir", "{file}/sub"], "--checkpoint-dir"),
+    (["--metrics-file", "{file}/m.jsonl"], "--metrics-file"),
+    (["--metrics-file", "{file}"], "--metrics-file"),  # exists, no --resume: never appended
+    (["--metrics-file", "{dir}"], "--metrics-file"),
+    (["--run-record", "{file}"], "--run-record"),
+    (["--resume"], "--checkpoint-dir"),
+]
+
+
+@pytest.mark.parametrize(("flags", "field"), BAD, ids=[" ".join(f) for f, _ in BAD])
+def test_bad_train_flags_exit_2_in_one_line_before_launch(tmp_path, capsys, flags, field):
+    plan = save_plan(make_plan(dp=2), tmp_path / "plan.yaml")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    flags = [f.format(file=afile, dir=tmp_path) for f in flags]
+    code = main(["train", str(plan), "--steps", "2", *flags])  # a repeated flag: the last wins
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and field in err, err
+
+
+def test_metrics_file_keeps_each_step_once_after_a_resume(tmp_path):
+    path = tmp_path / "m.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(1, 9)]
+    path.write_text("\n".join(lines) + '\n{"step": 9, "lo')  # killed mid-line at step 9
+    sink = MetricsSink(str(path), live=False, resumed_step=5)  # resumed from step 5
+    for step in (6, 7):
+        sink.record(StepMetrics(step, 1.0, 0.1, 10.0, 1, 0.5))
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6, 7]
+    summary = summarize(sink.history, make_plan(), resumed_step=5)
+    assert (summary["steps"], summary["steps_this_run"], summary["resumed_from"]) == (7, 2, 5)
+    assert truncate_after(path, 0) == 0 and path.read_text() == ""
+
+
+def test_run_record_is_what_calibrate_reads(tmp_path):
+    plan = make_plan(dp=2, zero=1)
+    sink = MetricsSink(None, live=False)
+    for step in (1, 2, 3):
+        sink.record(StepMetrics(step, 1.0, 0.2 + 0.01 * step, 10.0, 3 << 20, 0.5))
+    summary = summarize(sink.history, plan)
+    path = tmp_path / "run.json"
+    write_run_record(str(path), summary, plan)
+    run = load_run(path)
+    assert run.plan == plan and run.profile == "cpu-gloo"
+    assert run.measured.step_time_s == pytest.approx(0.225)
+    assert run.measured.peak_memory_bytes == 3 << 20 and run.measured.steps == 3
+    with pytest.raises(Exception, match="already exists"):
+        write_run_record(str(path), summary, plan)  # never replaced
