@@ -152,6 +152,8 @@ def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str
                 + ("; --resume continues from the newest whole checkpoint"
                    if args.checkpoint_dir else ""))
     step = summary.get("final_step")
+    if step is None:
+        return f"stopped by {name} before the first step finished (nothing saved)"
     if args.checkpoint_dir:
         return (f"stopped by {name} after step {step}; checkpoint step-{step:08d} saved in "
                 f"{args.checkpoint_dir}; continue with --resume")

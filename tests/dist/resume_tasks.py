@@ -14,7 +14,7 @@ def train_with_checkpoints(rank: int, world_size: int, plan: Plan, ckpt_dir: str
     import torch
 
     from autoplan.model_spec import load_model
-    from autoplan.runtime.checkpoint import Checkpointer, latest_checkpoint
+    from autoplan.runtime.checkpoint import Checkpointer
     from autoplan.runtime.data import SyntheticTokens, local_batch
     from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank
     from autoplan.runtime.optim import OptimConfig
@@ -29,8 +29,9 @@ def train_with_checkpoints(rank: int, world_size: int, plan: Plan, ckpt_dir: str
     trainer = Trainer(pm, OptimConfig(name="adamw", lr=ADAM_LR))
     ckpt = Checkpointer(ckpt_dir, pm.parts, trainer.optimizers, tied=pm.tie_embeddings,
                         loss_scaler=pm.loss_scaler)
+    resumed = None
     if resume:
-        trainer.step = ckpt.load(latest_checkpoint(ckpt_dir))
+        resumed = trainer.step = ckpt.load_newest(plan, spec)
     source = SyntheticTokens(spec.vocab_size, spec.seq_len, seed=0)
     if inf_step is not None and rank == 0:
         plant_overflow(trainer, inf_step)
@@ -42,7 +43,7 @@ def train_with_checkpoints(rank: int, world_size: int, plan: Plan, ckpt_dir: str
         losses[res.step], scales[res.step] = res.loss, res.loss_scale
         if res.step in save_at:
             ckpt.save(res.step)
-    return {"losses": losses, "scales": scales, "params": full_values(pm.parts, grad=False,
+    return {"losses": losses, "scales": scales, "resumed": resumed, "params": full_values(pm.parts, grad=False,
                                                                    vocab=spec.vocab_size)}
 
 

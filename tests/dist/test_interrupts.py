@@ -4,6 +4,9 @@ and the resumed run ends at the uninterrupted run's final loss, bitwise."""
 
 from __future__ import annotations
 
+import signal
+import time
+
 import pytest
 
 from autoplan.plan import save_plan
@@ -35,3 +38,49 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(job, tmp_path, kind,
         assert "Traceback" not in res.stderr, res.stderr[-3000:]
     kept = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert len(kept) <= 3 and kept[-1] == f"step-{STEPS:08d}", kept  # pruned to the newest 3
+
+
+def _start(plan: str, tmp_path):
+    import os
+    import subprocess
+
+    from tests.dist.interrupt import metrics_steps, train_cmd
+
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.Popen(train_cmd(plan, 200, tmp_path / "ck", metrics), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    while proc.poll() is None and len(metrics_steps(metrics)) < 2:
+        time.sleep(0.02)
+    return proc
+
+
+def _gone(marker: str, within_s: float) -> list[int]:
+    from tests.dist.interrupt import _ranks
+
+    deadline = time.monotonic() + within_s
+    while _ranks(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _ranks(marker)
+
+
+def test_a_second_ctrl_c_stops_everything_now(job, tmp_path):
+    plan, _ = job
+    proc = _start(plan, tmp_path)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "killed torchrun and the ranks" in err, err[-3000:]
+    assert not _gone(str(tmp_path / "ck"), 10)
+    assert not list((tmp_path / "ck").glob("*.tmp"))
+
+
+def test_ranks_stop_when_the_cli_is_killed(job, tmp_path):
+    """kill -9 of the CLI (a pruned tune trial, a closed terminal): torchrun and the ranks run
+    in sessions of their own, so they notice the CLI is gone and stop after their step."""
+    plan, _ = job
+    proc = _start(plan, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert not _gone(str(tmp_path / "ck"), 90)
