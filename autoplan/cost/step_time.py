@@ -40,15 +40,27 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
     return replace(profile, efficiency=eff)
 
 
+NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
+"""Activation parts (memory.activation_elements_per_layer) the element-wise kernels move."""
+
+
+def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: np.ndarray,
+                  tp: np.ndarray, cp: np.ndarray, eager: bool, runtime: RuntimeTraits,
+                  parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """compute.layer_times_s of one block as this runtime runs it (also what `autoplan
+    profile` compares its measured blocks with)."""
+    act_scale = 2.0 if precision == "fp32" else 1.0
+    noncore = sum(parts[k] for k in NONCORE_PARTS) * act_scale
+    return compute.layer_times_s(model, profile, profile.device.peak(precision), b, tp, cp,
+                                 noncore, parts["core"] * act_scale, eager,
+                                 causal_skip=runtime.causal_attention_skip and not eager)
+
+
 def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
             runtime: RuntimeTraits, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
     peak = profile.device.peak(precision)
-    noncore = sum(parts[k] for k in ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act",
-                                     "mlp_mid")) * r.act_scale
-    lt = compute.layer_times_s(model, profile, peak, r.b, r.tp, r.cp, noncore,
-                               parts["core"] * r.act_scale, eager,
-                               causal_skip=runtime.causal_attention_skip and not eager)
+    lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, lt[runtime.selective.value],
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))
     tokens = model.seq_len / r.cp * r.b

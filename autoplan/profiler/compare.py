@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost import compute, memory, params
+from autoplan.cost.runtimes import RuntimeTraits, load_runtime
+from autoplan.cost.step_time import block_times_s, priced_profile
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import MlpKind, ModelSpec
 
@@ -26,9 +28,15 @@ def model_spec(raw: dict[str, Any], seq: int) -> ModelSpec:
     return from_dict(ModelSpec, raw, "measured.layer_models").replace(seq_len=seq)
 
 
-def _parts(spec: ModelSpec, b: int, tp: int) -> dict[str, np.ndarray]:
-    return memory.activation_elements_per_layer(spec, np.array(b), np.array(tp), np.array(False),
-                                                np.array(1), eager_attention=False)
+def _runtime(profile: ClusterProfile | None) -> RuntimeTraits:
+    """The profiler measures autoplan's own runtime on this machine (CPU without a profile)."""
+    return load_runtime(None, on_cpu=profile is None or profile.host.compute_slots is not None)
+
+
+def _parts(spec: ModelSpec, b: int, tp: int, runtime: RuntimeTraits) -> dict[str, np.ndarray]:
+    return memory.activation_elements_per_layer(
+        spec, np.array(b), np.array(tp), np.array(False), np.array(1), eager_attention=False,
+        fused_norm=runtime.fused_norm, fused_swiglu=runtime.fused_swiglu)
 
 
 def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: ClusterProfile,
@@ -38,24 +46,23 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
     peak = profile.device.peak(precision)
     scale = 2.0 if precision == "fp32" else 1.0
     ba, ta, one = np.array(float(b)), np.array(float(tp)), np.array(1.0)
-    parts = _parts(spec, b, tp)
-    s, f = spec.seq_len, spec.ffn
+    runtime = _runtime(profile)
+    parts = _parts(spec, b, tp, runtime)
+    s = spec.seq_len
     if layer == "logits":
         vocab = params.padded_vocab(spec, tp).astype(float)
         logits = memory.logits_bytes(spec, ba, ta, vocab, one)
         return float(compute.logits_times_s(spec, profile, peak, ba, ta, one, vocab, logits))
-    noncore = (parts["replicated"] + parts["split"]) * scale
-    lt = compute.layer_times_s(spec, profile, peak, ba, ta, one, noncore, parts["core"] * scale,
-                               eager=False)
+    lt = block_times_s(spec, priced_profile(profile, runtime), precision, ba, ta, one, False,
+                       runtime, parts)
     if layer == "block":
         return float(lt["forward"] + lt["backward"])
     gemms = compute.gemm_flops_per_layer(spec, ba * s, ta)
     gemm_s = [float(compute.gemm_time_s(g, profile, peak)) for g in gemms]
-    inner = (8.0 if spec.mlp is MlpKind.SWIGLU else 4.0) * s * b * f / tp
     owned = {  # 16-bit bytes each part keeps (memory.py's terms), moved ELEMENTWISE_PASSES times
-        "attention": float(parts["split"]) - inner,
-        "mlp": inner,
-        "norm": float(parts["replicated"]) / 2.0,  # one norm's input and output
+        "attention": float(parts["qkv"] + parts["attn_out"]),
+        "mlp": float(parts["mlp_act"] + parts["mlp_mid"]),
+        "norm": float(parts["norm"] + parts["gemm_in"]) / 2.0,  # one norm's input and output
     }
     if layer not in owned:
         return None
@@ -69,11 +76,13 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
     return elem
 
 
-def predicted_saved_bytes(spec: ModelSpec, b: int, tp: int, policy: str, precision: str
-                          ) -> float:
-    """memory.activation_bytes_per_layer for one block (flash attention, no SP, no CP)."""
-    return float(memory.activation_bytes_per_layer(_parts(spec, b, tp), np.array(RC[policy]),
-                                                   precision))
+def predicted_saved_bytes(spec: ModelSpec, b: int, tp: int, policy: str, precision: str,
+                          profile: ClusterProfile | None = None) -> float:
+    """memory.activation_bytes_per_layer for one block (flash attention, no SP, no CP) as
+    autoplan's runtime on this machine keeps it."""
+    runtime = _runtime(profile)
+    return float(memory.activation_bytes_per_layer(
+        _parts(spec, b, tp, runtime), np.array(RC[policy]), precision, runtime.selective.value))
 
 
 def layer_comparison(layers: dict[str, Any], models: dict[str, Any], profile: ClusterProfile,
