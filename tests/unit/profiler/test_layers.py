@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from autoplan.cost import compute
 from autoplan.hardware import load_profile
 from autoplan.profiler.build import with_layer_points
 from autoplan.profiler.compare import (
