@@ -83,7 +83,7 @@ def training_seq_len(cfg: dict[str, Any], where: str) -> int:
 def _gated_mlp(cfg: dict[str, Any], where: str) -> MlpKind:
     key = "hidden_activation" if cfg.get("hidden_activation") is not None else "hidden_act"
     act = cfg.get(key, "silu")
-    if act not in GATE_ACTIVATIONS:
+    if not isinstance(act, str) or act not in GATE_ACTIVATIONS:
         raise ConfigError(f"{where} {key}", f"got {show(act)}",
                           f"autoplan models a gate with {', '.join(GATE_ACTIVATIONS)}")
     return GATE_ACTIVATIONS[act]
@@ -145,6 +145,9 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ConfigError(where, "expected a JSON object at the top level")
     kind = cfg.get("model_type", "")
+    if not isinstance(kind, str):
+        raise ConfigError(f"{where} model_type", f"got {show(kind)}",
+                          f"supported: {', '.join(SUPPORTED)}")
     if kind in ENCODERS or cfg.get("is_encoder_decoder") is True:
         raise ConfigError(f"{where} model_type", f"{show(kind)} is an encoder model",
                           "autoplan plans decoder-only transformers")

@@ -213,6 +213,13 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     return read(path)
 
 
+def _is_file(ref: str) -> bool:
+    try:
+        return Path(ref).is_file()
+    except OSError:  # e.g. a name past NAME_MAX: read_yaml says so
+        return True
+
+
 def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
     """A preset name, a path to a YAML spec or config.json, or an inline mapping."""
     if isinstance(ref, ModelSpec):
@@ -223,12 +230,12 @@ def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
         return PRESETS[ref]
     if ref.endswith(".json"):
         return from_hf_config(ref)
-    if ref.endswith((".yaml", ".yml")) or Path(ref).is_file():
+    if ref.endswith((".yaml", ".yml")) or _is_file(ref):
         data = read_yaml(ref, "--model")
         if not isinstance(data, dict):
             raise ConfigError(f"--model {ref}", "expected a mapping of model fields")
         return from_dict(ModelSpec, check_schema_version(data, "model"), "model")
     raise ConfigError(
-        "--model", f"unknown model {ref!r}",
+        "--model", f"unknown model {show(ref, 100)}",
         f"choose a preset ({', '.join(PRESETS)}) or a path to a YAML spec or config.json",
     )

@@ -289,8 +289,12 @@ def to_dict(obj: Any) -> Any:
 def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
     """Read a YAML file with `yaml.safe_load`; missing or malformed files raise ConfigError."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(what, f"no such file {str(p)!r}", "check the path")
+    try:
+        found = p.is_file()
+    except OSError as err:  # a name past NAME_MAX, a path through a file without access
+        raise ConfigError(what, f"cannot open {show(str(p), 120)} ({err.strerror})") from None
+    if not found:
+        raise ConfigError(what, f"no such file {show(str(p), 200)}", "check the path")
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -318,12 +322,16 @@ def dump_yaml(data: Any) -> str:
 def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: bool = False) -> Path:
     """Write `text` to `path` via a temporary file and rename; refuse to replace unless asked."""
     p = Path(path)
-    if p.exists() and not overwrite:
-        raise ConfigError(
-            "output", f"{str(p)!r} already exists", "choose another path or pass --force"
-        )
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        if p.exists() and not overwrite:
+            raise ConfigError(
+                "output", f"{show(str(p))} already exists", "choose another path or pass --force"
+            )
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    except OSError as err:  # a file where a folder belongs, no write access, a name too long
+        raise ConfigError("output", f"cannot write {show(str(p))} ({err.strerror})",
+                          "choose another path") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
