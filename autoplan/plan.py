@@ -19,6 +19,7 @@ from autoplan.yaml_io import (
     check_schema_version,
     from_dict,
     read_yaml,
+    safe_load_text,
     save_yaml,
     to_dict,
 )
@@ -218,15 +219,10 @@ def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> Path:
 
 def set_field(data: dict[str, Any], assignment: str) -> None:
     """Apply one `--set a.b.c=value` to a plan mapping; the value is parsed as YAML."""
-    import yaml
-
     if "=" not in assignment:
         raise ConfigError("--set", f"got {assignment!r}", "write key=value, e.g. parallel.tp=4")
     key, _, raw = assignment.partition("=")
-    try:
-        value = yaml.safe_load(raw) if raw else None
-    except yaml.YAMLError:
-        value = raw
+    value = safe_load_text(raw, f"--set {key}", invalid_as_text=True) if raw else None
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError("--set", f"got {assignment!r}", "write key=value, e.g. parallel.tp=4")

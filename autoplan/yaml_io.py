@@ -110,13 +110,16 @@ def _check_expanded_size(root: yaml.Node) -> None:
                 stack.append((child, False))
 
 
-def safe_load_text(text: str, what: str) -> Any:
-    """yaml.safe_load through BoundedLoader; every refusal is a one-line ConfigError on `what`."""
+def safe_load_text(text: str, what: str, *, invalid_as_text: bool = False) -> Any:
+    """yaml.safe_load through BoundedLoader; every refusal is a one-line ConfigError on `what`.
+    `invalid_as_text`: text that is not YAML at all comes back as the string itself."""
     try:
         return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except _Refused as err:
         raise ConfigError(what, f"refused: {err}", "write the values out plainly") from None
     except yaml.YAMLError as err:
+        if invalid_as_text:
+            return text
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or "syntax error"

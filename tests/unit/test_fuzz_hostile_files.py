@@ -166,3 +166,21 @@ def test_plan_value_past_int64(tmp_path, capsys) -> None:
     code, _, err = _run(["estimate", "--plan", str(path)], capsys)
     _one_line_exit_2(code, err)
     assert "global_batch_size" in err
+
+
+@pytest.mark.parametrize("value", ["predicted=&a [*a]", "parallel.dp=" + "9" * 5000,
+                                   "predicted=" + "[" * 400 + "]" * 400])
+def test_hostile_set_values(tmp_path, capsys, value) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN)
+    code, _, err = _run(["estimate", "--plan", str(path), "--set", value, "--format", "json"],
+                        capsys)
+    _one_line_exit_2(code, err)
+    assert "--set" in err
+
+
+def test_over_long_file_names(capsys) -> None:
+    for argv in (["estimate", "--plan", "x" * 300], ["estimate", "--model", "x" * 300 + ".yaml",
+                                                      "--cluster", "cpu-gloo", "--num-gpus", "2"]):
+        code, _, err = _run(argv, capsys)
+        _one_line_exit_2(code, err)
