@@ -44,7 +44,9 @@ def check_dns_label(flag: str, value: str, *, suffix: str = "") -> None:
 def _script(torchrun: list[str], opts: ExportOptions) -> str:
     """sh -c text: write the plan from the environment, then exec torchrun on it."""
     write = f'printf "%s\\n" "${PLAN_ENV}" > {PLAN_FILE}'
-    run = shell_join(["exec", *torchrun, *train_argv(opts, PLAN_FILE)], keep=("$(",))
+    # only torchrun's own words may hold $(...) expansions; the user's values are single-quoted
+    run = shell_join(["exec", *torchrun], keep=("$(",)) + " " + shell_join(
+        train_argv(opts, PLAN_FILE))
     return f"{write} && {run}"
 
 

@@ -19,7 +19,7 @@ from autoplan.export.base import (
     stage_layers,
     stage_reasons,
 )
-from autoplan.export.launch import continued, shell_join
+from autoplan.export.launch import check_job_name, continued, shell_join
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
 
@@ -155,6 +155,7 @@ class MegatronTarget(ExportTarget):
     summary = "Megatron-LM pretrain_gpt.py arguments (TP/PP/VPP/CP/SP, recompute, dist-opt, model)"
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        check_job_name(opts.job_name)  # written unquoted as --rdzv-id
         return (
             layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + _reasons(plan, model)
         )
@@ -189,7 +190,7 @@ class MegatronTarget(ExportTarget):
                     [
                         "torchrun",
                         *torchrun,
-                        opts.script or "pretrain_gpt.py",
+                        shlex.quote(opts.script or "pretrain_gpt.py"),
                         '"${MEGATRON_ARGS[@]}"',
                         '"$@"',
                     ]

@@ -7,7 +7,7 @@ the first node, whose address the script reads from RDZV_HOST.
 from __future__ import annotations
 
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons
-from autoplan.export.launch import continued, shell_join, torchrun_argv, train_argv
+from autoplan.export.launch import check_job_name, continued, shell_join, torchrun_argv, train_argv
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -17,6 +17,7 @@ class TorchrunTarget(ExportTarget):
     summary = "torchrun command line launching `autoplan train PLAN` (runs every plan field)"
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
+        check_job_name(opts.job_name)  # --rdzv-id: inside "..." next to ${RDZV_HOST}
         return layout_reasons(plan, opts.gpus_per_node)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:

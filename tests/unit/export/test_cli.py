@@ -203,3 +203,31 @@ def test_kubernetes_valid_names_pass(plan_file: Path, capsys):
     assert main(["export", str(plan_file), "--to", "kubernetes", "--job-name", "llm-7b-0",
                  "--namespace", "ml-team"]) == 0
     assert "namespace: ml-team" in capsys.readouterr().out
+
+
+@pytest.fixture
+def multi_node_plan(tmp_path: Path) -> Path:
+    return save_plan(CASES["megatron-3d"][0], tmp_path / "big.yaml")
+
+
+@pytest.mark.parametrize("target", ["torchrun", "megatron"])
+def test_job_names_that_reach_a_launch_script_are_checked(multi_node_plan: Path, capsys,
+                                                          target: str):
+    name = "x;touch /tmp/autoplan-pwned${IFS}$(id)"
+    code = main(["export", str(multi_node_plan), "--to", target, f"--job-name={name}"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--job-name" in err and err.count("\n") == 1
+
+
+def test_megatron_script_is_quoted(multi_node_plan: Path, capsys):
+    assert main(["export", str(multi_node_plan), "--to", "megatron",
+                 "--script", "a.py;touch /tmp/x"]) == 0
+    assert "'a.py;touch /tmp/x'" in capsys.readouterr().out
+
+
+def test_kubernetes_checkpoint_dir_is_not_expanded_by_the_container_shell(plan_file: Path,
+                                                                          capsys):
+    assert main(["export", str(plan_file), "--to", "kubernetes",
+                 "--checkpoint-dir", "$(touch /tmp/x)"]) == 0
+    out = capsys.readouterr().out
+    assert "'$(touch /tmp/x)'" in out and '"$(touch /tmp/x)"' not in out
