@@ -86,8 +86,10 @@ class Flags:
 
     def number(self, name: str, default: float) -> float:
         raw = self.text(name)
+        if raw is None:
+            return default
         try:
-            value = default if raw is None else float(raw)
+            value = float(raw)
         except ValueError:
             raise ConfigError(
                 f"{self.what} {name}", f"got {raw[:60]!r}", "expected a number"
