@@ -226,8 +226,20 @@ class Efficiency:
     dtensor_optimizer_overhead_s: float = 0.0
     """Extra host seconds per parameter tensor of that step when the parameters are DTensors
     (FSDP2 or tensor parallelism): each op dispatches through DTensor per tensor."""
+    attention_forward: dict[str, float] | None = None
+    """Achieved / peak FLOP/s of fused attention's forward by kernel (fa2, fa3, cudnn), at
+    training lengths (2K-8K tokens, head dim 128; causal work counted once, as the kernels'
+    papers count it). Which kernel runs is the runtime's (runtimes.RuntimeTraits). null: a
+    share of the GEMM efficiency (compute.FLASH_EFFICIENCY)."""
+    attention_backward: dict[str, float] | None = None
+    """The same for the backward, whose FLOPs are counted as 2.5x the forward's."""
 
     def __post_init__(self) -> None:
+        for table in ("attention_forward", "attention_backward"):
+            for kernel, value in (getattr(self, table) or {}).items():
+                if not 0 < value <= 1:
+                    raise ConfigError(f"{table}.{kernel}", f"got {value!r}",
+                                      "expected a fraction of the peak in (0, 1]")
         _fraction("memory_bound", self.memory_bound)
         if self.memory_bound == 0:
             raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")

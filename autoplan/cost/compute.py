@@ -36,6 +36,21 @@ BLOCK_OPS_DELTA = {
     "gqa": (8, 8, 0),  # repeating K and V heads to the query heads
     "eager": (4, 8, 2),  # scores and weights matmuls, scale, mask, softmax instead of SDPA
 }
+EAGER_BYTES_PER_TOKEN = {
+    NormKind.LAYERNORM: {"h": 58.0, "f": 10.6, "q": 43.2, "kv": -17.0, "const": -166.9},
+    NormKind.RMSNORM: {"h": 344.9, "f": 35.0, "q": 138.0, "kv": 88.0, "const": 169.0},
+}
+"""Bytes the element-wise ops of one block of eager PyTorch move per token, forward + backward,
+bf16: c_h*h + c_f*f + c_q*(a*d) + c_kv*(kv*d) + c_0. Counted, not fitted: every non-GEMM,
+non-attention, non-view aten op's inputs and outputs of autoplan's runtime block (the GPT-style
+family with LayerNorm, GELU, learned positions; the Llama-style family with RMSNorm, SwiGLU,
+RoPE, GQA), solved exactly from blocks of six shapes (autoplan.profiler.traffic;
+tests/unit/profiler/test_traffic.py recounts them). The Llama family's count holds torch's
+composite RMSNorm (COMPOSITE_RMSNORM_BYTES per element); a fused one moves FUSED_NORM_BYTES."""
+COMPOSITE_RMSNORM_BYTES = 153.4
+"""Bytes per element of torch's composite RMSNorm, forward + backward, bf16 (counted likewise)."""
+FUSED_NORM_BYTES = 20.5
+"""Bytes per element of a fused norm kernel (native_layer_norm and its backward), counted."""
 FLASH_BACKWARD = 2.5
 """Fused attention backward recomputes the scores: 2.5x the forward FLOPs instead of 2x."""
 
@@ -146,10 +161,42 @@ def op_sac_recomputed_gemm_share(model: ModelSpec) -> float:
     return again / total
 
 
+def eager_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
+                            sp: np.ndarray, fused_norm: bool, precision: str) -> np.ndarray:
+    """EAGER_BYTES_PER_TOKEN of one block on one rank: widths split by tp, the h-wide ops
+    (norms, residuals) split only under sequence parallelism."""
+    c = EAGER_BYTES_PER_TOKEN[model.norm]
+    tp = np.asarray(tp, float)
+    sp_div = np.where(np.asarray(sp), tp, 1.0)
+    h, f = model.hidden_size, model.ffn
+    q, kv = model.q_width, model.kv_heads * model.head_width
+    per_h = c["h"] - (2.0 * (COMPOSITE_RMSNORM_BYTES - FUSED_NORM_BYTES)
+                      if fused_norm and model.norm is NormKind.RMSNORM else 0.0)
+    per_token = per_h * h / sp_div + (c["f"] * f + c["q"] * q + c["kv"] * kv) / tp + c["const"]
+    width = 2.0 if precision == "fp32" else 1.0
+    return np.maximum(per_token, 0.0) * np.asarray(tokens, float) * width
+
+
+def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for
+    `kernel` (FlashAttention-2 where it lacks that one), else FLASH_EFFICIENCY of the GEMM
+    efficiency of the same FLOPs."""
+    eff = profile.efficiency
+    fwd, bwd = eff.attention_forward or {}, eff.attention_backward or {}
+    for k in (kernel, "fa2"):
+        if k in fwd and k in bwd:
+            return np.full_like(np.asarray(core_flops, float), fwd[k]), np.full_like(
+                np.asarray(core_flops, float), bwd[k])
+    share = eff.matmul(core_flops) * FLASH_EFFICIENCY
+    return share, share
+
+
 def layer_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
     cp: np.ndarray, act_noncore_bytes: np.ndarray, act_core_bytes: np.ndarray, eager: bool,
-    causal_skip: bool = False,
+    causal_skip: bool = False, attention_kernel: str = "fa2",
+    eager_bytes: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Forward and backward seconds of one block for one micro-batch on one rank; the host
     overhead of DTensor under tensor parallelism ("dtensor", forward + backward); and the
@@ -170,11 +217,14 @@ def layer_times_s(
         core_fwd = core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES / 3.0, profile)
         core_bwd = 2.0 * core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES * 2 / 3, profile)
     else:
-        work = 0.5 if causal_skip else 1.0
-        core_fwd = work * core_flops / (
-            peak * profile.efficiency.matmul(core_flops) * FLASH_EFFICIENCY)
-        core_bwd = FLASH_BACKWARD * core_fwd
-    elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES, profile)
+        work = (0.5 if causal_skip else 1.0) * core_flops
+        fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops)
+        core_fwd = work / (peak * fwd_eff)
+        core_bwd = FLASH_BACKWARD * work / (peak * bwd_eff)
+    # fused kernels move each kept activation ELEMENTWISE_PASSES times; eager PyTorch moves
+    # what its counted ops read and write (`eager_bytes`, forward + backward)
+    elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES if eager_bytes is None
+                         else eager_bytes, profile)
     eff = profile.efficiency
     ops_f, ops_b, ops_gemm = block_ops(model, eager)
     forward = gemm + core_fwd + elem / 3.0 + ops_f * eff.op_overhead_s

@@ -94,9 +94,17 @@ class RuntimeTraits:
     tp_comm_overlap: float = 0.0
     """Fraction of tensor-parallel collective time hidden behind GEMMs (Transformer Engine
     userbuffers, Megatron --tp-comm-overlap; NeMo's large-model recipes turn it on). 0: none."""
+    attention_kernel: str = "fa2"
+    """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
+    (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
+    H100; Transformer Engine picks cuDNN's fused attention on Hopper."""
     causal_attention_skip: bool = True
     """Fused causal attention skips fully masked tiles, doing about half of the s^2 work
     (FlashAttention-2, Dao 2023 §3.1; cuDNN/FA3 alike). Eager attention always does all of it."""
+    eager_elementwise: bool = False
+    """Element-wise work runs as one eager PyTorch kernel per aten op (each reads and writes
+    device memory: compute.EAGER_BYTES_PER_TOKEN, counted on autoplan's block); False: fused
+    kernels (Transformer Engine, Apex, torch.compile) move each kept activation a few times."""
     eager_host_overheads: bool = False
     """Pays the profile's measured host seconds per aten op, DTensor op, checkpoint, FSDP unit
     and optimizer tensor (eager PyTorch on a CPU: autoplan's own runtime). GPU runtimes with
@@ -126,6 +134,9 @@ class RuntimeTraits:
         if bad or not self.schedules:
             raise ConfigError("runtime.schedules", f"got {list(self.schedules)!r}",
                               f"list some of {', '.join(sorted(known))}")
+        if self.attention_kernel not in ("fa2", "fa3", "cudnn"):
+            raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
+                              "choose fa2, fa3 or cudnn")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
                               "list some of 0, 1, 2, 3")
@@ -145,6 +156,7 @@ class RuntimeTraits:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
+        "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
                        "with overlapped gradient reduce and parameter gather",
@@ -161,6 +173,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "overlap_param_gather": False,
     },
     "nemo": {
+        "attention_kernel": "cudnn",
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
                        "Transformer Engine userbuffers)",
@@ -168,10 +181,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap": 0.8,
     },
     "torchtitan": {
-        "description": "torchtitan: FSDP2 (fp32 sharded params, fp32 reduce), DTensor TP/SP, "
-                       "torch.distributed.pipelining, op-level selective checkpointing, eager "
-                       "SwiGLU",
-        "fused_swiglu": False, "selective": "op-sac", "fp32_sharded_params": True,
+        "description": "torchtitan as its published runs used it (eager, no torch.compile; "
+                       "torch 2.5-era composite nn.RMSNorm): FSDP2 (fp32 sharded params, fp32 "
+                       "reduce), DTensor TP/SP, torch.distributed.pipelining, op-level selective "
+                       "checkpointing, eager SwiGLU, SDPA's FlashAttention-2",
+        "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
+        "selective": "op-sac", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "zero_stages": [0, 1, 2, 3],
     },
     "deepspeed": {
@@ -186,12 +201,13 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "reduce), DTensor TP/SP, torch.distributed.pipelining, selective keeps GEMM "
                        "and SDPA outputs, eager SwiGLU",
         "fused_swiglu": False, "selective": "all-but-gemms", "fp32_sharded_params": True,
-        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
+        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
                        "composite RMSNorm and measured eager host costs per op",
         "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
+        "eager_elementwise": True,
         "fp32_sharded_params": True, "eager_host_overheads": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "overlap_param_gather": False,

@@ -46,21 +46,29 @@ NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_
 
 def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: np.ndarray,
                   tp: np.ndarray, cp: np.ndarray, eager: bool, runtime: RuntimeTraits,
-                  parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                  parts: dict[str, np.ndarray], sp: np.ndarray | bool = False
+                  ) -> dict[str, np.ndarray]:
     """compute.layer_times_s of one block as this runtime runs it (also what `autoplan
     profile` compares its measured blocks with)."""
     act_scale = 2.0 if precision == "fp32" else 1.0
     noncore = sum(parts[k] for k in NONCORE_PARTS) * act_scale
+    eager_bytes = None
+    if runtime.eager_elementwise:
+        tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
+        eager_bytes = compute.eager_elementwise_bytes(model, tokens, tp, sp, runtime.fused_norm,
+                                                      precision)
     return compute.layer_times_s(model, profile, profile.device.peak(precision), b, tp, cp,
                                  noncore, parts["core"] * act_scale, eager,
-                                 causal_skip=runtime.causal_attention_skip and not eager)
+                                 causal_skip=runtime.causal_attention_skip and not eager,
+                                 attention_kernel=runtime.attention_kernel,
+                                 eager_bytes=eager_bytes)
 
 
 def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
             runtime: RuntimeTraits, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
     peak = profile.device.peak(precision)
-    lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts)
+    lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, lt[runtime.selective.value],
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))
     tokens = model.seq_len / r.cp * r.b

@@ -41,11 +41,14 @@ def test_the_same_plan_costs_what_each_runtime_keeps() -> None:
     plan = plan_from_dict(LLAMA8B)
     megatron = estimate_plan(plan, runtime="megatron")
     titan = estimate_plan(plan, runtime="torchtitan")
-    cpu_like = estimate_plan(plan, runtime="autoplan-cpu")
+    ours = estimate_plan(plan, runtime="autoplan-cuda")
     assert (megatron.runtime, titan.runtime) == ("megatron", "torchtitan")
-    # eager SwiGLU keeps silu's output (2sbf per layer more); composite RMSNorm its fp32 copies
-    assert titan.memory["activations"] > megatron.memory["activations"]
-    assert cpu_like.memory["activations"] > titan.memory["activations"]
+    # eager SwiGLU keeps silu's output (2sbf per layer more) and torchtitan's composite RMSNorm
+    # its fp32 copies (8sbh per norm instead of 2sbh)
+    assert ours.memory["activations"] > megatron.memory["activations"]
+    assert titan.memory["activations"] > ours.memory["activations"]
+    # eager element-wise kernels move more bytes than fused ones
+    assert titan.time["compute"] > ours.time["compute"] > megatron.time["compute"]
     # FSDP2's fp32 sharded masters and Adam (4 + 8) against Megatron's 16-bit model + 12
     assert titan.memory["params"] > megatron.memory["params"]
     assert titan.memory["optimizer"] < megatron.memory["optimizer"]
@@ -55,7 +58,8 @@ def test_a_runtime_refuses_what_it_cannot_run() -> None:
     plan = plan_from_dict({**LLAMA8B, "zero_stage": 3})
     est = estimate_plan(plan, runtime="megatron")
     assert not est.feasible and any("ZeRO stage 3" in r for r in est.reasons)
-    assert estimate_plan(plan, runtime="torchtitan").feasible
+    titan = estimate_plan(plan, runtime="torchtitan")
+    assert not any("ZeRO" in r for r in titan.reasons)
 
 
 def test_tp_overlap_hides_tensor_parallel_time() -> None:
