@@ -53,8 +53,10 @@ class MetricsSink:
         self.live = live
         self.history: list[StepMetrics] = []
         self.resumed_step = resumed_step
-        if self.path is not None and self.path.exists():
-            truncate_after(self.path, resumed_step)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                truncate_after(self.path, resumed_step)
         self._console = None
         if live:
             from rich.console import Console

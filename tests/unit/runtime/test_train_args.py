@@ -59,6 +59,7 @@ def test_bad_train_flags_exit_2_in_one_line_before_launch(tmp_path, capsys, flag
 
 
 def test_metrics_file_keeps_each_step_once_after_a_resume(tmp_path):
+    assert MetricsSink(str(tmp_path / "new" / "m.jsonl"), live=False).path.parent.is_dir()
     path = tmp_path / "m.jsonl"
     lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(1, 9)]
     path.write_text("\n".join(lines) + '\n{"step": 9, "lo')  # killed mid-line at step 9
