@@ -74,7 +74,7 @@ def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
         global_batch_size=args.global_batch_size, seq_len=args.seq_len, space=args.space,
         objective="throughput", max_step_time_s=None, min_tokens_per_s=None,
         deadline_days=None, train_tokens=None, sampler=None, trials=300, seed=0, storage=None,
-        study=None, worker=0, top=args.top)
+        study=None, worker=0, top=args.top, runtime=None)  # autoplan's own runtime: tune runs it
     result = run_search(build_request(ns))
     ranked = plans(result, top_rows(result, len(result.order)))
     # One plan per layout first (the cost model's near-ties, e.g. ZeRO-1 vs ZeRO-2 on a few
