@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
+from autoplan.moe_spec import MLASpec, MoESpec, moe_presets
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 
@@ -79,6 +80,11 @@ class ModelSpec:
     head_dim: int | None = None
     """Width of one attention head; the query projection is num_heads * head_dim wide (and K, V
     num_kv_heads * head_dim). Default: hidden_size / num_heads. Gemma and Qwen3 set it apart."""
+    moe: MoESpec | None = None
+    """Routed experts (autoplan.moe_spec); None: every block has the dense MLP."""
+    mla: MLASpec | None = None
+    """Multi-head latent attention (autoplan.moe_spec); None: standard (grouped-query)
+    attention. With MLA, head_dim is the attention core's mean width (qk + v) / 2."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isprintable() or not self.name.strip():
@@ -204,6 +210,7 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("tiny-llama", 4, 64, 4, 2, 176, 256, 64),
     )
 }
+PRESETS.update((m.name, m) for m in moe_presets())  # Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss
 
 
 def from_hf_config(path: str | Path) -> ModelSpec:

@@ -1,0 +1,183 @@
+"""Mixture-of-experts and multi-head latent attention: the two optional parts of a ModelSpec.
+
+`MoESpec` says which blocks route tokens to experts and how wide the experts are; `MLASpec`
+describes DeepSeek's low-rank attention. Parameter counts and costs live in `autoplan.cost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.errors import ConfigError
+from autoplan.yaml_io import show
+
+MAX_EXPERTS = 2**16
+"""Most routed experts per layer (DeepSeek-V3: 256; far past any published model)."""
+ROUTER_DTYPES = ("fp32", "bf16", "fp16")
+"""Precisions a router GEMM and its softmax/sigmoid may run in (Megatron-Core --moe-router-dtype
+offers fp32 and fp64 on top of the model's own; bf16/fp16 stand for 'the model's')."""
+
+
+def _count(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(field, f"got {show(value)}", f"expected an integer in [{low}, {high}]")
+    return value
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Routed experts in some or all blocks (Shazeer et al. 2017; Fedus et al. 2021, Switch;
+    DeepSeek-AI 2024, DeepSeekMoE). A MoE block replaces the dense MLP by a router and experts."""
+
+    num_experts: int
+    """Routed experts per MoE layer (E)."""
+    experts_per_token: int
+    """Experts each token is sent to (top-k)."""
+    expert_ffn_hidden_size: int
+    """Inner width of each routed expert's MLP (its kind is the model's `mlp`), in elements."""
+    num_shared_experts: int = 0
+    """Experts every token passes through besides the routed ones, each of
+    expert_ffn_hidden_size width (DeepSeek-V3: 1; Qwen2-MoE: shared width / expert width)."""
+    first_dense_layers: int = 0
+    """Leading blocks that keep the dense MLP of ffn_hidden_size (DeepSeek-V3: 3)."""
+    layer_freq: int = 1
+    """After the dense ones, every layer_freq-th block is MoE (1: all; 2: interleaved,
+    Llama 4 Maverick), counting from the first block after the dense ones."""
+    router_dtype: str = "fp32"
+    """Precision of the router GEMM (h x E) and its scores: fp32, bf16 or fp16."""
+    capacity_factor: float | None = None
+    """Tokens an expert takes at most, as a multiple of the even share (tokens*k/E); tokens past
+    it are dropped. None: dropless (every routed token is computed)."""
+    load_imbalance: float = 1.0
+    """Stated factor by which the busiest expert's tokens exceed the mean (>= 1); the cost
+    model prices the slowest rank's expert GEMMs and all-to-all at it."""
+    router_aux_free: bool = False
+    """Load balancing by a per-expert bias rather than an auxiliary loss (DeepSeek-V3 §2.1.2);
+    adds E parameters per MoE layer."""
+
+    def __post_init__(self) -> None:
+        _count("model.moe.num_experts", self.num_experts, 1, MAX_EXPERTS)
+        _count("model.moe.experts_per_token", self.experts_per_token, 1, MAX_EXPERTS)
+        if self.experts_per_token > self.num_experts:
+            raise ConfigError("model.moe.experts_per_token",
+                              f"{self.experts_per_token} exceeds num_experts={self.num_experts}",
+                              "route each token to at most num_experts experts")
+        _count("model.moe.expert_ffn_hidden_size", self.expert_ffn_hidden_size, 1, 2**22)
+        _count("model.moe.num_shared_experts", self.num_shared_experts, 0, MAX_EXPERTS)
+        _count("model.moe.first_dense_layers", self.first_dense_layers, 0, 2**16)
+        _count("model.moe.layer_freq", self.layer_freq, 1, 2**16)
+        if self.router_dtype not in ROUTER_DTYPES:
+            raise ConfigError("model.moe.router_dtype", f"got {show(self.router_dtype)}",
+                              f"choose one of {', '.join(ROUTER_DTYPES)}")
+        cf = self.capacity_factor
+        if cf is not None and not (_number(cf) and 0.0 < cf <= self.num_experts):
+            raise ConfigError("model.moe.capacity_factor", f"got {show(cf)}",
+                              f"expected null (dropless) or a number in (0, {self.num_experts}]")
+        li = self.load_imbalance
+        if not _number(li) or not 1.0 <= li <= self.num_experts:
+            raise ConfigError("model.moe.load_imbalance", f"got {show(li)}",
+                              f"expected a number in [1, num_experts={self.num_experts}]")
+        if not isinstance(self.router_aux_free, bool):
+            raise ConfigError("model.moe.router_aux_free", f"got {show(self.router_aux_free)}",
+                              "expected true or false")
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Block i (0-based) routes to experts: past the dense ones, every layer_freq-th."""
+        j = i - self.first_dense_layers
+        return j >= 0 and j % self.layer_freq == 0
+
+    def moe_layers(self, num_layers: int) -> int:
+        """How many of num_layers blocks are MoE."""
+        return sum(self.is_moe_layer(i) for i in range(num_layers))
+
+    @property
+    def routed_share(self) -> float:
+        """Expected tokens per expert over tokens: k / E (GShard's even share)."""
+        return self.experts_per_token / self.num_experts
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-AI 2024, DeepSeek-V2 §2.1): queries and keys/values
+    pass through low-rank latents; each head has a RoPE part and a no-position part."""
+
+    kv_lora_rank: int
+    """Width of the compressed key/value latent (d_c; DeepSeek-V3: 512)."""
+    qk_rope_head_dim: int
+    """Per-head width of the rotary query/key part (d_h^R; 64), the key part shared by heads."""
+    qk_nope_head_dim: int
+    """Per-head width of the query/key part without position (d_h; 128)."""
+    v_head_dim: int
+    """Per-head width of the values (128)."""
+    q_lora_rank: int | None = None
+    """Width of the compressed query latent (d_c'; 1536); None: queries projected directly."""
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            _count(f"model.mla.{name}", getattr(self, name), 1, 2**20)
+        if self.q_lora_rank is not None:
+            _count("model.mla.q_lora_rank", self.q_lora_rank, 1, 2**20)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one head's query and key: no-position plus rotary part."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports this module
+    """Built-in MoE models, each read from its Hugging Face config.json (cited per entry)."""
+    from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+
+    def moe(name: str, layers: int, hidden: int, heads: int, kv: int, vocab: int, seq: int,
+            spec: MoESpec, ffn: int | None = None, head_dim: int | None = None,
+            bias: bool = False, mla: MLASpec | None = None) -> ModelSpec:
+        return ModelSpec(
+            name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
+            ffn_hidden_size=ffn or spec.expert_ffn_hidden_size, vocab_size=vocab, seq_len=seq,
+            mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=bias,
+            head_dim=head_dim, moe=spec, mla=mla)
+
+    return [
+        # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json: hidden 4096,
+        # intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab 32000, 8 local experts,
+        # top-2; 46.7B total / 12.9B active (Jiang et al. 2024, "Mixtral of Experts" §2).
+        moe("mixtral-8x7b", 32, 4096, 32, 8, 32000, 4096, MoESpec(8, 2, 14336)),
+        # huggingface.co/mistralai/Mixtral-8x22B-v0.1/blob/main/config.json: hidden 6144,
+        # intermediate 16384, 56 layers, 48 heads, 8 KV heads, vocab 32000; 141B / 39B active
+        # (mistral.ai/news/mixtral-8x22b).
+        moe("mixtral-8x22b", 56, 6144, 48, 8, 32000, 4096, MoESpec(8, 2, 16384)),
+        # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: hidden 2048, 48 layers, 32
+        # heads of 128, 4 KV heads, 128 experts of 768, top-8, vocab 151936, no dense layers
+        # (mlp_only_layers []); 30.5B / 3.3B active (model card). Pre-training context 4096
+        # for most tokens (Qwen3 technical report §3.2, stage S1/S2).
+        moe("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 4096, MoESpec(128, 8, 768),
+            ffn=6144, head_dim=128),
+        # huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json: hidden 4096, 94 layers,
+        # 64 heads of 128, 4 KV heads, 128 experts of 1536, top-8; 235B / 22B active.
+        moe("qwen3-235b-a22b", 94, 4096, 64, 4, 151936, 4096, MoESpec(128, 8, 1536),
+            ffn=12288, head_dim=128),
+        # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json: hidden 7168, 61 layers
+        # (first_k_dense_replace 3, dense intermediate 18432), 128 heads, MLA (q_lora_rank 1536,
+        # kv_lora_rank 512, qk_rope 64, qk_nope 128, v 128), 256 routed experts of 2048 + 1
+        # shared, top-8, sigmoid router with a bias (aux-loss-free), vocab 129280; 671B / 37B
+        # active without the multi-token-prediction module (DeepSeek-V3 report §4.2: 4K
+        # pre-training sequences). head_dim 160 = (192 + 128) / 2, the attention core's width.
+        moe("deepseek-v3", 61, 7168, 128, 128, 129280, 4096,
+            MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3,
+                    router_aux_free=True),
+            ffn=18432, head_dim=160, mla=MLASpec(512, 64, 128, 128, q_lora_rank=1536)),
+        # huggingface.co/openai/gpt-oss-120b/blob/main/config.json: hidden 2880, 36 layers, 64
+        # heads of 64, 8 KV heads, 128 experts of 2880, top-4, attention and expert biases,
+        # vocab 201088 (o200k_harmony); 116.8B / 5.13B active (gpt-oss model card, Table 1,
+        # active counting the unembedding but not the embedding). Alternating sliding-window
+        # layers and attention sinks are not modelled.
+        moe("gpt-oss-120b", 36, 2880, 64, 8, 201088, 4096, MoESpec(128, 4, 2880),
+            head_dim=64, bias=True),
+        # CPU tests: 4 blocks, the first dense, 8 experts of 128, top-2, byte vocabulary.
+        moe("tiny-moe", 4, 64, 4, 4, 256, 64, MoESpec(8, 2, 128, first_dense_layers=1),
+            ffn=128),
+    ]
