@@ -47,6 +47,9 @@ class Precision(str, enum.Enum):
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
+    FP8 = "fp8"
+    """FP8 GEMMs (E4M3 forward, E5M2 gradients) with bf16 weights, attention and the rest, as
+    Transformer Engine and torchao's float8 training run it; needs a device with an fp8 peak."""
 
 
 MAX_INT = 2**40

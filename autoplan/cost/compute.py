@@ -177,6 +177,21 @@ def eager_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
     return np.maximum(per_token, 0.0) * np.asarray(tokens, float) * width
 
 
+def fp8_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """Bytes an fp8 block's casts move per micro-batch, forward + backward: every FP8 GEMM casts
+    its 16-bit input forward and its 16-bit output gradient backward (read 2, write 1 byte per
+    element; per-tensor amax and scale: Transformer Engine, "Using FP8 with Transformer Engine";
+    torchao float8 training alike); weight casts amortise over the micro-batches and are left
+    out. Inputs: QKV h, output projection a*d, MLP h and f; output gradients: QKV a*d + 2kv*d,
+    output projection h, MLP up (2f gated) and down h. Widths split by tp except h's."""
+    h, f = model.hidden_size, model.ffn
+    q, kv = model.q_width, model.kv_heads * model.head_width
+    up = 2 * f if model.gated_mlp else f
+    tp = np.asarray(tp, float)
+    widths = (2 * h + h + h) + (q + f + q + 2 * kv + up) / tp
+    return 3.0 * widths * np.asarray(tokens, float)
+
+
 def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for
@@ -196,7 +211,8 @@ def layer_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
     cp: np.ndarray, act_noncore_bytes: np.ndarray, act_core_bytes: np.ndarray, eager: bool,
     causal_skip: bool = False, attention_kernel: str = "fa2",
-    eager_bytes: np.ndarray | None = None,
+    eager_bytes: np.ndarray | None = None, attention_peak: float | None = None,
+    extra_elementwise_bytes: np.ndarray | float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Forward and backward seconds of one block for one micro-batch on one rank; the host
     overhead of DTensor under tensor parallelism ("dtensor", forward + backward); and the
@@ -219,12 +235,13 @@ def layer_times_s(
     else:
         work = (0.5 if causal_skip else 1.0) * core_flops
         fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops)
-        core_fwd = work / (peak * fwd_eff)
-        core_bwd = FLASH_BACKWARD * work / (peak * bwd_eff)
+        a_peak = peak if attention_peak is None else attention_peak  # fp8 runs: 16-bit attention
+        core_fwd = work / (a_peak * fwd_eff)
+        core_bwd = FLASH_BACKWARD * work / (a_peak * bwd_eff)
     # fused kernels move each kept activation ELEMENTWISE_PASSES times; eager PyTorch moves
     # what its counted ops read and write (`eager_bytes`, forward + backward)
-    elem = memory_time_s(act_noncore_bytes * ELEMENTWISE_PASSES if eager_bytes is None
-                         else eager_bytes, profile)
+    elem = memory_time_s((act_noncore_bytes * ELEMENTWISE_PASSES if eager_bytes is None
+                          else eager_bytes) + extra_elementwise_bytes, profile)
     eff = profile.efficiency
     ops_f, ops_b, ops_gemm = block_ops(model, eager)
     forward = gemm + core_fwd + elem / 3.0 + ops_f * eff.op_overhead_s

@@ -22,6 +22,7 @@ from autoplan.cost.step_time import (
     ADAM_BYTES_PER_PARAM,
     TIME_PARTS,
     recompute_flops_per_step,
+    sixteen_bit_peak,
     time_by_part,
 )
 from autoplan.hardware import ClusterProfile, ClusterSpec, load_profile
@@ -49,11 +50,11 @@ def estimate_table(
     traits = default_runtime(profile) if runtime is None else load_runtime(runtime)
     eager = attention == "eager"
     r = rows_of(table, model, precision, traits)
-    parts = activation_parts(model, r, eager, traits)
+    parts = activation_parts(model, r, eager, traits, precision)
     out = memory_by_part(model, profile, r, precision, eager, traits, parts)
     out.update(time_by_part(model, profile, r, precision, eager, traits, parts,
                             out.pop("mem_psi")))
-    peak = profile.device.peak(precision)
+    peak = sixteen_bit_peak(profile, precision)  # MFU of an fp8 run against the 16-bit peak
     out["model_flops_per_step"] = r.gbs * compute.model_flops_per_sequence(model)
     out["tokens_per_s"] = r.gbs * model.seq_len / out["time_step"]
     out["mfu"] = out["model_flops_per_step"] / (out["time_step"] * r.world * peak)

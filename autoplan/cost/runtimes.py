@@ -109,6 +109,13 @@ class RuntimeTraits:
     """Pays the profile's measured host seconds per aten op, DTensor op, checkpoint, FSDP unit
     and optimizer tensor (eager PyTorch on a CPU: autoplan's own runtime). GPU runtimes with
     large kernels hide them."""
+    fp8_weight_cache_bytes: float = 2.0
+    """Bytes per parameter an fp8 run keeps beside the 16-bit weights: Transformer Engine caches
+    each weight's fp8 copy and its transpose across micro-batches (2); torchao's dynamic
+    scaling casts on the fly (0)."""
+    fp8_activations: bool = True
+    """An fp8 run saves its GEMM inputs for backward in fp8 (1 byte instead of 2): TE's
+    Linear/LayerNormLinear and torchao's Float8Linear both keep the casts."""
     logit_bytes_saved: float = 4.0
     """Bytes per logit the loss keeps for backward, per micro-batch in flight (the fp32
     softmax of Megatron's vocab-parallel cross-entropy; fp32 log-softmax in torch)."""
@@ -121,6 +128,9 @@ class RuntimeTraits:
     """ZeRO stages the runtime can run."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.fp8_weight_cache_bytes <= 4.0:
+            raise ConfigError("runtime.fp8_weight_cache_bytes",
+                              f"got {self.fp8_weight_cache_bytes!r}", "expected 0 to 4 bytes")
         for f in ("grad_bytes_bf16", "grad_bytes_fp16", "reduce_bytes_bf16", "reduce_bytes_fp16",
                   "logit_bytes_saved", "logit_bytes_transient"):
             value = getattr(self, f)
@@ -142,7 +152,7 @@ class RuntimeTraits:
                               "list some of 0, 1, 2, 3")
 
     def grad_bytes(self, precision: str) -> float:
-        """Bytes per gradient element kept on the device."""
+        """Bytes per gradient element kept on the device (fp8 runs keep bf16's)."""
         if precision == "fp32":
             return 4.0
         return self.grad_bytes_fp16 if precision == "fp16" else self.grad_bytes_bf16
@@ -186,6 +196,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "reduce), DTensor TP/SP, torch.distributed.pipelining, op-level selective "
                        "checkpointing, eager SwiGLU, SDPA's FlashAttention-2",
         "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
+        "fp8_weight_cache_bytes": 0.0,
         "selective": "op-sac", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "zero_stages": [0, 1, 2, 3],
     },
@@ -202,12 +213,13 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "and SDPA outputs, eager SwiGLU",
         "fused_swiglu": False, "selective": "all-but-gemms", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
+        "fp8_weight_cache_bytes": 0.0,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
                        "composite RMSNorm and measured eager host costs per op",
         "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
-        "eager_elementwise": True,
+        "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
         "fp32_sharded_params": True, "eager_host_overheads": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "overlap_param_gather": False,

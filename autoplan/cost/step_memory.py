@@ -19,11 +19,18 @@ from autoplan.plan_table import GPIPE, INTERLEAVED, RC_NONE
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserved")
 
 
-def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTraits
-                     ) -> dict[str, np.ndarray]:
-    return memory.activation_elements_per_layer(
+FP8_SAVED_INPUTS = ("gemm_in", "attn_out", "mlp_mid")
+"""Activation parts that are GEMM inputs, which an fp8 run saves in fp8 (half the bytes)."""
+
+
+def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTraits,
+                     precision: str = "bf16") -> dict[str, np.ndarray]:
+    parts = memory.activation_elements_per_layer(
         model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
         fused_swiglu=runtime.fused_swiglu)
+    if precision == "fp8" and runtime.fp8_activations:
+        parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS}}
+    return parts
 
 
 def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTraits
@@ -37,11 +44,14 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
     psi_last = psi_last - np.where(r.v_shape, head, 0.0)
 
     def states(psi: np.ndarray) -> dict[str, np.ndarray]:
-        return memory.model_state_bytes(
+        out = memory.model_state_bytes(
             psi, r.zero, r.shard, precision, r.offload_optimizer, r.offload_params,
             grad_bytes=runtime.grad_bytes(precision),
             unsharded_accumulation=r.unsharded_accumulation,
             fp32_sharded_params=runtime.fp32_sharded_params)
+        if precision == "fp8":  # the fp8 weight copies (and transposes) a runtime caches
+            out["params"] = out["params"] + psi * runtime.fp8_weight_cache_bytes
+        return out
 
     return states(psi_first), states(psi_last), np.maximum(psi_first, psi_last)
 

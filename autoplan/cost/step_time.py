@@ -52,6 +52,9 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     profile` compares its measured blocks with)."""
     act_scale = 2.0 if precision == "fp32" else 1.0
     noncore = sum(parts[k] for k in NONCORE_PARTS) * act_scale
+    fp8 = precision == "fp8"
+    tokens_mb = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
+    casts = compute.fp8_cast_bytes(model, tokens_mb, tp) if fp8 else 0.0
     eager_bytes = None
     if runtime.eager_elementwise:
         tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
@@ -61,13 +64,20 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
                                  noncore, parts["core"] * act_scale, eager,
                                  causal_skip=runtime.causal_attention_skip and not eager,
                                  attention_kernel=runtime.attention_kernel,
-                                 eager_bytes=eager_bytes)
+                                 eager_bytes=eager_bytes,
+                                 attention_peak=sixteen_bit_peak(profile, precision),
+                                 extra_elementwise_bytes=casts)
+
+
+def sixteen_bit_peak(profile: ClusterProfile, precision: str) -> float:
+    """The peak that attention, the output layer and MFU use: an fp8 run's 16-bit peak."""
+    return profile.device.peak("bf16" if precision == "fp8" else precision)
 
 
 def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
             runtime: RuntimeTraits, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
-    peak = profile.device.peak(precision)
+    peak = sixteen_bit_peak(profile, precision)  # the output layer stays 16-bit in fp8 runs
     lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, lt[runtime.selective.value],
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))

@@ -90,7 +90,7 @@ def apply_fsdp(
 
     mp = MixedPrecisionPolicy()
     if precision != Precision.FP32:
-        low = torch.bfloat16 if precision == Precision.BF16 else torch.float16
+        low = torch.float16 if precision == Precision.FP16 else torch.bfloat16  # fp8: bf16 rest
         mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     kwargs = {
         "mesh": fsdp_mesh(world_mesh, dims),

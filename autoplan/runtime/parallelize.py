@@ -5,9 +5,10 @@ compose on gloo by the parity table in tests/dist/test_parity.py):
 
 1. build the whole model on the meta device (no memory);
 2. pipeline split: keep this pp rank's stage(s), deleting the other modules (FQNs unchanged);
-3. per stage: tensor/sequence parallelism (DTensor), then context parallelism (attention and
-   positions hooked to the cp group), then activation recomputation (checkpoint wrappers
-   around blocks), then FSDP2 fully_shard (ZeRO-1/2/3, bf16, offload; over dp x cp);
+3. per stage: fp8 Linear layers (torchao; fp8 plans on CUDA only), tensor/sequence
+   parallelism (DTensor), then context parallelism (attention and positions hooked to the cp
+   group), then activation recomputation (checkpoint wrappers around blocks), then FSDP2
+   fully_shard (ZeRO-1/2/3, bf16, offload; over dp x cp);
 4. materialise on the device and load the deterministic, layout-independent initial weights;
 5. DDP for pure data parallelism (it needs real tensors);
 6. pipeline stages and schedule (pp > 1).
@@ -28,6 +29,7 @@ from autoplan.plan import Plan, Precision
 from autoplan.runtime import (
     context_parallel,
     data_parallel,
+    float8,
     pipeline_parallel,
     recompute,
     tensor_parallel,
@@ -157,6 +159,8 @@ def parallelize(
     ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload)
     fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload)
     for part in parts:  # 3
+        if plan.precision == Precision.FP8:  # validation refused it unless torchao runs it
+            float8.apply_float8(part)
         if dims.tp > 1:
             tensor_parallel.apply_tp(part, mesh["tp"], plan.sequence_parallel, loss_parallel)
             if spec.tie_embeddings:

@@ -31,8 +31,12 @@ def plan_cluster(plan: Plan) -> ClusterSpec | None:
 
 def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     """Reasons this runtime cannot execute `plan` for `spec` (empty if it can): the plan
-    rules of autoplan.plan_rules."""
-    return validate_plan(plan, spec, plan_cluster(plan))
+    rules of autoplan.plan_rules, and what this machine lacks for it (fp8)."""
+    from autoplan.runtime.float8 import fp8_problem
+
+    problems = validate_plan(plan, spec, plan_cluster(plan))
+    fp8 = fp8_problem(plan)
+    return problems + ([fp8] if fp8 else [])
 
 
 def check_plan(plan: Plan, spec: ModelSpec, world_size: int | None = None) -> None:

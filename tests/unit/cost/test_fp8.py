@@ -1,0 +1,43 @@
+"""fp8 plans: GEMMs at the fp8 peak, attention and the output layer at 16-bit, casts paid,
+GEMM inputs saved in fp8, weight caches where the runtime keeps them; MFU against 16-bit."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.cost.estimate import estimate_plan
+from autoplan.plan import plan_from_dict
+
+BASE = {"model": "llama-3-8b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
+        "parallel": {"dp": 8}, "zero_stage": 1,
+        "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+
+
+def _pair(runtime: str):
+    return (estimate_plan(plan_from_dict({**BASE, "precision": "bf16"}), runtime=runtime),
+            estimate_plan(plan_from_dict({**BASE, "precision": "fp8"}), runtime=runtime))
+
+
+def test_fp8_is_faster_but_less_than_twice() -> None:
+    bf16, fp8 = _pair("megatron")
+    speedup = bf16.time["compute"] / fp8.time["compute"]
+    # the GEMMs run at twice the peak; attention, norms and casts do not
+    assert 1.2 < speedup < 2.0
+    assert fp8.mfu > bf16.mfu  # both against the 16-bit peak
+
+
+def test_fp8_memory_follows_the_runtime() -> None:
+    bf16, fp8 = _pair("megatron")
+    # Transformer Engine caches an fp8 weight and its transpose: 2 bytes per parameter
+    assert fp8.memory["params"] - bf16.memory["params"] == pytest.approx(
+        2 * bf16.num_params, rel=0.02)
+    assert fp8.memory["activations"] < bf16.memory["activations"]  # fp8 GEMM inputs
+    t_bf16, t_fp8 = _pair("torchtitan")
+    assert t_fp8.memory["params"] == pytest.approx(t_bf16.memory["params"])  # casts on the fly
+
+
+def test_fp8_needs_a_device_with_an_fp8_peak() -> None:
+    plan = plan_from_dict({**BASE, "precision": "fp8",
+                           "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 8}})
+    est = estimate_plan(plan, runtime="megatron")
+    assert not est.feasible and any("fp8" in r for r in est.reasons)
