@@ -31,8 +31,9 @@ class Kind:
 PROFILES = Kind("profiles", "AUTOPLAN_PROFILES")
 SPACES = Kind("search_spaces", "AUTOPLAN_SPACES")
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-"""A name that is one plain file name: no separators, no leading dot, nothing to expand."""
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+"""A name that is one plain file name: no separators, no leading dot, nothing to expand, and
+short enough to be one (NAME_MAX is 255 bytes; `is_file` raises past it)."""
 
 
 def user_dir(kind: Kind) -> Path:

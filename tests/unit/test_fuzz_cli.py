@@ -87,6 +87,13 @@ HOSTILE_VALUES: list[Any] = [
     "../x", "$(id)", "\u0663", "tiny", "full", [], [1, 2], [[[]]], {}, {"a": 1}, {"enabled": True},
     [True],
 ]
+PLAUSIBLE_VALUES: list[Any] = [
+    0, 1, 2, 4, 8, 16, 64, True, False, None, "none", "full", "selective", "bf16", "fp16", "fp32",
+    "1f1b", "gpipe", "interleaved-1f1b", "zero-bubble", "flash", "eager", "swiglu", "gelu",
+    "geglu", "rmsnorm", "layernorm", "rope", "learned", "cpu", [1, 1, 2], 0.1, 0.5,
+]
+"""Values of the right kind for some field, so that mutated files also reach the cost model,
+the rules and the exporters, not only the loaders."""
 HOSTILE_TEXT = [
     "a: &a [1, *a]\n",
     "".join(f"l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 9) if i else '1,1,1,1,1,1,1,1,1'}]\n"
@@ -148,7 +155,8 @@ def mutate_doc(rng: random.Random, base: Any, max_edits: int = 3) -> Any:
         for key in path[:-1]:
             parent = parent[key]
         action = rng.random()
-        value = copy.deepcopy(rng.choice(HOSTILE_VALUES))
+        pool = PLAUSIBLE_VALUES if rng.random() < 0.6 else HOSTILE_VALUES
+        value = copy.deepcopy(rng.choice(pool))
         if action < 0.6:
             parent[path[-1]] = value
         elif action < 0.8:
@@ -165,18 +173,20 @@ def render(rng: random.Random, doc: Any, as_json: bool = False) -> str | bytes:
     else:
         text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
     roll = rng.random()
-    if roll < 0.08:
+    if roll < 0.5:
+        return text
+    if roll < 0.58:
         return text[: rng.randint(0, len(text))]
-    if roll < 0.16:
+    if roll < 0.66:
         return text + rng.choice(HOSTILE_TEXT)
-    if roll < 0.20:
+    if roll < 0.70:
         return rng.choice(HOSTILE_TEXT)
-    if roll < 0.23:
+    if roll < 0.73:
         raw = bytearray(text.encode())
         if raw:
             raw[rng.randrange(len(raw))] = rng.randrange(256)
         return bytes(raw)
-    if roll < 0.25:
+    if roll < 0.75:
         return text.encode("utf-16")
     return text
 
@@ -184,6 +194,8 @@ def render(rng: random.Random, doc: Any, as_json: bool = False) -> str | bytes:
 def mutate_args(rng: random.Random, argv: list[str], p: float = 0.25) -> list[str]:
     """Swap a few values for hostile ones, drop or repeat a flag, add an unknown one."""
     out = list(argv)
+    if rng.random() < 0.4:  # many cases keep their values, to go past the argument checks
+        return out
     for i in range(1, len(out)):  # the sub-command stays
         if not out[i].startswith("--") and rng.random() < p:
             out[i] = rng.choice(HOSTILE_ARGS)
@@ -282,7 +294,7 @@ EXPORT_TARGETS = ["slurm", "kubernetes", "torchrun", "deepspeed", "megatron", "t
 
 
 def gen_export(rng: random.Random) -> Case:
-    plan = mutate_doc(rng, rng.choice([PLAN, BIG_PLAN]), 2)
+    plan = mutate_doc(rng, rng.choice([PLAN, BIG_PLAN]), 1)
     files: dict[str, str | bytes] = {"plan.yaml": render(rng, plan)}
     argv = ["export", "plan.yaml", "--to", rng.choice(EXPORT_TARGETS)]
     options = {
