@@ -81,6 +81,23 @@ def _gpus_per_node(args: argparse.Namespace, profile: str, world: int) -> int:
     return load_profile(profile).gpus_per_node
 
 
+TARGET_RUNTIMES = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "torchtitan"}
+"""The runtime-traits preset each target's engine is priced with; slurm, kubernetes and
+torchrun launch autoplan's own runtime."""
+
+
+def price_for_target(plan, model, target: str) -> str:
+    """One line: the plan's step time and memory as the target's engine would run it."""
+    from autoplan.cost.estimate import estimate_plan
+
+    est = estimate_plan(plan, model=model, runtime=TARGET_RUNTIMES.get(target))
+    line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s +- {est.error_band:.0%}, "
+            f"{est.memory['total'] / 2**30:.1f} GiB per GPU")
+    if not est.feasible:
+        line += f"; under {est.runtime} it does not fit: {est.reasons[0]}"
+    return line
+
+
 def _out_paths(out: Path, names: list[str]) -> list[Path]:
     """The primary file at --out, the others beside it as <stem>.<name>."""
     return [out] + [out.with_name(f"{out.stem}.{name}") for name in names[1:]]
@@ -108,6 +125,10 @@ def run_export(args: argparse.Namespace) -> int:
     )
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
     names = list(files)
+    try:
+        sys.stderr.write(price_for_target(plan, model, args.to) + "\n")
+    except ConfigError as err:  # a profile of another machine: the export stands on its own
+        log.info("not priced: %s", err)
     if args.format in ("json", "yaml"):
         data = {"target": args.to, "files": files}
         text = json.dumps(data, indent=2) + "\n" if args.format == "json" else dump_yaml(data)
