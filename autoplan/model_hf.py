@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
 """Families with HF's Llama block: q/k/v/o projections and a gated MLP (gate, up, down)."""
-SUPPORTED = (*LLAMA_LIKE, "gpt2", "gpt_neox")
+SUPPORTED = (*LLAMA_LIKE, "gpt2", "gpt_neox",
+             "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")  # model_hf_moe
 TIED_BY_DEFAULT = {"gemma": True, "gemma2": True}
 """`tie_word_embeddings` when the file leaves it out, as each family's HF config class sets it
 (GemmaConfig/Gemma2Config: True; LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
@@ -107,6 +108,10 @@ def _llama_like(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelS
 
 
 def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
+    from autoplan.model_hf_moe import MOE_FAMILIES, from_moe_config
+
+    if kind in MOE_FAMILIES:
+        return from_moe_config(cfg, where, name, kind)
     if kind == "gpt2":
         hidden = _int(cfg, where, "n_embd")
         return ModelSpec(

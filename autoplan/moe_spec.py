@@ -147,9 +147,9 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # top-2; 46.7B total / 12.9B active (Jiang et al. 2024, "Mixtral of Experts" §2).
         moe("mixtral-8x7b", 32, 4096, 32, 8, 32000, 4096, MoESpec(8, 2, 14336)),
         # huggingface.co/mistralai/Mixtral-8x22B-v0.1/blob/main/config.json: hidden 6144,
-        # intermediate 16384, 56 layers, 48 heads, 8 KV heads, vocab 32000; 141B / 39B active
+        # intermediate 16384, 56 layers, 48 heads, 8 KV heads, vocab 32768; 141B / 39B active
         # (mistral.ai/news/mixtral-8x22b).
-        moe("mixtral-8x22b", 56, 6144, 48, 8, 32000, 4096, MoESpec(8, 2, 16384)),
+        moe("mixtral-8x22b", 56, 6144, 48, 8, 32768, 4096, MoESpec(8, 2, 16384)),
         # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: hidden 2048, 48 layers, 32
         # heads of 128, 4 KV heads, 128 experts of 768, top-8, vocab 151936, no dense layers
         # (mlp_only_layers []); 30.5B / 3.3B active (model card). Pre-training context 4096

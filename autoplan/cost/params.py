@@ -20,6 +20,8 @@ def padded_vocab(model: ModelSpec, tp: np.ndarray | int = 1) -> np.ndarray:
 
 
 def attention_params(model: ModelSpec) -> int:
+    if model.mla is not None:
+        return mla_params(model)
     h, kv_width = model.hidden_size, model.kv_heads * model.head_width
     q_width = model.q_width  # num_heads * head_dim; h unless head_dim is set apart (Gemma, Qwen3)
     weights = h * (q_width + 2 * kv_width) + q_width * h  # QKV and output projection
@@ -32,6 +34,74 @@ def mlp_params(model: ModelSpec) -> int:
     matrices = 3 if model.gated_mlp else 2  # SwiGLU and GeGLU: gate, up, down
     biases = ((matrices - 1) * f + h) if model.bias else 0
     return matrices * h * f + biases
+
+
+def mla_params(model: ModelSpec) -> int:
+    """Multi-head latent attention (DeepSeek-V2 §2.1, eqs. 1-14; HF DeepseekV3Attention): query
+    down (h x d_c') with its RMSNorm and up (d_c' x a*(d_h + d_R)), or one h x a*(d_h + d_R)
+    projection; key/value down (h x (d_c + d_R)) with its norm and up (d_c x a*(d_h + d_v));
+    output a*d_v x h."""
+    mla, h, a = model.mla, model.hidden_size, model.num_heads
+    assert mla is not None
+    q_out = a * mla.qk_head_dim
+    q = h * q_out if mla.q_lora_rank is None else mla.q_lora_rank * (h + 1 + q_out)
+    kv = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank * (
+        1 + a * (mla.qk_nope_head_dim + mla.v_head_dim))
+    return q + kv + a * mla.v_head_dim * h
+
+
+def expert_params(model: ModelSpec) -> int:
+    """One routed (or shared) expert: an MLP of the model's kind at expert_ffn_hidden_size."""
+    assert model.moe is not None
+    return mlp_params(model.replace(ffn_hidden_size=model.moe.expert_ffn_hidden_size, moe=None))
+
+
+def router_params(model: ModelSpec) -> int:
+    """The router's h x E scores (with a bias for gpt-oss-style biased models) and DeepSeek-V3's
+    aux-loss-free per-expert bias."""
+    moe = model.moe
+    assert moe is not None
+    return moe.num_experts * (model.hidden_size + int(model.bias) + int(moe.router_aux_free))
+
+
+def moe_layers(model: ModelSpec) -> int:
+    """Blocks that route to experts (0 for a dense model)."""
+    return 0 if model.moe is None else model.moe.moe_layers(model.num_layers)
+
+
+def routed_expert_params(model: ModelSpec) -> int:
+    """Routed expert weights of the whole model: what expert parallelism splits."""
+    if model.moe is None:
+        return 0
+    return moe_layers(model) * model.moe.num_experts * expert_params(model)
+
+
+def dense_block_params(model: ModelSpec) -> float:
+    """Mean parameters of one block outside the routed experts: attention, norms, the dense MLP
+    (dense blocks) or router and shared experts (MoE blocks); layer_params for a dense model."""
+    return non_expert_block_params(model) / model.num_layers
+
+
+def non_expert_block_params(model: ModelSpec) -> int:
+    """All blocks' parameters outside the routed experts (the whole model's blocks if dense)."""
+    if model.moe is None:
+        return model.num_layers * layer_params(model)
+    n_moe = moe_layers(model)
+    moe_rest = attention_params(model) + 2 * norm_params(model) + router_params(model) \
+        + model.moe.num_shared_experts * expert_params(model)
+    return (model.num_layers - n_moe) * layer_params(model) + n_moe * moe_rest
+
+
+def active_params(model: ModelSpec, embedding: bool = True) -> int:
+    """Parameters one token passes through: every non-expert weight, k routed experts and the
+    shared ones in each MoE block. `embedding=False` leaves out the input embedding table (a
+    lookup, not a GEMM), as the gpt-oss model card counts its 5.13B. total_params for a dense
+    model."""
+    full = total_params(model)
+    if model.moe is not None:
+        unused = model.moe.num_experts - model.moe.experts_per_token
+        full -= moe_layers(model) * unused * expert_params(model)
+    return full - (0 if embedding else int(embedding_params(model)))
 
 
 def norm_params(model: ModelSpec) -> int:
@@ -68,6 +138,9 @@ def total_params(model: ModelSpec) -> int:
     """Parameters of the whole model with the tokenizer's (unpadded) vocabulary."""
     head = 0 if model.tie_embeddings else model.vocab_size * model.hidden_size
     embed = int(embedding_params(model))
+    if model.moe is not None:
+        blocks = non_expert_block_params(model) + routed_expert_params(model)
+        return blocks + embed + head + norm_params(model)
     return model.num_layers * layer_params(model) + embed + head + norm_params(model)
 
 
@@ -79,11 +152,12 @@ def params_per_rank(
 
     Block matrices split over tp (norms and row-parallel biases are replicated and counted in
     full: a few parts per million). The first stage holds the embedding, the last the output
-    head; with pp > 1 a tied head is a second copy on the last stage (Megatron-LM).
+    head; with pp > 1 a tied head is a second copy on the last stage (Megatron-LM). Routed
+    experts are not included: expert_params_per_rank counts them (sharded by ep x etp).
     """
     tp, pp = np.asarray(tp), np.asarray(pp)
     v = padded_vocab(model, tp)
-    block = layer_params(model) / tp
+    block = (layer_params(model) if model.moe is None else dense_block_params(model)) / tp
     embed = v * model.hidden_size / tp + (embedding_params(model, 0))
     head = v * model.hidden_size / tp
     single = pp == 1
@@ -91,3 +165,17 @@ def params_per_rank(
     first = layers_first * block + embed + np.where(single, untied_head + norm_params(model), 0)
     last = np.where(single, first, layers_last * block + head + norm_params(model))
     return first, last
+
+
+def expert_params_per_rank(model: ModelSpec, ep: np.ndarray, etp: np.ndarray,
+                           layers: np.ndarray) -> np.ndarray:
+    """Routed expert parameters on one GPU of a stage of `layers` blocks: E/ep experts per MoE
+    block, each split etp ways (Megatron-Core expert parallelism, docs "MoE": experts are
+    distributed over the EP group, then tensor-split over expert-TP). MoE blocks are taken as
+    spread evenly over the stages (moe_layers / L of each stage's blocks); 0 for dense."""
+    if model.moe is None:
+        return 0.0 * np.asarray(layers, float)
+    share = moe_layers(model) / model.num_layers
+    per_layer = model.moe.num_experts * expert_params(model)
+    return np.asarray(layers, float) * share * per_layer / (np.asarray(ep, float)
+                                                           * np.asarray(etp, float))

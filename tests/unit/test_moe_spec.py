@@ -1,0 +1,169 @@
+"""MoESpec / MLASpec: strict loading, layer patterns, parameter counts against the published
+totals, and Hugging Face import of the MoE families."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoplan.cost.params import active_params, total_params
+from autoplan.errors import ConfigError
+from autoplan.model_spec import PRESETS, load_model
+from autoplan.moe_spec import MoESpec
+from autoplan.yaml_io import from_dict, to_dict
+
+# (preset, published total, published active, active counts the input embedding)
+PUBLISHED = [
+    ("mixtral-8x7b", 46.7e9, 12.9e9, True),  # Jiang et al. 2024, "Mixtral of Experts" §2
+    ("mixtral-8x22b", 141e9, 39e9, True),  # mistral.ai/news/mixtral-8x22b
+    ("qwen3-235b-a22b", 235e9, 22e9, True),  # Qwen3-235B-A22B model card
+    ("gpt-oss-120b", 116.83e9, 5.13e9, False),  # gpt-oss model card, Table 1
+]
+
+
+@pytest.mark.parametrize(("name", "total", "active", "embedding"), PUBLISHED)
+def test_parameter_counts_match_the_published_ones(name, total, active, embedding):
+    model = PRESETS[name]
+    assert total_params(model) == pytest.approx(total, rel=0.01)
+    assert active_params(model, embedding=embedding) == pytest.approx(active, rel=0.01)
+
+
+@pytest.mark.parametrize(("name", "total", "active"), [
+    ("deepseek-v3", 671e9, 37e9),  # DeepSeek-V3 technical report, abstract (MTP excluded)
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9),  # Qwen3-30B-A3B model card
+])
+def test_two_digit_active_counts(name, total, active):
+    """Totals within 1%; the active counts (stated to two digits) come out 1.5% above them
+    (DeepSeek-V3 37.55B, Qwen3-30B-A3B 3.353B counting both embeddings): within 2%."""
+    model = PRESETS[name]
+    assert total_params(model) == pytest.approx(total, rel=0.01)
+    assert active_params(model) == pytest.approx(active, rel=0.02)
+
+
+def test_deepseek_v3_layer_by_hand():
+    """One MoE block of DeepSeek-V3 counted from its config by hand (MLA + 257 experts)."""
+    from autoplan.cost import params
+
+    m = PRESETS["deepseek-v3"]
+    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 \
+        + 128 * 128 * 7168
+    assert params.attention_params(m) == mla
+    assert params.expert_params(m) == 3 * 7168 * 2048
+    assert params.router_params(m) == 256 * 7168 + 256
+
+
+def test_dense_counts_unchanged():
+    m = PRESETS["llama-3-8b"]
+    assert active_params(m) == total_params(m) == 8030261248  # Llama 3 8B, 8.03B
+
+
+def test_layer_pattern():
+    spec = MoESpec(8, 2, 128, first_dense_layers=3, layer_freq=2)
+    assert [spec.is_moe_layer(i) for i in range(8)] == [False, False, False, True, False, True,
+                                                        False, True]
+    assert spec.moe_layers(8) == 3
+    tiny = PRESETS["tiny-moe"].moe
+    assert [tiny.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
+
+
+@pytest.mark.parametrize(("data", "field"), [
+    ({"num_experts": 8, "experts_per_token": 9, "expert_ffn_hidden_size": 8}, "experts_per_token"),
+    ({"num_experts": 0, "experts_per_token": 1, "expert_ffn_hidden_size": 8}, "num_experts"),
+    ({"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 8,
+      "load_imbalance": 0.5}, "load_imbalance"),
+    ({"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 8,
+      "router_dtype": "int8"}, "router_dtype"),
+    ({"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 8,
+      "capacity_factor": 0}, "capacity_factor"),
+    ({"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 8, "k": 1}, "k"),
+])
+def test_bad_fields_are_one_line_errors(data, field):
+    with pytest.raises(ConfigError) as err:
+        from_dict(MoESpec, data, "model.moe")
+    assert f"model.moe.{field}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_inline_spec_round_trips():
+    m = PRESETS["deepseek-v3"]
+    data = to_dict(m)
+    assert data["moe"]["num_experts"] == 256 and data["mla"]["kv_lora_rank"] == 512
+    assert load_model(data) == m
+
+
+def _write(tmp_path, cfg):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+MIXTRAL = {  # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
+    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "max_position_embeddings": 32768, "hidden_act": "silu", "tie_word_embeddings": False,
+}
+DEEPSEEK_V3 = {  # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+    "v_head_dim": 128, "topk_method": "noaux_tc", "vocab_size": 129280, "hidden_act": "silu",
+    "max_position_embeddings": 163840, "tie_word_embeddings": False,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
+}
+QWEN3_MOE = {  # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+    "max_position_embeddings": 40960, "hidden_act": "silu", "tie_word_embeddings": False,
+}
+GPT_OSS = {  # huggingface.co/openai/gpt-oss-120b/blob/main/config.json
+    "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088,
+    "attention_bias": True, "hidden_act": "silu", "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
+}
+
+
+@pytest.mark.parametrize(("cfg", "preset"), [(MIXTRAL, "mixtral-8x7b"),
+                                             (DEEPSEEK_V3, "deepseek-v3"),
+                                             (QWEN3_MOE, "qwen3-30b-a3b"),
+                                             (GPT_OSS, "gpt-oss-120b")])
+def test_hf_import_matches_the_preset(tmp_path, cfg, preset):
+    got = load_model(_write(tmp_path, cfg))
+    want = PRESETS[preset]
+    assert got.moe == want.moe and got.mla == want.mla
+    assert total_params(got) == pytest.approx(total_params(want), rel=1e-3)
+    assert active_params(got) == pytest.approx(active_params(want), rel=1e-3)
+
+
+def test_qwen2_moe_shared_experts_and_sparse_step(tmp_path):
+    cfg = {**QWEN3_MOE, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+           "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+           "decoder_sparse_step": 2, "num_hidden_layers": 24, "head_dim": None}
+    cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"] = 2048, 16, 16
+    m = load_model(_write(tmp_path, cfg))
+    assert m.moe.num_shared_experts == 4
+    # Qwen2MoeDecoderLayer: sparse where (i + 1) % 2 == 0, i.e. blocks 1, 3, 5, ...
+    assert [m.moe.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"mlp_only_layers": [3, 7]}, "mlp_only_layers"),
+    ({"num_experts_per_tok": 200}, "experts_per_token"),
+])
+def test_hf_import_refuses_what_it_cannot_express(tmp_path, change, field):
+    with pytest.raises(ConfigError) as err:
+        load_model(_write(tmp_path, {**QWEN3_MOE, **change}))
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_family_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_model(_write(tmp_path, {**MIXTRAL, "model_type": "jamba"}))
+    assert "model_type" in str(err.value) and "jamba" in str(err.value)
