@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.unit.test_fuzz_cli import (  # noqa: E402 - after the path is set
+from tests.unit.fuzz_cli_cases import generate  # noqa: E402 - after the path is set
+from tests.unit.test_fuzz_cli import (  # noqa: E402
     classify,
     describe,
-    generate,
     run_case,
     run_case_subprocess,
 )
