@@ -103,8 +103,10 @@ def gain_text(best: float, other: float, band: float | None) -> str:
 
 def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> list[str]:
     """The "why this plan" lines under the ranked table (single objective only)."""
-    if result.request.targets.multi or not shown:
-        return []
+    objectives = result.request.targets.objectives
+    if result.request.targets.multi or not shown or objectives[0] not in ("throughput",
+                                                                          "latency"):
+        return []  # gains in tokens/s explain a throughput ranking, not a GPU-count one
     best = shown[0].row
     band = best.get("band") if isinstance(best.get("band"), float) else None
     lines = []

@@ -141,7 +141,7 @@ COLUMNS: list[Cell] = [
 HOISTABLE = ("num_gpus", "sp", "schedule", "zero", "offload", "recompute", "mbs", "precision",
              "attention", "cp", "dominant")
 """Columns that move to the "all rows" line when every shown row has the same cell."""
-SHARED_NAMES = {"sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
+SHARED_NAMES = {"num_gpus": "GPUs", "sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
                 "dominant": "biggest cost"}
 DROP_ORDER = ("dominant", "attention", "precision", "mfu")
 """Narrow layout: columns left out, in this order, while the table is wider than the terminal."""
@@ -161,9 +161,10 @@ def table_width(headers: list[str], justify: list[bool], cells: list[list[str]])
     return Console(width=10_000).measure(t).maximum
 
 
-def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int
-           ) -> tuple[list[Cell], list[str], list[str]]:
-    """(columns to show, "header value" pairs every row shares, columns left out)."""
+def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
+           one_count: bool = True) -> tuple[list[Cell], list[str], list[str]]:
+    """(columns to show, "header value" pairs every row shares, columns left out);
+    `one_count`: the search had one GPU count, which the header line names already."""
     cols = [c for c in COLUMNS if c[0] != "gpu_hours" or "cost" in objectives]
     multi = len({s.row["num_gpus"] for s in shown}) > 1
     if wide:
@@ -176,7 +177,7 @@ def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int
         values = {c[4](s, True) for s in shown}
         if c[0] in HOISTABLE and len(values) == 1:
             value = values.pop()
-            if c[0] != "num_gpus":  # the header line names a single GPU count already
+            if c[0] != "num_gpus" or not one_count:
                 shared.append(f"{SHARED_NAMES.get(c[0], c[1])} "
                               f"{'none' if value == '-' else value}")
         else:
@@ -227,9 +228,9 @@ def legend(shown: list[Shown], wide: bool) -> str:
 
 
 def ranked_table(shown: list[Shown], title: str, objectives: list[str], wide: bool = False,
-                 width: int = 80) -> tuple[Table, list[str], list[str]]:
+                 width: int = 80, one_count: bool = True) -> tuple[Table, list[str], list[str]]:
     """The table, the knobs every row shares and the columns left out for width."""
-    cols, shared, dropped = layout(shown, objectives, wide, width)
+    cols, shared, dropped = layout(shown, objectives, wide, width, one_count)
     t = new_table(title)
     for c in cols:
         t.add_column(c[1] if wide else c[2], justify="right" if c[3] else "left", no_wrap=True)
@@ -283,7 +284,8 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
                  if result.request.targets.multi else f"top {len(shown)} plans by "
                  f"{data['objectives'][0]}" + (" (equivalent plans share a row)" if merged
                                                else ""))
-        table, shared, dropped = ranked_table(shown, title, data["objectives"], wide, width)
+        table, shared, dropped = ranked_table(shown, title, data["objectives"], wide, width,
+                                              len(gpus) == 1)
         if wide:
             console.width = max(width, Console(width=10_000).measure(table).maximum)
         if shared:

@@ -63,6 +63,14 @@ def test_narrow_layout_hoists_shared_knobs_and_wide_keeps_every_column() -> None
     assert {"zero", "recompute", "dominant", "offload"} <= {c.header for c in table.columns}
 
 
+def test_a_gpu_count_search_names_the_count_its_plans_share() -> None:
+    shown = collapse([row(num_gpus=64, tp=t, dp=64 // t) for t in (1, 2)], 10)
+    _, shared, _ = ranked_table(shown, "t", ["gpus"], wide=False, width=80, one_count=False)
+    assert "GPUs 64" in shared
+    _, shared, _ = ranked_table(shown, "t", ["gpus"], wide=False, width=80, one_count=True)
+    assert not any(s.startswith("GPUs") for s in shared)
+
+
 def test_numbers_at_sensible_figures() -> None:
     assert sig(0.0006992) == "0.000699" and sig(131.31648302078247) == "131"
     assert column([3.468, 0.0, 0.2151, 0.0006992], 4.056) == ["3.47", "0", "0.22", "<0.01"]
