@@ -85,9 +85,16 @@ class Parallel:
     """Pipeline stages."""
     cp: int = 1
     """Context-parallel degree (sequence split for attention)."""
+    ep: int = 1
+    """Expert-parallel degree: each MoE block's routed experts are split over ep ranks. It
+    folds into dp x cp x tp as in Megatron-Core's MoE parallel folding (parallel_state
+    .initialize_model_parallel: per pipeline stage, tp x cp x dp = etp x ep x expert-dp), so
+    world_size stays dp * tp * pp * cp; ep * etp must divide dp * cp * tp."""
+    etp: int = 1
+    """Expert tensor-parallel degree: each routed expert's MLP split over etp ranks."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "etp"):
             _check_int(f"parallel.{name}", getattr(self, name), 1)
 
     @property
@@ -202,6 +209,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         out.pop("predicted")
     if out["pipeline"].get("layers_per_stage") is None:
         out["pipeline"].pop("layers_per_stage")
+    if isinstance(out["model"], dict):  # a dense inline model reads as before MoE existed
+        for key in ("moe", "mla"):
+            if out["model"].get(key) is None:
+                out["model"].pop(key, None)
+    for key in ("ep", "etp"):  # plans without expert parallelism read as before
+        if out["parallel"].get(key) == 1:
+            out["parallel"].pop(key)
     return out
 
 

@@ -24,6 +24,7 @@ from autoplan.plan_table import (
     ZERO_BUBBLE,
     Table,
     col,
+    expert_col,
     plan_to_row,
 )
 
@@ -177,6 +178,49 @@ RULES: tuple[Rule, ...] = (
         f"num_layers={m.num_layers}",
     ),
 )
+
+
+def _experts(m: ModelSpec) -> int:
+    return 0 if m.moe is None else m.moe.num_experts
+
+
+def _expert_group(t: Table) -> np.ndarray:
+    """dp x cp x tp: the ranks of one pipeline stage, which Megatron-Core folds into
+    etp x ep x expert-dp (parallel_state.initialize_model_parallel, "MoE parallel folding")."""
+    return col(t, "dp") * col(t, "cp") * col(t, "tp")
+
+
+MOE_RULES: tuple[Rule, ...] = (
+    Rule(
+        "ep-needs-moe",
+        lambda t, m: (m.moe is None) & ((expert_col(t, "ep") > 1) | (expert_col(t, "etp") > 1)),
+        lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])}, etp="
+        f"{int(expert_col(t, 'etp')[i])}: model {m.name} has no experts; set ep: 1 and etp: 1",
+    ),
+    Rule(
+        "ep-divides-experts",
+        lambda t, m: (m.moe is not None) & (_experts(m) % expert_col(t, "ep") != 0),
+        lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])} does not divide "
+        f"moe.num_experts={_experts(m)}; choose ep from {_divisors(max(_experts(m), 1))}",
+    ),
+    Rule(
+        "etp-divides-expert-ffn",
+        lambda t, m: (m.moe is not None) & (
+            (m.moe.expert_ffn_hidden_size if m.moe else 1) % expert_col(t, "etp") != 0),
+        lambda t, i, m: f"parallel.etp={int(expert_col(t, 'etp')[i])} does not divide "
+        f"moe.expert_ffn_hidden_size={m.moe.expert_ffn_hidden_size if m.moe else 0}; "
+        "choose an etp that divides it",
+    ),
+    Rule(
+        "ep-etp-divides-dp-cp-tp",
+        lambda t, m: _expert_group(t) % (expert_col(t, "ep") * expert_col(t, "etp")) != 0,
+        lambda t, i, m: f"parallel.ep * etp = "
+        f"{int(expert_col(t, 'ep')[i] * expert_col(t, 'etp')[i])} does not divide dp * cp * tp "
+        f"= {int(_expert_group(t)[i])} (Megatron-Core folds the expert grid into it); choose "
+        f"ep * etp from {_divisors(int(_expert_group(t)[i]))}",
+    ),
+)
+RULES = RULES + MOE_RULES
 RULE_KEYS: tuple[str, ...] = tuple(r.key for r in RULES)
 
 

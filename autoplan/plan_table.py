@@ -42,6 +42,16 @@ COLUMNS: dict[str, Any] = {
 }
 """Column -> dtype. recompute_layers = -1 means every layer of the stage; layers_max is the
 layer count of the most loaded pipeline rank (all its chunks) and layers_first that of rank 0."""
+EXPERT_COLUMNS: dict[str, Any] = {"ep": np.int64, "etp": np.int64}
+"""Expert-parallel degrees (Parallel.ep, .etp): optional columns, 1 where a table lacks them, so
+tables built before MoE existed (and the Optuna trials' tables) score as before."""
+
+
+def expert_col(table: Table, name: str) -> np.ndarray:
+    """Column ep or etp of `table`, ones where the table has none."""
+    if name in table:
+        return np.asarray(table[name])
+    return np.ones(len(np.asarray(table["dp"])), dtype=np.int64)
 
 Table = Mapping[str, Any]
 
@@ -83,8 +93,9 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         "recompute_layers": -1 if n is None else n,
         "mbs": plan.batch.micro_batch_size, "gbs": plan.batch.global_batch_size,
         "layers_max": layers_max, "layers_first": layers_first, "layers_last": layers_last,
+        "ep": par.ep, "etp": par.etp,
     }
-    return {k: np.array([v], dtype=COLUMNS[k]) for k, v in row.items()}
+    return {k: np.array([v], dtype={**COLUMNS, **EXPERT_COLUMNS}[k]) for k, v in row.items()}
 
 
 def row_to_plan(
@@ -99,7 +110,9 @@ def row_to_plan(
         model=model_ref,
         cluster=ClusterRef(cluster.profile, int(v("dp") * v("tp") * v("pp") * v("cp"))),
         batch=Batch(micro_batch_size=v("mbs"), global_batch_size=v("gbs")),
-        parallel=Parallel(dp=v("dp"), tp=v("tp"), pp=v("pp"), cp=v("cp")),
+        parallel=Parallel(dp=v("dp"), tp=v("tp"), pp=v("pp"), cp=v("cp"),
+                          ep=v("ep") if "ep" in table else 1,
+                          etp=v("etp") if "etp" in table else 1),
         sequence_parallel=bool(v("sp")),
         pipeline=Pipeline(schedule=SCHEDULES[v("schedule")], vpp=v("vpp")),
         zero_stage=v("zero_stage"),

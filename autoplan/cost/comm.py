@@ -16,6 +16,8 @@ from autoplan.model_spec import ModelSpec
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "all_gather", "reduce_scatter"
 SEND_RECV = "send_recv"
+ALL_TO_ALL = "all_to_all"
+"""Each rank sends (n-1)/n of its buffer, 1/n to every other rank (MoE token dispatch)."""
 
 
 def intra_node(stride: np.ndarray, size: np.ndarray, gpus_per_node: int) -> np.ndarray:
@@ -62,6 +64,8 @@ def collective_time_s(
     g = np.where(np.asarray(inside_node), n, 1.0) if per_node is None else np.minimum(
         np.asarray(per_node, float), n)
     k = np.maximum(n / g, 1.0)
+    if kind == ALL_TO_ALL:
+        return _all_to_all_s(nbytes, n, g, profile)
     twice = 2.0 if kind == ALL_REDUCE else 1.0
     bw_in, lat_in = link(nbytes, np.ones_like(n, dtype=bool), profile)
     bw_out, lat_out = link(nbytes / g, np.zeros_like(n, dtype=bool), profile)
@@ -71,6 +75,19 @@ def collective_time_s(
     inter = twice * (k - 1.0) / k * nbytes / (g * bw_out) + hops * lat_out
     total = np.where(n > 1, intra + np.where(k > 1, inter, 0.0), 0.0)
     return measured_or(kind, nbytes, n, inside_node, profile, total)
+
+
+def _all_to_all_s(nbytes: np.ndarray, n: np.ndarray, g: np.ndarray, profile: ClusterProfile
+                  ) -> np.ndarray:
+    """All-to-all of `nbytes` per rank over n ranks, g per node: (g-1)/n of the buffer goes over
+    NVLink and (n-g)/n through the rank's own NIC, both at once (NCCL posts every peer's send
+    together; DeepSeek-V3 report §3.2.2 overlaps the IB and NVLink legs), so the slower leg
+    sets the time; one latency per peer node plus one inside."""
+    bw_in, lat_in = link(nbytes / np.maximum(n, 1.0), np.ones_like(n, dtype=bool), profile)
+    bw_out, lat_out = link(nbytes / np.maximum(n, 1.0), np.zeros_like(n, dtype=bool), profile)
+    inside = (g - 1.0) / n * nbytes / bw_in + lat_in
+    across = np.where(n > g, (n - g) / n * nbytes / bw_out + (n / g - 1.0) * lat_out, 0.0)
+    return np.where(n > 1, np.maximum(inside, across), 0.0)
 
 
 def measured_or(kind: str, nbytes: np.ndarray, size: np.ndarray, inside_node: np.ndarray,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import compute
+from autoplan.cost import compute, moe
 from autoplan.cost.error_band import band_of_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
@@ -55,7 +55,9 @@ def estimate_table(
     out.update(time_by_part(model, profile, r, precision, eager, traits, parts,
                             out.pop("mem_psi")))
     peak = sixteen_bit_peak(profile, precision)  # MFU of an fp8 run against the 16-bit peak
-    out["model_flops_per_step"] = r.gbs * compute.model_flops_per_sequence(model)
+    per_sequence = (compute.model_flops_per_sequence(model) if model.moe is None and
+                    model.mla is None else moe.model_flops_per_sequence(model))  # active params
+    out["model_flops_per_step"] = r.gbs * per_sequence
     out["tokens_per_s"] = r.gbs * model.seq_len / out["time_step"]
     out["mfu"] = out["model_flops_per_step"] / (out["time_step"] * r.world * peak)
     out["hfu"] = (out["model_flops_per_step"] + recompute_flops_per_step(model, r, traits)) / (

@@ -14,7 +14,7 @@ import numpy as np
 from autoplan.cost import params
 from autoplan.cost.runtimes import PipelineGradSync, RuntimeTraits
 from autoplan.model_spec import ModelSpec
-from autoplan.plan_table import RC_NONE, ZERO_BUBBLE, Table, col
+from autoplan.plan_table import RC_NONE, ZERO_BUBBLE, Table, col, expert_col
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,16 @@ class Rows:
     weight_bytes: float
     act_scale: float
     """2 for fp32 activations, 1 for 16-bit."""
+    ep: np.ndarray | float = 1.0
+    """Expert-parallel degree (1 for dense models)."""
+    etp: np.ndarray | float = 1.0
+    """Expert tensor-parallel degree."""
+
+    @property
+    def expert_shard(self) -> np.ndarray:
+        """Ranks the routed experts' ZeRO states are sharded over: the expert data-parallel
+        group, dp x cp x tp / (ep x etp) (Megatron-Core MoE parallel folding)."""
+        return self.dp * self.cp * self.tp / (np.asarray(self.ep) * np.asarray(self.etp))
 
 
 def recomputed_layers(layers: np.ndarray, rows: Rows) -> np.ndarray:
@@ -93,4 +103,5 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred,
         weight_bytes=4.0 if precision == "fp32" else 2.0,
         act_scale=2.0 if precision == "fp32" else 1.0,
+        ep=expert_col(table, "ep").astype(float), etp=expert_col(table, "etp").astype(float),
     )

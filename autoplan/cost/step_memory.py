@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost import memory, params, pipeline
+from autoplan.cost import memory, moe, params, pipeline
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -28,6 +28,7 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
     parts = memory.activation_elements_per_layer(
         model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
         fused_swiglu=runtime.fused_swiglu)
+    parts = moe.routed_activation_parts(model, r, parts)  # unchanged for a dense model
     if precision == "fp8" and runtime.fp8_activations:
         parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS}}
     return parts
@@ -43,9 +44,9 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
     psi_first = psi_first + np.where(r.v_shape, head, 0.0)
     psi_last = psi_last - np.where(r.v_shape, head, 0.0)
 
-    def states(psi: np.ndarray) -> dict[str, np.ndarray]:
+    def states(psi: np.ndarray, shard: np.ndarray | None = None) -> dict[str, np.ndarray]:
         out = memory.model_state_bytes(
-            psi, r.zero, r.shard, precision, r.offload_optimizer, r.offload_params,
+            psi, r.zero, r.shard if shard is None else shard, precision, r.offload_optimizer, r.offload_params,
             grad_bytes=runtime.grad_bytes(precision),
             unsharded_accumulation=r.unsharded_accumulation,
             fp32_sharded_params=runtime.fp32_sharded_params)
@@ -53,7 +54,13 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
             out["params"] = out["params"] + psi * runtime.fp8_weight_cache_bytes
         return out
 
-    return states(psi_first), states(psi_last), np.maximum(psi_first, psi_last)
+    first, last = states(psi_first), states(psi_last)
+    if model.moe is not None:  # routed experts: split by ep x etp, ZeRO over the expert-DP group
+        for st, layers in ((first, r.layers_first), (last, r.layers_last)):
+            experts = states(moe.expert_psi(model, r, layers), r.expert_shard)
+            for k in st:
+                st[k] = st[k] + experts[k]
+    return first, last, np.maximum(psi_first, psi_last)
 
 
 def memory_by_part(

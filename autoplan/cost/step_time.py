@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoplan.cost import comm, compute, memory, offload, params, pipeline
+from autoplan.cost import comm, compute, memory, moe, offload, params, pipeline
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -20,7 +20,8 @@ from autoplan.model_spec import ModelSpec, NormKind
 from autoplan.plan_table import GPIPE, RC_FULL, RC_SELECTIVE
 
 TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_bubble", "pp_comm", "dp_comm",
-              "offload", "optimizer")
+              "offload", "optimizer", "ep_comm")
+"""ep_comm: the MoE all-to-all dispatch and combine (cost/moe.py); 0 for dense models."""
 ADAM_BYTES_PER_PARAM = 28.0
 """HBM traffic of a fused Adam step per parameter: fp32 master, m and v read and written (24),
 16-bit gradient read and weight written (4)."""
@@ -79,6 +80,11 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
     peak = sixteen_bit_peak(profile, precision)  # the output layer stays 16-bit in fp8 runs
     lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp)
+    if model.moe is not None or model.mla is not None:  # expert GEMMs, router, MLA projections
+        delta = moe.block_forward_delta_s(model, profile, peak, r)
+        lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
+              "full": lt["full"] + delta}
+    a2a = moe.all_to_all_per_block_s(model, profile, r)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, lt[runtime.selective.value],
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))
     tokens = model.seq_len / r.cp * r.b
@@ -110,6 +116,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
             "recompute": n * rec_extra,
             "tp": (layers * tpc["layer"] + n * tp_rec) * hidden_tp + tp_ends,
             "cp": layers * cp_layer + n * cp_rec,
+            "ep": layers * a2a,
             "forward": layers * lt["forward"],
             "backward": layers * lt["backward"],
             "layers": layers + 0.0 * extra,
@@ -121,7 +128,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                     tpc["embedding"] + head_first * tpc["head"]),
               stage(r.layers_max, 0.0 * r.layers_max, 0.0 * r.layers_max),
               stage(r.layers_last, (1.0 - head_first) * logit_t, (1.0 - head_first) * tpc["head"])]
-    per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] for s in stages]
+    per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] + s["ep"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
     crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
     crit["t_mb"] = np.choose(slowest, per_mb)
@@ -196,6 +203,7 @@ def time_by_part(
     out["time_tp_comm"] = m * crit["tp"] + norm_tensors * crit["norm_grad"] * np.where(
         every_mb, m, 1.0)
     out["time_cp_comm"] = m * crit["cp"]
+    out["time_ep_comm"] = m * crit["ep"]
     out["time_pp_bubble"] = pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_mb"]
     sp_div = np.where(r.sp, r.tp, 1.0)
     p2p_bytes = r.weight_bytes * model.seq_len / r.cp * r.b * model.hidden_size / sp_div
@@ -221,6 +229,12 @@ def time_by_part(
     fsdp_host = np.where(r.fsdp, m * (r.layers_max + r.vpp) * eff.fsdp_unit_overhead_s, 0.0)
     out["time_dp_comm"] = _dp_comm(model, profile, r, precision, runtime, crit, psi) \
         + step_sync + fsdp_host
+    if model.moe is not None:  # routed experts: their own states and expert-DP group
+        psi_e = moe.expert_psi(model, r, r.layers_max)
+        out["time_dp_comm"] += moe.expert_dp_comm_s(
+            model, profile, r, runtime.reduce_bytes(precision), psi_e,
+            crit["backward"] * eff.overlap)
+        psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
 
     shard_params = psi / np.where(r.zero >= 1, r.shard, 1.0)
     gpus_per_host = np.minimum(r.world, gpn)

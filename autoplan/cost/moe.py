@@ -1,0 +1,230 @@
+"""Mixture-of-experts and latent-attention cost terms, per rank and micro-batch, in numpy.
+
+What a MoE block costs beyond the dense block compute.layer_times_s prices for the same model:
+expert GEMMs at the routed token counts, the router, shared experts, the all-to-all dispatch and
+combine, routed-token activations, expert states sharded by EP x ETP and the expert-DP group;
+and multi-head latent attention's projections in place of the standard ones. A dense model
+(moe and mla None) gets zeros, so its numbers are those of the dense terms alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplan.cost import comm, compute, params
+from autoplan.cost.rows import Rows
+from autoplan.hardware import ClusterProfile
+from autoplan.model_spec import ModelSpec
+
+ALL_TO_ALLS_PER_LAYER = 4.0
+"""Dispatch and combine in forward, and their mirror images in backward (Megatron-Core
+MoEAlltoAllTokenDispatcher: token_permutation and token_unpermutation, each one all-to-all
+over the EP group; autograd runs the transposed all-to-all for each)."""
+
+
+def moe_share(model: ModelSpec) -> float:
+    """Share of blocks that are MoE (they are taken as spread evenly over pipeline stages)."""
+    return params.moe_layers(model) / model.num_layers
+
+
+def busiest_factor(model: ModelSpec) -> float:
+    """Tokens of the busiest expert over the mean: the stated load_imbalance, capped by the
+    capacity factor where tokens past it are dropped (GShard, Lepikhin et al. 2020 §2.2)."""
+    moe = model.moe
+    assert moe is not None
+    cap = moe.capacity_factor
+    return moe.load_imbalance if cap is None else min(moe.load_imbalance, cap)
+
+
+def dispatched_tokens(model: ModelSpec, r: Rows) -> np.ndarray:
+    """Tokens one rank sends into the dispatch per MoE block and micro-batch: its sequence
+    share b*s/cp, split over tp (Megatron-Core requires sequence parallelism with TP and MoE),
+    regathered over etp (the expert-TP group computes the same tokens)."""
+    return r.b * model.seq_len / r.cp / r.tp * r.etp
+
+
+def routed_tokens(model: ModelSpec, r: Rows) -> np.ndarray:
+    """Token copies the busiest rank's experts compute per MoE block and micro-batch: each of
+    the EP group's dispatched tokens goes to top-k experts, E/ep of which sit on this rank, so
+    tokens*k on average (GShard's even share tokens*k/E per expert), times the busiest
+    factor."""
+    assert model.moe is not None
+    return dispatched_tokens(model, r) * model.moe.experts_per_token * busiest_factor(model)
+
+
+def expert_gemms(model: ModelSpec, r: Rows) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(FLOPs on the busiest rank, FLOPs of one expert's GEMM) of the routed experts' forward
+    GEMMs: gate+up fused (2f wide for gated MLPs) and down, each split over etp. A grouped GEMM
+    runs at the efficiency of its per-expert GEMM (Megatron-Core --moe-grouped-gemm, CUTLASS
+    grouped GEMM: one launch over the experts, each tile from one expert's problem)."""
+    moe = model.moe
+    assert moe is not None
+    h, f = model.hidden_size, moe.expert_ffn_hidden_size / r.etp
+    tokens = routed_tokens(model, r)
+    per_expert = tokens * r.ep / moe.num_experts
+    up = (2.0 if model.gated_mlp else 1.0) * f
+    return [(2.0 * tokens * h * up, 2.0 * per_expert * h * up),
+            (2.0 * tokens * f * h, 2.0 * per_expert * f * h)]
+
+
+def _dense_mlp_s(model: ModelSpec, profile: ClusterProfile, peak: float, tokens: np.ndarray,
+                 tp: np.ndarray) -> np.ndarray:
+    """Forward seconds compute.layer_times_s charges for a block's dense MLP GEMMs (the last
+    two of its GEMM list), which a MoE block does not run."""
+    flops = compute.gemm_flops_per_layer(model, tokens, tp)[2:]
+    shapes = compute.gemm_shapes_per_layer(model, tokens, tp)[2:]
+    return sum((compute.gemm_time_s(g, profile, peak, s) for g, s in zip(flops, shapes,
+                                                                         strict=True)),
+               np.zeros_like(np.asarray(tokens, float)))
+
+
+def moe_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
+                        ) -> np.ndarray:
+    """Forward seconds a MoE block adds over the dense block of the same model on the busiest
+    rank: routed expert GEMMs + router + shared experts - the dense MLP it replaces."""
+    if model.moe is None:
+        return np.zeros_like(r.b)
+    moe = model.moe
+    tokens = r.b * model.seq_len / r.cp
+    experts = sum(flops / (peak * profile.efficiency.matmul(one))
+                  for flops, one in expert_gemms(model, r))
+    # router: h x E scores on the dispatched tokens in router_dtype (Megatron-Core TopKRouter
+    # with --moe-router-dtype; DeepSeek-V3 §3.3 keeps it in fp32)
+    router_peak = profile.device.peak_flops_per_s.get(moe.router_dtype, peak)
+    router_flops = 2.0 * dispatched_tokens(model, r) / r.etp * model.hidden_size * moe.num_experts
+    router = router_flops / (router_peak * profile.efficiency.matmul(router_flops))
+    shared = 0.0
+    if moe.num_shared_experts:  # a dense MLP of n_shared * f, tensor-parallel like the block's
+        wide = model.replace(ffn_hidden_size=moe.num_shared_experts * moe.expert_ffn_hidden_size,
+                             moe=None)
+        shared = _dense_mlp_s(wide, profile, peak, tokens, r.tp)
+    return experts + router + shared - _dense_mlp_s(model, profile, peak, tokens, r.tp)
+
+
+def _mla_gemms(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
+               ) -> list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]:
+    """MLA's forward GEMMs (FLOPs, output shape) on one tp rank (DeepSeek-V2 §2.1): the down
+    projections (h -> d_c', h -> d_c + d_R) are replicated, the up projections and the output
+    are split by heads over tp (Megatron-Core MLASelfAttention)."""
+    mla, h, a = model.mla, model.hidden_size, model.num_heads
+    assert mla is not None
+    t, tp = np.asarray(tokens, float), np.asarray(tp, float)
+    heads = a / tp
+    out = []
+    if mla.q_lora_rank is None:
+        out.append((2 * t * h * heads * mla.qk_head_dim, (t, heads * mla.qk_head_dim)))
+    else:
+        out.append((2 * t * h * mla.q_lora_rank + 0 * tp, (t, mla.q_lora_rank + 0 * tp)))
+        out.append((2 * t * mla.q_lora_rank * heads * mla.qk_head_dim,
+                    (t, heads * mla.qk_head_dim)))
+    kv_down = mla.kv_lora_rank + mla.qk_rope_head_dim
+    out.append((2 * t * h * kv_down + 0 * tp, (t, kv_down + 0 * tp)))
+    kv_up = heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    out.append((2 * t * mla.kv_lora_rank * kv_up, (t, kv_up)))
+    out.append((2 * t * heads * mla.v_head_dim * h, (t, h + 0 * tp)))
+    return out
+
+
+def mla_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
+                        ) -> np.ndarray:
+    """Forward seconds MLA's projections take over the standard q/k/v/o GEMMs compute.py
+    charges for the same model (head_dim = the core's mean width, (qk + v) / 2, keeps the
+    attention core's FLOPs exact)."""
+    if model.mla is None:
+        return np.zeros_like(r.b)
+    tokens = r.b * model.seq_len / r.cp
+    mla = sum(compute.gemm_time_s(g, profile, peak, s) for g, s in _mla_gemms(model, tokens,
+                                                                              r.tp))
+    flops = compute.gemm_flops_per_layer(model, tokens, r.tp)[:2]
+    shapes = compute.gemm_shapes_per_layer(model, tokens, r.tp)[:2]
+    standard = sum(compute.gemm_time_s(g, profile, peak, s) for g, s in zip(flops, shapes,
+                                                                            strict=True))
+    return mla - standard
+
+
+def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
+                          ) -> np.ndarray:
+    """Forward seconds a mean block of this model adds over compute.layer_times_s's block
+    (backward is twice it: two GEMMs per forward GEMM); zero for a dense model."""
+    return moe_share(model) * moe_block_forward_s(model, profile, peak, r) + \
+        mla_block_forward_s(model, profile, peak, r)
+
+
+def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows) -> np.ndarray:
+    """Seconds of a mean block's all-to-alls per micro-batch (forward and backward): four of
+    dispatched tokens x k x h x bytes over the EP group, priced by tier (comm.ALL_TO_ALL; EP
+    ranks stride etp in Megatron-Core's expert grid, so a group stays in a node while ep * etp
+    <= gpus_per_node, else it sends through each GPU's NIC); the busiest rank receives the
+    busiest factor more."""
+    if model.moe is None:
+        return np.zeros_like(r.b)
+    gpn = profile.gpus_per_node
+    nbytes = (dispatched_tokens(model, r) / r.etp * model.moe.experts_per_token
+              * busiest_factor(model) * model.hidden_size * r.weight_bytes)
+    one = comm.collective_time_s(comm.ALL_TO_ALL, nbytes, r.ep,
+                                 comm.intra_node(r.etp, r.ep, gpn), profile,
+                                 per_node=comm.members_per_node(r.etp, r.ep, gpn))
+    return moe_share(model) * ALL_TO_ALLS_PER_LAYER * one
+
+
+def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarray]
+                            ) -> dict[str, np.ndarray]:
+    """memory.activation_elements_per_layer's parts of a mean block with MoE blocks' MLP
+    activations in place of the dense MLP's: each routed token copy keeps its expert MLP's
+    activations (mlp_act, mlp_mid at the expert width split by etp) and its permuted input
+    (gemm_in: 2*k*tokens*h, the grouped GEMM's input), the shared experts their own; 16-bit,
+    as memory.py counts (Megatron-Core docs, "MoE": activation memory grows with top-k)."""
+    if model.moe is None:
+        return parts
+    moe, share = model.moe, moe_share(model)
+    copies = routed_tokens(model, r)
+    tokens = r.b * model.seq_len / r.cp
+    f_e = moe.expert_ffn_hidden_size
+    gated = model.gated_mlp
+    width = copies * f_e / r.etp + tokens * moe.num_shared_experts * f_e / r.tp
+    moe_act = (4.0 if gated else 2.0) * width
+    ratio_mid = np.where(parts["mlp_act"] > 0, parts["mlp_mid"] / np.maximum(
+        parts["mlp_act"], 1e-30), 0.5 if gated else 1.0)
+    out = dict(parts)
+    out["mlp_act"] = (1.0 - share) * parts["mlp_act"] + share * moe_act
+    out["mlp_mid"] = (1.0 - share) * parts["mlp_mid"] + share * moe_act * ratio_mid
+    out["gemm_in"] = parts["gemm_in"] + share * 2.0 * copies * model.hidden_size
+    return out
+
+
+def expert_psi(model: ModelSpec, r: Rows, layers: np.ndarray) -> np.ndarray:
+    """Routed expert parameters one GPU of a stage of `layers` blocks holds."""
+    return params.expert_params_per_rank(model, r.ep, r.etp, layers)
+
+
+def expert_dp_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows, grad_bytes: float,
+                     psi: np.ndarray, hidden_s: np.ndarray) -> np.ndarray:
+    """Exposed seconds of the expert gradients' reduce-scatter and parameter all-gather (ZeRO-1,
+    Megatron-Core's distributed optimizer over the expert-DP group; an all-reduce at ZeRO-0),
+    once per step, hidden behind `hidden_s` of backward."""
+    if model.moe is None:
+        return np.zeros_like(r.b)
+    edp = r.expert_shard
+    gpn = profile.gpus_per_node
+    stride = r.ep * r.etp
+    inside = comm.intra_node(stride, edp, gpn)
+    nodes = comm.members_per_node(stride, edp, gpn)
+    ar = comm.collective_time_s(comm.ALL_REDUCE, psi * grad_bytes, edp, inside, profile, nodes)
+    rs = comm.collective_time_s(comm.REDUCE_SCATTER, psi * grad_bytes, edp, inside, profile,
+                                nodes)
+    ag = comm.collective_time_s(comm.ALL_GATHER, psi * r.weight_bytes, edp, inside, profile,
+                                nodes)
+    total = np.where(r.zero == 0, ar, rs + ag)
+    return np.where(edp > 1, np.maximum(0.0, total - hidden_s), 0.0)
+
+
+def model_flops_per_sequence(model: ModelSpec) -> float:
+    """Model FLOPs to train on one sequence from ACTIVE parameters: 6 * N per token for every
+    GEMM weight a token passes through (Kaplan et al. 2020 §2.1; DeepSeek-V3 counts MFU so),
+    plus the attention core and the logits as compute.model_flops_per_sequence counts them."""
+    s = model.seq_len
+    weights = params.active_params(model, embedding=False) - model.hidden_size * (
+        0 if model.tie_embeddings else model.vocab_size)
+    core = float(compute.attention_core_flops(model, np.array(1), np.array(1), np.array(1)))
+    logits = 2.0 * s * model.hidden_size * model.vocab_size
+    return 6.0 * s * weights + 3.0 * (model.num_layers * core + logits)

@@ -1,0 +1,108 @@
+"""MoE cost terms: all-to-all by tier, expert states by EP and expert-DP, routed activations,
+active-parameter MFU, and DeepSeek-V3's published layout on H800 against its published cost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoplan.cost import comm, moe, params
+from autoplan.cost.estimate import estimate_plan, estimate_table
+from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.model_spec import PRESETS
+from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Precision, Recompute
+from autoplan.plan_table import plan_to_row
+
+
+def _plan(model, gpus, profile="h100-sxm-80gb", gbs=512, mbs=1, **par):
+    return Plan(model=model, cluster=ClusterRef(profile, gpus), parallel=Parallel(**par),
+                batch=Batch(micro_batch_size=mbs, global_batch_size=gbs), zero_stage=1)
+
+
+def test_all_to_all_sends_n_minus_1_over_n_inside_a_node():
+    prof = load_profile("h100-sxm-80gb")
+    nbytes = np.array(1e9)
+    t8 = comm.collective_time_s(comm.ALL_TO_ALL, nbytes, np.array(8.0), np.array(True), prof)
+    bw = prof.intra_node.bytes_per_s * prof.efficiency.intra_node(nbytes / 8)
+    assert float(t8) == pytest.approx(7 / 8 * 1e9 / bw + prof.intra_node.latency_s)
+    # across 8 nodes the NIC leg (56/64 of the buffer at 50 GB/s) is the slower one
+    t64 = comm.collective_time_s(comm.ALL_TO_ALL, nbytes, np.array(64.0), np.array(False), prof,
+                                 per_node=np.array(8.0))
+    assert float(t64) > 5 * float(t8)
+
+
+def test_expert_parallelism_splits_expert_states():
+    m = PRESETS["mixtral-8x7b"]
+    one = estimate_plan(_plan("mixtral-8x7b", 64, dp=8, tp=8, ep=1), model=m)
+    eight = estimate_plan(_plan("mixtral-8x7b", 64, dp=8, tp=8, ep=8), model=m)
+    expert = params.routed_expert_params(m)
+    # bf16 weights, etp 1: every rank of ep 1 holds all routed experts whole, of ep 8 an eighth
+    saved = one.memory["params"] - eight.memory["params"]
+    assert saved == pytest.approx(2.0 * expert * (1 - 1 / 8), rel=1e-9)
+    # ZeRO-1 shards the experts' optimizer over expert-dp = dp*tp/ep: 64 ranks, then 8
+    assert one.memory["optimizer"] == pytest.approx(eight.memory["optimizer"], rel=1e-9)
+    assert one.time["ep_comm"] == 0.0 < eight.time["ep_comm"]
+
+
+def test_dense_model_has_no_ep_comm_and_ep_is_refused():
+    est = estimate_plan(_plan("llama-3-8b", 8, dp=8), model=PRESETS["llama-3-8b"])
+    assert est.time["ep_comm"] == 0.0
+    bad = estimate_plan(_plan("llama-3-8b", 8, dp=8, ep=2), model=PRESETS["llama-3-8b"])
+    assert any("has no experts" in r for r in bad.reasons)
+
+
+def test_mfu_counts_active_parameters():
+    m = PRESETS["mixtral-8x7b"]
+    per_seq = moe.model_flops_per_sequence(m)
+    active = params.active_params(m, embedding=False) - m.vocab_size * m.hidden_size
+    assert per_seq > 6 * m.seq_len * active  # attention and logits on top
+    assert per_seq < 6 * m.seq_len * params.total_params(m) / 3  # far below the total's 6N
+
+
+def test_load_imbalance_slows_experts_and_capacity_caps_it():
+    base = PRESETS["mixtral-8x7b"]
+    plan = _plan("mixtral-8x7b", 64, dp=8, tp=8, ep=8)
+    times = {}
+    for li, cf in ((1.0, None), (1.5, None), (1.5, 1.25)):
+        m = base.replace(moe=base.moe.__class__(**{**base.moe.__dict__, "load_imbalance": li,
+                                                   "capacity_factor": cf}))
+        cols = estimate_table(plan_to_row(plan, m), m, load_profile("h100-sxm-80gb"))
+        times[(li, cf)] = float(cols["time_compute"][0])
+    assert times[(1.0, None)] < times[(1.5, 1.25)] < times[(1.5, None)]
+
+
+def test_routed_activations_grow_with_top_k():
+    base = PRESETS["mixtral-8x7b"]
+    plan = _plan("mixtral-8x7b", 64, dp=8, tp=8, ep=8)
+    acts = []
+    for k in (1, 2, 4):
+        m = base.replace(moe=base.moe.__class__(**{**base.moe.__dict__, "experts_per_token": k}))
+        acts.append(estimate_plan(plan, model=m).memory["activations"])
+    assert acts[0] < acts[1] < acts[2]
+
+
+# DeepSeek-V3 technical report (arXiv 2412.19437): §3.1 2048 H800 GPUs, PP16, EP64 across 8
+# nodes, ZeRO-1 data parallelism, no tensor parallelism; §4.2 sequences of 4096 tokens, batch
+# 15360 sequences; abstract/Table 1: 2.664M H800 GPU hours for 14.8T tokens, i.e. 180K GPU hours
+# per trillion tokens. Per step: 15360 * 4096 = 62.91M tokens; the job makes
+# 1e12 / (180e3 / 2048 * 3600 s) = 3.161M tokens/s, so one step takes 62.91e6 / 3.161e6 = 19.9 s.
+DEEPSEEK_STEP_S = 15360 * 4096 / (1e12 / (180e3 / 2048 * 3600))
+DEEPSEEK_LAYERS = (3, *([4] * 14), 2)  # 61 blocks on 16 stages, lighter ends (embedding, head)
+
+
+def deepseek_v3_plan() -> Plan:
+    return Plan(model="deepseek-v3", cluster=ClusterRef("h800-sxm-80gb", 2048),
+                parallel=Parallel(dp=128, pp=16, ep=64),
+                pipeline=Pipeline(layers_per_stage=DEEPSEEK_LAYERS),
+                batch=Batch(micro_batch_size=1, global_batch_size=15360), zero_stage=1,
+                precision=Precision.FP8, recompute=Recompute(policy="full"))
+
+
+def test_deepseek_v3_published_layout_fits_on_h800():
+    assert DEEPSEEK_STEP_S == pytest.approx(19.9, abs=0.05)
+    plan = deepseek_v3_plan()
+    est = estimate_plan(plan, ClusterSpec(load_profile("h800-sxm-80gb"), 2048),
+                        runtime="megatron")
+    assert est.feasible, est.reasons
+    # EP64 spans 8 nodes: the all-to-all goes through the NICs and is a priced part
+    assert est.time["ep_comm"] > 0.1 * est.step_time_s
