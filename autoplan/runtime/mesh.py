@@ -5,7 +5,8 @@ The world mesh has five named dimensions, outermost first: ("pp", "dp_replicate"
 sharded part: ZeRO-0 replicates over all dp ranks (dp_replicate = dp, dp_shard = 1), ZeRO-1/2/3
 shard over all of them (dp_replicate = 1, dp_shard = dp). tp is innermost so TP groups are
 consecutive ranks (one node), pp outermost. Nothing here is global: `ParallelDims` and the mesh
-are passed explicitly to whoever needs them.
+are passed explicitly to whoever needs them. Expert parallelism (`ep`, MoE models) folds into
+dp*cp and gets its own mesh over the same ranks (expert_parallel.build_expert_mesh).
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ class ParallelDims:
     cp: int = 1
     tp: int = 1
     zero_stage: int = 0
+    ep: int = 1
+    """Expert-parallel degree: a divisor of dp*cp*tp (Megatron-Core folding, ETP 1);
+    expert-DP = dp*cp*tp/ep."""
 
     @classmethod
     def from_plan(cls, plan: Plan) -> ParallelDims:
         p = plan.parallel
-        return cls(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, zero_stage=plan.zero_stage)
+        return cls(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, zero_stage=plan.zero_stage,
+                   ep=getattr(p, "ep", 1))
 
     @property
     def world_size(self) -> int:

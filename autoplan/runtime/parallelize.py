@@ -7,8 +7,9 @@ compose on gloo by the parity table in tests/dist/test_parity.py):
 2. pipeline split: keep this pp rank's stage(s), deleting the other modules (FQNs unchanged);
 3. per stage: fp8 Linear layers (torchao; fp8 plans on CUDA only), tensor/sequence
    parallelism (DTensor), then context parallelism (attention and positions hooked to the cp
-   group), then activation recomputation (checkpoint wrappers around blocks), then FSDP2
-   fully_shard (ZeRO-1/2/3, bf16, offload; over dp x cp);
+   group), then expert parallelism (MoE experts sharded over ep, tokens sent by all-to-all),
+   then activation recomputation (checkpoint wrappers around blocks), then FSDP2 fully_shard
+   (ZeRO-1/2/3, bf16, offload; over dp x cp; MoE experts first, over the expert-DP group);
 4. materialise on the device and load the deterministic, layout-independent initial weights;
 5. DDP for pure data parallelism (it needs real tensors);
 6. pipeline stages and schedule (pp > 1).
@@ -29,6 +30,7 @@ from autoplan.plan import Plan, Precision
 from autoplan.runtime import (
     context_parallel,
     data_parallel,
+    expert_parallel,
     float8,
     pipeline_parallel,
     recompute,
@@ -38,6 +40,7 @@ from autoplan.runtime.loss_scaling import LossScaler
 from autoplan.runtime.mesh import ParallelDims, coordinate, pg_timeout
 from autoplan.runtime.models.init import materialize_and_init
 from autoplan.runtime.models.layers import set_attention
+from autoplan.runtime.models.moe import set_router
 from autoplan.runtime.models.transformer import build_meta_model, vocab_rows
 from autoplan.runtime.offload import host_optimizer
 from autoplan.runtime.tied_embeddings import TiedEmbeddings, retie
@@ -57,6 +60,8 @@ class RuntimeOptions:
     """With tp > 1, keep the logits vocab-sharded and compute the loss on the shards."""
     pg_timeout_s: float = 60.0
     """Timeout of the process groups parallelize() creates (tied embeddings under pp > 2)."""
+    moe_router: str = "learned"
+    """MoE layers' router: learned, or token-index (a fixed assignment for parity tests)."""
 
 
 @dataclass
@@ -145,6 +150,7 @@ def parallelize(
     loss_parallel = dims.tp > 1 and options.loss_parallel
     meta = build_meta_model(spec, options.dropout, dims.tp)  # 1
     set_attention(meta, plan.attention)
+    set_router(meta, options.moe_router)
 
     num_stages = dims.pp * plan.pipeline.vpp if dims.pp > 1 else 1  # 2
     if dims.pp > 1:
@@ -156,8 +162,10 @@ def parallelize(
     else:
         indices, parts = [0], [meta]
 
-    ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload)
-    fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload)
+    # expert parallelism needs FSDP2's per-group reductions (experts over expert-DP only)
+    ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload) and dims.ep == 1
+    fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload) or dims.ep > 1
+    expert_mesh = expert_parallel.build_expert_mesh(dims, device.type) if dims.ep > 1 else None
     for part in parts:  # 3
         if plan.precision == Precision.FP8:  # validation refused it unless torchao runs it
             float8.apply_float8(part)
@@ -167,7 +175,12 @@ def parallelize(
                 retie(part)  # one DTensor for the embedding and the head (both Shard(0))
         if dims.cp > 1:
             context_parallel.apply_cp(part, mesh["cp"])
+        if expert_mesh is not None:
+            expert_parallel.apply_ep(part, expert_mesh["ep"], mesh["tp"] if dims.tp > 1 else None)
         recompute.apply_recompute(part, plan.recompute.policy, plan.recompute.num_layers)
+        if expert_mesh is not None:
+            expert_parallel.apply_expert_fsdp(part, expert_mesh, dims, plan.precision,
+                                              plan.offload)
         if fsdp:
             data_parallel.apply_fsdp(part, mesh, dims, plan.precision, plan.offload)
     for part in parts:  # 4
@@ -197,5 +210,7 @@ def parallelize(
             parts, indices, num_stages, mesh["pp"].get_group(), device, plan.pipeline,
             n_micro, loss_fn,
         )
+    if expert_mesh is not None:
+        pm.extras["expert_mesh"] = expert_mesh
     log.debug("rank layout: stages %s of %d, ddp=%s fsdp=%s", indices, num_stages, ddp, fsdp)
     return pm

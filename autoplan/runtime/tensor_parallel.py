@@ -81,4 +81,9 @@ def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool, loss_parallel: 
     )
     for block in model.layers.values():
         swiglu = hasattr(block.feed_forward, "w3")
-        parallelize_module(block, tp_mesh, block_plan(sequence_parallel, swiglu))
+        plan = block_plan(sequence_parallel, swiglu)
+        if getattr(block.feed_forward, "routes_tokens", False):  # MoE: replicated over tp
+            from autoplan.runtime.expert_parallel import moe_tp_plan
+
+            plan = moe_tp_plan(plan, sequence_parallel)
+        parallelize_module(block, tp_mesh, plan)

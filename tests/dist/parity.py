@@ -94,9 +94,10 @@ def reference_plan(plan: Plan) -> Plan:
 
 def run_plan_rank(rank: int, world_size: int, plan: Plan, steps: int, optim_name: str,
                   capture: tuple[int, ...], bug: str | None, dropout: float = 0.0,
-                  clip: float = 0.0) -> dict:
+                  clip: float = 0.0, router: str = "token-index") -> dict:
     """Per-rank body: train `steps` steps; return losses, full grads at `capture` steps and
-    full final parameters (numpy, keyed by clean FQN)."""
+    full final parameters (numpy, keyed by clean FQN). `router`: of MoE layers (token-index: a
+    fixed assignment, so a near-tie of router scores cannot send a token elsewhere)."""
     import torch
 
     from autoplan.runtime.data import SyntheticTokens, local_batch
@@ -112,7 +113,8 @@ def run_plan_rank(rank: int, world_size: int, plan: Plan, steps: int, optim_name
     lr = 0.05 if optim_name == "sgd" else ADAM_LR
     with bugs.planted(bug) if bug else contextlib.nullcontext():
         mesh = build_mesh(dims, "cpu")
-        pm = parallelize(plan, spec, mesh, torch.device("cpu"), RuntimeOptions(dropout=dropout))
+        options = RuntimeOptions(dropout=dropout, moe_router=router)
+        pm = parallelize(plan, spec, mesh, torch.device("cpu"), options)
         trainer = Trainer(pm, OptimConfig(name=optim_name, lr=lr, max_grad_norm=clip))
         source = SyntheticTokens(spec.vocab_size, spec.seq_len, seed=0)
         grads: dict[int, dict[str, np.ndarray]] = {}
@@ -199,9 +201,10 @@ def compare(run: dict, ref: dict, rtol: float = RTOL, param_atol: float = 0.0) -
 
 def run_parity(pool, plan: Plan, steps: int = 10, optim: str = "adamw",
                capture: tuple[int, ...] = (1, 10), bug: str | None = None,
-               timeout_s: float = 240.0, dropout: float = 0.0, clip: float = 0.0) -> dict:
+               timeout_s: float = 240.0, dropout: float = 0.0, clip: float = 0.0,
+               router: str = "token-index") -> dict:
     results = pool.run(run_plan_rank, plan.world_size, plan, steps, optim, capture, bug,
-                       dropout, clip, timeout_s=timeout_s)
+                       dropout, clip, router, timeout_s=timeout_s)
     return merge_ranks(results)
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from autoplan.model_spec import ModelSpec, PositionKind
 from autoplan.runtime.models.layers import Attention, FeedForward, make_norm
+from autoplan.runtime.models.moe import MoE
 
 
 def vocab_rows(spec: ModelSpec, tp: int = 1) -> int:
@@ -49,13 +50,14 @@ class Embedding(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: x + drop(attn(norm(x))), then h + drop(mlp(norm(h)))."""
 
-    def __init__(self, spec: ModelSpec, dropout: float = 0.0) -> None:
+    def __init__(self, spec: ModelSpec, dropout: float = 0.0, index: int = 0) -> None:
         super().__init__()
         self.dropout = dropout
         self.attention_norm = make_norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = make_norm(spec)
-        self.feed_forward = FeedForward(spec)
+        moe = spec.moe is not None and spec.moe.is_moe_layer(index)
+        self.feed_forward = MoE(spec) if moe else FeedForward(spec)  # MoE: models/moe.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + F.dropout(self.attention(self.attention_norm(x)), self.dropout, self.training)
@@ -71,7 +73,8 @@ class Transformer(nn.Module):
         self.spec = spec
         rows = vocab_rows(spec, tp)
         self.embed: nn.Module | None = Embedding(spec, rows)
-        self.layers = nn.ModuleDict({str(i): Block(spec, dropout) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, dropout, i)
+                                     for i in range(spec.num_layers)})
         self.norm: nn.Module | None = make_norm(spec)
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, rows, bias=False)
         if spec.tie_embeddings:

@@ -1,0 +1,193 @@
+"""Mixture-of-experts MLP block: a router, routed experts (the model's MLP kind) and shared experts.
+
+Dropless: every token goes to its top-k experts, grouped by expert with a stable argsort; the
+experts run on whatever tokens they get. Where the experts live is the dispatcher's business
+(expert_parallel.py sends token groups to the ranks that hold them); here all are local.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.model_spec import MlpKind, ModelSpec
+from autoplan.runtime.models.layers import FeedForward
+
+ROUTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ROUTERS = ("learned", "token-index")
+"""learned: top-k of the router scores; token-index: a fixed assignment by sequence position
+(tests only, through RuntimeOptions.moe_router), so layouts cannot differ by a near-tie."""
+
+
+class GroupedLinear(nn.Module):
+    """E independent linear maps stacked: weight (E, out, in), bias (E, out); expert e maps the
+    e-th group of rows. Under expert parallelism weight and bias are DTensors sharded on dim 0."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int,
+                 bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(num_experts, out_features)) if bias else None
+
+    def local(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This rank's experts (the local shard of a DTensor; differentiable)."""
+        w, b = self.weight, self.bias
+        if hasattr(w, "to_local"):
+            w = w.to_local()
+            b = b.to_local() if b is not None else None
+        return w, b
+
+
+class Experts(nn.Module):
+    """The routed experts of one layer: E copies of the model's MLP (SwiGLU/GeGLU/GELU, as
+    layers.FeedForward), each expert_ffn_hidden_size wide."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        assert spec.moe is not None
+        e, h, f = spec.moe.num_experts, spec.hidden_size, spec.moe.expert_ffn_hidden_size
+        self.num_experts = e
+        self.mlp = spec.mlp
+        self.w1 = GroupedLinear(e, h, f, spec.bias)
+        self.w2 = GroupedLinear(e, f, h, spec.bias)
+        if spec.mlp in (MlpKind.SWIGLU, MlpKind.GEGLU):
+            self.w3 = GroupedLinear(e, h, f, spec.bias)
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """x: (sum(counts), h) rows grouped by local expert, counts[e] rows for expert e."""
+        w1, b1 = self.w1.local()
+        w2, b2 = self.w2.local()
+        w3, b3 = self.w3.local() if hasattr(self, "w3") else (None, None)
+        assert len(counts) == w1.shape[0], (len(counts), w1.shape)
+        outs = []
+        for e, xs in enumerate(torch.split(x, counts)):  # every expert runs, even on 0 rows
+            up = F.linear(xs, w1[e], None if b1 is None else b1[e])
+            if self.mlp == MlpKind.SWIGLU:
+                up = F.silu(up) * F.linear(xs, w3[e], None if b3 is None else b3[e])
+            elif self.mlp == MlpKind.GEGLU:
+                up = F.gelu(up, approximate="tanh") * F.linear(xs, w3[e],
+                                                               None if b3 is None else b3[e])
+            else:
+                up = F.gelu(up)
+            outs.append(F.linear(up, w2[e], None if b2 is None else b2[e]))
+        return torch.cat(outs)
+
+
+def local_dispatch(experts: Experts, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """All experts on this rank: run them on the expert-sorted rows."""
+    return experts(routed, counts.tolist())
+
+
+def top_k_stable(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (T, k) of the k largest logits per row; ties go to the lower expert index (a
+    stable descending sort), so the choice does not depend on the kernel."""
+    return torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def token_index_experts(positions: torch.Tensor, k: int, num_experts: int) -> torch.Tensor:
+    """Fixed assignment (T, k) by sequence position p: experts e0, e0+1, ..., e0+k-1 (mod E)
+    with e0 = (floor(p^2/3) + p) mod E, uneven on purpose so the experts' token counts differ
+    (seq 64, E 8: 5 to 11 first choices per expert)."""
+    e0 = (positions * positions // 3 + positions) % num_experts
+    return (e0[:, None] + torch.arange(k, device=positions.device)) % num_experts
+
+
+class MoE(nn.Module):
+    """y = sum_j g_j(x) E_{i_j}(x) + shared(x) over the top-k experts i_j of router(x).
+
+    Gates: softmax over the k selected logits (Mixtral: mistral-src `moe.py`, `weights =
+    softmax(topk(gate_logits))`; Hugging Face Qwen3-MoE with norm_topk_prob=True computes the
+    same softmax-then-top-k-then-renormalise). No auxiliary load-balancing loss is added.
+    """
+
+    routes_tokens = True  # tensor_parallel: replicated over tp (ETP = 1), tokens gathered
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        moe = spec.moe
+        assert moe is not None
+        self.top_k = moe.experts_per_token
+        self.num_experts = moe.num_experts
+        self.router_dtype = ROUTER_DTYPES[moe.router_dtype]
+        self.router = nn.Linear(spec.hidden_size, moe.num_experts, bias=spec.bias)
+        self.experts = Experts(spec)
+        self.shared = None
+        if moe.num_shared_experts:  # one MLP as wide as all shared experts (DeepSeekMoE §3.1)
+            width = moe.num_shared_experts * moe.expert_ffn_hidden_size
+            self.shared = FeedForward(spec.replace(ffn_hidden_size=width, moe=None))
+        self.dispatch = local_dispatch
+        """(experts, expert-sorted rows, per-expert counts (E,)) -> expert outputs, same rows;
+        expert_parallel.apply_ep replaces it with the all-to-all dispatcher."""
+        self.router_kind = "learned"
+        self.context_parallel = None  # positions of a token-index router under cp
+        self.tp_mesh = None
+        """Set by apply_ep when ep > 1 and tp > 1: each tp rank sends its 1/tp of the (tp-
+        replicated) tokens to the experts, the expert outputs are all-gathered over tp."""
+
+    def route(self, tokens: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gates (T, k) in the tokens' dtype and expert indices (T, k) of each token."""
+        w = self.router.weight.to(self.router_dtype)
+        b = None if self.router.bias is None else self.router.bias.to(self.router_dtype)
+        logits = F.linear(tokens.to(self.router_dtype), w, b)  # (T, E)
+        if self.router_kind == "token-index":
+            pos = torch.arange(tokens.shape[0], device=tokens.device) % seq_len
+            if self.context_parallel is not None:
+                pos = self.context_parallel.positions(seq_len, tokens.device)[pos]
+            chosen = token_index_experts(pos, self.top_k, self.num_experts)
+        else:
+            chosen = top_k_stable(logits.detach(), self.top_k)
+        picked = logits.gather(-1, chosen)  # softmax in at least fp32, as Mixtral's
+        gates = torch.softmax(picked, dim=-1, dtype=torch.promote_types(picked.dtype, torch.float32))
+        return gates.to(tokens.dtype), chosen
+
+    def routed_outputs(self, tokens: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Expert outputs (T, k, h) of each token's k experts, before the gates."""
+        flat = chosen.reshape(-1)  # (T*k,) expert of each (token, slot)
+        order = torch.argsort(flat, stable=True)  # grouped by expert, token order within
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        out = self.dispatch(self.experts, tokens[order // self.top_k], counts)
+        return out[torch.argsort(order)].view(-1, self.top_k, tokens.shape[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        tokens = x.reshape(-1, h)  # (T, h)
+        gates, chosen = self.route(tokens, s)
+        if self.tp_mesh is None:
+            routed = self.routed_outputs(tokens, chosen)
+        else:  # experts folded over tp: this rank's 1/tp of the tokens, gathered afterwards
+            rank = self.tp_mesh.get_local_rank()
+            part = _tp_chunk(tokens, self.tp_mesh)
+            mine = chosen.tensor_split(self.tp_mesh.size())[rank]
+            routed = _tp_gather(self.routed_outputs(part, mine), self.tp_mesh)
+        y = (routed * gates.unsqueeze(-1)).sum(dim=1)
+        if self.shared is not None:
+            y = y + self.shared(tokens)
+        return y.view(b, s, h)
+
+
+def _tp_chunk(x: torch.Tensor, tp_mesh) -> torch.Tensor:
+    """This tp rank's rows of a tp-replicated x (T, h); backward all-gathers the gradient, so
+    every tp rank again holds the whole (identical) input gradient."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    d = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False)
+    return d.redistribute(tp_mesh, [Shard(0)]).to_local()
+
+
+def _tp_gather(x: torch.Tensor, tp_mesh) -> torch.Tensor:
+    """All tp ranks' rows (T, k, h) of x; backward keeps this rank's rows of the (tp-
+    replicated) gradient, not a sum over tp."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    d = DTensor.from_local(x, tp_mesh, [Shard(0)], run_check=False)
+    return d.redistribute(tp_mesh, [Replicate()]).to_local()
+
+
+def set_router(model: nn.Module, kind: str) -> None:
+    """Select the router of every MoE layer: learned (default) or token-index (tests)."""
+    if kind not in ROUTERS:
+        raise ValueError(f"router {kind!r}: choose one of {ROUTERS}")
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.router_kind = kind
