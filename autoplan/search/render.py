@@ -193,17 +193,21 @@ def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
     return keep, shared, dropped
 
 
-def legend(shown: list[Shown], wide: bool) -> str:
-    """One line explaining every abbreviation that appears in the shown rows."""
+def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> str:
+    """One line explaining every abbreviation that appears in the shown rows (in the columns
+    named by `headers`, when given: a knob on the shared line is written out in full)."""
+    def seen(*names: str) -> bool:
+        return headers is None or bool(headers & set(names))
+
     rows = [s.row for s in shown]
     parts = []
-    scheds = {r["schedule"] for r in rows if r["pp"] > 1}
+    scheds = {r["schedule"] for r in rows if r["pp"] > 1} if seen("sched", "schedule") else set()
     names = {"int": "int = interleaved 1F1B", "zb": "zb = zero-bubble (ZB-H1)",
              "1f1b": "1f1b = one-forward-one-backward", "gpipe": "gpipe = all forwards first"}
     parts += [names[SHORT.get(s, s)] for s in sorted(scheds) if SHORT.get(s, s) in names]
-    if any(r["pp"] > 1 and r["vpp"] > 1 for r in rows):
+    if scheds and any(r["pp"] > 1 and r["vpp"] > 1 for r in rows):
         parts.append("vN = N model chunks per pipeline rank")
-    if any(r["split"] != "even" for r in rows):
+    if scheds and any(r["split"] != "even" for r in rows):
         parts.append("bal = layers balanced against the embedding and head stages")
     if any(len(s.splits) > 1 for s in shown):
         parts.append("bal=even = balanced and even splits score the same")
@@ -211,16 +215,17 @@ def legend(shown: list[Shown], wide: bool) -> str:
         dp1 = all(s.row["dp"] == 1 for s in shown if len(s.zeros) > 1)
         parts.append("zero A-B = ZeRO stages that score the same, one row" + (" (equal at dp 1: "
                      "nothing to shard)" if dp1 else ""))
-    if any(r["sp"] for r in rows):
+    if seen("sp") and any(r["sp"] for r in rows):
         parts.append("sp y = sequence parallel")
-    if any(r["recompute"] != "none" for r in rows):
+    if seen("rc", "recompute") and any(r["recompute"] != "none" for r in rows):
         parts.append(("recompute" if wide else "rc = recompute (sel = selective)") + ", :N = "
                      "on N layers per stage")
-    if any(r["offload_optimizer"] for r in rows):
+    offload = seen("off", "offload")
+    if offload and any(r["offload_optimizer"] for r in rows):
         parts.append("opt = optimizer states on the host")
-    if any(r["offload_params"] for r in rows):
+    if offload and any(r["offload_params"] for r in rows):
         parts.append(("params" if wide else "par") + " = parameters on the host")
-    if not wide and any(r["offload_optimizer"] and r["offload_params"] for r in rows):
+    if offload and not wide and any(r["offload_optimizer"] and r["offload_params"] for r in rows):
         parts.append("o+p = both")
     if any("band" in r for r in rows):
         parts.append("± = the cost model's error band for that prediction")
@@ -291,7 +296,7 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
         if shared:
             console.print("every plan below: " + ", ".join(shared), markup=False)
         console.print(table)
-        line = legend(shown, wide)
+        line = legend(shown, wide, {str(c.header) for c in table.columns})
         if dropped:
             line += f"{'; ' if line else ''}--wide adds: {', '.join(dropped)}"
         if line:
