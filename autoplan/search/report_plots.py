@@ -75,8 +75,9 @@ def plan_labels(result: SearchResult, rows: np.ndarray, ranks: list[int]) -> lis
 def pareto_figure(plt: Any, result: SearchResult) -> str:
     """Throughput against cost (GPU-hours) when the GPU count varies, else against memory."""
     c, feas = result.scored.cols, np.flatnonzero(result.scored.feasible)
-    if len(feas) > MAX_POINTS:
-        feas = feas[np.linspace(0, len(feas) - 1, MAX_POINTS).astype(np.int64)]
+    if len(feas) > MAX_POINTS:  # a deterministic subsample, plus the ranked plans themselves
+        feas = np.union1d(feas[np.linspace(0, len(feas) - 1, MAX_POINTS).astype(np.int64)],
+                          result.order[:100])
     tps = c["tokens_per_s"][feas]
     req = result.request
     if len(req.gpu_counts) > 1 or "cost" in req.targets.objectives:
