@@ -112,3 +112,21 @@ def test_models_and_clusters_fit_80_columns_without_cutting_names() -> None:
         assert max(len(line) for line in proc.stdout.splitlines()) <= 80
     models = cli(["models", "--format", "table"]).stdout
     assert "llama-3.1-405b" in models and re.search(r"tiny\s+0\.24M", models)
+
+
+def test_every_published_recipe_loads_as_a_plan_of_its_models() -> None:
+    from types import SimpleNamespace
+
+    from autoplan.search.baseline import load_baselines, score_baseline
+
+    from .conftest import request
+
+    for recipe in load_baselines():
+        assert recipe["source"] and recipe["models"]
+        mp = recipe["parallel"]["tp"] * recipe["parallel"]["pp"] * recipe["parallel"]["cp"]
+        for model in recipe["models"]:
+            req = request("default", model=model, cluster="h100-sxm-80gb", gpus=(mp * 8,),
+                          gbs=mp * 8 * 4)
+            score = score_baseline(SimpleNamespace(request=req), mp * 8)
+            assert score is not None and score.step_s > 0 and score.name == recipe["name"]
+            assert score_baseline(SimpleNamespace(request=req), mp * 8 + 1) is None
