@@ -193,27 +193,29 @@ def _expert_group(t: Table) -> np.ndarray:
 MOE_RULES: tuple[Rule, ...] = (
     Rule(
         "ep-needs-moe",
-        lambda t, m: (m.moe is None) & ((expert_col(t, "ep") > 1) | (expert_col(t, "etp") > 1)),
+        lambda t, m: np.False_ if m.moe is not None
+        else (expert_col(t, "ep") > 1) | (expert_col(t, "etp") > 1),
         lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])}, etp="
         f"{int(expert_col(t, 'etp')[i])}: model {m.name} has no experts; set ep: 1 and etp: 1",
     ),
     Rule(
         "ep-divides-experts",
-        lambda t, m: (m.moe is not None) & (_experts(m) % expert_col(t, "ep") != 0),
+        lambda t, m: np.False_ if m.moe is None else _experts(m) % expert_col(t, "ep") != 0,
         lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])} does not divide "
         f"moe.num_experts={_experts(m)}; choose ep from {_divisors(max(_experts(m), 1))}",
     ),
     Rule(
         "etp-divides-expert-ffn",
-        lambda t, m: (m.moe is not None) & (
-            (m.moe.expert_ffn_hidden_size if m.moe else 1) % expert_col(t, "etp") != 0),
+        lambda t, m: np.False_ if m.moe is None
+        else m.moe.expert_ffn_hidden_size % expert_col(t, "etp") != 0,
         lambda t, i, m: f"parallel.etp={int(expert_col(t, 'etp')[i])} does not divide "
         f"moe.expert_ffn_hidden_size={m.moe.expert_ffn_hidden_size if m.moe else 0}; "
         "choose an etp that divides it",
     ),
     Rule(
         "ep-etp-divides-dp-cp-tp",
-        lambda t, m: _expert_group(t) % (expert_col(t, "ep") * expert_col(t, "etp")) != 0,
+        lambda t, m: np.False_ if m.moe is None  # ep-needs-moe refuses ep > 1 there
+        else _expert_group(t) % (expert_col(t, "ep") * expert_col(t, "etp")) != 0,
         lambda t, i, m: f"parallel.ep * etp = "
         f"{int(expert_col(t, 'ep')[i] * expert_col(t, 'etp')[i])} does not divide dp * cp * tp "
         f"= {int(_expert_group(t)[i])} (Megatron-Core folds the expert grid into it); choose "
@@ -274,3 +276,65 @@ def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = No
         if bad[j] and not (rule.key == "pp-vpp-divides-layers" and lps is not None):
             reasons.append(rule.message(row, 0, model))
     return reasons
+
+
+def _moe_tokens_split_over_tp(t: Table, m: ModelSpec) -> np.ndarray:
+    """Tokens of one micro-batch on one rank (mbs * seq_len / cp) split evenly over tp."""
+    return (col(t, "mbs") * (m.seq_len // col(t, "cp"))) % col(t, "tp") == 0
+
+
+RUNTIME_RULES: tuple[Rule, ...] = (
+    Rule(
+        "runtime-etp",
+        lambda t, m: expert_col(t, "etp") > 1,
+        lambda t, i, m: f"parallel.etp={int(expert_col(t, 'etp')[i])}: autoplan's runtime keeps "
+        "each expert whole (expert tensor parallelism 1); set etp: 1, or export the plan to "
+        "Megatron-LM",
+    ),
+    Rule(
+        "runtime-moe-capacity",
+        lambda t, m: np.bool_(m.moe is not None and m.moe.capacity_factor is not None),
+        lambda t, i, m: f"model.moe.capacity_factor={m.moe.capacity_factor if m.moe else None}: "
+        "autoplan's runtime is dropless; set capacity_factor: null",
+    ),
+    Rule(
+        "runtime-moe-aux-free",
+        lambda t, m: np.bool_(m.moe is not None and m.moe.router_aux_free),
+        lambda t, i, m: "model.moe.router_aux_free=true: autoplan's runtime routes by top-k "
+        "softmax without a per-expert bias; set router_aux_free: false",
+    ),
+    Rule(
+        "runtime-mla",
+        lambda t, m: np.bool_(m.mla is not None),
+        lambda t, i, m: "model.mla: autoplan's runtime has no multi-head latent attention; "
+        "remove model.mla (grouped-query attention)",
+    ),
+    Rule(
+        "runtime-ep-tp-tokens",
+        lambda t, m: (expert_col(t, "ep") > 1) & (col(t, "tp") > 1)
+        & ~_moe_tokens_split_over_tp(t, m),
+        lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])} with tp={_int(t, 'tp', i)}: "
+        f"each tp rank sends 1/tp of a micro-batch's {_int(t, 'mbs', i)} * "
+        f"{m.seq_len // _int(t, 'cp', i)} tokens to the experts; choose a micro_batch_size "
+        "that makes them divisible by tp",
+    ),
+)
+"""What autoplan's own runtime cannot run (autoplan train), apart from the planner's rules:
+search and export still consider these plans (Megatron-LM runs them)."""
+RUNTIME_RULE_KEYS: tuple[str, ...] = tuple(r.key for r in RUNTIME_RULES)
+
+
+def runtime_limits(plan: Plan, model: ModelSpec) -> list[str]:
+    """Every RUNTIME_RULES rule the plan breaks, as one-line messages."""
+    row = plan_to_row(plan, model)
+    bad = violations_of(RUNTIME_RULES, row, model)[0]
+    return [rule.message(row, 0, model) for j, rule in enumerate(RUNTIME_RULES) if bad[j]]
+
+
+def violations_of(rules: tuple[Rule, ...], table: Table, model: ModelSpec) -> np.ndarray:
+    """Boolean matrix (rows x rules) of `rules`."""
+    n = len(col(table, "dp"))
+    out = np.zeros((n, len(rules)), dtype=bool)
+    for j, rule in enumerate(rules):
+        out[:, j] = np.broadcast_to(rule.violated(table, model), (n,))
+    return out

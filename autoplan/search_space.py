@@ -65,10 +65,18 @@ class ParallelSpace:
     """Pipeline-parallel degrees."""
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees."""
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees (MoE models; folded into dp x cp x tp as Megatron-Core does);
+    null: [1] for a dense model, for a MoE model 1, 2, 4, ..., 64 where they divide the experts
+    (autoplan.search.space.expert_pairs)."""
+    etp: tuple[int, ...] = (1,)
+    """Expert tensor-parallel degrees (each routed expert split over etp ranks)."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp"):
+        for name in ("tp", "pp", "cp", "etp"):
             _check_values(name, getattr(self, name), low=1, example=", e.g. [1, 2, 4, 8]")
+        if self.ep is not None:
+            _check_values("ep", self.ep, low=1, example=", or null (from the model)")
         if self.dp is not None:
             _check_values("dp", self.dp, low=1, example=", or null for any")
 
