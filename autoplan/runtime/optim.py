@@ -71,12 +71,15 @@ def global_grad_norm(modules: list[nn.Module], pp_group,
         for p in m.parameters():
             if p.grad is not None and id(p) not in skipped:
                 groups.setdefault(_group_key(p.grad), []).append(p.grad)
-    total_sq = torch.zeros((), dtype=torch.float64)
+    # on the parameters' device: `+=` of a CUDA norm into a CPU tensor raises, and NCCL
+    # reduces only CUDA tensors
+    device = next((p.device for m in modules for p in m.parameters()), torch.device("cpu"))
+    total_sq = torch.zeros((), dtype=torch.float64, device=device)
     for grads in groups.values():
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        total_sq += norm.double() ** 2
+        total_sq += norm.double().to(device) ** 2
     if pp_group is not None:
         dist.all_reduce(total_sq, group=pp_group)
     return math.sqrt(total_sq.item())

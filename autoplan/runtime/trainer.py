@@ -97,7 +97,7 @@ class Trainer:
                     return None
                 return torch.stack([_plain(x) for x in losses]).mean() / self._loss_multiplier
             part = pm.parts[0]
-            total = torch.zeros(())
+            total = torch.zeros((), device=inputs.device)  # the loss's device (CUDA: in place)
             n = pm.n_microbatches
             for i, (x, y) in enumerate(zip(inputs.chunk(n), labels.chunk(n), strict=True)):
                 with self._sync_context(part, last=i == n - 1):

@@ -49,6 +49,9 @@ def _init_process_group(backend: str, rank: int, world: int, timeout_s: float) -
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"autoplan/attempt-{attempt}", store)
+    # with NCCL, gloo carries the collectives of CPU tensors (loss and flag all-reduces), as
+    # torchtitan initialises its process group
+    backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world,
                             timeout=timeout)
 
