@@ -120,8 +120,11 @@ class RuntimeTraits:
     """Bytes per logit the loss keeps for backward, per micro-batch in flight (the fp32
     softmax of Megatron's vocab-parallel cross-entropy; fp32 log-softmax in torch)."""
     logit_bytes_transient: float = 6.0
-    """Bytes per logit of the micro-batch at the loss beyond those: 16-bit logits and the fp32
-    copy or gradient being formed."""
+    """Bytes per logit of the micro-batch at the loss beyond those: torch's F.cross_entropy
+    keeps the 16-bit logits and their fp32 upcast while log_softmax writes its output (6).
+    Megatron's vocab-parallel cross-entropy upcasts and exponentiates in place, so its saved
+    fp32 softmax is that copy: the 16-bit logits and their contiguous transpose remain (4;
+    megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.16)."""
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     """Pipeline schedules the runtime can run (Plan spelling)."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
@@ -166,6 +169,7 @@ class RuntimeTraits:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
+        "logit_bytes_transient": 4.0,
         "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
@@ -174,6 +178,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"],
     },
     "megatron-2022": {
+        "logit_bytes_transient": 4.0,
         "description": "Megatron-LM as the SC21 and Korthikanti et al. 2022 runs used it "
                        "(examples/sc21 at de7dc40f88; the 2022 selective-recompute release): the "
                        "data-parallel all-reduce runs after backward (train_step calls "
@@ -183,6 +188,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "overlap_param_gather": False,
     },
     "nemo": {
+        "logit_bytes_transient": 4.0,
         "attention_kernel": "cudnn",
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
