@@ -32,7 +32,8 @@ class Tracker:
     def __init__(self, label: str, bar: Any = None, stream: IO[str] | None = None,
                  every: float = EVERY_S) -> None:
         self.label, self.bar, self.stream, self.every = label, bar, stream, every
-        self.description, self.done, self.total = "starting", 0, None
+        self.description, self.done = "starting", 0
+        self.total: int | None = None
         self.start = time.monotonic()
         self.last_line = self.start  # the first line after `every` seconds: quick work is quiet
         self.lines = 0

@@ -46,8 +46,8 @@ def esc(text: Any) -> str:
     return html.escape(str(text))
 
 
-def table_html(headers: list[str], rows: list[list[str]], left: set[int] = frozenset(),
-               best: int | None = None) -> str:
+def table_html(headers: list[str], rows: list[list[str]],
+               left: frozenset[int] | set[int] = frozenset(), best: int | None = None) -> str:
     head = "".join(f"<th class='{'l' if j in left else ''}'>{esc(h)}</th>"
                    for j, h in enumerate(headers))
     body = "".join(
@@ -90,7 +90,8 @@ def inputs_html(result: SearchResult) -> str:
                               f"{', '.join(map(str, v)) if isinstance(v, list) else v}"
                               for k, v in to_dict(req.targets).items() if v not in (None, [], ()))],
         ["candidates", f"{result.total:,} ({result.scored.n:,} scored, "
-                       f"{int(result.scored.feasible.sum()):,} feasible) in {result.seconds:.2f} s"],
+                       f"{int(result.scored.feasible.sum()):,} feasible) in "
+                       f"{result.seconds:.2f} s"],
     ]
     return table_html(["input", "value"], rows, left={0, 1})
 
@@ -150,7 +151,8 @@ def page(result: SearchResult, top: int, plt: Any) -> str:
     parts += ["<h2>Why this plan</h2>", "".join(f"<p>{esc(w)}</p>" for w in why) or
               "<p>Only one layout is feasible.</p>",
               "<h2>Ranked plans</h2>", ranked_html(result, shown),
-              "<h2>Pareto front</h2>", f"<img alt='Pareto front' src='{rp.pareto_figure(plt, result)}'>",
+              "<h2>Pareto front</h2>",
+              f"<img alt='Pareto front' src='{rp.pareto_figure(plt, result)}'>",
               "<h2>Memory per GPU</h2>",
               f"<img alt='memory per plan' src='{rp.memory_figure(plt, result, rows, labels)}'>",
               "<h2>Where the step time goes</h2>",
