@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,10 @@ class Split(str, enum.Enum):
     BALANCED = "balanced"
     """Fewer blocks on the stages that also hold the embedding or the output layer, balancing
     their time over the model's layer graph (autoplan.search.partition)."""
+    ENDS = "ends"
+    """The first and the last stage one block lighter than the others, for the embedding and
+    the loss (Megatron-Core's --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split; Llama 3 405B's 126 layers on 16 stages: 7, 8 x 14, 7)."""
 
 
 def _check_values(name: str, values: tuple[Any, ...], *, low: int | None = None,
@@ -88,7 +92,8 @@ class PipelineSpace:
     vpp: tuple[int, ...] = (1,)
     """Virtual stages per rank (> 1 needs interleaved-1f1b or zero-bubble)."""
     split: tuple[Split, ...] = (Split.EVEN,)
-    """even | balanced layer-to-stage split; balanced is searched by the Optuna samplers only."""
+    """even | balanced | ends layer-to-stage splits; every sampler scores each one that differs
+    from the even split (autoplan.search.partition)."""
 
     def __post_init__(self) -> None:
         _check_values("schedule", self.schedule)
@@ -137,20 +142,29 @@ class SearchSpace:
     recompute: RecomputeSpace = field(default_factory=RecomputeSpace)
     micro_batch_size: tuple[int, ...] = (1,)
     """Sequences per micro-batch."""
-    precision: tuple[Precision, ...] = (Precision.BF16,)
-    """Training precisions (bf16 | fp16 | fp32)."""
+    precision: tuple[Precision, ...] = ()
+    """Training precisions (bf16 | fp16 | fp32 | fp8); empty (`auto` in YAML): the device's own
+    16-bit format, bf16 where it has one, else fp16 (V100), fp32 on CPU (`for_device`)."""
     attention: tuple[Attention, ...] = (Attention.FLASH,)
     """Attention kernels (flash | eager)."""
     max_enumerate: int = ENUMERABLE_LIMIT
     """Largest candidate count the default sampler enumerates; above it, TPE."""
+    min_tokens_per_cp_rank: int = 0
+    """cp > 1 only where seq_len / cp keeps at least this many tokens per rank (the default
+    space: 1024, so a 2K sequence tries cp 2 and the Llama 3 paper's 128K context cp 16 and
+    above); 0 tries every listed cp."""
 
     def __post_init__(self) -> None:
         _check_values("sequence_parallel", self.sequence_parallel)
         _check_values("zero_stage", self.zero_stage, low=0, high=3)
         _check_values("micro_batch_size", self.micro_batch_size, low=1,
                       example=", e.g. [1, 2, 4]")
-        _check_values("precision", self.precision)
+        if self.precision:  # empty: auto, settled per device by for_device
+            _check_values("precision", self.precision)
         _check_values("attention", self.attention)
+        if self.min_tokens_per_cp_rank < 0:
+            raise ConfigError("min_tokens_per_cp_rank", f"got {self.min_tokens_per_cp_rank}",
+                              "expected 0 (every cp) or a positive token count")
         if self.max_enumerate < 1:
             raise ConfigError("max_enumerate", f"got {self.max_enumerate}",
                               "expected a positive integer")
@@ -166,14 +180,49 @@ class SearchSpace:
             "vpp": len(self.pipeline.vpp), "zero_stage": len(self.zero_stage),
             "offload_optimizer": len(self.offload.optimizer),
             "offload_params": len(self.offload.params), "recompute": rc_pairs,
-            "mbs": len(self.micro_batch_size), "precision": len(self.precision),
+            "mbs": len(self.micro_batch_size), "precision": max(len(self.precision), 1),
             "attention": len(self.attention),
         }
 
     def size(self, num_gpu_counts: int = 1) -> int:
-        """Candidates the exhaustive sampler generates (before any rule) for that many GPU counts;
-        an uneven split multiplies the count for Optuna but is not enumerated."""
-        return math.prod(self.knob_sizes().values()) * num_gpu_counts
+        """Candidates the exhaustive sampler generates (before any rule, world-size misfits
+        included) for that many GPU counts with even splits; the shapes the rules always refuse
+        are not listed (autoplan.search.space: vpp without interleaving, sp at tp 1, offload
+        without ZeRO). The model's uneven splits add rows (space.joint_rows counts them)."""
+        from autoplan.plan_table import SCHEDULES
+        from autoplan.search.space import memory_triples, recompute_pairs, shape_allowed, sp_values
+
+        shapes = sum(shape_allowed(pp, SCHEDULES.index(Schedule(s)), v)
+                     for pp in self.parallel.pp for s in self.pipeline.schedule
+                     for v in self.pipeline.vpp)
+        sps = sum(len(sp_values(self, tp)) for tp in self.parallel.tp)
+        rest = len(memory_triples(self)) * len(recompute_pairs(self)) \
+            * len(self.micro_batch_size) * max(len(self.precision), 1) * len(self.attention)
+        return shapes * sps * len(self.parallel.cp) * rest * num_gpu_counts
+
+    def cp_for(self, seq_len: int) -> tuple[int, ...]:
+        """The listed cp degrees this sequence length supports under min_tokens_per_cp_rank
+        (the smallest listed always stays)."""
+        keep = tuple(c for c in self.parallel.cp
+                     if c == min(self.parallel.cp) or seq_len // c >= self.min_tokens_per_cp_rank)
+        return keep
+
+    def for_model(self, seq_len: int) -> SearchSpace:
+        """The space with its cp list cut to what `seq_len` supports (cp_for)."""
+        cps = self.cp_for(seq_len)
+        if cps == self.parallel.cp:
+            return self
+        return dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, cp=cps))
+
+    def for_device(self, peak_flops_per_s: Mapping[str, float], cpu: bool) -> SearchSpace:
+        """The space with `precision: auto` settled for a device: bf16 where it has a bf16
+        peak (A100 and later), else fp16 (V100, no bf16 tensor cores), fp32 on a CPU (whose
+        bf16 matmuls run several times slower than fp32, profiles/cpu-gloo.yaml)."""
+        if self.precision:
+            return self
+        order = ("fp32", "bf16", "fp16") if cpu else ("bf16", "fp16", "fp32")
+        pick = next((p for p in order if p in peak_flops_per_s), "fp32")
+        return dataclasses.replace(self, precision=(Precision(pick),))
 
     def summary(self) -> dict[str, Any]:
         out = {k: _enum_values(v) if isinstance(v, tuple) else v
@@ -209,6 +258,11 @@ def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {data!r}", "expected a mapping of search-space fields")
     data = check_schema_version(data, "")
+    if data.get("precision") in ("auto", ["auto"]):
+        data = {**data, "precision": []}
+    elif data.get("precision") == []:
+        raise ConfigError(f"{where}: precision", "got an empty list",
+                          "list at least one of bf16, fp16, fp32, fp8, or write auto")
     try:
         return from_dict(SearchSpace, _listify(SearchSpace, data), "")
     except ConfigError as err:

@@ -20,9 +20,9 @@ from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
 from autoplan.search.ranking import rank
 from autoplan.search.scoring import Context, Scored, score_table
-from autoplan.search.space import enumerate_space
+from autoplan.search.space import enumerate_space, joint_rows
 from autoplan.search.targets import Targets
-from autoplan.search_space import SearchSpace, Split
+from autoplan.search_space import SearchSpace
 
 if TYPE_CHECKING:
     from autoplan.search.nearest import Miss
@@ -32,6 +32,15 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("exhaustive", "tpe", "nsga2", "random")
 Progress = Callable[[str, int, int], None]
 """progress(stage, done, total)."""
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One GPU type of a multi-type search: its profile, the name given, and its GPU counts."""
+
+    ref: str
+    profile: ClusterProfile
+    gpu_counts: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -55,12 +64,35 @@ class SearchRequest:
     """Offsets the sampler seed so workers sharing one study explore differently."""
     runtime: RuntimeTraits | None = None
     """The runtime plans are priced for and must run on (None: autoplan's own on the device)."""
+    global_batch_size_max: int | None = None
+    """With a value: the search picks the global batch size in [global_batch_size, this]."""
+    types: tuple[GpuType, ...] = ()
+    """Several GPU types searched in one run (`--cluster A,B,C`); the first is profile."""
+
+    def __post_init__(self) -> None:
+        # `precision: auto` settled for this device (fp16 on V100, bf16 on A100 and later)
+        cpu = self.profile.host.compute_slots is not None
+        object.__setattr__(self, "space", self.space.for_device(
+            self.profile.device.peak_flops_per_s, cpu).for_model(self.model.seq_len))
+
+    @property
+    def batch(self) -> tuple[int, int]:
+        """(smallest, largest) global batch size the search may pick."""
+        return self.global_batch_size, self.global_batch_size_max or self.global_batch_size
 
     def context(self) -> Context:
         return Context(self.model, self.profile, self.space, self.targets, self.runtime)
 
     def space_size(self) -> int:
-        return self.space.size(len(self.gpu_counts))
+        """Candidates an exhaustive search lists: valid layouts only, uneven splits where they
+        differ from the even one (space.joint_rows)."""
+        return joint_rows(self.space, self.model, self.gpu_counts, self.batch)
+
+    def largest_count_rows(self) -> int:
+        """Candidates of the GPU count with the most of them."""
+        if len(self.gpu_counts) == 1:
+            return self.space_size()
+        return max(joint_rows(self.space, self.model, (n,), self.batch) for n in self.gpu_counts)
 
     def pick_sampler(self) -> str:
         if self.sampler is not None:
@@ -68,8 +100,8 @@ class SearchRequest:
                 raise ConfigError("--sampler", f"got {self.sampler!r}",
                                   f"choose from {', '.join(SAMPLERS)}")
             return self.sampler
-        if self.space_size() <= self.space.max_enumerate:
-            return "exhaustive"
+        if self.largest_count_rows() <= self.space.max_enumerate:
+            return "exhaustive"  # a range is scored count by count (run_exhaustive)
         return "nsga2" if self.targets.multi else "tpe"
 
 
@@ -95,21 +127,75 @@ class SearchResult:
         return int(self.order[0]) if len(self.order) else None
 
 
-def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tuple[Scored, int]:
-    if Split.EVEN not in req.space.pipeline.split:
-        raise ConfigError("--sampler exhaustive", "the space has no even split",
-                          "add 'even' to pipeline.split or use --sampler tpe")
-    if len(req.space.pipeline.split) > 1:
-        log.info("exhaustive search enumerates even splits; use --sampler tpe for balanced ones")
-    step = progress or (lambda *_: None)
-    step("enumerate", 0, 3)
-    enum = enumerate_space(req.space, req.model, req.gpu_counts, req.global_batch_size,
+KEEP_PER_COUNT = 2000
+"""Rows kept from each GPU count when a range is scored count by count: the best feasible ones
+by every objective (and the Pareto front), and the closest misses."""
+
+
+def _one_pass(req: SearchRequest, counts: tuple[int, ...]) -> tuple[Scored, int]:
+    enum = enumerate_space(req.space, req.model, counts, req.batch,
                            limit=req.space.max_enumerate)
-    step("score", 1, 3)
     scored = score_table(enum.table, req.context(),
                          counts={"world-size": enum.world_size_rejected})
-    step("rank", 2, 3)
     return scored, enum.total
+
+
+def _kept(scored: Scored, targets: Targets) -> np.ndarray:
+    """Rows of one count's table that can still matter once every count is merged."""
+    order, front = rank(scored, targets)
+    keep = [order[:KEEP_PER_COUNT], np.flatnonzero(front)]
+    obj = scored.cols["objectives"]
+    for j in range(obj.shape[1] if targets.multi else 0):
+        keep.append(order[np.argsort(obj[order, j], kind="stable")[:KEEP_PER_COUNT]])
+    bad = np.flatnonzero(~scored.feasible)
+    if len(bad):
+        worst = np.max(scored.cols["miss"][bad], axis=1)
+        keep.append(bad[np.argsort(worst, kind="stable")[:KEEP_PER_COUNT]])
+    return np.unique(np.concatenate(keep)).astype(np.int64)
+
+
+def merge_scored(parts: list[Scored], rows: list[np.ndarray] | None = None) -> Scored:
+    """One Scored of several (their rows, or the given rows of each), counts summed."""
+    if rows is None:
+        rows = [np.arange(p.n) for p in parts]
+    keys = parts[0].cols.keys()
+    cols = {k: np.concatenate([np.asarray(p.cols[k])[r] for p, r in zip(parts, rows,
+                                                                        strict=True)])
+            for k in keys if all(k in p.cols for p in parts)}
+    counts: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.counts.items():
+            counts[k] = counts.get(k, 0) + v
+    return Scored(cols, counts, parts[0].runtime)
+
+
+def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tuple[Scored, int]:
+    """Every candidate scored: in one pass, or count by count when the GPU counts together
+    exceed max_enumerate (each count's best and nearest rows kept). With the single objective
+    gpus the counts go smallest first and stop at the first one with a feasible plan: every
+    larger count ranks below it."""
+    step = progress or (lambda *_: None)
+    counts = tuple(sorted(req.gpu_counts))
+    if len(counts) == 1 or req.space_size() <= req.space.max_enumerate:
+        step("enumerate + score", 0, 1)
+        scored, total = _one_pass(req, counts)
+        step("rank", 1, 1)
+        return scored, total
+    parts: list[Scored] = []
+    kept: list[np.ndarray] = []
+    total = 0
+    smallest_first = req.targets.objectives == ("gpus",)
+    for k, n in enumerate(counts):
+        step("GPU counts", k, len(counts))
+        part, seen = _one_pass(req, (n,))
+        total += seen
+        parts.append(part)
+        kept.append(_kept(part, req.targets))
+        if smallest_first and part.feasible.any():
+            log.info("%d GPUs meet every target; larger counts not scored", n)
+            break
+    step("GPU counts", len(counts), len(counts))
+    return merge_scored(parts, kept), total
 
 
 def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:

@@ -4,7 +4,8 @@ The model is a path graph embedding -> block_0 ... block_{L-1} -> head whose nod
 forward+backward FLOPs per token; a balanced split cuts the path into contiguous stages (each with
 at least one block) minimising the largest stage's FLOPs, so the stages that also hold the
 embedding or the output layer (large vocabularies) get fewer blocks. Memory per stage is then
-checked by the cost model (first and last stage) like any other plan.
+checked by the cost model (first and last stage) like any other plan. The "ends" split is
+the practitioners' rule of thumb: first and last stage one block lighter.
 """
 
 from __future__ import annotations
@@ -80,15 +81,71 @@ def balanced_layers(model: ModelSpec, stages: int) -> tuple[int, ...] | None:
     return min_max_partition(_block_weights(layer_graph(model)), stages)
 
 
-def rank_layers(layers_per_stage: tuple[int, ...], pp: int) -> list[int]:
-    """Blocks per pipeline rank: rank r holds stages r, r + pp, r + 2pp, ... (interleaving)."""
-    return [sum(layers_per_stage[r::pp]) for r in range(pp)]
-
-
-def split_columns(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int, int] | None:
-    """(layers_first, layers_max, layers_last) of the balanced split for estimate_table."""
-    lps = balanced_layers(model, pp * vpp)
-    if lps is None:
+def ends_lighter_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
+    """Blocks per stage with the first and the last stage one block lighter than the rest (they
+    also hold the embedding and the loss: Megatron-Core's account-for-embedding/loss-in-
+    pipeline-split): split num_layers + 2 evenly, the remainder on the middle stages, then take
+    one block from each end. None with fewer than three stages or an empty end stage."""
+    if stages < 3:
         return None
-    per_rank = rank_layers(lps, pp)
+    base, extra = divmod(num_layers + 2, stages)
+    sizes = [base] * stages
+    middle = list(range(1, stages - 1))
+    for k in range(extra):  # spread the remainder over the middle stages
+        sizes[middle[(k * len(middle)) // extra]] += 1
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    if min(sizes) < 1 or sum(sizes) != num_layers:
+        return None
+    return tuple(sizes)
+
+
+def stage_layers(model: ModelSpec, pp: int, vpp: int, split: str) -> tuple[int, ...] | None:
+    """Blocks per stage (pp * vpp stages in model order) of a non-even split ("balanced" or
+    "ends"), or None when that split cannot cut the model into so many stages."""
+    stages = pp * vpp
+    if split == "balanced":
+        return balanced_layers(model, stages)
+    if split == "ends":
+        return ends_lighter_layers(model.num_layers, stages)
+    raise ValueError(f"no uneven split named {split!r}")
+
+
+def rank_stages(pp: int, vpp: int, zero_bubble: bool) -> list[list[int]]:
+    """Stages of each pipeline rank, as plan_table.stages_of_rank places them: round-robin
+    r, r + pp, ... (Megatron's interleaving), or r and 2pp - 1 - r under ZB-V (zero-bubble with
+    two chunks). tests/search/test_layouts.py holds the two against each other."""
+    if zero_bubble and vpp == 2:
+        return [[r, 2 * pp - 1 - r] for r in range(pp)]
+    return [[r + c * pp for c in range(vpp)] for r in range(pp)]
+
+
+def rank_layers(layers_per_stage: tuple[int, ...], pp: int, vpp: int = 0,
+                zero_bubble: bool = False) -> list[int]:
+    """Blocks per pipeline rank (all its chunks)."""
+    vpp = vpp or len(layers_per_stage) // pp
+    return [sum(layers_per_stage[s] for s in ss) for ss in rank_stages(pp, vpp, zero_bubble)]
+
+
+def columns_of(lps: tuple[int, ...], pp: int, vpp: int,
+               zero_bubble: bool = False) -> tuple[int, int, int]:
+    """(layers_first, layers_max, layers_last) of a split: the cost model's columns."""
+    per_rank = rank_layers(lps, pp, vpp, zero_bubble)
     return per_rank[0], max(per_rank), per_rank[-1]
+
+
+def heaviest_rank_flops(model: ModelSpec, lps: tuple[int, ...], pp: int, vpp: int,
+                        zero_bubble: bool = False) -> float:
+    """FLOPs per token of the most loaded pipeline rank (embedding on stage 0, head on the last
+    stage), the quantity the balanced split minimises."""
+    w = _block_weights(layer_graph(model))
+    bounds = np.concatenate([[0], np.cumsum(lps)])
+    stage = [float(w[bounds[k]:bounds[k + 1]].sum()) for k in range(len(lps))]
+    return max(sum(stage[s] for s in ss) for ss in rank_stages(pp, vpp, zero_bubble))
+
+
+def split_columns(model: ModelSpec, pp: int, vpp: int, split: str = "balanced",
+                  zero_bubble: bool = False) -> tuple[int, int, int] | None:
+    """(layers_first, layers_max, layers_last) of an uneven split for estimate_table."""
+    lps = stage_layers(model, pp, vpp, split)
+    return None if lps is None else columns_of(lps, pp, vpp, zero_bubble)

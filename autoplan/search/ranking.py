@@ -16,7 +16,7 @@ from autoplan.model_spec import ModelSpec
 from autoplan.plan import ClusterRef, Pipeline, Plan
 from autoplan.plan_table import RECOMPUTE, SCHEDULES, row_to_plan
 from autoplan.search.pareto import pareto_mask
-from autoplan.search.partition import balanced_layers
+from autoplan.search.partition import stage_layers
 from autoplan.search.scoring import Scored
 from autoplan.search.targets import MISS_KEYS, Targets, display_value, gpu_hours
 from autoplan.search_space import SearchSpace, Split
@@ -65,8 +65,9 @@ def row_plan(scored: Scored, i: int, model: ModelSpec, model_ref: str | ModelSpe
     plan = row_to_plan(c, i, model_ref, ClusterRef(profile_ref, int(c["num_gpus"][i])),
                        space.precision[int(c["precision"][i])])
     plan = plan.replace(attention=space.attention[int(c["attention"][i])])
-    if int(c["split"][i]) == 1:
-        lps = balanced_layers(model, plan.parallel.pp * plan.pipeline.vpp)
+    split = list(Split)[int(c["split"][i])]
+    if split is not Split.EVEN:  # the uneven split the row's layer columns priced
+        lps = stage_layers(model, plan.parallel.pp, plan.pipeline.vpp, split.value)
         plan = plan.replace(pipeline=Pipeline(plan.pipeline.schedule, plan.pipeline.vpp, lps))
     return plan.replace(predicted=predicted(scored, i, targets))
 

@@ -100,8 +100,9 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
     n = len(t["dp"])
     out: dict[str, np.ndarray] = {}
     unsupported = np.zeros(n, dtype=bool)
-    pairs: Any = np.unique(np.stack([t["precision"], t["attention"]], axis=1), axis=0) \
-        if n else []
+    width = len(ctx.space.attention)  # one code per pair, counted in O(n) (no sort)
+    present = np.flatnonzero(np.bincount(t["precision"] * width + t["attention"])) if n else []
+    pairs: Any = [divmod(int(code), width) for code in present]
     for p_code, a_code in pairs:
         precision = ctx.space.precision[p_code].value
         rows = (t["precision"] == p_code) & (t["attention"] == a_code)

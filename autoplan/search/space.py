@@ -3,26 +3,37 @@ arithmetic in numpy (no Python loop over candidates).
 
 The parallel layouts (num_gpus, tp, pp, cp) come first; dp is derived as num_gpus / (tp*pp*cp),
 and layouts it cannot fill are counted as "world-size" rejections without being materialised.
-Validity rules and scoring are left to `autoplan.search.scoring`.
+Each layout is then crossed with its pipeline shapes (schedule, vpp and every layer split that
+differs from the even one, with the layer columns the cost model prices) and, for a batch range,
+its global batch sizes. Validity rules and scoring are left to `autoplan.search.scoring`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import RecomputePolicy, Schedule
-from autoplan.plan_table import COLUMNS, RECOMPUTE, SCHEDULES, even_layers
-from autoplan.search_space import SearchSpace
+from autoplan.plan_table import (
+    COLUMNS,
+    EXPERT_COLUMNS,
+    INTERLEAVED,
+    RECOMPUTE,
+    SCHEDULES,
+    ZERO_BUBBLE,
+)
+from autoplan.search.partition import columns_of, heaviest_rank_flops, stage_layers
+from autoplan.search_space import SearchSpace, Split
 
 EXTRA_COLUMNS = {"num_gpus": np.int64, "precision": np.int64, "attention": np.int64,
                  "layers_last": np.int64, "split": np.int64}
 """Columns beyond plan_table.COLUMNS: precision/attention are indexes into the space's lists,
-split 0 is even and 1 balanced."""
+split indexes search_space.Split (0 even, 1 balanced, 2 ends)."""
 MAX_GPU_COUNTS = 4096
 """Most GPU counts one search scores (a range keeps powers of two and whole nodes)."""
 MAX_GPUS = 2**20
@@ -75,6 +86,36 @@ def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+MAX_BATCH_SIZES = 64
+"""Most global batch sizes one layout is crossed with under --global-batch-size A..B."""
+
+
+def parse_batch_sizes(text: str) -> tuple[int, int]:
+    """`B` or `A..B` as (A, B); a range lets the search pick the global batch size."""
+    where, fix = "--global-batch-size", "write B or A..B, e.g. 1024..4096"
+    try:
+        lo_s, dots, hi_s = text.partition("..")
+        lo, hi = int(lo_s), int(hi_s) if dots else int(lo_s)
+    except ValueError:
+        raise ConfigError(where, f"got {text[:80]!r}", fix) from None
+    if lo < 1 or hi < lo:
+        raise ConfigError(where, f"got {text[:80]!r}", "expected 1 <= A <= B; " + fix)
+    if hi > 2**24:
+        raise ConfigError(where, f"got {hi}", "a search takes at most 16,777,216 sequences")
+    return lo, hi
+
+
+def batch_sizes(lo: int, hi: int, dp: int) -> list[int]:
+    """Global batch sizes a layout of `dp` replicas tries in [lo, hi]: the powers of two and
+    dp times a power of two (every replica gets a power-of-two share), at most
+    MAX_BATCH_SIZES of them (the largest kept)."""
+    if lo == hi:
+        return [lo]
+    out = {1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi}
+    out |= {dp << k for k in range(max(hi // max(dp, 1), 1).bit_length()) if lo <= dp << k <= hi}
+    return sorted(out)[-MAX_BATCH_SIZES:]
+
+
 def recompute_pairs(space: SearchSpace) -> list[tuple[int, int]]:
     """(policy code, num_layers or -1) pairs; policy none only with -1 (num_layers is moot)."""
     pairs = []
@@ -85,6 +126,70 @@ def recompute_pairs(space: SearchSpace) -> list[tuple[int, int]]:
         else:
             pairs += [(code, -1 if n is None else n) for n in space.recompute.num_layers]
     return pairs
+
+
+def shape_allowed(pp: int, schedule: int, vpp: int) -> bool:
+    """False for the shapes the plan rules always refuse, which are never listed: vpp > 1
+    without pp > 1 and an interleaving schedule (vpp-needs-interleaving), interleaved-1f1b with
+    one chunk (interleaving-needs-vpp)."""
+    if vpp > 1 and (pp == 1 or schedule not in (INTERLEAVED, ZERO_BUBBLE)):
+        return False
+    return not (schedule == INTERLEAVED and vpp < 2 and pp > 1)
+
+
+def memory_triples(space: SearchSpace) -> np.ndarray:
+    """(zero_stage, offload_optimizer, offload_params) rows the rules allow: offloaded
+    parameters need ZeRO-3, an offloaded optimizer ZeRO >= 1 (all of them when none is)."""
+    grid = [(z, o, p) for z in space.zero_stage for o in space.offload.optimizer
+            for p in space.offload.params]
+    ok = [t for t in grid if not (t[2] and t[0] != 3) and not (t[1] and t[0] == 0)]
+    return np.array(ok or grid, dtype=np.int64).reshape(-1, 3)
+
+
+def sp_values(space: SearchSpace, tp: int) -> list[bool]:
+    """Sequence parallelism needs tp > 1 (sp-needs-tp): tp 1 lists only sp off when it can."""
+    if tp == 1 and False in space.sequence_parallel:
+        return [False]
+    return list(space.sequence_parallel)
+
+
+@lru_cache(maxsize=1024)
+def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray:
+    """Rows (schedule, vpp, split, layers_first, layers_max, layers_last) for one pp: every
+    schedule and vpp of the space with the even split when the space has it (the rules judge
+    whether it divides the layers; pp 1 has only that one), plus each uneven split of the space whose layer columns differ from the even
+    split's and from the splits already listed (the same columns are the same plan)."""
+    rows = []
+    even_rank = -(-model.num_layers // pp)
+    for schedule in space.pipeline.schedule:
+        code = SCHEDULES.index(Schedule(schedule))
+        for vpp in space.pipeline.vpp:
+            if not shape_allowed(pp, code, vpp):
+                continue
+            with_even = pp == 1 or Split.EVEN in space.pipeline.split
+            if with_even:
+                rows.append((code, vpp, 0, even_rank, even_rank, even_rank))
+            if pp == 1 or (vpp > 1 and code not in (INTERLEAVED, ZERO_BUBBLE)):
+                continue  # one stage, or a vpp the schedule cannot run: no split to choose
+            divides = model.num_layers % (pp * vpp) == 0
+            seen = {(even_rank,) * 3} if with_even and divides else set()
+            zb = code == ZERO_BUBBLE
+            even_load = heaviest_rank_flops(model, (model.num_layers // (pp * vpp),) * (pp * vpp),
+                                            pp, vpp, zb) if divides else np.inf
+            for split in space.pipeline.split:
+                if split is Split.EVEN:
+                    continue
+                lps = stage_layers(model, pp, vpp, split.value)
+                if lps is None:
+                    continue
+                cols = columns_of(lps, pp, vpp, zb)
+                # an uneven split whose heaviest rank is no lighter than the even split's is
+                # not listed where the even split exists (it cannot shorten the step)
+                if cols in seen or heaviest_rank_flops(model, lps, pp, vpp, zb) >= even_load:
+                    continue
+                seen.add(cols)
+                rows.append((code, vpp, list(Split).index(split), *cols))
+    return np.array(rows, dtype=np.int64).reshape(-1, 6)
 
 
 @dataclass(frozen=True)
@@ -122,28 +227,105 @@ def check_rows(rows: int, limit: int | None) -> None:
                           "over, or shrink the space")
 
 
-def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
-                    global_batch_size: int, limit: int | None = None,
-                    sample: int | None = None) -> Enumeration:
-    """Every candidate of `space` for the given GPU counts, as numpy columns; with `sample`,
-    at most that many of them drawn without repeats (seeded: the same draw every time)."""
-    lay, misfits = layouts(space, gpu_counts)
-    rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 2)
-    axes: list[tuple[str, np.ndarray]] = [
-        ("sp", np.array(space.sequence_parallel, dtype=bool)),
-        ("schedule", np.array([SCHEDULES.index(Schedule(s)) for s in space.pipeline.schedule])),
-        ("vpp", np.array(space.pipeline.vpp)),
-        ("zero_stage", np.array(space.zero_stage)),
-        ("offload_optimizer", np.array(space.offload.optimizer, dtype=bool)),
-        ("offload_params", np.array(space.offload.params, dtype=bool)),
-        ("rc_pair", np.arange(len(rc))),
+def _joint(lay: np.ndarray, space: SearchSpace, model: ModelSpec,
+           batch: tuple[int, int]) -> dict[str, np.ndarray]:
+    """Layouts crossed with their pipeline shapes and global batch sizes, as columns."""
+    names = ("num_gpus", "dp", "tp", "pp", "cp")
+    shape_names = ("schedule", "vpp", "split", "layers_first", "layers_max", "layers_last")
+    parts: list[dict[str, np.ndarray]] = []
+    shapes = {int(pp): pipeline_shapes(space, model, int(pp)) for pp in np.unique(lay[3])}
+    for j in range(lay.shape[1]):
+        sh = shapes[int(lay[3, j])]
+        sizes = np.array(batch_sizes(*batch, int(lay[1, j])), dtype=np.int64)
+        sps = np.array(sp_values(space, int(lay[2, j])), dtype=np.int64)
+        k, g, q = len(sh), len(sizes), len(sps)
+        part = {n: np.full(k * g * q, lay[i, j], dtype=np.int64) for i, n in enumerate(names)}
+        for i, n in enumerate(shape_names):
+            part[n] = np.repeat(sh[:, i], g * q)
+        part["gbs"] = np.tile(np.repeat(sizes, q), k)
+        part["sp"] = np.tile(sps, k * g)
+        parts.append(part)
+    keys = (*names, *shape_names, "gbs", "sp")
+    if not parts:
+        return {n: np.zeros(0, dtype=np.int64) for n in keys}
+    return {n: np.concatenate([p[n] for p in parts]) for n in keys}
+
+
+def _misfit_candidates(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
+                       batch: tuple[int, int]) -> int:
+    """Layouts whose tp*pp*cp does not fill the count, times the shapes each would have had."""
+    par = space.parallel
+    grid = np.array(np.meshgrid(gpu_counts, par.tp, par.pp, par.cp, indexing="ij")).reshape(4, -1)
+    n, tp, pp, cp = grid
+    ok = n % (tp * pp * cp) == 0
+    dp = np.where(ok, n // (tp * pp * cp), 0)
+    if par.dp is not None:
+        ok &= np.isin(dp, par.dp)
+    shapes = {p: len(pipeline_shapes(space, model, p)) for p in par.pp}
+    sizes = len(batch_sizes(*batch, 1))
+    return int(sum(shapes[int(p)] * len(sp_values(space, int(t)))
+                   for p, t in zip(pp[~ok], tp[~ok], strict=True))) * sizes
+
+
+def joint_rows(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
+               batch: tuple[int, int]) -> int:
+    """Candidates the exhaustive search would list (valid layouts only), counted without
+    listing them: the sampler choice and the size check use it."""
+    lay, _ = layouts(space, gpu_counts)
+    shapes = {p: len(pipeline_shapes(space, model, p)) for p in space.parallel.pp}
+    per = np.array([shapes[int(p)] * len(sp_values(space, int(t)))
+                    for p, t in zip(lay[3], lay[2], strict=True)], dtype=np.int64)
+    if batch[0] != batch[1]:
+        per = per * np.array([len(batch_sizes(*batch, int(d))) for d in lay[1]], dtype=np.int64)
+    return int(per.sum()) * _rest_size(space, model)
+
+
+DEFAULT_EP = (1, 2, 4, 8, 16, 32, 64)
+"""Expert-parallel degrees a MoE model tries when the space leaves `ep` null."""
+
+
+def expert_pairs(space: SearchSpace, model: ModelSpec | None) -> list[tuple[int, int]]:
+    """(ep, etp) pairs: the space's lists, or for `ep: null` [1] for a dense model and the
+    DEFAULT_EP that divide a MoE model's experts (the rules judge the rest)."""
+    eps = space.parallel.ep
+    if eps is None:
+        experts = 0 if model is None or model.moe is None else model.moe.num_experts
+        eps = tuple(e for e in DEFAULT_EP if experts and experts % e == 0) or (1,)
+    etps = space.parallel.etp if model is not None and model.moe is not None else (1,)
+    return [(e, t) for e in eps for t in etps]
+
+
+def _rest_axes(space: SearchSpace, model: ModelSpec | None = None
+               ) -> list[tuple[str, np.ndarray]]:
+    return [
+        ("expert", np.arange(len(expert_pairs(space, model)))),
+        ("memory", np.arange(len(memory_triples(space)))),
+        ("rc_pair", np.arange(len(recompute_pairs(space)))),
         ("mbs", np.array(space.micro_batch_size)),
-        ("precision", np.arange(len(space.precision))),
+        ("precision", np.arange(max(len(space.precision), 1))),
         ("attention", np.arange(len(space.attention))),
     ]
+
+
+def _rest_size(space: SearchSpace, model: ModelSpec | None = None) -> int:
+    return math.prod(len(v) for _, v in _rest_axes(space, model))
+
+
+def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
+                    global_batch_size: int | tuple[int, int], limit: int | None = None,
+                    sample: int | None = None) -> Enumeration:
+    """Every candidate of `space` for the given GPU counts, as numpy columns; with `sample`,
+    at most that many of them drawn without repeats (seeded: the same draw every time).
+    `global_batch_size` is one size or a range (A, B) the search picks from."""
+    batch = (global_batch_size, global_batch_size) if isinstance(global_batch_size, int) \
+        else global_batch_size
+    lay, _ = layouts(space, gpu_counts)
+    joint = _joint(lay, space, model, batch)
+    rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 2)
+    axes = _rest_axes(space, model)
     rest = math.prod(len(v) for _, v in axes)
-    total = (lay.shape[1] + misfits) * rest
-    rows = lay.shape[1] * rest
+    rows = len(joint["dp"]) * rest
+    total = rows + _misfit_candidates(space, model, gpu_counts, batch) * rest
     if sample is None:
         check_rows(rows, limit)
         idx = np.arange(rows, dtype=np.int64)
@@ -152,19 +334,20 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int,
         rows = sample
     else:
         idx = np.arange(rows, dtype=np.int64)
-    lay_idx, rem = np.divmod(idx, rest)
+    joint_idx, rem = np.divmod(idx, rest)
     t: dict[str, np.ndarray] = {}
     for name, values in reversed(axes):  # last axis varies fastest
         rem, k = np.divmod(rem, len(values))
         t[name] = values[k]
-    for j, name in enumerate(("num_gpus", "dp", "tp", "pp", "cp")):
-        t[name] = lay[j][lay_idx]
+    for name, values in joint.items():
+        t[name] = values[joint_idx]
     pair = t.pop("rc_pair")
     t["recompute"], t["recompute_layers"] = rc[pair, 0], rc[pair, 1]
-    t["gbs"] = np.full(rows, global_batch_size, dtype=np.int64)
-    layers = even_layers(model, t["pp"]).astype(np.int64)
-    t["layers_max"] = t["layers_first"] = t["layers_last"] = layers
-    t["split"] = np.zeros(rows, dtype=np.int64)
-    dtypes = {**COLUMNS, **EXTRA_COLUMNS}
+    mem = memory_triples(space)[t.pop("memory")]
+    t["zero_stage"], t["offload_optimizer"], t["offload_params"] = mem.T
+    ex = np.array(expert_pairs(space, model), dtype=np.int64).reshape(-1, 2)
+    pair = t.pop("expert")
+    t["ep"], t["etp"] = ex[pair, 0], ex[pair, 1]
+    dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS}
     table = {k: np.ascontiguousarray(t[k], dtype=dtypes[k]) for k in dtypes}
-    return Enumeration(table, misfits * rest, total)
+    return Enumeration(table, total - len(joint["dp"]) * rest, total)

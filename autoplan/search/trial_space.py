@@ -64,7 +64,8 @@ def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
         "gbs": req.global_batch_size,
     }
     even = -(-req.model.num_layers // pp)
-    cols = split_columns(req.model, pp, vpp) if split == Split.BALANCED.value else None
+    cols = None if split == Split.EVEN.value else \
+        split_columns(req.model, pp, vpp, split, code == ZERO_BUBBLE)
     if cols is None:
         layout["split"] = 0
         cols = (even, even, even)

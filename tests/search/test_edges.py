@@ -40,7 +40,9 @@ CAUSES: dict[str, tuple[list[str], str, str]] = {
     "breaks-rules": (TINY + ["--num-gpus", "3", "--global-batch-size", "16"],
                      "batch-divides", "not divisible by dp"),
     "precision": (["--model", "gpt3-13b", "--cluster", "v100-sxm2-32gb", "--num-gpus", "8",
-                   "--global-batch-size", "64"], "precision-unsupported", "precision=bf16"),
+                   "--global-batch-size", "64", "--space",
+                   str(Path(__file__).with_name("bf16-space.yaml"))],  # default: auto -> fp16
+                  "precision-unsupported", "precision=bf16"),
     "huge-count": (TINY + ["--num-gpus", "1000003", "--global-batch-size", "16"],
                    "batch-divides", "not divisible by dp"),
     "memory": (["--model", "gpt3-13b", "--cluster", "cpu-gloo", "--num-gpus", "4",
