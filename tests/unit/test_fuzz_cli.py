@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,12 @@ def _write_files(case: Case, root: Path) -> None:
             path.write_bytes(content.encode("utf-8", "surrogatepass"))
 
 
+def _where(exc: BaseException) -> str:
+    """The innermost autoplan frame of a traceback, to name the owner of a finding."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/autoplan/" in f.filename]
+    return f"{frames[-1].filename.split('/autoplan/')[-1]}:{frames[-1].lineno}" if frames else "?"
+
+
 def run_case(case: Case, root: Path) -> Outcome:
     """`main(case.argv)` in `root` with stdout/stderr captured; a fresh root per case."""
     from autoplan.commands import main
@@ -92,7 +99,7 @@ def run_case(case: Case, root: Path) -> Outcome:
     except _CaseTimeout:
         error = f"no result after {CASE_TIMEOUT_S:.0f} s"
     except Exception as exc:  # noqa: BLE001 - the fuzzer's finding
-        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        error = f"{type(exc).__name__}: {str(exc)[:300]} at {_where(exc)}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
