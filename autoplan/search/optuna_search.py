@@ -35,6 +35,8 @@ from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
 STORAGE_ATTEMPTS = 5
+SQLITE_BUSY_TIMEOUT_S = 60.0
+"""How long a worker waits for another's SQLite write lock before the storage raises."""
 MAX_MOVES = 8
 """A repeated layout is replaced by a local move (local_moves.py), or a random sample when the
 best layouts' neighbourhoods are explored, up to this many times in a row; then it is accepted
@@ -53,9 +55,15 @@ def open_storage(url: str | None) -> Any:
 
         path = url.removeprefix("journal:").removeprefix("//")
         return JournalStorage(JournalFileBackend(path))
+    url = _with_driver(url)
     for attempt in range(STORAGE_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url)
+            if not url.startswith("sqlite"):
+                return optuna.storages.RDBStorage(url)
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs={"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}})
+            _serialize_sqlite(storage.engine)
+            return storage
         except Exception as err:  # sqlalchemy raises many kinds
             racing = type(err).__module__.startswith("sqlalchemy")
             if attempt + 1 < STORAGE_ATTEMPTS and racing:
@@ -65,6 +73,44 @@ def open_storage(url: str | None) -> Any:
             raise ConfigError("--storage", f"cannot open {url!r} ({err.__class__.__name__})",
                               "use sqlite:///PATH.db, an RDB URL, or journal:PATH") from None
     raise AssertionError("unreachable")
+
+
+def _with_driver(url: str) -> str:
+    """postgresql://... with the driver that is installed: SQLAlchemy's default for the plain
+    scheme is psycopg 3 from 2.1 on and psycopg2 before; either works for Optuna."""
+    import importlib.util
+
+    if not url.startswith("postgresql://"):
+        return url
+    for module, scheme in (("psycopg", "postgresql+psycopg://"),
+                           ("psycopg2", "postgresql+psycopg2://")):
+        if importlib.util.find_spec(module) is not None:
+            return scheme + url.removeprefix("postgresql://")
+    raise ConfigError("--storage", f"{url!r} needs a PostgreSQL driver",
+                      "pip install 'psycopg[binary]'")
+
+
+def _serialize_sqlite(engine: Any) -> None:
+    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
+
+    Optuna pops a queued trial by reading it WAITING and then writing RUNNING in one transaction,
+    with SELECT ... FOR UPDATE, which SQLite ignores; pysqlite's deferred BEGIN lets two workers
+    both read WAITING, both claim the trial, and the second to tell meets "Cannot tell a COMPLETE
+    trial". BEGIN IMMEDIATE makes the read and the write one step across processes. The recipe is
+    SQLAlchemy's ("Serializable isolation / Savepoints / Transactional DDL", SQLite dialect docs).
+    PostgreSQL and MySQL lock the row themselves.
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite issues no BEGIN of its own
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened while creating the schema predate the listeners
 
 
 def _fingerprint(req: SearchRequest, sampler: str) -> str:

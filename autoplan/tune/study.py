@@ -25,6 +25,7 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.search.optuna_search import open_storage
 from autoplan.tune.pruner import SlowerThanBestPruner
 from autoplan.tune.runner import TrialOutcome, run_trial
 from autoplan.yaml_io import dump_yaml, write_text_atomic
@@ -97,13 +98,10 @@ class TuneResult:
 
 def open_study(cfg: TuneConfig) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage: Any = cfg.storage
+    # the search's storage opener: SQLite transactions that pop a queued candidate are
+    # serialised there, so two tunes sharing a study never run one candidate twice
+    storage = open_storage(cfg.storage)
     try:
-        if cfg.storage and cfg.storage.startswith("journal:"):
-            from optuna.storages import JournalStorage
-            from optuna.storages.journal import JournalFileBackend
-
-            storage = JournalStorage(JournalFileBackend(cfg.storage.removeprefix("journal:")))
         return optuna.create_study(
             storage=storage, study_name=cfg.study_name, load_if_exists=bool(cfg.storage),
             direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),

@@ -186,3 +186,59 @@ def test_two_workers_share_one_study(tmp_path: Path, space_file) -> None:
     assert 24 <= len(complete) <= 26  # each worker stops once the study holds 24
     assert len({t.user_attrs["record"]["seq"] for t in complete}) >= 12  # both made progress
     assert all(json.loads(o)["candidates"] >= 24 for o, _ in outs)
+
+
+QUEUED = 100
+WORKERS = 3
+
+
+def _pop_queued(url: str, out: str) -> None:
+    """Worker process: claim queued trials until the queue is empty; write what it claimed."""
+    import json
+
+    import optuna
+
+    from autoplan.search.optuna_search import open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.load_study(study_name="q", storage=open_storage(url))
+    claimed, errors = [], []
+    while True:
+        trial = study.ask()
+        if trial.number >= QUEUED:  # the queue is empty: a fresh trial
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            break
+        claimed.append(trial.number)
+        try:
+            study.tell(trial, float(trial.number))
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as err:
+            errors.append(str(err))
+    Path(out).write_text(json.dumps({"claimed": claimed, "errors": errors}))
+
+
+def test_workers_never_claim_one_queued_trial(tmp_path: Path) -> None:
+    """The race behind "Cannot tell a COMPLETE trial": on SQLite two workers could pop the same
+    queued trial (Optuna's SELECT ... FOR UPDATE is a no-op there) and the second tell failed."""
+    import json
+    import multiprocessing
+
+    import optuna
+
+    from autoplan.search.optuna_search import open_storage
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    study = optuna.create_study(study_name="q", storage=open_storage(url))
+    for i in range(QUEUED):
+        study.enqueue_trial({"x": i})
+    ctx = multiprocessing.get_context("fork")
+    outs = [str(tmp_path / f"w{w}.json") for w in range(WORKERS)]
+    procs = [ctx.Process(target=_pop_queued, args=(url, out)) for out in outs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    assert [p.exitcode for p in procs] == [0] * WORKERS
+    got = [json.loads(Path(o).read_text()) for o in outs]
+    assert [g["errors"] for g in got] == [[]] * WORKERS
+    claimed = sorted(n for g in got for n in g["claimed"])
+    assert claimed == list(range(QUEUED))  # each queued trial claimed once, none lost
