@@ -17,9 +17,10 @@ initialize_model_parallel, with ETP = 1): per pipeline stage the dp*cp*tp ranks 
   so the expert-DP reduction divides by dp*cp, not edp (torchtitan's `set_gradient_divide_factor` on experts,
   torchtitan/models/llama4/infra/parallelize.py; Megatron-Core scales expert gradients by
   1/dp as well).
-Dispatch (torchtitan/distributed/expert_parallel.py): exchange per-expert counts with
-`all_to_all_single`, then the rows with `torch.distributed._functional_collectives.
-all_to_all_single_autograd` (its backward is the reverse all-to-all), regroup by local expert.
+Dispatch (as torchtitan/distributed/expert_parallel.py): exchange per-expert counts with
+`torch.distributed.all_to_all_single`, then the rows with it inside an autograd.Function whose
+backward is the reverse all-to-all (what `_functional_collectives.all_to_all_single_autograd`
+does, minus its lazily-waited result), and regroup by local expert.
 """
 
 from __future__ import annotations
@@ -55,21 +56,38 @@ class AllToAllDispatch:
 
     def __call__(self, experts: Experts, routed: torch.Tensor,
                  counts: torch.Tensor) -> torch.Tensor:
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
-
         ep, n_local = self.ep, experts.num_experts // self.ep
         recv_counts = torch.empty_like(counts)  # [source rank][local expert]
         dist.all_to_all_single(recv_counts, counts, group=self.group)
         send = counts.view(ep, n_local).sum(1).tolist()
         recv = recv_counts.view(ep, n_local).sum(1).tolist()
-        got = all_to_all_single_autograd(routed, recv, send, self.group)
+        got = AllToAll.apply(routed, recv, send, self.group)
         # rows arrive grouped by (source, local expert); regroup by (local expert, source)
         segment = torch.repeat_interleave(torch.arange(ep * n_local), recv_counts)
         by_expert = torch.argsort((segment % n_local) * ep + segment // n_local, stable=True)
         per_expert = recv_counts.view(ep, n_local).sum(0).tolist()
         out = experts(got[by_expert], per_expert)
         out = out[torch.argsort(by_expert)]
-        return all_to_all_single_autograd(out, send, recv, self.group)
+        return AllToAll.apply(out, send, recv, self.group)
+
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all_single of rows (out_splits received, in_splits sent); backward sends the
+    gradients back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        dx = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(dx, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return dx, None, None, None
 
 
 def moe_blocks(model: nn.Module) -> list[MoE]:
@@ -129,3 +147,7 @@ def apply_expert_fsdp(model: nn.Module, expert_mesh, dims: ParallelDims, precisi
         fully_shard(moe.experts, mesh=mesh, mp_policy=mp, offload_policy=offload_policy(offload),
                     reshard_after_forward=reshard_after_forward(dims.zero_stage))
         moe.experts.set_gradient_divide_factor(float(dims.dp * dims.cp))
+        if expert_mesh.device_type != "cuda" and expert_mesh["edp_shard"].size() > 1:
+            # gloo has no PREMUL_SUM: sum, then divide. Not with a 1-rank shard group: torch
+            # 2.13's foreach_reduce then divides twice (its 1-rank copy divides too).
+            moe.experts.set_force_sum_reduction_for_comms(True)

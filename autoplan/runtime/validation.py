@@ -13,7 +13,7 @@ from autoplan.errors import AutoplanError, ConfigError
 from autoplan.hardware import ClusterSpec, cluster
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
-from autoplan.plan_rules import validate_plan
+from autoplan.plan_rules import runtime_limits, validate_plan
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,11 @@ def plan_cluster(plan: Plan) -> ClusterSpec | None:
 
 def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     """Reasons this runtime cannot execute `plan` for `spec` (empty if it can): the plan
-    rules of autoplan.plan_rules, and what this machine lacks for it (fp8)."""
+    rules of autoplan.plan_rules, its RUNTIME_RULES (what only this runtime lacks: MoE
+    capacity, ETP, ...), and what this machine lacks for it (fp8)."""
     from autoplan.runtime.float8 import fp8_problem
 
-    problems = validate_plan(plan, spec, plan_cluster(plan))
+    problems = validate_plan(plan, spec, plan_cluster(plan)) + runtime_limits(plan, spec)
     fp8 = fp8_problem(plan)
     return problems + ([fp8] if fp8 else [])
 

@@ -181,8 +181,53 @@ BUGS = {
 }
 
 
+def _ep_no_regroup(mp: pytest.MonkeyPatch) -> None:
+    """Expert parallelism: the rows an all-to-all delivers (grouped by source rank, then by
+    expert) are fed to the experts as if grouped by expert, so tokens meet the wrong experts."""
+    import torch
+
+    from autoplan.runtime import expert_parallel
+
+    def dispatch(self, experts, routed, counts):
+        ep, n_local = self.ep, experts.num_experts // self.ep
+        recv_counts = torch.empty_like(counts)
+        torch.distributed.all_to_all_single(recv_counts, counts, group=self.group)
+        send = counts.view(ep, n_local).sum(1).tolist()
+        recv = recv_counts.view(ep, n_local).sum(1).tolist()
+        got = expert_parallel.AllToAll.apply(routed, recv, send, self.group)
+        out = experts(got, recv_counts.view(ep, n_local).sum(0).tolist())
+        return expert_parallel.AllToAll.apply(out, send, recv, self.group)
+
+    mp.setattr(expert_parallel.AllToAllDispatch, "__call__", dispatch)
+
+
+def _ep_expert_grads_over_edp(mp: pytest.MonkeyPatch) -> None:
+    """Expert gradients averaged over the expert-DP group only (FSDP2's default divide factor)
+    instead of over dp*cp: ep times too large."""
+    from autoplan.runtime import expert_parallel
+    from autoplan.runtime.models.moe import Experts
+
+    original = expert_parallel.apply_expert_fsdp
+
+    def apply_expert_fsdp(model, expert_mesh, dims, precision, offload):
+        original(model, expert_mesh, dims, precision, offload)
+        for m in model.modules():
+            if isinstance(m, Experts):
+                mesh = m.w1.weight.device_mesh  # the (expert-DP, ep) spmd mesh
+                m.set_gradient_divide_factor(float(mesh.size() // dims.ep))
+
+    mp.setattr(expert_parallel, "apply_expert_fsdp", apply_expert_fsdp)
+
+
+MOE_BUGS = {
+    "ep-no-regroup": _ep_no_regroup,
+    "ep-expert-grads-over-edp": _ep_expert_grads_over_edp,
+}
+"""Expert-parallel bugs, checked by tests/dist/test_moe_parity.py."""
+
+
 @contextlib.contextmanager
 def planted(name: str) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
-        BUGS[name](mp)
+        {**BUGS, **MOE_BUGS}[name](mp)
         yield

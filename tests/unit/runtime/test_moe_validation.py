@@ -1,0 +1,59 @@
+"""autoplan train refuses, in one line each, the MoE plans its runtime cannot run; the planner's
+rules still accept them (Megatron-LM runs them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autoplan.errors import ConfigError
+from autoplan.model_spec import load_model
+from autoplan.moe_spec import MoESpec
+from autoplan.plan_rules import RUNTIME_RULE_KEYS, runtime_limits, validate_plan
+from autoplan.runtime.validation import check_plan
+from tests.dist.parity import make_plan
+
+
+def _plan(ep=1, etp=1, **kw):
+    plan = make_plan("tiny-moe", **kw)
+    return dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel, ep=ep, etp=etp))
+
+
+def test_a_runnable_ep_plan_passes():
+    spec = load_model("tiny-moe")
+    for plan in (_plan(ep=2, dp=2), _plan(ep=4, dp=2, tp=2, sp=True), _plan(ep=8, dp=8, mbs=1)):
+        check_plan(plan, spec, plan.world_size)
+
+
+@pytest.mark.parametrize("key,plan,spec,words", [
+    ("runtime-etp", _plan(ep=2, etp=2, dp=2, tp=2), None, "parallel.etp=2"),
+    ("runtime-moe-capacity", _plan(ep=2, dp=2), MoESpec(8, 2, 128, capacity_factor=1.25),
+     "model.moe.capacity_factor=1.25"),
+    ("runtime-moe-aux-free", _plan(ep=2, dp=2), MoESpec(8, 2, 128, router_aux_free=True),
+     "router_aux_free"),
+    ("runtime-ep-tp-tokens", _plan(ep=2, dp=1, tp=2, mbs=1, gbs=2), None, "divisible by tp"),
+    ("runtime-ep-selective", _plan(ep=2, dp=2, recompute="selective"), None,
+     "recompute.policy=selective"),
+])
+def test_runtime_refuses_what_it_cannot_run_in_one_line(key, plan, spec, words):
+    spec = load_model("tiny-moe") if spec is None else load_model("tiny-moe").replace(moe=spec)
+    if key == "runtime-ep-tp-tokens":
+        spec = spec.replace(seq_len=63)  # 63 tokens do not split over tp 2
+    assert not validate_plan(plan, spec, None)  # the planner's rules accept it
+    limits = runtime_limits(plan, spec)
+    assert len(limits) == 1 and words in limits[0]
+    with pytest.raises(ConfigError) as err:
+        check_plan(plan, spec, plan.world_size)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_every_runtime_rule_is_tested():
+    assert set(RUNTIME_RULE_KEYS) == {"runtime-etp", "runtime-moe-capacity",
+                                      "runtime-moe-aux-free", "runtime-mla",
+                                      "runtime-ep-selective", "runtime-ep-tp-tokens"}
+
+
+def test_latent_attention_is_refused():
+    spec = load_model("deepseek-v3")
+    assert any("model.mla" in m for m in runtime_limits(make_plan(spec), spec))
