@@ -36,9 +36,12 @@ ROWS = {
     # EP inside dp next to TP+SP; EP folded over the tp ranks (ep 4 on dp 2 x tp 2)
     "ep2-dp2tp2-sp": C(ep=2, dp=2, tp=2, sp=True),
     "ep4-dp2tp2": C(ep=4, dp=2, tp=2),
-    "ep2-dp2pp2-1f1b": C(ep=2, dp=2, pp=2),
+    # the layout kinds of `autoplan search --model mixtral-8x7b ... --num-gpus 64`'s winner
+    # (dp 32, pp 2, ep 8, ZeRO-1, zero-bubble V with vpp 2)
+    "ep2-dp2pp2-zbv-zero1": C(ep=2, dp=2, pp=2, zero=1, schedule="zero-bubble", vpp=2, mbs=1),
 }
 SLOW_ROWS = {
+    "ep2-dp2pp2-1f1b": C(ep=2, dp=2, pp=2),
     "ep2-dp2-sgd": C(ep=2, dp=2),
     "ep2-dp2-zero2-full": C(ep=2, dp=2, zero=2, recompute="full"),
     "ep2-dp4-zero3": C(ep=2, dp=4, zero=3, mbs=1),
