@@ -30,6 +30,12 @@ CONFIG_NAME = "ds_config.json"
 
 def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
     p, why = plan.parallel, []
+    if model.moe is not None or model.mla is not None:
+        why.append(
+            f"model {model.name} has experts or latent attention: DeepSpeed-MoE is model code "
+            "(deepspeed.moe.layer.MoE with its own ep_size) that ds_config.json cannot state; "
+            "export to megatron"
+        )
     if p.cp > 1:
         why.append(
             f"cp={p.cp}: DeepSpeed's sequence parallelism (Ulysses) is an all-to-all head split, "

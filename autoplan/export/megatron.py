@@ -20,6 +20,7 @@ from autoplan.export.base import (
     stage_reasons,
 )
 from autoplan.export.launch import check_job_name, continued, shell_join
+from autoplan.export.megatron_moe import moe_args, moe_reasons
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
 
@@ -69,7 +70,7 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             f"recompute.num_layers={rc.num_layers} with policy {rc.policy.value}: "
             "Megatron counts recomputed layers for full recompute only"
         )
-    return why
+    return why + moe_reasons(plan, model)
 
 
 def layout_string(split: tuple[int, ...]) -> str:
@@ -119,7 +120,7 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
         a.append("--fp16")
     a.append(f"--attention-backend {ATTENTION_BACKENDS[plan.attention]}")
     a += _model_args(model)
-    return a
+    return a + moe_args(plan, model)  # experts and latent attention (none for dense models)
 
 
 def _model_args(m: ModelSpec) -> list[str]:
@@ -131,7 +132,8 @@ def _model_args(m: ModelSpec) -> list[str]:
     ]
     if m.kv_heads != m.num_heads:
         a += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
-    if m.q_width != m.hidden_size:  # Megatron's default is hidden_size / num_attention_heads
+    if m.q_width != m.hidden_size and m.mla is None:  # Megatron's default: h / heads; MLA
+        # states its head widths with its own flags (megatron_moe.moe_args)
         a.append(f"--kv-channels {m.head_dim}")
     a += [f"--seq-length {m.seq_len}", f"--max-position-embeddings {m.seq_len}"]
     a += [f"--attention-dropout {m.dropout}", f"--hidden-dropout {m.dropout}"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.export.megatron import ATTENTION_BACKENDS, NULL_TOKENIZER_EXTRA
+from autoplan.export.megatron_moe import MOE_SWITCHES, expert_degrees, moe_fields
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags, plain_int
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
 from autoplan.yaml_io import show
@@ -35,7 +36,7 @@ SWITCHES = frozenset(
         "--standalone",
         "--no-python",
     }
-)
+) | MOE_SWITCHES
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
 BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {
     "fused": "flash", "auto": "flash", "local": "eager"}
@@ -146,6 +147,7 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "bias": not f.has("--disable-bias-linear"),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "dropout": hidden_drop,
+        **moe_fields(f, f.need("--num-layers")),  # experts and latent attention, if any
     }
 
 
@@ -275,7 +277,7 @@ def megatron_plan_dict(
     return {
         "model": model_ref,
         "cluster": {"num_gpus": num_gpus},
-        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp},
+        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, **expert_degrees(f, tp)},
         "sequence_parallel": f.has("--sequence-parallel"),
         "pipeline": _stages(f, layers, pp),
         "zero_stage": _zero(f),

@@ -59,6 +59,12 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
 
 def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     p, pipe, why = plan.parallel, plan.pipeline, []
+    if model.moe is not None or model.mla is not None:
+        why.append(
+            f"model {model.name} has experts or latent attention: torchtitan runs them as its "
+            "own registered models (deepseek_v3, qwen3, llama4 flavors), which this export does "
+            "not write (it writes Llama 3); export to megatron"
+        )
     found = flavor(model)
     if found is None or (fmt == "toml" and found[0] not in TOML_FLAVORS):
         why.append(

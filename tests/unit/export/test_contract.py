@@ -81,6 +81,8 @@ MODEL_FIELDS = {
     "tie_embeddings",
     "dropout",
     "head_dim",
+    "moe",  # megatron writes it; deepspeed and torchtitan refuse it (test_megatron_moe.py)
+    "mla",
 }
 
 

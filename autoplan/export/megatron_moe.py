@@ -1,0 +1,167 @@
+"""Megatron-LM flags for mixture-of-experts and multi-head latent attention, both ways.
+
+`moe_args` writes them for `export --to megatron`; `moe_fields` reads them back for `import
+--from megatron`. Spellings and types are those of megatron/training/arguments.py
+(_add_moe_args, _add_mla_args, _add_network_size_args) at NVIDIA/Megatron-LM 000c4ac24f
+(tests/data/export/megatron_flags.yaml lists them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from autoplan.errors import ConfigError
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan
+from autoplan.yaml_io import show
+
+MOE_SWITCHES = frozenset({"--moe-grouped-gemm", "--moe-router-enable-expert-bias",
+                          "--multi-latent-attention", "--moe-permute-fusion",
+                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm"})
+"""store_true MoE/MLA flags (read as switches by the importer)."""
+DISPATCHERS = ("allgather", "alltoall", "flex")
+"""--moe-token-dispatcher-type choices; autoplan prices alltoall (cost/moe.py)."""
+
+
+def moe_reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    """What of a MoE plan Megatron-LM cannot run as planned."""
+    moe, why = model.moe, []
+    if moe is None:
+        return why
+    if plan.parallel.tp > 1 and not plan.sequence_parallel:
+        why.append(f"tp={plan.parallel.tp} with experts and sequence_parallel false: Megatron "
+                   "requires --sequence-parallel with tensor and expert parallelism; set it true")
+    if moe.router_dtype != "fp32":
+        why.append(f"model.moe.router_dtype={moe.router_dtype}: Megatron's --moe-router-dtype "
+                   "offers fp32 and fp64 (or the model's dtype when unset, which autoplan "
+                   "cannot state); use fp32")
+    return why
+
+
+def layer_freq(model: ModelSpec) -> str:
+    """--moe-layer-freq: N when block i is MoE exactly when i % N == 0 (Megatron's 1:N ratio),
+    else the per-layer list of 1 (MoE) and 0 (dense)."""
+    moe = model.moe
+    assert moe is not None
+    if moe.first_dense_layers == 0:
+        return str(moe.layer_freq)
+    pattern = [int(moe.is_moe_layer(i)) for i in range(model.num_layers)]
+    if moe.layer_freq == 1:
+        return f"([0]*{moe.first_dense_layers}+[1]*{model.num_layers - moe.first_dense_layers})"
+    return "[" + ",".join(map(str, pattern)) + "]"
+
+
+def moe_args(plan: Plan, model: ModelSpec) -> list[str]:
+    """MoE and MLA flags of a plan `moe_reasons` accepted ([] for a dense model)."""
+    a: list[str] = []
+    if model.mla is not None:
+        mla = model.mla
+        a.append("--multi-latent-attention")
+        if mla.q_lora_rank is not None:
+            a.append(f"--q-lora-rank {mla.q_lora_rank}")
+        # Megatron's --qk-head-dim is the part without position (q_head_dim = it + pos part)
+        a += [f"--kv-lora-rank {mla.kv_lora_rank}", f"--qk-head-dim {mla.qk_nope_head_dim}",
+              f"--qk-pos-emb-head-dim {mla.qk_rope_head_dim}", f"--v-head-dim {mla.v_head_dim}"]
+    moe = model.moe
+    if moe is None:
+        return a
+    a += [f"--num-experts {moe.num_experts}", f"--moe-router-topk {moe.experts_per_token}",
+          f"--moe-ffn-hidden-size {moe.expert_ffn_hidden_size}",
+          f"--moe-layer-freq {layer_freq(model)}",
+          f"--expert-model-parallel-size {plan.parallel.ep}",
+          # Megatron's default expert TP is the model's TP: always say it
+          f"--expert-tensor-parallel-size {plan.parallel.etp}",
+          "--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall",
+          f"--moe-router-dtype {moe.router_dtype}"]
+    if moe.num_shared_experts:
+        shared = moe.num_shared_experts * moe.expert_ffn_hidden_size
+        a.append(f"--moe-shared-expert-intermediate-size {shared}")
+    if moe.capacity_factor is not None:
+        a.append(f"--moe-expert-capacity-factor {moe.capacity_factor}")
+    if moe.router_aux_free:  # DeepSeek-V3 §2.1.2: sigmoid affinities plus a per-expert bias
+        a += ["--moe-router-enable-expert-bias", "--moe-router-score-function sigmoid"]
+    return a
+
+
+def _freq_pattern(text: str, num_layers: int, what: str) -> tuple[int, int]:
+    """(first_dense_layers, layer_freq) of a --moe-layer-freq value autoplan can express."""
+    flat = re.sub(r"\s", "", text)
+    if re.fullmatch(r"\d+", flat):
+        return 0, max(int(flat), 1)
+    found = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", flat)
+    if found and int(found.group(1)) + int(found.group(2)) == num_layers:
+        return int(found.group(1)), 1
+    items = re.fullmatch(r"\[([01](?:,[01])*)\]", flat)
+    if items:
+        bits = [int(b) for b in items.group(1).split(",")]
+        first = bits.index(1) if 1 in bits else len(bits)
+        for freq in range(1, num_layers + 1):
+            want = [int(i >= first and (i - first) % freq == 0) for i in range(num_layers)]
+            if bits == want:
+                return first, freq
+    raise ConfigError(f"{what} --moe-layer-freq", f"got {show(text, 80)}",
+                      "autoplan models leading dense layers then every k-th layer MoE, "
+                      "e.g. 1, 2 or ([0]*3+[1]*58)")
+
+
+def moe_fields(f: Any, num_layers: int) -> dict[str, Any]:
+    """`moe` and `mla` model fields from the flags (empty for a dense model). `f` is
+    megatron_import's Flags reader."""
+    out: dict[str, Any] = {}
+    if f.has("--multi-latent-attention"):
+        out["mla"] = {"q_lora_rank": f.integer("--q-lora-rank"),
+                      "kv_lora_rank": f.integer("--kv-lora-rank", 32),  # Megatron's defaults
+                      "qk_nope_head_dim": f.integer("--qk-head-dim", 128),
+                      "qk_rope_head_dim": f.integer("--qk-pos-emb-head-dim", 64),
+                      "v_head_dim": f.integer("--v-head-dim", 128)}
+        mla = out["mla"]
+        out["head_dim"] = (mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+                           + mla["v_head_dim"]) // 2
+    experts = f.integer("--num-experts")
+    if experts is None:
+        for flag in ("--moe-router-topk", "--expert-model-parallel-size", "--moe-ffn-hidden-size"):
+            if f.text(flag) is not None:
+                raise ConfigError(f"{f.what} {flag}", "given without --num-experts",
+                                  "add --num-experts or drop the MoE flags")
+        return out
+    width = f.integer("--moe-ffn-hidden-size") or f.integer("--ffn-hidden-size")
+    if width is None:
+        raise ConfigError(f"{f.what} --moe-ffn-hidden-size", "missing",
+                          "give each expert's width (or --ffn-hidden-size)")
+    shared_total = f.integer("--moe-shared-expert-intermediate-size")
+    if shared_total is not None and shared_total % width:
+        raise ConfigError(f"{f.what} --moe-shared-expert-intermediate-size",
+                          f"{shared_total} is not a multiple of the expert width {width}",
+                          "autoplan models shared experts of the routed width")
+    first, freq = _freq_pattern(f.text("--moe-layer-freq", "1") or "1", num_layers, f.what)
+    dtype = f.text("--moe-router-dtype")
+    if dtype not in (None, "fp32"):
+        raise ConfigError(f"{f.what} --moe-router-dtype", f"got {show(dtype)}",
+                          "autoplan models fp32 (or unset) routers")
+    out["moe"] = {
+        "num_experts": experts, "experts_per_token": f.integer("--moe-router-topk", 2),
+        "expert_ffn_hidden_size": width,
+        "num_shared_experts": 0 if shared_total is None else shared_total // width,
+        "first_dense_layers": first, "layer_freq": freq,
+        "capacity_factor": (f.number("--moe-expert-capacity-factor", 1.0)
+                            if f.text("--moe-expert-capacity-factor") is not None else None),
+        "router_aux_free": f.has("--moe-router-enable-expert-bias"),
+    }
+    return out
+
+
+def expert_degrees(f: Any, tp: int) -> dict[str, int]:
+    """ep and etp (Megatron's default expert TP is the model's TP; 1 for a dense model)."""
+    ep = f.integer("--expert-model-parallel-size", 1)
+    etp = f.integer("--expert-tensor-parallel-size",
+                    tp if f.integer("--num-experts") is not None else 1)
+    for flag, value in (("--expert-model-parallel-size", ep),
+                        ("--expert-tensor-parallel-size", etp)):
+        if value is None or value < 1:
+            raise ConfigError(f"{f.what} {flag}", f"got {value}", "expected a positive integer")
+    dispatcher = f.text("--moe-token-dispatcher-type")
+    if dispatcher is not None and dispatcher not in DISPATCHERS:
+        raise ConfigError(f"{f.what} --moe-token-dispatcher-type", f"got {show(dispatcher)}",
+                          f"expected one of {', '.join(DISPATCHERS)}")
+    return {"ep": ep, "etp": etp}
