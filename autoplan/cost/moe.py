@@ -150,21 +150,29 @@ def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float
         mla_block_forward_s(model, profile, peak, r)
 
 
-def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows) -> np.ndarray:
+def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
+                           dispatch_bytes: float | None = None) -> np.ndarray:
     """Seconds of a mean block's all-to-alls per micro-batch (forward and backward): four of
-    dispatched tokens x k x h x bytes over the EP group, priced by tier (comm.ALL_TO_ALL; EP
+    dispatched tokens x k x h elements over the EP group, priced by tier (comm.ALL_TO_ALL; EP
     ranks stride etp in Megatron-Core's expert grid, so a group stays in a node while ep * etp
     <= gpus_per_node, else it sends through each GPU's NIC); the busiest rank receives the
-    busiest factor more."""
+    busiest factor more. Two of them (the dispatch directions) at `dispatch_bytes` per element
+    where the runtime quantizes them (runtimes.RuntimeTraits.ep_dispatch_bytes), the combines
+    at the activations' width."""
     if model.moe is None:
         return np.zeros_like(r.b)
     gpn = profile.gpus_per_node
-    nbytes = (dispatched_tokens(model, r) / r.etp * model.moe.experts_per_token
-              * busiest_factor(model) * model.hidden_size * r.weight_bytes)
-    one = comm.collective_time_s(comm.ALL_TO_ALL, nbytes, r.ep,
-                                 comm.intra_node(r.etp, r.ep, gpn), profile,
-                                 per_node=comm.members_per_node(r.etp, r.ep, gpn))
-    return moe_share(model) * ALL_TO_ALLS_PER_LAYER * one
+    elements = (dispatched_tokens(model, r) / r.etp * model.moe.experts_per_token
+                * busiest_factor(model) * model.hidden_size)
+
+    def one(width: float) -> np.ndarray:
+        return comm.collective_time_s(comm.ALL_TO_ALL, elements * width, r.ep,
+                                      comm.intra_node(r.etp, r.ep, gpn), profile,
+                                      per_node=comm.members_per_node(r.etp, r.ep, gpn))
+
+    dispatch = one(r.weight_bytes if dispatch_bytes is None else dispatch_bytes)
+    half = ALL_TO_ALLS_PER_LAYER / 2.0
+    return moe_share(model) * half * (dispatch + one(r.weight_bytes))
 
 
 def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarray]

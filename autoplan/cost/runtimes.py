@@ -94,6 +94,14 @@ class RuntimeTraits:
     tp_comm_overlap: float = 0.0
     """Fraction of tensor-parallel collective time hidden behind GEMMs (Transformer Engine
     userbuffers, Megatron --tp-comm-overlap; NeMo's large-model recipes turn it on). 0: none."""
+    ep_comm_overlap: float = 0.0
+    """Fraction of the MoE all-to-all time hidden behind another micro-batch's compute, up to
+    that compute (Megatron --overlap-moe-expert-parallel-comm, batch-level overlap in 1F1B;
+    DeepSeek-V3's DualPipe, report §3.2.1). 0: the dispatch and combine are exposed."""
+    ep_dispatch_bytes: float | None = None
+    """Bytes per element of the two dispatch-direction all-to-alls (forward dispatch, backward
+    of the combine); None: the activations' width. DeepSeek-V3 §3.3.2 quantizes them to FP8
+    (1) and keeps the combines in BF16."""
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
@@ -139,9 +147,13 @@ class RuntimeTraits:
             value = getattr(self, f)
             if not 0 < value <= 8:
                 raise ConfigError(f"runtime.{f}", f"got {value!r}", "expected bytes in (0, 8]")
-        if not 0.0 <= self.tp_comm_overlap <= 1.0:
-            raise ConfigError("runtime.tp_comm_overlap", f"got {self.tp_comm_overlap!r}",
-                              "expected a fraction from 0 to 1")
+        for f in ("tp_comm_overlap", "ep_comm_overlap"):
+            if not 0.0 <= getattr(self, f) <= 1.0:
+                raise ConfigError(f"runtime.{f}", f"got {getattr(self, f)!r}",
+                                  "expected a fraction from 0 to 1")
+        if self.ep_dispatch_bytes is not None and not 0 < self.ep_dispatch_bytes <= 4:
+            raise ConfigError("runtime.ep_dispatch_bytes", f"got {self.ep_dispatch_bytes!r}",
+                              "expected bytes in (0, 4], or null")
         known = {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
         bad = [s for s in self.schedules if s not in known]
         if bad or not self.schedules:

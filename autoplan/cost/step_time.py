@@ -84,7 +84,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         delta = moe.block_forward_delta_s(model, profile, peak, r)
         lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
               "full": lt["full"] + delta}
-    a2a = moe.all_to_all_per_block_s(model, profile, r)
+    a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, lt[runtime.selective.value],
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))
     tokens = model.seq_len / r.cp * r.b
@@ -116,7 +116,10 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
             "recompute": n * rec_extra,
             "tp": (layers * tpc["layer"] + n * tp_rec) * hidden_tp + tp_ends,
             "cp": layers * cp_layer + n * cp_rec,
-            "ep": layers * a2a,
+            # all-to-alls hidden behind another micro-batch's compute as far as the runtime
+            # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
+            "ep": layers * a2a - runtime.ep_comm_overlap * np.minimum(
+                layers * a2a, layers * (lt["forward"] + lt["backward"])),
             "forward": layers * lt["forward"],
             "backward": layers * lt["backward"],
             "layers": layers + 0.0 * extra,

@@ -1,0 +1,80 @@
+"""Predicted against published step times of MoE training runs: DeepSeek-V3 on 2048 H800s (its
+technical report) and NeMo AutoModel's H100 MoE rows. Each plan is the published layout, priced
+as the named runtime runs it. Run: python benchmarks/moe_accuracy.py"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoplan.cost.estimate import estimate_plan
+from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Precision, Recompute
+
+HERE = Path(__file__).resolve().parent
+DEEPSEEK_RUNTIME = str(HERE / "deepseek_v3_runtime.yaml")
+
+# DeepSeek-V3 technical report (arXiv 2412.19437): §3.1 2048 H800, PP16, EP64 over 8 nodes,
+# ZeRO-1, no TP; §4.2 4096-token sequences, batch 15360; 180K H800 GPU hours per trillion
+# tokens (abstract, Table 1). Per step 15360 * 4096 = 62.9M tokens; the job makes
+# 1e12 / (180e3 / 2048 * 3600 s) = 3.16M tokens/s, so a step takes 19.9 s.
+DEEPSEEK_STEP_S = 15360 * 4096 / (1e12 / (180e3 / 2048 * 3600))
+DEEPSEEK_LAYERS = (3, *([4] * 14), 2)  # 61 blocks on 16 stages
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    plan: Plan
+    runtime: str
+    published_step_s: float
+    source: str
+
+
+def deepseek_v3_plan() -> Plan:
+    return Plan(model="deepseek-v3", cluster=ClusterRef("h800-sxm-80gb", 2048),
+                parallel=Parallel(dp=128, pp=16, ep=64),
+                pipeline=Pipeline(layers_per_stage=DEEPSEEK_LAYERS),
+                batch=Batch(micro_batch_size=1, global_batch_size=15360), zero_stage=1,
+                precision=Precision.FP8, recompute=Recompute(policy="full"))
+
+
+def _automodel(model: str, gpus: int, gbs: int, mbs: int, ep: int) -> Plan:
+    return Plan(model=model, cluster=ClusterRef("h100-sxm-80gb", gpus),
+                parallel=Parallel(dp=gpus, ep=ep),
+                batch=Batch(micro_batch_size=mbs, global_batch_size=gbs), zero_stage=3)
+
+
+AUTOMODEL = ("NeMo AutoModel performance summary (docs.nvidia.com/nemo/automodel, pre-training, "
+             "DGX-H100, BF16, TE + DeepEP, FSDP2)")
+RUNS = (
+    Run("deepseek-v3 2048 x H800 (DualPipe traits)", deepseek_v3_plan(), DEEPSEEK_RUNTIME,
+        DEEPSEEK_STEP_S, "DeepSeek-V3 report: 180K GPU hours / 1T tokens"),
+    Run("deepseek-v3 2048 x H800 (megatron traits)", deepseek_v3_plan(), "megatron",
+        DEEPSEEK_STEP_S, "the same run priced as Megatron's alltoall dispatcher runs it"),
+    # Qwen3 MoE 30B: 8 GPUs, GBS 512, MBS 4, GA 16, seq 4096, EP 8, FSDP 8: 21.773 s per step
+    Run("qwen3-30b-a3b 8 x H100 (torchtitan traits)",
+        _automodel("qwen3-30b-a3b", 8, 512, 4, 8), "torchtitan", 21.773, AUTOMODEL),
+    # GPT-OSS 120B: 64 GPUs, GBS 512, MBS 2, GA 4, seq 4096, no EP, FSDP 64: 4.30 s per step
+    Run("gpt-oss-120b 64 x H100 (torchtitan traits)",
+        _automodel("gpt-oss-120b", 64, 512, 2, 1), "torchtitan", 4.30, AUTOMODEL),
+)
+
+
+def main() -> int:
+    print(f"{'run':46} {'published s':>11} {'predicted s':>11} {'error':>7}  fits  largest part")
+    for run in RUNS:
+        profile = load_profile(run.plan.cluster.profile)
+        est = estimate_plan(run.plan, ClusterSpec(profile, run.plan.cluster.num_gpus),
+                            runtime=run.runtime)
+        err = est.step_time_s / run.published_step_s - 1.0
+        fits = "yes" if est.memory["total"] <= est.memory["capacity"] else "no"
+        print(f"{run.name:46} {run.published_step_s:11.2f} {est.step_time_s:11.2f} "
+              f"{err:+7.1%}  {fits:4}  {est.dominant} ({est.time[est.dominant]:.2f} s)")
+    print("sources: " + "; ".join(dict.fromkeys(r.source for r in RUNS)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
