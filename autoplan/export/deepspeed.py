@@ -1,16 +1,19 @@
 """`--to deepspeed`: a DeepSpeed JSON config plus the `deepspeed` launch command.
 
-train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp, as DeepSpeed
-asserts. DeepSpeed configures ZeRO, offload, precision, activation checkpointing, AutoTP and its
-pipeline engine from this file; the model code still builds the PipelineModule and calls
-deepspeed.checkpointing, which is where the launch command's script comes in.
+Plans with tensor or pipeline parallelism launch Megatron-DeepSpeed's pretrain_gpt.py (DeepSpeed's
+3D parallelism: Megatron TP/SP, DeepSpeed's pipeline engine, ZeRO; megatron_deepspeed.py); the
+rest launch the user's train.py with plain DeepSpeed (ZeRO, offload). train_batch_size =
+train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp, as DeepSpeed asserts. The
+launch names the JSON by the --out path it is written to.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
+from autoplan.export import megatron_deepspeed
 from autoplan.export.base import (
     ExportOptions,
     ExportTarget,
@@ -18,17 +21,16 @@ from autoplan.export.base import (
     grad_accum_steps,
     layout,
     layout_reasons,
-    stage_layers,
-    stage_reasons,
 )
-from autoplan.export.launch import shell_join
+from autoplan.export.launch import check_path_word, continued, shell_join
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan, Precision, RecomputePolicy, Schedule
+from autoplan.plan import Plan, Precision, RecomputePolicy
 
 CONFIG_NAME = "ds_config.json"
 
 
 def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    """What plain DeepSpeed (tp = pp = 1: ZeRO data parallelism) cannot express."""
     p, why = plan.parallel, []
     if model.moe is not None or model.mla is not None:
         why.append(
@@ -43,37 +45,16 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         )
     if plan.sequence_parallel:
         why.append(
-            "sequence_parallel: Megatron-style sequence parallelism is model code, "
-            "not a DeepSpeed config setting"
+            "sequence_parallel with tp=1: Megatron-style sequence parallelism shards over the "
+            "tensor-parallel group (Megatron-DeepSpeed's --sequence-parallel needs tp > 1)"
         )
-    if p.pp > 1:
-        if plan.zero_stage >= 2:
-            why.append(
-                f"zero_stage={plan.zero_stage} with pp={p.pp}: DeepSpeed's pipeline engine "
-                "supports ZeRO stage 0 or 1 only"
-            )
-        if plan.pipeline.schedule != Schedule.ONE_F_ONE_B or plan.pipeline.vpp > 1:
-            why.append(
-                f"schedule {plan.pipeline.schedule.value} vpp={plan.pipeline.vpp}: "
-                "DeepSpeed's pipeline engine runs only its own non-interleaved 1F1B schedule"
-            )
-        split = stage_layers(plan, model)
-        if split is not None and len(set(split)) > 1:
-            why.append(
-                f"uneven layers_per_stage {list(split)}: DeepSpeed partitions "
-                "uniformly from the config; a custom split lives in PipelineModule code"
-            )
-        why += stage_reasons(plan, model)
-    if p.tp > 1 and (plan.zero_stage == 3 or p.pp > 1):
-        why.append(
-            f"tp={p.tp} with zero_stage={plan.zero_stage} pp={p.pp}: DeepSpeed AutoTP "
-            "training combines with ZeRO 0-2 and no pipeline only"
-        )
+    if plan.pipeline.vpp > 1:
+        why.append(f"vpp={plan.pipeline.vpp} with pp=1: virtual stages need a pipeline")
     rc = plan.recompute
     if rc.policy == RecomputePolicy.SELECTIVE:
         why.append(
             "recompute selective: DeepSpeed checkpoints whole blocks; attention-only "
-            "recompute is not a config setting"
+            "recompute is not a config setting (Megatron-DeepSpeed's needs tp > 1 or pp > 1)"
         )
     if rc.policy == RecomputePolicy.FULL and rc.num_layers is not None:
         why.append(
@@ -112,43 +93,44 @@ def ds_config(plan: Plan) -> dict[str, Any]:
             "contiguous_memory_optimization": False,
             "cpu_checkpointing": False,
         }
-    if plan.parallel.tp > 1:
-        cfg["tensor_parallel"] = {"autotp_size": plan.parallel.tp}
-    if plan.parallel.pp > 1:
-        full = plan.recompute.policy == RecomputePolicy.FULL
-        cfg["pipeline"] = {
-            "stages": plan.parallel.pp,
-            "partition": "uniform",
-            "activation_checkpoint_interval": 1 if full else 0,
-        }
-    return cfg
+    return cfg  # Megatron-DeepSpeed builds tp and the pipeline from its launch flags
 
 
 class DeepSpeedTarget(ExportTarget):
     name = "deepspeed"
-    summary = "DeepSpeed JSON config (ZeRO, offload, precision, checkpointing) + launch command"
+    summary = ("DeepSpeed JSON config + launch: Megatron-DeepSpeed 3D (tp/pp/sp, pipeline "
+               "engine, ZeRO) or plain ZeRO/offload")
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
-        return (
-            layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + _reasons(plan, model)
-        )
+        own = megatron_deepspeed.reasons(plan, model) if megatron_deepspeed.runs_3d(plan) \
+            else _reasons(plan, model)
+        return layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + own
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
+        config = opts.out or CONFIG_NAME  # the path the JSON is written to (#16 item 7)
+        check_path_word("--out", config)
         lay = layout(plan, opts.gpus_per_node)
         argv = ["deepspeed", f"--num_nodes={lay.num_nodes}", f"--num_gpus={lay.nproc_per_node}"]
         if lay.num_nodes > 1:
             argv.append("--hostfile=hostfile")
-        argv += [opts.script or "train.py", "--deepspeed", f"--deepspeed_config={CONFIG_NAME}"]
-        launch = "\n".join(
-            [
-                "#!/usr/bin/env bash",
-                "# Written by `autoplan export --to deepspeed`. The model is code, not config:",
-                *model_comment(plan, model),
-                "set -euo pipefail",
-                shell_join(argv) + ' "$@"',
-                "",
+        if megatron_deepspeed.runs_3d(plan):
+            head = [
+                "# Megatron-DeepSpeed (DeepSpeed's 3D parallelism), written by `autoplan export "
+                "--to deepspeed`:",
+                f"# run from the Megatron-DeepSpeed checkout; {config} is the DeepSpeed config.",
+                "# Append data, tokenizer and optimizer flags as arguments to this script.",
             ]
-        )
+            flags = megatron_deepspeed.launch_args(plan, model, config)
+            env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1"] if plan.sequence_parallel else []
+            body = continued([*argv, shlex.quote(opts.script or megatron_deepspeed.SCRIPT),
+                              *(shell_join(f.split(" ", 1)) for f in flags), '"$@"'])
+        else:
+            head = ["# Written by `autoplan export --to deepspeed`. The model is code, not config:",
+                    *model_comment(plan, model)]
+            env = []
+            argv += [opts.script or "train.py", "--deepspeed", f"--deepspeed_config={config}"]
+            body = shell_join(argv) + ' "$@"'
+        launch = "\n".join(["#!/usr/bin/env bash", *head, "set -euo pipefail", *env, body, ""])
         text = json.dumps(ds_config(plan), indent=2) + "\n"
         return {CONFIG_NAME: text, "launch.sh": launch}
 

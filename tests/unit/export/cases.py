@@ -134,3 +134,18 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
 def options(target: str, **kw) -> ExportOptions:
     kw.setdefault("gpus_per_node", 8)
     return ExportOptions(**kw)
+
+
+# DeepSpeed's 3D parallelism (Megatron-DeepSpeed): the GPT-3 175B plan of issue #15
+CASES["gpt3-175b-3d-sp"] = (
+    plan(
+        "gpt3-175b",
+        1024,
+        parallel=Parallel(dp=16, tp=8, pp=8),
+        sequence_parallel=True,
+        zero_stage=1,
+        recompute=SELECTIVE,
+        batch=Batch(2, 1536),
+    ),
+    (*LAUNCHERS, "deepspeed", "megatron"),
+)

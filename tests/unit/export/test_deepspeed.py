@@ -1,5 +1,7 @@
 """DeepSpeed export: DeepSpeed's own DeepSpeedConfig parses and checks the JSON (batch arithmetic
-against the data-parallel size included); export -> import -> export round-trips."""
+against the data-parallel size included); 3D plans launch Megatron-DeepSpeed, whose flags are
+parsed by DeepSpeed's launcher and Megatron-DeepSpeed's own definitions; plain plans round-trip
+export -> import -> export."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ from autoplan.export.registry import get_target
 from autoplan.plan import Batch, Offload, Parallel, Pipeline, Recompute, RecomputePolicy, Schedule
 
 from .cases import CASES, plan
-from .consumers import bash_syntax_ok
+from .consumers import DATA, bash_syntax_ok, run_script
 
 EXPRESSIBLE = [name for name, (_, ok) in CASES.items() if "deepspeed" in ok]
+THREE_D = [n for n in EXPRESSIBLE if CASES[n][0].parallel.tp > 1 or CASES[n][0].parallel.pp > 1]
+PLAIN = [n for n in EXPRESSIBLE if n not in THREE_D]
 # Top-level keys in DeepSpeed's configuration reference (deepspeed.ai/docs/config-json/).
 DOCUMENTED = {
     "train_batch_size",
@@ -29,8 +33,6 @@ DOCUMENTED = {
     "bf16",
     "fp16",
     "activation_checkpointing",
-    "pipeline",
-    "tensor_parallel",
 }
 
 
@@ -66,10 +68,7 @@ def test_deepspeed_parses_the_config(case: str):
     assert (zero.offload_param is not None) == p.offload.params
     assert ds.bfloat16_config.enabled == (p.precision.value == "bf16")
     assert ds.float16_config.enabled == (p.precision.value == "fp16")
-    if p.parallel.pp > 1:
-        assert ds.pipeline["stages"] == p.parallel.pp
-        assert ds.pipeline["activation_checkpoint_interval"] == 1
-    assert ds.tensor_parallel_config.autotp_size == (p.parallel.tp if p.parallel.tp > 1 else 0)
+    assert ds.tensor_parallel_config.autotp_size == 0  # Megatron's tensor parallelism, not AutoTP
 
 
 def test_deepspeed_rejects_inconsistent_batch():
@@ -85,7 +84,7 @@ def test_launch_command_is_valid_bash(tmp_path: Path, case: str):
     bash_syntax_ok(path)
 
 
-@pytest.mark.parametrize("case", EXPRESSIBLE)
+@pytest.mark.parametrize("case", PLAIN)
 def test_export_import_export_round_trips(tmp_path: Path, case: str):
     p = CASES[case][0]
     first = _render(case)["ds_config.json"]
@@ -161,3 +160,128 @@ def test_import_rejects_what_a_plan_cannot_hold(cfg: dict, why: str):
 def test_config_dict_matches_rendered_json():
     p = CASES["dp-zero1"][0]
     assert json.loads(_render("dp-zero1")["ds_config.json"]) == ds_config(p)
+
+
+def megatron_deepspeed_parser():
+    """pretrain_gpt.py's parser: Megatron-DeepSpeed's flags (tests/data/export) plus the installed
+    DeepSpeed's add_config_arguments, as megatron/arguments.py builds it."""
+    import argparse
+
+    import yaml
+
+    deepspeed = pytest.importorskip("deepspeed")
+    table = yaml.safe_load((DATA / "megatron_deepspeed_flags.yaml").read_text())["flags"]
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    types = {"int": int, "float": float, "str": str}
+    for flag, kind in table.items():
+        if kind == "switch":
+            parser.add_argument(flag, action="store_true")
+        elif isinstance(kind, list):
+            parser.add_argument(flag, choices=kind)
+        else:
+            parser.add_argument(flag, type=types[kind])
+    return deepspeed.add_config_arguments(parser)
+
+
+def _launched(tmp_path: Path, case: str, out: str = "exp/ds.json"):
+    """Export with --out, run launch.sh with `deepspeed` stubbed; DeepSpeed's launcher parser
+    reads what it was given and Megatron-DeepSpeed's reads pretrain_gpt.py's arguments."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.launcher.runner import parse_args as launcher_args
+
+    p = CASES[case][0]
+    files = export_plan(get_target("deepspeed"), p, p.model_spec(),
+                        ExportOptions(gpus_per_node=8, out=out))
+    script = tmp_path / "launch.sh"
+    script.write_text(files["launch.sh"])
+    bash_syntax_ok(script)
+    (tmp_path / "hostfile").write_text("")
+    [call] = run_script(script, {"deepspeed": ""}, "--train-iters", "10")
+    launcher = launcher_args(call[1:])
+    ns, rest = megatron_deepspeed_parser().parse_known_args(launcher.user_args)
+    assert rest == ["--train-iters", "10"]  # the user's own arguments come through "$@"
+    return p, files, launcher, ns
+
+
+@pytest.mark.parametrize("case", THREE_D)
+def test_megatron_deepspeed_launch_parses_and_matches_the_plan(tmp_path: Path, case: str):
+    p, files, launcher, ns = _launched(tmp_path, case)
+    assert Path(launcher.user_script).name == "pretrain_gpt.py"
+    world = launcher.num_nodes * launcher.num_gpus
+    assert world == p.world_size
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == (
+        p.parallel.tp, p.parallel.pp)
+    # validate_args: dp is what tp * pp leave of the world (no Ulysses degree here)
+    assert ns.ds_sequence_parallel_size is None
+    assert world // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size) == \
+        p.parallel.dp
+    assert ns.no_pipeline_parallel == (p.parallel.pp == 1)
+    assert ns.deepspeed and ns.deepspeed_config == "exp/ds.json"  # the --out name (#16 item 7)
+    assert ns.zero_stage == p.zero_stage
+    # validate_args switches sequence parallelism off at tp=1 and needs this variable with it
+    assert ns.sequence_parallel == p.sequence_parallel and (p.parallel.tp > 1 or not
+                                                            ns.sequence_parallel)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in files["launch.sh"]) == p.sequence_parallel
+    assert (ns.micro_batch_size, ns.global_batch_size) == (p.batch.micro_batch_size,
+                                                           p.batch.global_batch_size)
+    policy = p.recompute.policy.value
+    assert ns.checkpoint_activations == (policy == "full")
+    assert ns.recompute_granularity == ("selective" if policy == "selective" else None)
+    assert ns.bf16 == (p.precision.value == "bf16") and ns.fp16 == (p.precision.value == "fp16")
+    m = p.model_spec()
+    assert (ns.num_layers, ns.hidden_size, ns.ffn_hidden_size, ns.num_attention_heads) == (
+        m.num_layers, m.hidden_size, m.ffn, m.num_heads)
+    assert ns.num_attention_heads % (ns.num_key_value_heads or ns.num_attention_heads) == 0
+    assert ns.max_position_embeddings >= ns.seq_length == m.seq_len
+    assert ns.vocab_size + 1 == m.vocab_size  # NullTokenizer adds the EOD token
+    cfg = json.loads(files["ds_config.json"])
+    assert set(cfg) <= DOCUMENTED
+    ds = deepspeed_parse(cfg, p.parallel.dp)
+    assert ds.train_batch_size == p.batch.global_batch_size
+    assert ds.zero_optimization_stage == ns.zero_stage
+
+
+def test_gpt3_175b_3d_with_sequence_parallelism_exports_through_the_cli(tmp_path: Path, capsys):
+    """Issue #15's acceptance: tp8/pp8/dp16 ZeRO-1 with sequence parallelism, --to deepspeed."""
+    from autoplan.commands import main
+    from autoplan.plan import save_plan
+
+    p = CASES["gpt3-175b-3d-sp"][0]
+    plan_path = tmp_path / "plan.yaml"
+    save_plan(p, plan_path)
+    out = tmp_path / "exp" / "ds.json"
+    assert main(["export", str(plan_path), "--to", "deepspeed", "--out", str(out)]) == 0
+    cfg = json.loads(out.read_text())
+    ds = deepspeed_parse(cfg, dp=16)
+    assert (ds.train_batch_size, ds.gradient_accumulation_steps, ds.zero_optimization_stage) == (
+        1536, 48, 1)
+    launch = (tmp_path / "exp" / "ds.launch.sh").read_text()
+    assert f"--deepspeed_config {out}" in launch
+    for flag in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8",
+                 "--sequence-parallel", "--zero-stage 1", "--deepspeed \\"):
+        assert flag in launch
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"parallel": Parallel(dp=4, tp=2, cp=2)}, "no ring context parallelism"),
+        ({"parallel": Parallel(dp=4, pp=4), "sequence_parallel": True}, "switched off at tp=1"),
+        ({"parallel": Parallel(dp=2, tp=8), "model": "llama-3-8b"}, None),  # 8 | 32 heads, 8 kv
+        ({"parallel": Parallel(dp=1, tp=16), "model": "gpt3-13b"}, "does not divide num_heads"),
+        ({"parallel": Parallel(dp=8, tp=2), "recompute": Recompute(RecomputePolicy.FULL, 2)},
+         "cannot limit recompute"),
+        ({"parallel": Parallel(dp=4, pp=4),
+          "pipeline": Pipeline(Schedule.ONE_F_ONE_B, 1, (5, 7, 7, 5))}, "evenly"),
+        ({"parallel": Parallel(dp=8, tp=2), "zero_stage": 3}, None),  # no pipeline engine: ok
+    ],
+)
+def test_megatron_deepspeed_refusals_name_what_is_missing(changes: dict, why: str | None):
+    p = plan(**changes)
+    target = get_target("deepspeed")
+    if why is None:
+        assert target.check(p, p.model_spec(), ExportOptions(gpus_per_node=8)) == []
+        return
+    with pytest.raises(ConfigError, match=why) as err:
+        export_plan(target, p, p.model_spec(), ExportOptions(gpus_per_node=8))
+    assert err.value.exit_code == 2

@@ -1,0 +1,122 @@
+"""DeepSpeed's 3D parallelism for `--to deepspeed`: a Megatron-DeepSpeed `pretrain_gpt.py` launch.
+
+Megatron tensor (and sequence) parallelism, DeepSpeed's pipeline engine and ZeRO, as one
+`deepspeed pretrain_gpt.py ... --deepspeed --deepspeed_config ds.json` command. Flag spellings
+and behaviour are those of deepspeedai/Megatron-DeepSpeed megatron/arguments.py at commit
+f1feb8877d760b4ceaa0551debbf1cb4026fc9be (its `validate_args` and GPTModelPipe are cited where a
+rule comes from them); the flags used are listed in tests/data/export/megatron_deepspeed_flags.yaml.
+Data, tokenizer files and optimizer hyper-parameters are the user's, appended to the command.
+"""
+
+from __future__ import annotations
+
+from autoplan.export.base import stage_layers, stage_reasons
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
+
+SCRIPT = "pretrain_gpt.py"
+NULL_TOKENIZER_EXTRA = 1
+"""--vocab-size is the "size of vocab before EOD or padding": NullTokenizer adds one EOD token."""
+
+
+def runs_3d(plan: Plan) -> bool:
+    """Plans that need Megatron's model code: tensor or pipeline parallelism."""
+    return plan.parallel.tp > 1 or plan.parallel.pp > 1
+
+
+def reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    """What Megatron-DeepSpeed cannot run of a plan with tp > 1 or pp > 1 (empty: it can)."""
+    p, pipe, rc, why = plan.parallel, plan.pipeline, plan.recompute, []
+    if model.moe is not None or model.mla is not None:
+        why.append(f"model {model.name} has experts or latent attention: Megatron-DeepSpeed's "
+                   "MoE is DeepSpeed-MoE (--num-experts), not the layers the plan was costed "
+                   "for; export to megatron")
+    if p.cp > 1:
+        why.append(f"cp={p.cp}: Megatron-DeepSpeed has no ring context parallelism; its "
+                   "--ds-sequence-parallel-size is DeepSpeed-Ulysses, an all-to-all head split")
+    if plan.sequence_parallel and p.tp == 1:
+        why.append("sequence_parallel with tp=1: Megatron-DeepSpeed's --sequence-parallel shards "
+                   "over the tensor-parallel group and is switched off at tp=1 (validate_args)")
+    for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
+        if n % p.tp:
+            why.append(f"tp={p.tp} does not divide {what}={n} (Megatron splits heads over tp)")
+    if model.mlp == MlpKind.GEGLU:
+        why.append("mlp geglu: Megatron-DeepSpeed gates the MLP with SiLU only (--swiglu)")
+    if p.pp > 1:
+        why += _pipeline_reasons(plan, model)
+    elif pipe.vpp > 1:
+        why.append(f"vpp={pipe.vpp} with pp=1: virtual stages need a pipeline")
+    if rc.policy != RecomputePolicy.NONE and rc.num_layers is not None:
+        why.append(f"recompute.num_layers={rc.num_layers}: Megatron-DeepSpeed's DeepSpeed path "
+                   "checkpoints every layer (--checkpoint-activations); it cannot limit "
+                   "recompute to some layers per stage")
+    if plan.offload.optimizer and plan.zero_stage == 0:
+        why.append("offload.optimizer needs zero_stage >= 1 in DeepSpeed")
+    if plan.offload.params and plan.zero_stage != 3:
+        why.append("offload.params needs zero_stage 3 in DeepSpeed")
+    return why
+
+
+def _pipeline_reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    p, pipe, why = plan.parallel, plan.pipeline, []
+    if plan.zero_stage >= 2:
+        why.append(f"zero_stage={plan.zero_stage} with pp={p.pp}: DeepSpeed's pipeline engine "
+                   "supports ZeRO stage 0 or 1 only")
+    if pipe.schedule != Schedule.ONE_F_ONE_B or pipe.vpp > 1:
+        why.append(f"schedule {pipe.schedule.value} vpp={pipe.vpp}: DeepSpeed's pipeline engine "
+                   "runs only its own non-interleaved 1F1B schedule")
+    split = stage_layers(plan, model)
+    if split is not None and len(set(split)) > 1:
+        why.append(f"uneven layers_per_stage {list(split)}: Megatron-DeepSpeed's GPTModelPipe "
+                   "partitions transformer layers evenly (partition_method type:transformer)")
+    return why + stage_reasons(plan, model)
+
+
+def launch_args(plan: Plan, model: ModelSpec, config_path: str) -> list[str]:
+    """pretrain_gpt.py flags for a plan `reasons` accepted, one flag (and value) per item."""
+    p, rc = plan.parallel, plan.recompute
+    a = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}"]
+    if p.pp == 1:  # GPTModel instead of GPTModelPipe: no pipeline engine (any ZeRO stage)
+        a.append("--no-pipeline-parallel")
+    if plan.sequence_parallel:
+        a.append("--sequence-parallel")
+    a += [f"--micro-batch-size {plan.batch.micro_batch_size}",
+          f"--global-batch-size {plan.batch.global_batch_size}"]
+    if rc.policy == RecomputePolicy.FULL:
+        # GPTModelPipe checkpoints every checkpoint_num_layers blocks when this is set; the
+        # flag is kept "because DeepSpeed still relies on the old activation checkpointing"
+        a += ["--checkpoint-activations", "--checkpoint-num-layers 1",
+              "--deepspeed-activation-checkpointing"]
+    elif rc.policy == RecomputePolicy.SELECTIVE:
+        a.append("--recompute-granularity selective")  # the core attention only
+    if plan.precision == Precision.BF16:
+        a.append("--bf16")
+    elif plan.precision == Precision.FP16:
+        a.append("--fp16")
+    if plan.attention == Attention.FLASH:
+        a.append("--use-flash-attn-v2")
+    a += _model_args(model)
+    return a + ["--deepspeed", f"--deepspeed_config {config_path}",
+                f"--zero-stage {plan.zero_stage}"]
+
+
+def _model_args(m: ModelSpec) -> list[str]:
+    a = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
+         f"--ffn-hidden-size {m.ffn}", f"--num-attention-heads {m.num_heads}"]
+    if m.kv_heads != m.num_heads:
+        a.append(f"--num-key-value-heads {m.kv_heads}")
+    if m.q_width != m.hidden_size:  # Megatron's default head width is hidden / heads
+        a.append(f"--kv-channels {m.head_dim}")
+    a += [f"--seq-length {m.seq_len}", f"--max-position-embeddings {m.seq_len}",
+          f"--attention-dropout {m.dropout}", f"--hidden-dropout {m.dropout}"]
+    if m.mlp == MlpKind.SWIGLU:
+        a.append("--swiglu")
+    a.append("--normalization " + ("rmsnorm" if m.norm == NormKind.RMSNORM else "layernorm"))
+    if m.position == PositionKind.ROPE:  # validate_args then drops the learned table
+        a.append("--use-rotary-position-embeddings")
+    if not m.tie_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        a.append("--disable-bias-linear")
+    return a + ["--tokenizer-type NullTokenizer",
+                f"--vocab-size {m.vocab_size - NULL_TOKENIZER_EXTRA}"]
