@@ -180,6 +180,10 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+_NEVER = np.zeros(1, dtype=bool)
+"""A rule that cannot apply to this model (broadcast to every row)."""
+
+
 def _experts(m: ModelSpec) -> int:
     return 0 if m.moe is None else m.moe.num_experts
 
@@ -193,20 +197,20 @@ def _expert_group(t: Table) -> np.ndarray:
 MOE_RULES: tuple[Rule, ...] = (
     Rule(
         "ep-needs-moe",
-        lambda t, m: np.False_ if m.moe is not None
+        lambda t, m: _NEVER if m.moe is not None
         else (expert_col(t, "ep") > 1) | (expert_col(t, "etp") > 1),
         lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])}, etp="
         f"{int(expert_col(t, 'etp')[i])}: model {m.name} has no experts; set ep: 1 and etp: 1",
     ),
     Rule(
         "ep-divides-experts",
-        lambda t, m: np.False_ if m.moe is None else _experts(m) % expert_col(t, "ep") != 0,
+        lambda t, m: _NEVER if m.moe is None else _experts(m) % expert_col(t, "ep") != 0,
         lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])} does not divide "
         f"moe.num_experts={_experts(m)}; choose ep from {_divisors(max(_experts(m), 1))}",
     ),
     Rule(
         "etp-divides-expert-ffn",
-        lambda t, m: np.False_ if m.moe is None
+        lambda t, m: _NEVER if m.moe is None
         else m.moe.expert_ffn_hidden_size % expert_col(t, "etp") != 0,
         lambda t, i, m: f"parallel.etp={int(expert_col(t, 'etp')[i])} does not divide "
         f"moe.expert_ffn_hidden_size={m.moe.expert_ffn_hidden_size if m.moe else 0}; "
@@ -214,7 +218,7 @@ MOE_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "ep-etp-divides-dp-cp-tp",
-        lambda t, m: np.False_ if m.moe is None  # ep-needs-moe refuses ep > 1 there
+        lambda t, m: _NEVER if m.moe is None  # ep-needs-moe refuses ep > 1 there
         else _expert_group(t) % (expert_col(t, "ep") * expert_col(t, "etp")) != 0,
         lambda t, i, m: f"parallel.ep * etp = "
         f"{int(expert_col(t, 'ep')[i] * expert_col(t, 'etp')[i])} does not divide dp * cp * tp "

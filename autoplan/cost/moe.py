@@ -93,7 +93,7 @@ def moe_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, 
     router_peak = profile.device.peak_flops_per_s.get(moe.router_dtype, peak)
     router_flops = 2.0 * dispatched_tokens(model, r) / r.etp * model.hidden_size * moe.num_experts
     router = router_flops / (router_peak * profile.efficiency.matmul(router_flops))
-    shared = 0.0
+    shared: np.ndarray | float = 0.0
     if moe.num_shared_experts:  # a dense MLP of n_shared * f, tensor-parallel like the block's
         wide = model.replace(ffn_hidden_size=moe.num_shared_experts * moe.expert_ffn_hidden_size,
                              moe=None)
@@ -133,13 +133,13 @@ def mla_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, 
     if model.mla is None:
         return np.zeros_like(r.b)
     tokens = r.b * model.seq_len / r.cp
-    mla = sum(compute.gemm_time_s(g, profile, peak, s) for g, s in _mla_gemms(model, tokens,
-                                                                              r.tp))
+    mla = np.sum([compute.gemm_time_s(g, profile, peak, s)
+                  for g, s in _mla_gemms(model, tokens, r.tp)], axis=0)
     flops = compute.gemm_flops_per_layer(model, tokens, r.tp)[:2]
     shapes = compute.gemm_shapes_per_layer(model, tokens, r.tp)[:2]
-    standard = sum(compute.gemm_time_s(g, profile, peak, s) for g, s in zip(flops, shapes,
-                                                                            strict=True))
-    return mla - standard
+    standard = np.sum([compute.gemm_time_s(g, profile, peak, s)
+                       for g, s in zip(flops, shapes, strict=True)], axis=0)
+    return np.asarray(mla - standard)
 
 
 def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows

@@ -7,7 +7,7 @@ pipeline stages sit, the bytes of a weight and of a gradient on the wire.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,16 +56,16 @@ class Rows:
     weight_bytes: float
     act_scale: float
     """2 for fp32 activations, 1 for 16-bit."""
-    ep: np.ndarray | float = 1.0
+    ep: np.ndarray = field(default_factory=lambda: np.ones(1))
     """Expert-parallel degree (1 for dense models)."""
-    etp: np.ndarray | float = 1.0
+    etp: np.ndarray = field(default_factory=lambda: np.ones(1))
     """Expert tensor-parallel degree."""
 
     @property
     def expert_shard(self) -> np.ndarray:
         """Ranks the routed experts' ZeRO states are sharded over: the expert data-parallel
         group, dp x cp x tp / (ep x etp) (Megatron-Core MoE parallel folding)."""
-        return self.dp * self.cp * self.tp / (np.asarray(self.ep) * np.asarray(self.etp))
+        return self.dp * self.cp * self.tp / (self.ep * self.etp)
 
 
 def recomputed_layers(layers: np.ndarray, rows: Rows) -> np.ndarray:

@@ -26,7 +26,7 @@ DISPATCHERS = ("allgather", "alltoall", "flex")
 
 def moe_reasons(plan: Plan, model: ModelSpec) -> list[str]:
     """What of a MoE plan Megatron-LM cannot run as planned."""
-    moe, why = model.moe, []
+    moe, why = model.moe, list[str]()
     if moe is None:
         return why
     if plan.parallel.tp > 1 and not plan.sequence_parallel:
