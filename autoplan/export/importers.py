@@ -189,6 +189,11 @@ def import_deepspeed(
     num_gpus: int | None,
     assignments: Sequence[str] = (),
 ) -> Plan:
+    from autoplan.export.megatron_deepspeed_import import import_launch, is_launch
+
+    if is_launch(path):  # a Megatron-DeepSpeed launch (export --to deepspeed with tp or pp > 1)
+        return import_launch(path, model=model, cluster=cluster, num_gpus=num_gpus,
+                             assignments=assignments)
     what = f"deepspeed config {path}"
     cfg = load_json_text(_read(path, "FILE"), what)
     if not isinstance(cfg, dict):

@@ -285,3 +285,35 @@ def test_megatron_deepspeed_refusals_name_what_is_missing(changes: dict, why: st
     with pytest.raises(ConfigError, match=why) as err:
         export_plan(target, p, p.model_spec(), ExportOptions(gpus_per_node=8))
     assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("case", THREE_D)
+def test_megatron_deepspeed_launch_imports_back_to_the_plan(tmp_path: Path, case: str):
+    p = CASES[case][0]
+    out = tmp_path / "exp" / "ds.json"
+    files = export_plan(get_target("deepspeed"), p, p.model_spec(),
+                        ExportOptions(gpus_per_node=8, out=str(out)))
+    out.parent.mkdir()
+    out.write_text(files["ds_config.json"])
+    launch = out.with_name("ds.launch.sh")
+    launch.write_text(files["launch.sh"])
+    back = import_deepspeed(launch, model=str(p.model), cluster=p.cluster.profile, num_gpus=None)
+    assert back == p
+    again = export_plan(get_target("deepspeed"), back, back.model_spec(),
+                        ExportOptions(gpus_per_node=8, out=str(out)))
+    assert again == files
+
+
+def test_a_launch_whose_flags_contradict_its_config_is_refused(tmp_path: Path):
+    p = CASES["gpt3-175b-3d-sp"][0]
+    out = tmp_path / "ds.json"
+    files = export_plan(get_target("deepspeed"), p, p.model_spec(),
+                        ExportOptions(gpus_per_node=8, out=str(out)))
+    out.write_text(files["ds_config.json"])
+    launch = tmp_path / "ds.launch.sh"
+    launch.write_text(files["launch.sh"].replace("--zero-stage 1", "--zero-stage 0"))
+    with pytest.raises(ConfigError, match="--zero-stage: the launch says 0"):
+        import_deepspeed(launch, model=str(p.model), cluster=p.cluster.profile, num_gpus=None)
+    launch.write_text(files["launch.sh"].replace("  --deepspeed \\\n", ""))
+    with pytest.raises(ConfigError, match="no --deepspeed flag"):
+        import_deepspeed(launch, model=str(p.model), cluster=p.cluster.profile, num_gpus=None)
