@@ -37,7 +37,7 @@ DP1_LABEL = "step-wide syncs (loss, grad norm) and FSDP host work, dp = 1"
 
 def data_uri(fig: Any, plt: Any) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")  # legends outside the axes
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -162,8 +162,8 @@ def time_figure(plt: Any, result: SearchResult, rows: np.ndarray, labels: list[s
     stack(big, [(label, c[f"time_{k}"][rows]) for k, label in BIG_PARTS])
     stack(small, small_series(result, rows))
     big.set_yticks(ys, labels, fontsize=8)
-    big.set_xlabel("compute, s per step")
-    small.set_xlabel("communication, bubble, host: s per step (own scale)")
+    big.set_xlabel("compute (s / step)", fontsize=9)
+    small.set_xlabel("communication, bubble, host (s / step, own scale)", fontsize=9)
     big.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0))
     small.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     for ax in (big, small):
