@@ -167,3 +167,25 @@ def test_unknown_family_is_refused(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_model(_write(tmp_path, {**MIXTRAL, "model_type": "jamba"}))
     assert "model_type" in str(err.value) and "jamba" in str(err.value)
+
+
+def test_plan_yaml_stores_the_moe_model_inline(tmp_path):
+    """plan.yaml keeps the experts and latent attention of an inline model (not a dense one),
+    and a dense plan's file has no moe/mla/ep/etp keys."""
+    import yaml
+
+    from autoplan.plan import Batch, ClusterRef, Parallel, Plan, load_plan, save_plan
+
+    batch = Batch(micro_batch_size=1, global_batch_size=64)
+    moe = Plan(model=PRESETS["deepseek-v3"].replace(name="ds-inline"),
+               cluster=ClusterRef("h800-sxm-80gb", 64), parallel=Parallel(dp=64, ep=64),
+               batch=batch)
+    path = save_plan(moe, tmp_path / "moe.yaml")
+    data = yaml.safe_load(path.read_text())
+    assert data["model"]["moe"]["num_experts"] == 256 and data["parallel"]["ep"] == 64
+    assert load_plan(path) == moe
+    dense = Plan(model=PRESETS["llama-3-8b"], cluster=ClusterRef("h100-sxm-80gb", 8),
+                 parallel=Parallel(dp=8), batch=batch)
+    data = yaml.safe_load(save_plan(dense, tmp_path / "dense.yaml").read_text())
+    assert "moe" not in data["model"] and "mla" not in data["model"]
+    assert "ep" not in data["parallel"] and "etp" not in data["parallel"]
