@@ -265,10 +265,17 @@ class ClusterProfile:
     """Measured seconds per collective call by size and group (CPU hosts and profiled GPUs)."""
     measured: dict[str, Any] | None = None
     """Written by `autoplan profile`: measured curves and the conditions they were taken in."""
+    price_per_gpu_hour: float | None = None
+    """US dollars per GPU-hour, an example list price for `search --objective cost` across GPU
+    types (override with `search --price NAME=USD`); null: cost in GPU-hours only."""
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
             raise ConfigError("gpus_per_node", f"got {self.gpus_per_node}", "expected >= 1")
+        price = self.price_per_gpu_hour
+        if price is not None and not (isinstance(price, (int, float)) and 0 < price < 1e6):
+            raise ConfigError("price_per_gpu_hour", f"got {price!r}",
+                              "expected US dollars per GPU-hour, e.g. 2.5, or null")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ nothing is feasible.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -21,8 +22,16 @@ from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan_args import resolve_model
-from autoplan.search.engine import SAMPLERS, Progress, SearchRequest, SearchResult, run_search
-from autoplan.search.space import parse_gpu_counts
+from autoplan.search.engine import (
+    SAMPLERS,
+    GpuType,
+    Progress,
+    SearchRequest,
+    SearchResult,
+    run_search,
+    type_requests,
+)
+from autoplan.search.space import parse_batch_sizes, parse_gpu_counts
 from autoplan.search.targets import OBJECTIVES, Targets
 from autoplan.search_space import load_space
 
@@ -32,11 +41,17 @@ def register(sub: Any) -> None:
                        description="Search parallelism, memory and batch knobs with the cost "
                        "model; rank the plans that fit and meet the targets.")
     p.add_argument("--model", required=True, help="preset, model YAML or HF config.json")
-    p.add_argument("--cluster", required=True, help="hardware profile name or path")
+    p.add_argument("--cluster", required=True,
+                   help="hardware profile name or path, or several comma-separated GPU types "
+                   "searched together (e.g. a100-sxm4-80gb,h100-sxm-80gb,h200-sxm-141gb)")
+    p.add_argument("--price", help="US dollars per GPU-hour by profile, NAME=USD,... (default: "
+                   "each profile's price_per_gpu_hour, an example list price)")
     p.add_argument("--num-gpus", required=True,
                    help="GPU count N, a list A,B,C, or a range A..B (powers of two and whole "
                    "nodes in it): the search also picks the count")
-    p.add_argument("--global-batch-size", type=int, required=True, help="sequences per step")
+    p.add_argument("--global-batch-size", required=True,
+                   help="sequences per step, or a range A..B the search picks from (powers of "
+                   "two and dp times a power of two inside it)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--space", default="default", help="search space name or YAML path")
     p.add_argument("--runtime", help="price plans as this runtime runs them and keep to what it "
@@ -71,10 +86,9 @@ def register(sub: Any) -> None:
 def build_request(args: argparse.Namespace) -> SearchRequest:
     model = resolve_model(args)
     model_ref: Any = args.model if args.model in PRESETS and not args.seq_len else model
-    profile = load_profile(args.cluster)
-    if args.global_batch_size < 1:
-        raise ConfigError("--global-batch-size", f"got {args.global_batch_size}",
-                          "expected a positive integer")
+    types = gpu_types(args.cluster, args.num_gpus, getattr(args, "price", None))
+    profile = types[0].profile
+    gbs, gbs_max = parse_batch_sizes(str(args.global_batch_size))
     if args.top < 1:
         raise ConfigError("--top", f"got {args.top}", "expected a positive integer")
     if args.storage is not None:
@@ -83,14 +97,68 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         objectives=tuple(o.strip() for o in args.objective.split(",") if o.strip()),
         max_step_time_s=args.max_step_time_s, min_tokens_per_s=args.min_tokens_per_s,
         deadline_days=args.deadline_days, train_tokens=args.train_tokens)
-    return SearchRequest(
-        model=model, model_ref=model_ref, profile=profile, profile_ref=args.cluster,
-        space=load_space(args.space), gpu_counts=parse_gpu_counts(args.num_gpus,
-                                                                   profile.gpus_per_node),
-        global_batch_size=args.global_batch_size, targets=targets, sampler=args.sampler,
+    if len(types) > 1 and "cost" in targets.objectives:
+        unpriced = [t.ref for t in types if t.profile.price_per_gpu_hour is None]
+        if unpriced:
+            raise ConfigError("--price", f"{', '.join(unpriced)} has no price_per_gpu_hour",
+                              f"give --price {unpriced[0]}=USD to compare cost across types")
+    req = SearchRequest(
+        model=model, model_ref=model_ref, profile=profile,
+        profile_ref=",".join(t.ref for t in types), space=load_space(args.space),
+        gpu_counts=tuple(sorted({n for t in types for n in t.gpu_counts})),
+        global_batch_size=gbs, targets=targets, sampler=args.sampler,
         trials=args.trials, seed=args.seed, storage=args.storage, study=args.study,
         worker=args.worker, runtime=load_runtime(
-            args.runtime, on_cpu=profile.host.compute_slots is not None))
+            args.runtime, on_cpu=profile.host.compute_slots is not None),
+        global_batch_size_max=gbs_max if gbs_max != gbs else None,
+        types=types if len(types) > 1 else ())
+    if len(types) == 1:
+        return dataclasses.replace(req, gpu_counts=types[0].gpu_counts, profile_ref=types[0].ref)
+    precisions = {t.ref: s.space.precision for t, s in zip(types, type_requests(req),
+                                                           strict=True)}
+    if len(set(precisions.values())) > 1:
+        raise ConfigError("--cluster", "the GPU types train in different precisions (" + ", ".join(
+            f"{k} {'/'.join(p.value for p in v)}" for k, v in precisions.items()) + ")",
+            "search them one at a time, or list one precision in the space")
+    return req
+
+
+def gpu_types(cluster: str, num_gpus: str, price: str | None) -> tuple[GpuType, ...]:
+    """The profiles of --cluster (one, or several comma-separated), each with its GPU counts
+    and its price per GPU-hour (--price NAME=USD overrides the profile's)."""
+    refs = [c.strip() for c in cluster.split(",") if c.strip()] if "," in cluster else [cluster]
+    if not refs or len(set(refs)) != len(refs):
+        raise ConfigError("--cluster", f"got {cluster[:80]!r}", "name each profile once")
+    prices = parse_prices(price, refs)
+    out = []
+    for ref in refs:
+        prof = load_profile(ref)
+        if ref in prices:
+            prof = dataclasses.replace(prof, price_per_gpu_hour=prices[ref])
+        out.append(GpuType(ref, prof, parse_gpu_counts(num_gpus, prof.gpus_per_node)))
+    return tuple(out)
+
+
+def parse_prices(text: str | None, refs: list[str]) -> dict[str, float]:
+    """--price NAME=USD,NAME=USD as {name: dollars per GPU-hour}; names must be in --cluster."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        try:
+            usd = float(value)
+        except ValueError:
+            usd = float("nan")
+        if not eq or not name or not (0 < usd < 1e6):
+            raise ConfigError("--price", f"got {item[:80]!r}",
+                              "write NAME=USD per GPU-hour, e.g. h100-sxm-80gb=2.99")
+        if name not in refs:
+            raise ConfigError("--price", f"{name!r} is not in --cluster",
+                              f"price one of {', '.join(refs)}")
+        out[name] = usd
+    return out
 
 
 def check_storage(url: str) -> None:
@@ -159,8 +227,12 @@ def search_command(args: argparse.Namespace) -> int:
         view = data if (data.get("nearest") or {}).get("plan") is not None \
             else {k: v for k, v in data.items() if k != "nearest"}
         shown = rounded(data) if resolve_format(args) == "yaml" else data  # JSON: every digit
-        emit(args, shown, lambda console: render(console, result, view, args.top,
-                                                 wide=getattr(args, "wide", False)))
+        def table(console: Any) -> None:
+            render(console, result, view, args.top, wide=getattr(args, "wide", False))
+            for line in by_cluster_lines(data.get("by_cluster", [])):
+                console.print(line, markup=False)
+
+        emit(args, shown, table)
         if result.best is None:
             raise NoFeasiblePlanError(infeasible_line(data))
     return 0
@@ -188,6 +260,8 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
     from autoplan.search.output import OUT_FILES, summary, write_out
 
     data = summary(result, args.top)
+    if result.request.types:
+        data["by_cluster"] = best_by_cluster(result)
     if result.best is None:
         return data
     if report is not None:
@@ -225,3 +299,54 @@ def infeasible_line(data: dict[str, Any]) -> str:
                      f"mbs={p['batch']['micro_batch_size']}")
         line += f"; nearest ({near['reason']}){where}: {'; '.join(near['misses'])}"
     return line
+
+
+def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
+    """The best plan of each GPU type by the (first) objective, then the best overall."""
+    import numpy as np
+
+    sc, req = result.scored, result.request
+    c, t = sc.cols, req.targets
+    out: list[dict[str, Any]] = []
+    where = c.get("cluster", np.zeros(sc.n, dtype=np.int64))
+    picks = [(name, next((int(i) for i in result.order if where[i] == k), None))
+             for k, name in enumerate(sc.clusters)]
+    picks.append(("overall", result.best))
+    for name, i in picks:
+        row: dict[str, Any] = {"cluster": name if i is None else sc.clusters[int(where[i])],
+                               "which": name, "feasible": i is not None}
+        if i is not None:
+            tps = float(c["tokens_per_s"][i])
+            row |= {"num_gpus": int(c["num_gpus"][i]), "tokens_per_s": tps,
+                    "parallel": {k: int(c[k][i]) for k in ("dp", "tp", "pp", "cp")}}
+            if t.train_tokens is not None:
+                hours = float(c["num_gpus"][i]) * t.train_tokens / tps / 3600.0
+                row |= {"days": t.train_tokens / tps / 86400.0, "gpu_hours": hours}
+                price = float(c.get("price_per_gpu_hour", np.full(sc.n, np.nan))[i])
+                if np.isfinite(price):
+                    row |= {"usd": hours * price, "price_per_gpu_hour": price}
+        out.append(row)
+    return out
+
+
+def by_cluster_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """`best per GPU type` lines under the table of a multi-type search."""
+    if not rows:
+        return []
+    lines = ["best per GPU type (by the first objective):"]
+    for r in rows:
+        label = "overall" if r["which"] == "overall" else r["cluster"]
+        if not r["feasible"]:
+            lines.append(f"  {label}: no feasible plan")
+            continue
+        par = r["parallel"]
+        text = (f"  {label}: {r['num_gpus']} GPUs" + (f" of {r['cluster']}" if label == "overall"
+                                                       else "")
+                + f", dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']}, "
+                f"{r['tokens_per_s']:,.0f} tokens/s")
+        if "days" in r:
+            text += f", {r['days']:.1f} days, {r['gpu_hours']:,.0f} GPU-hours"
+        if "usd" in r:
+            text += f", ${r['usd']:,.0f} at ${r['price_per_gpu_hour']:.2f}/GPU-hour"
+        lines.append(text)
+    return lines

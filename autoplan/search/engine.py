@@ -6,6 +6,7 @@ and writes what it returns. Progress is reported through a plain callback.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -20,8 +21,8 @@ from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
 from autoplan.search.ranking import rank
 from autoplan.search.scoring import Context, Scored, score_table
-from autoplan.search.space import enumerate_space, joint_rows
-from autoplan.search.targets import Targets
+from autoplan.search.space import MAX_ROWS, enumerate_space, joint_rows
+from autoplan.search.targets import Targets, objective_matrix
 from autoplan.search_space import SearchSpace
 
 if TYPE_CHECKING:
@@ -69,7 +70,12 @@ class SearchRequest:
     types: tuple[GpuType, ...] = ()
     """Several GPU types searched in one run (`--cluster A,B,C`); the first is profile."""
 
+    space_given: SearchSpace | None = None
+    """The space as given, before `for_device` settled it (each GPU type settles its own)."""
+
     def __post_init__(self) -> None:
+        if self.space_given is None:
+            object.__setattr__(self, "space_given", self.space)
         # `precision: auto` settled for this device (fp16 on V100, bf16 on A100 and later)
         cpu = self.profile.host.compute_slots is not None
         object.__setattr__(self, "space", self.space.for_device(
@@ -127,6 +133,8 @@ class SearchResult:
         return int(self.order[0]) if len(self.order) else None
 
 
+MAX_TOTAL_ROWS = 10 * MAX_ROWS
+"""Most candidates a range scores count by count (minutes of work on one core)."""
 KEEP_PER_COUNT = 2000
 """Rows kept from each GPU count when a range is scored count by count: the best feasible ones
 by every objective (and the Pareto front), and the closest misses."""
@@ -136,7 +144,7 @@ def _one_pass(req: SearchRequest, counts: tuple[int, ...]) -> tuple[Scored, int]
     enum = enumerate_space(req.space, req.model, counts, req.batch,
                            limit=req.space.max_enumerate)
     scored = score_table(enum.table, req.context(),
-                         counts={"world-size": enum.world_size_rejected})
+                         counts={"world-size": enum.world_size_rejected, **enum.precounted})
     return scored, enum.total
 
 
@@ -158,10 +166,10 @@ def merge_scored(parts: list[Scored], rows: list[np.ndarray] | None = None) -> S
     """One Scored of several (their rows, or the given rows of each), counts summed."""
     if rows is None:
         rows = [np.arange(p.n) for p in parts]
-    keys = parts[0].cols.keys()
-    cols = {k: np.concatenate([np.asarray(p.cols[k])[r] for p, r in zip(parts, rows,
-                                                                        strict=True)])
-            for k in keys if all(k in p.cols for p in parts)}
+    # a part with nothing scored lacks the estimate columns: it adds counts, never rows
+    pairs = [(p, r) for p, r in zip(parts, rows, strict=True) if p.n] or [(parts[0], rows[0])]
+    keys = [k for k in pairs[0][0].cols if all(k in p.cols for p, _ in pairs)]
+    cols = {k: np.concatenate([np.asarray(p.cols[k])[r] for p, r in pairs]) for k in keys}
     counts: dict[str, int] = {}
     for p in parts:
         for k, v in p.counts.items():
@@ -176,7 +184,13 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tupl
     larger count ranks below it."""
     step = progress or (lambda *_: None)
     counts = tuple(sorted(req.gpu_counts))
-    if len(counts) == 1 or req.space_size() <= req.space.max_enumerate:
+    rows = req.space_size()
+    if len(counts) > 1 and rows > MAX_TOTAL_ROWS:
+        raise ConfigError("max_enumerate", f"the space has {rows:,} candidates over "
+                          f"{len(counts):,} GPU counts", f"the exhaustive search lists at most "
+                          f"{MAX_ROWS:,} at once and {MAX_TOTAL_ROWS:,} count by count; narrow "
+                          "--num-gpus or the space, or lower max_enumerate so TPE takes over")
+    if len(counts) == 1 or rows <= req.space.max_enumerate:
         step("enumerate + score", 0, 1)
         scored, total = _one_pass(req, counts)
         step("rank", 1, 1)
@@ -198,9 +212,7 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tupl
     return merge_scored(parts, kept), total
 
 
-def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
-    """Search the space and rank the result (never raises for an infeasible outcome)."""
-    t0 = time.perf_counter()
+def _score_one(req: SearchRequest, progress: Progress | None) -> tuple[str, Scored, int]:
     sampler = req.pick_sampler()
     if sampler == "exhaustive":
         if req.storage:
@@ -208,9 +220,54 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
                               "add --sampler tpe, nsga2 or random, or drop --storage")
         scored, total = run_exhaustive(req, progress)
     else:
+        if req.global_batch_size_max is not None:
+            raise ConfigError("--global-batch-size", f"a range is listed by the exhaustive "
+                              f"search only, and this search uses {sampler}",
+                              "give one batch size, or a smaller space or --num-gpus")
         from autoplan.search.optuna_search import run_optuna
 
         scored, total = run_optuna(req, sampler, progress)
+    return sampler, scored, total
+
+
+def with_cluster(scored: Scored, k: int, ref: str, price: float | None, clusters: tuple[str, ...],
+                 targets: Targets) -> Scored:
+    """The rows tagged with their profile (index k of `clusters`) and its price per GPU-hour
+    (NaN when the profile has none), objectives recomputed so cost is in US dollars."""
+    n = scored.n
+    cols = dict(scored.cols)
+    cols["cluster"] = np.full(n, k, dtype=np.int64)
+    cols["price_per_gpu_hour"] = np.full(n, np.nan if price is None else float(price))
+    if n and "tokens_per_s" in cols:
+        cols["objectives"] = objective_matrix(cols, targets)
+    return Scored(cols, scored.counts, scored.runtime, clusters)
+
+
+def type_requests(req: SearchRequest) -> list[SearchRequest]:
+    """One request per GPU type, each with its own profile, counts and device precision."""
+    if not req.types:
+        return [req]
+    return [dataclasses.replace(req, profile=t.profile, profile_ref=t.ref,
+                                gpu_counts=t.gpu_counts, types=(), space=req.space_given)
+            for t in req.types]
+
+
+def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
+    """Search the space and rank the result (never raises for an infeasible outcome). With
+    several GPU types each is searched alone and the rows ranked together."""
+    t0 = time.perf_counter()
+    subs = type_requests(req)
+    clusters = tuple(r.profile_ref for r in subs)
+    parts, total, samplers = [], 0, []
+    for k, sub in enumerate(subs):
+        sampler, part, seen = _score_one(sub, progress)
+        samplers.append(sampler)
+        total += seen
+        parts.append(with_cluster(part, k, sub.profile_ref, sub.profile.price_per_gpu_hour,
+                                  clusters, req.targets))
+    scored = parts[0] if len(parts) == 1 else merge_scored(parts)
+    scored = Scored(scored.cols, scored.counts, scored.runtime, clusters)
+    sampler = ",".join(dict.fromkeys(samplers))
     order, front = rank(scored, req.targets)
     miss = None
     if not len(order):

@@ -31,8 +31,11 @@ the main job's 145,593 rows are ~45 MB as plain CSV."""
 
 
 def plans(result: SearchResult, rows: np.ndarray) -> list[Plan]:
-    req = result.request
-    return [row_plan(result.scored, int(i), req.model, req.model_ref, req.profile_ref, req.space,
+    """The rows as Plans, each naming its own profile (several with --cluster A,B)."""
+    req, sc = result.request, result.scored
+    names = sc.clusters or (req.profile_ref,)
+    where = sc.cols.get("cluster", np.zeros(sc.n, dtype=np.int64))
+    return [row_plan(sc, int(i), req.model, req.model_ref, names[int(where[i])], req.space,
                      req.targets) for i in rows]
 
 

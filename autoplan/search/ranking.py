@@ -86,6 +86,10 @@ def predicted(scored: Scored, i: int, targets: Targets) -> dict[str, Any]:
         out["days_to_train"] = targets.train_tokens / est["tokens_per_s"] / 86400.0
         out["gpu_hours"] = float(gpu_hours(est["tokens_per_s"], scored.cols["num_gpus"][i],
                                            targets.train_tokens))
+        price = float(scored.cols.get("price_per_gpu_hour", np.array([np.nan] * scored.n))[i])
+        if np.isfinite(price):
+            out["usd"] = out["gpu_hours"] * price
+            out["price_per_gpu_hour"] = price
     return out
 
 
@@ -116,15 +120,22 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
     }
     for k in TIME_PARTS:
         data[f"time_{k}_s"] = c[f"time_{k}"][rows]
+    data["gbs"] = c["gbs"][rows]
+    if targets.train_tokens is not None:
+        data["days"] = targets.train_tokens / np.asarray(c["tokens_per_s"][rows], float) / 86400.0
     if targets.train_tokens is not None or "cost" in targets.objectives:
         data["gpu_hours"] = gpu_hours(c["tokens_per_s"][rows], c["num_gpus"][rows],
                                       targets.cost_tokens)
+        if "price_per_gpu_hour" in c:  # NaN where the profile has no price
+            data["usd"] = data["gpu_hours"] * c["price_per_gpu_hour"][rows]
     if front is not None:
         data["pareto"] = front[rows]
     data["status"] = np.where(reason < 0, "feasible",
                               np.array(MISS_KEYS, dtype=object)[np.maximum(reason, 0)])
     if "trial" in c:
         data["trial"] = c["trial"][rows]
+    data["cluster"] = np.array(scored.clusters or ("",), dtype=object)[  # the profile of each
+        c["cluster"][rows] if "cluster" in c else np.zeros(len(rows), dtype=np.int64)]
     return pd.DataFrame(data)
 
 

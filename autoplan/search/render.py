@@ -25,7 +25,7 @@ DOMINANT_SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", 
                   "pp_bubble": "bubble", "pp_comm": "pp", "dp_comm": "dp", "offload": "offload",
                   "optimizer": "optim"}
 FIGURES = ("mem_gib", "step_s", "tokens_per_s")
-KNOBS = ("num_gpus", "dp", "tp", "pp", "cp", "sp", "schedule", "vpp", "split", "zero",
+KNOBS = ("cluster", "num_gpus", "dp", "tp", "pp", "cp", "sp", "schedule", "vpp", "split", "zero",
          "offload_optimizer", "offload_params", "recompute", "recompute_layers", "mbs",
          "precision", "attention")
 MERGEABLE = ("zero", "split")
@@ -52,9 +52,9 @@ def collapse(rows: list[dict[str, Any]], limit: int) -> list[Shown]:
     the first `limit` distinct rows in rank order."""
     shown: list[Shown] = []
     for k, r in enumerate(rows, 1):
-        key = tuple(r[n] for n in KNOBS if n not in MERGEABLE)
+        key = tuple(r.get(n) for n in KNOBS if n not in MERGEABLE)
         for s in shown:
-            if tuple(s.row[n] for n in KNOBS if n not in MERGEABLE) == key \
+            if tuple(s.row.get(n) for n in KNOBS if n not in MERGEABLE) == key \
                     and same_figures(s.row, r):
                 s.zeros = sorted({*s.zeros, int(r["zero"])})
                 s.splits = sorted({*s.splits, r["split"]})
@@ -112,9 +112,16 @@ def tokens_cell(v: float, wide: bool) -> str:
     return f"{sig(v / 1e6, 3)}M" if v >= 1e6 else f"{sig(v / 1e3, 3)}k"
 
 
+def figure_cell(r: dict[str, Any], key: str, fmt: str) -> str:
+    """A figure only some searches have (days with a token budget, dollars with prices)."""
+    v = r.get(key)
+    return format(v, fmt) if isinstance(v, float) and math.isfinite(v) else "-"
+
+
 # (key, wide header, narrow header, right-aligned, cell)
 Cell = tuple[str, str, str, bool, Any]
 COLUMNS: list[Cell] = [
+    ("cluster", "gpu type", "type", False, lambda s, w: str(s.row.get("cluster", ""))),
     ("num_gpus", "gpus", "gpus", True, lambda s, w: str(s.row["num_gpus"])),
     ("rank", "#", "#", True, lambda s, w: str(s.rank)),
     ("dp", "dp", "dp", True, lambda s, w: str(s.row["dp"])),
@@ -136,12 +143,14 @@ COLUMNS: list[Cell] = [
     ("dominant", "dominant", "biggest", False,
      lambda s, w: s.row["dominant"] if w else DOMINANT_SHORT.get(s.row["dominant"],
                                                                   s.row["dominant"])),
+    ("days", "days", "days", True, lambda s, w: figure_cell(s.row, "days", ".1f")),
     ("gpu_hours", "GPU-h", "GPU-h", True, lambda s, w: f"{s.row['gpu_hours']:,.0f}"),
+    ("usd", "USD", "USD", True, lambda s, w: figure_cell(s.row, "usd", ",.0f")),
 ]
-HOISTABLE = ("num_gpus", "sp", "schedule", "zero", "offload", "recompute", "mbs", "precision",
+HOISTABLE = ("cluster", "num_gpus", "sp", "schedule", "zero", "offload", "recompute", "mbs", "precision",
              "attention", "cp", "dominant")
 """Columns that move to the "all rows" line when every shown row has the same cell."""
-SHARED_NAMES = {"num_gpus": "GPUs", "sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
+SHARED_NAMES = {"cluster": "GPU type", "num_gpus": "GPUs", "sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
                 "dominant": "biggest cost"}
 DROP_ORDER = ("dominant", "attention", "precision", "mfu")
 """Narrow layout: columns left out, in this order, while the table is wider than the terminal."""
@@ -166,6 +175,10 @@ def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
     """(columns to show, "header value" pairs every row shares, columns left out);
     `one_count`: the search had one GPU count, which the header line names already."""
     cols = [c for c in COLUMNS if c[0] != "gpu_hours" or "cost" in objectives]
+    # days with a token budget, dollars where the profiles have prices (cost across types)
+    cols = [c for c in cols if c[0] not in ("days", "usd") or all(
+        isinstance(s.row.get(c[0]), float) and math.isfinite(s.row[c[0]]) for s in shown)]
+    cols = [c for c in cols if c[0] != "usd" or "cost" in objectives]
     multi = len({s.row["num_gpus"] for s in shown}) > 1
     if wide:
         cols = [c for c in cols if (c[0] != "num_gpus" or multi)

@@ -56,6 +56,8 @@ class Scored:
     """Candidates by reason: REASON_KEYS plus "feasible"."""
     runtime: str = ""
     """The runtime-traits preset the estimates priced."""
+    clusters: tuple[str, ...] = ()
+    """Profile names the `cluster` column indexes (every search names its profile per row)."""
 
     @property
     def n(self) -> int:

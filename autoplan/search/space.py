@@ -11,7 +11,7 @@ its global batch sizes. Validity rules and scoring are left to `autoplan.search.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -200,6 +200,9 @@ class Enumeration:
     """Candidates whose tp*pp*cp does not fill the GPU count (or gives a dp not allowed)."""
     total: int
     """Every candidate of the space, rejected ones included."""
+    precounted: dict[str, int] = field(default_factory=dict)
+    """Candidates counted by the rule they break without being listed (layouts whose dp does
+    not divide the global batch: batch-divides, or an earlier rule on their layout alone)."""
 
 
 def layouts(space: SearchSpace, gpu_counts: tuple[int, ...]) -> tuple[np.ndarray, int]:
@@ -311,6 +314,50 @@ def _rest_size(space: SearchSpace, model: ModelSpec | None = None) -> int:
     return math.prod(len(v) for _, v in _rest_axes(space, model))
 
 
+def _materialize(joint: dict[str, np.ndarray], axes: list[tuple[str, np.ndarray]],
+                 idx: np.ndarray, space: SearchSpace, model: ModelSpec) -> dict[str, np.ndarray]:
+    """Rows `idx` of joint x axes (mixed radix, the last axis fastest) as typed columns."""
+    rest = math.prod(len(v) for _, v in axes)
+    joint_idx, rem = np.divmod(idx, rest)
+    t: dict[str, np.ndarray] = {}
+    for name, values in reversed(axes):  # last axis varies fastest
+        rem, k = np.divmod(rem, len(values))
+        t[name] = values[k]
+    for name, values in joint.items():
+        t[name] = values[joint_idx]
+    rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 2)
+    pair = t.pop("rc_pair")
+    t["recompute"], t["recompute_layers"] = rc[pair, 0], rc[pair, 1]
+    mem = memory_triples(space)[t.pop("memory")]
+    t["zero_stage"], t["offload_optimizer"], t["offload_params"] = mem.T
+    ex = np.array(expert_pairs(space, model), dtype=np.int64).reshape(-1, 2)
+    pair = t.pop("expert")
+    t["ep"], t["etp"] = ex[pair, 0], ex[pair, 1]
+    dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS}
+    return {k: np.ascontiguousarray(t[k], dtype=dtypes[k]) for k in dtypes}
+
+
+def _precount(joint: dict[str, np.ndarray], axes: list[tuple[str, np.ndarray]],
+              space: SearchSpace, model: ModelSpec) -> dict[str, int]:
+    """Rule counts of layouts whose dp does not divide the global batch, without listing their
+    candidates: every one breaks batch-divides (gbs % (dp * mbs) != 0 for any mbs) unless a
+    rule checked before it, which sees only the layout and pipeline shape (tp divides heads
+    and ffn, pp * vpp divides the layers), fails first. One row per shape is judged."""
+    from autoplan.plan_rules import RULE_KEYS
+    from autoplan.search.scoring import first_rule
+
+    n = len(joint["dp"])
+    if n == 0:
+        return {}
+    one = [(name, values[:1]) for name, values in axes]
+    table = _materialize(joint, one, np.arange(n, dtype=np.int64), space, model)
+    rule = first_rule(table, model)
+    batch = RULE_KEYS.index("batch-divides")
+    assert rule.max() <= batch and rule.min() >= 0, "a layout-only rule set changed order"
+    rest = math.prod(len(v) for _, v in axes)
+    return {RULE_KEYS[r]: int((rule == r).sum()) * rest for r in np.unique(rule)}
+
+
 def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
                     global_batch_size: int | tuple[int, int], limit: int | None = None,
                     sample: int | None = None) -> Enumeration:
@@ -320,12 +367,18 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int,
     batch = (global_batch_size, global_batch_size) if isinstance(global_batch_size, int) \
         else global_batch_size
     lay, _ = layouts(space, gpu_counts)
-    joint = _joint(lay, space, model, batch)
-    rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 2)
     axes = _rest_axes(space, model)
     rest = math.prod(len(v) for _, v in axes)
+    precounted: dict[str, int] = {}
+    if batch[0] == batch[1] and sample is None:
+        bad = batch[0] % lay[1] != 0
+        if bad.any():
+            precounted = _precount(_joint(lay[:, bad], space, model, batch), axes, space, model)
+            lay = lay[:, ~bad]
+    joint = _joint(lay, space, model, batch)
     rows = len(joint["dp"]) * rest
-    total = rows + _misfit_candidates(space, model, gpu_counts, batch) * rest
+    total = rows + sum(precounted.values()) \
+        + _misfit_candidates(space, model, gpu_counts, batch) * rest
     if sample is None:
         check_rows(rows, limit)
         idx = np.arange(rows, dtype=np.int64)
@@ -334,20 +387,6 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int,
         rows = sample
     else:
         idx = np.arange(rows, dtype=np.int64)
-    joint_idx, rem = np.divmod(idx, rest)
-    t: dict[str, np.ndarray] = {}
-    for name, values in reversed(axes):  # last axis varies fastest
-        rem, k = np.divmod(rem, len(values))
-        t[name] = values[k]
-    for name, values in joint.items():
-        t[name] = values[joint_idx]
-    pair = t.pop("rc_pair")
-    t["recompute"], t["recompute_layers"] = rc[pair, 0], rc[pair, 1]
-    mem = memory_triples(space)[t.pop("memory")]
-    t["zero_stage"], t["offload_optimizer"], t["offload_params"] = mem.T
-    ex = np.array(expert_pairs(space, model), dtype=np.int64).reshape(-1, 2)
-    pair = t.pop("expert")
-    t["ep"], t["etp"] = ex[pair, 0], ex[pair, 1]
-    dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS}
-    table = {k: np.ascontiguousarray(t[k], dtype=dtypes[k]) for k in dtypes}
-    return Enumeration(table, total - len(joint["dp"]) * rest, total)
+    table = _materialize(joint, axes, idx, space, model)
+    misfit = total - len(joint["dp"]) * rest - sum(precounted.values())
+    return Enumeration(table, misfit, total, precounted)

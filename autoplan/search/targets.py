@@ -23,8 +23,9 @@ GIB = 2**30
 @dataclass(frozen=True)
 class Targets:
     objectives: tuple[str, ...] = ("throughput",)
-    """throughput (max tokens/s) | latency (min step time) | cost (min GPU-hours) | gpus (the
-    smallest GPU count, e.g. with --min-tokens-per-s and --num-gpus A..B)."""
+    """throughput (max tokens/s) | latency (min step time) | cost (min US dollars where every
+    profile has a price_per_gpu_hour, else GPU-hours) | gpus (the smallest GPU count, e.g.
+    with --min-tokens-per-s and --num-gpus A..B)."""
     max_step_time_s: float | None = None
     min_tokens_per_s: float | None = None
     deadline_days: float | None = None
@@ -75,8 +76,18 @@ def objective_matrix(cols: Mapping[str, np.ndarray], targets: Targets) -> np.nda
         elif o == "gpus":
             out.append(np.asarray(cols["num_gpus"], float))
         else:
-            out.append(gpu_hours(cols["tokens_per_s"], cols["num_gpus"], targets.cost_tokens))
+            out.append(cost_of(cols, targets))
     return np.stack(out, axis=1)
+
+
+def cost_of(cols: Mapping[str, np.ndarray], targets: Targets) -> np.ndarray:
+    """The cost objective: US dollars (GPU-hours times the profile's price per GPU-hour) when
+    every row's profile has a price, else GPU-hours."""
+    hours = gpu_hours(cols["tokens_per_s"], cols["num_gpus"], targets.cost_tokens)
+    price = cols.get("price_per_gpu_hour")
+    if price is not None and len(price) and np.isfinite(price).all():
+        return hours * np.asarray(price, float)
+    return hours
 
 
 def display_value(objective: str, value: float) -> float:
