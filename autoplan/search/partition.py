@@ -82,21 +82,20 @@ def balanced_layers(model: ModelSpec, stages: int) -> tuple[int, ...] | None:
 
 
 def ends_lighter_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
-    """Blocks per stage with the first and the last stage one block lighter than the rest (they
-    also hold the embedding and the loss: Megatron-Core's account-for-embedding/loss-in-
-    pipeline-split): split num_layers + 2 evenly, the remainder on the middle stages, then take
-    one block from each end. None with fewer than three stages or an empty end stage."""
+    """Blocks per stage with the first and the last stage one block lighter than the middle
+    ones (they also hold the embedding and the loss: Megatron-Core's account-for-embedding/
+    loss-in-pipeline-split): ends m - 1, middles m, the remainder r < stages - 2 as one more
+    block on r middle stages spread evenly. None with fewer than three stages, or when no m
+    fits (an empty end, or a remainder too large)."""
     if stages < 3:
         return None
-    base, extra = divmod(num_layers + 2, stages)
-    sizes = [base] * stages
-    middle = list(range(1, stages - 1))
-    for k in range(extra):  # spread the remainder over the middle stages
-        sizes[middle[(k * len(middle)) // extra]] += 1
-    sizes[0] -= 1
-    sizes[-1] -= 1
-    if min(sizes) < 1 or sum(sizes) != num_layers:
+    m = (num_layers + 2) // stages
+    r = num_layers - (stages * m - 2)
+    if m < 2 or not 0 <= r < stages - 2:
         return None
+    sizes = [m - 1] + [m] * (stages - 2) + [m - 1]
+    for k in range(r):  # spread the remainder over the middle stages
+        sizes[1 + (k * (stages - 2)) // r] += 1
     return tuple(sizes)
 
 
