@@ -1,6 +1,6 @@
 """MOE PARITY: tiny-moe under expert parallelism matches one process (fp32 losses, gradients,
 parameters within 1e-5), alone and with TP (experts folded over tp), PP, ZeRO-3 and
-recompute; planted expert-parallel bugs fail the same check.
+recompute (and, in the slow tier, CP, offload, other schedules, 8 ranks); planted expert-parallel bugs fail the same check.
 
 The rows run the token-index router (a fixed assignment by position, uneven across experts),
 so no near-tie of router scores can send a token elsewhere under another layout; one row runs
@@ -50,6 +50,10 @@ SLOW_ROWS = {
     "ep4-dp4pp2-gpipe-zero3": C(ep=4, dp=4, pp=2, zero=3, schedule="gpipe", mbs=1),
     "ep2-dp2pp2-interleaved": C(ep=2, dp=2, pp=2, schedule="interleaved-1f1b", vpp=2,
                                 mbs=1),
+    # ep folded over context-parallel ranks; ZeRO-3 with parameters offloaded to the host
+    "ep2-cp2": C(ep=2, cp=2),
+    "ep4-dp2cp2-zero3": C(ep=4, dp=2, cp=2, zero=3, mbs=1),
+    "ep2-dp2-zero3-offload": C(ep=2, dp=2, zero=3, offload=True),
 }
 
 
