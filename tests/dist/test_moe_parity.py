@@ -1,6 +1,7 @@
 """MOE PARITY: tiny-moe under expert parallelism matches one process (fp32 losses, gradients,
 parameters within 1e-5), alone and with TP (experts folded over tp), PP, ZeRO-3 and
-recompute (and, in the slow tier, CP, offload, other schedules, 8 ranks); planted expert-parallel bugs fail the same check.
+recompute (the slow tier adds CP, offload, other schedules, 8 ranks); planted
+expert-parallel bugs fail the same check.
 
 The rows run the token-index router (a fixed assignment by position, uneven across experts),
 so no near-tie of router scores can send a token elsewhere under another layout; one row runs
