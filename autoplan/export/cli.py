@@ -125,10 +125,13 @@ def run_export(args: argparse.Namespace) -> int:
     )
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
     names = list(files)
-    try:
-        sys.stderr.write(price_for_target(plan, model, args.to) + "\n")
-    except ConfigError as err:  # a profile of another machine: the export stands on its own
-        log.info("not priced: %s", err)
+
+    def done() -> int:  # after every file is written: a failed export prints only its error
+        try:
+            sys.stderr.write(price_for_target(plan, model, args.to) + "\n")
+        except ConfigError as err:  # a profile of another machine: the export stands alone
+            log.info("not priced: %s", err)
+        return 0
     if args.format in ("json", "yaml"):
         data = {"target": args.to, "files": files}
         text = json.dumps(data, indent=2) + "\n" if args.format == "json" else dump_yaml(data)
@@ -136,19 +139,19 @@ def run_export(args: argparse.Namespace) -> int:
             fsutil.write_text(args.out, text, force=args.force, field="--out")
         else:
             sys.stdout.write(text)
-        return 0
+        return done()
     if not args.out:
         sys.stdout.write(files[names[0]])
         for name in names[1:]:  # e.g. the deepspeed launch command: a hint, not the output
             sys.stderr.write(f"# {name}\n{files[name]}")
-        return 0
+        return done()
     paths = _out_paths(Path(args.out), names)
     for path in paths:  # check all first, so a refusal writes nothing
         fsutil.check_file_target(path, force=args.force, field="--out")
     for path, name in zip(paths, names, strict=True):
         fsutil.write_text(path, files[name], force=args.force, field="--out")
         sys.stderr.write(f"wrote {path}\n")
-    return 0
+    return done()
 
 
 def run_import(args: argparse.Namespace) -> int:
