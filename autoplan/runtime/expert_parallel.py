@@ -14,9 +14,10 @@ initialize_model_parallel, with ETP = 1): per pipeline stage the dp*cp*tp ranks 
 - FSDP2 shards the expert weights over the expert-DP group (a mesh without ep), the rest of
   the block over dp as before. Gradients are averaged over dp*cp for all parameters: an
   expert's gradient already sums the contributions of its ep group's tokens (each token once),
-  so the expert-DP reduction divides by dp*cp, not edp (torchtitan's `set_gradient_divide_factor` on experts,
-  torchtitan/models/llama4/infra/parallelize.py; Megatron-Core scales expert gradients by
-  1/dp as well).
+  so the expert-DP reduction divides by dp*cp, not edp: FSDP2's default average over its own
+  group would leave them ep times too large (the planted bug ep-expert-grads-over-edp;
+  torchtitan avoids the question by summing, set_gradient_divide_factor(1.0), and dividing
+  the loss by the global token count).
 Dispatch (as torchtitan/distributed/expert_parallel.py): exchange per-expert counts with
 `torch.distributed.all_to_all_single`, then the rows with it inside an autograd.Function whose
 backward is the reverse all-to-all (what `_functional_collectives.all_to_all_single_autograd`

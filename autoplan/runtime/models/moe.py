@@ -138,7 +138,8 @@ class MoE(nn.Module):
         else:
             chosen = top_k_stable(logits.detach(), self.top_k)
         picked = logits.gather(-1, chosen)  # softmax in at least fp32, as Mixtral's
-        gates = torch.softmax(picked, dim=-1, dtype=torch.promote_types(picked.dtype, torch.float32))
+        wide = torch.promote_types(picked.dtype, torch.float32)
+        gates = torch.softmax(picked, dim=-1, dtype=wide)
         return gates.to(tokens.dtype), chosen
 
     def routed_outputs(self, tokens: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
