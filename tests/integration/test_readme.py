@@ -232,10 +232,12 @@ def test_every_readme_command_has_a_check_and_a_size() -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.timeout(1800)  # ~20 commands, 3 of them real training; minutes on 2 cores
 def test_readme_commands_run_in_order(tmp_path: Path) -> None:
     run_readme(tmp_path, include_slow=False)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(7200)
 def test_readme_commands_run_in_order_with_the_closed_loop(tmp_path: Path) -> None:
     run_readme(tmp_path, include_slow=True)
