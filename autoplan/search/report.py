@@ -17,7 +17,7 @@ import numpy as np
 from autoplan.errors import ConfigError
 from autoplan.search.engine import SearchResult
 from autoplan.search.output import top_rows
-from autoplan.search.render import COLUMNS, Shown, collapse, legend, zero_cell
+from autoplan.search.render import COLUMNS, HOISTABLE, Shown, collapse, legend, zero_cell
 from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
@@ -97,13 +97,24 @@ def inputs_html(result: SearchResult) -> str:
 
 
 def ranked_html(result: SearchResult, shown: list[Shown]) -> str:
+    """Every column in full, except those all rows share: those are named once above it."""
     objectives = list(result.request.targets.objectives)
-    cols = [c for c in COLUMNS if (c[0] != "gpu_hours" or "cost" in objectives)
-            and (c[0] != "num_gpus" or len(result.request.gpu_counts) > 1)]
+    cols, shared = [], []
+    for c in COLUMNS:
+        if (c[0] == "gpu_hours" and "cost" not in objectives) or (
+                c[0] == "num_gpus" and len(result.request.gpu_counts) == 1):
+            continue
+        values = {c[4](s, True) for s in shown}
+        if len(values) == 1 and (c[0] in HOISTABLE or values == {"-"}):
+            if values != {"-"} or c[0] in HOISTABLE:
+                shared.append(f"{c[1]} {values.pop()}")
+            continue
+        cols.append(c)
     rows = [[c[4](s, True) for c in cols] for s in shown]
     left = {j for j, c in enumerate(cols) if not c[3]}
-    return (table_html([c[1] for c in cols], rows, left, best=0)
-            + f"<p class=note>{esc(legend(shown, wide=True))}</p>")
+    note = f"<p>Every plan below: {esc(', '.join(shared))}.</p>" if shared else ""
+    return (note + table_html([c[1] for c in cols], rows, left, best=0)
+            + f"<p class=note>{esc(legend(shown, wide=True, headers={c[1] for c in cols}))}</p>")
 
 
 def rejected_html(result: SearchResult) -> str:
