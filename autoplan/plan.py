@@ -21,6 +21,7 @@ from autoplan.yaml_io import (
     read_yaml,
     safe_load_text,
     save_yaml,
+    show,
     to_dict,
 )
 
@@ -59,9 +60,9 @@ MAX_INT = 2**40
 def _check_int(field_name: str, value: int, low: int, high: int | None = None) -> None:
     if value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
-        raise ConfigError(field_name, f"got {value!r}", f"expected an integer {bound}")
+        raise ConfigError(field_name, f"got {show(value)}", f"expected an integer {bound}")
     if value > MAX_INT:
-        raise ConfigError(field_name, f"got {value!r}", f"expected an integer up to {MAX_INT}")
+        raise ConfigError(field_name, f"got {show(value)}", f"expected an integer up to {MAX_INT}")
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class Plan:
 
 def plan_from_dict(data: Any, where: str = "plan") -> Plan:
     if not isinstance(data, dict):
-        raise ConfigError(where, f"got {data!r}", "expected a mapping of plan fields")
+        raise ConfigError(where, f"got {show(data)}", "expected a mapping of plan fields")
     data = check_schema_version(data, "")
     if isinstance(data.get("model"), dict):
         data["model"] = load_model(data["model"])
@@ -237,18 +238,18 @@ def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> Path:
 def set_field(data: dict[str, Any], assignment: str) -> None:
     """Apply one `--set a.b.c=value` to a plan mapping; the value is parsed as YAML."""
     if "=" not in assignment:
-        raise ConfigError("--set", f"got {assignment!r}", "write key=value, e.g. parallel.tp=4")
+        raise ConfigError("--set", f"got {show(assignment)}", "write key=value, e.g. parallel.tp=4")
     key, _, raw = assignment.partition("=")
     value = safe_load_text(raw, f"--set {key}", invalid_as_text=True) if raw else None
     parts = key.strip().split(".")
     if not all(parts):
-        raise ConfigError("--set", f"got {assignment!r}", "write key=value, e.g. parallel.tp=4")
+        raise ConfigError("--set", f"got {show(assignment)}", "write key=value, e.g. parallel.tp=4")
     node = data
     for part in parts[:-1]:
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError("--set", f"{key!r}: {part!r} is not a section", "check the key")
+            raise ConfigError("--set", f"{show(key)}: {show(part)} is not a section", "check the key")
         node = child
     node[parts[-1]] = value

@@ -11,7 +11,7 @@ from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict, set_field
-from autoplan.yaml_io import read_yaml
+from autoplan.yaml_io import read_yaml, show
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -52,14 +52,14 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     if args.plan:
         raw = read_yaml(args.plan, "--plan")
         if not isinstance(raw, dict):
-            raise ConfigError("--plan", f"{args.plan!r} is not a mapping of plan fields")
+            raise ConfigError("--plan", f"{show(args.plan)} is not a mapping of plan fields")
         data = raw
     else:
         if args.num_gpus is None:
             raise ConfigError("--num-gpus", "missing", "give --num-gpus or --plan")
         data = {"parallel": {"dp": args.num_gpus}}
     if "cluster" in data and not isinstance(data["cluster"], dict):
-        raise ConfigError("cluster", f"got {data['cluster']!r}",
+        raise ConfigError("cluster", f"got {show(data['cluster'])}",
                           "expected a mapping: {profile: NAME, num_gpus: N}")
     cluster_ref = dict(data.get("cluster") or {})
     if args.cluster:
@@ -90,7 +90,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
             data["batch"]["global_batch_size"] = mbs * dp
     for section in ("cluster", "batch"):
         if not isinstance(data.get(section), dict):
-            raise ConfigError(section, f"got {data.get(section)!r}", "expected a mapping")
+            raise ConfigError(section, f"got {show(data.get(section))}", "expected a mapping")
     if "model" not in data:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
     if "profile" not in data["cluster"]:
