@@ -1,0 +1,146 @@
+"""GPU type as a search dimension, prices, and the device's own precision (issue #12 items 2, 3):
+a three-type search names the cheapest cluster of each type and overall in one run, every
+output names the profile of each plan, and V100 searches run in fp16."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from autoplan.commands import build_parser, main
+from autoplan.errors import ConfigError
+from autoplan.hardware import load_profile, profile_from_dict
+from autoplan.plan import Precision, load_plan
+from autoplan.search.cli import best_by_cluster, build_request
+from autoplan.search.engine import run_search
+
+TYPES = "a100-sxm4-80gb,h100-sxm-80gb,h200-sxm-141gb"
+JOB = ["search", "--model", "gpt3-13b", "--num-gpus", "32", "--global-batch-size", "1024",
+       "--objective", "cost", "--deadline-days", "30", "--train-tokens", "300e9"]
+
+
+def run(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_three_types_print_the_cheapest_of_each_and_overall(capsys) -> None:
+    job = [*JOB, "--num-gpus", "32,64"]  # A100s need 64 for the deadline, H100s 32
+    code, text, err = run(job + ["--cluster", TYPES, "--format", "table"], capsys)
+    assert code == 0, err
+    lines = text[text.index("best per GPU type"):].replace("\n", " ")
+    res = run_search(build_request(build_parser().parse_args(job + ["--cluster", TYPES])))
+    rows = {r["which"]: r for r in best_by_cluster(res)}
+    assert set(rows) == {*TYPES.split(","), "overall"}
+    c = res.scored.cols
+    for k, name in enumerate(TYPES.split(",")):
+        r = rows[name]
+        assert r["feasible"] and r["days"] <= 30 and r["cluster"] == name
+        assert f"{name}: {r['num_gpus']} GPUs" in lines and f"${r['usd']:,.0f}" in lines
+        assert r["usd"] == pytest.approx(r["gpu_hours"] * load_profile(name).price_per_gpu_hour)
+        mine = res.scored.feasible & (c["cluster"] == k)  # no cheaper plan of that type
+        usd = c["num_gpus"][mine] * 300e9 / c["tokens_per_s"][mine] / 3600 \
+            * load_profile(name).price_per_gpu_hour
+        assert r["usd"] == pytest.approx(usd.min(), rel=1e-12)
+    cheapest = min((rows[n] for n in TYPES.split(",")), key=lambda r: r["usd"])
+    assert rows["overall"]["cluster"] == cheapest["cluster"]
+    assert rows["overall"]["usd"] == cheapest["usd"]
+    assert f"overall: {cheapest['num_gpus']} GPUs of {cheapest['cluster']}" in lines
+
+
+SMALL = {"schema_version": 1, "name": "types-small", "parallel": {"tp": [1, 2], "pp": [1, 2]},
+         "zero_stage": [1], "micro_batch_size": [1, 2], "precision": "auto"}
+
+
+def test_every_output_names_the_profile_of_each_plan(tmp_path: Path, capsys) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SMALL), encoding="utf-8")
+    out = tmp_path / "out"
+    code, text, err = run(JOB + ["--cluster", TYPES, "--space", str(space), "--out", str(out),
+                                 "--format", "table", "--wide"], capsys)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    overall = summary["by_cluster"][-1]
+    plan = load_plan(out / "plan.yaml")
+    assert (plan.cluster.profile, plan.cluster.num_gpus) == (overall["cluster"],
+                                                            overall["num_gpus"])
+    top = yaml.safe_load((out / "top.yaml").read_text())["plans"]
+    assert [p["cluster"]["profile"] for p in top] == [r["cluster"] for r in summary["top"]]
+    with gzip.open(out / "trials.csv.gz", "rt") as fh:
+        header = fh.readline().strip().split(",")
+        clusters = {line.rstrip("\n").split(",")[header.index("cluster")] for line in fh}
+    assert clusters == set(TYPES.split(","))
+    table = text[:text.index("best per GPU type")]
+    assert "gpu type" in table and all(r["cluster"] in table for r in summary["top"])
+
+
+def test_price_override_changes_the_cheapest_type() -> None:
+    job = JOB[:JOB.index("--deadline-days")] + ["--train-tokens", "300e9", "--num-gpus", "32"]
+    base = run_search(build_request(build_parser().parse_args(
+        job + ["--cluster", "a100-sxm4-80gb,h100-sxm-80gb"])))
+    first = base.scored.clusters[int(base.scored.cols["cluster"][base.best])]
+    other = "a100-sxm4-80gb" if first == "h100-sxm-80gb" else "h100-sxm-80gb"
+    cheap = run_search(build_request(build_parser().parse_args(
+        job + ["--cluster", "a100-sxm4-80gb,h100-sxm-80gb", "--price", f"{other}=0.01"])))
+    assert cheap.scored.clusters[int(cheap.scored.cols["cluster"][cheap.best])] == other
+
+
+@pytest.mark.parametrize("price,word", [("h100-sxm-80gb", "NAME=USD"),
+                                        ("h100-sxm-80gb=-1", "NAME=USD"),
+                                        ("v100-sxm2-32gb=1", "not in --cluster")])
+def test_bad_prices_are_one_line(price: str, word: str, capsys) -> None:
+    code, _, err = run(JOB + ["--cluster", "a100-sxm4-80gb,h100-sxm-80gb", "--price", price],
+                       capsys)
+    assert code == 2 and "--price" in err and word in err and len(err.strip().splitlines()) == 1
+
+
+def test_cost_across_types_needs_every_price(capsys) -> None:
+    code, _, err = run(JOB + ["--cluster", "a100-sxm4-80gb,a100-sxm4-40gb"], capsys)
+    assert code == 2 and "a100-sxm4-40gb has no price_per_gpu_hour" in err
+
+
+def test_a_profile_price_is_checked() -> None:
+    data = yaml.safe_load((Path(__file__).parents[2] / "profiles" / "h100-sxm-80gb.yaml")
+                          .read_text())
+    with pytest.raises(ConfigError, match="price_per_gpu_hour"):
+        profile_from_dict({**data, "price_per_gpu_hour": -3})
+
+
+V100 = ["search", "--model", "gpt3-13b", "--cluster", "v100-sxm2-32gb", "--num-gpus", "1",
+        "--global-batch-size", "32"]
+
+
+@pytest.mark.parametrize("runtime", [[], ["--runtime", "deepspeed"]])
+def test_v100_default_space_runs_fp16_and_deepspeed_finds_zero_offload(runtime: list[str]
+                                                                       ) -> None:
+    res = run_search(build_request(build_parser().parse_args(V100 + runtime)))
+    assert res.request.space.precision == (Precision.FP16,)  # auto: no bf16 on V100
+    assert res.best is not None
+    c = res.scored.cols
+    zero_offload = res.scored.feasible & (c["zero_stage"] == 2) & c["offload_optimizer"] \
+        & ~c["offload_params"]
+    if runtime:  # ZeRO-Offload (Ren et al. 2021): 13B on one V100 with DeepSpeed
+        assert zero_offload.any()
+    else:  # autoplan's runtime keeps FSDP2's fp32 shards on the device (runtime/offload.py)
+        assert not zero_offload.any()
+        assert c["offload_params"][res.best] and c["zero_stage"][res.best] == 3
+    assert np.isfinite(c["tokens_per_s"][res.best])
+
+
+def test_auto_precision_per_device() -> None:
+    from autoplan.search_space import load_space
+
+    space = load_space("default")
+    assert space.precision == ()
+    pick = {name: space.for_device(load_profile(name).device.peak_flops_per_s,
+                                   load_profile(name).host.compute_slots is not None).precision
+            for name in ("v100-sxm2-32gb", "a100-sxm4-80gb", "h100-sxm-80gb", "cpu-gloo")}
+    assert pick == {"v100-sxm2-32gb": (Precision.FP16,), "a100-sxm4-80gb": (Precision.BF16,),
+                    "h100-sxm-80gb": (Precision.BF16,), "cpu-gloo": (Precision.FP32,)}
