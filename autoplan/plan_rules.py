@@ -314,13 +314,6 @@ RUNTIME_RULES: tuple[Rule, ...] = (
         "remove model.mla (grouped-query attention)",
     ),
     Rule(
-        "runtime-ep-selective",
-        lambda t, m: (expert_col(t, "ep") > 1) & (col(t, "recompute") == RC_SELECTIVE),
-        lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])} with recompute.policy="
-        "selective: the experts' FSDP hooks inside a selectively recomputed block run other "
-        "ops on recompute (torch 2.13); use recompute full or none",
-    ),
-    Rule(
         "runtime-ep-tp-tokens",
         lambda t, m: (expert_col(t, "ep") > 1) & (col(t, "tp") > 1)
         & ~_moe_tokens_split_over_tp(t, m),

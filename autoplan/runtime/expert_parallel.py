@@ -101,6 +101,7 @@ def apply_ep(model: nn.Module, ep_mesh, tp_mesh=None) -> None:
     split the tokens between them."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
+    _sac_ignores_profiler_ops()
     dispatch = AllToAllDispatch(ep_mesh)
     for moe in moe_blocks(model):
         assert moe.num_experts % ep_mesh.size() == 0, (moe.num_experts, ep_mesh.size())
@@ -111,6 +112,19 @@ def apply_ep(model: nn.Module, ep_mesh, tp_mesh=None) -> None:
                         name, nn.Parameter(distribute_tensor(p, ep_mesh, [Shard(0)])))
         moe.dispatch = dispatch
         moe.tp_mesh = tp_mesh
+
+
+def _sac_ignores_profiler_ops() -> None:
+    """Selective recompute (torch.utils.checkpoint's SAC) counts every op of a block and
+    expects the same ops again on recompute; the experts' FSDP2 hooks inside the block open
+    more `record_function` ranges on recompute than in forward, which SAC refused ("invocation
+    index 2 ... not found in storage", torch 2.13). Profiler ranges carry no tensors, so SAC
+    may pass them through like its other ignored ops (checked by the EP parity rows with
+    selective recompute). Process-wide; done only when expert parallelism is used."""
+    import torch.utils.checkpoint as checkpoint
+
+    checkpoint.SAC_IGNORED_OPS |= {torch.ops.profiler._record_function_enter_new.default,
+                                   torch.ops.profiler._record_function_exit._RecordFunction}
 
 
 def moe_tp_plan(plan: dict[str, object], sequence_parallel: bool) -> dict[str, object]:

@@ -33,10 +33,10 @@ ROWS = {
     "ep2-dp2-learned-adamw": C(ep=2, dp=2, router="learned", optim="adamw"),
     # 4 ranks: ZeRO-3 with expert-DP 1 (ep = dp) and ZeRO-1 with expert-DP 2
     "ep4-dp4-zero3": C(ep=4, dp=4, zero=3, mbs=1),
-    "ep2-dp4-zero1-full": C(ep=2, dp=4, zero=1, mbs=1, recompute="full"),
+    "ep2-dp4-zero1-selective": C(ep=2, dp=4, zero=1, mbs=1, recompute="selective"),
     # EP inside dp next to TP+SP; EP folded over the tp ranks (ep 4 on dp 2 x tp 2)
     "ep2-dp2tp2-sp": C(ep=2, dp=2, tp=2, sp=True),
-    "ep4-dp2tp2": C(ep=4, dp=2, tp=2),
+    "ep4-dp2tp2-full": C(ep=4, dp=2, tp=2, recompute="full"),
     # the layout kinds of `autoplan search --model mixtral-8x7b ... --num-gpus 64`'s winner
     # (dp 32, pp 2, ep 8, ZeRO-1, zero-bubble V with vpp 2)
     "ep2-dp2pp2-zbv-zero1": C(ep=2, dp=2, pp=2, zero=1, schedule="zero-bubble", vpp=2, mbs=1),
@@ -45,6 +45,8 @@ SLOW_ROWS = {
     "ep2-dp2pp2-1f1b": C(ep=2, dp=2, pp=2),
     "ep2-dp2-sgd": C(ep=2, dp=2),
     "ep2-dp2-zero2-full": C(ep=2, dp=2, zero=2, recompute="full"),
+    "ep2-dp2tp2-sp-zero3-selective": C(ep=2, dp=2, tp=2, sp=True, zero=3,
+                                       recompute="selective"),
     "ep2-dp4-zero3": C(ep=2, dp=4, zero=3, mbs=1),
     "ep2-dp2tp2-zero3-sp-full": C(ep=2, dp=2, tp=2, zero=3, sp=True, recompute="full"),
     "ep8-dp4tp2-sp": C(ep=8, dp=4, tp=2, sp=True, mbs=1),

@@ -22,7 +22,8 @@ def _plan(ep=1, etp=1, **kw):
 
 def test_a_runnable_ep_plan_passes():
     spec = load_model("tiny-moe")
-    for plan in (_plan(ep=2, dp=2), _plan(ep=4, dp=2, tp=2, sp=True), _plan(ep=8, dp=8, mbs=1)):
+    for plan in (_plan(ep=2, dp=2), _plan(ep=4, dp=2, tp=2, sp=True), _plan(ep=8, dp=8, mbs=1),
+                 _plan(ep=2, dp=2, recompute="selective")):
         check_plan(plan, spec, plan.world_size)
 
 
@@ -33,8 +34,6 @@ def test_a_runnable_ep_plan_passes():
     ("runtime-moe-aux-free", _plan(ep=2, dp=2), MoESpec(8, 2, 128, router_aux_free=True),
      "router_aux_free"),
     ("runtime-ep-tp-tokens", _plan(ep=2, dp=1, tp=2, mbs=1, gbs=2), None, "divisible by tp"),
-    ("runtime-ep-selective", _plan(ep=2, dp=2, recompute="selective"), None,
-     "recompute.policy=selective"),
 ])
 def test_runtime_refuses_what_it_cannot_run_in_one_line(key, plan, spec, words):
     spec = load_model("tiny-moe") if spec is None else load_model("tiny-moe").replace(moe=spec)
@@ -51,7 +50,7 @@ def test_runtime_refuses_what_it_cannot_run_in_one_line(key, plan, spec, words):
 def test_every_runtime_rule_is_tested():
     assert set(RUNTIME_RULE_KEYS) == {"runtime-etp", "runtime-moe-capacity",
                                       "runtime-moe-aux-free", "runtime-mla",
-                                      "runtime-ep-selective", "runtime-ep-tp-tokens"}
+                                      "runtime-ep-tp-tokens"}
 
 
 def test_latent_attention_is_refused():
