@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from autoplan.errors import ConfigError
+from autoplan.yaml_io import show
 
 
 def umask() -> int:
@@ -92,7 +93,12 @@ def check_file_target(path: str | os.PathLike[str], *, force: bool, field: str =
     """Refuse a file target that is a directory, that exists (without force), or that cannot be
     written; call it before any work so a refusal costs nothing."""
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir = p.is_dir()
+    except OSError as err:  # a name longer than the file system takes (ENAMETOOLONG), ...
+        raise ConfigError(field, f"cannot use {show(str(p))} ({err.strerror})",
+                          "choose a shorter or valid path") from None
+    if is_dir:
         raise ConfigError(field, f"{str(p)!r} is a directory", "give a file path")
     if (p.exists() or p.is_symlink()) and not force:
         raise ConfigError(field, f"{str(p)!r} already exists",

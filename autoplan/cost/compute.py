@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.hardware import ClusterProfile
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import ModelSpec, NormKind, PositionKind
 
 ELEMENTWISE_PASSES = 3.3
 """HBM bytes moved by norms, activation functions, bias/dropout/residual kernels per byte of
@@ -57,12 +57,13 @@ FLASH_BACKWARD = 2.5
 
 def block_ops(model: ModelSpec, eager: bool = False) -> tuple[int, int, int]:
     """(forward, backward, forward GEMM) aten op counts of one block of the runtime."""
-    features = [model.norm is NormKind.RMSNORM and "rmsnorm",
-                model.position is PositionKind.ROPE and "rope",
-                model.mlp is MlpKind.SWIGLU and "swiglu", not model.bias and "no_bias",
-                model.kv_heads != model.num_heads and "gqa", eager and "eager"]
+    flags = {"rmsnorm": model.norm is NormKind.RMSNORM,
+             "rope": model.position is PositionKind.ROPE,
+             "swiglu": model.gated_mlp,  # GeGLU dispatches as SwiGLU does (gelu for silu)
+             "no_bias": not model.bias, "gqa": model.kv_heads != model.num_heads,
+             "eager": eager}
     f, b, g = BLOCK_OPS
-    for name in filter(None, features):
+    for name in (k for k, on in flags.items() if on):
         df, db, dg = BLOCK_OPS_DELTA[name]
         f, b, g = f + df, b + db, g + dg
     return f, b, g

@@ -151,9 +151,9 @@ def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     """Bytes a block keeps under one recompute kind (see runtimes.SelectiveKind)."""
     core_kept = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
     if policy == "none":
-        return sum(parts[k] for k in (*core_kept, "core"))
+        return np.sum([parts[k] for k in (*core_kept, "core")], axis=0)
     if policy == "attention-core":  # Megatron: re-run the core, keep the rest
-        return sum(parts[k] for k in core_kept)
+        return np.sum([parts[k] for k in core_kept], axis=0)
     if policy == "all-but-gemms":  # GEMM outputs (Q, K, V, the MLP's first GEMM, branches) and
         # the block input torch.utils.checkpoint keeps for the re-run
         return parts["qkv"] + parts["mlp_act"] + parts["branch"] + parts["input"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import ModelSpec, NormKind, PositionKind
 
 VOCAB_MULTIPLE = 128
 """Megatron-LM pads the vocabulary to a multiple of 128 * tp (--make-vocab-size-divisible-by)."""
@@ -116,7 +116,7 @@ def layer_params(model: ModelSpec) -> int:
 def tensors_per_layer(model: ModelSpec) -> int:
     """Parameter tensors of one block (optimizers over DTensors pay per tensor): q, k, v, o and
     two or three MLP weights, their biases, and two norms' weights (and biases)."""
-    weights = 4 + (3 if model.mlp is MlpKind.SWIGLU else 2)
+    weights = 4 + (3 if model.gated_mlp else 2)
     norms = 2 * (2 if model.norm is NormKind.LAYERNORM else 1)
     return weights * (2 if model.bias else 1) + norms
 

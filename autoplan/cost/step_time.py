@@ -52,15 +52,14 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     """compute.layer_times_s of one block as this runtime runs it (also what `autoplan
     profile` compares its measured blocks with)."""
     act_scale = 2.0 if precision == "fp32" else 1.0
-    noncore = sum(parts[k] for k in NONCORE_PARTS) * act_scale
-    fp8 = precision == "fp8"
-    tokens_mb = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
-    casts = compute.fp8_cast_bytes(model, tokens_mb, tp) if fp8 else 0.0
+    noncore = np.sum([parts[k] for k in NONCORE_PARTS], axis=0) * act_scale
+    tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
+    casts = (compute.fp8_cast_bytes(model, tokens, tp) if precision == "fp8"
+             else np.zeros_like(tokens))
     eager_bytes = None
     if runtime.eager_elementwise:
-        tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
-        eager_bytes = compute.eager_elementwise_bytes(model, tokens, tp, sp, runtime.fused_norm,
-                                                      precision)
+        eager_bytes = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
+                                                      runtime.fused_norm, precision)
     return compute.layer_times_s(model, profile, profile.device.peak(precision), b, tp, cp,
                                  noncore, parts["core"] * act_scale, eager,
                                  causal_skip=runtime.causal_attention_skip and not eager,

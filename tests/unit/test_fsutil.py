@@ -125,3 +125,14 @@ def test_out_dot_and_a_folder_whose_parent_is_read_only(tmp_path: Path, monkeypa
         (d / "a").write_text("2")
     assert sorted(x.name for x in work.iterdir()) == ["a", "notes.txt"]
     assert (work / "a").read_text() == "2"
+
+
+def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path) -> None:
+    # the CLI fuzzer's case: --out of 300 characters raised ENAMETOOLONG from Path.is_dir
+    import pytest
+
+    from autoplan import fsutil
+    from autoplan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--out"):
+        fsutil.check_file_target(tmp_path / ("x" * 300), force=False)
