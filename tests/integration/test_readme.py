@@ -138,6 +138,16 @@ def calibrated(r: Ran) -> None:
     assert yaml.safe_load((r.cwd / "my-machine-fitted.yaml").read_text())
 
 
+def megatron_winner(r: Ran) -> None:
+    """search --runtime megatron keeps to what Megatron runs: its schedules and ZeRO 0-1."""
+    from autoplan.cost.runtimes import load_runtime
+
+    traits = load_runtime("megatron")
+    best = r.json()["best"]
+    assert r.json()["feasible"] and best["zero_stage"] in traits.zero_stages
+    assert best["pipeline"]["schedule"] in traits.schedules
+
+
 # (start of the README command, exit code, what must hold afterwards)
 CHECKS: list[tuple[str, int, Callable[[Ran], None]]] = [
     ("autoplan search --model gpt3-175b --cluster a100-sxm4-80gb --num-gpus 1024 "
@@ -171,6 +181,11 @@ CHECKS: list[tuple[str, int, Callable[[Ran], None]]] = [
     ("autoplan import ds.json --from deepspeed", 0, wrote("mine.yaml")),
     ("autoplan estimate --plan mine.yaml", 0, lambda r: assert_in(True, [r.json()["feasible"]])),
     ("python benchmarks/published_accuracy.py", 0, lambda r: assert_in("%", r.out)),
+    ("autoplan estimate --model llama-3-70b --cluster h100-sxm-80gb", 0,
+     lambda r: assert_in("megatron", [r.json()["runtime"]])),
+    ("autoplan search --model gpt3-175b --cluster a100-sxm4-80gb --num-gpus 1024 "
+     "--global-batch-size 1536 --runtime megatron", 0, megatron_winner),
+    ("python benchmarks/practitioner.py", 0, lambda r: assert_in("mean absolute error", r.out)),
     ("python benchmarks/estimate_speed.py", 0, lambda r: assert_in("plans/s", r.out)),
 ]
 
