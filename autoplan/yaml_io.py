@@ -336,6 +336,9 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: boo
         raise ConfigError("output", f"cannot write {show(str(p))} ({err.strerror})",
                           "choose another path") from None
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; follow the umask
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, p)

@@ -136,3 +136,17 @@ def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path) -> None:
 
     with pytest.raises(ConfigError, match="--out"):
         fsutil.check_file_target(tmp_path / ("x" * 300), force=False)
+
+
+def test_yaml_writes_follow_the_umask(tmp_path) -> None:
+    # issue #14 item 16: profile, calibrate and plan saves went through mkstemp's 0600
+    import os
+
+    from autoplan.yaml_io import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        path = write_text_atomic(tmp_path / "p.yaml", "a: 1\n")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
