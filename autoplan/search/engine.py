@@ -247,8 +247,9 @@ def type_requests(req: SearchRequest) -> list[SearchRequest]:
     """One request per GPU type, each with its own profile, counts and device precision."""
     if not req.types:
         return [req]
+    given = req.space_given or req.space
     return [dataclasses.replace(req, profile=t.profile, profile_ref=t.ref,
-                                gpu_counts=t.gpu_counts, types=(), space=req.space_given)
+                                gpu_counts=t.gpu_counts, types=(), space=given)
             for t in req.types]
 
 

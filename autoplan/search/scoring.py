@@ -103,7 +103,8 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
     out: dict[str, np.ndarray] = {}
     unsupported = np.zeros(n, dtype=bool)
     width = len(ctx.space.attention)  # one code per pair, counted in O(n) (no sort)
-    present = np.flatnonzero(np.bincount(t["precision"] * width + t["attention"])) if n else []
+    present: Any = np.flatnonzero(np.bincount(t["precision"] * width + t["attention"])) \
+        if n else []
     pairs: Any = [divmod(int(code), width) for code in present]
     for p_code, a_code in pairs:
         precision = ctx.space.precision[p_code].value
