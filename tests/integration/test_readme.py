@@ -185,6 +185,8 @@ CHECKS: list[tuple[str, int, Callable[[Ran], None]]] = [
      lambda r: assert_in("megatron", [r.json()["runtime"]])),
     ("autoplan search --model gpt3-175b --cluster a100-sxm4-80gb --num-gpus 1024 "
      "--global-batch-size 1536 --runtime megatron", 0, megatron_winner),
+    ("autoplan search --model gpt3-13b --cluster a100-sxm4-80gb,h100-sxm-80gb,h200-sxm-141gb", 0,
+     lambda r: assert_in("h100-sxm-80gb", [c["cluster"] for c in r.json()["by_cluster"]])),
     ("python benchmarks/practitioner.py", 0, lambda r: assert_in("mean absolute error", r.out)),
     ("python benchmarks/estimate_speed.py", 0, lambda r: assert_in("plans/s", r.out)),
 ]
