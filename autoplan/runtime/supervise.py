@@ -63,11 +63,12 @@ def kill_tree(proc: subprocess.Popen) -> None:
             pass
     proc.wait()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited but not reaped, counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

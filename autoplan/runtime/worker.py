@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank, pg_timeout
+from autoplan.runtime.supervise import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,7 @@ class _StopFlag:
             return True
         if self.stop_file and os.path.exists(self.stop_file):
             return True
-        return self.launcher_pid is not None and not _alive(self.launcher_pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return self.launcher_pid is not None and not pid_alive(self.launcher_pid)
 
 
 def run(args: argparse.Namespace) -> dict | None:

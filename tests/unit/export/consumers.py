@@ -67,9 +67,9 @@ def torchrun_args(argv: list[str]) -> argparse.Namespace:
     return get_args_parser().parse_args(argv)
 
 
-def megatron_parser() -> argparse.ArgumentParser:
-    """Megatron-LM's parser for the flags autoplan uses, rebuilt from tests/data/export."""
-    table = yaml.safe_load((DATA / "megatron_flags.yaml").read_text())["flags"]
+def flags_parser(table_file: str) -> argparse.ArgumentParser:
+    """A parser for the flags listed in tests/data/export/<table_file> (switch, choices, type)."""
+    table = yaml.safe_load((DATA / table_file).read_text())["flags"]
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
     types = {"int": int, "float": float, "str": str}
     for flag, kind in table.items():
@@ -80,3 +80,8 @@ def megatron_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag, type=types[kind])
     return parser
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's parser for the flags autoplan uses, rebuilt from tests/data/export."""
+    return flags_parser("megatron_flags.yaml")

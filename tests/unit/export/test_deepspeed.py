@@ -19,7 +19,7 @@ from autoplan.export.registry import get_target
 from autoplan.plan import Batch, Offload, Parallel, Pipeline, Recompute, RecomputePolicy, Schedule
 
 from .cases import CASES, plan
-from .consumers import DATA, bash_syntax_ok, run_script
+from .consumers import bash_syntax_ok, run_script
 
 EXPRESSIBLE = [name for name, (_, ok) in CASES.items() if "deepspeed" in ok]
 THREE_D = [n for n in EXPRESSIBLE if CASES[n][0].parallel.tp > 1 or CASES[n][0].parallel.pp > 1]
@@ -165,22 +165,10 @@ def test_config_dict_matches_rendered_json():
 def megatron_deepspeed_parser():
     """pretrain_gpt.py's parser: Megatron-DeepSpeed's flags (tests/data/export) plus the installed
     DeepSpeed's add_config_arguments, as megatron/arguments.py builds it."""
-    import argparse
-
-    import yaml
+    from tests.unit.export.consumers import flags_parser
 
     deepspeed = pytest.importorskip("deepspeed")
-    table = yaml.safe_load((DATA / "megatron_deepspeed_flags.yaml").read_text())["flags"]
-    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    types = {"int": int, "float": float, "str": str}
-    for flag, kind in table.items():
-        if kind == "switch":
-            parser.add_argument(flag, action="store_true")
-        elif isinstance(kind, list):
-            parser.add_argument(flag, choices=kind)
-        else:
-            parser.add_argument(flag, type=types[kind])
-    return deepspeed.add_config_arguments(parser)
+    return deepspeed.add_config_arguments(flags_parser("megatron_deepspeed_flags.yaml"))
 
 
 def _launched(tmp_path: Path, case: str, out: str = "exp/ds.json"):
