@@ -14,7 +14,7 @@ import numpy as np
 
 from autoplan import resources
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 PROFILES_DIR = resources.package_dir(resources.PROFILES)
 """The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
@@ -317,7 +317,7 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
         named = resources.find(resources.PROFILES, str(ref))
         if named is None:
             raise ConfigError(
-                flag, f"unknown profile {str(ref)!r}",
+                flag, f"unknown profile {show(str(ref))}",
                 f"choose one of {', '.join(available_profiles())} or a path to a profile YAML",
             )
         path = named

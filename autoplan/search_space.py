@@ -19,7 +19,7 @@ from typing import Any
 from autoplan import resources
 from autoplan.errors import ConfigError
 from autoplan.plan import Attention, Precision, RecomputePolicy, Schedule
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 SPACES_DIR = resources.package_dir(resources.SPACES)
 """The built-in spaces (package data); a user directory is searched first (autoplan.resources)."""
@@ -280,7 +280,7 @@ def load_space(ref: str | Path) -> SearchSpace:
     if resources.is_name(ref):
         named = resources.find(resources.SPACES, str(ref))
         if named is None:
-            raise ConfigError("--space", f"no search space named {str(ref)!r}",
+            raise ConfigError("--space", f"no search space named {show(str(ref))}",
                               f"choose one of {', '.join(available_spaces())} or give a path")
         path = named
     return space_from_dict(read_yaml(path, "--space"), f"space {path.name}")

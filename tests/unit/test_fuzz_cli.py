@@ -204,3 +204,21 @@ def test_fuzz_cli_through_real_processes(tmp_path: Path) -> None:
 
 def test_the_generator_is_deterministic() -> None:
     assert [generate(s).argv for s in range(20)] == [generate(s).argv for s in range(20)]
+
+
+def test_an_unknown_profile_name_is_quoted_short(tmp_path, capsys) -> None:
+    # fuzzer seeds 21810 and 26395: a 3,000-character profile name was quoted whole
+    import os
+
+    from autoplan.commands import main
+
+    (tmp_path / "plan.yaml").write_text(
+        f"model: gpt3-1.3b\ncluster:\n  profile: {'x' * 3000}\n  num_gpus: 8\n")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main(["estimate", "--plan", "plan.yaml"])
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and len(err) < 1000
