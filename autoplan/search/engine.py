@@ -219,11 +219,7 @@ def _score_one(req: SearchRequest, progress: Progress | None) -> tuple[str, Scor
             raise ConfigError("--storage", "applies to the Optuna samplers",
                               "add --sampler tpe, nsga2 or random, or drop --storage")
         scored, total = run_exhaustive(req, progress)
-    else:
-        if req.global_batch_size_max is not None:
-            raise ConfigError("--global-batch-size", f"a range is listed by the exhaustive "
-                              f"search only, and this search uses {sampler}",
-                              "give one batch size, or a smaller space or --num-gpus")
+    else:  # a batch range is a sampled knob there (trial_space.pick_batch)
         from autoplan.search.optuna_search import run_optuna
 
         scored, total = run_optuna(req, sampler, progress)

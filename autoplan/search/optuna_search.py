@@ -24,7 +24,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.errors import ConfigError
-from autoplan.plan_table import COLUMNS
+from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
 from autoplan.search.local_moves import failed_since_last_complete, next_move
 from autoplan.search.scoring import REASON_KEYS, Scored
@@ -114,11 +114,14 @@ def _serialize_sqlite(engine: Any) -> None:
 
 
 def _fingerprint(req: SearchRequest, sampler: str) -> str:
-    return json.dumps(to_dict({
+    fields: dict[str, Any] = {
         "model": req.model, "profile": req.profile_ref, "gpu_counts": req.gpu_counts,
         "global_batch_size": req.global_batch_size, "space": req.space.summary(),
         "targets": req.targets, "sampler": sampler, "seed": req.seed,
-    }), sort_keys=True, default=str)
+    }
+    if req.global_batch_size_max is not None:  # absent for one size: older studies resume
+        fields["global_batch_size_max"] = req.global_batch_size_max
+    return json.dumps(to_dict(fields), sort_keys=True, default=str)
 
 
 def _directions(req: SearchRequest) -> list[Any]:
@@ -279,15 +282,17 @@ def collect(study: optuna.Study, req: SearchRequest) -> Scored:
     for k in records[0]:
         if k not in ("layout", "variants"):
             cols[k] = np.array([r[k] for r in records])
-    dtypes = {**COLUMNS, **EXTRA_COLUMNS}
-    for k, dt in dtypes.items():
+    for k, dt in {**COLUMNS, **EXTRA_COLUMNS}.items():
         cols[k] = cols[k].astype(dt)
+    for k, dt in EXPERT_COLUMNS.items():  # records stored before ep was searched have none
+        cols[k] = cols[k].astype(dt) if k in cols else np.ones(len(records), dtype=dt)
     return Scored(cols, counts)
 
 
 def _empty(counts: dict[str, int]) -> Scored:
-    cols: dict[str, np.ndarray] = {k: np.zeros(0, dtype=dt)
-                                   for k, dt in {**COLUMNS, **EXTRA_COLUMNS}.items()}
+    cols: dict[str, np.ndarray] = {
+        k: np.zeros(0, dtype=dt) for k, dt in {**COLUMNS, **EXTRA_COLUMNS,
+                                               **EXPERT_COLUMNS}.items()}
     for k in ("tokens_per_s", "time_step", "mem_total", "mem_host", "trial", "seq"):
         cols[k] = np.zeros(0)
     cols["miss"] = np.zeros((0, len(MISS_KEYS)))

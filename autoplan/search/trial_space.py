@@ -1,31 +1,42 @@
 """What one Optuna trial chooses and how it is scored.
 
 A trial picks the *layout* of a plan: GPU count, tp, pp, cp, schedule, vpp, layer split,
-micro-batch size (and precision/attention when the space lists several). The memory-saving knobs
-(sequence parallelism, ZeRO stage, offload, recompute policy and layers) are then settled inside
-the trial by scoring all their combinations in one vectorised pass and keeping the fastest that
-fits: at a fixed GPU count every objective (throughput, latency, cost) prefers the shorter step,
-so this inner choice is exact, and the sampler spends its trials on the structure that matters.
+micro-batch size, the global batch size when the request gives a range (and precision/attention
+when the space lists several). The knobs that change neither the GPU count nor the tokens of a
+step (sequence parallelism, ZeRO stage, offload, recompute policy and layers, and for a MoE model
+the expert-parallel degrees ep and etp) are then settled inside the trial by scoring all their
+valid combinations in one vectorised pass and keeping the fastest that fits: at a fixed GPU
+count and batch every objective (throughput, latency, cost) prefers the shorter step, so this
+inner choice is exact, and the sampler spends its trials on the structure that matters. The
+batch is a sampled knob rather than an inner one because a larger batch lengthens the step
+while it may raise the tokens per second.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from optuna.trial import Trial
 
 from autoplan.plan import Schedule
-from autoplan.plan_table import COLUMNS, INTERLEAVED, SCHEDULES, ZERO_BUBBLE
+from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS, INTERLEAVED, SCHEDULES, ZERO_BUBBLE
 from autoplan.search.engine import SearchRequest
 from autoplan.search.partition import split_columns
 from autoplan.search.ranking import nearest
 from autoplan.search.scoring import REASON_KEYS, canonical_schedule, score_table
-from autoplan.search.space import EXTRA_COLUMNS, recompute_pairs
-from autoplan.search_space import Split
+from autoplan.search.space import (
+    EXTRA_COLUMNS,
+    batch_sizes,
+    expert_pairs,
+    layouts,
+    recompute_pairs,
+)
+from autoplan.search_space import SearchSpace, Split
 
-DTYPES = {**COLUMNS, **EXTRA_COLUMNS}
+DTYPES = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS}
 
 
 def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
@@ -61,7 +72,7 @@ def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
         "mbs": _pick(trial, "mbs", sp.micro_batch_size),
         "precision": sp.precision.index(_pick(trial, "precision", sp.precision)),
         "attention": sp.attention.index(_pick(trial, "attention", sp.attention)),
-        "gbs": req.global_batch_size,
+        "gbs": pick_batch(trial, req, n // (tp * pp * cp)),
     }
     even = -(-req.model.num_layers // pp)
     cols = None if split == Split.EVEN.value else \
@@ -73,21 +84,63 @@ def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     return layout
 
 
+@lru_cache(maxsize=64)
+def _batch_choices(space: SearchSpace, gpu_counts: tuple[int, ...], lo: int, hi: int
+                   ) -> list[int]:
+    """Every global batch size some layout tries (space.batch_sizes over the data-parallel
+    degrees the GPU counts allow): the sampler's one fixed list for `gbs`."""
+    dps = np.unique(layouts(space, gpu_counts)[0][1])
+    return sorted({g for d in dps.tolist() for g in batch_sizes(lo, hi, int(d))}) or [lo]
+
+
+def pick_batch(trial: Trial, req: SearchRequest, dp: int) -> int:
+    """The trial's global batch size: the request's one size, or for a range the size of this
+    layout's own list (space.batch_sizes(lo, hi, dp), the sizes the exhaustive search lists for
+    it) nearest in log2 to the one the sampler suggests from the fixed list of all of them
+    (ties to the larger). Every trial gets a size its dp can take; the sampler's distribution
+    stays the same from trial to trial, so TPE models neighbouring sizes."""
+    lo, hi = req.batch
+    if lo == hi:
+        return lo
+    wanted = _pick(trial, "gbs", _batch_choices(req.space, req.gpu_counts, lo, hi))
+    own = batch_sizes(lo, hi, max(dp, 1))
+    return min(own, key=lambda g: (abs(np.log2(g / wanted)), -g))
+
+
+def expert_choices(layout: dict[str, Any], req: SearchRequest) -> list[tuple[int, int]]:
+    """(ep, etp) pairs of the space that the plan rules allow for this layout: ep divides the
+    routed experts, etp the expert FFN width, and ep * etp the dp * cp * tp ranks Megatron-Core
+    folds the expert grid into (plan_rules.MOE_RULES); a dense model has only (1, 1). When the
+    space allows none, all its pairs (the rules then name what is wrong)."""
+    pairs = expert_pairs(req.space, req.model)
+    moe = req.model.moe
+    group = layout["dp"] * layout["cp"] * layout["tp"]
+    if moe is None:
+        ok = [p for p in pairs if p == (1, 1)]
+    else:
+        ok = [(e, t) for e, t in pairs if moe.num_experts % e == 0
+              and moe.expert_ffn_hidden_size % t == 0 and group % (e * t) == 0]
+    return ok or pairs
+
+
 def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray]:
-    """The layout crossed with every memory-saving choice of the space, as a table."""
+    """The layout crossed with every memory-saving and expert-parallel choice of the space,
+    as a table."""
     sp = req.space
     sp_values = [False] if layout["tp"] == 1 and False in sp.sequence_parallel \
         else list(sp.sequence_parallel)
     rc = np.array(recompute_pairs(sp), dtype=np.int64).reshape(-1, 2)
+    ex = np.array(expert_choices(layout, req), dtype=np.int64).reshape(-1, 2)
     grid = np.meshgrid(np.array(sp_values, dtype=bool), np.array(sp.zero_stage),
                        np.array(sp.offload.optimizer, dtype=bool),
                        np.array(sp.offload.params, dtype=bool), np.arange(len(rc)),
-                       indexing="ij")
+                       np.arange(len(ex)), indexing="ij")
     flat = [g.ravel() for g in grid]
     n = len(flat[0])
     t = {k: np.full(n, v) for k, v in layout.items()}
     t["sp"], t["zero_stage"], t["offload_optimizer"], t["offload_params"] = flat[:4]
     t["recompute"], t["recompute_layers"] = rc[flat[4], 0], rc[flat[4], 1]
+    t["ep"], t["etp"] = ex[flat[5], 0], ex[flat[5], 1]
     return {k: np.asarray(t[k], dtype=dt) for k, dt in DTYPES.items()}
 
 
