@@ -1,12 +1,17 @@
 """Predicted against published step times of MoE training runs: DeepSeek-V3 on 2048 H800s (its
-technical report) and NeMo AutoModel's H100 MoE rows. Each plan is the published layout, priced
-as the named runtime runs it. Run: python benchmarks/moe_accuracy.py"""
+technical report), NeMo AutoModel's H100 MoE rows, and the mixture-of-experts rows of the
+practitioner set (benchmarks/data/practitioner.yaml: Megatron-Core, Megatron-Bridge and the
+Megatron MoE model zoo on H100). Each plan is the published layout, priced as the named runtime
+runs it. This file is the one home of DeepSeek-V3's published plan (tests/unit/cost/test_moe.py
+imports it). Run: python benchmarks/moe_accuracy.py"""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import ClusterSpec, load_profile
@@ -62,17 +67,42 @@ RUNS = (
 )
 
 
+def practitioner_module() -> ModuleType:
+    """benchmarks/practitioner.py, loaded by path (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("practitioner", HERE / "practitioner.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def practitioner_runs() -> list[Run]:
+    """The practitioner set's configurations of MoE models, as runs of this table (a row the set
+    does not score, FP8 as run, is marked so in its name)."""
+    bench = practitioner_module()
+    runs = []
+    for entry in bench.load_data(bench.DEFAULT_DATA):
+        plan, model, _ = bench.build(entry)
+        if model.moe is None:
+            continue
+        mark = "" if entry.get("scored", True) else " (not scored)"
+        runs.append(Run(entry["id"] + mark, plan, entry["runtime"],
+                        entry["measured"]["step_time_s"], entry["source"]["url"]))
+    return runs
+
+
 def main() -> int:
-    print(f"{'run':46} {'published s':>11} {'predicted s':>11} {'error':>7}  fits  largest part")
-    for run in RUNS:
+    print(f"{'run':58} {'published s':>11} {'predicted s':>11} {'error':>7}  fits  largest part")
+    runs = (*RUNS, *practitioner_runs())
+    for run in runs:
         profile = load_profile(run.plan.cluster.profile)
         est = estimate_plan(run.plan, ClusterSpec(profile, run.plan.cluster.num_gpus),
                             runtime=run.runtime)
         err = est.step_time_s / run.published_step_s - 1.0
         fits = "yes" if est.memory["total"] <= est.memory["capacity"] else "no"
-        print(f"{run.name:46} {run.published_step_s:11.2f} {est.step_time_s:11.2f} "
+        print(f"{run.name:58} {run.published_step_s:11.2f} {est.step_time_s:11.2f} "
               f"{err:+7.1%}  {fits:4}  {est.dominant} ({est.time[est.dominant]:.2f} s)")
-    print("sources: " + "; ".join(dict.fromkeys(r.source for r in RUNS)))
+    print("sources:\n  " + "\n  ".join(dict.fromkeys(r.source for r in runs)))
     return 0
 
 

@@ -32,9 +32,7 @@ from autoplan.model_spec import ModelSpec, load_model
 from autoplan.plan import Plan, plan_from_dict
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "practitioner.yaml"
-RUNTIMES = ("megatron", "nemo", "torchtitan", "deepspeed")
-"""nemo: Megatron-Core as NeMo's recipes run it, with Transformer Engine's TP comm overlap
-(rows whose source states ub_tp_comm_overlap true)."""
+RUNTIMES = ("megatron", "torchtitan", "deepspeed")
 MEASURED_FIGURES = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
                     "peak_memory_gib")
 TOP_KEYS = {"schema_version", "title", "note", "configurations"}
@@ -59,11 +57,21 @@ def flops_per_token(convention: str, model: ModelSpec) -> float:
     if convention == "megatron-sc21":
         # Narayanan et al. 2021 (SC21), eq. 3 divided by B*s: counts the recompute forward.
         return 96 * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+    if convention == "megatron-moe":
+        # Megatron-LM megatron/training/training.py num_floating_point_operations (MCore
+        # v0.8-0.9, no shared experts): 12*L*h^2*((1 + g/a + s/h)*a*d/h + f_e*k*(3/2 if SwiGLU)/h
+        # + V/(2*L*h)) per token, f_e the expert FFN width, k the experts each token is sent to.
+        assert model.moe is not None, "megatron-moe counts a mixture-of-experts model"
+        g, a = model.kv_heads, model.num_heads
+        gated = 1.5 if model.gated_mlp else 1.0
+        routed = model.moe.expert_ffn_hidden_size * model.moe.experts_per_token
+        return 12 * L * h**2 * ((1 + g / a + s / h) * model.q_width / h + routed * gated / h
+                                + V / (2 * L * h))
     if convention == "6n":
         # Kaplan et al. 2020 / torchtitan's 6*N part: 6 FLOPs per parameter per token.
         return 6.0 * total_params(model)
     raise ConfigError("derived.inputs.flops_convention", f"got {convention!r}",
-                      "use nemo-llama, megatron-sc21 or 6n")
+                      "use nemo-llama, megatron-sc21, megatron-moe or 6n")
 
 
 def _tokens_per_step(entry: dict[str, Any], model: ModelSpec) -> float:
