@@ -152,7 +152,8 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         moe("mixtral-8x22b", 56, 6144, 48, 8, 32768, 4096, MoESpec(8, 2, 16384)),
         # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: hidden 2048, 48 layers, 32
         # heads of 128, 4 KV heads, 128 experts of 768, top-8, vocab 151936, no dense layers
-        # (mlp_only_layers []); 30.5B / 3.3B active (model card). Pre-training context 4096
+        # (mlp_only_layers []); 30.5B / 3.3B active (model card: the count with both embedding
+        # tables, 3.353B, cut to two digits). Pre-training context 4096
         # for most tokens (Qwen3 technical report §3.2, stage S1/S2).
         moe("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 4096, MoESpec(128, 8, 768),
             ffn=6144, head_dim=128),
@@ -164,7 +165,8 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # (first_k_dense_replace 3, dense intermediate 18432), 128 heads, MLA (q_lora_rank 1536,
         # kv_lora_rank 512, qk_rope 64, qk_nope 128, v 128), 256 routed experts of 2048 + 1
         # shared, top-8, sigmoid router with a bias (aux-loss-free), vocab 129280; 671B / 37B
-        # active without the multi-token-prediction module (DeepSeek-V3 report §4.2: 4K
+        # active without the multi-token-prediction module, "activated" leaving out the input
+        # embedding (36.63B; tests/unit/test_moe_spec.py) (DeepSeek-V3 report §4.2: 4K
         # pre-training sequences). head_dim 160 = (192 + 128) / 2, the attention core's width.
         moe("deepseek-v3", 61, 7168, 128, 128, 129280, 4096,
             MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3,
