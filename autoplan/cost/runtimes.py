@@ -10,6 +10,8 @@ whether it pays them (`eager_host_overheads`).
 
 from __future__ import annotations
 
+import numpy as np
+
 import enum
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +94,12 @@ class RuntimeTraits:
     --overlap-param-gather): only the first gather and the last reduce-scatter of a step are
     exposed, and the rest as far as the compute beside them hides it."""
     tp_comm_overlap: float = 0.0
-    """Fraction of tensor-parallel collective time hidden behind GEMMs (Transformer Engine
-    userbuffers, Megatron --tp-comm-overlap; NeMo's large-model recipes turn it on). 0: none."""
+    """Fraction of tensor-parallel collective time hidden behind GEMMs, for a runtime whose
+    method is not modelled below. 0: none."""
+    tp_comm_overlap_method: str = "none"
+    """none, or `userbuffers`: Transformer Engine's comm-GEMM overlap (Megatron
+    --tp-comm-overlap; NeMo's large-model recipes turn it on), priced from what each of its
+    collectives exposes (`tp_exposed_share`); it needs sequence parallelism and tp >= 2."""
     ep_comm_overlap: float = 0.0
     """Fraction of the MoE all-to-all time hidden behind another micro-batch's compute, up to
     that compute (Megatron --overlap-moe-expert-parallel-comm, batch-level overlap in 1F1B;
@@ -159,12 +165,35 @@ class RuntimeTraits:
         if bad or not self.schedules:
             raise ConfigError("runtime.schedules", f"got {list(self.schedules)!r}",
                               f"list some of {', '.join(sorted(known))}")
+        if self.tp_comm_overlap_method not in ("none", "userbuffers"):
+            raise ConfigError("runtime.tp_comm_overlap_method",
+                              f"got {self.tp_comm_overlap_method!r}", "choose none or userbuffers")
         if self.attention_kernel not in ("fa2", "fa3", "cudnn"):
             raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
                               "choose fa2, fa3 or cudnn")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
                               "list some of 0, 1, 2, 3")
+
+    def tp_exposed_share(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
+        """Share of a block's tensor-parallel collective time left exposed, as far as the GEMMs
+        beside it are long enough to hide the rest (the caller caps the hidden time by them).
+
+        `userbuffers` follows Transformer Engine's default overlap methods per GEMM
+        (transformer_engine/pytorch/module/base.py, initialize_ub: ring_exchange for qkv_fprop,
+        fc1_fprop, proj_dgrad, fc2_dgrad; pipeline for proj_fprop, fc2_fprop; bulk for the
+        qkv/fc1 dgrad and wgrad). Of a block's ten sequence-parallel collectives of equal size
+        (forward: 2 all-gathers, 2 reduce-scatters; backward: 2 all-gathers of the output
+        gradient, 2 re-gathers of the norm outputs, 2 reduce-scatters of the input gradients), a
+        ring exchange leaves its first of tp chunks exposed, a pipelined reduce-scatter its last
+        of num_splits = 4 (Megatron-Bridge's userbuffers presets), a bulk overlap none:
+        exposed = (4/tp + 2/4) / 10. Userbuffers needs sequence parallelism (Megatron-Bridge
+        refuses tp_comm_overlap without it)."""
+        tp, sp = np.asarray(tp, float), np.asarray(sp, bool)
+        if self.tp_comm_overlap_method == "userbuffers":
+            exposed = (4.0 / np.maximum(tp, 1.0) + 2.0 / 4.0) / 10.0
+            return np.where(sp & (tp > 1), exposed, 1.0)
+        return np.full_like(tp, 1.0 - self.tp_comm_overlap)
 
     def grad_bytes(self, precision: str) -> float:
         """Bytes per gradient element kept on the device (fp8 runs keep bf16's)."""
@@ -206,7 +235,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
                        "Transformer Engine userbuffers)",
         "selective": "attention-core", "zero_stages": [0, 1],
-        "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap": 0.8,
+        "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
     },
     "torchtitan": {
         "description": "torchtitan as its published runs used it (eager, no torch.compile; "
@@ -216,7 +245,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0,
         "selective": "op-sac", "fp32_sharded_params": True,
-        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "zero_stages": [0, 1, 2, 3],
+        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
+        # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
+        # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
+        "zero_stages": [0, 2, 3],
     },
     "deepspeed": {
         "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "
