@@ -93,7 +93,10 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                                       4.0 * tokens, r.tp, r.sp,
                                       comm.intra_node(np.ones_like(r.tp), r.tp, gpn), profile,
                                       per_node=tp_nodes)
-    hidden_tp = 1.0 - runtime.tp_comm_overlap  # TE userbuffers hide it behind the GEMMs
+    # what the runtime's overlap leaves exposed, never hiding more than the block's GEMMs take
+    # (forward, plus backward's two GEMMs per forward one; the recomputed forward's likewise)
+    exposed_tp = runtime.tp_exposed_share(r.tp, r.sp)
+    tp_hideable = 3.0 * lt["gemm_forward"]
     tp_rec = np.where(r.recompute == RC_FULL, tpc["recompute_full"],
                       np.where(r.recompute == RC_SELECTIVE, tpc["recompute_selective"], 0.0))
     cp_inside = comm.intra_node(r.tp, r.cp, gpn)
@@ -113,7 +116,10 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         return {
             "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
             "recompute": n * rec_extra,
-            "tp": (layers * tpc["layer"] + n * tp_rec) * hidden_tp + tp_ends,
+            "tp": layers * (tpc["layer"] - np.minimum((1.0 - exposed_tp) * tpc["layer"],
+                                                      tp_hideable))
+                  + n * (tp_rec - np.minimum((1.0 - exposed_tp) * tp_rec, lt["gemm_forward"]))
+                  + tp_ends,
             "cp": layers * cp_layer + n * cp_rec,
             # all-to-alls hidden behind another micro-batch's compute as far as the runtime
             # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute

@@ -120,7 +120,7 @@ def test_loader_rejects_unknown_keys_and_bad_runtimes(tmp_path: Path) -> None:
             {**entry, "tflops": 1}]}))
     with pytest.raises(ConfigError, match="runtime"):
         BENCH_MODULE.load_data(_write(tmp_path, {**raw, "configurations": [
-            {**entry, "runtime": "nemo"}]}))
+            {**entry, "runtime": "nemo-megatron"}]}))
     with pytest.raises(ConfigError, match="appears twice"):
         BENCH_MODULE.load_data(_write(tmp_path, {**raw, "configurations": [entry, entry]}))
     with pytest.raises(ConfigError, match="schema_version"):
