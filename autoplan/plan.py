@@ -53,6 +53,14 @@ class Precision(str, enum.Enum):
     Transformer Engine and torchao's float8 training run it; needs a device with an fp8 peak."""
 
 
+class ReduceDtype(str, enum.Enum):
+    """The dtype data-parallel gradient reductions run in (Plan.grad_reduce_dtype)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    """Half the bytes on the wire; needs a bf16 or fp8 plan (bf16 gradients to reduce)."""
+
+
 MAX_INT = 2**40
 """Largest count any field takes (degrees, batch sizes, GPUs); keeps numpy int64 safe."""
 
@@ -93,10 +101,26 @@ class Parallel:
     world_size stays dp * tp * pp * cp; ep * etp must divide dp * cp * tp."""
     etp: int = 1
     """Expert tensor-parallel degree: each routed expert's MLP split over etp ranks."""
+    dp_shard: int | None = None
+    """HSDP: ZeRO/FSDP shards over groups of dp_shard of the dp ranks and replicates over
+    dp / dp_shard such groups (torchtitan's data_parallel_shard_degree); must divide dp and
+    needs zero_stage >= 1. null: shard over all of dp (no replication)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "etp"):
             _check_int(f"parallel.{name}", getattr(self, name), 1)
+        if self.dp_shard is not None:
+            _check_int("parallel.dp_shard", self.dp_shard, 1)
+
+    @property
+    def shard_degree(self) -> int:
+        """dp ranks one ZeRO shard group spans (dp unless HSDP)."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def replicate_degree(self) -> int:
+        """HSDP replicas of each shard group (1 unless HSDP); exact only for a valid plan."""
+        return max(1, self.dp // self.shard_degree)
 
     @property
     def world_size(self) -> int:
@@ -171,6 +195,10 @@ class Plan:
     attention: Attention = Attention.FLASH
     """flash: fused attention that keeps no s x s matrices (SDPA / FlashAttention); eager: the
     unfused softmax(QK^T)V that stores them (Megatron-LM before FlashAttention)."""
+    grad_reduce_dtype: ReduceDtype | None = None
+    """fp32 | bf16: the dtype of data-parallel gradient reductions (FSDP2's
+    MixedPrecisionPolicy.reduce_dtype, Megatron's --grad-reduce-in-bf16, DeepSpeed's
+    communication_data_type); null: the runtime's default (cost.runtimes reduce_bytes_*)."""
     predicted: dict[str, Any] | None = None
     """Written by search/estimate for comparison; train ignores it except to report."""
 
@@ -217,6 +245,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     for key in ("ep", "etp"):  # plans without expert parallelism read as before
         if out["parallel"].get(key) == 1:
             out["parallel"].pop(key)
+    if out["parallel"].get("dp_shard") is None:  # plans without HSDP read as before
+        out["parallel"].pop("dp_shard", None)
+    if out.get("grad_reduce_dtype") is None:  # the runtime's default reads as before
+        out.pop("grad_reduce_dtype", None)
     return out
 
 

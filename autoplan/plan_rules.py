@@ -24,6 +24,7 @@ from autoplan.plan_table import (
     ZERO_BUBBLE,
     Table,
     col,
+    dp_col,
     expert_col,
     plan_to_row,
 )
@@ -177,6 +178,21 @@ RULES: tuple[Rule, ...] = (
         lambda t, i, m: f"parallel.pp * vpp = {_int(t, 'pp', i) * _int(t, 'vpp', i)} exceeds "
         f"num_layers={m.num_layers}",
     ),
+    Rule(
+        "dp-shard-divides-dp",
+        lambda t, m: (dp_col(t, "dp_shard") > 0)
+        & ((col(t, "dp") % np.maximum(dp_col(t, "dp_shard"), 1) != 0)
+           | (dp_col(t, "dp_shard") >= col(t, "dp"))),
+        lambda t, i, m: f"parallel.dp_shard={int(dp_col(t, 'dp_shard')[i])} must be a divisor "
+        f"of dp={_int(t, 'dp', i)} below it (HSDP: dp / dp_shard replicas of each shard group); "
+        f"choose from {_divisors(_int(t, 'dp', i))} or null (shard over all of dp)",
+    ),
+    Rule(
+        "dp-shard-needs-zero",
+        lambda t, m: (dp_col(t, "dp_shard") > 0) & (col(t, "zero_stage") == 0),
+        lambda t, i, m: f"parallel.dp_shard={int(dp_col(t, 'dp_shard')[i])} needs zero_stage "
+        ">= 1 (ZeRO-0 shards nothing); set zero_stage or dp_shard: null",
+    ),
 )
 
 
@@ -274,12 +290,27 @@ def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = No
             f"precision={precision} is not supported by {cluster.profile.device.name} "
             f"(it has {have}); choose one of those"
         )
+    reasons += reduce_dtype_problems(plan)
     row = plan_to_row(plan, model)
     bad = violations(row, model)[0]
     for j, rule in enumerate(RULES):
         if bad[j] and not (rule.key == "pp-vpp-divides-layers" and lps is not None):
             reasons.append(rule.message(row, 0, model))
     return reasons
+
+
+BF16_REDUCE_PRECISIONS = ("bf16", "fp8")
+"""Precisions whose gradients can be reduced in bf16 (fp8 runs keep bf16 gradients)."""
+
+
+def reduce_dtype_problems(plan: Plan) -> list[str]:
+    """grad_reduce_dtype=bf16 needs bf16 gradients: a bf16 or fp8 plan. An fp16 plan's
+    gradients would lose range in bf16 and an fp32 plan's precision; fp32 reduce fits all."""
+    rd = plan.grad_reduce_dtype
+    if rd is None or rd.value != "bf16" or plan.precision.value in BF16_REDUCE_PRECISIONS:
+        return []
+    return [f"grad_reduce_dtype=bf16 needs precision bf16 or fp8, got "
+            f"precision={plan.precision.value}; set grad_reduce_dtype: fp32 or null"]
 
 
 def _moe_tokens_split_over_tp(t: Table, m: ModelSpec) -> np.ndarray:
@@ -312,6 +343,13 @@ RUNTIME_RULES: tuple[Rule, ...] = (
         lambda t, m: np.bool_(m.mla is not None),
         lambda t, i, m: "model.mla: autoplan's runtime has no multi-head latent attention; "
         "remove model.mla (grouped-query attention)",
+    ),
+    Rule(
+        "runtime-hsdp-ep",
+        lambda t, m: (dp_col(t, "dp_shard") > 0) & (expert_col(t, "ep") > 1),
+        lambda t, i, m: f"parallel.dp_shard={int(dp_col(t, 'dp_shard')[i])} with ep="
+        f"{int(expert_col(t, 'ep')[i])}: autoplan's runtime shards MoE experts over their own "
+        "expert-DP mesh without HSDP; set dp_shard: null",
     ),
     Rule(
         "runtime-ep-tp-tokens",

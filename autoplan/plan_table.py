@@ -22,6 +22,7 @@ from autoplan.plan import (
     Precision,
     Recompute,
     RecomputePolicy,
+    ReduceDtype,
     Schedule,
 )
 
@@ -45,6 +46,20 @@ layer count of the most loaded pipeline rank (all its chunks) and layers_first t
 EXPERT_COLUMNS: dict[str, Any] = {"ep": np.int64, "etp": np.int64}
 """Expert-parallel degrees (Parallel.ep, .etp): optional columns, 1 where a table lacks them, so
 tables built before MoE existed (and the Optuna trials' tables) score as before."""
+
+
+REDUCE_DTYPES: tuple[ReduceDtype | None, ...] = (None, ReduceDtype.FP32, ReduceDtype.BF16)
+"""Code i in column `grad_reduce` means REDUCE_DTYPES[i] (0: the runtime's default)."""
+DATA_PARALLEL_COLUMNS: dict[str, Any] = {"grad_reduce": np.int64, "dp_shard": np.int64}
+"""Plan.grad_reduce_dtype (a REDUCE_DTYPES code) and Parallel.dp_shard (0: null, all of dp):
+optional columns, 0 where a table lacks them, so older tables score as before."""
+
+
+def dp_col(table: Table, name: str) -> np.ndarray:
+    """Column grad_reduce or dp_shard of `table`, zeros (the defaults) where it has none."""
+    if name in table:
+        return np.asarray(table[name])
+    return np.zeros(len(np.asarray(table["dp"])), dtype=np.int64)
 
 
 def expert_col(table: Table, name: str) -> np.ndarray:
@@ -94,8 +109,11 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         "mbs": plan.batch.micro_batch_size, "gbs": plan.batch.global_batch_size,
         "layers_max": layers_max, "layers_first": layers_first, "layers_last": layers_last,
         "ep": par.ep, "etp": par.etp,
+        "grad_reduce": REDUCE_DTYPES.index(plan.grad_reduce_dtype),
+        "dp_shard": par.dp_shard or 0,
     }
-    return {k: np.array([v], dtype={**COLUMNS, **EXPERT_COLUMNS}[k]) for k, v in row.items()}
+    dtypes = {**COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS}
+    return {k: np.array([v], dtype=dtypes[k]) for k, v in row.items()}
 
 
 def row_to_plan(
@@ -112,11 +130,13 @@ def row_to_plan(
         batch=Batch(micro_batch_size=v("mbs"), global_batch_size=v("gbs")),
         parallel=Parallel(dp=v("dp"), tp=v("tp"), pp=v("pp"), cp=v("cp"),
                           ep=v("ep") if "ep" in table else 1,
-                          etp=v("etp") if "etp" in table else 1),
+                          etp=v("etp") if "etp" in table else 1,
+                          dp_shard=(v("dp_shard") or None) if "dp_shard" in table else None),
         sequence_parallel=bool(v("sp")),
         pipeline=Pipeline(schedule=SCHEDULES[v("schedule")], vpp=v("vpp")),
         zero_stage=v("zero_stage"),
         offload=Offload(optimizer=bool(v("offload_optimizer")), params=bool(v("offload_params"))),
         recompute=Recompute(policy=RECOMPUTE[v("recompute")], num_layers=None if rl < 0 else rl),
         precision=precision,
+        grad_reduce_dtype=REDUCE_DTYPES[v("grad_reduce")] if "grad_reduce" in table else None,
     )

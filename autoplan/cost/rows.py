@@ -14,7 +14,7 @@ import numpy as np
 from autoplan.cost import params
 from autoplan.cost.runtimes import PipelineGradSync, RuntimeTraits
 from autoplan.model_spec import ModelSpec
-from autoplan.plan_table import RC_NONE, ZERO_BUBBLE, Table, col, expert_col
+from autoplan.plan_table import RC_NONE, ZERO_BUBBLE, Table, col, dp_col, expert_col
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class Rows:
     """Expert-parallel degree (1 for dense models)."""
     etp: np.ndarray = field(default_factory=lambda: np.ones(1))
     """Expert tensor-parallel degree."""
+    replicate: np.ndarray = field(default_factory=lambda: np.ones(1))
+    """HSDP replicas of each ZeRO shard group (dp / dp_shard; 1 without HSDP)."""
+    reduce_bytes: np.ndarray = field(default_factory=lambda: np.full(1, 4.0))
+    """Bytes per gradient element in data-parallel reductions: Plan.grad_reduce_dtype, or
+    the runtime's default for the precision (RuntimeTraits.reduce_bytes); set by rows_of."""
 
     @property
     def expert_shard(self) -> np.ndarray:
@@ -82,7 +87,12 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
     b, gbs = col(table, "mbs").astype(float), col(table, "gbs").astype(float)
     l_max = col(table, "layers_max").astype(float)
     sched = col(table, "schedule")
-    shard = dp * cp
+    dp_shard = dp_col(table, "dp_shard").astype(float)  # 0: all of dp (no HSDP)
+    shard_dp = np.where(dp_shard > 0, dp_shard, dp)
+    shard = shard_dp * cp
+    # grad_reduce codes (plan_table.REDUCE_DTYPES): 0 the runtime's default, 1 fp32, 2 bf16
+    reduce_bytes = np.array([runtime.reduce_bytes(precision), 4.0, 2.0])[
+        dp_col(table, "grad_reduce")]
     # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
     # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
     # (autoplan.runtime.data_parallel.uses_fsdp)
@@ -104,4 +114,5 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         weight_bytes=4.0 if precision == "fp32" else 2.0,
         act_scale=2.0 if precision == "fp32" else 1.0,
         ep=expert_col(table, "ep").astype(float), etp=expert_col(table, "etp").astype(float),
+        replicate=dp / shard_dp, reduce_bytes=reduce_bytes,
     )

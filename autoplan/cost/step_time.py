@@ -161,7 +161,7 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
     gpn = profile.gpus_per_node
     inside = comm.intra_node(r.tp, r.shard, gpn)
     nodes = comm.members_per_node(r.tp, r.shard, gpn)
-    g_bytes = psi * runtime.reduce_bytes(precision)
+    g_bytes = psi * r.reduce_bytes
     p_bytes = psi * r.weight_bytes
     calls = np.where(r.zero >= 1, r.layers_max + 1.0,
                      np.maximum(1.0, np.ceil(g_bytes / (memory.DDP_BUCKET_BYTES / 2))))
@@ -172,6 +172,14 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
 
     rs, ag, ar = (coll(comm.REDUCE_SCATTER, g_bytes), coll(comm.ALL_GATHER, p_bytes),
                   coll(comm.ALL_REDUCE, g_bytes))
+    # HSDP (torchtitan's dp_replicate x dp_shard): each reduce-scatter inside the shard group is
+    # followed by an all-reduce of the 1/shard gradient across the replicas, whose ranks sit
+    # tp x shard apart (FSDP2's HSDP reduce, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+    rep_stride = r.tp * r.shard
+    rs = rs + np.where(r.replicate > 1, calls * comm.collective_time_s(
+        comm.ALL_REDUCE, g_bytes / r.shard / calls, r.replicate,
+        comm.intra_node(rep_stride, r.replicate, gpn), profile,
+        per_node=comm.members_per_node(rep_stride, r.replicate, gpn)), 0.0)
     once = r.unsharded_accumulation | (r.zero <= 1)
     reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
     gathers = np.where(r.zero == 0, 0.0, np.where(r.zero == 3, 2.0 * r.m, 1.0) * ag)
@@ -186,7 +194,7 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
         exposed_gat = np.maximum(np.where(r.zero == 0, 0.0, gathers / calls), gathers - hide_gat)
     else:
         exposed_red, exposed_gat = np.maximum(0.0, reductions - hide_red), gathers
-    has_dp = r.shard > 1
+    has_dp = (r.shard > 1) | (r.replicate > 1)
     return np.where(has_dp, exposed_red + exposed_gat, 0.0)
 
 
@@ -221,7 +229,7 @@ def time_by_part(
     if model.tie_embeddings:  # first and last stage sum their copies' (FSDP-sharded) gradients;
         # under ZB-V both copies sit on rank 0 and add up locally
         head = r.vocab * model.hidden_size / r.tp
-        tied = head * runtime.reduce_bytes(precision) / np.where(r.fsdp & (r.zero >= 1),
+        tied = head * r.reduce_bytes / np.where(r.fsdp & (r.zero >= 1),
                                                                  r.shard, 1.0)
         out["time_pp_comm"] += np.where((r.pp > 1) & ~r.v_shape, comm.collective_time_s(
             comm.ALL_REDUCE, tied, np.full_like(r.pp, 2.0),
@@ -240,7 +248,7 @@ def time_by_part(
     if model.moe is not None:  # routed experts: their own states and expert-DP group
         psi_e = moe.expert_psi(model, r, r.layers_max)
         out["time_dp_comm"] += moe.expert_dp_comm_s(
-            model, profile, r, runtime.reduce_bytes(precision), psi_e,
+            model, profile, r, r.reduce_bytes, psi_e,
             crit["backward"] * eff.overlap)
         psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
 

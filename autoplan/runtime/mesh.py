@@ -3,7 +3,8 @@
 The world mesh has five named dimensions, outermost first: ("pp", "dp_replicate", "dp_shard",
 "cp", "tp"). The plan's `dp` is split, as in torchtitan's HSDP, into a replicated part and a
 sharded part: ZeRO-0 replicates over all dp ranks (dp_replicate = dp, dp_shard = 1), ZeRO-1/2/3
-shard over all of them (dp_replicate = 1, dp_shard = dp). tp is innermost so TP groups are
+shard over all of them (dp_replicate = 1, dp_shard = dp) or, with the plan's parallel.dp_shard
+(HSDP), over groups of dp_shard (dp_replicate = dp / dp_shard). tp is innermost so TP groups are
 consecutive ranks (one node), pp outermost. Nothing here is global: `ParallelDims` and the mesh
 are passed explicitly to whoever needs them. Expert parallelism (`ep`, MoE models) folds into
 dp*cp and gets its own mesh over the same ranks (expert_parallel.build_expert_mesh).
@@ -32,12 +33,14 @@ class ParallelDims:
     ep: int = 1
     """Expert-parallel degree: a divisor of dp*cp*tp (Megatron-Core folding, ETP 1);
     expert-DP = dp*cp*tp/ep."""
+    hsdp_shard: int | None = None
+    """Plan.parallel.dp_shard: ZeRO shard group size under HSDP; None shards over all of dp."""
 
     @classmethod
     def from_plan(cls, plan: Plan) -> ParallelDims:
         p = plan.parallel
         return cls(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, zero_stage=plan.zero_stage,
-                   ep=getattr(p, "ep", 1))
+                   ep=getattr(p, "ep", 1), hsdp_shard=p.dp_shard)
 
     @property
     def world_size(self) -> int:
@@ -45,11 +48,18 @@ class ParallelDims:
 
     @property
     def dp_replicate(self) -> int:
-        return self.dp if self.zero_stage == 0 else 1
+        return self.dp // self.dp_shard
 
     @property
     def dp_shard(self) -> int:
-        return 1 if self.zero_stage == 0 else self.dp
+        if self.zero_stage == 0:
+            return 1
+        return self.dp if self.hsdp_shard is None else self.hsdp_shard
+
+    @property
+    def hsdp(self) -> bool:
+        """ZeRO shards over part of dp and replicates across the rest (2-D FSDP2 mesh)."""
+        return self.zero_stage >= 1 and self.dp_replicate > 1
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:

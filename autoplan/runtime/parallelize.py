@@ -182,7 +182,8 @@ def parallelize(
             expert_parallel.apply_expert_fsdp(part, expert_mesh, dims, plan.precision,
                                               plan.offload)
         if fsdp:
-            data_parallel.apply_fsdp(part, mesh, dims, plan.precision, plan.offload)
+            data_parallel.apply_fsdp(part, mesh, dims, plan.precision, plan.offload,
+                                     plan.grad_reduce_dtype)
     for part in parts:  # 4
         materialize_and_init(part, device, spec.num_layers, options.seed, spec.tie_embeddings)
         part.train()

@@ -226,8 +226,38 @@ MOE_BUGS = {
 """Expert-parallel bugs, checked by tests/dist/test_moe_parity.py."""
 
 
+def _hsdp_no_replicate_allreduce(mp: pytest.MonkeyPatch) -> None:
+    """HSDP without the all-reduce across replicas: FSDP2 is given only the dp_shard mesh, so
+    each shard group averages its own gradients and the replica groups drift apart."""
+    from autoplan.runtime import data_parallel
+
+    original = data_parallel.fsdp_mesh
+
+    def fsdp_mesh(world_mesh, dims):
+        mesh = original(world_mesh, dims)
+        return mesh["dp_shard"] if dims.hsdp and mesh.ndim == 2 else mesh
+
+    mp.setattr(data_parallel, "fsdp_mesh", fsdp_mesh)
+
+
+BUGS["hsdp-no-replicate-allreduce"] = _hsdp_no_replicate_allreduce
+
+
+def _reduce_dtype_ignored(mp: pytest.MonkeyPatch) -> None:
+    """grad_reduce_dtype=bf16 ignored: gradients reduced in fp32 anyway."""
+    import torch
+
+    from autoplan.runtime import data_parallel
+
+    mp.setattr(data_parallel, "reduce_dtype", lambda precision, grad_reduce: torch.float32)
+
+
+DTYPE_BUGS = {"reduce-dtype-ignored": _reduce_dtype_ignored}
+"""Caught by the dtype on the wire (tests/dist/test_grad_reduce.py), not by parity."""
+
+
 @contextlib.contextmanager
 def planted(name: str) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
-        {**BUGS, **MOE_BUGS}[name](mp)
+        {**BUGS, **MOE_BUGS, **DTYPE_BUGS}[name](mp)
         yield

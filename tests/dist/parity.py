@@ -61,9 +61,11 @@ def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, cp:
               recompute: str = "none", recompute_layers: int | None = None, mbs: int = 2,
               gbs: int = 8, layers_per_stage: tuple[int, ...] | None = None,
               precision: str = "fp32", offload_params: bool | None = None,
-              attention: str = "flash") -> Plan:
-    """`offload` sets both offload flags unless `offload_params` is given (optimizer only)."""
-    from autoplan.plan import Attention, Offload, Recompute, RecomputePolicy
+              attention: str = "flash", dp_shard: int | None = None,
+              grad_reduce: str | None = None) -> Plan:
+    """`offload` sets both offload flags unless `offload_params` is given (optimizer only);
+    `dp_shard` is HSDP's shard group, `grad_reduce` the gradient reduce dtype."""
+    from autoplan.plan import Attention, Offload, Recompute, RecomputePolicy, ReduceDtype
 
     params = offload if offload_params is None else offload_params
 
@@ -71,7 +73,7 @@ def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, cp:
         model=TEST_MODELS.get(model, model),
         cluster=ClusterRef(profile="cpu-gloo", num_gpus=dp * tp * pp * cp),
         batch=Batch(micro_batch_size=mbs, global_batch_size=gbs),
-        parallel=Parallel(dp=dp, tp=tp, pp=pp, cp=cp),
+        parallel=Parallel(dp=dp, tp=tp, pp=pp, cp=cp, dp_shard=dp_shard),
         sequence_parallel=sp,
         pipeline=Pipeline(schedule=Schedule(schedule), vpp=vpp,
                           layers_per_stage=layers_per_stage),
@@ -80,6 +82,7 @@ def make_plan(model: str = "tiny", dp: int = 1, tp: int = 1, pp: int = 1, *, cp:
         recompute=Recompute(policy=RecomputePolicy(recompute), num_layers=recompute_layers),
         precision=Precision(precision),
         attention=Attention(attention),
+        grad_reduce_dtype=None if grad_reduce is None else ReduceDtype(grad_reduce),
     )
 
 

@@ -19,6 +19,7 @@ PLANS = {
     "pp-tied-no-grad-sync": (make_plan(model="tiny-tied", pp=2), "sgd"),
     "cp-kv-rank-order": (make_plan("tiny-llama", cp=2), "sgd"),
     "cp-position-off-by-one": (make_plan(cp=2), "sgd"),
+    "hsdp-no-replicate-allreduce": (make_plan(dp=4, dp_shard=2, zero=3), "sgd"),
 }
 
 
