@@ -64,7 +64,9 @@ class Outcome:
 def knobs(plan: Plan) -> str:
     """The plan's layout and every knob that changes its price, in the benchmark's shorthand."""
     text = plan_summary(plan)
-    extra = [plan.precision.value]
+    experts = [f"{k}{getattr(plan.parallel, k)}" for k in ("ep", "etp")
+               if getattr(plan.parallel, k, 1) > 1]
+    extra = [*experts, plan.precision.value]
     if plan.parallel.pp > 1:
         extra.insert(0, plan.pipeline.schedule.value)
         if plan.pipeline.layers_per_stage is not None:
@@ -98,13 +100,14 @@ def export_check(plan: Plan, target: str, gpus_per_node: int) -> str:
 
 
 def search_entry(entry: dict[str, Any]) -> tuple[SearchResult, float]:
-    """The default-space exhaustive search of one scenario under its runtime's traits."""
+    """The default-space search of one scenario under its runtime's traits: exhaustive where
+    the space is enumerable (max_enumerate), else the sampler `search` picks (TPE)."""
     plan, model, cluster = build(entry)
     req = SearchRequest(
         model=model, model_ref=plan.model, profile=cluster.profile,
         profile_ref=entry["cluster"]["profile"], space=load_space("default"),
         gpu_counts=(cluster.num_gpus,), global_batch_size=plan.batch.global_batch_size,
-        sampler="exhaustive", runtime=load_runtime(entry["runtime"]))
+        runtime=load_runtime(entry["runtime"]))
     t0 = time.perf_counter()
     result = run_search(req)
     return result, time.perf_counter() - t0
@@ -119,13 +122,13 @@ def score_scenario(entry: dict[str, Any]) -> Outcome:
         "id": entry["id"], "runtime": runtime, "scored": entry.get("scored", True),
         "profile": cluster.profile.name, "device": cluster.profile.device.name,
         "gpus": cluster.num_gpus, "global_batch": plan.batch.global_batch_size,
-        "seq_len": model.seq_len, "theirs": plan_summary(plan),
+        "seq_len": model.seq_len, "theirs": knobs(plan),
         "measured_s": entry["measured"]["step_time_s"],
         "measured_mfu": entry["measured"]["mfu"],
         "theirs_pred_s": theirs.step_time_s, "theirs_pred_mfu": theirs.mfu,
         "theirs_feasible": theirs.feasible,
         "theirs_reason": theirs.reasons[0] if theirs.reasons else None,
-        "candidates": result.total, "feasible_count": int(result.scored.feasible.sum()),
+        "sampler": result.sampler, "candidates": result.total, "feasible_count": int(result.scored.feasible.sum()),
         "search_s": seconds, "winner": None, "winner_knobs": None, "ours_pred_s": None,
         "ours_mfu": None, "ours_mem_gib": None, "speedup": None, "at_least_as_fast": False,
         "export_target": EXPORT_TARGET[runtime], "exports": "no winner",
@@ -168,7 +171,7 @@ def print_table(rows: list[dict[str, Any]], console: Console) -> None:
                           ("their plan", "left"), ("meas s", "right"), ("their pred s", "right"),
                           ("our winner", "left"), ("pred s", "right"), ("speed-up", "right"),
                           ("MFU", "right"), ("GiB", "right"), ("exports", "left"),
-                          ("search s", "right")):
+                          ("search s", "right"), ("sampler", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     for r in rows:
         theirs = _s(r["theirs_pred_s"], ".2f") + ("" if r["theirs_feasible"] else " (infeasible)")
@@ -177,7 +180,8 @@ def print_table(rows: list[dict[str, Any]], console: Console) -> None:
             _s(r["measured_s"], ".2f"), theirs, r["winner_knobs"] or "none feasible",
             _s(r["ours_pred_s"], ".2f"), (_s(r["speedup"], ".2f") + "x" if r["speedup"] else "-"),
             _s(r["ours_mfu"], ".1%"), _s(r["ours_mem_gib"], ".1f"),
-            f"{r['export_target']}: {r['exports'].split(':')[0]}", _s(r["search_s"], ".1f"))
+            f"{r['export_target']}: {r['exports'].split(':')[0]}", _s(r["search_s"], ".1f"),
+            r["sampler"])
     console.print(table)
     console.print("* not scored in practitioner.py (FP8 or torch.compile as run; plan in bf16). "
                   "their pred s: their plan estimated under the same runtime; (infeasible): the cost "
