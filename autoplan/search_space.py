@@ -18,7 +18,7 @@ from typing import Any
 
 from autoplan import resources
 from autoplan.errors import ConfigError
-from autoplan.plan import Attention, Precision, RecomputePolicy, Schedule
+from autoplan.plan import Attention, Precision, RecomputePolicy, ReduceDtype, Schedule
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 SPACES_DIR = resources.package_dir(resources.SPACES)
@@ -75,10 +75,15 @@ class ParallelSpace:
     (autoplan.search.space.expert_pairs)."""
     etp: tuple[int, ...] = (1,)
     """Expert tensor-parallel degrees (each routed expert split over etp ranks)."""
+    dp_shard: tuple[int | None, ...] = (None,)
+    """HSDP shard group sizes (Plan.parallel.dp_shard): null shards over all of dp; a size
+    that does not divide a layout's dp (or is not below it), or comes with ZeRO-0, is refused
+    by the rules. [null, 8] also tries one 8-GPU node per shard group, replicated across."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "cp", "etp"):
             _check_values(name, getattr(self, name), low=1, example=", e.g. [1, 2, 4, 8]")
+        _check_values("dp_shard", self.dp_shard, low=1, example=", or null (all of dp)")
         if self.ep is not None:
             _check_values("ep", self.ep, low=1, example=", or null (from the model)")
         if self.dp is not None:
@@ -147,6 +152,9 @@ class SearchSpace:
     16-bit format, bf16 where it has one, else fp16 (V100), fp32 on CPU (`for_device`)."""
     attention: tuple[Attention, ...] = (Attention.FLASH,)
     """Attention kernels (flash | eager)."""
+    grad_reduce_dtype: tuple[ReduceDtype | None, ...] = (None,)
+    """Gradient reduce dtypes (Plan.grad_reduce_dtype): null is the runtime's default, fp32,
+    bf16 (bf16/fp8 plans only; others count as precision-unsupported)."""
     max_enumerate: int = ENUMERABLE_LIMIT
     """Largest candidate count the default sampler enumerates; above it, TPE."""
     min_tokens_per_cp_rank: int = 0
@@ -162,6 +170,7 @@ class SearchSpace:
         if self.precision:  # empty: auto, settled per device by for_device
             _check_values("precision", self.precision)
         _check_values("attention", self.attention)
+        _check_values("grad_reduce_dtype", self.grad_reduce_dtype)
         if self.min_tokens_per_cp_rank < 0:
             raise ConfigError("min_tokens_per_cp_rank", f"got {self.min_tokens_per_cp_rank}",
                               "expected 0 (every cp) or a positive token count")
@@ -181,7 +190,8 @@ class SearchSpace:
             "offload_optimizer": len(self.offload.optimizer),
             "offload_params": len(self.offload.params), "recompute": rc_pairs,
             "mbs": len(self.micro_batch_size), "precision": max(len(self.precision), 1),
-            "attention": len(self.attention),
+            "attention": len(self.attention), "dp_shard": len(self.parallel.dp_shard),
+            "grad_reduce_dtype": len(self.grad_reduce_dtype),
         }
 
     def size(self, num_gpu_counts: int = 1) -> int:
@@ -197,7 +207,8 @@ class SearchSpace:
                      for v in self.pipeline.vpp)
         sps = sum(len(sp_values(self, tp)) for tp in self.parallel.tp)
         rest = len(memory_triples(self)) * len(recompute_pairs(self)) \
-            * len(self.micro_batch_size) * max(len(self.precision), 1) * len(self.attention)
+            * len(self.micro_batch_size) * max(len(self.precision), 1) * len(self.attention) \
+            * len(self.parallel.dp_shard) * len(self.grad_reduce_dtype)
         return shapes * sps * len(self.parallel.cp) * rest * num_gpu_counts
 
     def cp_for(self, seq_len: int) -> tuple[int, ...]:

@@ -18,9 +18,9 @@ from autoplan.cost.estimate import TIME_PARTS, default_runtime, estimate_table
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Schedule
-from autoplan.plan_rules import RULE_KEYS, RULES, violations
-from autoplan.plan_table import RC_NONE, SCHEDULES
+from autoplan.plan import ReduceDtype, Schedule
+from autoplan.plan_rules import BF16_REDUCE_PRECISIONS, RULE_KEYS, RULES, violations
+from autoplan.plan_table import RC_NONE, REDUCE_DTYPES, SCHEDULES
 from autoplan.search.targets import MISS_KEYS, Targets, miss_ratios, objective_matrix
 from autoplan.search_space import SearchSpace
 
@@ -112,6 +112,12 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
         if precision not in ctx.profile.device.peak_flops_per_s:
             unsupported |= rows
             continue
+        if "grad_reduce" in t and precision not in BF16_REDUCE_PRECISIONS:
+            bf16_reduce = rows & (t["grad_reduce"] == REDUCE_DTYPES.index(ReduceDtype.BF16))
+            unsupported |= bf16_reduce  # no bf16 gradients to reduce in bf16
+            rows &= ~bf16_reduce
+            if not rows.any():
+                continue
         whole = bool(rows.all())
         sub = t if whole else {k: v[rows] for k, v in t.items()}
         est = estimate_table(sub, ctx.model, ctx.profile, precision,

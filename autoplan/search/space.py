@@ -21,9 +21,11 @@ from autoplan.model_spec import ModelSpec
 from autoplan.plan import RecomputePolicy, Schedule
 from autoplan.plan_table import (
     COLUMNS,
+    DATA_PARALLEL_COLUMNS,
     EXPERT_COLUMNS,
     INTERLEAVED,
     RECOMPUTE,
+    REDUCE_DTYPES,
     SCHEDULES,
     ZERO_BUBBLE,
 )
@@ -307,6 +309,9 @@ def _rest_axes(space: SearchSpace, model: ModelSpec | None = None
         ("mbs", np.array(space.micro_batch_size)),
         ("precision", np.arange(max(len(space.precision), 1))),
         ("attention", np.arange(len(space.attention))),
+        ("dp_shard", np.array([d or 0 for d in space.parallel.dp_shard], dtype=np.int64)),
+        ("grad_reduce", np.array([REDUCE_DTYPES.index(g) for g in space.grad_reduce_dtype],
+                                 dtype=np.int64)),
     ]
 
 
@@ -333,7 +338,7 @@ def _materialize(joint: dict[str, np.ndarray], axes: list[tuple[str, np.ndarray]
     ex = np.array(expert_pairs(space, model), dtype=np.int64).reshape(-1, 2)
     pair = t.pop("expert")
     t["ep"], t["etp"] = ex[pair, 0], ex[pair, 1]
-    dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS}
+    dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS}
     return {k: np.ascontiguousarray(t[k], dtype=dtypes[k]) for k in dtypes}
 
 

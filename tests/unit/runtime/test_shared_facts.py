@@ -89,3 +89,65 @@ def test_fsdp_units_are_blocks_plus_one_root_per_chunk() -> None:
         if owned:
             dist.destroy_process_group()
     assert units == spec.num_layers + 1
+
+
+def _collectives_of_one_step(dims, spec) -> dict[str, int]:
+    """c10d collectives (by op name) of one forward and backward of the FSDP2-wrapped model on
+    `dims`, in one process over torch's fake process group (it dispatches every collective as
+    a real rank would and moves no data)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from autoplan.plan import Offload, Precision
+    from autoplan.runtime import data_parallel
+    from autoplan.runtime.mesh import build_mesh
+    from autoplan.runtime.models.init import materialize_and_init
+
+    calls: dict[str, int] = {}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "c10d":
+                name = func.__name__.split(".")[0].strip("_")
+                calls[name] = calls.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dims.world_size)
+    try:
+        model = build_meta_model(spec, 0.0, 1)
+        data_parallel.apply_fsdp(model, build_mesh(dims, "cpu"), dims, Precision.FP32,
+                                 Offload())
+        materialize_and_init(model, torch.device("cpu"), spec.num_layers, 0,
+                             spec.tie_embeddings)
+        tokens = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+        with Count():
+            model(tokens).float().sum().backward()
+    finally:
+        dist.destroy_process_group()
+    return calls
+
+
+@pytest.mark.parametrize("dp_shard", [None, 2])
+def test_hsdp_collectives_are_the_cost_models(dp_shard) -> None:
+    """ZeRO-2 on dp 4, fully sharded or HSDP 2 x 2: per FSDP unit (each block and the root,
+    step_time._dp_comm's `calls` = layers + 1) one all-gather and one reduce-scatter inside
+    the shard group, and under HSDP one all-reduce across the replicas (the replica term of
+    _dp_comm, priced when Rows.replicate > 1) -- none without HSDP."""
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+    from autoplan.plan_table import plan_to_row
+    from autoplan.runtime.mesh import ParallelDims
+
+    spec = PRESETS["tiny-llama"]
+    plan = Plan(model="tiny-llama", cluster=ClusterRef("cpu-gloo", 4), batch=Batch(1, 4),
+                parallel=Parallel(dp=4, dp_shard=dp_shard), zero_stage=2)
+    calls = _collectives_of_one_step(ParallelDims.from_plan(plan), spec)
+    r = rows_of(plan_to_row(plan, spec), spec, "fp32", load_runtime("autoplan-cpu"))
+    units = int(r.layers_max[0]) + 1
+    assert calls.get("allgather_base", 0) == units
+    assert calls.get("reduce_scatter_base", 0) == units
+    assert float(r.shard[0]) == (dp_shard or 4)
+    assert calls.get("allreduce", 0) == (units if float(r.replicate[0]) > 1 else 0)

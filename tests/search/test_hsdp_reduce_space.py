@@ -1,0 +1,74 @@
+"""HSDP shard groups (parallel.dp_shard) and the gradient reduce dtype as search knobs: the
+default space leaves both at null (its size and speed unchanged), the opt-in space
+hsdp-bf16-reduce lists them, and the search emits only plans the rules and the runtime accept."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from autoplan.plan import ReduceDtype
+from autoplan.plan_rules import runtime_limits, validate_plan
+from autoplan.plan_table import REDUCE_DTYPES
+from autoplan.search.engine import run_search
+from autoplan.search.ranking import row_plan
+from autoplan.search_space import load_space
+from tests.search.conftest import SMALL_SPACE, request
+
+SPACE = copy.deepcopy(SMALL_SPACE)
+SPACE["parallel"] = {"dp": None, "tp": [1, 2], "pp": [1], "cp": [1], "dp_shard": [None, 2, 8]}
+SPACE["zero_stage"] = [0, 3]
+SPACE["grad_reduce_dtype"] = [None, "bf16"]
+
+
+def test_default_space_keeps_both_knobs_at_the_runtime_default() -> None:
+    default = load_space("default")
+    assert default.parallel.dp_shard == (None,) and default.grad_reduce_dtype == (None,)
+    opt_in = load_space("hsdp-bf16-reduce")
+    assert opt_in.parallel.dp_shard == (None, 8)
+    assert opt_in.grad_reduce_dtype == (None, ReduceDtype.BF16)
+    assert opt_in.size() == 4 * default.size()
+
+
+def _search(precision: str):
+    space = {**SPACE, "precision": precision}
+    req = request(space, model="tiny", cluster="a100-sxm4-80gb", gpus=(16,), gbs=32)
+    return req, run_search(req)
+
+
+def test_hsdp_and_bf16_reduce_are_searched_and_their_plans_valid() -> None:
+    req, res = _search("bf16")
+    c, counts = res.scored.cols, res.scored.counts
+    assert counts["dp-shard-needs-zero"] > 0  # ZeRO-0 with a shard group is refused
+    assert counts["dp-shard-divides-dp"] > 0  # dp_shard 8 at tp 2 (dp 8) is not below dp
+    rows = res.order
+    hsdp = rows[(c["dp_shard"][rows] == 2)]
+    bf16 = rows[c["grad_reduce"][rows] == REDUCE_DTYPES.index(ReduceDtype.BF16)]
+    assert len(hsdp) and len(bf16)
+    assert np.all(c["zero_stage"][hsdp] == 3)
+    for i in (hsdp[0], bf16[0]):
+        plan = row_plan(res.scored, int(i), req.model, "tiny", "a100-sxm4-80gb", req.space,
+                        req.targets)
+        assert plan.parallel.dp_shard in (None, 2)
+        assert not validate_plan(plan, req.model) and not runtime_limits(plan, req.model)
+    # at equal layout, bf16 reduction moves half the bytes: never slower
+    same = {k: c[k][rows] for k in ("dp", "tp", "zero_stage", "dp_shard", "mbs", "sp",
+                                     "recompute", "recompute_layers", "attention")}
+    keys = np.stack(list(same.values()), axis=1)
+    for i, key in enumerate(keys):
+        twin = np.flatnonzero((keys == key).all(axis=1) & (c["grad_reduce"][rows]
+                                                             != c["grad_reduce"][rows][i]))
+        if twin.size:
+            fast, slow = sorted((i, int(twin[0])), key=lambda j: -c["grad_reduce"][rows][j])
+            assert c["time_step"][rows][fast] <= c["time_step"][rows][slow]
+            break
+    else:
+        raise AssertionError("no plan appeared with both reduce dtypes")
+
+
+def test_bf16_reduce_under_fp32_is_counted_never_ranked() -> None:
+    _, res = _search("fp32")
+    c = res.scored.cols
+    assert res.scored.counts["precision-unsupported"] > 0
+    assert not np.any(c["grad_reduce"][res.order] == REDUCE_DTYPES.index(ReduceDtype.BF16))
