@@ -33,7 +33,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the run record `autoplan calibrate` reads (plan, profile, "
                              "measured and predicted step time and memory)")
     parser.add_argument("--max-restarts", type=int, default=0,
-                        help="torchrun restarts after a rank fails (resuming from a checkpoint)")
+                        help="torchrun restarts after a rank fails (resuming from a "
+                             "checkpoint; with --elastic and 0: 3)")
+    parser.add_argument("--elastic", action="store_true",
+                        help="when the world shrinks or grows (torchrun --nnodes=MIN:MAX), "
+                             "re-plan for the ranks present with the same model, batch and "
+                             "space, and resume from the newest checkpoint under the new plan")
+    parser.add_argument("--min-gpus", type=int, default=None, metavar="N",
+                        help="with --elastic: never re-plan below N ranks (exit 3 instead)")
+    parser.add_argument("--space", default="default",
+                        help="with --elastic: the search space re-plans are searched in "
+                             "(name or YAML; default: search's default)")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--max-grad-norm", type=float, default=0.0,

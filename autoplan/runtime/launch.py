@@ -43,14 +43,15 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
-def preflight(args: argparse.Namespace, world_size: int):
-    """Load and check the plan for `world_size` processes; returns (plan, spec, backend)."""
+def preflight(args: argparse.Namespace, world_size: int, plan=None):
+    """Load (or take, e.g. an elastic re-plan) and check the plan for `world_size` processes;
+    returns (plan, spec, backend)."""
     from autoplan.plan import load_plan
     from autoplan.runtime.train_args import check_train_args
     from autoplan.runtime.validation import check_plan
 
     check_train_args(args)
-    plan = load_plan(args.plan)
+    plan = plan if plan is not None else load_plan(args.plan)
     spec = plan.model_spec()
     check_plan(plan, spec, world_size)
     if args.data is not None:
@@ -75,6 +76,10 @@ def worker_argv(args: argparse.Namespace, summary_file: str) -> list[str]:
             out += [flag, str(Path(value).resolve())]
     if args.resume:
         out.append("--resume")
+    if getattr(args, "elastic", False):
+        out += ["--elastic", "--space", args.space]
+        if args.min_gpus is not None:
+            out += ["--min-gpus", str(args.min_gpus)]
     return out
 
 
@@ -91,7 +96,7 @@ def resume_preflight(args: argparse.Namespace, plan, spec) -> None:
     if not args.checkpoint_dir:
         return
     clean_temporaries(args.checkpoint_dir)
-    if not args.resume:
+    if not (args.resume or getattr(args, "elastic", False)):
         return
     found, skipped = newest_intact(args.checkpoint_dir)
     if found is None and skipped:
@@ -100,6 +105,16 @@ def resume_preflight(args: argparse.Namespace, plan, spec) -> None:
                           "without --resume in a new --checkpoint-dir")
     if found is not None:
         check_resumable(found, plan, spec)
+
+
+ELASTIC_RESTARTS = 3
+"""torchrun --max-restarts of an --elastic job when --max-restarts is 0."""
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""torch 2.13's c10d rendezvous shares one TCPStore, hosted by the agent that was rank 0 in the
+first round, with the workers; a node that was rank 1+ keeps that address in later rounds
+(dynamic_rendezvous.py: the bootstrap info is rebuilt only for a new rank 0), so when the first
+rank-0 node dies the survivors' workers cannot reach a store. Unshared, rank 0 of every round
+hosts a fresh store for its workers (worker._job_store)."""
 
 
 def torchrun_command(nproc: int, max_restarts: int, argv: list[str]) -> list[str]:
@@ -119,13 +134,22 @@ def launch_and_report(args: argparse.Namespace) -> int:
 
     check_train_args(args)
     nproc = args.nproc if args.nproc is not None else load_plan(args.plan).world_size
-    plan, spec, _ = preflight(args, nproc)
+    chosen = None
+    if args.elastic:  # fail now (exit 3) if no plan fits; rank 0 re-plans again and says it
+        from autoplan.runtime.elastic import replan
+
+        chosen = replan(load_plan(args.plan), nproc, space=args.space,
+                        min_world=args.min_gpus or 1).plan
+    plan, spec, _ = preflight(args, chosen.world_size if chosen else nproc, chosen)
     resume_preflight(args, plan, spec)
+    restarts = args.max_restarts or (ELASTIC_RESTARTS if args.elastic else 0)
     with tempfile.TemporaryDirectory(prefix="autoplan-train-") as tmp:
         summary_file = os.path.join(tmp, "summary.json")
-        cmd = torchrun_command(nproc, args.max_restarts, worker_argv(args, summary_file))
+        cmd = torchrun_command(nproc, restarts, worker_argv(args, summary_file))
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
+        if args.elastic:
+            env.update(ELASTIC_ENV)
         log.info("launching: %s", " ".join(cmd))
         outcome = run_supervised(cmd, env, stop_file_for(summary_file),
                                  grace_s=args.pg_timeout_s + 60.0)

@@ -65,7 +65,25 @@ def check_train_args(args: argparse.Namespace) -> None:
     if (args.resume or args.checkpoint_every or args.max_restarts) and not args.checkpoint_dir:
         raise ConfigError("--checkpoint-dir", "missing",
                           "--resume, --checkpoint-every and --max-restarts need a checkpoint dir")
+    _check_elastic(args)
     _check_paths(args)
+
+
+def _check_elastic(args: argparse.Namespace) -> None:
+    elastic = getattr(args, "elastic", False)
+    min_gpus = getattr(args, "min_gpus", None)
+    if min_gpus is not None and not elastic:
+        raise ConfigError("--min-gpus", f"got {min_gpus} without --elastic", "add --elastic")
+    if not elastic:
+        return
+    if min_gpus is not None and min_gpus < 1:
+        raise ConfigError("--min-gpus", f"got {min_gpus}", "expected at least 1")
+    if not args.checkpoint_dir:
+        raise ConfigError("--checkpoint-dir", "missing", "--elastic resumes a re-planned job "
+                          "from its checkpoints: give --checkpoint-dir and --checkpoint-every")
+    from autoplan.search_space import load_space
+
+    load_space(args.space)  # an unknown space fails now, not when a node dies
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -84,7 +102,7 @@ def _check_paths(args: argparse.Namespace) -> None:
         if m.is_dir():
             raise ConfigError("--metrics-file", f"{args.metrics_file!r} is a folder",
                               "name a file")
-        if m.exists() and not args.resume and not _under_restart():
+        if m.exists() and not _resuming(args) and not _under_restart():
             raise ConfigError("--metrics-file", f"{args.metrics_file!r} already exists",
                               "pass --resume to continue it, or choose another path")
         _output_parent("--metrics-file", args.metrics_file)
@@ -94,6 +112,12 @@ def _check_paths(args: argparse.Namespace) -> None:
             raise ConfigError("--run-record", f"{args.run_record!r} already exists",
                               "choose another path (run records are never overwritten)")
         _output_parent("--run-record", args.run_record)
+
+
+def _resuming(args: argparse.Namespace) -> bool:
+    """--resume, or --elastic (a world change restarts the workers without counting a torchrun
+    restart, and they must pick up the checkpoints)."""
+    return bool(args.resume or getattr(args, "elastic", False))
 
 
 def _under_restart() -> bool:

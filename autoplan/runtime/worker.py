@@ -21,6 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from autoplan.errors import ConfigError
 from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank, pg_timeout
 from autoplan.runtime.supervise import pid_alive
 
@@ -34,27 +35,42 @@ def _setup_logging(rank: int) -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def _init_process_group(backend: str, rank: int, world: int, timeout_s: float) -> None:
-    """init_process_group on a TCPStore whose keys are prefixed by the torchrun attempt.
+def _job_store(rank: int, present: int, timeout_s: float, elastic: bool) -> dist.Store:
+    """The job's TCPStore, its keys prefixed by the torchrun attempt and the world size.
 
     torch 2.13's env:// rendezvous reuses the agent's store across torchrun restarts without a
     per-attempt prefix, so restarted gloo ranks read the dead ranks' addresses ("Gloo
-    connectFullMesh failed ... Connection refused"); the prefix keeps attempts apart.
+    connectFullMesh failed ... Connection refused"); the prefix keeps attempts apart. An
+    elastic job cannot use it: a membership change restarts some agents' workers without
+    counting a restart, so ranks of one round disagree on the attempt. Its agents do not share
+    their store (launch.ELASTIC_ENV): rank 0 of every round hosts a new one on a new port.
     """
-    timeout = pg_timeout(timeout_s)
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if elastic and agent_store:
+        raise ConfigError("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "unset under --elastic (torchrun"
+                          " then shares a store whose address goes stale when a node dies)",
+                          "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun (`autoplan "
+                          "train` and `autoplan export --elastic` do)")
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-        is_master=(not agent_store and rank == 0), timeout=timeout,
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), present,
+        is_master=(not agent_store and rank == 0), timeout=pg_timeout(timeout_s),
         multi_tenant=not agent_store,
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    prefixed = dist.PrefixStore(f"autoplan/attempt-{attempt}", store)
+    prefix = f"autoplan/attempt-{attempt}" if agent_store else "autoplan"
+    return dist.PrefixStore(f"{prefix}/world-{present}", store)
+
+
+def _init_process_group(backend: str, rank: int, world: int, timeout_s: float,
+                        store: dist.Store) -> None:
+    """init_process_group of `world` ranks on the job's store (an elastic re-plan may use
+    fewer ranks than are present: those sit idle and never join)."""
+    timeout = pg_timeout(timeout_s)
     # with NCCL, gloo carries the collectives of CPU tensors (loss and flag all-reduces), as
     # torchtitan initialises its process group
     backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
-    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world,
-                            timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
+                            world_size=world, timeout=timeout)
 
 
 class _StopFlag:
@@ -92,15 +108,26 @@ def run(args: argparse.Namespace) -> dict | None:
     from autoplan.runtime.parallelize import RuntimeOptions, parallelize
     from autoplan.runtime.trainer import Trainer
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, present = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _setup_logging(rank)
     stop = _StopFlag(args.stop_file, args.launcher_pid)  # before the slow start-up
-    plan, spec, backend = preflight(args, world)
+    store = _job_store(rank, present, args.pg_timeout_s, args.elastic)
+    chosen = None
+    if args.elastic:
+        from autoplan.runtime.elastic import agree_on_plan, wait_idle
+
+        chosen = agree_on_plan(store, rank, present, args)
+        if rank >= chosen.world_size:
+            wait_idle(store, rank, chosen, lambda: stop.set)
+            return None
+    world = chosen.world_size if chosen is not None else present
+    plan, spec, backend = preflight(args, world, chosen.plan if chosen is not None else None)
+    args.effective_plan = plan  # what run_and_report writes into the run record
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-    _init_process_group(backend, rank, world, args.pg_timeout_s)
+    _init_process_group(backend, rank, world, args.pg_timeout_s, store)
     dims = ParallelDims.from_plan(plan)
     mesh = build_mesh(dims, device.type)
     pm = parallelize(plan, spec, mesh, device,
@@ -113,7 +140,7 @@ def run(args: argparse.Namespace) -> dict | None:
                         tied=pm.tie_embeddings, loss_scaler=pm.loss_scaler,
                         keep=args.keep_checkpoints) if args.checkpoint_dir else None
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if ckpt is not None and (args.resume or restarted):
+    if ckpt is not None and (args.resume or restarted or args.elastic):
         step = ckpt.load_newest(plan, spec)
         if step is not None:
             trainer.step = step
@@ -148,6 +175,10 @@ def run(args: argparse.Namespace) -> dict | None:
     summary = summarize(sink.history, plan, resumed_step=resumed) if sink is not None else None
     del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
     dist.barrier()
+    if chosen is not None and rank == 0:
+        from autoplan.runtime.elastic import release_idle
+
+        release_idle(store, chosen)
     dist.destroy_process_group()
     return summary
 
@@ -163,7 +194,8 @@ def run_and_report(args: argparse.Namespace) -> int:
             from autoplan.plan import load_plan
             from autoplan.runtime.metrics import write_run_record
 
-            write_run_record(args.run_record, summary, load_plan(args.plan))
+            plan = getattr(args, "effective_plan", None) or load_plan(args.plan)
+            write_run_record(args.run_record, summary, plan)
         if args.summary_file:
             with open(args.summary_file, "w", encoding="utf-8") as f:
                 json.dump(summary, f)
