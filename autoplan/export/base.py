@@ -43,6 +43,10 @@ class ExportOptions:
     """Training script for the deepspeed/megatron launch command (default per target)."""
     out: str | None = None
     """Where the primary file is written (--out); run instructions name it. None: stdout."""
+    elastic: bool = False
+    """torchrun --nnodes=MIN:MAX running `autoplan train --elastic` (slurm, kubernetes)."""
+    min_nodes: int = 1
+    """With elastic: the fewest nodes the job keeps training on (re-planned for their GPUs)."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from autoplan import fsutil
 from autoplan.cli_common import add_format_argument
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.launch import ELASTIC_TARGETS
 from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.yaml_io import dump_yaml
 
@@ -47,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="python: config_registry (torchtitan >= 0.3); toml: <= 0.2.2",
     )
     p.add_argument("--script", help="training script in the deepspeed/megatron launch command")
+    p.add_argument("--elastic", action="store_true", help="slurm/kubernetes: torchrun "
+                   "--nnodes=MIN:MAX; `autoplan train --elastic` re-plans when nodes leave or join")
+    p.add_argument("--min-nodes", type=int, default=1, help="with --elastic: fewest nodes (1)")
     add_format_argument(p)
     p.set_defaults(func=run_export)
 
@@ -122,7 +126,12 @@ def run_export(args: argparse.Namespace) -> int:
         torchtitan_format=args.torchtitan_format,
         script=args.script,
         out=args.out,
+        elastic=args.elastic,
+        min_nodes=args.min_nodes,
     )
+    if args.elastic and args.to not in ELASTIC_TARGETS:
+        raise ConfigError("--elastic", f"--to {args.to} is not launched by torchrun",
+                          f"use --to {', '.join(ELASTIC_TARGETS)}, or drop --elastic")
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
     names = list(files)
 

@@ -2,7 +2,9 @@
 PyTorchJob, or a plain JobSet; each node runs torchrun, which runs `autoplan train PLAN`.
 
 The plan travels inside the manifest (an environment variable written to a file at start), with
-its model spec inlined, so the image needs autoplan but no copy of the plan.
+its model spec inlined, so the image needs autoplan but no copy of the plan. `--elastic`: a
+PyTorchJob with an elasticPolicy, or a JobSet whose torchrun takes `--nnodes=MIN:MAX`; either
+way `autoplan train --elastic` re-plans for the pods left.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import yaml
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
-from autoplan.export.launch import check_path_word, shell_join, torchrun_argv, train_argv
+from autoplan.export.launch import (
+    ELASTIC_ENV,
+    check_path_word,
+    elastic_reasons,
+    shell_join,
+    torchrun_argv,
+    train_argv,
+)
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, plan_to_dict
 from autoplan.yaml_io import dump_yaml
@@ -41,13 +50,20 @@ def check_dns_label(flag: str, value: str, *, suffix: str = "") -> None:
         raise ConfigError(flag, f"got {value[:80]!r}", f"it must be {DNS1123_RULE}{extra}")
 
 
-def _script(torchrun: list[str], opts: ExportOptions) -> str:
+def _script(torchrun: list[str], opts: ExportOptions, lay: Layout | None = None) -> str:
     """sh -c text: write the plan from the environment, then exec torchrun on it."""
     write = f'printf "%s\\n" "${PLAN_ENV}" > {PLAN_FILE}'
     # only torchrun's own words may hold $(...) expansions; the user's values are single-quoted
     run = shell_join(["exec", *torchrun], keep=("$(",)) + " " + shell_join(
-        train_argv(opts, PLAN_FILE))
+        train_argv(opts, PLAN_FILE, lay))
     return f"{write} && {run}"
+
+
+def _env(plan_yaml: str, opts: ExportOptions) -> list[dict[str, str]]:
+    env = [{"name": PLAN_ENV, "value": plan_yaml}]
+    if opts.elastic:
+        env.append({"name": ELASTIC_ENV[0], "value": ELASTIC_ENV[1]})
+    return env
 
 
 def _container(name: str, script: str, plan_yaml: str, opts: ExportOptions, gpus: int) -> dict:
@@ -55,7 +71,7 @@ def _container(name: str, script: str, plan_yaml: str, opts: ExportOptions, gpus
         "name": name,
         "image": opts.image,
         "command": ["/bin/sh", "-c", script],
-        "env": [{"name": PLAN_ENV, "value": plan_yaml}],
+        "env": _env(plan_yaml, opts),
         "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
     }
 
@@ -90,26 +106,39 @@ def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any
 
 def pytorch_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
-    script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts)
+    script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts,
+                     lay)
 
     def replica(n: int) -> dict[str, Any]:  # a container per replica: no YAML aliases
         container = _container("pytorch", script, plan_yaml, opts, lay.nproc_per_node)
         template = {"spec": {"containers": [container]}}
         return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
 
-    specs = {"Master": replica(1)}
-    if lay.num_nodes > 1:
-        specs["Worker"] = replica(lay.num_nodes - 1)
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": _metadata(opts),
-        "spec": {
-            "nprocPerNode": str(lay.nproc_per_node),
-            "pytorchReplicaSpecs": specs,
-            "runPolicy": {"cleanPodPolicy": "None"},  # required by the v1 API
-        },
+    if opts.elastic:  # workers only, as the operator's elastic examples run them
+        specs = {"Worker": replica(lay.num_nodes)}
+    else:
+        specs = {"Master": replica(1)}
+        if lay.num_nodes > 1:
+            specs["Worker"] = replica(lay.num_nodes - 1)
+    spec: dict[str, Any] = {}
+    if opts.elastic:
+        spec["elasticPolicy"] = elastic_policy(lay, opts)
+    spec |= {
+        "nprocPerNode": str(lay.nproc_per_node),
+        "pytorchReplicaSpecs": specs,
+        "runPolicy": {"cleanPodPolicy": "None"},  # required by the v1 API
     }
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _metadata(opts),
+            "spec": spec}
+
+
+def elastic_policy(lay: Layout, opts: ExportOptions) -> dict[str, Any]:
+    """PyTorchJob spec.elasticPolicy as kubeflow/training-operator defines it
+    (pkg/apis/kubeflow.org/v1/pytorch_types.go, type ElasticPolicy: minReplicas, maxReplicas,
+    rdzvBackend c10d|etcd|etcd-v2, maxRestarts); the operator then gives torchrun
+    PET_NNODES=min:max and a c10d rendezvous on the first worker."""
+    return {"minReplicas": opts.min_nodes, "maxReplicas": lay.num_nodes, "rdzvBackend": "c10d",
+            "maxRestarts": opts.max_restarts}
 
 
 def job_set(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
@@ -120,12 +149,14 @@ def job_set(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
         torchrun = torchrun_argv(
             Layout(1, lay.nproc_per_node), opts, rdzv_host=head, rdzv_id=opts.job_name
         )
-    container = _container("trainer", _script(torchrun, opts), plan_yaml, opts, lay.nproc_per_node)
+    container = _container("trainer", _script(torchrun, opts, lay), plan_yaml, opts,
+                           lay.nproc_per_node)
     job_spec = {
         "parallelism": lay.num_nodes,
         "completions": lay.num_nodes,
         "completionMode": "Indexed",
-        "backoffLimit": 0,
+        # elastic: a failed pod is recreated and rejoins (the others re-plan meanwhile)
+        "backoffLimit": opts.max_restarts if opts.elastic else 0,
         "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
     }
     return {
@@ -158,6 +189,14 @@ class KubernetesTarget(ExportTarget):
         why = layout_reasons(plan, opts.gpus_per_node)
         if opts.k8s_kind not in KINDS:
             why.append(f"--kind {opts.k8s_kind!r}: choose one of {', '.join(KINDS)}")
+        if not why:
+            why += elastic_reasons(layout(plan, opts.gpus_per_node), opts)
+        if opts.elastic and opts.k8s_kind == "trainjob":
+            # kubeflow/training-operator sdk/docs/TrainerV1alpha1TorchElasticPolicy.md: the
+            # bounds (min_nodes, max_nodes, max_restarts) are the runtime's torch policy
+            why.append("--elastic with --kind trainjob: Kubeflow Trainer sets elastic bounds in "
+                       "the ClusterTrainingRuntime (mlPolicy.torch.elasticPolicy), not in a "
+                       "TrainJob; use --kind pytorchjob or --kind jobset")
         return why
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:

@@ -33,9 +33,29 @@ def check_path_word(flag: str, value: str) -> None:
         raise ConfigError(flag, f"got {value[:80]!r}", "give a path without control characters")
 
 
-def train_argv(opts: ExportOptions, plan_path: str | None = None) -> list[str]:
-    """`autoplan train PLAN --checkpoint-dir D --resume` (resume picks up after a restart)."""
-    return [
+ELASTIC_TARGETS = ("slurm", "kubernetes")
+"""Targets whose launch is torchrun, which `--elastic` turns into its MIN:MAX form."""
+ELASTIC_CHECKPOINT_EVERY = 100
+"""Steps between checkpoints of an exported elastic job: a lost node costs at most this many."""
+ELASTIC_ENV = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+"""Set for elastic torchrun (autoplan.runtime.launch.ELASTIC_ENV says why)."""
+
+
+def elastic_reasons(lay: Layout, opts: ExportOptions) -> list[str]:
+    """Why --elastic/--min-nodes cannot apply to this layout (empty when they can)."""
+    if not opts.elastic:
+        return [] if opts.min_nodes == 1 else [f"--min-nodes {opts.min_nodes} needs --elastic"]
+    if not 1 <= opts.min_nodes <= lay.num_nodes:
+        return [f"--min-nodes {opts.min_nodes}: expected 1 to the plan's {lay.num_nodes} "
+                "node(s)"]
+    return []
+
+
+def train_argv(opts: ExportOptions, plan_path: str | None = None,
+               lay: Layout | None = None) -> list[str]:
+    """`autoplan train PLAN --checkpoint-dir D --resume` (resume picks up after a restart);
+    elastic: `--elastic --min-gpus N --checkpoint-every K` as well (`lay` gives N)."""
+    argv = [
         "autoplan",
         "train",
         plan_path or opts.plan_path,
@@ -43,16 +63,25 @@ def train_argv(opts: ExportOptions, plan_path: str | None = None) -> list[str]:
         opts.checkpoint_dir,
         "--resume",
     ]
+    if opts.elastic:
+        argv += ["--checkpoint-every", str(ELASTIC_CHECKPOINT_EVERY), "--elastic"]
+        if lay is not None:
+            argv += ["--min-gpus", str(opts.min_nodes * lay.nproc_per_node)]
+    return argv
 
 
 def torchrun_argv(
     lay: Layout, opts: ExportOptions, *, rdzv_host: str | None, rdzv_id: str | None
 ) -> list[str]:
-    """torchrun options: standalone on one node, c10d rendezvous at `rdzv_host` otherwise.
+    """torchrun options: standalone on one node, c10d rendezvous at `rdzv_host` otherwise;
+    elastic: `--nnodes=MIN:MAX` (PyTorch's elastic quickstart, docs.pytorch.org/docs/stable/
+    elastic/quickstart.html: run it on MIN to MAX nodes; a lost node is a scale-down event that
+    --max-restarts counts).
 
     `rdzv_host`/`rdzv_id` may be shell expressions (e.g. "$head_node"); callers quote them.
     """
-    argv = ["torchrun", f"--nnodes={lay.num_nodes}", f"--nproc-per-node={lay.nproc_per_node}"]
+    nodes = f"{opts.min_nodes}:{lay.num_nodes}" if opts.elastic else str(lay.num_nodes)
+    argv = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={lay.nproc_per_node}"]
     if lay.num_nodes == 1 and rdzv_host is None:
         argv.append("--standalone")
     else:

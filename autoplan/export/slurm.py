@@ -2,16 +2,20 @@
 
 c10d rendezvous on the job's first node; nodes and GPUs per node come from the plan and the
 hardware profile; torchrun restarts the worker group up to --max-restarts times and
-`autoplan train --resume` continues from the checkpoint directory.
+`autoplan train --resume` continues from the checkpoint directory. `--elastic`: torchrun
+`--nnodes=MIN:MAX`, a job SLURM keeps when a node fails, and `autoplan train --elastic`, which
+re-plans for the nodes left.
 """
 
 from __future__ import annotations
 
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons
 from autoplan.export.launch import (
+    ELASTIC_ENV,
     check_job_name,
     check_path_word,
     continued,
+    elastic_reasons,
     shell_join,
     torchrun_argv,
     train_argv,
@@ -28,14 +32,18 @@ class SlurmTarget(ExportTarget):
         check_job_name(opts.job_name)  # it names the job, its log and the script file
         check_path_word("--checkpoint-dir", opts.checkpoint_dir)
         check_path_word("PLAN", opts.plan_path)
-        return layout_reasons(plan, opts.gpus_per_node)
+        why = layout_reasons(plan, opts.gpus_per_node)
+        return why or elastic_reasons(layout(plan, opts.gpus_per_node), opts)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
         argv = torchrun_argv(lay, opts, rdzv_host="$head_node", rdzv_id="$SLURM_JOB_ID")
-        launch = [shell_join(["srun"], keep=("$",))]
+        # srun --kill-on-bad-exit=0: one node's torchrun ending does not end the others'
+        # (slurm.schedmd.com/srun.html); elastic ones re-rendezvous without it
+        srun = ["srun", "--kill-on-bad-exit=0"] if opts.elastic else ["srun"]
+        launch = [shell_join(srun, keep=("$",))]
         launch += [shell_join([w], keep=("$",)) for w in argv]
-        launch.append(shell_join(train_argv(opts)))
+        launch.append(shell_join(train_argv(opts, lay=lay)))
         text = "\n".join(
             [
                 "#!/bin/bash",
@@ -44,20 +52,39 @@ class SlurmTarget(ExportTarget):
                 "#SBATCH --ntasks-per-node=1",
                 f"#SBATCH --gpus-per-node={lay.nproc_per_node}",
                 "#SBATCH --exclusive",
+                *_elastic_directives(opts),
                 f"#SBATCH --output={opts.job_name}-%j.out",
                 "#",
                 "# Written by `autoplan export --to slurm`: one torchrun per node (srun), one process",
                 f"# per GPU; plan: dp={plan.parallel.dp} tp={plan.parallel.tp} pp={plan.parallel.pp}"
                 f" cp={plan.parallel.cp} on {lay.num_nodes} x {lay.nproc_per_node} GPUs.",
+                *_elastic_comment(opts),
                 "set -euo pipefail",
                 "",
                 "# The first node hosts the c10d rendezvous.",
                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                 f"mkdir -p {shell_join([opts.checkpoint_dir])}",
                 "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+                *([f"export {ELASTIC_ENV[0]}={ELASTIC_ENV[1]}"] if opts.elastic else []),
                 "",
                 continued(launch),
                 "",
             ]
         )
         return {f"{opts.job_name}.sbatch": text}
+
+
+def _elastic_directives(opts: ExportOptions) -> list[str]:
+    """sbatch --no-kill: "Do not automatically terminate a job if one of the nodes it has been
+    allocated fails" (slurm.schedmd.com/sbatch.html, -k/--no-kill), so the survivors go on."""
+    return ["#SBATCH --no-kill"] if opts.elastic else []
+
+
+def _elastic_comment(opts: ExportOptions) -> list[str]:
+    if not opts.elastic:
+        return []
+    return [f"# Elastic: torchrun runs on {opts.min_nodes} or more of the nodes; when one fails "
+            "the others",
+            "# re-plan for their GPUs and resume from the newest checkpoint. The rendezvous "
+            "lives on the",
+            "# first node: if that one fails the job ends (an etcd rendezvous avoids that)."]

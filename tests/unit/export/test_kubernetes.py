@@ -164,3 +164,45 @@ def test_unknown_kind_is_refused():
             p.model_spec(),
             ExportOptions(gpus_per_node=8, k8s_kind="deployment"),
         )
+
+
+def test_elastic_pytorchjob_has_the_operators_elastic_policy():
+    """#15 item 4: spec.elasticPolicy as kubeflow/training-operator's PyTorchJob defines it
+    (pkg/apis/kubeflow.org/v1/pytorch_types.go: minReplicas, maxReplicas, rdzvBackend,
+    maxRestarts), checked by the Kubeflow training SDK's own model; workers only, each running
+    `autoplan train --elastic` with the GPU floor of minReplicas nodes."""
+    _, doc = _manifest("megatron-3d", "pytorchjob", elastic=True, min_nodes=3)
+    validate("pytorchjob", doc)
+    nodes = CASES["megatron-3d"][0].world_size // 8
+    assert doc["spec"]["elasticPolicy"] == {"minReplicas": 3, "maxReplicas": nodes,
+                                            "rdzvBackend": "c10d", "maxRestarts": 3}
+    assert list(doc["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert doc["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == nodes
+    [container] = _containers("pytorchjob", doc)
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    words = shlex.split(container["command"][2].split("&&")[1])
+    train = words[words.index("autoplan"):]
+    assert "--elastic" in train and train[train.index("--min-gpus") + 1] == str(3 * 8)
+
+
+def test_elastic_jobset_runs_torchrun_min_max():
+    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+
+    _, doc = _manifest("megatron-3d", "jobset", elastic=True, min_nodes=2)
+    validate("jobset", doc)
+    [container] = _containers("jobset", doc)
+    words = shlex.split(container["command"][2].split("&&")[1])
+    args = get_args_parser().parse_args(words[2:])  # after `exec torchrun`
+    nodes = CASES["megatron-3d"][0].world_size // 8
+    assert parse_min_max_nnodes(args.nnodes) == (2, nodes) and args.rdzv_backend == "c10d"
+    assert "--elastic" in args.training_script_args
+    job = doc["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["backoffLimit"] == 3  # a failed pod comes back and rejoins
+
+
+def test_elastic_trainjob_is_refused_with_the_kinds_that_can():
+    p = CASES["dp-zero1"][0]
+    with pytest.raises(Exception, match="pytorchjob or --kind jobset"):
+        export_plan(get_target("kubernetes"), p, p.model_spec(),
+                    ExportOptions(gpus_per_node=8, k8s_kind="trainjob", elastic=True))
