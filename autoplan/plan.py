@@ -39,6 +39,34 @@ class RecomputePolicy(str, enum.Enum):
     FULL = "full"
 
 
+class RecomputeMethod(str, enum.Enum):
+    """How `recompute.num_layers` counts for full recompute (Megatron-LM --recompute-method)."""
+
+    BLOCK = "block"
+    """The first num_layers layers of each stage (model chunk) are recomputed, one checkpoint
+    per layer; the rest keep everything."""
+    UNIFORM = "uniform"
+    """Every layer is recomputed, in checkpointed groups of num_layers consecutive layers: only
+    each group's input is kept (megatron/core/transformer/transformer_block.py,
+    _checkpointed_forward)."""
+
+
+class RecomputeModule(str, enum.Enum):
+    """Submodules selective recompute checkpoints; Megatron-Core's --recompute-modules names
+    (TransformerConfig.recompute_modules in megatron/core/transformer/
+    transformer_config.py, NVIDIA/Megatron-LM at d2c5e8b4f4fa0062d8cd9cbe18a7fca7cf1f99a3)."""
+
+    CORE_ATTN = "core_attn"
+    """The attention core softmax(QK^T)V (normal checkpointing): keeps Q, K, V, re-runs the
+    core; frees its softmax/dropout tensors (eager) or row statistics and output (fused)."""
+    MLP = "mlp"
+    """The dense MLP (normal checkpointing): keeps its input, re-runs its GEMMs and
+    activation; frees the first GEMM's output and the activation's."""
+    LAYERNORM = "layernorm"
+    """input_layernorm and pre_mlp_layernorm (output-discarding checkpointing): keeps each
+    norm's input, frees its output (the next GEMM's saved input) and re-runs the norm."""
+
+
 class Attention(str, enum.Enum):
     FLASH = "flash"
     EAGER = "eager"
@@ -156,12 +184,38 @@ class Recompute:
     policy: RecomputePolicy = RecomputePolicy.NONE
     """none | selective (attention core only) | full (whole block)."""
     num_layers: int | None = None
-    """Recomputed layers of each pipeline stage (each model chunk when vpp > 1), counted from
-    its first layer (Megatron's block method); null means all."""
+    """block method: recomputed layers of each pipeline stage (each model chunk when vpp > 1),
+    counted from its first layer; null means all. uniform method: layers per checkpointed
+    group (required)."""
+    method: RecomputeMethod = RecomputeMethod.BLOCK
+    """block | uniform (Megatron --recompute-method); uniform needs policy full."""
+    modules: tuple[RecomputeModule, ...] | None = None
+    """Selective recompute by submodule (Megatron-Core --recompute-modules): some of core_attn,
+    mlp, layernorm; needs policy selective. null: the runtime's own selective recompute."""
 
     def __post_init__(self) -> None:
         if self.num_layers is not None:
             _check_int("recompute.num_layers", self.num_layers, 0)
+        if self.modules is not None:
+            if self.policy != RecomputePolicy.SELECTIVE:
+                raise ConfigError("recompute.modules", f"got {[m.value for m in self.modules]} "
+                                  f"with policy {self.policy.value}",
+                                  "set policy: selective, or remove modules")
+            if not self.modules or len(set(self.modules)) != len(self.modules):
+                raise ConfigError("recompute.modules", f"got {[m.value for m in self.modules]}",
+                                  "list each of core_attn, mlp, layernorm at most once, or null")
+        if self.method == RecomputeMethod.UNIFORM:
+            if self.policy != RecomputePolicy.FULL:
+                raise ConfigError("recompute.method", f"got uniform with policy "
+                                  f"{self.policy.value}", "uniform needs policy: full")
+            if not self.num_layers:
+                raise ConfigError("recompute.num_layers", f"got {show(self.num_layers)} with "
+                                  "method uniform", "set the layers per group, at least 1")
+
+    @property
+    def module_set(self) -> frozenset[RecomputeModule]:
+        """The chosen modules, empty when none are named."""
+        return frozenset(self.modules or ())
 
 
 @dataclass(frozen=True)
@@ -238,6 +292,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         out.pop("predicted")
     if out["pipeline"].get("layers_per_stage") is None:
         out["pipeline"].pop("layers_per_stage")
+    if out["recompute"].get("method") == RecomputeMethod.BLOCK.value:  # plans read as before
+        out["recompute"].pop("method")
+    if out["recompute"].get("modules") is None:
+        out["recompute"].pop("modules")
     if isinstance(out["model"], dict):  # a dense inline model reads as before MoE existed
         for key in ("moe", "mla"):
             if out["model"].get(key) is None:

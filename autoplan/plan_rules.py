@@ -14,18 +14,21 @@ import numpy as np
 
 from autoplan.hardware import ClusterSpec
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan
+from autoplan.plan import Plan, RecomputeModule
 from autoplan.plan_table import (
     GPIPE,
     INTERLEAVED,
+    RC_FULL,
     RC_NONE,
     RC_SELECTIVE,
+    RC_UNIFORM,
     SCHEDULES,
     ZERO_BUBBLE,
     Table,
     col,
     dp_col,
     expert_col,
+    modules_mask,
     plan_to_row,
 )
 
@@ -179,6 +182,20 @@ RULES: tuple[Rule, ...] = (
         f"num_layers={m.num_layers}",
     ),
     Rule(
+        "recompute-modules-moe",
+        lambda t, m: (dp_col(t, "rc_modules") > 0) & np.bool_(m.moe is not None),
+        lambda t, i, m: "recompute.modules with a MoE model: core_attn, mlp and layernorm are "
+        "priced and run for dense blocks only; use recompute policy full or selective without "
+        "modules",
+    ),
+    Rule(
+        "recompute-uniform-policy",
+        lambda t, m: (dp_col(t, "rc_method") == RC_UNIFORM)
+        & ((col(t, "recompute") != RC_FULL) | (col(t, "recompute_layers") < 1)),
+        lambda t, i, m: "recompute.method=uniform needs policy full and num_layers >= 1 (the "
+        "layers per checkpointed group)",
+    ),
+    Rule(
         "dp-shard-divides-dp",
         lambda t, m: (dp_col(t, "dp_shard") > 0)
         & ((col(t, "dp") % np.maximum(dp_col(t, "dp_shard"), 1) != 0)
@@ -318,7 +335,16 @@ def _moe_tokens_split_over_tp(t: Table, m: ModelSpec) -> np.ndarray:
     return (col(t, "mbs") * (m.seq_len // col(t, "cp"))) % col(t, "tp") == 0
 
 
+_LAYERNORM_BIT = modules_mask((RecomputeModule.LAYERNORM,))
+
 RUNTIME_RULES: tuple[Rule, ...] = (
+    Rule(
+        "runtime-layernorm-recompute-tp",
+        lambda t, m: ((dp_col(t, "rc_modules") & _LAYERNORM_BIT) > 0) & (col(t, "tp") > 1),
+        lambda t, i, m: f"recompute.modules layernorm with tp={_int(t, 'tp', i)}: autoplan's "
+        "runtime discards norm outputs only where the GEMMs save them as plain tensors (tp 1; "
+        "under tensor parallelism they are DTensors); drop layernorm, or export to Megatron-LM",
+    ),
     Rule(
         "runtime-etp",
         lambda t, m: expert_col(t, "etp") > 1,

@@ -21,6 +21,8 @@ from autoplan.plan import (
     Plan,
     Precision,
     Recompute,
+    RecomputeMethod,
+    RecomputeModule,
     RecomputePolicy,
     ReduceDtype,
     Schedule,
@@ -53,6 +55,25 @@ REDUCE_DTYPES: tuple[ReduceDtype | None, ...] = (None, ReduceDtype.FP32, ReduceD
 DATA_PARALLEL_COLUMNS: dict[str, Any] = {"grad_reduce": np.int64, "dp_shard": np.int64}
 """Plan.grad_reduce_dtype (a REDUCE_DTYPES code) and Parallel.dp_shard (0: null, all of dp):
 optional columns, 0 where a table lacks them, so older tables score as before."""
+
+
+RC_MODULES: tuple[RecomputeModule, ...] = tuple(RecomputeModule)
+"""Bit i of column `rc_modules` means RC_MODULES[i] (core_attn 1, mlp 2, layernorm 4); 0: the
+runtime's own selective recompute."""
+RC_METHODS: tuple[RecomputeMethod, ...] = tuple(RecomputeMethod)
+"""Code i in column `rc_method` means RC_METHODS[i]: 0 block, 1 uniform."""
+RC_BLOCK, RC_UNIFORM = range(2)
+RECOMPUTE_COLUMNS: dict[str, Any] = {"rc_modules": np.int64, "rc_method": np.int64}
+"""Recompute.modules (a bit mask) and Recompute.method: optional columns, 0 where a table
+lacks them, so older tables score as before (autoplan.runtime.recompute runs them)."""
+
+
+def modules_mask(modules: tuple[RecomputeModule, ...] | None) -> int:
+    return sum(1 << RC_MODULES.index(m) for m in modules or ())
+
+
+def mask_modules(mask: int) -> tuple[RecomputeModule, ...] | None:
+    return tuple(m for i, m in enumerate(RC_MODULES) if mask >> i & 1) or None
 
 
 def dp_col(table: Table, name: str) -> np.ndarray:
@@ -111,8 +132,10 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         "ep": par.ep, "etp": par.etp,
         "grad_reduce": REDUCE_DTYPES.index(plan.grad_reduce_dtype),
         "dp_shard": par.dp_shard or 0,
+        "rc_modules": modules_mask(plan.recompute.modules),
+        "rc_method": RC_METHODS.index(plan.recompute.method),
     }
-    dtypes = {**COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS}
+    dtypes = {**COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS, **RECOMPUTE_COLUMNS}
     return {k: np.array([v], dtype=dtypes[k]) for k, v in row.items()}
 
 
@@ -136,7 +159,11 @@ def row_to_plan(
         pipeline=Pipeline(schedule=SCHEDULES[v("schedule")], vpp=v("vpp")),
         zero_stage=v("zero_stage"),
         offload=Offload(optimizer=bool(v("offload_optimizer")), params=bool(v("offload_params"))),
-        recompute=Recompute(policy=RECOMPUTE[v("recompute")], num_layers=None if rl < 0 else rl),
+        recompute=Recompute(policy=RECOMPUTE[v("recompute")], num_layers=None if rl < 0 else rl,
+                            method=RC_METHODS[v("rc_method")] if "rc_method" in table
+                            else RecomputeMethod.BLOCK,
+                            modules=mask_modules(v("rc_modules")) if "rc_modules" in table
+                            else None),
         precision=precision,
         grad_reduce_dtype=REDUCE_DTYPES[v("grad_reduce")] if "grad_reduce" in table else None,
     )

@@ -223,9 +223,10 @@ def layer_times_s(
     work and every second matmul). `causal_skip`: a fused causal kernel does half the s^2 work
     (FlashAttention-2, Dao 2023 §3.1: fully masked tiles are skipped)."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
-    gemm = sum(gemm_time_s(g, profile, peak, shape) for g, shape in zip(
+    gemm_each = [gemm_time_s(g, profile, peak, shape) for g, shape in zip(
         gemm_flops_per_layer(model, tokens, tp), gemm_shapes_per_layer(model, tokens, tp),
-        strict=True))
+        strict=True)]
+    gemm = sum(gemm_each)
     core_flops = attention_core_flops(model, b, tp, cp)
     if eager:
         # batched per-head GEMMs: efficiency of one head's s x d x s product
@@ -258,7 +259,8 @@ def layer_times_s(
     attention_core = core_fwd + np.zeros_like(gemm)
     return {"forward": forward, "backward": backward, "dtensor": dtensor,
             "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,
-            "full": full, "core_forward": core_fwd, "gemm_forward": gemm}
+            "full": full, "core_forward": core_fwd, "gemm_forward": gemm,
+            "mlp_gemm_forward": gemm_each[2] + gemm_each[3]}
 
 
 def logits_times_s(

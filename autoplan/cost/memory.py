@@ -164,19 +164,56 @@ def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     raise ValueError(policy)
 
 
+CORE_ATTN, MLP, LAYERNORM = 1, 2, 4
+"""Bits of Recompute.modules (plan_table.RC_MODULES order)."""
+
+
+def module_kept_bytes(parts: dict[str, np.ndarray], modules: np.ndarray, precision: str
+                      ) -> np.ndarray:
+    """Bytes a block keeps when selective recompute checkpoints the `modules` (a bit mask) and
+    keeps everything else, as Megatron-Core's recompute_modules do (TransformerConfig docs,
+    megatron/core/transformer/transformer_config.py):
+      core_attn  normal checkpoint of the attention core: its inputs Q, K, V are kept by the
+                 checkpoint, its own saved tensors (`core`: softmax and dropout, or a fused
+                 kernel's row statistics) are re-made in backward;
+      mlp        normal checkpoint of the dense MLP: its input (the second norm's output, half
+                 of `gemm_in`, saved anyway by its first GEMM) is kept, `mlp_act` and
+                 `mlp_mid` are re-made;
+      layernorm  output-discarding checkpoint of both norms: each norm's input is kept (the
+                 block input and the mid-block residual, 2 x `input`), the norm's own saved
+                 tensors and its output (the next GEMMs' saved input, `gemm_in`) are re-made,
+                 also where mlp's checkpoint saves it as its input (Megatron frees the
+                 output's storage; torch's non-reentrant checkpoint saves its inputs as saved
+                 tensors, which the discarding hook sees: measured, tests/unit/runtime).
+    An fp32 run doubles every 16-bit tensor; composite-RMSNorm fp32 copies (`fp32_fixed`)
+    stay as they are unless layernorm re-makes them."""
+    scale = 2.0 if precision == "fp32" else 1.0
+    fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
+    m = np.asarray(modules, dtype=np.int64)
+    core, mlp, norm = (m & CORE_ATTN) > 0, (m & MLP) > 0, (m & LAYERNORM) > 0
+    dropped = (np.where(core, parts["core"], 0.0)
+               + np.where(mlp, parts["mlp_act"] + parts["mlp_mid"], 0.0)
+               + np.where(norm, parts["gemm_in"] + parts["norm"] - 2.0 * parts["input"], 0.0))
+    return (_kept_bytes_16bit(parts, "none") - dropped) * scale - np.where(norm, 0.0, fixed)
+
+
 def activation_bytes_per_layer(
     parts: dict[str, np.ndarray], recompute: np.ndarray, precision: str,
-    selective: str = "attention-core",
+    selective: str = "attention-core", modules: np.ndarray | int = 0,
 ) -> np.ndarray:
     """Bytes kept per layer for recompute 0 none, 1 selective (what `selective` keeps: see
-    runtimes.SelectiveKind; Megatron's is 34sbh/t for GPT with sequence parallelism), 2 full
-    (only the layer input, 2sbh). An fp32 run doubles every 16-bit tensor; the fp32 ones
-    (`fp32_fixed`) stay as they are."""
+    runtimes.SelectiveKind; Megatron's is 34sbh/t for GPT with sequence parallelism; with a
+    `modules` mask, module_kept_bytes), 2 full (only the layer input, 2sbh). An fp32 run
+    doubles every 16-bit tensor; the fp32 ones (`fp32_fixed`) stay as they are."""
     scale = 2.0 if precision == "fp32" else 1.0
     fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
     full = _kept_bytes_16bit(parts, "none") * scale - fixed
     keeps_norms = selective == "attention-core"  # the other kinds re-run the norms
     selective_bytes = _kept_bytes_16bit(parts, selective) * scale - (fixed if keeps_norms else 0.0)
+    mods = np.asarray(modules)
+    if np.any(mods > 0):
+        selective_bytes = np.where(mods > 0, module_kept_bytes(parts, mods, precision),
+                                   selective_bytes)
     r = np.asarray(recompute)
     return np.where(r == 0, full, np.where(r == 1, selective_bytes, parts["input"] * scale))
 

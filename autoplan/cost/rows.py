@@ -14,7 +14,7 @@ import numpy as np
 from autoplan.cost import params
 from autoplan.cost.runtimes import PipelineGradSync, RuntimeTraits
 from autoplan.model_spec import ModelSpec
-from autoplan.plan_table import RC_NONE, ZERO_BUBBLE, Table, col, dp_col, expert_col
+from autoplan.plan_table import RC_NONE, RC_UNIFORM, ZERO_BUBBLE, Table, col, dp_col, expert_col
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,10 @@ class Rows:
     """Expert tensor-parallel degree."""
     replicate: np.ndarray = field(default_factory=lambda: np.ones(1))
     """HSDP replicas of each ZeRO shard group (dp / dp_shard; 1 without HSDP)."""
+    rc_modules: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    """Recompute.modules as a bit mask (plan_table.RC_MODULES; 0: the runtime's selective)."""
+    rc_uniform: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=bool))
+    """Recompute.method uniform: every layer recomputes, in groups of recompute_layers."""
     reduce_bytes: np.ndarray = field(default_factory=lambda: np.full(1, 4.0))
     """Bytes per gradient element in data-parallel reductions: Plan.grad_reduce_dtype, or
     the runtime's default for the precision (RuntimeTraits.reduce_bytes); set by rows_of."""
@@ -74,10 +78,18 @@ class Rows:
 
 
 def recomputed_layers(layers: np.ndarray, rows: Rows) -> np.ndarray:
-    """Layers of a stage that recompute: all of them, or `recompute_layers` per chunk."""
-    some = np.where(rows.recompute_layers < 0, layers,
+    """Layers of a stage that recompute: all of them (also under the uniform method), or
+    `recompute_layers` per chunk."""
+    some = np.where((rows.recompute_layers < 0) | rows.rc_uniform, layers,
                     np.minimum(rows.recompute_layers * rows.vpp, layers))
     return np.where(rows.recompute == RC_NONE, 0, some).astype(float)
+
+
+def uniform_groups(layers: np.ndarray, rows: Rows) -> np.ndarray:
+    """Checkpointed groups of `recompute_layers` layers under the uniform method, per chunk
+    (Megatron's _checkpointed_forward: the last group of a chunk may be shorter)."""
+    k = np.maximum(rows.recompute_layers, 1)
+    return rows.vpp * np.ceil(layers / rows.vpp / k)
 
 
 def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTraits) -> Rows:
@@ -115,4 +127,6 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         act_scale=2.0 if precision == "fp32" else 1.0,
         ep=expert_col(table, "ep").astype(float), etp=expert_col(table, "etp").astype(float),
         replicate=dp / shard_dp, reduce_bytes=reduce_bytes,
+        rc_modules=dp_col(table, "rc_modules"),
+        rc_uniform=dp_col(table, "rc_method") == RC_UNIFORM,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.cost import memory, moe, params, pipeline
-from autoplan.cost.rows import Rows, recomputed_layers
+from autoplan.cost.rows import Rows, recomputed_layers, uniform_groups
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
@@ -73,18 +73,22 @@ def memory_by_part(
     st_first, st_last, psi = _stage_states(model, r, precision, runtime)
     a_none = memory.activation_bytes_per_layer(parts, np.zeros_like(r.recompute), precision)
     a_pol = memory.activation_bytes_per_layer(parts, r.recompute, precision,
-                                              runtime.selective.value)
+                                              runtime.selective.value, r.rc_modules)
 
     def act_layers(layers: np.ndarray) -> np.ndarray:
         n = recomputed_layers(layers, r)
-        return n * a_pol + (layers - n) * a_none
+        # uniform: one kept input per group of recompute_layers layers (Megatron's method)
+        return np.where(r.rc_uniform, uniform_groups(layers, r) * a_pol,
+                        n * a_pol + (layers - n) * a_none)
 
     in_flight = pipeline.in_flight_microbatches(r.schedule, r.pp, r.vpp, r.m)
     in_flight_last = np.where(r.schedule == GPIPE, r.m,
                               np.where(r.schedule == INTERLEAVED, in_flight, 1.0))
     # the block whose backward runs holds its gradients' worth of activations, plus what a
-    # recomputed block brings back (all of it under full recompute, the re-run part selectively)
-    working = a_none + np.where(r.recompute != RC_NONE, a_none - a_pol, 0.0)
+    # recomputed block brings back (all of it under full recompute, the re-run part
+    # selectively); a uniform group's backward re-makes all its layers at once
+    group = np.where(r.rc_uniform, np.maximum(r.recompute_layers, 1), 1.0)
+    working = a_none + np.where(r.recompute != RC_NONE, group * (a_none - a_pol), 0.0)
     sp_div = np.where(r.sp, r.tp, 1.0)
     embed_act = 3.0 * model.seq_len / r.cp * r.b * model.hidden_size / sp_div * r.act_scale
     logits = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp,

@@ -84,7 +84,10 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
               "full": lt["full"] + delta}
     a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes)
-    rec_extra = np.where(r.recompute == RC_SELECTIVE, lt[runtime.selective.value],
+    by_module = r.rc_modules > 0
+    selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules),
+                           lt[runtime.selective.value])
+    rec_extra = np.where(r.recompute == RC_SELECTIVE, selective_t,
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))
     tokens = model.seq_len / r.cp * r.b
     gpn = profile.gpus_per_node
@@ -98,7 +101,10 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     exposed_tp = runtime.tp_exposed_share(r.tp, r.sp)
     tp_hideable = 3.0 * lt["gemm_forward"]
     tp_rec = np.where(r.recompute == RC_FULL, tpc["recompute_full"],
-                      np.where(r.recompute == RC_SELECTIVE, tpc["recompute_selective"], 0.0))
+                      np.where(r.recompute == RC_SELECTIVE, np.where(
+                          by_module, np.where((r.rc_modules & memory.MLP) > 0,
+                                              tpc["recompute_full"] / 2.0, 0.0),
+                          tpc["recompute_selective"]), 0.0))
     cp_inside = comm.intra_node(r.tp, r.cp, gpn)
     cp_nodes = comm.members_per_node(r.tp, r.cp, gpn)
     cp_layer = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
@@ -120,7 +126,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                                                       tp_hideable))
                   + n * (tp_rec - np.minimum((1.0 - exposed_tp) * tp_rec, lt["gemm_forward"]))
                   + tp_ends,
-            "cp": layers * cp_layer + n * cp_rec,
+            "cp": layers * cp_layer + n * np.where(
+                by_module & ((r.rc_modules & memory.CORE_ATTN) == 0), 0.0, cp_rec),
             # all-to-alls hidden behind another micro-batch's compute as far as the runtime
             # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
             "ep": layers * a2a - runtime.ep_comm_overlap * np.minimum(
@@ -275,6 +282,24 @@ def time_by_part(
     return out
 
 
+def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
+                       modules: np.ndarray) -> np.ndarray:
+    """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM) adds:
+    the attention core's forward; the MLP's two GEMMs; and for the MLP and the norms a share of
+    the block's non-GEMM forward time (element-wise work and per-op host costs) in proportion
+    to the bytes they keep (an assumption: element-wise time follows bytes moved)."""
+    m = np.asarray(modules, dtype=np.int64)
+    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
+    noncore = np.sum([parts[k] for k in ("norm", "gemm_in", "masks", "qkv", "attn_out",
+                                          "mlp_act", "mlp_mid")], axis=0)
+    mlp_share = (parts["mlp_act"] + parts["mlp_mid"]) / np.maximum(noncore, 1.0)
+    norm_share = (parts["norm"] + parts["gemm_in"]) / np.maximum(noncore, 1.0)
+    return (np.where((m & memory.CORE_ATTN) > 0, lt["attention-core"], 0.0)
+            + np.where((m & memory.MLP) > 0, lt["mlp_gemm_forward"] + mlp_share * elementwise,
+                       0.0)
+            + np.where((m & memory.LAYERNORM) > 0, norm_share * elementwise, 0.0))
+
+
 def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
     """FLOPs the recompute adds per step (for HFU)."""
     one = np.array(1.0)
@@ -283,6 +308,11 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
     selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core,
                  "op-sac": compute.op_sac_recomputed_gemm_share(model) * fwd_layer
                  }[runtime.selective.value]
+    gemms = compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one)
+    m = np.asarray(r.rc_modules, dtype=np.int64)
+    by_module = (np.where((m & memory.CORE_ATTN) > 0, fwd_core, 0.0)
+                 + np.where((m & memory.MLP) > 0, gemms[2] + gemms[3], 0.0))
+    selective = np.where(m > 0, by_module, selective)
     frac = recomputed_layers(r.layers_first, r) / np.maximum(r.layers_first, 1)
     return r.gbs * model.num_layers * frac * np.where(
         r.recompute == RC_FULL, fwd_layer + fwd_core,

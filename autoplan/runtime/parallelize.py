@@ -8,7 +8,7 @@ compose on gloo by the parity table in tests/dist/test_parity.py):
 3. per stage: fp8 Linear layers (torchao; fp8 plans on CUDA only), tensor/sequence
    parallelism (DTensor), then context parallelism (attention and positions hooked to the cp
    group), then expert parallelism (MoE experts sharded over ep, tokens sent by all-to-all),
-   then activation recomputation (checkpoint wrappers around blocks), then FSDP2 fully_shard
+   then activation recomputation (checkpointed blocks, groups, modules), then FSDP2 fully_shard
    (ZeRO-1/2/3, bf16, offload; over dp x cp; MoE experts first, over the expert-DP group);
 4. materialise on the device and load the deterministic, layout-independent initial weights;
 5. DDP for pure data parallelism (it needs real tensors);
@@ -177,7 +177,8 @@ def parallelize(
             context_parallel.apply_cp(part, mesh["cp"])
         if expert_mesh is not None:
             expert_parallel.apply_ep(part, expert_mesh["ep"], mesh["tp"] if dims.tp > 1 else None)
-        recompute.apply_recompute(part, plan.recompute.policy, plan.recompute.num_layers)
+        rc = plan.recompute
+        recompute.apply_recompute(part, rc.policy, rc.num_layers, rc.method, rc.modules)
         if expert_mesh is not None:
             expert_parallel.apply_expert_fsdp(part, expert_mesh, dims, plan.precision,
                                               plan.offload)

@@ -1,16 +1,24 @@
-"""Activation recomputation (checkpointing) per transformer block with torch.utils.checkpoint.
+"""Activation recomputation (checkpointing) with torch.utils.checkpoint, per block or module.
 
-- full: the whole block is recomputed in backward; only its input is kept.
+- full: the whole block is recomputed in backward; only its input is kept. Method block: the
+  first `num_layers` blocks of each model chunk (None: all); method uniform: every block, in
+  checkpointed groups of `num_layers` consecutive blocks, keeping only each group's input
+  (Megatron-LM's --recompute-method uniform).
 - selective: matmul outputs (and the TP collectives' results) are saved, element-wise ops,
   norms and the attention core (softmax(QK^T)V, the s^2 part) are recomputed (Korthikanti et
   al. 2022), via create_selective_checkpoint_contexts.
-Only the first `num_layers` blocks of each model chunk are wrapped (Megatron's "block" method);
-None wraps all. The RNG state is saved and restored so recomputed dropout masks match.
+- selective with modules (Megatron-Core's --recompute-modules): core_attn and mlp are normal
+  checkpoints of Attention.core and of the dense FeedForward; layernorm checkpoints both norms
+  and discards their outputs (module_recompute.py).
+The RNG state is saved and restored so recomputed dropout masks match. Module names (FQNs)
+never change: modules are checkpointed by replacing their forward on the instance.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,9 +26,14 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
 )
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
-from autoplan.plan import RecomputePolicy
+from autoplan.plan import RecomputeMethod, RecomputeModule, RecomputePolicy
+from autoplan.runtime.module_recompute import apply_modules
 
 
 @functools.cache
@@ -53,11 +66,49 @@ def checkpoint_kwargs(policy: RecomputePolicy) -> dict[str, object]:
     return kwargs
 
 
-def apply_recompute(model: nn.Module, policy: RecomputePolicy, num_layers: int | None) -> int:
-    """Wrap the first `num_layers` blocks of `model.layers` in place; returns how many."""
+def checkpoint_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` under torch.utils.checkpoint (non-reentrant) with checkpoint_kwargs' RNG setting."""
+    kwargs = checkpoint_kwargs(RecomputePolicy.FULL)
+
+    def run(*args: Any, **kw: Any) -> Any:
+        return checkpoint(fn, *args, use_reentrant=False,
+                          preserve_rng_state=bool(kwargs["preserve_rng_state"]), **kw)
+
+    return run
+
+
+def _run_groups(model: nn.Module, size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Transformer.run_layers for the uniform method: checkpoint `size` blocks at a time."""
+    def run_group(h: torch.Tensor, *group: nn.Module) -> torch.Tensor:
+        for layer in group:
+            h = layer(h)
+        return h
+
+    def run_layers(h: torch.Tensor) -> torch.Tensor:
+        layers = list(model.layers.values())
+        for i in range(0, len(layers), size):
+            h = checkpoint_fn(run_group)(h, *layers[i:i + size])
+        return h
+
+    return run_layers
+
+
+def apply_recompute(model: nn.Module, policy: RecomputePolicy, num_layers: int | None,
+                    method: RecomputeMethod = RecomputeMethod.BLOCK,
+                    modules: tuple[RecomputeModule, ...] | None = None) -> int:
+    """Apply one plan's recompute to `model.layers` in place; returns how many blocks it
+    touches (all of them for the uniform method and for modules)."""
     if policy == RecomputePolicy.NONE:
         return 0
     keys = list(model.layers.keys())
+    if modules:
+        for key in keys:
+            apply_modules(model.layers[key], frozenset(modules), checkpoint_fn)
+        return len(keys)
+    if method == RecomputeMethod.UNIFORM:
+        if keys:
+            model.run_layers = _run_groups(model, max(1, num_layers or 1))
+        return len(keys)
     count = len(keys) if num_layers is None else min(num_layers, len(keys))
     for key in keys[:count]:
         model.layers[key] = checkpoint_wrapper(model.layers[key], **checkpoint_kwargs(policy))

@@ -82,12 +82,18 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.embed is not None else x
-        for layer in self.layers.values():
-            h = layer(h)
+        h = self.run_layers(h)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
+        return h
+
+    def run_layers(self, h: torch.Tensor) -> torch.Tensor:
+        """The blocks in order; autoplan.runtime.recompute replaces it (on the instance) to
+        checkpoint groups of blocks (Megatron's uniform method)."""
+        for layer in self.layers.values():
+            h = layer(h)
         return h
 
 
