@@ -354,9 +354,11 @@ RUNTIME_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "runtime-moe-capacity",
-        lambda t, m: np.bool_(m.moe is not None and m.moe.capacity_factor is not None),
-        lambda t, i, m: f"model.moe.capacity_factor={m.moe.capacity_factor if m.moe else None}: "
-        "autoplan's runtime is dropless; set capacity_factor: null",
+        lambda t, m: np.bool_(m.moe is not None and m.moe.capacity_factor is not None)
+        & (col(t, "cp") > 1),
+        lambda t, i, m: f"model.moe.capacity_factor={m.moe.capacity_factor if m.moe else None} "
+        f"with parallel.cp={_int(t, 'cp', i)}: autoplan's runtime drops tokens per whole "
+        "sequence, which context parallelism splits; set capacity_factor: null or cp: 1",
     ),
     Rule(
         "runtime-moe-aux-free",

@@ -219,9 +219,19 @@ def _ep_expert_grads_over_edp(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(expert_parallel, "apply_expert_fsdp", apply_expert_fsdp)
 
 
+def _moe_capacity_keeps_lowest_gates(mp: pytest.MonkeyPatch) -> None:
+    """Token dropping that keeps each expert's lowest gates instead of its highest (the
+    capacity mask ranks the negated gates)."""
+    from autoplan.runtime.models import moe
+
+    original = moe.capacity_mask
+    mp.setattr(moe, "capacity_mask", lambda gates, *rest: original(-gates, *rest))
+
+
 MOE_BUGS = {
     "ep-no-regroup": _ep_no_regroup,
     "ep-expert-grads-over-edp": _ep_expert_grads_over_edp,
+    "moe-capacity-keeps-lowest-gates": _moe_capacity_keeps_lowest_gates,
 }
 """Expert-parallel bugs, checked by tests/dist/test_moe_parity.py."""
 

@@ -11,9 +11,11 @@ the learned router. `-m slow` adds more compositions.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
+from autoplan.model_spec import ModelSpec, load_model
 from tests.dist.bugs import MOE_BUGS
 from tests.dist.parity import compare, make_plan, reference_plan, run_parity
 from tests.dist.test_parity import ADAM_PARAM_ATOL
@@ -21,10 +23,21 @@ from tests.dist.test_parity import ADAM_PARAM_ATOL
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 
 
-def moe_plan(ep: int, **kw):
-    """A tiny-moe plan with expert parallelism `ep` (Parallel.ep)."""
-    plan = make_plan("tiny-moe", **kw)
+def moe_plan(ep: int, model: Any = "tiny-moe", **kw):
+    """A tiny-moe plan (or `model`'s) with expert parallelism `ep` (Parallel.ep)."""
+    plan = make_plan(model, **kw)
     return dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel, ep=ep))
+
+
+def _dropping() -> ModelSpec:
+    """tiny-moe with capacity factor 1.0: each expert keeps 16 of a 64-token sequence's 128
+    slots, so the token-index router's uneven counts drop a few (runtime/models/moe.py)."""
+    base = load_model("tiny-moe")
+    assert base.moe is not None
+    return base.replace(moe=dataclasses.replace(base.moe, capacity_factor=1.0))
+
+
+DROPPING = _dropping()
 
 
 C = dict
@@ -40,6 +53,8 @@ ROWS = {
     # the layout kinds of `autoplan search --model mixtral-8x7b ... --num-gpus 64`'s winner
     # (dp 32, pp 2, ep 8, ZeRO-1, zero-bubble V with vpp 2)
     "ep2-dp2pp2-zbv-zero1": C(ep=2, dp=2, pp=2, zero=1, schedule="zero-bubble", vpp=2, mbs=1),
+    # token dropping (capacity factor 1.0) with the experts folded over tp
+    "ep4-dp2tp2-sp-capacity": C(model=DROPPING, ep=4, dp=2, tp=2, sp=True),
 }
 SLOW_ROWS = {
     "ep2-dp2pp2-1f1b": C(ep=2, dp=2, pp=2),
@@ -64,7 +79,7 @@ def _check(pool, reference_cache, row: dict, bug: str | None = None) -> list[str
     row = dict(row)
     optim, router = row.pop("optim", "sgd"), row.pop("router", "token-index")
     plan = moe_plan(**row)
-    key = ("tiny-moe", plan.batch, optim, 10, 0.0, router)
+    key = (plan.model, plan.batch, optim, 10, 0.0, router)
     if key not in reference_cache:
         reference_cache[key] = run_parity(pool, reference_plan(plan), 10, optim, router=router)
     run = run_parity(pool, plan, 10, optim, bug=bug, router=router)
@@ -88,6 +103,7 @@ def test_expert_parallel_compositions_match_single_process(pool, reference_cache
 BUG_ROWS = {
     "ep-no-regroup": C(ep=2, dp=2),
     "ep-expert-grads-over-edp": C(ep=2, dp=2),
+    "moe-capacity-keeps-lowest-gates": C(model=DROPPING, ep=2, dp=2),
 }
 
 

@@ -1,11 +1,15 @@
 """Mixture-of-experts MLP block: a router, routed experts (the model's MLP kind) and shared experts.
 
-Dropless: every token goes to its top-k experts, grouped by expert with a stable argsort; the
-experts run on whatever tokens they get. Where the experts live is the dispatcher's business
-(expert_parallel.py sends token groups to the ranks that hold them); here all are local.
+Dropless by default: every token goes to its top-k experts, grouped by expert with a stable
+argsort; the experts run on whatever tokens they get. With a capacity factor each expert takes
+at most its capacity of each sequence's tokens and the rest are dropped (capacity_mask). Where
+the experts live is the dispatcher's business (expert_parallel.py sends token groups to the
+ranks that hold them); here all are local.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +97,29 @@ def token_index_experts(positions: torch.Tensor, k: int, num_experts: int) -> to
     return (e0[:, None] + torch.arange(k, device=positions.device)) % num_experts
 
 
+def capacity_mask(gates: torch.Tensor, chosen: torch.Tensor, seq_len: int, num_experts: int,
+                  capacity_factor: float) -> torch.Tensor:
+    """Which (token, slot) assignments an expert keeps (T, k), bool: of each sequence's s
+    tokens an expert takes at most capacity = ceil(s * k * capacity_factor / E) (Megatron-Core's
+    formula, moe/README.md "capacity = num_tokens_per_rank * topk * capacity_factor /
+    num_experts", applied per sequence), the highest gates first (its "probs" drop policy;
+    equal gates: the earlier token, then the earlier slot). Per sequence rather than per rank,
+    so a token's fate does not depend on how dp, pp micro-batches, tp or ep split the batch."""
+    t, k = chosen.shape
+    cap = math.ceil(seq_len * k * capacity_factor / num_experts)
+    flat_e = chosen.reshape(-1)
+    group = torch.arange(t, device=chosen.device).repeat_interleave(k) // seq_len * num_experts \
+        + flat_e  # (sequence, expert) of each slot
+    by_gate = torch.argsort(-gates.detach().reshape(-1).float(), stable=True)
+    order = by_gate[torch.argsort(group[by_gate], stable=True)]  # group, then gate descending
+    counts = torch.bincount(group, minlength=int(group.max()) + 1 if group.numel() else 0)
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(order.numel(), device=chosen.device) - first[group[order]]
+    keep = torch.empty_like(flat_e, dtype=torch.bool)
+    keep[order] = rank < cap
+    return keep.view(t, k)
+
+
 class MoE(nn.Module):
     """y = sum_j g_j(x) E_{i_j}(x) + shared(x) over the top-k experts i_j of router(x).
 
@@ -110,6 +137,8 @@ class MoE(nn.Module):
         self.top_k = moe.experts_per_token
         self.num_experts = moe.num_experts
         self.router_dtype = ROUTER_DTYPES[moe.router_dtype]
+        self.capacity_factor = moe.capacity_factor
+        """None: dropless; else each expert keeps at most its capacity per sequence."""
         self.router = nn.Linear(spec.hidden_size, moe.num_experts, bias=spec.bias)
         self.experts = Experts(spec)
         self.shared = None
@@ -142,25 +171,38 @@ class MoE(nn.Module):
         gates = torch.softmax(picked, dim=-1, dtype=wide)
         return gates.to(tokens.dtype), chosen
 
-    def routed_outputs(self, tokens: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """Expert outputs (T, k, h) of each token's k experts, before the gates."""
+    def routed_outputs(self, tokens: torch.Tensor, chosen: torch.Tensor,
+                       keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Expert outputs (T, k, h) of each token's k experts, before the gates; zeros for the
+        slots `keep` drops (they are not sent to any expert)."""
         flat = chosen.reshape(-1)  # (T*k,) expert of each (token, slot)
+        slots = None if keep is None else torch.nonzero(keep.reshape(-1)).squeeze(1)
+        if slots is not None:
+            flat = flat[slots]
         order = torch.argsort(flat, stable=True)  # grouped by expert, token order within
         counts = torch.bincount(flat, minlength=self.num_experts)
-        out = self.dispatch(self.experts, tokens[order // self.top_k], counts)
-        return out[torch.argsort(order)].view(-1, self.top_k, tokens.shape[-1])
+        rows = order if slots is None else slots[order]  # (token, slot) of each sorted row
+        out = self.dispatch(self.experts, tokens[rows // self.top_k], counts)
+        h = tokens.shape[-1]
+        if slots is None:
+            return out[torch.argsort(order)].view(-1, self.top_k, h)
+        full = out.new_zeros(chosen.numel(), h).index_copy(0, rows, out)
+        return full.view(-1, self.top_k, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         tokens = x.reshape(-1, h)  # (T, h)
         gates, chosen = self.route(tokens, s)
+        keep = None if self.capacity_factor is None else capacity_mask(
+            gates, chosen, s, self.num_experts, self.capacity_factor)
         if self.tp_mesh is None:
-            routed = self.routed_outputs(tokens, chosen)
+            routed = self.routed_outputs(tokens, chosen, keep)
         else:  # experts folded over tp: this rank's 1/tp of the tokens, gathered afterwards
-            rank = self.tp_mesh.get_local_rank()
+            rank, parts = self.tp_mesh.get_local_rank(), self.tp_mesh.size()
             part = _tp_chunk(tokens, self.tp_mesh)
-            mine = chosen.tensor_split(self.tp_mesh.size())[rank]
-            routed = _tp_gather(self.routed_outputs(part, mine), self.tp_mesh)
+            mine = chosen.tensor_split(parts)[rank]
+            kept = None if keep is None else keep.tensor_split(parts)[rank]
+            routed = _tp_gather(self.routed_outputs(part, mine, kept), self.tp_mesh)
         y = (routed * gates.unsqueeze(-1)).sum(dim=1)
         if self.shared is not None:
             y = y + self.shared(tokens)

@@ -29,11 +29,13 @@ def test_a_runnable_ep_plan_passes():
 
 @pytest.mark.parametrize("key,plan,spec,words", [
     ("runtime-etp", _plan(ep=2, etp=2, dp=2, tp=2), None, "parallel.etp=2"),
-    ("runtime-moe-capacity", _plan(ep=2, dp=2), MoESpec(8, 2, 128, capacity_factor=1.25),
-     "model.moe.capacity_factor=1.25"),
+    ("runtime-moe-capacity", _plan(ep=2, cp=2), MoESpec(8, 2, 128, capacity_factor=1.25),
+     "model.moe.capacity_factor=1.25 with parallel.cp=2"),
     ("runtime-moe-aux-free", _plan(ep=2, dp=2), MoESpec(8, 2, 128, router_aux_free=True),
      "router_aux_free"),
     ("runtime-ep-tp-tokens", _plan(ep=2, dp=1, tp=2, mbs=1, gbs=2), None, "divisible by tp"),
+    ("runtime-hsdp-ep", _plan(ep=2, dp=4, dp_shard=2, zero=2, mbs=1), None,
+     "parallel.dp_shard=2"),
 ])
 def test_runtime_refuses_what_it_cannot_run_in_one_line(key, plan, spec, words):
     spec = load_model("tiny-moe") if spec is None else load_model("tiny-moe").replace(moe=spec)
@@ -47,10 +49,11 @@ def test_runtime_refuses_what_it_cannot_run_in_one_line(key, plan, spec, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_every_runtime_rule_is_tested():
-    assert set(RUNTIME_RULE_KEYS) == {"runtime-etp", "runtime-moe-capacity",
+def test_every_moe_runtime_rule_is_tested():
+    """The MoE rules of RUNTIME_RULES, each refused above (the others have their own tests)."""
+    assert set(RUNTIME_RULE_KEYS) >= {"runtime-etp", "runtime-moe-capacity",
                                       "runtime-moe-aux-free", "runtime-mla",
-                                      "runtime-ep-tp-tokens"}
+                                      "runtime-ep-tp-tokens", "runtime-hsdp-ep"}
 
 
 def test_latent_attention_is_refused():
