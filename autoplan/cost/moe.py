@@ -150,20 +150,46 @@ def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float
         mla_block_forward_s(model, profile, peak, r)
 
 
+def node_dedup_share(model: ModelSpec, r: Rows, gpus_per_node: int) -> np.ndarray:
+    """Share of a token's cross-node expert copies a node-deduplicating dispatcher still sends
+    through the NICs: it sends a token once to each other node holding one of its experts and
+    forwards it to those experts over NVLink (DeepSeek-V3 report §3.2.2; DeepEP's internode
+    kernels). With k experts drawn evenly from E spread over the N nodes of the EP group (E/N
+    each), a given node holds none of them with probability q = C(E - E/N, k) / C(E, k)
+    (hypergeometric), so (N - 1)(1 - q) other nodes are sent one copy each instead of the
+    k (N - 1) / N copies an all-to-all sends: share = N (1 - q) / k, 1 inside one node.
+    Qwen3-235B (top-8 of 128) on EP 32 over 4 nodes: 0.45."""
+    moe = model.moe
+    assert moe is not None
+    per_node = comm.members_per_node(r.etp, r.ep, gpus_per_node)
+    nodes = np.maximum(np.asarray(r.ep, float) / per_node, 1.0)
+    e, k = float(moe.num_experts), float(moe.experts_per_token)
+    off = e - e / nodes  # experts outside one node
+    # q = prod_{i<k} (off - i) / (e - i): C(off, k) / C(e, k) without big integers
+    q = np.prod([np.clip((off - i) / (e - i), 0.0, None) for i in range(int(k))], axis=0)
+    share = nodes * (1.0 - q) / k
+    return np.where(nodes > 1.0, np.minimum(share, 1.0), 1.0)
+
+
 def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
-                           dispatch_bytes: float | None = None) -> np.ndarray:
+                           dispatch_bytes: float | None = None,
+                           dedup_nodes: bool = False) -> np.ndarray:
     """Seconds of a mean block's all-to-alls per micro-batch (forward and backward): four of
     dispatched tokens x k x h elements over the EP group, priced by tier (comm.ALL_TO_ALL; EP
     ranks stride etp in Megatron-Core's expert grid, so a group stays in a node while ep * etp
     <= gpus_per_node, else it sends through each GPU's NIC); the busiest rank receives the
     busiest factor more. Two of them (the dispatch directions) at `dispatch_bytes` per element
     where the runtime quantizes them (runtimes.RuntimeTraits.ep_dispatch_bytes), the combines
-    at the activations' width."""
+    at the activations' width. `dedup_nodes`: a dispatcher that sends each token once per
+    destination node (node_dedup_share; DeepEP), whose group crossing nodes is then bound by
+    the NIC leg it shrinks (the NVLink forwarding inside the node is not priced apart)."""
     if model.moe is None:
         return np.zeros_like(r.b)
     gpn = profile.gpus_per_node
     elements = (dispatched_tokens(model, r) / r.etp * model.moe.experts_per_token
                 * busiest_factor(model) * model.hidden_size)
+    if dedup_nodes:
+        elements = elements * node_dedup_share(model, r, gpn)
 
     def one(width: float) -> np.ndarray:
         return comm.collective_time_s(comm.ALL_TO_ALL, elements * width, r.ep,

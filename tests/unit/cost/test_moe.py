@@ -142,3 +142,34 @@ def test_moe_accuracy_prints_the_practitioner_sets_moe_rows(capsys):
     assert ACCURACY.main() == 0
     out = capsys.readouterr().out
     assert all(r.name in out for r in runs)
+
+
+def _rows(plan, model):
+    from autoplan.cost.rows import rows_of
+
+    return rows_of(plan_to_row(plan, model), model, "bf16", load_runtime("megatron"))
+
+
+def test_node_dedup_share_is_the_hypergeometric_expectation():
+    from math import comb
+
+    m = PRESETS["qwen3-235b-a22b"]
+    r = _rows(_plan("qwen3-235b-a22b", 256, dp=16, tp=2, pp=8, ep=32), m)
+    # 4 nodes of 32 experts: a node holds none of a token's 8 with C(96,8)/C(128,8)
+    q = comb(96, 8) / comb(128, 8)
+    want = 4 * (1 - q) / 8  # (3 (1-q) nodes sent once) / (8 * 3/4 copies)
+    assert float(moe.node_dedup_share(m, r, 8)[0]) == pytest.approx(want, rel=1e-12)
+    assert float(moe.node_dedup_share(m, r, 8)[0]) == pytest.approx(0.4536, abs=1e-4)
+    inside = _rows(_plan("qwen3-235b-a22b", 256, dp=128, tp=2, ep=8), m)
+    assert float(moe.node_dedup_share(m, inside, 8)[0]) == 1.0  # EP 8 stays in one node
+    # more nodes than a token has experts: never above one copy per expert
+    ds = PRESETS["deepseek-v3"]
+    wide = _rows(_plan("deepseek-v3", 2048, "h800-sxm-80gb", gbs=15360, dp=128, pp=16, ep=64),
+                 ds)
+    assert 0.5 < float(moe.node_dedup_share(ds, wide, 8)[0]) < 1.0
+    profile = load_profile("h100-sxm-80gb")
+    plain = moe.all_to_all_per_block_s(m, profile, r)
+    dedup = moe.all_to_all_per_block_s(m, profile, r, dedup_nodes=True)
+    assert float(dedup[0]) < float(plain[0])
+    same = moe.all_to_all_per_block_s(m, profile, inside, dedup_nodes=True)
+    assert float(same[0]) == float(moe.all_to_all_per_block_s(m, profile, inside)[0])
