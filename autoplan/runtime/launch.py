@@ -4,7 +4,9 @@ no shell) under a supervisor that stops it cleanly on Ctrl-C/SIGTERM (supervise.
 Every user mistake (a flag's value, world size, plan invalid for the model, NCCL without CUDA,
 a checkpoint that cannot resume this plan) is one ConfigError raised here, before any process
 starts. torchrun restarts all ranks up to --max-restarts times after a failure; restarted ranks
-resume from the newest intact checkpoint.
+resume from the newest intact checkpoint. With --elastic the launcher re-plans for --nproc first
+(exit 3 when nothing fits) and the ranks re-plan again whenever torchrun restarts them on another
+world size (one machine has one torchrun agent; a multi-node job runs one per node, see export).
 """
 
 from __future__ import annotations

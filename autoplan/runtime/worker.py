@@ -4,7 +4,9 @@ Runs under torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR/POR
 gets SIGTERM or SIGINT, sees the CLI's stop file, or finds the CLI gone, finishes its step; all
 ranks agree through the step's loss all-reduce, save a checkpoint and leave quietly. After a
 torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) ranks resume from the newest intact
-checkpoint, and the metrics file drops the records past it.
+checkpoint, and the metrics file drops the records past it. With --elastic, rank 0 re-plans
+for the WORLD_SIZE present (elastic.py) and every rank runs that plan; ranks it leaves out wait
+idle, and the others always resume from the newest checkpoint (DCP reshards it).
 """
 
 from __future__ import annotations

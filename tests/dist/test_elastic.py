@@ -2,10 +2,10 @@
 multi-node job runs it: four single-process "nodes" (one torchrun agent each, c10d rendezvous,
 `--nnodes=2:4`) train a dp=4 plan; after the step-4 checkpoint one node dies (its agent and its
 rank, kill -9). The three survivors re-rendezvous; no plan fits 3 ranks (the global batch of 8
-does not split over dp 3, 4 layers and 4 heads do not split in 3), so rank 0 re-plans for 2,
-says so, saves the plan beside the checkpoints, one survivor sits idle, and the job resumes
-from step 4 under the new plan (DCP reshards it). Every loss, before and after, is the
-uninterrupted 4-rank run's within the cross-plan resume tests' tolerance.
+does not split over dp 3, 2 layers not over pp 3, 8 heads not over tp 3), so the new rank 0
+re-plans for 2, says so, saves the plan beside the checkpoints, one survivor sits idle, and the
+job resumes from step 4 under the new plan (DCP reshards it). Every loss, before and after, is
+the uninterrupted 4-rank run's within the cross-plan resume tests' tolerance.
 
 The rendezvous store is hosted by this test process (`is_host=false` on every agent), as an
 external rendezvous endpoint would be in a cluster, so any node may be the one that dies.
@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.plan import load_plan, save_plan
+from autoplan.runtime.elastic import replan
 from autoplan.runtime.launch import ELASTIC_ENV
 from tests.dist.parity import ADAM_LR, RTOL, make_plan
 from tests.dist.resume_tasks import train_with_checkpoints
@@ -33,6 +34,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 STEPS, EVERY, KILL_AFTER = 10, 4, 5
 NODES = 4
+VICTIM_RANK = 0
+"""The node of rank 0 dies: it hosted the workers' store and wrote the metrics; the survivors
+elect a new rank 0, which hosts a new store (launch.ELASTIC_ENV) and continues the file."""
 OUTER_TIMEOUT_S = 200.0
 LAST_CALL_S = 6
 """Seconds a rendezvous round waits for more nodes once the minimum (2) joined: long enough
@@ -86,7 +90,7 @@ def _worker_of(agent: subprocess.Popen) -> tuple[int | None, int | None]:
 def test_a_node_dies_and_the_job_continues_on_the_largest_valid_world(pool, tmp_path):
     import torch.distributed as dist
 
-    plan_path = str(save_plan(make_plan(dp=NODES, zero=2), tmp_path / "plan.yaml"))
+    plan_path = str(save_plan(make_plan("h8-2l", dp=NODES, zero=2), tmp_path / "plan.yaml"))
     reference = pool.run(train_with_checkpoints, NODES, load_plan(plan_path),
                          str(tmp_path / "ref"), False, STEPS, ())[0]["losses"]
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
@@ -97,7 +101,7 @@ def test_a_node_dies_and_the_job_continues_on_the_largest_valid_world(pool, tmp_
         while max(_steps(tmp_path / "m.jsonl"), default=0) < KILL_AFTER:
             assert time.monotonic() < deadline and all(a.poll() is None for a in agents)
             time.sleep(0.05)
-        victim = next(a for a in agents if _worker_of(a)[1] == NODES - 1)
+        victim = next(a for a in agents if _worker_of(a)[1] == VICTIM_RANK)
         worker, _ = _worker_of(victim)
         for pid in (victim.pid, worker):  # the node is gone: its agent and its rank
             os.kill(pid, signal.SIGKILL)
@@ -118,6 +122,7 @@ def test_a_node_dies_and_the_job_continues_on_the_largest_valid_world(pool, tmp_
     # checkpoints; one survivor sat idle
     saved = tmp_path / "ck" / "elastic-plans" / "plan-2gpus.yaml"
     new = load_plan(saved)
+    assert new == replan(load_plan(plan_path), NODES - 1).plan  # the pure function's answer
     assert new.world_size == 2 and new.batch.global_batch_size == 8, new
     assert new.predicted and new.predicted["tokens_per_s"] > 0
     assert "no feasible plan for 3 ranks" in logs and "new plan for 2 ranks" in logs, logs[-4000:]

@@ -31,9 +31,9 @@ def test_the_plan_itself_when_its_world_is_present():
 
 
 def test_three_of_four_runs_on_two_with_one_rank_idle():
-    """gbs 8 does not split over dp 3, and the tiny model's 4 layers and 4 heads not in 3:
-    no plan for 3 ranks; the largest smaller world with one is 2."""
-    plan = make_plan(dp=4, zero=2)
+    """gbs 8 does not split over dp 3, 2 layers not over pp 3, 8 heads not over tp 3: no plan
+    for 3 ranks; the largest smaller world with one is 2."""
+    plan = make_plan("h8-2l", dp=4, zero=2)
     r = replan(plan, 3)
     assert r.world_size == 2 and r.changed and r.idle_ranks == (2,)
     assert [w for w, _ in r.skipped] == [3] and "divisible by dp=3" in r.skipped[0][1]
@@ -49,10 +49,11 @@ def test_three_of_four_runs_on_two_with_one_rank_idle():
 
 
 def test_the_new_plan_is_what_search_picks_for_that_world(capsys):
-    """Same model, global batch, profile and (default) space as `autoplan search` for 2."""
+    """Same model, global batch, profile and (default) space as `autoplan search` for the
+    world it picks (3 for the tiny model: an uneven 1-2-1 pipeline split of its 4 layers)."""
     r = replan(make_plan(dp=4, zero=2), 3)
-    code = main(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2",
-                 "--global-batch-size", "8", "--format", "json"])
+    code = main(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus",
+                 str(r.world_size), "--global-batch-size", "8", "--format", "json"])
     assert code == 0
     best = json.loads(capsys.readouterr().out)["best"]
     p = r.plan
@@ -70,7 +71,7 @@ def test_a_larger_world_grows_the_plan():
 
 def test_no_world_down_to_min_gpus_is_exit_3_with_the_nearest_miss():
     with pytest.raises(NoFeasiblePlanError) as err:
-        replan(make_plan(dp=4), 3, min_world=3)
+        replan(make_plan("h8-2l", dp=4), 3, min_world=3)
     assert err.value.exit_code == 3
     assert "at 3:" in str(err.value) and "divisible by dp=3" in str(err.value)
     with pytest.raises(NoFeasiblePlanError, match="fewer than --min-gpus 4"):
@@ -78,14 +79,15 @@ def test_no_world_down_to_min_gpus_is_exit_3_with_the_nearest_miss():
 
 
 def test_objectives_and_runtime_come_from_the_plans_prediction():
-    plan = make_plan(dp=4).replace(predicted={"objective_latency": 1.0, "runtime": "autoplan-cpu"})
+    plan = make_plan("h8-2l", dp=4).replace(
+        predicted={"objective_latency": 1.0, "runtime": "autoplan-cpu"})
     assert plan_objectives(plan) == ("latency",) and plan_runtime(plan) == "autoplan-cpu"
     assert plan_objectives(make_plan()) == ("throughput",) and plan_runtime(make_plan()) is None
     assert replan(plan, 3).plan.predicted.get("objective_latency") is not None
 
 
 def test_saved_replans_are_never_overwritten(tmp_path):
-    r = replan(make_plan(dp=4, zero=2), 3)
+    r = replan(make_plan("h8-2l", dp=4, zero=2), 3)
     first = save_replan(r, tmp_path)
     assert first.name == "plan-2gpus.yaml" and load_plan(first) == r.plan
     assert save_replan(r, tmp_path) == first  # the same plan again (a restart): reused
@@ -110,7 +112,7 @@ def test_bad_elastic_flags_exit_2_in_one_line(tmp_path, capsys, flags, field):
 
 
 def test_train_elastic_with_no_plan_for_any_world_exits_3_before_launch(tmp_path, capsys):
-    plan = save_plan(make_plan(dp=4), tmp_path / "plan.yaml")
+    plan = save_plan(make_plan("h8-2l", dp=4), tmp_path / "plan.yaml")
     code = main(["train", str(plan), "--steps", "2", "--nproc", "3", "--elastic",
                  "--min-gpus", "3", "--checkpoint-dir", str(tmp_path / "ck")])
     err = capsys.readouterr().err.strip()
