@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SPACE = "default"
 """`autoplan search`'s default --space, which the plan was most likely searched in."""
+SHOWN = 3
+"""Skipped world sizes the block names one by one (1023 of GPT-3's 1024 GPUs skips 159)."""
+REPLAN_WAIT_S = 1800.0
+"""How long ranks wait for rank 0's re-plan (re-planning 1023 of 1024 GPUs for GPT-3 175B
+searches 160 world sizes in ~10 s here; a dead rank 0 ends the wait at once)."""
 PLANS_DIR = "elastic-plans"
 """Folder inside --checkpoint-dir where each re-plan is saved (never overwritten)."""
 
@@ -123,13 +128,12 @@ def replan(plan: Plan, present: int, *, space: str = DEFAULT_SPACE,
                                   f"--min-gpus {min_world}; add GPUs or lower --min-gpus")
     skipped: list[tuple[int, str]] = []
     for world in range(present, min_world - 1, -1):
-        if world == plan.world_size:
-            found: Plan | None = plan
-        else:
-            found, why = search_world(plan, world, space)
-            if found is None:
-                skipped.append((world, why))
-                continue
+        if world == plan.world_size:  # the plan itself, valid for its own world
+            return Replan(plan, present, plan.world_size, tuple(skipped), space, runtime)
+        found, why = search_world(plan, world, space)
+        if found is None:
+            skipped.append((world, why))
+            continue
         return Replan(found, present, plan.world_size, tuple(skipped), space, runtime)
     first = skipped[0][1] if skipped else "nothing to try"
     raise NoFeasiblePlanError(
@@ -143,7 +147,10 @@ def describe(r: Replan, plan_name: str, saved: Path | None = None) -> str:
     p, par = r.plan, r.plan.parallel
     lines = [f"autoplan elastic: {r.present} rank(s) present; {plan_name} was planned for "
              f"{r.original_world}"]
-    lines += [f"  no feasible plan for {w} ranks: {why}" for w, why in r.skipped]
+    lines += [f"  no feasible plan for {w} ranks: {why}" for w, why in r.skipped[:SHOWN]]
+    if len(r.skipped) > SHOWN:
+        lines.append(f"  no feasible plan for {len(r.skipped) - SHOWN} more world sizes, "
+                     f"{r.skipped[SHOWN][0]} down to {r.skipped[-1][0]}")
     idle = f" (rank(s) {_ranges(r.idle_ranks)} idle)" if r.idle_ranks else ""
     lines.append(
         f"  new plan for {r.world_size} ranks{idle}: dp={par.dp} tp={par.tp} pp={par.pp} "
@@ -232,6 +239,9 @@ def agree_on_plan(store, rank: int, present: int, args) -> Replan:
             saved = save_replan(r, args.checkpoint_dir) if args.checkpoint_dir else None
             log.warning("%s", describe(r, Path(args.plan).name, saved))
         return r
+    import datetime
+
+    store.wait([PLAN_KEY], datetime.timedelta(seconds=REPLAN_WAIT_S))
     text = store.get(PLAN_KEY).decode()
     if text.startswith(_ERROR):
         kind, _, message = text[len(_ERROR):].partition(":")

@@ -123,3 +123,12 @@ def test_train_elastic_with_no_plan_for_any_world_exits_3_before_launch(tmp_path
 def test_an_unreadable_plan_text_is_a_config_error():
     with pytest.raises(ConfigError):
         from_text("[1, 2")
+
+
+def test_the_block_names_a_few_skipped_worlds_then_counts_the_rest():
+    from autoplan.runtime.elastic import Replan
+
+    r = Replan(make_plan(dp=2), 9, 4, tuple((w, f"reason {w}") for w in range(9, 2, -1)))
+    block = describe(r, "plan.yaml")
+    assert "for 9 ranks: reason 9" in block and "for 7 ranks: reason 7" in block
+    assert "reason 6" not in block and "4 more world sizes, 6 down to 3" in block
