@@ -9,6 +9,9 @@
    how far the model's first choice is from the measured best.
 
 Run: python benchmarks/closed_loop.py [--profile P] [--steps 8] [--model tiny] [--out DIR]
+`--precisions fp32,bf16` (the default) runs every plan in each: bf16 plans run FSDP2 with bf16
+compute copies (runtime/data_parallel.py), and the CPU's bf16 kernels are priced from the
+profile's bf16 figures (profiler/precision.py); the statistics cover both together.
 `--calibrate` fits the profile to these runs (autoplan calibrate) and reprints, in sample and
 held out (k-fold: each plan predicted by a profile fitted to the other folds' runs).
 `--reuse` takes the measurements already in --out instead of running the plans again (for
@@ -57,13 +60,19 @@ PLANS: list[dict] = [  # (world size from the degrees)
 FOLDS = 4
 
 
-def make_plan(extra: dict, model: str, profile: str) -> Plan:
+def make_plan(extra: dict, model: str, profile: str, precision: str = "fp32") -> Plan:
     par = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, **extra["parallel"]}
     world = par["dp"] * par["tp"] * par["pp"] * par["cp"]
     data = {"model": model, "cluster": {"profile": profile, "num_gpus": world},
-            "precision": "fp32", "zero_stage": 1 if par["dp"] * par["cp"] > 1 else 0,
+            "precision": precision, "zero_stage": 1 if par["dp"] * par["cp"] > 1 else 0,
             "batch": {"micro_batch_size": 4, "global_batch_size": 16}, **extra}
     return plan_from_dict(data)
+
+
+def cases(precisions: list[str]) -> list[tuple[dict, str, str]]:
+    """(plan extras, precision, folder name) of every run; fp32 keeps the plainer names."""
+    return [(extra, prec, f"plan{i:02d}" + ("" if prec == "fp32" else f"-{prec}"))
+            for prec in precisions for i, extra in enumerate(PLANS)]
 
 
 def main() -> int:
@@ -75,7 +84,15 @@ def main() -> int:
     ap.add_argument("--calibrate", action="store_true", help="also fit the profile and reprint")
     ap.add_argument("--reuse", action="store_true",
                     help="reuse the measured runs in --out instead of running the plans")
+    ap.add_argument("--precisions", default="fp32,bf16",
+                    help="comma-separated precisions to run every plan in (fp32, bf16)")
     args = ap.parse_args()
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not precisions or any(p not in ("fp32", "bf16") for p in precisions):
+        print(f"closed_loop: --precisions {args.precisions!r}: expected fp32 and/or bf16",
+              file=sys.stderr)
+        return 2
+    runs_list = cases(precisions)
     work = args.out or Path(tempfile.mkdtemp(prefix="autoplan-closed-loop-"))
     work.mkdir(parents=True, exist_ok=True)
     profile_ref = args.profile
@@ -86,10 +103,10 @@ def main() -> int:
                        check=True, stdout=subprocess.DEVNULL)
     profile = load_profile(profile_ref)
     rows = []
-    for i, extra in enumerate(PLANS):
-        plan = make_plan(extra, args.model, profile_ref)
+    for i, (extra, prec, folder) in enumerate(runs_list):
+        plan = make_plan(extra, args.model, profile_ref, prec)
         est = estimate_plan(plan, ClusterSpec(profile, plan.world_size))
-        tdir = work / f"plan{i:02d}"
+        tdir = work / folder
         tdir.mkdir(exist_ok=True)
         (tdir / "plan.yaml").write_text(dump_yaml(plan_to_dict(plan)))
         out = reused(tdir, plan) if args.reuse else None
@@ -97,7 +114,7 @@ def main() -> int:
             out = run_trial(tdir / "plan.yaml", plan.world_size, args.steps, tdir, timeout_s=600)
         label = " ".join(f"{k}{v}" for k, v in extra["parallel"].items())
         label += "".join(f" {k}={v}" for k, v in extra.items() if k != "parallel")
-        rows.append({"plan": label[:60], "ranks": plan.world_size,
+        rows.append({"plan": label[:60], "precision": prec, "ranks": plan.world_size,
                      "predicted_s": est.step_time_s, "measured_s": out.step_time_s,
                      "predicted_mem_mib": est.memory_total_bytes / 2**20,
                      "measured_mem_mib": (out.peak_memory_bytes or float("nan")) / 2**20,
@@ -107,23 +124,25 @@ def main() -> int:
                             "peak_memory_bytes": out.peak_memory_bytes}}
         if out.status == "complete":
             (tdir / "run.json").write_text(json.dumps(rec))
-        print(f"[{i + 1}/{len(PLANS)}] {label[:50]:50} {out.status}", file=sys.stderr)
+        print(f"[{i + 1}/{len(runs_list)}] {label[:44]:44} {prec} {out.status}",
+              file=sys.stderr)
     report(pd.DataFrame(rows))
     if args.calibrate:
-        runs = sorted(str(p) for p in work.glob("plan*/run.json"))
+        runs = sorted(str(work / c[2] / "run.json") for c in runs_list
+                      if (work / c[2] / "run.json").is_file())
         fitted = work / "cpu-calibrated.yaml"
         subprocess.run([sys.executable, "-m", "autoplan.commands", "calibrate", *runs,
                         "--profile", profile_ref, "--out", str(fitted), "--force",
                         "--format", "json"], check=True, stdout=subprocess.DEVNULL)
         prof2 = load_profile(fitted)
         df = pd.DataFrame(rows)
-        df["predicted_s"] = [estimate_plan(make_plan(e, args.model, profile_ref),
+        df["predicted_s"] = [estimate_plan(make_plan(e, args.model, profile_ref, p),
                                            ClusterSpec(prof2, r)).step_time_s
-                             for e, r in zip(PLANS, df["ranks"], strict=True)]
+                             for (e, p, _), r in zip(runs_list, df["ranks"], strict=True)]
         print("\nafter calibration (in-sample):")
         report(df)
         print(f"\nafter calibration, held out ({FOLDS}-fold):")
-        report(held_out(rows, args.model, profile_ref, profile, work))
+        report(held_out(rows, runs_list, args.model, profile_ref, profile, work))
     print(f"\nfiles in {work}")
     return 0
 
@@ -143,16 +162,18 @@ def reused(tdir: Path, plan: Plan) -> TrialOutcome | None:
                         peak_memory_bytes=m["peak_memory_bytes"])
 
 
-def held_out(rows: list[dict], model: str, profile_ref: str, profile, work: Path) -> pd.DataFrame:
+def held_out(rows: list[dict], runs_list: list[tuple[dict, str, str]], model: str,
+             profile_ref: str, profile, work: Path) -> pd.DataFrame:
     """Each plan predicted by a profile calibrated on the runs of the other folds only."""
     df = pd.DataFrame(rows)
-    runs = {i: load_run(work / f"plan{i:02d}" / "run.json") for i in range(len(PLANS))
-            if (work / f"plan{i:02d}" / "run.json").is_file()}
+    runs = {i: load_run(work / c[2] / "run.json") for i, c in enumerate(runs_list)
+            if (work / c[2] / "run.json").is_file()}
     for fold in range(FOLDS):
         train = [r for i, r in runs.items() if i % FOLDS != fold]
         fitted = calibrate(train, profile, trials=200, seed=fold).profile
-        for i in range(fold, len(PLANS), FOLDS):
-            plan = make_plan(PLANS[i], model, profile_ref)
+        for i in range(fold, len(runs_list), FOLDS):
+            extra, prec, _ = runs_list[i]
+            plan = make_plan(extra, model, profile_ref, prec)
             df.loc[i, "predicted_s"] = estimate_plan(
                 plan, ClusterSpec(fitted, plan.world_size)).step_time_s
     return df
@@ -172,6 +193,12 @@ def report(df: pd.DataFrame) -> None:
     model_first = ok.loc[ok["predicted_s"].idxmin(), "measured_s"]
     print(f"\nruns completed: {len(ok)} of {len(df)}")
     print(f"Spearman rank correlation (step time): {spearman:.3f}")
+    for prec, part in ok.groupby("precision"):
+        if ok["precision"].nunique() > 1 and len(part) >= 3:
+            rho = part["predicted_s"].rank().corr(part["measured_s"].rank())
+            err = statistics.median((part["predicted_s"] / part["measured_s"] - 1).abs())
+            print(f"  {prec}: Spearman {rho:.3f}, median absolute step-time error {err:.1%}"
+                  f" ({len(part)} runs)")
     print(f"median absolute step-time error: {statistics.median(ok['err'].abs()):.1%}")
     mem = ok["mem_err"].dropna()
     if len(mem):

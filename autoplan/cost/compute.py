@@ -196,11 +196,12 @@ def fp8_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.n
 def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for
-    `kernel` (FlashAttention-2 where it lacks that one), else FLASH_EFFICIENCY of the GEMM
-    efficiency of the same FLOPs."""
+    `kernel` (filed as "name@dtype" first where a profile measured them per dtype, as
+    profiler/precision.py does on a CPU; then by name; FlashAttention-2 where it lacks that
+    one), else FLASH_EFFICIENCY of the GEMM efficiency of the same FLOPs."""
     eff = profile.efficiency
     fwd, bwd = eff.attention_forward or {}, eff.attention_backward or {}
-    for k in (kernel, "fa2"):
+    for k in (kernel, kernel.partition("@")[0], "fa2"):
         if k in fwd and k in bwd:
             return np.full_like(np.asarray(core_flops, float), fwd[k]), np.full_like(
                 np.asarray(core_flops, float), bwd[k])

@@ -111,7 +111,8 @@ class RuntimeTraits:
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
-    H100; Transformer Engine picks cuDNN's fused attention on Hopper."""
+    H100; Transformer Engine picks cuDNN's fused attention on Hopper. sdpa-cpu: torch's CPU
+    flash kernel, whose speed a CPU profile files per dtype (profiler/precision.py)."""
     causal_attention_skip: bool = True
     """Fused causal attention skips fully masked tiles, doing about half of the s^2 work
     (FlashAttention-2, Dao 2023 §3.1; cuDNN/FA3 alike). Eager attention always does all of it."""
@@ -168,9 +169,9 @@ class RuntimeTraits:
         if self.tp_comm_overlap_method not in ("none", "userbuffers"):
             raise ConfigError("runtime.tp_comm_overlap_method",
                               f"got {self.tp_comm_overlap_method!r}", "choose none or userbuffers")
-        if self.attention_kernel not in ("fa2", "fa3", "cudnn"):
+        if self.attention_kernel not in ("fa2", "fa3", "cudnn", "sdpa-cpu"):
             raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
-                              "choose fa2, fa3 or cudnn")
+                              "choose fa2, fa3, cudnn or sdpa-cpu")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
                               "list some of 0, 1, 2, 3")
@@ -267,7 +268,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
-                       "composite RMSNorm and measured eager host costs per op",
+                       "composite RMSNorm, measured eager host costs per op and SDPA's CPU "
+                       "flash kernel (priced per dtype from the profile)",
+        "attention_kernel": "sdpa-cpu",
         "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
         "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
         "fp32_sharded_params": True, "eager_host_overheads": True,

@@ -63,7 +63,8 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     return compute.layer_times_s(model, profile, profile.device.peak(precision), b, tp, cp,
                                  noncore, parts["core"] * act_scale, eager,
                                  causal_skip=runtime.causal_attention_skip and not eager,
-                                 attention_kernel=runtime.attention_kernel,
+                                 attention_kernel=f"{runtime.attention_kernel}@"
+                                 f"{'bf16' if precision == 'fp8' else precision}",
                                  eager_bytes=eager_bytes,
                                  attention_peak=sixteen_bit_peak(profile, precision),
                                  extra_elementwise_bytes=casts)

@@ -63,6 +63,7 @@ def profile_command(args: argparse.Namespace) -> int:
         layers,
         report,
     )
+    from autoplan.profiler import precision as sixteen_bit
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", "cuda requested but torch sees no CUDA device",
@@ -92,7 +93,7 @@ def profile_command(args: argparse.Namespace) -> int:
     colls: dict[int, dict[str, list[list[float]]]] = {}
     with _progress(console) as progress:
         # one unit per step; the runtime-layer grid reports its own sub-steps
-        task = progress.add_task("measuring", total=5 + len(groups))
+        task = progress.add_task("measuring", total=6 + len(groups))
 
         def step(what: str) -> None:
             progress.update(task, description=what)
@@ -111,6 +112,9 @@ def profile_command(args: argparse.Namespace) -> int:
         host_bw = host.measure_copy_bandwidth(device, args.quick)
         adam = host.measure_cpu_adam(args.quick, threads=None if use_cuda else 1)
         progress.advance(task)
+        step("bf16 against fp32 (the runtime's GEMMs and attention)")
+        figures = sixteen_bit.measure_precision(args.quick) if not use_cuda else None
+        progress.advance(task)
         tables = layers.measured_tables(
             device, precision, args.quick,
             lambda i, n, what: step(f"runtime layers {i}/{n}: {what}"))
@@ -122,6 +126,8 @@ def profile_command(args: argparse.Namespace) -> int:
     prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
                           adam, args.quick, tables)
     dispatch.apply_dispatch(prof, disp, device)
+    if figures is not None:  # a GPU profile keeps its datasheet 16-bit peaks
+        sixteen_bit.apply_precision(prof, figures)
     if colls:
         prof["collectives"] = collectives.collective_tables(colls)
     loaded = profile_from_dict(prof)  # the result must load like any other profile

@@ -64,7 +64,6 @@ PLAN_FIELDS = {
     "precision",
     "attention",
     "predicted",
-    "grad_reduce_dtype",  # megatron and deepspeed write it; torchtitan writes fp32, refuses bf16
 }
 MODEL_FIELDS = {
     "name",

@@ -53,6 +53,20 @@ def test_measured_profile_loads_and_scores_plans(measured, capsys) -> None:
     assert code == 0 and data["time"]["dp_comm"] > 0
 
 
+def test_measured_profile_prices_bf16_from_its_own_bf16_timings(measured) -> None:
+    """profiler.precision: the bf16 peak is fp32's scaled by the runtime GEMMs' time ratio, and
+    each dtype's attention entry reproduces its measured forward seconds."""
+    prof = load_profile(measured)
+    raw = yaml.safe_load(measured.read_text())["measured"]["precision"]
+    gemm = raw["gemm_seconds"]
+    assert prof.device.peak("bf16") == pytest.approx(
+        prof.device.peak("fp32") * gemm["fp32"] / gemm["bf16"])
+    for prec in ("fp32", "bf16"):
+        eff = prof.efficiency.attention_forward[f"sdpa-cpu@{prec}"]
+        seconds = 0.5 * raw["attention_core_flops"] / (prof.device.peak(prec) * eff)
+        assert seconds == pytest.approx(raw["attention_seconds"][prec][0], rel=1e-6)
+
+
 @pytest.mark.parametrize("layout", [
     {"parallel": {"dp": 2}},
     {"parallel": {"tp": 2}, "recompute": {"policy": "selective"}},
