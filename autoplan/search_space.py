@@ -18,7 +18,16 @@ from typing import Any
 
 from autoplan import resources
 from autoplan.errors import ConfigError
-from autoplan.plan import Attention, Precision, RecomputePolicy, ReduceDtype, Schedule
+from autoplan.plan import (
+    Attention,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    RecomputeModule,
+    RecomputePolicy,
+    ReduceDtype,
+    Schedule,
+)
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 SPACES_DIR = resources.package_dir(resources.SPACES)
@@ -124,11 +133,22 @@ class RecomputeSpace:
     """Activation recompute policies."""
     num_layers: tuple[int | None, ...] = (None,)
     """Recomputed layers per stage for policies other than none; null means all."""
+    modules: tuple[tuple[RecomputeModule, ...] | None, ...] = (None,)
+    """Module sets selective recompute tries (Plan recompute.modules, Megatron-Core's
+    --recompute-modules), e.g. [null, [core_attn, layernorm]]; null: the runtime's own."""
+    method: tuple[RecomputeMethod, ...] = (RecomputeMethod.BLOCK,)
+    """Methods full recompute tries with each num_layers: block (the first n of each stage)
+    and uniform (every layer, in groups of n; null n is skipped)."""
 
     def __post_init__(self) -> None:
         _check_values("policy", self.policy)
         _check_values("num_layers", self.num_layers, low=1,
                       example=" or null (all layers), e.g. [null, 1, 2, 4]")
+        _check_values("modules", self.modules)
+        _check_values("method", self.method)
+        for ms in self.modules:
+            if ms is not None:  # the plan's own checks: non-empty, no repeats
+                Recompute(policy=RecomputePolicy.SELECTIVE, modules=ms)
 
 
 @dataclass(frozen=True)
@@ -180,9 +200,9 @@ class SearchSpace:
 
     def knob_sizes(self) -> dict[str, int]:
         """Number of values of each independently enumerated knob (dp is derived)."""
-        policies = len(self.recompute.policy)
-        has_none = RecomputePolicy.NONE in self.recompute.policy
-        rc_pairs = (policies - has_none) * len(self.recompute.num_layers) + has_none
+        from autoplan.search.space import recompute_pairs
+
+        rc_pairs = len(recompute_pairs(self))
         return {
             "tp": len(self.parallel.tp), "pp": len(self.parallel.pp), "cp": len(self.parallel.cp),
             "sp": len(self.sequence_parallel), "schedule": len(self.pipeline.schedule),
@@ -242,6 +262,12 @@ class SearchSpace:
             sub = getattr(self, k)
             out[k] = {f.name: None if getattr(sub, f.name) is None
                       else _enum_values(getattr(sub, f.name)) for f in dataclasses.fields(sub)}
+        rc, default = out["recompute"], RecomputeSpace()
+        rc["modules"] = [None if ms is None else _enum_values(ms) for ms in self.recompute.modules]
+        # spaces without them summarise as before, so a stored study's fingerprint still matches
+        for name in ("modules", "method"):
+            if getattr(self.recompute, name) == getattr(default, name):
+                rc.pop(name)
         return out
 
 

@@ -158,7 +158,7 @@ def estimate_plan(
 
 
 def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:
-    """What of the plan the runtime cannot run (its schedules and ZeRO stages)."""
+    """What of the plan the runtime cannot run (its schedules, ZeRO stages and offload)."""
     out = []
     if plan.parallel.pp > 1 and plan.pipeline.schedule.value not in traits.schedules:
         out.append(f"runtime {traits.name} has no {plan.pipeline.schedule.value} schedule "
@@ -166,4 +166,7 @@ def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:
     if plan.zero_stage not in traits.zero_stages:
         out.append(f"runtime {traits.name} has no ZeRO stage {plan.zero_stage} "
                    f"(it runs {', '.join(map(str, traits.zero_stages))})")
+    offload = traits.offload_refusal(plan.offload.optimizer, plan.offload.params)
+    if offload is not None:
+        out.append(offload)
     return out

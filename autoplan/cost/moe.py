@@ -231,8 +231,9 @@ def expert_psi(model: ModelSpec, r: Rows, layers: np.ndarray) -> np.ndarray:
     return params.expert_params_per_rank(model, r.ep, r.etp, layers)
 
 
-def expert_dp_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows, grad_bytes: float,
-                     psi: np.ndarray, hidden_s: np.ndarray) -> np.ndarray:
+def expert_dp_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
+                     grad_bytes: float | np.ndarray, psi: np.ndarray, hidden_s: np.ndarray
+                     ) -> np.ndarray:
     """Exposed seconds of the expert gradients' reduce-scatter and parameter all-gather (ZeRO-1,
     Megatron-Core's distributed optimizer over the expert-DP group; an all-reduce at ZeRO-0),
     once per step, hidden behind `hidden_s` of backward."""

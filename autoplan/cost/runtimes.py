@@ -50,6 +50,11 @@ class PipelineGradSync(str, enum.Enum):
     """Gradients are reduce-scattered after every micro-batch and stay sharded."""
 
 
+OFFLOAD_MODES = {"optimizer": "the optimizer alone", "params": "the parameters alone",
+                 "both": "parameters and optimizer together"}
+"""RuntimeTraits.offload values, as messages name them."""
+
+
 @dataclass(frozen=True)
 class RuntimeTraits:
     """The software side of the cost model (DESIGN.md section 6: hardware x runtime x plan)."""
@@ -144,6 +149,13 @@ class RuntimeTraits:
     """Pipeline schedules the runtime can run (Plan spelling)."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     """ZeRO stages the runtime can run."""
+    offload: tuple[str, ...] = ("optimizer", "params", "both")
+    """Host offload the runtime can run, besides none: `optimizer` (states and the step on the
+    host), `params` (weights streamed in per layer), `both`. FSDP2's CPUOffloadPolicy moves
+    parameters, gradients and optimizer states together and only on fully sharded modules
+    (torch.distributed.fsdp.fully_shard docs), so torchtitan has `both` only; Megatron-Core
+    offloads the distributed optimizer only (--optimizer-cpu-offload, megatron-core >= 0.9).
+    The ZeRO stage each needs is a plan rule (parameters: ZeRO-3; optimizer: ZeRO >= 1)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fp8_weight_cache_bytes <= 4.0:
@@ -172,9 +184,23 @@ class RuntimeTraits:
         if self.attention_kernel not in ("fa2", "fa3", "cudnn", "sdpa-cpu"):
             raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
                               "choose fa2, fa3, cudnn or sdpa-cpu")
+        if any(o not in OFFLOAD_MODES for o in self.offload):
+            raise ConfigError("runtime.offload", f"got {list(self.offload)!r}",
+                              "list some of optimizer, params, both (or [] for none)")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
                               "list some of 0, 1, 2, 3")
+
+    def offload_refusal(self, optimizer: bool, params: bool) -> str | None:
+        """Why the runtime cannot run this offload, or None."""
+        mode = {(True, True): "both", (True, False): "optimizer", (False, True): "params"}.get(
+            (optimizer, params))
+        if mode is None:
+            return None
+        if mode not in self.offload:
+            runs = "; ".join(OFFLOAD_MODES[m] for m in self.offload) or "nothing"
+            return f"runtime {self.name} cannot offload {OFFLOAD_MODES[mode]} (it offloads {runs})"
+        return None  # the ZeRO stage each mode needs is a plan rule (plan_rules, offload-*)
 
     def tp_exposed_share(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """Share of a block's tensor-parallel collective time left exposed, as far as the GEMMs
@@ -216,7 +242,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
                        "with overlapped gradient reduce and parameter gather",
-        "selective": "attention-core", "zero_stages": [0, 1],
+        "selective": "attention-core", "zero_stages": [0, 1], "offload": ["optimizer"],
         "schedules": ["1f1b", "interleaved-1f1b"],
     },
     "megatron-2022": {
@@ -225,7 +251,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "(examples/sc21 at de7dc40f88; the 2022 selective-recompute release): the "
                        "data-parallel all-reduce runs after backward (train_step calls "
                        "allreduce_gradients once backward is done), no overlap; fused LayerNorm",
-        "selective": "attention-core", "zero_stages": [0, 1],
+        "selective": "attention-core", "zero_stages": [0, 1], "offload": [],
         "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
         "overlap_param_gather": False,
     },
@@ -235,7 +261,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
                        "Transformer Engine userbuffers)",
-        "selective": "attention-core", "zero_stages": [0, 1],
+        "selective": "attention-core", "zero_stages": [0, 1], "offload": ["optimizer"],
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
     },
     "torchtitan": {
@@ -246,7 +272,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0,
         "selective": "op-sac", "fp32_sharded_params": True,
-        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
+        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "offload": ["both"],
         # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
         # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
         "zero_stages": [0, 2, 3],

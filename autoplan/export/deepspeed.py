@@ -68,6 +68,19 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
     return why
 
 
+def hsdp_reasons(plan: Plan) -> list[str]:
+    """DeepSpeed has no HSDP: MiCS (zero_optimization.mics_shard_size, ZeRO-3 sharded in
+    groups and replicated across them) was removed (deepspeed 0.19.8's runtime/config.py
+    rejects the key), and ZeRO++'s hpZ (zero_hpz_partition_size) keeps only a secondary copy
+    of the weights inside a group while gradients and optimizer states stay sharded over all
+    of dp: other memory and traffic than the plan was costed for."""
+    if plan.parallel.dp_shard is None:
+        return []
+    return [f"parallel.dp_shard={plan.parallel.dp_shard}: DeepSpeed has no HSDP (MiCS is "
+            "removed; ZeRO++ hpZ shards only a second copy of the weights in the group); "
+            "set dp_shard: null"]
+
+
 def ds_config(plan: Plan) -> dict[str, Any]:
     """The DeepSpeed config dict for a plan that `check` accepted."""
     gas = grad_accum_steps(plan)
@@ -83,6 +96,8 @@ def ds_config(plan: Plan) -> dict[str, Any]:
     if plan.offload.params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     cfg["zero_optimization"] = zero
+    if plan.grad_reduce_dtype is not None:  # the dtype of DeepSpeed's gradient averaging
+        cfg["communication_data_type"] = plan.grad_reduce_dtype.value
     if plan.precision == Precision.BF16:
         cfg["bf16"] = {"enabled": True}
     elif plan.precision == Precision.FP16:
@@ -104,7 +119,8 @@ class DeepSpeedTarget(ExportTarget):
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
         own = megatron_deepspeed.reasons(plan, model) if megatron_deepspeed.runs_3d(plan) \
             else _reasons(plan, model)
-        return layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + own
+        return layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + own \
+            + hsdp_reasons(plan)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         config = opts.out or CONFIG_NAME  # the path the JSON is written to (#16 item 7)

@@ -171,6 +171,7 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) ->
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},
+        "grad_reduce_dtype": _reduce_dtype(cfg, what),
         "zero_stage": _zero_stage(zero, what),
         "offload": {
             "optimizer": _offload(zero, "offload_optimizer", what),
@@ -179,6 +180,15 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) ->
         "recompute": {"policy": "full" if checkpointing else "none"},
         "precision": _precision(cfg, what),
     }
+
+
+def _reduce_dtype(cfg: dict[str, Any], what: str) -> str | None:
+    """communication_data_type: the dtype of DeepSpeed's gradient averaging."""
+    value = cfg.get("communication_data_type")
+    if value is None or value in ("fp32", "bf16"):
+        return value
+    raise ConfigError(f"{what} communication_data_type", f"got {show(value)}",
+                      "a plan reduces gradients in fp32 or bf16 (grad_reduce_dtype)")
 
 
 def import_deepspeed(

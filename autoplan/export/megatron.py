@@ -100,6 +100,8 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
             a.append(f"--num-layers-per-virtual-pipeline-stage {split[0]}")
     if plan.zero_stage == 1:
         a.append("--use-distributed-optimizer")
+        if p.dp_shard is not None:  # HSDP: optimizer copies, each sharded over dp_shard x cp
+            a.append(f"--num-distributed-optimizer-instances {p.replicate_degree}")
     if plan.offload.optimizer:
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0"]
     if rc.policy == RecomputePolicy.SELECTIVE:
@@ -118,6 +120,9 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
         a.append("--bf16")
     elif plan.precision == Precision.FP16:
         a.append("--fp16")
+    if plan.grad_reduce_dtype is not None:  # null: Megatron's default (fp32 for bf16 runs)
+        a.append("--grad-reduce-in-bf16" if plan.grad_reduce_dtype.value == "bf16"
+                 else "--accumulate-allreduce-grads-in-fp32")
     a.append(f"--attention-backend {ATTENTION_BACKENDS[plan.attention]}")
     a += _model_args(model)
     return a + moe_args(plan, model)  # experts and latent attention (none for dense models)

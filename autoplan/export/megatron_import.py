@@ -26,6 +26,8 @@ SWITCHES = frozenset(
         "--recompute-activations",
         "--bf16",
         "--fp16",
+        "--grad-reduce-in-bf16",
+        "--accumulate-allreduce-grads-in-fp32",
         "--group-query-attention",
         "--swiglu",
         "--untie-embeddings-and-output-weights",
@@ -277,7 +279,8 @@ def megatron_plan_dict(
     return {
         "model": model_ref,
         "cluster": {"num_gpus": num_gpus},
-        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, **expert_degrees(f, tp)},
+        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, **expert_degrees(f, tp),
+                     **_hsdp(f, dp)},
         "sequence_parallel": f.has("--sequence-parallel"),
         "pipeline": _stages(f, layers, pp),
         "zero_stage": _zero(f),
@@ -289,7 +292,21 @@ def megatron_plan_dict(
         },
         "precision": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
         "attention": BACKEND_ATTENTION[str(backend)],
+        "grad_reduce_dtype": "bf16" if f.has("--grad-reduce-in-bf16") else
+        "fp32" if f.has("--accumulate-allreduce-grads-in-fp32") else None,
     }
+
+
+def _hsdp(f: Flags, dp: int) -> dict[str, Any]:
+    """--num-distributed-optimizer-instances N (N copies of the distributed optimizer, each
+    sharded over dp / N ranks, gradients all-reduced across copies): HSDP's dp_shard = dp / N."""
+    n = f.integer("--num-distributed-optimizer-instances", 1) or 1
+    if n == 1:
+        return {}
+    if n < 1 or dp % n:
+        raise ConfigError(f"{f.what} --num-distributed-optimizer-instances", f"got {n}",
+                          f"expected a divisor of the data-parallel size {dp}")
+    return {"dp_shard": dp // n}
 
 
 def _agree(f: Flags, model: ModelSpec) -> None:

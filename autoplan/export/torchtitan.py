@@ -83,6 +83,9 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
         )
     if plan.offload.params and plan.zero_stage != 3:
         why.append("offload needs zero_stage 3 (FSDP2 CPU offload shards the parameters)")
+    if plan.grad_reduce_dtype is not None and plan.grad_reduce_dtype.value == "bf16":
+        why.append("grad_reduce_dtype=bf16: torchtitan (0.2.2, 0.3.0) reduces in float32 only "
+                   "(training.mixed_precision_reduce: Literal['float32']); set fp32 or null")
     if plan.attention == Attention.EAGER:
         why.append("attention eager: torchtitan always runs fused SDPA attention")
     if model.dropout > 0:
@@ -132,9 +135,11 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
         "float32" if plan.precision == Precision.FP32 else "bfloat16"
     )
     training["enable_cpu_offload"] = plan.offload.params
-    par: dict[str, Any] = {
-        "data_parallel_replicate_degree": p.dp if plan.zero_stage == 0 else 1,
-        "data_parallel_shard_degree": 1 if plan.zero_stage == 0 else p.dp,
+    if plan.grad_reduce_dtype is not None:  # only float32 passes _reasons
+        training["mixed_precision_reduce"] = "float32"
+    par: dict[str, Any] = {  # HSDP: dp / dp_shard replicas of dp_shard-way FSDP
+        "data_parallel_replicate_degree": p.dp if plan.zero_stage == 0 else p.replicate_degree,
+        "data_parallel_shard_degree": 1 if plan.zero_stage == 0 else p.shard_degree,
         "fsdp_reshard_after_forward": "always" if plan.zero_stage == 3 else "never",
         "tensor_parallel_degree": p.tp,
         "context_parallel_degree": p.cp,

@@ -14,7 +14,7 @@ import numpy as np
 from autoplan.cost.estimate import TIME_PARTS, row_estimate
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import ClusterRef, Pipeline, Plan
-from autoplan.plan_table import RECOMPUTE, SCHEDULES, row_to_plan
+from autoplan.plan_table import RC_UNIFORM, RECOMPUTE, SCHEDULES, mask_modules, row_to_plan
 from autoplan.search.pareto import pareto_mask
 from autoplan.search.partition import stage_layers
 from autoplan.search.scoring import Scored
@@ -93,6 +93,21 @@ def predicted(scored: Scored, i: int, targets: Targets) -> dict[str, Any]:
     return out
 
 
+def recompute_names(c: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Each row's recompute as shown: the policy, selective[core_attn+layernorm] for module
+    sets, full-uniform for the uniform method (the :N after it is its group size)."""
+    names = np.array([r.value for r in RECOMPUTE], dtype=object)[c["recompute"][rows]]
+    if "rc_modules" not in c:
+        return names.astype(str)
+    for j, (mask, method) in enumerate(zip(c["rc_modules"][rows], c["rc_method"][rows],
+                                           strict=True)):
+        if mask:
+            names[j] = f"{names[j]}[{'+'.join(m.value for m in mask_modules(int(mask)) or ())}]"
+        elif method == RC_UNIFORM:
+            names[j] = f"{names[j]}-uniform"
+    return names.astype(str)
+
+
 def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets,
           front: np.ndarray | None = None) -> pd.DataFrame:
     """One line per row: every knob, memory, time, throughput, MFU, dominant cost, status."""
@@ -109,7 +124,7 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
         "split": np.array([s.value for s in Split])[c["split"][rows]],
         "zero": c["zero_stage"][rows], "offload_optimizer": c["offload_optimizer"][rows],
         "offload_params": c["offload_params"][rows],
-        "recompute": np.array([r.value for r in RECOMPUTE])[c["recompute"][rows]],
+        "recompute": recompute_names(c, rows),
         "recompute_layers": c["recompute_layers"][rows], "mbs": c["mbs"][rows],
         "precision": np.array([p.value for p in space.precision])[c["precision"][rows]],
         "attention": np.array([a.value for a in space.attention])[c["attention"][rows]],

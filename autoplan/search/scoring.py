@@ -20,7 +20,7 @@ from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import ReduceDtype, Schedule
 from autoplan.plan_rules import BF16_REDUCE_PRECISIONS, RULE_KEYS, RULES, violations
-from autoplan.plan_table import RC_NONE, REDUCE_DTYPES, SCHEDULES
+from autoplan.plan_table import RC_NONE, RC_UNIFORM, REDUCE_DTYPES, SCHEDULES
 from autoplan.search.targets import MISS_KEYS, Targets, miss_ratios, objective_matrix
 from autoplan.search_space import SearchSpace
 
@@ -91,6 +91,8 @@ def duplicates(t: Mapping[str, np.ndarray], space: SearchSpace) -> np.ndarray:
     if None in space.recompute.num_layers:
         whole = (t["recompute"] != RC_NONE) & (t["recompute_layers"] >= 0) \
             & (t["recompute_layers"] * t["vpp"] >= t["layers_max"]) & (t["split"] == 0)
+        if "rc_method" in t:  # uniform counts layers per group: a whole-stage group differs
+            whole &= t["rc_method"] != RC_UNIFORM
         dup |= whole
     return dup
 
@@ -134,12 +136,17 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
 
 
 def runtime_lacks(t: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
-    """Rows whose pipeline schedule or ZeRO stage the runtime cannot run (so `search --runtime
-    megatron` keeps to plans Megatron runs, and its winner exports)."""
+    """Rows whose pipeline schedule, ZeRO stage or offload the runtime cannot run (so `search
+    --runtime megatron` keeps to plans Megatron runs, and its winner exports)."""
     traits = ctx.runtime or default_runtime(ctx.profile)
     codes = [i for i, s in enumerate(SCHEDULES) if s.value in traits.schedules]
     bad_schedule = (t["pp"] > 1) & ~np.isin(t["schedule"], codes)
-    return bad_schedule | ~np.isin(t["zero_stage"], list(traits.zero_stages))
+    bad = bad_schedule | ~np.isin(t["zero_stage"], list(traits.zero_stages))
+    opt, par = t["offload_optimizer"].astype(bool), t["offload_params"].astype(bool)
+    for o, p in ((True, False), (False, True), (True, True)):
+        if traits.offload_refusal(o, p) is not None:
+            bad |= (opt == o) & (par == p)
+    return bad
 
 
 def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool = True,

@@ -18,16 +18,20 @@ import numpy as np
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import RecomputePolicy, Schedule
+from autoplan.plan import RecomputeMethod, RecomputePolicy, Schedule
 from autoplan.plan_table import (
     COLUMNS,
     DATA_PARALLEL_COLUMNS,
     EXPERT_COLUMNS,
     INTERLEAVED,
+    RC_BLOCK,
+    RC_METHODS,
     RECOMPUTE,
+    RECOMPUTE_COLUMNS,
     REDUCE_DTYPES,
     SCHEDULES,
     ZERO_BUBBLE,
+    modules_mask,
 )
 from autoplan.search.partition import columns_of, heaviest_rank_flops, stage_layers
 from autoplan.search_space import SearchSpace, Split
@@ -118,16 +122,36 @@ def batch_sizes(lo: int, hi: int, dp: int) -> list[int]:
     return sorted(out)[-MAX_BATCH_SIZES:]
 
 
-def recompute_pairs(space: SearchSpace) -> list[tuple[int, int]]:
-    """(policy code, num_layers or -1) pairs; policy none only with -1 (num_layers is moot)."""
-    pairs = []
-    for policy in space.recompute.policy:
+def recompute_pairs(space: SearchSpace) -> list[tuple[int, int, int, int]]:
+    """(policy code, num_layers or -1, modules mask, method code) choices: policy none only
+    with -1 (num_layers is moot); selective with each module set; full with each method
+    (uniform only where num_layers is a group size, not null)."""
+    rc = space.recompute
+    out = []
+    for policy in rc.policy:
         code = RECOMPUTE.index(policy)
         if policy is RecomputePolicy.NONE:
-            pairs.append((code, -1))
-        else:
-            pairs += [(code, -1 if n is None else n) for n in space.recompute.num_layers]
-    return pairs
+            out.append((code, -1, 0, RC_BLOCK))
+            continue
+        for n in rc.num_layers:
+            layers = -1 if n is None else n
+            if policy is RecomputePolicy.SELECTIVE:
+                out += [(code, layers, modules_mask(ms), RC_BLOCK) for ms in rc.modules]
+            else:
+                out += [(code, layers, 0, RC_METHODS.index(m)) for m in rc.method
+                        if m is RecomputeMethod.BLOCK or n is not None]
+    return out
+
+
+def recompute_columns(space: SearchSpace, choice: np.ndarray) -> dict[str, np.ndarray]:
+    """The recompute columns of rows that took recompute_pairs(space)[choice]; rc_modules and
+    rc_method only where the space tries modules or the uniform method (else the tables stay
+    as they were, and as fast)."""
+    rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 4)
+    out = {"recompute": rc[choice, 0], "recompute_layers": rc[choice, 1]}
+    if rc[:, 2:].any():
+        out["rc_modules"], out["rc_method"] = rc[choice, 2], rc[choice, 3]
+    return out
 
 
 def shape_allowed(pp: int, schedule: int, vpp: int) -> bool:
@@ -330,15 +354,14 @@ def _materialize(joint: dict[str, np.ndarray], axes: list[tuple[str, np.ndarray]
         t[name] = values[k]
     for name, values in joint.items():
         t[name] = values[joint_idx]
-    rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 2)
-    pair = t.pop("rc_pair")
-    t["recompute"], t["recompute_layers"] = rc[pair, 0], rc[pair, 1]
+    t.update(recompute_columns(space, t.pop("rc_pair")))
     mem = memory_triples(space)[t.pop("memory")]
     t["zero_stage"], t["offload_optimizer"], t["offload_params"] = mem.T
     ex = np.array(expert_pairs(space, model), dtype=np.int64).reshape(-1, 2)
     pair = t.pop("expert")
     t["ep"], t["etp"] = ex[pair, 0], ex[pair, 1]
-    dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS}
+    dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS,
+              **{k: v for k, v in RECOMPUTE_COLUMNS.items() if k in t}}
     return {k: np.ascontiguousarray(t[k], dtype=dtypes[k]) for k in dtypes}
 
 

@@ -22,7 +22,14 @@ import numpy as np
 from optuna.trial import Trial
 
 from autoplan.plan import Schedule
-from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS, INTERLEAVED, SCHEDULES, ZERO_BUBBLE
+from autoplan.plan_table import (
+    COLUMNS,
+    EXPERT_COLUMNS,
+    INTERLEAVED,
+    RECOMPUTE_COLUMNS,
+    SCHEDULES,
+    ZERO_BUBBLE,
+)
 from autoplan.search.engine import SearchRequest
 from autoplan.search.partition import split_columns
 from autoplan.search.ranking import nearest
@@ -32,6 +39,7 @@ from autoplan.search.space import (
     batch_sizes,
     expert_pairs,
     layouts,
+    recompute_columns,
     recompute_pairs,
 )
 from autoplan.search_space import SearchSpace, Split
@@ -129,7 +137,7 @@ def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray
     sp = req.space
     sp_values = [False] if layout["tp"] == 1 and False in sp.sequence_parallel \
         else list(sp.sequence_parallel)
-    rc = np.array(recompute_pairs(sp), dtype=np.int64).reshape(-1, 2)
+    rc = np.array(recompute_pairs(sp), dtype=np.int64).reshape(-1, 4)
     ex = np.array(expert_choices(layout, req), dtype=np.int64).reshape(-1, 2)
     grid = np.meshgrid(np.array(sp_values, dtype=bool), np.array(sp.zero_stage),
                        np.array(sp.offload.optimizer, dtype=bool),
@@ -139,9 +147,10 @@ def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray
     n = len(flat[0])
     t = {k: np.full(n, v) for k, v in layout.items()}
     t["sp"], t["zero_stage"], t["offload_optimizer"], t["offload_params"] = flat[:4]
-    t["recompute"], t["recompute_layers"] = rc[flat[4], 0], rc[flat[4], 1]
+    t.update(recompute_columns(sp, flat[4]))
     t["ep"], t["etp"] = ex[flat[5], 0], ex[flat[5], 1]
-    return {k: np.asarray(t[k], dtype=dt) for k, dt in DTYPES.items()}
+    dtypes = {**DTYPES, **{k: v for k, v in RECOMPUTE_COLUMNS.items() if k in t}}
+    return {k: np.asarray(t[k], dtype=dt) for k, dt in dtypes.items()}
 
 
 def evaluate(layout: dict[str, Any] | None, req: SearchRequest) -> dict[str, Any]:

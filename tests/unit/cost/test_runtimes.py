@@ -100,3 +100,19 @@ def test_overlap_never_hides_more_than_the_gemms_beside_it() -> None:
 def test_every_estimate_carries_a_band() -> None:
     est = estimate_plan(plan_from_dict(LLAMA8B), runtime="megatron")
     assert 0 < est.error_band < 1
+
+
+def test_a_runtime_refuses_offload_it_cannot_run() -> None:
+    # FSDP2 offloads parameters, gradients and optimizer states together; Megatron-Core the
+    # distributed optimizer only
+    plan = plan_from_dict({**LLAMA8B, "zero_stage": 3, "offload": {"params": True}})
+    titan = estimate_plan(plan, runtime="torchtitan")
+    assert not titan.feasible
+    assert any("cannot offload the parameters alone" in r for r in titan.reasons)
+    both = plan_from_dict({**LLAMA8B, "zero_stage": 3,
+                           "offload": {"params": True, "optimizer": True}})
+    assert not any("offload" in r for r in estimate_plan(both, runtime="torchtitan").reasons)
+    opt = plan_from_dict({**LLAMA8B, "zero_stage": 1, "offload": {"optimizer": True}})
+    assert not any("offload" in r for r in estimate_plan(opt, runtime="megatron").reasons)
+    assert any("cannot offload the optimizer alone" in r
+               for r in estimate_plan(opt, runtime="megatron-2022").reasons)

@@ -14,6 +14,7 @@ from autoplan.plan import (
     Precision,
     Recompute,
     RecomputePolicy,
+    ReduceDtype,
     Schedule,
 )
 
@@ -128,6 +129,21 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
     ),
     "sp-without-tp": (plan(sequence_parallel=True), LAUNCHERS),
     "nodes-not-whole": (plan(gpus=12, batch=Batch(1, 12)), ()),
+    # HSDP (parallel.dp_shard) and the gradient reduce dtype: torchtitan's replicate/shard
+    # degrees for ZeRO-2/3, Megatron's optimizer instances for ZeRO-1; torchtitan reduces in
+    # float32 only, DeepSpeed has no HSDP
+    "hsdp-zero3-reduce-fp32": (
+        plan("llama-3-8b", parallel=Parallel(dp=16, dp_shard=8), zero_stage=3,
+             grad_reduce_dtype=ReduceDtype.FP32),
+        (*LAUNCHERS, "torchtitan"),
+    ),
+    "hsdp-zero1-reduce-bf16": (
+        plan("llama-3-8b", parallel=Parallel(dp=16, dp_shard=8), zero_stage=1,
+             grad_reduce_dtype=ReduceDtype.BF16),
+        (*LAUNCHERS, "megatron"),
+    ),
+    "zero3-reduce-bf16": (plan(zero_stage=3, grad_reduce_dtype=ReduceDtype.BF16),
+                          (*LAUNCHERS, "deepspeed")),
 }
 
 

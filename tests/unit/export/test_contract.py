@@ -64,6 +64,7 @@ PLAN_FIELDS = {
     "precision",
     "attention",
     "predicted",
+    "grad_reduce_dtype",  # megatron and deepspeed write it; torchtitan writes fp32, refuses bf16
 }
 MODEL_FIELDS = {
     "name",

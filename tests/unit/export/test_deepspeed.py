@@ -33,6 +33,7 @@ DOCUMENTED = {
     "bf16",
     "fp16",
     "activation_checkpointing",
+    "communication_data_type",
 }
 
 
@@ -67,6 +68,11 @@ def test_deepspeed_parses_the_config(case: str):
     assert (zero.offload_optimizer is not None) == p.offload.optimizer
     assert (zero.offload_param is not None) == p.offload.params
     assert ds.bfloat16_config.enabled == (p.precision.value == "bf16")
+    reduce = {None: None, "fp32": "float32", "bf16": "bfloat16"}[
+        p.grad_reduce_dtype and p.grad_reduce_dtype.value]
+    assert (ds.communication_data_type and str(ds.communication_data_type)) in (
+        None, f"torch.{reduce}")
+    assert (ds.communication_data_type is None) == (reduce is None)
     assert ds.float16_config.enabled == (p.precision.value == "fp16")
     assert ds.tensor_parallel_config.autotp_size == 0  # Megatron's tensor parallelism, not AutoTP
 

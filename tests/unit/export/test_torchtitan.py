@@ -62,6 +62,10 @@ def _check_parallelism(p, par: dict[str, Any], training: dict[str, Any]) -> None
         world *= par[key]
     assert world == p.world_size
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    if p.zero_stage >= 1:  # FSDP2 over the shard degree, HSDP replicas across the rest
+        assert par["data_parallel_shard_degree"] == (p.parallel.dp_shard or p.parallel.dp)
+    if p.grad_reduce_dtype is not None:
+        assert training["mixed_precision_reduce"] == "float32"
     if p.parallel.pp > 1:
         get_schedule_class(par["pipeline_parallel_schedule"])  # torch knows the name
         parts = par["module_fqns_per_model_part"]
@@ -89,8 +93,8 @@ def test_toml_uses_only_torchtitan_0_2_2_fields(case: str):
     assert doc["model"] == {"name": "llama3", "flavor": "8B"}
     assert doc["model"]["flavor"] in FIELDS["toml_llama3_flavors"]
     assert doc["activation_checkpoint"]["mode"] in FIELDS["toml_activation_checkpoint_modes"]
-    assert doc["parallelism"]["module_fqns_per_model_part"][-1][-1] == "output" or (
-        p.parallel.pp == 1
+    assert p.parallel.pp == 1 or (
+        doc["parallelism"]["module_fqns_per_model_part"][-1][-1] == "output"
     )
     _check_parallelism(p, doc["parallelism"], doc["training"])
 

@@ -1,0 +1,139 @@
+"""Recompute by module and the uniform method in the cost model: each module's memory/time
+pair, uniform's group inputs, and the search table pricing them as one plan is priced."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from autoplan.commands import build_parser
+from autoplan.cost import memory
+from autoplan.cost.estimate import estimate_plan
+from autoplan.model_spec import PRESETS
+from autoplan.plan import (
+    Batch,
+    ClusterRef,
+    Parallel,
+    Plan,
+    Recompute,
+    RecomputeMethod,
+    RecomputeModule,
+    RecomputePolicy,
+)
+from autoplan.plan_rules import validate_plan
+from autoplan.plan_table import RC_UNIFORM
+from autoplan.search.cli import build_request
+from autoplan.search.engine import run_search
+from autoplan.search.ranking import row_plan
+from autoplan.search_space import load_space
+
+M = RecomputeModule
+SEL, FULL = RecomputePolicy.SELECTIVE, RecomputePolicy.FULL
+GPT = PRESETS["gpt3-175b"]
+
+
+def _parts(model=GPT, b=1, tp=8, sp=True):
+    return memory.activation_elements_per_layer(model, np.array(b), np.array(tp), np.array(sp),
+                                                np.array(1), eager_attention=False)
+
+
+def test_module_figures_term_by_term():
+    """GPT-3 175B, tp 8 with sequence parallelism (everything split by t), 16-bit, fused
+    kernels: per layer the block keeps 2sbh/t x (2 norm inputs + 2 GEMM inputs + 1 mask +
+    3 QKV + 1 attention output + 4 + 4 MLP) + 4asb/t of row statistics (Korthikanti et al.
+    2022, 34sbh/t with dropout); core_attn frees the 4asb/t, mlp the 16sbh/t of the two MLP
+    tensors (2sbf/t each, f = 4h), layernorm the 4sbh/t of the two norm outputs."""
+    s, b, h, a, t = GPT.seq_len, 1, GPT.hidden_size, GPT.num_heads, 8
+    sbh_t = s * b * h / t
+    p = _parts()
+    none = memory.activation_bytes_per_layer(p, np.array(0), "bf16")
+    assert float(none) == pytest.approx(34 * sbh_t + 4 * a * s * b / t)
+
+    def drop(*ms):
+        mask = sum({M.CORE_ATTN: 1, M.MLP: 2, M.LAYERNORM: 4}[m] for m in ms)
+        return float(none - memory.activation_bytes_per_layer(p, np.array(1), "bf16",
+                                                              modules=np.array(mask)))
+
+    assert drop(M.CORE_ATTN) == pytest.approx(4 * a * s * b / t)
+    assert drop(M.MLP) == pytest.approx(16 * sbh_t)
+    assert drop(M.LAYERNORM) == pytest.approx(4 * sbh_t)
+    assert drop(*M) == pytest.approx(drop(M.CORE_ATTN) + drop(M.MLP) + drop(M.LAYERNORM))
+
+
+def _plan(rc: Recompute, **kw) -> Plan:
+    kw.setdefault("parallel", Parallel(dp=8, tp=8, pp=16))
+    return Plan(model="gpt3-175b", cluster=ClusterRef("a100-sxm4-80gb", 1024),
+                batch=Batch(1, 1536), sequence_parallel=True, zero_stage=1, recompute=rc, **kw)
+
+
+@pytest.mark.parametrize("runtime", ["megatron", None])
+def test_each_module_trades_memory_for_time(runtime):
+    """Against no recompute, every module set keeps less and recomputes more; the MLP costs
+    its two GEMMs again (far more than the attention core or the norms)."""
+    none = estimate_plan(_plan(Recompute()), runtime=runtime)
+    est = {ms: estimate_plan(_plan(Recompute(policy=SEL, modules=ms)), runtime=runtime)
+           for ms in ((M.CORE_ATTN,), (M.MLP,), (M.LAYERNORM,))}
+    for e in est.values():
+        assert e.memory["activations"] < none.memory["activations"]
+        assert e.time["recompute"] > 0
+    assert est[(M.MLP,)].time["recompute"] > 10 * est[(M.CORE_ATTN,)].time["recompute"]
+    assert est[(M.MLP,)].time["recompute"] > 10 * est[(M.LAYERNORM,)].time["recompute"]
+
+
+def test_uniform_keeps_one_input_per_group_and_recomputes_every_layer():
+    """6 layers per stage: uniform by 3 keeps 2 inputs per micro-batch in flight where
+    block-full keeps 6, re-makes 3 layers at once in backward, and recomputes all 6 like
+    block-full; uniform by 1 is block-full."""
+    full = estimate_plan(_plan(Recompute(policy=FULL)))
+    uni = {k: estimate_plan(_plan(Recompute(policy=FULL, num_layers=k,
+                                            method=RecomputeMethod.UNIFORM)))
+           for k in (1, 3)}
+    assert uni[1].memory["activations"] == pytest.approx(full.memory["activations"])
+    assert uni[3].time["recompute"] == pytest.approx(full.time["recompute"])
+    p = _parts()
+    one_input = float(p["input"])
+    a_none = float(memory.activation_bytes_per_layer(p, np.array(0), "bf16"))
+    in_flight = 16  # 1F1B: stage 0 holds pp micro-batches
+    expected = (in_flight * (2 - 6) * one_input  # 2 group inputs instead of 6 layer inputs
+                + (3 - 1) * (a_none - one_input))  # 3 layers re-made at once instead of 1
+    assert uni[3].memory["activations"] - full.memory["activations"] == pytest.approx(
+        expected, rel=1e-9)
+
+
+def test_search_table_prices_modules_and_uniform_as_one_plan_is_priced():
+    """The opt-in space's rows with modules or uniform, made into plans, estimate to the same
+    step time and memory the search table gave them."""
+    argv = ["search", "--model", "llama-3-8b", "--cluster", "a100-sxm4-40gb", "--num-gpus",
+            "8", "--global-batch-size", "64", "--space", "recompute-modules"]
+    req = build_request(build_parser().parse_args(argv))
+    result = run_search(req)
+    c = result.scored.cols
+    order = [int(i) for i in result.order]
+    picks = [next(i for i in order if c["rc_modules"][i] == mask) for mask in (1, 4, 5)]
+    picks.append(next(i for i in order if c["rc_method"][i] == RC_UNIFORM))
+    space = load_space("recompute-modules").for_device({"bf16": 1.0}, cpu=False)
+    for i in picks:
+        plan = row_plan(result.scored, i, req.model, "llama-3-8b", "a100-sxm4-40gb", space,
+                        req.targets)
+        assert plan.recompute.modules or plan.recompute.method == RecomputeMethod.UNIFORM
+        assert validate_plan(plan, req.model) == []
+        est = estimate_plan(plan.replace(predicted=None))
+        assert est.time["step"] == pytest.approx(float(c["time_step"][i]), rel=1e-9)
+        assert est.memory["total"] == pytest.approx(float(c["mem_total"][i]), rel=1e-9)
+
+
+def test_default_space_is_unchanged_and_the_opt_in_space_adds_the_choices():
+    """The default space tries neither (9 recompute choices: none, 4 selective, 4 full); the
+    opt-in space recompute-modules tries 4 module sets for each selective count and the uniform
+    method for each non-null full count (1 + 16 + 7 = 24)."""
+    default, opt_in = load_space("default"), load_space("recompute-modules")
+    assert default.recompute.modules == (None,)
+    assert default.recompute.method == (RecomputeMethod.BLOCK,)
+    assert default.knob_sizes()["recompute"] == 9 and opt_in.knob_sizes()["recompute"] == 24
+    assert opt_in.size() * 9 == default.size() * 24
+    same = dataclasses.replace(opt_in, name=default.name, description=default.description,
+                               recompute=default.recompute)
+    assert same == default  # everything but recompute is the default space's
+    assert "modules" not in default.summary()["recompute"]  # stored studies still resume
