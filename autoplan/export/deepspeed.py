@@ -58,8 +58,10 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         )
     if rc.policy == RecomputePolicy.FULL and rc.num_layers is not None:
         why.append(
-            f"recompute.num_layers={rc.num_layers}: DeepSpeed's config cannot limit "
-            "recompute to some layers per stage"
+            f"recompute.method={rc.method.value} num_layers={rc.num_layers}: DeepSpeed's "
+            "activation_checkpointing config has no layer count or group size (the model's "
+            "code chooses what deepspeed.checkpointing wraps); export to megatron-deepspeed "
+            "(--checkpoint-num-layers) or megatron"
         )
     if plan.offload.optimizer and plan.zero_stage == 0:
         why.append("offload.optimizer needs zero_stage >= 1 in DeepSpeed")

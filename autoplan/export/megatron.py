@@ -22,7 +22,7 @@ from autoplan.export.base import (
 from autoplan.export.launch import check_job_name, continued, shell_join
 from autoplan.export.megatron_moe import moe_args, moe_reasons
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
-from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
+from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
 
 ATTENTION_BACKENDS = {Attention.FLASH: "flash", Attention.EAGER: "unfused"}
 """Plan attention -> Megatron --attention-backend (unfused keeps the s x s scores)."""
@@ -106,9 +106,13 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0"]
     if rc.policy == RecomputePolicy.SELECTIVE:
         a.append("--recompute-granularity selective")
+        if rc.modules:  # Megatron-Core's names (TransformerConfig.recompute_modules)
+            a.append("--recompute-modules " + " ".join(m.value for m in rc.modules))
     elif rc.policy == RecomputePolicy.FULL:
         a.append("--recompute-granularity full")
-        if rc.num_layers is None:  # every layer: uniform groups of one layer
+        if rc.method == RecomputeMethod.UNIFORM:  # groups of num_layers, one input each
+            a += ["--recompute-method uniform", f"--recompute-num-layers {rc.num_layers}"]
+        elif rc.num_layers is None:  # every layer: uniform groups of one layer
             a += ["--recompute-method uniform", "--recompute-num-layers 1"]
         else:
             a += ["--recompute-method block", f"--recompute-num-layers {rc.num_layers}"]

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from autoplan.export.base import stage_layers, stage_reasons
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
-from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
+from autoplan.plan import (
+    Attention,
+    Plan,
+    Precision,
+    RecomputeMethod,
+    RecomputeModule,
+    RecomputePolicy,
+    Schedule,
+)
 
 SCRIPT = "pretrain_gpt.py"
 NULL_TOKENIZER_EXTRA = 1
@@ -46,10 +54,15 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
         why += _pipeline_reasons(plan, model)
     elif pipe.vpp > 1:
         why.append(f"vpp={pipe.vpp} with pp=1: virtual stages need a pipeline")
-    if rc.policy != RecomputePolicy.NONE and rc.num_layers is not None:
+    if rc.policy != RecomputePolicy.NONE and rc.num_layers is not None \
+            and rc.method != RecomputeMethod.UNIFORM:
         why.append(f"recompute.num_layers={rc.num_layers}: Megatron-DeepSpeed's DeepSpeed path "
                    "checkpoints every layer (--checkpoint-activations); it cannot limit "
                    "recompute to some layers per stage")
+    if rc.modules is not None and rc.modules != (RecomputeModule.CORE_ATTN,):
+        why.append(f"recompute.modules={[m.value for m in rc.modules]}: Megatron-DeepSpeed's "
+                   "selective recompute is the attention core only (no --recompute-modules); "
+                   "use modules [core_attn] or export to megatron")
     if plan.offload.optimizer and plan.zero_stage == 0:
         why.append("offload.optimizer needs zero_stage >= 1 in DeepSpeed")
     if plan.offload.params and plan.zero_stage != 3:
@@ -85,7 +98,10 @@ def launch_args(plan: Plan, model: ModelSpec, config_path: str) -> list[str]:
     if rc.policy == RecomputePolicy.FULL:
         # GPTModelPipe checkpoints every checkpoint_num_layers blocks when this is set; the
         # flag is kept "because DeepSpeed still relies on the old activation checkpointing"
-        a += ["--checkpoint-activations", "--checkpoint-num-layers 1",
+        # uniform: checkpointed groups of num_layers blocks (GPTModelPipe's
+        # activation_checkpoint_interval; ParallelTransformer's chunks without a pipeline)
+        group = rc.num_layers if rc.method == RecomputeMethod.UNIFORM else 1
+        a += ["--checkpoint-activations", f"--checkpoint-num-layers {group}",
               "--deepspeed-activation-checkpointing"]
     elif rc.policy == RecomputePolicy.SELECTIVE:
         a.append("--recompute-granularity selective")  # the core attention only

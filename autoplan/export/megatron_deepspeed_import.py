@@ -77,6 +77,9 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     _agree(what, "--bf16/--fp16", precision, data["precision"])
     if f.has("--checkpoint-activations") or f.text("--recompute-granularity") == "full":
         data["recompute"] = {"policy": "full"}
+        group = f.integer("--checkpoint-num-layers")  # checkpointed groups of that many blocks
+        if group is not None and group > 1:
+            data["recompute"] = {"policy": "full", "method": "uniform", "num_layers": group}
     elif f.text("--recompute-granularity") == "selective":
         data["recompute"] = {"policy": "selective"}
     elif f.text("--recompute-granularity") is not None:

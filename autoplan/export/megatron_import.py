@@ -8,6 +8,7 @@ Settings a plan cannot represent (partial optimizer offload, mismatched dropouts
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Collection
 from typing import Any
 
@@ -227,15 +228,38 @@ def _zero(f: Flags) -> int:
     return 1 if f.has("--use-distributed-optimizer") else 0
 
 
-def _recompute(f: Flags) -> dict[str, Any]:
+def flag_values(text: str, name: str) -> list[str] | None:
+    """The values of a list flag (argparse nargs='*', e.g. --recompute-modules core_attn mlp):
+    the words after its last occurrence up to the next flag; None when it is absent."""
+    lexer = shlex.shlex(text.replace("\\\n", " "), posix=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    tokens, found = list(lexer), None
+    for i, tok in enumerate(tokens):
+        if tok == name or tok.startswith(name + "="):
+            rest = [tok.partition("=")[2]] if "=" in tok else []
+            for word in tokens[i + 1:] if "=" not in tok else []:
+                if word.startswith("--"):
+                    break
+                rest.append(word)
+            found = rest
+    return found
+
+
+def _recompute(f: Flags, modules: list[str] | None = None) -> dict[str, Any]:
     granularity = _choice(f, "--recompute-granularity", GRANULARITIES, None)
     if granularity is None and f.has("--recompute-activations"):
         granularity = "selective"  # Megatron: --recompute-activations means selective
     if granularity in (None, "selective"):
-        return {"policy": granularity or "none", "num_layers": None}
+        out: dict[str, Any] = {"policy": granularity or "none", "num_layers": None}
+        # Megatron-Core's default recompute_modules is [core_attn]: what plain selective means
+        if granularity == "selective" and modules and modules != ["core_attn"]:
+            out["modules"] = modules  # the plan's loader checks the names
+        return out
     method = _choice(f, "--recompute-method", RECOMPUTE_METHODS, None)
     count = f.integer("--recompute-num-layers")
-    # block: that many layers per stage; uniform (or none): every layer, in groups.
+    if method == "uniform" and count is not None and count > 1:  # groups of count layers
+        return {"policy": "full", "num_layers": count, "method": "uniform"}
+    # block: that many layers per stage; uniform by 1 (or none): every layer, one at a time.
     return {"policy": "full", "num_layers": count if method == "block" else None}
 
 
@@ -285,7 +309,7 @@ def megatron_plan_dict(
         "pipeline": _stages(f, layers, pp),
         "zero_stage": _zero(f),
         "offload": {"optimizer": f.has("--optimizer-cpu-offload"), "params": False},
-        "recompute": _recompute(f),
+        "recompute": _recompute(f, flag_values(expand_variables(text), "--recompute-modules")),
         "batch": {
             "micro_batch_size": mb,
             "global_batch_size": f.integer("--global-batch-size", mb * dp),

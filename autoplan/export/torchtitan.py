@@ -21,7 +21,7 @@ from autoplan.export.base import (
     stage_reasons,
 )
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
-from autoplan.plan import Attention, Plan, Precision, RecomputePolicy, Schedule
+from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
 
 FLAVORS = {
     # (layers, hidden, heads, kv_heads, ffn, vocab) -> (flavor, config_registry function)
@@ -116,10 +116,18 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
         why += stage_reasons(plan, model)
     elif pipe.vpp > 1:
         why.append(f"vpp={pipe.vpp} with pp=1: virtual stages need pp > 1")
-    if plan.recompute.num_layers is not None:
+    rc = plan.recompute
+    if rc.num_layers is not None and _every_nth(plan, model, fmt) is None:
         why.append(
-            f"recompute.num_layers={plan.recompute.num_layers}: torchtitan checkpoints "
-            "every block or none; it cannot count layers per stage"
+            f"recompute.method={rc.method.value} num_layers={rc.num_layers}: torchtitan "
+            "checkpoints every block or none, never groups (the TOML format also every n-th "
+            "block, selective_ac_option = n, with pp 1 and a count that divides the layers)"
+        )
+    if rc.modules is not None:
+        why.append(
+            f"recompute.modules={[m.value for m in rc.modules]}: torchtitan's selective "
+            "checkpointing is per op (selective_ac_option = op) or per block, not per module; "
+            "use selective without modules"
         )
     return why
 
@@ -157,18 +165,39 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
         ]
         par["pipeline_parallel_microbatch_size"] = b.micro_batch_size
         par["module_fqns_per_model_part"] = module_parts(split, fmt)
-    mode = "full" if plan.recompute.policy == RecomputePolicy.FULL else "none"
-    out = {"training": training, "parallelism": par, "activation_checkpoint": {"mode": mode}}
-    if plan.recompute.policy == RecomputePolicy.SELECTIVE:
-        # Korthikanti et al.'s selective recompute = do not keep the attention scores; fused
-        # attention recomputes them in its backward, so no block needs checkpointing.
-        out["note"] = {
-            "selective": "selective recompute (attention core): torchtitan's fused attention "
-            "(FlexAttention/SDPA) recomputes the scores in backward; no block is checkpointed"
-        }
+    out = {"training": training, "parallelism": par,
+           "activation_checkpoint": activation_checkpoint(plan, model, fmt)}
     if fmt == "toml":
         out["model"] = {"name": "llama3", "flavor": (flavor(model) or ("?",))[0]}
     return out
+
+
+def _every_nth(plan: Plan, model: ModelSpec, fmt: str) -> int | None:
+    """TOML only (torchtitan <= 0.2.2's job config): selective_ac_option = n checkpoints
+    every n-th block (a counter over the
+    blocks it wraps, torchtitan/distributed/activation_checkpoint.py _apply_layer_sac): the
+    block method's first k of L layers costs the same when pp = 1 and k divides L (n = L/k)."""
+    rc = plan.recompute
+    k = rc.num_layers
+    if (fmt != "toml" or rc.policy != RecomputePolicy.FULL or rc.method != RecomputeMethod.BLOCK
+            or k is None or k == 0 or plan.parallel.pp > 1 or model.num_layers % k):
+        return None
+    return model.num_layers // k
+
+
+def activation_checkpoint(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, Any]:
+    """[activation_checkpoint]: full; selective with selective_ac_option "op" (op-level SAC:
+    saves matmul and SDPA outputs, priced by the torchtitan runtime traits as op-sac) or "n"
+    (full checkpointing of every n-th block); none."""
+    rc = plan.recompute
+    nth = _every_nth(plan, model, fmt)
+    if nth is not None:
+        return {"mode": "selective", "selective_ac_option": str(nth)}
+    if rc.policy == RecomputePolicy.FULL:
+        return {"mode": "full"}
+    if rc.policy == RecomputePolicy.SELECTIVE:
+        return {"mode": "selective", "selective_ac_option": "op"}
+    return {"mode": "none"}
 
 
 def module_parts(split: tuple[int, ...], fmt: str) -> list[list[str]]:

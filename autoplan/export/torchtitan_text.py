@@ -62,10 +62,13 @@ def toml_text(plan: Plan, model: ModelSpec, values: dict[str, dict[str, Any]], l
     ]
     for section in ("model", "training", "parallelism", "activation_checkpoint"):
         lines += ["", f"[{section}]"]
-        if section == "activation_checkpoint" and values.get("note"):
-            lines.append(f"# {values['note']['selective']}")
         lines += [f"{k} = {_toml_value(v)}" for k, v in values[section].items()]
     return "\n".join(lines) + "\n"
+
+
+AC_CLASSES = {"full": "FullAC", "selective": "SelectiveAC"}
+"""activation_checkpoint.mode -> torchtitan >= 0.3's config class
+(torchtitan.distributed.activation_checkpoint)."""
 
 
 def python_text(
@@ -85,8 +88,8 @@ def python_text(
         "Data, tokenizer, optimizer and step count come from the base config: change them here.",
         '"""',
         "",
-        *(["from torchtitan.distributed.activation_checkpoint import FullAC"] if ac == "full"
-          else []),
+        *([f"from torchtitan.distributed.activation_checkpoint import {AC_CLASSES[ac]}"]
+          if ac in AC_CLASSES else []),
         "from torchtitan.models.llama3 import config_registry, model_registry",
         "",
         "",
@@ -98,11 +101,9 @@ def python_text(
         for key, value in values[section].items():
             text = pprint.pformat(value, width=80, compact=True).replace("\n", "\n        ")
             lines.append(f"    config.{section}.{key} = {text}")
-    if ac == "full":
-        lines.append("    config.activation_checkpoint = FullAC.Config()")
+    if ac in AC_CLASSES:  # selective: op-level SAC (SelectiveAC's default save list)
+        lines.append(f"    config.activation_checkpoint = {AC_CLASSES[ac]}.Config()")
     else:
-        if values.get("note"):
-            lines.append(f"    # {values['note']['selective']}")
         lines.append("    config.activation_checkpoint = None")
     lines.append("    return config")
     return "\n".join(lines) + "\n"

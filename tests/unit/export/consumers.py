@@ -68,7 +68,8 @@ def torchrun_args(argv: list[str]) -> argparse.Namespace:
 
 
 def flags_parser(table_file: str) -> argparse.ArgumentParser:
-    """A parser for the flags listed in tests/data/export/<table_file> (switch, choices, type)."""
+    """A parser for the flags listed in tests/data/export/<table_file> (switch, choices, type,
+    strs for a list of words)."""
     table = yaml.safe_load((DATA / table_file).read_text())["flags"]
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
     types = {"int": int, "float": float, "str": str}
@@ -77,6 +78,8 @@ def flags_parser(table_file: str) -> argparse.ArgumentParser:
             parser.add_argument(flag, action="store_true")
         elif isinstance(kind, list):
             parser.add_argument(flag, choices=kind)
+        elif kind == "strs":  # a list flag: nargs='*', type=str
+            parser.add_argument(flag, nargs="*", type=str)
         else:
             parser.add_argument(flag, type=types[kind])
     return parser
