@@ -258,6 +258,8 @@ class SearchSpace:
     def summary(self) -> dict[str, Any]:
         out = {k: _enum_values(v) if isinstance(v, tuple) else v
                for k, v in dataclasses.asdict(self).items() if not isinstance(v, dict)}
+        if self.grad_reduce_dtype == (None,):  # summarises as before: fingerprints still match
+            out.pop("grad_reduce_dtype")
         for k in ("parallel", "pipeline", "offload", "recompute"):
             sub = getattr(self, k)
             out[k] = {f.name: None if getattr(sub, f.name) is None
@@ -268,6 +270,8 @@ class SearchSpace:
         for name in ("modules", "method"):
             if getattr(self.recompute, name) == getattr(default, name):
                 rc.pop(name)
+        if self.parallel.dp_shard == (None,):
+            out["parallel"].pop("dp_shard")
         return out
 
 

@@ -3,8 +3,9 @@
 A trial picks the *layout* of a plan: GPU count, tp, pp, cp, schedule, vpp, layer split,
 micro-batch size, the global batch size when the request gives a range (and precision/attention
 when the space lists several). The knobs that change neither the GPU count nor the tokens of a
-step (sequence parallelism, ZeRO stage, offload, recompute policy and layers, and for a MoE model
-the expert-parallel degrees ep and etp) are then settled inside the trial by scoring all their
+step (sequence parallelism, ZeRO stage, offload, recompute policy and layers, the HSDP shard
+group and the gradient reduce dtype, and for a MoE model the expert-parallel degrees ep and etp)
+are then settled inside the trial by scoring all their
 valid combinations in one vectorised pass and keeping the fastest that fits: at a fixed GPU
 count and batch every objective (throughput, latency, cost) prefers the shorter step, so this
 inner choice is exact, and the sampler spends its trials on the structure that matters. The
@@ -24,9 +25,11 @@ from optuna.trial import Trial
 from autoplan.plan import Schedule
 from autoplan.plan_table import (
     COLUMNS,
+    DATA_PARALLEL_COLUMNS,
     EXPERT_COLUMNS,
     INTERLEAVED,
     RECOMPUTE_COLUMNS,
+    REDUCE_DTYPES,
     SCHEDULES,
     ZERO_BUBBLE,
 )
@@ -44,7 +47,7 @@ from autoplan.search.space import (
 )
 from autoplan.search_space import SearchSpace, Split
 
-DTYPES = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS}
+DTYPES = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS}
 
 
 def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
@@ -139,16 +142,19 @@ def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray
         else list(sp.sequence_parallel)
     rc = np.array(recompute_pairs(sp), dtype=np.int64).reshape(-1, 4)
     ex = np.array(expert_choices(layout, req), dtype=np.int64).reshape(-1, 2)
+    shards = np.array([d or 0 for d in sp.parallel.dp_shard], dtype=np.int64)  # 0: all of dp
+    reduces = np.array([REDUCE_DTYPES.index(g) for g in sp.grad_reduce_dtype], dtype=np.int64)
     grid = np.meshgrid(np.array(sp_values, dtype=bool), np.array(sp.zero_stage),
                        np.array(sp.offload.optimizer, dtype=bool),
                        np.array(sp.offload.params, dtype=bool), np.arange(len(rc)),
-                       np.arange(len(ex)), indexing="ij")
+                       np.arange(len(ex)), shards, reduces, indexing="ij")
     flat = [g.ravel() for g in grid]
     n = len(flat[0])
     t = {k: np.full(n, v) for k, v in layout.items()}
     t["sp"], t["zero_stage"], t["offload_optimizer"], t["offload_params"] = flat[:4]
     t.update(recompute_columns(sp, flat[4]))
     t["ep"], t["etp"] = ex[flat[5], 0], ex[flat[5], 1]
+    t["dp_shard"], t["grad_reduce"] = flat[6], flat[7]
     dtypes = {**DTYPES, **{k: v for k, v in RECOMPUTE_COLUMNS.items() if k in t}}
     return {k: np.asarray(t[k], dtype=dt) for k, dt in dtypes.items()}
 

@@ -72,3 +72,31 @@ def test_bf16_reduce_under_fp32_is_counted_never_ranked() -> None:
     c = res.scored.cols
     assert res.scored.counts["precision-unsupported"] > 0
     assert not np.any(c["grad_reduce"][res.order] == REDUCE_DTYPES.index(ReduceDtype.BF16))
+
+
+def test_default_space_summary_is_unchanged_by_the_knobs() -> None:
+    """Stored Optuna studies are keyed by the space's summary: a space that leaves both knobs
+    at null summarises without them."""
+    default = load_space("default").summary()
+    assert "grad_reduce_dtype" not in default and "dp_shard" not in default["parallel"]
+    opt_in = load_space("hsdp-bf16-reduce").summary()
+    assert opt_in["grad_reduce_dtype"] == [None, "bf16"]
+    assert opt_in["parallel"]["dp_shard"] == [None, 8]
+
+
+def test_tpe_trials_settle_hsdp_and_reduce_inside_the_trial() -> None:
+    """An Optuna trial scores every dp_shard x reduce dtype of its layout (the inner knobs) and
+    keeps the fastest that fits: bf16 reduction, never slower, is what it keeps."""
+    from autoplan.search.trial_space import variants
+
+    req, _ = _search("bf16")
+    layout = {"num_gpus": 16, "dp": 16, "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "schedule": 1,
+              "split": 0, "mbs": 1, "precision": 0, "attention": 0, "gbs": 32,
+              "layers_first": 4, "layers_max": 4, "layers_last": 4}
+    table = variants(layout, req)
+    assert set(np.unique(table["dp_shard"])) == {0, 2, 8}
+    assert set(np.unique(table["grad_reduce"])) == {0, REDUCE_DTYPES.index(ReduceDtype.BF16)}
+    from autoplan.search.trial_space import evaluate
+
+    rec = evaluate(layout, req)
+    assert rec["grad_reduce"] == REDUCE_DTYPES.index(ReduceDtype.BF16)
