@@ -182,7 +182,8 @@ class Offload:
 @dataclass(frozen=True)
 class Recompute:
     policy: RecomputePolicy = RecomputePolicy.NONE
-    """none | selective (attention core only) | full (whole block)."""
+    """none | selective (`modules`, or the runtime's own kind: cost/runtimes.SelectiveKind) |
+    full (whole blocks)."""
     num_layers: int | None = None
     """block method: recomputed layers of each pipeline stage (each model chunk when vpp > 1),
     counted from its first layer; null means all. uniform method: layers per checkpointed

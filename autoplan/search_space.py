@@ -264,7 +264,8 @@ class SearchSpace:
             sub = getattr(self, k)
             out[k] = {f.name: None if getattr(sub, f.name) is None
                       else _enum_values(getattr(sub, f.name)) for f in dataclasses.fields(sub)}
-        rc, default = out["recompute"], RecomputeSpace()
+        rc = typing.cast(dict[str, Any], out["recompute"])
+        default = RecomputeSpace()
         rc["modules"] = [None if ms is None else _enum_values(ms) for ms in self.recompute.modules]
         # spaces without them summarise as before, so a stored study's fingerprint still matches
         for name in ("modules", "method"):
