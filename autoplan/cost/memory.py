@@ -42,7 +42,7 @@ def model_state_bytes(
     params: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray, precision: str = "bf16",
     offload_optimizer: np.ndarray | bool = False, offload_params: np.ndarray | bool = False,
     grad_bytes: float | None = None, unsharded_accumulation: np.ndarray | bool = False,
-    fp32_sharded_params: bool = False,
+    fp32_sharded_params: bool = False, fsdp2_offload: bool = False,
 ) -> dict[str, np.ndarray]:
     """Device bytes of weights, gradients and optimizer states for `params` parameters.
 
@@ -58,6 +58,8 @@ def model_state_bytes(
     weights (4Ψ/N from ZeRO-1 on), the optimizer holds Adam m and v (8Ψ/N), and the 16-bit
     compute copy is gathered: whole under ZeRO-1/2 (reshard_after_forward=False), per unit
     under ZeRO-3 (counted in the buffers).
+    `fsdp2_offload` (RuntimeTraits.fsdp2_offload): parameter offload moves the gradients and the
+    optimizer too, optimizer-only offload leaves the gradient shard on the device.
     """
     w, g, o = state_bytes_per_param(precision, grad_bytes)
     params, z, n = np.asarray(params, float), np.asarray(zero_stage), np.asarray(shard)
@@ -73,20 +75,27 @@ def model_state_bytes(
     off_o, off_p = np.asarray(offload_optimizer), np.asarray(offload_params)
     return {
         "params": np.where(off_p, 0.0, weights),
-        "grads": np.where(off_o & (z >= 2) & ~acc, 0.0, grads),
-        "optimizer": np.where(off_o, 0.0, optim),
+        "grads": np.where(off_p, 0.0, grads) if fsdp2_offload
+        else np.where(off_o & (z >= 2) & ~acc, 0.0, grads),
+        "optimizer": np.where(off_o | (off_p & fsdp2_offload), 0.0, optim),
     }
 
 
 def host_state_bytes(
     params: np.ndarray, shard: np.ndarray, precision: str,
-    offload_optimizer: np.ndarray, offload_params: np.ndarray,
+    offload_optimizer: np.ndarray, offload_params: np.ndarray, fsdp2_offload: bool = False,
 ) -> np.ndarray:
-    """Host bytes one GPU's offloaded states take: optimizer + fp32 grad shard, weight shard."""
+    """Host bytes one GPU's offloaded states take: optimizer + fp32 grad shard, weight shard;
+    under FSDP2's parameter offload the fp32 parameter and gradient shards and the optimizer
+    state (4 + 4 + 8 bytes, mixed precision)."""
     w, _, o = state_bytes_per_param(precision)
     shard_params = np.asarray(params, float) / np.asarray(shard)
-    return (np.where(offload_optimizer, shard_params * (o + 4.0), 0.0)
-            + np.where(offload_params, shard_params * w, 0.0))
+    zero_offload = (np.where(offload_optimizer, shard_params * (o + 4.0), 0.0)
+                    + np.where(offload_params, shard_params * w, 0.0))
+    if not fsdp2_offload:
+        return zero_offload
+    fsdp2_params = shard_params * (o + 4.0 if precision != "fp32" else 16.0)
+    return np.where(offload_params, fsdp2_params, zero_offload)
 
 
 def activation_elements_per_layer(

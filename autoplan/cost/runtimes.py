@@ -149,6 +149,13 @@ class RuntimeTraits:
     """Pipeline schedules the runtime can run (Plan spelling)."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     """ZeRO stages the runtime can run."""
+    fsdp2_offload: bool = False
+    """Offload as FSDP2 runs it (autoplan's runtime, torchtitan): parameter offload
+    (CPUOffloadPolicy) puts the sharded parameters, their gradients and so the optimizer state
+    and step on the host; optimizer-only offload (autoplan/runtime/offload.py,
+    HostOffloadOptimizer) moves the optimizer state and fp32 masters but keeps the parameter and
+    gradient shards on the device. False: ZeRO-Offload (DeepSpeed; Ren et al. 2021 §4), whose
+    optimizer offload also moves the gradient shard (ZeRO-2/3), streamed during backward."""
     offload: tuple[str, ...] = ("optimizer", "params", "both")
     """Host offload the runtime can run, besides none: `optimizer` (states and the step on the
     host), `params` (weights streamed in per layer), `both`. FSDP2's CPUOffloadPolicy moves
@@ -273,6 +280,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fp8_weight_cache_bytes": 0.0,
         "selective": "op-sac", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "offload": ["both"],
+        "fsdp2_offload": True,
         # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
         # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
         "zero_stages": [0, 2, 3],
@@ -290,7 +298,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "and SDPA outputs, eager SwiGLU",
         "fused_swiglu": False, "selective": "all-but-gemms", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
-        "fp8_weight_cache_bytes": 0.0,
+        "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
@@ -299,7 +307,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "attention_kernel": "sdpa-cpu",
         "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
         "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
-        "fp32_sharded_params": True, "eager_host_overheads": True,
+        "fp32_sharded_params": True, "eager_host_overheads": True, "fsdp2_offload": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "overlap_param_gather": False,
     },

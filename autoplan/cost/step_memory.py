@@ -49,7 +49,8 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
             psi, r.zero, r.shard if shard is None else shard, precision, r.offload_optimizer, r.offload_params,
             grad_bytes=runtime.grad_bytes(precision),
             unsharded_accumulation=r.unsharded_accumulation,
-            fp32_sharded_params=runtime.fp32_sharded_params)
+            fp32_sharded_params=runtime.fp32_sharded_params,
+            fsdp2_offload=runtime.fsdp2_offload)
         if precision == "fp8":  # the fp8 weight copies (and transposes) a runtime caches
             out["params"] = out["params"] + psi * runtime.fp8_weight_cache_bytes
         return out
@@ -129,7 +130,7 @@ def memory_by_part(
         "mem_psi": psi,
     }
     host = memory.host_state_bytes(psi, r.shard, precision, r.offload_optimizer,
-                                   r.offload_params)
+                                   r.offload_params, runtime.fsdp2_offload)
     out["mem_host"] = host
     out["fits"] = (out["mem_total"] <= dev.memory_bytes) & (
         host * np.minimum(r.world, profile.gpus_per_node) <= profile.host.memory_bytes)

@@ -262,15 +262,17 @@ def time_by_part(
 
     shard_params = psi / np.where(r.zero >= 1, r.shard, 1.0)
     gpus_per_host = np.minimum(r.world, gpn)
+    # FSDP2's parameter offload steps the optimizer on the host as well
+    host_step = r.offload_optimizer | (r.offload_params & runtime.fsdp2_offload)
     out["time_offload"] = (
-        np.where(r.offload_optimizer, offload.optimizer_offload_time_s(
+        np.where(host_step, offload.optimizer_offload_time_s(
             shard_params, gpus_per_host, r.weight_bytes, profile,
             crit["backward"] * eff.overlap), 0.0)
         + np.where(r.offload_params, offload.param_offload_time_s(
             psi / r.shard, m, r.weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
     tensors = r.layers_max * params.tensors_per_layer(model) + params.end_tensors(model)
     out["time_optimizer"] = np.where(
-        r.offload_optimizer, 0.0,
+        host_step, 0.0,
         compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile)
     ) + tensors * (eff.optimizer_overhead_s + np.where(
         r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))

@@ -116,3 +116,23 @@ def test_a_runtime_refuses_offload_it_cannot_run() -> None:
     assert not any("offload" in r for r in estimate_plan(opt, runtime="megatron").reasons)
     assert any("cannot offload the optimizer alone" in r
                for r in estimate_plan(opt, runtime="megatron-2022").reasons)
+
+
+def test_fsdp2_offload_keeps_what_the_runtime_keeps_on_the_device() -> None:
+    # autoplan's optimizer-only offload steps on host copies of the FSDP2 shards: the fp32
+    # gradient shard stays on the device; DeepSpeed's ZeRO-Offload streams it to the host
+    plan = plan_from_dict({**LLAMA8B, "zero_stage": 2, "offload": {"optimizer": True}})
+    ours, ds = estimate_plan(plan, runtime="autoplan-cuda"), estimate_plan(plan, runtime="deepspeed")
+    shard = ours.num_params / 8
+    assert ours.memory["grads"] == pytest.approx(4.0 * shard, rel=0.02)
+    assert ds.memory["grads"] == 0.0
+    # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state, and steps on
+    # the host: nothing of them on the device, 16 bytes per parameter on the host, and the
+    # host step priced even without the optimizer flag
+    params_only = plan_from_dict({**LLAMA8B, "zero_stage": 3, "offload": {"params": True}})
+    est = estimate_plan(params_only, runtime="autoplan-cuda")
+    assert est.memory["grads"] == est.memory["optimizer"] == est.memory["params"] == 0.0
+    assert est.memory["host_total"] == pytest.approx(16.0 * shard, rel=0.02)
+    assert est.time["optimizer"] == 0.0 and est.time["offload"] > 0.0
+    ds_params = estimate_plan(params_only, runtime="deepspeed")
+    assert ds_params.memory["optimizer"] > 0.0  # ZeRO-Infinity's parameter offload alone
