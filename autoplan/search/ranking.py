@@ -94,15 +94,16 @@ def predicted(scored: Scored, i: int, targets: Targets) -> dict[str, Any]:
 
 
 def recompute_names(c: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """Each row's recompute as shown: the policy, selective[core_attn+layernorm] for module
-    sets, full-uniform for the uniform method (the :N after it is its group size)."""
+    """Each row's recompute as shown: the policy, selective(core_attn+layernorm) for module
+    sets (no square brackets: rich reads them as markup), full-uniform for the uniform method
+    (the :N after it is its group size)."""
     names = np.array([r.value for r in RECOMPUTE], dtype=object)[c["recompute"][rows]]
     if "rc_modules" not in c:
         return names.astype(str)
     for j, (mask, method) in enumerate(zip(c["rc_modules"][rows], c["rc_method"][rows],
                                            strict=True)):
         if mask:
-            names[j] = f"{names[j]}[{'+'.join(m.value for m in mask_modules(int(mask)) or ())}]"
+            names[j] = f"{names[j]}({'+'.join(m.value for m in mask_modules(int(mask)) or ())})"
         elif method == RC_UNIFORM:
             names[j] = f"{names[j]}-uniform"
     return names.astype(str)

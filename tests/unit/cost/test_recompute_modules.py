@@ -26,7 +26,7 @@ from autoplan.plan_rules import validate_plan
 from autoplan.plan_table import RC_UNIFORM
 from autoplan.search.cli import build_request
 from autoplan.search.engine import run_search
-from autoplan.search.ranking import row_plan
+from autoplan.search.ranking import recompute_names, row_plan
 from autoplan.search_space import load_space
 
 M = RecomputeModule
@@ -113,6 +113,9 @@ def test_search_table_prices_modules_and_uniform_as_one_plan_is_priced():
     order = [int(i) for i in result.order]
     picks = [next(i for i in order if c["rc_modules"][i] == mask) for mask in (1, 4, 5)]
     picks.append(next(i for i in order if c["rc_method"][i] == RC_UNIFORM))
+    names = recompute_names(c, np.array(picks))  # as the tables show them (no rich markup)
+    assert list(names) == ["selective(core_attn)", "selective(layernorm)",
+                           "selective(core_attn+layernorm)", "full-uniform"]
     space = load_space("recompute-modules").for_device({"bf16": 1.0}, cpu=False)
     for i in picks:
         plan = row_plan(result.scored, i, req.model, "llama-3-8b", "a100-sxm4-40gb", space,
