@@ -10,12 +10,12 @@ whether it pays them (`eager_host_overheads`).
 
 from __future__ import annotations
 
-import numpy as np
-
 import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from autoplan.errors import ConfigError
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
