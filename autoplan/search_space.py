@@ -272,7 +272,7 @@ class SearchSpace:
             if getattr(self.recompute, name) == getattr(default, name):
                 rc.pop(name)
         if self.parallel.dp_shard == (None,):
-            out["parallel"].pop("dp_shard")
+            typing.cast(dict[str, Any], out["parallel"]).pop("dp_shard")
         return out
 
 

@@ -149,6 +149,14 @@ class RuntimeTraits:
     """Pipeline schedules the runtime can run (Plan spelling)."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     """ZeRO stages the runtime can run."""
+    grad_reduce_dtypes: tuple[str, ...] = ("fp32", "bf16")
+    """Gradient reduce dtypes a plan may ask for (Plan.grad_reduce_dtype; null, the runtime's
+    own default, always runs): torchtitan 0.2.2/0.3.0 accept mixed_precision_reduce float32
+    only; Megatron has --grad-reduce-in-bf16, DeepSpeed communication_data_type."""
+    hsdp_zero_stages: tuple[int, ...] = (1, 2, 3)
+    """ZeRO stages the runtime runs HSDP with (Plan.parallel.dp_shard): Megatron's distributed
+    optimizer instances (--num-distributed-optimizer-instances) are ZeRO-1; torchtitan's
+    replicate x shard degrees FSDP2's ZeRO-2/3; DeepSpeed has none (MiCS was removed)."""
     fsdp2_offload: bool = False
     """Offload as FSDP2 runs it (autoplan's runtime, torchtitan): parameter offload
     (CPUOffloadPolicy) puts the sharded parameters, their gradients and so the optimizer state
@@ -194,6 +202,12 @@ class RuntimeTraits:
         if any(o not in OFFLOAD_MODES for o in self.offload):
             raise ConfigError("runtime.offload", f"got {list(self.offload)!r}",
                               "list some of optimizer, params, both (or [] for none)")
+        if any(d not in ("fp32", "bf16") for d in self.grad_reduce_dtypes):
+            raise ConfigError("runtime.grad_reduce_dtypes",
+                              f"got {list(self.grad_reduce_dtypes)!r}", "list some of fp32, bf16")
+        if any(z not in (1, 2, 3) for z in self.hsdp_zero_stages):
+            raise ConfigError("runtime.hsdp_zero_stages", f"got {list(self.hsdp_zero_stages)!r}",
+                              "list some of 1, 2, 3 (or none)")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
                               "list some of 0, 1, 2, 3")
@@ -250,7 +264,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
                        "with overlapped gradient reduce and parameter gather",
         "selective": "attention-core", "zero_stages": [0, 1], "offload": ["optimizer"],
-        "schedules": ["1f1b", "interleaved-1f1b"],
+        "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-2022": {
         "logit_bytes_transient": 4.0,
@@ -259,6 +273,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "data-parallel all-reduce runs after backward (train_step calls "
                        "allreduce_gradients once backward is done), no overlap; fused LayerNorm",
         "selective": "attention-core", "zero_stages": [0, 1], "offload": [],
+        "hsdp_zero_stages": [],  # no distributed optimizer instances in the 2021-22 code
         "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
         "overlap_param_gather": False,
     },
@@ -270,6 +285,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "Transformer Engine userbuffers)",
         "selective": "attention-core", "zero_stages": [0, 1], "offload": ["optimizer"],
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
+        "hsdp_zero_stages": [1],
     },
     "torchtitan": {
         "description": "torchtitan as its published runs used it (eager, no torch.compile; "
@@ -283,14 +299,14 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fsdp2_offload": True,
         # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
         # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
-        "zero_stages": [0, 2, 3],
+        "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3], "grad_reduce_dtypes": ["fp32"],
     },
     "deepspeed": {
         "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "
                        "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",
         "selective": "attention-core", "grad_bytes_bf16": 2.0, "reduce_bytes_bf16": 2.0,
         "pipeline_grad_sync": "every-microbatch", "schedules": ["1f1b"],
-        "zero_stages": [0, 1, 2, 3],
+        "zero_stages": [0, 1, 2, 3], "hsdp_zero_stages": [],
     },
     "autoplan-cuda": {
         "description": "autoplan's own runtime on CUDA: FSDP2 (fp32 sharded params, fp32 "

@@ -136,8 +136,9 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
 
 
 def runtime_lacks(t: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
-    """Rows whose pipeline schedule, ZeRO stage or offload the runtime cannot run (so `search
-    --runtime megatron` keeps to plans Megatron runs, and its winner exports)."""
+    """Rows whose pipeline schedule, ZeRO stage, offload, HSDP or reduce dtype the runtime
+    cannot run (so `search --runtime megatron` keeps to plans Megatron runs, and its winner
+    exports)."""
     traits = ctx.runtime or default_runtime(ctx.profile)
     codes = [i for i, s in enumerate(SCHEDULES) if s.value in traits.schedules]
     bad_schedule = (t["pp"] > 1) & ~np.isin(t["schedule"], codes)
@@ -146,6 +147,11 @@ def runtime_lacks(t: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
     for o, p in ((True, False), (False, True), (True, True)):
         if traits.offload_refusal(o, p) is not None:
             bad |= (opt == o) & (par == p)
+    if "grad_reduce" in t:  # null (code 0) is the runtime's own default
+        runs = [0, *(REDUCE_DTYPES.index(ReduceDtype(d)) for d in traits.grad_reduce_dtypes)]
+        bad |= ~np.isin(t["grad_reduce"], runs)
+    if "dp_shard" in t:
+        bad |= (t["dp_shard"] > 0) & ~np.isin(t["zero_stage"], list(traits.hsdp_zero_stages))
     return bad
 
 

@@ -100,3 +100,20 @@ def test_tpe_trials_settle_hsdp_and_reduce_inside_the_trial() -> None:
 
     rec = evaluate(layout, req)
     assert rec["grad_reduce"] == REDUCE_DTYPES.index(ReduceDtype.BF16)
+
+
+def test_search_for_a_runtime_keeps_to_what_it_runs() -> None:
+    """`search --runtime torchtitan` never ranks a bf16 reduce (torchtitan reduces in float32
+    only) and `--runtime deepspeed` never an HSDP plan (DeepSpeed has none): their winners
+    export (export/torchtitan.py, export/deepspeed.py refuse those)."""
+    from autoplan.cost.runtimes import load_runtime
+
+    for name, column, code in (("torchtitan", "grad_reduce", REDUCE_DTYPES.index(
+            ReduceDtype.BF16)), ("deepspeed", "dp_shard", 2)):
+        space = {**SPACE, "precision": "bf16", "zero_stage": [0, 2, 3]}
+        req = request(space, model="tiny", cluster="a100-sxm4-80gb", gpus=(16,), gbs=32,
+                      runtime=load_runtime(name))
+        res = run_search(req)
+        c = res.scored.cols
+        assert len(res.order) and res.scored.counts["runtime-unsupported"] > 0
+        assert not np.any(c[column][res.order] == code), name
