@@ -169,4 +169,12 @@ def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:
     offload = traits.offload_refusal(plan.offload.optimizer, plan.offload.params)
     if offload is not None:
         out.append(offload)
+    rd = plan.grad_reduce_dtype
+    if rd is not None and rd.value not in traits.grad_reduce_dtypes:
+        out.append(f"runtime {traits.name} cannot reduce gradients in {rd.value} (it reduces "
+                   f"in {', '.join(traits.grad_reduce_dtypes)})")
+    if plan.parallel.dp_shard is not None and plan.zero_stage not in traits.hsdp_zero_stages:
+        runs = ", ".join(map(str, traits.hsdp_zero_stages)) or "none"
+        out.append(f"runtime {traits.name} has no HSDP (parallel.dp_shard) at ZeRO stage "
+                   f"{plan.zero_stage} (it runs it at: {runs})")
     return out

@@ -84,3 +84,17 @@ def test_hsdp_adds_one_replica_all_reduce_of_the_shard_per_reduction() -> None:
     # one reduction per micro-batch
     # the once-per-step loss and norm syncs span 64 ranks instead of 8 (tiny, latency only)
     assert extra == pytest.approx(float(replica), rel=0.02)
+
+
+def test_estimate_names_what_a_runtime_cannot_run() -> None:
+    """runtime_refusals: torchtitan reduces in fp32 only, DeepSpeed has no HSDP, Megatron's
+    HSDP is ZeRO-1 only; autoplan's own runtime runs all of them."""
+    from autoplan.cost.estimate import runtime_refusals
+
+    hsdp3_bf16 = _plan(64, 3, dp_shard=8, reduce=ReduceDtype.BF16)
+    assert runtime_refusals(hsdp3_bf16, load_runtime("autoplan-cuda")) == []
+    [why] = runtime_refusals(hsdp3_bf16, load_runtime("torchtitan"))
+    assert "cannot reduce gradients in bf16" in why
+    [why] = runtime_refusals(_plan(64, 1, dp_shard=8), load_runtime("deepspeed"))
+    assert "no HSDP (parallel.dp_shard) at ZeRO stage 1 (it runs it at: none)" in why
+    assert runtime_refusals(_plan(64, 1, dp_shard=8), load_runtime("megatron")) == []
