@@ -126,8 +126,9 @@ def profile_command(args: argparse.Namespace) -> int:
     prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
                           adam, args.quick, tables)
     dispatch.apply_dispatch(prof, disp, device)
-    if figures is not None:  # a GPU profile keeps its datasheet 16-bit peaks
-        sixteen_bit.apply_precision(prof, figures)
+    # a GPU profile keeps its datasheet 16-bit peaks; an fp16 curve scales neither fp32 nor bf16
+    if figures is not None and precision in ("fp32", "bf16"):
+        sixteen_bit.apply_precision(prof, figures, precision)
     if colls:
         prof["collectives"] = collectives.collective_tables(colls)
     loaded = profile_from_dict(prof)  # the result must load like any other profile

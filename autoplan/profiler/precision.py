@@ -111,18 +111,22 @@ def attention_efficiency(seconds: tuple[float, float], core_flops: float, peak: 
     return frac(work / (peak * fwd)), frac(FLASH_BACKWARD * work / (peak * bwd))
 
 
-def apply_precision(prof: dict[str, Any], figures: PrecisionFigures) -> None:
-    """Write the bf16 peak and the per-dtype attention figures into a CPU profile (in place).
+def apply_precision(prof: dict[str, Any], figures: PrecisionFigures,
+                    curve_precision: str = "fp32") -> None:
+    """Write the other dtype's peak and the per-dtype attention figures into a CPU profile.
 
-    The cost model keeps one GEMM efficiency curve by size (measured in fp32 on a CPU); bf16's
-    peak is fp32's scaled by the measured fp32/bf16 time ratio of the runtime's own GEMMs, so
-    the curve prices bf16 GEMMs of that size as they ran. Attention is filed per dtype under
-    ATTENTION_KERNEL@precision as fractions of that dtype's peak."""
+    The cost model keeps one GEMM efficiency curve by size, measured in `curve_precision` (fp32
+    on a CPU unless `profile --precision bf16`); the other dtype's peak is that one's scaled by
+    the measured time ratio of the runtime's own GEMMs, so the curve prices its GEMMs of that
+    size as they ran. Attention is filed per dtype under ATTENTION_KERNEL@precision as
+    fractions of that dtype's peak."""
     from autoplan.cost.runtimes import load_runtime
 
     peaks = prof["device"]["peak_flops_per_s"]
-    peaks["bf16"] = float(peaks["fp32"]) * figures.gemm_seconds["fp32"] \
-        / figures.gemm_seconds["bf16"]  # float(): YAML reads 115.0e9 as a string
+    other = "bf16" if curve_precision == "fp32" else "fp32"
+    # float(): YAML 1.1 reads 115.0e9 (no exponent sign) as a string
+    peaks[other] = float(peaks[curve_precision]) * figures.gemm_seconds[curve_precision] \
+        / figures.gemm_seconds[other]
     skip = load_runtime("autoplan-cpu").causal_attention_skip
     eff = prof["efficiency"]
     fwd_table = dict(eff.get("attention_forward") or {})

@@ -64,6 +64,15 @@ def test_bf16_peak_follows_the_runtime_gemm_ratio_and_gpu_kernels_ignore_cpu_fig
         _block(plain, "bf16", "megatron")["core_forward"])
 
 
+def test_a_bf16_curve_keeps_its_measured_bf16_peak_and_scales_fp32() -> None:
+    data = read_yaml(find(PROFILES, "cpu-gloo"), "profile")
+    data["device"]["peak_flops_per_s"]["bf16"] = 300e9  # as `profile --precision bf16` measured
+    precision.apply_precision(data, FIGURES, curve_precision="bf16")
+    prof = profile_from_dict(data)
+    assert prof.device.peak("bf16") == 300e9
+    assert prof.device.peak("fp32") == pytest.approx(300e9 * 5.0 / 4.0)
+
+
 def test_the_timed_gemms_are_the_cost_models_gemms_of_the_tiny_block() -> None:
     spec = load_model("tiny")
     timed = {(m, n) for m, _, n in precision._gemm_shapes()}
