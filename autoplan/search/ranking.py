@@ -14,7 +14,14 @@ import numpy as np
 from autoplan.cost.estimate import TIME_PARTS, row_estimate
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import ClusterRef, Pipeline, Plan
-from autoplan.plan_table import RC_UNIFORM, RECOMPUTE, SCHEDULES, mask_modules, row_to_plan
+from autoplan.plan_table import (
+    RC_UNIFORM,
+    RECOMPUTE,
+    REDUCE_DTYPES,
+    SCHEDULES,
+    mask_modules,
+    row_to_plan,
+)
 from autoplan.search.pareto import pareto_mask
 from autoplan.search.partition import stage_layers
 from autoplan.search.scoring import Scored
@@ -137,6 +144,10 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
     for k in TIME_PARTS:
         data[f"time_{k}_s"] = c[f"time_{k}"][rows]
     data["gbs"] = c["gbs"][rows]
+    if "dp_shard" in c:  # HSDP shard group (0: all of dp) and the gradient reduce dtype
+        data["dp_shard"] = c["dp_shard"][rows]
+        data["grad_reduce"] = np.array([d.value if d else "" for d in REDUCE_DTYPES],
+                                       dtype=object)[c["grad_reduce"][rows]].astype(str)
     if targets.train_tokens is not None:
         data["days"] = targets.train_tokens / np.asarray(c["tokens_per_s"][rows], float) / 86400.0
     if targets.train_tokens is not None or "cost" in targets.objectives:

@@ -27,7 +27,7 @@ DOMINANT_SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", 
 FIGURES = ("mem_gib", "step_s", "tokens_per_s")
 KNOBS = ("cluster", "num_gpus", "dp", "tp", "pp", "cp", "sp", "schedule", "vpp", "split", "zero",
          "offload_optimizer", "offload_params", "recompute", "recompute_layers", "mbs",
-         "precision", "attention")
+         "precision", "attention", "dp_shard", "grad_reduce")
 MERGEABLE = ("zero", "split")
 """Knobs whose values can give identical figures (ZeRO at dp 1, balanced = even splits)."""
 LAYOUT = ("num_gpus", "dp", "tp", "pp", "cp")
@@ -64,6 +64,18 @@ def collapse(rows: list[dict[str, Any]], limit: int) -> list[Shown]:
                 break
             shown.append(Shown(k, r, [int(r["zero"])], [r["split"]]))
     return shown
+
+
+def dp_cell(r: dict[str, Any]) -> str:
+    """dp, or dp/shard under HSDP (dp / shard replicas of each ZeRO shard group)."""
+    shard = int(r.get("dp_shard") or 0)
+    return f"{r['dp']}/{shard}" if shard else str(r["dp"])
+
+
+def precision_cell(r: dict[str, Any]) -> str:
+    """The precision, and the gradient reduce dtype where the plan names one."""
+    reduce = r.get("grad_reduce") or ""
+    return f"{r['precision']} r{reduce}" if reduce else str(r["precision"])
 
 
 def zero_cell(s: Shown) -> str:
@@ -124,7 +136,7 @@ COLUMNS: list[Cell] = [
     ("cluster", "gpu type", "type", False, lambda s, w: str(s.row.get("cluster", ""))),
     ("num_gpus", "gpus", "gpus", True, lambda s, w: str(s.row["num_gpus"])),
     ("rank", "#", "#", True, lambda s, w: str(s.rank)),
-    ("dp", "dp", "dp", True, lambda s, w: str(s.row["dp"])),
+    ("dp", "dp", "dp", True, lambda s, w: dp_cell(s.row)),
     ("tp", "tp", "tp", True, lambda s, w: str(s.row["tp"])),
     ("pp", "pp", "pp", True, lambda s, w: str(s.row["pp"])),
     ("cp", "cp", "cp", True, lambda s, w: str(s.row["cp"])),
@@ -134,7 +146,7 @@ COLUMNS: list[Cell] = [
     ("offload", "offload", "off", False, lambda s, w: offload_cell(s.row, w)),
     ("recompute", "recompute", "rc", False, lambda s, w: recompute_cell(s.row, w)),
     ("mbs", "mbs", "mbs", True, lambda s, w: str(s.row["mbs"])),
-    ("precision", "precision", "prec", False, lambda s, w: s.row["precision"]),
+    ("precision", "precision", "prec", False, lambda s, w: precision_cell(s.row)),
     ("attention", "attention", "attn", False, lambda s, w: s.row["attention"]),
     ("mem", "mem GiB", "GiB", True, lambda s, w: f"{s.row['mem_gib']:.1f}"),
     ("step", "step s", "step s", True, lambda s, w: step_cell(s.row)),
@@ -240,6 +252,10 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
         parts.append(("params" if wide else "par") + " = parameters on the host")
     if offload and not wide and any(r["offload_optimizer"] and r["offload_params"] for r in rows):
         parts.append("o+p = both")
+    if seen("dp") and any(r.get("dp_shard") for r in rows):
+        parts.append("dp D/S = HSDP, ZeRO shard groups of S replicated D/S times")
+    if seen("prec", "precision") and any(r.get("grad_reduce") for r in rows):
+        parts.append("rX = gradients reduced in X")
     if any("band" in r for r in rows):
         parts.append("± = the cost model's error band for that prediction")
     return "legend: " + "; ".join(parts) if parts else ""

@@ -117,3 +117,25 @@ def test_search_for_a_runtime_keeps_to_what_it_runs() -> None:
         c = res.scored.cols
         assert len(res.order) and res.scored.counts["runtime-unsupported"] > 0
         assert not np.any(c[column][res.order] == code), name
+
+
+def test_tables_show_the_shard_group_and_the_reduce_dtype(space_file, capsys,
+                                                          monkeypatch) -> None:
+    """A search table shows HSDP as dp/shard and the reduce dtype beside the precision, and
+    its legend says what they mean; plans without them render as before."""
+    from autoplan.commands import main
+    from autoplan.search.render import dp_cell, precision_cell
+
+    assert dp_cell({"dp": 16, "dp_shard": 2}) == "16/2" and dp_cell({"dp": 16}) == "16"
+    assert precision_cell({"precision": "bf16", "grad_reduce": "bf16"}) == "bf16 rbf16"
+    assert precision_cell({"precision": "bf16", "grad_reduce": ""}) == "bf16"
+    monkeypatch.setenv("COLUMNS", "200")  # room for the precision column
+    path = space_file({**SPACE, "precision": "bf16", "parallel": {**SPACE["parallel"],
+                                                                  "tp": [1]}})
+    code = main(["search", "--model", "tiny", "--cluster", "a100-sxm4-80gb", "--num-gpus", "16",
+                 "--global-batch-size", "32", "--space", str(path), "--format", "table",
+                 "--top", "40"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "16/2" in text and "rbf16" in text, text
+    assert "HSDP, ZeRO shard groups of S" in text and "rX = gradients reduced in X" in text
