@@ -101,6 +101,7 @@ def host_state_bytes(
 def activation_elements_per_layer(
     model: ModelSpec, b: np.ndarray, tp: np.ndarray, sp: np.ndarray, cp: np.ndarray,
     eager_attention: bool, fused_norm: bool = True, fused_swiglu: bool = True,
+    kv_repeated: bool = False,
 ) -> dict[str, np.ndarray]:
     """Bytes one block keeps for backward per micro-batch (16-bit activations), by tensor.
 
@@ -114,7 +115,9 @@ def activation_elements_per_layer(
       masks     two 1-byte dropout masks: 2sbh (none without dropout);
       branch    the attention and MLP output GEMMs' results before the residual add: 2sbh x 2
                 (kept only by runtimes that must-save every GEMM output);
-      qkv       Q (2sb * a*d) and K, V (2 x 2sb * kv*d), split by tp;
+      qkv       Q (2sb * a*d) and K, V (2 x 2sb * kv*d), split by tp; a runtime that repeats the
+                grouped K/V heads before attention (`kv_repeated`: autoplan's runtime,
+                torch.repeat_interleave ahead of SDPA) keeps the repeated a-head copies;
       attn_out  the attention output, input of the output projection: 2sb * a*d;
       core      eager: softmax output 2as^2b, its dropout mask as^2b and dropout output 2as^2b
                 (5as^2b; 2as^2b without dropout); fused attention: fp32 row statistics 4asb;
@@ -138,8 +141,9 @@ def activation_elements_per_layer(
     else:
         core = 4.0 * a * s * b
     sp_div = np.where(np.asarray(sp), tp, 1.0)
+    kv = a if kv_repeated else model.kv_heads
     split = {
-        "qkv": 2.0 * s * b * (a * d + 2.0 * model.kv_heads * d),
+        "qkv": 2.0 * s * b * (a * d + 2.0 * kv * d),
         "attn_out": 2.0 * s * b * a * d,
         "core": core,
         "mlp_act": (4.0 if gated else 2.0) * s * b * f,
@@ -152,7 +156,7 @@ def activation_elements_per_layer(
     out["fp32_fixed"] = (norm if composite_rms else 0.0) / sp_div
     out["input"] = 2.0 * sbh / sp_div
     out["gate_share"] = np.asarray(0.5 if gated else 1.0)
-    out["kv_share"] = np.asarray(model.kv_heads / (a + 2.0 * model.kv_heads))
+    out["kv_share"] = np.asarray(kv / (a + 2.0 * kv))
     return out
 
 

@@ -157,6 +157,11 @@ class RuntimeTraits:
     """ZeRO stages the runtime runs HSDP with (Plan.parallel.dp_shard): Megatron's distributed
     optimizer instances (--num-distributed-optimizer-instances) are ZeRO-1; torchtitan's
     replicate x shard degrees FSDP2's ZeRO-2/3; DeepSpeed has none (MiCS was removed)."""
+    kv_repeated: bool = False
+    """Grouped-query attention with the K/V heads repeated to all heads before the attention
+    kernel, which then keeps the repeated copies for backward (autoplan's runtime:
+    repeat_interleave ahead of SDPA, measured in tests/unit/profiler/test_activations.py).
+    False: the kernel reads the grouped heads (FlashAttention, cuDNN/Transformer Engine)."""
     fsdp2_offload: bool = False
     """Offload as FSDP2 runs it (autoplan's runtime, torchtitan): parameter offload
     (CPUOffloadPolicy) puts the sharded parameters, their gradients and so the optimizer state
@@ -314,7 +319,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "and SDPA outputs, eager SwiGLU",
         "fused_swiglu": False, "selective": "all-but-gemms", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
-        "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True,
+        "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True, "kv_repeated": True,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
@@ -324,6 +329,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
         "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
         "fp32_sharded_params": True, "eager_host_overheads": True, "fsdp2_offload": True,
+        "kv_repeated": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "overlap_param_gather": False,
     },

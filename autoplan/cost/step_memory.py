@@ -27,7 +27,7 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
                      precision: str = "bf16") -> dict[str, np.ndarray]:
     parts = memory.activation_elements_per_layer(
         model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
-        fused_swiglu=runtime.fused_swiglu)
+        fused_swiglu=runtime.fused_swiglu, kv_repeated=runtime.kv_repeated)
     parts = moe.routed_activation_parts(model, r, parts)  # unchanged for a dense model
     if precision == "fp8" and runtime.fp8_activations:
         parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS}}

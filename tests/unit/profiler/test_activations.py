@@ -59,7 +59,8 @@ def _unmodelled_bytes(spec, tp: int, precision: str) -> float:
     return float(stats + rope + lse)
 
 
-@pytest.mark.parametrize("spec", [GPT, LLAMA_MHA], ids=["gpt", "llama-mha"])
+@pytest.mark.parametrize("spec", [GPT, LLAMA_MHA, PRESETS["tiny-llama"]],
+                         ids=["gpt", "llama-mha", "llama-gqa"])
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_none_policy_matches_the_activation_formula(spec, tp, precision) -> None:
@@ -69,7 +70,8 @@ def test_none_policy_matches_the_activation_formula(spec, tp, precision) -> None
     parts = memory.activation_elements_per_layer(spec, np.array(B), np.array(tp),
                                                  np.array(False), np.array(1),
                                                  eager_attention=False,  # SDPA is fused
-                                                 fused_norm=False, fused_swiglu=False)
+                                                 fused_norm=False, fused_swiglu=False,
+                                                 kv_repeated=True)  # repeat_interleave
     formula = float(memory.activation_bytes_per_layer(parts, np.array(0), precision))
     slack = _unmodelled_bytes(spec, tp, precision)
     one_tensor = B * spec.seq_len * spec.hidden_size * DTYPES[precision].itemsize
