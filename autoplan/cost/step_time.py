@@ -101,11 +101,15 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     # (forward, plus backward's two GEMMs per forward one; the recomputed forward's likewise)
     exposed_tp = runtime.tp_exposed_share(r.tp, r.sp)
     tp_hideable = 3.0 * lt["gemm_forward"]
+    # Megatron's selective re-runs only the attention core on the Q, K, V it kept: no
+    # collective again; the runtimes that re-run the norms re-gather their SP outputs
+    selective_tp = 0.0 * tpc["recompute_selective"] if runtime.selective.value == \
+        "attention-core" else tpc["recompute_selective"]
     tp_rec = np.where(r.recompute == RC_FULL, tpc["recompute_full"],
                       np.where(r.recompute == RC_SELECTIVE, np.where(
                           by_module, np.where((r.rc_modules & memory.MLP) > 0,
                                               tpc["recompute_full"] / 2.0, 0.0),
-                          tpc["recompute_selective"]), 0.0))
+                          selective_tp), 0.0))
     cp_inside = comm.intra_node(r.tp, r.cp, gpn)
     cp_nodes = comm.members_per_node(r.tp, r.cp, gpn)
     cp_layer = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,

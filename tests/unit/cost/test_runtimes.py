@@ -136,3 +136,16 @@ def test_fsdp2_offload_keeps_what_the_runtime_keeps_on_the_device() -> None:
     assert est.time["optimizer"] == 0.0 and est.time["offload"] > 0.0
     ds_params = estimate_plan(params_only, runtime="deepspeed")
     assert ds_params.memory["optimizer"] > 0.0  # ZeRO-Infinity's parameter offload alone
+
+
+def test_megatron_selective_recompute_sends_nothing_again() -> None:
+    # Megatron checkpoints the attention core on the Q, K, V it kept (no collective inside);
+    # autoplan's runtime re-runs the norms and re-gathers their sequence-parallel outputs
+    sel = {**LLAMA8B, "parallel": {"dp": 1, "tp": 8}, "sequence_parallel": True,
+           "batch": {"micro_batch_size": 1, "global_batch_size": 8}}
+    none = plan_from_dict(sel)
+    selective = plan_from_dict({**sel, "recompute": {"policy": "selective"}})
+    meg = [estimate_plan(p, runtime="megatron").time["tp_comm"] for p in (none, selective)]
+    ours = [estimate_plan(p, runtime="autoplan-cuda").time["tp_comm"] for p in (none, selective)]
+    assert meg[1] == pytest.approx(meg[0])
+    assert ours[1] > ours[0] * 1.2
