@@ -38,7 +38,9 @@ def test_yaml_and_table_formats(capsys) -> None:
     code, out, _ = run(SMALL + ["--format", "yaml", "--top", "2"], capsys)
     assert code == 0 and yaml.safe_load(out)["feasible"]
     code, out, _ = run(SMALL + ["--format", "table", "--top", "2"], capsys)
-    assert code == 0 and "top 2 plans by throughput" in out and "tokens/s" in out
+    # the throughput column: "tokens/s" wide, "tok/s" in 80 columns
+    assert code == 0 and "top 2 plans by throughput" in out
+    assert any(header in out for header in ("tokens/s", "tok/s"))
 
 
 def test_out_dir_files_load_and_refuse_overwrite(tmp_path: Path, capsys) -> None:
