@@ -209,16 +209,31 @@ def score_entry(entry: dict[str, Any]) -> dict[str, Any]:
         "predicted_mem_gib": est.memory_total_bytes / 2**30,
         "feasible": est.feasible, "first_reason": est.reasons[0] if est.reasons else None,
         "measured_mfu": meas["mfu"], "predicted_mfu": est.mfu, "dominant": est.dominant,
+        "moe": model.moe is not None,
     }
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    errs = [abs(r["error"]) for r in rows if r["scored"] and r["error"] is not None]
+    scored = [r for r in rows if r["scored"] and r["error"] is not None]
+    errs = [abs(r["error"]) for r in scored]
+    # peak memory where the source publishes it (every row, scored or not: FP8 runs too)
+    mem = sorted(abs(r["predicted_mem_gib"] / r["measured_mem_gib"] - 1.0) for r in rows
+                 if r["measured_mem_gib"])
     return {
         "scored": len(errs),
-        "mean_abs_error": sum(errs) / len(errs) if errs else None,
+        "mean_abs_error": _mean(errs),
         "within_10pct": sum(e <= 0.10 for e in errs) / len(errs) if errs else None,
-        "feasible_where_ran": sum(r["feasible"] for r in rows if r["scored"]),
+        "feasible_where_ran": sum(r["feasible"] for r in scored),
+        "dense_mean_abs_error": _mean([abs(r["error"]) for r in scored if not r["moe"]]),
+        "dense_scored": sum(not r["moe"] for r in scored),
+        "moe_mean_abs_error": _mean([abs(r["error"]) for r in scored if r["moe"]]),
+        "moe_scored": sum(r["moe"] for r in scored),
+        "memory_rows": len(mem),
+        "memory_median_abs_error": mem[len(mem) // 2] if mem else None,
     }
 
 
@@ -247,6 +262,13 @@ def print_table(rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
     print(f"\n{stats['scored']} scored configurations: mean absolute error "
           f"{stats['mean_abs_error']:.1%}, within 10%: {stats['within_10pct']:.0%}, "
           f"predicted feasible: {stats['feasible_where_ran']} of {stats['scored']}")
+    for kind in ("dense", "moe"):
+        if stats[f"{kind}_scored"]:
+            print(f"  {kind}: {stats[f'{kind}_scored']} scored, mean absolute error "
+                  f"{stats[f'{kind}_mean_abs_error']:.1%}")
+    if stats["memory_rows"]:
+        print(f"peak memory, {stats['memory_rows']} configurations that publish it: median "
+              f"absolute error {stats['memory_median_abs_error']:.1%}")
 
 
 def main(argv: list[str] | None = None) -> int:
