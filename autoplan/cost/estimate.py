@@ -166,6 +166,9 @@ def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:
     if plan.zero_stage not in traits.zero_stages:
         out.append(f"runtime {traits.name} has no ZeRO stage {plan.zero_stage} "
                    f"(it runs {', '.join(map(str, traits.zero_stages))})")
+    if plan.zero_stage >= 2 and plan.parallel.pp > 1 and not traits.sharded_zero_with_pipeline:
+        out.append(f"runtime {traits.name} has no ZeRO stage {plan.zero_stage} with a pipeline "
+                   f"(pp={plan.parallel.pp}; its ZeRO-2/3 runs with pp=1)")
     offload = traits.offload_refusal(plan.offload.optimizer, plan.offload.params)
     if offload is not None:
         out.append(offload)

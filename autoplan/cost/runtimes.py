@@ -162,6 +162,10 @@ class RuntimeTraits:
     kernel, which then keeps the repeated copies for backward (autoplan's runtime:
     repeat_interleave ahead of SDPA, measured in tests/unit/profiler/test_activations.py).
     False: the kernel reads the grouped heads (FlashAttention, cuDNN/Transformer Engine)."""
+    sharded_zero_with_pipeline: bool = True
+    """ZeRO-2/3 composes with pipeline parallelism (FSDP2 under torch.distributed.pipelining, as
+    torchtitan's 3D runs). Megatron's ZeRO-2/3 is Megatron-FSDP (--use-megatron-fsdp), whose
+    user guide documents no pipeline combination: False."""
     fsdp2_offload: bool = False
     """Offload as FSDP2 runs it (autoplan's runtime, torchtitan): parameter offload
     (CPUOffloadPolicy) puts the sharded parameters, their gradients and so the optimizer state
@@ -267,8 +271,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
-                       "with overlapped gradient reduce and parameter gather",
-        "selective": "attention-core", "zero_stages": [0, 1], "offload": ["optimizer"],
+                       "with overlapped gradient reduce and parameter gather, Megatron-FSDP "
+                       "(ZeRO-2/3) without a pipeline",
+        "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
+        "sharded_zero_with_pipeline": False,
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-2022": {
@@ -288,7 +294,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
                        "Transformer Engine userbuffers)",
-        "selective": "attention-core", "zero_stages": [0, 1], "offload": ["optimizer"],
+        "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
+        "sharded_zero_with_pipeline": False,
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
         "hsdp_zero_stages": [1],
     },

@@ -1,7 +1,7 @@
 """`--to megatron`: Megatron-LM `pretrain_gpt.py` arguments for a plan, as a launch script.
 
 Parallel degrees, sequence parallelism, the (virtual) pipeline split, recompute, the distributed
-optimizer (ZeRO-1) and its CPU offload, batch sizes, precision and the model's shape. Data,
+optimizer (ZeRO-1) and its CPU offload, Megatron-FSDP (ZeRO-2/3, without a pipeline), batch sizes, precision and the model's shape. Data,
 tokenizer files and optimizer hyper-parameters are not planned: append them to the script's
 arguments. The flag spellings follow megatron/training/arguments.py.
 """
@@ -37,10 +37,16 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             "sequence_parallel with tp=1: Megatron's --sequence-parallel shards over the "
             "tensor-parallel group, so it needs tp > 1"
         )
-    if plan.zero_stage >= 2:
+    if plan.zero_stage >= 2 and p.dp_shard is not None:
         why.append(
-            f"zero_stage={plan.zero_stage}: Megatron's distributed optimizer shards "
-            "optimizer states only (ZeRO-1); gradient/parameter sharding is not expressible"
+            f"dp_shard with zero_stage={plan.zero_stage}: autoplan maps Megatron's hybrid "
+            "sharding for the distributed optimizer (ZeRO-1) only; use zero_stage 1"
+        )
+    if plan.zero_stage >= 2 and p.pp > 1:
+        why.append(
+            f"zero_stage={plan.zero_stage} with pp={p.pp}: Megatron shards gradients and "
+            "parameters with Megatron-FSDP, whose user guide documents no pipeline "
+            "combination; use pp=1 or zero_stage 0/1"
         )
     if plan.offload.params:
         why.append("offload.params: Megatron has no parameter offload to host memory")
@@ -98,6 +104,12 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
             a.append(f"--pipeline-model-parallel-layout {layout_string(split)}")
         elif pipe.vpp > 1:
             a.append(f"--num-layers-per-virtual-pipeline-stage {split[0]}")
+    if plan.zero_stage >= 2:  # Megatron-FSDP's required flags (docs/discussions/
+        # megatron-fsdp-user-guide): optim_grads = ZeRO-2, optim_grads_params = ZeRO-3
+        a += ["--use-megatron-fsdp", "--use-distributed-optimizer",
+              "--data-parallel-sharding-strategy "
+              + ("optim_grads_params" if plan.zero_stage == 3 else "optim_grads"),
+              "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
     if plan.zero_stage == 1:
         a.append("--use-distributed-optimizer")
         if p.dp_shard is not None:  # HSDP: optimizer copies, each sharded over dp_shard x cp

@@ -57,8 +57,12 @@ def test_the_same_plan_costs_what_each_runtime_keeps() -> None:
 
 def test_a_runtime_refuses_what_it_cannot_run() -> None:
     plan = plan_from_dict({**LLAMA8B, "zero_stage": 3})
-    est = estimate_plan(plan, runtime="megatron")
+    est = estimate_plan(plan, runtime="megatron-2022")
     assert not est.feasible and any("ZeRO stage 3" in r for r in est.reasons)
+    # today's Megatron runs ZeRO-3 as Megatron-FSDP, without a pipeline only
+    assert estimate_plan(plan, runtime="megatron").feasible
+    piped = plan_from_dict({**LLAMA8B, "zero_stage": 3, "parallel": {"dp": 4, "pp": 2}})
+    assert any("with a pipeline" in r for r in estimate_plan(piped, runtime="megatron").reasons)
     titan = estimate_plan(plan, runtime="torchtitan")
     assert not any("ZeRO" in r for r in titan.reasons)
 

@@ -143,7 +143,7 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
         (*LAUNCHERS, "megatron"),
     ),
     "zero3-reduce-bf16": (plan(zero_stage=3, grad_reduce_dtype=ReduceDtype.BF16),
-                          (*LAUNCHERS, "deepspeed")),
+                          (*LAUNCHERS, "deepspeed", "megatron")),  # Megatron-FSDP, pp 1
 }
 
 

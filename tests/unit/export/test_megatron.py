@@ -117,7 +117,8 @@ def test_megatron_parsers_accept_the_launch(tmp_path: Path, case: str):
         ns.context_parallel_size,
     ) == (p.parallel.tp, p.parallel.pp, p.parallel.cp)
     assert ns.global_batch_size == p.batch.global_batch_size
-    assert ns.use_distributed_optimizer == (p.zero_stage == 1)
+    assert ns.use_distributed_optimizer == (p.zero_stage >= 1)
+    assert ns.use_megatron_fsdp == (p.zero_stage >= 2)
     config = transformer_config(ns)  # Megatron-Core's own validation
     assert config.sequence_parallel == p.sequence_parallel
     assert config.num_query_groups == p.model_spec().kv_heads
@@ -160,7 +161,7 @@ def test_megatron_core_rejects_what_we_refuse():
     ("changes", "why"),
     [
         ({"sequence_parallel": True}, "needs tp > 1"),
-        ({"zero_stage": 3}, "ZeRO-1"),
+        ({"zero_stage": 3, "parallel": Parallel(dp=4, pp=4)}, "Megatron-FSDP"),
         ({"parallel": Parallel(dp=4, pp=4), "pipeline": Pipeline(Schedule.GPIPE)}, "1F1B"),
         (
             {"parallel": Parallel(dp=4, pp=4), "pipeline": Pipeline(layers_per_stage=(5, 5, 5, 5))},
@@ -224,3 +225,20 @@ def test_shell_variables_are_expanded_and_unknown_gpu_counts_are_errors(tmp_path
         import_megatron(script, model="gpt3-1.3b", cluster="h100-sxm-80gb", num_gpus=None)
     p = import_megatron(script, model="gpt3-1.3b", cluster="h100-sxm-80gb", num_gpus=8)
     assert (p.parallel.dp, p.batch.global_batch_size, p.model) == (8, 8, "gpt3-1.3b")
+
+
+@pytest.mark.parametrize(("zero", "strategy"), [(2, "optim_grads"), (3, "optim_grads_params")])
+def test_zero_2_and_3_run_as_megatron_fsdp(tmp_path, zero: int, strategy: str):
+    # Megatron-FSDP's required flags (docs/discussions/megatron-fsdp-user-guide), and the
+    # importer reads the stage back
+    p = plan(zero_stage=zero)
+    files = export_plan(get_target("megatron"), p, p.model_spec(), ExportOptions(gpus_per_node=8))
+    out = tmp_path / "megatron_args.sh"
+    out.write_text(files["megatron_args.sh"])
+    text = out.read_text()
+    for flag in ("--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+                 "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"):
+        assert flag in text
+    back = import_megatron(out, model=p.model, cluster=p.cluster.profile,
+                           num_gpus=p.cluster.num_gpus)
+    assert back.zero_stage == zero
