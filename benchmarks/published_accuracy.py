@@ -108,7 +108,7 @@ def _kind(plan) -> str:
     from autoplan.cost.error_band import KINDS, kind_of
 
     p = plan.parallel
-    return KINDS[int(kind_of(p.tp, p.pp, p.cp))]
+    return KINDS[int(kind_of(p.tp, p.pp, p.cp, plan.model_spec().moe is not None))]
 
 
 def _scale(plan, cluster) -> str:

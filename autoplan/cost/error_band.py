@@ -21,9 +21,10 @@ from autoplan.hardware import ClusterProfile
 
 MIN_RUNS = 3
 """Fewest validated runs a group needs for a band of its own."""
-KINDS = ("dp", "tp", "3d")
+KINDS = ("dp", "tp", "3d", "moe")
 """dp: data parallel / ZeRO only; tp: tensor (and context) parallel without a pipeline; 3d: a
-pipeline with anything else."""
+pipeline with anything else; moe: any layout of a mixture-of-experts model (its all-to-all,
+routing and grouped GEMMs make it a kind of its own, with its own residuals)."""
 SCALES = ("node", "cluster", "large")
 """node: within one node; cluster: up to 1,024 GPUs; large: more."""
 
@@ -39,9 +40,10 @@ def family(runtime: str) -> str:
     return runtime
 
 
-def kind_of(tp: Any, pp: Any, cp: Any) -> np.ndarray:
+def kind_of(tp: Any, pp: Any, cp: Any, moe: bool = False) -> np.ndarray:
     tp, pp, cp = np.asarray(tp), np.asarray(pp), np.asarray(cp)
-    return np.where(pp > 1, 2, np.where((tp > 1) | (cp > 1), 1, 0))
+    dense = np.where(pp > 1, 2, np.where((tp > 1) | (cp > 1), 1, 0))
+    return np.where(moe, 3, dense)
 
 
 def scale_of(world: Any, gpus_per_node: int) -> np.ndarray:
@@ -70,11 +72,12 @@ def band_table() -> tuple[float, dict[str, float], dict[tuple[str, int, int], fl
     return default, families, groups
 
 
-def band_of_table(runtime: str, r: Rows, profile: ClusterProfile) -> np.ndarray:
-    """The relative step-time error band of every row."""
+def band_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
+                  ) -> np.ndarray:
+    """The relative step-time error band of every row (`moe`: the model has experts)."""
     default, families, groups = band_table()
     fam = family(runtime)
-    kind, scale = kind_of(r.tp, r.pp, r.cp), scale_of(r.world, profile.gpus_per_node)
+    kind, scale = kind_of(r.tp, r.pp, r.cp, moe), scale_of(r.world, profile.gpus_per_node)
     out = np.full(np.shape(r.world), families.get(fam, default), dtype=float)
     for (g_fam, g_kind, g_scale), band in groups.items():
         if g_fam == fam:

@@ -62,7 +62,7 @@ def estimate_table(
     out["mfu"] = out["model_flops_per_step"] / (out["time_step"] * r.world * peak)
     out["hfu"] = (out["model_flops_per_step"] + recompute_flops_per_step(model, r, traits)) / (
         out["time_step"] * r.world * peak)
-    out["band"] = band_of_table(traits.name, r, profile)
+    out["band"] = band_of_table(traits.name, r, profile, model.moe is not None)
     return out
 
 
