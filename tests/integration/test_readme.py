@@ -167,12 +167,17 @@ CHECKS: list[tuple[str, int, Callable[[Ran], None]]] = [
     ("autoplan train runs/tiny/plan.yaml --steps 60 --resume", 0,
      lambda r: assert_in((6, 8), [(r.json()["resumed_from"], r.json()["final_step"])])),
     ("torchrun --nproc-per-node 4", 0, lambda r: assert_in('"final_step": 3', r.out)),
+    ("autoplan train runs/tiny/plan.yaml --nproc 3 --elastic", 0, lambda r: (
+        assert_in("rank 2 idle", r.err),
+        assert_in("plan-2gpus.yaml", os.listdir(r.cwd / "ckpt-elastic/elastic-plans")))),
+    ("autoplan export runs/tiny/plan.yaml --to slurm --elastic", 0,
+     lambda r: assert_in("--no-kill", (r.cwd / "train-elastic.sbatch").read_text())),
     ("autoplan profile --quick", 0, profiled),
     ("autoplan calibrate runs/tiny-run.json", 0, calibrated),
     ("autoplan tune --model tiny", 0, lambda r: assert_in("plan.yaml",
                                                           os.listdir(r.cwd / "runs/tune"))),
     ("python benchmarks/closed_loop.py --calibrate", 0, lambda r: None),
-    ("autoplan export runs/tiny/plan.yaml --to slurm", 0,
+    ("autoplan export runs/tiny/plan.yaml --to slurm --out", 0,
      lambda r: assert_in("#SBATCH", (r.cwd / "train.sbatch").read_text())),
     ("autoplan search --model gpt3-13b --cluster a100-sxm4-80gb --num-gpus 64 "
      "--global-batch-size 512 --out runs/gpt13b", 0, wrote("runs/gpt13b/plan.yaml")),
