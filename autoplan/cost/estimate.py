@@ -166,6 +166,13 @@ def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:
     if plan.zero_stage not in traits.zero_stages:
         out.append(f"runtime {traits.name} has no ZeRO stage {plan.zero_stage} "
                    f"(it runs {', '.join(map(str, traits.zero_stages))})")
+    policy = getattr(plan.recompute.policy, "value", plan.recompute.policy)
+    k = plan.recompute.num_layers
+    if policy != "none" and k and not traits.partial_recompute and (
+            plan.parallel.pp > 1 or plan.model_spec().num_layers % k):
+        out.append(f"runtime {traits.name} recomputes every block, none, or every n-th block "
+                   f"without a pipeline (recompute.num_layers={k}: null, or a count that "
+                   "divides the layers with pp=1)")
     if plan.zero_stage >= 2 and plan.parallel.pp > 1 and not traits.sharded_zero_with_pipeline:
         out.append(f"runtime {traits.name} has no ZeRO stage {plan.zero_stage} with a pipeline "
                    f"(pp={plan.parallel.pp}; its ZeRO-2/3 runs with pp=1)")

@@ -162,6 +162,11 @@ class RuntimeTraits:
     kernel, which then keeps the repeated copies for backward (autoplan's runtime:
     repeat_interleave ahead of SDPA, measured in tests/unit/profiler/test_activations.py).
     False: the kernel reads the grouped heads (FlashAttention, cuDNN/Transformer Engine)."""
+    partial_recompute: bool = True
+    """Recompute can cover any number of layers of a stage (Plan.recompute.num_layers:
+    Megatron's block and uniform methods, autoplan's runtime). False: torchtitan, whose
+    selective_ac_option = n checkpoints every n-th block, which prices as num_layers = L / n
+    only without a pipeline and with a count that divides the L layers (export/torchtitan.py)."""
     sharded_zero_with_pipeline: bool = True
     """ZeRO-2/3 composes with pipeline parallelism (FSDP2 under torch.distributed.pipelining, as
     torchtitan's 3D runs). Megatron's ZeRO-2/3 is Megatron-FSDP (--use-megatron-fsdp), whose
@@ -308,6 +313,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fp8_weight_cache_bytes": 0.0,
         "selective": "op-sac", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "offload": ["both"],
+        "partial_recompute": False,
         "fsdp2_offload": True,
         # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
         # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)

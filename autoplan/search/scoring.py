@@ -143,6 +143,10 @@ def runtime_lacks(t: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
     codes = [i for i, s in enumerate(SCHEDULES) if s.value in traits.schedules]
     bad_schedule = (t["pp"] > 1) & ~np.isin(t["schedule"], codes)
     bad = bad_schedule | ~np.isin(t["zero_stage"], list(traits.zero_stages))
+    if not traits.partial_recompute:  # every n-th block only, and only without a pipeline
+        k = t["recompute_layers"]
+        nth = (t["pp"] == 1) & (k > 0) & (ctx.model.num_layers % np.maximum(k, 1) == 0)
+        bad |= (t["recompute"] != RC_NONE) & (k >= 0) & ~nth
     if not traits.sharded_zero_with_pipeline:
         bad |= (t["zero_stage"] >= 2) & (t["pp"] > 1)
     opt, par = t["offload_optimizer"].astype(bool), t["offload_params"].astype(bool)

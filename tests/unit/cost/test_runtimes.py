@@ -153,3 +153,20 @@ def test_megatron_selective_recompute_sends_nothing_again() -> None:
     ours = [estimate_plan(p, runtime="autoplan-cuda").time["tp_comm"] for p in (none, selective)]
     assert meg[1] == pytest.approx(meg[0])
     assert ours[1] > ours[0] * 1.2
+
+
+def test_torchtitan_recomputes_every_block_none_or_every_nth() -> None:
+    # 5 of Llama-3 8B's 32 layers: Megatron's --recompute-num-layers 5; torchtitan cannot
+    some = plan_from_dict({**LLAMA8B, "zero_stage": 3,
+                           "recompute": {"policy": "full", "num_layers": 5}})
+    assert any("every n-th block" in r for r in estimate_plan(some, runtime="torchtitan").reasons)
+    assert not estimate_plan(some, runtime="megatron").reasons
+    # 16 of 32 is every 2nd block (selective_ac_option = 2), without a pipeline only
+    half = plan_from_dict({**LLAMA8B, "zero_stage": 3,
+                           "recompute": {"policy": "full", "num_layers": 16}})
+    assert not estimate_plan(half, runtime="torchtitan").reasons
+    piped = plan_from_dict({**LLAMA8B, "zero_stage": 3, "parallel": {"dp": 4, "pp": 2},
+                            "recompute": {"policy": "full", "num_layers": 8}})
+    assert any("every n-th block" in r for r in estimate_plan(piped, runtime="torchtitan").reasons)
+    every = plan_from_dict({**LLAMA8B, "zero_stage": 3, "recompute": {"policy": "full"}})
+    assert not estimate_plan(every, runtime="torchtitan").reasons
