@@ -1,9 +1,10 @@
 """How sure the cost model is: an error band per kind of plan, from validation residuals.
 
 `benchmarks/published_accuracy.py --write-bands` predicts published measured runs, leaving each
-source out of nothing (nothing is fitted to them), and writes the root-mean-square relative
-step-time error per group (runtime family x kind of parallelism x scale) to error_bands.yaml
-beside this file. A group with fewer than MIN_RUNS runs takes its runtime family's band, and a
+source out of nothing (nothing is fitted to them), and writes per group (runtime family x kind
+of parallelism x scale) a one-sided 95% upper bound on the root-mean-square relative step-time
+error, rms * sqrt(n / chi2_05(n)) for n runs (3 runs: 3x their RMS; 16: 1.4x), to
+error_bands.yaml beside this file. A group with fewer than MIN_RUNS runs takes its runtime family's band, and a
 family with none the stated default.
 """
 

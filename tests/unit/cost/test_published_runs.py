@@ -8,6 +8,7 @@ to these runs, so this guards the model against drifting away from them.
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,15 @@ def test_sc21_flop_convention_is_reproduced() -> None:
     seconds = bench.sc21_flops_per_iteration(run) / (141e12 * 1536)
     days = 300e9 / (1536 * 2048) * seconds / 86400
     assert days == pytest.approx(23, rel=0.05)
+
+
+def test_error_bands_are_upper_bounds_that_widen_with_fewer_runs() -> None:
+    bench = _bench()
+    # chi-squared 5% quantiles (tables): 0.711 at 4, 3.940 at 10, 7.962 at 16 degrees of freedom
+    assert abs(bench.chi2_lower(4) - 0.711) / 0.711 < 0.03
+    for n, exact in ((10, 3.940), (16, 7.962)):
+        assert abs(bench.chi2_lower(n) - exact) / exact < 0.01
+    errors = [0.05, -0.05, 0.05, -0.05]
+    assert bench.band_of(errors) > bench.rms(errors)  # an upper bound, not the RMS itself
+    assert bench.band_of(errors * 4) < bench.band_of(errors)  # 16 runs pin it down better
+    assert math.isnan(bench.band_of(errors[:2]))  # two runs bound nothing: no band of their own
