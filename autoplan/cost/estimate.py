@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import compute, moe
+from autoplan.cost import compute, moe, runtime_rules
 from autoplan.cost.error_band import band_of_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
@@ -158,33 +158,6 @@ def estimate_plan(
 
 
 def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:
-    """What of the plan the runtime cannot run (its schedules, ZeRO stages and offload)."""
-    out = []
-    if plan.parallel.pp > 1 and plan.pipeline.schedule.value not in traits.schedules:
-        out.append(f"runtime {traits.name} has no {plan.pipeline.schedule.value} schedule "
-                   f"(it runs {', '.join(traits.schedules)})")
-    if plan.zero_stage not in traits.zero_stages:
-        out.append(f"runtime {traits.name} has no ZeRO stage {plan.zero_stage} "
-                   f"(it runs {', '.join(map(str, traits.zero_stages))})")
-    policy = getattr(plan.recompute.policy, "value", plan.recompute.policy)
-    k = plan.recompute.num_layers
-    if policy != "none" and k and not traits.partial_recompute and (
-            plan.parallel.pp > 1 or plan.model_spec().num_layers % k):
-        out.append(f"runtime {traits.name} recomputes every block, none, or every n-th block "
-                   f"without a pipeline (recompute.num_layers={k}: null, or a count that "
-                   "divides the layers with pp=1)")
-    if plan.zero_stage >= 2 and plan.parallel.pp > 1 and not traits.sharded_zero_with_pipeline:
-        out.append(f"runtime {traits.name} has no ZeRO stage {plan.zero_stage} with a pipeline "
-                   f"(pp={plan.parallel.pp}; its ZeRO-2/3 runs with pp=1)")
-    offload = traits.offload_refusal(plan.offload.optimizer, plan.offload.params)
-    if offload is not None:
-        out.append(offload)
-    rd = plan.grad_reduce_dtype
-    if rd is not None and rd.value not in traits.grad_reduce_dtypes:
-        out.append(f"runtime {traits.name} cannot reduce gradients in {rd.value} (it reduces "
-                   f"in {', '.join(traits.grad_reduce_dtypes)})")
-    if plan.parallel.dp_shard is not None and plan.zero_stage not in traits.hsdp_zero_stages:
-        runs = ", ".join(map(str, traits.hsdp_zero_stages)) or "none"
-        out.append(f"runtime {traits.name} has no HSDP (parallel.dp_shard) at ZeRO stage "
-                   f"{plan.zero_stage} (it runs it at: {runs})")
-    return out
+    """What of the plan the runtime cannot run (its schedules, ZeRO stages, offload, partial
+    recompute, HSDP and reduce dtypes: autoplan.cost.runtime_rules)."""
+    return runtime_rules.refusals(plan, traits)

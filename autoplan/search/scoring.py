@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.cost import runtime_rules
 from autoplan.cost.estimate import TIME_PARTS, default_runtime, estimate_table
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -138,27 +139,8 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
 def runtime_lacks(t: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
     """Rows whose pipeline schedule, ZeRO stage, offload, HSDP or reduce dtype the runtime
     cannot run (so `search --runtime megatron` keeps to plans Megatron runs, and its winner
-    exports)."""
-    traits = ctx.runtime or default_runtime(ctx.profile)
-    codes = [i for i, s in enumerate(SCHEDULES) if s.value in traits.schedules]
-    bad_schedule = (t["pp"] > 1) & ~np.isin(t["schedule"], codes)
-    bad = bad_schedule | ~np.isin(t["zero_stage"], list(traits.zero_stages))
-    if not traits.partial_recompute:  # every n-th block only, and only without a pipeline
-        k = t["recompute_layers"]
-        nth = (t["pp"] == 1) & (k > 0) & (ctx.model.num_layers % np.maximum(k, 1) == 0)
-        bad |= (t["recompute"] != RC_NONE) & (k >= 0) & ~nth
-    if not traits.sharded_zero_with_pipeline:
-        bad |= (t["zero_stage"] >= 2) & (t["pp"] > 1)
-    opt, par = t["offload_optimizer"].astype(bool), t["offload_params"].astype(bool)
-    for o, p in ((True, False), (False, True), (True, True)):
-        if traits.offload_refusal(o, p) is not None:
-            bad |= (opt == o) & (par == p)
-    if "grad_reduce" in t:  # null (code 0) is the runtime's own default
-        runs = [0, *(REDUCE_DTYPES.index(ReduceDtype(d)) for d in traits.grad_reduce_dtypes)]
-        bad |= ~np.isin(t["grad_reduce"], runs)
-    if "dp_shard" in t:
-        bad |= (t["dp_shard"] > 0) & ~np.isin(t["zero_stage"], list(traits.hsdp_zero_stages))
-    return bad
+    exports): autoplan.cost.runtime_rules, the rules `estimate` names for one plan."""
+    return runtime_rules.lacking(t, ctx.runtime or default_runtime(ctx.profile), ctx.model)
 
 
 def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool = True,

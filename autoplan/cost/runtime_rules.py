@@ -1,0 +1,113 @@
+"""What a runtime cannot run, as rules over plan tables (autoplan.plan_table columns).
+
+One set for both users, as autoplan.plan_rules is for plan validity: the search masks whole
+tables with `lacking` (search --runtime T keeps to plans T runs, so its winner exports), and
+`estimate` names what one plan breaks with `refusals` (the plan as a one-row table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoplan.cost.runtimes import RuntimeTraits
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan, ReduceDtype
+from autoplan.plan_table import RC_NONE, REDUCE_DTYPES, SCHEDULES, plan_to_row
+
+Table = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class RuntimeRule:
+    breaks: Callable[[Table, RuntimeTraits, ModelSpec], Any]
+    """Rows the runtime cannot run (a boolean array over the table)."""
+    message: Callable[[Table, RuntimeTraits], str]
+    """Why, for a one-row table."""
+
+
+def _v(t: Table, col: str) -> int:
+    return int(t[col][0])
+
+
+def _schedule(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    codes = [i for i, s in enumerate(SCHEDULES) if s.value in rt.schedules]
+    return (t["pp"] > 1) & ~np.isin(t["schedule"], codes)
+
+
+def _partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    if rt.partial_recompute:
+        return np.zeros(np.shape(t["pp"]), dtype=bool)
+    k = t["recompute_layers"]  # -1: every layer of the stage
+    nth = (t["pp"] == 1) & (k > 0) & (m.num_layers % np.maximum(k, 1) == 0)
+    return (t["recompute"] != RC_NONE) & (k >= 0) & ~nth
+
+
+def _offload_mode(t: Table) -> tuple[bool, bool]:
+    return bool(t["offload_optimizer"][0]), bool(t["offload_params"][0])
+
+
+def _offload(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    opt, par = t["offload_optimizer"].astype(bool), t["offload_params"].astype(bool)
+    bad = np.zeros(np.shape(opt), dtype=bool)
+    for o, p in ((True, False), (False, True), (True, True)):
+        if rt.offload_refusal(o, p) is not None:
+            bad |= (opt == o) & (par == p)
+    return bad
+
+
+def _reduce_codes(rt: RuntimeTraits) -> list[int]:
+    """grad_reduce codes the runtime runs; 0 (null) is its own default."""
+    return [0, *(REDUCE_DTYPES.index(ReduceDtype(d)) for d in rt.grad_reduce_dtypes)]
+
+
+def _reduce_dtype(t: Table) -> str:
+    return REDUCE_DTYPES[_v(t, "grad_reduce")].value  # type: ignore[union-attr]
+
+
+RULES: tuple[RuntimeRule, ...] = (
+    RuntimeRule(_schedule, lambda t, rt: (
+        f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
+        f"(it runs {', '.join(rt.schedules)})")),
+    RuntimeRule(lambda t, rt, m: ~np.isin(t["zero_stage"], list(rt.zero_stages)),
+                lambda t, rt: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
+                               f"(it runs {', '.join(map(str, rt.zero_stages))})")),
+    RuntimeRule(_partial_recompute, lambda t, rt: (
+        f"runtime {rt.name} recomputes every block, none, or every n-th block without a "
+        f"pipeline (recompute.num_layers={_v(t, 'recompute_layers')}: null, or a count that "
+        "divides the layers with pp=1)")),
+    RuntimeRule(lambda t, rt, m: (t["zero_stage"] >= 2) & (t["pp"] > 1)
+                & (not rt.sharded_zero_with_pipeline),
+                lambda t, rt: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} with "
+                               f"a pipeline (pp={_v(t, 'pp')}; its ZeRO-2/3 runs with pp=1)")),
+    RuntimeRule(_offload, lambda t, rt: str(rt.offload_refusal(*_offload_mode(t)))),
+    RuntimeRule(lambda t, rt, m: ~np.isin(t["grad_reduce"], _reduce_codes(rt))
+                if "grad_reduce" in t else np.zeros(np.shape(t["pp"]), dtype=bool),
+                lambda t, rt: (f"runtime {rt.name} cannot reduce gradients in {_reduce_dtype(t)} "
+                               f"(it reduces in {', '.join(rt.grad_reduce_dtypes)})")),
+    RuntimeRule(lambda t, rt, m: (t["dp_shard"] > 0)
+                & ~np.isin(t["zero_stage"], list(rt.hsdp_zero_stages))
+                if "dp_shard" in t else np.zeros(np.shape(t["pp"]), dtype=bool),
+                lambda t, rt: (f"runtime {rt.name} has no HSDP (parallel.dp_shard) at ZeRO stage "
+                               f"{_v(t, 'zero_stage')} (it runs it at: "
+                               f"{', '.join(map(str, rt.hsdp_zero_stages)) or 'none'})")),
+)
+
+
+def lacking(t: Table, traits: RuntimeTraits, model: ModelSpec) -> np.ndarray:
+    """Rows of a plan table that break any of the runtime's rules."""
+    bad = np.zeros(np.shape(t["pp"]), dtype=bool)
+    for rule in RULES:
+        bad |= np.asarray(rule.breaks(t, traits, model), dtype=bool)
+    return bad
+
+
+def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None) -> list[str]:
+    """What of one plan the runtime cannot run, a line per rule it breaks."""
+    model = model or plan.model_spec()
+    row = plan_to_row(plan, model)
+    return [rule.message(row, traits) for rule in RULES
+            if bool(np.asarray(rule.breaks(row, traits, model))[0])]
