@@ -32,7 +32,7 @@ from autoplan.model_spec import ModelSpec, load_model
 from autoplan.plan import Plan, plan_from_dict
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "practitioner.yaml"
-RUNTIMES = ("megatron", "nemo", "torchtitan", "deepspeed")
+RUNTIMES = ("megatron", "megatron-deepep", "nemo", "torchtitan", "deepspeed")
 """nemo: Megatron-Core as NeMo's recipes run it, with Transformer Engine's TP comm overlap
 (rows whose source states ub_tp_comm_overlap true)."""
 MEASURED_FIGURES = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",

@@ -113,6 +113,12 @@ class RuntimeTraits:
     """Bytes per element of the two dispatch-direction all-to-alls (forward dispatch, backward
     of the combine); None: the activations' width. DeepSeek-V3 §3.3.2 quantizes them to FP8
     (1) and keeps the combines in BF16."""
+    ep_dispatcher: str = "alltoall"
+    """How tokens reach their experts. `alltoall`: one copy per routed expert over the EP group
+    (Megatron-Core --moe-token-dispatcher-type alltoall). `deepep`: one copy per destination
+    node, forwarded to its experts over NVLink (DeepEP's internode kernels; Megatron-Core
+    --moe-token-dispatcher-type flex with the DeepEP backend; DeepSeek-V3 report §3.2.2), so a
+    group across nodes sends moe.node_dedup_share of the copies through the NICs."""
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
@@ -202,6 +208,9 @@ class RuntimeTraits:
         if self.ep_dispatch_bytes is not None and not 0 < self.ep_dispatch_bytes <= 4:
             raise ConfigError("runtime.ep_dispatch_bytes", f"got {self.ep_dispatch_bytes!r}",
                               "expected bytes in (0, 4], or null")
+        if self.ep_dispatcher not in ("alltoall", "deepep"):
+            raise ConfigError("runtime.ep_dispatcher", f"got {self.ep_dispatcher!r}",
+                              "choose alltoall or deepep")
         known = {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
         bad = [s for s in self.schedules if s not in known]
         if bad or not self.schedules:
@@ -281,6 +290,17 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
         "sharded_zero_with_pipeline": False,
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
+    },
+    "megatron-deepep": {
+        "logit_bytes_transient": 4.0,
+        "attention_kernel": "cudnn",
+        "description": "as megatron, with the MoE flex dispatcher on DeepEP "
+                       "(--moe-token-dispatcher-type flex --moe-enable-deepep): tokens sent "
+                       "once per destination node",
+        "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
+        "sharded_zero_with_pipeline": False,
+        "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
+        "ep_dispatcher": "deepep",
     },
     "megatron-2022": {
         "logit_bytes_transient": 4.0,

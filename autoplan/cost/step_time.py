@@ -84,7 +84,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         delta = moe.block_forward_delta_s(model, profile, peak, r)
         lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
               "full": lt["full"] + delta}
-    a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes)
+    a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
+                                     dedup_nodes=runtime.ep_dispatcher == "deepep")
     by_module = r.rc_modules > 0
     selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules),
                            lt[runtime.selective.value])

@@ -173,3 +173,32 @@ def test_node_dedup_share_is_the_hypergeometric_expectation():
     assert float(dedup[0]) < float(plain[0])
     same = moe.all_to_all_per_block_s(m, profile, inside, dedup_nodes=True)
     assert float(same[0]) == float(moe.all_to_all_per_block_s(m, profile, inside)[0])
+
+
+def test_deepep_runtime_sends_one_copy_per_node_only_across_nodes():
+    """runtime ep_dispatcher deepep (megatron-deepep): the estimate's ep_comm shrinks for a
+    group across nodes by node_dedup_share's NIC leg, and not at all inside one node."""
+    m = PRESETS["qwen3-235b-a22b"]
+    across = _plan("qwen3-235b-a22b", 256, gbs=2048, dp=16, tp=2, pp=8, ep=32)
+    plain = estimate_plan(across, model=m, runtime="megatron")
+    deepep = estimate_plan(across, model=m, runtime="megatron-deepep")
+    assert load_runtime("megatron-deepep").ep_dispatcher == "deepep"
+    assert load_runtime("megatron").ep_dispatcher == "alltoall"
+    # the NIC leg sets the time, so ep_comm falls by the share, a little less as the smaller
+    # per-peer messages reach less of the link (the profile's inter_node curve)
+    share = float(moe.node_dedup_share(m, _rows(across, m), 8)[0])
+    ratio = deepep.time["ep_comm"] / plain.time["ep_comm"]
+    assert share < ratio < 1.2 * share
+    assert deepep.time["compute"] == plain.time["compute"]  # only the dispatch changes
+    inside = _plan("qwen3-235b-a22b", 64, gbs=512, dp=8, tp=1, pp=8, ep=8)
+    assert estimate_plan(inside, model=m, runtime="megatron-deepep").time["ep_comm"] == \
+        estimate_plan(inside, model=m, runtime="megatron").time["ep_comm"] > 0.0
+
+
+def test_ep_dispatcher_is_checked_when_loaded(tmp_path):
+    from autoplan.errors import ConfigError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nname: x\nep_dispatcher: deep-ep\n")
+    with pytest.raises(ConfigError, match="ep_dispatcher"):
+        load_runtime(str(bad))
