@@ -162,13 +162,20 @@ class Pipeline:
     vpp: int = 1
     """Virtual stages (model chunks) per pipeline rank; > 1 needs interleaved-1f1b."""
     layers_per_stage: tuple[int, ...] | None = None
-    """Optional uneven split: layers of each of the pp * vpp stages, in order. Default: even."""
+    """Optional uneven split: layers of each of the pp * vpp stages, in order. Default: even.
+    The first and the last entry may be 0: an embedding-only first stage and a stage of only
+    the final norm, output layer and loss (Megatron-Core's layout "E|t*n|...|t*n|L")."""
 
     def __post_init__(self) -> None:
         _check_int("pipeline.vpp", self.vpp, 1)
         if self.layers_per_stage is not None:
+            last = len(self.layers_per_stage) - 1
             for i, n in enumerate(self.layers_per_stage):
-                _check_int(f"pipeline.layers_per_stage[{i}]", n, 1)
+                if n == 0 and 0 < i < last:
+                    raise ConfigError(f"pipeline.layers_per_stage[{i}]", "got 0 on a middle "
+                                      "stage", "only the first and the last stage may hold no "
+                                      "layers (embedding-only, loss-only); give it at least 1")
+                _check_int(f"pipeline.layers_per_stage[{i}]", n, 0 if i in (0, last) else 1)
 
 
 @dataclass(frozen=True)
