@@ -193,6 +193,21 @@ def fp8_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.n
     return 3.0 * widths * np.asarray(tokens, float)
 
 
+def attention_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
+                         cp: np.ndarray) -> np.ndarray:
+    """Bytes one block's attention casts move per micro-batch, forward + backward, where a
+    16-bit plan's core computes in fp32 (RuntimeTraits.attention_compute_dtype): forward casts
+    Q, K, V up and the output down, backward the output gradient up and the Q, K, V gradients
+    down, each reading 2 and writing 4 bytes per element or the reverse (runtime/models/layers.py
+    Attention.core). Under context parallelism each of a rank's two query chunks casts the keys
+    and values up to its end (context_parallel.attention): (2cp+1)/2 of the local length."""
+    q, kv = model.q_width, model.kv_heads * model.head_width
+    cp = np.asarray(cp, float)
+    kv_tokens = np.where(cp > 1, (2.0 * cp + 1.0) / 2.0, 1.0)
+    widths = (2.0 * q + 2.0 * kv * kv_tokens) / np.asarray(tp, float)
+    return 2.0 * 6.0 * widths * np.asarray(tokens, float)
+
+
 def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for

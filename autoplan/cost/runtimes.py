@@ -124,6 +124,14 @@ class RuntimeTraits:
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
     H100; Transformer Engine picks cuDNN's fused attention on Hopper. sdpa-cpu: torch's CPU
     flash kernel, whose speed a CPU profile files per dtype (profiler/precision.py)."""
+    attention_compute_dtype: str | None = None
+    """The dtype the fused attention core computes in for a 16-bit plan. None: the plan's own.
+    fp32: autoplan's CPU runtime casts Q, K, V to fp32 for SDPA and the output back
+    (runtime/models/layers.py Attention.core), because torch's CPU flash-attention backward in
+    bf16 runs 9-45x slower than in fp32 at the tiny block's call while the casts cost ~0.2x of
+    the fp32 core (measured by profiler/precision.py); priced at the profile's
+    `attention_kernel@fp32` figures and fp32 peak, plus the casts' bytes
+    (attention_precision, compute.attention_cast_bytes)."""
     causal_attention_skip: bool = True
     """Fused causal attention skips fully masked tiles, doing about half of the s^2 work
     (FlashAttention-2, Dao 2023 §3.1; cuDNN/FA3 alike). Eager attention always does all of it."""
@@ -222,6 +230,10 @@ class RuntimeTraits:
         if self.attention_kernel not in ("fa2", "fa3", "cudnn", "sdpa-cpu"):
             raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
                               "choose fa2, fa3, cudnn or sdpa-cpu")
+        if self.attention_compute_dtype not in (None, "fp32"):
+            raise ConfigError("runtime.attention_compute_dtype",
+                              f"got {self.attention_compute_dtype!r}",
+                              "choose fp32, or null for the plan's precision")
         if any(o not in OFFLOAD_MODES for o in self.offload):
             raise ConfigError("runtime.offload", f"got {list(self.offload)!r}",
                               "list some of optimizer, params, both (or [] for none)")
@@ -265,6 +277,15 @@ class RuntimeTraits:
             exposed = (4.0 / np.maximum(tp, 1.0) + 2.0 / 4.0) / 10.0
             return np.where(sp & (tp > 1), exposed, 1.0)
         return np.full_like(tp, 1.0 - self.tp_comm_overlap)
+
+    def attention_precision(self, precision: str) -> str:
+        """The precision a plan's fused attention core runs in: fp8 runs keep attention in
+        bf16 (Transformer Engine, torchao: fp8 GEMMs only), and `attention_compute_dtype`, where
+        set, replaces a 16-bit one."""
+        core = "bf16" if precision == "fp8" else precision
+        if self.attention_compute_dtype is not None and core in ("bf16", "fp16"):
+            return self.attention_compute_dtype
+        return core
 
     def grad_bytes(self, precision: str) -> float:
         """Bytes per gradient element kept on the device (fp8 runs keep bf16's)."""
@@ -357,8 +378,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
                        "composite RMSNorm, measured eager host costs per op and SDPA's CPU "
-                       "flash kernel (priced per dtype from the profile)",
-        "attention_kernel": "sdpa-cpu",
+                       "flash kernel (priced per dtype from the profile; 16-bit plans run it "
+                       "in fp32)",
+        "attention_kernel": "sdpa-cpu", "attention_compute_dtype": "fp32",
         "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
         "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
         "fp32_sharded_params": True, "eager_host_overheads": True, "fsdp2_offload": True,

@@ -56,6 +56,9 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     casts = (compute.fp8_cast_bytes(model, tokens, tp) if precision == "fp8"
              else np.zeros_like(tokens))
+    core = runtime.attention_precision(precision)  # the fused core's own dtype
+    if core != precision and core == "fp32" and not eager:
+        casts = casts + compute.attention_cast_bytes(model, tokens, tp, cp)
     eager_bytes = None
     if runtime.eager_elementwise:
         eager_bytes = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
@@ -63,10 +66,9 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     return compute.layer_times_s(model, profile, profile.device.peak(precision), b, tp, cp,
                                  noncore, parts["core"] * act_scale, eager,
                                  causal_skip=runtime.causal_attention_skip and not eager,
-                                 attention_kernel=f"{runtime.attention_kernel}@"
-                                 f"{'bf16' if precision == 'fp8' else precision}",
+                                 attention_kernel=f"{runtime.attention_kernel}@{core}",
                                  eager_bytes=eager_bytes,
-                                 attention_peak=sixteen_bit_peak(profile, precision),
+                                 attention_peak=profile.device.peak(core),
                                  extra_elementwise_bytes=casts)
 
 

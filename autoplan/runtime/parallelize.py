@@ -149,7 +149,7 @@ def parallelize(
     n_micro = local_batch // plan.batch.micro_batch_size
     loss_parallel = dims.tp > 1 and options.loss_parallel
     meta = build_meta_model(spec, options.dropout, dims.tp)  # 1
-    set_attention(meta, plan.attention)
+    set_attention(meta, plan.attention, device.type)  # CPU: 16-bit cores in fp32 (its traits)
     set_router(meta, options.moe_router)
 
     num_stages = dims.pp * plan.pipeline.vpp if dims.pp > 1 else 1  # 2

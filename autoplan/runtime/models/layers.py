@@ -16,6 +16,8 @@ from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention as AttentionKind
 
 ROPE_THETA = 10000.0
+COMPUTE_DTYPES = {"fp32": torch.float32}
+"""RuntimeTraits.attention_compute_dtype spellings as torch dtypes."""
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
@@ -57,6 +59,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.bias)
         self.context_parallel = None  # context_parallel.apply_cp sets it when cp > 1
         self.eager = False  # plan.attention: set_attention() sets it for eager
+        self.compute_dtype: torch.dtype | None = None  # set_attention(): the fused core's dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -74,14 +77,21 @@ class Attention(nn.Module):
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None = None) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + causal or boolean `mask`) v; GQA repeats k/v heads here."""
+        """softmax(q k^T / sqrt(d) + causal or boolean `mask`) v; GQA repeats k/v heads here.
+        With `compute_dtype` set (autoplan-cpu's attention_compute_dtype), q, k and v are cast
+        to it for the kernel and the output back to q's dtype."""
+        out_dtype, up = q.dtype, self.compute_dtype
+        cast = up is not None and out_dtype != up
+        if cast:  # before the GQA repeat: fewer bytes
+            q, k, v = q.to(up), k.to(up), v.to(up)
         n_rep = q.shape[1] // k.shape[1]
         if n_rep > 1:
             k = k.repeat_interleave(n_rep, dim=1)
             v = v.repeat_interleave(n_rep, dim=1)
         if self.eager:
             return eager_attention(q, k, v, mask)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return out.to(out_dtype) if cast else out
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -96,11 +106,21 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return probs @ v
 
 
-def set_attention(model: nn.Module, kind: AttentionKind) -> None:
-    """plan.attention: flash runs SDPA (fused, no s x s tensors kept), eager the unfused form."""
+def set_attention(model: nn.Module, kind: AttentionKind, device_type: str | None = None) -> None:
+    """plan.attention: flash runs SDPA (fused, no s x s tensors kept), eager the unfused form.
+    `device_type` (the device the model will run on): the fused core computes in the dtype
+    autoplan's runtime traits for that device name (cost/runtimes.py attention_compute_dtype:
+    fp32 on CPU, where torch's bf16 flash backward is the bottleneck); None keeps q's dtype."""
+    dtype = None
+    if device_type is not None and kind != AttentionKind.EAGER:
+        from autoplan.cost.runtimes import load_runtime
+
+        name = load_runtime(None, on_cpu=device_type == "cpu").attention_compute_dtype
+        dtype = COMPUTE_DTYPES[name] if name is not None else None
     for module in model.modules():
         if isinstance(module, Attention):
             module.eager = kind == AttentionKind.EAGER
+            module.compute_dtype = dtype
 
 
 class FeedForward(nn.Module):
