@@ -2,16 +2,18 @@
 (which sets the profile's bf16 peak) and SDPA's fused attention forward and backward per dtype
 (which the cost model prices as the `sdpa-cpu` kernel, see cost/runtimes.py `autoplan-cpu`).
 
-Why both: on a CPU with AMX/AVX512-BF16 a bf16 GEMM of the tiny block's size runs 1.2-1.6x
+Why both: on a CPU with AMX/AVX512-BF16 a bf16 GEMM of the tiny block's size runs 0.8-1.6x
 fp32's speed (large square ones 6-7x), while torch's CPU flash-attention backward in bf16
 (aten::_scaled_dot_product_flash_attention_for_cpu_backward) runs 10-45x slower than in fp32 at
 the tiny block's 64 tokens and head dim 16 (measured with torch 2.13 on the 2-core development
-machine, 2026-12-01). Neither follows from the fp32 figures.
+machine, 2026-12-01). Neither follows from the fp32 figures. So autoplan's CPU runtime computes
+a 16-bit plan's attention core in fp32 (RuntimeTraits.attention_compute_dtype); the attention
+is timed through the runtime's own Attention.core, that path included.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,10 @@ class PrecisionFigures:
     """(forward, backward) seconds of one causal SDPA call of the tiny block by dtype."""
     core_flops: float
     """attention_core_flops of that call (the full s^2 square, as the cost model counts it)."""
+    runtime_attention_seconds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """(forward, backward) seconds of that call as autoplan's CPU runtime runs a plan of each
+    16-bit dtype (its core in attention_compute_dtype, the casts included), for the record:
+    the cost model prices it from the compute dtype's figures plus the casts' bytes."""
 
 
 def _gemm_shapes() -> list[tuple[int, int, int]]:
@@ -63,25 +69,36 @@ def gemm_seconds(dtype: torch.dtype, repeats: int) -> float:
     return total
 
 
-def attention_seconds(dtype: torch.dtype, repeats: int) -> tuple[float, float]:
-    """(forward, backward) seconds of the tiny block's causal SDPA (BATCH x heads x seq x d)."""
+def attention_seconds(dtype: torch.dtype, repeats: int, runtime_path: bool = False
+                      ) -> tuple[float, float]:
+    """(forward, backward) seconds of the tiny block's causal attention core (BATCH x heads x
+    seq x d inputs in `dtype`) through the runtime's Attention.core: SDPA in `dtype`, or with
+    `runtime_path` the kernel in the dtype autoplan's CPU runtime computes it in (set_attention
+    on "cpu"). Backward is torch.autograd.grad, so no leaf gradient is accumulated (a bf16
+    accumulation into q, k, v would be timed with it)."""
     from autoplan.model_spec import load_model
+    from autoplan.plan import Attention as AttentionKind
+    from autoplan.runtime.models.layers import Attention, set_attention
 
     spec = load_model("tiny")
-    shape = (BATCH, spec.num_heads, spec.seq_len, spec.hidden_size // spec.num_heads)
+    layer = Attention(spec)
+    if runtime_path:
+        set_attention(layer, AttentionKind.FLASH, "cpu")
+    shape = (BATCH, spec.num_heads, spec.seq_len, spec.head_width)
     q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, dtype=dtype)
     cpu = torch.device("cpu")
-    forward = time_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), cpu,
-                        repeats, warmup=3)
+    forward = time_call(lambda: layer.core(q, k, v), cpu, repeats, warmup=3)
 
     def both() -> None:
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        torch.autograd.grad(layer.core(q, k, v), (q, k, v), grad)
 
     return forward, max(time_call(both, cpu, repeats, warmup=3) - forward, forward * 0.1)
 
 
 def measure_precision(quick: bool) -> PrecisionFigures:
-    """bf16 and fp32 GEMMs and attention of the tiny block on this CPU (one thread)."""
+    """bf16 and fp32 GEMMs and attention of the tiny block on this CPU (one thread): each
+    dtype's own SDPA, and bf16 attention as the runtime runs it."""
     from autoplan.cost.compute import attention_core_flops
     from autoplan.model_spec import load_model
 
@@ -90,9 +107,10 @@ def measure_precision(quick: bool) -> PrecisionFigures:
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         gemms[name] = gemm_seconds(dtype, repeats)
         attn[name] = attention_seconds(dtype, repeats)
+    runtime = {"bf16": attention_seconds(torch.bfloat16, repeats, runtime_path=True)}
     one = np.array(1.0)
     core = float(attention_core_flops(load_model("tiny"), np.array(float(BATCH)), one, one))
-    return PrecisionFigures(gemms, attn, core)
+    return PrecisionFigures(gemms, attn, core, runtime)
 
 
 def attention_efficiency(seconds: tuple[float, float], core_flops: float, peak: float,
@@ -139,4 +157,6 @@ def apply_precision(prof: dict[str, Any], figures: PrecisionFigures,
     prof.setdefault("measured", {})["precision"] = {
         "gemm_seconds": dict(figures.gemm_seconds),
         "attention_seconds": {k: list(v) for k, v in figures.attention_seconds.items()},
+        "runtime_attention_seconds": {k: list(v) for k, v in
+                                      figures.runtime_attention_seconds.items()},
         "attention_core_flops": figures.core_flops, "batch": BATCH}

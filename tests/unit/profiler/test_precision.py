@@ -3,12 +3,14 @@ prices the CPU runtime's attention and GEMMs with."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from autoplan.cost.compute import gemm_shapes_per_layer
+from autoplan.cost.compute import attention_cast_bytes, gemm_shapes_per_layer, memory_time_s
 from autoplan.cost.memory import activation_elements_per_layer
-from autoplan.cost.runtimes import load_runtime
+from autoplan.cost.runtimes import RuntimeTraits, load_runtime
 from autoplan.cost.step_time import block_times_s, priced_profile
 from autoplan.hardware import profile_from_dict
 from autoplan.model_spec import load_model
@@ -28,7 +30,8 @@ def _profile(figures: precision.PrecisionFigures):
     return profile_from_dict(data)
 
 
-def _block(prof, prec: str, runtime: str = "autoplan-cpu") -> dict[str, np.ndarray]:
+def _block(prof, prec: str, runtime: str | RuntimeTraits = "autoplan-cpu"
+           ) -> dict[str, np.ndarray]:
     spec, traits = load_model("tiny"), load_runtime(runtime)
     b, one = np.array(float(precision.BATCH)), np.array(1.0)
     parts = activation_elements_per_layer(spec, b, one, np.array(False), one, False,
@@ -38,17 +41,40 @@ def _block(prof, prec: str, runtime: str = "autoplan-cpu") -> dict[str, np.ndarr
                          parts)
 
 
-def test_the_tiny_blocks_attention_is_priced_at_the_measured_seconds_per_dtype() -> None:
+NO_UPCAST = replace(load_runtime("autoplan-cpu"), attention_compute_dtype=None)
+"""autoplan-cpu as it was before its 16-bit attention cores ran in fp32."""
+
+
+@pytest.mark.parametrize("runtime, prec, core", [
+    ("autoplan-cpu", "fp32", "fp32"),
+    ("autoplan-cpu", "bf16", "fp32"),  # attention_compute_dtype: fp32
+    (NO_UPCAST, "bf16", "bf16"),
+])
+def test_the_tiny_blocks_attention_is_priced_at_the_core_dtypes_measured_seconds(
+        runtime, prec, core) -> None:
     prof = _profile(FIGURES)
-    for prec in ("fp32", "bf16"):
-        fwd, bwd = FIGURES.attention_seconds[prec]
-        assert _block(prof, prec)["core_forward"] == pytest.approx(fwd, rel=1e-9)
-        # backward: doubling the measured seconds adds exactly them to the block's backward
-        slower = dict(FIGURES.attention_seconds, **{prec: (fwd, 2 * bwd)})
-        prof2 = _profile(precision.PrecisionFigures(FIGURES.gemm_seconds, slower,
-                                                    FIGURES.core_flops))
-        added = _block(prof2, prec)["backward"] - _block(prof, prec)["backward"]
-        assert added == pytest.approx(bwd, rel=1e-9)
+    fwd, bwd = FIGURES.attention_seconds[core]
+    assert _block(prof, prec, runtime)["core_forward"] == pytest.approx(fwd, rel=1e-9)
+    # backward: doubling the measured seconds adds exactly them to the block's backward
+    slower = dict(FIGURES.attention_seconds, **{core: (fwd, 2 * bwd)})
+    prof2 = _profile(precision.PrecisionFigures(FIGURES.gemm_seconds, slower,
+                                                FIGURES.core_flops))
+    added = _block(prof2, prec, runtime)["backward"] - _block(prof, prec, runtime)["backward"]
+    assert added == pytest.approx(bwd, rel=1e-9)
+
+
+def test_a_bf16_core_run_in_fp32_adds_the_casts_bytes_at_memory_speed() -> None:
+    """Where bf16's and fp32's kernels take the same seconds, the upcast core costs exactly the
+    casts: compute.attention_cast_bytes moved at the profile's element-wise bandwidth."""
+    same = dict(FIGURES.attention_seconds, bf16=FIGURES.attention_seconds["fp32"])
+    prof = _profile(precision.PrecisionFigures(FIGURES.gemm_seconds, same, FIGURES.core_flops))
+    up, plain = _block(prof, "bf16"), _block(prof, "bf16", NO_UPCAST)
+    one = np.array(1.0)
+    tokens = np.array(float(precision.BATCH * load_model("tiny").seq_len))
+    casts = attention_cast_bytes(load_model("tiny"), tokens, one, one)
+    priced = priced_profile(prof, load_runtime("autoplan-cpu"))
+    added = (up["forward"] + up["backward"]) - (plain["forward"] + plain["backward"])
+    assert float(casts) > 0 and added == pytest.approx(float(memory_time_s(casts, priced)))
 
 
 def test_bf16_peak_follows_the_runtime_gemm_ratio_and_gpu_kernels_ignore_cpu_figures() -> None:
