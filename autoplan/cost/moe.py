@@ -181,8 +181,14 @@ def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
     busiest factor more. Two of them (the dispatch directions) at `dispatch_bytes` per element
     where the runtime quantizes them (runtimes.RuntimeTraits.ep_dispatch_bytes), the combines
     at the activations' width. `dedup_nodes`: a dispatcher that sends each token once per
-    destination node (node_dedup_share; DeepEP), whose group crossing nodes is then bound by
-    the NIC leg it shrinks (the NVLink forwarding inside the node is not priced apart)."""
+    destination node (node_dedup_share; DeepEP; RuntimeTraits.ep_dispatcher = deepep), whose
+    group crossing nodes is then bound by the NIC leg it shrinks (the NVLink forwarding inside
+    the node is not priced apart). The NIC leg keeps the profile's message-size curve at the
+    per-peer size, though DeepEP's README ("Performance", github.com/deepseek-ai/DeepEP)
+    measures its internode kernels at 43-58 GB/s "bottleneck bandwidth" on 50 GB/s NICs
+    (H800, EP 16-64, DeepSeek-V3's shape), more than that curve gives: at the NIC's nominal
+    rate the model zoo's Qwen3-235B EP 32 row would go from +2.9% to -15%, so some cost this
+    leaves out would be showing; not applied until a run shows which."""
     if model.moe is None:
         return np.zeros_like(r.b)
     gpn = profile.gpus_per_node
