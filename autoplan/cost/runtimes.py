@@ -119,6 +119,12 @@ class RuntimeTraits:
     node, forwarded to its experts over NVLink (DeepEP's internode kernels; Megatron-Core
     --moe-token-dispatcher-type flex with the DeepEP backend; DeepSeek-V3 report §3.2.2), so a
     group across nodes sends moe.node_dedup_share of the copies through the NICs."""
+    comm_reserved_sms: int = 0
+    """SMs the runtime keeps for its communication kernels for the whole step, so GEMMs and
+    attention run on the rest: compute is priced at (sm_count - this) / sm_count of the
+    profile's throughput, with waves counted on the SMs left (the profile needs sm_count).
+    DeepSeek-V3 dedicates 20 of the H800's 132 SMs to its overlapped all-to-all (report
+    §3.2.2). 0: NCCL's kernels share SMs only while a collective runs (not priced)."""
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
@@ -216,6 +222,10 @@ class RuntimeTraits:
         if self.ep_dispatch_bytes is not None and not 0 < self.ep_dispatch_bytes <= 4:
             raise ConfigError("runtime.ep_dispatch_bytes", f"got {self.ep_dispatch_bytes!r}",
                               "expected bytes in (0, 4], or null")
+        if isinstance(self.comm_reserved_sms, bool) or not isinstance(
+                self.comm_reserved_sms, int) or not 0 <= self.comm_reserved_sms <= 1024:
+            raise ConfigError("runtime.comm_reserved_sms", f"got {self.comm_reserved_sms!r}",
+                              "expected a whole number of SMs from 0 to 1024")
         if self.ep_dispatcher not in ("alltoall", "deepep"):
             raise ConfigError("runtime.ep_dispatcher", f"got {self.ep_dispatcher!r}",
                               "choose alltoall or deepep")

@@ -15,7 +15,8 @@ import numpy as np
 from autoplan.cost import comm, compute, memory, moe, offload, params, pipeline
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits
-from autoplan.hardware import ClusterProfile
+from autoplan.errors import ConfigError
+from autoplan.hardware import ClusterProfile, Curve
 from autoplan.model_spec import ModelSpec, NormKind
 from autoplan.plan_table import GPIPE, RC_FULL, RC_SELECTIVE
 
@@ -38,7 +39,21 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
                       dtensor_optimizer_overhead_s=0.0)
     if not runtime.overlap_dp_comm:
         eff = replace(eff, overlap=0.0)
-    return replace(profile, efficiency=eff)
+    device = profile.device
+    if runtime.comm_reserved_sms:
+        if device.sm_count is None or runtime.comm_reserved_sms >= device.sm_count:
+            raise ConfigError("runtime.comm_reserved_sms", f"got {runtime.comm_reserved_sms}",
+                              f"profile {profile.name} needs a device.sm_count above it")
+        left = device.sm_count - runtime.comm_reserved_sms
+        share = left / device.sm_count
+        eff = replace(
+            eff, matmul=Curve(eff.matmul.x, tuple(y * share for y in eff.matmul.y)),
+            attention_forward={k: v * share for k, v in (eff.attention_forward or {}).items()}
+            or None,
+            attention_backward={k: v * share for k, v in (eff.attention_backward or {}).items()}
+            or None)
+        device = replace(device, sm_count=left)
+    return replace(profile, efficiency=eff, device=device)
 
 
 NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")

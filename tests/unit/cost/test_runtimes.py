@@ -170,3 +170,25 @@ def test_torchtitan_recomputes_every_block_none_or_every_nth() -> None:
     assert any("every n-th block" in r for r in estimate_plan(piped, runtime="torchtitan").reasons)
     every = plan_from_dict({**LLAMA8B, "zero_stage": 3, "recompute": {"policy": "full"}})
     assert not estimate_plan(every, runtime="torchtitan").reasons
+
+
+def test_sms_kept_for_communication_slow_the_compute_and_need_an_sm_count(tmp_path) -> None:
+    from dataclasses import replace
+
+    plan = plan_from_dict(LLAMA8B)
+    base = load_runtime("megatron")
+    full = estimate_plan(plan, runtime=base)
+    kept = estimate_plan(plan, runtime=replace(base, comm_reserved_sms=33))  # a quarter of 132
+    assert full.time["compute"] < kept.time["compute"] <= full.time["compute"] * 132 / 99
+    assert kept.mfu < full.mfu  # the peak MFU is measured against stays the datasheet's
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nname: bad\ncomm_reserved_sms: -1\n")
+    with pytest.raises(ConfigError, match="comm_reserved_sms"):
+        load_runtime(str(bad))
+    cpu = plan_from_dict({**LLAMA8B, "model": "tiny", "cluster": {"profile": "cpu-gloo",
+                                                                  "num_gpus": 2},
+                          "parallel": {"dp": 2}, "batch": {"micro_batch_size": 1,
+                                                           "global_batch_size": 4}})
+    with pytest.raises(ConfigError, match="sm_count"):
+        estimate_plan(cpu, runtime=replace(load_runtime("autoplan", on_cpu=True),
+                                           comm_reserved_sms=4))
