@@ -66,4 +66,3 @@ def test_context_parallel_bf16_trains_like_one_bf16_process(pool):
                      capture=())
     for a, b in zip(got["losses"], ref["losses"], strict=True):
         assert a == pytest.approx(b, rel=BF16_RTOL)
-
