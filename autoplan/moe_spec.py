@@ -129,7 +129,8 @@ class MLASpec:
 
 
 def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports this module
-    """Built-in MoE models, each read from its Hugging Face config.json (cited per entry)."""
+    """Built-in MoE models, each read from its Hugging Face config.json (cited per entry), and
+    the tiny MoE and MLA models of the CPU tests."""
     from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 
     def moe(name: str, layers: int, hidden: int, heads: int, kv: int, vocab: int, seq: int,
@@ -182,4 +183,12 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # CPU tests: 4 blocks, the first dense, 8 experts of 128, top-2, byte vocabulary.
         moe("tiny-moe", 4, 64, 4, 4, 256, 64, MoESpec(8, 2, 128, first_dense_layers=1),
             ffn=128),
+        # CPU tests of MLA: tiny-moe's dense blocks with DeepSeek-V3's kind of attention at
+        # small widths (q and kv latents 32; per head 16 + 8 rotary for q/k, 16 for v, so
+        # d_v < d_qk as in DeepSeek-V3's 128 < 192); head_dim 20 = (24 + 16) / 2, the attention
+        # core's mean width (as deepseek-v3's).
+        ModelSpec(name="tiny-mla", num_layers=4, hidden_size=64, num_heads=4,
+                  ffn_hidden_size=128, vocab_size=256, seq_len=64, mlp=MlpKind.SWIGLU,
+                  norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=False, head_dim=20,
+                  mla=MLASpec(32, 8, 16, 16, q_lora_rank=32)),
     ]

@@ -335,6 +335,11 @@ def _moe_tokens_split_over_tp(t: Table, m: ModelSpec) -> np.ndarray:
     return (col(t, "mbs") * (m.seq_len // col(t, "cp"))) % col(t, "tp") == 0
 
 
+def _expert_ranks(t: Table) -> np.ndarray:
+    """ep * etp: the ranks one layer's routed experts are spread over."""
+    return expert_col(t, "ep") * expert_col(t, "etp")
+
+
 _LAYERNORM_BIT = modules_mask((RecomputeModule.LAYERNORM,))
 
 RUNTIME_RULES: tuple[Rule, ...] = (
@@ -344,13 +349,6 @@ RUNTIME_RULES: tuple[Rule, ...] = (
         lambda t, i, m: f"recompute.modules layernorm with tp={_int(t, 'tp', i)}: autoplan's "
         "runtime discards norm outputs only where the GEMMs save them as plain tensors (tp 1; "
         "under tensor parallelism they are DTensors); drop layernorm, or export to Megatron-LM",
-    ),
-    Rule(
-        "runtime-etp",
-        lambda t, m: expert_col(t, "etp") > 1,
-        lambda t, i, m: f"parallel.etp={int(expert_col(t, 'etp')[i])}: autoplan's runtime keeps "
-        "each expert whole (expert tensor parallelism 1); set etp: 1, or export the plan to "
-        "Megatron-LM",
     ),
     Rule(
         "runtime-moe-capacity",
@@ -374,16 +372,17 @@ RUNTIME_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "runtime-hsdp-ep",
-        lambda t, m: (dp_col(t, "dp_shard") > 0) & (expert_col(t, "ep") > 1),
+        lambda t, m: (dp_col(t, "dp_shard") > 0) & (_expert_ranks(t) > 1),
         lambda t, i, m: f"parallel.dp_shard={int(dp_col(t, 'dp_shard')[i])} with ep="
-        f"{int(expert_col(t, 'ep')[i])}: autoplan's runtime shards MoE experts over their own "
-        "expert-DP mesh without HSDP; set dp_shard: null",
+        f"{int(expert_col(t, 'ep')[i])}, etp={int(expert_col(t, 'etp')[i])}: autoplan's runtime "
+        "shards MoE experts over their own expert-DP mesh without HSDP; set dp_shard: null",
     ),
     Rule(
         "runtime-ep-tp-tokens",
-        lambda t, m: (expert_col(t, "ep") > 1) & (col(t, "tp") > 1)
+        lambda t, m: (_expert_ranks(t) > 1) & (col(t, "tp") > 1)
         & ~_moe_tokens_split_over_tp(t, m),
-        lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])} with tp={_int(t, 'tp', i)}: "
+        lambda t, i, m: f"parallel.ep={int(expert_col(t, 'ep')[i])}, etp="
+        f"{int(expert_col(t, 'etp')[i])} with tp={_int(t, 'tp', i)}: "
         f"each tp rank sends 1/tp of a micro-batch's {_int(t, 'mbs', i)} * "
         f"{m.seq_len // _int(t, 'cp', i)} tokens to the experts; choose a micro_batch_size "
         "that makes them divisible by tp",

@@ -1,23 +1,43 @@
-"""Expert parallelism: routed experts sharded ep ways, tokens sent to them with all-to-all.
+"""Expert parallelism: routed experts sharded ep ways (and each split etp ways), tokens sent to
+them with all-to-all.
 
 Layout (Megatron-Core's "MoE parallel folding", megatron/core/parallel_state.py
-initialize_model_parallel, with ETP = 1): per pipeline stage the dp*cp*tp ranks form an
-(expert-DP, ep) grid, ep innermost, expert-DP edp = dp*cp*tp/ep. The expert mesh
-("pp", "edp_replicate", "edp_shard", "ep") lays the same ranks out in that order.
+initialize_model_parallel: the expert rank generator orders "tp-ep-dp-pp" with tp = the
+expert TP size): per pipeline stage the dp*cp*tp ranks form an (expert-DP, ep, etp) grid, etp
+innermost, expert-DP edp = dp*cp*tp/(ep*etp). The expert mesh ("pp", "edp_replicate",
+"edp_shard", "ep", "etp") lays the same ranks out in that order, so with etp = tp the etp
+groups are the tp groups.
 
-- Each expert weight is a DTensor of its global shape (E, out, in) sharded Shard(0) over "ep",
-  so checkpoints (DCP) reshard across EP degrees and the gradient norm sums over every expert.
-- Expert weights are never split over tp (ETP = 1). The tp ranks hold the same tokens; with
-  ep > 1 each sends its 1/tp of them to the experts and the outputs are all-gathered over tp
-  (models/moe.py), so every token reaches its experts once. The router and shared experts
-  run on all tokens, replicated over tp.
-- FSDP2 shards the expert weights over the expert-DP group (a mesh without ep), the rest of
-  the block over dp as before. Gradients are averaged over dp*cp for all parameters: an
-  expert's gradient already sums the contributions of its ep group's tokens (each token once),
-  so the expert-DP reduction divides by dp*cp, not edp: FSDP2's default average over its own
-  group would leave them ep times too large (the planted bug ep-expert-grads-over-edp;
-  torchtitan avoids the question by summing, set_gradient_divide_factor(1.0), and dividing
-  the loss by the global token count).
+- Each expert weight is a DTensor of its global shape (E, out, in) sharded Shard(0) over "ep"
+  and, with etp > 1, Megatron-style over "etp" (Shoeybi et al. 2019, §3): w1/w3 column-wise
+  (Shard(1), the FFN rows, and their biases), w2 row-wise (Shard(2), the FFN columns; its
+  bias Replicate). DCP checkpoints reshard across EP and ETP degrees and the gradient norm
+  (DTensor) counts every element once.
+- Tokens: each rank sends its own tokens. Under tp > 1 the tp ranks hold the same tokens, so
+  each sends its 1/tp of them and the outputs are all-gathered over tp (models/moe.py): every
+  token reaches its experts once. With etp > 1, as Megatron-Core's MoEAlltoAllTokenDispatcher
+  (megatron/core/transformer/moe/token_dispatcher.py: dispatch_postprocess gathers over the
+  expert-TP group after the EP all-to-all, combine_preprocess reduce-scatters before the
+  reverse one): after the ep all-to-all the etp ranks all-gather their rows, so each holds
+  every row sent to its experts by its etp peers and computes its slice of the FFN on all of
+  them; the partial outputs are summed and scattered back to the rank the rows came from (a
+  reduce-scatter; w2's bias is in etp rank 0's partial sums only), then the reverse
+  all-to-all. Chosen
+  over splitting nothing (each etp rank sending the same tp-replicated tokens and
+  all-reducing the outputs) because it is the one rule for every etp: with etp != tp the etp
+  ranks hold different tokens (other dp or cp ranks), and it is the layout Megatron runs.
+  The row counts differ per rank, so the gather and the scatter are `all_to_all_single`s
+  with uneven splits (the same rows to every peer; gloo's all_gather takes equal sizes only).
+- FSDP2 shards the expert weights over the expert-DP group (a mesh without ep or etp), the
+  rest of the block over dp as before. Gradients are averaged over dp*cp for all parameters:
+  an expert slice's gradient already sums the contributions of its ep x etp group's tokens
+  (each token once), so the expert-DP reduction divides by dp*cp, not edp: FSDP2's default
+  average over its own group would leave them ep*etp times too large (the planted bug
+  ep-expert-grads-over-edp; torchtitan avoids the question by summing,
+  set_gradient_divide_factor(1.0), and dividing the loss by the global token count). w2's
+  bias, replicated over etp but added by etp rank 0 alone, has its gradient summed over etp
+  in backward (SumGradOver: Megatron's copy_to_tensor_model_parallel_region, the "f"
+  operator of Shoeybi et al. 2019, Fig. 3).
 Dispatch (as torchtitan/distributed/expert_parallel.py): exchange per-expert counts with
 `torch.distributed.all_to_all_single`, then the rows with it inside an autograd.Function whose
 backward is the reverse all-to-all (what `_functional_collectives.all_to_all_single_autograd`
@@ -34,26 +54,29 @@ from autoplan.plan import Offload, Precision
 from autoplan.runtime.mesh import ParallelDims
 from autoplan.runtime.models.moe import Experts, GroupedLinear, MoE
 
-EXPERT_MESH_DIM_NAMES = ("pp", "edp_replicate", "edp_shard", "ep")
+EXPERT_MESH_DIM_NAMES = ("pp", "edp_replicate", "edp_shard", "ep", "etp")
 
 
 def build_expert_mesh(dims: ParallelDims, device_type: str):  # -> DeviceMesh
     """The expert mesh over the same ranks as the world mesh (mesh.build_mesh, tp innermost):
-    dp*cp*tp split into (edp, ep), edp replicated under ZeRO-0 and sharded under ZeRO >= 1."""
+    dp*cp*tp split into (edp, ep, etp), edp replicated under ZeRO-0 and sharded under ZeRO >= 1."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    edp = dims.dp * dims.cp * dims.tp // dims.ep
+    edp = dims.edp
     shape = (dims.pp, edp if dims.zero_stage == 0 else 1, 1 if dims.zero_stage == 0 else edp,
-             dims.ep)
+             dims.ep, dims.etp)
     return init_device_mesh(device_type, shape, mesh_dim_names=EXPERT_MESH_DIM_NAMES)
 
 
 class AllToAllDispatch:
-    """Send expert-sorted rows to the ranks holding their experts, run them, send them back."""
+    """Send expert-sorted rows to the ranks holding their experts, run them, send them back;
+    with etp > 1 gather the rows over etp first and reduce-scatter the partial outputs."""
 
-    def __init__(self, ep_mesh) -> None:
+    def __init__(self, ep_mesh, etp_mesh=None) -> None:
         self.group = ep_mesh.get_group()
         self.ep = ep_mesh.size()
+        self.etp = 1 if etp_mesh is None else etp_mesh.size()
+        self.etp_group = etp_mesh.get_group() if self.etp > 1 else None
 
     def __call__(self, experts: Experts, routed: torch.Tensor,
                  counts: torch.Tensor) -> torch.Tensor:
@@ -63,13 +86,58 @@ class AllToAllDispatch:
         send = counts.view(ep, n_local).sum(1).tolist()
         recv = recv_counts.view(ep, n_local).sum(1).tolist()
         got = AllToAll.apply(routed, recv, send, self.group)
-        # rows arrive grouped by (source, local expert); regroup by (local expert, source)
-        segment = torch.repeat_interleave(torch.arange(ep * n_local), recv_counts)
-        by_expert = torch.argsort((segment % n_local) * ep + segment // n_local, stable=True)
-        per_expert = recv_counts.view(ep, n_local).sum(0).tolist()
-        out = experts(got[by_expert], per_expert)
-        out = out[torch.argsort(by_expert)]
+        if self.etp == 1:
+            out = run_by_expert(experts, got, recv_counts, n_local)
+        else:
+            out = self._expert_tensor_parallel(experts, got, recv_counts, n_local)
         return AllToAll.apply(out, send, recv, self.group)
+
+    def _expert_tensor_parallel(self, experts: Experts, got: torch.Tensor,
+                                recv_counts: torch.Tensor, n_local: int) -> torch.Tensor:
+        """This rank's rows `got` ((ep source, local expert) order) through the etp-split
+        experts: gathered over etp, the partial outputs summed back onto their rank."""
+        etp, mine = self.etp, got.shape[0]
+        peer_counts = [torch.empty_like(recv_counts) for _ in range(etp)]
+        dist.all_gather(peer_counts, recv_counts, group=self.etp_group)
+        sizes = [int(c.sum()) for c in peer_counts]
+        rows = AllToAll.apply(got.repeat(etp, 1), sizes, [mine] * etp, self.etp_group)
+        partial = run_by_expert(experts, rows, torch.cat(peer_counts), n_local)
+        out = AllToAll.apply(partial, [mine] * etp, sizes, self.etp_group)
+        return sum_partials(out.view(etp, mine, -1))
+
+
+def sum_partials(parts: torch.Tensor) -> torch.Tensor:
+    """The reduce of the reduce-scatter: (etp, rows, h) partial outputs of this rank's rows, one
+    per etp rank's slice of the FFN, summed to (rows, h)."""
+    return parts.sum(0)
+
+
+class PartialBias:
+    """w2's bias under etp > 1 (Experts.partial_bias): etp rank 0 adds it to its partial sums,
+    the others add zero, so the sum over etp holds it once (Megatron's row-parallel linear adds
+    its bias after the reduction); its gradient, which only etp rank 0 gets, is summed over
+    etp (SumGradOver) so that every etp rank holds the whole gradient of the replicated bias."""
+
+    def __init__(self, etp_mesh) -> None:
+        self.group = etp_mesh.get_group()
+        self.first = etp_mesh.get_local_rank() == 0
+
+    def __call__(self, bias: torch.Tensor) -> torch.Tensor:
+        bias = SumGradOver.apply(bias, self.group)
+        return bias if self.first else bias * 0.0
+
+
+def run_by_expert(experts: Experts, rows: torch.Tensor, seg_counts: torch.Tensor,
+                  n_local: int) -> torch.Tensor:
+    """Experts on rows that arrive grouped by (source, local expert), seg_counts[source *
+    n_local + e] rows each: regrouped by (local expert, source), run, put back in order."""
+    sources = seg_counts.numel() // n_local
+    segment = torch.repeat_interleave(
+        torch.arange(seg_counts.numel(), device=seg_counts.device), seg_counts)
+    by_expert = torch.argsort((segment % n_local) * sources + segment // n_local, stable=True)
+    per_expert = seg_counts.view(sources, n_local).sum(0).tolist()
+    out = experts(rows[by_expert], per_expert)
+    return out[torch.argsort(by_expert)]
 
 
 class AllToAll(torch.autograd.Function):
@@ -91,27 +159,62 @@ class AllToAll(torch.autograd.Function):
         return dx, None, None, None
 
 
+class SumGradOver(torch.autograd.Function):
+    """Identity forward; backward all-reduces (sums) the gradient over `group`: a weight
+    replicated over the group but applied to different rows on each rank."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
 def moe_blocks(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def apply_ep(model: nn.Module, ep_mesh, tp_mesh=None) -> None:
-    """Shard every MoE layer's expert weights Shard(0) over `ep_mesh` (on the meta device) and
-    route its tokens through the all-to-all dispatcher; `tp_mesh` (tp > 1): the tp ranks
-    split the tokens between them."""
-    from torch.distributed.tensor import Shard, distribute_tensor
+def apply_ep(model: nn.Module, expert_mesh, tp_mesh=None) -> None:
+    """Shard every MoE layer's expert weights over the expert mesh's ep (dim 0) and, with etp >
+    1, etp (the FFN dimension) dimensions, on the meta device, and route its tokens through the
+    all-to-all dispatcher; `tp_mesh` (tp > 1): the tp ranks split the tokens between them."""
+    from torch.distributed.tensor import distribute_tensor
 
     _sac_ignores_profiler_ops()
-    dispatch = AllToAllDispatch(ep_mesh)
+    ep_mesh, etp_mesh = expert_mesh["ep"], expert_mesh["etp"]
+    split = etp_mesh.size() > 1
+    mesh = expert_mesh["ep", "etp"] if split else ep_mesh
+    dispatch = AllToAllDispatch(ep_mesh, etp_mesh)
     for moe in moe_blocks(model):
         assert moe.num_experts % ep_mesh.size() == 0, (moe.num_experts, ep_mesh.size())
-        for lin in moe.experts.modules():
-            if isinstance(lin, GroupedLinear):
-                for name, p in list(lin.named_parameters(recurse=False)):
-                    lin.register_parameter(
-                        name, nn.Parameter(distribute_tensor(p, ep_mesh, [Shard(0)])))
+        for kind, lin in moe.experts.named_children():
+            if not isinstance(lin, GroupedLinear):
+                continue
+            for name, p in list(lin.named_parameters(recurse=False)):
+                placements = expert_placements(kind, name, split)
+                lin.register_parameter(
+                    name, nn.Parameter(distribute_tensor(p, mesh, placements)))
+        moe.experts.partial_bias = PartialBias(etp_mesh) if split else None
         moe.dispatch = dispatch
         moe.tp_mesh = tp_mesh
+
+
+def expert_placements(linear: str, param: str, split: bool) -> list:
+    """DTensor placements of expert weight `linear`.`param` (w1/w3 column-parallel: their
+    (E, f, h) weight and (E, f) bias split on f; w2 row-parallel: its (E, h, f) weight split
+    on f, its bias whole); over (ep, etp) when `split`, else over ep alone."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    if not split:
+        return [Shard(0)]
+    if linear == "w2":
+        return [Shard(0), Shard(2) if param == "weight" else Replicate()]
+    return [Shard(0), Shard(1)]
 
 
 def _sac_ignores_profiler_ops() -> None:
@@ -146,7 +249,8 @@ def moe_tp_plan(plan: dict[str, object], sequence_parallel: bool) -> dict[str, o
 def apply_expert_fsdp(model: nn.Module, expert_mesh, dims: ParallelDims, precision: Precision,
                       offload: Offload) -> None:
     """fully_shard each MoE layer's experts over the expert-DP group (before the blocks are
-    wrapped, so the blocks' FSDP leaves them alone), gradients divided by dp*cp."""
+    wrapped, so the blocks' FSDP leaves them alone; a mesh without ep or etp), gradients divided
+    by dp*cp."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from autoplan.runtime.data_parallel import reshard_after_forward

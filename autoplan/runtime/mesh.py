@@ -6,8 +6,8 @@ sharded part: ZeRO-0 replicates over all dp ranks (dp_replicate = dp, dp_shard =
 shard over all of them (dp_replicate = 1, dp_shard = dp) or, with the plan's parallel.dp_shard
 (HSDP), over groups of dp_shard (dp_replicate = dp / dp_shard). tp is innermost so TP groups are
 consecutive ranks (one node), pp outermost. Nothing here is global: `ParallelDims` and the mesh
-are passed explicitly to whoever needs them. Expert parallelism (`ep`, MoE models) folds into
-dp*cp and gets its own mesh over the same ranks (expert_parallel.build_expert_mesh).
+are passed explicitly to whoever needs them. Expert parallelism (`ep`, `etp`, MoE models) folds
+into dp*cp*tp and gets its own mesh over the same ranks (expert_parallel.build_expert_mesh).
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ class ParallelDims:
     tp: int = 1
     zero_stage: int = 0
     ep: int = 1
-    """Expert-parallel degree: a divisor of dp*cp*tp (Megatron-Core folding, ETP 1);
-    expert-DP = dp*cp*tp/ep."""
+    """Expert-parallel degree (Megatron-Core folding: ep * etp divides dp*cp*tp);
+    expert-DP = dp*cp*tp/(ep*etp)."""
+    etp: int = 1
+    """Expert tensor-parallel degree: each routed expert's FFN split over etp ranks."""
     hsdp_shard: int | None = None
     """Plan.parallel.dp_shard: ZeRO shard group size under HSDP; None shards over all of dp."""
 
@@ -40,11 +42,21 @@ class ParallelDims:
     def from_plan(cls, plan: Plan) -> ParallelDims:
         p = plan.parallel
         return cls(pp=p.pp, dp=p.dp, cp=p.cp, tp=p.tp, zero_stage=plan.zero_stage,
-                   ep=getattr(p, "ep", 1), hsdp_shard=p.dp_shard)
+                   ep=getattr(p, "ep", 1), etp=getattr(p, "etp", 1), hsdp_shard=p.dp_shard)
 
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def experts_sharded(self) -> bool:
+        """Routed experts live on an expert mesh of their own (ep * etp > 1)."""
+        return self.ep * self.etp > 1
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: dp*cp*tp / (ep*etp)."""
+        return self.dp * self.cp * self.tp // (self.ep * self.etp)
 
     @property
     def dp_replicate(self) -> int:

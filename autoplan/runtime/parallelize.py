@@ -163,9 +163,10 @@ def parallelize(
         indices, parts = [0], [meta]
 
     # expert parallelism needs FSDP2's per-group reductions (experts over expert-DP only)
-    ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload) and dims.ep == 1
-    fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload) or dims.ep > 1
-    expert_mesh = expert_parallel.build_expert_mesh(dims, device.type) if dims.ep > 1 else None
+    ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload) and not dims.experts_sharded
+    fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload) or dims.experts_sharded
+    expert_mesh = (expert_parallel.build_expert_mesh(dims, device.type)
+                   if dims.experts_sharded else None)
     for part in parts:  # 3
         if plan.precision == Precision.FP8:  # validation refused it unless torchao runs it
             float8.apply_float8(part)
@@ -176,7 +177,7 @@ def parallelize(
         if dims.cp > 1:
             context_parallel.apply_cp(part, mesh["cp"])
         if expert_mesh is not None:
-            expert_parallel.apply_ep(part, expert_mesh["ep"], mesh["tp"] if dims.tp > 1 else None)
+            expert_parallel.apply_ep(part, expert_mesh, mesh["tp"] if dims.tp > 1 else None)
         rc = plan.recompute
         recompute.apply_recompute(part, rc.policy, rc.num_layers, rc.method, rc.modules)
         if expert_mesh is not None:

@@ -6,20 +6,25 @@ attention and per MLP in forward and again in backward (Shoeybi et al. 2019; Kor
 2022). The token embedding is vocab-parallel (row-wise), the head column-parallel; with
 `loss_parallel` the logits stay sharded over the vocabulary and the cross entropy is computed
 on the shards. Norms become SequenceParallel (replicated weights, sequence-sharded activations).
+Multi-head latent attention shards its up projections by heads and replicates its down
+projections (mla_plan).
 """
 
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
+
+from autoplan.runtime.models.mla import MultiHeadLatentAttention
 
 
 def block_plan(sequence_parallel: bool, swiglu: bool) -> dict[str, object]:
@@ -42,6 +47,43 @@ def block_plan(sequence_parallel: bool, swiglu: bool) -> dict[str, object]:
     if sequence_parallel:
         plan["attention_norm"] = SequenceParallel()
         plan["ffn_norm"] = SequenceParallel()
+    return plan
+
+
+class ReplicateParallel(ParallelStyle):
+    """Weights replicated over tp, inputs and outputs replicated DTensors (torchtitan's
+    NoParallel, torchtitan/distributed/tensor_parallel.py): a layer every tp rank runs whole on
+    the same input, whose weight gradients DTensor then sums over tp (each rank's share of the
+    heads downstream contributes a partial gradient)."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        def replicated_input(mod, inputs, mesh):
+            x = inputs[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+            return (x, *inputs[1:])
+
+        return distribute_module(module, device_mesh, None, replicated_input)
+
+
+def mla_plan(plan: dict[str, object], q_lora: bool) -> dict[str, object]:
+    """A block's plan with multi-head latent attention (models/mla.py), as Megatron-Core's
+    MLASelfAttention (megatron/core/transformer/multi_latent_attention.py): the up projections
+    wq / wq_b and wkv_b column-parallel (whole heads per rank), wo row-parallel, the down
+    projections wq_a / wkv_a (with the shared rotary key) and the latent norms replicated.
+    They run on the whole gathered sequence (Megatron runs them sequence-sharded and gathers
+    after); their outputs stay DTensors so their gradients are summed over tp."""
+    plan = {k: v for k, v in plan.items() if k not in ("attention.wq", "attention.wk",
+                                                         "attention.wv")}
+    plan["attention.wkv_a"] = ReplicateParallel()
+    plan["attention.kv_norm"] = ReplicateParallel()
+    plan["attention.wkv_b"] = ColwiseParallel()
+    if q_lora:
+        plan["attention.wq_a"] = ReplicateParallel()
+        plan["attention.q_norm"] = ReplicateParallel()
+        plan["attention.wq_b"] = ColwiseParallel()
+    else:
+        plan["attention.wq"] = ColwiseParallel()
     return plan
 
 
@@ -86,4 +128,6 @@ def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool, loss_parallel: 
             from autoplan.runtime.expert_parallel import moe_tp_plan
 
             plan = moe_tp_plan(plan, sequence_parallel)
+        if isinstance(block.attention, MultiHeadLatentAttention):
+            plan = mla_plan(plan, q_lora=block.attention.mla.q_lora_rank is not None)
         parallelize_module(block, tp_mesh, plan)

@@ -228,10 +228,19 @@ def _moe_capacity_keeps_lowest_gates(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(moe, "capacity_mask", lambda gates, *rest: original(-gates, *rest))
 
 
+def _etp_partials_not_summed(mp: pytest.MonkeyPatch) -> None:
+    """Expert tensor parallelism: the reduce-scatter's sum left out, so every row keeps etp rank
+    0's partial output alone (its slice of the FFN, and w2's bias)."""
+    from autoplan.runtime import expert_parallel
+
+    mp.setattr(expert_parallel, "sum_partials", lambda parts: parts[0])
+
+
 MOE_BUGS = {
     "ep-no-regroup": _ep_no_regroup,
     "ep-expert-grads-over-edp": _ep_expert_grads_over_edp,
     "moe-capacity-keeps-lowest-gates": _moe_capacity_keeps_lowest_gates,
+    "etp-partials-not-summed": _etp_partials_not_summed,
 }
 """Expert-parallel bugs, checked by tests/dist/test_moe_parity.py."""
 

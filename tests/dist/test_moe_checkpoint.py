@@ -1,5 +1,6 @@
 """MOE CHECKPOINTS: a tiny-moe checkpoint saved under ep 2 resumes under ep 1 and ep 4 (DCP
-reshards the experts' (E, out, in) DTensors) and continues as the uninterrupted ep 2 run."""
+reshards the experts' (E, out, in) DTensors) and continues as the uninterrupted ep 2 run; one
+saved under etp 2 (each expert's FFN split) resumes under ep 2, etp 1."""
 
 from __future__ import annotations
 
@@ -69,3 +70,19 @@ def test_ep2_checkpoint_resumes_under_ep1_and_ep4(pool, tmp_path):
         for name, p in straight_params.items():
             q = params[name]
             assert np.linalg.norm(q - p) <= RTOL * np.linalg.norm(p), (other.parallel, name)
+
+
+def test_etp2_checkpoint_resumes_under_ep2_etp1(pool, tmp_path):
+    """Saved with the experts' FFN dimension split over etp 2 (expert-DP 1), resumed with whole
+    experts split over ep 2: DCP reshards both dimensions of the (E, out, in) weights."""
+    etp2, ckpt = moe_plan(etp=2, dp=2), str(tmp_path / "ckpt")
+    # one run saves at step 2 and goes on to step 4 (saving leaves the training unchanged)
+    straight, straight_params = _merge(pool.run(train_moe, 2, etp2, ckpt, False, 4, (2,)))
+    ep2 = moe_plan(ep=2, dp=2)
+    got, params = _merge(pool.run(train_moe, 2, ep2, ckpt, True, 4, ()))
+    assert sorted(got) == [3, 4]
+    for step in (3, 4):
+        assert got[step] == pytest.approx(straight[step], rel=RTOL), step
+    assert set(params) == set(straight_params)
+    for name, p in straight_params.items():
+        assert np.linalg.norm(params[name] - p) <= RTOL * np.linalg.norm(p), name

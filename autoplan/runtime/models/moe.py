@@ -26,7 +26,8 @@ ROUTERS = ("learned", "token-index")
 
 class GroupedLinear(nn.Module):
     """E independent linear maps stacked: weight (E, out, in), bias (E, out); expert e maps the
-    e-th group of rows. Under expert parallelism weight and bias are DTensors sharded on dim 0."""
+    e-th group of rows. Under expert parallelism weight and bias are DTensors sharded on dim 0
+    over ep and, with etp > 1, on the FFN dimension over etp (expert_parallel.apply_ep)."""
 
     def __init__(self, num_experts: int, in_features: int, out_features: int,
                  bias: bool) -> None:
@@ -57,11 +58,17 @@ class Experts(nn.Module):
         self.w2 = GroupedLinear(e, f, h, spec.bias)
         if spec.mlp in (MlpKind.SWIGLU, MlpKind.GEGLU):
             self.w3 = GroupedLinear(e, h, f, spec.bias)
+        self.partial_bias = None
+        """Set by expert_parallel.apply_ep with etp > 1: (w2's local bias) -> the bias this
+        rank adds to its partial sums, so that their sum over etp holds it once."""
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x: (sum(counts), h) rows grouped by local expert, counts[e] rows for expert e."""
+        """x: (sum(counts), h) rows grouped by local expert, counts[e] rows for expert e.
+        Under etp > 1 the outputs are this rank's partial sums (its slice of the FFN)."""
         w1, b1 = self.w1.local()
         w2, b2 = self.w2.local()
+        if b2 is not None and self.partial_bias is not None:
+            b2 = self.partial_bias(b2)
         w3, b3 = self.w3.local() if hasattr(self, "w3") else (None, None)
         assert len(counts) == w1.shape[0], (len(counts), w1.shape)
         outs = []
@@ -128,7 +135,7 @@ class MoE(nn.Module):
     same softmax-then-top-k-then-renormalise). No auxiliary load-balancing loss is added.
     """
 
-    routes_tokens = True  # tensor_parallel: replicated over tp (ETP = 1), tokens gathered
+    routes_tokens = True  # tensor_parallel: router and shared experts replicated over tp
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -151,8 +158,8 @@ class MoE(nn.Module):
         self.router_kind = "learned"
         self.context_parallel = None  # positions of a token-index router under cp
         self.tp_mesh = None
-        """Set by apply_ep when ep > 1 and tp > 1: each tp rank sends its 1/tp of the (tp-
-        replicated) tokens to the experts, the expert outputs are all-gathered over tp."""
+        """Set by apply_ep when ep * etp > 1 and tp > 1: each tp rank sends its 1/tp of the
+        (tp-replicated) tokens to the experts, the expert outputs are all-gathered over tp."""
 
     def route(self, tokens: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Gates (T, k) in the tokens' dtype and expert indices (T, k) of each token."""

@@ -12,6 +12,7 @@ from torch import nn
 
 from autoplan.model_spec import ModelSpec, PositionKind
 from autoplan.runtime.models.layers import Attention, FeedForward, make_norm
+from autoplan.runtime.models.mla import MultiHeadLatentAttention
 from autoplan.runtime.models.moe import MoE
 
 
@@ -54,7 +55,8 @@ class Block(nn.Module):
         super().__init__()
         self.dropout = dropout
         self.attention_norm = make_norm(spec)
-        self.attention = Attention(spec)
+        self.attention = (Attention(spec) if spec.mla is None
+                          else MultiHeadLatentAttention(spec))  # MLA: models/mla.py
         self.ffn_norm = make_norm(spec)
         moe = spec.moe is not None and spec.moe.is_moe_layer(index)
         self.feed_forward = MoE(spec) if moe else FeedForward(spec)  # MoE: models/moe.py

@@ -1,5 +1,5 @@
 """autoplan train refuses, in one line each, the MoE plans its runtime cannot run; the planner's
-rules still accept them (Megatron-LM runs them)."""
+rules still accept them (Megatron-LM runs them). Expert tensor parallelism (etp > 1) runs."""
 
 from __future__ import annotations
 
@@ -23,23 +23,24 @@ def _plan(ep=1, etp=1, **kw):
 def test_a_runnable_ep_plan_passes():
     spec = load_model("tiny-moe")
     for plan in (_plan(ep=2, dp=2), _plan(ep=4, dp=2, tp=2, sp=True), _plan(ep=8, dp=8, mbs=1),
-                 _plan(ep=2, dp=2, recompute="selective")):
+                 _plan(ep=2, dp=2, recompute="selective"), _plan(ep=2, etp=2, dp=2, tp=2),
+                 _plan(etp=2, dp=2), _plan(ep=2, etp=4, dp=8, mbs=1)):
         check_plan(plan, spec, plan.world_size)
 
 
 @pytest.mark.parametrize("key,plan,spec,words", [
-    ("runtime-etp", _plan(ep=2, etp=2, dp=2, tp=2), None, "parallel.etp=2"),
     ("runtime-moe-capacity", _plan(ep=2, cp=2), MoESpec(8, 2, 128, capacity_factor=1.25),
      "model.moe.capacity_factor=1.25 with parallel.cp=2"),
     ("runtime-moe-aux-free", _plan(ep=2, dp=2), MoESpec(8, 2, 128, router_aux_free=True),
      "router_aux_free"),
     ("runtime-ep-tp-tokens", _plan(ep=2, dp=1, tp=2, mbs=1, gbs=2), None, "divisible by tp"),
+    ("runtime-ep-tp-tokens", _plan(etp=2, tp=2, mbs=1, gbs=2), None, "etp=2 with tp=2"),
     ("runtime-hsdp-ep", _plan(ep=2, dp=4, dp_shard=2, zero=2, mbs=1), None,
      "parallel.dp_shard=2"),
 ])
 def test_runtime_refuses_what_it_cannot_run_in_one_line(key, plan, spec, words):
     spec = load_model("tiny-moe") if spec is None else load_model("tiny-moe").replace(moe=spec)
-    if key == "runtime-ep-tp-tokens":
+    if key == "runtime-ep-tp-tokens":  # with ep or etp > 1 the tp ranks split the tokens
         spec = spec.replace(seq_len=63)  # 63 tokens do not split over tp 2
     assert not validate_plan(plan, spec, None)  # the planner's rules accept it
     limits = runtime_limits(plan, spec)
@@ -49,9 +50,13 @@ def test_runtime_refuses_what_it_cannot_run_in_one_line(key, plan, spec, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+def test_etp_is_no_longer_refused():
+    assert "runtime-etp" not in RUNTIME_RULE_KEYS
+
+
 def test_every_moe_runtime_rule_is_tested():
     """The MoE rules of RUNTIME_RULES, each refused above (the others have their own tests)."""
-    assert set(RUNTIME_RULE_KEYS) >= {"runtime-etp", "runtime-moe-capacity",
+    assert set(RUNTIME_RULE_KEYS) >= {"runtime-moe-capacity",
                                       "runtime-moe-aux-free", "runtime-mla",
                                       "runtime-ep-tp-tokens", "runtime-hsdp-ep"}
 

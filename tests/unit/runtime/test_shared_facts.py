@@ -27,6 +27,8 @@ CASES = [  # (preset, vocab, tp, pp, vpp, schedule, split)
     ("tiny-llama", 50257, 4, 2, 1, Schedule.ONE_F_ONE_B, None),
     ("tiny-llama", 256, 1, 2, 2, Schedule.INTERLEAVED_1F1B, None),
     ("tiny-llama", 256, 1, 2, 1, Schedule.ONE_F_ONE_B, (1, 3)),
+    ("tiny-mla", 256, 1, 1, 1, Schedule.ONE_F_ONE_B, None),  # multi-head latent attention
+    ("tiny-mla", 1001, 2, 2, 1, Schedule.ONE_F_ONE_B, None),
 ]
 
 
