@@ -365,12 +365,6 @@ RUNTIME_RULES: tuple[Rule, ...] = (
         "softmax without a per-expert bias; set router_aux_free: false",
     ),
     Rule(
-        "runtime-mla",
-        lambda t, m: np.bool_(m.mla is not None),
-        lambda t, i, m: "model.mla: autoplan's runtime has no multi-head latent attention; "
-        "remove model.mla (grouped-query attention)",
-    ),
-    Rule(
         "runtime-hsdp-ep",
         lambda t, m: (dp_col(t, "dp_shard") > 0) & (_expert_ranks(t) > 1),
         lambda t, i, m: f"parallel.dp_shard={int(dp_col(t, 'dp_shard')[i])} with ep="

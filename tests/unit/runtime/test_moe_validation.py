@@ -57,10 +57,5 @@ def test_etp_is_no_longer_refused():
 def test_every_moe_runtime_rule_is_tested():
     """The MoE rules of RUNTIME_RULES, each refused above (the others have their own tests)."""
     assert set(RUNTIME_RULE_KEYS) >= {"runtime-moe-capacity",
-                                      "runtime-moe-aux-free", "runtime-mla",
+                                      "runtime-moe-aux-free",
                                       "runtime-ep-tp-tokens", "runtime-hsdp-ep"}
-
-
-def test_latent_attention_is_refused():
-    spec = load_model("deepseek-v3")
-    assert any("model.mla" in m for m in runtime_limits(make_plan(spec), spec))
