@@ -38,8 +38,9 @@ def same_kinds(plan, model: str = "tiny-moe"):
     from autoplan.plan import Batch, ClusterRef
 
     p = plan.parallel
-    two = {k: 2 if getattr(p, k) > 1 else 1 for k in ("dp", "tp", "pp", "cp", "ep")}
-    assert p.etp == 1, "the runtime keeps experts whole; a search winner with etp > 1 needs it"
+    two = {k: 2 if getattr(p, k) > 1 else 1 for k in ("dp", "tp", "pp", "cp", "ep", "etp")}
+    # ep * etp must divide dp * cp * tp (Megatron-Core's folding): widen dp where it does not
+    two["dp"] *= max(1, two["ep"] * two["etp"] // (two["dp"] * two["cp"] * two["tp"]))
     par = Parallel(**two)
     world = par.dp * par.tp * par.pp * par.cp
     return dataclasses.replace(
