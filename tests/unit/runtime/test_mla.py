@@ -140,3 +140,16 @@ def test_parameters_are_the_cost_models(name):
         with torch.device("meta"):
             attn = MultiHeadLatentAttention(s)
         assert sum(p.numel() for p in attn.parameters()) == params.mla_params(s)
+
+
+@pytest.mark.parametrize("kw", [dict(tp=2, sp=True), dict(cp=2), dict(pp=2, mbs=1),
+                                dict(dp=2, zero=3, recompute="selective")])
+def test_autoplan_train_accepts_mla_plans(kw):
+    """No runtime rule refuses a model.mla plan any more (the runtime-mla rule is gone)."""
+    from autoplan.plan_rules import runtime_limits
+    from autoplan.runtime.validation import check_plan
+    from tests.dist.parity import make_plan
+
+    plan = make_plan("tiny-mla", **kw)
+    assert runtime_limits(plan, TINY) == []
+    check_plan(plan, TINY, plan.world_size)
