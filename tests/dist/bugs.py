@@ -236,11 +236,20 @@ def _etp_partials_not_summed(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(expert_parallel, "sum_partials", lambda parts: parts[0])
 
 
+def _etp_bias_grad_not_summed(mp: pytest.MonkeyPatch) -> None:
+    """Expert tensor parallelism: w2's bias gradient not summed over etp, so the etp ranks other
+    than 0 (which add none of it) keep a zero gradient for the replicated bias."""
+    from autoplan.runtime import expert_parallel
+
+    mp.setattr(expert_parallel.SumGradOver, "backward", staticmethod(lambda ctx, g: (g, None)))
+
+
 MOE_BUGS = {
     "ep-no-regroup": _ep_no_regroup,
     "ep-expert-grads-over-edp": _ep_expert_grads_over_edp,
     "moe-capacity-keeps-lowest-gates": _moe_capacity_keeps_lowest_gates,
     "etp-partials-not-summed": _etp_partials_not_summed,
+    "etp-bias-grad-not-summed": _etp_bias_grad_not_summed,
 }
 """Expert-parallel bugs, checked by tests/dist/test_moe_parity.py."""
 

@@ -132,6 +132,7 @@ BUG_ROWS = {
     "ep-expert-grads-over-edp": C(ep=2, dp=2),
     "moe-capacity-keeps-lowest-gates": C(model=DROPPING, ep=2, dp=2),
     "etp-partials-not-summed": ROWS["etp2-dp2-zero3-bias"],
+    "etp-bias-grad-not-summed": ROWS["etp2-dp2-zero3-bias"],
 }
 
 
