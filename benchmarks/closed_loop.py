@@ -10,8 +10,11 @@
 
 Run: python benchmarks/closed_loop.py [--profile P] [--steps 8] [--model tiny] [--out DIR]
 `--precisions fp32,bf16` (the default) runs every plan in each: bf16 plans run FSDP2 with bf16
-compute copies (runtime/data_parallel.py), and the CPU's bf16 kernels are priced from the
-profile's bf16 figures (profiler/precision.py); the statistics cover both together.
+compute copies (runtime/data_parallel.py) and their attention core in fp32 (autoplan-cpu's
+attention_compute_dtype: torch's bf16 CPU flash backward is the bottleneck), priced from the
+profile's bf16 GEMM figures and fp32 attention figures plus the casts (profiler/precision.py);
+the statistics cover both together, then each precision, then the bf16/fp32 step-time ratio of
+the same plan, measured and predicted.
 `--calibrate` fits the profile to these runs (autoplan calibrate) and reprints, in sample and
 held out (k-fold: each plan predicted by a profile fitted to the other folds' runs).
 `--reuse` takes the measurements already in --out instead of running the plans again (for
@@ -200,10 +203,29 @@ def report(df: pd.DataFrame) -> None:
             print(f"  {prec}: Spearman {rho:.3f}, median absolute step-time error {err:.1%}"
                   f" ({len(part)} runs)")
     print(f"median absolute step-time error: {statistics.median(ok['err'].abs()):.1%}")
+    ratio = bf16_over_fp32(ok)
+    if ratio is not None:
+        print(f"bf16 / fp32 step time of the same plan: measured {ratio[0]:.2f}, predicted "
+              f"{ratio[1]:.2f} (medians over {ratio[2]} plans)")
     mem = ok["mem_err"].dropna()
     if len(mem):
         print(f"median absolute peak-memory error: {statistics.median(mem.abs()):.1%}")
     print(f"model's first choice vs measured best: {model_first / best_measured - 1:+.1%}")
+
+
+def bf16_over_fp32(ok: pd.DataFrame) -> tuple[float, float, int] | None:
+    """Median bf16 / fp32 step-time ratio over the plans that completed in both, measured and
+    predicted: whether bf16 is priced as much slower or faster than fp32 as it ran."""
+    wide = ok.pivot_table(index="plan", columns="precision",
+                          values=["measured_s", "predicted_s"], aggfunc="first")
+    if ("measured_s", "bf16") not in wide.columns or ("measured_s", "fp32") not in wide.columns:
+        return None
+    wide = wide.dropna()
+    if wide.empty:
+        return None
+    measured = (wide["measured_s", "bf16"] / wide["measured_s", "fp32"]).median()
+    predicted = (wide["predicted_s", "bf16"] / wide["predicted_s", "fp32"]).median()
+    return float(measured), float(predicted), len(wide)
 
 
 if __name__ == "__main__":
