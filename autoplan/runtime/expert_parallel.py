@@ -27,7 +27,8 @@ groups are the tp groups.
   all-reducing the outputs) because it is the one rule for every etp: with etp != tp the etp
   ranks hold different tokens (other dp or cp ranks), and it is the layout Megatron runs.
   The row counts differ per rank, so the gather and the scatter are `all_to_all_single`s
-  with uneven splits (the same rows to every peer; gloo's all_gather takes equal sizes only).
+  with uneven splits (the same rows to every peer): gloo's all_gather refuses unequal sizes
+  ("ProcessGroupGloo::allgather: invalid tensor size", torch 2.13, tried on 2 ranks).
 - FSDP2 shards the expert weights over the expert-DP group (a mesh without ep or etp), the
   rest of the block over dp as before. Gradients are averaged over dp*cp for all parameters:
   an expert slice's gradient already sums the contributions of its ep x etp group's tokens
