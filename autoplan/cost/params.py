@@ -50,6 +50,19 @@ def mla_params(model: ModelSpec) -> int:
     return q + kv + a * mla.v_head_dim * h
 
 
+def tp_replicated_params(model: ModelSpec) -> int:
+    """Block parameters every tp rank holds whole: MLA's query and key/value down projections
+    (with the shared rotary key) and their latent norms (Megatron-Core MLASelfAttention keeps
+    linear_q_down_proj / linear_kv_down_proj unsplit; runtime/tensor_parallel.mla_plan). 0
+    without MLA; block norms are the few-parts-per-million params_per_rank leaves aside."""
+    mla = model.mla
+    if mla is None:
+        return 0
+    h = model.hidden_size
+    q = 0 if mla.q_lora_rank is None else mla.q_lora_rank * (h + 1)
+    return q + h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+
+
 def expert_params(model: ModelSpec) -> int:
     """One routed (or shared) expert: an MLP of the model's kind at expert_ffn_hidden_size."""
     assert model.moe is not None
@@ -150,14 +163,16 @@ def params_per_rank(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Parameters held by one GPU of the first and of the last pipeline stage.
 
-    Block matrices split over tp (norms and row-parallel biases are replicated and counted in
-    full: a few parts per million). The first stage holds the embedding, the last the output
+    Block matrices split over tp, except MLA's down projections (tp_replicated_params; block
+    norms and row-parallel biases, replicated too, are divided with the rest: parts per million). The first stage holds the embedding, the last the output
     head; with pp > 1 a tied head is a second copy on the last stage (Megatron-LM). Routed
     experts are not included: expert_params_per_rank counts them (sharded by ep x etp).
     """
     tp, pp = np.asarray(tp), np.asarray(pp)
     v = padded_vocab(model, tp)
-    block = (layer_params(model) if model.moe is None else dense_block_params(model)) / tp
+    whole = tp_replicated_params(model)
+    block = ((layer_params(model) if model.moe is None else dense_block_params(model)) - whole
+             ) / tp + whole
     embed = v * model.hidden_size / tp + (embedding_params(model, 0))
     head = v * model.hidden_size / tp
     single = pp == 1

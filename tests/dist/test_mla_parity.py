@@ -12,10 +12,12 @@ selective recompute.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 import autoplan.runtime.trainer  # noqa: F401  (the forked ranks inherit the import)
+from autoplan.cost import params
 from autoplan.model_spec import load_model
 from tests.dist.parity import compare, make_plan, merge_ranks, reference_plan, run_plan_rank
 
@@ -133,3 +135,7 @@ def test_tensor_parallel_shards_heads_and_replicates_latents(pool):
     }
     assert {n for n, p in placements.items() if p == "R"} == {
         "wq_a.weight", "q_norm.weight", "wkv_a.weight", "kv_norm.weight"}
+    # the cost model's per-rank count (cost/params.py) holds the replicated part whole too
+    whole = params.tp_replicated_params(MODEL)
+    assert sum(math.prod(shape) for shape in local.values()) == \
+        (params.mla_params(MODEL) - whole) // 2 + whole
