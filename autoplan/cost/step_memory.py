@@ -35,10 +35,14 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
 
 
 def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTraits
-                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """Model states of the first and the last stage, and the larger parameter count."""
+                  ) -> tuple[dict[str, np.ndarray], ...]:
+    """Model states of the first, the last and a middle stage (layers_max blocks and neither
+    the embedding nor the head: an uneven split's heaviest rank), and the largest parameter
+    count."""
     psi_first, psi_last = params.params_per_rank(model, r.tp, r.pp, r.layers_first,
                                                  r.layers_last)
+    psi_mid = (params.params_per_rank(model, r.tp, r.pp, r.layers_max, r.layers_max)[0]
+               - params.params_per_rank(model, r.tp, r.pp, 0.0 * r.layers_max, 0.0)[0])
     # ZB-V puts the last stage on rank 0 beside the first (Qi et al. 2024): the head lives there
     head = r.vocab * model.hidden_size / r.tp
     psi_first = psi_first + np.where(r.v_shape, head, 0.0)
@@ -55,13 +59,13 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
             out["params"] = out["params"] + psi * runtime.fp8_weight_cache_bytes
         return out
 
-    first, last = states(psi_first), states(psi_last)
+    first, last, mid = states(psi_first), states(psi_last), states(psi_mid)
     if model.moe is not None:  # routed experts: split by ep x etp, ZeRO over the expert-DP group
-        for st, layers in ((first, r.layers_first), (last, r.layers_last)):
+        for st, layers in ((first, r.layers_first), (last, r.layers_last), (mid, r.layers_max)):
             experts = states(moe.expert_psi(model, r, layers), r.expert_shard)
             for k in st:
                 st[k] = st[k] + experts[k]
-    return first, last, np.maximum(psi_first, psi_last)
+    return first, last, mid, np.maximum(np.maximum(psi_first, psi_last), psi_mid)
 
 
 def memory_by_part(
@@ -71,7 +75,7 @@ def memory_by_part(
     """mem_<part>, mem_total and mem_host (bytes per GPU), mem_psi (parameters of the larger
     stage) and fits."""
     dev = profile.device
-    st_first, st_last, psi = _stage_states(model, r, precision, runtime)
+    st_first, st_last, st_mid, psi = _stage_states(model, r, precision, runtime)
     a_none = memory.activation_bytes_per_layer(parts, np.zeros_like(r.recompute), precision)
     a_pol = memory.activation_bytes_per_layer(parts, r.recompute, precision,
                                               runtime.selective.value, r.rc_modules)
@@ -98,12 +102,17 @@ def memory_by_part(
                                  transient=runtime.logit_bytes_transient)
     single = r.pp == 1
     loss_first = single | r.v_shape
-    # an uneven split is scored as if its largest stage held rank 0's micro-batches: an upper
-    # bound on every rank's layers x micro-batches in flight, equal to it for an even split
-    act_first = (in_flight * (act_layers(r.layers_max) + embed_act) + working
+    # rank 0 holds its own layers' micro-batches in flight; a middle rank (an uneven split's
+    # heaviest, e.g. between 0-block end stages) layers_max blocks of at most pp - 1 of them
+    # under one-chunk 1F1B / ZB-H1 (rank k holds pp - k: Narayanan et al. 2021 §2.2), else as
+    # many as rank 0 (an upper bound)
+    act_first = (in_flight * (act_layers(r.layers_first) + embed_act) + working
                  + np.where(loss_first, logits, 0))
     act_last = np.where(single, act_first, in_flight_last * act_layers(r.layers_last) + working
                         + np.where(r.v_shape, 0.0, logits))
+    one_chunk = (r.vpp == 1) & (r.schedule != GPIPE) & (r.schedule != INTERLEAVED)
+    in_flight_mid = np.where(one_chunk, np.maximum(np.minimum(r.pp - 1.0, r.m), 1.0), in_flight)
+    act_mid = np.where(single, act_first, in_flight_mid * act_layers(r.layers_max) + working)
     buffers = _buffers(model, r, runtime)
 
     def total(st: dict[str, np.ndarray], act: np.ndarray) -> np.ndarray:
@@ -111,22 +120,22 @@ def memory_by_part(
         return st["params"] + st["grads"] + st["optimizer"] + act + buffers + frag \
             + dev.reserved_bytes
 
-    tot_first, tot_last = total(st_first, act_first), total(st_last, act_last)
-    worst_first = tot_first >= tot_last
+    totals = [total(st_first, act_first), total(st_mid, act_mid), total(st_last, act_last)]
+    worst = np.argmax(np.stack(totals), axis=0)  # ties to the first stage, then the middle
 
-    def pick(a: np.ndarray, c: np.ndarray) -> np.ndarray:
-        return np.where(worst_first, a, c)
+    def pick(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return np.choose(worst, [a + 0.0 * worst, b + 0.0 * worst, c + 0.0 * worst])
 
-    act = pick(act_first, act_last)
+    act = pick(act_first, act_mid, act_last)
     out = {
-        "mem_params": pick(st_first["params"], st_last["params"]),
-        "mem_grads": pick(st_first["grads"], st_last["grads"]),
-        "mem_optimizer": pick(st_first["optimizer"], st_last["optimizer"]),
+        "mem_params": pick(st_first["params"], st_mid["params"], st_last["params"]),
+        "mem_grads": pick(st_first["grads"], st_mid["grads"], st_last["grads"]),
+        "mem_optimizer": pick(st_first["optimizer"], st_mid["optimizer"], st_last["optimizer"]),
         "mem_activations": act,
         "mem_buffers": buffers + 0.0 * act,
         "mem_allocator": memory.FRAGMENTATION * (act + buffers),
         "mem_reserved": np.full_like(act, float(dev.reserved_bytes)),
-        "mem_total": np.maximum(tot_first, tot_last),
+        "mem_total": np.max(np.stack(totals), axis=0),
         "mem_psi": psi,
     }
     host = memory.host_state_bytes(psi, r.shard, precision, r.offload_optimizer,

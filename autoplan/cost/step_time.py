@@ -170,6 +170,15 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     slowest = np.argmax(np.stack(per_mb), axis=0)
     crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
     crit["t_mb"] = np.choose(slowest, per_mb)
+    # the bubble: a synchronous pipeline's first micro-batch crosses every rank before the
+    # slowest runs the other m - 1, so the idle time is (sum of the ranks' t - t_max), which is
+    # (pp - 1) t_max for equal ranks (Narayanan et al. 2021 §2.2). A rank of no block (an
+    # embedding- or loss-only stage) fills its share in its own time; ranks between the two
+    # ends are bounded by the largest. Splits without an empty end keep (pp - 1) t_max.
+    pp = np.maximum(r.pp, 2.0)
+    empty_end = (r.layers_first == 0) | (r.layers_last == 0)
+    filled = (per_mb[0] + per_mb[2] + (pp - 2.0) * per_mb[1] - crit["t_mb"]) / (pp - 1.0)
+    crit["t_fill"] = np.where(empty_end, np.minimum(filled, crit["t_mb"]), crit["t_mb"])
     crit["holds_head"] = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
     crit["norm_grad"] = tpc["norm_grad"]
     return crit
@@ -250,7 +259,7 @@ def time_by_part(
         every_mb, m, 1.0)
     out["time_cp_comm"] = m * crit["cp"]
     out["time_ep_comm"] = m * crit["ep"]
-    out["time_pp_bubble"] = pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_mb"]
+    out["time_pp_bubble"] = pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_fill"]
     sp_div = np.where(r.sp, r.tp, 1.0)
     p2p_bytes = r.weight_bytes * model.seq_len / r.cp * r.b * model.hidden_size / sp_div
     # a pipeline that spans nodes sends some boundaries over the network: price the slowest
@@ -338,7 +347,8 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
     by_module = (np.where((m & memory.CORE_ATTN) > 0, fwd_core, 0.0)
                  + np.where((m & memory.MLP) > 0, gemms[2] + gemms[3], 0.0))
     selective = np.where(m > 0, by_module, selective)
-    frac = recomputed_layers(r.layers_first, r) / np.maximum(r.layers_first, 1)
+    stage = np.where(r.layers_first > 0, r.layers_first, r.layers_max)  # not a 0-block stage
+    frac = recomputed_layers(stage, r) / np.maximum(stage, 1)
     return r.gbs * model.num_layers * frac * np.where(
         r.recompute == RC_FULL, fwd_layer + fwd_core,
         np.where(r.recompute == RC_SELECTIVE, selective, 0.0))
