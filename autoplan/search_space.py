@@ -47,6 +47,13 @@ class Split(str, enum.Enum):
     """The first and the last stage one block lighter than the others, for the embedding and
     the loss (Megatron-Core's --account-for-embedding-in-pipeline-split and
     --account-for-loss-in-pipeline-split; Llama 3 405B's 126 layers on 16 stages: 7, 8 x 14, 7)."""
+    EMBED_LOSS = "embed-loss"
+    """An embedding-only first stage and a last stage of only the final norm, output layer and
+    loss, the blocks even over the stages between (Megatron-Core's layout "E|t*n|...|t*n|L";
+    runtimes without it: cost/runtimes.RuntimeTraits.layer_splits)."""
+    DEEPSPEED = "deepspeed"
+    """The split DeepSpeed's PipelineModule makes of Megatron-DeepSpeed's GPTModelPipe
+    (partition_method type:transformer, one stage per rank): the only uneven one it runs."""
 
 
 def _check_values(name: str, values: tuple[Any, ...], *, low: int | None = None,
@@ -106,8 +113,8 @@ class PipelineSpace:
     vpp: tuple[int, ...] = (1,)
     """Virtual stages per rank (> 1 needs interleaved-1f1b or zero-bubble)."""
     split: tuple[Split, ...] = (Split.EVEN,)
-    """even | balanced | ends layer-to-stage splits; every sampler scores each one that differs
-    from the even split (autoplan.search.partition)."""
+    """even | balanced | ends | embed-loss | deepspeed layer-to-stage splits; every sampler
+    scores each one that differs from the even split (autoplan.search.partition)."""
 
     def __post_init__(self) -> None:
         _check_values("schedule", self.schedule)

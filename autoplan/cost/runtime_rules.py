@@ -68,6 +68,19 @@ def _reduce_dtype(t: Table) -> str:
     return REDUCE_DTYPES[_v(t, "grad_reduce")].value  # type: ignore[union-attr]
 
 
+def _split_codes(rt: RuntimeTraits) -> list[int]:
+    """Codes of column `split` (search_space.Split in order) the runtime runs."""
+    from autoplan.search_space import Split
+
+    return [i for i, s in enumerate(Split) if s.value in rt.layer_splits]
+
+
+def _split(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    if "split" not in t:  # one plan's row (plan_to_row): its exporter names the split
+        return np.zeros(np.shape(t["pp"]), dtype=bool)
+    return (t["pp"] > 1) & ~np.isin(t["split"], _split_codes(rt))
+
+
 RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(_schedule, lambda t, rt: (
         f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
@@ -94,6 +107,8 @@ RULES: tuple[RuntimeRule, ...] = (
                 lambda t, rt: (f"runtime {rt.name} has no HSDP (parallel.dp_shard) at ZeRO stage "
                                f"{_v(t, 'zero_stage')} (it runs it at: "
                                f"{', '.join(map(str, rt.hsdp_zero_stages)) or 'none'})")),
+    RuntimeRule(_split, lambda t, rt: (
+        f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),
 )
 
 

@@ -198,6 +198,12 @@ class RuntimeTraits:
     HostOffloadOptimizer) moves the optimizer state and fp32 masters but keeps the parameter and
     gradient shards on the device. False: ZeRO-Offload (DeepSpeed; Ren et al. 2021 §4), whose
     optimizer offload also moves the gradient shard (ZeRO-2/3), streamed during backward."""
+    layer_splits: tuple[str, ...] = ("even", "balanced", "ends", "embed-loss")
+    """Layer-to-stage splits (search_space.Split values) the runtime runs: any per-stage block
+    counts, including an embedding-only first and a loss-only last stage, in autoplan's runtime
+    (torch.distributed.pipelining stages of deleted modules), Megatron-Core
+    (--pipeline-model-parallel-layout) and torchtitan (module_fqns_per_model_part). DeepSpeed:
+    even, or the partition its PipelineModule computes (type:transformer), nothing else."""
     offload: tuple[str, ...] = ("optimizer", "params", "both")
     """Host offload the runtime can run, besides none: `optimizer` (states and the step on the
     host), `params` (weights streamed in per layer), `both`. FSDP2's CPUOffloadPolicy moves
@@ -247,6 +253,10 @@ class RuntimeTraits:
         if any(o not in OFFLOAD_MODES for o in self.offload):
             raise ConfigError("runtime.offload", f"got {list(self.offload)!r}",
                               "list some of optimizer, params, both (or [] for none)")
+        splits = ("even", "balanced", "ends", "embed-loss", "deepspeed")
+        if "even" not in self.layer_splits or any(v not in splits for v in self.layer_splits):
+            raise ConfigError("runtime.layer_splits", f"got {list(self.layer_splits)!r}",
+                              f"list even and any of {', '.join(splits[1:])}")
         if any(d not in ("fp32", "bf16") for d in self.grad_reduce_dtypes):
             raise ConfigError("runtime.grad_reduce_dtypes",
                               f"got {list(self.grad_reduce_dtypes)!r}", "list some of fp32, bf16")
@@ -376,6 +386,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "selective": "attention-core", "grad_bytes_bf16": 2.0, "reduce_bytes_bf16": 2.0,
         "pipeline_grad_sync": "every-microbatch", "schedules": ["1f1b"],
         "zero_stages": [0, 1, 2, 3], "hsdp_zero_stages": [],
+        "layer_splits": ["even", "deepspeed"],
     },
     "autoplan-cuda": {
         "description": "autoplan's own runtime on CUDA: FSDP2 (fp32 sharded params, fp32 "

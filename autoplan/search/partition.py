@@ -5,7 +5,9 @@ forward+backward FLOPs per token; a balanced split cuts the path into contiguous
 at least one block) minimising the largest stage's FLOPs, so the stages that also hold the
 embedding or the output layer (large vocabularies) get fewer blocks. Memory per stage is then
 checked by the cost model (first and last stage) like any other plan. The "ends" split is
-the practitioners' rule of thumb: first and last stage one block lighter.
+the practitioners' rule of thumb: first and last stage one block lighter; "embed-loss" gives
+the embedding and the loss stages of their own (no block); "deepspeed" is the split DeepSpeed's
+PipelineModule makes under Megatron-DeepSpeed (partition_method type:transformer).
 """
 
 from __future__ import annotations
@@ -99,14 +101,74 @@ def ends_lighter_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
     return tuple(sizes)
 
 
+def embed_loss_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
+    """Blocks per stage with an embedding-only first stage and a last stage of only the final
+    norm, output layer and loss (Megatron-Core's --pipeline-model-parallel-layout "E|t*n|...|L",
+    torchtitan's module_fqns_per_model_part [["tok_embeddings"], ..., ["norm", "output"]]): the
+    blocks split evenly over the stages between, the remainder one more on the first of them.
+    None with fewer than three stages or fewer blocks than middle stages."""
+    middle = stages - 2
+    if middle < 1 or num_layers < middle:
+        return None
+    base, extra = divmod(num_layers, middle)
+    return (0, *(base + (1 if i < extra else 0) for i in range(middle)), 0)
+
+
+GPT_MODEL_PIPE_SPECS = (2, 3)
+"""Layer specs of Megatron-DeepSpeed's GPTModelPipe around the transformer layers, which
+partition_method type:transformer weighs 0: before them _to_float16 and the embedding, after
+them the final norm, the (tied) head and float16_to_fp32 (megatron/model/gpt_model.py of
+deepspeedai/Megatron-DeepSpeed; the last only for fp16/bf16, and it moves no block)."""
+
+
+@lru_cache(maxsize=256)
+def deepspeed_layers(num_layers: int, stages: int) -> tuple[int, ...]:
+    """Blocks per stage as DeepSpeed's PipelineModule._partition_layers cuts GPTModelPipe with
+    partition_method type:transformer: deepspeed.runtime.utils.partition_balanced (DeepSpeed
+    0.19's dynamic programme for the linear partition problem: the cut minimising the largest
+    minus the smallest part, ties to the later cut; older releases bisected on the bottleneck)
+    over weights 1 per transformer layer and 0 per other spec. tests/unit/search/test_partition.py holds it against the installed
+    DeepSpeed's own function."""
+    before, after = GPT_MODEL_PIPE_SPECS
+    w = np.array([0.0] * before + [1.0] * num_layers + [0.0] * after)
+    n, m = len(w), stages
+    prefix = np.concatenate([[0.0], np.cumsum(w)])
+    dp_max = np.full((n + 1, m + 1), np.inf)
+    dp_min = np.full((n + 1, m + 1), np.inf)
+    position = np.zeros((n + 1, m + 1), dtype=np.int64)
+    dp_max[0, 0] = 0.0
+    for i in range(1, n + 1):
+        ks = np.arange(i)
+        part = prefix[i] - prefix[ks]
+        for j in range(1, min(i, m) + 1):
+            hi = np.maximum(dp_max[ks, j - 1], part)
+            lo = np.minimum(dp_min[ks, j - 1], part)
+            cost = hi - lo
+            k = i - 1 - int(np.argmin(cost[::-1]))  # the last k of least cost (`>=` in theirs)
+            dp_max[i, j], dp_min[i, j], position[i, j] = hi[k], lo[k], k
+    cuts = [n]
+    for j in range(m, 0, -1):
+        cuts.append(int(position[cuts[-1], j]))
+    cuts.reverse()
+    return tuple(int(prefix[cuts[s + 1]] - prefix[cuts[s]]) for s in range(m))
+
+
 def stage_layers(model: ModelSpec, pp: int, vpp: int, split: str) -> tuple[int, ...] | None:
-    """Blocks per stage (pp * vpp stages in model order) of a non-even split ("balanced" or
-    "ends"), or None when that split cannot cut the model into so many stages."""
+    """Blocks per stage (pp * vpp stages in model order) of a non-even split ("balanced",
+    "ends", "embed-loss" or "deepspeed"), or None when that split cannot cut the model into so
+    many stages (DeepSpeed's pipeline has one stage per rank, each with a block)."""
     stages = pp * vpp
     if split == "balanced":
         return balanced_layers(model, stages)
     if split == "ends":
         return ends_lighter_layers(model.num_layers, stages)
+    if split == "embed-loss":
+        return embed_loss_layers(model.num_layers, stages)
+    if split == "deepspeed":
+        if vpp != 1 or model.num_layers + sum(GPT_MODEL_PIPE_SPECS) <= stages:
+            return None
+        lps = deepspeed_layers(model.num_layers, stages)
+        return lps if min(lps) >= 1 else None
     raise ValueError(f"no uneven split named {split!r}")
 
 
@@ -136,10 +198,14 @@ def columns_of(lps: tuple[int, ...], pp: int, vpp: int,
 def heaviest_rank_flops(model: ModelSpec, lps: tuple[int, ...], pp: int, vpp: int,
                         zero_bubble: bool = False) -> float:
     """FLOPs per token of the most loaded pipeline rank (embedding on stage 0, head on the last
-    stage), the quantity the balanced split minimises."""
-    w = _block_weights(layer_graph(model))
+    stage, also when those stages hold no block), the quantity the balanced split minimises."""
+    g = layer_graph(model)
+    order = list(nx.topological_sort(g))
+    w = np.array([g.nodes[n]["flops"] for n in order if g.nodes[n]["blocks"]])
     bounds = np.concatenate([[0], np.cumsum(lps)])
     stage = [float(w[bounds[k]:bounds[k + 1]].sum()) for k in range(len(lps))]
+    stage[0] += g.nodes[order[0]]["flops"]
+    stage[-1] += g.nodes[order[-1]]["flops"]
     return max(sum(stage[s] for s in ss) for ss in rank_stages(pp, vpp, zero_bubble))
 
 

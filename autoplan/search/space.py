@@ -198,7 +198,10 @@ def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray
             if pp == 1 or (vpp > 1 and code not in (INTERLEAVED, ZERO_BUBBLE)):
                 continue  # one stage, or a vpp the schedule cannot run: no split to choose
             divides = model.num_layers % (pp * vpp) == 0
-            seen = {(even_rank,) * 3} if with_even and divides else set()
+            # a DeepSpeed split is its own row even where another split prices the same:
+            # the deepspeed runtime runs it and no other (RuntimeTraits.layer_splits)
+            seen = {((even_rank,) * 3, ds) for ds in (False, True)} if with_even and divides \
+                else set()
             zb = code == ZERO_BUBBLE
             even_load = heaviest_rank_flops(model, (model.num_layers // (pp * vpp),) * (pp * vpp),
                                             pp, vpp, zb) if divides else np.inf
@@ -209,11 +212,12 @@ def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray
                 if lps is None:
                     continue
                 cols = columns_of(lps, pp, vpp, zb)
+                key = (cols, split is Split.DEEPSPEED)
                 # an uneven split whose heaviest rank is no lighter than the even split's is
                 # not listed where the even split exists (it cannot shorten the step)
-                if cols in seen or heaviest_rank_flops(model, lps, pp, vpp, zb) >= even_load:
+                if key in seen or heaviest_rank_flops(model, lps, pp, vpp, zb) >= even_load:
                     continue
-                seen.add(cols)
+                seen.add(key)
                 rows.append((code, vpp, list(Split).index(split), *cols))
     return np.array(rows, dtype=np.int64).reshape(-1, 6)
 
