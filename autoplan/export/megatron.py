@@ -80,8 +80,11 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
 
 
 def layout_string(split: tuple[int, ...]) -> str:
-    """--pipeline-model-parallel-layout: E embedding, t per layer, L loss, '|' between stages."""
-    chunks = [f"t*{n}" for n in split]
+    """--pipeline-model-parallel-layout: E embedding, t per layer, L loss, '|' between stages;
+    a first or last stage of no layer is "E" or "L" alone (Megatron-Core's
+    PipelineParallelLayerLayout.parse_str_to_list, megatron/core/transformer/
+    pipeline_parallel_layer_layout.py: stages may be empty, E first and L last exactly once)."""
+    chunks = [f"t*{n}" if n else "" for n in split]
     chunks[0] = "E" + chunks[0]
     chunks[-1] += "L"
     return "|".join(chunks)

@@ -21,6 +21,7 @@ from autoplan.plan import (
     RecomputePolicy,
     Schedule,
 )
+from autoplan.search.partition import deepspeed_layers
 
 SCRIPT = "pretrain_gpt.py"
 NULL_TOKENIZER_EXTRA = 1
@@ -79,9 +80,13 @@ def _pipeline_reasons(plan: Plan, model: ModelSpec) -> list[str]:
         why.append(f"schedule {pipe.schedule.value} vpp={pipe.vpp}: DeepSpeed's pipeline engine "
                    "runs only its own non-interleaved 1F1B schedule")
     split = stage_layers(plan, model)
-    if split is not None and len(set(split)) > 1:
-        why.append(f"uneven layers_per_stage {list(split)}: Megatron-DeepSpeed's GPTModelPipe "
-                   "partitions transformer layers evenly (partition_method type:transformer)")
+    if split is not None and len(set(split)) > 1 and pipe.vpp == 1:
+        theirs = deepspeed_layers(model.num_layers, p.pp)
+        if split != theirs:
+            why.append(f"layers_per_stage {list(split)}: Megatron-DeepSpeed's GPTModelPipe "
+                       "lets DeepSpeed partition the layers (partition_method type:transformer, "
+                       f"evenly where pp divides them), which gives {list(theirs)}; set that "
+                       "split")
     return why + stage_reasons(plan, model)
 
 
