@@ -70,16 +70,41 @@ def _moe_of(cfg: dict[str, Any], where: str, kind: str, num_layers: int) -> tupl
     if first % freq:
         raise ConfigError(f"{where} moe_layer_freq", f"{freq} does not divide "
                           f"first_k_dense_replace={first}", "autoplan cannot express this pattern")
-    if cfg.get("topk_method", "noaux_tc") not in ("noaux_tc", "greedy", "group_limited_greedy"):
-        raise ConfigError(f"{where} topk_method", f"got {show(cfg.get('topk_method'))}",
-                          "autoplan reads noaux_tc, greedy or group_limited_greedy")
     spec = MoESpec(_int(cfg, where, "n_routed_experts"), _int(cfg, where, "num_experts_per_tok"),
                    _int(cfg, where, "moe_intermediate_size"),
                    num_shared_experts=_int(cfg, where, "n_shared_experts", default=0) if
                    cfg.get("n_shared_experts") else 0,
-                   first_dense_layers=first, layer_freq=freq,
-                   router_aux_free=cfg.get("topk_method", "noaux_tc") == "noaux_tc")
+                   first_dense_layers=first, layer_freq=freq, **_deepseek_router(cfg, where))
     return spec, _int(cfg, where, "intermediate_size")
+
+
+DEEPSEEK_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid",
+                   "norm_topk_prob": True}
+"""The only DeepSeek-V3 router autoplan runs (the deepseek-ai/DeepSeek-V3 config.json's keys;
+transformers' DeepseekV3TopkRouter implements this one alone): absent keys read as these."""
+
+
+def _deepseek_router(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """MoESpec routing fields of a deepseek_v3 config. n_group, topk_group and
+    routed_scaling_factor default to transformers' DeepseekV3Config (8, 4, 2.5)."""
+    for key, want in DEEPSEEK_ROUTER.items():
+        got = cfg.get(key, want)
+        if got != want or type(got) is not type(want):
+            raise ConfigError(f"{where} {key}", f"got {show(got)}", "autoplan runs DeepSeek-V3's "
+                              "router alone: topk_method noaux_tc, scoring_func sigmoid, "
+                              "norm_topk_prob true")
+    groups = _int(cfg, where, "n_group", default=8)
+    per = _int(cfg, where, "topk_group", default=4)
+    scale = cfg.get("routed_scaling_factor", 2.5)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ConfigError(f"{where} routed_scaling_factor", f"got {show(scale)}",
+                          "expected a number")
+    if groups == 1 and per != 1:
+        raise ConfigError(f"{where} topk_group", f"{per} with n_group 1",
+                          "one group has no subset to choose: set topk_group 1")
+    return {"router_aux_free": True, "route_groups": groups,
+            "route_groups_per_token": per if groups > 1 else None,
+            "routed_scaling_factor": float(scale)}
 
 
 def _mla_of(cfg: dict[str, Any], where: str) -> MLASpec:

@@ -16,6 +16,20 @@ MAX_EXPERTS = 2**16
 ROUTER_DTYPES = ("fp32", "bf16", "fp16")
 """Precisions a router GEMM and its softmax/sigmoid may run in (Megatron-Core --moe-router-dtype
 offers fp32 and fp64 on top of the model's own; bf16/fp16 stand for 'the model's')."""
+DEEPSEEK_BIAS_UPDATE_RATE = 0.001
+"""Bias update speed gamma of DeepSeek-V3's pre-training (arXiv 2412.19437 §4.2)."""
+ROUTING_DEFAULTS = {"route_groups": 1, "route_groups_per_token": None,
+                    "routed_scaling_factor": 1.0,
+                    "router_bias_update_rate": DEEPSEEK_BIAS_UPDATE_RATE}
+"""MoESpec fields a saved model leaves out at their defaults, so that model files and plans
+written before they existed read back byte-identical (moe_dict)."""
+
+
+def moe_dict(data: dict) -> dict:
+    """A saved MoESpec mapping (yaml_io.to_dict) without the ROUTING_DEFAULTS at their
+    defaults."""
+    return {k: v for k, v in data.items()
+            if not (k in ROUTING_DEFAULTS and v == ROUTING_DEFAULTS[k])}
 
 
 def _count(field: str, value: object, low: int, high: int) -> int:
@@ -56,8 +70,23 @@ class MoESpec:
     """Stated factor by which the busiest expert's tokens exceed the mean (>= 1); the cost
     model prices the slowest rank's expert GEMMs and all-to-all at it."""
     router_aux_free: bool = False
-    """Load balancing by a per-expert bias rather than an auxiliary loss (DeepSeek-V3 §2.1.2);
-    adds E parameters per MoE layer."""
+    """DeepSeek-V3's router (arXiv 2412.19437 §2.1.2): sigmoid affinities, experts chosen by
+    affinity plus a per-expert bias that balances the load instead of an auxiliary loss, gates
+    the chosen affinities normalised; adds E (non-trained) values per MoE layer."""
+    route_groups: int = 1
+    """Groups the routed experts are split into for group-limited routing (HF `n_group`,
+    Megatron --moe-router-num-groups; DeepSeek-V3: 8, one per node of its EP 64); 1: none."""
+    route_groups_per_token: int | None = None
+    """Groups a token's experts may come from (HF `topk_group`, Megatron
+    --moe-router-group-topk; DeepSeek-V3: 4, "each token ... sent to at most 4 nodes");
+    chosen by the sum of each group's two highest scores. None: every group (route_groups 1)."""
+    routed_scaling_factor: float = 1.0
+    """Factor on the routed experts' gates (HF `routed_scaling_factor`, Megatron
+    --moe-router-topk-scaling-factor; DeepSeek-V3: 2.5)."""
+    router_bias_update_rate: float = DEEPSEEK_BIAS_UPDATE_RATE
+    """Bias update speed gamma of router_aux_free: after each step b_i += gamma * sign(mean load
+    - load_i) (§2.1.2; 0.001 for the first 14.3T tokens, §4.2; Megatron
+    --moe-router-bias-update-rate, default 1e-3). Only with router_aux_free."""
 
     def __post_init__(self) -> None:
         _count("model.moe.num_experts", self.num_experts, 1, MAX_EXPERTS)
@@ -84,6 +113,43 @@ class MoESpec:
         if not isinstance(self.router_aux_free, bool):
             raise ConfigError("model.moe.router_aux_free", f"got {show(self.router_aux_free)}",
                               "expected true or false")
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        """route_groups, route_groups_per_token, routed_scaling_factor, router_bias_update_rate."""
+        e, g = self.num_experts, _count("model.moe.route_groups", self.route_groups, 1,
+                                        self.num_experts)
+        if e % g:
+            raise ConfigError("model.moe.route_groups", f"{g} does not divide num_experts={e}",
+                              "choose a divisor of num_experts")
+        per = self.route_groups_per_token
+        if g == 1 and per not in (None, 1):
+            raise ConfigError("model.moe.route_groups_per_token", f"{show(per)} with "
+                              "route_groups=1", "set route_groups, or drop route_groups_per_token")
+        if g > 1:
+            if per is None:
+                raise ConfigError("model.moe.route_groups_per_token", f"missing with "
+                                  f"route_groups={g}", f"give an integer in [1, {g}]")
+            _count("model.moe.route_groups_per_token", per, 1, g)
+            if e // g < 2:  # a group's score is the sum of its two best experts' scores
+                raise ConfigError("model.moe.route_groups", f"{g} groups of {e // g} expert",
+                                  "group-limited routing needs at least 2 experts per group")
+            if self.experts_per_token > per * (e // g):
+                raise ConfigError("model.moe.route_groups_per_token",
+                                  f"{per} groups of {e // g} experts hold fewer than "
+                                  f"experts_per_token={self.experts_per_token}",
+                                  "allow more groups per token")
+        scale = self.routed_scaling_factor
+        if not _number(scale) or not 0.0 < scale <= 1e3:
+            raise ConfigError("model.moe.routed_scaling_factor", f"got {show(scale)}",
+                              "expected a number in (0, 1000]")
+        rate = self.router_bias_update_rate
+        if not _number(rate) or not 0.0 <= rate <= 1.0:
+            raise ConfigError("model.moe.router_bias_update_rate", f"got {show(rate)}",
+                              "expected a number in [0, 1]")
+        if rate != DEEPSEEK_BIAS_UPDATE_RATE and not self.router_aux_free:
+            raise ConfigError("model.moe.router_bias_update_rate", f"{rate} with "
+                              "router_aux_free=false", "set router_aux_free: true, or drop it")
 
     def is_moe_layer(self, i: int) -> bool:
         """Block i (0-based) routes to experts: past the dense ones, every layer_freq-th."""
@@ -93,6 +159,12 @@ class MoESpec:
     def moe_layers(self, num_layers: int) -> int:
         """How many of num_layers blocks are MoE."""
         return sum(self.is_moe_layer(i) for i in range(num_layers))
+
+    @property
+    def groups_per_token(self) -> int:
+        """Groups a token may be routed to (route_groups when not limited)."""
+        return self.route_groups if self.route_groups_per_token is None \
+            else self.route_groups_per_token
 
     @property
     def routed_share(self) -> float:
@@ -165,13 +237,16 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json: hidden 7168, 61 layers
         # (first_k_dense_replace 3, dense intermediate 18432), 128 heads, MLA (q_lora_rank 1536,
         # kv_lora_rank 512, qk_rope 64, qk_nope 128, v 128), 256 routed experts of 2048 + 1
-        # shared, top-8, sigmoid router with a bias (aux-loss-free), vocab 129280; 671B / 37B
+        # shared, top-8, sigmoid router with a bias (aux-loss-free, "topk_method": "noaux_tc",
+        # "scoring_func": "sigmoid", "norm_topk_prob": true) limited to "topk_group": 4 of
+        # "n_group": 8 groups, gates scaled by "routed_scaling_factor": 2.5, vocab 129280; 671B / 37B
         # active without the multi-token-prediction module, "activated" leaving out the input
         # embedding (36.63B; tests/unit/test_moe_spec.py) (DeepSeek-V3 report §4.2: 4K
         # pre-training sequences). head_dim 160 = (192 + 128) / 2, the attention core's width.
         moe("deepseek-v3", 61, 7168, 128, 128, 129280, 4096,
             MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3,
-                    router_aux_free=True),
+                    router_aux_free=True, route_groups=8, route_groups_per_token=4,
+                    routed_scaling_factor=2.5),
             ffn=18432, head_dim=160, mla=MLASpec(512, 64, 128, 128, q_lora_rank=1536)),
         # huggingface.co/openai/gpt-oss-120b/blob/main/config.json: hidden 2880, 36 layers, 64
         # heads of 64, 8 KV heads, 128 experts of 2880, top-4, attention and expert biases,
@@ -183,6 +258,14 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # CPU tests: 4 blocks, the first dense, 8 experts of 128, top-2, byte vocabulary.
         moe("tiny-moe", 4, 64, 4, 4, 256, 64, MoESpec(8, 2, 128, first_dense_layers=1),
             ffn=128),
+        # CPU tests of DeepSeek-V3's router: tiny-moe with one shared expert and the
+        # aux-loss-free sigmoid router over 4 groups of 2 experts, 2 groups per token, gates
+        # scaled by 2.5 as deepseek-v3's; the bias moves 10x faster than DeepSeek's 0.001 so
+        # that a few steps change the routing.
+        moe("tiny-moe-deepseek", 4, 64, 4, 4, 256, 64,
+            MoESpec(8, 2, 128, num_shared_experts=1, first_dense_layers=1, router_aux_free=True,
+                    route_groups=4, route_groups_per_token=2, routed_scaling_factor=2.5,
+                    router_bias_update_rate=0.01), ffn=128),
         # CPU tests of MLA: tiny-moe's dense blocks with DeepSeek-V3's kind of attention at
         # small widths (q and kv latents 32; per head 16 + 8 rotary for q/k, 16 for v, so
         # d_v < d_qk as in DeepSeek-V3's 128 < 192); head_dim 20 = (24 + 16) / 2, the attention

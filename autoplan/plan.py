@@ -14,6 +14,7 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec, load_model
+from autoplan.moe_spec import moe_dict
 from autoplan.yaml_io import (
     SCHEMA_VERSION,
     check_schema_version,
@@ -308,6 +309,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         for key in ("moe", "mla"):
             if out["model"].get(key) is None:
                 out["model"].pop(key, None)
+        if "moe" in out["model"]:  # routing fields at their defaults read as before
+            out["model"]["moe"] = moe_dict(out["model"]["moe"])
     for key in ("ep", "etp"):  # plans without expert parallelism read as before
         if out["parallel"].get(key) == 1:
             out["parallel"].pop(key)

@@ -32,6 +32,18 @@ def moe_reasons(plan: Plan, model: ModelSpec) -> list[str]:
     if plan.parallel.tp > 1 and not plan.sequence_parallel:
         why.append(f"tp={plan.parallel.tp} with experts and sequence_parallel false: Megatron "
                    "requires --sequence-parallel with tensor and expert parallelism; set it true")
+    if moe.route_groups > 1 and moe.experts_per_token != 2 * moe.groups_per_token:
+        # megatron/core/transformer/moe/moe_utils.py group_limited_topk scores a group by its
+        # top-(topk // group_topk) scores; DeepSeek-V3 (and autoplan) by its top 2
+        why.append(f"model.moe.route_groups={moe.route_groups} with experts_per_token="
+                   f"{moe.experts_per_token} and route_groups_per_token="
+                   f"{moe.groups_per_token}: Megatron scores a group by its top "
+                   "experts_per_token / route_groups_per_token experts, DeepSeek-V3 by its "
+                   "top 2; choose experts_per_token = 2 * route_groups_per_token")
+    if moe.router_aux_free and moe.experts_per_token == 1:
+        why.append("model.moe.router_aux_free with experts_per_token=1: Megatron leaves a "
+                   "single sigmoid gate unnormalised (topk_routing_with_score_function), "
+                   "DeepSeek-V3 normalises it to 1; route to 2 or more experts")
     if moe.router_dtype != "fp32":
         why.append(f"model.moe.router_dtype={moe.router_dtype}: Megatron's --moe-router-dtype "
                    "offers fp32 and fp64 (or the model's dtype when unset, which autoplan "
@@ -80,7 +92,13 @@ def moe_args(plan: Plan, model: ModelSpec) -> list[str]:
     if moe.capacity_factor is not None:
         a.append(f"--moe-expert-capacity-factor {moe.capacity_factor}")
     if moe.router_aux_free:  # DeepSeek-V3 §2.1.2: sigmoid affinities plus a per-expert bias
-        a += ["--moe-router-enable-expert-bias", "--moe-router-score-function sigmoid"]
+        a += ["--moe-router-enable-expert-bias", "--moe-router-score-function sigmoid",
+              f"--moe-router-bias-update-rate {moe.router_bias_update_rate:g}"]
+    if moe.route_groups > 1:
+        a += [f"--moe-router-num-groups {moe.route_groups}",
+              f"--moe-router-group-topk {moe.groups_per_token}"]
+    if moe.routed_scaling_factor != 1.0:  # applied after the gates' normalisation
+        a.append(f"--moe-router-topk-scaling-factor {moe.routed_scaling_factor:g}")
     return a
 
 
@@ -139,15 +157,40 @@ def moe_fields(f: Any, num_layers: int) -> dict[str, Any]:
     if dtype not in (None, "fp32"):
         raise ConfigError(f"{f.what} --moe-router-dtype", f"got {show(dtype)}",
                           "autoplan models fp32 (or unset) routers")
-    out["moe"] = {
+    out["moe"] = _routing_fields(f) | {
         "num_experts": experts, "experts_per_token": f.integer("--moe-router-topk", 2),
         "expert_ffn_hidden_size": width,
         "num_shared_experts": 0 if shared_total is None else shared_total // width,
         "first_dense_layers": first, "layer_freq": freq,
         "capacity_factor": (f.number("--moe-expert-capacity-factor", 1.0)
                             if f.text("--moe-expert-capacity-factor") is not None else None),
-        "router_aux_free": f.has("--moe-router-enable-expert-bias"),
     }
+    return out
+
+
+def _routing_fields(f: Any) -> dict[str, Any]:
+    """router_aux_free, route_groups(_per_token), routed_scaling_factor and the bias update
+    rate from Megatron's router flags. Megatron routes group-limited only when
+    --moe-router-group-topk is set (moe_utils.topk_routing_with_score_function)."""
+    aux_free = f.has("--moe-router-enable-expert-bias")
+    score = f.text("--moe-router-score-function", "softmax")
+    if aux_free != (score == "sigmoid"):
+        raise ConfigError(f"{f.what} --moe-router-score-function", f"{score} with"
+                          f"{'' if aux_free else 'out'} --moe-router-enable-expert-bias",
+                          "autoplan models sigmoid scores with the expert bias (DeepSeek-V3) "
+                          "and softmax without it")
+    out: dict[str, Any] = {"router_aux_free": aux_free}
+    rate = f.text("--moe-router-bias-update-rate")
+    if rate is not None:
+        out["router_bias_update_rate"] = f.number("--moe-router-bias-update-rate", 1e-3)
+    per = f.integer("--moe-router-group-topk")
+    if per is not None:
+        groups = f.integer("--moe-router-num-groups", 1)
+        out["route_groups"] = groups
+        out["route_groups_per_token"] = None if groups == per == 1 else per
+    scale = f.text("--moe-router-topk-scaling-factor")
+    if scale is not None:
+        out["routed_scaling_factor"] = f.number("--moe-router-topk-scaling-factor", 1.0)
     return out
 
 
