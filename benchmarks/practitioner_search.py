@@ -41,9 +41,10 @@ from autoplan.search_space import load_space
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from practitioner import DEFAULT_DATA, build, load_data, plan_summary  # noqa: E402
 
-EXPORT_TARGET = {"megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan",
-                 "deepspeed": "deepspeed"}
-"""The `autoplan export --to` target of each practitioner runtime (NeMo runs Megatron-Core)."""
+EXPORT_TARGET = {"megatron": "megatron", "megatron-deepep": "megatron", "nemo": "megatron",
+                 "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+"""The `autoplan export --to` target of each practitioner runtime (NeMo and Megatron-Core with
+the DeepEP dispatcher run Megatron-Core)."""
 EXPORT_FILE = {"megatron": "megatron_args.sh", "torchtitan": "autoplan_job.py",
                "deepspeed": "ds_config.json"}
 """The primary file each target writes (torchtitan imports its config as a Python module)."""

@@ -387,6 +387,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "pipeline_grad_sync": "every-microbatch", "schedules": ["1f1b"],
         "zero_stages": [0, 1, 2, 3], "hsdp_zero_stages": [],
         "layer_splits": ["even", "deepspeed"],
+        # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        # (deepspeed/runtime/pipe/engine.py asserts zero stage < 2)
+        "sharded_zero_with_pipeline": False,
     },
     "autoplan-cuda": {
         "description": "autoplan's own runtime on CUDA: FSDP2 (fp32 sharded params, fp32 "

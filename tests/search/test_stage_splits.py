@@ -105,3 +105,16 @@ def test_runtime_layer_splits_are_checked() -> None:
 
     with pytest.raises(ConfigError, match="runtime.layer_splits"):
         runtime_from_dict({"schema_version": 1, "name": "x", "layer_splits": ["balanced"]})
+
+
+def test_deepspeed_runtime_refuses_zero2_under_its_pipeline() -> None:
+    """DeepSpeed's PipelineEngine asserts ZeRO < 2, so --runtime deepspeed keeps pp > 1 plans
+    at ZeRO 0/1 and the export (which refuses ZeRO-2 with a pipeline) takes its winner."""
+    from autoplan.cost.runtime_rules import refusals
+    from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+
+    plan = Plan(model="gpt3-1.3b", cluster=ClusterRef("a100-sxm4-80gb", 8),
+                batch=Batch(1, 64), parallel=Parallel(dp=4, pp=2), zero_stage=2)
+    assert any("ZeRO stage 2 with a pipeline" in r
+               for r in refusals(plan, load_runtime("deepspeed")))
+    assert refusals(plan.replace(zero_stage=1), load_runtime("deepspeed")) == []
