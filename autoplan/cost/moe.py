@@ -9,12 +9,15 @@ and multi-head latent attention's projections in place of the standard ones. A d
 
 from __future__ import annotations
 
+from math import comb
+
 import numpy as np
 
 from autoplan.cost import comm, compute, params
 from autoplan.cost.rows import Rows
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
+from autoplan.moe_spec import MoESpec
 
 ALL_TO_ALLS_PER_LAYER = 4.0
 """Dispatch and combine in forward, and their mirror images in backward (Megatron-Core
@@ -150,24 +153,56 @@ def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float
         mla_block_forward_s(model, profile, peak, r)
 
 
+def _none_of(pool: float, part: float, k: int) -> float:
+    """P(k experts drawn evenly without replacement from `pool` miss a given `part` of them):
+    C(pool - part, k) / C(pool, k), as a product without big integers."""
+    out = 1.0
+    for i in range(k):
+        out *= max(pool - part - i, 0.0) / (pool - i)
+    return out
+
+
+def distinct_nodes(moe_spec: MoESpec, nodes: int) -> float:
+    """Expected nodes holding at least one of a token's k experts, its experts spread evenly
+    (E/N each, in order) over `nodes` nodes. Group-limited routing (route_groups G,
+    route_groups_per_token M: DeepSeek-V3 §2.1.2 node-limited routing, each token to at most
+    M = 4 nodes; HF n_group / topk_group) draws the k from the M chosen groups' M*E/G experts.
+    A node holding c = G/N whole groups has X of them chosen, X hypergeometric (G, c, M), and
+    misses all k with _none_of(M*E/G, X*E/G, k); a group over N/G nodes is chosen with
+    probability M/G and its node then misses with _none_of(M*E/G, E/N, k). Groups that neither
+    nest in nodes nor nodes in them are priced as ungrouped (more nodes: the safe side)."""
+    e, k = float(moe_spec.num_experts), moe_spec.experts_per_token
+    g, m = moe_spec.route_groups, moe_spec.route_groups_per_token or moe_spec.route_groups
+    if nodes <= 1:
+        return 1.0
+    if g > 1 and g % nodes == 0:
+        c, pool = g // nodes, m * e / g
+        hits = sum(comb(c, x) * comb(g - c, m - x) / comb(g, m) * (1.0 - _none_of(
+            pool, x * e / g, k)) for x in range(max(0, m - (g - c)), min(c, m) + 1))
+        return nodes * hits
+    if g > 1 and nodes % g == 0:
+        pool = m * e / g
+        return nodes * (m / g) * (1.0 - _none_of(pool, e / nodes, k))
+    return nodes * (1.0 - _none_of(e, e / nodes, k))
+
+
 def node_dedup_share(model: ModelSpec, r: Rows, gpus_per_node: int) -> np.ndarray:
     """Share of a token's cross-node expert copies a node-deduplicating dispatcher still sends
     through the NICs: it sends a token once to each other node holding one of its experts and
     forwards it to those experts over NVLink (DeepSeek-V3 report §3.2.2; DeepEP's internode
-    kernels). With k experts drawn evenly from E spread over the N nodes of the EP group (E/N
-    each), a given node holds none of them with probability q = C(E - E/N, k) / C(E, k)
-    (hypergeometric), so (N - 1)(1 - q) other nodes are sent one copy each instead of the
-    k (N - 1) / N copies an all-to-all sends: share = N (1 - q) / k, 1 inside one node.
-    Qwen3-235B (top-8 of 128) on EP 32 over 4 nodes: 0.45."""
+    kernels). Of the D = distinct_nodes nodes a token's k experts sit on, a share (N - 1)/N are
+    other nodes by symmetry, against the k (N - 1) / N copies an all-to-all sends: share =
+    D / k, 1 inside one node. Qwen3-235B (top-8 of 128, no groups) on EP 32 over 4 nodes:
+    0.45; DeepSeek-V3 (top-8 of 256 in 8 groups, 4 per token) on EP 64 over 8 nodes: 0.45
+    (0.66 were its routing not node-limited)."""
     moe = model.moe
     assert moe is not None
     per_node = comm.members_per_node(r.etp, r.ep, gpus_per_node)
     nodes = np.maximum(np.asarray(r.ep, float) / per_node, 1.0)
-    e, k = float(moe.num_experts), float(moe.experts_per_token)
-    off = e - e / nodes  # experts outside one node
-    # q = prod_{i<k} (off - i) / (e - i): C(off, k) / C(e, k) without big integers
-    q = np.prod([np.clip((off - i) / (e - i), 0.0, None) for i in range(int(k))], axis=0)
-    share = nodes * (1.0 - q) / k
+    k = moe.experts_per_token
+    uniq, where = np.unique(np.round(nodes), return_inverse=True)  # a few node counts
+    share = np.array([distinct_nodes(moe, int(n)) / k for n in uniq])[where].reshape(
+        np.shape(nodes))
     return np.where(nodes > 1.0, np.minimum(share, 1.0), 1.0)
 
 

@@ -173,8 +173,9 @@ def test_node_dedup_share_is_the_hypergeometric_expectation():
     assert float(moe.node_dedup_share(m, r, 8)[0]) == pytest.approx(0.4536, abs=1e-4)
     inside = _rows(_plan("qwen3-235b-a22b", 256, dp=128, tp=2, ep=8), m)
     assert float(moe.node_dedup_share(m, inside, 8)[0]) == 1.0  # EP 8 stays in one node
-    # more nodes than a token has experts: never above one copy per expert
+    # as many nodes as a token has experts (routing not node-limited): below one copy each
     ds = PRESETS["deepseek-v3"]
+    ds = ds.replace(moe=replace(ds.moe, route_groups=1, route_groups_per_token=None))
     wide = _rows(_plan("deepseek-v3", 2048, "h800-sxm-80gb", gbs=15360, dp=128, pp=16, ep=64),
                  ds)
     assert 0.5 < float(moe.node_dedup_share(ds, wide, 8)[0]) < 1.0
@@ -184,6 +185,29 @@ def test_node_dedup_share_is_the_hypergeometric_expectation():
     assert float(dedup[0]) < float(plain[0])
     same = moe.all_to_all_per_block_s(m, profile, inside, dedup_nodes=True)
     assert float(same[0]) == float(moe.all_to_all_per_block_s(m, profile, inside)[0])
+
+
+def test_node_limited_routing_sends_to_fewer_nodes():
+    """DeepSeek-V3: top-8 of 256 experts in 8 groups, 4 groups per token (node-limited)."""
+    from math import comb
+
+    ds = PRESETS["deepseek-v3"].moe
+    assert (ds.route_groups, ds.route_groups_per_token) == (8, 4)
+    free = replace(ds, route_groups=1, route_groups_per_token=None)
+    # 8 nodes, one group each: a node's group is chosen with 4/8, then misses the 8 of 128
+    q = comb(96, 8) / comb(128, 8)
+    assert moe.distinct_nodes(ds, 8) == pytest.approx(8 * 0.5 * (1 - q), rel=1e-12)
+    assert moe.distinct_nodes(free, 8) == pytest.approx(
+        8 * (1 - comb(224, 8) / comb(256, 8)), rel=1e-12)
+    # 4 nodes of two groups: X of a node's 2 groups among the 4 chosen of 8
+    p1, p2 = 2 * comb(6, 3) / comb(8, 4), comb(6, 2) / comb(8, 4)
+    want = 4 * (p1 * (1 - q) + p2 * (1 - comb(64, 8) / comb(128, 8)))
+    assert moe.distinct_nodes(ds, 4) == pytest.approx(want, rel=1e-12)
+    # 16 nodes, each group over two: chosen with 4/8, then misses the node's 16 of 128
+    assert moe.distinct_nodes(ds, 16) == pytest.approx(
+        16 * 0.5 * (1 - comb(112, 8) / comb(128, 8)), rel=1e-12)
+    assert moe.distinct_nodes(ds, 8) < moe.distinct_nodes(free, 8) <= 8
+    assert moe.distinct_nodes(ds, 1) == 1.0
 
 
 def test_deepep_runtime_sends_one_copy_per_node_only_across_nodes():
