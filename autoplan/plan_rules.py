@@ -359,10 +359,12 @@ RUNTIME_RULES: tuple[Rule, ...] = (
         "sequence, which context parallelism splits; set capacity_factor: null or cp: 1",
     ),
     Rule(
-        "runtime-moe-aux-free",
-        lambda t, m: np.bool_(m.moe is not None and m.moe.router_aux_free),
-        lambda t, i, m: "model.moe.router_aux_free=true: autoplan's runtime routes by top-k "
-        "softmax without a per-expert bias; set router_aux_free: false",
+        "runtime-moe-groups-softmax",
+        lambda t, m: np.bool_(m.moe is not None and m.moe.route_groups > 1
+                              and not m.moe.router_aux_free),
+        lambda t, i, m: f"model.moe.route_groups={m.moe.route_groups if m.moe else None} with "
+        "router_aux_free=false: autoplan's runtime limits routing to groups with DeepSeek-V3's "
+        "sigmoid router only; set router_aux_free: true or route_groups: 1",
     ),
     Rule(
         "runtime-hsdp-ep",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from autoplan.runtime.models.aux_free import update_expert_biases
 from autoplan.runtime.optim import (
     OptimConfig,
     build_optimizer,
@@ -148,6 +149,7 @@ class Trainer:
                 opt.step()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
+        update_expert_biases(pm.parts, pm.mesh, skipped)  # router_aux_free MoE layers only
         if skipped:
             log.warning("step %d: inf/NaN gradient at loss scale %g; optimizer step skipped, "
                         "scale now %g", self.step, scale, pm.loss_scaler.multiplier)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.model_spec import MlpKind, ModelSpec
+from autoplan.runtime.models.aux_free import ExpertBias, sigmoid_route
 from autoplan.runtime.models.layers import FeedForward
 
 ROUTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -133,6 +134,9 @@ class MoE(nn.Module):
     Gates: softmax over the k selected logits (Mixtral: mistral-src `moe.py`, `weights =
     softmax(topk(gate_logits))`; Hugging Face Qwen3-MoE with norm_topk_prob=True computes the
     same softmax-then-top-k-then-renormalise). No auxiliary load-balancing loss is added.
+    With router_aux_free, DeepSeek-V3's router instead (models/aux_free.py: sigmoid scores,
+    experts by score plus a per-expert bias within the allowed groups, normalised gates); the
+    gates of either are multiplied by routed_scaling_factor.
     """
 
     routes_tokens = True  # tensor_parallel: router and shared experts replicated over tp
@@ -147,6 +151,11 @@ class MoE(nn.Module):
         self.capacity_factor = moe.capacity_factor
         """None: dropless; else each expert keeps at most its capacity per sequence."""
         self.router = nn.Linear(spec.hidden_size, moe.num_experts, bias=spec.bias)
+        self.scale = moe.routed_scaling_factor
+        self.groups, self.groups_per_token = moe.route_groups, moe.groups_per_token
+        self.balance = ExpertBias(moe.num_experts, moe.router_bias_update_rate) \
+            if moe.router_aux_free else None
+        """router_aux_free: the load-balancing bias (a buffer) and this step's expert loads."""
         self.experts = Experts(spec)
         self.shared = None
         if moe.num_shared_experts:  # one MLP as wide as all shared experts (DeepSeekMoE §3.1)
@@ -166,16 +175,23 @@ class MoE(nn.Module):
         w = self.router.weight.to(self.router_dtype)
         b = None if self.router.bias is None else self.router.bias.to(self.router_dtype)
         logits = F.linear(tokens.to(self.router_dtype), w, b)  # (T, E)
+        fixed = None
         if self.router_kind == "token-index":
             pos = torch.arange(tokens.shape[0], device=tokens.device) % seq_len
             if self.context_parallel is not None:
                 pos = self.context_parallel.positions(seq_len, tokens.device)[pos]
-            chosen = token_index_experts(pos, self.top_k, self.num_experts)
-        else:
-            chosen = top_k_stable(logits.detach(), self.top_k)
+            fixed = token_index_experts(pos, self.top_k, self.num_experts)
+        if self.balance is not None:
+            gates, chosen = sigmoid_route(logits, self.balance.bias, self.top_k, self.groups,
+                                          self.groups_per_token, self.scale, fixed)
+            self.balance.count(chosen)
+            return gates.to(tokens.dtype), chosen
+        chosen = fixed if fixed is not None else top_k_stable(logits.detach(), self.top_k)
         picked = logits.gather(-1, chosen)  # softmax in at least fp32, as Mixtral's
         wide = torch.promote_types(picked.dtype, torch.float32)
         gates = torch.softmax(picked, dim=-1, dtype=wide)
+        if self.scale != 1.0:
+            gates = gates * self.scale
         return gates.to(tokens.dtype), chosen
 
     def routed_outputs(self, tokens: torch.Tensor, chosen: torch.Tensor,

@@ -31,8 +31,9 @@ def test_a_runnable_ep_plan_passes():
 @pytest.mark.parametrize("key,plan,spec,words", [
     ("runtime-moe-capacity", _plan(ep=2, cp=2), MoESpec(8, 2, 128, capacity_factor=1.25),
      "model.moe.capacity_factor=1.25 with parallel.cp=2"),
-    ("runtime-moe-aux-free", _plan(ep=2, dp=2), MoESpec(8, 2, 128, router_aux_free=True),
-     "router_aux_free"),
+    ("runtime-moe-groups-softmax", _plan(ep=2, dp=2),
+     MoESpec(8, 2, 128, route_groups=4, route_groups_per_token=2),
+     "model.moe.route_groups=4 with router_aux_free=false"),
     ("runtime-ep-tp-tokens", _plan(ep=2, dp=1, tp=2, mbs=1, gbs=2), None, "divisible by tp"),
     ("runtime-ep-tp-tokens", _plan(etp=2, tp=2, mbs=1, gbs=2), None, "etp=2 with tp=2"),
     ("runtime-hsdp-ep", _plan(ep=2, dp=4, dp_shard=2, zero=2, mbs=1), None,
@@ -54,8 +55,17 @@ def test_etp_is_no_longer_refused():
     assert "runtime-etp" not in RUNTIME_RULE_KEYS
 
 
+def test_deepseek_v3_router_is_no_longer_refused():
+    """router_aux_free runs (models/aux_free.py): deepseek-v3's EP plan and its tiny model."""
+    assert "runtime-moe-aux-free" not in RUNTIME_RULE_KEYS
+    for name in ("deepseek-v3", "tiny-moe-deepseek"):
+        spec = load_model(name)
+        assert spec.moe.router_aux_free and spec.moe.route_groups > 1
+        assert not runtime_limits(_plan(ep=2, dp=2), spec)
+
+
 def test_every_moe_runtime_rule_is_tested():
     """The MoE rules of RUNTIME_RULES, each refused above (the others have their own tests)."""
     assert set(RUNTIME_RULE_KEYS) >= {"runtime-moe-capacity",
-                                      "runtime-moe-aux-free",
+                                      "runtime-moe-groups-softmax",
                                       "runtime-ep-tp-tokens", "runtime-hsdp-ep"}
