@@ -149,7 +149,7 @@ class Trainer:
                 opt.step()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        update_expert_biases(pm.parts, pm.mesh, skipped)  # router_aux_free MoE layers only
+        update_expert_biases(pm.parts, pm.mesh, pm.n_microbatches, skipped)  # aux-free MoE
         if skipped:
             log.warning("step %d: inf/NaN gradient at loss scale %g; optimizer step skipped, "
                         "scale now %g", self.step, scale, pm.loss_scaler.multiplier)

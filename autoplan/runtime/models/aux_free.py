@@ -70,34 +70,47 @@ def sigmoid_route(logits: torch.Tensor, bias: torch.Tensor, k: int, groups: int,
 class ExpertBias(nn.Module):
     """One MoE layer's load-balancing bias b (E,), fp32: a persistent buffer, so checkpoints
     (DCP, by FQN `...feed_forward.balance.bias`) save and restore it and the initialiser zeroes
-    it (init.full_init_value: names ending in `bias` start at 0). `load` counts the tokens
-    routed to each expert since the last update (a plain attribute, not a buffer: DDP would
-    broadcast a buffer from rank 0)."""
+    it (init.full_init_value: names ending in `bias` start at 0). `loads` holds the tokens
+    routed to each expert by each training forward since the last update (a plain attribute,
+    not a buffer: DDP would broadcast a buffer from rank 0)."""
 
     def __init__(self, num_experts: int, rate: float) -> None:
         super().__init__()
         self.rate = rate
         self.register_buffer("bias", torch.zeros(num_experts, dtype=torch.float32))
-        self.load: torch.Tensor | None = None
+        self.loads: list[torch.Tensor] = []
 
-    @torch.no_grad()
     def count(self, chosen: torch.Tensor) -> None:
-        """Add this micro-batch's choices (T, k) to the load, once per forward: not again
-        when activation recomputation re-runs the forward inside backward (Megatron-Core's
-        router skips its recompute by torch.is_grad_enabled(), which non-reentrant
-        checkpointing leaves on; the autograd engine's task id tells instead)."""
-        if torch._C._current_graph_task_id() != -1:
+        """Record a training forward's choices (T, k) as a per-expert load (E,): not in
+        evaluation or under no_grad (as Megatron-Core's TopKRouter._apply_expert_bias), and
+        not when activation recomputation re-runs the forward inside backward (Megatron-Core
+        tells its reentrant recompute by torch.is_grad_enabled(); non-reentrant checkpointing,
+        autoplan's, leaves grad on, so the autograd engine's task id tells)."""
+        if not (self.training and torch.is_grad_enabled()) \
+                or torch._C._current_graph_task_id() != -1:
             return
-        counts = torch.bincount(chosen.reshape(-1), minlength=self.bias.numel())
-        self.load = counts if self.load is None else self.load + counts
+        self.loads.append(torch.bincount(chosen.detach().reshape(-1),
+                                         minlength=self.bias.numel()))
+
+    def step_load(self, micro_batches: int | None) -> torch.Tensor:
+        """This step's load (E,), int64: the sum over its last `micro_batches` forwards (None:
+        all). Earlier ones are not this step's micro-batches: torch.distributed.pipelining's
+        metadata inference (PipelineStage._forward_metadata_inference, torch 2.13) runs each
+        stage once on its first step's inputs, or on empty tensors, before the schedule runs
+        the real micro-batches. Clears the record."""
+        loads = self.loads if micro_batches is None else self.loads[-micro_batches:]
+        self.loads = []
+        if not loads:
+            return torch.zeros_like(self.bias, dtype=torch.long)
+        return torch.stack(loads).sum(0)
 
     @torch.no_grad()
     def apply_update(self, load: torch.Tensor) -> None:
         """b_i += rate * sign(mean load - load_i) (§2.1.2), load (E,) over the global batch.
-        The sign is taken on integers (sum(load) - E * load_i), so every rank agrees exactly."""
+        The sign is taken on integers (sum(load) - E * load_i), so every rank agrees exactly;
+        it is unchanged by scaling every load alike (counting each token twice)."""
         offset = load.sum() - load.numel() * load
         self.bias.add_(torch.sign(offset).to(self.bias.dtype), alpha=self.rate)
-        self.load = None
 
 
 def bias_modules(parts: list[nn.Module]) -> list[ExpertBias]:
@@ -110,21 +123,19 @@ def load_groups(mesh) -> list:
     return [mesh[name].get_group() for name in LOAD_MESH_DIMS if mesh[name].size() > 1]
 
 
-def update_expert_biases(parts: list[nn.Module], mesh, skipped: bool = False) -> None:
-    """After the optimizer step: sum every layer's load over the dp x cp ranks (one all-reduce
-    per mesh dimension for all layers together) and move each bias. A skipped step (fp16
-    overflow) forgets its load and leaves the biases. No collective where a rank has no
-    aux-free layer (its whole dp x cp group holds the same pipeline stage)."""
+def update_expert_biases(parts: list[nn.Module], mesh, micro_batches: int | None = None,
+                         skipped: bool = False) -> None:
+    """After the optimizer step: sum every layer's load of the step's `micro_batches` over
+    the dp x cp ranks (one all-reduce per mesh dimension for all layers together) and move
+    each bias. A skipped step (fp16 overflow) forgets its load and leaves the biases. No
+    collective where a rank has no aux-free layer (its whole dp x cp group holds the same
+    pipeline stage)."""
     layers = bias_modules(parts)
     if not layers:
         return
+    loads = torch.stack([m.step_load(micro_batches) for m in layers])  # (layers, E), int64
     if skipped:
-        for m in layers:
-            m.load = None
         return
-    loads = torch.stack([m.load if m.load is not None else torch.zeros_like(m.bias,
-                                                                             dtype=torch.long)
-                         for m in layers])  # (layers, E), int64
     if mesh is not None and dist.is_initialized():
         for group in load_groups(mesh):
             dist.all_reduce(loads, group=group)

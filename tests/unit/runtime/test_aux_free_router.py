@@ -118,7 +118,7 @@ def test_bias_is_a_buffer_without_gradient_and_the_router_gets_one():
     assert all("balance" not in n for n, _ in moe.named_parameters())
     moe(torch.randn(2, 8, 64)).sum().backward()
     assert moe.router.weight.grad is not None and moe.router.weight.grad.abs().sum() > 0
-    assert moe.balance.load.sum() == 2 * 8 * 2  # tokens x top-2
+    assert moe.balance.step_load(None).sum() == 2 * 8 * 2  # tokens x top-2
 
 
 def test_load_counted_once_under_recompute_and_the_update_balances_it():
@@ -126,19 +126,43 @@ def test_load_counted_once_under_recompute_and_the_update_balances_it():
     x = torch.randn(4, 16, 64, requires_grad=True)
     out = torch.utils.checkpoint.checkpoint(moe, x, use_reentrant=False)
     out.sum().backward()  # re-runs the forward inside backward
-    load = moe.balance.load.clone()
+    assert len(moe.balance.loads) == 1
+    load = moe.balance.loads[0].clone()
     assert load.sum() == 4 * 16 * 2
-    update_expert_biases([moe], mesh=None)
+    update_expert_biases([moe], mesh=None, micro_batches=1)
     mean = load.float().mean()
     want = torch.sign(mean - load.float()) * 0.01
-    assert torch.equal(moe.balance.bias, want) and moe.balance.load is None
+    assert torch.equal(moe.balance.bias, want) and not moe.balance.loads
+
+
+def test_a_step_counts_its_last_micro_batches_only():
+    """A forward before the step's micro-batches (the pipeline's metadata inference) is not
+    counted: the bias moves as for the two micro-batches alone."""
+    moe, twin = _moe(), _moe()
+    x = [torch.randn(1, 16, 64) for _ in range(3)]
+    for t in x:
+        moe(t)
+    for t in x[1:]:
+        twin(t)
+    update_expert_biases([moe], mesh=None, micro_batches=2)
+    update_expert_biases([twin], mesh=None)
+    assert moe.balance.bias.any() and torch.equal(moe.balance.bias, twin.balance.bias)
+
+
+def test_evaluation_is_not_counted():
+    moe = _moe()
+    with torch.no_grad():
+        moe(torch.randn(1, 8, 64))
+    moe.eval()
+    moe(torch.randn(1, 8, 64))
+    assert not moe.balance.loads
 
 
 def test_a_skipped_step_forgets_its_load():
     moe = _moe()
     moe(torch.randn(1, 8, 64))
     update_expert_biases([moe], mesh=None, skipped=True)
-    assert moe.balance.load is None and not moe.balance.bias.any()
+    assert not moe.balance.loads and not moe.balance.bias.any()
 
 
 def test_the_initialiser_zeroes_the_bias():
