@@ -13,6 +13,7 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
+from autoplan.moe_spec import moe_dict
 from autoplan.plan import Plan
 from autoplan.yaml_io import to_dict
 
@@ -24,7 +25,10 @@ _CAN = ("a different parallel layout (dp/tp/pp/cp, ZeRO, offload, recompute, pre
 
 
 def model_fields(spec: ModelSpec) -> dict[str, Any]:
-    return to_dict(spec)
+    out = to_dict(spec)
+    if out.get("moe") is not None:  # routing fields at their defaults: as saved before them
+        out["moe"] = moe_dict(out["moe"])
+    return out
 
 
 def layout_fields(plan: Plan) -> dict[str, Any]:

@@ -89,3 +89,17 @@ def test_hf_import_refuses_routers_autoplan_does_not_run(tmp_path, change, field
     with pytest.raises(ConfigError) as err:
         _load(tmp_path, {**DEEPSEEK_V3, **change})
     assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_checkpoints_saved_before_the_fields_still_resume():
+    """meta.json of a tiny-moe checkpoint written before the routing fields existed names the
+    same model (runtime/checkpoint_compat.model_changes); a changed routing field does not."""
+    from autoplan.runtime.checkpoint_compat import model_changes, model_fields
+
+    spec = load_model("tiny-moe")
+    old = model_fields(spec)
+    assert "route_groups" not in old["moe"]
+    assert not model_changes({"model": old}, spec)
+    deep = spec.replace(moe=MoESpec(8, 2, 128, first_dense_layers=1, router_aux_free=True,
+                                    route_groups=4, route_groups_per_token=2))
+    assert model_changes({"model": old}, deep)
