@@ -172,13 +172,12 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     crit["t_mb"] = np.choose(slowest, per_mb)
     # the bubble: a synchronous pipeline's first micro-batch crosses every rank before the
     # slowest runs the other m - 1, so the idle time is (sum of the ranks' t - t_max), which is
-    # (pp - 1) t_max for equal ranks (Narayanan et al. 2021 §2.2). A rank of no block (an
-    # embedding- or loss-only stage) fills its share in its own time; ranks between the two
-    # ends are bounded by the largest. Splits without an empty end keep (pp - 1) t_max.
+    # (pp - 1) t_max for equal ranks (Narayanan et al. 2021 §2.2). Every rank fills its share
+    # in its own time: an embedding- or loss-only stage briefly, a lighter end stage less than
+    # the slowest; ranks between the two ends are bounded by the largest.
     pp = np.maximum(r.pp, 2.0)
-    empty_end = (r.layers_first == 0) | (r.layers_last == 0)
     filled = (per_mb[0] + per_mb[2] + (pp - 2.0) * per_mb[1] - crit["t_mb"]) / (pp - 1.0)
-    crit["t_fill"] = np.where(empty_end, np.minimum(filled, crit["t_mb"]), crit["t_mb"])
+    crit["t_fill"] = np.minimum(filled, crit["t_mb"])
     crit["holds_head"] = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
     crit["norm_grad"] = tpc["norm_grad"]
     return crit
