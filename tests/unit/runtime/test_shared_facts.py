@@ -56,14 +56,17 @@ def test_cost_model_params_per_rank_are_the_runtimes(preset, vocab, tp, pp, vpp,
               for r in range(pp)]
     first, last = params.params_per_rank(spec, np.array(tp), np.array(pp), np.array(layers[0]),
                                          np.array(layers[-1]))
-    # the cost model splits every block tensor over tp and keeps the position table and the
-    # final norm whole on each rank: times tp, it counts those tp - 1 extra times
+    # the cost model splits every block tensor over tp but MLA's down projections, and keeps
+    # the position table and the final norm whole on each rank: times tp, it counts those
+    # tp - 1 extra times (tests/dist/test_mla_parity checks the MLA shards on real ranks)
     pos = int(params.embedding_params(spec, 0))
     final_norm = params.norm_params(spec)
-    extra_first = pos + (final_norm if pp == 1 else 0)
+    whole = params.tp_replicated_params(spec)
+    extra_first = pos + (final_norm if pp == 1 else 0) + layers[0] * whole
     assert float(first) * tp == pytest.approx(per_rank[0] + (tp - 1) * extra_first, abs=0.5)
     if pp > 1:
-        assert float(last) * tp == pytest.approx(per_rank[-1] + (tp - 1) * final_norm, abs=0.5)
+        extra_last = final_norm + layers[-1] * whole
+        assert float(last) * tp == pytest.approx(per_rank[-1] + (tp - 1) * extra_last, abs=0.5)
 
 
 def test_fsdp_units_are_blocks_plus_one_root_per_chunk() -> None:
