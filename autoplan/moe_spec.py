@@ -262,7 +262,7 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # aux-loss-free sigmoid router over 4 groups of 2 experts, 2 groups per token, gates
         # scaled by 2.5 as deepseek-v3's; the bias moves 10x faster than DeepSeek's 0.001 so
         # that a few steps change the routing.
-        moe("tiny-moe-deepseek", 4, 64, 4, 4, 256, 64,
+        moe("tiny-deepseek", 4, 64, 4, 4, 256, 64,
             MoESpec(8, 2, 128, num_shared_experts=1, first_dense_layers=1, router_aux_free=True,
                     route_groups=4, route_groups_per_token=2, routed_scaling_factor=2.5,
                     router_bias_update_rate=0.01), ffn=128),

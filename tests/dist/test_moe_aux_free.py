@@ -1,4 +1,4 @@
-"""DEEPSEEK-V3 ROUTER PARITY: tiny-moe-deepseek (sigmoid router over 4 groups of 2 experts, 2
+"""DEEPSEEK-V3 ROUTER PARITY: tiny-deepseek (sigmoid router over 4 groups of 2 experts, 2
 groups per token, gates scaled by 2.5, the load-balancing bias moving 0.01 a step) under expert
 parallelism matches one process over several steps (fp32 losses, gradients and parameters
 within 1e-5) with the learned router, so the bias updates change the routing; every rank ends
@@ -17,7 +17,7 @@ from tests.dist.test_moe_parity import moe_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 
-MODEL = "tiny-moe-deepseek"
+MODEL = "tiny-deepseek"
 STEPS = 4
 LR = 0.05  # SGD
 

@@ -46,7 +46,7 @@ def test_models_without_the_fields_save_as_before():
     text = dump_yaml(plan_to_dict(plan))
     for key in ("route_groups", "routed_scaling_factor", "router_bias_update_rate"):
         assert key not in text
-    deep = make_plan(load_model("tiny-moe-deepseek"))
+    deep = make_plan(load_model("tiny-deepseek"))
     data = plan_to_dict(deep)
     assert data["model"]["moe"]["route_groups"] == 4
     assert data["model"]["moe"]["router_bias_update_rate"] == 0.01

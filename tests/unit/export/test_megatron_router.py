@@ -64,11 +64,11 @@ def test_router_flags_autoplan_cannot_model_are_refused(tmp_path: Path, extra: s
 
 
 def test_group_scores_megatron_computes_otherwise_are_refused():
-    """tiny-moe-deepseek routes top-2 over 2 of 4 groups: Megatron would score each group by
+    """tiny-deepseek routes top-2 over 2 of 4 groups: Megatron would score each group by
     its top 2 / 2 = 1 expert, DeepSeek-V3 by its top 2."""
-    p = Plan(model="tiny-moe-deepseek", cluster=ClusterRef("h100-sxm-80gb", 2),
+    p = Plan(model="tiny-deepseek", cluster=ClusterRef("h100-sxm-80gb", 2),
              parallel=Parallel(dp=2, ep=2), batch=Batch(1, 8))
-    assert PRESETS["tiny-moe-deepseek"].moe.route_groups == 4
+    assert PRESETS["tiny-deepseek"].moe.route_groups == 4
     with pytest.raises(ConfigError) as err:
         export_plan(get_target("megatron"), p, p.model_spec(), ExportOptions(gpus_per_node=8))
     assert "route_groups=4" in str(err.value) and "\n" not in str(err.value)

@@ -37,7 +37,7 @@ def reference_route(logits: list[list[float]], bias: list[float], k: int, groups
 
 
 @pytest.mark.parametrize(("e", "k", "groups", "per_token", "scale"), [
-    (8, 2, 4, 2, 2.5),    # tiny-moe-deepseek
+    (8, 2, 4, 2, 2.5),    # tiny-deepseek
     (16, 4, 8, 2, 1.0),   # two of eight groups of two
     (12, 3, 1, 1, 1.5),   # no group limit
     (32, 8, 8, 4, 2.5),   # DeepSeek-V3's 8 of 4 groups at 1/8 the experts
@@ -102,7 +102,7 @@ def test_bias_update_matches_the_reference_and_a_wrong_sign_is_caught():
     assert _update_problems(wrong_sign)
 
 
-def _moe(name: str = "tiny-moe-deepseek") -> MoE:
+def _moe(name: str = "tiny-deepseek") -> MoE:
     torch.manual_seed(0)
     moe = MoE(load_model(name))
     for p in moe.parameters():
@@ -169,7 +169,7 @@ def test_the_initialiser_zeroes_the_bias():
     from autoplan.runtime.models.init import materialize_and_init
     from autoplan.runtime.models.transformer import build_meta_model
 
-    spec = load_model("tiny-moe-deepseek")
+    spec = load_model("tiny-deepseek")
     model = build_meta_model(spec)
     materialize_and_init(model, torch.device("cpu"), spec.num_layers, seed=0)
     biases = {k: v for k, v in model.state_dict().items() if k.endswith("balance.bias")}
