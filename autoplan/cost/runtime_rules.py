@@ -113,10 +113,15 @@ RULES: tuple[RuntimeRule, ...] = (
 
 
 def lacking(t: Table, traits: RuntimeTraits, model: ModelSpec) -> np.ndarray:
-    """Rows of a plan table that break any of the runtime's rules."""
+    """Rows of a plan table that break any of the runtime's rules (for autoplan's own runtime
+    also plan_rules.RUNTIME_RULES, what `autoplan train` refuses)."""
     bad = np.zeros(np.shape(t["pp"]), dtype=bool)
     for rule in RULES:
         bad |= np.asarray(rule.breaks(t, traits, model), dtype=bool)
+    if traits.own_runtime_rules:
+        from autoplan.plan_rules import RUNTIME_RULES, violations_of
+
+        bad |= violations_of(RUNTIME_RULES, t, model).any(axis=1)
     return bad
 
 
@@ -124,5 +129,10 @@ def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None) 
     """What of one plan the runtime cannot run, a line per rule it breaks."""
     model = model or plan.model_spec()
     row = plan_to_row(plan, model)
-    return [rule.message(row, traits) for rule in RULES
-            if bool(np.asarray(rule.breaks(row, traits, model))[0])]
+    out = [rule.message(row, traits) for rule in RULES
+           if bool(np.asarray(rule.breaks(row, traits, model))[0])]
+    if traits.own_runtime_rules:
+        from autoplan.plan_rules import runtime_limits
+
+        out += runtime_limits(plan, model)
+    return out

@@ -119,6 +119,11 @@ class RuntimeTraits:
     node, forwarded to its experts over NVLink (DeepEP's internode kernels; Megatron-Core
     --moe-token-dispatcher-type flex with the DeepEP backend; DeepSeek-V3 report §3.2.2), so a
     group across nodes sends moe.node_dedup_share of the copies through the NICs."""
+    own_runtime_rules: bool = False
+    """The runtime is autoplan's own (`autoplan train`): the limits only it has
+    (autoplan.plan_rules.RUNTIME_RULES: layernorm recompute under tp, a MoE capacity factor
+    with cp, HSDP with experts, ...) bind it too, so a search priced for it keeps to plans it
+    trains and `estimate` names what it would refuse."""
     comm_reserved_sms: int = 0
     """SMs the runtime keeps for its communication kernels for the whole step, so GEMMs and
     attention run on the rest: compute is priced at (sm_count - this) / sm_count of the
@@ -398,6 +403,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fused_swiglu": False, "selective": "all-but-gemms", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True, "kv_repeated": True,
+        "own_runtime_rules": True,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
@@ -410,7 +416,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fp32_sharded_params": True, "eager_host_overheads": True, "fsdp2_offload": True,
         "kv_repeated": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
-        "overlap_param_gather": False,
+        "overlap_param_gather": False, "own_runtime_rules": True,
     },
 }
 """Each preset cites its runtime's defaults in the field docstrings above; every field not set

@@ -192,3 +192,22 @@ def test_sms_kept_for_communication_slow_the_compute_and_need_an_sm_count(tmp_pa
     with pytest.raises(ConfigError, match="sm_count"):
         estimate_plan(cpu, runtime=replace(load_runtime("autoplan", on_cpu=True),
                                            comm_reserved_sms=4))
+
+
+def test_autoplan_runtime_refuses_what_autoplan_train_refuses() -> None:
+    """One rule set: the limits only autoplan's runtime has (plan_rules.RUNTIME_RULES) mask the
+    search and name the refusal in estimate for autoplan-cuda, and not for Megatron-LM."""
+    from autoplan.cost import runtime_rules
+    from autoplan.plan_rules import runtime_limits
+    from autoplan.plan_table import plan_to_row
+
+    plan = plan_from_dict({**LLAMA8B, "parallel": {"dp": 4, "tp": 2}, "sequence_parallel": True,
+                           "recompute": {"policy": "selective", "modules": ["layernorm"]}})
+    model = plan.model_spec()
+    assert runtime_limits(plan, model)  # autoplan train refuses it
+    row = plan_to_row(plan, model)
+    for name, refused in (("autoplan", True), ("megatron", False)):
+        traits = load_runtime(name)
+        assert bool(runtime_rules.lacking(row, traits, model)[0]) is refused
+        said = runtime_rules.refusals(plan, traits, model)
+        assert any("layernorm" in line for line in said) is refused
