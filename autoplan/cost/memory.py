@@ -163,8 +163,9 @@ def activation_elements_per_layer(
 def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     """Bytes a block keeps under one recompute kind (see runtimes.SelectiveKind)."""
     core_kept = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
-    if policy == "none":
-        return np.sum([parts[k] for k in (*core_kept, "core")], axis=0)
+    if policy == "none":  # `attn_upcast`: fp32 copies of an upcast attention core
+        return np.sum([parts[k] for k in (*core_kept, "core")], axis=0) + parts.get(
+            "attn_upcast", 0.0)
     if policy == "attention-core":  # Megatron: re-run the core, keep the rest
         return np.sum([parts[k] for k in core_kept], axis=0)
     if policy == "all-but-gemms":  # GEMM outputs (Q, K, V, the MLP's first GEMM, branches) and
@@ -204,7 +205,7 @@ def module_kept_bytes(parts: dict[str, np.ndarray], modules: np.ndarray, precisi
     fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
     m = np.asarray(modules, dtype=np.int64)
     core, mlp, norm = (m & CORE_ATTN) > 0, (m & MLP) > 0, (m & LAYERNORM) > 0
-    dropped = (np.where(core, parts["core"], 0.0)
+    dropped = (np.where(core, parts["core"] + parts.get("attn_upcast", 0.0), 0.0)
                + np.where(mlp, parts["mlp_act"] + parts["mlp_mid"], 0.0)
                + np.where(norm, parts["gemm_in"] + parts["norm"] - 2.0 * parts["input"], 0.0))
     return (_kept_bytes_16bit(parts, "none") - dropped) * scale - np.where(norm, 0.0, fixed)

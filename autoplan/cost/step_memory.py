@@ -31,6 +31,13 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
     parts = moe.routed_activation_parts(model, r, parts)  # unchanged for a dense model
     if precision == "fp8" and runtime.fp8_activations:
         parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS}}
+    parts["attn_upcast"] = 0.0 * parts["qkv"]
+    if not eager and precision in ("bf16", "fp16") and runtime.attention_precision(
+            precision) == "fp32":
+        # a 16-bit plan's core in fp32 (autoplan-cpu): the kernel keeps fp32 Q, K, V (twice
+        # the bytes) and its fp32 output beside the 16-bit cast the output projection keeps
+        # (three times): measured with saved-tensor hooks, tests/unit/runtime
+        parts["attn_upcast"] = parts["qkv"] + 2.0 * parts["attn_out"]
     return parts
 
 

@@ -135,3 +135,29 @@ def test_the_cast_bytes_priced_are_the_casts_the_core_runs(name):
              for i, j in enumerate(LoadBalancedLayout(cp, 0).chunks)]
     counted = _counted_cast_bytes(layer, q, k, v, calls)
     assert counted == attention_cast_bytes(spec, np.array(float(b * local)), one, np.array(2.0))
+
+
+def test_the_cost_model_keeps_the_upcast_cores_fp32_copies() -> None:
+    """A bf16 tiny block under autoplan-cpu (core in fp32) keeps more for backward than with the
+    core in bf16; the cost model's `attn_upcast` part is that difference, byte for byte."""
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.step_memory import activation_parts
+    from autoplan.plan import plan_from_dict
+    from autoplan.plan_table import plan_to_row
+    from autoplan.profiler.activations import saved_bytes
+
+    b = 4
+    spec, model = _bf16_model("tiny", AttentionKind.FLASH, "cpu")
+    block = model.layers["0"]
+    x = torch.randn(b, spec.seq_len, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    upcast = saved_bytes(block, x)
+    block.attention.compute_dtype = None
+    plain = saved_bytes(block, x)
+    plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 1},
+                           "precision": "bf16",
+                           "batch": {"micro_batch_size": b, "global_batch_size": b}})
+    traits = load_runtime("autoplan", on_cpu=True)
+    r = rows_of(plan_to_row(plan, spec), spec, "bf16", traits)
+    extra = float(np.ravel(activation_parts(spec, r, False, traits, "bf16")["attn_upcast"])[0])
+    assert upcast - plain == extra > 0
