@@ -140,8 +140,8 @@ def test_the_cast_bytes_priced_are_the_casts_the_core_runs(name):
 def test_the_cost_model_keeps_the_upcast_cores_fp32_copies() -> None:
     """A bf16 tiny block under autoplan-cpu (core in fp32) keeps more for backward than with the
     core in bf16; the cost model's `attn_upcast` part is that difference, byte for byte."""
-    from autoplan.cost.runtimes import load_runtime
     from autoplan.cost.rows import rows_of
+    from autoplan.cost.runtimes import load_runtime
     from autoplan.cost.step_memory import activation_parts
     from autoplan.plan import plan_from_dict
     from autoplan.plan_table import plan_to_row
