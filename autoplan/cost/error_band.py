@@ -80,6 +80,11 @@ def band_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = Fa
     fam = family(runtime)
     kind, scale = kind_of(r.tp, r.pp, r.cp, moe), scale_of(r.world, profile.gpus_per_node)
     out = np.full(np.shape(r.world), families.get(fam, default), dtype=float)
+    # a MoE plan is never given a dense band: without MoE runs of its own family and scale it
+    # takes the widest MoE band validated (every family's MoE residuals are MoE evidence),
+    # else the stated default
+    moe_bands = [b for (_, g_kind, _), b in groups.items() if g_kind == KINDS.index("moe")]
+    out = np.where(kind == KINDS.index("moe"), max(moe_bands, default=default), out)
     for (g_fam, g_kind, g_scale), band in groups.items():
         if g_fam == fam:
             out = np.where((kind == g_kind) & (scale == g_scale), band, out)

@@ -55,3 +55,25 @@ def test_error_bands_are_upper_bounds_that_widen_with_fewer_runs() -> None:
     assert bench.band_of(errors) > bench.rms(errors)  # an upper bound, not the RMS itself
     assert bench.band_of(errors * 4) < bench.band_of(errors)  # 16 runs pin it down better
     assert math.isnan(bench.band_of(errors[:2]))  # two runs bound nothing: no band of their own
+
+
+def test_a_moe_plan_never_takes_a_dense_band() -> None:
+    """autoplan-cuda borrows torchtitan's residuals, which hold no MoE run: a Mixtral plan
+    takes the MoE runs' band (Megatron's), not the dense family's ~7%."""
+    from autoplan.cost.error_band import KINDS, band_table
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.plan import plan_from_dict
+
+    _, families, groups = band_table()
+    moe_bands = [b for (_, kind, _), b in groups.items() if kind == KINDS.index("moe")]
+    assert moe_bands and max(moe_bands) > families["torchtitan"]
+    plan = plan_from_dict({"model": "mixtral-8x7b",
+                           "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
+                           "parallel": {"dp": 32, "pp": 2, "ep": 8},
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 512}})
+    dense = plan_from_dict({"model": "llama-3-8b",
+                            "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
+                            "parallel": {"dp": 32, "pp": 2},
+                            "batch": {"micro_batch_size": 1, "global_batch_size": 512}})
+    assert estimate_plan(plan).error_band == pytest.approx(max(moe_bands))
+    assert estimate_plan(dense).error_band < max(moe_bands)
