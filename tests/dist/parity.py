@@ -138,6 +138,27 @@ def run_plan_rank(rank: int, world_size: int, plan: Plan, steps: int, optim_name
 VOCAB_FQNS = ("embed.tok.weight", "output.weight")
 
 
+def one_step_setup(plan: Plan) -> tuple[Any, Any, Any, ModelSpec]:
+    """On a forked rank: `plan` parallelised on this rank's CPU mesh with SGD, and this rank's
+    first batch: (trainer, x, y, spec), for tests that watch one train_step's ops."""
+    import torch
+
+    from autoplan.runtime.data import SyntheticTokens, local_batch
+    from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank
+    from autoplan.runtime.optim import OptimConfig
+    from autoplan.runtime.parallelize import RuntimeOptions, parallelize
+    from autoplan.runtime.trainer import Trainer
+
+    spec = load_model(plan.model)
+    dims = ParallelDims.from_plan(plan)
+    mesh = build_mesh(dims, "cpu")
+    pm = parallelize(plan, spec, mesh, torch.device("cpu"), RuntimeOptions())
+    trainer = Trainer(pm, OptimConfig(name="sgd", lr=0.05))
+    source = SyntheticTokens(spec.vocab_size, spec.seq_len, seed=0)
+    x, y = local_batch(source, 1, plan.batch.global_batch_size, dims.dp, dp_rank(mesh, dims))
+    return trainer, x, y, spec
+
+
 def full_values(parts: list[Any], grad: bool, vocab: int | None = None) -> dict[str, np.ndarray]:
     """Gathered full parameters (or gradients) of this rank's chunks, by clean FQN; with
     `vocab`, the embedding and head without their padding rows (whose count depends on tp),

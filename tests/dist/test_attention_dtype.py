@@ -21,12 +21,7 @@ def _sdpa_dtypes_rank(rank: int, world_size: int, plan) -> list[str]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from autoplan.model_spec import load_model
-    from autoplan.runtime.data import SyntheticTokens, local_batch
-    from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank
-    from autoplan.runtime.optim import OptimConfig
-    from autoplan.runtime.parallelize import RuntimeOptions, parallelize
-    from autoplan.runtime.trainer import Trainer
+    from tests.dist.parity import one_step_setup
 
     seen: set[str] = set()
 
@@ -39,13 +34,7 @@ def _sdpa_dtypes_rank(rank: int, world_size: int, plan) -> list[str]:
                 seen.update(f"{'bwd' if 'backward' in name else 'fwd'} {t.dtype}" for t in qkv)
             return func(*args, **(kwargs or {}))
 
-    spec = load_model(plan.model)
-    dims = ParallelDims.from_plan(plan)
-    mesh = build_mesh(dims, "cpu")
-    pm = parallelize(plan, spec, mesh, torch.device("cpu"), RuntimeOptions())
-    trainer = Trainer(pm, OptimConfig(name="sgd", lr=0.05))
-    source = SyntheticTokens(spec.vocab_size, spec.seq_len, seed=0)
-    x, y = local_batch(source, 1, plan.batch.global_batch_size, dims.dp, dp_rank(mesh, dims))
+    trainer, x, y, _ = one_step_setup(plan)
     with Record():
         trainer.train_step(x, y)
     return sorted(seen)

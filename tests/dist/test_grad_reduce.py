@@ -27,13 +27,7 @@ def _wire_dtypes_rank(rank: int, world_size: int, plan) -> dict:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from autoplan.model_spec import load_model
-    from autoplan.runtime.data import SyntheticTokens, local_batch
-    from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank
-    from autoplan.runtime.optim import OptimConfig
-    from autoplan.runtime.parallelize import RuntimeOptions, parallelize
-    from autoplan.runtime.trainer import Trainer
-    from tests.dist.parity import full_values
+    from tests.dist.parity import full_values, one_step_setup
 
     seen: list[str] = []
 
@@ -47,14 +41,8 @@ def _wire_dtypes_rank(rank: int, world_size: int, plan) -> dict:
                             seen.append(str(t.dtype))
             return func(*args, **(kwargs or {}))
 
-    spec = load_model(plan.model)
-    dims = ParallelDims.from_plan(plan)
-    mesh = build_mesh(dims, "cpu")
-    pm = parallelize(plan, spec, mesh, torch.device("cpu"), RuntimeOptions())
-    trainer = Trainer(pm, OptimConfig(name="sgd", lr=0.05))
-    source = SyntheticTokens(spec.vocab_size, spec.seq_len, seed=0)
+    trainer, x, y, spec = one_step_setup(plan)
     grads: dict = {}
-    x, y = local_batch(source, 1, plan.batch.global_batch_size, dims.dp, dp_rank(mesh, dims))
     with WireDtypes():
         trainer.train_step(x, y, grad_hook=lambda tr, step: grads.update(
             full_values(tr.pm.parts, grad=True, vocab=spec.vocab_size)))
