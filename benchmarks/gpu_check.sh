@@ -30,6 +30,34 @@ fi
 
 # autoplan from this source tree (no install: pip could not fetch its build backend there).
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# The SM clock and power under the check's sustained load, twice a second: whether the
+# datasheet peak's clock holds under dense GEMMs (NVIDIA's HPL Rpeak for A100 used the
+# 1305 MHz it sustains at its power limit, not the 1410 MHz the 312 TFLOP/s peak assumes) is
+# what the cost model's systematic optimism on published runs turns on.
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
+    --format=csv,noheader -lms 500 > "$OUTDIR/clocks.csv" 2>/dev/null &
+CLOCKS=$!
 # 465 s hard stop: gpu_check.py plans for --budget-s 420 and writes its JSON after every plan.
 timeout -k 10 465 "$PY" benchmarks/gpu_check.py --budget-s 420 "$@" 2>&1 \
     | tee "$OUTDIR/gpu_check.log"
+status=${PIPESTATUS[0]}
+kill "$CLOCKS" 2>/dev/null
+# median SM clock and power over the samples drawing more than half the power limit (busy)
+"$PY" - "$OUTDIR/clocks.csv" <<'PYEOF' || true
+import statistics, sys
+rows = []
+for line in open(sys.argv[1]):
+    f = [x.strip().split()[0] for x in line.split(",")]
+    try:
+        rows.append((float(f[1]), float(f[2]), float(f[3]), float(f[4])))
+    except (ValueError, IndexError):
+        continue
+busy = [r for r in rows if r[2] > 0.5 * r[3]]
+if busy:
+    print(f"sustained under load: SM clock median {statistics.median(r[0] for r in busy):.0f} MHz "
+          f"of max {busy[0][1]:.0f} MHz, power median {statistics.median(r[2] for r in busy):.0f} W "
+          f"of {busy[0][3]:.0f} W limit, over {len(busy)} samples")
+else:
+    print(f"no busy clock samples among {len(rows)}")
+PYEOF
+exit "$status"
