@@ -195,17 +195,26 @@ def columns_of(lps: tuple[int, ...], pp: int, vpp: int,
     return per_rank[0], max(per_rank), per_rank[-1]
 
 
+@lru_cache(maxsize=64)
+def _path_flops(model: ModelSpec) -> tuple[np.ndarray, float, float]:
+    """(each block's, the embedding's, the head's) FLOPs per token along layer_graph's path,
+    built once per model: the search asks for them for every pipeline shape."""
+    g = layer_graph(model)
+    order = list(nx.topological_sort(g))
+    w = np.array([g.nodes[n]["flops"] for n in order if g.nodes[n]["blocks"]])
+    w.setflags(write=False)
+    return w, float(g.nodes[order[0]]["flops"]), float(g.nodes[order[-1]]["flops"])
+
+
 def heaviest_rank_flops(model: ModelSpec, lps: tuple[int, ...], pp: int, vpp: int,
                         zero_bubble: bool = False) -> float:
     """FLOPs per token of the most loaded pipeline rank (embedding on stage 0, head on the last
     stage, also when those stages hold no block), the quantity the balanced split minimises."""
-    g = layer_graph(model)
-    order = list(nx.topological_sort(g))
-    w = np.array([g.nodes[n]["flops"] for n in order if g.nodes[n]["blocks"]])
+    w, embed, head = _path_flops(model)
     bounds = np.concatenate([[0], np.cumsum(lps)])
     stage = [float(w[bounds[k]:bounds[k + 1]].sum()) for k in range(len(lps))]
-    stage[0] += g.nodes[order[0]]["flops"]
-    stage[-1] += g.nodes[order[-1]]["flops"]
+    stage[0] += embed
+    stage[-1] += head
     return max(sum(stage[s] for s in ss) for ss in rank_stages(pp, vpp, zero_bubble))
 
 
