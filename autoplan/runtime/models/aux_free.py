@@ -26,9 +26,11 @@ tp x cp x dp (moe_utils.get_updated_expert_bias) because its tp ranks route thei
 sequence-parallel shard. ep folds into dp x cp x tp and adds no ranks of its own."""
 
 
-def _stable_top(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (T, k) of the k largest entries per row, ties to the lower index."""
-    return torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+def top_k_stable(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (T, k) of the k largest logits per row; ties go to the lower expert index (a
+    stable descending sort), so the choice does not depend on the kernel. Both routers use it
+    (models/moe.py imports it from here)."""
+    return torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
 def choose_experts(biased: torch.Tensor, k: int, groups: int, groups_per_token: int
@@ -44,10 +46,10 @@ def choose_experts(biased: torch.Tensor, k: int, groups: int, groups_per_token: 
         per_group = biased.view(t, groups, e // groups)
         score = per_group.topk(GROUP_SCORE_EXPERTS, dim=-1).values.sum(-1)  # (T, G)
         keep = torch.zeros(t, groups, dtype=torch.bool, device=biased.device)
-        keep.scatter_(1, _stable_top(score, groups_per_token), True)
+        keep.scatter_(1, top_k_stable(score, groups_per_token), True)
         allowed = keep.repeat_interleave(e // groups, dim=1)  # (T, E)
         biased = biased.masked_fill(~allowed, float("-inf"))
-    return _stable_top(biased, k)
+    return top_k_stable(biased, k)
 
 
 def sigmoid_route(logits: torch.Tensor, bias: torch.Tensor, k: int, groups: int,

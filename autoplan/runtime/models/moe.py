@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.model_spec import MlpKind, ModelSpec
-from autoplan.runtime.models.aux_free import ExpertBias, sigmoid_route
+from autoplan.runtime.models.aux_free import ExpertBias, sigmoid_route, top_k_stable
 from autoplan.runtime.models.layers import FeedForward
 
 ROUTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -89,12 +89,6 @@ class Experts(nn.Module):
 def local_dispatch(experts: Experts, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """All experts on this rank: run them on the expert-sorted rows."""
     return experts(routed, counts.tolist())
-
-
-def top_k_stable(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (T, k) of the k largest logits per row; ties go to the lower expert index (a
-    stable descending sort), so the choice does not depend on the kernel."""
-    return torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
 def token_index_experts(positions: torch.Tensor, k: int, num_experts: int) -> torch.Tensor:
