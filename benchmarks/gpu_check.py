@@ -4,7 +4,8 @@
    (a free name: -2, -3, ... when one exists; nothing is overwritten).
 2. Llama 3.2 1B (benchmarks/data/llama-3.2-1b.yaml) trains with `autoplan train` for each plan
    of PLANS on one GPU: bf16, recompute none / selective / full, micro-batch 1 / 2 / 4,
-   optimizer offload (ZeRO-Offload) on.
+   optimizer offload (ZeRO-Offload) on, and fp8 through torchao's float8 layers where the GPU
+   and torchao allow it (skipped with the runtime's own reason where they do not).
 3. Per plan: step time, peak memory and MFU predicted with the datasheet profile and with the
    fresh measured one, against the measurement; the median errors last. All of it goes to
    $OUT/gpu_check.json (or --json) after every plan, and the measured profile is copied to $OUT.
@@ -40,25 +41,28 @@ PLANS: tuple[dict[str, Any], ...] = (  # most informative first: a late one may 
     {"recompute": "none", "mbs": 2},
     {"recompute": "selective", "mbs": 2},
     {"recompute": "full", "mbs": 2},
+    {"recompute": "none", "mbs": 2, "precision": "fp8"},
     {"recompute": "none", "mbs": 1},
     {"recompute": "none", "mbs": 4},
     {"recompute": "full", "mbs": 4},
     {"recompute": "none", "mbs": 2, "offload": True},
 )
-DRY_RUN_PLANS = (3, 1, 5, 6)
-"""--dry-run's subset: each recompute policy, each micro-batch size and offload once."""
+DRY_RUN_PLANS = (4, 1, 6, 7, 3)
+"""--dry-run's subset: each recompute policy, each micro-batch size, offload once, and the fp8
+plan, which a CPU skips with the runtime's reason."""
 MIN_PLAN_S = 45.0
 """A plan is not started with less of the budget left: start-up and init alone take ~30 s."""
 
 
 def label(knobs: dict[str, Any]) -> str:
-    return f"{knobs['recompute']} mbs{knobs['mbs']}" + (" offload" if knobs.get("offload") else "")
+    return (f"{knobs['recompute']} mbs{knobs['mbs']}" + (" offload" if knobs.get("offload") else "")
+            + (f" {knobs['precision']}" if knobs.get("precision") else ""))
 
 
 def plan_data(model: str, profile: str, knobs: dict[str, Any], gbs: int, precision: str
               ) -> dict[str, Any]:
-    """A one-GPU plan. Optimizer offload needs ZeRO >= 1 (plan_rules); ZeRO-Offload is stage 2
-    (Ren et al. 2021)."""
+    """A one-GPU plan in `precision` unless the knobs name their own. Optimizer offload needs
+    ZeRO >= 1 (plan_rules); ZeRO-Offload is stage 2 (Ren et al. 2021)."""
     offload = bool(knobs.get("offload"))
     return {"schema_version": 1, "model": model,
             "cluster": {"profile": profile, "num_gpus": 1},
@@ -67,7 +71,7 @@ def plan_data(model: str, profile: str, knobs: dict[str, Any], gbs: int, precisi
             "offload": {"optimizer": offload, "params": False},
             "recompute": {"policy": knobs["recompute"]},
             "batch": {"micro_batch_size": knobs["mbs"], "global_batch_size": gbs},
-            "precision": precision, "attention": "flash"}
+            "precision": knobs.get("precision", precision), "attention": "flash"}
 
 
 # -- pure helpers (tests/unit/test_gpu_check.py) -----------------------------------------------
@@ -154,6 +158,14 @@ def predict(plan: Any, profile_ref: str | None, device_type: str) -> dict[str, A
             "reasons": list(est.reasons), "model_flops_per_step": est.model_flops_per_step}
 
 
+def runtime_problem(plan: Any) -> str | None:
+    """Why `autoplan train` would refuse `plan` on this machine before starting (the runtime's
+    fp8 rule: a GPU with fp8 tensor cores and torchao), or None."""
+    from autoplan.runtime.float8 import fp8_problem
+
+    return fp8_problem(plan)
+
+
 def run_profile(args: argparse.Namespace, out: Path, name: str, timeout_s: float
                 ) -> tuple[dict[str, Any] | None, str]:
     """`autoplan profile --quick` through the CLI; (its JSON summary, '') or (None, why)."""
@@ -236,7 +248,11 @@ def run_plans(args: argparse.Namespace, work: Path, datasheet: str, measured: st
         row: dict[str, Any] = {"plan": label(knobs), **knobs, "steps": steps,
                                "predicted": predicted, "reason": ""}
         left = deadline - time.monotonic()
-        if left < MIN_PLAN_S or failures >= args.max_failures:
+        cannot = runtime_problem(plan)
+        if cannot:  # the runtime's own refusal (no fp8 tensor cores, no torchao): not a failure
+            row["status"], row["reason"] = "skipped", cannot
+            outcome = None
+        elif left < MIN_PLAN_S or failures >= args.max_failures:
             row["status"] = "skipped"
             row["reason"] = ("time budget spent" if left < MIN_PLAN_S
                              else f"{failures} plans failed before it")

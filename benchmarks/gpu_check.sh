@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # benchmarks/gpu_check.py on a machine with one CUDA GPU, as one command for the device tool:
 #   run(command="bash benchmarks/gpu_check.sh", timeout_s=540)
-# optionally with carry=[".gpu_wheels"] (optuna and its missing dependencies as Python 3.12
-# wheels; the check itself imports no optuna). Extra arguments go to gpu_check.py, e.g.
+# optionally with carry=[".gpu_wheels"] (Python 3.12 wheels: optuna and its missing
+# dependencies, which the check itself never imports, and torchao 0.16.0, the release built
+# against torch 2.11 (pytorch/ao issue #2919's matrix: 0.13 -> 2.8, 0.14 -> 2.9, 0.15 -> 2.10),
+# for the fp8 plan). Extra arguments go to gpu_check.py, e.g.
 # `bash benchmarks/gpu_check.sh --budget-s 300` for a shorter run.
 # Writes under $OUT: gpu_check.json, gpu_check.log and the measured profile (<name>-measured.yaml);
 # the lead copies that profile into profiles/.
@@ -18,8 +20,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'available', torch.cuda.is_available())" || exit 2
 
-# Carried wheels, only where present and optuna is missing (never needed by this check).
-if [ -d .gpu_wheels ] && ! "$PY" -c "import optuna" 2>/dev/null; then
+# Carried wheels, only where present and optuna or torchao is missing (torchao: the fp8 plan,
+# which gpu_check.py skips with the runtime's own reason when it cannot run).
+if [ -d .gpu_wheels ] && ! "$PY" -c "import optuna, torchao" 2>/dev/null; then
     if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .gpu_wheels/*.whl; then
         export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

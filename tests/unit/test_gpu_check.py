@@ -79,20 +79,25 @@ def test_errors_mfu_and_their_medians(gc) -> None:
     assert s["measured_mfu_median"] == pytest.approx(0.05)  # 0.1, 0.05, 0.025
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(8))
 def test_every_plan_of_the_check_is_valid_on_one_gpu(gc, index: int) -> None:
     from autoplan.hardware import ClusterSpec, load_profile
-    from autoplan.runtime.validation import check_plan
+    from autoplan.runtime.validation import check_plan, runtime_problems
 
     knobs = gc.PLANS[index]
     plan = plan_from_dict(gc.plan_data(str(gc.MODEL_1B), "h200-sxm-141gb", knobs, 8, "bf16"))
     spec = load_model(str(gc.MODEL_1B))
     assert spec.num_layers == 16 and spec.vocab_size == 128256 and spec.tie_embeddings
-    check_plan(plan, spec, 1)  # the runtime's rules: raises on a plan it cannot run
+    problem = gc.runtime_problem(plan)  # fp8 without the GPU or torchao: the only refusal
+    if problem is None:
+        check_plan(plan, spec, 1)  # the runtime's rules: raises on a plan it cannot run
+    else:
+        assert runtime_problems(plan, spec) == [problem]
     reasons = validate_plan(plan, spec, ClusterSpec(load_profile("h200-sxm-141gb"), 1))
     assert reasons == []
     assert plan.recompute.policy.value == knobs["recompute"]
     assert plan.offload.optimizer is bool(knobs.get("offload"))
+    assert plan.precision.value == knobs.get("precision", "bf16")
 
 
 def test_the_dry_run_model_is_the_1b_family_in_small(gc) -> None:
@@ -111,3 +116,18 @@ def test_the_plans_cover_what_the_issue_asks(gc) -> None:
     dry = [gc.PLANS[i] for i in gc.DRY_RUN_PLANS]
     assert {k["recompute"] for k in dry} == policies and {k["mbs"] for k in dry} == sizes
     assert any(k.get("offload") for k in dry)
+    assert [k for k in gc.PLANS if k.get("precision") == "fp8"] == [
+        k for k in dry if k.get("precision") == "fp8"] != []  # issue #12: fp8 on the GPU check
+
+
+def test_the_fp8_plan_is_skipped_with_the_runtimes_reason_where_it_cannot_run(gc) -> None:
+    import torch
+
+    fp8 = next(k for k in gc.PLANS if k.get("precision") == "fp8")
+    plan = plan_from_dict(gc.plan_data(str(gc.MODEL_1B), "h200-sxm-141gb", fp8, 8, "bf16"))
+    bf16 = plan_from_dict(gc.plan_data(str(gc.MODEL_1B), "h200-sxm-141gb",
+                                       {"recompute": "none", "mbs": 2}, 8, "bf16"))
+    assert gc.runtime_problem(bf16) is None
+    if not torch.cuda.is_available():
+        assert "fp8 needs a CUDA GPU" in gc.runtime_problem(plan)
+
