@@ -117,6 +117,16 @@ def _mla_of(cfg: dict[str, Any], where: str) -> MLASpec:
         q_lora_rank=None if q_rank is None else _int(cfg, where, "q_lora_rank"))
 
 
+def _mtp_layers(cfg: dict[str, Any], where: str) -> int:
+    """Multi-token-prediction depth: `num_nextn_predict_layers` (DeepseekV3Config; the
+    deepseek-ai/DeepSeek-V3 config.json sets 1, README_WEIGHTS.md), 0 when absent."""
+    value = cfg.get("num_nextn_predict_layers", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where} num_nextn_predict_layers", f"got {show(value)}",
+                          "expected a non-negative integer")
+    return value
+
+
 def from_moe_config(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
     """A ModelSpec with `moe` (and for DeepSeek-V3 `mla`) from a config of MOE_FAMILIES."""
     base = _llama_like(cfg, where, name, kind)
@@ -130,5 +140,6 @@ def from_moe_config(cfg: dict[str, Any], where: str, name: str, kind: str) -> Mo
     if kind == "deepseek_v3":
         mla = _mla_of(cfg, where)
         changes.update(mla=mla, num_kv_heads=base.num_heads,
-                       head_dim=(mla.qk_head_dim + mla.v_head_dim) // 2)
+                       head_dim=(mla.qk_head_dim + mla.v_head_dim) // 2,
+                       mtp_layers=_mtp_layers(cfg, where))
     return base.replace(**changes)

@@ -85,6 +85,13 @@ class ModelSpec:
     mla: MLASpec | None = None
     """Multi-head latent attention (autoplan.moe_spec); None: standard (grouped-query)
     attention. With MLA, head_dim is the attention core's mean width (qk + v) / 2."""
+    mtp_layers: int = 0
+    """Multi-token prediction depth D (DeepSeek-V3 report §2.2; HF `num_nextn_predict_layers`,
+    Megatron --mtp-num-layers): each depth adds one block after the last (of the kind block
+    num_layers + d would be), a 2h -> h projection of [norm(h); norm(embedding)] and two
+    RMSNorms, shares the embedding and the output head, and adds a cross-entropy loss on the
+    last pipeline stage. Its parameters are counted apart from the main model's
+    (cost.params.mtp_params). 0: none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isprintable() or not self.name.strip():
@@ -108,6 +115,10 @@ class ModelSpec:
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         _positive("model.head_dim", self.head_dim)
+        if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or not (
+                0 <= self.mtp_layers <= self.num_layers):
+            raise ConfigError("model.mtp_layers", f"got {show(self.mtp_layers)}",
+                              f"expected an integer from 0 to num_layers={self.num_layers}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
         assert self.num_kv_heads is not None

@@ -207,8 +207,8 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
 
     def moe(name: str, layers: int, hidden: int, heads: int, kv: int, vocab: int, seq: int,
             spec: MoESpec, ffn: int | None = None, head_dim: int | None = None,
-            bias: bool = False, mla: MLASpec | None = None) -> ModelSpec:
-        return ModelSpec(
+            bias: bool = False, mla: MLASpec | None = None, mtp_layers: int = 0) -> ModelSpec:
+        return ModelSpec(mtp_layers=mtp_layers,
             name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
             ffn_hidden_size=ffn or spec.expert_ffn_hidden_size, vocab_size=vocab, seq_len=seq,
             mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=bias,
@@ -243,11 +243,14 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # active without the multi-token-prediction module, "activated" leaving out the input
         # embedding (36.63B; tests/unit/test_moe_spec.py) (DeepSeek-V3 report §4.2: 4K
         # pre-training sequences). head_dim 160 = (192 + 128) / 2, the attention core's width.
+        # "num_nextn_predict_layers": 1, one multi-token-prediction module (report §2.2, D = 1;
+        # README_WEIGHTS.md: 11.5B unique parameters besides the shared embedding and head).
         moe("deepseek-v3", 61, 7168, 128, 128, 129280, 4096,
             MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3,
                     router_aux_free=True, route_groups=8, route_groups_per_token=4,
                     routed_scaling_factor=2.5),
-            ffn=18432, head_dim=160, mla=MLASpec(512, 64, 128, 128, q_lora_rank=1536)),
+            ffn=18432, head_dim=160, mla=MLASpec(512, 64, 128, 128, q_lora_rank=1536),
+            mtp_layers=1),
         # huggingface.co/openai/gpt-oss-120b/blob/main/config.json: hidden 2880, 36 layers, 64
         # heads of 64, 8 KV heads, 128 experts of 2880, top-4, attention and expert biases,
         # vocab 201088 (o200k_harmony); 116.8B / 5.13B active (gpt-oss model card, Table 1,

@@ -309,6 +309,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         for key in ("moe", "mla"):
             if out["model"].get(key) is None:
                 out["model"].pop(key, None)
+        if out["model"].get("mtp_layers") == 0:  # models without MTP read as before
+            out["model"].pop("mtp_layers")
         if "moe" in out["model"]:  # routing fields at their defaults read as before
             out["model"]["moe"] = moe_dict(out["model"]["moe"])
     for key in ("ep", "etp"):  # plans without expert parallelism read as before

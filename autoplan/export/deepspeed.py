@@ -38,6 +38,9 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             "(deepspeed.moe.layer.MoE with its own ep_size) that ds_config.json cannot state; "
             "export to megatron"
         )
+    if model.mtp_layers:
+        why.append(f"model.mtp_layers={model.mtp_layers}: DeepSpeed has no multi-token-"
+                   "prediction module; export to megatron (--mtp-num-layers)")
     if p.cp > 1:
         why.append(
             f"cp={p.cp}: DeepSpeed's sequence parallelism (Ulysses) is an all-to-all head split, "

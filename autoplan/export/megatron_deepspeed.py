@@ -40,6 +40,9 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
         why.append(f"model {model.name} has experts or latent attention: Megatron-DeepSpeed's "
                    "MoE is DeepSpeed-MoE (--num-experts), not the layers the plan was costed "
                    "for; export to megatron")
+    if model.mtp_layers:
+        why.append(f"model.mtp_layers={model.mtp_layers}: Megatron-DeepSpeed has no "
+                   "multi-token-prediction module; export to megatron (--mtp-num-layers)")
     if p.cp > 1:
         why.append(f"cp={p.cp}: Megatron-DeepSpeed has no ring context parallelism; its "
                    "--ds-sequence-parallel-size is DeepSpeed-Ulysses, an all-to-all head split")

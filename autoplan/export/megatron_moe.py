@@ -65,8 +65,10 @@ def layer_freq(model: ModelSpec) -> str:
 
 
 def moe_args(plan: Plan, model: ModelSpec) -> list[str]:
-    """MoE and MLA flags of a plan `moe_reasons` accepted ([] for a dense model)."""
+    """MoE, MLA and MTP flags of a plan `moe_reasons` accepted ([] for a dense model)."""
     a: list[str] = []
+    if model.mtp_layers:  # DeepSeek-V3 §2.2; megatron/training/arguments.py network size args
+        a.append(f"--mtp-num-layers {model.mtp_layers}")
     if model.mla is not None:
         mla = model.mla
         a.append("--multi-latent-attention")
@@ -127,6 +129,9 @@ def moe_fields(f: Any, num_layers: int) -> dict[str, Any]:
     """`moe` and `mla` model fields from the flags (empty for a dense model). `f` is
     megatron_import's Flags reader."""
     out: dict[str, Any] = {}
+    depth = f.integer("--mtp-num-layers")
+    if depth:  # multi-token prediction (None and 0: none)
+        out["mtp_layers"] = depth
     if f.has("--multi-latent-attention"):
         out["mla"] = {"q_lora_rank": f.integer("--q-lora-rank"),
                       "kv_lora_rank": f.integer("--kv-lora-rank", 32),  # Megatron's defaults

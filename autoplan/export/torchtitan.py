@@ -65,6 +65,9 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
             "own registered models (deepseek_v3, qwen3, llama4 flavors), which this export does "
             "not write (it writes Llama 3); export to megatron"
         )
+    if model.mtp_layers:
+        why.append(f"model.mtp_layers={model.mtp_layers}: the Llama 3 model this export writes "
+                   "has no multi-token-prediction module; export to megatron (--mtp-num-layers)")
     found = flavor(model)
     if found is None or (fmt == "toml" and found[0] not in TOML_FLAVORS):
         why.append(

@@ -84,6 +84,7 @@ MODEL_FIELDS = {
     "head_dim",
     "moe",  # megatron writes it; deepspeed and torchtitan refuse it (test_megatron_moe.py)
     "mla",
+    "mtp_layers",  # megatron writes --mtp-num-layers; the others refuse it (test_export_mtp.py)
 }
 
 
