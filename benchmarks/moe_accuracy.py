@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
+from autoplan.cost import params
 from autoplan.cost.estimate import estimate_plan
+from autoplan.cost.runtimes import RuntimeTraits, load_runtime
 from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.model_spec import PRESETS
 from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Precision, Recompute
 
 HERE = Path(__file__).resolve().parent
@@ -25,24 +28,52 @@ DEEPSEEK_RUNTIME = str(HERE / "deepseek_v3_runtime.yaml")
 # tokens (abstract, Table 1). Per step 15360 * 4096 = 62.9M tokens; the job makes
 # 1e12 / (180e3 / 2048 * 3600 s) = 3.16M tokens/s, so a step takes 19.9 s.
 DEEPSEEK_STEP_S = 15360 * 4096 / (1e12 / (180e3 / 2048 * 3600))
-DEEPSEEK_LAYERS = (3, *([4] * 14), 2)  # 61 blocks on 16 stages
+# 61 blocks on 16 stages; the report gives no split. autoplan prices 1F1B (it cannot price
+# DualPipe), whose slowest stage sets the step: the loss stage also runs the MTP block and a
+# second output head and cross-entropy (§2.2), about three blocks' time, so it gets one block
+# and the first stage (embedding) four. DUALPIPE_LAYERS is the split that balances DualPipe's
+# rank pairs (rank i holds stages i and 15 - i, §3.2.1: the shallowest and deepest layers on
+# one rank), priced as 1F1B here for comparison.
+DEEPSEEK_LAYERS = (4, *([4] * 14), 1)
+DUALPIPE_LAYERS = (3, *([4] * 14), 2)
 
 
 @dataclass(frozen=True)
 class Run:
     name: str
     plan: Plan
-    runtime: str
+    runtime: str | RuntimeTraits
     published_step_s: float
     source: str
 
 
-def deepseek_v3_plan() -> Plan:
+def deepseek_v3_plan(recompute: str = "selective", layers: tuple[int, ...] = DEEPSEEK_LAYERS
+                     ) -> Plan:
+    """The published layout. Recompute `selective` under the DeepSeek traits is the report's
+    own (runtimes.SelectiveKind.DEEPSEEK_V3: norms, MLA up-projections, SwiGLU output)."""
     return Plan(model="deepseek-v3", cluster=ClusterRef("h800-sxm-80gb", 2048),
                 parallel=Parallel(dp=128, pp=16, ep=64),
-                pipeline=Pipeline(layers_per_stage=DEEPSEEK_LAYERS),
+                pipeline=Pipeline(layers_per_stage=layers),
                 batch=Batch(micro_batch_size=1, global_batch_size=15360), zero_stage=1,
-                precision=Precision.FP8, recompute=Recompute(policy="full"))
+                precision=Precision.FP8, recompute=Recompute(policy=recompute))
+
+
+def _bench_module(name: str) -> ModuleType:
+    """A script of benchmarks/ loaded by path (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def deepgemm_runtime() -> RuntimeTraits:
+    """The DeepSeek traits with DeepGEMM's FP8 speed (benchmarks/deepgemm_fp8.py) in place of
+    the internal CUTLASS kernels' the traits file holds."""
+    eff = round(_bench_module("deepgemm_fp8").fp8_gemm_efficiency(), 3)
+    return replace(load_runtime(DEEPSEEK_RUNTIME), name="deepseek-v3-hai-llm-deepgemm",
+                   fp8_gemm_efficiency=eff)
 
 
 def _automodel(model: str, gpus: int, gbs: int, mbs: int, ep: int) -> Plan:
@@ -53,10 +84,19 @@ def _automodel(model: str, gpus: int, gbs: int, mbs: int, ep: int) -> Plan:
 
 AUTOMODEL = ("NeMo AutoModel performance summary (docs.nvidia.com/nemo/automodel, pre-training, "
              "DGX-H100, BF16, TE + DeepEP, FSDP2)")
+REPORT = "DeepSeek-V3 report: 180K GPU hours / 1T tokens"
 RUNS = (
-    Run("deepseek-v3 2048 x H800 (DualPipe traits)", deepseek_v3_plan(), DEEPSEEK_RUNTIME,
-        DEEPSEEK_STEP_S, "DeepSeek-V3 report: 180K GPU hours / 1T tokens"),
-    Run("deepseek-v3 2048 x H800 (megatron traits)", deepseek_v3_plan(), "megatron",
+    Run("deepseek-v3 2048 x H800 (report traits, CUTLASS FP8)", deepseek_v3_plan(),
+        DEEPSEEK_RUNTIME, DEEPSEEK_STEP_S, REPORT),
+    Run("deepseek-v3 2048 x H800 (report traits, DeepGEMM FP8)", deepseek_v3_plan(),
+        deepgemm_runtime(), DEEPSEEK_STEP_S,
+        "the same, FP8 GEMMs at DeepGEMM's speed (benchmarks/deepgemm_fp8.py)"),
+    Run("deepseek-v3 2048 x H800 (report traits, full recompute)", deepseek_v3_plan("full"),
+        DEEPSEEK_RUNTIME, DEEPSEEK_STEP_S, "the same, whole blocks recomputed"),
+    Run("deepseek-v3 2048 x H800 (report traits, DualPipe split)",
+        deepseek_v3_plan(layers=DUALPIPE_LAYERS), DEEPSEEK_RUNTIME, DEEPSEEK_STEP_S,
+        "the same, stages (3, 4 x 14, 2) priced as 1F1B"),
+    Run("deepseek-v3 2048 x H800 (megatron traits)", deepseek_v3_plan("full"), "megatron",
         DEEPSEEK_STEP_S, "the same run priced as Megatron's alltoall dispatcher runs it"),
     # Qwen3 MoE 30B: 8 GPUs, GBS 512, MBS 4, GA 16, seq 4096, EP 8, FSDP 8: 21.773 s per step
     Run("qwen3-30b-a3b 8 x H100 (torchtitan traits)",
@@ -69,11 +109,7 @@ RUNS = (
 
 def practitioner_module() -> ModuleType:
     """benchmarks/practitioner.py, loaded by path (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("practitioner", HERE / "practitioner.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _bench_module("practitioner")
 
 
 def practitioner_runs() -> list[Run]:
@@ -103,6 +139,12 @@ def main() -> int:
         print(f"{run.name:58} {run.published_step_s:11.2f} {est.step_time_s:11.2f} "
               f"{err:+7.1%}  {fits:4}  {est.dominant} ({est.time[est.dominant]:.2f} s)")
     print("sources:\n  " + "\n  ".join(dict.fromkeys(r.source for r in runs)))
+    ds = PRESETS["deepseek-v3"]
+    stored = params.mtp_params(ds) + 2 * ds.vocab_size * ds.hidden_size
+    print(f"deepseek-v3 parameters: main model {params.total_params(ds) / 1e9:.1f}B (671B); "
+          f"MTP module {params.mtp_params(ds) / 1e9:.2f}B unique (README_WEIGHTS.md: 11.5B), "
+          f"{stored / 1e9:.2f}B with the embedding and head its checkpoint stores again "
+          f"(README: 14B, 685B in all; here {(params.total_params(ds) + stored) / 1e9:.1f}B)")
     return 0
 
 

@@ -171,6 +171,14 @@ def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     if policy == "all-but-gemms":  # GEMM outputs (Q, K, V, the MLP's first GEMM, branches) and
         # the block input torch.utils.checkpoint keeps for the re-run
         return parts["qkv"] + parts["mlp_act"] + parts["branch"] + parts["input"]
+    if policy == "deepseek-v3":  # norms, MLA up-projections and SwiGLU's output re-run
+        # (runtimes.SelectiveKind.DEEPSEEK_V3): the norm outputs (gemm_in less the routed
+        # copies' dispatched inputs), Q/K/V and the SwiGLU output go; the latents stay, and
+        # SwiGLU's input is kept at `fp8_scale` (0.5 in an fp8 run, as the report caches it)
+        dense_in = parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)
+        return (parts["norm"] + parts["masks"] + parts["attn_out"] + parts["core"]
+                + parts["gemm_in"] - dense_in + parts.get("mla_latent", 0.0)
+                + parts["mlp_act"] * parts.get("fp8_scale", 1.0))
     if policy == "op-sac":  # SDPA outputs and every second matmul's (wq, wv, w1, w2), block input
         q_and_v = parts["qkv"] * (1.0 - parts["kv_share"])
         return (q_and_v + parts["attn_out"] + parts["core"] + parts["mlp_act"] * parts["gate_share"]

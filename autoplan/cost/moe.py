@@ -145,6 +145,18 @@ def mla_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, 
     return np.asarray(mla - standard)
 
 
+def mla_up_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
+                     ) -> np.ndarray:
+    """Forward seconds of MLA's two up projections (query latent -> heads, key/value latent ->
+    heads), the GEMMs DeepSeek-V3's recompute re-runs (report §3.2.3); 0 without MLA or
+    without a query latent's up projection (then only kv_up)."""
+    if model.mla is None:
+        return np.zeros_like(r.b)
+    gemms = _mla_gemms(model, r.b * model.seq_len / r.cp, r.tp)
+    ups = [gemms[1], gemms[3]] if model.mla.q_lora_rank is not None else [gemms[2]]
+    return np.sum([compute.gemm_time_s(g, profile, peak, s) for g, s in ups], axis=0)
+
+
 def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
                           ) -> np.ndarray:
     """Forward seconds a mean block of this model adds over compute.layer_times_s's block
@@ -263,8 +275,22 @@ def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarr
     out = dict(parts)
     out["mlp_act"] = (1.0 - share) * parts["mlp_act"] + share * moe_act
     out["mlp_mid"] = (1.0 - share) * parts["mlp_mid"] + share * moe_act * ratio_mid
-    out["gemm_in"] = parts["gemm_in"] + share * 2.0 * copies * model.hidden_size
+    out["gemm_in_routed"] = share * 2.0 * copies * model.hidden_size
+    out["gemm_in"] = parts["gemm_in"] + out["gemm_in_routed"]
     return out
+
+
+def mla_latent_bytes(model: ModelSpec, r: Rows) -> np.ndarray:
+    """16-bit bytes per block and micro-batch of MLA's latents: the query latent (d_c') and the
+    key/value latent with the shared rotary key (d_c + d_R), the down projections' outputs and
+    the up projections' (re-normed) inputs, replicated over tp like the down projections
+    (DeepSeek-V2 §2.1); 0 without MLA. A recompute that re-runs the up projections keeps them
+    in place of Q, K, V (runtimes.SelectiveKind.DEEPSEEK_V3)."""
+    mla = model.mla
+    if mla is None:
+        return np.zeros_like(r.b)
+    width = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim
+    return 2.0 * r.b * model.seq_len / r.cp * width / np.where(r.sp, r.tp, 1.0)
 
 
 def expert_psi(model: ModelSpec, r: Rows, layers: np.ndarray) -> np.ndarray:

@@ -157,6 +157,31 @@ def total_params(model: ModelSpec) -> int:
     return model.num_layers * layer_params(model) + embed + head + norm_params(model)
 
 
+def mtp_block_params(model: ModelSpec) -> tuple[int, int]:
+    """(non-expert, routed-expert) parameters of one multi-token-prediction depth: the block
+    num_layers + d would be (MoE where moe.is_moe_layer says so, as DeepSeek-V3's layer 61;
+    README_WEIGHTS.md: "structure identical to the Main Model hidden layers"), the 2h x h
+    projection eh_proj and the two RMSNorms enorm and hnorm (report §2.2, eq. 21); the
+    embedding and output head are the main model's (shared, not counted)."""
+    h = model.hidden_size
+    extra = 2 * h * h + 2 * norm_params(model)
+    moe = model.moe
+    if moe is None or not moe.is_moe_layer(model.num_layers):
+        return layer_params(model) + extra, 0
+    rest = attention_params(model) + 2 * norm_params(model) + router_params(model) \
+        + moe.num_shared_experts * expert_params(model)
+    return rest + extra, moe.num_experts * expert_params(model)
+
+
+def mtp_params(model: ModelSpec) -> int:
+    """Parameters of the multi-token-prediction modules, apart from total_params (the main
+    model's): DeepSeek-V3's one module, 11.5B unique parameters (README_WEIGHTS.md), the
+    "14B" of its README counting the embedding and head its checkpoint stores again."""
+    if not model.mtp_layers:
+        return 0
+    return model.mtp_layers * sum(mtp_block_params(model))
+
+
 def params_per_rank(
     model: ModelSpec, tp: np.ndarray, pp: np.ndarray, layers_first: np.ndarray,
     layers_last: np.ndarray,

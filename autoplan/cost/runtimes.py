@@ -33,6 +33,13 @@ class SelectiveKind(str, enum.Enum):
     """autoplan's runtime (runtime/recompute.py): a checkpoint policy that must-saves GEMM and
     fused-attention outputs and re-runs everything else (norms, activation functions, dropout,
     residual adds): the 20sbh of GPT's 34sbh that GEMMs and SDPA produce are kept."""
+    DEEPSEEK_V3 = "deepseek-v3"
+    """DeepSeek-V3's recompute (report §3.2.3 and §3.3.3, "Low-Precision Activation" (2)): all
+    RMSNorms and the MLA up-projections re-run in backward, so the norms' outputs (the next
+    GEMMs' saved inputs, the routed tokens' own dispatched copies aside) and the up-projected
+    Q, K, V are not kept, the MLA latents are (memory.py `mla_latent`); SwiGLU keeps its input
+    (in FP8 in an fp8 run) and re-runs its output. Re-run: the norms' and SwiGLU's element-wise
+    work and the two up-projection GEMMs (q_up, kv_up)."""
     OP_SAC = "op-sac"
     """torchtitan's op-level selective activation checkpointing (activation_checkpoint.mode
     = "selective", selective_ac_option = "op"): saves the outputs of SDPA and of every second
@@ -158,6 +165,15 @@ class RuntimeTraits:
     """Bytes per parameter an fp8 run keeps beside the 16-bit weights: Transformer Engine caches
     each weight's fp8 copy and its transpose across micro-batches (2); torchao's dynamic
     scaling casts on the fly (0)."""
+    fp8_gemm_efficiency: float = 1.0
+    """Speed of the runtime's FP8 GEMM kernels over what the profile's matmul curve gives at the
+    fp8 peak (a factor on every FP8 GEMM's time: FP8 plans only). 1: kernels as fast as the
+    curve (Transformer Engine's per-tensor FP8 on cuBLAS, as priced so far). DeepSeek-V3's
+    fine-grained FP8 (1x128 activation tiles, 128x128 weight blocks, partial sums promoted to
+    CUDA cores every 128 K elements: report §3.3.2) is slower: the ratio of a kernel's
+    measured TFLOPS to the curve's, time-weighted over a model's GEMMs, is derived from the
+    DeepGEMM README's table (benchmarks/deepseek_v3_fp8.py). Backward GEMMs (Dgrad, Wgrad) are
+    taken at the forward shapes' factor: no source tabulates them."""
     fp8_activations: bool = True
     """An fp8 run saves its GEMM inputs for backward in fp8 (1 byte instead of 2): TE's
     Linear/LayerNormLinear and torchao's Float8Linear both keep the casts."""
@@ -226,6 +242,10 @@ class RuntimeTraits:
             value = getattr(self, f)
             if not 0 < value <= 8:
                 raise ConfigError(f"runtime.{f}", f"got {value!r}", "expected bytes in (0, 8]")
+        if isinstance(self.fp8_gemm_efficiency, bool) or not isinstance(
+                self.fp8_gemm_efficiency, (int, float)) or not 0.1 <= self.fp8_gemm_efficiency <= 1.5:
+            raise ConfigError("runtime.fp8_gemm_efficiency", f"got {self.fp8_gemm_efficiency!r}",
+                              "expected a factor from 0.1 to 1.5 on the profile's fp8 GEMM speed")
         for f in ("tp_comm_overlap", "ep_comm_overlap"):
             if not 0.0 <= getattr(self, f) <= 1.0:
                 raise ConfigError(f"runtime.{f}", f"got {getattr(self, f)!r}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost import memory, moe, params, pipeline
+from autoplan.cost import memory, moe, mtp, params, pipeline
 from autoplan.cost.rows import Rows, recomputed_layers, uniform_groups
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -19,7 +19,7 @@ from autoplan.plan_table import GPIPE, INTERLEAVED, RC_NONE
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserved")
 
 
-FP8_SAVED_INPUTS = ("gemm_in", "attn_out", "mlp_mid")
+FP8_SAVED_INPUTS = ("gemm_in", "gemm_in_routed", "attn_out", "mlp_mid")
 """Activation parts that are GEMM inputs, which an fp8 run saves in fp8 (half the bytes)."""
 
 
@@ -29,8 +29,11 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
         model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
         fused_swiglu=runtime.fused_swiglu, kv_repeated=runtime.kv_repeated)
     parts = moe.routed_activation_parts(model, r, parts)  # unchanged for a dense model
-    if precision == "fp8" and runtime.fp8_activations:
-        parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS}}
+    fp8 = precision == "fp8" and runtime.fp8_activations
+    if fp8:
+        parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS if k in parts}}
+    parts["fp8_scale"] = np.asarray(0.5 if fp8 else 1.0)
+    parts["mla_latent"] = moe.mla_latent_bytes(model, r)
     parts["attn_upcast"] = 0.0 * parts["qkv"]
     if not eager and precision in ("bf16", "fp16") and runtime.attention_precision(
             precision) == "fp32":
@@ -54,6 +57,11 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
     head = r.vocab * model.hidden_size / r.tp
     psi_first = psi_first + np.where(r.v_shape, head, 0.0)
     psi_last = psi_last - np.where(r.v_shape, head, 0.0)
+    # multi-token prediction: its block, projection and norms on the stage with the loss
+    mtp_rest, mtp_experts = mtp.params_per_rank(model, r.tp, r.ep, r.etp)
+    loss_first = (r.pp == 1) | r.v_shape
+    psi_first = psi_first + np.where(loss_first, mtp_rest, 0.0)
+    psi_last = psi_last + np.where(loss_first, 0.0, mtp_rest)
 
     def states(psi: np.ndarray, shard: np.ndarray | None = None) -> dict[str, np.ndarray]:
         out = memory.model_state_bytes(
@@ -68,8 +76,10 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
 
     first, last, mid = states(psi_first), states(psi_last), states(psi_mid)
     if model.moe is not None:  # routed experts: split by ep x etp, ZeRO over the expert-DP group
-        for st, layers in ((first, r.layers_first), (last, r.layers_last), (mid, r.layers_max)):
-            experts = states(moe.expert_psi(model, r, layers), r.expert_shard)
+        for st, layers, mtp_e in ((first, r.layers_first, np.where(loss_first, mtp_experts, 0.0)),
+                                  (last, r.layers_last, np.where(loss_first, 0.0, mtp_experts)),
+                                  (mid, r.layers_max, 0.0 * mtp_experts)):
+            experts = states(moe.expert_psi(model, r, layers) + mtp_e, r.expert_shard)
             for k in st:
                 st[k] = st[k] + experts[k]
     return first, last, mid, np.maximum(np.maximum(psi_first, psi_last), psi_mid)
@@ -103,20 +113,27 @@ def memory_by_part(
     working = a_none + np.where(r.recompute != RC_NONE, group * (a_none - a_pol), 0.0)
     sp_div = np.where(r.sp, r.tp, 1.0)
     embed_act = 3.0 * model.seq_len / r.cp * r.b * model.hidden_size / sp_div * r.act_scale
+    # MTP's heads keep their saved softmax beside the main head's; the transient logits of one
+    # loss at a time (the losses run one after the other)
+    d_mtp = float(model.mtp_layers)
     logits = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp,
-                                 np.where(r.schedule == GPIPE, r.m, 1.0),
+                                 (1.0 + d_mtp) * np.where(r.schedule == GPIPE, r.m, 1.0),
                                  saved=runtime.logit_bytes_saved,
                                  transient=runtime.logit_bytes_transient)
     single = r.pp == 1
     loss_first = single | r.v_shape
+    mtp_first, mtp_last = (np.where(at, d_mtp, 0.0) for at in (loss_first, ~loss_first))
+    mtp_act = mtp.extra_activation_bytes(model, r) * r.act_scale
     # rank 0 holds its own layers' micro-batches in flight; a middle rank (an uneven split's
     # heaviest, e.g. between 0-block end stages) layers_max blocks of at most pp - 1 of them
     # under one-chunk 1F1B / ZB-H1 (rank k holds pp - k: Narayanan et al. 2021 §2.2), else as
     # many as rank 0 (an upper bound)
-    act_first = (in_flight * (act_layers(r.layers_first) + embed_act) + working
+    act_first = (in_flight * (act_layers(r.layers_first + mtp_first) + embed_act
+                              + np.where(loss_first, mtp_act, 0.0)) + working
                  + np.where(loss_first, logits, 0))
-    act_last = np.where(single, act_first, in_flight_last * act_layers(r.layers_last) + working
-                        + np.where(r.v_shape, 0.0, logits))
+    act_last = np.where(single, act_first, in_flight_last * (
+        act_layers(r.layers_last + mtp_last) + np.where(loss_first, 0.0, mtp_act)) + working
+        + np.where(r.v_shape, 0.0, logits))
     one_chunk = (r.vpp == 1) & (r.schedule != GPIPE) & (r.schedule != INTERLEAVED)
     in_flight_mid = np.where(one_chunk, np.maximum(np.minimum(r.pp - 1.0, r.m), 1.0), in_flight)
     act_mid = np.where(single, act_first, in_flight_mid * act_layers(r.layers_max) + working)

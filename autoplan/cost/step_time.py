@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoplan.cost import comm, compute, memory, moe, offload, params, pipeline
+from autoplan.cost import comm, compute, memory, moe, mtp, offload, params, pipeline
 from autoplan.cost.rows import Rows, recomputed_layers
-from autoplan.cost.runtimes import RuntimeTraits
+from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, Curve
 from autoplan.model_spec import ModelSpec, NormKind
@@ -78,13 +78,21 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     if runtime.eager_elementwise:
         eager_bytes = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
                                                       runtime.fused_norm, precision)
-    return compute.layer_times_s(model, profile, profile.device.peak(precision), b, tp, cp,
+    return compute.layer_times_s(model, profile, gemm_peak(profile, precision, runtime), b, tp,
+                                 cp,
                                  noncore, parts["core"] * act_scale, eager,
                                  causal_skip=runtime.causal_attention_skip and not eager,
                                  attention_kernel=f"{runtime.attention_kernel}@{core}",
                                  eager_bytes=eager_bytes,
                                  attention_peak=profile.device.peak(core),
                                  extra_elementwise_bytes=casts)
+
+
+def gemm_peak(profile: ClusterProfile, precision: str, runtime: RuntimeTraits) -> float:
+    """The peak a block's GEMMs run at: the profile's for the plan's precision, an fp8 run's
+    scaled by the runtime's fp8 kernels (RuntimeTraits.fp8_gemm_efficiency)."""
+    scale = runtime.fp8_gemm_efficiency if precision == "fp8" else 1.0
+    return profile.device.peak(precision) * scale
 
 
 def sixteen_bit_peak(profile: ClusterProfile, precision: str) -> float:
@@ -97,8 +105,14 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
     peak = sixteen_bit_peak(profile, precision)  # the output layer stays 16-bit in fp8 runs
     lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp)
+    if runtime.selective is SelectiveKind.DEEPSEEK_V3:
+        lt["deepseek-v3"] = deepseek_v3_recompute_s(model, profile, gemm_peak(
+            profile, precision, runtime), r, lt, parts)
     if model.moe is not None or model.mla is not None:  # expert GEMMs, router, MLA projections
-        delta = moe.block_forward_delta_s(model, profile, peak, r)
+        # at the peak the block's own GEMMs ran at (fp8 in an fp8 run: DeepSeek-V3 §3.3.1 runs
+        # every Linear's Fprop, Dgrad and Wgrad in FP8), since the delta replaces those GEMMs
+        delta = moe.block_forward_delta_s(model, profile, gemm_peak(profile, precision,
+                                                                    runtime), r)
         lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
               "full": lt["full"] + delta}
     a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
@@ -140,7 +154,16 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                                  transient=runtime.logit_bytes_transient)
     logit_t = compute.logits_times_s(model, profile, peak, r.b, r.tp, r.cp, r.vocab, logits)
 
-    def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray) -> dict[str, np.ndarray]:
+    # multi-token prediction (cost/mtp.py) on the stage with the loss: one more block each
+    # depth, priced as the stage's blocks, plus eh_proj, the MoE kind's excess and a second
+    # head with its cross-entropy (fwd + bwd: 3x the forward extras)
+    d_mtp = float(model.mtp_layers)
+    mtp_x = 3.0 * mtp.extra_forward_s(model, profile, gemm_peak(profile, precision, runtime), r) \
+        + d_mtp * logit_t
+    mtp_a2a = mtp.extra_all_to_all_s(model, a2a)
+
+    def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray,
+              extra_a2a: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
         n = recomputed_layers(layers, r)
         return {
             "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
@@ -153,8 +176,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                 by_module & ((r.rc_modules & memory.CORE_ATTN) == 0), 0.0, cp_rec),
             # all-to-alls hidden behind another micro-batch's compute as far as the runtime
             # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
-            "ep": layers * a2a - runtime.ep_comm_overlap * np.minimum(
-                layers * a2a, layers * (lt["forward"] + lt["backward"])),
+            "ep": layers * a2a + extra_a2a - runtime.ep_comm_overlap * np.minimum(
+                layers * a2a + extra_a2a, layers * (lt["forward"] + lt["backward"])),
             "forward": layers * lt["forward"],
             "backward": layers * lt["backward"],
             "layers": layers + 0.0 * extra,
@@ -162,10 +185,13 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
 
     loss_first = (r.pp == 1) | r.v_shape
     head_first = np.where(loss_first, 1.0, 0.0)
-    stages = [stage(r.layers_first, head_first * logit_t,
-                    tpc["embedding"] + head_first * tpc["head"]),
+    head_last = 1.0 - head_first
+    stages = [stage(r.layers_first + d_mtp * head_first, head_first * (logit_t + mtp_x),
+                    tpc["embedding"] + head_first * (1.0 + d_mtp) * tpc["head"],
+                    head_first * mtp_a2a),
               stage(r.layers_max, 0.0 * r.layers_max, 0.0 * r.layers_max),
-              stage(r.layers_last, (1.0 - head_first) * logit_t, (1.0 - head_first) * tpc["head"])]
+              stage(r.layers_last + d_mtp * head_last, head_last * (logit_t + mtp_x),
+                    head_last * (1.0 + d_mtp) * tpc["head"], head_last * mtp_a2a)]
     per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] + s["ep"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
     crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
@@ -315,6 +341,19 @@ def time_by_part(
     return out
 
 
+def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,
+                            lt: dict[str, np.ndarray], parts: dict[str, np.ndarray]
+                            ) -> np.ndarray:
+    """Seconds per block DeepSeek-V3's recompute adds (runtimes.SelectiveKind.DEEPSEEK_V3):
+    the norms' and SwiGLU's share of the block's element-wise forward time, in proportion to
+    the bytes they keep as module_recompute_s counts them, and MLA's two up-projection GEMMs
+    (moe.mla_up_forward_s). `lt`: the block's times before the MoE/MLA delta."""
+    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
+    noncore = np.maximum(np.sum([parts[k] for k in NONCORE_PARTS], axis=0), 1.0)
+    share = (parts["norm"] + parts["gemm_in"] + parts["mlp_act"] + parts["mlp_mid"]) / noncore
+    return share * elementwise + moe.mla_up_forward_s(model, profile, peak, r)
+
+
 def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
                        modules: np.ndarray) -> np.ndarray:
     """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM) adds:
@@ -338,7 +377,11 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
     one = np.array(1.0)
     fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
     fwd_core = compute.attention_core_flops(model, one, one, one)
-    selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core,
+    mla = model.mla
+    mla_up = 0.0 if mla is None else 2.0 * model.seq_len * model.num_heads * (
+        (mla.q_lora_rank or 0) * mla.qk_head_dim
+        + mla.kv_lora_rank * (mla.qk_nope_head_dim + mla.v_head_dim))
+    selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core, "deepseek-v3": mla_up,
                  "op-sac": compute.op_sac_recomputed_gemm_share(model) * fwd_layer
                  }[runtime.selective.value]
     gemms = compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one)

@@ -117,17 +117,23 @@ def test_deepseek_v3_published_layout_fits_and_is_priced_below_its_all_in_throug
     est = estimate_plan(plan, cluster, runtime=traits)
     assert est.feasible, est.reasons
     assert est.step_time_s < DEEPSEEK_STEP_S
-    # EP64 spans 8 nodes: even overlapped, the all-to-all through the NICs is a priced part
-    assert est.time["ep_comm"] > 0.1 * est.step_time_s
+    # within the acceptance window of the published figure (issue #13: 20%)
+    assert est.step_time_s > 0.8 * DEEPSEEK_STEP_S
+    # EP64 spans 8 nodes: the all-to-all through the NICs is a priced part, which DualPipe's
+    # overlap hides behind the other micro-batch's compute (report §3.2.1)
+    exposed = replace(traits, ep_comm_overlap=0.0)
+    bare = estimate_plan(plan, cluster, runtime=exposed)
+    assert bare.time["ep_comm"] > 0.1 * bare.step_time_s
+    assert est.time["ep_comm"] < bare.time["ep_comm"]
     # one copy per destination node sends fewer bytes than one per expert
-    per_expert = estimate_plan(plan, cluster, runtime=replace(traits, ep_dispatcher="alltoall"))
-    assert est.time["ep_comm"] < 0.75 * per_expert.time["ep_comm"]
+    per_expert = estimate_plan(plan, cluster, runtime=replace(exposed, ep_dispatcher="alltoall"))
+    assert bare.time["ep_comm"] < 0.75 * per_expert.time["ep_comm"]
     # 112 of 132 SMs for the GEMMs: compute slower, but never by more than 132/112
     all_sms = estimate_plan(plan, cluster, runtime=replace(traits, comm_reserved_sms=0))
     assert all_sms.time["compute"] < est.time["compute"] <= all_sms.time["compute"] * 132 / 112
     # Megatron's alltoall dispatcher without overlap or FP8 dispatch exposes all of it
-    plain = estimate_plan(plan, cluster, runtime="megatron")
-    assert plain.feasible and plain.time["ep_comm"] > 1.5 * est.time["ep_comm"]
+    plain = estimate_plan(deepseek_v3_plan("full"), cluster, runtime="megatron")
+    assert plain.feasible and plain.time["ep_comm"] > 1.5 * bare.time["ep_comm"]
 
 
 def test_all_to_all_overlap_hides_at_most_the_compute():
