@@ -28,14 +28,13 @@ DEEPSEEK_RUNTIME = str(HERE / "deepseek_v3_runtime.yaml")
 # tokens (abstract, Table 1). Per step 15360 * 4096 = 62.9M tokens; the job makes
 # 1e12 / (180e3 / 2048 * 3600 s) = 3.16M tokens/s, so a step takes 19.9 s.
 DEEPSEEK_STEP_S = 15360 * 4096 / (1e12 / (180e3 / 2048 * 3600))
-# 61 blocks on 16 stages; the report gives no split. autoplan prices 1F1B (it cannot price
-# DualPipe), whose slowest stage sets the step: the loss stage also runs the MTP block and a
-# second output head and cross-entropy (§2.2), about three blocks' time, so it gets one block
-# and the first stage (embedding) four. DUALPIPE_LAYERS is the split that balances DualPipe's
-# rank pairs (rank i holds stages i and 15 - i, §3.2.1: the shallowest and deepest layers on
-# one rank), priced as 1F1B here for comparison.
-DEEPSEEK_LAYERS = (4, *([4] * 14), 1)
-DUALPIPE_LAYERS = (3, *([4] * 14), 2)
+# 61 blocks on 16 stages; the report gives no split. Under DualPipe rank i holds stages i
+# and 15 - i (§3.2.3: the shallowest and deepest layers on one rank), so rank 0 runs the
+# embedding, 3 + 2 blocks, the output head and the MTP module with its second head (§2.2),
+# and the other ranks 4 + 4 blocks. Priced as 1F1B (ONE_F_ONE_B_LAYERS) the loss stage alone
+# sets the step, and a split that balances it gives it one block.
+DEEPSEEK_LAYERS = (3, *([4] * 14), 2)
+ONE_F_ONE_B_LAYERS = (4, *([4] * 14), 1)
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,12 @@ def _bench_module(name: str) -> ModuleType:
     return module
 
 
+def one_f_one_b_runtime() -> RuntimeTraits:
+    """The DeepSeek traits with the pipeline run as 1F1B instead of DualPipe."""
+    return replace(load_runtime(DEEPSEEK_RUNTIME), name="deepseek-v3-hai-llm-1f1b",
+                   dualpipe=False)
+
+
 def deepgemm_runtime() -> RuntimeTraits:
     """The DeepSeek traits with DeepGEMM's FP8 speed (benchmarks/deepgemm_fp8.py) in place of
     the internal CUTLASS kernels' the traits file holds."""
@@ -91,11 +96,11 @@ RUNS = (
     Run("deepseek-v3 2048 x H800 (report traits, DeepGEMM FP8)", deepseek_v3_plan(),
         deepgemm_runtime(), DEEPSEEK_STEP_S,
         "the same, FP8 GEMMs at DeepGEMM's speed (benchmarks/deepgemm_fp8.py)"),
+    Run("deepseek-v3 2048 x H800 (report traits as 1F1B)",
+        deepseek_v3_plan(layers=ONE_F_ONE_B_LAYERS), one_f_one_b_runtime(), DEEPSEEK_STEP_S,
+        "the same, its pipeline priced as 1F1B (stages 4, 4 x 14, 1)"),
     Run("deepseek-v3 2048 x H800 (report traits, full recompute)", deepseek_v3_plan("full"),
         DEEPSEEK_RUNTIME, DEEPSEEK_STEP_S, "the same, whole blocks recomputed"),
-    Run("deepseek-v3 2048 x H800 (report traits, DualPipe split)",
-        deepseek_v3_plan(layers=DUALPIPE_LAYERS), DEEPSEEK_RUNTIME, DEEPSEEK_STEP_S,
-        "the same, stages (3, 4 x 14, 2) priced as 1F1B"),
     Run("deepseek-v3 2048 x H800 (megatron traits)", deepseek_v3_plan("full"), "megatron",
         DEEPSEEK_STEP_S, "the same run priced as Megatron's alltoall dispatcher runs it"),
     # Qwen3 MoE 30B: 8 GPUs, GBS 512, MBS 4, GA 16, seq 4096, EP 8, FSDP 8: 21.773 s per step

@@ -137,6 +137,16 @@ class RuntimeTraits:
     profile's throughput, with waves counted on the SMs left (the profile needs sm_count).
     DeepSeek-V3 dedicates 20 of the H800's 132 SMs to its overlapped all-to-all (report
     §3.2.2). 0: NCCL's kernels share SMs only while a collective runs (not priced)."""
+    dualpipe: bool = False
+    """The runtime runs a pipelined plan as DeepSeek's DualPipe (DeepSeek-V3 report §3.2.1,
+    Figure 5, Table 2; github.com/deepseek-ai/DualPipe): micro-batches enter from both ends, so
+    rank i holds stages i and pp-1-i (Table 2: 2x the parameters) and spends per micro-batch
+    the mean of its two stages' times; the bubble is (pp/2 - 1)(F&B + B - 3W), priced with
+    F&B = F + B (an overlapped forward-backward pair computes both; its all-to-alls are what
+    ep_comm_overlap hides) and W = B/2 (weight gradients are one of backward's two GEMMs per
+    forward GEMM): (pp/2 - 1)(F + B/2) of the slowest rank; activations of pp + 1 of its
+    stages' micro-batches (Table 2). Needs an even pp. No autoplan runtime preset has it: a
+    pricing of that external runtime (benchmarks/deepseek_v3_runtime.yaml)."""
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
@@ -257,6 +267,9 @@ class RuntimeTraits:
                 self.comm_reserved_sms, int) or not 0 <= self.comm_reserved_sms <= 1024:
             raise ConfigError("runtime.comm_reserved_sms", f"got {self.comm_reserved_sms!r}",
                               "expected a whole number of SMs from 0 to 1024")
+        if not isinstance(self.dualpipe, bool):
+            raise ConfigError("runtime.dualpipe", f"got {self.dualpipe!r}",
+                              "expected true or false")
         if self.ep_dispatcher not in ("alltoall", "deepep"):
             raise ConfigError("runtime.ep_dispatcher", f"got {self.ep_dispatcher!r}",
                               "choose alltoall or deepep")

@@ -7,6 +7,8 @@ parts are reported (memory.py has the formulas and their sources).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from autoplan.cost import memory, moe, mtp, params, pipeline
@@ -138,6 +140,13 @@ def memory_by_part(
     in_flight_mid = np.where(one_chunk, np.maximum(np.minimum(r.pp - 1.0, r.m), 1.0), in_flight)
     act_mid = np.where(single, act_first, in_flight_mid * act_layers(r.layers_max) + working)
     buffers = _buffers(model, r, runtime)
+    if runtime.dualpipe:  # rank 0 holds the first and last stages, a middle rank two middles
+        st_first, st_last, st_mid, act_first, act_last, act_mid = _dualpipe_ranks(
+            r, (st_first, st_last, st_mid), act_layers, working, logits,
+            (act_layers(r.layers_first + mtp_first) + embed_act
+             + np.where(loss_first, mtp_act, 0.0),
+             act_layers(r.layers_last + mtp_last) + np.where(loss_first, 0.0, mtp_act)),
+            (act_first, act_last, act_mid))
 
     def total(st: dict[str, np.ndarray], act: np.ndarray) -> np.ndarray:
         frag = memory.FRAGMENTATION * (act + buffers)
@@ -168,6 +177,25 @@ def memory_by_part(
     out["fits"] = (out["mem_total"] <= dev.memory_bytes) & (
         host * np.minimum(r.world, profile.gpus_per_node) <= profile.host.memory_bytes)
     return out
+
+
+def _dualpipe_ranks(r: Rows, states: tuple[dict[str, np.ndarray], ...], act_layers: Any,
+                    working: np.ndarray, logits: np.ndarray,
+                    ends_per_mb: tuple[np.ndarray, np.ndarray],
+                    acts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[Any, ...]:
+    """States and activations of DualPipe's ranks (runtimes.RuntimeTraits.dualpipe; DeepSeek-V3
+    report Table 2): each rank holds two stages' parameters (rank 0 the first and the last, a
+    middle rank two middle stages) and pp + 1 micro-batches of its stages' activations, of the
+    mean of its two stages. Without a pipeline (pp 1) the one stage as it is."""
+    first, last, mid = states
+    piped = r.pp > 1
+    pair = {k: np.where(piped, first[k] + last[k], first[k]) for k in first}
+    twice = {k: np.where(piped, 2.0 * mid[k], mid[k]) for k in mid}
+    held = r.pp + 1.0
+    act_pair = np.where(piped, held * (ends_per_mb[0] + ends_per_mb[1]) / 2.0 + working + logits,
+                        acts[0])
+    act_two = np.where(piped, held * act_layers(r.layers_max) + working, acts[2])
+    return pair, pair, twice, act_pair, act_pair, act_two
 
 
 def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:

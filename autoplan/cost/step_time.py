@@ -192,6 +192,9 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
               stage(r.layers_max, 0.0 * r.layers_max, 0.0 * r.layers_max),
               stage(r.layers_last + d_mtp * head_last, head_last * (logit_t + mtp_x),
                     head_last * (1.0 + d_mtp) * tpc["head"], head_last * mtp_a2a)]
+    if runtime.dualpipe:  # rank 0 holds the first and the last stage (RuntimeTraits.dualpipe)
+        ends = {k: (stages[0][k] + stages[2][k]) / 2.0 for k in stages[0]}
+        stages = [ends, stages[1], ends]
     per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] + s["ep"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
     crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
@@ -284,7 +287,8 @@ def time_by_part(
         every_mb, m, 1.0)
     out["time_cp_comm"] = m * crit["cp"]
     out["time_ep_comm"] = m * crit["ep"]
-    out["time_pp_bubble"] = pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_fill"]
+    out["time_pp_bubble"] = dualpipe_bubble_s(r, crit) if runtime.dualpipe else \
+        pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_fill"]
     sp_div = np.where(r.sp, r.tp, 1.0)
     p2p_bytes = r.weight_bytes * model.seq_len / r.cp * r.b * model.hidden_size / sp_div
     # a pipeline that spans nodes sends some boundaries over the network: price the slowest
@@ -339,6 +343,17 @@ def time_by_part(
             out[f"time_{k}"] = out[f"time_{k}"] * share
     out["time_step"] = np.sum([out[f"time_{k}"] for k in TIME_PARTS], axis=0)
     return out
+
+
+def dualpipe_bubble_s(r: Rows, crit: dict[str, np.ndarray]) -> np.ndarray:
+    """DualPipe's bubble per step, (pp/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2) with
+    F&B = F + B and W = B/2: (pp/2 - 1)(F + B/2), F and B the slowest rank's forward and
+    backward (recompute in it) per micro-batch, split from its time in the ratio of its blocks'
+    forward and backward compute."""
+    f_share = crit["forward"] / np.maximum(crit["forward"] + crit["backward"], 1e-30)
+    forward = f_share * crit["t_mb"]
+    backward = crit["t_mb"] - forward
+    return np.maximum(r.pp / 2.0 - 1.0, 0.0) * (forward + backward / 2.0)
 
 
 def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,

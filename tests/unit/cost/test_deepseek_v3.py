@@ -13,7 +13,7 @@ import pytest
 from autoplan.cost import compute, memory, moe, mtp, params, step_memory, step_time
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.rows import rows_of
-from autoplan.cost.runtimes import SelectiveKind, load_runtime
+from autoplan.cost.runtimes import RUNTIMES, SelectiveKind, load_runtime
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
@@ -189,3 +189,52 @@ def test_deepseek_recompute_keeps_what_the_report_keeps():
     assert est.feasible and est.memory["total"] <= 80 * 2**30
     assert 0.0 < est.time["recompute"] < 0.25 * full.time["recompute"]
     assert est.step_time_s < full.step_time_s < DEEPSEEK_STEP_S * 1.2
+
+
+def _dense_pipeline_plan(layers: tuple[int, ...] | None = None) -> Plan:
+    from autoplan.plan import Pipeline
+
+    return Plan(model="llama-3-70b", cluster=ClusterRef("h100-sxm-80gb", 64),
+                parallel=Parallel(dp=1, tp=8, pp=8), sequence_parallel=True,
+                pipeline=Pipeline(layers_per_stage=layers),
+                batch=Batch(micro_batch_size=1, global_batch_size=64), zero_stage=1)
+
+
+def test_dualpipe_bubble_is_table_2s():
+    """(pp/2 - 1)(F&B + B - 3W) (report Table 2) with F&B = F + B, W = B/2: for F = 1, B = 2
+    on 8 ranks, 3 * (3 + 2 - 3) = 6; none without a pipeline; and against 1F1B's bubble
+    ((pp - 1)(F + B) on the slowest stage) under half of it."""
+    r = rows_of(plan_to_row(_dense_pipeline_plan(), PRESETS["llama-3-70b"]),
+                PRESETS["llama-3-70b"], "bf16", load_runtime("megatron"))
+    crit = {"forward": np.array([1.0]), "backward": np.array([2.0]), "t_mb": np.array([3.0])}
+    assert float(step_time.dualpipe_bubble_s(r, crit)[0]) == pytest.approx(6.0)
+    assert float(step_time.dualpipe_bubble_s(replace(r, pp=np.array([1.0])), crit)[0]) == 0.0
+    traits = load_runtime("megatron")
+    one = estimate_plan(_dense_pipeline_plan(), runtime=traits)
+    dual = estimate_plan(_dense_pipeline_plan(), runtime=replace(traits, dualpipe=True))
+    assert 0.0 < dual.time["pp_bubble"] < 0.5 * one.time["pp_bubble"]
+    # the paired end stages run at their mean: never slower than 1F1B's slowest stage
+    assert dual.time["compute"] <= one.time["compute"]
+
+
+def test_dualpipe_pairs_the_end_stages():
+    """Rank 0 holds the first and last stages: moving a block from one end to the other leaves
+    its time and its states unchanged, while 1F1B's slowest stage moves."""
+    traits = replace(load_runtime("megatron"), dualpipe=True)
+    a = estimate_plan(_dense_pipeline_plan((9, *[10] * 6, 11)), runtime=traits)
+    b = estimate_plan(_dense_pipeline_plan((11, *[10] * 6, 9)), runtime=traits)
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-6)
+    assert a.memory["params"] == pytest.approx(b.memory["params"], rel=1e-9)
+    one = estimate_plan(_dense_pipeline_plan((9, *[10] * 6, 11)), runtime="megatron")
+    # two stages' parameters on a rank: twice the middle stage's
+    assert a.memory["params"] > 1.8 * one.memory["params"]
+    # a pricing of DeepSeek's own runtime only: no preset runs it
+    assert not any(load_runtime(name).dualpipe for name in RUNTIMES)
+
+
+def test_dualpipe_trait_loads_strictly(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("schema_version: 1\nname: x\ndualpipe: 1\n")
+    with pytest.raises(ConfigError, match="dualpipe"):
+        load_runtime(str(path))
+    assert load_runtime(DEEPSEEK_RUNTIME).dualpipe
