@@ -160,6 +160,10 @@ def activation_elements_per_layer(
     return out
 
 
+NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
+"""Activation parts (activation_elements_per_layer) the element-wise kernels move."""
+
+
 def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     """Bytes a block keeps under one recompute kind (see runtimes.SelectiveKind)."""
     core_kept = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")

@@ -13,6 +13,11 @@ from dataclasses import replace
 import numpy as np
 
 from autoplan.cost import comm, compute, memory, moe, mtp, offload, params, pipeline
+from autoplan.cost.recompute_time import (
+    deepseek_v3_recompute_s,
+    module_recompute_s,
+    recompute_flops_per_step,
+)
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
 from autoplan.errors import ConfigError
@@ -56,8 +61,7 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
     return replace(profile, efficiency=eff, device=device)
 
 
-NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
-"""Activation parts (memory.activation_elements_per_layer) the element-wise kernels move."""
+NONCORE_PARTS = memory.NONCORE_PARTS
 
 
 def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: np.ndarray,
@@ -354,61 +358,6 @@ def dualpipe_bubble_s(r: Rows, crit: dict[str, np.ndarray]) -> np.ndarray:
     forward = f_share * crit["t_mb"]
     backward = crit["t_mb"] - forward
     return np.maximum(r.pp / 2.0 - 1.0, 0.0) * (forward + backward / 2.0)
-
-
-def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,
-                            lt: dict[str, np.ndarray], parts: dict[str, np.ndarray]
-                            ) -> np.ndarray:
-    """Seconds per block DeepSeek-V3's recompute adds (runtimes.SelectiveKind.DEEPSEEK_V3):
-    the norms' and SwiGLU's share of the block's element-wise forward time, in proportion to
-    the bytes they keep as module_recompute_s counts them, and MLA's two up-projection GEMMs
-    (moe.mla_up_forward_s). `lt`: the block's times before the MoE/MLA delta."""
-    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
-    noncore = np.maximum(np.sum([parts[k] for k in NONCORE_PARTS], axis=0), 1.0)
-    share = (parts["norm"] + parts["gemm_in"] + parts["mlp_act"] + parts["mlp_mid"]) / noncore
-    return share * elementwise + moe.mla_up_forward_s(model, profile, peak, r)
-
-
-def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
-                       modules: np.ndarray) -> np.ndarray:
-    """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM) adds:
-    the attention core's forward; the MLP's two GEMMs; and for the MLP and the norms a share of
-    the block's non-GEMM forward time (element-wise work and per-op host costs) in proportion
-    to the bytes they keep (an assumption: element-wise time follows bytes moved)."""
-    m = np.asarray(modules, dtype=np.int64)
-    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
-    noncore = np.sum([parts[k] for k in ("norm", "gemm_in", "masks", "qkv", "attn_out",
-                                          "mlp_act", "mlp_mid")], axis=0)
-    mlp_share = (parts["mlp_act"] + parts["mlp_mid"]) / np.maximum(noncore, 1.0)
-    norm_share = (parts["norm"] + parts["gemm_in"]) / np.maximum(noncore, 1.0)
-    return (np.where((m & memory.CORE_ATTN) > 0, lt["attention-core"], 0.0)
-            + np.where((m & memory.MLP) > 0, lt["mlp_gemm_forward"] + mlp_share * elementwise,
-                       0.0)
-            + np.where((m & memory.LAYERNORM) > 0, norm_share * elementwise, 0.0))
-
-
-def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
-    """FLOPs the recompute adds per step (for HFU)."""
-    one = np.array(1.0)
-    fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
-    fwd_core = compute.attention_core_flops(model, one, one, one)
-    mla = model.mla
-    mla_up = 0.0 if mla is None else 2.0 * model.seq_len * model.num_heads * (
-        (mla.q_lora_rank or 0) * mla.qk_head_dim
-        + mla.kv_lora_rank * (mla.qk_nope_head_dim + mla.v_head_dim))
-    selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core, "deepseek-v3": mla_up,
-                 "op-sac": compute.op_sac_recomputed_gemm_share(model) * fwd_layer
-                 }[runtime.selective.value]
-    gemms = compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one)
-    m = np.asarray(r.rc_modules, dtype=np.int64)
-    by_module = (np.where((m & memory.CORE_ATTN) > 0, fwd_core, 0.0)
-                 + np.where((m & memory.MLP) > 0, gemms[2] + gemms[3], 0.0))
-    selective = np.where(m > 0, by_module, selective)
-    stage = np.where(r.layers_first > 0, r.layers_first, r.layers_max)  # not a 0-block stage
-    frac = recomputed_layers(stage, r) / np.maximum(stage, 1)
-    return r.gbs * model.num_layers * frac * np.where(
-        r.recompute == RC_FULL, fwd_layer + fwd_core,
-        np.where(r.recompute == RC_SELECTIVE, selective, 0.0))
 
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "GPIPE", "TIME_PARTS", "recompute_flops_per_step",

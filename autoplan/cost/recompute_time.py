@@ -1,0 +1,69 @@
+"""Recompute time by kind: what re-running a block's parts costs per block and micro-batch
+(Megatron-Core's recompute modules, DeepSeek-V3's recompute) and the FLOPs recompute adds per
+step (for HFU). step_time.py charges them on the critical stage."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplan.cost import compute, memory, moe
+from autoplan.cost.rows import Rows, recomputed_layers
+from autoplan.cost.runtimes import RuntimeTraits
+from autoplan.hardware import ClusterProfile
+from autoplan.model_spec import ModelSpec
+from autoplan.plan_table import RC_FULL, RC_SELECTIVE
+
+
+def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,
+                            lt: dict[str, np.ndarray], parts: dict[str, np.ndarray]
+                            ) -> np.ndarray:
+    """Seconds per block DeepSeek-V3's recompute adds (runtimes.SelectiveKind.DEEPSEEK_V3):
+    the norms' and SwiGLU's share of the block's element-wise forward time, in proportion to
+    the bytes they keep as module_recompute_s counts them, and MLA's two up-projection GEMMs
+    (moe.mla_up_forward_s). `lt`: the block's times before the MoE/MLA delta."""
+    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
+    noncore = np.maximum(np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0), 1.0)
+    share = (parts["norm"] + parts["gemm_in"] + parts["mlp_act"] + parts["mlp_mid"]) / noncore
+    return share * elementwise + moe.mla_up_forward_s(model, profile, peak, r)
+
+
+def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
+                       modules: np.ndarray) -> np.ndarray:
+    """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM) adds:
+    the attention core's forward; the MLP's two GEMMs; and for the MLP and the norms a share of
+    the block's non-GEMM forward time (element-wise work and per-op host costs) in proportion
+    to the bytes they keep (an assumption: element-wise time follows bytes moved)."""
+    m = np.asarray(modules, dtype=np.int64)
+    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
+    noncore = np.sum([parts[k] for k in ("norm", "gemm_in", "masks", "qkv", "attn_out",
+                                          "mlp_act", "mlp_mid")], axis=0)
+    mlp_share = (parts["mlp_act"] + parts["mlp_mid"]) / np.maximum(noncore, 1.0)
+    norm_share = (parts["norm"] + parts["gemm_in"]) / np.maximum(noncore, 1.0)
+    return (np.where((m & memory.CORE_ATTN) > 0, lt["attention-core"], 0.0)
+            + np.where((m & memory.MLP) > 0, lt["mlp_gemm_forward"] + mlp_share * elementwise,
+                       0.0)
+            + np.where((m & memory.LAYERNORM) > 0, norm_share * elementwise, 0.0))
+
+
+def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
+    """FLOPs the recompute adds per step (for HFU)."""
+    one = np.array(1.0)
+    fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
+    fwd_core = compute.attention_core_flops(model, one, one, one)
+    mla = model.mla
+    mla_up = 0.0 if mla is None else 2.0 * model.seq_len * model.num_heads * (
+        (mla.q_lora_rank or 0) * mla.qk_head_dim
+        + mla.kv_lora_rank * (mla.qk_nope_head_dim + mla.v_head_dim))
+    selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core, "deepseek-v3": mla_up,
+                 "op-sac": compute.op_sac_recomputed_gemm_share(model) * fwd_layer
+                 }[runtime.selective.value]
+    gemms = compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one)
+    m = np.asarray(r.rc_modules, dtype=np.int64)
+    by_module = (np.where((m & memory.CORE_ATTN) > 0, fwd_core, 0.0)
+                 + np.where((m & memory.MLP) > 0, gemms[2] + gemms[3], 0.0))
+    selective = np.where(m > 0, by_module, selective)
+    stage = np.where(r.layers_first > 0, r.layers_first, r.layers_max)  # not a 0-block stage
+    frac = recomputed_layers(stage, r) / np.maximum(stage, 1)
+    return r.gbs * model.num_layers * frac * np.where(
+        r.recompute == RC_FULL, fwd_layer + fwd_core,
+        np.where(r.recompute == RC_SELECTIVE, selective, 0.0))
