@@ -13,23 +13,37 @@ PipelineModule makes under Megatron-DeepSpeed (partition_method type:transformer
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 from autoplan.cost.compute import attention_core_flops, gemm_flops_per_layer
 from autoplan.model_spec import ModelSpec
 
+if TYPE_CHECKING:
+    import networkx as nx
 
-def layer_graph(model: ModelSpec) -> nx.DiGraph:
-    """Path graph of the model with node attribute `flops` (fwd+bwd FLOPs per token) and
-    `blocks` (transformer blocks in the node: 1 for a block, 0 for embedding and head)."""
+
+@lru_cache(maxsize=64)
+def node_flops(model: ModelSpec) -> tuple[float, float, float]:
+    """(a block's, the embedding's, the head's) forward+backward FLOPs per token: the node
+    weights of layer_graph, which the splits below read as arrays along its path (the search
+    then needs no graph library, 0.1 s of every `search` start)."""
     s = float(model.seq_len)
     one = np.array(1.0)
     gemms = gemm_flops_per_layer(model, np.array(s), one)
     block = 3.0 * (float(np.sum(gemms)) + float(attention_core_flops(model, one, one, one))) / s
     head = 3.0 * 2.0 * model.hidden_size * model.vocab_size  # logits GEMM, fwd + bwd
     embed = 3.0 * model.hidden_size  # a gather and an add: memory-bound, tiny in FLOPs
+    return block, embed, head
+
+
+def layer_graph(model: ModelSpec) -> nx.DiGraph:
+    """Path graph of the model with node attribute `flops` (fwd+bwd FLOPs per token) and
+    `blocks` (transformer blocks in the node: 1 for a block, 0 for embedding and head)."""
+    import networkx as nx
+
+    block, embed, head = node_flops(model)
     g = nx.DiGraph()
     names = ["embedding", *(f"block_{i}" for i in range(model.num_layers)), "head"]
     for name in names:
@@ -39,19 +53,20 @@ def layer_graph(model: ModelSpec) -> nx.DiGraph:
     return g
 
 
-def _block_weights(graph: nx.DiGraph) -> np.ndarray:
-    """Cost of each block with the embedding folded into the first and the head into the last
-    (they can only live with their neighbouring block's stage)."""
-    order = list(nx.topological_sort(graph))
-    w = [graph.nodes[n]["flops"] for n in order if graph.nodes[n]["blocks"]]
-    w[0] += sum(graph.nodes[n]["flops"] for n in order[:1] if not graph.nodes[n]["blocks"])
-    w[-1] += sum(graph.nodes[n]["flops"] for n in order[-1:] if not graph.nodes[n]["blocks"])
-    return np.asarray(w, dtype=float)
+def _block_weights(model: ModelSpec) -> np.ndarray:
+    """Cost of each block along layer_graph's path with the embedding folded into the first
+    and the head into the last (they can only live with their neighbouring block's stage)."""
+    w, embed, head = _path_flops(model)
+    w = w.copy()
+    w[0] += embed
+    w[-1] += head
+    return w
 
 
 def min_max_partition(weights: np.ndarray, stages: int) -> tuple[int, ...]:
     """Contiguous split of `weights` into `stages` non-empty parts minimising the largest part's
-    sum (exact dynamic programme, vectorised over the cut position)."""
+    sum (exact dynamic programme, vectorised over the cut and the end position: one numpy pass
+    per stage; ties go to the earliest cut)."""
     n = len(weights)
     if not 1 <= stages <= n:
         raise ValueError(f"cannot cut {n} blocks into {stages} non-empty stages")
@@ -60,11 +75,12 @@ def min_max_partition(weights: np.ndarray, stages: int) -> tuple[int, ...]:
     cut = np.zeros((stages + 1, n + 1), dtype=np.int64)
     best[0, 0] = 0.0
     for s in range(1, stages + 1):
-        for j in range(s, n - (stages - s) + 1):
-            i = np.arange(s - 1, j)
-            cost = np.maximum(best[s - 1, i], prefix[j] - prefix[i])
-            k = int(np.argmin(cost))
-            best[s, j], cut[s, j] = cost[k], i[k]
+        j = np.arange(s, n - (stages - s) + 1)  # where stage s may end
+        i = np.arange(s - 1, j[-1])[:, None]  # where it may start (the cut before it)
+        cost = np.maximum(best[s - 1, i], prefix[j][None, :] - prefix[i])
+        cost[i >= j[None, :]] = np.inf  # a stage holds at least one block
+        k = np.argmin(cost, axis=0)
+        best[s, j], cut[s, j] = cost[k, np.arange(len(j))], i[k, 0]
     sizes: list[int] = []
     end = n
     for s in range(stages, 0, -1):
@@ -80,7 +96,7 @@ def balanced_layers(model: ModelSpec, stages: int) -> tuple[int, ...] | None:
     there are fewer blocks than stages."""
     if stages > model.num_layers:
         return None
-    return min_max_partition(_block_weights(layer_graph(model)), stages)
+    return min_max_partition(_block_weights(model), stages)
 
 
 def ends_lighter_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
@@ -137,15 +153,15 @@ def deepspeed_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     dp_min = np.full((n + 1, m + 1), np.inf)
     position = np.zeros((n + 1, m + 1), dtype=np.int64)
     dp_max[0, 0] = 0.0
-    for i in range(1, n + 1):
-        ks = np.arange(i)
+    for i in range(1, n + 1):  # every part count j at once (row i reads only rows < i)
+        ks = np.arange(i)[:, None]
         part = prefix[i] - prefix[ks]
-        for j in range(1, min(i, m) + 1):
-            hi = np.maximum(dp_max[ks, j - 1], part)
-            lo = np.minimum(dp_min[ks, j - 1], part)
-            cost = hi - lo
-            k = i - 1 - int(np.argmin(cost[::-1]))  # the last k of least cost (`>=` in theirs)
-            dp_max[i, j], dp_min[i, j], position[i, j] = hi[k], lo[k], k
+        js = np.arange(1, min(i, m) + 1)
+        hi = np.maximum(dp_max[ks, js - 1], part)
+        lo = np.minimum(dp_min[ks, js - 1], part)
+        k = i - 1 - np.argmin((hi - lo)[::-1], axis=0)  # the last k of least cost (`>=` in theirs)
+        cols = np.arange(len(js))
+        dp_max[i, js], dp_min[i, js], position[i, js] = hi[k, cols], lo[k, cols], k
     cuts = [n]
     for j in range(m, 0, -1):
         cuts.append(int(position[cuts[-1], j]))
@@ -197,13 +213,13 @@ def columns_of(lps: tuple[int, ...], pp: int, vpp: int,
 
 @lru_cache(maxsize=64)
 def _path_flops(model: ModelSpec) -> tuple[np.ndarray, float, float]:
-    """(each block's, the embedding's, the head's) FLOPs per token along layer_graph's path,
-    built once per model: the search asks for them for every pipeline shape."""
-    g = layer_graph(model)
-    order = list(nx.topological_sort(g))
-    w = np.array([g.nodes[n]["flops"] for n in order if g.nodes[n]["blocks"]])
+    """(each block's, the embedding's, the head's) FLOPs per token along layer_graph's path
+    (embedding, the blocks, head), built once per model: the search asks for them for every
+    pipeline shape."""
+    block, embed, head = node_flops(model)
+    w = np.full(model.num_layers, block)
     w.setflags(write=False)
-    return w, float(g.nodes[order[0]]["flops"]), float(g.nodes[order[-1]]["flops"])
+    return w, embed, head
 
 
 def heaviest_rank_flops(model: ModelSpec, lps: tuple[int, ...], pp: int, vpp: int,
