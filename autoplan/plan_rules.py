@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,32 @@ def _batch_message(gbs: int, dp: int, mbs: int) -> str:
             f"multiple of micro_batch_size={mbs}; change either")
 
 
+def virtual_stages_fit(num_layers: int, pp: Any, vpp: Any, ends_empty: Any = False
+                       ) -> np.ndarray:
+    """Each of the pp * vpp virtual stages can hold a block, but for an embedding-only first
+    and a loss-only last stage where `ends_empty` (the embed-loss split, Megatron-Core's
+    layout "E|t|...|t|L": Llama 3.1 405B's 126 layers on pp 16 x vpp 8). Rule pp-le-layers;
+    the search lists no vpp that breaks it (autoplan.search.space.auto_vpp)."""
+    return np.asarray(pp) * np.asarray(vpp) <= num_layers + 2 * np.asarray(ends_empty)
+
+
+def _embed_loss(t: Table) -> Any:
+    """Rows of a search table whose split is embed-loss (a plan's own layers_per_stage is
+    checked by validate_plan and Pipeline instead)."""
+    if "split" not in t:
+        return False
+    from autoplan.search_space import Split
+
+    return col(t, "split") == list(Split).index(Split.EMBED_LOSS)
+
+
+def even_split_fits(num_layers: int, pp: Any, vpp: Any) -> np.ndarray:
+    """The even split exists: pp * vpp divides the layers (rule pp-vpp-divides-layers;
+    Megatron-Core's --num-layers-per-virtual-pipeline-stage needs it, megatron/training/
+    arguments.py validate_args)."""
+    return num_layers % (np.asarray(pp) * np.asarray(vpp)) == 0
+
+
 def _micro(t: Table) -> np.ndarray:
     return col(t, "gbs") // np.maximum(col(t, "dp") * col(t, "mbs"), 1)
 
@@ -83,7 +110,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "pp-vpp-divides-layers",
-        lambda t, m: m.num_layers % (col(t, "pp") * col(t, "vpp")) != 0,
+        lambda t, m: ~even_split_fits(m.num_layers, col(t, "pp"), col(t, "vpp")),
         lambda t, i, m: f"parallel.pp * pipeline.vpp = {_int(t, 'pp', i) * _int(t, 'vpp', i)} "
         f"does not divide num_layers={m.num_layers}; choose pp * vpp from "
         f"{_divisors(m.num_layers)} or give pipeline.layers_per_stage",
@@ -177,9 +204,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "pp-le-layers",
-        lambda t, m: col(t, "pp") * col(t, "vpp") > m.num_layers,
+        lambda t, m: ~virtual_stages_fit(m.num_layers, col(t, "pp"), col(t, "vpp"),
+                                         _embed_loss(t)),
         lambda t, i, m: f"parallel.pp * vpp = {_int(t, 'pp', i) * _int(t, 'vpp', i)} exceeds "
-        f"num_layers={m.num_layers}",
+        f"num_layers={m.num_layers} (every virtual stage needs a block, but an embedding-only "
+        "first and a loss-only last one); lower pp or vpp",
     ),
     Rule(
         "recompute-modules-moe",
@@ -311,11 +340,14 @@ def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = No
     row = plan_to_row(plan, model)
     bad = violations(row, model)[0]
     for j, rule in enumerate(RULES):
-        if bad[j] and not (rule.key == "pp-vpp-divides-layers" and lps is not None):
+        if bad[j] and not (rule.key in LAYER_COUNT_RULES and lps is not None):
             reasons.append(rule.message(row, 0, model))
     return reasons
 
 
+LAYER_COUNT_RULES = ("pp-vpp-divides-layers", "pp-le-layers")
+"""Rules a plan's own pipeline.layers_per_stage settles (its entries, checked above and by
+Pipeline, say how many blocks each stage holds)."""
 BF16_REDUCE_PRECISIONS = ("bf16", "fp8")
 """Precisions whose gradients can be reduced in bf16 (fp8 runs keep bf16 gradients)."""
 

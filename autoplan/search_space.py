@@ -34,6 +34,12 @@ SPACES_DIR = resources.package_dir(resources.SPACES)
 """The built-in spaces (package data); a user directory is searched first (autoplan.resources)."""
 ENUMERABLE_LIMIT = 5_000_000
 """Default ceiling on candidates for the exhaustive sampler; larger spaces go to Optuna."""
+AUTO_VPP_ALL = 8
+"""`vpp: auto` tries every vpp up to this one at each pp, with uneven splits where pp * vpp
+does not divide the layers (NVIDIA's Llama 3.x recipes use VP 5-8); deeper ones only where a
+virtual stage gets a whole number of blocks (autoplan.search.space.auto_vpp)."""
+AUTO = "auto"
+"""The YAML spelling of a knob the search derives (precision, pipeline.vpp, parallel.etp)."""
 
 
 class Split(str, enum.Enum):
@@ -89,16 +95,20 @@ class ParallelSpace:
     """Expert-parallel degrees (MoE models; folded into dp x cp x tp as Megatron-Core does);
     null: [1] for a dense model, for a MoE model 1, 2, 4, ..., 64 where they divide the experts
     (autoplan.search.space.expert_pairs)."""
-    etp: tuple[int, ...] = (1,)
-    """Expert tensor-parallel degrees (each routed expert split over etp ranks)."""
+    etp: tuple[int, ...] | None = (1,)
+    """Expert tensor-parallel degrees (each routed expert split over etp ranks); null (`auto`
+    in YAML): 1 and the layout's tp for a MoE model, Megatron-Core's two common settings
+    (ETP 1, or ETP = TP), and 1 for a dense model (autoplan.search.space.expert_pairs)."""
     dp_shard: tuple[int | None, ...] = (None,)
     """HSDP shard group sizes (Plan.parallel.dp_shard): null shards over all of dp; a size
     that does not divide a layout's dp (or is not below it), or comes with ZeRO-0, is refused
     by the rules. [null, 8] also tries one 8-GPU node per shard group, replicated across."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "etp"):
+        for name in ("tp", "pp", "cp"):
             _check_values(name, getattr(self, name), low=1, example=", e.g. [1, 2, 4, 8]")
+        if self.etp is not None:
+            _check_values("etp", self.etp, low=1, example=", e.g. [1, 2], or auto (1 and tp)")
         _check_values("dp_shard", self.dp_shard, low=1, example=", or null (all of dp)")
         if self.ep is not None:
             _check_values("ep", self.ep, low=1, example=", or null (from the model)")
@@ -110,16 +120,23 @@ class ParallelSpace:
 class PipelineSpace:
     schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B,)
     """Pipeline schedules (only matter when pp > 1)."""
-    vpp: tuple[int, ...] = (1,)
-    """Virtual stages per rank (> 1 needs interleaved-1f1b or zero-bubble)."""
+    vpp: tuple[int, ...] | None = (1,)
+    """Virtual stages per rank (> 1 needs interleaved-1f1b or zero-bubble); null (`auto` in
+    YAML): every vpp the layers allow at each pp (autoplan.search.space.auto_vpp)."""
     split: tuple[Split, ...] = (Split.EVEN,)
     """even | balanced | ends | embed-loss | deepspeed layer-to-stage splits; every sampler
     scores each one that differs from the even split (autoplan.search.partition)."""
 
     def __post_init__(self) -> None:
         _check_values("schedule", self.schedule)
-        _check_values("vpp", self.vpp, low=1, example=", e.g. [1, 2, 4]")
+        if self.vpp is not None:
+            _check_values("vpp", self.vpp, low=1, example=", e.g. [1, 2, 4], or auto")
         _check_values("split", self.split)
+
+    def listed_vpp(self) -> tuple[int, ...]:
+        """The vpp list without a model: `auto` counts as 1..AUTO_VPP_ALL (the model's deeper
+        even interleavings add rows; autoplan.search.space.joint_rows counts them)."""
+        return self.vpp if self.vpp is not None else tuple(range(1, AUTO_VPP_ALL + 1))
 
 
 @dataclass(frozen=True)
@@ -213,7 +230,7 @@ class SearchSpace:
         return {
             "tp": len(self.parallel.tp), "pp": len(self.parallel.pp), "cp": len(self.parallel.cp),
             "sp": len(self.sequence_parallel), "schedule": len(self.pipeline.schedule),
-            "vpp": len(self.pipeline.vpp), "zero_stage": len(self.zero_stage),
+            "vpp": len(self.pipeline.listed_vpp()), "zero_stage": len(self.zero_stage),
             "offload_optimizer": len(self.offload.optimizer),
             "offload_params": len(self.offload.params), "recompute": rc_pairs,
             "mbs": len(self.micro_batch_size), "precision": max(len(self.precision), 1),
@@ -231,7 +248,7 @@ class SearchSpace:
 
         shapes = sum(shape_allowed(pp, SCHEDULES.index(Schedule(s)), v)
                      for pp in self.parallel.pp for s in self.pipeline.schedule
-                     for v in self.pipeline.vpp)
+                     for v in self.pipeline.listed_vpp())
         sps = sum(len(sp_values(self, tp)) for tp in self.parallel.tp)
         rest = len(memory_triples(self)) * len(recompute_pairs(self)) \
             * len(self.micro_batch_size) * max(len(self.precision), 1) * len(self.attention) \
@@ -280,6 +297,9 @@ class SearchSpace:
                 rc.pop(name)
         if self.parallel.dp_shard == (None,):
             typing.cast(dict[str, Any], out["parallel"]).pop("dp_shard")
+        for section, name, _ in AUTO_KNOBS:  # derived knobs summarise as spelled
+            if getattr(getattr(self, section), name) is None:
+                typing.cast(dict[str, Any], out[section])[name] = AUTO
         return out
 
 
@@ -303,10 +323,35 @@ def _listify(cls: type, data: Any) -> Any:
     return out
 
 
+AUTO_KNOBS = (("pipeline", "vpp", "a list of integers >= 1, e.g. [1, 2, 4]"),
+              ("parallel", "etp", "a list of integers >= 1, e.g. [1, 2]"))
+"""Knobs whose YAML `auto` loads as null (derived per model and layout by the search)."""
+
+
+def _auto_knobs(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """`auto` as null for AUTO_KNOBS; an explicit null there is refused (write auto)."""
+    out = dict(data)
+    for section, name, listed in AUTO_KNOBS:
+        sub = data.get(section)
+        if not isinstance(sub, dict) or name not in sub:
+            continue
+        value = sub[name]
+        if value is None:
+            raise ConfigError(f"{where}: {section}.{name}", "got null",
+                              f"write {AUTO} (derived by the search) or {listed}")
+        if value == AUTO or value == [AUTO]:
+            out[section] = {**sub, name: None}
+        elif isinstance(value, str) or (isinstance(value, list) and AUTO in value):
+            raise ConfigError(f"{where}: {section}.{name}", f"got {show(value)}",
+                              f"write {AUTO} alone or {listed}")
+    return out
+
+
 def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {data!r}", "expected a mapping of search-space fields")
     data = check_schema_version(data, "")
+    data = _auto_knobs(data, where)
     if data.get("precision") in ("auto", ["auto"]):
         data = {**data, "precision": []}
     elif data.get("precision") == []:

@@ -19,6 +19,7 @@ import numpy as np
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import RecomputeMethod, RecomputePolicy, Schedule
+from autoplan.plan_rules import even_split_fits, virtual_stages_fit
 from autoplan.plan_table import (
     COLUMNS,
     DATA_PARALLEL_COLUMNS,
@@ -34,7 +35,7 @@ from autoplan.plan_table import (
     modules_mask,
 )
 from autoplan.search.partition import columns_of, heaviest_rank_flops, stage_layers
-from autoplan.search_space import SearchSpace, Split
+from autoplan.search_space import AUTO_VPP_ALL, SearchSpace, Split
 
 EXTRA_COLUMNS = {"num_gpus": np.int64, "precision": np.int64, "attention": np.int64,
                  "layers_last": np.int64, "split": np.int64}
@@ -179,6 +180,34 @@ def sp_values(space: SearchSpace, tp: int) -> list[bool]:
     return list(space.sequence_parallel)
 
 
+def auto_vpp(num_layers: int, pp: int, ends_empty: bool = False) -> tuple[int, ...]:
+    """`vpp: auto` at one pp: every vpp up to AUTO_VPP_ALL, and each deeper one whose virtual
+    stages take a whole number of blocks, as Megatron-Core's --num-layers-per-virtual-
+    pipeline-stage needs (megatron/training/arguments.py validate_args): pp * vpp divides the
+    layers (the even split), or the layers plus one each for the embedding and the loss
+    (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split: the
+    "ends" split with both ends one block lighter, so at least two per virtual stage). No vpp
+    that would leave a virtual stage without a block (plan_rules.virtual_stages_fit; with
+    `ends_empty`, the embed-loss split, the first and the last may hold none) is listed; pp 1
+    has no virtual stages. Deep interleaving the layers do not divide needs a hand-written
+    layout and is left to spaces that list it."""
+    if pp <= 1:
+        return (1,)
+    vpp = np.arange(1, max((num_layers + 2) // pp, 1) + 1)
+    stages = pp * vpp
+    ends = ((num_layers + 2) % stages == 0) & ((num_layers + 2) // stages >= 2)
+    whole = even_split_fits(num_layers, pp, vpp) | ends
+    ok = virtual_stages_fit(num_layers, pp, vpp, ends_empty) & ((vpp <= AUTO_VPP_ALL) | whole)
+    return tuple(int(v) for v in vpp[ok])
+
+
+def vpp_choices(space: SearchSpace, model: ModelSpec, pp: int) -> tuple[int, ...]:
+    """The vpp values the search tries at this pp: the space's list, or auto_vpp."""
+    if space.pipeline.vpp is not None:
+        return space.pipeline.vpp
+    return auto_vpp(model.num_layers, pp, Split.EMBED_LOSS in space.pipeline.split)
+
+
 @lru_cache(maxsize=1024)
 def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray:
     """Rows (schedule, vpp, split, layers_first, layers_max, layers_last) for one pp: every
@@ -189,7 +218,7 @@ def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray
     even_rank = -(-model.num_layers // pp)
     for schedule in space.pipeline.schedule:
         code = SCHEDULES.index(Schedule(schedule))
-        for vpp in space.pipeline.vpp:
+        for vpp in vpp_choices(space, model, pp):
             if not shape_allowed(pp, code, vpp):
                 continue
             with_even = pp == 1 or Split.EVEN in space.pipeline.split
@@ -262,7 +291,8 @@ def check_rows(rows: int, limit: int | None) -> None:
 
 def _joint(lay: np.ndarray, space: SearchSpace, model: ModelSpec,
            batch: tuple[int, int]) -> dict[str, np.ndarray]:
-    """Layouts crossed with their pipeline shapes and global batch sizes, as columns."""
+    """Layouts crossed with their pipeline shapes, global batch sizes, sequence parallelism
+    and expert-parallel pairs (the fastest), as columns."""
     names = ("num_gpus", "dp", "tp", "pp", "cp")
     shape_names = ("schedule", "vpp", "split", "layers_first", "layers_max", "layers_last")
     parts: list[dict[str, np.ndarray]] = []
@@ -271,14 +301,19 @@ def _joint(lay: np.ndarray, space: SearchSpace, model: ModelSpec,
         sh = shapes[int(lay[3, j])]
         sizes = np.array(batch_sizes(*batch, int(lay[1, j])), dtype=np.int64)
         sps = np.array(sp_values(space, int(lay[2, j])), dtype=np.int64)
-        k, g, q = len(sh), len(sizes), len(sps)
-        part = {n: np.full(k * g * q, lay[i, j], dtype=np.int64) for i, n in enumerate(names)}
+        group = int(lay[1, j] * lay[2, j] * lay[4, j])  # dp * tp * cp
+        ex = np.array(expert_pairs(space, model, int(lay[2, j]), group),
+                      dtype=np.int64).reshape(-1, 2)
+        k, g, q, e = len(sh), len(sizes), len(sps), len(ex)
+        part = {n: np.full(k * g * q * e, lay[i, j], dtype=np.int64)
+                for i, n in enumerate(names)}
         for i, n in enumerate(shape_names):
-            part[n] = np.repeat(sh[:, i], g * q)
-        part["gbs"] = np.tile(np.repeat(sizes, q), k)
-        part["sp"] = np.tile(sps, k * g)
+            part[n] = np.repeat(sh[:, i], g * q * e)
+        part["gbs"] = np.tile(np.repeat(sizes, q * e), k)
+        part["sp"] = np.tile(np.repeat(sps, e), k * g)
+        part["ep"], part["etp"] = np.tile(ex[:, 0], k * g * q), np.tile(ex[:, 1], k * g * q)
         parts.append(part)
-    keys = (*names, *shape_names, "gbs", "sp")
+    keys = (*names, *shape_names, "gbs", "sp", "ep", "etp")
     if not parts:
         return {n: np.zeros(0, dtype=np.int64) for n in keys}
     return {n: np.concatenate([p[n] for p in parts]) for n in keys}
@@ -296,8 +331,14 @@ def _misfit_candidates(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[i
         ok &= np.isin(dp, par.dp)
     shapes = {p: len(pipeline_shapes(space, model, p)) for p in par.pp}
     sizes = len(batch_sizes(*batch, 1))
-    return int(sum(shapes[int(p)] * len(sp_values(space, int(t)))
+    return int(sum(shapes[int(p)] * _per_tp(space, model, int(t))
                    for p, t in zip(pp[~ok], tp[~ok], strict=True))) * sizes
+
+
+def _per_tp(space: SearchSpace, model: ModelSpec, tp: int, group: int | None = None) -> int:
+    """Rows of a layout at this tp (and dp * cp * tp = group) per pipeline shape and batch
+    size: its sp values times its expert-parallel pairs."""
+    return len(sp_values(space, tp)) * len(expert_pairs(space, model, tp, group))
 
 
 def joint_rows(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
@@ -306,8 +347,8 @@ def joint_rows(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...]
     listing them: the sampler choice and the size check use it."""
     lay, _ = layouts(space, gpu_counts)
     shapes = {p: len(pipeline_shapes(space, model, p)) for p in space.parallel.pp}
-    per = np.array([shapes[int(p)] * len(sp_values(space, int(t)))
-                    for p, t in zip(lay[3], lay[2], strict=True)], dtype=np.int64)
+    per = np.array([shapes[int(p)] * _per_tp(space, model, int(t), int(d * t * c))
+                    for d, t, p, c in zip(*lay[1:], strict=True)], dtype=np.int64)
     if batch[0] != batch[1]:
         per = per * np.array([len(batch_sizes(*batch, int(d))) for d in lay[1]], dtype=np.int64)
     return int(per.sum()) * _rest_size(space, model)
@@ -317,21 +358,35 @@ DEFAULT_EP = (1, 2, 4, 8, 16, 32, 64)
 """Expert-parallel degrees a MoE model tries when the space leaves `ep` null."""
 
 
-def expert_pairs(space: SearchSpace, model: ModelSpec | None) -> list[tuple[int, int]]:
-    """(ep, etp) pairs: the space's lists, or for `ep: null` [1] for a dense model and the
-    DEFAULT_EP that divide a MoE model's experts (the rules judge the rest)."""
+@lru_cache(maxsize=4096)
+def expert_pairs(space: SearchSpace, model: ModelSpec | None, tp: int = 1,
+                 group: int | None = None) -> list[tuple[int, int]]:
+    """(ep, etp) pairs of a layout at this tp: the space's lists, or for `ep: null` [1] for a
+    dense model and the DEFAULT_EP that divide a MoE model's experts; for `etp: auto` 1 and
+    tp (Megatron-Core's ETP 1 or ETP = TP; once where tp is 1). A dense model tries etp 1
+    only. Given `group` (the layout's dp * cp * tp), a MoE model keeps the pairs the expert
+    rules (plan_rules.MOE_RULES) allow there, all of them when none is (the rules then say
+    why): a refused pair is never a plan, so it is neither listed nor sampled."""
     eps = space.parallel.ep
+    moe = model.moe if model is not None else None
     if eps is None:
-        experts = 0 if model is None or model.moe is None else model.moe.num_experts
-        eps = tuple(e for e in DEFAULT_EP if experts and experts % e == 0) or (1,)
-    etps = space.parallel.etp if model is not None and model.moe is not None else (1,)
-    return [(e, t) for e in eps for t in etps]
+        eps = tuple(e for e in DEFAULT_EP if moe and moe.num_experts % e == 0) or (1,)
+    etps = (space.parallel.etp or tuple(dict.fromkeys((1, tp)))) if moe else (1,)
+    pairs = [(e, t) for e in eps for t in etps]
+    if group is None or moe is None or model is None:
+        return pairs
+    from autoplan.plan_rules import MOE_RULES, violations_of
+
+    ep, etp = np.array(pairs, dtype=np.int64).T
+    one = np.ones_like(ep)
+    table = {"dp": one * (group // tp), "cp": one, "tp": one * tp, "ep": ep, "etp": etp}
+    bad = violations_of(MOE_RULES, table, model).any(axis=1)
+    return [p for p, b in zip(pairs, bad, strict=True) if not b] or pairs
 
 
 def _rest_axes(space: SearchSpace, model: ModelSpec | None = None
                ) -> list[tuple[str, np.ndarray]]:
     return [
-        ("expert", np.arange(len(expert_pairs(space, model)))),
         ("memory", np.arange(len(memory_triples(space)))),
         ("rc_pair", np.arange(len(recompute_pairs(space)))),
         ("mbs", np.array(space.micro_batch_size)),
@@ -361,9 +416,6 @@ def _materialize(joint: dict[str, np.ndarray], axes: list[tuple[str, np.ndarray]
     t.update(recompute_columns(space, t.pop("rc_pair")))
     mem = memory_triples(space)[t.pop("memory")]
     t["zero_stage"], t["offload_optimizer"], t["offload_params"] = mem.T
-    ex = np.array(expert_pairs(space, model), dtype=np.int64).reshape(-1, 2)
-    pair = t.pop("expert")
-    t["ep"], t["etp"] = ex[pair, 0], ex[pair, 1]
     dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS,
               **{k: v for k, v in RECOMPUTE_COLUMNS.items() if k in t}}
     return {k: np.ascontiguousarray(t[k], dtype=dtypes[k]) for k in dtypes}

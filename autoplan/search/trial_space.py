@@ -44,6 +44,7 @@ from autoplan.search.space import (
     layouts,
     recompute_columns,
     recompute_pairs,
+    vpp_choices,
 )
 from autoplan.search_space import SearchSpace, Split
 
@@ -75,7 +76,8 @@ def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     schedule = _pick(trial, "schedule", [s.value for s in sp.pipeline.schedule], pp > 1,
                      SCHEDULES[canonical_schedule(sp)].value)
     code = SCHEDULES.index(Schedule(schedule))
-    vpp = _pick(trial, "vpp", sp.pipeline.vpp, pp > 1 and code in (INTERLEAVED, ZERO_BUBBLE), 1)
+    vpp = _pick(trial, "vpp", vpp_choices(sp, req.model, pp),
+                pp > 1 and code in (INTERLEAVED, ZERO_BUBBLE), 1)
     split = _pick(trial, "split", [s.value for s in sp.pipeline.split], pp > 1, "even")
     layout = {
         "num_gpus": n, "dp": n // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
@@ -123,15 +125,11 @@ def expert_choices(layout: dict[str, Any], req: SearchRequest) -> list[tuple[int
     routed experts, etp the expert FFN width, and ep * etp the dp * cp * tp ranks Megatron-Core
     folds the expert grid into (plan_rules.MOE_RULES); a dense model has only (1, 1). When the
     space allows none, all its pairs (the rules then name what is wrong)."""
-    pairs = expert_pairs(req.space, req.model)
-    moe = req.model.moe
     group = layout["dp"] * layout["cp"] * layout["tp"]
-    if moe is None:
-        ok = [p for p in pairs if p == (1, 1)]
-    else:
-        ok = [(e, t) for e, t in pairs if moe.num_experts % e == 0
-              and moe.expert_ffn_hidden_size % t == 0 and group % (e * t) == 0]
-    return ok or pairs
+    pairs = expert_pairs(req.space, req.model, layout["tp"], group)
+    if req.model.moe is not None:
+        return pairs
+    return [p for p in pairs if p == (1, 1)] or pairs
 
 
 def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray]:
