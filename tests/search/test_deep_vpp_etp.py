@@ -264,3 +264,19 @@ def test_the_splits_read_the_layer_graphs_path() -> None:
     folded = _block_weights(model)
     assert folded[0] == flops[0] + flops[1] and folded[-1] == flops[-2] + flops[-1]
     assert folded[1:-1].tolist() == flops[2:-2]
+
+
+def test_torchtitan_maps_a_deep_vpp_plan_to_one_model_part_per_virtual_stage() -> None:
+    """torchtitan without module parts would run 2 stages per rank for Interleaved1F1B; the
+    export names each of the pp * vpp parts (Llama 3 8B on pp 2 x vpp 16: one block each)."""
+    from autoplan.export.torchtitan import settings
+
+    plan = Plan(model="llama-3-8b", cluster=ClusterRef("h100-sxm-80gb", 16),
+                parallel=Parallel(dp=8, pp=2), zero_stage=2,
+                pipeline=Pipeline(Schedule.INTERLEAVED_1F1B, vpp=16),
+                batch=Batch(micro_batch_size=1, global_batch_size=1024))
+    export_plan(get_target("torchtitan"), plan, plan.model_spec(), ExportOptions(gpus_per_node=8))
+    par = settings(plan, plan.model_spec(), "python")["parallelism"]
+    parts = par["module_fqns_per_model_part"]
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B" and len(parts) == 32
+    assert [sum(f.startswith("layers.") for f in p) for p in parts] == [1] * 32
