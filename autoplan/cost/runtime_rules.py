@@ -81,6 +81,22 @@ def _split(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     return (t["pp"] > 1) & ~np.isin(t["split"], _split_codes(rt))
 
 
+def _microbatches(t: Table) -> Any:
+    """Micro-batches per step, as rows.rows_of counts them."""
+    return np.maximum(t["gbs"] // np.maximum(t["dp"] * t["mbs"], 1), 1)
+
+
+def _dualpipe(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    """DualPipe's step() asserts an even rank count and an even number of micro-batches of at
+    least twice it (deepseek-ai/DualPipe dualpipe/dualpipe.py), and runs one chunk per stage
+    pair: rows with a pipeline that break any of these."""
+    if not rt.dualpipe:
+        return np.zeros(np.shape(t["pp"]), dtype=bool)
+    mb = _microbatches(t)
+    return (t["pp"] > 1) & ((t["pp"] % 2 != 0) | (t["vpp"] != 1) | (mb % 2 != 0)
+                            | (mb < 2 * t["pp"]))
+
+
 RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(_schedule, lambda t, rt: (
         f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
@@ -107,6 +123,11 @@ RULES: tuple[RuntimeRule, ...] = (
                 lambda t, rt: (f"runtime {rt.name} has no HSDP (parallel.dp_shard) at ZeRO stage "
                                f"{_v(t, 'zero_stage')} (it runs it at: "
                                f"{', '.join(map(str, rt.hsdp_zero_stages)) or 'none'})")),
+    RuntimeRule(_dualpipe, lambda t, rt: (
+        f"runtime {rt.name} runs a pipeline as DualPipe, which needs an even pp, vpp 1 and an "
+        f"even number of micro-batches of at least 2 x pp (got pp={_v(t, 'pp')}, "
+        f"vpp={_v(t, 'vpp')}, {int(_microbatches(t)[0])} micro-batches: "
+        "batch.global_batch_size / (dp x micro_batch_size))")),
     RuntimeRule(_split, lambda t, rt: (
         f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),
 )

@@ -143,10 +143,11 @@ class RuntimeTraits:
     rank i holds stages i and pp-1-i (Table 2: 2x the parameters) and spends per micro-batch
     the mean of its two stages' times; the bubble is (pp/2 - 1)(F&B + B - 3W), priced with
     F&B = F + B (an overlapped forward-backward pair computes both; its all-to-alls are what
-    ep_comm_overlap hides) and W = B/2 (weight gradients are one of backward's two GEMMs per
-    forward GEMM): (pp/2 - 1)(F + B/2) of the slowest rank; activations of pp + 1 of its
-    stages' micro-batches (Table 2). Needs an even pp. No autoplan runtime preset has it: a
-    pricing of that external runtime (benchmarks/deepseek_v3_runtime.yaml)."""
+    ep_comm_overlap hides) and W the weight-gradient GEMMs (the forward GEMMs' time):
+    (pp/2 - 1)(F + 2B - 3W) of the slowest rank; activations of pp + 1 micro-batches, rank 0
+    pp of stage 0 and one of stage pp-1 (dualpipe.py step()). Needs an even pp, vpp 1 and an
+    even micro-batch count of at least 2 pp (runtime_rules). No autoplan runtime preset has
+    it: a pricing of that external runtime (benchmarks/deepseek_v3_runtime.yaml)."""
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
@@ -182,7 +183,7 @@ class RuntimeTraits:
     fine-grained FP8 (1x128 activation tiles, 128x128 weight blocks, partial sums promoted to
     CUDA cores every 128 K elements: report §3.3.2) is slower: the ratio of a kernel's
     measured TFLOPS to the curve's, time-weighted over a model's GEMMs, is derived from the
-    DeepGEMM README's table (benchmarks/deepseek_v3_fp8.py). Backward GEMMs (Dgrad, Wgrad) are
+    DeepGEMM README's table (benchmarks/deepgemm_fp8.py). Backward GEMMs (Dgrad, Wgrad) are
     taken at the forward shapes' factor: no source tabulates them."""
     fp8_activations: bool = True
     """An fp8 run saves its GEMM inputs for backward in fp8 (1 byte instead of 2): TE's

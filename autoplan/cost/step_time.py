@@ -119,6 +119,12 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                                                                     runtime), r)
         lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
               "full": lt["full"] + delta}
+    else:
+        delta = 0.0 * lt["gemm_forward"]
+    # weight-gradient GEMMs per block: one per forward GEMM at its shape (the GEMM forward time
+    # with the MoE/MLA delta); backward also holds the input gradients, the attention core's
+    # backward and element-wise work, which have none
+    wgrad = lt["gemm_forward"] + delta
     a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
                                      dedup_nodes=runtime.ep_dispatcher == "deepep")
     by_module = r.rc_modules > 0
@@ -184,6 +190,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                 layers * a2a + extra_a2a, layers * (lt["forward"] + lt["backward"])),
             "forward": layers * lt["forward"],
             "backward": layers * lt["backward"],
+            # the head's and MTP's GEMMs: a third of their forward + backward is weight gradient
+            "wgrad": layers * wgrad + extra / 3.0,
             "layers": layers + 0.0 * extra,
         }
 
@@ -196,8 +204,11 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
               stage(r.layers_max, 0.0 * r.layers_max, 0.0 * r.layers_max),
               stage(r.layers_last + d_mtp * head_last, head_last * (logit_t + mtp_x),
                     head_last * (1.0 + d_mtp) * tpc["head"], head_last * mtp_a2a)]
-    if runtime.dualpipe:  # rank 0 holds the first and the last stage (RuntimeTraits.dualpipe)
-        ends = {k: (stages[0][k] + stages[2][k]) / 2.0 for k in stages[0]}
+    if runtime.dualpipe:  # rank 0 holds the first and the last stage (RuntimeTraits.dualpipe);
+        # without a pipeline the one stage is the whole model, head included
+        piped = r.pp > 1
+        ends = {k: np.where(piped, (stages[0][k] + stages[2][k]) / 2.0, stages[0][k])
+                for k in stages[0]}
         stages = [ends, stages[1], ends]
     per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] + s["ep"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
@@ -351,13 +362,15 @@ def time_by_part(
 
 def dualpipe_bubble_s(r: Rows, crit: dict[str, np.ndarray]) -> np.ndarray:
     """DualPipe's bubble per step, (pp/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2) with
-    F&B = F + B and W = B/2: (pp/2 - 1)(F + B/2), F and B the slowest rank's forward and
-    backward (recompute in it) per micro-batch, split from its time in the ratio of its blocks'
-    forward and backward compute."""
+    F&B = F + B: (pp/2 - 1)(F + 2B - 3W). F and B are the slowest rank's forward and backward
+    (recompute in it) per micro-batch, split from its time in the ratio of its blocks' forward
+    and backward compute; W its weight-gradient GEMMs (crit["wgrad"]: the forward GEMMs' time,
+    no communication in it), at most B."""
     f_share = crit["forward"] / np.maximum(crit["forward"] + crit["backward"], 1e-30)
     forward = f_share * crit["t_mb"]
     backward = crit["t_mb"] - forward
-    return np.maximum(r.pp / 2.0 - 1.0, 0.0) * (forward + backward / 2.0)
+    weight = np.minimum(crit["wgrad"], backward)
+    return np.maximum(r.pp / 2.0 - 1.0, 0.0) * (forward + 2.0 * backward - 3.0 * weight)
 
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "GPIPE", "TIME_PARTS", "recompute_flops_per_step",

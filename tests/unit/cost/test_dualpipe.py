@@ -1,0 +1,95 @@
+"""DualPipe as DeepSeek-V3's report (arXiv 2412.19437 §3.2.1, Table 2) and its reference
+implementation (github.com/deepseek-ai/DualPipe, dualpipe/dualpipe.py) describe it: the bubble
+with the weight-gradient time the block model has, the one-stage case, the schedule's
+preconditions, and the pair's activations and parameters."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from autoplan.cost import runtime_rules, step_memory, step_time
+from autoplan.cost.estimate import estimate_plan
+from autoplan.cost.rows import rows_of
+from autoplan.cost.runtimes import load_runtime
+from autoplan.hardware import load_profile
+from autoplan.model_spec import PRESETS
+from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Schedule
+from autoplan.plan_table import plan_to_row
+
+DUAL = replace(load_runtime("megatron"), dualpipe=True)
+LLAMA = PRESETS["llama-3-70b"]
+
+
+def _plan(pp: int = 8, gbs: int = 64, vpp: int = 1, layers: tuple[int, ...] | None = None,
+          dp: int = 1) -> Plan:
+    sched = Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B
+    return Plan(model="llama-3-70b", cluster=ClusterRef("h100-sxm-80gb", 8 * pp * dp),
+                parallel=Parallel(dp=dp, tp=8, pp=pp), sequence_parallel=True,
+                pipeline=Pipeline(schedule=sched, vpp=vpp, layers_per_stage=layers),
+                batch=Batch(micro_batch_size=1, global_batch_size=gbs), zero_stage=1)
+
+
+def _crit(plan: Plan, traits=DUAL) -> dict[str, np.ndarray]:
+    r = rows_of(plan_to_row(plan, LLAMA), LLAMA, "bf16", traits)
+    parts = step_memory.activation_parts(LLAMA, r, False, traits, "bf16")
+    prof = step_time.priced_profile(load_profile("h100-sxm-80gb"), traits)
+    return step_time._stages(LLAMA, prof, r, "bf16", False, traits, parts)
+
+
+def test_bubble_is_table_2s_with_the_blocks_weight_gradient_time():
+    """(pp/2 - 1)(F&B + B - 3W) with F&B = F + B: for F = 1, B = 2, W = 0.5 on 8 ranks
+    3 * (1 + 4 - 1.5) = 10.5 (W = B/2 would give 6); none without a pipeline."""
+    r = rows_of(plan_to_row(_plan(), LLAMA), LLAMA, "bf16", DUAL)
+    crit = {"forward": np.array([1.0]), "backward": np.array([2.0]), "t_mb": np.array([3.0]),
+            "wgrad": np.array([0.5])}
+    assert float(step_time.dualpipe_bubble_s(r, crit)[0]) == pytest.approx(10.5)
+    assert float(step_time.dualpipe_bubble_s(replace(r, pp=np.array([1.0])), crit)[0]) == 0.0
+    # a block's backward holds the attention core's backward and element-wise work besides
+    # the weight gradients, which are the forward GEMMs' time: W < B/2, not B/2
+    crit = _crit(_plan())
+    assert 0.0 < float(crit["wgrad"][0]) < 0.5 * float(crit["backward"][0])
+    one = estimate_plan(_plan(), runtime="megatron")
+    dual = estimate_plan(_plan(), runtime=DUAL)
+    assert 0.0 < dual.time["pp_bubble"] < 0.5 * one.time["pp_bubble"]
+    # the paired end stages run at their mean: never slower than 1F1B's slowest stage
+    assert dual.time["compute"] <= one.time["compute"]
+
+
+def test_one_stage_runs_as_it_is():
+    """Without a pipeline DualPipe has nothing to pair: the step is 1F1B's (the output head's
+    time was halved by averaging the one stage with an empty 'last' one)."""
+    plan = _plan(pp=1, dp=8)
+    a = estimate_plan(plan, runtime=DUAL)
+    b = estimate_plan(plan, runtime="megatron")
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-12)
+    assert a.time["compute"] == pytest.approx(b.time["compute"], rel=1e-12)
+
+
+@pytest.mark.parametrize(("plan", "names"), [
+    (_plan(pp=3, gbs=60, layers=(27, 27, 26)), "pp=3"),   # odd rank count
+    (_plan(pp=4, vpp=2), "vpp=2"),                         # two chunks per rank
+    (_plan(pp=4, gbs=9), "9 micro-batches"),              # odd micro-batch count
+    (_plan(pp=8, gbs=14), "14 micro-batches"),            # fewer than 2 x pp
+])
+def test_dualpipes_preconditions_are_refused_and_masked(plan, names):
+    """DualPipe's step() asserts num_ranks % 2 == 0, num_chunks % 2 == 0 and num_chunks >=
+    2 * num_ranks, and pairs one chunk per stage: estimate names the rule, the search masks
+    it; the same plans are fine without DualPipe, and a plan that keeps them is too."""
+    said = [s for s in runtime_rules.refusals(plan, DUAL) if "DualPipe" in s]
+    assert len(said) == 1 and names in said[0]
+    row = plan_to_row(plan, LLAMA)
+    assert bool(runtime_rules.lacking(row, DUAL, LLAMA)[0])
+    assert not any("DualPipe" in s for s in runtime_rules.refusals(plan, load_runtime(
+        "megatron")))
+    ok = _plan(pp=8, gbs=16)
+    assert not runtime_rules.refusals(ok, DUAL)
+    assert not bool(runtime_rules.lacking(plan_to_row(ok, LLAMA), DUAL, LLAMA)[0])
+
+
+def test_deepseek_traits_run_one_chunk_per_stage():
+    from tests.unit.cost.test_moe import DEEPSEEK_RUNTIME
+
+    assert load_runtime(str(DEEPSEEK_RUNTIME)).schedules == ("1f1b",)
