@@ -49,8 +49,8 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
 def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTraits
                   ) -> tuple[dict[str, np.ndarray], ...]:
     """Model states of the first, the last and a middle stage (layers_max blocks and neither
-    the embedding nor the head: an uneven split's heaviest rank), and the largest parameter
-    count."""
+    the embedding nor the head: an uneven split's heaviest rank), the largest parameter count
+    of one stage, and of a DualPipe rank's two stages (first + last, or two middles)."""
     psi_first, psi_last = params.params_per_rank(model, r.tp, r.pp, r.layers_first,
                                                  r.layers_last)
     psi_mid = (params.params_per_rank(model, r.tp, r.pp, r.layers_max, r.layers_max)[0]
@@ -84,7 +84,8 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
             experts = states(moe.expert_psi(model, r, layers) + mtp_e, r.expert_shard)
             for k in st:
                 st[k] = st[k] + experts[k]
-    return first, last, mid, np.maximum(np.maximum(psi_first, psi_last), psi_mid)
+    return (first, last, mid, np.maximum(np.maximum(psi_first, psi_last), psi_mid),
+            np.maximum(psi_first + psi_last, 2.0 * psi_mid))
 
 
 def memory_by_part(
@@ -94,7 +95,9 @@ def memory_by_part(
     """mem_<part>, mem_total and mem_host (bytes per GPU), mem_psi (parameters of the larger
     stage) and fits."""
     dev = profile.device
-    st_first, st_last, st_mid, psi = _stage_states(model, r, precision, runtime)
+    st_first, st_last, st_mid, psi, psi_pair = _stage_states(model, r, precision, runtime)
+    if runtime.dualpipe:  # a rank holds two stages' parameters: it reduces and steps them all
+        psi = np.where(r.pp > 1, psi_pair, psi)
     a_none = memory.activation_bytes_per_layer(parts, np.zeros_like(r.recompute), precision)
     a_pol = memory.activation_bytes_per_layer(parts, r.recompute, precision,
                                               runtime.selective.value, r.rc_modules)
@@ -185,16 +188,20 @@ def _dualpipe_ranks(r: Rows, states: tuple[dict[str, np.ndarray], ...], act_laye
                     acts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[Any, ...]:
     """States and activations of DualPipe's ranks (runtimes.RuntimeTraits.dualpipe; DeepSeek-V3
     report Table 2): each rank holds two stages' parameters (rank 0 the first and the last, a
-    middle rank two middle stages) and pp + 1 micro-batches of its stages' activations, of the
-    mean of its two stages. Without a pipeline (pp 1) the one stage as it is."""
+    middle rank two middle stages) and pp + 1 micro-batches of its stages' activations. Rank
+    i (i < pp/2) peaks at pp - i micro-batches of stage i and i + 1 of stage pp-1-i
+    (deepseek-ai/DualPipe dualpipe.py step(): 2(pp/2 - i - 1) forwards of phase 0, then i + 1
+    of each phase, then the main loop's first F0 before its B0), so rank 0 holds pp of the
+    first stage and one of the last; a middle rank pp + 1 of its equal stages. With pp = 2
+    both ranks are end ranks (no middle one); without a pipeline (pp 1) the one stage as it
+    is."""
     first, last, mid = states
-    piped = r.pp > 1
+    piped, middle = r.pp > 1, r.pp > 2
     pair = {k: np.where(piped, first[k] + last[k], first[k]) for k in first}
-    twice = {k: np.where(piped, 2.0 * mid[k], mid[k]) for k in mid}
-    held = r.pp + 1.0
-    act_pair = np.where(piped, held * (ends_per_mb[0] + ends_per_mb[1]) / 2.0 + working + logits,
+    act_pair = np.where(piped, r.pp * ends_per_mb[0] + ends_per_mb[1] + working + logits,
                         acts[0])
-    act_two = np.where(piped, held * act_layers(r.layers_max) + working, acts[2])
+    twice = {k: np.where(middle, 2.0 * mid[k], pair[k]) for k in mid}
+    act_two = np.where(middle, (r.pp + 1.0) * act_layers(r.layers_max) + working, act_pair)
     return pair, pair, twice, act_pair, act_pair, act_two
 
 

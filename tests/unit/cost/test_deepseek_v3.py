@@ -202,15 +202,18 @@ def _dense_pipeline_plan(layers: tuple[int, ...] | None = None) -> Plan:
 
 def test_dualpipe_pairs_the_end_stages():
     """Rank 0 holds the first and last stages: moving a block from one end to the other leaves
-    its time and its states unchanged, while 1F1B's slowest stage moves."""
+    its time unchanged (the pair runs at the mean of its stages), while 1F1B's slowest stage
+    moves. Memory is not symmetric: rank 0 holds pp micro-batches of the first stage and one
+    of the last (tests/unit/cost/test_dualpipe.py)."""
     traits = replace(load_runtime("megatron"), dualpipe=True)
     a = estimate_plan(_dense_pipeline_plan((9, *[10] * 6, 11)), runtime=traits)
     b = estimate_plan(_dense_pipeline_plan((11, *[10] * 6, 9)), runtime=traits)
     assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-6)
-    assert a.memory["params"] == pytest.approx(b.memory["params"], rel=1e-9)
-    one = estimate_plan(_dense_pipeline_plan((9, *[10] * 6, 11)), runtime="megatron")
+    one_a = estimate_plan(_dense_pipeline_plan((9, *[10] * 6, 11)), runtime="megatron")
+    one_b = estimate_plan(_dense_pipeline_plan((11, *[10] * 6, 9)), runtime="megatron")
+    assert one_a.step_time_s != pytest.approx(one_b.step_time_s, rel=1e-3)
     # two stages' parameters on a rank: twice the middle stage's
-    assert a.memory["params"] > 1.8 * one.memory["params"]
+    assert a.memory["params"] > 1.8 * one_a.memory["params"]
     # a pricing of DeepSeek's own runtime only: no preset runs it
     assert not any(load_runtime(name).dualpipe for name in RUNTIMES)
 

@@ -14,7 +14,7 @@ from autoplan.cost import runtime_rules, step_memory, step_time
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import load_runtime
-from autoplan.hardware import load_profile
+from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Schedule
 from autoplan.plan_table import plan_to_row
@@ -93,3 +93,49 @@ def test_deepseek_traits_run_one_chunk_per_stage():
     from tests.unit.cost.test_moe import DEEPSEEK_RUNTIME
 
     assert load_runtime(str(DEEPSEEK_RUNTIME)).schedules == ("1f1b",)
+
+
+def test_end_rank_holds_pp_of_the_first_stage_and_one_of_the_last():
+    """dualpipe.py step(): rank i peaks at pp - i micro-batches of stage i and i + 1 of stage
+    pp-1-i, so rank 0 holds pp of the first stage and one of the last (not pp + 1 of their
+    mean), a middle rank pp + 1 of its two."""
+    r = rows_of(plan_to_row(_plan(), LLAMA), LLAMA, "bf16", DUAL)
+    one = np.ones(1)
+    states = ({"params": one}, {"params": 2 * one}, {"params": 4 * one})
+    out = step_memory._dualpipe_ranks(
+        r, states, lambda layers: 100.0 * layers, 0.5 * one, 0.25 * one,
+        (1.0 * one, 10.0 * one), (one, one, one))
+    pair, _, twice, act_pair, _, act_two = out
+    assert float(pair["params"][0]) == 3.0 and float(twice["params"][0]) == 8.0
+    assert float(act_pair[0]) == pytest.approx(8 * 1.0 + 10.0 + 0.5 + 0.25)
+    assert float(act_two[0]) == pytest.approx(9 * 100.0 * float(r.layers_max[0]) + 0.5)
+    # on 2 ranks (both end ranks, no middle one) a rank holds 2 micro-batches of the first
+    # stage and one of the last: 2 x 50 + 30 blocks against 2 x 30 + 50, where the mean of
+    # the two made them equal (and a middle rank that does not exist held 3 x 50)
+    heavy_first = estimate_plan(_plan(pp=2, layers=(50, 30)), runtime=DUAL)
+    heavy_last = estimate_plan(_plan(pp=2, layers=(30, 50)), runtime=DUAL)
+    assert heavy_first.memory["activations"] == pytest.approx(
+        130 / 110 * heavy_last.memory["activations"], rel=0.03)
+    # time runs at the pair's mean and the pair holds the same parameters either way
+    assert heavy_first.step_time_s == pytest.approx(heavy_last.step_time_s, rel=1e-6)
+    assert heavy_first.memory["params"] == pytest.approx(heavy_last.memory["params"], rel=1e-9)
+
+
+def test_a_rank_reduces_and_steps_both_of_its_stages():
+    """Memory holds two stages' states on a DualPipe rank; the optimizer step and the
+    data-parallel collectives price the same parameters (were one stage's)."""
+    plan = _plan(dp=2)
+    one = estimate_plan(plan, runtime="megatron")
+    dual = estimate_plan(plan, runtime=DUAL)
+    assert dual.time["optimizer"] > 1.8 * one.time["optimizer"]
+    assert dual.time["dp_comm"] > one.time["dp_comm"]
+
+
+def test_deepseek_experts_are_stepped_for_both_stages():
+    """The MoE experts too: DeepSeek-V3's pair holds 8 blocks' experts (2 x 4)."""
+    from tests.unit.cost.test_moe import ACCURACY, DEEPSEEK_RUNTIME, deepseek_v3_plan
+
+    cluster = ClusterSpec(load_profile("h800-sxm-80gb"), 2048)
+    dual = estimate_plan(deepseek_v3_plan(), cluster, runtime=str(DEEPSEEK_RUNTIME))
+    one = estimate_plan(deepseek_v3_plan(), cluster, runtime=ACCURACY.one_f_one_b_runtime())
+    assert dual.time["optimizer"] > 1.8 * one.time["optimizer"]
