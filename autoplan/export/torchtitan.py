@@ -1,7 +1,8 @@
 """`--to torchtitan`: a torchtitan job for a plan, as a Python config_registry module (torchtitan
 >= 0.3, `--torchtitan-format python`) or as the TOML job file of releases up to 0.2.2 (`toml`).
 
-torchtitan builds its Llama 3 models from registered flavors, so the model must match one. ZeRO
+torchtitan builds its Llama 3 models from registered flavors, so the model must match one;
+mixture-of-experts models match its own Qwen3-MoE and DeepSeek-V3 flavors (torchtitan_moe.py). ZeRO
 maps to FSDP2 (2: keep parameters gathered after forward, 3: reshard), ZeRO-0 to replication; the
 pipeline split is written out as module names per stage, so nothing depends on its defaults.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autoplan.export import torchtitan_moe
 from autoplan.export.base import (
     ExportOptions,
     ExportTarget,
@@ -60,20 +62,18 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
 def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     p, pipe, why = plan.parallel, plan.pipeline, []
     if model.moe is not None or model.mla is not None:
-        why.append(
-            f"model {model.name} has experts or latent attention: torchtitan runs them as its "
-            "own registered models (deepseek_v3, qwen3, llama4 flavors), which this export does "
-            "not write (it writes Llama 3); export to megatron"
-        )
-    if model.mtp_layers:
-        why.append(f"model.mtp_layers={model.mtp_layers}: the Llama 3 model this export writes "
-                   "has no multi-token-prediction module; export to megatron (--mtp-num-layers)")
-    found = flavor(model)
-    if found is None or (fmt == "toml" and found[0] not in TOML_FLAVORS):
-        why.append(
-            f"model {model.name} matches no torchtitan Llama 3 flavor; torchtitan builds "
-            "models from registered flavors (8B, 70B, 405B; 1B, 3B from 0.3)"
-        )
+        why += torchtitan_moe.moe_reasons(plan, model, fmt)
+    else:
+        if model.mtp_layers:
+            why.append(f"model.mtp_layers={model.mtp_layers}: the Llama 3 model this export "
+                       "writes has no multi-token-prediction module; export to megatron "
+                       "(--mtp-num-layers)")
+        found = flavor(model)
+        if found is None or (fmt == "toml" and found[0] not in TOML_FLAVORS):
+            why.append(
+                f"model {model.name} matches no torchtitan Llama 3 flavor; torchtitan builds "
+                "models from registered flavors (8B, 70B, 405B; 1B, 3B from 0.3)"
+            )
     if plan.zero_stage == 1:
         why.append(
             "zero_stage=1: torchtitan shards with FSDP2, which has no optimizer-only "
@@ -156,6 +156,8 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
         "context_parallel_degree": p.cp,
         "pipeline_parallel_degree": p.pp,
     }
+    if model.moe is not None:
+        par.update(torchtitan_moe.moe_parallelism(plan, fmt))
     if fmt == "python":
         par["enable_sequence_parallel"] = plan.sequence_parallel
         if p.pp > 1:  # torchtitan 0.3 refuses CUDA graphs with a pipeline
@@ -171,7 +173,9 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
     out = {"training": training, "parallelism": par,
            "activation_checkpoint": activation_checkpoint(plan, model, fmt)}
     if fmt == "toml":
-        out["model"] = {"name": "llama3", "flavor": (flavor(model) or ("?",))[0]}
+        moe = torchtitan_moe.moe_flavor(model)
+        out["model"] = ({"name": "llama3", "flavor": (flavor(model) or ("?",))[0]} if moe is None
+                        else {"name": moe.family, "flavor": moe.flavor})
     return out
 
 
@@ -246,6 +250,11 @@ class TorchtitanTarget(ExportTarget):
         if opts.torchtitan_format == "toml":
             return {"torchtitan.toml": torchtitan_text.toml_text(plan, model, values, lay,
                                                                  opts.out)}
+        moe = torchtitan_moe.moe_flavor(model)
+        if moe is not None:
+            lines = torchtitan_moe.python_model_lines(model, moe)
+            return {"autoplan_torchtitan.py": torchtitan_text.python_text(
+                model, values, (moe.flavor, moe.base), lay, opts.out, lines)}
         found = flavor(model)
         assert found is not None
         return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, found, lay,

@@ -73,10 +73,18 @@ AC_CLASSES = {"full": "FullAC", "selective": "SelectiveAC"}
 
 def python_text(
     model: ModelSpec, values: dict[str, dict[str, Any]], found: tuple[str, str], lay: Layout,
-    out: str | None = None,
+    out: str | None = None, moe_lines: tuple[list[str], list[str]] | None = None,
 ) -> str:
+    """The config_registry module. `found` is (flavor, config_registry function); a MoE model
+    passes `moe_lines` (imports, body lines setting config.model_spec; torchtitan_moe.py) in
+    place of the Llama 3 ones."""
     flavor, base = found
-    start = base if base in ("llama3_8b", "llama3_70b", "llama3_405b") else "llama3_8b"
+    if moe_lines is None:
+        start = base if base in ("llama3_8b", "llama3_70b", "llama3_405b") else "llama3_8b"
+        imports = ["from torchtitan.models.llama3 import config_registry, model_registry"]
+        spec = [f"    config.model_spec = model_registry({flavor!r})"]
+    else:
+        start, (imports, spec) = base, moe_lines
     ac = values["activation_checkpoint"]["mode"]
     pythonpath, module = module_name(out)
     saved = "" if out else f" (save this file as {MODULE}.py)"
@@ -90,12 +98,12 @@ def python_text(
         "",
         *([f"from torchtitan.distributed.activation_checkpoint import {AC_CLASSES[ac]}"]
           if ac in AC_CLASSES else []),
-        "from torchtitan.models.llama3 import config_registry, model_registry",
+        *sorted(imports),
         "",
         "",
         f"def {FUNCTION}():",
         f"    config = config_registry.{start}()",
-        f"    config.model_spec = model_registry({flavor!r})",
+        *spec,
     ]
     for section in ("training", "parallelism"):
         for key, value in values[section].items():
