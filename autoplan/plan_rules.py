@@ -64,7 +64,7 @@ def virtual_stages_fit(num_layers: int, pp: Any, vpp: Any, ends_empty: Any = Fal
     """Each of the pp * vpp virtual stages can hold a block, but for an embedding-only first
     and a loss-only last stage where `ends_empty` (the embed-loss split, Megatron-Core's
     layout "E|t|...|t|L": Llama 3.1 405B's 126 layers on pp 16 x vpp 8). Rule pp-le-layers;
-    the search lists no vpp that breaks it (autoplan.search.space.auto_vpp)."""
+    the search lists no vpp that breaks it (autoplan.search.derived.auto_vpp)."""
     return np.asarray(pp) * np.asarray(vpp) <= num_layers + 2 * np.asarray(ends_empty)
 
 

@@ -37,7 +37,7 @@ ENUMERABLE_LIMIT = 5_000_000
 AUTO_VPP_ALL = 8
 """`vpp: auto` tries every vpp up to this one at each pp, with uneven splits where pp * vpp
 does not divide the layers (NVIDIA's Llama 3.x recipes use VP 5-8); deeper ones only where a
-virtual stage gets a whole number of blocks (autoplan.search.space.auto_vpp)."""
+virtual stage gets a whole number of blocks (autoplan.search.derived.auto_vpp)."""
 AUTO = "auto"
 """The YAML spelling of a knob the search derives (precision, pipeline.vpp, parallel.etp)."""
 
@@ -94,11 +94,11 @@ class ParallelSpace:
     ep: tuple[int, ...] | None = None
     """Expert-parallel degrees (MoE models; folded into dp x cp x tp as Megatron-Core does);
     null: [1] for a dense model, for a MoE model 1, 2, 4, ..., 64 where they divide the experts
-    (autoplan.search.space.expert_pairs)."""
+    (autoplan.search.derived.expert_pairs)."""
     etp: tuple[int, ...] | None = (1,)
     """Expert tensor-parallel degrees (each routed expert split over etp ranks); null (`auto`
     in YAML): 1 and the layout's tp for a MoE model, Megatron-Core's two common settings
-    (ETP 1, or ETP = TP), and 1 for a dense model (autoplan.search.space.expert_pairs)."""
+    (ETP 1, or ETP = TP), and 1 for a dense model (autoplan.search.derived.expert_pairs)."""
     dp_shard: tuple[int | None, ...] = (None,)
     """HSDP shard group sizes (Plan.parallel.dp_shard): null shards over all of dp; a size
     that does not divide a layout's dp (or is not below it), or comes with ZeRO-0, is refused
@@ -122,7 +122,7 @@ class PipelineSpace:
     """Pipeline schedules (only matter when pp > 1)."""
     vpp: tuple[int, ...] | None = (1,)
     """Virtual stages per rank (> 1 needs interleaved-1f1b or zero-bubble); null (`auto` in
-    YAML): every vpp the layers allow at each pp (autoplan.search.space.auto_vpp)."""
+    YAML): every vpp the layers allow at each pp (autoplan.search.derived.auto_vpp)."""
     split: tuple[Split, ...] = (Split.EVEN,)
     """even | balanced | ends | embed-loss | deepspeed layer-to-stage splits; every sampler
     scores each one that differs from the even split (autoplan.search.partition)."""

@@ -4,8 +4,10 @@ arithmetic in numpy (no Python loop over candidates).
 The parallel layouts (num_gpus, tp, pp, cp) come first; dp is derived as num_gpus / (tp*pp*cp),
 and layouts it cannot fill are counted as "world-size" rejections without being materialised.
 Each layout is then crossed with its pipeline shapes (schedule, vpp and every layer split that
-differs from the even one, with the layer columns the cost model prices) and, for a batch range,
-its global batch sizes. Validity rules and scoring are left to `autoplan.search.scoring`.
+differs from the even one, with the layer columns the cost model prices), for a batch range
+its global batch sizes, and its expert-parallel pairs (the vpp and (ep, etp) values a space
+leaves to the search come from autoplan.search.derived). Validity rules and scoring are left
+to `autoplan.search.scoring`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import numpy as np
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import RecomputeMethod, RecomputePolicy, Schedule
-from autoplan.plan_rules import even_split_fits, virtual_stages_fit
 from autoplan.plan_table import (
     COLUMNS,
     DATA_PARALLEL_COLUMNS,
@@ -34,8 +35,9 @@ from autoplan.plan_table import (
     ZERO_BUBBLE,
     modules_mask,
 )
+from autoplan.search.derived import expert_pairs, vpp_choices
 from autoplan.search.partition import columns_of, heaviest_rank_flops, stage_layers
-from autoplan.search_space import AUTO_VPP_ALL, SearchSpace, Split
+from autoplan.search_space import SearchSpace, Split
 
 EXTRA_COLUMNS = {"num_gpus": np.int64, "precision": np.int64, "attention": np.int64,
                  "layers_last": np.int64, "split": np.int64}
@@ -178,34 +180,6 @@ def sp_values(space: SearchSpace, tp: int) -> list[bool]:
     if tp == 1 and False in space.sequence_parallel:
         return [False]
     return list(space.sequence_parallel)
-
-
-def auto_vpp(num_layers: int, pp: int, ends_empty: bool = False) -> tuple[int, ...]:
-    """`vpp: auto` at one pp: every vpp up to AUTO_VPP_ALL, and each deeper one whose virtual
-    stages take a whole number of blocks, as Megatron-Core's --num-layers-per-virtual-
-    pipeline-stage needs (megatron/training/arguments.py validate_args): pp * vpp divides the
-    layers (the even split), or the layers plus one each for the embedding and the loss
-    (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split: the
-    "ends" split with both ends one block lighter, so at least two per virtual stage). No vpp
-    that would leave a virtual stage without a block (plan_rules.virtual_stages_fit; with
-    `ends_empty`, the embed-loss split, the first and the last may hold none) is listed; pp 1
-    has no virtual stages. Deep interleaving the layers do not divide needs a hand-written
-    layout and is left to spaces that list it."""
-    if pp <= 1:
-        return (1,)
-    vpp = np.arange(1, max((num_layers + 2) // pp, 1) + 1)
-    stages = pp * vpp
-    ends = ((num_layers + 2) % stages == 0) & ((num_layers + 2) // stages >= 2)
-    whole = even_split_fits(num_layers, pp, vpp) | ends
-    ok = virtual_stages_fit(num_layers, pp, vpp, ends_empty) & ((vpp <= AUTO_VPP_ALL) | whole)
-    return tuple(int(v) for v in vpp[ok])
-
-
-def vpp_choices(space: SearchSpace, model: ModelSpec, pp: int) -> tuple[int, ...]:
-    """The vpp values the search tries at this pp: the space's list, or auto_vpp."""
-    if space.pipeline.vpp is not None:
-        return space.pipeline.vpp
-    return auto_vpp(model.num_layers, pp, Split.EMBED_LOSS in space.pipeline.split)
 
 
 @lru_cache(maxsize=1024)
@@ -352,36 +326,6 @@ def joint_rows(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...]
     if batch[0] != batch[1]:
         per = per * np.array([len(batch_sizes(*batch, int(d))) for d in lay[1]], dtype=np.int64)
     return int(per.sum()) * _rest_size(space, model)
-
-
-DEFAULT_EP = (1, 2, 4, 8, 16, 32, 64)
-"""Expert-parallel degrees a MoE model tries when the space leaves `ep` null."""
-
-
-@lru_cache(maxsize=4096)
-def expert_pairs(space: SearchSpace, model: ModelSpec | None, tp: int = 1,
-                 group: int | None = None) -> list[tuple[int, int]]:
-    """(ep, etp) pairs of a layout at this tp: the space's lists, or for `ep: null` [1] for a
-    dense model and the DEFAULT_EP that divide a MoE model's experts; for `etp: auto` 1 and
-    tp (Megatron-Core's ETP 1 or ETP = TP; once where tp is 1). A dense model tries etp 1
-    only. Given `group` (the layout's dp * cp * tp), a MoE model keeps the pairs the expert
-    rules (plan_rules.MOE_RULES) allow there, all of them when none is (the rules then say
-    why): a refused pair is never a plan, so it is neither listed nor sampled."""
-    eps = space.parallel.ep
-    moe = model.moe if model is not None else None
-    if eps is None:
-        eps = tuple(e for e in DEFAULT_EP if moe and moe.num_experts % e == 0) or (1,)
-    etps = (space.parallel.etp or tuple(dict.fromkeys((1, tp)))) if moe else (1,)
-    pairs = [(e, t) for e in eps for t in etps]
-    if group is None or moe is None or model is None:
-        return pairs
-    from autoplan.plan_rules import MOE_RULES, violations_of
-
-    ep, etp = np.array(pairs, dtype=np.int64).T
-    one = np.ones_like(ep)
-    table = {"dp": one * (group // tp), "cp": one, "tp": one * tp, "ep": ep, "etp": etp}
-    bad = violations_of(MOE_RULES, table, model).any(axis=1)
-    return [p for p, b in zip(pairs, bad, strict=True) if not b] or pairs
 
 
 def _rest_axes(space: SearchSpace, model: ModelSpec | None = None

@@ -21,16 +21,11 @@ from autoplan.model_spec import PRESETS
 from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Schedule
 from autoplan.plan_rules import MOE_RULES, RULE_KEYS, validate_plan, violations, violations_of
 from autoplan.plan_table import INTERLEAVED, plan_to_row
+from autoplan.search.derived import auto_vpp, expert_pairs
 from autoplan.search.engine import run_search
 from autoplan.search.partition import ends_lighter_layers
 from autoplan.search.ranking import row_plan
-from autoplan.search.space import (
-    auto_vpp,
-    enumerate_space,
-    expert_pairs,
-    joint_rows,
-    pipeline_shapes,
-)
+from autoplan.search.space import enumerate_space, joint_rows, pipeline_shapes
 from autoplan.search.trial_space import expert_choices
 from autoplan.search_space import Split, load_space, space_from_dict
 from tests.search.conftest import SMALL_SPACE, request
