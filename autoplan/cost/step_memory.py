@@ -46,6 +46,17 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
     return parts
 
 
+def mtp_embedding_copy(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
+    """Parameters per GPU of the embedding copy a loss stage apart from stage 0 builds for
+    the MTP module's input (Megatron-Core gpt_model.py: `if self.pre_process or
+    self.mtp_process` builds the embedding; finalize_model_grads all-reduces its gradient with
+    stage 0's, as for tied embeddings): vocab x h / tp when mtp_layers > 0 and the loss sits on
+    another rank. Under ZB-V and DualPipe the two stages share rank 0 and with it the one
+    embedding (DeepSeek-V3 report §3.2.3: sharing it physically needs that pairing)."""
+    apart = (r.pp > 1) & ~r.v_shape & (not runtime.dualpipe) & (model.mtp_layers > 0)
+    return np.where(apart, r.vocab * model.hidden_size / r.tp, 0.0)
+
+
 def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTraits
                   ) -> tuple[dict[str, np.ndarray], ...]:
     """Model states of the first, the last and a middle stage (layers_max blocks and neither
@@ -63,7 +74,8 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
     mtp_rest, mtp_experts = mtp.params_per_rank(model, r.tp, r.ep, r.etp)
     loss_first = (r.pp == 1) | r.v_shape
     psi_first = psi_first + np.where(loss_first, mtp_rest, 0.0)
-    psi_last = psi_last + np.where(loss_first, 0.0, mtp_rest)
+    psi_last = psi_last + np.where(loss_first, 0.0, mtp_rest + mtp_embedding_copy(model, r,
+                                                                                  runtime))
 
     def states(psi: np.ndarray, shard: np.ndarray | None = None) -> dict[str, np.ndarray]:
         out = memory.model_state_bytes(

@@ -309,8 +309,11 @@ def time_by_part(
     # a pipeline that spans nodes sends some boundaries over the network: price the slowest
     p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile)
     out["time_pp_comm"] = np.where(r.pp > 1, 2.0 * (m * r.vpp + r.pp - 1.0) * p2p, 0.0)
-    if model.tie_embeddings:  # first and last stage sum their copies' (FSDP-sharded) gradients;
-        # under ZB-V both copies sit on rank 0 and add up locally
+    # first and last stage sum their copies' (FSDP-sharded) gradients: a tied head's, or the
+    # embedding the MTP module's loss stage keeps again (step_memory.mtp_embedding_copy;
+    # Megatron-Core finalize_model_grads: `share_embeddings_and_output_weights or
+    # mtp_num_layers`); under ZB-V and DualPipe both copies sit on rank 0 and add up locally
+    if model.tie_embeddings or (model.mtp_layers > 0 and not runtime.dualpipe):
         head = r.vocab * model.hidden_size / r.tp
         tied = head * r.reduce_bytes / np.where(r.fsdp & (r.zero >= 1),
                                                                  r.shard, 1.0)

@@ -224,3 +224,43 @@ def test_dualpipe_trait_loads_strictly(tmp_path):
     with pytest.raises(ConfigError, match="dualpipe"):
         load_runtime(str(path))
     assert load_runtime(DEEPSEEK_RUNTIME).dualpipe
+
+
+def test_mtp_loss_stage_keeps_an_embedding_copy_apart_from_stage_0():
+    """Megatron-Core builds the embedding on the MTP stage too (gpt_model.py: `if
+    self.pre_process or self.mtp_process`) and all-reduces its gradient with stage 0's
+    (finalize_model_grads: `share_embeddings_and_output_weights or mtp_num_layers`); DualPipe
+    puts both on rank 0 and keeps one (report §3.2.3)."""
+    plan = ACCURACY.deepseek_v3_plan(layers=ACCURACY.ONE_F_ONE_B_LAYERS)
+    one = ACCURACY.one_f_one_b_runtime()
+    dual = load_runtime(DEEPSEEK_RUNTIME)
+    row = plan_to_row(plan, DS)
+    last = {}
+    for name, traits in (("1f1b", one), ("dual", dual)):
+        r = rows_of(row, DS, "fp8", traits)
+        last[name] = step_memory._stage_states(DS, r, "fp8", traits)[1]
+        copy = float(step_memory.mtp_embedding_copy(DS, r, traits)[0])
+        assert copy == (DS.vocab_size * DS.hidden_size if name == "1f1b" else 0.0)
+    r = rows_of(row, DS, "fp8", one)
+    want = memory.model_state_bytes(
+        np.array([float(DS.vocab_size * DS.hidden_size)]), r.zero, r.shard, "fp8",
+        r.offload_optimizer, r.offload_params, grad_bytes=one.grad_bytes("fp8"),
+        unsharded_accumulation=r.unsharded_accumulation,
+        fp32_sharded_params=one.fp32_sharded_params, fsdp2_offload=one.fsdp2_offload)
+    want["params"] = want["params"] + DS.vocab_size * DS.hidden_size * one.fp8_weight_cache_bytes
+    no_mtp = DS.replace(mtp_layers=0)
+    r0 = rows_of(plan_to_row(plan, no_mtp), no_mtp, "fp8", one)
+    base = step_memory._stage_states(no_mtp, r0, "fp8", one)[1]
+    mtp_only = step_memory._stage_states(
+        DS, r, "fp8", replace(one, dualpipe=True))[1]  # MTP block without the copy
+    for k in ("params", "grads", "optimizer"):
+        assert float(last["1f1b"][k][0] - mtp_only[k][0]) == pytest.approx(
+            float(want[k][0]), rel=1e-9)
+        assert float(mtp_only[k][0]) > float(base[k][0])
+    # its gradient all-reduce between the first and the last stage, none without MTP
+    with_mtp = estimate_plan(plan, H800, runtime=one)
+    without = estimate_plan(plan, H800, runtime=one, model=no_mtp)
+    assert with_mtp.time["pp_comm"] > without.time["pp_comm"]
+    dual_est = estimate_plan(ACCURACY.deepseek_v3_plan(), H800, runtime=dual)
+    dual_no = estimate_plan(ACCURACY.deepseek_v3_plan(), H800, runtime=dual, model=no_mtp)
+    assert dual_est.time["pp_comm"] == pytest.approx(dual_no.time["pp_comm"], rel=1e-12)
