@@ -101,8 +101,9 @@ RUNS = (
         "the same, its pipeline priced as 1F1B (stages 4, 4 x 14, 1)"),
     Run("deepseek-v3 2048 x H800 (report traits, full recompute)", deepseek_v3_plan("full"),
         DEEPSEEK_RUNTIME, DEEPSEEK_STEP_S, "the same, whole blocks recomputed"),
-    Run("deepseek-v3 2048 x H800 (megatron traits)", deepseek_v3_plan("full"), "megatron",
-        DEEPSEEK_STEP_S, "the same run priced as Megatron's alltoall dispatcher runs it"),
+    Run("deepseek-v3 2048 x H800 (megatron traits)",
+        deepseek_v3_plan("full", layers=ONE_F_ONE_B_LAYERS), "megatron", DEEPSEEK_STEP_S,
+        "the same run priced as Megatron's alltoall dispatcher runs it (1F1B split)"),
     # Qwen3 MoE 30B: 8 GPUs, GBS 512, MBS 4, GA 16, seq 4096, EP 8, FSDP 8: 21.773 s per step
     Run("qwen3-30b-a3b 8 x H100 (torchtitan traits)",
         _automodel("qwen3-30b-a3b", 8, 512, 4, 8), "torchtitan", 21.773, AUTOMODEL),
