@@ -145,15 +145,30 @@ def mla_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, 
     return np.asarray(mla - standard)
 
 
+def _mla_ups(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
+             ) -> list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]:
+    """_mla_gemms' up projections (query latent -> heads, key/value latent -> heads); only
+    kv_up without a query latent."""
+    assert model.mla is not None
+    gemms = _mla_gemms(model, tokens, tp)
+    return [gemms[1], gemms[3]] if model.mla.q_lora_rank is not None else [gemms[2]]
+
+
+def mla_up_flops(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """Forward FLOPs of MLA's up projections on one tp rank (0 without MLA): what DeepSeek-V3's
+    recompute re-runs, for HFU (recompute_time.recompute_flops_per_step)."""
+    if model.mla is None:
+        return 0.0 * np.asarray(tokens, float)
+    return np.sum([g for g, _ in _mla_ups(model, tokens, tp)], axis=0)
+
+
 def mla_up_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
                      ) -> np.ndarray:
-    """Forward seconds of MLA's two up projections (query latent -> heads, key/value latent ->
-    heads), the GEMMs DeepSeek-V3's recompute re-runs (report §3.2.3); 0 without MLA or
-    without a query latent's up projection (then only kv_up)."""
+    """Forward seconds of MLA's up projections (_mla_ups), the GEMMs DeepSeek-V3's recompute
+    re-runs (report §3.2.3); 0 without MLA."""
     if model.mla is None:
         return np.zeros_like(r.b)
-    gemms = _mla_gemms(model, r.b * model.seq_len / r.cp, r.tp)
-    ups = [gemms[1], gemms[3]] if model.mla.q_lora_rank is not None else [gemms[2]]
+    ups = _mla_ups(model, r.b * model.seq_len / r.cp, r.tp)
     return np.sum([compute.gemm_time_s(g, profile, peak, s) for g, s in ups], axis=0)
 
 
@@ -282,10 +297,12 @@ def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarr
 
 def mla_latent_bytes(model: ModelSpec, r: Rows) -> np.ndarray:
     """16-bit bytes per block and micro-batch of MLA's latents: the query latent (d_c') and the
-    key/value latent with the shared rotary key (d_c + d_R), the down projections' outputs and
-    the up projections' (re-normed) inputs, replicated over tp like the down projections
-    (DeepSeek-V2 §2.1); 0 without MLA. A recompute that re-runs the up projections keeps them
-    in place of Q, K, V (runtimes.SelectiveKind.DEEPSEEK_V3)."""
+    key/value latent with the shared rotary key (d_c + d_R), the down projections' outputs,
+    replicated over tp like the down projections (DeepSeek-V2 §2.1); 0 without MLA. A
+    recompute that re-runs the up projections keeps them in place of Q, K, V
+    (runtimes.SelectiveKind.DEEPSEEK_V3). They are the RMSNorms' inputs that the recompute
+    re-norms from (report §3.2.3), not a Linear's input (the normed latents, re-made, are), so
+    an fp8 run keeps them 16-bit too (§3.3.3 caches Linear inputs in FP8)."""
     mla = model.mla
     if mla is None:
         return np.zeros_like(r.b)

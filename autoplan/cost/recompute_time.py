@@ -20,10 +20,12 @@ def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: flo
     """Seconds per block DeepSeek-V3's recompute adds (runtimes.SelectiveKind.DEEPSEEK_V3):
     the norms' and SwiGLU's share of the block's element-wise forward time, in proportion to
     the bytes they keep as module_recompute_s counts them, and MLA's two up-projection GEMMs
-    (moe.mla_up_forward_s). `lt`: the block's times before the MoE/MLA delta."""
+    (moe.mla_up_forward_s). The routed copies' dispatched inputs (gemm_in_routed) stay kept
+    and are not re-made: out of the share. `lt`: the block's times before the MoE/MLA delta."""
     elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
     noncore = np.maximum(np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0), 1.0)
-    share = (parts["norm"] + parts["gemm_in"] + parts["mlp_act"] + parts["mlp_mid"]) / noncore
+    norm_outputs = parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)
+    share = (parts["norm"] + norm_outputs + parts["mlp_act"] + parts["mlp_mid"]) / noncore
     return share * elementwise + moe.mla_up_forward_s(model, profile, peak, r)
 
 
@@ -50,10 +52,7 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
     one = np.array(1.0)
     fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
     fwd_core = compute.attention_core_flops(model, one, one, one)
-    mla = model.mla
-    mla_up = 0.0 if mla is None else 2.0 * model.seq_len * model.num_heads * (
-        (mla.q_lora_rank or 0) * mla.qk_head_dim
-        + mla.kv_lora_rank * (mla.qk_nope_head_dim + mla.v_head_dim))
+    mla_up = moe.mla_up_flops(model, np.array(float(model.seq_len)), one)
     selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core, "deepseek-v3": mla_up,
                  "op-sac": compute.op_sac_recomputed_gemm_share(model) * fwd_layer
                  }[runtime.selective.value]

@@ -38,6 +38,12 @@ def test_fp8_gemm_efficiency_is_the_deepgemm_tables_and_loads_strictly(tmp_path)
     traits = load_runtime(DEEPSEEK_RUNTIME)
     assert traits.fp8_gemm_efficiency == round(dg.fp8_gemm_efficiency(internal=True), 3)
     assert dg.fp8_gemm_efficiency(internal=True) < dg.fp8_gemm_efficiency() < 1.0
+    # the README rounds speed-ups to 0.1x: the factor is known to a range around the point,
+    # slower internal kernels (a larger speed-up) at its low end; DeepGEMM's own outside it
+    low = dg.fp8_gemm_efficiency(internal=True, speedup_shift=dg.SPEEDUP_ROUNDING)
+    high = dg.fp8_gemm_efficiency(internal=True, speedup_shift=-dg.SPEEDUP_ROUNDING)
+    assert low < traits.fp8_gemm_efficiency < high < dg.fp8_gemm_efficiency()
+    assert 0.03 < high - low < 0.1
     # the grouped rows are EP 64's own shape: 4 experts of 8192 tokens on each rank
     assert DS.moe.num_experts // 64 == 4 and 4096 * DS.moe.experts_per_token // 4 == 8192
     for bad in ("1.7", "0.0", "true", "fast"):
@@ -264,3 +270,30 @@ def test_mtp_loss_stage_keeps_an_embedding_copy_apart_from_stage_0():
     dual_est = estimate_plan(ACCURACY.deepseek_v3_plan(), H800, runtime=dual)
     dual_no = estimate_plan(ACCURACY.deepseek_v3_plan(), H800, runtime=dual, model=no_mtp)
     assert dual_est.time["pp_comm"] == pytest.approx(dual_no.time["pp_comm"], rel=1e-12)
+
+
+def test_deepseek_recompute_re_runs_no_routed_copies():
+    """The dispatched copies (gemm_in_routed) are kept, not re-made: their bytes weigh in the
+    re-run share as any other kept part (the attention output here) does, not as norm
+    outputs. And the up projections' FLOPs are MLA's GEMMs' (moe._mla_gemms), once."""
+    traits = load_runtime(DEEPSEEK_RUNTIME)
+    r = rows_of(plan_to_row(ACCURACY.deepseek_v3_plan(), DS), DS, "fp8", traits)
+    parts = step_memory.activation_parts(DS, r, False, traits, "fp8")
+    prof = step_time.priced_profile(H800.profile, traits)
+    peak = step_time.gemm_peak(prof, "fp8", traits)
+    lt = step_time.block_times_s(DS, prof, "fp8", r.b, r.tp, r.cp, False, traits, parts, r.sp)
+    routed = parts["gemm_in_routed"]
+    moved = {**parts, "gemm_in": parts["gemm_in"] - routed, "gemm_in_routed": 0.0 * routed,
+             "attn_out": parts["attn_out"] + routed}
+    from autoplan.cost.recompute_time import deepseek_v3_recompute_s, recompute_flops_per_step
+
+    a = deepseek_v3_recompute_s(DS, prof, peak, r, lt, parts)
+    b = deepseek_v3_recompute_s(DS, prof, peak, r, lt, moved)
+    assert float(routed[0]) > 0.0 and float(a[0]) == pytest.approx(float(b[0]), rel=1e-12)
+    mla = DS.mla
+    up = 2.0 * DS.seq_len * DS.num_heads * (mla.q_lora_rank * mla.qk_head_dim + mla.kv_lora_rank
+                                            * (mla.qk_nope_head_dim + mla.v_head_dim))
+    got = moe.mla_up_flops(DS, np.array(float(DS.seq_len)), np.array(1.0))
+    assert float(got) == pytest.approx(up, rel=1e-12)
+    per_step = recompute_flops_per_step(DS, r, traits)
+    assert float(per_step[0]) == pytest.approx(float(r.gbs[0]) * DS.num_layers * up, rel=1e-9)
