@@ -117,6 +117,9 @@ def test_deepseek_v3_published_layout_fits_and_is_priced_below_its_all_in_throug
     est = estimate_plan(plan, cluster, runtime=traits)
     assert est.feasible, est.reasons
     assert est.step_time_s < DEEPSEEK_STEP_S
+    # a sanity floor, not an accuracy window: a halved step (a part dropped or priced twice
+    # too cheap) falls below it
+    assert est.step_time_s > 0.6 * DEEPSEEK_STEP_S
     # how close it comes (issue #13 asks for 20%) is printed by benchmarks/moe_accuracy.py, not
     # asserted: the non-step share of the all-in figure is unknown, and a window met by a
     # quarter of a point would only invite tuning
