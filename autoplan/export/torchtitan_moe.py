@@ -119,10 +119,11 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
                    f"{str(found.sigmoid).lower()}")
     groups = None if moe.route_groups == 1 else (moe.route_groups, moe.groups_per_token)
     if groups != found.groups:
+        want = (f"{found.groups[0]} groups, {found.groups[1]} per token" if found.groups
+                else "all experts, no groups")
         why.append(f"model.moe.route_groups={moe.route_groups} "
                    f"route_groups_per_token={moe.route_groups_per_token}: torchtitan's "
-                   f"{found.flavor} routes over {found.groups or 'no'} groups (num_expert_groups,"
-                   " num_limited_groups)")
+                   f"{found.flavor} routes over {want} (num_expert_groups, num_limited_groups)")
     if moe.routed_scaling_factor != found.route_scale:
         why.append(f"model.moe.routed_scaling_factor={moe.routed_scaling_factor:g}: torchtitan's "
                    f"{found.flavor} scales gates by route_scale={found.route_scale:g}")
