@@ -5,7 +5,9 @@ GPipe keeps every micro-batch in flight (Huang et al. 2019); 1F1B at most pp on 
 pp * (1 + (pp-1)/(pp*v)) layer-sets (Korthikanti et al. 2022, section 4.2.3). Bubble: (pp-1)/m of
 the ideal time for GPipe and 1F1B, (pp-1)/(v*m) interleaved (Narayanan et al. 2021, section 2.2);
 zero-bubble ZB-H1 leaves about a third of 1F1B's (Qi et al. 2023, "Zero Bubble Pipeline
-Parallelism", Table 3), and its V schedule with two chunks less still.
+Parallelism", Table 3), and its V schedule with two chunks less still. DualPipe (DeepSeek-V3
+report §3.2.1, Table 2; deepseek-ai/DualPipe dualpipe.py) pairs stages i and pp-1-i on rank i:
+its bubble and in-flight counts are dualpipe_bubble_s and dualpipe_in_flight.
 """
 
 from __future__ import annotations
@@ -43,3 +45,24 @@ def bubble_fraction(
     out = np.where(sched == INTERLEAVED, base / vpp,
                    np.where(sched == ZERO_BUBBLE, base * ZERO_BUBBLE_SHARE / vpp, base))
     return np.where(pp > 1, out, 0.0)
+
+
+def dualpipe_bubble_s(pp: np.ndarray, forward: np.ndarray, backward: np.ndarray,
+                      weight: np.ndarray) -> np.ndarray:
+    """DualPipe's idle seconds per step, (pp/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2)
+    with F&B = F + B (an overlapped forward-backward pair computes both): (pp/2 - 1)(F + 2B -
+    3W), for the slowest rank's forward, backward and weight-gradient seconds per micro-batch
+    (W at most B); 0 without a pipeline."""
+    pp = np.asarray(pp, float)
+    w = np.minimum(weight, backward)
+    return np.maximum(pp / 2.0 - 1.0, 0.0) * (forward + 2.0 * backward - 3.0 * w)
+
+
+def dualpipe_in_flight(pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Micro-batches a DualPipe rank holds at its peak: (of the first stage, of the last, of a
+    middle rank's two stages together) for the end rank pair and a middle rank. Rank i < pp/2
+    peaks at pp - i of stage i and i + 1 of stage pp-1-i (dualpipe.py step(): 2(pp/2 - i - 1)
+    forwards of phase 0, i + 1 of each phase, then the main loop's first F0 before its B0):
+    rank 0 pp of the first and one of the last, a middle rank pp + 1 of its two."""
+    pp = np.asarray(pp, float)
+    return pp, np.ones_like(pp), pp + 1.0

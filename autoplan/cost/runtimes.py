@@ -141,13 +141,10 @@ class RuntimeTraits:
     """The runtime runs a pipelined plan as DeepSeek's DualPipe (DeepSeek-V3 report §3.2.1,
     Figure 5, Table 2; github.com/deepseek-ai/DualPipe): micro-batches enter from both ends, so
     rank i holds stages i and pp-1-i (Table 2: 2x the parameters) and spends per micro-batch
-    the mean of its two stages' times; the bubble is (pp/2 - 1)(F&B + B - 3W), priced with
-    F&B = F + B (an overlapped forward-backward pair computes both; its all-to-alls are what
-    ep_comm_overlap hides) and W the weight-gradient GEMMs (the forward GEMMs' time):
-    (pp/2 - 1)(F + 2B - 3W) of the slowest rank; activations of pp + 1 micro-batches, rank 0
-    pp of stage 0 and one of stage pp-1 (dualpipe.py step()). Needs an even pp, vpp 1 and an
-    even micro-batch count of at least 2 pp (runtime_rules). No autoplan runtime preset has
-    it: a pricing of that external runtime (benchmarks/deepseek_v3_runtime.yaml)."""
+    the mean of its two stages' times; bubble and in-flight counts: pipeline.dualpipe_*
+    (ep_comm_overlap hides its all-to-alls). Needs an even pp, vpp 1 and an even micro-batch
+    count of at least 2 pp (runtime_rules). No preset has it: a pricing of that external
+    runtime (benchmarks/deepseek_v3_runtime.yaml)."""
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and

@@ -200,20 +200,18 @@ def _dualpipe_ranks(r: Rows, states: tuple[dict[str, np.ndarray], ...], act_laye
                     acts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[Any, ...]:
     """States and activations of DualPipe's ranks (runtimes.RuntimeTraits.dualpipe; DeepSeek-V3
     report Table 2): each rank holds two stages' parameters (rank 0 the first and the last, a
-    middle rank two middle stages) and pp + 1 micro-batches of its stages' activations. Rank
-    i (i < pp/2) peaks at pp - i micro-batches of stage i and i + 1 of stage pp-1-i
-    (deepseek-ai/DualPipe dualpipe.py step(): 2(pp/2 - i - 1) forwards of phase 0, then i + 1
-    of each phase, then the main loop's first F0 before its B0), so rank 0 holds pp of the
-    first stage and one of the last; a middle rank pp + 1 of its equal stages. With pp = 2
-    both ranks are end ranks (no middle one); without a pipeline (pp 1) the one stage as it
-    is."""
+    middle rank two middle stages) and pp + 1 micro-batches of its stages' activations, as
+    pipeline.dualpipe_in_flight counts them (rank 0: pp of the first stage, one of the last).
+    With pp = 2 both ranks are end ranks (no middle one); without a pipeline (pp 1) the one
+    stage as it is."""
     first, last, mid = states
     piped, middle = r.pp > 1, r.pp > 2
+    n_first, n_last, n_mid = pipeline.dualpipe_in_flight(r.pp)
     pair = {k: np.where(piped, first[k] + last[k], first[k]) for k in first}
-    act_pair = np.where(piped, r.pp * ends_per_mb[0] + ends_per_mb[1] + working + logits,
-                        acts[0])
+    act_pair = np.where(piped, n_first * ends_per_mb[0] + n_last * ends_per_mb[1] + working
+                        + logits, acts[0])
     twice = {k: np.where(middle, 2.0 * mid[k], pair[k]) for k in mid}
-    act_two = np.where(middle, (r.pp + 1.0) * act_layers(r.layers_max) + working, act_pair)
+    act_two = np.where(middle, n_mid * act_layers(r.layers_max) + working, act_pair)
     return pair, pair, twice, act_pair, act_pair, act_two
 
 

@@ -375,16 +375,13 @@ def time_by_part(
 
 
 def dualpipe_bubble_s(r: Rows, crit: dict[str, np.ndarray]) -> np.ndarray:
-    """DualPipe's bubble per step, (pp/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2) with
-    F&B = F + B: (pp/2 - 1)(F + 2B - 3W). F and B are the slowest rank's forward and backward
+    """pipeline.dualpipe_bubble_s of the slowest rank: F and B its forward and backward
     (recompute in it) per micro-batch, split from its time in the ratio of its blocks' forward
     and backward compute; W its weight-gradient GEMMs (crit["wgrad"]: the forward GEMMs' time,
-    no communication in it), at most B."""
+    no communication in it)."""
     f_share = crit["forward"] / np.maximum(crit["forward"] + crit["backward"], 1e-30)
     forward = f_share * crit["t_mb"]
-    backward = crit["t_mb"] - forward
-    weight = np.minimum(crit["wgrad"], backward)
-    return np.maximum(r.pp / 2.0 - 1.0, 0.0) * (forward + 2.0 * backward - 3.0 * weight)
+    return pipeline.dualpipe_bubble_s(r.pp, forward, crit["t_mb"] - forward, crit["wgrad"])
 
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "GPIPE", "TIME_PARTS", "recompute_flops_per_step",

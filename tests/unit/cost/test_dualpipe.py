@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplan.cost import runtime_rules, step_memory, step_time
+from autoplan.cost import pipeline, runtime_rules, step_memory, step_time
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import load_runtime
@@ -47,6 +47,9 @@ def test_bubble_is_table_2s_with_the_blocks_weight_gradient_time():
             "wgrad": np.array([0.5])}
     assert float(step_time.dualpipe_bubble_s(r, crit)[0]) == pytest.approx(10.5)
     assert float(step_time.dualpipe_bubble_s(replace(r, pp=np.array([1.0])), crit)[0]) == 0.0
+    # the schedule's own quantities live with the other schedules' (cost/pipeline.py)
+    assert float(pipeline.dualpipe_bubble_s(np.array(8.0), 1.0, 2.0, 0.5)) == pytest.approx(10.5)
+    assert [float(x) for x in pipeline.dualpipe_in_flight(np.array(8.0))] == [8.0, 1.0, 9.0]
     # a block's backward holds the attention core's backward and element-wise work besides
     # the weight gradients, which are the forward GEMMs' time: W < B/2, not B/2
     crit = _crit(_plan())
