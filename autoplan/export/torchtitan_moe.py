@@ -18,6 +18,8 @@ Read from the released wheels (`pip download --no-deps torchtitan==0.2.2` / `==0
   for deepseek_v3 only (build_optimizers_with_moe_load_balancing; qwen3 uses build_optimizers,
   so its bias stays 0), 0.3.0 for both (register_moe_load_balancing_hook) unless the coeff is
   None. Neither has an auxiliary loss or a token capacity on the standard all-to-all path.
+- rank order: the sparse mesh's last dims are (ep, etp), so an EP group is ep ranks at stride
+  etp, as autoplan's cost model places it (cost/comm.py members_per_node(etp, ep, ...)).
 - MTP: 0.3.0 deepseek_v3 `model_registry(flavor, num_mtp_layers=n)` with `MTPLoss`
   (models/deepseek_v3/mtp.py), which refuses pp > 1 and cp > 1; 0.2.2 has no MTP.
 """

@@ -82,9 +82,11 @@ MODEL_FIELDS = {
     "tie_embeddings",
     "dropout",
     "head_dim",
-    "moe",  # megatron writes it; deepspeed and torchtitan refuse it (test_megatron_moe.py)
+    "moe",  # megatron writes it; torchtitan its qwen3/deepseek_v3 flavors (test_torchtitan_moe.py);
+    # deepspeed refuses it (test_megatron_moe.py)
     "mla",
-    "mtp_layers",  # megatron writes --mtp-num-layers; the others refuse it (test_export_mtp.py)
+    "mtp_layers",  # megatron writes --mtp-num-layers, torchtitan >= 0.3 num_mtp_layers for
+    # deepseek_v3 (test_torchtitan_moe.py); the others refuse it (test_export_mtp.py)
 }
 
 

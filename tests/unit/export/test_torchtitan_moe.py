@@ -4,6 +4,7 @@ Python (0.3.0) forms of an EP plan parsed back, and one-line refusals naming the
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import sys
 import types
@@ -302,3 +303,23 @@ def test_real_torchtitan_parses_the_moe_export(fmt: str, tmp_path, monkeypatch):
         argv = ["--job.config_file", str(tmp_path / "job.toml")]
     config = manager.ConfigManager().parse_args(argv)
     assert config.parallelism.expert_parallel_degree == 8
+
+
+@pytest.mark.parametrize("fmt", ["python", "toml"])
+def test_deepseek_v3_pipeline_names_every_block_once(fmt: str):
+    p = _plan(DSV3.replace(mtp_layers=0), 128, dp=32, pp=4, ep=32,
+              pipeline=Pipeline(Schedule.ONE_F_ONE_B, 1, (16, 15, 15, 15)))
+    text = _export(p, fmt)
+    if fmt == "toml":
+        par = tomllib.loads(text)["parallelism"]
+    else:
+        tree = ast.parse(text)
+        par = {node.targets[0].attr: ast.literal_eval(node.value) for node in ast.walk(tree)
+               if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute)
+               and ast.unparse(node.targets[0].value) == "config.parallelism"}
+    parts = par["module_fqns_per_model_part"]
+    assert [len(part) for part in parts] == [17, 15, 15, 17]  # + embeddings; + norm, head
+    assert [m for part in parts for m in part if m.startswith("layers.")] == [
+        f"layers.{i}" for i in range(61)]
+    assert parts[-1][-1] == ("output" if fmt == "toml" else "lm_head")
+    assert (par["pipeline_parallel_degree"], par["expert_parallel_degree"]) == (4, 32)
