@@ -29,6 +29,7 @@ from autoplan.plan_table import (
     col,
     dp_col,
     expert_col,
+    fp8_col,
     modules_mask,
     plan_to_row,
 )
@@ -397,6 +398,13 @@ RUNTIME_RULES: tuple[Rule, ...] = (
         lambda t, i, m: f"model.moe.route_groups={m.moe.route_groups if m.moe else None} with "
         "router_aux_free=false: autoplan's runtime limits routing to groups with DeepSeek-V3's "
         "sigmoid router only; set router_aux_free: true or route_groups: 1",
+    ),
+    Rule(
+        "runtime-fp8-tp",
+        lambda t, m: fp8_col(t) & (col(t, "tp") > 1),
+        lambda t, i, m: f"precision fp8 with tp={_int(t, 'tp', i)}: autoplan's runtime trains "
+        "fp8 through torchao's float8 layers without their tensor-parallel styles "
+        "(runtime/float8.py); use tp 1 or bf16, or export to Megatron-LM or torchtitan",
     ),
     Rule(
         "runtime-mtp",

@@ -68,6 +68,19 @@ RECOMPUTE_COLUMNS: dict[str, Any] = {"rc_modules": np.int64, "rc_method": np.int
 lacks them, so older tables score as before (autoplan.runtime.recompute runs them)."""
 
 
+FP8_COLUMN = "fp8"
+"""Optional boolean column: the row trains in fp8 (Plan.precision). Precision is otherwise a
+search-space code outside the plan table; the runtime rules that depend on it (autoplan's own
+runtime runs fp8 only at tp 1) read this column, False where a table lacks it."""
+
+
+def fp8_col(table: Table) -> np.ndarray:
+    """Column fp8 of `table`, False where the table has none."""
+    if FP8_COLUMN in table:
+        return np.asarray(table[FP8_COLUMN], dtype=bool)
+    return np.zeros(len(np.asarray(table["dp"])), dtype=bool)
+
+
 def modules_mask(modules: tuple[RecomputeModule, ...] | None) -> int:
     return sum(1 << RC_MODULES.index(m) for m in modules or ())
 
@@ -135,7 +148,9 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         "rc_modules": modules_mask(plan.recompute.modules),
         "rc_method": RC_METHODS.index(plan.recompute.method),
     }
-    dtypes = {**COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS, **RECOMPUTE_COLUMNS}
+    row[FP8_COLUMN] = plan.precision is Precision.FP8
+    dtypes = {**COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS, **RECOMPUTE_COLUMNS,
+              FP8_COLUMN: np.bool_}
     return {k: np.array([v], dtype=dtypes[k]) for k, v in row.items()}
 
 

@@ -244,6 +244,13 @@ def type_requests(req: SearchRequest) -> list[SearchRequest]:
     if not req.types:
         return [req]
     given = req.space_given or req.space
+    if not given.precision:  # `auto`: the formats every type has (fp8 only if all have it)
+        own = [given.for_device(t.profile.device.peak_flops_per_s,
+                                t.profile.host.compute_slots is not None).precision
+               for t in req.types]
+        common = tuple(p for p in own[0] if all(p in o for o in own[1:]))
+        if common:
+            given = dataclasses.replace(given, precision=common)
     return [dataclasses.replace(req, profile=t.profile, profile_ref=t.ref,
                                 gpu_counts=t.gpu_counts, types=(), space=given)
             for t in req.types]

@@ -143,4 +143,27 @@ def test_auto_precision_per_device() -> None:
                                    load_profile(name).host.compute_slots is not None).precision
             for name in ("v100-sxm2-32gb", "a100-sxm4-80gb", "h100-sxm-80gb", "cpu-gloo")}
     assert pick == {"v100-sxm2-32gb": (Precision.FP16,), "a100-sxm4-80gb": (Precision.BF16,),
-                    "h100-sxm-80gb": (Precision.BF16,), "cpu-gloo": (Precision.FP32,)}
+                    "h100-sxm-80gb": (Precision.BF16, Precision.FP8),  # fp8 tensor cores
+                    "cpu-gloo": (Precision.FP32,)}
+
+
+def test_auto_precision_across_types_is_what_every_type_has() -> None:
+    import dataclasses
+
+    from autoplan.model_spec import load_model
+    from autoplan.search.engine import GpuType, SearchRequest, type_requests
+    from autoplan.search_space import load_space
+
+    a100, h100 = load_profile("a100-sxm4-80gb"), load_profile("h100-sxm-80gb")
+    req = SearchRequest(model=load_model("gpt3-13b"), model_ref="gpt3-13b", profile=a100,
+                        profile_ref="a100-sxm4-80gb,h100-sxm-80gb", space=load_space("default"),
+                        gpu_counts=(64,), global_batch_size=512,
+                        types=(GpuType("a100-sxm4-80gb", a100, (64,)),
+                               GpuType("h100-sxm-80gb", h100, (64,))))
+    # fp8 is the H100's alone: both search bf16, so their rows rank in one table
+    assert [r.space.precision for r in type_requests(req)] == [(Precision.BF16,)] * 2
+    h200 = load_profile("h200-sxm-141gb")
+    hoppers = dataclasses.replace(req, profile=h100, types=(
+        req.types[1], GpuType("h200-sxm-141gb", h200, (64,))))
+    assert {r.space.precision for r in type_requests(hoppers)} == {
+        (Precision.BF16, Precision.FP8)}
