@@ -19,6 +19,7 @@ from autoplan.plan_table import (
     RECOMPUTE,
     REDUCE_DTYPES,
     SCHEDULES,
+    expert_col,
     mask_modules,
     row_to_plan,
 )
@@ -129,6 +130,7 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
         "pp": c["pp"][rows], "cp": c["cp"][rows], "sp": c["sp"][rows],
         "schedule": np.array([s.value for s in SCHEDULES])[c["schedule"][rows]],
         "vpp": c["vpp"][rows],
+        "ep": expert_col(c, "ep")[rows], "etp": expert_col(c, "etp")[rows],
         "split": np.array([s.value for s in Split])[c["split"][rows]],
         "zero": c["zero_stage"][rows], "offload_optimizer": c["offload_optimizer"][rows],
         "offload_params": c["offload_params"][rows],

@@ -25,7 +25,8 @@ DOMINANT_SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", 
                   "pp_bubble": "bubble", "pp_comm": "pp", "dp_comm": "dp", "offload": "offload",
                   "optimizer": "optim"}
 FIGURES = ("mem_gib", "step_s", "tokens_per_s")
-KNOBS = ("cluster", "num_gpus", "dp", "tp", "pp", "cp", "sp", "schedule", "vpp", "split", "zero",
+KNOBS = ("cluster", "num_gpus", "dp", "tp", "pp", "cp", "ep", "etp", "sp", "schedule", "vpp",
+         "split", "zero",
          "offload_optimizer", "offload_params", "recompute", "recompute_layers", "mbs",
          "precision", "attention", "dp_shard", "grad_reduce")
 MERGEABLE = ("zero", "split")
@@ -140,6 +141,8 @@ COLUMNS: list[Cell] = [
     ("tp", "tp", "tp", True, lambda s, w: str(s.row["tp"])),
     ("pp", "pp", "pp", True, lambda s, w: str(s.row["pp"])),
     ("cp", "cp", "cp", True, lambda s, w: str(s.row["cp"])),
+    ("ep", "ep", "ep", True, lambda s, w: str(s.row.get("ep", 1))),
+    ("etp", "etp", "etp", True, lambda s, w: str(s.row.get("etp", 1))),
     ("sp", "sp", "sp", True, lambda s, w: ("yes" if w else "y") if s.row["sp"] else "-"),
     ("schedule", "schedule", "sched", False, lambda s, w: sched_cell(s.row, s.splits)),
     ("zero", "zero", "zero", True, lambda s, w: zero_cell(s)),
@@ -160,10 +163,11 @@ COLUMNS: list[Cell] = [
     ("usd", "USD", "USD", True, lambda s, w: figure_cell(s.row, "usd", ",.0f")),
 ]
 HOISTABLE = ("cluster", "num_gpus", "sp", "schedule", "zero", "offload", "recompute", "mbs", "precision",
-             "attention", "cp", "dominant")
+             "attention", "cp", "ep", "etp", "dominant")
 """Columns that move to the "all rows" line when every shown row has the same cell."""
 SHARED_NAMES = {"cluster": "GPU type", "num_gpus": "GPUs", "sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
                 "dominant": "biggest cost"}
+EXPERT_KNOBS = ("ep", "etp")
 DROP_ORDER = ("dominant", "attention", "precision", "mfu")
 """Narrow layout: columns left out, in this order, while the table is wider than the terminal."""
 
@@ -192,6 +196,9 @@ def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
         isinstance(s.row.get(c[0]), float) and math.isfinite(s.row[c[0]]) for s in shown)]
     cols = [c for c in cols if c[0] != "usd" or "cost" in objectives]
     multi = len({s.row["num_gpus"] for s in shown}) > 1
+    # expert degrees only where some row has experts split (a dense model's are all 1)
+    cols = [c for c in cols if c[0] not in EXPERT_KNOBS
+            or any(int(s.row.get(c[0], 1)) > 1 for s in shown)]
     if wide:
         cols = [c for c in cols if (c[0] != "num_gpus" or multi)
                 and c[0] not in ("precision", "attention")]
