@@ -1,8 +1,9 @@
 """#15 item 4: `autoplan train PLAN --elastic` under torchrun's elastic agent, as a real
 multi-node job runs it: four single-process "nodes" (one torchrun agent each, c10d rendezvous,
 `--nnodes=2:4`) train a dp=4 plan; after the step-4 checkpoint one node dies (its agent and its
-rank, kill -9). The three survivors re-rendezvous; no plan fits 3 ranks (the global batch of 8
-does not split over dp 3, 2 layers not over pp 3, 8 heads not over tp 3), so the new rank 0
+rank, kill -9). The three survivors re-rendezvous; in the small-cpu space no plan fits 3 ranks
+(the global batch of 8 does not split over dp 3, the space has no pp 3 and no embedding / loss
+stages of their own, 8 heads do not split over tp 3), so the new rank 0
 re-plans for 2, says so, saves the plan beside the checkpoints, one survivor sits idle, and the
 job resumes from step 4 under the new plan (DCP reshards it). Every loss, before and after, is
 the uninterrupted 4-rank run's within the cross-plan resume tests' tolerance.
@@ -31,6 +32,8 @@ from tests.dist.parity import ADAM_LR, RTOL, make_plan
 from tests.dist.resume_tasks import train_with_checkpoints
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+SPACE = "small-cpu"
+"""The default space would run 3 ranks as embedding | 2 blocks | loss stages (issue #12)."""
 
 STEPS, EVERY, KILL_AFTER = 10, 4, 5
 NODES = 4
@@ -49,7 +52,8 @@ def _agent(port: int, plan: str, work: Path, node: int) -> subprocess.Popen:
            "--rdzv-id=elastic-test",
            f"--rdzv-conf=is_host=false,last_call_timeout={LAST_CALL_S},join_timeout=120",
            "--max-restarts=3", "--monitor-interval=0.5",
-           "-m", "autoplan.runtime.worker", plan, "--elastic", "--steps", str(STEPS),
+           "-m", "autoplan.runtime.worker", plan, "--elastic", "--space", SPACE,
+           "--steps", str(STEPS),
            "--checkpoint-dir", str(work / "ck"), "--checkpoint-every", str(EVERY),
            "--metrics-file", str(work / "m.jsonl"), "--lr", repr(ADAM_LR),
            "--pg-timeout-s", "60", "--format", "json"]
@@ -122,7 +126,7 @@ def test_a_node_dies_and_the_job_continues_on_the_largest_valid_world(pool, tmp_
     # checkpoints; one survivor sat idle
     saved = tmp_path / "ck" / "elastic-plans" / "plan-2gpus.yaml"
     new = load_plan(saved)
-    assert new == replan(load_plan(plan_path), NODES - 1).plan  # the pure function's answer
+    assert new == replan(load_plan(plan_path), NODES - 1, space=SPACE).plan  # the pure function
     assert new.world_size == 2 and new.batch.global_batch_size == 8, new
     assert new.predicted and new.predicted["tokens_per_s"] > 0
     assert "no feasible plan for 3 ranks" in logs and "new plan for 2 ranks" in logs, logs[-4000:]

@@ -30,11 +30,15 @@ def test_the_plan_itself_when_its_world_is_present():
     assert r.plan is plan and not r.changed and r.idle_ranks == () and r.skipped == ()
 
 
+SMALL = "small-cpu"
+"""A space without pp 3 or the embed-loss split: there a 2-layer model has no 3-rank plan."""
+
+
 def test_three_of_four_runs_on_two_with_one_rank_idle():
-    """gbs 8 does not split over dp 3, 2 layers not over pp 3, 8 heads not over tp 3: no plan
+    """gbs 8 does not split over dp 3, pp 3 is not in the space, 8 heads not over tp 3: no plan
     for 3 ranks; the largest smaller world with one is 2."""
     plan = make_plan("h8-2l", dp=4, zero=2)
-    r = replan(plan, 3)
+    r = replan(plan, 3, space=SMALL)
     assert r.world_size == 2 and r.changed and r.idle_ranks == (2,)
     assert [w for w, _ in r.skipped] == [3] and "divisible by dp=3" in r.skipped[0][1]
     new = r.plan
@@ -69,9 +73,17 @@ def test_a_larger_world_grows_the_plan():
     assert r.world_size == 4 and r.changed and r.idle_ranks == ()
 
 
+def test_the_default_space_runs_three_ranks_as_embedding_blocks_and_loss_stages():
+    """The default space's embed-loss split gives a 2-layer model a 3-rank pipeline: the
+    embedding, both blocks and the loss each on a rank of their own (issue #12)."""
+    r = replan(make_plan("h8-2l", dp=4, zero=2), 3)
+    assert r.world_size == 3 and r.idle_ranks == ()
+    assert r.plan.parallel.pp == 3 and r.plan.pipeline.layers_per_stage == (0, 2, 0)
+
+
 def test_no_world_down_to_min_gpus_is_exit_3_with_the_nearest_miss():
     with pytest.raises(NoFeasiblePlanError) as err:
-        replan(make_plan("h8-2l", dp=4), 3, min_world=3)
+        replan(make_plan("h8-2l", dp=4), 3, min_world=3, space=SMALL)
     assert err.value.exit_code == 3
     assert "at 3:" in str(err.value) and "divisible by dp=3" in str(err.value)
     with pytest.raises(NoFeasiblePlanError, match="fewer than --min-gpus 4"):
@@ -87,7 +99,7 @@ def test_objectives_and_runtime_come_from_the_plans_prediction():
 
 
 def test_saved_replans_are_never_overwritten(tmp_path):
-    r = replan(make_plan("h8-2l", dp=4, zero=2), 3)
+    r = replan(make_plan("h8-2l", dp=4, zero=2), 3, space=SMALL)
     first = save_replan(r, tmp_path)
     assert first.name == "plan-2gpus.yaml" and load_plan(first) == r.plan
     assert save_replan(r, tmp_path) == first  # the same plan again (a restart): reused
@@ -114,7 +126,7 @@ def test_bad_elastic_flags_exit_2_in_one_line(tmp_path, capsys, flags, field):
 def test_train_elastic_with_no_plan_for_any_world_exits_3_before_launch(tmp_path, capsys):
     plan = save_plan(make_plan("h8-2l", dp=4), tmp_path / "plan.yaml")
     code = main(["train", str(plan), "--steps", "2", "--nproc", "3", "--elastic",
-                 "--min-gpus", "3", "--checkpoint-dir", str(tmp_path / "ck")])
+                 "--min-gpus", "3", "--checkpoint-dir", str(tmp_path / "ck"), "--space", SMALL])
     err = capsys.readouterr().err.strip()
     assert code == 3 and "divisible by dp=3" in err, err
     assert not (tmp_path / "ck").exists()
