@@ -97,10 +97,18 @@ def _dualpipe(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
                             | (mb < 2 * t["pp"]))
 
 
+def _one_stage(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    codes = [i for i, s in enumerate(SCHEDULES) if s.value in rt.multi_stage_schedules]
+    return (t["pp"] > 1) & (t["vpp"] < 2) & np.isin(t["schedule"], codes)
+
+
 RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(_schedule, lambda t, rt: (
         f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
         f"(it runs {', '.join(rt.schedules)})")),
+    RuntimeRule(_one_stage, lambda t, rt: (
+        f"runtime {rt.name} runs {SCHEDULES[_v(t, 'schedule')].value} only with several "
+        f"stages per rank (vpp={_v(t, 'vpp')}; set pipeline.vpp 2 or more)")),
     RuntimeRule(lambda t, rt, m: ~np.isin(t["zero_stage"], list(rt.zero_stages)),
                 lambda t, rt: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
                                f"(it runs {', '.join(map(str, rt.zero_stages))})")),

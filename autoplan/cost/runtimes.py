@@ -196,6 +196,9 @@ class RuntimeTraits:
     megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.16)."""
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     """Pipeline schedules the runtime can run (Plan spelling)."""
+    multi_stage_schedules: tuple[str, ...] = ()
+    """Of those, the ones it runs only with several stages per rank (vpp >= 2): torchtitan's
+    zero-bubble schedules are InterleavedZeroBubble and ZBVZeroBubble, both multi-stage."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     """ZeRO stages the runtime can run."""
     grad_reduce_dtypes: tuple[str, ...] = ("fp32", "bf16")
@@ -276,6 +279,10 @@ class RuntimeTraits:
         if bad or not self.schedules:
             raise ConfigError("runtime.schedules", f"got {list(self.schedules)!r}",
                               f"list some of {', '.join(sorted(known))}")
+        if any(s not in self.schedules for s in self.multi_stage_schedules):
+            raise ConfigError("runtime.multi_stage_schedules",
+                              f"got {list(self.multi_stage_schedules)!r}",
+                              f"list some of runtime.schedules ({', '.join(self.schedules)})")
         if self.tp_comm_overlap_method not in ("none", "userbuffers"):
             raise ConfigError("runtime.tp_comm_overlap_method",
                               f"got {self.tp_comm_overlap_method!r}", "choose none or userbuffers")
@@ -415,6 +422,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
         # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
         "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3], "grad_reduce_dtypes": ["fp32"],
+        "multi_stage_schedules": ["zero-bubble"],
     },
     "deepspeed": {
         "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "

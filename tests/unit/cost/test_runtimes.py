@@ -211,3 +211,39 @@ def test_autoplan_runtime_refuses_what_autoplan_train_refuses() -> None:
         assert bool(runtime_rules.lacking(row, traits, model)[0]) is refused
         said = runtime_rules.refusals(plan, traits, model)
         assert any("layernorm" in line for line in said) is refused
+
+
+def test_autoplan_runtime_refuses_fp8_with_tp_as_autoplan_train_does() -> None:
+    """autoplan train runs fp8 through torchao without its TP styles (runtime/float8.py): the
+    rule runtime-fp8-tp masks such plans for autoplan-cuda, not for Megatron-LM or torchtitan."""
+    from autoplan.cost import runtime_rules
+    from autoplan.plan_table import plan_to_row
+
+    for tp, refused in ((2, True), (1, False)):
+        plan = plan_from_dict({**LLAMA8B, "parallel": {"dp": 8 // tp, "tp": tp},
+                               "zero_stage": 2, "precision": "fp8"})  # a stage all three run
+        model = plan.model_spec()
+        row = plan_to_row(plan, model)
+        for name in ("autoplan", "megatron", "torchtitan"):
+            said = runtime_rules.refusals(plan, load_runtime(name), model)
+            assert bool(runtime_rules.lacking(row, load_runtime(name), model)[0]) is (
+                refused and name == "autoplan")
+            assert any("fp8 with tp=2" in line for line in said) is (refused and name == "autoplan")
+
+
+@pytest.mark.parametrize(("vpp", "refused"), [(1, True), (2, False)])
+def test_torchtitan_runs_zero_bubble_only_with_several_stages_per_rank(vpp, refused) -> None:
+    """torchtitan's zero-bubble schedules (InterleavedZeroBubble, ZBVZeroBubble) are multi-stage:
+    a one-stage ZB plan is refused for it (its exporter refuses the same), not for autoplan."""
+    from autoplan.cost import runtime_rules
+
+    plan = plan_from_dict({**LLAMA8B, "parallel": {"dp": 4, "pp": 2}, "zero_stage": 2,
+                           "pipeline": {"schedule": "zero-bubble", "vpp": vpp}})
+    said = runtime_rules.refusals(plan, load_runtime("torchtitan"), plan.model_spec())
+    assert any("only with several stages per rank" in line for line in said) is refused
+    assert not any("several stages" in line for line in runtime_rules.refusals(
+        plan, load_runtime("autoplan"), plan.model_spec()))
+    with pytest.raises(ConfigError, match="multi_stage_schedules"):
+        from autoplan.cost.runtimes import runtime_from_dict
+        runtime_from_dict({"schema_version": 1, "name": "x", "schedules": ["1f1b"],
+                           "multi_stage_schedules": ["zero-bubble"]})
