@@ -166,7 +166,7 @@ NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_
 
 def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     """Bytes a block keeps under one recompute kind (see runtimes.SelectiveKind)."""
-    core_kept = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
+    core_kept = NONCORE_PARTS  # everything a block keeps but the attention core's own tensors
     if policy == "none":  # `attn_upcast`: fp32 copies of an upcast attention core
         return np.sum([parts[k] for k in (*core_kept, "core")], axis=0) + parts.get(
             "attn_upcast", 0.0)

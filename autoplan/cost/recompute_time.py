@@ -14,6 +14,14 @@ from autoplan.model_spec import ModelSpec
 from autoplan.plan_table import RC_FULL, RC_SELECTIVE
 
 
+def _elementwise(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(a block's non-GEMM, non-core forward seconds, the bytes its element-wise kernels move:
+    memory.NONCORE_PARTS, at least 1): a re-run part's share of that time follows its bytes."""
+    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
+    return elementwise, np.maximum(np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0), 1.0)
+
+
 def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,
                             lt: dict[str, np.ndarray], parts: dict[str, np.ndarray]
                             ) -> np.ndarray:
@@ -22,8 +30,7 @@ def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: flo
     the bytes they keep as module_recompute_s counts them, and MLA's two up-projection GEMMs
     (moe.mla_up_forward_s). The routed copies' dispatched inputs (gemm_in_routed) stay kept
     and are not re-made: out of the share. `lt`: the block's times before the MoE/MLA delta."""
-    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
-    noncore = np.maximum(np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0), 1.0)
+    elementwise, noncore = _elementwise(lt, parts)
     norm_outputs = parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)
     share = (parts["norm"] + norm_outputs + parts["mlp_act"] + parts["mlp_mid"]) / noncore
     return share * elementwise + moe.mla_up_forward_s(model, profile, peak, r)
@@ -36,11 +43,9 @@ def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
     the block's non-GEMM forward time (element-wise work and per-op host costs) in proportion
     to the bytes they keep (an assumption: element-wise time follows bytes moved)."""
     m = np.asarray(modules, dtype=np.int64)
-    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
-    noncore = np.sum([parts[k] for k in ("norm", "gemm_in", "masks", "qkv", "attn_out",
-                                          "mlp_act", "mlp_mid")], axis=0)
-    mlp_share = (parts["mlp_act"] + parts["mlp_mid"]) / np.maximum(noncore, 1.0)
-    norm_share = (parts["norm"] + parts["gemm_in"]) / np.maximum(noncore, 1.0)
+    elementwise, noncore = _elementwise(lt, parts)
+    mlp_share = (parts["mlp_act"] + parts["mlp_mid"]) / noncore
+    norm_share = (parts["norm"] + parts["gemm_in"]) / noncore
     return (np.where((m & memory.CORE_ATTN) > 0, lt["attention-core"], 0.0)
             + np.where((m & memory.MLP) > 0, lt["mlp_gemm_forward"] + mlp_share * elementwise,
                        0.0)

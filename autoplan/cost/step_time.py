@@ -61,9 +61,6 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
     return replace(profile, efficiency=eff, device=device)
 
 
-NONCORE_PARTS = memory.NONCORE_PARTS
-
-
 def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: np.ndarray,
                   tp: np.ndarray, cp: np.ndarray, eager: bool, runtime: RuntimeTraits,
                   parts: dict[str, np.ndarray], sp: np.ndarray | bool = False
@@ -71,7 +68,7 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     """compute.layer_times_s of one block as this runtime runs it (also what `autoplan
     profile` compares its measured blocks with)."""
     act_scale = 2.0 if precision == "fp32" else 1.0
-    noncore = np.sum([parts[k] for k in NONCORE_PARTS], axis=0) * act_scale
+    noncore = np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0) * act_scale
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     casts = (compute.fp8_cast_bytes(model, tokens, tp) if precision == "fp8"
              else np.zeros_like(tokens))
@@ -100,7 +97,8 @@ def gemm_peak(profile: ClusterProfile, precision: str, runtime: RuntimeTraits) -
 
 
 def sixteen_bit_peak(profile: ClusterProfile, precision: str) -> float:
-    """The peak that attention, the output layer and MFU use: an fp8 run's 16-bit peak."""
+    """The peak attention and the output layer run at: an fp8 run's 16-bit peak (MFU takes the
+    plan precision's own peak, estimate.estimate_table)."""
     return profile.device.peak("bf16" if precision == "fp8" else precision)
 
 
