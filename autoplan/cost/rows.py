@@ -92,6 +92,11 @@ def uniform_groups(layers: np.ndarray, rows: Rows) -> np.ndarray:
     return rows.vpp * np.ceil(layers / rows.vpp / k)
 
 
+def microbatches(gbs: np.ndarray, dp: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Micro-batches per step on each data-parallel rank (at least 1)."""
+    return np.maximum(np.floor(np.asarray(gbs) / (np.asarray(dp) * np.asarray(b))), 1.0)
+
+
 def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTraits) -> Rows:
     dp, tp, pp, cp, vpp = (col(table, k).astype(float) for k in ("dp", "tp", "pp", "cp", "vpp"))
     zero = col(table, "zero_stage")
@@ -119,7 +124,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         b=b, gbs=gbs, layers_max=l_max, layers_first=col(table, "layers_first").astype(float),
         layers_last=(col(table, "layers_last").astype(float) if "layers_last" in table
                      else l_max),
-        world=dp * tp * pp * cp, m=np.maximum(np.floor(gbs / (dp * b)), 1.0), shard=shard,
+        world=dp * tp * pp * cp, m=microbatches(gbs, dp, b), shard=shard,
         vocab=params.padded_vocab(model, tp).astype(float), fsdp=fsdp,
         v_shape=(sched == ZERO_BUBBLE) & (vpp == 2) & (pp > 1),
         unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred,

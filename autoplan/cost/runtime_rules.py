@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.cost.rows import microbatches
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, ReduceDtype
@@ -83,7 +84,7 @@ def _split(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 def _microbatches(t: Table) -> Any:
     """Micro-batches per step, as rows.rows_of counts them."""
-    return np.maximum(t["gbs"] // np.maximum(t["dp"] * t["mbs"], 1), 1)
+    return microbatches(t["gbs"], t["dp"], t["mbs"])
 
 
 def _dualpipe(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
