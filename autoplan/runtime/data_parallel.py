@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from autoplan.plan import Offload, Precision, ReduceDtype
-from autoplan.runtime.mesh import ParallelDims
+from autoplan.runtime.mesh import ParallelDims, with_world_timeout
 from autoplan.runtime.offload import offload_policy, wants_offload
 
 
@@ -80,10 +80,10 @@ def fsdp_mesh(world_mesh, dims: ParallelDims):
         from torch.distributed.device_mesh import DeviceMesh
 
         if dims.hsdp:  # replicate over dp_replicate, shard over dp_shard x cp
-            shard_cp = world_mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+            shard_cp = with_world_timeout(world_mesh["dp_shard", "cp"]._flatten("dp_shard_cp"))
             return DeviceMesh._concatenate([world_mesh["dp_replicate"], shard_cp])
         # one of dp_replicate / dp_shard is 1, so this is the dp x cp group
-        dp_cp = world_mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        dp_cp = with_world_timeout(world_mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp"))
         if dims.zero_stage == 0:
             return DeviceMesh._concatenate([dp_cp, world_mesh["dp_shard"]])
         return dp_cp

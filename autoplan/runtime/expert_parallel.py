@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autoplan.plan import Offload, Precision
-from autoplan.runtime.mesh import ParallelDims
+from autoplan.runtime.mesh import ParallelDims, with_world_timeout
 from autoplan.runtime.models.moe import Experts, GroupedLinear, MoE
 
 EXPERT_MESH_DIM_NAMES = ("pp", "edp_replicate", "edp_shard", "ep", "etp")
@@ -66,7 +66,8 @@ def build_expert_mesh(dims: ParallelDims, device_type: str):  # -> DeviceMesh
     edp = dims.edp
     shape = (dims.pp, edp if dims.zero_stage == 0 else 1, 1 if dims.zero_stage == 0 else edp,
              dims.ep, dims.etp)
-    return init_device_mesh(device_type, shape, mesh_dim_names=EXPERT_MESH_DIM_NAMES)
+    return with_world_timeout(init_device_mesh(device_type, shape,
+                                               mesh_dim_names=EXPERT_MESH_DIM_NAMES))
 
 
 class AllToAllDispatch:

@@ -82,7 +82,28 @@ def build_mesh(dims: ParallelDims, device_type: str):  # -> DeviceMesh
     """The 5-D named world mesh over the default process group (init_device_mesh)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device_type, dims.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
+    return with_world_timeout(init_device_mesh(device_type, dims.mesh_shape,
+                                               mesh_dim_names=MESH_DIM_NAMES))
+
+
+def with_world_timeout(mesh):  # DeviceMesh -> DeviceMesh
+    """`mesh`, its groups given the default group's timeout.
+
+    DeviceMesh creates each dimension's groups (and `_flatten` its flattened one) with
+    torch's default timeout for the backend, 30 minutes for gloo and 10 for NCCL
+    (distributed_c10d._get_default_timeout), not the one the job passed to
+    init_process_group: a rank stuck in a tp, dp or pp collective would wait that long while
+    one stuck in a world collective gives up after the job's timeout."""
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._get_default_group()
+    timeout = next(world._get_backend(torch.device(d)).options._timeout
+                   for d in ("cpu", "cuda") if torch.device(d) in world._device_types)
+    for group in mesh.get_all_groups():
+        if group is not world:
+            c10d._set_pg_timeout(timeout, group)
+    return mesh
 
 
 def coordinate(mesh, name: str) -> int:
