@@ -17,6 +17,7 @@ A fork per task costs a fraction of a second and isolates tasks completely.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
@@ -29,12 +30,20 @@ from typing import Any
 PG_TIMEOUT_S = 45.0
 
 
+def _stack_path(store_path: str, rank: int) -> str:
+    return f"{store_path}.rank{rank}.stack"
+
+
 def _task_main(rank: int, fn: Callable[..., Any], world_size: int, store_path: str,
-               args: tuple[Any, ...], results: Any) -> None:
+               args: tuple[Any, ...], results: Any, dump_after_s: float) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # a rank still running shortly before the parent's deadline writes every thread's stack
+    # where the parent can put it in the TimeoutError (a hang is otherwise a bare "timed out")
+    stack_file = open(_stack_path(store_path, rank), "w")  # noqa: SIM115 (lives until _exit)
+    faulthandler.dump_traceback_later(dump_after_s, file=stack_file)
     try:
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(
@@ -44,6 +53,7 @@ def _task_main(rank: int, fn: Callable[..., Any], world_size: int, store_path: s
         out: Any = ("ok", fn(rank, world_size, *args))
     except BaseException:  # report everything; the parent decides
         out = ("error", traceback.format_exc())
+    faulthandler.cancel_dump_traceback_later()
     results.put((rank, out))
     results.close()
     results.join_thread()
@@ -71,7 +81,8 @@ class WorkerPool:
         os.unlink(store_path)
         results = mp.get_context("fork").Queue()
         ctx = tmp.start_processes(
-            _task_main, args=(fn, world_size, store_path, args, results), nprocs=world_size,
+            _task_main, args=(fn, world_size, store_path, args, results, max(1.0, timeout_s - 10)),
+            nprocs=world_size,
             join=False, start_method="fork",
         )
         out: dict[int, Any] = {}
@@ -83,18 +94,36 @@ class WorkerPool:
                     out[rank] = res
                 except queue.Empty:
                     if time.monotonic() >= deadline:
-                        raise TimeoutError(
-                            f"task timed out after {timeout_s}s; ranks done: {sorted(out)}"
-                        ) from None
+                        raise TimeoutError(_timeout_report(timeout_s, world_size, store_path, out)) from None
         finally:
             for p in ctx.processes:
                 p.join(timeout=5)
                 if p.is_alive():
                     p.kill()
                     p.join()
-            if os.path.exists(store_path):
-                os.unlink(store_path)
+            for path in [store_path] + [_stack_path(store_path, r) for r in range(world_size)]:
+                if os.path.exists(path):
+                    os.unlink(path)
         errors = [f"rank {r}:\n{res[1]}" for r, res in sorted(out.items()) if res[0] != "ok"]
         if errors:
             raise RuntimeError("\n".join(errors))
         return [out[r][1] for r in range(world_size)]
+
+
+def _timeout_report(timeout_s: float, world_size: int, store_path: str,
+                    out: dict[int, Any]) -> str:
+    """What each rank was doing: the reports of the ranks that finished, the stacks of the rest."""
+    lines = [f"task timed out after {timeout_s}s; ranks done: {sorted(out)}"]
+    for rank, (status, res) in sorted(out.items()):
+        if status != "ok":
+            lines.append(f"rank {rank} reported:\n{res}")
+    for rank in range(world_size):
+        if rank in out:
+            continue
+        try:
+            with open(_stack_path(store_path, rank)) as f:
+                stack = f.read().strip() or "(no stack written)"
+        except OSError:
+            stack = "(no stack file)"
+        lines.append(f"rank {rank} still running:\n{stack}")
+    return "\n".join(lines)
