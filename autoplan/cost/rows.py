@@ -69,6 +69,10 @@ class Rows:
     reduce_bytes: np.ndarray = field(default_factory=lambda: np.full(1, 4.0))
     """Bytes per gradient element in data-parallel reductions: Plan.grad_reduce_dtype, or
     the runtime's default for the precision (RuntimeTraits.reduce_bytes); set by rows_of."""
+    grad_bytes: np.ndarray = field(default_factory=lambda: np.full(1, 4.0))
+    """Bytes per element of the gradient buffer: the runtime's for the precision
+    (RuntimeTraits.grad_bytes), or the reduce dtype's where the plan names one and the runtime
+    keeps its buffer in it (RuntimeTraits.grads_in_reduce_dtype); set by rows_of."""
 
     @property
     def expert_shard(self) -> np.ndarray:
@@ -108,8 +112,10 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
     shard_dp = np.where(dp_shard > 0, dp_shard, dp)
     shard = shard_dp * cp
     # grad_reduce codes (plan_table.REDUCE_DTYPES): 0 the runtime's default, 1 fp32, 2 bf16
-    reduce_bytes = np.array([runtime.reduce_bytes(precision), 4.0, 2.0])[
-        dp_col(table, "grad_reduce")]
+    reduce_code = dp_col(table, "grad_reduce")
+    reduce_bytes = np.array([runtime.reduce_bytes(precision), 4.0, 2.0])[reduce_code]
+    grad_bytes = np.where((reduce_code != 0) & runtime.grads_in_reduce_dtype, reduce_bytes,
+                          runtime.grad_bytes(precision))
     # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
     # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
     # (autoplan.runtime.data_parallel.uses_fsdp)
@@ -131,7 +137,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         weight_bytes=4.0 if precision == "fp32" else 2.0,
         act_scale=2.0 if precision == "fp32" else 1.0,
         ep=expert_col(table, "ep").astype(float), etp=expert_col(table, "etp").astype(float),
-        replicate=dp / shard_dp, reduce_bytes=reduce_bytes,
+        replicate=dp / shard_dp, reduce_bytes=reduce_bytes, grad_bytes=grad_bytes,
         rc_modules=dp_col(table, "rc_modules"),
         rc_uniform=dp_col(table, "rc_method") == RC_UNIFORM,
     )

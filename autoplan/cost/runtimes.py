@@ -82,8 +82,11 @@ class RuntimeTraits:
     """What selective recompute keeps and re-runs."""
     grad_bytes_bf16: float = 4.0
     """Bytes per gradient element in a bf16 run: Megatron accumulates into an fp32 main_grad
-    buffer (accumulate_allreduce_grads_in_fp32 is forced on for bf16); FSDP2 with
-    reduce_dtype=fp32 keeps fp32 sharded gradients."""
+    buffer (Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 on for bf16;
+    NeMo 2's and Megatron-Bridge's bf16_mixed() set grad_reduce_in_fp32=True, which their
+    mixed-precision setup copies onto the DDP config); FSDP2 with reduce_dtype=fp32 keeps fp32
+    sharded gradients. A plan that reduces in bf16 (Plan.grad_reduce_dtype, as NVIDIA's
+    performance recipes do) keeps 2 where grads_in_reduce_dtype."""
     grad_bytes_fp16: float = 2.0
     """Bytes per gradient element in an fp16 run: Megatron keeps fp16 gradients unless
     --accumulate-allreduce-grads-in-fp32 (the SC21 runs: 16 bytes per parameter in all)."""
@@ -91,6 +94,13 @@ class RuntimeTraits:
     """Bytes per gradient element on the wire in data-parallel reductions of a bf16 run."""
     reduce_bytes_fp16: float = 2.0
     """The same for an fp16 run."""
+    grads_in_reduce_dtype: bool = False
+    """The gradient buffer is kept in the dtype the plan reduces in (Plan.grad_reduce_dtype):
+    Megatron-Core's DDP allocates its grad buffer in fp32 when grad_reduce_in_fp32, else in the
+    parameter dtype (distributed/distributed_data_parallel.py, param_and_grad_buffer.py), and
+    Apex DistributedFusedAdam (NeMo 1) its buffer in grad_sync_dtype. False: the buffer keeps
+    grad_bytes_* whatever the wire dtype (FSDP2: sharded gradients in the sharded parameters'
+    dtype; DeepSpeed: communication_data_type changes the wire only)."""
     fp32_sharded_params: bool = False
     """FSDP2 mixed precision: the sharded parameters are the fp32 master weights (4 bytes,
     sharded like the optimizer) and the optimizer holds only Adam m and v (8); compute copies
@@ -365,7 +375,7 @@ class RuntimeTraits:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
-        "logit_bytes_transient": 4.0,
+        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
@@ -376,7 +386,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-deepep": {
-        "logit_bytes_transient": 4.0,
+        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
         "description": "as megatron, with the MoE flex dispatcher on DeepEP "
                        "(--moe-token-dispatcher-type flex --moe-enable-deepep): tokens sent "
@@ -387,7 +397,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "ep_dispatcher": "deepep",
     },
     "megatron-2022": {
-        "logit_bytes_transient": 4.0,
+        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "description": "Megatron-LM as the SC21 and Korthikanti et al. 2022 runs used it "
                        "(examples/sc21 at de7dc40f88; the 2022 selective-recompute release): the "
                        "data-parallel all-reduce runs after backward (train_step calls "
@@ -398,7 +408,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "overlap_param_gather": False,
     },
     "nemo": {
-        "logit_bytes_transient": 4.0,
+        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
@@ -465,9 +475,18 @@ RUNTIMES: tuple[str, ...] = tuple(_PRESETS)
 
 
 def runtime_from_dict(data: Any, where: str = "runtime") -> RuntimeTraits:
+    """RuntimeTraits from a mapping of its fields; `base: <preset>` starts from that preset's
+    fields, which the mapping's own then override (e.g. megatron with bf16 gradients)."""
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {data!r}", "expected a mapping of runtime-traits fields")
-    return from_dict(RuntimeTraits, check_schema_version(data, where), where)
+    data = dict(check_schema_version(data, where))
+    if "base" in data:
+        base = data.pop("base")
+        if base not in _PRESETS:
+            raise ConfigError(f"{where}.base", f"unknown preset {base!r}",
+                              f"choose one of {', '.join(RUNTIMES)}")
+        data = {"name": base, **_PRESETS[base], **data}
+    return from_dict(RuntimeTraits, data, where)
 
 
 def load_runtime(ref: str | Path | RuntimeTraits | None, flag: str = "--runtime",

@@ -80,7 +80,7 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
     def states(psi: np.ndarray, shard: np.ndarray | None = None) -> dict[str, np.ndarray]:
         out = memory.model_state_bytes(
             psi, r.zero, r.shard if shard is None else shard, precision, r.offload_optimizer, r.offload_params,
-            grad_bytes=runtime.grad_bytes(precision),
+            grad_bytes=r.grad_bytes,
             unsharded_accumulation=r.unsharded_accumulation,
             fp32_sharded_params=runtime.fp32_sharded_params,
             fsdp2_offload=runtime.fsdp2_offload)

@@ -98,3 +98,17 @@ def test_estimate_names_what_a_runtime_cannot_run() -> None:
     [why] = runtime_refusals(_plan(64, 1, dp_shard=8), load_runtime("deepspeed"))
     assert "no HSDP (parallel.dp_shard) at ZeRO stage 1 (it runs it at: none)" in why
     assert runtime_refusals(_plan(64, 1, dp_shard=8), load_runtime("megatron")) == []
+
+
+def test_megatron_keeps_its_gradient_buffer_in_the_reduce_dtype() -> None:
+    """Megatron-Core allocates its grad buffer in fp32 only when grad_reduce_in_fp32
+    (RuntimeTraits.grads_in_reduce_dtype): a plan reducing in bf16 keeps 2 bytes per gradient,
+    one reducing in fp32 (or null, Megatron's bf16 default) 4. FSDP2 (torchtitan) keeps its
+    sharded gradients' dtype whatever the wire carries."""
+    def grads(runtime, reduce):
+        return _estimate(_plan(8, 1, reduce=reduce), load_runtime(runtime))["mem_grads"][0]
+
+    fp32 = grads("megatron", ReduceDtype.FP32)
+    assert fp32 > 4.0 * 8e9 and grads("megatron", None) == fp32  # 4 bytes of each 8B+ gradient
+    assert grads("megatron", ReduceDtype.BF16) == fp32 / 2.0
+    assert grads("torchtitan", ReduceDtype.BF16) == grads("torchtitan", ReduceDtype.FP32)

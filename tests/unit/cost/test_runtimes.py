@@ -38,6 +38,18 @@ def test_a_traits_file_is_loaded_strictly(tmp_path) -> None:
         load_runtime("megatorn")
 
 
+def test_a_traits_file_may_start_from_a_preset(tmp_path) -> None:
+    """`base: <preset>` takes the preset's fields; the file's own override them."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("schema_version: 1\nname: nemo-perf\nbase: nemo\nfused_swiglu: false\n")
+    traits, nemo = load_runtime(str(mine)), load_runtime("nemo")
+    assert traits.name == "nemo-perf" and not traits.fused_swiglu and nemo.fused_swiglu
+    assert traits.tp_comm_overlap_method == nemo.tp_comm_overlap_method == "userbuffers"
+    mine.write_text("schema_version: 1\nbase: nemo-perf\n")
+    with pytest.raises(ConfigError, match="base.*unknown preset"):
+        load_runtime(str(mine))
+
+
 def test_the_same_plan_costs_what_each_runtime_keeps() -> None:
     plan = plan_from_dict(LLAMA8B)
     megatron = estimate_plan(plan, runtime="megatron")
