@@ -128,7 +128,7 @@ def practitioner_runs() -> list[Run]:
         if model.moe is None:
             continue
         mark = "" if entry.get("scored", True) else " (not scored)"
-        runs.append(Run(entry["id"] + mark, plan, entry["runtime"],
+        runs.append(Run(entry["id"] + mark, plan, bench.row_runtime(entry),
                         entry["measured"]["step_time_s"], entry["source"]["url"]))
     return runs
 

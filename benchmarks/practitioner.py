@@ -26,6 +26,7 @@ import yaml
 
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.params import total_params
+from autoplan.cost.runtimes import RuntimeTraits, runtime_from_dict
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.model_spec import ModelSpec, load_model
@@ -38,8 +39,8 @@ RUNTIMES = ("megatron", "megatron-deepep", "nemo", "torchtitan", "deepspeed")
 MEASURED_FIGURES = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
                     "peak_memory_gib")
 TOP_KEYS = {"schema_version", "title", "note", "configurations"}
-ENTRY_KEYS = {"id", "source", "runtime", "scored", "model", "cluster", "plan", "measured",
-              "derived", "assumed", "notes"}
+ENTRY_KEYS = {"id", "source", "runtime", "runtime_traits", "scored", "model", "cluster", "plan",
+              "measured", "derived", "assumed", "notes"}
 SOURCE_KEYS = {"title", "authors", "year", "where", "url", "also"}
 CLUSTER_KEYS = {"profile", "num_gpus", "gpu_as_run"}
 MEASURED_KEYS = set(MEASURED_FIGURES) | {"stated", "memory_basis"}
@@ -132,6 +133,7 @@ def _check_entry(entry: Any, seen: set[str]) -> None:
     if entry["runtime"] not in RUNTIMES:
         raise ConfigError(f"{where}: runtime", f"got {entry['runtime']!r}",
                           f"choose one of {', '.join(RUNTIMES)}")
+    row_runtime(entry)  # runtime_traits: fields of RuntimeTraits, strictly
     _keys(f"{where}: cluster", entry["cluster"], CLUSTER_KEYS, {"profile", "num_gpus"})
     _keys(f"{where}: measured", entry["measured"], MEASURED_KEYS,
           set(MEASURED_FIGURES) | {"stated"})
@@ -160,6 +162,15 @@ def load_data(path: Path) -> list[dict[str, Any]]:
     for entry in data["configurations"]:
         _check_entry(entry, seen)
     return data["configurations"]
+
+
+def row_runtime(entry: dict[str, Any]) -> RuntimeTraits:
+    """The traits the entry's run had: its runtime's preset, with the entry's `runtime_traits`
+    (fields the source shows that run set otherwise, e.g. the fused RMSNorm of torchtitan's
+    2024 configs) over it; the name stays the preset's."""
+    return runtime_from_dict({"schema_version": 1, "base": entry["runtime"],
+                              **(entry.get("runtime_traits") or {})},
+                             f"configuration {entry['id']}: runtime_traits")
 
 
 def build(entry: dict[str, Any]) -> tuple[Plan, ModelSpec, ClusterSpec]:
@@ -197,7 +208,7 @@ def _estimate(plan: Plan, cluster: ClusterSpec, model: ModelSpec, runtime: str):
 
 def score_entry(entry: dict[str, Any]) -> dict[str, Any]:
     plan, model, cluster = build(entry)
-    est = _estimate(plan, cluster, model, entry["runtime"])
+    est = _estimate(plan, cluster, model, row_runtime(entry))
     meas = entry["measured"]
     measured_s = meas["step_time_s"]
     return {

@@ -29,7 +29,6 @@ from rich.table import Table
 
 from autoplan import fsutil
 from autoplan.cost.estimate import estimate_plan
-from autoplan.cost.runtimes import load_runtime
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.registry import get_target
@@ -39,7 +38,7 @@ from autoplan.search.output import plans
 from autoplan.search_space import load_space
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from practitioner import DEFAULT_DATA, build, load_data, plan_summary  # noqa: E402
+from practitioner import DEFAULT_DATA, build, load_data, plan_summary, row_runtime  # noqa: E402
 
 EXPORT_TARGET = {"megatron": "megatron", "megatron-deepep": "megatron", "nemo": "megatron",
                  "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
@@ -108,7 +107,7 @@ def search_entry(entry: dict[str, Any]) -> tuple[SearchResult, float]:
         model=model, model_ref=plan.model, profile=cluster.profile,
         profile_ref=entry["cluster"]["profile"], space=load_space("default"),
         gpu_counts=(cluster.num_gpus,), global_batch_size=plan.batch.global_batch_size,
-        runtime=load_runtime(entry["runtime"]))
+        runtime=row_runtime(entry))
     t0 = time.perf_counter()
     result = run_search(req)
     return result, time.perf_counter() - t0
@@ -116,8 +115,8 @@ def search_entry(entry: dict[str, Any]) -> tuple[SearchResult, float]:
 
 def score_scenario(entry: dict[str, Any]) -> Outcome:
     plan, model, cluster = build(entry)
-    runtime = entry["runtime"]
-    theirs = estimate_plan(plan, cluster, model, runtime=runtime)
+    runtime, traits = entry["runtime"], row_runtime(entry)
+    theirs = estimate_plan(plan, cluster, model, runtime=traits)
     result, seconds = search_entry(entry)
     row: dict[str, Any] = {
         "id": entry["id"], "runtime": runtime, "scored": entry.get("scored", True),
@@ -139,7 +138,7 @@ def score_scenario(entry: dict[str, Any]) -> Outcome:
         row["exports"] = "no winner: " + ", ".join(f"{k} {v:,}" for v, k in counts[:3])
         return Outcome(row, None)
     winner = plans(result, np.array([result.best]))[0]
-    ours = estimate_plan(winner, cluster, model, runtime=runtime)  # as `estimate` would
+    ours = estimate_plan(winner, cluster, model, runtime=traits)  # as `estimate` would
     pred = winner.predicted or {}
     row |= {
         "winner": plan_summary(winner), "winner_knobs": knobs(winner),

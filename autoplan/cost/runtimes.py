@@ -418,9 +418,16 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
         "hsdp_zero_stages": [1],
     },
+    # torchtitan's RMSNorm (torchtitan/models/norms.py, until its PR #985 of 2025-03 made it
+    # nn.RMSNorm) is `self._norm(x.float()).type_as(x) * self.weight`: it keeps the fp32 upcast
+    # and the 16-bit normalised output (6 bytes per element; fused_norm False prices 8), which
+    # matters only without activation checkpointing. Its April 2024 configs chose the Triton
+    # "fused_rmsnorm" instead (saves x, weight, rstd: fused_norm True; PR #297 of 2024-05-02
+    # changed train_configs/llama3_8b.toml from it to "rmsnorm").
     "torchtitan": {
         "description": "torchtitan as its published runs used it (eager, no torch.compile; "
-                       "torch 2.5-era composite nn.RMSNorm): FSDP2 (fp32 sharded params, fp32 "
+                       "its own unfused RMSNorm, priced as composite): FSDP2 (fp32 sharded "
+                       "params, fp32 "
                        "reduce), DTensor TP/SP, torch.distributed.pipelining, op-level selective "
                        "checkpointing, eager SwiGLU, SDPA's FlashAttention-2",
         "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,

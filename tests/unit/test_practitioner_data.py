@@ -125,6 +125,22 @@ def test_loader_rejects_unknown_keys_and_bad_runtimes(tmp_path: Path) -> None:
         BENCH_MODULE.load_data(_write(tmp_path, {**raw, "configurations": [entry, entry]}))
     with pytest.raises(ConfigError, match="schema_version"):
         BENCH_MODULE.load_data(_write(tmp_path, {**raw, "schema_version": 2}))
+    with pytest.raises(ConfigError, match="runtime_traits.fused_norms"):
+        BENCH_MODULE.load_data(_write(tmp_path, {**raw, "configurations": [
+            {**entry, "runtime_traits": {"fused_norms": True}}]}))
+
+
+def test_runtime_traits_price_the_row_with_what_its_run_set() -> None:
+    """A row's runtime_traits override its preset's fields (the name stays the preset's): the
+    no-AC torchtitan row keeps less with the fused RMSNorm its 2024 config chose."""
+    entry = next(e for e in ENTRIES if e["id"] == "torchtitan-llama2-13b-64a100-fsdp-noac")
+    assert entry["runtime_traits"] == {"fused_norm": True}
+    fused = BENCH_MODULE.row_runtime(entry)
+    plain = BENCH_MODULE.row_runtime({**entry, "runtime_traits": None})
+    assert fused.name == plain.name == "torchtitan" and fused.fused_norm and not plain.fused_norm
+    fused_row = BENCH_MODULE.score_entry(entry)
+    plain_row = BENCH_MODULE.score_entry({**entry, "runtime_traits": None})
+    assert fused_row["predicted_mem_gib"] < plain_row["predicted_mem_gib"] - 10.0
 
 
 def test_script_prints_one_row_per_configuration_and_exits_0(capsys) -> None:
