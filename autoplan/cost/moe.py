@@ -104,6 +104,32 @@ def moe_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, 
     return experts + router + shared - _dense_mlp_s(model, profile, peak, tokens, r.tp)
 
 
+def fp8_cast_delta_bytes(model: ModelSpec, r: Rows, dispatch_bytes: float | None = None
+                         ) -> np.ndarray:
+    """Bytes an fp8 MoE block's casts move per micro-batch over those compute.fp8_cast_bytes
+    counts for the dense block (forward + backward, read 2 and write 1 byte per element, as
+    Transformer Engine casts every FP8 GEMM's input forward and output gradient backward): the
+    routed experts cast each token copy's fc1 input (h) and fc2 input (f_e / etp) and the output
+    gradients of fc1 (2 f_e / etp gated) and fc2 (h); shared experts the rank's tokens alike;
+    the dense MLP's h + f/tp inputs and up/tp + h gradients are not run. With an fp8 dispatch
+    (RuntimeTraits.ep_dispatch_bytes 1: DeepSeek-V3 §3.3.2 quantizes before the all-to-all)
+    fc1's input is cast once per token, before it is copied."""
+    if model.moe is None:
+        return np.zeros_like(np.asarray(r.b, float))
+    moe, h = model.moe, model.hidden_size
+    gate = 2.0 if model.gated_mlp else 1.0
+    tokens = r.b * model.seq_len / r.cp
+    copies = routed_tokens(model, r)
+    f_e = moe.expert_ffn_hidden_size / r.etp
+    fp8_dispatch = dispatch_bytes is not None and dispatch_bytes < 2.0
+    fc1_in = (dispatched_tokens(model, r) if fp8_dispatch else copies) * h
+    routed = fc1_in + copies * ((1.0 + gate) * f_e + h)
+    f_s = moe.num_shared_experts * moe.expert_ffn_hidden_size / r.tp
+    shared = tokens * (2.0 * h + (1.0 + gate) * f_s) if moe.num_shared_experts else 0.0
+    dense = tokens * (2.0 * h + (1.0 + gate) * model.ffn / r.tp)
+    return moe_share(model) * 3.0 * (routed + shared - dense)
+
+
 def _mla_gemms(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
                ) -> list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]:
     """MLA's forward GEMMs (FLOPs, output shape) on one tp rank (DeepSeek-V2 §2.1): the down

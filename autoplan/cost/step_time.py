@@ -117,6 +117,11 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                                                                     runtime), r)
         lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
               "full": lt["full"] + delta}
+        if precision == "fp8" and model.moe is not None:  # the experts' casts, not the MLP's
+            casts = compute.memory_time_s(moe.fp8_cast_delta_bytes(
+                model, r, runtime.ep_dispatch_bytes), profile)
+            lt = {**lt, "forward": lt["forward"] + casts / 3.0,
+                  "backward": lt["backward"] + casts * 2.0 / 3.0, "full": lt["full"] + casts / 3.0}
     else:
         delta = 0.0 * lt["gemm_forward"]
     # weight-gradient GEMMs per block: one per forward GEMM at its shape (the GEMM forward time

@@ -248,3 +248,21 @@ def test_ep_dispatcher_is_checked_when_loaded(tmp_path):
     bad.write_text("schema_version: 1\nname: x\nep_dispatcher: deep-ep\n")
     with pytest.raises(ConfigError, match="ep_dispatcher"):
         load_runtime(str(bad))
+
+
+def test_fp8_expert_casts_replace_the_dense_mlps():
+    """fp8_cast_delta_bytes: one expert per token as wide as the dense MLP, evenly loaded, casts
+    what the dense MLP casts (delta 0); top-k casts k copies of it (Mixtral: top-2, f_e = f)."""
+    base = PRESETS["mixtral-8x7b"]
+    one = base.replace(moe=replace(base.moe, experts_per_token=1, load_imbalance=1.0,
+                                   expert_ffn_hidden_size=base.ffn, capacity_factor=None))
+    r = _rows(_plan("mixtral-8x7b", 8, dp=8, ep=8), one)
+    assert float(moe.fp8_cast_delta_bytes(one, r)[0]) == pytest.approx(0.0, abs=1e-6)
+    two = one.replace(moe=replace(one.moe, experts_per_token=2))
+    tokens, h, f = 4096.0, base.hidden_size, base.ffn  # mbs 1 at Mixtral's 4096 tokens
+    want = 3.0 * tokens * (2.0 * h + 3.0 * f)  # a second copy of h + 3f inputs and gradients
+    assert float(moe.fp8_cast_delta_bytes(two, _rows(_plan("mixtral-8x7b", 8, dp=8, ep=8),
+                                                     two))[0]) == pytest.approx(want)
+    # an fp8 dispatch casts fc1's input once per token, before the copies
+    fp8_dispatch = moe.fp8_cast_delta_bytes(two, r, dispatch_bytes=1.0)
+    assert float(fp8_dispatch[0]) == pytest.approx(want - 3.0 * tokens * h)
