@@ -1,8 +1,8 @@
 """Search each practitioner scenario and compare the winner with what the practitioners ran.
 
 For every configuration of benchmarks/data/practitioner.yaml (model, cluster, GPU count, global
-batch, sequence and the runtime that ran it), runs `search` as a library over the default space
-with that runtime's traits (`SearchRequest(runtime=...)`: only plans the runtime can run, priced
+batch, sequence, gradient reduce dtype and the runtime that ran it), runs `search` as a library
+over the default space with that runtime's traits (`SearchRequest(runtime=...)`: only plans the runtime can run, priced
 as it runs them), estimates the practitioners' own plan under the same traits, exports the
 winner for real to the runtime's target into a temporary directory, and prints one table
 (issue #12, Acceptance 1). Winners predicted above 55% MFU on A100/H100 are listed with the
@@ -18,7 +18,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +103,12 @@ def search_entry(entry: dict[str, Any]) -> tuple[SearchResult, float]:
     """The default-space search of one scenario under its runtime's traits: exhaustive where
     the space is enumerable (max_enumerate), else the sampler `search` picks (TPE)."""
     plan, model, cluster = build(entry)
+    space = load_space("default")
+    if plan.grad_reduce_dtype is not None:  # a numerics choice the scenario made, as its batch
+        space = replace(space, grad_reduce_dtype=(plan.grad_reduce_dtype,))
     req = SearchRequest(
         model=model, model_ref=plan.model, profile=cluster.profile,
-        profile_ref=entry["cluster"]["profile"], space=load_space("default"),
+        profile_ref=entry["cluster"]["profile"], space=space,
         gpu_counts=(cluster.num_gpus,), global_batch_size=plan.batch.global_batch_size,
         runtime=row_runtime(entry))
     t0 = time.perf_counter()
