@@ -97,16 +97,17 @@ def with_world_timeout(mesh):  # DeviceMesh -> DeviceMesh
     import torch
     from torch.distributed import distributed_c10d as c10d
 
+    set_timeout = getattr(c10d, "_set_pg_timeout", None)  # private: absent, the defaults stay
     world = c10d._get_default_group()
     options = [getattr(world._get_backend(torch.device(d)), "options", None)
                for d in ("cpu", "cuda") if torch.device(d) in world._device_types]
     timeouts = [o._timeout for o in options if o is not None and hasattr(o, "_timeout")]
-    if not timeouts:  # a backend without options (the fake one of single-process tests)
+    if set_timeout is None or not timeouts:  # no options: the fake backend of unit tests
         return mesh
     timeout = timeouts[0]
     for group in mesh.get_all_groups():
         if group is not world:
-            c10d._set_pg_timeout(timeout, group)
+            set_timeout(timeout, group)
     return mesh
 
 
