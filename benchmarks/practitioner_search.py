@@ -2,11 +2,12 @@
 
 For every configuration of benchmarks/data/practitioner.yaml (model, cluster, GPU count, global
 batch, sequence, gradient reduce dtype and the runtime that ran it), runs `search` as a library
-over the default space with that runtime's traits (`SearchRequest(runtime=...)`: only plans the runtime can run, priced
-as it runs them), estimates the practitioners' own plan under the same traits, exports the
-winner for real to the runtime's target into a temporary directory, and prints one table
-(issue #12, Acceptance 1). Winners predicted above 55% MFU on A100/H100 are listed with the
-knobs that give it (issue #11, Acceptance 3 asks each to be explained by a published run).
+over the default space with that runtime's traits (`SearchRequest(runtime=...)`: only plans the
+runtime can run, priced as it runs them), estimates the practitioners' own plan under the same
+traits, exports the winner for real to the runtime's target into a temporary directory, and
+prints one table (issue #12, Acceptance 1). Winners predicted above 55% MFU on A100/H100 are
+listed with the knobs that give it (issue #11, Acceptance 3 asks each to be explained by a
+published run).
 
 Run: python benchmarks/practitioner_search.py [--only ID ...] [--data PATH] [--json OUT]
 """

@@ -185,12 +185,18 @@ def fp8_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.n
     torchao float8 training alike); weight casts amortise over the micro-batches and are left
     out. Inputs: QKV h, output projection a*d, MLP h and f; output gradients: QKV a*d + 2kv*d,
     output projection h, MLP up (2f gated) and down h. Widths split by tp except h's."""
-    h, f = model.hidden_size, model.ffn
+    h = model.hidden_size
     q, kv = model.q_width, model.kv_heads * model.head_width
-    up = 2 * f if model.gated_mlp else f
     tp = np.asarray(tp, float)
-    widths = (2 * h + h + h) + (q + f + q + 2 * kv + up) / tp
+    widths = 2 * h + (q + q + 2 * kv) / tp + mlp_cast_widths(model, model.ffn / tp)
     return 3.0 * widths * np.asarray(tokens, float)
+
+
+def mlp_cast_widths(model: ModelSpec, f: np.ndarray | float) -> np.ndarray | float:
+    """Elements per token an fp8 MLP of width `f` (per rank) casts: its up and down GEMMs'
+    inputs (h, f) forward and output gradients (2f gated or f, h) backward."""
+    up = 2.0 * f if model.gated_mlp else f
+    return 2.0 * model.hidden_size + f + up
 
 
 def attention_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,

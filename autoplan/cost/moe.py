@@ -117,16 +117,15 @@ def fp8_cast_delta_bytes(model: ModelSpec, r: Rows, dispatch_bytes: float | None
     if model.moe is None:
         return np.zeros_like(np.asarray(r.b, float))
     moe, h = model.moe, model.hidden_size
-    gate = 2.0 if model.gated_mlp else 1.0
     tokens = r.b * model.seq_len / r.cp
     copies = routed_tokens(model, r)
-    f_e = moe.expert_ffn_hidden_size / r.etp
-    fp8_dispatch = dispatch_bytes is not None and dispatch_bytes < 2.0
-    fc1_in = (dispatched_tokens(model, r) if fp8_dispatch else copies) * h
-    routed = fc1_in + copies * ((1.0 + gate) * f_e + h)
-    f_s = moe.num_shared_experts * moe.expert_ffn_hidden_size / r.tp
-    shared = tokens * (2.0 * h + (1.0 + gate) * f_s) if moe.num_shared_experts else 0.0
-    dense = tokens * (2.0 * h + (1.0 + gate) * model.ffn / r.tp)
+    routed = copies * compute.mlp_cast_widths(model, moe.expert_ffn_hidden_size / r.etp)
+    if dispatch_bytes is not None and dispatch_bytes < 2.0:  # fc1's input cast before copying
+        routed = routed - (copies - dispatched_tokens(model, r)) * h
+    shared = (tokens * compute.mlp_cast_widths(
+        model, moe.num_shared_experts * moe.expert_ffn_hidden_size / r.tp)
+        if moe.num_shared_experts else 0.0)
+    dense = tokens * compute.mlp_cast_widths(model, model.ffn / r.tp)
     return moe_share(model) * 3.0 * (routed + shared - dense)
 
 

@@ -427,8 +427,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "torchtitan": {
         "description": "torchtitan as its published runs used it (eager, no torch.compile; "
                        "its own unfused RMSNorm, priced as composite): FSDP2 (fp32 sharded "
-                       "params, fp32 "
-                       "reduce), DTensor TP/SP, torch.distributed.pipelining, op-level selective "
+                       "params, fp32 reduce), DTensor TP/SP, torch.distributed.pipelining, "
+                       "op-level selective "
                        "checkpointing, eager SwiGLU, SDPA's FlashAttention-2",
         "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0,

@@ -82,8 +82,7 @@ class WorkerPool:
         results = mp.get_context("fork").Queue()
         ctx = tmp.start_processes(
             _task_main, args=(fn, world_size, store_path, args, results, max(1.0, timeout_s - 10)),
-            nprocs=world_size,
-            join=False, start_method="fork",
+            nprocs=world_size, join=False, start_method="fork",
         )
         out: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
@@ -94,7 +93,8 @@ class WorkerPool:
                     out[rank] = res
                 except queue.Empty:
                     if time.monotonic() >= deadline:
-                        raise TimeoutError(_timeout_report(timeout_s, world_size, store_path, out)) from None
+                        raise TimeoutError(_timeout_report(
+                            timeout_s, world_size, store_path, out)) from None
         finally:
             for p in ctx.processes:
                 p.join(timeout=5)
