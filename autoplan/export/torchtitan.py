@@ -1,8 +1,11 @@
 """`--to torchtitan`: a torchtitan job for a plan, as a Python config_registry module (torchtitan
 >= 0.3, `--torchtitan-format python`) or as the TOML job file of releases up to 0.2.2 (`toml`).
 
-torchtitan builds its Llama 3 models from registered flavors, so the model must match one;
-mixture-of-experts models match its own Qwen3-MoE and DeepSeek-V3 flavors (torchtitan_moe.py). ZeRO
+torchtitan builds its dense models with its Llama 3 architecture (SwiGLU, RMSNorm, RoPE, no
+biases): a model of that architecture uses the registered flavor of its shape, or, in the Python
+form, a flavor the config defines at the model's own shape (Llama 2, say); the TOML form knows only
+the registered flavors. Mixture-of-experts models match torchtitan's own Qwen3-MoE and DeepSeek-V3
+flavors (torchtitan_moe.py). ZeRO
 maps to FSDP2 (2: keep parameters gathered after forward, 3: reshard), ZeRO-0 to replication; the
 pipeline split is written out as module names per stage, so nothing depends on its defaults.
 """
@@ -26,14 +29,15 @@ from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
 
 FLAVORS = {
-    # (layers, hidden, heads, kv_heads, ffn, vocab) -> (flavor, config_registry function)
-    (16, 2048, 32, 8, 8192, 128256): ("1B", "llama3_1b"),
-    (28, 3072, 24, 8, 8192, 128256): ("3B", "llama3_3b"),
-    (32, 4096, 32, 8, 14336, 128256): ("8B", "llama3_8b"),
-    (80, 8192, 64, 8, 28672, 128256): ("70B", "llama3_70b"),
-    (126, 16384, 128, 8, 53248, 128256): ("405B", "llama3_405b"),
+    # (layers, hidden, heads, kv_heads, ffn, vocab, tied) -> (flavor, config_registry function)
+    (16, 2048, 32, 8, 8192, 128256, True): ("1B", "llama3_1b"),
+    (28, 3072, 24, 8, 8192, 128256, True): ("3B", "llama3_3b"),
+    (32, 4096, 32, 8, 14336, 128256, False): ("8B", "llama3_8b"),
+    (80, 8192, 64, 8, 28672, 128256, False): ("70B", "llama3_70b"),
+    (126, 16384, 128, 8, 53248, 128256, False): ("405B", "llama3_405b"),
 }
-"""torchtitan's Llama 3 flavors (torchtitan/models/llama3/__init__.py); 1B/3B exist from 0.3."""
+"""torchtitan's Llama 3 flavors (torchtitan/models/llama3/__init__.py); 1B/3B exist from 0.3 and
+tie the output head to the embedding (enable_weight_tying=True), as Llama 3.2 does."""
 TOML_FLAVORS = ("8B", "70B", "405B")
 PYTHON_REGISTRY = ("llama3_8b", "llama3_70b", "llama3_405b")
 """config_registry functions torchtitan 0.3 ships for Llama 3 (the others start from 8B's)."""
@@ -46,17 +50,31 @@ SCHEDULES = {
 """(plan schedule, several stages per rank) -> torch.distributed.pipelining schedule name."""
 
 
+def architecture_reasons(model: ModelSpec) -> list[str]:
+    """How the model departs from torchtitan's Llama 3 architecture, the one dense model it
+    builds (torchtitan/models/llama3/model.py; head_dim = dim / n_heads there)."""
+    m, why = model, []
+    if m.mlp != MlpKind.SWIGLU:
+        why.append(f"mlp {m.mlp.value} (torchtitan: swiglu)")
+    if m.norm != NormKind.RMSNORM:
+        why.append(f"norm {m.norm.value} (rmsnorm)")
+    if m.position != PositionKind.ROPE:
+        why.append(f"position {m.position.value} (rope)")
+    if m.bias:
+        why.append("linear biases (none)")
+    if m.q_width != m.hidden_size:
+        why.append(f"head_dim {m.head_dim} (hidden_size / num_heads = "
+                   f"{m.hidden_size // m.num_heads})")
+    return why
+
+
 def flavor(model: ModelSpec) -> tuple[str, str] | None:
+    """torchtitan's registered Llama 3 flavor of the model's shape, if there is one."""
     m = model
-    if (m.mlp, m.norm, m.position, m.bias, m.tie_embeddings) != (
-        MlpKind.SWIGLU,
-        NormKind.RMSNORM,
-        PositionKind.ROPE,
-        False,
-        False,
-    ) or m.q_width != m.hidden_size:  # torchtitan's Llama 3: head_dim = dim / n_heads
+    if architecture_reasons(m):
         return None
-    return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size))
+    return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size,
+                        m.tie_embeddings))
 
 
 def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
@@ -68,12 +86,17 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
             why.append(f"model.mtp_layers={model.mtp_layers}: the Llama 3 model this export "
                        "writes has no multi-token-prediction module; export to megatron "
                        "(--mtp-num-layers)")
-        found = flavor(model)
-        if found is None or (fmt == "toml" and found[0] not in TOML_FLAVORS):
-            why.append(
-                f"model {model.name} matches no torchtitan Llama 3 flavor; torchtitan builds "
-                "models from registered flavors (8B, 70B, 405B; 1B, 3B from 0.3)"
-            )
+        found, unlike = flavor(model), architecture_reasons(model)
+        if unlike:
+            why.append(f"model {model.name}: torchtitan builds dense models with its Llama 3 "
+                       f"architecture, which this model departs from: {'; '.join(unlike)}")
+        elif fmt == "toml" and (found is None or found[0] not in TOML_FLAVORS):
+            why.append(f"model {model.name} matches no torchtitan 0.2.2 Llama 3 flavor (8B, 70B, "
+                       "405B), and its TOML cannot define one: use --torchtitan-format python, "
+                       "whose config defines a flavor of the model's shape")
+        if model.tie_embeddings and p.pp > 1:
+            why.append("tie_embeddings with pp > 1: torchtitan 0.3 has no weight tying under "
+                       "a pipeline (Decoder.Config.update_from_config); use pp 1")
     if plan.zero_stage == 1:
         why.append(
             "zero_stage=1: torchtitan shards with FSDP2, which has no optimizer-only "
@@ -160,7 +183,10 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
         par.update(torchtitan_moe.moe_parallelism(plan, fmt))
     if fmt == "python":
         par["enable_sequence_parallel"] = plan.sequence_parallel
-        if p.pp > 1:  # torchtitan 0.3 refuses CUDA graphs with a pipeline
+        # torchtitan 0.3 captures the step in a CUDA graph unless told not to, and refuses that
+        # with a pipeline or with its all-to-all expert dispatch, which syncs with the host
+        # (Trainer.Config._validate_cuda_graphs)
+        if p.pp > 1 or (model.moe is not None and p.ep > 1):
             training["disable_cuda_graphs"] = True
     if p.pp > 1:
         split = stage_layers(plan, model)
@@ -256,6 +282,9 @@ class TorchtitanTarget(ExportTarget):
             return {"autoplan_torchtitan.py": torchtitan_text.python_text(
                 model, values, (moe.flavor, moe.base), lay, opts.out, lines)}
         found = flavor(model)
-        assert found is not None
+        if found is None:  # a Llama 3 architecture at a shape torchtitan does not register
+            return {"autoplan_torchtitan.py": torchtitan_text.python_text(
+                model, values, ("", "llama3_8b"), lay, opts.out,
+                torchtitan_text.custom_model_lines(model))}
         return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, found, lay,
                                                                       opts.out)}

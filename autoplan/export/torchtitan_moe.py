@@ -200,8 +200,9 @@ def moe_parallelism(plan: Plan, fmt: str) -> dict[str, Any]:
     return out
 
 
-def python_model_lines(model: ModelSpec, found: MoeFlavor) -> tuple[list[str], list[str]]:
-    """(imports, body lines) that set config.model_spec (and the MTP loss) in the Python
+def python_model_lines(model: ModelSpec,
+                       found: MoeFlavor) -> tuple[list[str], list[str], list[str]]:
+    """(imports, module-level lines (none), body lines) that set config.model_spec (and the MTP loss) in the Python
     config: the flavor, MTP depth, and the load-balancing step on every MoE layer."""
     moe = model.moe
     assert moe is not None
@@ -220,4 +221,4 @@ def python_model_lines(model: ModelSpec, found: MoeFlavor) -> tuple[list[str], l
         body += ["    for layer in config.model_spec.model.layers:",
                  "        if layer.moe is not None:",
                  f"            layer.moe.load_balance_coeff = {coeff!r}"]
-    return imports, body
+    return imports, [], body

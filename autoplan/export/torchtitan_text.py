@@ -71,20 +71,85 @@ AC_CLASSES = {"full": "FullAC", "selective": "SelectiveAC"}
 (torchtitan.distributed.activation_checkpoint)."""
 
 
+CUSTOM_BUILDER = "_autoplan_model"
+
+
+def custom_model_lines(model: ModelSpec) -> tuple[list[str], list[str], list[str]]:
+    """(imports, module-level lines, body lines) for a model of torchtitan's Llama 3 architecture
+    whose shape has no registered flavor (Llama 2 13B, say): the module builds a Llama3Model
+    config at the model's shape the way torchtitan 0.3.0's own flavors do
+    (torchtitan/models/llama3/__init__.py: `_build_llama3_layers`, its init tables, the tied 1B's
+    skipped embedding init), registers it in `llama3_configs` under the model's name, and points
+    the loss and the tokenizer at the model's vocabulary. Those helpers are private to torchtitan
+    0.3.0, which the header says. RoPE: the model file carries no base, so torchtitan's default
+    (theta 10000, Llama 2's, no scaling) is written out for the user to change."""
+    m = model
+    name = f"autoplan-{m.name}"
+    embed_init = "_EMBEDDING_SKIP_INIT" if m.tie_embeddings else "_EMBEDDING_INIT"
+    imports = ["from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
+               "from torchtitan.models import llama3",
+               "from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
+               "from torchtitan.models.common.config_utils import decoder_vocab_size",
+               "from torchtitan.models.llama3 import config_registry, model_registry"]
+    preamble = [
+        f"def {CUSTOM_BUILDER}(attn_backend: str, tp_gemm_backend: str = \"default\"):",
+        f'    """{m.name} in torchtitan\'s Llama 3 architecture, built as torchtitan 0.3.0 builds '
+        'its own flavors (private helpers of llama3/__init__.py)."""',
+        f"    dim, vocab, n_heads = {m.hidden_size}, {m.vocab_size}, {m.num_heads}",
+        "    return llama3.Llama3Model.Config(",
+        "        dim=dim,",
+        "        vocab_size=vocab,",
+        f"        enable_weight_tying={m.tie_embeddings},",
+        "        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,",
+        f"                                        param_init=llama3.{embed_init}),",
+        "        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),",
+        "        lm_head=Linear.Config(in_features=dim, out_features=vocab,",
+        "                              param_init=llama3._output_linear_init(dim)),",
+        "        layers=llama3._build_llama3_layers(",
+        "            fuse_qkv=True,",
+        f"            n_layers={m.num_layers},",
+        "            dim=dim,",
+        "            n_heads=n_heads,",
+        f"            n_kv_heads={m.kv_heads},",
+        f"            hidden_dim={m.ffn},",
+        "            # RoPE base: autoplan's model file has none; 10000 is Llama 2's, set yours",
+        f"            rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={m.seq_len}, "
+        "theta=10000.0),",
+        "            attn_backend=attn_backend,",
+        "            tp_gemm_backend=tp_gemm_backend,",
+        "        ),",
+        "    )",
+        "",
+        "",
+        f"llama3.llama3_configs[{name!r}] = {CUSTOM_BUILDER}",
+    ]
+    body = [
+        f"    config.model_spec = model_registry({name!r})",
+        "    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(",
+        "        global_vocab_size=decoder_vocab_size(config.model_spec)))",
+        f"    # the base config's tokenizer is Llama 3's: put one of {m.vocab_size} tokens here",
+        f"    config.hf_assets_path = {f'./assets/hf/{m.name}'!r}",
+    ]
+    return imports, preamble, body
+
+
 def python_text(
     model: ModelSpec, values: dict[str, dict[str, Any]], found: tuple[str, str], lay: Layout,
-    out: str | None = None, moe_lines: tuple[list[str], list[str]] | None = None,
+    out: str | None = None,
+    model_lines: tuple[list[str], list[str], list[str]] | None = None,
 ) -> str:
     """The config_registry module. `found` is (flavor, config_registry function); a MoE model
-    passes `moe_lines` (imports, body lines setting config.model_spec; torchtitan_moe.py) in
-    place of the Llama 3 ones."""
+    or a Llama 3 architecture without a registered flavor passes `model_lines` (imports,
+    module-level lines, body lines setting config.model_spec; torchtitan_moe.py,
+    `custom_model_lines`) in place of the registered flavor's."""
     flavor, base = found
-    if moe_lines is None:
+    preamble: list[str] = []
+    if model_lines is None:
         start = base if base in ("llama3_8b", "llama3_70b", "llama3_405b") else "llama3_8b"
         imports = ["from torchtitan.models.llama3 import config_registry, model_registry"]
         spec = [f"    config.model_spec = model_registry({flavor!r})"]
     else:
-        start, (imports, spec) = base, moe_lines
+        start, (imports, preamble, spec) = base, model_lines
     ac = values["activation_checkpoint"]["mode"]
     pythonpath, module = module_name(out)
     saved = "" if out else f" (save this file as {MODULE}.py)"
@@ -96,11 +161,11 @@ def python_text(
         "Data, tokenizer, optimizer and step count come from the base config: change them here.",
         '"""',
         "",
-        *([f"from torchtitan.distributed.activation_checkpoint import {AC_CLASSES[ac]}"]
-          if ac in AC_CLASSES else []),
-        *sorted(imports),
+        *sorted([*imports, *([f"from torchtitan.distributed.activation_checkpoint import "
+                              f"{AC_CLASSES[ac]}"] if ac in AC_CLASSES else [])]),
         "",
         "",
+        *([*preamble, "", ""] if preamble else []),
         f"def {FUNCTION}():",
         f"    config = config_registry.{start}()",
         *spec,

@@ -12,9 +12,11 @@ import pytest
 import tomllib
 import yaml
 
+from autoplan.cost.params import total_params
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.registry import get_target
+from autoplan.export.torchtitan import flavor
 from autoplan.export.torchtitan_text import FUNCTION
 from autoplan.plan import (
     Attention,
@@ -110,12 +112,30 @@ class _Section:
         assert name in self._fields, f"torchtitan has no field {name!r}"
         self.values[name] = value
 
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "values")
+        if name not in values:
+            raise AttributeError(name)
+        return values[name]
+
+
+def _config_class(name: str, fields: list[str]) -> type:
+    """A stand-in for torchtitan's `name` with a Config taking only the fields torchtitan's has."""
+
+    class Config:
+        def __init__(self, **kw: Any) -> None:
+            assert set(kw) <= set(fields), f"torchtitan's {name}.Config has no {set(kw) - set(fields)}"
+            self.__dict__.update(kw)
+
+    return type(name, (), {"Config": Config})
+
 
 def _fake_torchtitan(monkeypatch) -> None:
     new = FIELDS["python_0_3_0"]
+    custom = FIELDS["python_custom_llama3"]
 
     def trainer_config() -> Any:
-        config = _Section(FIELDS["python_trainer_config_fields"])
+        config = _Section(FIELDS["python_trainer_config_fields"] + custom["trainer_config_fields"])
         object.__setattr__(config, "training", _Section(new["training"]))
         object.__setattr__(config, "parallelism", _Section(new["parallelism"]))
         return config
@@ -125,24 +145,66 @@ def _fake_torchtitan(monkeypatch) -> None:
         setattr(registry, name, trainer_config)
     llama3 = types.ModuleType("torchtitan.models.llama3")
     llama3.config_registry = registry
+    llama3.llama3_configs = {}
+    llama3.Llama3Model = _config_class("Llama3Model", custom["Llama3Model"])
+    for name in custom["private_names"]:
+        if name.isupper() or name.lstrip("_").isupper():
+            setattr(llama3, name, name)
 
-    def model_registry(flavor: str) -> str:
+    def build_layers(**kw: Any) -> dict[str, Any]:
+        assert set(kw) <= set(custom["build_llama3_layers"]), kw
+        return kw
+
+    llama3._build_llama3_layers = build_layers
+    llama3._output_linear_init = lambda dim: f"output_init:{dim}"
+
+    def model_registry(flavor: str) -> Any:
+        if flavor in llama3.llama3_configs:  # defined by the exported module
+            return ("spec", flavor, llama3.llama3_configs[flavor](attn_backend="flex"))
         assert flavor in FIELDS["python_llama3_flavors"]
         return f"spec:{flavor}"
 
     llama3.model_registry = model_registry
+    common = types.ModuleType("torchtitan.models.common")
+    for name in ("Embedding", "RMSNorm", "Linear", "ComplexRoPE"):
+        setattr(common, name, _config_class(name, custom[name]))
+    config_utils = types.ModuleType("torchtitan.models.common.config_utils")
+    config_utils.decoder_vocab_size = lambda spec: spec[2].vocab_size
+    loss = types.ModuleType("torchtitan.components.loss")
+    for name in ("ChunkedLossWrapper", "CrossEntropyLoss"):
+        setattr(loss, name, _config_class(name, custom[name]))
     ac = types.ModuleType(FIELDS["python_activation_checkpoint_module"])
     for name in FIELDS["python_activation_checkpoint_classes"]:
         setattr(ac, name, type(name, (), {"Config": type("Config", (), {})}))
+    models = types.ModuleType("torchtitan.models")
+    models.llama3 = llama3
     for name, module in {
         "torchtitan": types.ModuleType("torchtitan"),
+        "torchtitan.components": types.ModuleType("torchtitan.components"),
+        "torchtitan.components.loss": loss,
         "torchtitan.distributed": types.ModuleType("torchtitan.distributed"),
-        "torchtitan.models": types.ModuleType("torchtitan.models"),
+        "torchtitan.models": models,
+        "torchtitan.models.common": common,
+        "torchtitan.models.common.config_utils": config_utils,
         "torchtitan.models.llama3": llama3,
         "torchtitan.models.llama3.config_registry": registry,
         ac.__name__: ac,
     }.items():
         monkeypatch.setitem(sys.modules, name, module)
+
+
+def _check_custom_model(spec: Any, values: dict[str, Any], model) -> None:
+    """The model the Python config defines for a shape torchtitan does not register."""
+    kind, flavor_name, built = spec
+    assert (kind, flavor_name) == ("spec", f"autoplan-{model.name}")
+    layers = built.layers
+    assert (built.dim, built.vocab_size, built.enable_weight_tying) == (
+        model.hidden_size, model.vocab_size, model.tie_embeddings)
+    assert (layers["n_layers"], layers["n_heads"], layers["n_kv_heads"], layers["hidden_dim"]) == (
+        model.num_layers, model.num_heads, model.kv_heads, model.ffn)
+    assert layers["rope"].dim == model.head_dim and layers["rope"].max_seq_len >= model.seq_len
+    assert built.tok_embeddings.num_embeddings == built.lm_head.out_features == model.vocab_size
+    assert values["loss"].loss_fn.global_vocab_size == model.vocab_size
 
 
 @pytest.mark.parametrize("case", EXPRESSIBLE)
@@ -153,7 +215,11 @@ def test_python_config_runs_against_torchtitan_0_3_0_names(case: str, monkeypatc
     namespace: dict[str, Any] = {}
     exec(compile(source, "autoplan_torchtitan.py", "exec"), namespace)  # noqa: S102
     config = namespace[FUNCTION]()
-    assert config.values["model_spec"] == "spec:8B"
+    model = p.model_spec()
+    if flavor(model) is None:
+        _check_custom_model(config.values["model_spec"], config.values, model)
+    else:
+        assert config.values["model_spec"] == f"spec:{flavor(model)[0]}"
     par, training = config.parallelism.values, config.training.values
     _check_parallelism(p, par, training)
     assert par["enable_sequence_parallel"] == p.sequence_parallel
@@ -185,8 +251,8 @@ def test_refusals_name_the_reason(changes: dict, fmt: str, why: str):
         _export(p, fmt)
 
 
-def test_gpt_models_have_no_torchtitan_flavor():
-    with pytest.raises(ConfigError, match="flavor"):
+def test_gpt_models_are_not_torchtitan_llama3_models():
+    with pytest.raises(ConfigError, match="gelu.*layernorm.*learned.*biases"):
         _export(plan(zero_stage=2), "python")
 
 
@@ -210,3 +276,10 @@ def test_real_torchtitan_parses_the_export(case: str, tmp_path, monkeypatch):
         argv = ["--job.config_file", str(tmp_path / "job.toml")]
     config = manager.ConfigManager().parse_args(argv)
     assert config.parallelism.tensor_parallel_degree == CASES[case][0].parallel.tp
+    model = CASES[case][0].model_spec()
+    if python_form and flavor(model) is None:  # the model the config defines, built on meta
+        import torch
+
+        with torch.device("meta"):
+            built = config.model_spec.model.build()
+        assert sum(t.numel() for t in built.parameters()) == total_params(model)
