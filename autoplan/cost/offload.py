@@ -15,14 +15,21 @@ from autoplan.hardware import ClusterProfile
 
 def optimizer_offload_time_s(
     shard_params: np.ndarray, gpus_per_host: np.ndarray, weight_bytes: float,
-    profile: ClusterProfile, hideable_s: np.ndarray,
+    grad_copy_bytes: np.ndarray | float, profile: ClusterProfile, hideable_s: np.ndarray,
 ) -> np.ndarray:
     """Exposed seconds per step: CPU Adam on this GPU's shard (the host's optimizer throughput
-    is shared by its GPUs), the weight copy back, and the gradient copy not hidden by backward."""
+    is shared by its GPUs), the weight copy back, and the gradient copy not hidden by backward.
+
+    The gradient crosses PCIe in the dtype the host optimizer steps on, `grad_copy_bytes` per
+    element (offload_grad_copy_bytes), not the weights' 16 bits. The two copies and CPU Adam are
+    summed: DeepSpeed's fused CPU-Adam + copy-back path (DeepSpeedCPUAdam.step with
+    fp16_param_groups, which overlapped the copy with the update tile by tile) is commented out
+    in DeepSpeed 0.19 (stage_1_and_2.py `_optimizer_step`: "the C++ side copy &
+    synchronize is not working correctly"), which steps and then copies."""
     shard = np.asarray(shard_params, float)
     pcie = profile.host.pcie_bytes_per_s
     cpu = shard / (profile.host.optimizer_params_per_s / np.asarray(gpus_per_host, float))
-    grads_down = shard * weight_bytes / pcie
+    grads_down = shard * np.asarray(grad_copy_bytes, float) / pcie
     weights_up = shard * weight_bytes / pcie
     return cpu + weights_up + np.maximum(0.0, grads_down - hideable_s)
 
@@ -34,3 +41,15 @@ def param_offload_time_s(
     """Exposed seconds per step of streaming the weight shard in for forward and backward."""
     total = 2.0 * np.asarray(microbatches, float) * np.asarray(shard_params, float) * weight_bytes
     return np.maximum(0.0, total / profile.host.pcie_bytes_per_s - hideable_s)
+
+
+def offload_grad_copy_bytes(grad_bytes: np.ndarray, grads_in_reduce_dtype: bool) -> np.ndarray:
+    """Bytes per gradient element copied to the host for the CPU optimizer. Megatron's
+    HybridDeviceOptimizer hands the host its main_grad buffer, in the reduce dtype where the
+    runtime keeps it there (RuntimeTraits.grads_in_reduce_dtype): `grad_bytes`. Otherwise the
+    fp32 master gradient: DeepSpeed ZeRO-1/2 casts each 16-bit gradient partition to the master
+    dtype on the device before the copy (stage_1_and_2.py
+    `async_inplace_copy_grad_to_fp32_buffer_from_gpu`: `.to(master_weights_and_grads_dtype)`,
+    fp32 by default), and FSDP2 (autoplan's runtime, torchtitan) reduces into fp32 sharded
+    gradients, which autoplan's HostOffloadOptimizer copies as they are (runtime/offload.py)."""
+    return np.where(grads_in_reduce_dtype, np.asarray(grad_bytes, float), 4.0)

@@ -358,8 +358,9 @@ def time_by_part(
     host_step = r.offload_optimizer | (r.offload_params & runtime.fsdp2_offload)
     out["time_offload"] = (
         np.where(host_step, offload.optimizer_offload_time_s(
-            shard_params, gpus_per_host, r.weight_bytes, profile,
-            crit["backward"] * eff.overlap), 0.0)
+            shard_params, gpus_per_host, r.weight_bytes,
+            offload.offload_grad_copy_bytes(r.grad_bytes, runtime.grads_in_reduce_dtype),
+            profile, crit["backward"] * eff.overlap), 0.0)
         + np.where(r.offload_params, offload.param_offload_time_s(
             psi / r.shard, m, r.weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
     tensors = held * params.tensors_per_layer(model) + params.end_tensors(model)

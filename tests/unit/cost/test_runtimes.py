@@ -259,3 +259,26 @@ def test_torchtitan_runs_zero_bubble_only_with_several_stages_per_rank(vpp, refu
         from autoplan.cost.runtimes import runtime_from_dict
         runtime_from_dict({"schema_version": 1, "name": "x", "schedules": ["1f1b"],
                            "multi_stage_schedules": ["zero-bubble"]})
+
+
+def test_offloaded_gradients_cross_pcie_in_the_dtype_the_host_steps_on() -> None:
+    from autoplan.cost.offload import offload_grad_copy_bytes, optimizer_offload_time_s
+    from autoplan.hardware import load_profile
+
+    # DeepSpeed keeps 16-bit gradient partitions on the device but casts them to its fp32
+    # master dtype before the copy; Megatron hands the host its main_grad buffer, bf16 where
+    # the plan reduces in bf16
+    ds, mg = load_runtime("deepspeed"), load_runtime("megatron")
+    assert ds.grad_bytes("bf16") == 2.0
+    assert offload_grad_copy_bytes(np.array(ds.grad_bytes("bf16")), ds.grads_in_reduce_dtype) == 4.0
+    assert offload_grad_copy_bytes(np.array(2.0), mg.grads_in_reduce_dtype) == 2.0
+    assert offload_grad_copy_bytes(np.array(4.0), mg.grads_in_reduce_dtype) == 4.0
+    profile = load_profile("h100-sxm-80gb")
+    shard, pcie = 1e9, profile.host.pcie_bytes_per_s
+    cpu = shard / profile.host.optimizer_params_per_s
+    exposed = optimizer_offload_time_s(np.array(shard), np.array(1), 2.0, 4.0, profile,
+                                       np.array(0.0))
+    assert exposed == pytest.approx(cpu + shard * 2.0 / pcie + shard * 4.0 / pcie)
+    hidden = optimizer_offload_time_s(np.array(shard), np.array(1), 2.0, 4.0, profile,
+                                      np.array(10.0))  # a backward long enough to hide it
+    assert hidden == pytest.approx(cpu + shard * 2.0 / pcie)
