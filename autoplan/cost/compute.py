@@ -236,6 +236,7 @@ def layer_times_s(
     causal_skip: bool = False, attention_kernel: str = "fa2",
     eager_bytes: np.ndarray | None = None, attention_peak: float | None = None,
     extra_elementwise_bytes: np.ndarray | float = 0.0,
+    host_runs_ahead: bool = False, unit_host_s: np.ndarray | float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Forward and backward seconds of one block for one micro-batch on one rank; the host
     overhead of DTensor under tensor parallelism ("dtensor", forward + backward); and the
@@ -243,7 +244,14 @@ def layer_times_s(
     (Megatron's selective: the attention core again), "all-but-gemms" (autoplan's runtime:
     everything but GEMMs, the attention core included), "op-sac" (torchtitan: the element-wise
     work and every second matmul). `causal_skip`: a fused causal kernel does half the s^2 work
-    (FlashAttention-2, Dao 2023 §3.1: fully masked tiles are skipped)."""
+    (FlashAttention-2, Dao 2023 §3.1: fully masked tiles are skipped).
+
+    Each time is device work plus host work (the profile's seconds per op, per DTensor op, per
+    checkpointed op and `unit_host_s`, the FSDP unit's hooks, per block and micro-batch). On a
+    CPU one core does both, so they add. `host_runs_ahead` (RuntimeTraits.host_runs_ahead): the
+    host issues kernels ahead of an asynchronous device, so each part costs the larger of the two
+    and host costs bind only where the block's kernels are too small to cover them; "dtensor" is
+    then folded into forward and backward and returned as 0."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     gemm_each = [gemm_time_s(g, profile, peak, shape) for g, shape in zip(
         gemm_flops_per_layer(model, tokens, tp), gemm_shapes_per_layer(model, tokens, tp),
@@ -268,16 +276,30 @@ def layer_times_s(
                           else eager_bytes) + extra_elementwise_bytes, profile)
     eff = profile.efficiency
     ops_f, ops_b, ops_gemm = block_ops(model, eager)
-    forward = gemm + core_fwd + elem / 3.0 + ops_f * eff.op_overhead_s
-    backward = 2.0 * gemm + core_bwd + elem * 2.0 / 3.0 + ops_b * eff.op_overhead_s
     tp_on = np.asarray(tp) > 1
     dtensor = np.where(tp_on, (ops_f + ops_b) * eff.dtensor_op_overhead_s, 0.0)
+    f_share = ops_f / (ops_f + ops_b)
     non_gemm = ops_f - ops_gemm
-    full = forward + ops_f * eff.checkpoint_op_overhead_s + dtensor * ops_f / (ops_f + ops_b)
     hooks = ops_f * eff.selective_op_overhead_s + dtensor * non_gemm / (ops_f + ops_b)
-    all_but_gemms = core_fwd + elem / 3.0 + non_gemm * eff.op_overhead_s + hooks
-    op_sac = (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0
-              + non_gemm * eff.op_overhead_s + hooks)
+    # (device seconds, host seconds) of each part
+    fwd_host = ops_f * eff.op_overhead_s + f_share * unit_host_s
+    bwd_host = ops_b * eff.op_overhead_s + (1.0 - f_share) * unit_host_s
+    if host_runs_ahead:
+        fwd_host, bwd_host = fwd_host + dtensor * f_share, bwd_host + dtensor * (1.0 - f_share)
+    parts = {
+        "forward": (gemm + core_fwd + elem / 3.0, fwd_host),
+        "backward": (2.0 * gemm + core_bwd + elem * 2.0 / 3.0, bwd_host),
+        "full": (gemm + core_fwd + elem / 3.0, ops_f * eff.op_overhead_s
+                 + ops_f * eff.checkpoint_op_overhead_s + dtensor * f_share),
+        "all-but-gemms": (core_fwd + elem / 3.0, non_gemm * eff.op_overhead_s + hooks),
+        "op-sac": (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0,
+                   non_gemm * eff.op_overhead_s + hooks),
+    }
+    both = np.maximum if host_runs_ahead else np.add
+    forward, backward, full, all_but_gemms, op_sac = (
+        both(dev, host) for dev, host in parts.values())
+    if host_runs_ahead:
+        dtensor = 0.0 * dtensor
     attention_core = core_fwd + np.zeros_like(gemm)
     return {"forward": forward, "backward": backward, "dtensor": dtensor,
             "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,

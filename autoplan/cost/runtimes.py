@@ -5,7 +5,8 @@ which kernels are fused, what selective recompute keeps, which dtype gradients a
 which communication overlaps and which schedules exist. A `RuntimeTraits` says that; presets
 below, or a YAML file of the same fields (loaded strictly). Host costs per op stay in the
 hardware profile (they are measured on one machine by `autoplan profile`); a runtime says
-whether it pays them (`eager_host_overheads`).
+whether it pays them (`eager_host_overheads`) and whether its host runs ahead of the device
+(`host_runs_ahead`: then they cost only what the kernels do not cover).
 """
 
 from __future__ import annotations
@@ -177,8 +178,16 @@ class RuntimeTraits:
     kernels (Transformer Engine, Apex, torch.compile) move each kept activation a few times."""
     eager_host_overheads: bool = False
     """Pays the profile's measured host seconds per aten op, DTensor op, checkpoint, FSDP unit
-    and optimizer tensor (eager PyTorch on a CPU: autoplan's own runtime). GPU runtimes with
-    large kernels hide them."""
+    and optimizer tensor (autoplan's own runtime, whose block those figures are measured on:
+    `autoplan profile`, profiler/dispatch.py). False: the runtime's ops are not autoplan's, and
+    the figures do not describe them (Megatron, torchtitan, DeepSpeed)."""
+    host_runs_ahead: bool = False
+    """Where host costs are paid, the host issues kernels ahead of an asynchronous device (CUDA
+    streams), so a block costs the larger of its device and host seconds, not their sum
+    (compute.layer_times_s): host costs bind only where the kernels are too small to cover them
+    (small models, high tp, small micro-batches; what CUDA graphs exist to remove). A profile
+    built from datasheets has no host costs (0 s per op), so this changes nothing until
+    `autoplan profile` has measured the GPU's host. False: one CPU does both (autoplan-cpu)."""
     fp8_weight_cache_bytes: float = 2.0
     """Bytes per parameter an fp8 run keeps beside the 16-bit weights: Transformer Engine caches
     each weight's fp8 copy and its transpose across micro-batches (2); torchao's dynamic
@@ -459,7 +468,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fused_swiglu": False, "selective": "all-but-gemms", "fp32_sharded_params": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True, "kv_repeated": True,
-        "own_runtime_rules": True,
+        "own_runtime_rules": True, "eager_host_overheads": True, "host_runs_ahead": True,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "

@@ -63,10 +63,11 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
 
 def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: np.ndarray,
                   tp: np.ndarray, cp: np.ndarray, eager: bool, runtime: RuntimeTraits,
-                  parts: dict[str, np.ndarray], sp: np.ndarray | bool = False
-                  ) -> dict[str, np.ndarray]:
+                  parts: dict[str, np.ndarray], sp: np.ndarray | bool = False,
+                  unit_host_s: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
     """compute.layer_times_s of one block as this runtime runs it (also what `autoplan
-    profile` compares its measured blocks with)."""
+    profile` compares its measured blocks with); `unit_host_s`: the host seconds of the
+    block's FSDP unit per micro-batch, where the runtime's host runs ahead of the device."""
     act_scale = 2.0 if precision == "fp32" else 1.0
     noncore = np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0) * act_scale
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
@@ -86,7 +87,8 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
                                  attention_kernel=f"{runtime.attention_kernel}@{core}",
                                  eager_bytes=eager_bytes,
                                  attention_peak=profile.device.peak(core),
-                                 extra_elementwise_bytes=casts)
+                                 extra_elementwise_bytes=casts,
+                                 host_runs_ahead=runtime.host_runs_ahead, unit_host_s=unit_host_s)
 
 
 def gemm_peak(profile: ClusterProfile, precision: str, runtime: RuntimeTraits) -> float:
@@ -106,7 +108,12 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
             runtime: RuntimeTraits, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
     peak = sixteen_bit_peak(profile, precision)  # the output layer stays 16-bit in fp8 runs
-    lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp)
+    # FSDP2's per-unit hooks run on the host with the block's ops where the host runs ahead
+    # (priced with them in layer_times_s); otherwise they are charged beside dp_comm
+    unit_host = np.where(r.fsdp & runtime.host_runs_ahead,
+                         profile.efficiency.fsdp_unit_overhead_s, 0.0)
+    lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp,
+                       unit_host)
     if runtime.selective is SelectiveKind.DEEPSEEK_V3:
         lt["deepseek-v3"] = deepseek_v3_recompute_s(model, profile, gemm_peak(
             profile, precision, runtime), r, lt, parts)
@@ -331,7 +338,10 @@ def time_by_part(
     step_sync = syncs * comm.collective_time_s(
         comm.ALL_REDUCE, np.full_like(r.world, 8.0), r.world, comm.intra_node(one, r.world, gpn),
         profile, per_node=comm.members_per_node(one, r.world, gpn))
-    fsdp_host = np.where(r.fsdp, m * (r.layers_max + r.vpp) * eff.fsdp_unit_overhead_s, 0.0)
+    # the blocks' FSDP units are priced with them where the host runs ahead; the vpp root units
+    # (embedding, norm and head of each model chunk) are not, and are charged here
+    units = np.where(runtime.host_runs_ahead, r.vpp, r.layers_max + r.vpp)
+    fsdp_host = np.where(r.fsdp, m * units * eff.fsdp_unit_overhead_s, 0.0)
     # DualPipe: a rank reduces, gathers and steps its two stages (psi is the pair's: memory's
     # mem_psi), in units of both stages' blocks. Each stage's copies sit on two ranks of one
     # replica, so its gradient sums over 2 dp ranks, not dp: a ring moves (2dp - 1)/(2dp) of

@@ -282,3 +282,58 @@ def test_offloaded_gradients_cross_pcie_in_the_dtype_the_host_steps_on() -> None
     hidden = optimizer_offload_time_s(np.array(shard), np.array(1), 2.0, 4.0, profile,
                                       np.array(10.0))  # a backward long enough to hide it
     assert hidden == pytest.approx(cpu + shard * 2.0 / pcie)
+
+
+def _with_host_costs(profile_name: str, op_s: float, unit_s: float = 0.0):
+    import dataclasses
+
+    from autoplan.hardware import load_profile
+
+    p = load_profile(profile_name)
+    return dataclasses.replace(p, efficiency=dataclasses.replace(
+        p.efficiency, op_overhead_s=op_s, fsdp_unit_overhead_s=unit_s))
+
+
+def test_a_host_that_runs_ahead_costs_only_what_the_kernels_do_not_cover() -> None:
+    """layer_times_s: device + host seconds on a CPU, max(device, host) where the host issues
+    ahead of an asynchronous GPU (autoplan-cuda)."""
+    from autoplan.cost.compute import block_ops, layer_times_s
+    from autoplan.model_spec import PRESETS
+
+    model = PRESETS["gpt3-1.3b"]
+    one = np.ones(1)
+    ops_f, ops_b, _ = block_ops(model, False)  # the fused-attention block timed below
+
+    def times(profile, ahead: bool, b: float):
+        return layer_times_s(model, profile, profile.device.peak("bf16"), b * one, one, one,
+                             np.zeros(1), np.zeros(1), False, host_runs_ahead=ahead)
+
+    free = _with_host_costs("h100-sxm-80gb", 0.0)
+    for op_s, b in ((1e-6, 8.0), (2e-4, 1.0)):  # host well under / well over the kernels
+        priced = _with_host_costs("h100-sxm-80gb", op_s)
+        device, serial, ahead = times(free, False, b), times(priced, False, b), times(priced, True, b)
+        for part, ops in (("forward", ops_f), ("backward", ops_b)):
+            assert serial[part] == pytest.approx(device[part] + ops * op_s)
+            assert ahead[part] == pytest.approx(np.maximum(device[part], ops * op_s))
+    assert ahead["forward"] > device["forward"]  # 2e-4 s/op: the host sets the pace
+
+
+def test_autoplan_cuda_prices_measured_host_costs_only_where_they_bind() -> None:
+    plan = lambda mbs: plan_from_dict({  # noqa: E731
+        "model": "gpt3-1.3b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
+        "parallel": {"dp": 8}, "zero_stage": 3,
+        "batch": {"micro_batch_size": mbs, "global_batch_size": 64}})
+    from autoplan.hardware import ClusterSpec
+
+    free, priced = _with_host_costs("h100-sxm-80gb", 0.0), _with_host_costs(
+        "h100-sxm-80gb", 1e-5, 2e-4)
+    for mbs in (1, 8):
+        base = estimate_plan(plan(mbs), ClusterSpec(free, 8)).time
+        host = estimate_plan(plan(mbs), ClusterSpec(priced, 8)).time
+        serial = estimate_plan(plan(mbs), ClusterSpec(priced, 8), runtime="autoplan-cpu").time
+        # on a CPU the host costs add to every block; a host running ahead pays at most that
+        assert host["step"] < serial["step"]
+        if mbs == 1:  # 2,048 tokens of a 1.3B block run shorter than its ops take to issue
+            assert host["compute"] > 1.05 * base["compute"]
+        else:  # 8 x 2,048 tokens cover the host
+            assert host["compute"] == pytest.approx(base["compute"])
