@@ -132,6 +132,9 @@ def tensor_parallel_time_s(
     - "recompute_full": forward collectives a full recompute repeats; non-reentrant checkpoint
       stops at the last tensor backward needs, so the block's final all-reduce (reduce-scatter)
       is not repeated: 1 all-reduce, or 2 all-gathers + 1 reduce-scatter;
+    - "recompute_reentrant": the same under a reentrant checkpoint (Megatron, DeepSpeed;
+      RuntimeTraits.reentrant_recompute), which re-runs the whole forward: 2 all-reduces, or
+      2 all-gathers + 2 reduce-scatters;
     - "recompute_selective": selective recompute keeps the matmul and reduction outputs but
       re-gathers the sequence-parallel inputs of the two column-parallel GEMMs: 2 all-gathers;
     - "embedding" (first stage): the vocab-parallel embedding's all-reduce, and with sequence
@@ -156,6 +159,7 @@ def tensor_parallel_time_s(
     return {
         "layer": np.where(sp, 4.0 * (ag + rs), 4.0 * ar),
         "recompute_full": np.where(sp, 2.0 * ag + rs, ar),
+        "recompute_reentrant": np.where(sp, 2.0 * (ag + rs), 2.0 * ar),
         "recompute_selective": np.where(sp, 2.0 * ag, 0.0),
         "embedding": np.where(sp, ar + ag, ar),
         "head": np.where(sp, ag + rs, ar) + loss,

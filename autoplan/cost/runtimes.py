@@ -81,6 +81,15 @@ class RuntimeTraits:
     output (8)."""
     selective: SelectiveKind = SelectiveKind.ATTENTION_CORE
     """What selective recompute keeps and re-runs."""
+    reentrant_recompute: bool = False
+    """Full recompute re-runs the block's whole forward inside backward, every forward
+    tensor-parallel collective with it (2 all-reduces, or 2 all-gathers + 2 reduce-scatters):
+    a reentrant checkpoint, Megatron-Core's tensor_parallel.random.CheckpointFunction
+    (backward: `outputs = ctx.run_function(*detached_inputs)`; TE's te_checkpoint alike) and
+    DeepSpeed's activation_checkpointing.checkpointing.CheckpointFunction. Korthikanti et al.
+    2022 Table 4 measures the 22B layer's full-recompute overhead at 7.6 ms against a 7.7 ms
+    forward. False: torch's non-reentrant checkpoint (autoplan's runtime, torchtitan) stops at
+    the last tensor backward needs and does not redo the block's final collective."""
     grad_bytes_bf16: float = 4.0
     """Bytes per gradient element in a bf16 run: Megatron accumulates into an fp32 main_grad
     buffer (Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 on for bf16;
@@ -384,6 +393,7 @@ class RuntimeTraits:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
+        "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
@@ -395,6 +405,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-deepep": {
+        "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
         "description": "as megatron, with the MoE flex dispatcher on DeepEP "
@@ -406,6 +417,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "ep_dispatcher": "deepep",
     },
     "megatron-2022": {
+        "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "description": "Megatron-LM as the SC21 and Korthikanti et al. 2022 runs used it "
                        "(examples/sc21 at de7dc40f88; the 2022 selective-recompute release): the "
@@ -417,6 +429,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "overlap_param_gather": False,
     },
     "nemo": {
+        "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
@@ -451,6 +464,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "multi_stage_schedules": ["zero-bubble"],
     },
     "deepspeed": {
+        "reentrant_recompute": True,
         "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "
                        "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",
         "selective": "attention-core", "grad_bytes_bf16": 2.0, "reduce_bytes_bf16": 2.0,

@@ -157,7 +157,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     # collective again; the runtimes that re-run the norms re-gather their SP outputs
     selective_tp = 0.0 * tpc["recompute_selective"] if runtime.selective.value == \
         "attention-core" else tpc["recompute_selective"]
-    tp_rec = np.where(r.recompute == RC_FULL, tpc["recompute_full"],
+    full_tp = tpc["recompute_reentrant" if runtime.reentrant_recompute else "recompute_full"]
+    tp_rec = np.where(r.recompute == RC_FULL, full_tp,
                       np.where(r.recompute == RC_SELECTIVE, np.where(
                           by_module, np.where((r.rc_modules & memory.MLP) > 0,
                                               tpc["recompute_full"] / 2.0, 0.0),

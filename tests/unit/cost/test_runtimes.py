@@ -337,3 +337,39 @@ def test_autoplan_cuda_prices_measured_host_costs_only_where_they_bind() -> None
             assert host["compute"] > 1.05 * base["compute"]
         else:  # 8 x 2,048 tokens cover the host
             assert host["compute"] == pytest.approx(base["compute"])
+
+
+def test_a_reentrant_full_recompute_repeats_every_forward_tp_collective() -> None:
+    """Megatron's and DeepSpeed's CheckpointFunction re-run the whole block forward, its two
+    all-reduces (two all-gathers + two reduce-scatters with SP) included; torch's non-reentrant
+    checkpoint, which autoplan's runtime and torchtitan use, skips the block's last one."""
+    import dataclasses
+
+    from autoplan.cost import comm
+    from autoplan.hardware import load_profile
+    from autoplan.model_spec import PRESETS
+
+    profile = load_profile("a100-sxm4-80gb")
+    one, eight, msg = np.ones(1, bool), np.full(1, 8.0), np.full(1, 2.0 * 2048 * 6144)
+    for sp in (False, True):
+        t = comm.tensor_parallel_time_s(PRESETS["gpt3-13b"], msg, msg, eight, np.full(1, sp),
+                                        one, profile)
+        ar = comm.collective_time_s(comm.ALL_REDUCE, msg, eight, one, profile)
+        ag = comm.collective_time_s(comm.ALL_GATHER, msg, eight, one, profile)
+        rs = comm.collective_time_s(comm.REDUCE_SCATTER, msg, eight, one, profile)
+        assert t["recompute_reentrant"] == pytest.approx(2.0 * (ag + rs) if sp else 2.0 * ar)
+        assert t["recompute_full"] == pytest.approx(2.0 * ag + rs if sp else ar)
+    assert all(load_runtime(n).reentrant_recompute
+               for n in ("megatron", "megatron-2022", "nemo", "megatron-deepep", "deepspeed"))
+    assert not any(load_runtime(n).reentrant_recompute
+                   for n in ("torchtitan", "autoplan-cuda", "autoplan-cpu"))
+
+    megatron = load_runtime("megatron")
+    plain = dataclasses.replace(megatron, reentrant_recompute=False)
+    for policy in ("full", "none"):
+        plan = plan_from_dict({"model": "gpt3-13b", "cluster": {"profile": "a100-sxm4-80gb",
+                                                               "num_gpus": 8},
+                               "parallel": {"tp": 8}, "recompute": {"policy": policy},
+                               "batch": {"micro_batch_size": 1, "global_batch_size": 4}})
+        again, once = (estimate_plan(plan, runtime=rt).time["tp_comm"] for rt in (megatron, plain))
+        assert (again > once) if policy == "full" else (again == once)
