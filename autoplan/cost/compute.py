@@ -178,6 +178,35 @@ def eager_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
     return np.maximum(per_token, 0.0) * np.asarray(tokens, float) * width
 
 
+def fused_elementwise_bytes(model: ModelSpec, parts: dict[str, np.ndarray], tokens: np.ndarray,
+                            tp: np.ndarray, sp: np.ndarray, precision: str) -> np.ndarray:
+    """HBM bytes the fused element-wise kernels of one block move on one rank per micro-batch,
+    forward + backward (a runtime with fused kernels: Megatron-Core + Transformer Engine, Apex,
+    DeepSpeed's Megatron fork), counted by kernel from the block's kept tensors (`parts`:
+    memory.activation_elements_per_layer's 16-bit bytes on this rank). Forward: the 2 norms
+    read their inputs (`norm`) and write their outputs (`gemm_in`); the 2 bias-dropout-add
+    kernels read the branch and the residual and write the sum (3 h-wide tensors each) and
+    their dropout masks (`masks`); the activation reads the first MLP GEMM's output
+    (`mlp_act`) and writes the second's input (`mlp_mid`; the routed experts' too, as memory
+    counts them); RoPE reads and writes q and k. Backward moves about twice the forward
+    (inputs, saved tensors, gradients): ELEMENTWISE_PASSES' 3x over the forward. Norms and
+    residuals are h-wide on every tensor-parallel rank unless sequence parallelism shards them.
+    For GPT this is Korthikanti et al. 2022's §4.1 count: 22sbh h-wide (2 LayerNorms at 4sbh,
+    2 bias-dropout-adds at 7sbh) and 16sbh tp-split (bias-GeLU) forward, 38sbh at tp 1 as
+    ELEMENTWISE_PASSES' factor on kept bytes gives, but 22 + 16/t sbh per rank without SP,
+    where that factor gave 1.1 x (10 + 24/t); Table 4 there measures SP saving 0.5 ms of the
+    22B layer's 7.7 ms forward (tp 8), which the factor put at 0.32 ms."""
+    width = 2.0 if precision == "fp32" else 1.0  # parts are 16-bit bytes
+    tokens, tp = np.asarray(tokens, float), np.asarray(tp, float)
+    sp_div = np.where(np.asarray(sp), tp, 1.0)
+    e = 2.0 * width
+    kept = sum(parts[k] for k in ("norm", "gemm_in", "masks", "mlp_act", "mlp_mid")) * width
+    residual = 2.0 * 3.0 * model.hidden_size * e * tokens / sp_div
+    rope = (2.0 * (model.q_width + model.kv_heads * model.head_width) * e * tokens / tp
+            if model.position is PositionKind.ROPE else 0.0)
+    return 3.0 * (kept + residual + rope)
+
+
 def fp8_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.ndarray:
     """Bytes an fp8 block's casts move per micro-batch, forward + backward: every FP8 GEMM casts
     its 16-bit input forward and its 16-bit output gradient backward (read 2, write 1 byte per

@@ -129,9 +129,15 @@ class RuntimeTraits:
     """Fraction of tensor-parallel collective time hidden behind GEMMs, for a runtime whose
     method is not modelled below. 0: none."""
     tp_comm_overlap_method: str = "none"
-    """none, or `userbuffers`: Transformer Engine's comm-GEMM overlap (Megatron
-    --tp-comm-overlap; NeMo's large-model recipes turn it on), priced from what each of its
-    collectives exposes (`tp_exposed_share`); it needs sequence parallelism and tp >= 2."""
+    """none; `async-dgrad`: the column-parallel GEMMs' backward launches its input-gradient
+    all-reduce (reduce-scatter with SP) asynchronously and computes the weight gradient while it
+    runs (Transformer Engine's Linear / LayerNormLinear backward: `allreduce(dgrad, tp_group,
+    async_op=True)` or `reduce_scatter_along_first_dim(..., async_op=True)` before "Compute grad
+    weight tensor"; Megatron-Core's LinearWithGradAccumulationAndAsyncCommunication alike),
+    Megatron-Core's default without --tp-comm-overlap; or `userbuffers`: Transformer Engine's
+    comm-GEMM overlap (Megatron --tp-comm-overlap; NeMo's large-model recipes turn it on). Each
+    is priced from what its collectives expose (`tp_exposed_share`); userbuffers needs sequence
+    parallelism and tp >= 2."""
     ep_comm_overlap: float = 0.0
     """Fraction of the MoE all-to-all time hidden behind another micro-batch's compute, up to
     that compute (Megatron --overlap-moe-expert-parallel-comm, batch-level overlap in 1F1B;
@@ -311,9 +317,10 @@ class RuntimeTraits:
             raise ConfigError("runtime.multi_stage_schedules",
                               f"got {list(self.multi_stage_schedules)!r}",
                               f"list some of runtime.schedules ({', '.join(self.schedules)})")
-        if self.tp_comm_overlap_method not in ("none", "userbuffers"):
+        if self.tp_comm_overlap_method not in TP_OVERLAP_METHODS:
             raise ConfigError("runtime.tp_comm_overlap_method",
-                              f"got {self.tp_comm_overlap_method!r}", "choose none or userbuffers")
+                              f"got {self.tp_comm_overlap_method!r}",
+                              f"choose {', '.join(TP_OVERLAP_METHODS)}")
         if self.attention_kernel not in ("fa2", "fa3", "cudnn", "sdpa-cpu"):
             raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
                               "choose fa2, fa3, cudnn or sdpa-cpu")
@@ -364,10 +371,28 @@ class RuntimeTraits:
         exposed = (4/tp + 2/4) / 10. Userbuffers needs sequence parallelism (Megatron-Bridge
         refuses tp_comm_overlap without it)."""
         tp, sp = np.asarray(tp, float), np.asarray(sp, bool)
+        # async dgrad: of a block's 4 all-reduces (forward: attention and MLP outputs;
+        # backward: the QKV and fc1 input gradients) the 2 backward ones hide behind their
+        # weight-gradient GEMMs; with SP, 2 of its 8 collectives (the input-gradient
+        # reduce-scatters). Userbuffers runs on the same Transformer Engine modules and falls
+        # back to it where it does not apply (no SP).
+        async_dgrad = np.where(sp, 6.0 / 8.0, 2.0 / 4.0) + np.zeros_like(tp)
         if self.tp_comm_overlap_method == "userbuffers":
             exposed = (4.0 / np.maximum(tp, 1.0) + 2.0 / 4.0) / 10.0
-            return np.where(sp & (tp > 1), exposed, 1.0)
+            return np.where(sp & (tp > 1), exposed, async_dgrad)
+        if self.tp_comm_overlap_method == "async-dgrad":
+            return async_dgrad
         return np.full_like(tp, 1.0 - self.tp_comm_overlap)
+
+    def tp_recompute_exposed_share(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
+        """The same for the forward collectives a recompute repeats: userbuffers overlaps them
+        as it does the first forward; async dgrad overlaps backward collectives only."""
+        tp, sp = np.asarray(tp, float), np.asarray(sp, bool)
+        if self.tp_comm_overlap_method == "userbuffers":
+            return np.where(sp & (tp > 1), self.tp_exposed_share(tp, sp), 1.0)
+        if self.tp_comm_overlap_method == "async-dgrad":
+            return np.ones_like(tp)
+        return self.tp_exposed_share(tp, sp)
 
     def attention_precision(self, precision: str) -> str:
         """The precision a plan's fused attention core runs in: fp8 runs keep attention in
@@ -391,8 +416,12 @@ class RuntimeTraits:
         return self.reduce_bytes_fp16 if precision == "fp16" else self.reduce_bytes_bf16
 
 
+TP_OVERLAP_METHODS = ("none", "async-dgrad", "userbuffers")
+"""RuntimeTraits.tp_comm_overlap_method values."""
+
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
+        "tp_comm_overlap_method": "async-dgrad",
         "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
@@ -405,6 +434,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-deepep": {
+        "tp_comm_overlap_method": "async-dgrad",
         "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",

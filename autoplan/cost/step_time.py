@@ -76,10 +76,12 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     core = runtime.attention_precision(precision)  # the fused core's own dtype
     if core != precision and core == "fp32" and not eager:
         casts = casts + compute.attention_cast_bytes(model, tokens, tp, cp)
-    eager_bytes = None
     if runtime.eager_elementwise:
         eager_bytes = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
                                                       runtime.fused_norm, precision)
+    else:
+        eager_bytes = compute.fused_elementwise_bytes(model, parts, tokens, tp, np.asarray(sp),
+                                                      precision)
     return compute.layer_times_s(model, profile, gemm_peak(profile, precision, runtime), b, tp,
                                  cp,
                                  noncore, parts["core"] * act_scale, eager,
@@ -152,6 +154,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     # what the runtime's overlap leaves exposed, never hiding more than the block's GEMMs take
     # (forward, plus backward's two GEMMs per forward one; the recomputed forward's likewise)
     exposed_tp = runtime.tp_exposed_share(r.tp, r.sp)
+    exposed_rec = runtime.tp_recompute_exposed_share(r.tp, r.sp)
     tp_hideable = 3.0 * lt["gemm_forward"]
     # Megatron's selective re-runs only the attention core on the Q, K, V it kept: no
     # collective again; the runtimes that re-run the norms re-gather their SP outputs
@@ -191,7 +194,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
             "recompute": n * rec_extra,
             "tp": layers * (tpc["layer"] - np.minimum((1.0 - exposed_tp) * tpc["layer"],
                                                       tp_hideable))
-                  + n * (tp_rec - np.minimum((1.0 - exposed_tp) * tp_rec, lt["gemm_forward"]))
+                  + n * (tp_rec - np.minimum((1.0 - exposed_rec) * tp_rec, lt["gemm_forward"]))
                   + tp_ends,
             "cp": layers * cp_layer + n * np.where(
                 by_module & ((r.rc_modules & memory.CORE_ATTN) == 0), 0.0, cp_rec),

@@ -84,3 +84,26 @@ def test_host_overheads_charge_tensor_parallel_and_recompute() -> None:
     assert t1["full"][0] == pytest.approx(t1["forward"][0] + f * 2e-5)
     assert t1["all-but-gemms"][0] == pytest.approx(
         t1["core_forward"][0] + (f - g) * eff.op_overhead_s + f * 3e-5)
+
+
+def test_fused_elementwise_bytes_count_korthikanti_s_kernels() -> None:
+    """GPT block with dropout, bf16, forward: 2 LayerNorms (4sbh each) and 2 bias-dropout-adds
+    (7sbh each) h-wide, bias-GeLU 16sbh split by tp (Korthikanti et al. 2022 §4.1); backward
+    twice the forward. Without sequence parallelism the h-wide kernels run whole on every
+    tensor-parallel rank."""
+    import dataclasses
+
+    from autoplan.cost import memory
+    from autoplan.cost.compute import fused_elementwise_bytes
+
+    model = dataclasses.replace(PRESETS["gpt3-13b"], dropout=0.1)
+    b, one = np.ones(1), np.ones(1)
+    sbh = model.seq_len * model.hidden_size
+    for tp, sp, forward_sbh in ((1, False, 38.0), (8, False, 22.0 + 16.0 / 8), (8, True, 38.0 / 8)):
+        tp_a, sp_a = np.full(1, float(tp)), np.full(1, sp)
+        parts = memory.activation_elements_per_layer(model, b, tp_a, sp_a, one, False)
+        got = fused_elementwise_bytes(model, parts, model.seq_len * b, tp_a, sp_a, "bf16")
+        assert got == pytest.approx(3.0 * forward_sbh * sbh)
+    parts = memory.activation_elements_per_layer(model, b, one, np.zeros(1, bool), one, False)
+    fp32 = fused_elementwise_bytes(model, parts, model.seq_len * b, one, np.zeros(1, bool), "fp32")
+    assert fp32 == pytest.approx(2.0 * 3.0 * 38.0 * sbh)

@@ -373,3 +373,33 @@ def test_a_reentrant_full_recompute_repeats_every_forward_tp_collective() -> Non
                                "batch": {"micro_batch_size": 1, "global_batch_size": 4}})
         again, once = (estimate_plan(plan, runtime=rt).time["tp_comm"] for rt in (megatron, plain))
         assert (again > once) if policy == "full" else (again == once)
+
+
+def test_megatron_hides_the_input_gradient_collectives_behind_weight_gradients() -> None:
+    """Transformer Engine's column-parallel backward launches the dgrad all-reduce (reduce-
+    scatter with SP) asynchronously, then computes wgrad: 2 of a block's 4 all-reduces, or 2
+    of its 8 SP collectives, hide; the forward ones a recompute repeats do not."""
+    import dataclasses
+
+    megatron, tp, no_sp, sp = load_runtime("megatron"), np.full(1, 8.0), np.zeros(1, bool), \
+        np.ones(1, bool)
+    assert megatron.tp_comm_overlap_method == "async-dgrad"
+    assert megatron.tp_exposed_share(tp, no_sp) == pytest.approx(0.5)
+    assert megatron.tp_exposed_share(tp, sp) == pytest.approx(0.75)
+    assert megatron.tp_recompute_exposed_share(tp, sp) == pytest.approx(1.0)
+    nemo = load_runtime("nemo")  # userbuffers: the recomputed forward overlaps like the first
+    assert nemo.tp_recompute_exposed_share(tp, sp) == nemo.tp_exposed_share(tp, sp) < 0.75
+    plain = dataclasses.replace(megatron, tp_comm_overlap_method="none")
+    saved = {}
+    for policy in ("none", "full"):
+        plan = plan_from_dict({"model": "gpt3-13b", "cluster": {"profile": "a100-sxm4-80gb",
+                                                               "num_gpus": 8},
+                               "parallel": {"tp": 8}, "recompute": {"policy": policy},
+                               "batch": {"micro_batch_size": 1, "global_batch_size": 4}})
+        hidden, exposed = (estimate_plan(plan, runtime=rt).time for rt in (megatron, plain))
+        saved[policy] = exposed["tp_comm"] - hidden["tp_comm"]
+        assert hidden["tp_comm"] < exposed["tp_comm"]
+    # the blocks' backward collectives hide; the recompute's forward ones stay whole
+    assert saved["full"] == pytest.approx(saved["none"])
+    with pytest.raises(ConfigError, match="async-dgrad"):
+        dataclasses.replace(megatron, tp_comm_overlap_method="ring")
