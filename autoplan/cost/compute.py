@@ -276,11 +276,13 @@ def layer_times_s(
     (FlashAttention-2, Dao 2023 §3.1: fully masked tiles are skipped).
 
     Each time is device work plus host work (the profile's seconds per op, per DTensor op, per
-    checkpointed op and `unit_host_s`, the FSDP unit's hooks, per block and micro-batch). On a
-    CPU one core does both, so they add. `host_runs_ahead` (RuntimeTraits.host_runs_ahead): the
-    host issues kernels ahead of an asynchronous device, so each part costs the larger of the two
-    and host costs bind only where the block's kernels are too small to cover them; "dtensor" is
-    then folded into forward and backward and returned as 0."""
+    checkpointed op and, where the host runs ahead, `unit_host_s`, the FSDP unit's hooks per
+    block and micro-batch). On a CPU one core does both, so they add. `host_runs_ahead`
+    (RuntimeTraits.host_runs_ahead): the host issues kernels ahead of an asynchronous device, so
+    each part costs the larger of the two (`with_host`) and host costs bind only where the
+    block's kernels are too small to cover them; "dtensor" is then folded into forward and
+    backward and returned as 0. "<part>_device" / "<part>_host" (forward, backward, full) give
+    the two apart, for device work a caller adds (MoE experts, fp8 casts)."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     gemm_each = [gemm_time_s(g, profile, peak, shape) for g, shape in zip(
         gemm_flops_per_layer(model, tokens, tp), gemm_shapes_per_layer(model, tokens, tp),
@@ -310,7 +312,7 @@ def layer_times_s(
     f_share = ops_f / (ops_f + ops_b)
     non_gemm = ops_f - ops_gemm
     hooks = ops_f * eff.selective_op_overhead_s + dtensor * non_gemm / (ops_f + ops_b)
-    # (device seconds, host seconds) of each part
+    # (device seconds, host seconds) of each part; the FSDP unit's hooks split like the ops
     fwd_host = ops_f * eff.op_overhead_s + f_share * unit_host_s
     bwd_host = ops_b * eff.op_overhead_s + (1.0 - f_share) * unit_host_s
     if host_runs_ahead:
@@ -324,16 +326,28 @@ def layer_times_s(
         "op-sac": (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0,
                    non_gemm * eff.op_overhead_s + hooks),
     }
-    both = np.maximum if host_runs_ahead else np.add
     forward, backward, full, all_but_gemms, op_sac = (
-        both(dev, host) for dev, host in parts.values())
+        with_host(dev, host, host_runs_ahead) for dev, host in parts.values())
     if host_runs_ahead:
-        dtensor = 0.0 * dtensor
+        dtensor = np.zeros_like(dtensor)
     attention_core = core_fwd + np.zeros_like(gemm)
-    return {"forward": forward, "backward": backward, "dtensor": dtensor,
-            "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,
-            "full": full, "core_forward": core_fwd, "gemm_forward": gemm,
-            "mlp_gemm_forward": gemm_each[2] + gemm_each[3]}
+    # the forward's non-GEMM, non-core seconds (module recompute shares them out by bytes): the
+    # element-wise kernels, and on a CPU the per-op host costs beside them
+    elementwise = elem / 3.0 if host_runs_ahead else forward - gemm - core_fwd
+    out = {"forward": forward, "backward": backward, "dtensor": dtensor,
+           "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,
+           "full": full, "core_forward": core_fwd, "gemm_forward": gemm,
+           "mlp_gemm_forward": gemm_each[2] + gemm_each[3], "elementwise_forward": elementwise}
+    for k in ("forward", "backward", "full"):
+        out[f"{k}_device"], out[f"{k}_host"] = parts[k]
+    return out
+
+
+def with_host(device: np.ndarray, host: np.ndarray, host_runs_ahead: bool) -> np.ndarray:
+    """Seconds of work with `device` seconds of kernels and `host` seconds of issuing them: the
+    larger where the host runs ahead of an asynchronous device, their sum where one core does
+    both (RuntimeTraits.host_runs_ahead)."""
+    return np.maximum(device, host) if host_runs_ahead else device + host
 
 
 def logits_times_s(

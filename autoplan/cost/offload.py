@@ -21,7 +21,7 @@ def optimizer_offload_time_s(
     is shared by its GPUs), the weight copy back, and the gradient copy not hidden by backward.
 
     The gradient crosses PCIe in the dtype the host optimizer steps on, `grad_copy_bytes` per
-    element (offload_grad_copy_bytes), not the weights' 16 bits. The two copies and CPU Adam are
+    element (HOST_GRAD_BYTES), not the weights' 16 bits. The two copies and CPU Adam are
     summed: DeepSpeed's fused CPU-Adam + copy-back path (DeepSpeedCPUAdam.step with
     fp16_param_groups, which overlapped the copy with the update tile by tile) is commented out
     in DeepSpeed 0.19 (stage_1_and_2.py `_optimizer_step`: "the C++ side copy &
@@ -43,13 +43,14 @@ def param_offload_time_s(
     return np.maximum(0.0, total / profile.host.pcie_bytes_per_s - hideable_s)
 
 
-def offload_grad_copy_bytes(grad_bytes: np.ndarray, grads_in_reduce_dtype: bool) -> np.ndarray:
-    """Bytes per gradient element copied to the host for the CPU optimizer. Megatron's
-    HybridDeviceOptimizer hands the host its main_grad buffer, in the reduce dtype where the
-    runtime keeps it there (RuntimeTraits.grads_in_reduce_dtype): `grad_bytes`. Otherwise the
-    fp32 master gradient: DeepSpeed ZeRO-1/2 casts each 16-bit gradient partition to the master
-    dtype on the device before the copy (stage_1_and_2.py
-    `async_inplace_copy_grad_to_fp32_buffer_from_gpu`: `.to(master_weights_and_grads_dtype)`,
-    fp32 by default), and FSDP2 (autoplan's runtime, torchtitan) reduces into fp32 sharded
-    gradients, which autoplan's HostOffloadOptimizer copies as they are (runtime/offload.py)."""
-    return np.where(grads_in_reduce_dtype, np.asarray(grad_bytes, float), 4.0)
+
+HOST_GRAD_BYTES = 4.0
+"""Bytes per gradient element copied to the host for the CPU optimizer: the fp32 master
+gradient in every runtime priced here. DeepSpeed ZeRO-1/2 casts each 16-bit partition to its
+master dtype on the device first (stage_1_and_2.py `async_inplace_copy_grad_to_fp32_buffer_
+from_gpu`: `.to(master_weights_and_grads_dtype)`, fp32 by default); Megatron-Core's
+HybridDeviceOptimizer copies the grad buffer into the fp32 CPU parameter's gradient with
+`non_blocking=True`, and a non-blocking copy converts on the GPU before the transfer
+(ATen/native/cuda/Copy.cu: "If non_blocking is true - type conversions are performed on the
+GPU"); FSDP2 (autoplan's runtime, torchtitan) reduces into fp32 sharded gradients, which
+autoplan's HostOffloadOptimizer copies as they are (runtime/offload.py)."""

@@ -18,7 +18,7 @@ def _elementwise(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray]
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(a block's non-GEMM, non-core forward seconds, the bytes its element-wise kernels move:
     memory.NONCORE_PARTS, at least 1): a re-run part's share of that time follows its bytes."""
-    elementwise = np.maximum(lt["forward"] - lt["gemm_forward"] - lt["core_forward"], 0.0)
+    elementwise = np.maximum(lt["elementwise_forward"], 0.0)
     return elementwise, np.maximum(np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0), 1.0)
 
 

@@ -93,6 +93,19 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
                                  host_runs_ahead=runtime.host_runs_ahead, unit_host_s=unit_host_s)
 
 
+def fsdp_unit_host_s(r: Rows, runtime: RuntimeTraits, profile: ClusterProfile
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """FSDP2's host seconds per unit and micro-batch (hooks, copies), split by where they are
+    priced: (per block, with the block's ops in layer_times_s; per micro-batch, beside the
+    data-parallel communication). Where the host runs ahead the blocks' units go with their
+    ops and only the root unit of each model chunk (embedding, final norm, head) is charged
+    apart; otherwise every unit is charged apart, in series."""
+    unit = np.where(r.fsdp, profile.efficiency.fsdp_unit_overhead_s, 0.0)
+    if runtime.host_runs_ahead:
+        return unit, r.vpp * unit
+    return np.zeros_like(unit), (r.layers_max + r.vpp) * unit
+
+
 def gemm_peak(profile: ClusterProfile, precision: str, runtime: RuntimeTraits) -> float:
     """The peak a block's GEMMs run at: the profile's for the plan's precision, an fp8 run's
     scaled by the runtime's fp8 kernels (RuntimeTraits.fp8_gemm_efficiency)."""
@@ -110,12 +123,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
             runtime: RuntimeTraits, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
     peak = sixteen_bit_peak(profile, precision)  # the output layer stays 16-bit in fp8 runs
-    # FSDP2's per-unit hooks run on the host with the block's ops where the host runs ahead
-    # (priced with them in layer_times_s); otherwise they are charged beside dp_comm
-    unit_host = np.where(r.fsdp & runtime.host_runs_ahead,
-                         profile.efficiency.fsdp_unit_overhead_s, 0.0)
     lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp,
-                       unit_host)
+                       fsdp_unit_host_s(r, runtime, profile)[0])
     if runtime.selective is SelectiveKind.DEEPSEEK_V3:
         lt["deepseek-v3"] = deepseek_v3_recompute_s(model, profile, gemm_peak(
             profile, precision, runtime), r, lt, parts)
@@ -124,13 +133,16 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         # every Linear's Fprop, Dgrad and Wgrad in FP8), since the delta replaces those GEMMs
         delta = moe.block_forward_delta_s(model, profile, gemm_peak(profile, precision,
                                                                     runtime), r)
-        lt = {**lt, "forward": lt["forward"] + delta, "backward": lt["backward"] + 2.0 * delta,
-              "full": lt["full"] + delta}
+        extra = {"forward": delta, "backward": 2.0 * delta, "full": delta}
         if precision == "fp8" and model.moe is not None:  # the experts' casts, not the MLP's
             casts = compute.memory_time_s(moe.fp8_cast_delta_bytes(
                 model, r, runtime.ep_dispatch_bytes), profile)
-            lt = {**lt, "forward": lt["forward"] + casts / 3.0,
-                  "backward": lt["backward"] + casts * 2.0 / 3.0, "full": lt["full"] + casts / 3.0}
+            extra = {"forward": extra["forward"] + casts / 3.0,
+                     "backward": extra["backward"] + casts * 2.0 / 3.0,
+                     "full": extra["full"] + casts / 3.0}
+        # device work: it joins the block's kernels before the host's share is weighed
+        lt = {**lt, **{k: compute.with_host(lt[f"{k}_device"] + x, lt[f"{k}_host"],
+                                            runtime.host_runs_ahead) for k, x in extra.items()}}
     else:
         delta = 0.0 * lt["gemm_forward"]
     # weight-gradient GEMMs per block: one per forward GEMM at its shape (the GEMM forward time
@@ -342,10 +354,7 @@ def time_by_part(
     step_sync = syncs * comm.collective_time_s(
         comm.ALL_REDUCE, np.full_like(r.world, 8.0), r.world, comm.intra_node(one, r.world, gpn),
         profile, per_node=comm.members_per_node(one, r.world, gpn))
-    # the blocks' FSDP units are priced with them where the host runs ahead; the vpp root units
-    # (embedding, norm and head of each model chunk) are not, and are charged here
-    units = np.where(runtime.host_runs_ahead, r.vpp, r.layers_max + r.vpp)
-    fsdp_host = np.where(r.fsdp, m * units * eff.fsdp_unit_overhead_s, 0.0)
+    fsdp_host = m * fsdp_unit_host_s(r, runtime, profile)[1]
     # DualPipe: a rank reduces, gathers and steps its two stages (psi is the pair's: memory's
     # mem_psi), in units of both stages' blocks. Each stage's copies sit on two ranks of one
     # replica, so its gradient sums over 2 dp ranks, not dp: a ring moves (2dp - 1)/(2dp) of
@@ -373,8 +382,7 @@ def time_by_part(
     out["time_offload"] = (
         np.where(host_step, offload.optimizer_offload_time_s(
             shard_params, gpus_per_host, r.weight_bytes,
-            offload.offload_grad_copy_bytes(r.grad_bytes, runtime.grads_in_reduce_dtype),
-            profile, crit["backward"] * eff.overlap), 0.0)
+            offload.HOST_GRAD_BYTES, profile, crit["backward"] * eff.overlap), 0.0)
         + np.where(r.offload_params, offload.param_offload_time_s(
             psi / r.shard, m, r.weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
     tensors = held * params.tensors_per_layer(model) + params.end_tensors(model)

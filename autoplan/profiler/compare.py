@@ -55,8 +55,8 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
         return float(compute.logits_times_s(spec, profile, peak, ba, ta, one, vocab, logits))
     lt = block_times_s(spec, priced_profile(profile, runtime), precision, ba, ta, one, False,
                        runtime, parts)
-    if layer == "block":
-        return float(lt["forward"] + lt["backward"])
+    if layer == "block":  # DTensor's host costs apart on a CPU, folded in on CUDA
+        return float(lt["forward"] + lt["backward"] + lt["dtensor"])
     gemms = compute.gemm_flops_per_layer(spec, ba * s, ta)
     gemm_s = [float(compute.gemm_time_s(g, profile, peak)) for g in gemms]
     owned = {  # 16-bit bytes each part keeps (memory.py's terms), moved ELEMENTWISE_PASSES times
@@ -139,6 +139,7 @@ def mlp_gemm_points(layers: dict[str, Any], models: dict[str, Any], profile: Clu
     cols = layers["columns"]
     peak = profile.device.peak(precision)
     scale = 2.0 if precision == "fp32" else 1.0
+    runtime = _runtime(profile)
     by_size: dict[float, list[float]] = {}
     for raw in layers["rows"]:
         r = dict(zip(cols, raw, strict=True))
@@ -149,7 +150,9 @@ def mlp_gemm_points(layers: dict[str, Any], models: dict[str, Any], profile: Clu
         elem = float(compute.memory_time_s(
             4.0 * tokens * f * scale * compute.ELEMENTWISE_PASSES, profile))
         total = r["fwd_s"] + r["bwd_s"]
-        gemm_s = total - elem - r["ops"] * profile.efficiency.op_overhead_s
+        # a host that runs ahead (CUDA) hides its op costs behind these GEMMs; a CPU pays them
+        host = 0.0 if runtime.host_runs_ahead else r["ops"] * profile.efficiency.op_overhead_s
+        gemm_s = total - elem - host
         if gemm_s < MIN_GEMM_SHARE * total:
             continue
         flops = 2.0 * tokens * spec.hidden_size * f

@@ -3,7 +3,8 @@
 Each is measured on the runtime's own transformer block at a size where the arithmetic is
 negligible, divided by the block's operator count (aten ops, counted with a dispatch mode), so
 the cost model can charge ops_per_layer x seconds per op (autoplan.cost.compute). On a GPU
-these are host times that kernels of real size hide; on a CPU nothing hides them.
+the host issues them ahead of the device, so they cost only what a block's kernels do not cover
+(RuntimeTraits.host_runs_ahead: small blocks); on a CPU nothing hides them.
 """
 
 from __future__ import annotations

@@ -262,17 +262,13 @@ def test_torchtitan_runs_zero_bubble_only_with_several_stages_per_rank(vpp, refu
 
 
 def test_offloaded_gradients_cross_pcie_in_the_dtype_the_host_steps_on() -> None:
-    from autoplan.cost.offload import offload_grad_copy_bytes, optimizer_offload_time_s
+    from autoplan.cost.offload import HOST_GRAD_BYTES, optimizer_offload_time_s
     from autoplan.hardware import load_profile
 
-    # DeepSpeed keeps 16-bit gradient partitions on the device but casts them to its fp32
-    # master dtype before the copy; Megatron hands the host its main_grad buffer, bf16 where
-    # the plan reduces in bf16
-    ds, mg = load_runtime("deepspeed"), load_runtime("megatron")
-    assert ds.grad_bytes("bf16") == 2.0
-    assert offload_grad_copy_bytes(np.array(ds.grad_bytes("bf16")), ds.grads_in_reduce_dtype) == 4.0
-    assert offload_grad_copy_bytes(np.array(2.0), mg.grads_in_reduce_dtype) == 2.0
-    assert offload_grad_copy_bytes(np.array(4.0), mg.grads_in_reduce_dtype) == 4.0
+    # DeepSpeed keeps 16-bit gradient partitions on the device but copies fp32 master
+    # gradients; so do the others (module docstring of HOST_GRAD_BYTES)
+    assert load_runtime("deepspeed").grad_bytes("bf16") == 2.0
+    assert HOST_GRAD_BYTES == 4.0
     profile = load_profile("h100-sxm-80gb")
     shard, pcie = 1e9, profile.host.pcie_bytes_per_s
     cpu = shard / profile.host.optimizer_params_per_s
@@ -319,24 +315,43 @@ def test_a_host_that_runs_ahead_costs_only_what_the_kernels_do_not_cover() -> No
 
 
 def test_autoplan_cuda_prices_measured_host_costs_only_where_they_bind() -> None:
-    plan = lambda mbs: plan_from_dict({  # noqa: E731
-        "model": "gpt3-1.3b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
-        "parallel": {"dp": 8}, "zero_stage": 3,
-        "batch": {"micro_batch_size": mbs, "global_batch_size": 64}})
+    import dataclasses
+
     from autoplan.hardware import ClusterSpec
 
-    free, priced = _with_host_costs("h100-sxm-80gb", 0.0), _with_host_costs(
-        "h100-sxm-80gb", 1e-5, 2e-4)
-    for mbs in (1, 8):
-        base = estimate_plan(plan(mbs), ClusterSpec(free, 8)).time
-        host = estimate_plan(plan(mbs), ClusterSpec(priced, 8)).time
-        serial = estimate_plan(plan(mbs), ClusterSpec(priced, 8), runtime="autoplan-cpu").time
-        # on a CPU the host costs add to every block; a host running ahead pays at most that
-        assert host["step"] < serial["step"]
-        if mbs == 1:  # 2,048 tokens of a 1.3B block run shorter than its ops take to issue
-            assert host["compute"] > 1.05 * base["compute"]
-        else:  # 8 x 2,048 tokens cover the host
-            assert host["compute"] == pytest.approx(base["compute"])
+    def plan(mbs: int, tp: int = 1):
+        return plan_from_dict({
+            "model": "gpt3-1.3b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
+            "parallel": {"dp": 8 // tp, "tp": tp}, "zero_stage": 3,
+            "recompute": {"policy": "full"},
+            "batch": {"micro_batch_size": mbs, "global_batch_size": 64}})
+
+    cuda = load_runtime("autoplan-cuda")
+    assert cuda.eager_host_overheads and cuda.host_runs_ahead
+    serial = dataclasses.replace(cuda, host_runs_ahead=False)  # the same runtime, summed
+    free = ClusterSpec(_with_host_costs("h100-sxm-80gb", 0.0), 8)
+    priced = ClusterSpec(_with_host_costs("h100-sxm-80gb", 1e-5, 2e-4), 8)
+    for mbs, tp in ((1, 1), (8, 1), (1, 2)):
+        base = estimate_plan(plan(mbs, tp), free, runtime=cuda).time
+        ahead = estimate_plan(plan(mbs, tp), priced, runtime=cuda).time
+        summed = estimate_plan(plan(mbs, tp), priced, runtime=serial).time
+        # running ahead never costs more than issuing and computing in series, nor less than
+        # the kernels alone
+        for part in ("compute", "recompute", "dp_comm"):
+            assert base[part] - 1e-12 <= ahead[part] <= summed[part] + 1e-12, part
+        assert ahead["step"] < summed["step"]
+        if mbs == 8:  # 8 x 2,048 tokens cover the host; only the root units' hooks remain
+            assert ahead["compute"] == pytest.approx(base["compute"])
+        else:  # 2,048 tokens of a 1.3B block run shorter than its ops take to issue
+            assert ahead["compute"] > 1.05 * base["compute"]
+    # DTensor's host costs (tp 2) go with the block's ops: a separate term only in series
+    dtensor = _with_host_costs("h100-sxm-80gb", 1e-5)
+    dtensor = dataclasses.replace(dtensor, efficiency=dataclasses.replace(
+        dtensor.efficiency, dtensor_op_overhead_s=3e-5))
+    with_dt = estimate_plan(plan(1, 2), ClusterSpec(dtensor, 8), runtime=cuda).time
+    without = estimate_plan(plan(1, 2), ClusterSpec(_with_host_costs("h100-sxm-80gb", 1e-5), 8),
+                            runtime=cuda).time
+    assert with_dt["compute"] > without["compute"]
 
 
 def test_a_reentrant_full_recompute_repeats_every_forward_tp_collective() -> None:
