@@ -12,6 +12,7 @@ pipeline split is written out as module names per stage, so nothing depends on i
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,17 @@ tie the output head to the embedding (enable_weight_tying=True), as Llama 3.2 do
 TOML_FLAVORS = ("8B", "70B", "405B")
 PYTHON_REGISTRY = ("llama3_8b", "llama3_70b", "llama3_405b")
 """config_registry functions torchtitan 0.3 ships for Llama 3 (the others start from 8B's)."""
+REGISTRY_PARAMS = {"llama3_8b": 8.03e9, "llama3_70b": 70.6e9, "llama3_405b": 405.9e9}
+"""Parameters of the model each PYTHON_REGISTRY base is tuned for (learning rate and the
+rest): a model defined at its own shape starts from the nearest."""
+
+
+def nearest_base(model: ModelSpec) -> str:
+    """The config_registry function closest in size (log of parameters) to `model`."""
+    from autoplan.cost.params import total_params
+
+    n = total_params(model)
+    return min(REGISTRY_PARAMS, key=lambda base: abs(math.log(n / REGISTRY_PARAMS[base])))
 SCHEDULES = {
     (Schedule.GPIPE, False): "GPipe",
     (Schedule.ONE_F_ONE_B, False): "1F1B",
@@ -276,15 +288,13 @@ class TorchtitanTarget(ExportTarget):
         if opts.torchtitan_format == "toml":
             return {"torchtitan.toml": torchtitan_text.toml_text(plan, model, values, lay,
                                                                  opts.out)}
-        moe = torchtitan_moe.moe_flavor(model)
+        moe, found = torchtitan_moe.moe_flavor(model), flavor(model)
         if moe is not None:
-            lines = torchtitan_moe.python_model_lines(model, moe)
-            return {"autoplan_torchtitan.py": torchtitan_text.python_text(
-                model, values, (moe.flavor, moe.base), lay, opts.out, lines)}
-        found = flavor(model)
-        if found is None:  # a Llama 3 architecture at a shape torchtitan does not register
-            return {"autoplan_torchtitan.py": torchtitan_text.python_text(
-                model, values, ("", "llama3_8b"), lay, opts.out,
-                torchtitan_text.custom_model_lines(model))}
-        return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, found, lay,
-                                                                      opts.out)}
+            base, lines = moe.base, torchtitan_moe.python_model_lines(model, moe)
+        elif found is not None:
+            base = found[1] if found[1] in PYTHON_REGISTRY else "llama3_8b"
+            lines = torchtitan_text.flavor_lines(found[0])
+        else:  # a Llama 3 architecture at a shape torchtitan does not register
+            base, lines = nearest_base(model), torchtitan_text.custom_model_lines(model)
+        return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, base, lay,
+                                                                      opts.out, lines)}

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autoplan.export.torchtitan_text import ModelLines
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Plan
 
@@ -200,10 +201,10 @@ def moe_parallelism(plan: Plan, fmt: str) -> dict[str, Any]:
     return out
 
 
-def python_model_lines(model: ModelSpec,
-                       found: MoeFlavor) -> tuple[list[str], list[str], list[str]]:
-    """(imports, module-level lines (none), body lines) that set config.model_spec (and the MTP loss) in the Python
-    config: the flavor, MTP depth, and the load-balancing step on every MoE layer."""
+def python_model_lines(model: ModelSpec, found: MoeFlavor) -> ModelLines:
+    """The lines that set config.model_spec (and the MTP loss) in the Python config: the
+    flavor, MTP depth, and the load-balancing step on every MoE layer (no module-level lines:
+    the flavor is torchtitan's own)."""
     moe = model.moe
     assert moe is not None
     imports = [f"from torchtitan.models.{found.family} import config_registry, model_registry"]
@@ -221,4 +222,4 @@ def python_model_lines(model: ModelSpec,
         body += ["    for layer in config.model_spec.model.layers:",
                  "        if layer.moe is not None:",
                  f"            layer.moe.load_balance_coeff = {coeff!r}"]
-    return imports, [], body
+    return ModelLines(imports, [], body)

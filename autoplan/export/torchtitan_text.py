@@ -9,7 +9,7 @@ import json
 import pprint
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoplan.export.base import Layout
 from autoplan.model_spec import ModelSpec
@@ -17,6 +17,29 @@ from autoplan.plan import Plan
 
 MODULE = "autoplan_torchtitan"
 FUNCTION = "autoplan_plan"
+
+
+class ModelLines(NamedTuple):
+    """What the Python config writes to set config.model_spec: its imports, module-level lines
+    (a model builder; none for a registered flavor), the body lines inside autoplan_plan, and a
+    header note (empty, or what the reader must know about them)."""
+
+    imports: list[str]
+    preamble: list[str]
+    body: list[str]
+    note: str = ""
+
+
+def flavor_lines(flavor: str) -> ModelLines:
+    """A registered torchtitan Llama 3 flavor."""
+    return ModelLines(["from torchtitan.models.llama3 import config_registry, model_registry"],
+                      [], [f"    config.model_spec = model_registry({flavor!r})"])
+
+
+def _in_docstring(text: str) -> str:
+    """`text` as it may stand inside a generated triple-quoted docstring (quotes and
+    backslashes escaped: a model name is any printable string)."""
+    return json.dumps(text)[1:-1]
 
 
 def _toml_value(value: Any) -> str:
@@ -74,15 +97,16 @@ AC_CLASSES = {"full": "FullAC", "selective": "SelectiveAC"}
 CUSTOM_BUILDER = "_autoplan_model"
 
 
-def custom_model_lines(model: ModelSpec) -> tuple[list[str], list[str], list[str]]:
+def custom_model_lines(model: ModelSpec) -> ModelLines:
     """(imports, module-level lines, body lines) for a model of torchtitan's Llama 3 architecture
     whose shape has no registered flavor (Llama 2 13B, say): the module builds a Llama3Model
     config at the model's shape the way torchtitan 0.3.0's own flavors do
     (torchtitan/models/llama3/__init__.py: `_build_llama3_layers`, its init tables, the tied 1B's
     skipped embedding init), registers it in `llama3_configs` under the model's name, and points
     the loss and the tokenizer at the model's vocabulary. Those helpers are private to torchtitan
-    0.3.0, which the header says. RoPE: the model file carries no base, so torchtitan's default
-    (theta 10000, Llama 2's, no scaling) is written out for the user to change."""
+    0.3.0, which the header note says. RoPE: the model file carries no base, so torchtitan's
+    default (theta 10000, Llama 2's, no scaling) is written out for the user to change; the
+    attention is full causal attention, as autoplan plans it (no sliding window)."""
     m = model
     name = f"autoplan-{m.name}"
     embed_init = "_EMBEDDING_SKIP_INIT" if m.tie_embeddings else "_EMBEDDING_INIT"
@@ -93,8 +117,8 @@ def custom_model_lines(model: ModelSpec) -> tuple[list[str], list[str], list[str
                "from torchtitan.models.llama3 import config_registry, model_registry"]
     preamble = [
         f"def {CUSTOM_BUILDER}(attn_backend: str, tp_gemm_backend: str = \"default\"):",
-        f'    """{m.name} in torchtitan\'s Llama 3 architecture, built as torchtitan 0.3.0 builds '
-        'its own flavors (private helpers of llama3/__init__.py)."""',
+        f'    """{_in_docstring(m.name)} in torchtitan\'s Llama 3 architecture, built as',
+        '    torchtitan 0.3.0 builds its own flavors (private helpers of llama3/__init__.py)."""',
         f"    dim, vocab, n_heads = {m.hidden_size}, {m.vocab_size}, {m.num_heads}",
         "    return llama3.Llama3Model.Config(",
         "        dim=dim,",
@@ -130,35 +154,32 @@ def custom_model_lines(model: ModelSpec) -> tuple[list[str], list[str], list[str
         f"    # the base config's tokenizer is Llama 3's: put one of {m.vocab_size} tokens here",
         f"    config.hf_assets_path = {f'./assets/hf/{m.name}'!r}",
     ]
-    return imports, preamble, body
+    note = ("The model is defined below at its own shape with torchtitan 0.3.0's private "
+            "builders (llama3/__init__.py);\nset its RoPE theta and its tokenizer "
+            "(hf_assets_path) for your model.")
+    return ModelLines(imports, preamble, body, note)
 
 
 def python_text(
-    model: ModelSpec, values: dict[str, dict[str, Any]], found: tuple[str, str], lay: Layout,
-    out: str | None = None,
-    model_lines: tuple[list[str], list[str], list[str]] | None = None,
+    model: ModelSpec, values: dict[str, dict[str, Any]], base: str, lay: Layout,
+    out: str | None, lines_for_model: ModelLines,
 ) -> str:
-    """The config_registry module. `found` is (flavor, config_registry function); a MoE model
-    or a Llama 3 architecture without a registered flavor passes `model_lines` (imports,
-    module-level lines, body lines setting config.model_spec; torchtitan_moe.py,
-    `custom_model_lines`) in place of the registered flavor's."""
-    flavor, base = found
-    preamble: list[str] = []
-    if model_lines is None:
-        start = base if base in ("llama3_8b", "llama3_70b", "llama3_405b") else "llama3_8b"
-        imports = ["from torchtitan.models.llama3 import config_registry, model_registry"]
-        spec = [f"    config.model_spec = model_registry({flavor!r})"]
-    else:
-        start, (imports, preamble, spec) = base, model_lines
+    """The config_registry module: `base`, the config_registry function it starts from (its
+    data, tokenizer, optimizer and step count), then `lines_for_model` (a registered flavor,
+    torchtitan_moe's MoE flavor, or `custom_model_lines`) and the plan's settings."""
+    imports, preamble, spec, note = lines_for_model
     ac = values["activation_checkpoint"]["mode"]
     pythonpath, module = module_name(out)
     saved = "" if out else f" (save this file as {MODULE}.py)"
     lines = [
-        f'"""torchtitan (>= 0.3) config for model {model.name}, written by `autoplan export`.',
+        f'"""torchtitan (>= 0.3) config for model {_in_docstring(model.name)}, written by '
+        "`autoplan export`.",
         "",
         f"Run{saved}: PYTHONPATH={pythonpath} {_torchrun(lay)} -m torchtitan.train "
         f"--module {module} --config {FUNCTION}",
-        "Data, tokenizer, optimizer and step count come from the base config: change them here.",
+        f"Data, tokenizer, optimizer and step count come from the base config ({base}): "
+        "change them here.",
+        *(_in_docstring(line) for line in note.splitlines()),
         '"""',
         "",
         *sorted([*imports, *([f"from torchtitan.distributed.activation_checkpoint import "
@@ -167,7 +188,7 @@ def python_text(
         "",
         *([*preamble, "", ""] if preamble else []),
         f"def {FUNCTION}():",
-        f"    config = config_registry.{start}()",
+        f"    config = config_registry.{base}()",
         *spec,
     ]
     for section in ("training", "parallelism"):

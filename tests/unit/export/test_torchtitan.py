@@ -155,8 +155,11 @@ def _fake_torchtitan(monkeypatch) -> None:
         assert set(kw) <= set(custom["build_llama3_layers"]), kw
         return kw
 
-    llama3._build_llama3_layers = build_layers
-    llama3._output_linear_init = lambda dim: f"output_init:{dim}"
+    helpers = {"_build_llama3_layers": build_layers,
+               "_output_linear_init": lambda dim: f"output_init:{dim}"}
+    for name in custom["private_names"]:  # only what torchtitan 0.3.0 has
+        if name in helpers:
+            setattr(llama3, name, helpers[name])
 
     def model_registry(flavor: str) -> Any:
         if flavor in llama3.llama3_configs:  # defined by the exported module
@@ -223,6 +226,8 @@ def test_python_config_runs_against_torchtitan_0_3_0_names(case: str, monkeypatc
     par, training = config.parallelism.values, config.training.values
     _check_parallelism(p, par, training)
     assert par["enable_sequence_parallel"] == p.sequence_parallel
+    # CUDA graphs, torchtitan 0.3.0's default, are refused with a pipeline
+    assert training.get("disable_cuda_graphs", False) == (p.parallel.pp > 1)
     ac = config.values["activation_checkpoint"]
     assert (ac is None) == (p.recompute.policy != RecomputePolicy.FULL)
 
@@ -249,6 +254,25 @@ def test_refusals_name_the_reason(changes: dict, fmt: str, why: str):
     p = plan("llama-3-8b", 16, batch=Batch(1, 64), **changes)
     with pytest.raises(ConfigError, match=why):
         _export(p, fmt)
+
+
+def test_tied_embeddings_are_refused_under_a_pipeline():
+    """torchtitan 0.3.0's Decoder.Config.update_from_config raises for weight tying with
+    pp > 1; Llama 3.2's tied 1B flavor exports without a pipeline."""
+    import dataclasses
+
+    from autoplan.export.torchtitan import flavor
+
+    tied = dataclasses.replace(plan("llama-3-8b").model_spec(), name="llama-3.2-1b",
+                               num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
+                               ffn_hidden_size=8192, tie_embeddings=True, head_dim=64)
+    assert flavor(tied) == ("1B", "llama3_1b")
+    base = {"zero_stage": 2, "batch": Batch(1, 64)}
+    flat = plan(tied, 16, **base)
+    assert "model_registry('1B')" in _export(flat, "python")
+    piped = plan(tied, 16, parallel=Parallel(dp=8, pp=2), **base)
+    with pytest.raises(ConfigError, match="tie_embeddings with pp > 1"):
+        _export(piped, "python")
 
 
 def test_gpt_models_are_not_torchtitan_llama3_models():
@@ -283,3 +307,12 @@ def test_real_torchtitan_parses_the_export(case: str, tmp_path, monkeypatch):
         with torch.device("meta"):
             built = config.model_spec.model.build()
         assert sum(t.numel() for t in built.parameters()) == total_params(model)
+
+
+def test_any_printable_model_name_gives_a_module_python_parses():
+    import dataclasses
+
+    odd = dataclasses.replace(plan("llama-2-13b").model_spec(), name='my "13b" \\ """model')
+    source = _export(plan(odd, 64, zero_stage=3, batch=Batch(2, 512)), "python")
+    compile(source, "autoplan_torchtitan.py", "exec")  # raises SyntaxError if it does not
+    assert 'my \\"13b\\" \\\\ \\"\\"\\"model' in source.splitlines()[0]

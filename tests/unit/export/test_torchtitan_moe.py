@@ -229,6 +229,9 @@ def test_python_qwen3_ep_plan_runs_against_torchtitan_0_3_0_names(monkeypatch):
     assert par["expert_parallel_degree"] == 16 and _world(par) == 64
     assert "expert_tensor_parallel_degree" not in par  # not a 0.3.0 field (_Strict checks)
     assert par["fsdp_reshard_after_forward"] == "always"
+    # 0.3.0 captures a CUDA graph unless told not to, and refuses it with its all-to-all
+    # dispatcher (Trainer.Config._validate_cuda_graphs)
+    assert config.training.values["disable_cuda_graphs"] is True
     # autoplan's softmax router has no bias: torchtitan's updates switched off on every layer
     assert len(moe_layers) == 94
     assert {layer.load_balance_coeff for layer in moe_layers} == {None}
