@@ -81,6 +81,18 @@ class RuntimeTraits:
     output (8)."""
     selective: SelectiveKind = SelectiveKind.ATTENTION_CORE
     """What selective recompute keeps and re-runs."""
+    optimizer_extra_bytes: float = 4.0
+    """HBM bytes per sharded parameter the optimizer step moves beside the fused Adam kernel
+    (step_time.ADAM_BYTES_PER_PARAM): FSDP2 (autoplan, torchtitan) reads the fp32 gradients
+    for the gradient norm (4; clip_grad_norm_) and sets them to None. Megatron-Core's
+    distributed optimizer reads them for the norm (4) and copies the updated fp32 shard into
+    the 16-bit parameter buffer (read 4, write 2): 10, plus its full gradient buffer zeroed
+    (`zeroes_grad_buffer`). DeepSpeed ZeRO-1/2 reads the 16-bit partition for the norm (2),
+    casts it to the fp32 master gradient (read 2, write 4) and copies the master back into
+    the 16-bit weights (read 4, write 2): 14."""
+    zeroes_grad_buffer: bool = False
+    """Each step zeroes the rank's whole (unsharded) gradient buffer, grad_bytes per parameter
+    it holds (Megatron-Core DistributedDataParallel.zero_grad_buffer -> buffer.reset())."""
     reentrant_recompute: bool = False
     """Full recompute re-runs the block's whole forward inside backward, every forward
     tensor-parallel collective with it (2 all-reduces, or 2 all-gathers + 2 reduce-scatters):
@@ -421,6 +433,7 @@ TP_OVERLAP_METHODS = ("none", "async-dgrad", "userbuffers")
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
+        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
         "tp_comm_overlap_method": "async-dgrad",
         "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
@@ -434,6 +447,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-deepep": {
+        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
         "tp_comm_overlap_method": "async-dgrad",
         "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
@@ -447,6 +461,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "ep_dispatcher": "deepep",
     },
     "megatron-2022": {
+        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
         "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "description": "Megatron-LM as the SC21 and Korthikanti et al. 2022 runs used it "
@@ -459,6 +474,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "overlap_param_gather": False,
     },
     "nemo": {
+        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
         "reentrant_recompute": True,
         "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
         "attention_kernel": "cudnn",
@@ -494,6 +510,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "multi_stage_schedules": ["zero-bubble"],
     },
     "deepspeed": {
+        "optimizer_extra_bytes": 14.0,
         "reentrant_recompute": True,
         "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "
                        "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",

@@ -29,8 +29,9 @@ TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_bubble", "pp_com
               "offload", "optimizer", "ep_comm")
 """ep_comm: the MoE all-to-all dispatch and combine (cost/moe.py); 0 for dense models."""
 ADAM_BYTES_PER_PARAM = 28.0
-"""HBM traffic of a fused Adam step per parameter: fp32 master, m and v read and written (24),
-16-bit gradient read and weight written (4)."""
+"""HBM traffic of the fused Adam kernel per parameter: fp32 parameter, gradient, m and v read
+(16), parameter, m and v written (12). What a runtime's step moves besides it is
+RuntimeTraits.optimizer_extra_bytes."""
 
 
 def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterProfile:
@@ -388,7 +389,9 @@ def time_by_part(
     tensors = held * params.tensors_per_layer(model) + params.end_tensors(model)
     out["time_optimizer"] = np.where(
         host_step, 0.0,
-        compute.memory_time_s(shard_params * ADAM_BYTES_PER_PARAM, profile)
+        compute.memory_time_s(
+            shard_params * (ADAM_BYTES_PER_PARAM + runtime.optimizer_extra_bytes)
+            + np.where(runtime.zeroes_grad_buffer, psi * r.grad_bytes, 0.0), profile)
     ) + tensors * (eff.optimizer_overhead_s + np.where(
         r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
     slots = profile.host.compute_slots

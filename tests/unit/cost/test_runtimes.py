@@ -418,3 +418,26 @@ def test_megatron_hides_the_input_gradient_collectives_behind_weight_gradients()
     assert saved["full"] == pytest.approx(saved["none"])
     with pytest.raises(ConfigError, match="async-dgrad"):
         dataclasses.replace(megatron, tp_comm_overlap_method="ring")
+
+
+def test_the_optimizer_step_moves_what_each_runtime_s_step_moves() -> None:
+    """Fused Adam's 28 bytes per parameter, plus the runtime's own: the gradient norm and
+    Megatron's copy into 16-bit parameters and its whole-buffer zeroing; DeepSpeed's cast of
+    the 16-bit partition to fp32 and copy back."""
+    from autoplan.cost.compute import memory_time_s
+    from autoplan.cost.params import total_params
+    from autoplan.cost.step_time import ADAM_BYTES_PER_PARAM
+    from autoplan.hardware import load_profile
+
+    profile = load_profile("a100-sxm4-80gb")
+    plan = plan_from_dict({"model": "gpt3-1.3b", "cluster": {"profile": "a100-sxm4-80gb",
+                                                            "num_gpus": 1},
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 1}})
+    n = total_params(plan.model_spec())
+    expected = {"torchtitan": n * (ADAM_BYTES_PER_PARAM + 4.0),
+                "megatron": n * (ADAM_BYTES_PER_PARAM + 10.0) + n * 4.0,  # fp32 main_grad
+                "deepspeed": n * (ADAM_BYTES_PER_PARAM + 14.0)}
+    for name, nbytes in expected.items():
+        got = estimate_plan(plan, runtime=name).time["optimizer"]
+        # the padded vocabulary adds a little; nothing else does on one GPU
+        assert got == pytest.approx(float(memory_time_s(np.array(nbytes), profile)), rel=0.02)
