@@ -91,8 +91,9 @@ class RuntimeTraits:
     casts it to the fp32 master gradient (read 2, write 4) and copies the master back into
     the 16-bit weights (read 4, write 2): 14."""
     zeroes_grad_buffer: bool = False
-    """Each step zeroes the rank's whole (unsharded) gradient buffer, grad_bytes per parameter
-    it holds (Megatron-Core DistributedDataParallel.zero_grad_buffer -> buffer.reset())."""
+    """Each step zeroes the rank's gradient buffer, grad_bytes per parameter it holds: all of
+    them under DDP and the distributed optimizer (ZeRO 0-1), its shard under FSDP (ZeRO-2/3)
+    (Megatron-Core DistributedDataParallel.zero_grad_buffer -> buffer.reset())."""
     reentrant_recompute: bool = False
     """Full recompute re-runs the block's whole forward inside backward, every forward
     tensor-parallel collective with it (2 all-reduces, or 2 all-gathers + 2 reduce-scatters):

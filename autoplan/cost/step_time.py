@@ -391,7 +391,10 @@ def time_by_part(
         host_step, 0.0,
         compute.memory_time_s(
             shard_params * (ADAM_BYTES_PER_PARAM + runtime.optimizer_extra_bytes)
-            + np.where(runtime.zeroes_grad_buffer, psi * r.grad_bytes, 0.0), profile)
+            # the gradient buffer: whole under DDP and the distributed optimizer (ZeRO 0-1),
+            # a shard under Megatron-FSDP (ZeRO-2/3)
+            + np.where(runtime.zeroes_grad_buffer,
+                       np.where(r.zero >= 2, shard_params, psi) * r.grad_bytes, 0.0), profile)
     ) + tensors * (eff.optimizer_overhead_s + np.where(
         r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
     slots = profile.host.compute_slots
