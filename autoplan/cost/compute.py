@@ -337,7 +337,10 @@ def layer_times_s(
     out = {"forward": forward, "backward": backward, "dtensor": dtensor,
            "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,
            "full": full, "core_forward": core_fwd, "gemm_forward": gemm,
-           "mlp_gemm_forward": gemm_each[2] + gemm_each[3], "elementwise_forward": elementwise}
+           "mlp_gemm_forward": gemm_each[2] + gemm_each[3], "elementwise_forward": elementwise,
+           # the column-parallel GEMMs (QKV, the MLP's first): their weight gradients are what
+           # an asynchronous input-gradient collective runs beside
+           "column_gemm_forward": gemm_each[0] + gemm_each[2]}
     for k in ("forward", "backward", "full"):
         out[f"{k}_device"], out[f"{k}_host"] = parts[k]
     return out

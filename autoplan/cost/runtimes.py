@@ -397,6 +397,14 @@ class RuntimeTraits:
             return async_dgrad
         return np.full_like(tp, 1.0 - self.tp_comm_overlap)
 
+    def tp_async_dgrad(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
+        """Where the overlap is async dgrad, which hides only behind the column-parallel GEMMs'
+        weight gradients (userbuffers without SP falls back to it)."""
+        tp, sp = np.asarray(tp, float), np.asarray(sp, bool)
+        if self.tp_comm_overlap_method == "userbuffers":
+            return ~(sp & (tp > 1))
+        return np.full(tp.shape, self.tp_comm_overlap_method == "async-dgrad")
+
     def tp_recompute_exposed_share(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """The same for the forward collectives a recompute repeats: userbuffers overlaps them
         as it does the first forward; async dgrad overlaps backward collectives only."""

@@ -168,7 +168,9 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     # (forward, plus backward's two GEMMs per forward one; the recomputed forward's likewise)
     exposed_tp = runtime.tp_exposed_share(r.tp, r.sp)
     exposed_rec = runtime.tp_recompute_exposed_share(r.tp, r.sp)
-    tp_hideable = 3.0 * lt["gemm_forward"]
+    # async dgrad hides behind the column-parallel GEMMs' weight gradients only
+    tp_hideable = np.where(runtime.tp_async_dgrad(r.tp, r.sp), lt["column_gemm_forward"],
+                           3.0 * lt["gemm_forward"])
     # Megatron's selective re-runs only the attention core on the Q, K, V it kept: no
     # collective again; the runtimes that re-run the norms re-gather their SP outputs
     selective_tp = 0.0 * tpc["recompute_selective"] if runtime.selective.value == \

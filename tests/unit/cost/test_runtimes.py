@@ -441,3 +441,29 @@ def test_the_optimizer_step_moves_what_each_runtime_s_step_moves() -> None:
         got = estimate_plan(plan, runtime=name).time["optimizer"]
         # the padded vocabulary adds a little; nothing else does on one GPU
         assert got == pytest.approx(float(memory_time_s(np.array(nbytes), profile)), rel=0.02)
+
+
+def test_async_dgrad_hides_no_more_than_the_column_parallel_weight_gradients() -> None:
+    """tp 16 over two A100 nodes: the input-gradient collectives outlast the QKV and fc1
+    weight-gradient GEMMs they run beside, so those GEMMs bound what hides."""
+    import dataclasses
+
+    from autoplan.cost.compute import gemm_flops_per_layer, gemm_shapes_per_layer, gemm_time_s
+    from autoplan.hardware import load_profile
+
+    megatron = load_runtime("megatron")
+    plain = dataclasses.replace(megatron, tp_comm_overlap_method="none")
+    plan = plan_from_dict({**LLAMA8B, "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 16},
+                           "parallel": {"dp": 1, "tp": 16}, "sequence_parallel": True,
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 1}})
+    model, profile = plan.model_spec(), load_profile("a100-sxm4-80gb")
+    hidden = (estimate_plan(plan, runtime=plain).time["tp_comm"]
+              - estimate_plan(plan, runtime=megatron).time["tp_comm"])
+    tokens, tp = np.array(float(model.seq_len)), np.array(16.0)
+    gemms = gemm_flops_per_layer(model, tokens, tp)
+    shapes = gemm_shapes_per_layer(model, tokens, tp)
+    peak = profile.device.peak("bf16")
+    column = float(sum(gemm_time_s(gemms[i], profile, peak, shapes[i]) for i in (0, 2)))
+    assert 0 < hidden <= model.num_layers * column * (1 + 1e-6)
+    uncapped = 0.25 * estimate_plan(plan, runtime=plain).time["tp_comm"]
+    assert hidden < uncapped  # the cap binds here
