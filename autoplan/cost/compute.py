@@ -263,7 +263,7 @@ def layer_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
     cp: np.ndarray, act_noncore_bytes: np.ndarray, act_core_bytes: np.ndarray, eager: bool,
     causal_skip: bool = False, attention_kernel: str = "fa2",
-    eager_bytes: np.ndarray | None = None, attention_peak: float | None = None,
+    elementwise_bytes: np.ndarray | None = None, attention_peak: float | None = None,
     extra_elementwise_bytes: np.ndarray | float = 0.0,
     host_runs_ahead: bool = False, unit_host_s: np.ndarray | float = 0.0,
 ) -> dict[str, np.ndarray]:
@@ -301,10 +301,11 @@ def layer_times_s(
         a_peak = peak if attention_peak is None else attention_peak  # fp8 runs: 16-bit attention
         core_fwd = work / (a_peak * fwd_eff)
         core_bwd = FLASH_BACKWARD * work / (a_peak * bwd_eff)
-    # fused kernels move each kept activation ELEMENTWISE_PASSES times; eager PyTorch moves
-    # what its counted ops read and write (`eager_bytes`, forward + backward)
-    elem = memory_time_s((act_noncore_bytes * ELEMENTWISE_PASSES if eager_bytes is None
-                          else eager_bytes) + extra_elementwise_bytes, profile)
+    # the element-wise kernels' bytes, forward + backward, as the caller counted them for its
+    # runtime (eager_elementwise_bytes, fused_elementwise_bytes); without a count, each kept
+    # activation moved ELEMENTWISE_PASSES times
+    elem = memory_time_s((act_noncore_bytes * ELEMENTWISE_PASSES if elementwise_bytes is None
+                          else elementwise_bytes) + extra_elementwise_bytes, profile)
     eff = profile.efficiency
     ops_f, ops_b, ops_gemm = block_ops(model, eager)
     tp_on = np.asarray(tp) > 1

@@ -392,7 +392,7 @@ class RuntimeTraits:
         async_dgrad = np.where(sp, 6.0 / 8.0, 2.0 / 4.0) + np.zeros_like(tp)
         if self.tp_comm_overlap_method == "userbuffers":
             exposed = (4.0 / np.maximum(tp, 1.0) + 2.0 / 4.0) / 10.0
-            return np.where(sp & (tp > 1), exposed, async_dgrad)
+            return np.where(_userbuffers_apply(tp, sp), exposed, async_dgrad)
         if self.tp_comm_overlap_method == "async-dgrad":
             return async_dgrad
         return np.full_like(tp, 1.0 - self.tp_comm_overlap)
@@ -400,17 +400,17 @@ class RuntimeTraits:
     def tp_async_dgrad(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """Where the overlap is async dgrad, which hides only behind the column-parallel GEMMs'
         weight gradients (userbuffers without SP falls back to it)."""
-        tp, sp = np.asarray(tp, float), np.asarray(sp, bool)
+        tp = np.asarray(tp, float)
         if self.tp_comm_overlap_method == "userbuffers":
-            return ~(sp & (tp > 1))
+            return ~_userbuffers_apply(tp, sp)
         return np.full(tp.shape, self.tp_comm_overlap_method == "async-dgrad")
 
     def tp_recompute_exposed_share(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """The same for the forward collectives a recompute repeats: userbuffers overlaps them
         as it does the first forward; async dgrad overlaps backward collectives only."""
-        tp, sp = np.asarray(tp, float), np.asarray(sp, bool)
+        tp = np.asarray(tp, float)
         if self.tp_comm_overlap_method == "userbuffers":
-            return np.where(sp & (tp > 1), self.tp_exposed_share(tp, sp), 1.0)
+            return np.where(_userbuffers_apply(tp, sp), self.tp_exposed_share(tp, sp), 1.0)
         if self.tp_comm_overlap_method == "async-dgrad":
             return np.ones_like(tp)
         return self.tp_exposed_share(tp, sp)
@@ -440,12 +440,22 @@ class RuntimeTraits:
 TP_OVERLAP_METHODS = ("none", "async-dgrad", "userbuffers")
 """RuntimeTraits.tp_comm_overlap_method values."""
 
+
+def _userbuffers_apply(tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
+    """Where Transformer Engine's userbuffers overlap runs: sequence parallelism at tp >= 2
+    (elsewhere its modules fall back to async dgrad)."""
+    return np.asarray(sp, bool) & (np.asarray(tp, float) > 1)
+
+
+_MEGATRON_CORE: dict[str, Any] = {
+    "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True, "reentrant_recompute": True,
+    "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
+}
+"""What every Megatron preset shares (each field's docstring cites the code)."""
+
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
-        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
-        "tp_comm_overlap_method": "async-dgrad",
-        "reentrant_recompute": True,
-        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
+        **_MEGATRON_CORE, "tp_comm_overlap_method": "async-dgrad",
         "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
@@ -456,10 +466,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-deepep": {
-        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
-        "tp_comm_overlap_method": "async-dgrad",
-        "reentrant_recompute": True,
-        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
+        **_MEGATRON_CORE, "tp_comm_overlap_method": "async-dgrad",
         "attention_kernel": "cudnn",
         "description": "as megatron, with the MoE flex dispatcher on DeepEP "
                        "(--moe-token-dispatcher-type flex --moe-enable-deepep): tokens sent "
@@ -470,9 +477,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "ep_dispatcher": "deepep",
     },
     "megatron-2022": {
-        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
-        "reentrant_recompute": True,
-        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
+        **_MEGATRON_CORE,
         "description": "Megatron-LM as the SC21 and Korthikanti et al. 2022 runs used it "
                        "(examples/sc21 at de7dc40f88; the 2022 selective-recompute release): the "
                        "data-parallel all-reduce runs after backward (train_step calls "
@@ -483,9 +488,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "overlap_param_gather": False,
     },
     "nemo": {
-        "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True,
-        "reentrant_recompute": True,
-        "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
+        **_MEGATRON_CORE,
         "attention_kernel": "cudnn",
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "

@@ -78,17 +78,17 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     if core != precision and core == "fp32" and not eager:
         casts = casts + compute.attention_cast_bytes(model, tokens, tp, cp)
     if runtime.eager_elementwise:
-        eager_bytes = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
+        elementwise = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
                                                       runtime.fused_norm, precision)
     else:
-        eager_bytes = compute.fused_elementwise_bytes(model, parts, tokens, tp, np.asarray(sp),
+        elementwise = compute.fused_elementwise_bytes(model, parts, tokens, tp, np.asarray(sp),
                                                       precision)
     return compute.layer_times_s(model, profile, gemm_peak(profile, precision, runtime), b, tp,
                                  cp,
                                  noncore, parts["core"] * act_scale, eager,
                                  causal_skip=runtime.causal_attention_skip and not eager,
                                  attention_kernel=f"{runtime.attention_kernel}@{core}",
-                                 eager_bytes=eager_bytes,
+                                 elementwise_bytes=elementwise,
                                  attention_peak=profile.device.peak(core),
                                  extra_elementwise_bytes=casts,
                                  host_runs_ahead=runtime.host_runs_ahead, unit_host_s=unit_host_s)
