@@ -10,6 +10,7 @@ import yaml
 
 from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
+from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile, profile_from_dict
 from autoplan.plan import plan_from_dict
 from autoplan.profiler.build import MIN_EFF, link_from_all_reduce, matmul_curve
@@ -118,7 +119,6 @@ def test_profile_refuses_to_overwrite(measured, capsys) -> None:
 def test_measured_profile_validates_strictly(measured) -> None:
     raw = yaml.safe_load(measured.read_text())
     raw["efficiency"]["matmul"]["y"][0] = 0.0
-    from autoplan.errors import ConfigError
     with pytest.raises(ConfigError, match="curve.y"):
         profile_from_dict(raw)
 
@@ -130,10 +130,25 @@ def test_measured_profile_validates_strictly(measured) -> None:
     (("device", "memory_bytes"), -1, "device.memory_bytes"),
 ])
 def test_profile_values_are_range_checked(path, value, needle) -> None:
-    from autoplan.errors import ConfigError
     from autoplan.hardware import PROFILES_DIR
     raw = yaml.safe_load((PROFILES_DIR / "a100-sxm4-80gb.yaml").read_text())
     raw[path[0]][path[1]] = value
     with pytest.raises(ConfigError) as err:
         profile_from_dict(raw)
     assert err.value.field == f"profile.{needle}"
+
+
+def test_measured_attention_may_beat_the_peak_a_cpu_profile_infers() -> None:
+    """On a CPU without native bf16 GEMMs the bf16 peak (fp32's scaled by the GEMM time ratio)
+    is low, and bf16 attention can run faster than it: the measured share is kept above 1 so
+    the seconds it reproduces are the measured ones; a datasheet kernel's share stays a
+    fraction."""
+    from autoplan.hardware import Curve, Efficiency
+    from autoplan.profiler.precision import attention_efficiency
+
+    fwd, bwd = attention_efficiency((1e-3, 4e-3), core_flops=8e9, peak=2e12, causal_skip=True)
+    assert fwd == pytest.approx(0.5 * 8e9 / (2e12 * 1e-3)) and fwd > 1
+    curve = Curve((1e6, 1e9), (0.1, 0.5))
+    Efficiency(matmul=curve, attention_forward={"sdpa-cpu@bf16": fwd})
+    with pytest.raises(ConfigError, match="attention_forward.fa2"):
+        Efficiency(matmul=curve, attention_forward={"fa2": fwd})
