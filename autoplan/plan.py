@@ -66,6 +66,11 @@ class RecomputeModule(str, enum.Enum):
     LAYERNORM = "layernorm"
     """input_layernorm and pre_mlp_layernorm (output-discarding checkpointing): keeps each
     norm's input, frees its output (the next GEMM's saved input) and re-runs the norm."""
+    MOE_ACT = "moe_act"
+    """The routed experts' activation function (output-discarding checkpointing,
+    megatron/core/transformer/moe/experts.py: CheckpointWithoutOutput around the activation,
+    discard_output_and_register_recompute after fc2): keeps fc1's output, frees the
+    activation's output (fc2's saved input) and re-runs the activation. MoE models only."""
 
 
 class Attention(str, enum.Enum):
@@ -200,7 +205,8 @@ class Recompute:
     """block | uniform (Megatron --recompute-method); uniform needs policy full."""
     modules: tuple[RecomputeModule, ...] | None = None
     """Selective recompute by submodule (Megatron-Core --recompute-modules): some of core_attn,
-    mlp, layernorm; needs policy selective. null: the runtime's own selective recompute."""
+    mlp, layernorm, moe_act; needs policy selective. null: the runtime's own selective
+    recompute. As in Megatron-Core, mlp checkpoints dense MLPs only (not a MoE block's)."""
 
     def __post_init__(self) -> None:
         if self.num_layers is not None:
@@ -212,7 +218,8 @@ class Recompute:
                                   "set policy: selective, or remove modules")
             if not self.modules or len(set(self.modules)) != len(self.modules):
                 raise ConfigError("recompute.modules", f"got {[m.value for m in self.modules]}",
-                                  "list each of core_attn, mlp, layernorm at most once, or null")
+                                  "list each of core_attn, mlp, layernorm, moe_act at most once, "
+                                  "or null")
         if self.method == RecomputeMethod.UNIFORM:
             if self.policy != RecomputePolicy.FULL:
                 raise ConfigError("recompute.method", f"got uniform with policy "

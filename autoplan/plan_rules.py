@@ -90,6 +90,9 @@ def _micro(t: Table) -> np.ndarray:
     return col(t, "gbs") // np.maximum(col(t, "dp") * col(t, "mbs"), 1)
 
 
+_LAYERNORM_BIT = modules_mask((RecomputeModule.LAYERNORM,))
+_MOE_ACT_BIT = modules_mask((RecomputeModule.MOE_ACT,))
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "tp-divides-heads",
@@ -212,11 +215,10 @@ RULES: tuple[Rule, ...] = (
         "first and a loss-only last one); lower pp or vpp",
     ),
     Rule(
-        "recompute-modules-moe",
-        lambda t, m: (dp_col(t, "rc_modules") > 0) & np.bool_(m.moe is not None),
-        lambda t, i, m: "recompute.modules with a MoE model: core_attn, mlp and layernorm are "
-        "priced and run for dense blocks only; use recompute policy full or selective without "
-        "modules",
+        "recompute-moe-act-dense",
+        lambda t, m: ((dp_col(t, "rc_modules") & _MOE_ACT_BIT) > 0) & np.bool_(m.moe is None),
+        lambda t, i, m: f"recompute.modules moe_act with model {m.name}, which has no experts: "
+        "moe_act re-runs a MoE block's expert activation; drop moe_act",
     ),
     Rule(
         "recompute-uniform-policy",
@@ -373,7 +375,6 @@ def _expert_ranks(t: Table) -> np.ndarray:
     return expert_col(t, "ep") * expert_col(t, "etp")
 
 
-_LAYERNORM_BIT = modules_mask((RecomputeModule.LAYERNORM,))
 
 RUNTIME_RULES: tuple[Rule, ...] = (
     Rule(

@@ -190,7 +190,7 @@ def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     raise ValueError(policy)
 
 
-CORE_ATTN, MLP, LAYERNORM = 1, 2, 4
+CORE_ATTN, MLP, LAYERNORM, MOE_ACT = 1, 2, 4, 8
 """Bits of Recompute.modules (plan_table.RC_MODULES order)."""
 
 
@@ -210,16 +210,26 @@ def module_kept_bytes(parts: dict[str, np.ndarray], modules: np.ndarray, precisi
                  tensors and its output (the next GEMMs' saved input, `gemm_in`) are re-made,
                  also where mlp's checkpoint saves it as its input (Megatron frees the
                  output's storage; torch's non-reentrant checkpoint saves its inputs as saved
-                 tensors, which the discarding hook sees: measured, tests/unit/runtime).
-    An fp32 run doubles every 16-bit tensor; composite-RMSNorm fp32 copies (`fp32_fixed`)
-    stay as they are unless layernorm re-makes them."""
+                 tensors, which the discarding hook sees: measured, tests/unit/runtime); a MoE
+                 block's routed copies of the norm output (`gemm_in_routed`, the dispatch's
+                 own tensors) stay;
+      moe_act    output-discarding checkpoint of the routed experts' activation: fc1's output
+                 is kept, the activation's output (fc2's saved input, `mlp_mid_routed`) is
+                 re-made (megatron/core/transformer/moe/experts.py).
+    In a MoE model mlp frees the dense blocks' MLP tensors only (`mlp_*_dense`: Megatron-Core
+    checkpoints no MoE block under mlp). An fp32 run doubles every 16-bit tensor;
+    composite-RMSNorm fp32 copies (`fp32_fixed`) stay as they are unless layernorm re-makes
+    them."""
     scale = 2.0 if precision == "fp32" else 1.0
     fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
     m = np.asarray(modules, dtype=np.int64)
     core, mlp, norm = (m & CORE_ATTN) > 0, (m & MLP) > 0, (m & LAYERNORM) > 0
+    norm_outputs = parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)
     dropped = (np.where(core, parts["core"] + parts.get("attn_upcast", 0.0), 0.0)
-               + np.where(mlp, parts["mlp_act"] + parts["mlp_mid"], 0.0)
-               + np.where(norm, parts["gemm_in"] + parts["norm"] - 2.0 * parts["input"], 0.0))
+               + np.where(mlp, parts.get("mlp_act_dense", parts["mlp_act"])
+                          + parts.get("mlp_mid_dense", parts["mlp_mid"]), 0.0)
+               + np.where(norm, norm_outputs + parts["norm"] - 2.0 * parts["input"], 0.0)
+               + np.where((m & MOE_ACT) > 0, parts.get("mlp_mid_routed", 0.0), 0.0))
     return (_kept_bytes_16bit(parts, "none") - dropped) * scale - np.where(norm, 0.0, fixed)
 
 

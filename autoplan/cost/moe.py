@@ -300,7 +300,10 @@ def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarr
     activations in place of the dense MLP's: each routed token copy keeps its expert MLP's
     activations (mlp_act, mlp_mid at the expert width split by etp) and its permuted input
     (gemm_in: 2*k*tokens*h, the grouped GEMM's input), the shared experts their own; 16-bit,
-    as memory.py counts (Megatron-Core docs, "MoE": activation memory grows with top-k)."""
+    as memory.py counts (Megatron-Core docs, "MoE": activation memory grows with top-k).
+    mlp_act_dense/mlp_mid_dense (the dense blocks' share, `dense_share` of the blocks) and
+    mlp_act_routed/mlp_mid_routed (the routed experts') split mlp_act and mlp_mid for
+    recompute.modules mlp and moe_act (memory.module_kept_bytes)."""
     if model.moe is None:
         return parts
     moe, share = model.moe, moe_share(model)
@@ -308,13 +311,22 @@ def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarr
     tokens = r.b * model.seq_len / r.cp
     f_e = moe.expert_ffn_hidden_size
     gated = model.gated_mlp
-    width = copies * f_e / r.etp + tokens * moe.num_shared_experts * f_e / r.tp
+    routed_width = copies * f_e / r.etp
+    width = routed_width + tokens * moe.num_shared_experts * f_e / r.tp
     moe_act = (4.0 if gated else 2.0) * width
     ratio_mid = np.where(parts["mlp_act"] > 0, parts["mlp_mid"] / np.maximum(
         parts["mlp_act"], 1e-30), 0.5 if gated else 1.0)
     out = dict(parts)
     out["mlp_act"] = (1.0 - share) * parts["mlp_act"] + share * moe_act
     out["mlp_mid"] = (1.0 - share) * parts["mlp_mid"] + share * moe_act * ratio_mid
+    # what recompute.modules frees (memory.module_kept_bytes): mlp the dense blocks' MLP
+    # tensors only (Megatron-Core checkpoints no MoE block under mlp), moe_act the routed
+    # experts' activation outputs (fc2's saved inputs; not the shared experts')
+    out["dense_share"] = np.asarray(1.0 - share)
+    out["mlp_act_dense"] = (1.0 - share) * parts["mlp_act"]
+    out["mlp_mid_dense"] = (1.0 - share) * parts["mlp_mid"]
+    out["mlp_act_routed"] = share * (4.0 if gated else 2.0) * routed_width
+    out["mlp_mid_routed"] = out["mlp_act_routed"] * ratio_mid
     out["gemm_in_routed"] = share * 2.0 * copies * model.hidden_size
     out["gemm_in"] = parts["gemm_in"] + out["gemm_in_routed"]
     return out

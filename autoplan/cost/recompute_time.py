@@ -38,18 +38,24 @@ def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: flo
 
 def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
                        modules: np.ndarray) -> np.ndarray:
-    """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM) adds:
-    the attention core's forward; the MLP's two GEMMs; and for the MLP and the norms a share of
+    """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM |
+    MOE_ACT) adds: the attention core's forward; the dense MLP's two GEMMs (on the dense share
+    of a MoE model's blocks); and for the MLP, the norms and the experts' activation a share of
     the block's non-GEMM forward time (element-wise work and per-op host costs) in proportion
-    to the bytes they keep (an assumption: element-wise time follows bytes moved)."""
+    to the bytes they keep (an assumption: element-wise time follows bytes moved). The norms'
+    share leaves out a MoE block's routed copies of their output (the dispatch's tensors)."""
     m = np.asarray(modules, dtype=np.int64)
     elementwise, noncore = _elementwise(lt, parts)
-    mlp_share = (parts["mlp_act"] + parts["mlp_mid"]) / noncore
-    norm_share = (parts["norm"] + parts["gemm_in"]) / noncore
+    dense = parts.get("dense_share", 1.0)
+    mlp_share = (parts.get("mlp_act_dense", parts["mlp_act"])
+                 + parts.get("mlp_mid_dense", parts["mlp_mid"])) / noncore
+    norm_share = (parts["norm"] + parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)) / noncore
+    act_share = (parts.get("mlp_act_routed", 0.0) + parts.get("mlp_mid_routed", 0.0)) / noncore
     return (np.where((m & memory.CORE_ATTN) > 0, lt["attention-core"], 0.0)
-            + np.where((m & memory.MLP) > 0, lt["mlp_gemm_forward"] + mlp_share * elementwise,
-                       0.0)
-            + np.where((m & memory.LAYERNORM) > 0, norm_share * elementwise, 0.0))
+            + np.where((m & memory.MLP) > 0,
+                       dense * lt["mlp_gemm_forward"] + mlp_share * elementwise, 0.0)
+            + np.where((m & memory.LAYERNORM) > 0, norm_share * elementwise, 0.0)
+            + np.where((m & memory.MOE_ACT) > 0, act_share * elementwise, 0.0))
 
 
 def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
@@ -64,7 +70,8 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
     gemms = compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one)
     m = np.asarray(r.rc_modules, dtype=np.int64)
     by_module = (np.where((m & memory.CORE_ATTN) > 0, fwd_core, 0.0)
-                 + np.where((m & memory.MLP) > 0, gemms[2] + gemms[3], 0.0))
+                 + np.where((m & memory.MLP) > 0,
+                            (1.0 - moe.moe_share(model)) * (gemms[2] + gemms[3]), 0.0))
     selective = np.where(m > 0, by_module, selective)
     stage = np.where(r.layers_first > 0, r.layers_first, r.layers_max)  # not a 0-block stage
     frac = recomputed_layers(stage, r) / np.maximum(stage, 1)

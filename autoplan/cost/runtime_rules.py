@@ -17,7 +17,15 @@ from autoplan.cost.rows import microbatches
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, ReduceDtype
-from autoplan.plan_table import RC_NONE, REDUCE_DTYPES, SCHEDULES, plan_to_row
+from autoplan.plan_table import (
+    RC_MODULES,
+    RC_NONE,
+    REDUCE_DTYPES,
+    SCHEDULES,
+    mask_modules,
+    modules_mask,
+    plan_to_row,
+)
 
 Table = dict[str, np.ndarray]
 
@@ -98,6 +106,25 @@ def _dualpipe(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
                             | (mb < 2 * t["pp"]))
 
 
+def _modules_lacking(t: Table, rt: RuntimeTraits) -> int:
+    """Bits of column rc_modules (plan_table.RC_MODULES) naming modules the runtime cannot
+    recompute by name (RuntimeTraits.recompute_modules)."""
+    return modules_mask(tuple(m for m in RC_MODULES if m.value not in rt.recompute_modules))
+
+
+def _modules(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    if "rc_modules" not in t:  # a table that tries no module sets
+        return np.zeros(np.shape(t["pp"]), dtype=bool)
+    return (np.asarray(t["rc_modules"]) & _modules_lacking(t, rt)) > 0
+
+
+def _modules_message(t: Table, rt: RuntimeTraits) -> str:
+    names = mask_modules(_v(t, "rc_modules") & _modules_lacking(t, rt)) or ()
+    has = ", ".join(rt.recompute_modules) or "none"
+    return (f"runtime {rt.name} cannot recompute {', '.join(m.value for m in names)} by module "
+            f"(recompute.modules; it names: {has}): drop them, or use selective without modules")
+
+
 def _one_stage(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     codes = [i for i, s in enumerate(SCHEDULES) if s.value in rt.multi_stage_schedules]
     return (t["pp"] > 1) & (t["vpp"] < 2) & np.isin(t["schedule"], codes)
@@ -137,6 +164,7 @@ RULES: tuple[RuntimeRule, ...] = (
         f"even number of micro-batches of at least 2 x pp (got pp={_v(t, 'pp')}, "
         f"vpp={_v(t, 'vpp')}, {int(_microbatches(t)[0])} micro-batches: "
         "batch.global_batch_size / (dp x micro_batch_size))")),
+    RuntimeRule(_modules, _modules_message),
     RuntimeRule(_split, lambda t, rt: (
         f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),
 )

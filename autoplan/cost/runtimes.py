@@ -266,6 +266,12 @@ class RuntimeTraits:
     Megatron's block and uniform methods, autoplan's runtime). False: torchtitan, whose
     selective_ac_option = n checkpoints every n-th block, which prices as num_layers = L / n
     only without a pipeline and with a count that divides the L layers (export/torchtitan.py)."""
+    recompute_modules: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe_act")
+    """Submodules the runtime recomputes by name (Plan recompute.modules, Megatron-Core's
+    --recompute-modules): Megatron-Core has them all (TransformerConfig.recompute_modules);
+    autoplan's runtime runs them (runtime/module_recompute.py); the 2022 Megatron-LM, torchtitan
+    (selective is its op- or layer-level AC) and DeepSpeed (Megatron-DeepSpeed's selective is
+    the attention core) have none to name."""
     sharded_zero_with_pipeline: bool = True
     """ZeRO-2/3 composes with pipeline parallelism (FSDP2 under torch.distributed.pipelining, as
     torchtitan's 3D runs). Megatron's ZeRO-2/3 is Megatron-FSDP (--use-megatron-fsdp), whose
@@ -348,6 +354,11 @@ class RuntimeTraits:
         if "even" not in self.layer_splits or any(v not in splits for v in self.layer_splits):
             raise ConfigError("runtime.layer_splits", f"got {list(self.layer_splits)!r}",
                               f"list even and any of {', '.join(splits[1:])}")
+        modules = ("core_attn", "mlp", "layernorm", "moe_act")
+        if any(m not in modules for m in self.recompute_modules):
+            raise ConfigError("runtime.recompute_modules",
+                              f"got {list(self.recompute_modules)!r}",
+                              f"list some of {', '.join(modules)} (or [] for none)")
         if any(d not in ("fp32", "bf16") for d in self.grad_reduce_dtypes):
             raise ConfigError("runtime.grad_reduce_dtypes",
                               f"got {list(self.grad_reduce_dtypes)!r}", "list some of fp32, bf16")
@@ -484,6 +495,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "allreduce_gradients once backward is done), no overlap; fused LayerNorm",
         "selective": "attention-core", "zero_stages": [0, 1], "offload": [],
         "hsdp_zero_stages": [],  # no distributed optimizer instances in the 2021-22 code
+        "recompute_modules": [],
         "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
         "overlap_param_gather": False,
     },
@@ -519,7 +531,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
         # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
         "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3], "grad_reduce_dtypes": ["fp32"],
-        "multi_stage_schedules": ["zero-bubble"],
+        "multi_stage_schedules": ["zero-bubble"], "recompute_modules": [],
     },
     "deepspeed": {
         "optimizer_extra_bytes": 14.0,
@@ -529,7 +541,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "selective": "attention-core", "grad_bytes_bf16": 2.0, "reduce_bytes_bf16": 2.0,
         "pipeline_grad_sync": "every-microbatch", "schedules": ["1f1b"],
         "zero_stages": [0, 1, 2, 3], "hsdp_zero_stages": [],
-        "layer_splits": ["even", "deepspeed"],
+        "layer_splits": ["even", "deepspeed"], "recompute_modules": [],
         # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         # (deepspeed/runtime/pipe/engine.py asserts zero stage < 2)
         "sharded_zero_with_pipeline": False,

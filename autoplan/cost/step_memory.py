@@ -21,7 +21,8 @@ from autoplan.plan_table import GPIPE, INTERLEAVED, RC_NONE
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserved")
 
 
-FP8_SAVED_INPUTS = ("gemm_in", "gemm_in_routed", "attn_out", "mlp_mid")
+FP8_SAVED_INPUTS = ("gemm_in", "gemm_in_routed", "attn_out", "mlp_mid", "mlp_mid_dense",
+                    "mlp_mid_routed")
 """Activation parts that are GEMM inputs, which an fp8 run saves in fp8 (half the bytes)."""
 
 

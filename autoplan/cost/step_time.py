@@ -179,7 +179,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     tp_rec = np.where(r.recompute == RC_FULL, full_tp,
                       np.where(r.recompute == RC_SELECTIVE, np.where(
                           by_module, np.where((r.rc_modules & memory.MLP) > 0,
-                                              tpc["recompute_full"] / 2.0, 0.0),
+                                              parts.get("dense_share", 1.0)
+                                              * tpc["recompute_full"] / 2.0, 0.0),
                           selective_tp), 0.0))
     cp_inside = comm.intra_node(r.tp, r.cp, gpn)
     cp_nodes = comm.members_per_node(r.tp, r.cp, gpn)

@@ -1,11 +1,12 @@
 """Module-level recompute inside one block (Megatron-Core's recompute_modules).
 
 core_attn and mlp are normal checkpoints: Attention.core and the dense FeedForward run under
-torch.utils.checkpoint, which keeps their inputs and re-runs them in backward. layernorm is
-Megatron's output-discarding checkpoint (megatron/core/tensor_parallel/random.py,
-CheckpointWithoutOutput): each norm runs under a checkpoint (keeping its input), and while the
-block's forward runs, a saved-tensor hook replaces every save of a norm's output (the input the
-next GEMMs keep for their weight gradients) by a note to re-run the norm from its input when
+torch.utils.checkpoint, which keeps their inputs and re-runs them in backward (mlp leaves a MoE
+block alone, as Megatron-Core does). layernorm and moe_act are Megatron's output-discarding
+checkpoint (megatron/core/tensor_parallel/random.py, CheckpointWithoutOutput): each norm, or a
+MoE block's expert activation (Experts.act), runs under a checkpoint (keeping its inputs), and
+while the block's forward runs, a saved-tensor hook replaces every save of its output (the input
+the next GEMMs keep for their weight gradients) by a note to re-run it from its inputs when
 backward asks for it. Forwards are replaced on the instances, so names (FQNs) do not change.
 """
 
@@ -20,14 +21,15 @@ from torch import nn
 
 from autoplan.plan import RecomputeModule
 from autoplan.runtime.models.layers import FeedForward
+from autoplan.runtime.models.moe import MoE
 
 
 class _Remade:
-    """A norm output discarded in forward: re-made once from the norm's input in backward."""
+    """An output discarded in forward: re-made once from its function's inputs in backward."""
 
-    def __init__(self, norm: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+    def __init__(self, fn: Callable[..., torch.Tensor], args: tuple[Any, ...],
                  y: torch.Tensor) -> None:
-        self.norm, self.x, self.offset = norm, x, y.storage_offset()
+        self.fn, self.args, self.offset = fn, args, y.storage_offset()
         base = y if y._base is None else y._base
         self.base = weakref.ref(base)  # weak: the output itself is what we free
         self.value: torch.Tensor | None = None
@@ -40,13 +42,13 @@ class _Remade:
     def get(self) -> torch.Tensor:
         if self.value is None:
             with torch.no_grad():
-                self.value = self.norm(self.x)
+                self.value = self.fn(*self.args)
         return self.value
 
 
 class _DiscardOutputs:
-    """saved_tensors_hooks for one block forward: saves of a registered norm output (or a view
-    of it) become (note, size, stride, offset)."""
+    """saved_tensors_hooks for one block forward: saves of a registered output (or a view of
+    it) become (note, size, stride, offset)."""
 
     def __init__(self) -> None:
         self.outputs: list[_Remade] = []
@@ -66,18 +68,22 @@ class _DiscardOutputs:
         return packed
 
 
-def _discarding_norm(block: nn.Module, norm: nn.Module, wrap: Callable[..., Any]) -> None:
-    original = norm.forward
+def _discarding(block: nn.Module, owner: nn.Module, name: str,
+                wrap: Callable[..., Any]) -> None:
+    """Replace owner.<name> (a norm's forward, the experts' act) by a checkpointed run whose
+    output the block's saved-tensor hook discards (_discarding_block)."""
+    original = getattr(owner, name)
     run = wrap(original)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        y = run(x)
+    def discarded(*args: Any) -> torch.Tensor:
+        y = run(*args)
         hooks = getattr(block, "_discard_outputs", None)
-        if hooks is not None and x.requires_grad:
-            hooks.outputs.append(_Remade(original, x, y))
+        if hooks is not None and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                     for a in args):
+            hooks.outputs.append(_Remade(original, args, y))
         return y
 
-    norm.forward = forward  # type: ignore[method-assign]
+    setattr(owner, name, discarded)  # an instance attribute shadows the method
 
 
 def _discarding_block(block: nn.Module) -> None:
@@ -105,7 +111,13 @@ def apply_modules(block: nn.Module, modules: frozenset[RecomputeModule],
     if RecomputeModule.MLP in modules and isinstance(block.feed_forward, FeedForward):
         ffn = block.feed_forward
         ffn.forward = wrap(ffn.forward)  # type: ignore[method-assign]
+    discards = False
     if RecomputeModule.LAYERNORM in modules:
         for norm in (block.attention_norm, block.ffn_norm):
-            _discarding_norm(block, norm, wrap)
+            _discarding(block, norm, "forward", wrap)
+        discards = True
+    if RecomputeModule.MOE_ACT in modules and isinstance(block.feed_forward, MoE):
+        _discarding(block, block.feed_forward.experts, "act", wrap)
+        discards = True
+    if discards:  # one hook for the block, whatever it discards
         _discarding_block(block)

@@ -8,6 +8,8 @@ uniform group that does not divide the stage (4 layers in groups of 3).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autoplan.plan import Recompute, RecomputeMethod, RecomputeModule, RecomputePolicy
@@ -18,11 +20,13 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 M = RecomputeModule
 SEL, FULL, UNIFORM = RecomputePolicy.SELECTIVE, RecomputePolicy.FULL, RecomputeMethod.UNIFORM
+DENSE = (M.CORE_ATTN, M.MLP, M.LAYERNORM)
+"""Every module a dense block has (moe_act is a MoE block's)."""
 
 ROWS = {
     # name: (make_plan arguments, recompute, optimizer)
     "dp2-zero3-llama-all-modules": (dict(model="tiny-llama", dp=2, zero=3),
-                                    Recompute(policy=SEL, modules=tuple(M)), "adamw"),
+                                    Recompute(policy=SEL, modules=DENSE), "adamw"),
     "tp2-sp-core-mlp-sgd": (dict(model="tiny", tp=2, sp=True),
                             Recompute(policy=SEL, modules=(M.CORE_ATTN, M.MLP)), "sgd"),
     "pp2-1f1b-layernorm-mlp": (dict(model="tiny", pp=2),
@@ -38,6 +42,20 @@ ROWS = {
                                         Recompute(policy=FULL, num_layers=1, method=UNIFORM),
                                         "sgd"),
 }
+
+
+def test_moe_act_and_layernorm_under_expert_parallelism_match_single_process(pool):
+    """tiny-moe with ep 2 over dp 2 and Megatron-Bridge's gpt-oss modules (layernorm, moe_act):
+    the experts' activation is re-made from each rank's local expert weights (run_parity's
+    fixed token-index router, so no near-tie can route a token elsewhere)."""
+    base = make_plan("tiny-moe", dp=2)
+    plan = with_model(dataclasses.replace(base, parallel=dataclasses.replace(base.parallel,
+                                                                             ep=2)),
+                      recompute=Recompute(policy=SEL, modules=(M.LAYERNORM, M.MOE_ACT)))
+    ref = run_parity(pool, reference_plan(plan), 6, "sgd", (1, 6))
+    run = run_parity(pool, plan, 6, "sgd", (1, 6))
+    problems = compare(run, ref, param_atol=0.0)
+    assert not problems, "\n".join(problems[:20])
 
 
 @pytest.mark.parametrize("name", list(ROWS))
@@ -58,7 +76,7 @@ def test_modules_and_uniform_are_bitwise_neutral_with_dropout(pool):
     uniform recompute that draws fresh dropout masks (the planted recompute-fresh-rng bug,
     which our checkpoints honour too) does not."""
     base = make_plan(dp=2, zero=3)
-    variants = [Recompute(policy=SEL, modules=tuple(M)),
+    variants = [Recompute(policy=SEL, modules=DENSE),
                 Recompute(policy=FULL, num_layers=2, method=UNIFORM)]
     ref = run_parity(pool, base, 5, "sgd", capture=(1,), dropout=0.1)["losses"]
     for rc in variants:

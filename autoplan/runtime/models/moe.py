@@ -74,16 +74,22 @@ class Experts(nn.Module):
         assert len(counts) == w1.shape[0], (len(counts), w1.shape)
         outs = []
         for e, xs in enumerate(torch.split(x, counts)):  # every expert runs, even on 0 rows
-            up = F.linear(xs, w1[e], None if b1 is None else b1[e])
-            if self.mlp == MlpKind.SWIGLU:
-                up = F.silu(up) * F.linear(xs, w3[e], None if b3 is None else b3[e])
-            elif self.mlp == MlpKind.GEGLU:
-                up = F.gelu(up, approximate="tanh") * F.linear(xs, w3[e],
-                                                               None if b3 is None else b3[e])
-            else:
-                up = F.gelu(up)
-            outs.append(F.linear(up, w2[e], None if b2 is None else b2[e]))
+            gate = F.linear(xs, w1[e], None if b1 is None else b1[e])
+            up = None if w3 is None else F.linear(xs, w3[e], None if b3 is None else b3[e])
+            outs.append(F.linear(self.act(gate, up), w2[e], None if b2 is None else b2[e]))
         return torch.cat(outs)
+
+    def act(self, gate: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+        """The activation between fc1 and fc2: silu(gate) * up (SwiGLU), gelu(gate) * up
+        (GeGLU) or gelu(gate). A method of its own, so that recompute.modules moe_act can
+        checkpoint it and discard its output (runtime/module_recompute.py)."""
+        if self.mlp == MlpKind.SWIGLU:
+            assert up is not None
+            return F.silu(gate) * up
+        if self.mlp == MlpKind.GEGLU:
+            assert up is not None
+            return F.gelu(gate, approximate="tanh") * up
+        return F.gelu(gate)
 
 
 def local_dispatch(experts: Experts, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

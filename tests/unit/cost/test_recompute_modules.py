@@ -59,7 +59,8 @@ def test_module_figures_term_by_term():
     assert drop(M.CORE_ATTN) == pytest.approx(4 * a * s * b / t)
     assert drop(M.MLP) == pytest.approx(16 * sbh_t)
     assert drop(M.LAYERNORM) == pytest.approx(4 * sbh_t)
-    assert drop(*M) == pytest.approx(drop(M.CORE_ATTN) + drop(M.MLP) + drop(M.LAYERNORM))
+    assert drop(M.CORE_ATTN, M.MLP, M.LAYERNORM) == pytest.approx(
+        drop(M.CORE_ATTN) + drop(M.MLP) + drop(M.LAYERNORM))
 
 
 def _plan(rc: Recompute, **kw) -> Plan:
@@ -140,3 +141,46 @@ def test_default_space_is_unchanged_and_the_opt_in_space_adds_the_choices():
                                recompute=default.recompute)
     assert same == default  # everything but recompute is the default space's
     assert "modules" not in default.summary()["recompute"]  # stored studies still resume
+
+
+def _gpt_oss(rc: Recompute) -> Plan:
+    """Megatron-Bridge's gpt-oss-120b layout on 64 H100s (micro-batch 1)."""
+    return Plan(model="gpt-oss-120b", cluster=ClusterRef("h100-sxm-80gb", 64),
+                parallel=Parallel(dp=16, pp=4, ep=8), batch=Batch(1, 1280), zero_stage=1,
+                recompute=rc)
+
+
+def test_moe_modules_free_what_megatron_core_frees():
+    """gpt-oss-120b (every block MoE, 4 of 128 experts of 2880, fused SwiGLU): moe_act frees
+    each routed copy's activation output, 2 bytes x f_e per copy per block; mlp frees nothing
+    (Megatron-Core checkpoints no MoE block under mlp); layernorm frees the norms' outputs
+    but not the dispatch's copies; each costs recompute time but for mlp."""
+    est = {ms: estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=ms)), runtime="megatron")
+           for ms in ((M.MOE_ACT,), (M.MLP,), (M.LAYERNORM,), (M.LAYERNORM, M.MOE_ACT))}
+    none = estimate_plan(_gpt_oss(Recompute()), runtime="megatron")
+    model = PRESETS["gpt-oss-120b"]
+    drop = none.memory["activations"] - est[(M.MOE_ACT,)].memory["activations"]
+    norm_drop = none.memory["activations"] - est[(M.LAYERNORM,)].memory["activations"]
+    # per token and block: k copies x f_e (16-bit) against the two norm outputs of h (16-bit);
+    # the block count in flight is the same for both
+    k, f_e, h = model.moe.experts_per_token, model.moe.expert_ffn_hidden_size, model.hidden_size
+    assert drop > 0 and drop / norm_drop == pytest.approx(k * f_e * 2 / (2 * h * 2), rel=1e-9)
+    assert est[(M.MLP,)].memory["activations"] == pytest.approx(none.memory["activations"])
+    assert est[(M.MLP,)].time["recompute"] == 0.0
+    both = none.memory["activations"] - est[(M.LAYERNORM, M.MOE_ACT)].memory["activations"]
+    assert both == pytest.approx(drop + norm_drop, rel=1e-9)
+    for ms in ((M.MOE_ACT,), (M.LAYERNORM,)):
+        assert est[ms].time["recompute"] > 0 and est[ms].feasible
+
+
+def test_moe_act_needs_experts_and_a_runtime_that_names_it():
+    dense = _plan(Recompute(policy=SEL, modules=(M.MOE_ACT,)))
+    [why] = validate_plan(dense, dense.model_spec())
+    assert "moe_act" in why and "gpt3-175b" in why
+    refused = estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.MOE_ACT,))),
+                            runtime="torchtitan")
+    assert not refused.feasible
+    assert any("cannot recompute moe_act by module" in r for r in refused.reasons)
+    assert estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.CORE_ATTN,))),
+                         runtime="megatron-2022").reasons[-1].startswith(
+        "runtime megatron-2022 cannot recompute core_attn")

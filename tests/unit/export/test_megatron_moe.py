@@ -139,3 +139,36 @@ def test_targets_without_experts_refuse_in_one_line(target: str, p: Plan):
     with pytest.raises(ConfigError) as err:
         export_plan(get_target(target), p, p.model_spec(), ExportOptions(gpus_per_node=8))
     assert "export to megatron" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_moe_recompute_modules_parse_validate_and_round_trip(tmp_path: Path):
+    """layernorm + moe_act (Megatron-Bridge's gpt-oss-120b H100 recipe) reach Megatron as
+    --recompute-modules, Megatron-Core accepts them with the grouped GEMM the export sets, and
+    import reads them back."""
+    from autoplan.plan import Recompute, RecomputeModule, RecomputePolicy
+
+    rc = Recompute(policy=RecomputePolicy.SELECTIVE,
+                   modules=(RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT))
+    p = MIXTRAL.replace(recompute=rc)
+    ns = _args(tmp_path, p)
+    assert ns.recompute_granularity == "selective"
+    assert ns.recompute_modules == ["layernorm", "moe_act"] and ns.moe_grouped_gemm
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer import TransformerConfig
+
+        def config(grouped: bool):
+            return TransformerConfig(
+                num_layers=ns.num_layers, hidden_size=ns.hidden_size,
+                num_attention_heads=ns.num_attention_heads, num_moe_experts=ns.num_experts,
+                moe_router_topk=ns.moe_router_topk, moe_grouped_gemm=grouped,
+                recompute_granularity=ns.recompute_granularity,
+                recompute_modules=ns.recompute_modules, add_bias_linear=False)
+
+        assert config(True).recompute_modules == ["layernorm", "moe_act"]
+        with pytest.raises(ValueError, match="moe_act"):  # what the grouped GEMM flag is for
+            config(False)
+    back = import_megatron(_export(tmp_path, p), model=None, cluster=p.cluster.profile,
+                           num_gpus=None)
+    assert back.recompute == rc
