@@ -1,7 +1,8 @@
 """Communication: collective and point-to-point times on the right link tier.
 
 Ring collectives (Patarasuk and Yuan 2009; NCCL): all-reduce moves 2(n-1)/n of the message per
-rank, all-gather and reduce-scatter (n-1)/n. Ranks are placed tp innermost, then cp, dp, and pp
+rank, all-gather and reduce-scatter (n-1)/n; across nodes the NICs' aggregate bounds the ring
+and NCCL may run all-reduce hierarchically (collective_time_s). Ranks are placed tp innermost, then cp, dp, and pp
 outermost (Megatron-LM); a group stays inside a node when stride * size <= gpus_per_node.
 A profile measured by `autoplan profile` carries seconds per call by kind, size and group
 (`collectives`); inside a node those tables replace the ring formula.
@@ -51,14 +52,25 @@ def collective_time_s(
     """Seconds for one collective of `nbytes` (the full message) over `size` ranks, `per_node`
     of them in each node (default: all when `inside_node`, else one).
 
-    Hierarchical, as NCCL runs a group spanning nodes with g ranks per node (Jeaugey, "Massively
-    Scale Your Deep Learning Training with NCCL 2.4", 2019; Sergeev & Del Balso 2018): a ring
-    inside each node over NVLink and, across the k = size/g nodes, a ring per rail in which each
-    of the g GPUs sends 1/g of the message through its own NIC. All-reduce bandwidth term
-    2(g-1)/g * M/B_intra + 2(k-1)/k * M/(g B_inter); all-gather and reduce-scatter half of each.
-    Latency: ring steps inside the node; across nodes NCCL's double binary tree for all-reduce
-    (2 log2 k hops, which it picks for small messages) or the ring's k-1 steps, whichever is
-    shorter, and k-1 ring steps for all-gather and reduce-scatter."""
+    Inside one node: a ring over NVLink, 2(n-1)/n * M / B_intra for all-reduce, half that for
+    all-gather and reduce-scatter, one latency per step.
+
+    Across k = size/g nodes with g ranks in each, NCCL's two algorithms:
+    - the ring (NCCL's only algorithm for all-gather and reduce-scatter, and one for all-reduce):
+      one ring per channel through all n ranks, each channel leaving a node through its own NIC
+      (g channels on g rail NICs), every hop sending at once, so the slower of one GPU's NVLink
+      and the node's g NICs sets the pace: 2(n-1)/n * M / min(B_intra, g B_inter); latency per
+      step as NCCL's own tuning model counts it (intra-node steps at NVLink latency, the
+      2(k-1), or k-1, steps that cross nodes at the network's). That is what
+      nccl-tests' bus bandwidth measures across nodes: bounded by the NICs' aggregate per GPU
+      (NVIDIA/nccl-tests issues #119, #175: 4 HDR NICs per 8 A100s give 100 GB/s "theoretical",
+      86-96 measured);
+    - for all-reduce, the hierarchical reduction NCCL's tree stands for (Jeaugey, "Massively
+      Scale Your Deep Learning Training with NCCL 2.4", 2019; Sergeev & Del Balso 2018): a ring
+      inside each node, then across the nodes one per rail in which each of the g GPUs sends
+      1/g of the message through its own NIC, 2(g-1)/g * M/B_intra + 2(k-1)/k * M/(g B_inter),
+      with NCCL's double binary tree latency (2 log2 k hops) where it beats the ring's;
+    NCCL's tuner runs all-reduce on whichever is faster for the message (the smaller time)."""
     n = np.asarray(size, float)
     nbytes = np.asarray(nbytes, float)
     g = np.where(np.asarray(inside_node), n, 1.0) if per_node is None else np.minimum(
@@ -70,10 +82,19 @@ def collective_time_s(
     bw_in, lat_in = link(nbytes, np.ones_like(n, dtype=bool), profile)
     bw_out, lat_out = link(nbytes / g, np.zeros_like(n, dtype=bool), profile)
     intra = twice * ((g - 1.0) / g * nbytes / bw_in + (g - 1.0) * lat_in)
-    ring_hops = twice * (k - 1.0)
-    hops = np.minimum(ring_hops, 2.0 * np.ceil(np.log2(k))) if kind == ALL_REDUCE else ring_hops
-    inter = twice * (k - 1.0) / k * nbytes / (g * bw_out) + hops * lat_out
-    total = np.where(n > 1, intra + np.where(k > 1, inter, 0.0), 0.0)
+    # NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel): a ring's steps cost the
+    # intra-node latency but for the 2(k-1) (all-reduce) or k-1 steps that cross nodes
+    inter_steps = twice * (k - 1.0)
+    bw_nic, _ = link(nbytes, np.zeros_like(n, dtype=bool), profile)  # nccl-tests' busbw by size
+    ring = (twice * (n - 1.0) / n * nbytes / np.minimum(bw_in, g * bw_nic)
+            + (twice * (n - 1.0) - inter_steps) * lat_in + inter_steps * lat_out)
+    if kind == ALL_REDUCE:  # the tree's depth in latency where it is shorter than a ring's
+        hops = np.minimum(inter_steps, 2.0 * np.ceil(np.log2(k)))
+        hierarchical = intra + twice * (k - 1.0) / k * nbytes / (g * bw_out) + hops * lat_out
+        across = np.minimum(ring, hierarchical)
+    else:
+        across = ring
+    total = np.where(n > 1, np.where(k > 1, across, intra), 0.0)
     return measured_or(kind, nbytes, n, inside_node, profile, total)
 
 

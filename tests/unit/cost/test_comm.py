@@ -120,3 +120,48 @@ def test_time_table_rejects_times_that_fall_with_size() -> None:
 
     with pytest.raises(ConfigError, match="do not fall"):
         TimeTable((1e3, 1e6), (2e-4, 1e-4))
+
+
+def _a100_flat():
+    """a100 links at their datasheet bandwidth: NVLink 300 GB/s per GPU, one 25 GB/s NIC per GPU,
+    so a node's eight NICs (200 GB/s) are slower than one GPU's NVLink."""
+    prof = load_profile("a100-sxm4-80gb")
+    eff = dataclasses.replace(prof.efficiency, intra_node=None, inter_node=None)
+    return dataclasses.replace(prof, efficiency=eff)
+
+
+def _time(kind, nbytes, n, g, prof):
+    return float(comm.collective_time_s(kind, np.array([nbytes]), np.array([float(n)]),
+                                        np.array([n <= g]), prof,
+                                        per_node=np.array([float(g)]))[0])
+
+
+@pytest.mark.parametrize("kind", [comm.ALL_GATHER, comm.REDUCE_SCATTER])
+def test_across_nodes_a_ring_runs_at_the_nodes_nic_aggregate(kind):
+    """2 nodes x 8 GPUs, 1 GB: NCCL's ring keeps every hop busy, so the node's eight NICs
+    (8 x 25 GB/s, below NVLink's 300) set the bus bandwidth, as nccl-tests measures across
+    nodes; latency: 14 steps inside a node and 1 across (NCCL's tuning model)."""
+    prof, m = _a100_flat(), 1e9
+    want = 15 / 16 * m / (8 * 25e9) + 14 * 5e-6 + 1 * 10e-6
+    assert _time(kind, m, 16, 8, prof) == pytest.approx(want, rel=1e-12)
+
+
+def test_one_rank_per_node_rings_through_its_own_nic():
+    """A group with one GPU per node (dp across tp-filled nodes) runs at one NIC's bandwidth."""
+    prof, m = _a100_flat(), 1e9
+    want = 63 / 64 * m / 25e9 + 63 * 10e-6
+    assert _time(comm.ALL_GATHER, m, 64, 1, prof) == pytest.approx(want, rel=1e-12)
+
+
+def test_all_reduce_across_nodes_takes_the_faster_of_ring_and_tree():
+    """Large: the ring (2 x the all-gather's bus traffic at the NICs' aggregate). Small: the
+    hierarchical reduction with the double binary tree's 2 log2 k inter-node hops, far fewer
+    than the ring's 2(n-1) steps."""
+    prof = _a100_flat()
+    big = _time(comm.ALL_REDUCE, 1e9, 16, 8, prof)
+    assert big == pytest.approx(2 * 15 / 16 * 1e9 / 200e9 + 28 * 5e-6 + 2 * 10e-6, rel=1e-12)
+    small = _time(comm.ALL_REDUCE, 1024.0, 512, 8, prof)
+    tree = (2 * 7 / 8 * 1024 / 300e9 + 14 * 5e-6
+            + 2 * 63 / 64 * 1024 / (8 * 25e9) + 2 * 6 * 10e-6)
+    assert small == pytest.approx(tree, rel=1e-12)
+    assert small < 2 * 511 * 5e-6  # a ring's steps alone would take longer
