@@ -356,11 +356,14 @@ def with_host(device: np.ndarray, host: np.ndarray, host_runs_ahead: bool) -> np
 
 def logits_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
-    cp: np.ndarray, vocab: np.ndarray, logits_bytes: np.ndarray,
+    cp: np.ndarray, vocab: np.ndarray, loss_bytes_per_logit: float,
 ) -> np.ndarray:
-    """Forward + backward seconds of the output layer and cross-entropy per micro-batch."""
+    """Forward + backward seconds of the output layer and cross-entropy per micro-batch: the
+    output GEMM and its two backward GEMMs, and the loss kernels' `loss_bytes_per_logit`
+    (RuntimeTraits.loss_bytes) over each rank's tokens x vocab/tp logits."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
-    flops = 2.0 * tokens * model.hidden_size * vocab / np.asarray(tp, float)
+    logits = tokens * np.asarray(vocab, float) / np.asarray(tp, float)
+    flops = 2.0 * logits * model.hidden_size
     shape = (tokens, np.asarray(vocab, float) / np.asarray(tp, float))
-    return 3.0 * gemm_time_s(flops, profile, peak, shape) + memory_time_s(2.0 * logits_bytes,
-                                                                          profile)
+    return 3.0 * gemm_time_s(flops, profile, peak, shape) + memory_time_s(
+        loss_bytes_per_logit * logits, profile)

@@ -58,6 +58,10 @@ class PipelineGradSync(str, enum.Enum):
     """Gradients are reduce-scattered after every micro-batch and stay sharded."""
 
 
+LOSS_CAST_BYTES = 12.0
+"""Bytes per logit of the loss's upcast of 16-bit logits (read 2, write 4) and of the cast of
+their gradient back (read 4, write 2)."""
+
 OFFLOAD_MODES = {"optimizer": "the optimizer alone", "params": "the parameters alone",
                  "both": "parameters and optimizer together"}
 """RuntimeTraits.offload values, as messages name them."""
@@ -241,6 +245,18 @@ class RuntimeTraits:
     Megatron's vocab-parallel cross-entropy upcasts and exponentiates in place, so its saved
     fp32 softmax is that copy: the 16-bit logits and their contiguous transpose remain (4;
     megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.16)."""
+    loss_bytes_per_logit: float = 44.0
+    """HBM bytes the loss kernels move per 16-bit logit, forward + backward (the output GEMMs
+    apart), counted op by op. 44: torch's F.cross_entropy on upcast logits (autoplan's runtime,
+    torchtitan): the fp32 copy 6, log_softmax 8, nll_loss 4; backward nll_loss 8,
+    log_softmax's 12, the cast back 6 (autoplan.profiler.traffic's dispatch counter,
+    tests/unit/cost/test_compute.py). 52: Megatron's vocab-parallel cross-entropy
+    (megatron/core/tensor_parallel/cross_entropy.py, the default path; Megatron-DeepSpeed's
+    mpu/cross_entropy.py is the same): .float() 6, max 4, in-place subtract 8, exp 8, sum 4,
+    div_ 8; backward mul_ 8 and the cast back 6. Megatron's --cross-entropy-loss-fusion runs
+    the same steps jit-fused (fused_cross_entropy.py: about 36) and its Transformer Engine
+    implementation fewer still: a traits YAML sets what a run used. An fp32 plan has no casts
+    (loss_bytes)."""
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     """Pipeline schedules the runtime can run (Plan spelling)."""
     multi_stage_schedules: tuple[str, ...] = ()
@@ -306,6 +322,10 @@ class RuntimeTraits:
             value = getattr(self, f)
             if not 0 < value <= 8:
                 raise ConfigError(f"runtime.{f}", f"got {value!r}", "expected bytes in (0, 8]")
+        if not LOSS_CAST_BYTES < self.loss_bytes_per_logit <= 256.0:
+            raise ConfigError("runtime.loss_bytes_per_logit",
+                              f"got {self.loss_bytes_per_logit!r}",
+                              f"expected bytes in ({LOSS_CAST_BYTES:g}, 256]")
         if isinstance(self.fp8_gemm_efficiency, bool) or not isinstance(
                 self.fp8_gemm_efficiency, (int, float)) or not 0.1 <= self.fp8_gemm_efficiency <= 1.5:
             raise ConfigError("runtime.fp8_gemm_efficiency", f"got {self.fp8_gemm_efficiency!r}",
@@ -441,6 +461,11 @@ class RuntimeTraits:
             return 4.0
         return self.grad_bytes_fp16 if precision == "fp16" else self.grad_bytes_bf16
 
+    def loss_bytes(self, precision: str) -> float:
+        """loss_bytes_per_logit for this precision: fp32 logits need no upcast forward and no
+        cast back (LOSS_CAST_BYTES fewer)."""
+        return self.loss_bytes_per_logit - (LOSS_CAST_BYTES if precision == "fp32" else 0.0)
+
     def reduce_bytes(self, precision: str) -> float:
         """Bytes per gradient element sent in data-parallel reductions."""
         if precision == "fp32":
@@ -460,7 +485,7 @@ def _userbuffers_apply(tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
 
 _MEGATRON_CORE: dict[str, Any] = {
     "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True, "reentrant_recompute": True,
-    "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True,
+    "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True, "loss_bytes_per_logit": 52.0,
 }
 """What every Megatron preset shares (each field's docstring cites the code)."""
 
@@ -534,7 +559,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "multi_stage_schedules": ["zero-bubble"], "recompute_modules": [],
     },
     "deepspeed": {
-        "optimizer_extra_bytes": 14.0,
+        "optimizer_extra_bytes": 14.0, "loss_bytes_per_logit": 52.0,
         "reentrant_recompute": True,
         "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "
                        "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",

@@ -189,10 +189,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     cp_rec = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
                                           profile, recompute_gathers=1.0,
                                           per_node=cp_nodes) - cp_layer
-    logits = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp, 1.0,
-                                 saved=runtime.logit_bytes_saved,
-                                 transient=runtime.logit_bytes_transient)
-    logit_t = compute.logits_times_s(model, profile, peak, r.b, r.tp, r.cp, r.vocab, logits)
+    logit_t = compute.logits_times_s(model, profile, peak, r.b, r.tp, r.cp, r.vocab,
+                                     runtime.loss_bytes(precision))
 
     # multi-token prediction (cost/mtp.py) on the stage with the loss: one more block each
     # depth, priced as the stage's blocks, plus eh_proj, the MoE kind's excess and a second

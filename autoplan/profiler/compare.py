@@ -51,8 +51,8 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
     s = spec.seq_len
     if layer == "logits":
         vocab = params.padded_vocab(spec, tp).astype(float)
-        logits = memory.logits_bytes(spec, ba, ta, vocab, one)
-        return float(compute.logits_times_s(spec, profile, peak, ba, ta, one, vocab, logits))
+        return float(compute.logits_times_s(spec, profile, peak, ba, ta, one, vocab,
+                                            runtime.loss_bytes(precision)))
     lt = block_times_s(spec, priced_profile(profile, runtime), precision, ba, ta, one, False,
                        runtime, parts)
     if layer == "block":  # DTensor's host costs apart on a CPU, folded in on CUDA

@@ -107,3 +107,43 @@ def test_fused_elementwise_bytes_count_korthikanti_s_kernels() -> None:
     parts = memory.activation_elements_per_layer(model, b, one, np.zeros(1, bool), one, False)
     fp32 = fused_elementwise_bytes(model, parts, model.seq_len * b, one, np.zeros(1, bool), "fp32")
     assert fp32 == pytest.approx(2.0 * 3.0 * 38.0 * sbh)
+
+
+@pytest.mark.parametrize(("dtype", "precision"), [("bfloat16", "bf16"), ("float32", "fp32")])
+def test_torch_cross_entropy_moves_the_bytes_the_traits_say(dtype, precision):
+    """autoplan's runtime and torchtitan take F.cross_entropy of upcast logits: its aten ops,
+    forward and backward, read and write 44 bytes per 16-bit logit (32 on fp32 logits, which
+    are not cast), counted with the profiler's dispatch counter."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.profiler.traffic import _CountBytes
+
+    t, v = 64, 1000
+    x = torch.randn(t, v, dtype=getattr(torch, dtype), requires_grad=True)
+    y = torch.randint(0, v, (t,))
+    with _CountBytes() as counted:
+        F.cross_entropy(x.float(), y).backward()
+    per_logit = counted.bytes / (t * v)
+    for runtime in ("autoplan-cuda", "torchtitan"):
+        assert per_logit == pytest.approx(load_runtime(runtime).loss_bytes(precision), abs=0.05)
+
+
+def test_the_loss_is_priced_by_the_bytes_its_kernels_move():
+    """Llama 3.1 8B, 8,192 tokens, tp 1 on an H100: Megatron's vocab-parallel cross-entropy
+    moves 52 bytes per logit, torch's 44; the output GEMMs are the same."""
+    from autoplan.cost.runtimes import load_runtime
+
+    m, prof = PRESETS["llama-3.1-8b"], load_profile("h100-sxm-80gb")
+    one, vocab = np.array(1.0), np.array(float(m.vocab_size))
+    peak = prof.device.peak("bf16")
+
+    def loss_s(runtime: str) -> float:
+        return float(compute.logits_times_s(m, prof, peak, one, one, one, vocab,
+                                            load_runtime(runtime).loss_bytes("bf16")))
+
+    logits = m.seq_len * m.vocab_size
+    diff = loss_s("megatron") - loss_s("torchtitan")
+    assert diff == pytest.approx(float(compute.memory_time_s(np.array(8.0 * logits), prof)))
+    assert diff > 0

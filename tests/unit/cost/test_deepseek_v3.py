@@ -150,10 +150,8 @@ def test_mtp_adds_its_block_projection_and_head_to_the_loss_stage():
     peak = profile.device.peak("bf16")
     tokens, h = np.array(8192.0), base.hidden_size
     proj = compute.gemm_time_s(2 * tokens * 2 * h * h, profile, peak, (tokens, np.array(h)))
-    logits = memory.logits_bytes(base, r.b, r.tp, r.vocab, r.cp, 1.0,
-                                 saved=traits.logit_bytes_saved,
-                                 transient=traits.logit_bytes_transient)
-    head = compute.logits_times_s(base, profile, peak, r.b, r.tp, r.cp, r.vocab, logits)
+    head = compute.logits_times_s(base, profile, peak, r.b, r.tp, r.cp, r.vocab,
+                                  traits.loss_bytes("bf16"))
     m = 64 / 8
     assert extra == pytest.approx(float(m * (3 * proj + head)[0]), rel=1e-6)
 
