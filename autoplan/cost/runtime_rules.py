@@ -106,7 +106,7 @@ def _dualpipe(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
                             | (mb < 2 * t["pp"]))
 
 
-def _modules_lacking(t: Table, rt: RuntimeTraits) -> int:
+def _modules_lacking(rt: RuntimeTraits) -> int:
     """Bits of column rc_modules (plan_table.RC_MODULES) naming modules the runtime cannot
     recompute by name (RuntimeTraits.recompute_modules)."""
     return modules_mask(tuple(m for m in RC_MODULES if m.value not in rt.recompute_modules))
@@ -115,11 +115,11 @@ def _modules_lacking(t: Table, rt: RuntimeTraits) -> int:
 def _modules(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     if "rc_modules" not in t:  # a table that tries no module sets
         return np.zeros(np.shape(t["pp"]), dtype=bool)
-    return (np.asarray(t["rc_modules"]) & _modules_lacking(t, rt)) > 0
+    return (np.asarray(t["rc_modules"]) & _modules_lacking(rt)) > 0
 
 
 def _modules_message(t: Table, rt: RuntimeTraits) -> str:
-    names = mask_modules(_v(t, "rc_modules") & _modules_lacking(t, rt)) or ()
+    names = mask_modules(_v(t, "rc_modules") & _modules_lacking(rt)) or ()
     has = ", ".join(rt.recompute_modules) or "none"
     return (f"runtime {rt.name} cannot recompute {', '.join(m.value for m in names)} by module "
             f"(recompute.modules; it names: {has}): drop them, or use selective without modules")
