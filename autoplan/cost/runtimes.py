@@ -133,6 +133,15 @@ class RuntimeTraits:
     sharded like the optimizer) and the optimizer holds only Adam m and v (8); compute copies
     are 16-bit and gathered per unit. False: a separate 16-bit model (2) and fp32 master + m + v
     in the optimizer (12; Megatron, DeepSpeed)."""
+    fsdp2_copies: bool = False
+    """ZeRO-1/2/3 runs on FSDP2, whose copies around its collectives run on the compute stream
+    (torch/distributed/fsdp/_fully_shard): each all-gather's copy-out into the unsharded
+    16-bit parameters in the next unit's pre-forward (FSDPParamGroup.wait_for_unshard:
+    foreach_all_gather_copy_out, read and write 2 bytes per parameter), and each
+    reduce-scatter's copy-in of the unsharded gradients into its input in the reduce dtype
+    before the reduce-scatter stream waits (foreach_reduce: foreach_reduce_scatter_copy_in,
+    read 2, write the reduce dtype's bytes). Nothing hides them. False: the runtime gathers into
+    and reduces from contiguous buffers (Megatron's distributed optimizer, DeepSpeed)."""
     pipeline_grad_sync: PipelineGradSync = PipelineGradSync.LAST_MICROBATCH
     """When ZeRO-2/3 gradients are reduce-scattered under a pipeline."""
     overlap_dp_comm: bool = True
@@ -549,7 +558,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "checkpointing, eager SwiGLU, SDPA's FlashAttention-2",
         "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0,
-        "selective": "op-sac", "fp32_sharded_params": True,
+        "selective": "op-sac", "fp32_sharded_params": True, "fsdp2_copies": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "offload": ["both"],
         "partial_recompute": False,
         "fsdp2_offload": True,
@@ -579,6 +588,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True, "kv_repeated": True,
         "own_runtime_rules": True, "eager_host_overheads": True, "host_runs_ahead": True,
+        "fsdp2_copies": True,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
@@ -589,7 +599,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fused_norm": False, "fused_swiglu": False, "selective": "all-but-gemms",
         "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
         "fp32_sharded_params": True, "eager_host_overheads": True, "fsdp2_offload": True,
-        "kv_repeated": True,
+        "kv_repeated": True, "fsdp2_copies": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "overlap_param_gather": False, "own_runtime_rules": True,
     },

@@ -267,7 +267,8 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
     backward of every micro-batch. Under a pipeline that defers gradient sync
     (runtimes.PipelineGradSync) ZeRO-2/3 reduce-scatter once. Overlap (runtime.overlap_*):
     reductions hide behind the backward they follow, gathers behind the compute they precede;
-    one unit of each is always exposed (the first gather, the last reduction)."""
+    one unit of each is always exposed (the first gather, the last reduction). FSDP2's copies
+    around them are not hidden (RuntimeTraits.fsdp2_copies)."""
     gpn = profile.gpus_per_node
     inside = comm.intra_node(r.tp, r.shard, gpn)
     nodes = comm.members_per_node(r.tp, r.shard, gpn)
@@ -305,7 +306,15 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
     else:
         exposed_red, exposed_gat = np.maximum(0.0, reductions - hide_red), gathers
     has_dp = (r.shard > 1) | (r.replicate > 1)
-    return np.where(has_dp, exposed_red + exposed_gat, 0.0)
+    # FSDP2's copy-out after each gather and copy-in before each reduction, on the compute
+    # stream (RuntimeTraits.fsdp2_copies): read and write the 16-bit parameters; read the
+    # 16-bit gradients and write them in the reduce dtype
+    n_gathers = np.where(r.zero == 3, 2.0 * r.m, 1.0)
+    copies = compute.memory_time_s(psi * (n_gathers * 2.0 * r.weight_bytes + np.where(
+        once, 1.0, r.m) * (r.weight_bytes + r.reduce_bytes)), profile)
+    copies = np.where(runtime.fsdp2_copies & r.fsdp & (r.zero >= 1) & (r.shard > 1), copies,
+                      0.0)
+    return np.where(has_dp, exposed_red + exposed_gat, 0.0) + copies
 
 
 def time_by_part(

@@ -467,3 +467,28 @@ def test_async_dgrad_hides_no_more_than_the_column_parallel_weight_gradients() -
     assert 0 < hidden <= model.num_layers * column * (1 + 1e-6)
     uncapped = 0.25 * estimate_plan(plan, runtime=plain).time["tp_comm"]
     assert hidden < uncapped  # the cap binds here
+
+
+@pytest.mark.parametrize(("zero", "gathers"), [(3, 4), (2, 1)])
+def test_fsdp2_copies_around_its_collectives_are_not_hidden(zero, gathers) -> None:
+    """torchtitan's FSDP2 (8 H100s, 2 micro-batches): each all-gather's copy-out (read and
+    write 2 bytes per parameter; ZeRO-3 gathers in forward and backward of both micro-batches,
+    ZeRO-2 once) and each reduce-scatter's copy-in (read 2, write the fp32 reduce dtype's 4,
+    every micro-batch) add to the step; runtimes with contiguous buffers pay neither."""
+    import dataclasses
+
+    from autoplan.cost.compute import memory_time_s
+    from autoplan.cost.params import total_params
+    from autoplan.hardware import load_profile
+
+    torchtitan = load_runtime("torchtitan")
+    assert torchtitan.fsdp2_copies and not load_runtime("megatron").fsdp2_copies
+    plan = plan_from_dict({**LLAMA8B, "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
+                           "parallel": {"dp": 8}, "zero_stage": zero,
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 16}})
+    without = dataclasses.replace(torchtitan, fsdp2_copies=False)
+    added = (estimate_plan(plan, runtime=torchtitan).time["dp_comm"]
+             - estimate_plan(plan, runtime=without).time["dp_comm"])
+    n = total_params(plan.model_spec())
+    want = memory_time_s(np.array(n * (gathers * 4.0 + 2 * 6.0)), load_profile("h100-sxm-80gb"))
+    assert added == pytest.approx(float(want), rel=0.01)  # the padded vocabulary adds a little
