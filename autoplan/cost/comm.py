@@ -2,8 +2,9 @@
 
 Ring collectives (Patarasuk and Yuan 2009; NCCL): all-reduce moves 2(n-1)/n of the message per
 rank, all-gather and reduce-scatter (n-1)/n; across nodes the NICs' aggregate bounds the ring
-and NCCL may run all-reduce hierarchically (collective_time_s). Ranks are placed tp innermost, then cp, dp, and pp
-outermost (Megatron-LM); a group stays inside a node when stride * size <= gpus_per_node.
+and NCCL may run all-reduce hierarchically (collective_time_s). Ranks are placed tp innermost,
+then cp, dp, and pp outermost (Megatron-LM); a group stays inside a node when
+stride * size <= gpus_per_node.
 A profile measured by `autoplan profile` carries seconds per call by kind, size and group
 (`collectives`); inside a node those tables replace the ring formula.
 """
