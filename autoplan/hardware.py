@@ -204,6 +204,12 @@ class Efficiency:
     """Achieved / link bandwidth of a collective by message bytes, across nodes."""
     overlap: float = 0.8
     """Fraction of data-parallel communication hidden behind backward compute when overlapped."""
+    comm_slowdown: float = 0.0
+    """How much longer compute takes while a collective kernel runs beside it (0.189: 18.9%
+    longer). NCCL runs each channel of a collective as a thread block on an SM, which the GEMM
+    or attention kernel beside it can no longer use, and both share HBM; a hidden collective
+    therefore costs hidden * s / (1 + s) seconds of compute (comm.contention_s). 0: overlap is
+    free (a CPU profile, whose overlap is 0 anyway, or hardware nobody measured)."""
     op_overhead_s: float = 0.0
     """Host-side seconds to dispatch one operator that nothing hides: eager PyTorch on a CPU
     pays it for every op (measured by `autoplan profile`); on a GPU, launches of the large
@@ -248,6 +254,9 @@ class Efficiency:
         if self.memory_bound == 0:
             raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")
         _fraction("overlap", self.overlap)
+        if not 0.0 <= self.comm_slowdown <= 1.0:
+            raise ConfigError("comm_slowdown", f"got {self.comm_slowdown!r}",
+                              "expected a slowdown in [0, 1] (0.2 = compute 20% longer)")
         for name in ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
                      "selective_op_overhead_s", "fsdp_unit_overhead_s",
                      "optimizer_overhead_s", "dtensor_optimizer_overhead_s"):

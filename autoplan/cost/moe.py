@@ -357,7 +357,8 @@ def expert_dp_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
                      ) -> np.ndarray:
     """Exposed seconds of the expert gradients' reduce-scatter and parameter all-gather (ZeRO-1,
     Megatron-Core's distributed optimizer over the expert-DP group; an all-reduce at ZeRO-0),
-    once per step, hidden behind `hidden_s` of backward."""
+    once per step, hidden behind `hidden_s` of backward, which the hidden part slows
+    (comm.contention_s)."""
     if model.moe is None:
         return np.zeros_like(r.b)
     edp = r.expert_shard
@@ -371,7 +372,8 @@ def expert_dp_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
     ag = comm.collective_time_s(comm.ALL_GATHER, psi * r.weight_bytes, edp, inside, profile,
                                 nodes)
     total = np.where(r.zero == 0, ar, rs + ag)
-    return np.where(edp > 1, np.maximum(0.0, total - hidden_s), 0.0)
+    exposed = np.maximum(0.0, total - hidden_s)
+    return np.where(edp > 1, exposed + comm.contention_s(total - exposed, profile), 0.0)
 
 
 def model_flops_per_sequence(model: ModelSpec) -> float:

@@ -200,22 +200,31 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         + d_mtp * logit_t
     mtp_a2a = mtp.extra_all_to_all_s(model, a2a)
 
+    # NCCL's collectives slow the compute they hide behind (comm.contention_s); Transformer
+    # Engine's userbuffers overlap runs its own kernels (ring exchanges on the copy engines), and
+    # SMs a runtime reserves for communication are priced for the whole step (priced_profile)
+    tp_by_nccl = np.where(runtime.tp_comm_overlap_method == "userbuffers",
+                          runtime.tp_async_dgrad(r.tp, r.sp), True)
+    reserved = runtime.comm_reserved_sms > 0
+
     def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray,
               extra_a2a: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
         n = recomputed_layers(layers, r)
+        tp_hidden = (layers * np.minimum((1.0 - exposed_tp) * tpc["layer"], tp_hideable)
+                     + n * np.minimum((1.0 - exposed_rec) * tp_rec, lt["gemm_forward"]))
+        # all-to-alls hidden behind another micro-batch's compute as far as the runtime
+        # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
+        ep_hidden = runtime.ep_comm_overlap * np.minimum(
+            layers * a2a + extra_a2a, layers * (lt["forward"] + lt["backward"]))
         return {
             "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
             "recompute": n * rec_extra,
-            "tp": layers * (tpc["layer"] - np.minimum((1.0 - exposed_tp) * tpc["layer"],
-                                                      tp_hideable))
-                  + n * (tp_rec - np.minimum((1.0 - exposed_rec) * tp_rec, lt["gemm_forward"]))
-                  + tp_ends,
+            "tp": layers * tpc["layer"] + n * tp_rec + tp_ends - tp_hidden
+                  + np.where(tp_by_nccl, comm.contention_s(tp_hidden, profile), 0.0),
             "cp": layers * cp_layer + n * np.where(
                 by_module & ((r.rc_modules & memory.CORE_ATTN) == 0), 0.0, cp_rec),
-            # all-to-alls hidden behind another micro-batch's compute as far as the runtime
-            # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
-            "ep": layers * a2a + extra_a2a - runtime.ep_comm_overlap * np.minimum(
-                layers * a2a + extra_a2a, layers * (lt["forward"] + lt["backward"])),
+            "ep": layers * a2a + extra_a2a - ep_hidden
+                  + (0.0 if reserved else comm.contention_s(ep_hidden, profile)),
             "forward": layers * lt["forward"],
             "backward": layers * lt["backward"],
             # the head's and MTP's GEMMs: a third of their forward + backward is weight gradient
@@ -314,7 +323,10 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
         once, 1.0, r.m) * (r.weight_bytes + r.reduce_bytes)), profile)
     copies = np.where(runtime.fsdp2_copies & r.fsdp & (r.zero >= 1) & (r.shard > 1), copies,
                       0.0)
-    return np.where(has_dp, exposed_red + exposed_gat, 0.0) + copies
+    # what overlap hides still slows the compute it runs beside (comm.contention_s)
+    hidden = reductions - exposed_red + np.maximum(0.0, gathers - exposed_gat)
+    return np.where(has_dp, exposed_red + exposed_gat + comm.contention_s(hidden, profile),
+                    0.0) + copies
 
 
 def time_by_part(

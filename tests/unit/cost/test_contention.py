@@ -1,0 +1,76 @@
+"""Compute slowed by the collectives it hides (hardware Efficiency.comm_slowdown,
+comm.contention_s)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from autoplan import resources
+from autoplan.cost import comm
+from autoplan.cost.estimate import estimate_table
+from autoplan.cost.runtimes import load_runtime
+from autoplan.errors import ConfigError
+from autoplan.hardware import load_profile, profile_from_dict
+from autoplan.model_spec import load_model
+from autoplan.plan import Batch, ClusterRef, Parallel, Plan, Precision
+from autoplan.plan_table import plan_to_row
+from autoplan.yaml_io import read_yaml
+
+MODEL = load_model("llama-3.1-8b")
+H100 = load_profile("h100-sxm-80gb")
+FREE = dataclasses.replace(H100, efficiency=dataclasses.replace(H100.efficiency,
+                                                                comm_slowdown=0.0))
+"""The same profile where overlap costs the compute nothing."""
+
+
+def _fsdp(dp: int = 64) -> Plan:
+    return Plan(model="llama-3.1-8b", cluster=ClusterRef("h100-sxm-80gb", dp),
+                batch=Batch(1, 4 * dp), parallel=Parallel(dp=dp), zero_stage=3,
+                precision=Precision.BF16)
+
+
+def _table(plan: Plan, profile, runtime) -> dict[str, np.ndarray]:
+    return estimate_table(plan_to_row(plan, MODEL), MODEL, profile, "bf16", "flash", runtime)
+
+
+def test_contention_is_the_work_the_overlap_displaces() -> None:
+    """In h seconds beside a collective, compute slowed by s does h/(1+s) of its own work."""
+    s = H100.efficiency.comm_slowdown
+    assert s == pytest.approx(0.189)
+    got = comm.contention_s(np.array([0.0, 1.0, 2.5]), H100)
+    assert got == pytest.approx([0.0, s / (1 + s), 2.5 * s / (1 + s)])
+    assert float(comm.contention_s(1.0, FREE)) == 0.0
+
+
+def test_hidden_fsdp_collectives_cost_compute_bounded_by_their_time() -> None:
+    """ZeRO-3 on 64 H100s hides most of its gathers and reductions: the slowdown adds
+    time, but never more than s/(1+s) of every collective's own time (what fully exposed
+    collectives take apart from the step's small syncs and FSDP2 copies)."""
+    runtime = load_runtime("torchtitan")
+    plan = _fsdp()
+    slowed = _table(plan, H100, runtime)["time_dp_comm"][0]
+    free = _table(plan, FREE, runtime)["time_dp_comm"][0]
+    exposed_all = dataclasses.replace(runtime, overlap_dp_comm=False, overlap_param_gather=False)
+    every = _table(plan, FREE, exposed_all)["time_dp_comm"][0]
+    s = H100.efficiency.comm_slowdown
+    assert slowed > free
+    assert slowed - free <= every * s / (1 + s)
+
+
+def test_exposed_collectives_slow_nothing() -> None:
+    """A runtime that overlaps nothing hides nothing, so nothing is slowed."""
+    runtime = dataclasses.replace(load_runtime("torchtitan"), overlap_dp_comm=False,
+                                  overlap_param_gather=False)
+    plan = _fsdp()
+    assert _table(plan, H100, runtime)["time_dp_comm"][0] == pytest.approx(
+        _table(plan, FREE, runtime)["time_dp_comm"][0])
+
+
+def test_comm_slowdown_out_of_range_is_a_clear_error() -> None:
+    data = read_yaml(resources.find(resources.PROFILES, "h100-sxm-80gb"), "profile")
+    data["efficiency"]["comm_slowdown"] = -0.1
+    with pytest.raises(ConfigError, match="comm_slowdown"):
+        profile_from_dict(data)
