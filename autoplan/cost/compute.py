@@ -341,7 +341,10 @@ def layer_times_s(
            "mlp_gemm_forward": gemm_each[2] + gemm_each[3], "elementwise_forward": elementwise,
            # the column-parallel GEMMs (QKV, the MLP's first): their weight gradients are what
            # an asynchronous input-gradient collective runs beside
-           "column_gemm_forward": gemm_each[0] + gemm_each[2]}
+           "column_gemm_forward": gemm_each[0] + gemm_each[2],
+           # the row-parallel GEMMs apart (attention output projection, the MLP's second):
+           # where Transformer Engine's pipelined overlap keeps SMs from them
+           "proj_gemm_forward": gemm_each[1], "fc2_gemm_forward": gemm_each[3]}
     for k in ("forward", "backward", "full"):
         out[f"{k}_device"], out[f"{k}_host"] = parts[k]
     return out

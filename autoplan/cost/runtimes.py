@@ -188,7 +188,19 @@ class RuntimeTraits:
     attention run on the rest: compute is priced at (sm_count - this) / sm_count of the
     profile's throughput, with waves counted on the SMs left (the profile needs sm_count).
     DeepSeek-V3 dedicates 20 of the H800's 132 SMs to its overlapped all-to-all (report
-    §3.2.2). 0: NCCL's kernels share SMs only while a collective runs (not priced)."""
+    §3.2.2). 0: NCCL's kernels share SMs only while a collective runs (the profile's
+    efficiency.comm_slowdown prices that, comm.contention_s)."""
+    userbuffers_proj_sms: int = 0
+    """SMs Transformer Engine's pipelined userbuffers overlap keeps for its reduce-scatter while
+    the attention output projection's forward GEMM runs (`proj_fprop` with set_sm_margin: the
+    GEMM runs on the other SMs; priced where userbuffers applies). NeMo's H100 70B and 405B
+    recipes: 24 (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py,
+    userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192 and ..._h16384_tp8_cp2_...)."""
+    userbuffers_fc2_sms: int = 0
+    """The same for the dense MLP's second GEMM forward (`fc2_fprop`): 16 in NeMo's H100 70B
+    recipe, 8 in its 405B one (same file). The ring-exchange overlaps (qkv/fc1 fprop,
+    proj/fc2 dgrad) copy on the copy engines and hold no SMs; the bulk ones (the QKV and fc1
+    backward) hold theirs only while they run (comm.contention_s)."""
     dualpipe: bool = False
     """The runtime runs a pipelined plan as DeepSeek's DualPipe (DeepSeek-V3 report §3.2.1,
     Figure 5, Table 2; github.com/deepseek-ai/DualPipe): micro-batches enter from both ends, so
@@ -350,6 +362,11 @@ class RuntimeTraits:
                 self.comm_reserved_sms, int) or not 0 <= self.comm_reserved_sms <= 1024:
             raise ConfigError("runtime.comm_reserved_sms", f"got {self.comm_reserved_sms!r}",
                               "expected a whole number of SMs from 0 to 1024")
+        for f in ("userbuffers_proj_sms", "userbuffers_fc2_sms"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
+                raise ConfigError(f"runtime.{f}", f"got {value!r}",
+                                  "expected a whole number of SMs from 0 to 1024")
         if not isinstance(self.dualpipe, bool):
             raise ConfigError("runtime.dualpipe", f"got {self.dualpipe!r}",
                               "expected true or false")
@@ -542,6 +559,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
         "sharded_zero_with_pipeline": False,
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
+        "userbuffers_proj_sms": 24, "userbuffers_fc2_sms": 16,  # NeMo's H100 70B recipe
         "hsdp_zero_stages": [1],
     },
     # torchtitan's RMSNorm (torchtitan/models/norms.py, until its PR #985 of 2025-03 made it

@@ -129,23 +129,28 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     if runtime.selective is SelectiveKind.DEEPSEEK_V3:
         lt["deepseek-v3"] = deepseek_v3_recompute_s(model, profile, gemm_peak(
             profile, precision, runtime), r, lt, parts)
+    # Transformer Engine's pipelined userbuffers overlap runs the two row-parallel forward
+    # GEMMs on the SMs its reduce-scatter leaves them (a full recompute's forward too)
+    margin = userbuffers_margin_s(model, profile, runtime, r, lt)
+    extra = {"forward": margin, "backward": 0.0 * margin, "full": margin}
     if model.moe is not None or model.mla is not None:  # expert GEMMs, router, MLA projections
         # at the peak the block's own GEMMs ran at (fp8 in an fp8 run: DeepSeek-V3 §3.3.1 runs
         # every Linear's Fprop, Dgrad and Wgrad in FP8), since the delta replaces those GEMMs
         delta = moe.block_forward_delta_s(model, profile, gemm_peak(profile, precision,
                                                                     runtime), r)
-        extra = {"forward": delta, "backward": 2.0 * delta, "full": delta}
+        extra = {"forward": extra["forward"] + delta, "backward": 2.0 * delta,
+                 "full": extra["full"] + delta}
         if precision == "fp8" and model.moe is not None:  # the experts' casts, not the MLP's
             casts = compute.memory_time_s(moe.fp8_cast_delta_bytes(
                 model, r, runtime.ep_dispatch_bytes), profile)
             extra = {"forward": extra["forward"] + casts / 3.0,
                      "backward": extra["backward"] + casts * 2.0 / 3.0,
                      "full": extra["full"] + casts / 3.0}
-        # device work: it joins the block's kernels before the host's share is weighed
-        lt = {**lt, **{k: compute.with_host(lt[f"{k}_device"] + x, lt[f"{k}_host"],
-                                            runtime.host_runs_ahead) for k, x in extra.items()}}
     else:
         delta = 0.0 * lt["gemm_forward"]
+    # device work: it joins the block's kernels before the host's share is weighed
+    lt = {**lt, **{k: compute.with_host(lt[f"{k}_device"] + x, lt[f"{k}_host"],
+                                        runtime.host_runs_ahead) for k, x in extra.items()}}
     # weight-gradient GEMMs per block: one per forward GEMM at its shape (the GEMM forward time
     # with the MoE/MLA delta); backward also holds the input gradients, the attention core's
     # backward and element-wise work, which have none
@@ -205,13 +210,20 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     # SMs a runtime reserves for communication are priced for the whole step (priced_profile)
     tp_by_nccl = np.where(runtime.tp_comm_overlap_method == "userbuffers",
                           runtime.tp_async_dgrad(r.tp, r.sp), True)
+    # userbuffers' bulk overlaps (4 of a block's 10 collectives, the QKV and fc1 backward) run
+    # on SMs of their own beside the GEMM, as NCCL does; its ring exchanges copy on the copy
+    # engines and its pipelined reduce-scatters keep their SMs apart (userbuffers_margin_s)
+    ub_bulk = np.where(tp_by_nccl, 0.0, USERBUFFERS_BULK_SHARE)
     reserved = runtime.comm_reserved_sms > 0
 
     def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray,
               extra_a2a: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
         n = recomputed_layers(layers, r)
-        tp_hidden = (layers * np.minimum((1.0 - exposed_tp) * tpc["layer"], tp_hideable)
-                     + n * np.minimum((1.0 - exposed_rec) * tp_rec, lt["gemm_forward"]))
+        layer_hidden = layers * np.minimum((1.0 - exposed_tp) * tpc["layer"], tp_hideable)
+        tp_hidden = layer_hidden + n * np.minimum((1.0 - exposed_rec) * tp_rec,
+                                                  lt["gemm_forward"])
+        contended = np.where(tp_by_nccl, tp_hidden,
+                             np.minimum(ub_bulk * layers * tpc["layer"], layer_hidden))
         # all-to-alls hidden behind another micro-batch's compute as far as the runtime
         # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
         ep_hidden = runtime.ep_comm_overlap * np.minimum(
@@ -220,7 +232,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
             "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
             "recompute": n * rec_extra,
             "tp": layers * tpc["layer"] + n * tp_rec + tp_ends - tp_hidden
-                  + np.where(tp_by_nccl, comm.contention_s(tp_hidden, profile), 0.0),
+                  + comm.contention_s(contended, profile),
             "cp": layers * cp_layer + n * np.where(
                 by_module & ((r.rc_modules & memory.CORE_ATTN) == 0), 0.0, cp_rec),
             "ep": layers * a2a + extra_a2a - ep_hidden
@@ -262,6 +274,34 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     crit["holds_head"] = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
     crit["norm_grad"] = tpc["norm_grad"]
     return crit
+
+
+USERBUFFERS_BULK_SHARE = 0.4
+"""Share of a block's sequence-parallel collective time Transformer Engine's userbuffers runs
+as bulk overlaps (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad: 4 of the 10 equal collectives
+RuntimeTraits.tp_exposed_share counts)."""
+
+
+def userbuffers_margin_s(model: ModelSpec, profile: ClusterProfile, runtime: RuntimeTraits,
+                         r: Rows, lt: dict[str, np.ndarray]) -> np.ndarray:
+    """Extra forward seconds per block of the row-parallel GEMMs (attention output
+    projection; the dense MLP's second) that Transformer Engine's pipelined userbuffers
+    overlap runs beside its reduce-scatter with set_sm_margin: on sm_count - n SMs, so
+    sm_count / (sm_count - n) times as long (RuntimeTraits.userbuffers_proj_sms,
+    userbuffers_fc2_sms). Only where userbuffers runs (sequence parallelism, tp >= 2) on a
+    profile that knows its SM count; a routed-expert MLP's GEMMs are grouped, not userbuffers'."""
+    sms = profile.device.sm_count
+    zero = 0.0 * lt["gemm_forward"]
+    if runtime.tp_comm_overlap_method != "userbuffers" or not sms:
+        return zero
+
+    def slower(gemm: np.ndarray, n: int) -> np.ndarray:
+        return gemm * (sms / (sms - min(n, sms - 1)) - 1.0)
+
+    fc2 = slower(lt["fc2_gemm_forward"], runtime.userbuffers_fc2_sms) if model.moe is None \
+        else zero
+    on = np.asarray(r.sp, bool) & (np.asarray(r.tp, float) > 1)
+    return np.where(on, slower(lt["proj_gemm_forward"], runtime.userbuffers_proj_sms) + fc2, 0.0)
 
 
 def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,

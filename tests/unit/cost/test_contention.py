@@ -1,5 +1,6 @@
-"""Compute slowed by the collectives it hides (hardware Efficiency.comm_slowdown,
-comm.contention_s)."""
+"""Compute slowed by communication kernels: the collectives it hides (hardware
+Efficiency.comm_slowdown, comm.contention_s) and the SMs Transformer Engine's pipelined
+userbuffers overlap keeps (RuntimeTraits.userbuffers_*_sms)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import numpy as np
 import pytest
 
 from autoplan import resources
-from autoplan.cost import comm
+from autoplan.cost import comm, step_time
 from autoplan.cost.estimate import estimate_table
-from autoplan.cost.runtimes import load_runtime
+from autoplan.cost.rows import rows_of
+from autoplan.cost.runtimes import load_runtime, runtime_from_dict
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile, profile_from_dict
 from autoplan.model_spec import load_model
@@ -74,3 +76,34 @@ def test_comm_slowdown_out_of_range_is_a_clear_error() -> None:
     data["efficiency"]["comm_slowdown"] = -0.1
     with pytest.raises(ConfigError, match="comm_slowdown"):
         profile_from_dict(data)
+
+
+def _tp4(sp: bool) -> Plan:
+    return Plan(model="llama-3.1-8b", cluster=ClusterRef("h100-sxm-80gb", 8),
+                batch=Batch(1, 16), parallel=Parallel(dp=2, tp=4), sequence_parallel=sp,
+                zero_stage=1, precision=Precision.BF16)
+
+
+def test_userbuffers_pipelined_overlap_runs_its_gemms_on_the_sms_left() -> None:
+    """NeMo's H100 recipe keeps 24 SMs for the output projection's reduce-scatter and 16 for
+    the MLP's: those forward GEMMs take 132/108 and 132/116 of their time; the backward and
+    the other GEMMs are untouched."""
+    nemo = load_runtime("nemo")
+    assert (nemo.userbuffers_proj_sms, nemo.userbuffers_fc2_sms) == (24, 16)
+    none = dataclasses.replace(nemo, userbuffers_proj_sms=0, userbuffers_fc2_sms=0)
+    r = rows_of(plan_to_row(_tp4(sp=True), MODEL), MODEL, "bf16", nemo)
+    lt = {"gemm_forward": np.array([1.0]), "proj_gemm_forward": np.array([0.1]),
+          "fc2_gemm_forward": np.array([0.3])}
+    got = step_time.userbuffers_margin_s(MODEL, H100, nemo, r, lt)
+    assert got == pytest.approx([0.1 * (132 / 108 - 1) + 0.3 * (132 / 116 - 1)])
+    assert step_time.userbuffers_margin_s(MODEL, H100, none, r, lt) == pytest.approx([0.0])
+    # the whole step: the margin adds forward time only where userbuffers runs (SP, tp >= 2)
+    sp_on = _table(_tp4(sp=True), H100, nemo)["time_compute"][0]
+    assert sp_on > _table(_tp4(sp=True), H100, none)["time_compute"][0]
+    assert _table(_tp4(sp=False), H100, nemo)["time_compute"][0] == pytest.approx(
+        _table(_tp4(sp=False), H100, none)["time_compute"][0])
+
+
+def test_userbuffers_sms_must_be_whole_numbers() -> None:
+    with pytest.raises(ConfigError, match="userbuffers_fc2_sms"):
+        runtime_from_dict({"schema_version": 1, "base": "nemo", "userbuffers_fc2_sms": 2.5})
