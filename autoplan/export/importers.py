@@ -103,13 +103,16 @@ def _zero_stage(zero: dict[str, Any], what: str) -> int:
     return stage
 
 
-def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) -> dict[str, Any]:
-    """Plan fields a DeepSpeed config determines (model and cluster come from the caller)."""
+def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
+                        degrees: dict[str, int] | None = None) -> dict[str, Any]:
+    """Plan fields a DeepSpeed config determines (model and cluster come from the caller);
+    `degrees`: tp and pp the caller knows where the JSON cannot say them (--set)."""
     autotp = _section(cfg, "tensor_parallel", what).get("autotp_size", 0)
     tp = 1 if autotp == 0 else _require_int(autotp, f"{what} tensor_parallel.autotp_size")
     pipeline = _section(cfg, "pipeline", what)
     stages = pipeline.get("stages", "auto")
     pp = 1 if stages == "auto" else _require_int(stages, f"{what} pipeline.stages")
+    tp, pp = (degrees or {}).get("tp", tp), (degrees or {}).get("pp", pp)
     ulysses = cfg.get("sequence_parallel_size")
     if ulysses is not None and _require_int(ulysses, f"{what} sequence_parallel_size") > 1:
         raise ConfigError(
@@ -157,11 +160,13 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str) ->
     if gbs is None:
         gbs = mb * (gas or 1) * dp
     if gas is not None and gbs != mb * gas * dp:
-        raise ConfigError(
-            f"{what} train_batch_size",
-            f"{gbs} != {mb} * {gas} * dp {dp}",
-            "DeepSpeed requires train_batch_size = micro * accumulation * dp",
-        )
+        fix = "DeepSpeed requires train_batch_size = micro * accumulation * dp"
+        if num_gpus is not None and gbs % (mb * gas) == 0 and num_gpus % (gbs // (mb * gas)) == 0:
+            split = num_gpus // (gbs // (mb * gas)) // (tp * pp)
+            fix = (f"{fix}, so the model is split {split} ways, which the JSON does not record: "
+                   "import the Megatron-DeepSpeed launch written beside it, or pass "
+                   "--set parallel.tp=N / --set parallel.pp=N")
+        raise ConfigError(f"{what} train_batch_size", f"{gbs} != {mb} * {gas} * dp {dp}", fix)
     zero = _section(cfg, "zero_optimization", what)
     interval = pipeline.get("activation_checkpoint_interval", 0)
     if interval != 0:
@@ -210,13 +215,28 @@ def import_deepspeed(
         raise ConfigError(what, "expected a JSON object")
     if model is None:
         raise ConfigError("--model", "missing", "a DeepSpeed config names no model; pass --model")
-    data = deepspeed_plan_dict(cfg, num_gpus, what)
+    data = deepspeed_plan_dict(cfg, num_gpus, what, _degrees(assignments))
     data["model"] = model
     data["cluster"] = {
         "profile": cluster,
         "num_gpus": data["parallel"]["dp"] * data["parallel"]["tp"] * data["parallel"]["pp"],
     }
     return finish_plan(data, list(assignments), what)
+
+
+def _degrees(assignments: Sequence[str]) -> dict[str, int]:
+    """tp and pp set with --set, which the data-parallel size of a DeepSpeed JSON depends on."""
+    out: dict[str, int] = {}
+    for assignment in assignments:
+        key, _, value = assignment.partition("=")
+        name = key.strip().removeprefix("parallel.")
+        if key.strip() in ("parallel.tp", "parallel.pp"):
+            try:
+                out[name] = _require_int(int(value), f"--set {key.strip()}")
+            except ValueError:
+                raise ConfigError(f"--set {key.strip()}", f"got {show(value)}",
+                                  "expected a positive integer") from None
+    return out
 
 
 # ---- Megatron-LM ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""`import --from deepspeed LAUNCH.sh`: a Megatron-DeepSpeed launch (what `export --to deepspeed`
-writes for plans with tp or pp) read back into plan fields.
+"""`import --from deepspeed LAUNCH.sh`: the launch `export --to deepspeed` writes beside its JSON
+(a Megatron-DeepSpeed launch for plans with tp or pp; for the rest, a plain DeepSpeed launch of
+the user's script, degrees 1) read back into plan fields.
 
 The launch gives the degrees, sequence parallelism, recompute, precision and attention; the
 DeepSpeed JSON it names with --deepspeed_config gives batch, ZeRO and offload (read by
@@ -73,6 +74,11 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     _agree(what, "--global-batch-size", f.integer("--global-batch-size"),
            data["batch"]["global_batch_size"])
     _agree(what, "--zero-stage", f.integer("--zero-stage"), data["zero_stage"])
+    if f.text("--num-layers") is None:
+        # a plain DeepSpeed launch of the user's own script (what export writes for tp = pp =
+        # 1): the model is code, and precision, recompute and attention are the JSON's or the
+        # plan's defaults
+        return data
     precision = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
     _agree(what, "--bf16/--fp16", precision, data["precision"])
     if f.has("--checkpoint-activations") or f.text("--recompute-granularity") == "full":

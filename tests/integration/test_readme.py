@@ -100,6 +100,14 @@ def table_fits(r: Ran) -> None:
     assert "legend:" in r.out and "why this plan" in r.out
 
 
+def imported_as_exported(r: Ran) -> None:
+    """The plan read back from the DeepSpeed export has the searched plan's layout and batch."""
+    mine = yaml.safe_load((r.cwd / "mine.yaml").read_text())
+    searched = yaml.safe_load((r.cwd / "runs/gpt13b/plan.yaml").read_text())
+    for key in ("parallel", "batch", "zero_stage", "sequence_parallel"):
+        assert mine[key] == searched[key], (key, mine[key], searched[key])
+
+
 def wrote(*names: str) -> Callable[[Ran], None]:
     def check(r: Ran) -> None:
         for name in names:
@@ -183,7 +191,7 @@ CHECKS: list[tuple[str, int, Callable[[Ran], None]]] = [
      "--global-batch-size 512 --out runs/gpt13b", 0, wrote("runs/gpt13b/plan.yaml")),
     ("autoplan export runs/gpt13b/plan.yaml --to deepspeed", 0,
      lambda r: assert_in("zero_optimization", json.loads((r.cwd / "ds.json").read_text()))),
-    ("autoplan import ds.json --from deepspeed", 0, wrote("mine.yaml")),
+    ("autoplan import ds.launch.sh --from deepspeed", 0, imported_as_exported),
     ("autoplan estimate --plan mine.yaml", 0, lambda r: assert_in(True, [r.json()["feasible"]])),
     ("python benchmarks/published_accuracy.py", 0, lambda r: assert_in("%", r.out)),
     ("autoplan estimate --model llama-3-70b --cluster h100-sxm-80gb", 0,

@@ -311,3 +311,41 @@ def test_a_launch_whose_flags_contradict_its_config_is_refused(tmp_path: Path):
     launch.write_text(files["launch.sh"].replace("  --deepspeed \\\n", ""))
     with pytest.raises(ConfigError, match="no --deepspeed flag"):
         import_deepspeed(launch, model=str(p.model), cluster=p.cluster.profile, num_gpus=None)
+
+
+@pytest.mark.parametrize("case", PLAIN)
+def test_plain_launch_imports_back_to_the_plan(tmp_path: Path, case: str):
+    """A tp = pp = 1 plan exports a plain DeepSpeed launch of the user's script: importing the
+    launch reads its JSON, so one import command serves every exported plan."""
+    p = CASES[case][0]
+    out = tmp_path / "ds.json"
+    files = export_plan(get_target("deepspeed"), p, p.model_spec(),
+                        ExportOptions(gpus_per_node=8, out=str(out)))
+    out.write_text(files["ds_config.json"])
+    launch = tmp_path / "ds.launch.sh"
+    launch.write_text(files["launch.sh"])
+    assert "--num-layers" not in files["launch.sh"]
+    back = import_deepspeed(launch, model=str(p.model), cluster=p.cluster.profile,
+                            num_gpus=p.world_size)
+    assert back == p
+
+
+def test_json_of_a_split_model_names_the_fix_and_takes_the_degrees_from_set(tmp_path: Path):
+    """DeepSpeed's JSON records no Megatron tensor or pipeline parallelism: with --num-gpus its
+    batch arithmetic says how many ways the model is split, the error names the two fixes,
+    and --set parallel.tp gives the degree the data-parallel size is computed with."""
+    p = CASES["gpt3-175b-3d-sp"][0]
+    path = tmp_path / "ds.json"
+    path.write_text(_render("gpt3-175b-3d-sp")["ds_config.json"])
+    split = p.parallel.tp * p.parallel.pp
+    with pytest.raises(ConfigError, match=f"split {split} ways.*--set parallel.tp=N"):
+        import_deepspeed(path, model=str(p.model), cluster=p.cluster.profile,
+                         num_gpus=p.world_size)
+    sets = [f"parallel.tp={p.parallel.tp}", f"parallel.pp={p.parallel.pp}"]
+    back = import_deepspeed(path, model=str(p.model), cluster=p.cluster.profile,
+                            num_gpus=p.world_size, assignments=sets)
+    assert (back.parallel.dp, back.parallel.tp, back.parallel.pp) == (
+        p.parallel.dp, p.parallel.tp, p.parallel.pp)
+    with pytest.raises(ConfigError, match="--set parallel.tp"):
+        import_deepspeed(path, model=str(p.model), cluster=p.cluster.profile,
+                         num_gpus=p.world_size, assignments=["parallel.tp=two"])
