@@ -94,6 +94,13 @@ class RuntimeTraits:
     (`zeroes_grad_buffer`). DeepSpeed ZeRO-1/2 reads the 16-bit partition for the norm (2),
     casts it to the fp32 master gradient (read 2, write 4) and copies the master back into
     the 16-bit weights (read 4, write 2): 14."""
+    adds_into_grad_buffer: bool = False
+    """Backward's 16-bit gradient of a tensor whose weight-gradient kernel does not accumulate in
+    place is added into the runtime's own gradient buffer afterwards (Megatron-Core DDP's hook:
+    `param.main_grad.add_(param.grad.data)`; gradient_accumulation_fusion covers the Linear
+    layers only), so the embedding's dense gradient is read once more and the buffer read and
+    written each micro-batch (step_time.embedding_grad_s). False: the gradient goes straight to
+    its reduction (FSDP2, whose copy-in fsdp2_copies prices) or accumulates in place."""
     zeroes_grad_buffer: bool = False
     """Each step zeroes the rank's gradient buffer, grad_bytes per parameter it holds: all of
     them under DDP and the distributed optimizer (ZeRO 0-1), its shard under FSDP (ZeRO-2/3)
@@ -510,8 +517,8 @@ def _userbuffers_apply(tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
 
 
 _MEGATRON_CORE: dict[str, Any] = {
-    "optimizer_extra_bytes": 10.0, "zeroes_grad_buffer": True, "reentrant_recompute": True,
-    "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True, "loss_bytes_per_logit": 52.0,
+    "optimizer_extra_bytes": 10.0, "adds_into_grad_buffer": True, "zeroes_grad_buffer": True,
+    "reentrant_recompute": True, "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True, "loss_bytes_per_logit": 52.0,
 }
 """What every Megatron preset shares (each field's docstring cites the code)."""
 

@@ -196,6 +196,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                                           per_node=cp_nodes) - cp_layer
     logit_t = compute.logits_times_s(model, profile, peak, r.b, r.tp, r.cp, r.vocab,
                                      runtime.loss_bytes(precision))
+    embed_t = embedding_grad_s(model, profile, runtime, r)
 
     # multi-token prediction (cost/mtp.py) on the stage with the loss: one more block each
     # depth, priced as the stage's blocks, plus eh_proj, the MoE kind's excess and a second
@@ -217,7 +218,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     reserved = runtime.comm_reserved_sms > 0
 
     def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray,
-              extra_a2a: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
+              extra_a2a: np.ndarray | float = 0.0, embed: np.ndarray | float = 0.0
+              ) -> dict[str, np.ndarray]:
         n = recomputed_layers(layers, r)
         layer_hidden = layers * np.minimum((1.0 - exposed_tp) * tpc["layer"], tp_hideable)
         tp_hidden = layer_hidden + n * np.minimum((1.0 - exposed_rec) * tp_rec,
@@ -229,7 +231,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         ep_hidden = runtime.ep_comm_overlap * np.minimum(
             layers * a2a + extra_a2a, layers * (lt["forward"] + lt["backward"]))
         return {
-            "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra,
+            "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra
+                       + embed,
             "recompute": n * rec_extra,
             "tp": layers * tpc["layer"] + n * tp_rec + tp_ends - tp_hidden
                   + comm.contention_s(contended, profile),
@@ -249,7 +252,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     head_last = 1.0 - head_first
     stages = [stage(r.layers_first + d_mtp * head_first, head_first * (logit_t + mtp_x),
                     tpc["embedding"] + head_first * (1.0 + d_mtp) * tpc["head"],
-                    head_first * mtp_a2a),
+                    head_first * mtp_a2a, embed_t),
               stage(r.layers_max, 0.0 * r.layers_max, 0.0 * r.layers_max),
               stage(r.layers_last + d_mtp * head_last, head_last * (logit_t + mtp_x),
                     head_last * (1.0 + d_mtp) * tpc["head"], head_last * mtp_a2a)]
@@ -274,6 +277,19 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     crit["holds_head"] = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
     crit["norm_grad"] = tpc["norm_grad"]
     return crit
+
+
+def embedding_grad_s(model: ModelSpec, profile: ClusterProfile, runtime: RuntimeTraits,
+                     r: Rows) -> np.ndarray:
+    """Seconds per micro-batch the embedding's dense gradient costs its stage beyond the lookup's
+    backward: torch's embedding backward (F.embedding, which Megatron's VocabParallelEmbedding
+    and torchtitan's both call) zero-fills a dense gradient of the rank's vocab/tp x h table
+    (embedding_dense_backward: `at::zeros({num_weights, ...})`) before it adds the looked-up
+    rows, and a runtime that adds gradients into its own buffer (RuntimeTraits.
+    adds_into_grad_buffer) reads it again and reads and writes the buffer."""
+    elements = r.vocab / r.tp * model.hidden_size
+    add = (r.weight_bytes + 2.0 * r.grad_bytes) if runtime.adds_into_grad_buffer else 0.0
+    return compute.memory_time_s(elements * (r.weight_bytes + add), profile)
 
 
 USERBUFFERS_BULK_SHARE = 0.4
