@@ -193,8 +193,6 @@ def test_torchtitan_recomputes_every_block_none_or_every_nth() -> None:
 
 
 def test_sms_kept_for_communication_slow_the_compute_and_need_an_sm_count(tmp_path) -> None:
-    from dataclasses import replace
-
     plan = plan_from_dict(LLAMA8B)
     base = load_runtime("megatron")
     full = estimate_plan(plan, runtime=base)
