@@ -71,6 +71,13 @@ class RecomputeModule(str, enum.Enum):
     megatron/core/transformer/moe/experts.py: CheckpointWithoutOutput around the activation,
     discard_output_and_register_recompute after fc2): keeps fc1's output, frees the
     activation's output (fc2's saved input) and re-runs the activation. MoE models only."""
+    MOE = "moe"
+    """The whole MoE layer (normal checkpointing, megatron/core/transformer/moe/moe_layer.py:
+    MoELayer.forward runs router, dispatch, experts and combine under tensor_parallel.checkpoint
+    when "moe" is in recompute_modules): keeps the layer's input, frees everything the router,
+    the token dispatch and the experts keep, and re-runs them, all-to-alls included, in
+    backward. MoE models only; it re-runs the experts' activation too, so it goes without
+    moe_act."""
 
 
 class Attention(str, enum.Enum):
@@ -205,7 +212,7 @@ class Recompute:
     """block | uniform (Megatron --recompute-method); uniform needs policy full."""
     modules: tuple[RecomputeModule, ...] | None = None
     """Selective recompute by submodule (Megatron-Core --recompute-modules): some of core_attn,
-    mlp, layernorm, moe_act; needs policy selective. null: the runtime's own selective
+    mlp, layernorm, moe_act, moe; needs policy selective. null: the runtime's own selective
     recompute. As in Megatron-Core, mlp checkpoints dense MLPs only (not a MoE block's)."""
 
     def __post_init__(self) -> None:
@@ -218,7 +225,8 @@ class Recompute:
                                   "set policy: selective, or remove modules")
             if not self.modules or len(set(self.modules)) != len(self.modules):
                 raise ConfigError("recompute.modules", f"got {[m.value for m in self.modules]}",
-                                  "list each of core_attn, mlp, layernorm, moe_act at most once, "
+                                  "list each of core_attn, mlp, layernorm, moe_act, moe at most "
+                                  "once, "
                                   "or null")
         if self.method == RecomputeMethod.UNIFORM:
             if self.policy != RecomputePolicy.FULL:

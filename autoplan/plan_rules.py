@@ -92,6 +92,7 @@ def _micro(t: Table) -> np.ndarray:
 
 _LAYERNORM_BIT = modules_mask((RecomputeModule.LAYERNORM,))
 _MOE_ACT_BIT = modules_mask((RecomputeModule.MOE_ACT,))
+_MOE_BIT = modules_mask((RecomputeModule.MOE,))
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -219,6 +220,19 @@ RULES: tuple[Rule, ...] = (
         lambda t, m: ((dp_col(t, "rc_modules") & _MOE_ACT_BIT) > 0) & np.bool_(m.moe is None),
         lambda t, i, m: f"recompute.modules moe_act with model {m.name}, which has no experts: "
         "moe_act re-runs a MoE block's expert activation; drop moe_act",
+    ),
+    Rule(
+        "recompute-moe-dense",
+        lambda t, m: ((dp_col(t, "rc_modules") & _MOE_BIT) > 0) & np.bool_(m.moe is None),
+        lambda t, i, m: f"recompute.modules moe with model {m.name}, which has no experts: "
+        "moe re-runs a MoE layer; drop moe (mlp recomputes a dense MLP)",
+    ),
+    Rule(
+        "recompute-moe-and-moe-act",
+        lambda t, m: (dp_col(t, "rc_modules") & (_MOE_BIT | _MOE_ACT_BIT)) == (
+            _MOE_BIT | _MOE_ACT_BIT),
+        lambda t, i, m: "recompute.modules lists moe and moe_act: moe already re-runs the "
+        "whole MoE layer, its experts' activation included; drop moe_act",
     ),
     Rule(
         "recompute-uniform-policy",

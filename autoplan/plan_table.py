@@ -58,7 +58,8 @@ optional columns, 0 where a table lacks them, so older tables score as before.""
 
 
 RC_MODULES: tuple[RecomputeModule, ...] = tuple(RecomputeModule)
-"""Bit i of column `rc_modules` means RC_MODULES[i] (core_attn 1, mlp 2, layernorm 4, moe_act 8);
+"""Bit i of column `rc_modules` means RC_MODULES[i] (core_attn 1, mlp 2, layernorm 4, moe_act 8,
+moe 16);
 0: the runtime's own selective recompute."""
 RC_METHODS: tuple[RecomputeMethod, ...] = tuple(RecomputeMethod)
 """Code i in column `rc_method` means RC_METHODS[i]: 0 block, 1 uniform."""

@@ -190,7 +190,7 @@ def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
     raise ValueError(policy)
 
 
-CORE_ATTN, MLP, LAYERNORM, MOE_ACT = 1, 2, 4, 8
+CORE_ATTN, MLP, LAYERNORM, MOE_ACT, MOE = 1, 2, 4, 8, 16
 """Bits of Recompute.modules (plan_table.RC_MODULES order)."""
 
 
@@ -215,7 +215,12 @@ def module_kept_bytes(parts: dict[str, np.ndarray], modules: np.ndarray, precisi
                  own tensors) stay;
       moe_act    output-discarding checkpoint of the routed experts' activation: fc1's output
                  is kept, the activation's output (fc2's saved input, `mlp_mid_routed`) is
-                 re-made (megatron/core/transformer/moe/experts.py).
+                 re-made (megatron/core/transformer/moe/experts.py);
+      moe        normal checkpoint of the whole MoE layer (moe_layer.py, MoELayer.forward under
+                 tensor_parallel.checkpoint): its input (the second norm's output, counted in
+                 `gemm_in`) is kept; the routed copies (`gemm_in_routed`) and every expert
+                 MLP tensor, routed and shared (`mlp_act`, `mlp_mid` less their dense-block
+                 shares), are re-made, moe_act's among them.
     In a MoE model mlp frees the dense blocks' MLP tensors only (`mlp_*_dense`: Megatron-Core
     checkpoints no MoE block under mlp). An fp32 run doubles every 16-bit tensor;
     composite-RMSNorm fp32 copies (`fp32_fixed`) stay as they are unless layernorm re-makes
@@ -223,14 +228,26 @@ def module_kept_bytes(parts: dict[str, np.ndarray], modules: np.ndarray, precisi
     scale = 2.0 if precision == "fp32" else 1.0
     fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
     m = np.asarray(modules, dtype=np.int64)
+    extra = np.where((m & MOE) > 0, 0.0, parts.get("moe_extra", 0.0))
     core, mlp, norm = (m & CORE_ATTN) > 0, (m & MLP) > 0, (m & LAYERNORM) > 0
     norm_outputs = parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)
     dropped = (np.where(core, parts["core"] + parts.get("attn_upcast", 0.0), 0.0)
                + np.where(mlp, parts.get("mlp_act_dense", parts["mlp_act"])
                           + parts.get("mlp_mid_dense", parts["mlp_mid"]), 0.0)
                + np.where(norm, norm_outputs + parts["norm"] - 2.0 * parts["input"], 0.0)
-               + np.where((m & MOE_ACT) > 0, parts.get("mlp_mid_routed", 0.0), 0.0))
-    return (_kept_bytes_16bit(parts, "none") - dropped) * scale - np.where(norm, 0.0, fixed)
+               + np.where((m & MOE) > 0, moe_layer_bytes(parts),
+                          np.where((m & MOE_ACT) > 0, parts.get("mlp_mid_routed", 0.0), 0.0)))
+    return ((_kept_bytes_16bit(parts, "none") - dropped) * scale - np.where(norm, 0.0, fixed)
+            + extra)
+
+
+def moe_layer_bytes(parts: dict[str, np.ndarray]) -> np.ndarray:
+    """16-bit bytes a mean block's MoE layers keep beyond their input (cost/moe.py,
+    routed_activation_parts): the dispatched copies and the expert MLPs' tensors, routed and
+    shared; 0 for a dense model, whose parts carry no MoE split."""
+    return (parts.get("gemm_in_routed", 0.0)
+            + parts["mlp_act"] - parts.get("mlp_act_dense", parts["mlp_act"])
+            + parts["mlp_mid"] - parts.get("mlp_mid_dense", parts["mlp_mid"]))
 
 
 def activation_bytes_per_layer(
@@ -240,12 +257,18 @@ def activation_bytes_per_layer(
     """Bytes kept per layer for recompute 0 none, 1 selective (what `selective` keeps: see
     runtimes.SelectiveKind; Megatron's is 34sbh/t for GPT with sequence parallelism; with a
     `modules` mask, module_kept_bytes), 2 full (only the layer input, 2sbh). An fp32 run
-    doubles every 16-bit tensor; the fp32 ones (`fp32_fixed`) stay as they are."""
+    doubles every 16-bit tensor; the fp32 ones (`fp32_fixed`) stay as they are. `moe_extra`
+    (bytes, already at the run's precision: moe.runtime_moe_extra_bytes) is kept with the rest
+    of a MoE layer: without recompute and under Megatron's selective, which keeps all but the
+    attention core."""
     scale = 2.0 if precision == "fp32" else 1.0
     fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
-    full = _kept_bytes_16bit(parts, "none") * scale - fixed
+    extra = parts.get("moe_extra", 0.0)
+    full = _kept_bytes_16bit(parts, "none") * scale - fixed + extra
     keeps_norms = selective == "attention-core"  # the other kinds re-run the norms
     selective_bytes = _kept_bytes_16bit(parts, selective) * scale - (fixed if keeps_norms else 0.0)
+    if keeps_norms:
+        selective_bytes = selective_bytes + extra
     mods = np.asarray(modules)
     if np.any(mods > 0):
         selective_bytes = np.where(mods > 0, module_kept_bytes(parts, mods, precision),

@@ -332,6 +332,35 @@ def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarr
     return out
 
 
+def eager_moe_bytes(model: ModelSpec, r: Rows, precision: str) -> np.ndarray:
+    """Bytes per mean block and micro-batch that autoplan's eager MoE layer keeps beyond
+    routed_activation_parts (RuntimeTraits.moe_eager_tensors). Per token the layer routes: the
+    k expert outputs the gates multiply (k*h at the activations' width), the router's fp32
+    logits and the storage its top-k indices view (E * (4 + 8)), the fp32 softmax of the
+    picked logits and the int64 indices of the chosen experts, the gather and the reorder
+    (k * (4 + 8 + 8)). A 16-bit run whose router computes in fp32 also keeps the router's
+    fp32 copy of its input in place of the 16-bit norm output it is made from, which nothing
+    else in the layer keeps (+2h), and the 16-bit gates (+2k), and once per micro-batch the
+    fp32 copy of the router weight (h*E*4). Counted with saved-tensor hooks on the runtime's
+    block, exact to the byte over eleven shapes (h 48-160, k 1-6, E 4-32) in fp32 and bf16
+    beside the per-token statistics memory.py leaves out of every block (norm rstd, attention
+    logsumexp: tests/unit/runtime/test_recompute_moe.py recounts). A 16-bit router (not
+    counted) is priced as the 16-bit count without the upcasts. The router is replicated
+    over tp, so each tp rank routes the rank's whole sequence."""
+    if model.moe is None:
+        return np.zeros_like(np.asarray(r.b, float))
+    moe, h = model.moe, model.hidden_size
+    k, e = moe.experts_per_token, moe.num_experts
+    tokens = np.asarray(r.b, float) * model.seq_len / np.asarray(r.cp, float)
+    if precision == "fp32":
+        per_token, per_layer = 4.0 * k * h + 12.0 * e + 20.0 * k, 0.0
+    else:
+        per_token, per_layer = 2.0 * k * h + 12.0 * e + 22.0 * k, 0.0
+        if moe.router_dtype == "fp32":
+            per_token, per_layer = per_token + 2.0 * h, 4.0 * h * e
+    return moe_share(model) * (per_token * tokens + per_layer)
+
+
 def mla_latent_bytes(model: ModelSpec, r: Rows) -> np.ndarray:
     """16-bit bytes per block and micro-batch of MLA's latents: the query latent (d_c') and the
     key/value latent with the shared rotary key (d_c + d_R), the down projections' outputs,

@@ -37,13 +37,18 @@ def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: flo
 
 
 def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
-                       modules: np.ndarray) -> np.ndarray:
+                       modules: np.ndarray, moe_gemm_forward: np.ndarray | float = 0.0
+                       ) -> np.ndarray:
     """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM |
-    MOE_ACT) adds: the attention core's forward; the dense MLP's two GEMMs (on the dense share
-    of a MoE model's blocks); and for the MLP, the norms and the experts' activation a share of
-    the block's non-GEMM forward time (element-wise work and per-op host costs) in proportion
-    to the bytes they keep (an assumption: element-wise time follows bytes moved). The norms'
-    share leaves out a MoE block's routed copies of their output (the dispatch's tensors)."""
+    MOE_ACT | MOE) adds: the attention core's forward; the dense MLP's two GEMMs (on the dense
+    share of a MoE model's blocks); the MoE layers' forward GEMMs, router and shared experts
+    (`moe_gemm_forward`, the mean block's: step_time.py); and for the MLP, the norms, the
+    experts' activation and the MoE layer a share of the block's non-GEMM forward time
+    (element-wise work and per-op host costs) in proportion to the bytes they keep (an
+    assumption: element-wise time follows bytes moved). The norms' share leaves out a MoE
+    block's routed copies of their output (the dispatch's tensors); the MoE layer's share is
+    those copies and every expert tensor (memory.moe_layer_bytes), the activation among them,
+    so moe_act adds nothing beside moe. The all-to-alls moe repeats are step_time.py's."""
     m = np.asarray(modules, dtype=np.int64)
     elementwise, noncore = _elementwise(lt, parts)
     dense = parts.get("dense_share", 1.0)
@@ -51,11 +56,14 @@ def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
                  + parts.get("mlp_mid_dense", parts["mlp_mid"])) / noncore
     norm_share = (parts["norm"] + parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)) / noncore
     act_share = (parts.get("mlp_act_routed", 0.0) + parts.get("mlp_mid_routed", 0.0)) / noncore
+    moe_layer = (m & memory.MOE) > 0
+    moe_share = memory.moe_layer_bytes(parts) / noncore
     return (np.where((m & memory.CORE_ATTN) > 0, lt["attention-core"], 0.0)
             + np.where((m & memory.MLP) > 0,
                        dense * lt["mlp_gemm_forward"] + mlp_share * elementwise, 0.0)
             + np.where((m & memory.LAYERNORM) > 0, norm_share * elementwise, 0.0)
-            + np.where((m & memory.MOE_ACT) > 0, act_share * elementwise, 0.0))
+            + np.where(moe_layer, moe_gemm_forward + moe_share * elementwise,
+                       np.where((m & memory.MOE_ACT) > 0, act_share * elementwise, 0.0)))
 
 
 def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
@@ -71,7 +79,10 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
     m = np.asarray(r.rc_modules, dtype=np.int64)
     by_module = (np.where((m & memory.CORE_ATTN) > 0, fwd_core, 0.0)
                  + np.where((m & memory.MLP) > 0,
-                            (1.0 - moe.moe_share(model)) * (gemms[2] + gemms[3]), 0.0))
+                            (1.0 - moe.moe_share(model)) * (gemms[2] + gemms[3]), 0.0)
+                 # the MoE layer's experts, counted as the MLP the layer count stands in for
+                 + np.where((m & memory.MOE) > 0,
+                            moe.moe_share(model) * (gemms[2] + gemms[3]), 0.0))
     selective = np.where(m > 0, by_module, selective)
     stage = np.where(r.layers_first > 0, r.layers_first, r.layers_max)  # not a 0-block stage
     frac = recomputed_layers(stage, r) / np.maximum(stage, 1)

@@ -300,6 +300,13 @@ class RuntimeTraits:
     """ZeRO stages the runtime runs HSDP with (Plan.parallel.dp_shard): Megatron's distributed
     optimizer instances (--num-distributed-optimizer-instances) are ZeRO-1; torchtitan's
     replicate x shard degrees FSDP2's ZeRO-2/3; DeepSpeed has none (MiCS was removed)."""
+    moe_eager_tensors: bool = False
+    """The MoE layer keeps, beyond its dispatched copies and expert MLP tensors, what an eager
+    router and combine save (autoplan's runtime, runtime/models/moe.py; moe.eager_moe_bytes):
+    the k expert outputs the gates multiply, the router's fp32 logits and top-k index storage,
+    its gates and the index tensors, and a 16-bit run's fp32 upcast of the router input.
+    False: the runtimes priced from Megatron-Core's fused router and permutation kernels,
+    whose own small tensors are left out."""
     kv_repeated: bool = False
     """Grouped-query attention with the K/V heads repeated to all heads before the attention
     kernel, which then keeps the repeated copies for backward (autoplan's runtime:
@@ -310,7 +317,7 @@ class RuntimeTraits:
     Megatron's block and uniform methods, autoplan's runtime). False: torchtitan, whose
     selective_ac_option = n checkpoints every n-th block, which prices as num_layers = L / n
     only without a pipeline and with a count that divides the L layers (export/torchtitan.py)."""
-    recompute_modules: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe_act")
+    recompute_modules: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe_act", "moe")
     """Submodules the runtime recomputes by name (Plan recompute.modules, Megatron-Core's
     --recompute-modules): Megatron-Core has them all (TransformerConfig.recompute_modules);
     autoplan's runtime runs them (runtime/module_recompute.py); the 2022 Megatron-LM, torchtitan
@@ -407,7 +414,7 @@ class RuntimeTraits:
         if "even" not in self.layer_splits or any(v not in splits for v in self.layer_splits):
             raise ConfigError("runtime.layer_splits", f"got {list(self.layer_splits)!r}",
                               f"list even and any of {', '.join(splits[1:])}")
-        modules = ("core_attn", "mlp", "layernorm", "moe_act")
+        modules = ("core_attn", "mlp", "layernorm", "moe_act", "moe")
         if any(m not in modules for m in self.recompute_modules):
             raise ConfigError("runtime.recompute_modules",
                               f"got {list(self.recompute_modules)!r}",
@@ -613,7 +620,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True, "kv_repeated": True,
         "own_runtime_rules": True, "eager_host_overheads": True, "host_runs_ahead": True,
-        "fsdp2_copies": True,
+        "fsdp2_copies": True, "moe_eager_tensors": True,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
@@ -626,7 +633,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fp32_sharded_params": True, "eager_host_overheads": True, "fsdp2_offload": True,
         "kv_repeated": True, "fsdp2_copies": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
-        "overlap_param_gather": False, "own_runtime_rules": True,
+        "overlap_param_gather": False, "own_runtime_rules": True, "moe_eager_tensors": True,
     },
 }
 """Each preset cites its runtime's defaults in the field docstrings above; every field not set

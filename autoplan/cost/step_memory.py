@@ -37,6 +37,9 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
         parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS if k in parts}}
     parts["fp8_scale"] = np.asarray(0.5 if fp8 else 1.0)
     parts["mla_latent"] = moe.mla_latent_bytes(model, r)
+    # already at the run's precision (memory.activation_bytes_per_layer adds it as it is)
+    parts["moe_extra"] = (moe.eager_moe_bytes(model, r, precision) if runtime.moe_eager_tensors
+                          else 0.0 * parts["qkv"])
     parts["attn_upcast"] = 0.0 * parts["qkv"]
     if not eager and precision in ("bf16", "fp16") and runtime.attention_precision(
             precision) == "fp32":

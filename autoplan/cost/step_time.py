@@ -158,8 +158,16 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
                                      dedup_nodes=runtime.ep_dispatcher == "deepep")
     by_module = r.rc_modules > 0
-    selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules),
+    # the MoE layers' forward GEMMs a recompute of the whole layer re-runs (recompute.modules
+    # moe): the MLP GEMMs the mean block's MoE share stands for, plus the MoE delta
+    moe_gemm = (moe.moe_share(model) * lt["mlp_gemm_forward"]
+                + moe.moe_share(model) * moe.moe_block_forward_s(
+                    model, profile, gemm_peak(profile, precision, runtime), r))
+    selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules, moe_gemm),
                            lt[runtime.selective.value])
+    # ... and its dispatch and combine all-to-alls, half of a block's four
+    moe_again = (r.recompute == RC_SELECTIVE) & ((r.rc_modules & memory.MOE) > 0)
+    a2a_rec = np.where(moe_again, a2a / 2.0, 0.0)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, selective_t,
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))
     tokens = model.seq_len / r.cp * r.b
@@ -229,7 +237,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
         # all-to-alls hidden behind another micro-batch's compute as far as the runtime
         # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
         ep_hidden = runtime.ep_comm_overlap * np.minimum(
-            layers * a2a + extra_a2a, layers * (lt["forward"] + lt["backward"]))
+            layers * a2a + n * a2a_rec + extra_a2a, layers * (lt["forward"] + lt["backward"]))
         return {
             "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra
                        + embed,
@@ -238,7 +246,7 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
                   + comm.contention_s(contended, profile),
             "cp": layers * cp_layer + n * np.where(
                 by_module & ((r.rc_modules & memory.CORE_ATTN) == 0), 0.0, cp_rec),
-            "ep": layers * a2a + extra_a2a - ep_hidden
+            "ep": layers * a2a + n * a2a_rec + extra_a2a - ep_hidden
                   + (0.0 if reserved else comm.contention_s(ep_hidden, profile)),
             "forward": layers * lt["forward"],
             "backward": layers * lt["backward"],

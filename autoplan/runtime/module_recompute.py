@@ -1,8 +1,8 @@
 """Module-level recompute inside one block (Megatron-Core's recompute_modules).
 
-core_attn and mlp are normal checkpoints: Attention.core and the dense FeedForward run under
-torch.utils.checkpoint, which keeps their inputs and re-runs them in backward (mlp leaves a MoE
-block alone, as Megatron-Core does). layernorm and moe_act are Megatron's output-discarding
+core_attn, mlp and moe are normal checkpoints: Attention.core, the dense FeedForward and a MoE
+block's whole MoE layer run under torch.utils.checkpoint, which keeps their inputs and re-runs
+them in backward (mlp leaves a MoE block alone, as Megatron-Core does). layernorm and moe_act are Megatron's output-discarding
 checkpoint (megatron/core/tensor_parallel/random.py, CheckpointWithoutOutput): each norm, or a
 MoE block's expert activation (Experts.act), runs under a checkpoint (keeping its inputs), and
 while the block's forward runs, a saved-tensor hook replaces every save of its output (the input
@@ -111,6 +111,12 @@ def apply_modules(block: nn.Module, modules: frozenset[RecomputeModule],
     if RecomputeModule.MLP in modules and isinstance(block.feed_forward, FeedForward):
         ffn = block.feed_forward
         ffn.forward = wrap(ffn.forward)  # type: ignore[method-assign]
+    if RecomputeModule.MOE in modules and isinstance(block.feed_forward, MoE):
+        # router, dispatch (all-to-alls under expert parallelism), experts, combine and the
+        # shared experts re-run in backward from the layer's input (MoELayer.forward under
+        # tensor_parallel.checkpoint); aux-free load counting skips the re-run (ExpertBias.count)
+        layer = block.feed_forward
+        layer.forward = wrap(layer.forward)  # type: ignore[method-assign]
     discards = False
     if RecomputeModule.LAYERNORM in modules:
         for norm in (block.attention_norm, block.ffn_norm):

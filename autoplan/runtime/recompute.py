@@ -7,9 +7,10 @@
 - selective: matmul outputs (and the TP collectives' results) are saved, element-wise ops,
   norms and the attention core (softmax(QK^T)V, the s^2 part) are recomputed (Korthikanti et
   al. 2022), via create_selective_checkpoint_contexts.
-- selective with modules (Megatron-Core's --recompute-modules): core_attn and mlp are normal
-  checkpoints of Attention.core and of the dense FeedForward; layernorm checkpoints both norms
-  and discards their outputs (module_recompute.py).
+- selective with modules (Megatron-Core's --recompute-modules): core_attn, mlp and moe are
+  normal checkpoints of Attention.core, the dense FeedForward and a MoE block's MoE layer;
+  layernorm and moe_act checkpoint the norms or the experts' activation and discard their
+  outputs (module_recompute.py).
 The RNG state is saved and restored so recomputed dropout masks match. Module names (FQNs)
 never change: modules are checkpointed by replacing their forward on the instance.
 """

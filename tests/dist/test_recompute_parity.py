@@ -44,14 +44,18 @@ ROWS = {
 }
 
 
-def test_moe_act_and_layernorm_under_expert_parallelism_match_single_process(pool):
-    """tiny-moe with ep 2 over dp 2 and Megatron-Bridge's gpt-oss modules (layernorm, moe_act):
-    the experts' activation is re-made from each rank's local expert weights (run_parity's
-    fixed token-index router, so no near-tie can route a token elsewhere)."""
+@pytest.mark.parametrize("modules", [(M.LAYERNORM, M.MOE_ACT), (M.LAYERNORM, M.MOE)],
+                         ids=["layernorm-moe_act", "layernorm-moe"])
+def test_moe_modules_under_expert_parallelism_match_single_process(pool, modules):
+    """tiny-moe with ep 2 over dp 2, with Megatron-Bridge's gpt-oss modules (layernorm,
+    moe_act: the experts' activation is re-made from each rank's local expert weights) and the
+    Megatron MoE Model Zoo's Qwen3 long-context ones (layernorm, moe: the whole MoE layer,
+    its all-to-all dispatch and combine included, runs again in backward). run_parity's fixed
+    token-index router, so no near-tie can route a token elsewhere."""
     base = make_plan("tiny-moe", dp=2)
     plan = with_model(dataclasses.replace(base, parallel=dataclasses.replace(base.parallel,
                                                                              ep=2)),
-                      recompute=Recompute(policy=SEL, modules=(M.LAYERNORM, M.MOE_ACT)))
+                      recompute=Recompute(policy=SEL, modules=modules))
     ref = run_parity(pool, reference_plan(plan), 6, "sgd", (1, 6))
     run = run_parity(pool, plan, 6, "sgd", (1, 6))
     problems = compare(run, ref, param_atol=0.0)

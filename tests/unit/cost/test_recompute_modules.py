@@ -184,3 +184,45 @@ def test_moe_act_needs_experts_and_a_runtime_that_names_it():
     assert estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.CORE_ATTN,))),
                          runtime="megatron-2022").reasons[-1].startswith(
         "runtime megatron-2022 cannot recompute core_attn")
+
+
+def test_moe_frees_the_whole_moe_layer_and_re_runs_it():
+    """moe (Megatron-Core's MoELayer under tensor_parallel.checkpoint) frees what the MoE
+    layer keeps beyond its input: each routed copy's dispatched input (2h bytes) and expert
+    MLP tensors (fused SwiGLU: fc1's 2 x f_e and the activation's f_e outputs, 2 bytes each),
+    per copy per block. In time it re-runs the layer's forward GEMMs and, with ep > 1, its
+    dispatch and combine: more recompute than moe_act, and more expert all-to-all than none.
+    Without a pipeline (one stage holds every block, so no other stage becomes the largest)."""
+    def plan(rc: Recompute) -> Plan:
+        return dataclasses.replace(_gpt_oss(rc), parallel=Parallel(dp=64, ep=8))
+
+    none = estimate_plan(plan(Recompute()), runtime="megatron")
+    est = {ms: estimate_plan(plan(Recompute(policy=SEL, modules=ms)), runtime="megatron")
+           for ms in ((M.MOE,), (M.MOE_ACT,), (M.LAYERNORM,), (M.LAYERNORM, M.MOE))}
+    model = PRESETS["gpt-oss-120b"]
+    f_e, h = model.moe.expert_ffn_hidden_size, model.hidden_size
+    act_drop = none.memory["activations"] - est[(M.MOE_ACT,)].memory["activations"]
+    moe_drop = none.memory["activations"] - est[(M.MOE,)].memory["activations"]
+    # 16-bit bytes per copy: moe_act frees the activation's f_e, moe the dispatched h, fc1's
+    # 2 f_e and the activation's f_e
+    assert moe_drop / act_drop == pytest.approx((h + 3 * f_e) / f_e, rel=1e-9)
+    norm_drop = none.memory["activations"] - est[(M.LAYERNORM,)].memory["activations"]
+    both = none.memory["activations"] - est[(M.LAYERNORM, M.MOE)].memory["activations"]
+    assert both == pytest.approx(moe_drop + norm_drop, rel=1e-9)
+    assert est[(M.MOE,)].time["recompute"] > 3 * est[(M.MOE_ACT,)].time["recompute"]
+    assert est[(M.MOE,)].time["ep_comm"] > none.time["ep_comm"]
+    assert est[(M.MOE_ACT,)].time["ep_comm"] == pytest.approx(none.time["ep_comm"])
+
+
+def test_moe_needs_experts_and_goes_without_moe_act():
+    dense = _plan(Recompute(policy=SEL, modules=(M.MOE,)))
+    [why] = validate_plan(dense, dense.model_spec())
+    assert "recompute.modules moe" in why and "gpt3-175b" in why
+    both = _gpt_oss(Recompute(policy=SEL, modules=(M.MOE, M.MOE_ACT)))
+    [why] = validate_plan(both, both.model_spec())
+    assert "moe and moe_act" in why and "drop moe_act" in why
+    refused = estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.MOE,))),
+                            runtime="torchtitan")
+    assert any("cannot recompute moe by module" in r for r in refused.reasons)
+    assert estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.MOE,))),
+                         runtime="megatron").feasible

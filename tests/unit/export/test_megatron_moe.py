@@ -172,3 +172,31 @@ def test_moe_recompute_modules_parse_validate_and_round_trip(tmp_path: Path):
     back = import_megatron(_export(tmp_path, p), model=None, cluster=p.cluster.profile,
                            num_gpus=None)
     assert back.recompute == rc
+
+
+def test_moe_layer_recompute_parses_validates_and_round_trips(tmp_path: Path):
+    """layernorm + moe (the Megatron MoE Model Zoo's Qwen3 long-context runs) reach Megatron as
+    --recompute-modules, Megatron-Core accepts them, and import reads them back."""
+    from autoplan.plan import Recompute, RecomputeModule, RecomputePolicy
+
+    rc = Recompute(policy=RecomputePolicy.SELECTIVE,
+                   modules=(RecomputeModule.LAYERNORM, RecomputeModule.MOE))
+    p = MIXTRAL.replace(recompute=rc)
+    ns = _args(tmp_path, p)
+    assert ns.recompute_granularity == "selective"
+    assert ns.recompute_modules == ["layernorm", "moe"]
+    back = import_megatron(_export(tmp_path, p), model=None, cluster=p.cluster.profile,
+                           num_gpus=None)
+    assert back.recompute == rc
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer import TransformerConfig
+
+        config = TransformerConfig(
+            num_layers=ns.num_layers, hidden_size=ns.hidden_size,
+            num_attention_heads=ns.num_attention_heads, num_moe_experts=ns.num_experts,
+            moe_router_topk=ns.moe_router_topk, moe_grouped_gemm=True,
+            recompute_granularity=ns.recompute_granularity,
+            recompute_modules=ns.recompute_modules, add_bias_linear=False)
+        assert config.recompute_modules == ["layernorm", "moe"]
