@@ -133,8 +133,9 @@ def practitioner_rows() -> list[dict]:
         src = entry["source"]
         title = src if isinstance(src, str) else str(src.get("title", src))
         rows.append({**row, "source": title.split(",")[0].split("(")[0].strip()[:60],
-                     "group": f"{entry['model'] if isinstance(entry['model'], str) else 'inline'}"
-                              f" on {cluster.num_gpus} x {cluster.profile.name}",
+                     # an inline model by its own name: sequence lengths apart are other
+                     # models (the same work per token only at the same length)
+                     "group": f"{_model.name} on {cluster.num_gpus} x {cluster.profile.name}",
                      "kind": _kind(plan), "scale": _scale(plan, cluster)})
     return rows
 
