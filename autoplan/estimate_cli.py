@@ -72,7 +72,7 @@ def estimate_command(args: argparse.Namespace) -> int:
             f"{cluster.num_gpus} x {cluster.profile.device.name}: dp={par.dp} tp={par.tp} "
             f"pp={par.pp} cp={par.cp} sp={plan.sequence_parallel} "
             f"schedule={plan.pipeline.schedule.value} vpp={plan.pipeline.vpp} "
-            f"zero={plan.zero_stage} recompute={plan.recompute.policy.value} "
+            f"zero={plan.zero_stage} recompute={plan.recompute.label()} "
             f"mbs={plan.batch.micro_batch_size} gbs={plan.batch.global_batch_size}")
         mem = Table(title=f"memory per GPU (worst stage){note}")
         mem.add_column("part")

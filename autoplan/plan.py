@@ -215,6 +215,15 @@ class Recompute:
     mlp, layernorm, moe_act, moe; needs policy selective. null: the runtime's own selective
     recompute. As in Megatron-Core, mlp checkpoints dense MLPs only (not a MoE block's)."""
 
+    def label(self) -> str:
+        """As `estimate` and `search` show it: the policy, selective(layernorm+moe) for a module
+        set, full-uniform:N for the uniform method's groups of N."""
+        if self.modules:
+            return f"{self.policy.value}({'+'.join(m.value for m in self.modules)})"
+        if self.method == RecomputeMethod.UNIFORM:
+            return f"{self.policy.value}-uniform:{self.num_layers}"
+        return self.policy.value
+
     def __post_init__(self) -> None:
         if self.num_layers is not None:
             _check_int("recompute.num_layers", self.num_layers, 0)

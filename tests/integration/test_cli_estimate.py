@@ -51,6 +51,19 @@ def test_estimate_reads_a_plan_file_and_set_overrides(tmp_path, capsys) -> None:
     assert data2["memory"]["params"] < data["memory"]["params"]
 
 
+def test_table_header_names_the_recomputed_modules(tmp_path, capsys) -> None:
+    """The header says which modules a selective recompute re-runs, as search's tables do."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "schema_version: 1\nmodel: mixtral-8x7b\ncluster: {profile: h100-sxm-80gb, num_gpus: 64}\n"
+        "parallel: {dp: 16, pp: 4, ep: 8}\nzero_stage: 1\n"
+        "recompute: {policy: selective, modules: [layernorm, moe]}\n"
+        "batch: {micro_batch_size: 1, global_batch_size: 256}\n")
+    assert main(["estimate", "--plan", str(plan), "--runtime", "megatron",
+                 "--format", "table"]) == 0
+    assert "recompute=selective(layernorm+moe)" in capsys.readouterr().out
+
+
 def test_infeasible_plan_exits_3_with_shortfall(capsys) -> None:
     code, data = run_json(capsys, ["estimate", "--model", "gpt3-175b", "--cluster",
                                    "a100-sxm4-80gb", "--num-gpus", "8",

@@ -85,3 +85,13 @@ def test_world_size_and_microbatches() -> None:
     assert plan.world_size == 1024
     assert plan.num_microbatches == 1536 // 8
     assert plan_to_dict(plan)["schema_version"] == 1
+
+
+def test_recompute_label_names_modules_and_the_uniform_groups() -> None:
+    from autoplan.plan import Recompute, RecomputeMethod, RecomputeModule, RecomputePolicy
+
+    assert Recompute(policy=RecomputePolicy.SELECTIVE).label() == "selective"
+    assert Recompute(policy=RecomputePolicy.SELECTIVE, modules=(
+        RecomputeModule.LAYERNORM, RecomputeModule.MOE)).label() == "selective(layernorm+moe)"
+    assert Recompute(policy=RecomputePolicy.FULL, num_layers=4,
+                     method=RecomputeMethod.UNIFORM).label() == "full-uniform:4"
