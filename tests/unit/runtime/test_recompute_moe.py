@@ -6,7 +6,6 @@ MoELayer) frees all of them. Gradients stay bitwise equal (fp32, one process).""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +15,15 @@ from autoplan.cost import memory, moe
 from autoplan.model_spec import MlpKind
 from autoplan.plan import RecomputeModule
 from autoplan.plan_table import modules_mask
-from tests.unit.runtime.test_recompute_moe_act import DTYPES, B, _grads, _kept, _spec
+from tests.unit.runtime.test_recompute_moe_act import (
+    DTYPES,
+    ROWS,
+    B,
+    _grads,
+    _kept,
+    _model_parts,
+    _spec,
+)
 
 M = RecomputeModule
 SHAPES = [(64, 2, 8, 128), (80, 5, 12, 48), (48, 1, 6, 32), (160, 2, 32, 64)]
@@ -30,14 +37,9 @@ def _shaped(mlp: MlpKind, h: int, k: int, e: int, f_e: int):
 
 
 def _predicted(spec, modules, precision: str, recompute: int = 1) -> float:
-    """The cost model's bytes per block for autoplan's runtime, one rank, dropless."""
-    parts = memory.activation_elements_per_layer(
-        spec, np.array(B), np.array(1), np.array(False), np.array(1), eager_attention=False,
-        fused_norm=False, fused_swiglu=False)
-    rows = SimpleNamespace(b=np.array(float(B)), cp=np.array(1.0), tp=np.array(1.0),
-                           etp=np.array(1.0), ep=np.array(1.0))
-    parts = moe.routed_activation_parts(spec, rows, parts)
-    parts["moe_extra"] = moe.eager_moe_bytes(spec, rows, precision)
+    """The cost model's bytes per block for autoplan's runtime, its eager MoE bytes included."""
+    parts = _model_parts(spec)
+    parts["moe_extra"] = moe.eager_moe_bytes(spec, ROWS, precision)
     return float(memory.activation_bytes_per_layer(
         parts, np.array(recompute), precision, modules=np.array(modules_mask(modules))))
 

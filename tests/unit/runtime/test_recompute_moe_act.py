@@ -63,15 +63,23 @@ def _kept(spec, modules, precision: str) -> int:
     return saved_bytes(_FreshInput(_block(spec, modules, DTYPES[precision])), x)
 
 
-def _predicted_drop(spec, modules, precision: str) -> float:
-    """The cost model's bytes freed per block for autoplan's runtime (eager SwiGLU keeps
-    silu(gate) too: fused_swiglu False), one rank, dropless."""
+ROWS = SimpleNamespace(b=np.array(float(B)), cp=np.array(1.0), tp=np.array(1.0),
+                       etp=np.array(1.0), ep=np.array(1.0))
+"""One rank of a plan without any parallelism, as the cost model's row columns."""
+
+
+def _model_parts(spec) -> dict:
+    """The cost model's activation parts of one block for autoplan's runtime (composite
+    RMSNorm, eager SwiGLU keeps silu(gate) too: fused_swiglu False), one rank, dropless."""
     parts = memory.activation_elements_per_layer(
         spec, np.array(B), np.array(1), np.array(False), np.array(1), eager_attention=False,
         fused_norm=False, fused_swiglu=False)
-    rows = SimpleNamespace(b=np.array(float(B)), cp=np.array(1.0), tp=np.array(1.0),
-                           etp=np.array(1.0), ep=np.array(1.0))
-    parts = moe.routed_activation_parts(spec, rows, parts)
+    return moe.routed_activation_parts(spec, ROWS, parts)
+
+
+def _predicted_drop(spec, modules, precision: str) -> float:
+    """The cost model's bytes freed per block for autoplan's runtime."""
+    parts = _model_parts(spec)
     none = memory.activation_bytes_per_layer(parts, np.array(0), precision)
     kept = memory.activation_bytes_per_layer(parts, np.array(1), precision,
                                              modules=np.array(modules_mask(modules)))
