@@ -258,7 +258,7 @@ def activation_bytes_per_layer(
     runtimes.SelectiveKind; Megatron's is 34sbh/t for GPT with sequence parallelism; with a
     `modules` mask, module_kept_bytes), 2 full (only the layer input, 2sbh). An fp32 run
     doubles every 16-bit tensor; the fp32 ones (`fp32_fixed`) stay as they are. `moe_extra`
-    (bytes, already at the run's precision: moe.runtime_moe_extra_bytes) is kept with the rest
+    (bytes, already at the run's precision: moe.eager_moe_bytes) is kept with the rest
     of a MoE layer: without recompute and under Megatron's selective, which keeps all but the
     attention core."""
     scale = 2.0 if precision == "fp32" else 1.0

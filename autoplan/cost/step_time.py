@@ -160,9 +160,8 @@ def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, 
     by_module = r.rc_modules > 0
     # the MoE layers' forward GEMMs a recompute of the whole layer re-runs (recompute.modules
     # moe): the MLP GEMMs the mean block's MoE share stands for, plus the MoE delta
-    moe_gemm = (moe.moe_share(model) * lt["mlp_gemm_forward"]
-                + moe.moe_share(model) * moe.moe_block_forward_s(
-                    model, profile, gemm_peak(profile, precision, runtime), r))
+    moe_gemm = moe.moe_share(model) * (lt["mlp_gemm_forward"] + moe.moe_block_forward_s(
+        model, profile, gemm_peak(profile, precision, runtime), r))
     selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules, moe_gemm),
                            lt[runtime.selective.value])
     # ... and its dispatch and combine all-to-alls, half of a block's four
