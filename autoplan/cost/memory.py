@@ -155,6 +155,8 @@ def activation_elements_per_layer(
     out.update({k: v / tp for k, v in split.items()})
     out["fp32_fixed"] = (norm if composite_rms else 0.0) / sp_div
     out["input"] = 2.0 * sbh / sp_div
+    # the 16-bit softmax output alone (backward_wavefront_bytes: its gradients are this size)
+    out["probs"] = (2.0 * a * s * model.seq_len * b if eager_attention else 0.0 * sbh) / tp
     out["gate_share"] = np.asarray(0.5 if gated else 1.0)
     out["kv_share"] = np.asarray(kv / (a + 2.0 * kv))
     return out
@@ -248,6 +250,40 @@ def moe_layer_bytes(parts: dict[str, np.ndarray]) -> np.ndarray:
     return (parts.get("gemm_in_routed", 0.0)
             + parts["mlp_act"] - parts.get("mlp_act_dense", parts["mlp_act"])
             + parts["mlp_mid"] - parts.get("mlp_mid_dense", parts["mlp_mid"]))
+
+
+def backward_wavefront_bytes(parts: dict[str, np.ndarray], eager_attention: np.ndarray | bool,
+                             precision: str) -> np.ndarray:
+    """Bytes one block's backward holds beyond the saved activations it has not yet freed: the
+    gradients in flight at the widest point, net of the saved tensors already released.
+
+    Measured on the runtime's blocks (autoplan.profiler.activations.backward_peak_bytes;
+    tests/unit/profiler/test_activations.py): from the allocator's events over forward and
+    backward of a stack of N blocks, the peak in backward sits N x kept + W + (a_none - kept)
+    above the parameters and their gradients, for no and full recompute alike (a recomputed
+    block's re-made tensors are all alive when its backward starts), W within 12% for GPT and
+    Llama blocks with fused and eager attention in fp32. Not modelled, measured at those
+    shapes: autoplan's selective (torch's selective checkpoint) held up to 1.5 W; in bf16 on
+    a CPU, whose fused core computes in fp32, its fp32 q, k, v gradients and the kernel's
+    buffers up to 1.8 W (eager bf16: within 18%). W is the larger of
+      MLP       the gradient of the first MLP GEMM's output while the second's input gradient
+                is alive: mlp_act's width (f, 2f gated), plus the h-wide gradient entering the
+                block (2sbh, `input`'s size);
+      attention with an eager core only: the gradients of the softmax output and of the
+                scores (2 x `probs`) with the MLP's and the output projection's saved tensors
+                already freed (mlp_act, mlp_mid, attn_out, the second norm's input and output
+                and its dropout mask), plus two h-wide gradients (the one entering the block
+                and the residual's sum).
+    A fused (flash) core's dq, dk, dv are narrower than what the MLP has freed by then. Weight
+    gradients are not counted here (parameters' gradients are a state; Megatron accumulates
+    them in place)."""
+    scale = 2.0 if precision == "fp32" else 1.0
+    fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)  # fp32 in any run: not doubled
+    mlp = (parts["mlp_act"] + parts["input"]) * scale
+    freed = (parts["mlp_act"] + parts["mlp_mid"] + parts["attn_out"]
+             + 0.5 * (parts["norm"] + parts["gemm_in"] + parts["masks"])) * scale - 0.5 * fixed
+    attention = (2.0 * parts["probs"] + 2.0 * parts["input"]) * scale - freed
+    return np.where(np.asarray(eager_attention), np.maximum(mlp, attention), mlp)
 
 
 def activation_bytes_per_layer(

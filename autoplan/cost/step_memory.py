@@ -127,11 +127,13 @@ def memory_by_part(
     in_flight = pipeline.in_flight_microbatches(r.schedule, r.pp, r.vpp, r.m)
     in_flight_last = np.where(r.schedule == GPIPE, r.m,
                               np.where(r.schedule == INTERLEAVED, in_flight, 1.0))
-    # the block whose backward runs holds its gradients' worth of activations, plus what a
-    # recomputed block brings back (all of it under full recompute, the re-run part
-    # selectively); a uniform group's backward re-makes all its layers at once
+    # the block whose backward runs holds its gradients in flight (memory.
+    # backward_wavefront_bytes), plus what a recomputed block brings back (all of it under full
+    # recompute, the re-run part selectively); a uniform group's backward re-makes all its
+    # layers at once
     group = np.where(r.rc_uniform, np.maximum(r.recompute_layers, 1), 1.0)
-    working = a_none + np.where(r.recompute != RC_NONE, group * (a_none - a_pol), 0.0)
+    working = memory.backward_wavefront_bytes(parts, eager, precision) + np.where(
+        r.recompute != RC_NONE, group * (a_none - a_pol), 0.0)
     sp_div = np.where(r.sp, r.tp, 1.0)
     embed_act = 3.0 * model.seq_len / r.cp * r.b * model.hidden_size / sp_div * r.act_scale
     # MTP's heads keep their saved softmax beside the main head's; the transient logits of one

@@ -12,9 +12,11 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -64,6 +66,32 @@ def saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
             kept[ptr] = nbytes
     del out
     return sum(kept.values())
+
+
+def backward_peak_bytes(blocks: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """(bytes the forward of `blocks` on `x` leaves allocated, most bytes allocated at once
+    during its backward), from the allocator's own events (torch.profiler with
+    profile_memory), counted from the start of the forward. The parameters' gradients are
+    allocated beforehand (a state, not activations), so only the gradient temporaries
+    accumulated into them show. The backward starts from an x-wide gradient, as a model's
+    head hands its last block one."""
+    for p in blocks.parameters():
+        p.grad = torch.zeros_like(p)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = blocks(x)
+        with record_function(_BACKWARD):
+            out.backward(torch.ones_like(out))
+    del out
+    events = prof.profiler.kineto_results.events()
+    start = min(e.start_ns() for e in events if e.name() == _BACKWARD)
+    allocs = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    alive = np.cumsum([n for _, n in allocs])
+    backward = np.array([t >= start for t, _ in allocs], dtype=bool)
+    after_forward = int(alive[~backward][-1]) if (~backward).any() else 0
+    return after_forward, int(alive[backward].max())
+
+
+_BACKWARD = "autoplan::backward_peak"
 
 
 def block_with_policy(spec: ModelSpec, tp: int, policy: RecomputePolicy, device: torch.device,
