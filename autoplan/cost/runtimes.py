@@ -105,6 +105,15 @@ class RuntimeTraits:
     """Each step zeroes the rank's gradient buffer, grad_bytes per parameter it holds: all of
     them under DDP and the distributed optimizer (ZeRO 0-1), its shard under FSDP (ZeRO-2/3)
     (Megatron-Core DistributedDataParallel.zero_grad_buffer -> buffer.reset())."""
+    pipeline_scatter_gather: bool = False
+    """Without sequence parallelism a pipeline stage sends each tensor-parallel rank's 1/tp slice
+    of the (replicated) activation or gradient to its peer in the next stage, which all-gathers
+    the slices inside its node: Narayanan et al. 2021 §4.1, the scatter/gather optimisation
+    (Megatron-LM's --no-scatter-gather-tensors-in-pipeline turns it off; on by default, and
+    p2p_communication._communicate splits with split_tensor_into_1d_equal_chunks); DeepSpeed's
+    PipelineEngine alike (is_pipe_partitioned / is_grad_partitioned = is_model_parallel, sent as
+    PartitionedTensor). False: every tensor-parallel rank sends the whole tensor (Megatron-Core's
+    p2p_communication, torch.distributed.pipelining)."""
     reentrant_recompute: bool = False
     """Full recompute re-runs the block's whole forward inside backward, every forward
     tensor-parallel collective with it (2 all-reduces, or 2 all-gathers + 2 reduce-scatters):
@@ -562,7 +571,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "hsdp_zero_stages": [],  # no distributed optimizer instances in the 2021-22 code
         "recompute_modules": [],
         "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
-        "overlap_param_gather": False,
+        "overlap_param_gather": False, "pipeline_scatter_gather": True,
     },
     "nemo": {
         **_MEGATRON_CORE,
@@ -606,6 +615,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",
         "selective": "attention-core", "grad_bytes_bf16": 2.0, "reduce_bytes_bf16": 2.0,
         "pipeline_grad_sync": "every-microbatch", "schedules": ["1f1b"],
+        "pipeline_scatter_gather": True,  # PipelineEngine.is_pipe/grad_partitioned (TP > 1)
         "zero_stages": [0, 1, 2, 3], "hsdp_zero_stages": [],
         "layer_splits": ["even", "deepspeed"], "recompute_modules": [],
         # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"

@@ -418,8 +418,15 @@ def time_by_part(
         pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_fill"]
     sp_div = np.where(r.sp, r.tp, 1.0)
     p2p_bytes = r.weight_bytes * model.seq_len / r.cp * r.b * model.hidden_size / sp_div
+    # scatter/gather (RuntimeTraits.pipeline_scatter_gather): each tp rank sends its slice of a
+    # replicated tensor and the receiver all-gathers the slices inside its node
+    scatter = runtime.pipeline_scatter_gather & ~r.sp & (r.tp > 1)
+    gather = np.where(scatter, comm.collective_time_s(
+        comm.ALL_GATHER, p2p_bytes, r.tp, comm.intra_node(np.ones_like(r.tp), r.tp, gpn),
+        profile, per_node=comm.members_per_node(np.ones_like(r.tp), r.tp, gpn)), 0.0)
     # a pipeline that spans nodes sends some boundaries over the network: price the slowest
-    p2p = comm.p2p_time_s(p2p_bytes, comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile)
+    p2p = comm.p2p_time_s(p2p_bytes / np.where(scatter, r.tp, 1.0),
+                          comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile) + gather
     out["time_pp_comm"] = np.where(r.pp > 1, 2.0 * (m * r.vpp + r.pp - 1.0) * p2p, 0.0)
     # first and last stage sum their copies' (FSDP-sharded) gradients: a tied head's, or the
     # embedding the MTP module's loss stage keeps again (step_memory.mtp_embedding_copy;

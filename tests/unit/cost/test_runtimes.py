@@ -498,3 +498,36 @@ def test_fsdp2_copies_around_its_collectives_are_not_hidden(zero, gathers) -> No
     n = total_params(plan.model_spec())
     want = memory_time_s(np.array(n * (gathers * 4.0 + 2 * 6.0)), load_profile("h100-sxm-80gb"))
     assert added == pytest.approx(float(want), rel=0.01)  # the padded vocabulary adds a little
+
+
+def test_scatter_gather_sends_one_slice_between_stages_and_gathers_it_in_the_node() -> None:
+    """Megatron-LM 2021-22 (megatron-2022) without sequence parallelism: each of the tp ranks
+    sends its 1/tp slice of the stage's replicated output over the network and the receiver
+    all-gathers the slices over NVLink (Narayanan et al. 2021 §4.1); with sequence parallelism
+    the tensor is already split and nothing changes."""
+    from autoplan.cost import comm
+    from autoplan.hardware import load_profile
+
+    a100 = load_profile("a100-sxm4-80gb")
+    # untied embeddings: the first and last stages sum no head gradient over pp_comm
+    plan = {"model": "llama-3-70b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 64},
+            "parallel": {"dp": 1, "tp": 8, "pp": 8}, "recompute": {"policy": "full"},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+    on = load_runtime("megatron-2022")
+    off = replace(on, pipeline_scatter_gather=False)
+    assert on.pipeline_scatter_gather and not load_runtime("megatron").pipeline_scatter_gather
+
+    def pp_comm(p: dict, traits) -> float:
+        return estimate_plan(plan_from_dict(p), runtime=traits).time["pp_comm"]
+
+    tensor = np.array(8192 * 1 * 8192 * 2.0)  # s x b x h, 16-bit
+    eight, rounds = np.array(8.0), 2 * (64 + 8 - 1)  # fwd + bwd: m * vpp + pp - 1 each
+    across = np.array(False)  # tp x dp = 8 ranks per stage: a stage is a node
+    sliced = comm.p2p_time_s(tensor / 8, across, a100) + comm.collective_time_s(
+        comm.ALL_GATHER, tensor, eight, np.array(True), a100, per_node=eight)
+    assert pp_comm(plan, on) == pytest.approx(rounds * float(sliced), rel=1e-9)
+    assert pp_comm(plan, off) == pytest.approx(rounds * float(comm.p2p_time_s(tensor, across, a100)),
+                                               rel=1e-9)
+    assert pp_comm(plan, on) < pp_comm(plan, off) / 3
+    with_sp = {**plan, "sequence_parallel": True, "recompute": {"policy": "selective"}}
+    assert pp_comm(with_sp, on) == pp_comm(with_sp, off)
