@@ -20,7 +20,7 @@ import numpy as np
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import RecomputeMethod, RecomputePolicy, Schedule
+from autoplan.plan import RecomputeMethod, RecomputeModule, RecomputePolicy, Schedule
 from autoplan.plan_table import (
     COLUMNS,
     DATA_PARALLEL_COLUMNS,
@@ -47,6 +47,8 @@ MAX_GPU_COUNTS = 4096
 """Most GPU counts one search scores (a range keeps powers of two and whole nodes)."""
 MAX_GPUS = 2**20
 """Largest GPU count a search takes (1,048,576; today's largest clusters hold ~10^5 GPUs)."""
+_MOE_MODULES = modules_mask((RecomputeModule.MOE, RecomputeModule.MOE_ACT))
+"""The recompute modules only a MoE block has (plan_rules: recompute-moe-dense)."""
 MAX_ROWS = 20_000_000
 """Most candidates the exhaustive search holds in memory at once (about 300 bytes each while
 they are scored: ~6 GB); larger spaces go to the Optuna samplers."""
@@ -125,11 +127,17 @@ def batch_sizes(lo: int, hi: int, dp: int) -> list[int]:
     return sorted(out)[-MAX_BATCH_SIZES:]
 
 
-def recompute_pairs(space: SearchSpace) -> list[tuple[int, int, int, int]]:
+def recompute_pairs(space: SearchSpace, model: ModelSpec | None = None
+                    ) -> list[tuple[int, int, int, int]]:
     """(policy code, num_layers or -1, modules mask, method code) choices: policy none only
     with -1 (num_layers is moot); selective with each module set; full with each method
-    (uniform only where num_layers is a group size, not null)."""
+    (uniform only where num_layers is a group size, not null). Given a dense `model`, the
+    module sets naming MoE modules (moe, moe_act) are left out: plan_rules refuses them there
+    (recompute-moe-dense), so listing them would only add candidates every search rejects."""
     rc = space.recompute
+    modules = rc.modules
+    if model is not None and model.moe is None:
+        modules = tuple(ms for ms in modules if not (modules_mask(ms) & _MOE_MODULES))
     out = []
     for policy in rc.policy:
         code = RECOMPUTE.index(policy)
@@ -139,18 +147,19 @@ def recompute_pairs(space: SearchSpace) -> list[tuple[int, int, int, int]]:
         for n in rc.num_layers:
             layers = -1 if n is None else n
             if policy is RecomputePolicy.SELECTIVE:
-                out += [(code, layers, modules_mask(ms), RC_BLOCK) for ms in rc.modules]
+                out += [(code, layers, modules_mask(ms), RC_BLOCK) for ms in modules]
             else:
                 out += [(code, layers, 0, RC_METHODS.index(m)) for m in rc.method
                         if m is RecomputeMethod.BLOCK or n is not None]
     return out
 
 
-def recompute_columns(space: SearchSpace, choice: np.ndarray) -> dict[str, np.ndarray]:
-    """The recompute columns of rows that took recompute_pairs(space)[choice]; rc_modules and
-    rc_method only where the space tries modules or the uniform method (else the tables stay
-    as they were, and as fast)."""
-    rc = np.array(recompute_pairs(space), dtype=np.int64).reshape(-1, 4)
+def recompute_columns(space: SearchSpace, choice: np.ndarray, model: ModelSpec | None = None
+                      ) -> dict[str, np.ndarray]:
+    """The recompute columns of rows that took recompute_pairs(space, model)[choice];
+    rc_modules and rc_method only where the space tries modules or the uniform method (else the
+    tables stay as they were, and as fast)."""
+    rc = np.array(recompute_pairs(space, model), dtype=np.int64).reshape(-1, 4)
     out = {"recompute": rc[choice, 0], "recompute_layers": rc[choice, 1]}
     if rc[:, 2:].any():
         out["rc_modules"], out["rc_method"] = rc[choice, 2], rc[choice, 3]
@@ -332,7 +341,7 @@ def _rest_axes(space: SearchSpace, model: ModelSpec | None = None
                ) -> list[tuple[str, np.ndarray]]:
     return [
         ("memory", np.arange(len(memory_triples(space)))),
-        ("rc_pair", np.arange(len(recompute_pairs(space)))),
+        ("rc_pair", np.arange(len(recompute_pairs(space, model)))),
         ("mbs", np.array(space.micro_batch_size)),
         ("precision", np.arange(max(len(space.precision), 1))),
         ("attention", np.arange(len(space.attention))),
@@ -357,7 +366,7 @@ def _materialize(joint: dict[str, np.ndarray], axes: list[tuple[str, np.ndarray]
         t[name] = values[k]
     for name, values in joint.items():
         t[name] = values[joint_idx]
-    t.update(recompute_columns(space, t.pop("rc_pair")))
+    t.update(recompute_columns(space, t.pop("rc_pair"), model))
     mem = memory_triples(space)[t.pop("memory")]
     t["zero_stage"], t["offload_optimizer"], t["offload_params"] = mem.T
     dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS,

@@ -138,7 +138,7 @@ def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray
     sp = req.space
     sp_values = [False] if layout["tp"] == 1 and False in sp.sequence_parallel \
         else list(sp.sequence_parallel)
-    rc = np.array(recompute_pairs(sp), dtype=np.int64).reshape(-1, 4)
+    rc = np.array(recompute_pairs(sp, req.model), dtype=np.int64).reshape(-1, 4)
     ex = np.array(expert_choices(layout, req), dtype=np.int64).reshape(-1, 2)
     shards = np.array([d or 0 for d in sp.parallel.dp_shard], dtype=np.int64)  # 0: all of dp
     reduces = np.array([REDUCE_DTYPES.index(g) for g in sp.grad_reduce_dtype], dtype=np.int64)
@@ -150,7 +150,7 @@ def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray
     n = len(flat[0])
     t = {k: np.full(n, v) for k, v in layout.items()}
     t["sp"], t["zero_stage"], t["offload_optimizer"], t["offload_params"] = flat[:4]
-    t.update(recompute_columns(sp, flat[4]))
+    t.update(recompute_columns(sp, flat[4], req.model))
     t["ep"], t["etp"] = ex[flat[5], 0], ex[flat[5], 1]
     t["dp_shard"], t["grad_reduce"] = flat[6], flat[7]
     dtypes = {**DTYPES, **{k: v for k, v in RECOMPUTE_COLUMNS.items() if k in t}}

@@ -23,10 +23,11 @@ from autoplan.plan import (
     RecomputePolicy,
 )
 from autoplan.plan_rules import validate_plan
-from autoplan.plan_table import RC_UNIFORM
+from autoplan.plan_table import RC_UNIFORM, modules_mask
 from autoplan.search.cli import build_request
 from autoplan.search.engine import run_search
 from autoplan.search.ranking import recompute_names, row_plan
+from autoplan.search.space import recompute_pairs
 from autoplan.search_space import load_space
 
 M = RecomputeModule
@@ -130,13 +131,21 @@ def test_search_table_prices_modules_and_uniform_as_one_plan_is_priced():
 
 def test_default_space_is_unchanged_and_the_opt_in_space_adds_the_choices():
     """The default space tries neither (9 recompute choices: none, 4 selective, 4 full); the
-    opt-in space recompute-modules tries 4 module sets for each selective count and the uniform
-    method for each non-null full count (1 + 16 + 7 = 24)."""
+    opt-in space recompute-modules tries 6 module sets for each selective count and the uniform
+    method for each non-null full count (1 + 24 + 7 = 32), the two MoE sets on MoE models
+    only (1 + 16 + 7 = 24 on a dense one)."""
     default, opt_in = load_space("default"), load_space("recompute-modules")
     assert default.recompute.modules == (None,)
     assert default.recompute.method == (RecomputeMethod.BLOCK,)
-    assert default.knob_sizes()["recompute"] == 9 and opt_in.knob_sizes()["recompute"] == 24
-    assert opt_in.size() * 9 == default.size() * 24
+    assert default.knob_sizes()["recompute"] == 9 and opt_in.knob_sizes()["recompute"] == 32
+    assert opt_in.size() * 9 == default.size() * 32
+    dense, moe = (recompute_pairs(opt_in, PRESETS[m]) for m in ("llama-3-8b", "qwen3-30b-a3b"))
+    assert (len(dense), len(moe)) == (24, 32)
+    moe_bits = memory.MOE | memory.MOE_ACT
+    assert not any(mask & moe_bits for _, _, mask, _ in dense)
+    assert {mask for _, _, mask, _ in moe if mask & moe_bits} == {
+        modules_mask((M.LAYERNORM, M.MOE_ACT)), modules_mask((M.LAYERNORM, M.MOE))}
+    assert len(recompute_pairs(default, PRESETS["qwen3-30b-a3b"])) == 9
     same = dataclasses.replace(opt_in, name=default.name, description=default.description,
                                recompute=default.recompute)
     assert same == default  # everything but recompute is the default space's
@@ -226,3 +235,26 @@ def test_moe_needs_experts_and_goes_without_moe_act():
     assert any("cannot recompute moe by module" in r for r in refused.reasons)
     assert estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.MOE,))),
                          runtime="megatron").feasible
+
+
+def test_moe_search_prices_the_moe_module_sets_as_one_plan_is_priced():
+    """On a MoE model the opt-in space lists [layernorm, moe_act] and [layernorm, moe] under
+    Megatron-Core: its rows, made into plans, estimate to the table's step time and memory."""
+    argv = ["search", "--model", "mixtral-8x7b", "--cluster", "h100-sxm-80gb", "--num-gpus",
+            "16", "--global-batch-size", "64", "--space", "recompute-modules",
+            "--runtime", "megatron"]
+    req = build_request(build_parser().parse_args(argv))
+    result = run_search(req)
+    c = result.scored.cols
+    order = [int(i) for i in result.order]
+    masks = [modules_mask((M.LAYERNORM, M.MOE_ACT)), modules_mask((M.LAYERNORM, M.MOE))]
+    picks = [next(i for i in order if c["rc_modules"][i] == mask) for mask in masks]
+    assert list(recompute_names(c, np.array(picks))) == ["selective(layernorm+moe_act)",
+                                                         "selective(layernorm+moe)"]
+    for i in picks:
+        plan = row_plan(result.scored, i, req.model, "mixtral-8x7b", "h100-sxm-80gb", req.space,
+                        req.targets)
+        assert validate_plan(plan, req.model) == []
+        est = estimate_plan(plan.replace(predicted=None), runtime="megatron")
+        assert est.time["step"] == pytest.approx(float(c["time_step"][i]), rel=1e-9)
+        assert est.memory["total"] == pytest.approx(float(c["mem_total"][i]), rel=1e-9)
