@@ -53,6 +53,13 @@ FUSED_NORM_BYTES = 20.5
 """Bytes per element of a fused norm kernel (native_layer_norm and its backward), counted."""
 FLASH_BACKWARD = 2.5
 """Fused attention backward recomputes the scores: 2.5x the forward FLOPs instead of 2x."""
+TRITON_FA_SLOWDOWN = (1.4, 2.0)
+"""How much slower FlashAttention's Triton implementation (flash_attn_triton.py; MosaicML's
+llm-foundry ran it as attn_impl: triton, with ALiBi) is than FlashAttention-2, forward and
+backward: "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the
+forward pass and around 2x faster in the backward pass" (Dao 2023, FlashAttention-2, §4.1,
+A100 80GB, head dim 64 and 128, causal and not). The kernel "fa-triton" is priced at the
+profile's FlashAttention-2 figures divided by these, on every GPU: the paper measured A100."""
 
 
 def block_ops(model: ModelSpec, eager: bool = False) -> tuple[int, int, int]:
@@ -248,9 +255,14 @@ def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.nd
     """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for
     `kernel` (filed as "name@dtype" first where a profile measured them per dtype, as
     profiler/precision.py does on a CPU; then by name; FlashAttention-2 where it lacks that
-    one), else FLASH_EFFICIENCY of the GEMM efficiency of the same FLOPs."""
+    one), else FLASH_EFFICIENCY of the GEMM efficiency of the same FLOPs. "fa-triton": those
+    FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN."""
     eff = profile.efficiency
     fwd, bwd = eff.attention_forward or {}, eff.attention_backward or {}
+    name, _, dtype = kernel.partition("@")
+    if name == "fa-triton":
+        f2, b2 = attention_efficiency(profile, f"fa2@{dtype}" if dtype else "fa2", core_flops)
+        return f2 / TRITON_FA_SLOWDOWN[0], b2 / TRITON_FA_SLOWDOWN[1]
     for k in (kernel, kernel.partition("@")[0], "fa2"):
         if k in fwd and k in bwd:
             return np.full_like(np.asarray(core_flops, float), fwd[k]), np.full_like(

@@ -20,6 +20,7 @@ from autoplan.plan import Plan, ReduceDtype
 from autoplan.plan_table import (
     RC_MODULES,
     RC_NONE,
+    RECOMPUTE,
     REDUCE_DTYPES,
     SCHEDULES,
     mask_modules,
@@ -52,7 +53,19 @@ def _partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
         return np.zeros(np.shape(t["pp"]), dtype=bool)
     k = t["recompute_layers"]  # -1: every layer of the stage
     nth = (t["pp"] == 1) & (k > 0) & (m.num_layers % np.maximum(k, 1) == 0)
+    if not rt.nth_block_recompute:
+        nth = np.zeros(np.shape(k), dtype=bool)
     return (t["recompute"] != RC_NONE) & (k >= 0) & ~nth
+
+
+def _partial_recompute_message(t: Table, rt: RuntimeTraits) -> str:
+    n = _v(t, "recompute_layers")
+    if not rt.nth_block_recompute:
+        return (f"runtime {rt.name} recomputes every block or none "
+                f"(recompute.num_layers={n}: set it null)")
+    return (f"runtime {rt.name} recomputes every block, none, or every n-th block without a "
+            f"pipeline (recompute.num_layers={n}: null, or a count that divides the layers "
+            "with pp=1)")
 
 
 def _offload_mode(t: Table) -> tuple[bool, bool]:
@@ -125,12 +138,36 @@ def _modules_message(t: Table, rt: RuntimeTraits) -> str:
             f"(recompute.modules; it names: {has}): drop them, or use selective without modules")
 
 
+def _parallel(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    bad = np.zeros(np.shape(t["pp"]), dtype=bool)
+    for dim in ("tp", "pp", "cp", "ep"):
+        if dim not in rt.parallel_dims and dim in t:
+            bad |= np.asarray(t[dim]) > 1
+    return bad
+
+
+def _parallel_message(t: Table, rt: RuntimeTraits) -> str:
+    used = [f"{d}={_v(t, d)}" for d in ("tp", "pp", "cp", "ep")
+            if d in t and d not in rt.parallel_dims and _v(t, d) > 1]
+    runs = ", ".join(rt.parallel_dims) or "data parallelism and ZeRO sharding only"
+    return f"runtime {rt.name} cannot split the model by {', '.join(used)} (it runs {runs})"
+
+
+def _recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    codes = [i for i, p in enumerate(RECOMPUTE) if p.value in rt.recompute_policies]
+    return ~np.isin(t["recompute"], codes)
+
+
 def _one_stage(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     codes = [i for i, s in enumerate(SCHEDULES) if s.value in rt.multi_stage_schedules]
     return (t["pp"] > 1) & (t["vpp"] < 2) & np.isin(t["schedule"], codes)
 
 
 RULES: tuple[RuntimeRule, ...] = (
+    RuntimeRule(_parallel, _parallel_message),
+    RuntimeRule(_recompute, lambda t, rt: (
+        f"runtime {rt.name} has no {RECOMPUTE[_v(t, 'recompute')].value} recompute "
+        f"(it runs {', '.join(rt.recompute_policies)})")),
     RuntimeRule(_schedule, lambda t, rt: (
         f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
         f"(it runs {', '.join(rt.schedules)})")),
@@ -140,10 +177,7 @@ RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(lambda t, rt, m: ~np.isin(t["zero_stage"], list(rt.zero_stages)),
                 lambda t, rt: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
                                f"(it runs {', '.join(map(str, rt.zero_stages))})")),
-    RuntimeRule(_partial_recompute, lambda t, rt: (
-        f"runtime {rt.name} recomputes every block, none, or every n-th block without a "
-        f"pipeline (recompute.num_layers={_v(t, 'recompute_layers')}: null, or a count that "
-        "divides the layers with pp=1)")),
+    RuntimeRule(_partial_recompute, _partial_recompute_message),
     RuntimeRule(lambda t, rt, m: (t["zero_stage"] >= 2) & (t["pp"] > 1)
                 & (not rt.sharded_zero_with_pipeline),
                 lambda t, rt: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} with "

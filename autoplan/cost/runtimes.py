@@ -228,7 +228,9 @@ class RuntimeTraits:
     attention_kernel: str = "fa2"
     """The fused attention kernel (fa2, fa3, cudnn): its speed per GPU is the profile's
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
-    H100; Transformer Engine picks cuDNN's fused attention on Hopper. sdpa-cpu: torch's CPU
+    H100; Transformer Engine picks cuDNN's fused attention on Hopper. fa-triton: FlashAttention's
+    Triton implementation (MosaicML llm-foundry's attn_impl: triton of 2023), priced from the
+    FlashAttention-2 figures (compute.TRITON_FA_SLOWDOWN). sdpa-cpu: torch's CPU
     flash kernel, whose speed a CPU profile files per dtype (profiler/precision.py)."""
     attention_compute_dtype: str | None = None
     """The dtype the fused attention core computes in for a 16-bit plan. None: the plan's own.
@@ -293,7 +295,14 @@ class RuntimeTraits:
     div_ 8; backward mul_ 8 and the cast back 6. Megatron's --cross-entropy-loss-fusion runs
     the same steps jit-fused (fused_cross_entropy.py: about 36) and its Transformer Engine
     implementation fewer still: a traits YAML sets what a run used. An fp32 plan has no casts
-    (loss_bytes)."""
+    (loss_bytes). 8: flash_attn's fused cross-entropy (losses/cross_entropy.py, the apex
+    xentropy kernel; MosaicML's default loss_fn) reads the 16-bit logits twice forward (max,
+    then the sum of exponentials) and once backward, and writes their gradient: no casts."""
+    loss_casts: bool = True
+    """The loss upcasts 16-bit logits to fp32 and casts the gradient back, LOSS_CAST_BYTES of
+    loss_bytes_per_logit, which an fp32 plan does not pay (torch's F.cross_entropy, Megatron's).
+    False: the kernel reads the logits as they are (flash_attn's fused cross-entropy), so an
+    fp32 plan moves twice the bytes."""
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     """Pipeline schedules the runtime can run (Plan spelling)."""
     multi_stage_schedules: tuple[str, ...] = ()
@@ -326,6 +335,10 @@ class RuntimeTraits:
     Megatron's block and uniform methods, autoplan's runtime). False: torchtitan, whose
     selective_ac_option = n checkpoints every n-th block, which prices as num_layers = L / n
     only without a pipeline and with a count that divides the L layers (export/torchtitan.py)."""
+    nth_block_recompute: bool = True
+    """Where recompute is not partial, every n-th block may be checkpointed (torchtitan's
+    selective_ac_option). False: every block or none (llm-foundry's activation_checkpointing_fn
+    of 2023 wraps every block)."""
     recompute_modules: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe_act", "moe")
     """Submodules the runtime recomputes by name (Plan recompute.modules, Megatron-Core's
     --recompute-modules): Megatron-Core has them all (TransformerConfig.recompute_modules);
@@ -349,6 +362,12 @@ class RuntimeTraits:
     (torch.distributed.pipelining stages of deleted modules), Megatron-Core
     (--pipeline-model-parallel-layout) and torchtitan (module_fqns_per_model_part). DeepSpeed:
     even, or the partition its PipelineModule computes (type:transformer), nothing else."""
+    parallel_dims: tuple[str, ...] = ("tp", "pp", "cp", "ep")
+    """Model-parallel degrees the runtime splits over beside data parallelism and its ZeRO
+    sharding. llm-foundry's MPT training of 2023 ran PyTorch FSDP alone."""
+    recompute_policies: tuple[str, ...] = ("none", "selective", "full")
+    """Recompute policies the runtime runs (Plan spelling). llm-foundry checkpoints whole
+    blocks (fsdp_config.activation_checkpointing) or none."""
     offload: tuple[str, ...] = ("optimizer", "params", "both")
     """Host offload the runtime can run, besides none: `optimizer` (states and the step on the
     host), `params` (weights streamed in per layer), `both`. FSDP2's CPUOffloadPolicy moves
@@ -366,10 +385,13 @@ class RuntimeTraits:
             value = getattr(self, f)
             if not 0 < value <= 8:
                 raise ConfigError(f"runtime.{f}", f"got {value!r}", "expected bytes in (0, 8]")
-        if not LOSS_CAST_BYTES < self.loss_bytes_per_logit <= 256.0:
+        floor = LOSS_CAST_BYTES if self.loss_casts else 0.0
+        if not floor < self.loss_bytes_per_logit <= 256.0:
             raise ConfigError("runtime.loss_bytes_per_logit",
                               f"got {self.loss_bytes_per_logit!r}",
-                              f"expected bytes in ({LOSS_CAST_BYTES:g}, 256]")
+                              f"expected bytes in ({floor:g}, 256]"
+                              + (" (the casts alone move that much; loss_casts: false for a "
+                                 "kernel without them)" if self.loss_casts else ""))
         if isinstance(self.fp8_gemm_efficiency, bool) or not isinstance(
                 self.fp8_gemm_efficiency, (int, float)) or not 0.1 <= self.fp8_gemm_efficiency <= 1.5:
             raise ConfigError("runtime.fp8_gemm_efficiency", f"got {self.fp8_gemm_efficiency!r}",
@@ -409,9 +431,9 @@ class RuntimeTraits:
             raise ConfigError("runtime.tp_comm_overlap_method",
                               f"got {self.tp_comm_overlap_method!r}",
                               f"choose {', '.join(TP_OVERLAP_METHODS)}")
-        if self.attention_kernel not in ("fa2", "fa3", "cudnn", "sdpa-cpu"):
+        if self.attention_kernel not in ATTENTION_KERNELS:
             raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
-                              "choose fa2, fa3, cudnn or sdpa-cpu")
+                              f"choose {', '.join(ATTENTION_KERNELS)}")
         if self.attention_compute_dtype not in (None, "fp32"):
             raise ConfigError("runtime.attention_compute_dtype",
                               f"got {self.attention_compute_dtype!r}",
@@ -434,6 +456,14 @@ class RuntimeTraits:
         if any(z not in (1, 2, 3) for z in self.hsdp_zero_stages):
             raise ConfigError("runtime.hsdp_zero_stages", f"got {list(self.hsdp_zero_stages)!r}",
                               "list some of 1, 2, 3 (or none)")
+        if any(d not in ("tp", "pp", "cp", "ep") for d in self.parallel_dims):
+            raise ConfigError("runtime.parallel_dims", f"got {list(self.parallel_dims)!r}",
+                              "list some of tp, pp, cp, ep (or [] for data parallel only)")
+        if "none" not in self.recompute_policies or any(
+                p not in ("none", "selective", "full") for p in self.recompute_policies):
+            raise ConfigError("runtime.recompute_policies",
+                              f"got {list(self.recompute_policies)!r}",
+                              "list none and any of selective, full")
         if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
                               "list some of 0, 1, 2, 3")
@@ -512,8 +542,12 @@ class RuntimeTraits:
 
     def loss_bytes(self, precision: str) -> float:
         """loss_bytes_per_logit for this precision: fp32 logits need no upcast forward and no
-        cast back (LOSS_CAST_BYTES fewer)."""
-        return self.loss_bytes_per_logit - (LOSS_CAST_BYTES if precision == "fp32" else 0.0)
+        cast back (LOSS_CAST_BYTES fewer); a kernel without casts moves twice the bytes."""
+        if precision != "fp32":
+            return self.loss_bytes_per_logit
+        if self.loss_casts:
+            return self.loss_bytes_per_logit - LOSS_CAST_BYTES
+        return 2.0 * self.loss_bytes_per_logit
 
     def reduce_bytes(self, precision: str) -> float:
         """Bytes per gradient element sent in data-parallel reductions."""
@@ -524,6 +558,8 @@ class RuntimeTraits:
 
 TP_OVERLAP_METHODS = ("none", "async-dgrad", "userbuffers")
 """RuntimeTraits.tp_comm_overlap_method values."""
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "fa-triton", "sdpa-cpu")
+"""RuntimeTraits.attention_kernel values."""
 
 
 def _userbuffers_apply(tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
@@ -621,6 +657,33 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         # (deepspeed/runtime/pipe/engine.py asserts zero stage < 2)
         "sharded_zero_with_pipeline": False,
+    },
+    # MosaicML's llm-foundry / Composer as its published MPT throughput table ran (2023;
+    # scripts/train/benchmarking/submit_benchmarks.py and the MosaicGPT model it trained):
+    # attn_impl "triton" by default (FlashAttention's Triton kernel), loss_fn
+    # "fused_crossentropy" by default (flash_attn.losses.cross_entropy: saves the 16-bit logits,
+    # 2 bytes, and writes a 16-bit gradient, 2, in backward), low_precision_layernorm (torch's
+    # native layer_norm kernel on 16-bit inputs), PyTorch FSDP FULL_SHARD with the sharded
+    # parameters in fp32, non-reentrant activation checkpointing of whole blocks
+    # (activation_checkpointing_reentrant False), everything else eager.
+    "llm-foundry": {
+        "description": "MosaicML llm-foundry / Composer (2023): PyTorch FSDP (FULL_SHARD or "
+                       "SHARD_GRAD_OP, fp32 sharded params), whole-block activation "
+                       "checkpointing, FlashAttention's Triton kernel, flash_attn's fused "
+                       "cross-entropy, eager element-wise ops; no tensor, pipeline or context "
+                       "parallelism",
+        "attention_kernel": "fa-triton", "fused_norm": True, "fused_swiglu": False,
+        "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
+        # mixed_precision DEFAULT reduces in fp32, PURE in bf16 (Composer's FSDP presets)
+        "fp32_sharded_params": True, "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
+        "logit_bytes_saved": 2.0, "logit_bytes_transient": 2.0,
+        "loss_bytes_per_logit": 8.0, "loss_casts": False,
+        "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3],
+        "grad_reduce_dtypes": ["fp32", "bf16"],
+        "offload": ["both"],  # FSDP's CPUOffload: parameters, gradients and the step together
+        "parallel_dims": [], "recompute_policies": ["none", "full"], "partial_recompute": False,
+        "nth_block_recompute": False,
+        "recompute_modules": [], "multi_stage_schedules": [],
     },
     "autoplan-cuda": {
         "description": "autoplan's own runtime on CUDA: FSDP2 (fp32 sharded params, fp32 "

@@ -531,3 +531,70 @@ def test_scatter_gather_sends_one_slice_between_stages_and_gathers_it_in_the_nod
     assert pp_comm(plan, on) < pp_comm(plan, off) / 3
     with_sp = {**plan, "sequence_parallel": True, "recompute": {"policy": "selective"}}
     assert pp_comm(with_sp, on) == pp_comm(with_sp, off)
+
+
+def test_fa_triton_runs_at_flashattention_2_s_speed_over_the_papers_ratios() -> None:
+    """Dao 2023 §4.1: FlashAttention-2 is 1.3-1.5x the Triton kernel forward, ~2x backward."""
+    from autoplan.cost.compute import TRITON_FA_SLOWDOWN, attention_efficiency
+    from autoplan.hardware import load_profile
+
+    profile = load_profile("a100-sxm4-80gb")
+    flops = np.array([1e12])
+    fa2_f, fa2_b = attention_efficiency(profile, "fa2", flops)
+    for kernel in ("fa-triton", "fa-triton@bf16"):
+        f, b = attention_efficiency(profile, kernel, flops)
+        assert f == pytest.approx(fa2_f / TRITON_FA_SLOWDOWN[0])
+        assert b == pytest.approx(fa2_b / TRITON_FA_SLOWDOWN[1])
+    assert 1.3 <= TRITON_FA_SLOWDOWN[0] <= 1.5 and TRITON_FA_SLOWDOWN[1] == 2.0
+    # so a plan whose time is attention runs slower on the Triton kernel, and only there
+    long = plan_from_dict({"model": "llama-3-8b", "cluster": {"profile": "a100-sxm4-80gb",
+                                                             "num_gpus": 8},
+                           "parallel": {"dp": 8}, "zero_stage": 3,
+                           "recompute": {"policy": "full"},
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 8}})
+    foundry, titan = load_runtime("llm-foundry"), load_runtime("torchtitan")
+    fa2 = replace(foundry, attention_kernel="fa2")
+    assert estimate_plan(long, runtime=foundry).step_time_s > estimate_plan(
+        long, runtime=fa2).step_time_s
+    assert titan.attention_kernel == "fa2"
+
+
+def test_a_loss_kernel_without_casts_moves_its_own_bytes_in_every_precision() -> None:
+    torch_ce, fused = load_runtime("torchtitan"), load_runtime("llm-foundry")
+    assert torch_ce.loss_bytes("bf16") - torch_ce.loss_bytes("fp32") == 12.0  # the casts
+    assert fused.loss_bytes("bf16") == 8.0 and fused.loss_bytes("fp32") == 16.0
+    with pytest.raises(ConfigError, match="loss_casts"):
+        replace(torch_ce, loss_bytes_per_logit=8.0)
+    # flash_attn's cross-entropy keeps the 16-bit logits, not an fp32 softmax
+    plan = plan_from_dict({**LLAMA8B, "zero_stage": 3})
+    assert (estimate_plan(plan, runtime=fused).memory["activations"]
+            < estimate_plan(plan, runtime=replace(fused, logit_bytes_saved=4.0,
+                                                  logit_bytes_transient=6.0)
+                            ).memory["activations"])
+
+
+def test_llm_foundry_runs_fsdp_alone_with_whole_block_checkpointing() -> None:
+    foundry = load_runtime("llm-foundry")
+    fsdp = plan_from_dict({**LLAMA8B, "zero_stage": 3, "recompute": {"policy": "full"}})
+    assert not estimate_plan(fsdp, runtime=foundry).reasons
+    tp = plan_from_dict({**LLAMA8B, "zero_stage": 3, "parallel": {"dp": 4, "tp": 2}})
+    (line,) = estimate_plan(tp, runtime=foundry).reasons
+    assert "tp=2" in line and "data parallelism" in line and "\n" not in line
+    piped = plan_from_dict({**LLAMA8B, "zero_stage": 2, "parallel": {"dp": 4, "pp": 2}})
+    assert any("pp=2" in r for r in estimate_plan(piped, runtime=foundry).reasons)
+    sel = plan_from_dict({**LLAMA8B, "zero_stage": 3, "recompute": {"policy": "selective"}})
+    (line,) = estimate_plan(sel, runtime=foundry).reasons
+    assert "selective recompute" in line and "none, full" in line
+    # every block or none: not every 2nd block, which torchtitan runs
+    half = plan_from_dict({**LLAMA8B, "zero_stage": 3,
+                           "recompute": {"policy": "full", "num_layers": 16}})
+    (line,) = estimate_plan(half, runtime=foundry).reasons
+    assert "every block or none" in line and "num_layers=16" in line
+    assert not estimate_plan(half, runtime="torchtitan").reasons
+    # every other preset splits the model and runs selective recompute as before
+    for name in ("megatron", "torchtitan", "deepspeed"):
+        assert not any("cannot split" in r for r in estimate_plan(tp, runtime=name).reasons)
+    with pytest.raises(ConfigError, match="parallel_dims"):
+        replace(foundry, parallel_dims=("sp",))
+    with pytest.raises(ConfigError, match="recompute_policies"):
+        replace(foundry, recompute_policies=("full",))
