@@ -33,9 +33,10 @@ from autoplan.model_spec import ModelSpec, load_model
 from autoplan.plan import Plan, plan_from_dict
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "practitioner.yaml"
-RUNTIMES = ("megatron", "megatron-deepep", "nemo", "torchtitan", "deepspeed")
+RUNTIMES = ("megatron", "megatron-deepep", "nemo", "torchtitan", "deepspeed", "llm-foundry")
 """nemo: Megatron-Core as NeMo's recipes run it, with Transformer Engine's TP comm overlap
-(rows whose source states ub_tp_comm_overlap true)."""
+(rows whose source states ub_tp_comm_overlap true). llm-foundry: MosaicML's stack (the MPT
+tables of benchmarks/data/mpt-llm-foundry.yaml)."""
 MEASURED_FIGURES = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
                     "peak_memory_gib")
 TOP_KEYS = {"schema_version", "title", "note", "configurations"}

@@ -7,7 +7,7 @@ fitted to these runs: the profile's efficiency curves are datasheet/microbenchma
 the leave-one-source-out error equals the plain one; what is estimated from residuals is the
 error band, and that is checked leaving each source out (does a run fall inside the band its
 kind gets from the other sources?). With the practitioner set (benchmarks/data/practitioner.yaml)
-it also reports, for groups of runs of one model on one cluster, whether the predicted-fastest
+and MosaicML's MPT sweep (benchmarks/data/mpt-llm-foundry.yaml) it also reports, for groups of runs of one model on one cluster, whether the predicted-fastest
 run is the measured-fastest; `--write-bands` writes autoplan/cost/error_bands.yaml.
 
 Measured step time: `measured.iteration_time_s` where published; otherwise it is derived from
@@ -117,13 +117,20 @@ def _scale(plan, cluster) -> str:
     return SCALES[int(scale_of(plan.world_size, cluster.profile.gpus_per_node))]
 
 
+SWEEPS = (ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml",)
+"""Measured sweeps in the practitioner set's schema, scored beside it: MosaicML's MPT tables."""
+
+
 def practitioner_rows() -> list[dict]:
-    """The practitioner set's scored configurations in this script's row shape."""
+    """The scored configurations of the practitioner set and of SWEEPS in this script's row
+    shape."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import practitioner
 
     rows = []
-    for entry in practitioner.load_data(practitioner.DEFAULT_DATA):
+    entries = [e for path in (practitioner.DEFAULT_DATA, *SWEEPS)
+               for e in practitioner.load_data(path)]
+    for entry in entries:
         if not entry.get("scored", True):
             continue
         row = practitioner.score_entry(entry)
@@ -234,8 +241,9 @@ def write_bands(rows: list[dict], path: Path) -> None:
         "note": "One-sided 95% upper bound on the RMS relative step-time error of published "
                 "measured runs by runtime family, kind of parallelism and scale (band_of); "
                 "written by benchmarks/published_accuracy.py "
-                "--write-bands from tests/data/published/published-open.yaml and "
-                "benchmarks/data/practitioner.yaml. Nothing in the cost model is fitted to them.",
+                "--write-bands from tests/data/published/published-open.yaml, "
+                "benchmarks/data/practitioner.yaml and benchmarks/data/mpt-llm-foundry.yaml. "
+                "Nothing in the cost model is fitted to them.",
         "default": 0.25,
         "families": {k: {"band": _rounded(v), "runs": n} for k, (v, n) in
                      sorted(b["families"].items())},
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--format", choices=("table", "json"), default="table")
     ap.add_argument("--no-practitioner", action="store_true",
-                    help="leave out benchmarks/data/practitioner.yaml")
+                    help="leave out benchmarks/data/practitioner.yaml and the MPT sweep")
     ap.add_argument("--write-bands", action="store_true",
                     help=f"write the error bands to {BANDS.relative_to(ROOT)}")
     args = ap.parse_args(argv)

@@ -1,4 +1,5 @@
-"""The practitioner set (benchmarks/data/practitioner.yaml) is well-formed and self-consistent.
+"""The practitioner set (benchmarks/data/practitioner.yaml) and the MPT sweep
+(benchmarks/data/mpt-llm-foundry.yaml) are well-formed and self-consistent.
 
 Each configuration must build a valid autoplan plan for the GPUs it ran on, cite its source,
 publish only positive figures, and every figure it derives must follow from its stated formula.
@@ -20,6 +21,7 @@ from autoplan.plan_rules import validate_plan
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "practitioner.py"
 DATA = ROOT / "benchmarks" / "data" / "practitioner.yaml"
+MPT = ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml"
 
 
 def _bench():
@@ -30,17 +32,35 @@ def _bench():
 
 
 BENCH_MODULE = _bench()
-ENTRIES = BENCH_MODULE.load_data(DATA)
+PRACTITIONER = BENCH_MODULE.load_data(DATA)
+MPT_ENTRIES = BENCH_MODULE.load_data(MPT)
+ENTRIES = PRACTITIONER + MPT_ENTRIES
 IDS = [e["id"] for e in ENTRIES]
 
 
 def test_the_set_covers_the_sources_the_issue_names() -> None:
-    ids = " ".join(IDS)
+    ids = " ".join(e["id"] for e in PRACTITIONER)
     for needle in ("llama3-405b-8k-16384gpu", "llama3-405b-8k-8192gpu", "llama3-405b-128k",
                    "nemo-llama31-8b", "nemo-llama31-70b", "nemo-llama31-405b", "torchtitan-",
                    "zero-offload", "bloom-176b"):
         assert needle in ids, needle
-    assert sum(e.get("scored", True) for e in ENTRIES) >= 15
+    assert sum(e.get("scored", True) for e in PRACTITIONER) >= 15
+    assert len({e["id"] for e in ENTRIES}) == len(ENTRIES)  # ids unique across the files
+
+
+@pytest.mark.parametrize("entry", MPT_ENTRIES, ids=[e["id"] for e in MPT_ENTRIES])
+def test_mpt_rows_reproduce_mosaicmls_own_mfu(entry) -> None:
+    """MosaicML's MFU is (6N + 12 L h s) FLOPs per token x tokens/s over the dense bf16 peak
+    (the README's "MFU" section), N every parameter: the transcribed tokens/s, the model's
+    parameter count and the stated MFU must agree, which checks both columns and the model
+    (learned positions, biases, tied embeddings) against the table."""
+    from autoplan.cost.params import total_params
+
+    _, model, cluster = BENCH_MODULE.build(entry)
+    per_token = 6 * total_params(model) + 12 * model.num_layers * model.hidden_size * model.seq_len
+    mfu = entry["measured"]["tokens_per_s_per_gpu"] * per_token / cluster.profile.device.peak(
+        "bf16")
+    assert mfu == pytest.approx(entry["measured"]["mfu"], rel=5e-3)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
@@ -148,9 +168,12 @@ def test_script_prints_one_row_per_configuration_and_exits_0(capsys) -> None:
     import json
 
     out = json.loads(capsys.readouterr().out)
-    assert [r["id"] for r in out["configurations"]] == IDS
-    assert out["scored"] == sum(e.get("scored", True) for e in ENTRIES)
+    assert [r["id"] for r in out["configurations"]] == [e["id"] for e in PRACTITIONER]
+    assert out["scored"] == sum(e.get("scored", True) for e in PRACTITIONER)
     assert all(r["predicted_s"] > 0 for r in out["configurations"])
+    assert BENCH_MODULE.main(["--format", "json", "--data", str(MPT)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in out["configurations"]] == [e["id"] for e in MPT_ENTRIES]
 
 
 def test_script_reports_a_malformed_file_in_one_line(tmp_path: Path, capsys) -> None:
