@@ -278,6 +278,7 @@ def layer_times_s(
     elementwise_bytes: np.ndarray | None = None, attention_peak: float | None = None,
     extra_elementwise_bytes: np.ndarray | float = 0.0,
     host_runs_ahead: bool = False, unit_host_s: np.ndarray | float = 0.0,
+    recompute_skips_last_gemm: bool = False,
 ) -> dict[str, np.ndarray]:
     """Forward and backward seconds of one block for one micro-batch on one rank; the host
     overhead of DTensor under tensor parallelism ("dtensor", forward + backward); and the
@@ -294,7 +295,9 @@ def layer_times_s(
     each part costs the larger of the two (`with_host`) and host costs bind only where the
     block's kernels are too small to cover them; "dtensor" is then folded into forward and
     backward and returned as 0. "<part>_device" / "<part>_host" (forward, backward, full) give
-    the two apart, for device work a caller adds (MoE experts, fp8 casts)."""
+    the two apart, for device work a caller adds (MoE experts, fp8 casts).
+    `recompute_skips_last_gemm`: "full" leaves out the MLP's down projection, which a
+    checkpoint that stops early does not re-run (RuntimeTraits.recompute_early_stop)."""
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     gemm_each = [gemm_time_s(g, profile, peak, shape) for g, shape in zip(
         gemm_flops_per_layer(model, tokens, tp), gemm_shapes_per_layer(model, tokens, tp),
@@ -333,7 +336,8 @@ def layer_times_s(
     parts = {
         "forward": (gemm + core_fwd + elem / 3.0, fwd_host),
         "backward": (2.0 * gemm + core_bwd + elem * 2.0 / 3.0, bwd_host),
-        "full": (gemm + core_fwd + elem / 3.0, ops_f * eff.op_overhead_s
+        "full": (gemm - (gemm_each[3] if recompute_skips_last_gemm else 0.0) + core_fwd
+                 + elem / 3.0, ops_f * eff.op_overhead_s
                  + ops_f * eff.checkpoint_op_overhead_s + dtensor * f_share),
         "all-but-gemms": (core_fwd + elem / 3.0, non_gemm * eff.op_overhead_s + hooks),
         "op-sac": (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0,

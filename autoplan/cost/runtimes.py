@@ -123,6 +123,15 @@ class RuntimeTraits:
     2022 Table 4 measures the 22B layer's full-recompute overhead at 7.6 ms against a 7.7 ms
     forward. False: torch's non-reentrant checkpoint (autoplan's runtime, torchtitan) stops at
     the last tensor backward needs and does not redo the block's final collective."""
+    recompute_early_stop: bool = True
+    """Where the checkpoint is not reentrant, full recompute stops as soon as the last tensor
+    the block's forward saved is made again (torch.utils.checkpoint.set_checkpoint_early_stop,
+    on by default from torch 2.1): autograd saves a GEMM's input before the GEMM runs, so the
+    block's last GEMM (the MLP's down projection) is not re-run. Measured: torch's non-reentrant
+    checkpoint of a GPT block re-runs 3 of its 4 forward GEMMs (tests/unit/cost/
+    test_runtimes.py). False: a torch before 2.1 (llm-foundry's MPT runs: 1.13 and 2.0.1), which
+    recomputes the whole block. Dense blocks only: an MoE block's experts feed its weighted
+    combine, whose saved tensors come after them."""
     grad_bytes_bf16: float = 4.0
     """Bytes per gradient element in a bf16 run: Megatron accumulates into an fp32 main_grad
     buffer (Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 on for bf16;
@@ -683,6 +692,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "offload": ["both"],  # FSDP's CPUOffload: parameters, gradients and the step together
         "parallel_dims": [], "recompute_policies": ["none", "full"], "partial_recompute": False,
         "nth_block_recompute": False,
+        "recompute_early_stop": False,  # torch 1.13 (A100 table) and 2.0.1 (H100) predate it
         "recompute_modules": [], "multi_stage_schedules": [],
     },
     "autoplan-cuda": {

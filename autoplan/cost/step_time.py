@@ -91,7 +91,10 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
                                  elementwise_bytes=elementwise,
                                  attention_peak=profile.device.peak(core),
                                  extra_elementwise_bytes=casts,
-                                 host_runs_ahead=runtime.host_runs_ahead, unit_host_s=unit_host_s)
+                                 host_runs_ahead=runtime.host_runs_ahead, unit_host_s=unit_host_s,
+                                 recompute_skips_last_gemm=(
+                                     runtime.recompute_early_stop and not runtime.reentrant_recompute
+                                     and model.moe is None and model.mla is None))
 
 
 def fsdp_unit_host_s(r: Rows, runtime: RuntimeTraits, profile: ClusterProfile

@@ -598,3 +598,72 @@ def test_llm_foundry_runs_fsdp_alone_with_whole_block_checkpointing() -> None:
         replace(foundry, parallel_dims=("sp",))
     with pytest.raises(ConfigError, match="recompute_policies"):
         replace(foundry, recompute_policies=("full",))
+
+
+def test_a_checkpoint_that_stops_early_does_not_rerun_the_blocks_last_gemm() -> None:
+    """torch's non-reentrant checkpoint (early stop on by default) re-runs the block only up to
+    the last tensor its forward saved: autograd saves the down projection's input before that
+    GEMM runs, so it is not re-run. Counted here on a GPT block, then priced."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    from autoplan.cost import memory
+    from autoplan.cost.step_time import block_times_s
+    from autoplan.hardware import load_profile
+    from autoplan.model_spec import load_model
+
+    class Gemms(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("mm", "addmm"):
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    h = 32
+    block = torch.nn.ModuleDict({"qkv": torch.nn.Linear(h, 3 * h), "o": torch.nn.Linear(h, h),
+                                 "fc1": torch.nn.Linear(h, 4 * h),
+                                 "fc2": torch.nn.Linear(4 * h, h)})
+
+    def forward(x):
+        q, k, v = (t.unsqueeze(1) for t in block["qkv"](x).chunk(3, -1))
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + block["o"](attn.squeeze(1))
+        return x + block["fc2"](torch.nn.functional.gelu(block["fc1"](x)))
+
+    x = torch.randn(2, 8, h, requires_grad=True)
+    backward_gemms = {}
+    for early in (True, False):
+        with torch.utils.checkpoint.set_checkpoint_early_stop(early):
+            y = checkpoint(forward, x, use_reentrant=False)
+            mode = Gemms()
+            with mode:
+                y.sum().backward()
+        backward_gemms[early] = mode.count
+    # backward: 2 GEMMs per forward GEMM (8); the recompute adds 3 of the 4 forward GEMMs
+    assert (backward_gemms[True], backward_gemms[False]) == (8 + 3, 8 + 4)
+
+    model, profile = load_model("gpt3-1.3b"), load_profile("a100-sxm4-80gb")
+    one = np.array([1.0])
+    parts = memory.activation_elements_per_layer(model, one, one, np.array([False]), one, False)
+
+    def times(runtime):
+        return block_times_s(model, profile, "bf16", one, one, one, False, load_runtime(runtime),
+                             parts)
+
+    titan, megatron, foundry = times("torchtitan"), times("megatron"), times("llm-foundry")
+    down = compute_gemm_time(model, profile)
+    assert titan["full"] == pytest.approx(titan["forward"] - down, rel=1e-6)
+    assert megatron["full"] == pytest.approx(megatron["forward"], rel=1e-6)  # reentrant
+    assert foundry["full"] == pytest.approx(foundry["forward"], rel=1e-6)  # torch < 2.1
+
+
+def compute_gemm_time(model, profile) -> float:
+    """Seconds of one GPT block's MLP down projection for one sequence at tp 1, bf16."""
+    from autoplan.cost import compute
+
+    tokens, tp = np.array([float(model.seq_len)]), np.array([1.0])
+    flops = compute.gemm_flops_per_layer(model, tokens, tp)[3]
+    shape = compute.gemm_shapes_per_layer(model, tokens, tp)[3]
+    return float(compute.gemm_time_s(flops, profile, profile.device.peak("bf16"), shape)[0])
