@@ -6,7 +6,8 @@
 # against torch 2.11 (pytorch/ao issue #2919's matrix: 0.13 -> 2.8, 0.14 -> 2.9, 0.15 -> 2.10),
 # for the fp8 plan). Extra arguments go to gpu_check.py, e.g.
 # `bash benchmarks/gpu_check.sh --budget-s 300` for a shorter run.
-# Writes under $OUT: gpu_check.json, gpu_check.log and the measured profile (<name>-measured.yaml);
+# Writes under $OUT: gpu_check.json, gpu_check.log, the measured profile (<name>-measured.yaml)
+# and gemm_shapes.json/.log (benchmarks/gemm_shapes.py);
 # the lead copies that profile into profiles/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -44,6 +45,9 @@ CLOCKS=$!
 timeout -k 10 465 "$PY" benchmarks/gpu_check.py --budget-s 420 "$@" 2>&1 \
     | tee "$OUTDIR/gpu_check.log"
 status=${PIPESTATUS[0]}
+# the GEMMs of real blocks against the cost model's shares (small models' short inner dimension)
+timeout -k 5 50 "$PY" benchmarks/gemm_shapes.py --budget-s 35 --json "$OUTDIR/gemm_shapes.json" \
+    2>&1 | tee "$OUTDIR/gemm_shapes.log"
 kill "$CLOCKS" 2>/dev/null
 # median SM clock and power over the samples drawing more than half the power limit (busy)
 "$PY" - "$OUTDIR/clocks.csv" <<'PYEOF' || true

@@ -1,0 +1,170 @@
+"""Time the GEMMs of real transformer blocks on this device and compare them with the cost model.
+
+For each model (MPT 125M-70B as MosaicML's tables ran them, Llama 3 8B and 70B) and each token
+count per micro-batch, times the four forward GEMMs of one block at tp 1 (QKV, output
+projection, MLP up, MLP down) and the output layer with torch.matmul, and prints measured
+TFLOP/s, the share of the profile's peak it is, and the share the cost model gives that GEMM
+(compute.gemm_time_s: the profile's efficiency for its FLOPs and, on a datasheet profile, the
+tile/wave quantization of its output). The question it answers on a GPU: do GEMMs whose inner
+dimension is a small model's width (k = 768-2048) run below what the curve gives their FLOPs?
+The MPT tables' 125M-1B runs are 5-25% slower than the model prices them
+(benchmarks/data/mpt-llm-foundry.yaml) and the curve was read from square GEMMs.
+
+Run: python benchmarks/gemm_shapes.py [--device cuda|cpu] [--profile NAME] [--models M ...]
+     [--tokens N ...] [--repeats R] [--budget-s S] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoplan import fsutil
+from autoplan.cost import compute
+from autoplan.errors import ConfigError
+from autoplan.hardware import ClusterProfile, load_profile
+from autoplan.model_spec import ModelSpec, load_model
+from autoplan.profiler.compute import DTYPES, time_call
+
+MPT = {"mpt-125m": (768, 12, 12), "mpt-350m": (1024, 24, 16), "mpt-1b": (2048, 24, 16),
+       "mpt-7b": (4096, 32, 32), "mpt-70b": (8192, 80, 64)}
+"""(d_model, layers, heads) of MosaicGPT as the MPT tables ran it (FFN 4 d, vocab 50,368)."""
+DEFAULT_MODELS = ("mpt-125m", "mpt-350m", "mpt-1b", "mpt-7b", "llama-3-8b", "llama-3-70b")
+DEFAULT_TOKENS = (8192, 65536)
+GEMM_NAMES = ("qkv", "proj", "mlp_up", "mlp_down")
+
+
+def model_of(name: str) -> ModelSpec:
+    """An MPT size of the tables (MPT) or an autoplan model preset."""
+    if name in MPT:
+        h, layers, heads = MPT[name]
+        return ModelSpec(name=name, num_layers=layers, hidden_size=h, num_heads=heads,
+                         vocab_size=50368, seq_len=2048, tie_embeddings=True)
+    return load_model(name)
+
+
+def shapes(model: ModelSpec, tokens: int) -> list[tuple[str, int, int, int]]:
+    """(name, m, n, k) of the block's forward GEMMs at tp 1 (compute.gemm_shapes_per_layer's
+    order) and of the output layer, for `tokens` tokens."""
+    t, tp = np.array([float(tokens)]), np.array([1.0])
+    out = []
+    for name, flops, (m, n) in zip(GEMM_NAMES, compute.gemm_flops_per_layer(model, t, tp),
+                                   compute.gemm_shapes_per_layer(model, t, tp), strict=True):
+        m_, n_ = int(np.ravel(m)[0]), int(np.ravel(n)[0])
+        out.append((name, m_, n_, round(float(np.ravel(flops)[0]) / (2.0 * m_ * n_))))
+    out.append(("logits", tokens, model.vocab_size, model.hidden_size))
+    return out
+
+
+def predicted_share(profile: ClusterProfile, m: int, n: int, k: int, precision: str) -> float:
+    """The share of the peak the cost model runs an m x n x k GEMM at."""
+    flops = 2.0 * m * n * k
+    peak = profile.device.peak(precision)
+    seconds = compute.gemm_time_s(np.array([flops]), profile, peak,
+                                  (np.array([float(m)]), np.array([float(n)])))
+    return float(flops / (float(seconds[0]) * peak))
+
+
+def time_gemm(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype,
+              repeats: int) -> float:
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    return time_call(lambda: torch.matmul(a, b), device, repeats)
+
+
+def measure(args: argparse.Namespace, profile: ClusterProfile) -> list[dict[str, Any]]:
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # one thread, as one runtime rank runs (and as profiled)
+    dtype = DTYPES[args.precision]
+    peak = profile.device.peak(args.precision)
+    start, rows = time.monotonic(), []
+    for name in args.models:
+        model = model_of(name)
+        for tokens in args.tokens:
+            for gemm, m, n, k in shapes(model, tokens):
+                if time.monotonic() - start > args.budget_s:
+                    print(f"gemm_shapes: budget of {args.budget_s:.0f} s spent; stopping",
+                          file=sys.stderr)
+                    return rows
+                seconds = time_gemm(m, n, k, device, dtype, args.repeats)
+                flops = 2.0 * m * n * k
+                rows.append({"model": name, "tokens": tokens, "gemm": gemm, "m": m, "n": n,
+                             "k": k, "flops": flops, "seconds": seconds,
+                             "tflops": flops / seconds / 1e12,
+                             "measured_share": flops / seconds / peak,
+                             "predicted_share": predicted_share(profile, m, n, k,
+                                                                args.precision)})
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"),
+                    default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--profile", help="profile to compare with (default: a100-sxm4-80gb on "
+                    "CUDA unless the GPU's name says H100/H200, cpu-gloo on CPU)")
+    ap.add_argument("--precision", default="bf16", choices=tuple(DTYPES))
+    ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    ap.add_argument("--tokens", nargs="+", type=int, default=list(DEFAULT_TOKENS))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=60.0)
+    ap.add_argument("--json", type=Path, help="also write the rows here (never overwritten)")
+    args = ap.parse_args(argv)
+    for name in args.models:
+        if name not in MPT:
+            load_model(name)  # ConfigError naming the model if unknown
+    if any(t < 1 for t in args.tokens) or args.repeats < 1:
+        raise ConfigError("--tokens/--repeats", f"got {args.tokens}, {args.repeats}",
+                          "use positive counts")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", "got cuda", "no CUDA device here; use --device cpu")
+    return args
+
+
+def default_profile(device: str) -> str:
+    if device == "cpu":
+        return "cpu-gloo"
+    gpu = torch.cuda.get_device_name()
+    return ("h200-sxm-141gb" if "H200" in gpu else "h100-sxm-80gb" if "H100" in gpu
+            else "a100-sxm4-80gb")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        profile = load_profile(args.profile or default_profile(args.device))
+        if args.json is not None:
+            fsutil.check_file_target(args.json, force=False, field="--json")
+    except ConfigError as err:
+        print(f"gemm_shapes: {err}", file=sys.stderr)
+        return 2
+    rows = measure(args, profile)
+    print(f"{profile.name} ({args.device}, {args.precision}): measured against the cost model's "
+          "share of the peak")
+    print(f"{'model':12} {'tokens':>7} {'gemm':9} {'m':>7} {'n':>7} {'k':>6} {'TFLOP/s':>9} "
+          f"{'measured':>9} {'model':>7} {'model/meas':>10}")
+    for r in rows:
+        print(f"{r['model']:12} {r['tokens']:>7} {r['gemm']:9} {r['m']:>7} {r['n']:>7} "
+              f"{r['k']:>6} {r['tflops']:>9.1f} {r['measured_share']:>9.1%} "
+              f"{r['predicted_share']:>7.1%} {r['predicted_share'] / r['measured_share']:>10.2f}")
+    if args.json is not None:
+        try:
+            fsutil.write_text(args.json, json.dumps(
+                {"profile": profile.name, "device": args.device, "precision": args.precision,
+                 "rows": rows}, indent=2) + "\n", field="--json")
+        except ConfigError as err:
+            print(f"gemm_shapes: {err}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
