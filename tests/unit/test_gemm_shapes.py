@@ -3,7 +3,6 @@ them (what the numbers measure on a GPU is the benchmark's to print, not a test'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,16 +11,12 @@ import pytest
 
 from autoplan.cost import compute
 from autoplan.hardware import load_profile
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_shapes.py"
+from tests.benchmark_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def gs():
-    spec = importlib.util.spec_from_file_location("gemm_shapes", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gemm_shapes")
 
 
 def test_the_shapes_are_the_blocks_gemms_with_their_inner_dimension(gs) -> None:

@@ -5,7 +5,6 @@ a GPU; the flow itself is exercised by `python benchmarks/gpu_check.py --dry-run
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,12 @@ import pytest
 from autoplan.model_spec import load_model
 from autoplan.plan import plan_from_dict
 from autoplan.plan_rules import validate_plan
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+from tests.benchmark_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def gc():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check")
 
 
 def test_a_measured_profile_never_takes_an_existing_name(gc, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ not asserted here.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,14 @@ import yaml
 
 from autoplan.errors import ConfigError
 from autoplan.plan_rules import validate_plan
+from tests.benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "practitioner.py"
 DATA = ROOT / "benchmarks" / "data" / "practitioner.yaml"
 MPT = ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("practitioner", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH_MODULE = _bench()
+BENCH_MODULE = load_script("practitioner")
 PRACTITIONER = BENCH_MODULE.load_data(DATA)
 MPT_ENTRIES = BENCH_MODULE.load_data(MPT)
 ENTRIES = PRACTITIONER + MPT_ENTRIES

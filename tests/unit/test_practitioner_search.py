@@ -9,22 +9,15 @@ reason, strict, so the mark has to go when it is fixed.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "practitioner_search.py"
+from tests.benchmark_scripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("practitioner_search", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass needs its module registered
-    spec.loader.exec_module(module)
-    return module
+    return load_script("practitioner_search")
 
 
 def _entry(bench, scenario: str):

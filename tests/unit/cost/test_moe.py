@@ -3,10 +3,7 @@ active-parameter MFU, and DeepSeek-V3's published layout on H800 against its pub
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +15,7 @@ from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import Batch, ClusterRef, Parallel, Plan
 from autoplan.plan_table import plan_to_row
+from tests.benchmark_scripts import load_script
 
 
 def _plan(model, gpus, profile="h100-sxm-80gb", gbs=512, mbs=1, **par):
@@ -89,12 +87,7 @@ def test_routed_activations_grow_with_top_k():
 
 def _moe_accuracy():
     """benchmarks/moe_accuracy.py, the one home of DeepSeek-V3's published plan, by path."""
-    path = Path(__file__).parents[3] / "benchmarks" / "moe_accuracy.py"
-    spec = importlib.util.spec_from_file_location("moe_accuracy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("moe_accuracy")
 
 
 # DeepSeek-V3 technical report (arXiv 2412.19437), as benchmarks/moe_accuracy.py cites it: the

@@ -7,22 +7,19 @@ to these runs, so this guards the model against drifting away from them.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 
+from tests.benchmark_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[3]
-BENCH = ROOT / "benchmarks" / "published_accuracy.py"
 DATA = ROOT / "tests" / "data" / "published" / "published-open.yaml"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("published_accuracy", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("published_accuracy")
 
 
 def test_step_time_error_on_published_runs() -> None:
