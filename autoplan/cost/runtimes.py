@@ -683,7 +683,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "parallelism",
         "attention_kernel": "fa-triton", "fused_norm": True, "fused_swiglu": False,
         "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
-        # mixed_precision DEFAULT reduces in fp32, PURE in bf16 (Composer's FSDP presets)
+        # Composer's FSDP mixed_precision: PURE reduces in bf16; DEFAULT's reduce dtype
+        # changed across Composer releases (bf16 early in 2023, fp32 later): fp32 is the
+        # default here and a plan may set grad_reduce_dtype bf16
         "fp32_sharded_params": True, "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "logit_bytes_saved": 2.0, "logit_bytes_transient": 2.0,
         "loss_bytes_per_logit": 8.0, "loss_casts": False,
