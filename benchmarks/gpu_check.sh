@@ -45,7 +45,8 @@ CLOCKS=$!
 timeout -k 10 465 "$PY" benchmarks/gpu_check.py --budget-s 420 "$@" 2>&1 \
     | tee "$OUTDIR/gpu_check.log"
 status=${PIPESTATUS[0]}
-# the GEMMs of real blocks against the cost model's shares (small models' short inner dimension)
+# the GEMMs of real blocks in their three passes, and causal attention over 512-16K tokens,
+# against the cost model's shares (small models' short inner dimension; attention by length)
 timeout -k 5 50 "$PY" benchmarks/gemm_shapes.py --budget-s 35 --json "$OUTDIR/gemm_shapes.json" \
     2>&1 | tee "$OUTDIR/gemm_shapes.log"
 kill "$CLOCKS" 2>/dev/null
