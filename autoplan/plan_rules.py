@@ -48,7 +48,8 @@ def _int(t: Table, name: str, i: int) -> int:
 class Rule:
     key: str
     """Short name used to count rejected candidates."""
-    violated: Callable[[Table, ModelSpec], np.ndarray]
+    violated: Callable[[Table, ModelSpec], np.ndarray | np.bool_]
+    """Which rows break the rule (a scalar where it depends on the model alone)."""
     message: Callable[[Table, int, ModelSpec], str]
 
 

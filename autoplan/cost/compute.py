@@ -366,7 +366,8 @@ def layer_times_s(
     return out
 
 
-def with_host(device: np.ndarray, host: np.ndarray, host_runs_ahead: bool) -> np.ndarray:
+def with_host(device: np.ndarray, host: np.ndarray | float, host_runs_ahead: bool
+              ) -> np.ndarray:
     """Seconds of work with `device` seconds of kernels and `host` seconds of issuing them: the
     larger where the host runs ahead of an asynchronous device, their sum where one core does
     both (RuntimeTraits.host_runs_ahead)."""

@@ -29,8 +29,8 @@ reduce_dtype=fp32 does the same; the ZeRO paper's K=12 accounting with 16-bit gr
 is `grad_bytes=2`."""
 
 
-def state_bytes_per_param(precision: str, grad_bytes: float | None = None
-                          ) -> tuple[float, float, float]:
+def state_bytes_per_param(precision: str, grad_bytes: np.ndarray | float | None = None
+                          ) -> tuple[float, np.ndarray | float, float]:
     """(weights, gradients, optimizer) bytes per parameter."""
     if precision == "fp32":
         return 4.0, 4.0, 8.0  # fp32 weights and grads, Adam m and v
@@ -41,7 +41,7 @@ def state_bytes_per_param(precision: str, grad_bytes: float | None = None
 def model_state_bytes(
     params: np.ndarray, zero_stage: np.ndarray, shard: np.ndarray, precision: str = "bf16",
     offload_optimizer: np.ndarray | bool = False, offload_params: np.ndarray | bool = False,
-    grad_bytes: float | None = None, unsharded_accumulation: np.ndarray | bool = False,
+    grad_bytes: np.ndarray | float | None = None, unsharded_accumulation: np.ndarray | bool = False,
     fp32_sharded_params: bool = False, fsdp2_offload: bool = False,
 ) -> dict[str, np.ndarray]:
     """Device bytes of weights, gradients and optimizer states for `params` parameters.

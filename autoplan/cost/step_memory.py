@@ -62,14 +62,16 @@ def mtp_embedding_copy(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.
 
 
 def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTraits
-                  ) -> tuple[dict[str, np.ndarray], ...]:
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray],
+                             np.ndarray, np.ndarray]:
     """Model states of the first, the last and a middle stage (layers_max blocks and neither
     the embedding nor the head: an uneven split's heaviest rank), the largest parameter count
     of one stage, and of a DualPipe rank's two stages (first + last, or two middles)."""
     psi_first, psi_last = params.params_per_rank(model, r.tp, r.pp, r.layers_first,
                                                  r.layers_last)
     psi_mid = (params.params_per_rank(model, r.tp, r.pp, r.layers_max, r.layers_max)[0]
-               - params.params_per_rank(model, r.tp, r.pp, 0.0 * r.layers_max, 0.0)[0])
+               - params.params_per_rank(model, r.tp, r.pp, 0.0 * r.layers_max,
+                                       0.0 * r.layers_max)[0])
     # ZB-V puts the last stage on rank 0 beside the first (Qi et al. 2024): the head lives there
     head = r.vocab * model.hidden_size / r.tp
     psi_first = psi_first + np.where(r.v_shape, head, 0.0)

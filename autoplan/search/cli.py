@@ -280,8 +280,9 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
                                field="--report") as tmp:
             add_report(tmp)
     for folder, names in ((args.out, OUT_FILES), (report, report_files())):
-        for name in names if folder else ():
-            sys.stderr.write(f"wrote {Path(folder) / name}\n")
+        if folder:
+            for name in names:
+                sys.stderr.write(f"wrote {Path(folder) / name}\n")
     return data
 
 

@@ -66,5 +66,5 @@ def expert_pairs(space: SearchSpace, model: ModelSpec | None, tp: int = 1,
     ep, etp = np.array(pairs, dtype=np.int64).T
     one = np.ones_like(ep)
     table = {"dp": one * (group // tp), "cp": one, "tp": one * tp, "ep": ep, "etp": etp}
-    bad = violations_of(MOE_RULES, table, model).any(axis=1)
+    bad = np.asarray(violations_of(MOE_RULES, table, model).any(axis=1))
     return [p for p, b in zip(pairs, bad, strict=True) if not b] or pairs
