@@ -57,6 +57,19 @@ class Curve:
         logx = np.log(np.maximum(np.asarray(x, dtype=np.float64), 1e-30))
         return np.interp(logx, np.log(np.asarray(self.x)), np.asarray(self.y))
 
+    def scaled(self, share: float) -> Curve:
+        """The same table with every value times `share`."""
+        return Curve(self.x, tuple(v * share for v in self.y))
+
+
+AttentionFigure = float | Curve
+"""One fused-attention figure: a share of the peak at training lengths, or a Curve of shares
+over the sequence length the kernel attends over (tokens per sequence, queries = keys)."""
+
+
+def scale_figure(figure: AttentionFigure, share: float) -> AttentionFigure:
+    return figure.scaled(share) if isinstance(figure, Curve) else figure * share
+
 
 @dataclass(frozen=True)
 class TimeTable:
@@ -232,17 +245,21 @@ class Efficiency:
     dtensor_optimizer_overhead_s: float = 0.0
     """Extra host seconds per parameter tensor of that step when the parameters are DTensors
     (FSDP2 or tensor parallelism): each op dispatches through DTensor per tensor."""
-    attention_forward: dict[str, float] | None = None
-    """Achieved / peak FLOP/s of fused attention's forward by kernel (fa2, fa3, cudnn), at
-    training lengths (2K-8K tokens, head dim 128; causal work counted once, as the kernels'
-    papers count it). Which kernel runs is the runtime's (runtimes.RuntimeTraits). null: a
-    share of the GEMM efficiency (compute.FLASH_EFFICIENCY)."""
-    attention_backward: dict[str, float] | None = None
+    attention_forward: dict[str, AttentionFigure] | None = None
+    """Achieved / peak FLOP/s of fused attention's forward by kernel (fa2, fa3, cudnn): one share
+    at training lengths (2K-8K tokens, head dim 128; causal work counted once, as the kernels'
+    papers count it), or, where a paper measured the kernel by length, a Curve over the tokens
+    per sequence the kernel attends over ({x: lengths, y: shares}: short sequences run slower,
+    each query block iterating over fewer key blocks). Which kernel runs is the runtime's
+    (runtimes.RuntimeTraits). null: a share of the GEMM efficiency (compute.FLASH_EFFICIENCY)."""
+    attention_backward: dict[str, AttentionFigure] | None = None
     """The same for the backward, whose FLOPs are counted as 2.5x the forward's."""
 
     def __post_init__(self) -> None:
         for table in ("attention_forward", "attention_backward"):
             for kernel, value in (getattr(self, table) or {}).items():
+                if isinstance(value, Curve):  # its shares are checked to lie in (0, 1]
+                    continue
                 # "kernel@dtype" entries are measured against that dtype's peak, which a CPU
                 # profile infers from its GEMMs (profiler/precision.py): a kernel may beat it
                 measured = "@" in kernel

@@ -1,17 +1,30 @@
-"""Time the GEMMs of real transformer blocks on this device and compare them with the cost model.
+"""Time the GEMMs and attention of real transformer blocks on this device against the cost model.
 
-For each model (MPT 125M-70B as MosaicML's tables ran them, Llama 3 8B and 70B) and each token
-count per micro-batch, times the four forward GEMMs of one block at tp 1 (QKV, output
-projection, MLP up, MLP down) and the output layer with torch.matmul, and prints measured
-TFLOP/s, the share of the profile's peak it is, and the share the cost model gives that GEMM
-(compute.gemm_time_s: the profile's efficiency for its FLOPs and, on a datasheet profile, the
-tile/wave quantization of its output). The question it answers on a GPU: do GEMMs whose inner
-dimension is a small model's width (k = 768-2048) run below what the curve gives their FLOPs?
-The MPT tables' 125M-1B runs are 5-25% slower than the model prices them
-(benchmarks/data/mpt-llm-foundry.yaml) and the curve was read from square GEMMs.
+GEMMs: for each model (MPT 125M-70B as MosaicML's tables ran them, Llama 3 8B and 70B) and each
+token count per micro-batch, times the four GEMMs of one block at tp 1 (QKV, output projection,
+MLP up, MLP down) and the output layer with torch.matmul, each in its three passes: forward
+(m x n output, inner k), input gradient (m x k, inner n) and weight gradient (k x n, inner m,
+the tokens). It prints measured TFLOP/s, the share of the profile's peak it is, and the share
+the cost model runs that GEMM at (compute.gemm_time_s: the profile's efficiency for its FLOPs
+and, on a datasheet profile, the tile/wave quantization of its output; both backward GEMMs are
+priced at the forward's rate, compute.layer_times_s and logits_times_s). The questions it
+answers on a GPU: do GEMMs whose inner dimension is a small model's width (k = 768-2048) run
+below what the curve gives their FLOPs, and do the two backward GEMMs (a small weight-gradient
+output over a long inner dimension) run at the forward's rate? The MPT tables' 125M-1B runs
+are 5-25% slower than the model prices them (benchmarks/data/mpt-llm-foundry.yaml) and the
+curve was read from square GEMMs.
 
-Run: python benchmarks/gemm_shapes.py [--device cuda|cpu] [--profile NAME] [--models M ...]
-     [--tokens N ...] [--repeats R] [--budget-s S] [--json OUT]
+Attention: for MPT 125M's heads (12 x 64) and MPT 7B's (32 x 128), times causal
+scaled_dot_product_attention (FlashAttention-2 on CUDA, torch's CPU flash kernel on a CPU)
+forward and backward at a fixed token count per micro-batch over sequence lengths 512-16,384,
+against compute.attention_efficiency's shares: one figure per kernel on the A100 profiles, by
+length on the H100 family's (FlashAttention-3 paper, Figs. 5-6). The MPT A100 error runs from
+-26% at 512 tokens to +5% at 65,536 at the same GEMM shapes, so how a causal kernel's speed
+depends on the length on this GPU is the question.
+
+Run: python benchmarks/gemm_shapes.py [--device cpu|cuda] [--profile NAME] [--models M ...]
+     [--tokens N ...] [--attention-models M ...] [--attention-tokens N] [--seq-lens S ...]
+     [--repeats R] [--budget-s S] [--json OUT]
 """
 
 from __future__ import annotations
@@ -103,10 +116,12 @@ def attention_work(batch: int, seq: int, heads: int, head_dim: int) -> float:
     return 0.5 * 4.0 * batch * seq * seq * heads * head_dim
 
 
-def predicted_attention_shares(profile: ClusterProfile, kernel: str, work: float
+def predicted_attention_shares(profile: ClusterProfile, kernel: str, work: float, seq: int
                                ) -> tuple[float, float]:
-    """(forward, backward) shares of the peak the cost model runs the causal kernel at."""
-    fwd, bwd = compute.attention_efficiency(profile, kernel, np.array([2.0 * work]))
+    """(forward, backward) shares of the peak the cost model runs the causal kernel at, for
+    sequences of `seq` tokens."""
+    fwd, bwd = compute.attention_efficiency(profile, kernel, np.array([2.0 * work]),
+                                            np.array([float(seq)]))
     return float(np.ravel(fwd)[0]), float(np.ravel(bwd)[0])
 
 
@@ -149,7 +164,7 @@ def measure_attention(args: argparse.Namespace, profile: ClusterProfile, deadlin
             fwd_s, bwd_s = time_attention(batch, seq, heads, head_dim, device, dtype,
                                           args.repeats)
             work = attention_work(batch, seq, heads, head_dim)
-            pred_f, pred_b = predicted_attention_shares(profile, kernel, work)
+            pred_f, pred_b = predicted_attention_shares(profile, kernel, work, seq)
             for pass_, seconds, flops, pred in (
                     ("fwd", fwd_s, work, pred_f),
                     ("bwd", bwd_s, compute.FLASH_BACKWARD * work, pred_b)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.hardware import ClusterProfile
+from autoplan.hardware import AttentionFigure, ClusterProfile, Curve
 from autoplan.model_spec import ModelSpec, NormKind, PositionKind
 
 ELEMENTWISE_PASSES = 3.3
@@ -250,25 +250,40 @@ def attention_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
     return 2.0 * 6.0 * widths * np.asarray(tokens, float)
 
 
-def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray
+def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray,
+                         seq_len: np.ndarray | float | None = None
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for
     `kernel` (filed as "name@dtype" first where a profile measured them per dtype, as
     profiler/precision.py does on a CPU; then by name; FlashAttention-2 where it lacks that
-    one), else FLASH_EFFICIENCY of the GEMM efficiency of the same FLOPs. "fa-triton": those
-    FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN."""
+    one), read at `seq_len` (the tokens per sequence the kernel attends over) where the profile
+    files the kernel by length, else FLASH_EFFICIENCY of the GEMM efficiency of the same FLOPs.
+    "fa-triton": those FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN."""
     eff = profile.efficiency
     fwd, bwd = eff.attention_forward or {}, eff.attention_backward or {}
     name, _, dtype = kernel.partition("@")
     if name == "fa-triton":
-        f2, b2 = attention_efficiency(profile, f"fa2@{dtype}" if dtype else "fa2", core_flops)
+        f2, b2 = attention_efficiency(profile, f"fa2@{dtype}" if dtype else "fa2", core_flops,
+                                      seq_len)
         return f2 / TRITON_FA_SLOWDOWN[0], b2 / TRITON_FA_SLOWDOWN[1]
     for k in (kernel, kernel.partition("@")[0], "fa2"):
         if k in fwd and k in bwd:
-            return np.full_like(np.asarray(core_flops, float), fwd[k]), np.full_like(
-                np.asarray(core_flops, float), bwd[k])
+            return (_attention_figure(fwd[k], core_flops, seq_len, profile.name, k),
+                    _attention_figure(bwd[k], core_flops, seq_len, profile.name, k))
     share = eff.matmul(core_flops) * FLASH_EFFICIENCY
     return share, share
+
+
+def _attention_figure(figure: AttentionFigure, like: np.ndarray,
+                      seq_len: np.ndarray | float | None, profile: str, kernel: str
+                      ) -> np.ndarray:
+    """One figure over `like`'s shape: the share, or the by-length Curve read at `seq_len`."""
+    zeros = np.zeros_like(np.asarray(like, float))
+    if not isinstance(figure, Curve):
+        return zeros + figure
+    if seq_len is None:
+        raise ValueError(f"profile {profile} files {kernel} by sequence length; pass seq_len")
+    return zeros + figure(seq_len)
 
 
 def layer_times_s(
@@ -312,7 +327,9 @@ def layer_times_s(
         core_bwd = 2.0 * core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES * 2 / 3, profile)
     else:
         work = (0.5 if causal_skip else 1.0) * core_flops
-        fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops)
+        # the kernel attends over a rank's share of each sequence (context parallelism splits it)
+        fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops,
+                                                model.seq_len / np.asarray(cp, float))
         a_peak = peak if attention_peak is None else attention_peak  # fp8 runs: 16-bit attention
         core_fwd = work / (a_peak * fwd_eff)
         core_bwd = FLASH_BACKWARD * work / (a_peak * bwd_eff)

@@ -21,7 +21,7 @@ from autoplan.cost.recompute_time import (
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
 from autoplan.errors import ConfigError
-from autoplan.hardware import ClusterProfile, Curve
+from autoplan.hardware import ClusterProfile, Curve, scale_figure
 from autoplan.model_spec import ModelSpec, NormKind
 from autoplan.plan_table import GPIPE, RC_FULL, RC_SELECTIVE
 
@@ -54,10 +54,10 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
         share = left / device.sm_count
         eff = replace(
             eff, matmul=Curve(eff.matmul.x, tuple(y * share for y in eff.matmul.y)),
-            attention_forward={k: v * share for k, v in (eff.attention_forward or {}).items()}
-            or None,
-            attention_backward={k: v * share for k, v in (eff.attention_backward or {}).items()}
-            or None)
+            attention_forward={k: scale_figure(v, share)
+                               for k, v in (eff.attention_forward or {}).items()} or None,
+            attention_backward={k: scale_figure(v, share)
+                                for k, v in (eff.attention_backward or {}).items()} or None)
         device = replace(device, sm_count=left)
     return replace(profile, efficiency=eff, device=device)
 

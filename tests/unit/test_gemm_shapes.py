@@ -59,9 +59,13 @@ def test_attention_is_priced_causal_at_the_kernels_figures(gs) -> None:
     # half of 4 b s^2 (a d): the cost model's core FLOPs with its causal skip
     assert gs.attention_work(2, 1024, 12, 64) == pytest.approx(
         0.5 * 4.0 * 2 * 1024**2 * 12 * 64)
-    fwd, bwd = gs.predicted_attention_shares(profile, "fa2", 1e12)
+    fwd, bwd = gs.predicted_attention_shares(profile, "fa2", 1e12, 2048)
     assert (fwd, bwd) == (profile.efficiency.attention_forward["fa2"],
                           profile.efficiency.attention_backward["fa2"])
+    # a profile that files the kernel by length is read at the sweep's length
+    h100 = load_profile("h100-sxm-80gb")
+    assert gs.predicted_attention_shares(h100, "fa2", 1e12, 512)[0] == pytest.approx(
+        191 / 989, abs=1e-3)
     assert gs.attention_kernel(torch.device("cpu"), "bf16") == "sdpa-cpu@bf16"
 
 
@@ -90,7 +94,7 @@ def test_a_cpu_run_writes_its_rows_once_and_never_overwrites(gs, tmp_path: Path,
         work = gs.attention_work(r["batch"], r["seq"], 12, 64)
         assert r["flops"] == pytest.approx(work * (1.0 if r["pass"] == "fwd" else 2.5))
         assert r["predicted_share"] == pytest.approx(gs.predicted_attention_shares(
-            profile, "sdpa-cpu@fp32", work)[0 if r["pass"] == "fwd" else 1])
+            profile, "sdpa-cpu@fp32", work, r["seq"])[0 if r["pass"] == "fwd" else 1])
     capsys.readouterr()
     assert gs.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -147,3 +147,47 @@ def test_the_loss_is_priced_by_the_bytes_its_kernels_move():
     diff = loss_s("megatron") - loss_s("torchtitan")
     assert diff == pytest.approx(float(compute.memory_time_s(np.array(8.0 * logits), prof)))
     assert diff > 0
+
+
+def test_attention_filed_by_length_runs_short_sequences_slower() -> None:
+    """The H100 profiles file fused attention by sequence length from the FlashAttention-3
+    paper's figures (Shah et al. 2024, Figs. 5-6: FA2's causal forward at 191 TFLOP/s for 512
+    tokens, 319 at 4K, 335 at 16K); a kernel's per-query-block fixed costs weigh more when each
+    query block iterates over fewer key blocks."""
+    h100 = load_profile("h100-sxm-80gb")
+    flops = np.full(3, 1e12)
+    fwd, bwd = compute.attention_efficiency(h100, "fa2", flops, np.array([512.0, 4096.0, 16384.0]))
+    assert fwd == pytest.approx(np.array([191.0, 319.0, 335.0]) / 989.0, abs=1e-3)
+    assert bwd[0] < bwd[1] < bwd[2]
+    # past the measured lengths the curve holds its end values
+    assert compute.attention_efficiency(h100, "fa2", flops[:1], 131072.0)[0] == pytest.approx(
+        fwd[2])
+    with pytest.raises(ValueError, match="seq_len"):
+        compute.attention_efficiency(h100, "fa2", flops)  # a by-length figure needs the length
+    # the Triton kernel keeps its ratios to FlashAttention-2 at every length
+    tri = compute.attention_efficiency(h100, "fa-triton", flops, np.array([512.0, 4096.0, 16384.0]))
+    assert tri[0] == pytest.approx(fwd / compute.TRITON_FA_SLOWDOWN[0])
+    # the A100 profiles keep one figure (no per-length measurement found): length-blind
+    a100 = load_profile("a100-sxm4-80gb")
+    short, long = (compute.attention_efficiency(a100, "fa2", flops[:1], s)[0] for s in (512, 16384))
+    assert short == long
+
+
+def test_a_block_s_attention_seconds_follow_the_length_each_rank_attends_over() -> None:
+    """In a block, the figure is read at the tokens per sequence on one rank: seq_len / cp."""
+    h100 = load_profile("h100-sxm-80gb")
+    one = np.array([1.0])
+    peak = h100.device.peak("bf16")
+
+    def seconds_per_flop(seq: int, cp: float) -> float:
+        model = PRESETS["llama-3-8b"].replace(seq_len=seq)
+        parts = compute.layer_times_s(model, h100, peak, one, one, np.array([cp]), one * 0.0,
+                                      one * 0.0, eager=False, causal_skip=True)
+        work = 0.5 * compute.attention_core_flops(model, one, one, np.array([cp]))
+        return float(parts["core_forward"][0] / work[0])
+
+    eff = h100.efficiency.attention_forward["fa2"]
+    assert seconds_per_flop(1024, 1.0) / seconds_per_flop(8192, 1.0) == pytest.approx(
+        float(eff(8192) / eff(1024)))
+    # 32K tokens over cp 8: each rank's kernels attend over 4K-token chunks
+    assert seconds_per_flop(32768, 8.0) == pytest.approx(seconds_per_flop(4096, 1.0))

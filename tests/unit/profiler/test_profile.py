@@ -152,3 +152,21 @@ def test_measured_attention_may_beat_the_peak_a_cpu_profile_infers() -> None:
     Efficiency(matmul=curve, attention_forward={"sdpa-cpu@bf16": fwd})
     with pytest.raises(ConfigError, match="attention_forward.fa2"):
         Efficiency(matmul=curve, attention_forward={"fa2": fwd})
+
+
+def test_an_attention_figure_by_length_loads_as_a_checked_curve() -> None:
+    """A profile may file a kernel by sequence length ({x: tokens, y: shares}); a share above
+    the peak or lengths out of order are refused naming the entry."""
+    import yaml
+
+    from autoplan.hardware import Curve, profile_from_dict, scale_figure
+    from autoplan.resources import PROFILES, package_dir
+
+    data = yaml.safe_load((package_dir(PROFILES) / "h100-sxm-80gb.yaml").read_text())
+    fa2 = profile_from_dict(data).efficiency.attention_forward["fa2"]
+    assert isinstance(fa2, Curve) and fa2.x[0] == 512 and fa2(512) < fa2(16384)
+    assert scale_figure(fa2, 0.5)(4096) == pytest.approx(0.5 * fa2(4096))
+    for bad in ({"x": [512, 1024], "y": [0.2, 1.5]}, {"x": [1024, 512], "y": [0.2, 0.3]}):
+        data["efficiency"]["attention_forward"]["fa2"] = bad
+        with pytest.raises(ConfigError, match="attention_forward.fa2"):
+            profile_from_dict(data)
