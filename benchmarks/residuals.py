@@ -44,6 +44,10 @@ from autoplan.errors import ConfigError  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_FILES = (DATA / "practitioner.yaml", DATA / "mpt-llm-foundry.yaml")
 CANDIDATES = ("predicted", "microbatches", "block_passes", "tokens", "attention")
+MIN_ROWS = 3
+"""A line through 2 rows explains them whatever they are: a group needs 3 to say anything."""
+PAIR_MIN_ROWS = 5
+"""Two slopes and an intercept fit any 3 rows and leave 4 one degree of freedom: pairs from 5."""
 
 
 def features(entry: dict[str, Any], predicted_s: float) -> dict[str, float]:
@@ -112,11 +116,13 @@ def explain(table: pd.DataFrame, min_rows: int) -> pd.DataFrame:
             coef, r2 = fit(y, group[name].to_numpy())
             row[f"{name}_slope"], row[f"{name}_r2"] = float(coef[1]), r2
         row["best"] = max(CANDIDATES, key=lambda n: row[f"{n}_r2"])
-        pairs = [(a, b) for i, a in enumerate(CANDIDATES) for b in CANDIDATES[i + 1:]]
-        scores = {p: fit(y, group[p[0]].to_numpy(), group[p[1]].to_numpy()) for p in pairs}
-        pair = max(pairs, key=lambda p: scores[p][1])
-        coef, r2 = scores[pair]
-        row.update(pair=list(pair), pair_slopes=[float(coef[1]), float(coef[2])], pair_r2=r2)
+        row.update(pair=None, pair_slopes=None, pair_r2=None)
+        if len(group) >= PAIR_MIN_ROWS:
+            pairs = [(a, b) for i, a in enumerate(CANDIDATES) for b in CANDIDATES[i + 1:]]
+            scores = {p: fit(y, group[p[0]].to_numpy(), group[p[1]].to_numpy()) for p in pairs}
+            pair = max(pairs, key=lambda p: scores[p][1])
+            coef, r2 = scores[pair]
+            row.update(pair=list(pair), pair_slopes=[float(coef[1]), float(coef[2])], pair_r2=r2)
         out.append(row)
     return pd.DataFrame(out)
 
@@ -139,6 +145,9 @@ def print_table(found: pd.DataFrame) -> None:
             mark = "  <- best alone" if n == r.best else ""
             print(f"  {n:13} slope {r[n + '_slope'] * SCALE[n]:>+10.4g} {UNITS[n]:8} "
                   f"R^2 {r[n + '_r2']:.2f}{mark}")
+        if r.pair is None:
+            print(f"  (no pair: {PAIR_MIN_ROWS} rows or more needed)")
+            continue
         slopes = ", ".join(f"{b * SCALE[n]:+.4g} {UNITS[n]}"
                            for n, b in zip(r.pair, r.pair_slopes, strict=True))
         print(f"  best pair: {' + '.join(r.pair)} ({slopes}), R^2 {r.pair_r2:.2f}")
@@ -151,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave out groups with fewer scored rows (default 6)")
     ap.add_argument("--format", choices=("table", "json"), default="table")
     args = ap.parse_args(argv)
-    if args.min_rows < 2:
-        sys.stderr.write(f"residuals: --min-rows {args.min_rows}: a line needs at least 2 rows; "
-                         "pass 2 or more\n")
+    if args.min_rows < MIN_ROWS:
+        sys.stderr.write(f"residuals: --min-rows {args.min_rows}: a line through fewer than "
+                         f"{MIN_ROWS} rows fits them whatever they are; pass {MIN_ROWS} or more\n")
         return 2
     try:
         found = explain(rows(args.data), args.min_rows)

@@ -64,9 +64,11 @@ def test_explain_names_the_candidate_a_planted_per_micro_batch_cost_follows() ->
     assert row.microbatches_slope == pytest.approx(0.120) and row.microbatches_r2 == pytest.approx(1)
     assert "microbatches" in row.pair and row.pair_r2 == pytest.approx(1.0)
     assert rs.explain(table, min_rows=n + 1).empty  # too few rows: the group is left out
+    small = rs.explain(table.iloc[:4], min_rows=3).iloc[0]  # 4 rows: singles, but no pair
+    assert small.best == "microbatches" and small.pair is None
 
 
 def test_too_few_rows_per_group_is_refused_with_the_fix(capsys) -> None:
-    assert rs.main(["--min-rows", "1"]) == 2
+    assert rs.main(["--min-rows", "2"]) == 2
     err = capsys.readouterr().err
-    assert "--min-rows 1" in err and "2 or more" in err and "\n" == err[-1] and err.count("\n") == 1
+    assert "--min-rows 2" in err and "3 or more" in err and "\n" == err[-1] and err.count("\n") == 1
