@@ -76,8 +76,10 @@ def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     schedule = _pick(trial, "schedule", [s.value for s in sp.pipeline.schedule], pp > 1,
                      SCHEDULES[canonical_schedule(sp)].value)
     code = SCHEDULES.index(Schedule(schedule))
-    vpp = _pick(trial, "vpp", vpp_choices(sp, req.model, pp),
-                pp > 1 and code in (INTERLEAVED, ZERO_BUBBLE), 1)
+    vpps = vpp_choices(sp, req.model, pp)
+    if not vpps:  # more stages than the model has blocks (pp 64 for a 32-layer model)
+        return None
+    vpp = _pick(trial, "vpp", vpps, pp > 1 and code in (INTERLEAVED, ZERO_BUBBLE), 1)
     split = _pick(trial, "split", [s.value for s in sp.pipeline.split], pp > 1, "even")
     layout = {
         "num_gpus": n, "dp": n // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
