@@ -663,6 +663,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "pipeline_scatter_gather": True,  # PipelineEngine.is_pipe/grad_partitioned (TP > 1)
         "zero_stages": [0, 1, 2, 3], "hsdp_zero_stages": [],
         "layer_splits": ["even", "deepspeed"], "recompute_modules": [],
+        # no ring context parallelism (DeepSpeed's sequence parallelism is Ulysses, an
+        # all-to-all head split) and no Megatron-Core experts (DeepSpeed-MoE is its own model
+        # code): what export/deepspeed.py and export/megatron_deepspeed.py refuse
+        "parallel_dims": ["tp", "pp"],
         # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         # (deepspeed/runtime/pipe/engine.py asserts zero stage < 2)
         "sharded_zero_with_pipeline": False,
