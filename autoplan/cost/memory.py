@@ -158,7 +158,8 @@ def activation_elements_per_layer(
     # the 16-bit softmax output alone (backward_wavefront_bytes: its gradients are this size)
     out["probs"] = (2.0 * a * s * model.seq_len * b if eager_attention else 0.0 * sbh) / tp
     out["gate_share"] = np.asarray(0.5 if gated else 1.0)
-    out["kv_share"] = np.asarray(kv / (a + 2.0 * kv))
+    # the Q and V projections' own outputs (op-sac keeps them): grouped K/V width, repeated or not
+    out["qv_gemm"] = 2.0 * s * b * (a * d + model.kv_heads * d) / tp
     return out
 
 
@@ -186,8 +187,8 @@ def _kept_bytes_16bit(parts: dict[str, np.ndarray], policy: str) -> np.ndarray:
                 + parts["gemm_in"] - dense_in + parts.get("mla_latent", 0.0)
                 + parts["mlp_act"] * parts.get("fp8_scale", 1.0))
     if policy == "op-sac":  # SDPA outputs and every second matmul's (wq, wv, w1, w2), block input
-        q_and_v = parts["qkv"] * (1.0 - parts["kv_share"])
-        return (q_and_v + parts["attn_out"] + parts["core"] + parts["mlp_act"] * parts["gate_share"]
+        # (a repeated K/V copy ahead of SDPA is re-run from wv's output, not kept)
+        return (parts["qv_gemm"] + parts["attn_out"] + parts["core"] + parts["mlp_act"] * parts["gate_share"]
                 + parts["branch"] / 2.0 + parts["input"])
     raise ValueError(policy)
 

@@ -337,7 +337,8 @@ class RuntimeTraits:
     kv_repeated: bool = False
     """Grouped-query attention with the K/V heads repeated to all heads before the attention
     kernel, which then keeps the repeated copies for backward (autoplan's runtime:
-    repeat_interleave ahead of SDPA, measured in tests/unit/profiler/test_activations.py).
+    repeat_interleave ahead of SDPA, measured in tests/unit/profiler/test_activations.py;
+    torchtitan's repeat_kv). Op-level selective checkpointing re-runs the copies instead.
     False: the kernel reads the grouped heads (FlashAttention, cuDNN/Transformer Engine)."""
     partial_recompute: bool = True
     """Recompute can cover any number of layers of a stage (Plan.recompute.num_layers:
@@ -652,6 +653,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
         "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3], "grad_reduce_dtypes": ["fp32"],
         "multi_stage_schedules": ["zero-bubble"], "recompute_modules": [],
+        # Attention.forward repeats the grouped K/V heads before SDPA (repeat_kv: unsqueeze,
+        # expand, reshape, which copies) and the flash kernel saves those copies for backward
+        # (torchtitan/models/llama/model.py, 2024 through its 2025 llama3 model)
+        "kv_repeated": True,
     },
     "deepspeed": {
         "optimizer_extra_bytes": 14.0, "loss_bytes_per_logit": 52.0,

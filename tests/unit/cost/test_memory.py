@@ -145,6 +145,24 @@ def test_selective_kinds_keep_what_their_runtime_keeps() -> None:
     assert keep["op-sac"] == pytest.approx((4 + 2 + 8 + 2 + 2) * s * h + float(parts["core"]))
 
 
+def test_repeated_kv_copies_are_kept_without_recompute_but_not_by_op_sac() -> None:
+    # torchtitan's Attention repeats the 8 grouped K/V heads of Llama 3 8B to all 32 before
+    # SDPA, which saves the copies: K and V as wide as Q, 2 x 2sb(a - kv)d more kept. Its
+    # op-level policy re-runs the copies from wv's output: Q and V at their projections' widths
+    llama = PRESETS["llama-3-8b"]
+    s, d = llama.seq_len, llama.head_width
+    a, kv = llama.num_heads, llama.kv_heads
+    grouped, repeated = (memory.activation_elements_per_layer(
+        llama, 1, 1, False, 1, eager_attention=False, kv_repeated=r) for r in (False, True))
+    none = {name: float(memory.activation_bytes_per_layer(p, np.array(0), "bf16"))
+            for name, p in (("grouped", grouped), ("repeated", repeated))}
+    assert none["repeated"] - none["grouped"] == pytest.approx(2 * 2 * s * (a - kv) * d)
+    op_sac = [float(memory.activation_bytes_per_layer(p, np.array(1), "bf16", "op-sac"))
+              for p in (grouped, repeated)]
+    assert op_sac[0] == op_sac[1]
+    assert float(grouped["qv_gemm"]) == pytest.approx(2 * s * (a + kv) * d)
+
+
 @pytest.mark.parametrize(("precision", "per_norm"), [("bf16", 8), ("fp32", 8)])
 def test_rmsnorm_fp32_temporaries_do_not_double_in_fp32(precision, per_norm) -> None:
     # composite RMSNorm keeps x.float() and x.float() * rstd (fp32 in either precision) instead
