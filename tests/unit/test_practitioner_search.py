@@ -42,6 +42,8 @@ def test_winner_is_as_fast_as_the_practitioners_plan_and_exports(scenario: str) 
     assert row["estimate_agrees"]  # `estimate` prices the winner as the search did
     assert row["ours_pred_s"] <= row["theirs_pred_s"] * (1 + 1e-9), row
     assert row["exports"].startswith("yes"), row["exports"]
+    # the scenario's numerics stay theirs: a BF16 run is searched in BF16, not FP8
+    assert outcome.winner.precision == bench.build(entry)[0].precision
 
 
 def test_json_output_is_never_overwritten(tmp_path: Path, capsys) -> None:
