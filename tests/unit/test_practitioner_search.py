@@ -65,6 +65,11 @@ def test_json_rows_follow_the_table(tmp_path: Path, capsys) -> None:
     (row,) = json.loads(out.read_text())["scenarios"]
     assert row["id"] == "zero-offload-10b-1v100" and row["id"] in text
     assert row["winner"] in " ".join(text.split())  # the layout the table prints
+    # their plan's measured MFU: the cost model's FLOPs over the published step, one V100's
+    # fp16 peak (what the winner's MFU is set against for issue #11's 55% check)
+    plan, model, cluster = bench.build(_entry(bench, "zero-offload-10b-1v100"))
+    flops = bench.estimate_plan(plan, cluster, model).model_flops_per_step
+    assert row["theirs_measured_mfu"] == pytest.approx(flops / (21.79 * 125e12))
 
 
 def test_unknown_scenario_is_one_line_exit_2(capsys) -> None:
