@@ -12,7 +12,7 @@ from rich.table import Table
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
-from autoplan.display import column, count, terminal_width
+from autoplan.display import bias_words, column, count, terminal_width
 from autoplan.hardware import available_profiles, load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_to_dict
@@ -57,7 +57,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         "model_flops_per_step": est.model_flops_per_step, "mfu": est.mfu, "hfu": est.hfu,
         "days_to_train": est.days_to_train, "dominant": est.dominant,
         "num_params": est.num_params, "model": model.name, "plan": plan_to_dict(plan),
-        "runtime": est.runtime, "error_band": est.error_band,
+        "runtime": est.runtime, "error_band": est.error_band, "error_bias": est.error_bias,
     }
 
     def render(console: Console) -> None:
@@ -102,8 +102,8 @@ def estimate_command(args: argparse.Namespace) -> int:
             line += f"   days to train: {est.days_to_train:.1f}"
         console.print(line)
         console.print(f"priced for runtime {est.runtime}: step {est.time['step']:.3g} s "
-                      f"± {est.error_band:.0%} (validation error of runs of this kind)",
-                      markup=False)
+                      f"± {est.error_band:.0%} (validation error of runs of this kind"
+                      f"{bias_words(est.error_bias)})", markup=False)
         if est.feasible:
             console.print("[green]feasible[/]")
         else:

@@ -4,8 +4,11 @@
 source out of nothing (nothing is fitted to them), and writes per group (runtime family x kind
 of parallelism x scale) a one-sided 95% upper bound on the root-mean-square relative step-time
 error, rms * sqrt(n / chi2_05(n)) for n runs (3 runs: 3x their RMS; 16: 1.4x), to
-error_bands.yaml beside this file. A group with fewer than MIN_RUNS runs takes its runtime family's band, and a
-family with none the stated default.
+error_bands.yaml beside this file, with each group's bias: the mean of measured / predicted - 1
+over its runs (+0.08: they took 8% longer than priced). The bias says which way the band
+leans; nothing adds it to a prediction (that would fit the model to the runs). A group with
+fewer than MIN_RUNS runs takes its runtime family's band and bias, and a family with none the
+stated default band and no bias.
 """
 
 from __future__ import annotations
@@ -59,33 +62,55 @@ def _bands() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def band_table() -> tuple[float, dict[str, float], dict[tuple[str, int, int], float]]:
-    """(default, band per family, band per (family, kind, scale)) from error_bands.yaml."""
+def _table(field: str) -> tuple[float, dict[str, float], dict[tuple[str, int, int], float]]:
+    """(default, per family, per (family, kind, scale)) of one field of error_bands.yaml
+    (`band` or `bias`), from entries of at least MIN_RUNS runs."""
     data = _bands()
-    default = float(data.get("default", 0.25))
-    families = {str(k): float(v["band"]) for k, v in (data.get("families") or {}).items()
-                if v.get("runs", 0) >= MIN_RUNS}
+    default = float(data.get("default", 0.25)) if field == "band" else 0.0
+    families = {str(k): float(v[field]) for k, v in (data.get("families") or {}).items()
+                if v.get("runs", 0) >= MIN_RUNS and v.get(field) is not None}
     groups = {}
     for g in data.get("groups") or []:
-        if g.get("runs", 0) >= MIN_RUNS:
+        if g.get("runs", 0) >= MIN_RUNS and g.get(field) is not None:
             key = (str(g["family"]), KINDS.index(g["kind"]), SCALES.index(g["scale"]))
-            groups[key] = float(g["band"])
+            groups[key] = float(g[field])
     return default, families, groups
 
 
-def band_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
-                  ) -> np.ndarray:
-    """The relative step-time error band of every row (`moe`: the model has experts)."""
-    default, families, groups = band_table()
+def band_table() -> tuple[float, dict[str, float], dict[tuple[str, int, int], float]]:
+    """(default, band per family, band per (family, kind, scale)) from error_bands.yaml."""
+    return _table("band")
+
+
+def _of_table(field: str, runtime: str, r: Rows, profile: ClusterProfile, moe: bool
+              ) -> np.ndarray:
+    """Each row's `field`, from the group of runs its band comes from."""
+    default, families, groups = _table(field)
+    band_groups = _table("band")[2]
     fam = family(runtime)
     kind, scale = kind_of(r.tp, r.pp, r.cp, moe), scale_of(r.world, profile.gpus_per_node)
     out = np.full(np.shape(r.world), families.get(fam, default), dtype=float)
     # a MoE plan is never given a dense band: without MoE runs of its own family and scale it
     # takes the widest MoE band validated (every family's MoE residuals are MoE evidence),
     # else the stated default
-    moe_bands = [b for (_, g_kind, _), b in groups.items() if g_kind == KINDS.index("moe")]
-    out = np.where(kind == KINDS.index("moe"), max(moe_bands, default=default), out)
-    for (g_fam, g_kind, g_scale), band in groups.items():
+    moe_keys = [k for k in band_groups if k[1] == KINDS.index("moe")]
+    widest = max(moe_keys, key=band_groups.__getitem__, default=None)
+    out = np.where(kind == KINDS.index("moe"),
+                   default if widest is None else groups.get(widest, default), out)
+    for (g_fam, g_kind, g_scale), value in groups.items():
         if g_fam == fam:
-            out = np.where((kind == g_kind) & (scale == g_scale), band, out)
+            out = np.where((kind == g_kind) & (scale == g_scale), value, out)
     return out
+
+
+def band_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
+                  ) -> np.ndarray:
+    """The relative step-time error band of every row (`moe`: the model has experts)."""
+    return _of_table("band", runtime, r, profile, moe)
+
+
+def bias_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
+                  ) -> np.ndarray:
+    """How much longer than priced the validated runs behind each row's band took, on average
+    (mean of measured / predicted - 1; 0 where no group or family has runs)."""
+    return _of_table("bias", runtime, r, profile, moe)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost import compute, moe, runtime_rules
-from autoplan.cost.error_band import band_of_table
+from autoplan.cost.error_band import band_of_table, bias_of_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
 from autoplan.cost.step_memory import MEMORY_PARTS, activation_parts, memory_by_part
@@ -45,7 +45,8 @@ def estimate_table(
     """Score every row of `table` (see autoplan.plan_table.COLUMNS) as `runtime` runs it
     (default: autoplan's own runtime on this device); returns named columns: mem_<part> and
     mem_total / mem_host (bytes per GPU), time_<part> and time_step (seconds), tokens_per_s,
-    model_flops_per_step, mfu, hfu, fits and band (the relative error band)."""
+    model_flops_per_step, mfu, hfu, fits, band (the relative error band) and bias (how much
+    longer than priced the runs behind the band took, on average)."""
     traits = default_runtime(profile) if runtime is None else load_runtime(runtime)
     eager = attention == "eager"
     r = rows_of(table, model, precision, traits)
@@ -65,6 +66,7 @@ def estimate_table(
     out["hfu"] = (out["model_flops_per_step"] + recompute_flops_per_step(model, r, traits)) / (
         out["time_step"] * r.world * peak)
     out["band"] = band_of_table(traits.name, r, profile, model.moe is not None)
+    out["bias"] = bias_of_table(traits.name, r, profile, model.moe is not None)
     return out
 
 
@@ -89,6 +91,9 @@ class CostEstimate:
     error_band: float = 0.0
     """Relative error band of the step time: the validation residuals of runs of this kind
     (error_band.py); the step is step_time_s * (1 +- error_band)."""
+    error_bias: float = 0.0
+    """How much longer than priced the validated runs behind the band took, on average (mean
+    measured / predicted - 1): which way the band leans. Not applied to step_time_s."""
 
     @property
     def step_time_s(self) -> float:
@@ -111,7 +116,7 @@ def row_estimate(cols: dict[str, np.ndarray], i: int = 0) -> dict[str, Any]:
         "model_flops_per_step": float(cols["model_flops_per_step"][i]),
         "mfu": float(cols["mfu"][i]), "hfu": float(cols["hfu"][i]),
         "dominant": max(TIME_PARTS, key=lambda k: tim[k]), "fits": bool(cols["fits"][i]),
-        "band": float(cols["band"][i]),
+        "band": float(cols["band"][i]), "bias": float(cols["bias"][i]),
     }
 
 
@@ -156,6 +161,7 @@ def estimate_plan(
         tokens_per_s=row["tokens_per_s"], model_flops_per_step=row["model_flops_per_step"],
         mfu=row["mfu"], hfu=row["hfu"], num_params=total_params(model), dominant=row["dominant"],
         days_to_train=days, runtime=traits.name, error_band=row["band"],
+        error_bias=row["bias"],
     )
 
 

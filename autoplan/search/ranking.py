@@ -86,7 +86,7 @@ def predicted(scored: Scored, i: int, targets: Targets) -> dict[str, Any]:
         "tokens_per_s": est["tokens_per_s"], "step_time_s": est["time"]["step"],
         "mfu": est["mfu"], "hfu": est["hfu"], "memory_bytes": est["memory"],
         "time_s": est["time"], "dominant": est["dominant"],
-        "runtime": scored.runtime, "error_band": est["band"],
+        "runtime": scored.runtime, "error_band": est["band"], "error_bias": est["bias"],
     }
     for j, name in enumerate(targets.objectives):
         out[f"objective_{name}"] = display_value(name, float(scored.cols["objectives"][i, j]))

@@ -145,3 +145,14 @@ def test_structurally_invalid_plan_is_exit_2_like_train(tmp_path: Path, capsys) 
         assert code == 2, (argv, out.err)
         assert out.err.count("\n") == 1 and out.err.count(needle) == 1, out.err
         assert out.out == ""
+
+
+def test_estimate_says_which_way_its_band_leans(capsys) -> None:
+    # GPT-3 175B on 1,024 A100 priced for Megatron: the megatron 3d large group's runs took
+    # longer than priced; the table says so beside the band, the JSON carries it
+    code, data = run_json(capsys, ["estimate", *GPT3, "--runtime", "megatron"])
+    assert code == 0 and data["error_bias"] > 0.005
+    assert main(["estimate", *GPT3, "--runtime", "megatron", "--format", "table"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (f"± {data['error_band']:.0%} (validation error of runs of this kind, which took "
+            f"{data['error_bias']:.0%} longer than priced on average)") in text

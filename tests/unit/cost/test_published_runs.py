@@ -74,3 +74,34 @@ def test_a_moe_plan_never_takes_a_dense_band() -> None:
                             "batch": {"micro_batch_size": 1, "global_batch_size": 512}})
     assert estimate_plan(plan).error_band == pytest.approx(max(moe_bands))
     assert estimate_plan(dense).error_band < max(moe_bands)
+
+
+def test_bias_is_the_mean_of_measured_over_predicted() -> None:
+    # predicted 25% slow (measured / predicted 0.8) and 20% fast (1.25): +2.5% on average
+    assert _bench().bias_of([0.25, -0.2]) == pytest.approx(0.025)
+
+
+def test_estimate_carries_the_bias_of_the_runs_behind_its_band() -> None:
+    """A Megatron 3D plan on 64 GPUs takes the band and bias of the megatron 3d cluster group
+    of error_bands.yaml; a MoE plan without MoE runs of its family the widest MoE group's."""
+    from autoplan.cost.error_band import KINDS, SCALES, _bands
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.plan import plan_from_dict
+
+    groups = {(g["family"], g["kind"], g["scale"]): g for g in _bands()["groups"]}
+    plan = plan_from_dict({"model": "llama-3-70b",
+                           "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
+                           "parallel": {"dp": 4, "tp": 4, "pp": 4}, "sequence_parallel": True,
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 128}})
+    est = estimate_plan(plan, runtime="megatron")
+    group = groups[("megatron", KINDS[2], SCALES[1])]
+    assert group["runs"] >= 3 and group["bias"] != 0
+    assert (est.error_band, est.error_bias) == pytest.approx((group["band"], group["bias"]))
+    moe = plan_from_dict({"model": "mixtral-8x7b",
+                          "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
+                          "parallel": {"dp": 32, "pp": 2, "ep": 8},
+                          "batch": {"micro_batch_size": 1, "global_batch_size": 512}})
+    widest = max((g for g in groups.values() if g["kind"] == "moe" and g["runs"] >= 3),
+                 key=lambda g: g["band"])
+    est = estimate_plan(moe)  # autoplan-cuda: torchtitan's residuals, none of them MoE
+    assert (est.error_band, est.error_bias) == pytest.approx((widest["band"], widest["bias"]))
