@@ -116,6 +116,10 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
     reduce_bytes = np.array([runtime.reduce_bytes(precision), 4.0, 2.0])[reduce_code]
     grad_bytes = np.where((reduce_code != 0) & runtime.grads_in_reduce_dtype, reduce_bytes,
                           runtime.grad_bytes(precision))
+    if runtime.pipeline_engine_reduce and precision == "bf16":  # BF16_Optimizer's fp32 grads
+        fp32 = (pp > 1) & (reduce_code == 0)
+        reduce_bytes = np.where(fp32, 4.0, reduce_bytes)
+        grad_bytes = np.where(fp32, 4.0, grad_bytes)
     # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
     # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
     # (autoplan.runtime.data_parallel.uses_fsdp)

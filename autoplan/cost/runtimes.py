@@ -172,6 +172,15 @@ class RuntimeTraits:
     overlap_dp_comm: bool = True
     """Data-parallel reductions overlap backward (DDP buckets, FSDP2 reduce-scatter streams,
     Megatron --overlap-grad-reduce); the profile's `efficiency.overlap` says how well."""
+    pipeline_engine_reduce: bool = False
+    """Under a pipeline (pp > 1) the data-parallel gradient reduction runs as its own step of
+    the schedule after the last backward, overlapping nothing, and a bf16 plan's gradients are
+    kept and reduced in fp32 (DeepSpeed's PipelineEngine: TrainSchedule issues ReduceGrads
+    after the last BackwardPass; with bf16, BF16_Optimizer accumulates each 16-bit gradient
+    into its fp32 gradient buffers and `_exec_reduce_grads` -> `_bf16_reduce_grads`
+    all-reduces "the optimizer's FP32 grads": deepspeed/runtime/pipe/schedule.py and
+    engine.py; BLOOM's tr11 script runs ZeRO stage 0, "bf16 must use z0! it implements its
+    own zero stage 1 equivalent"). A plan's explicit grad_reduce_dtype is priced as asked."""
     overlap_param_gather: bool = True
     """ZeRO parameter all-gathers overlap the neighbouring compute (FSDP2 prefetch, Megatron
     --overlap-param-gather): only the first gather and the last reduce-scatter of a step are
@@ -665,6 +674,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",
         "selective": "attention-core", "grad_bytes_bf16": 2.0, "reduce_bytes_bf16": 2.0,
         "pipeline_grad_sync": "every-microbatch", "schedules": ["1f1b"],
+        "pipeline_engine_reduce": True,
         "pipeline_scatter_gather": True,  # PipelineEngine.is_pipe/grad_partitioned (TP > 1)
         "zero_stages": [0, 1, 2, 3], "hsdp_zero_stages": [],
         "layer_splits": ["even", "deepspeed"], "recompute_modules": [],

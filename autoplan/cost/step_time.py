@@ -370,9 +370,11 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
     reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
     gathers = np.where(r.zero == 0, 0.0, np.where(r.zero == 3, 2.0 * r.m, 1.0) * ag)
     overlap = profile.efficiency.overlap
-    # reductions follow one micro-batch's backward, or every one when they run each time;
-    # gathers precede the forward (ZeRO-1/2: once per step) or every forward and backward
-    hide_red = np.where(once, 1.0, r.m) * crit["backward"] * overlap
+    # reductions follow one micro-batch's backward, or every one when they run each time (a
+    # pipeline engine's after the last backward: nothing); gathers precede the forward (ZeRO-1/2:
+    # once per step) or every forward and backward
+    red_overlap = np.where((r.pp > 1) & runtime.pipeline_engine_reduce, 0.0, overlap)
+    hide_red = np.where(once, 1.0, r.m) * crit["backward"] * red_overlap
     hide_gat = np.where(r.zero == 3, r.m * (crit["forward"] + crit["backward"]),
                         crit["forward"]) * overlap
     if runtime.overlap_param_gather:

@@ -667,3 +667,31 @@ def compute_gemm_time(model, profile) -> float:
     flops = compute.gemm_flops_per_layer(model, tokens, tp)[3]
     shape = compute.gemm_shapes_per_layer(model, tokens, tp)[3]
     return float(compute.gemm_time_s(flops, profile, profile.device.peak("bf16"), shape)[0])
+
+
+def test_deepspeed_pipeline_engine_reduces_fp32_gradients_after_the_last_backward() -> None:
+    """DeepSpeed's PipelineEngine with bf16 keeps and all-reduces BF16_Optimizer's fp32
+    gradients, as its own step after the last backward; its ZeRO engine without a pipeline
+    keeps and reduces 16-bit ones, hidden behind backward like any overlapped reduction."""
+    from autoplan.cost.estimate import estimate_table
+    from autoplan.cost.rows import rows_of
+    from autoplan.hardware import load_profile
+    from autoplan.model_spec import PRESETS
+    from autoplan.plan_table import plan_to_row
+
+    model, profile = PRESETS["gpt3-13b"], load_profile("a100-sxm4-80gb")
+    base = {"model": "gpt3-13b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 64},
+            "zero_stage": 1, "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+    piped = plan_from_dict({**base, "parallel": {"dp": 16, "tp": 1, "pp": 4}})
+    flat = plan_from_dict({**base, "parallel": {"dp": 16, "tp": 4, "pp": 1}})
+    rows = [plan_to_row(p, model) for p in (piped, flat)]
+    table = {k: np.concatenate([row[k] for row in rows]) for k in rows[0]}
+    ds = load_runtime("deepspeed")
+    r = rows_of(table, model, "bf16", ds)
+    assert list(r.reduce_bytes) == [4.0, 2.0] and list(r.grad_bytes) == [4.0, 2.0]
+    assert list(rows_of(table, model, "fp16", ds).reduce_bytes) == [2.0, 2.0]
+    # the same pipeline plan with the reduction overlapped as any runtime's: more of it hidden
+    overlapped = replace(ds, name="overlapped", pipeline_engine_reduce=False)
+    cut = {name: estimate_table(table, model, profile, "fp16", runtime=rt)["time_dp_comm"]
+           for name, rt in (("engine", ds), ("overlapped", overlapped))}
+    assert cut["engine"][0] > cut["overlapped"][0] and cut["engine"][1] == cut["overlapped"][1]
