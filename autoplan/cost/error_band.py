@@ -84,23 +84,23 @@ def band_table() -> tuple[float, dict[str, float], dict[tuple[str, int, int], fl
 
 def _of_table(field: str, runtime: str, r: Rows, profile: ClusterProfile, moe: bool
               ) -> np.ndarray:
-    """Each row's `field`, from the group of runs its band comes from."""
+    """Each row's `field`, from the group of runs its band comes from: a (kind x scale) table
+    of this runtime family's values, indexed by every row's kind and scale."""
     default, families, groups = _table(field)
     band_groups = _table("band")[2]
     fam = family(runtime)
-    kind, scale = kind_of(r.tp, r.pp, r.cp, moe), scale_of(r.world, profile.gpus_per_node)
-    out = np.full(np.shape(r.world), families.get(fam, default), dtype=float)
+    cells = np.full((len(KINDS), len(SCALES)), families.get(fam, default), dtype=float)
     # a MoE plan is never given a dense band: without MoE runs of its own family and scale it
     # takes the widest MoE band validated (every family's MoE residuals are MoE evidence),
     # else the stated default
     moe_keys = [k for k in band_groups if k[1] == KINDS.index("moe")]
     widest = max(moe_keys, key=band_groups.__getitem__, default=None)
-    out = np.where(kind == KINDS.index("moe"),
-                   default if widest is None else groups.get(widest, default), out)
+    cells[KINDS.index("moe")] = default if widest is None else groups.get(widest, default)
     for (g_fam, g_kind, g_scale), value in groups.items():
         if g_fam == fam:
-            out = np.where((kind == g_kind) & (scale == g_scale), value, out)
-    return out
+            cells[g_kind, g_scale] = value
+    kind, scale = kind_of(r.tp, r.pp, r.cp, moe), scale_of(r.world, profile.gpus_per_node)
+    return cells[np.broadcast_to(kind, np.shape(r.world)), np.broadcast_to(scale, np.shape(r.world))]
 
 
 def band_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
