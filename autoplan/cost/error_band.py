@@ -82,35 +82,30 @@ def band_table() -> tuple[float, dict[str, float], dict[tuple[str, int, int], fl
     return _table("band")
 
 
-def _of_table(field: str, runtime: str, r: Rows, profile: ClusterProfile, moe: bool
-              ) -> np.ndarray:
-    """Each row's `field`, from the group of runs its band comes from: a (kind x scale) table
-    of this runtime family's values, indexed by every row's kind and scale."""
+def _cells(field: str, fam: str) -> np.ndarray:
+    """One field of a runtime family as a (kind x scale) table: the family's own group where it
+    has one, else the family's value; a MoE cell without a MoE group of the family the widest
+    MoE band's group (a MoE plan is never given a dense band: every family's MoE residuals are
+    MoE evidence), else the stated default."""
     default, families, groups = _table(field)
     band_groups = _table("band")[2]
-    fam = family(runtime)
     cells = np.full((len(KINDS), len(SCALES)), families.get(fam, default), dtype=float)
-    # a MoE plan is never given a dense band: without MoE runs of its own family and scale it
-    # takes the widest MoE band validated (every family's MoE residuals are MoE evidence),
-    # else the stated default
     moe_keys = [k for k in band_groups if k[1] == KINDS.index("moe")]
     widest = max(moe_keys, key=band_groups.__getitem__, default=None)
     cells[KINDS.index("moe")] = default if widest is None else groups.get(widest, default)
     for (g_fam, g_kind, g_scale), value in groups.items():
         if g_fam == fam:
             cells[g_kind, g_scale] = value
-    kind, scale = kind_of(r.tp, r.pp, r.cp, moe), scale_of(r.world, profile.gpus_per_node)
-    return cells[np.broadcast_to(kind, np.shape(r.world)), np.broadcast_to(scale, np.shape(r.world))]
+    return cells
 
 
-def band_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
-                  ) -> np.ndarray:
-    """The relative step-time error band of every row (`moe`: the model has experts)."""
-    return _of_table("band", runtime, r, profile, moe)
-
-
-def bias_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
-                  ) -> np.ndarray:
-    """How much longer than priced the validated runs behind each row's band took, on average
-    (mean of measured / predicted - 1; 0 where no group or family has runs)."""
-    return _of_table("bias", runtime, r, profile, moe)
+def band_and_bias_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's relative step-time error band and the bias of the runs behind it (how much
+    longer than priced they took, on average: mean measured / predicted - 1; 0 where no group
+    or family has runs), by the row's kind and scale (`moe`: the model has experts)."""
+    fam = family(runtime)
+    shape = np.shape(r.world)
+    kind = np.broadcast_to(kind_of(r.tp, r.pp, r.cp, moe), shape)
+    scale = np.broadcast_to(scale_of(r.world, profile.gpus_per_node), shape)
+    return _cells("band", fam)[kind, scale], _cells("bias", fam)[kind, scale]

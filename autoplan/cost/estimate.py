@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost import compute, moe, runtime_rules
-from autoplan.cost.error_band import band_of_table, bias_of_table
+from autoplan.cost.error_band import band_and_bias_of_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
 from autoplan.cost.step_memory import MEMORY_PARTS, activation_parts, memory_by_part
@@ -65,8 +65,8 @@ def estimate_table(
     out["mfu"] = out["model_flops_per_step"] / (out["time_step"] * r.world * peak)
     out["hfu"] = (out["model_flops_per_step"] + recompute_flops_per_step(model, r, traits)) / (
         out["time_step"] * r.world * peak)
-    out["band"] = band_of_table(traits.name, r, profile, model.moe is not None)
-    out["bias"] = bias_of_table(traits.name, r, profile, model.moe is not None)
+    out["band"], out["bias"] = band_and_bias_of_table(traits.name, r, profile,
+                                                      model.moe is not None)
     return out
 
 
