@@ -76,11 +76,16 @@ def flops_per_token(convention: str, model: ModelSpec) -> float:
         core = s / (2 * h) if convention == "megatron-moe-causal" else s / h
         return 12 * L * h**2 * ((1 + g / a + core) * model.q_width / h + routed * gated / h
                                 + V / (2 * L * h))
+    if convention == "palm":
+        # Chowdhery et al. 2022 (PaLM), Appendix B: 6*N + 12*L*h*s per token (full s^2
+        # attention), N every parameter; Hagemann et al. 2023 count MFU so (their Appendix).
+        return 6.0 * total_params(model) + 12.0 * L * h * s
     if convention == "6n":
         # Kaplan et al. 2020 / torchtitan's 6*N part: 6 FLOPs per parameter per token.
         return 6.0 * total_params(model)
     raise ConfigError("derived.inputs.flops_convention", f"got {convention!r}",
-                      "use nemo-llama, megatron-sc21, megatron-moe, megatron-moe-causal or 6n")
+                      "use nemo-llama, megatron-sc21, megatron-moe, megatron-moe-causal, palm "
+                      "or 6n")
 
 
 def _tokens_per_step(entry: dict[str, Any], model: ModelSpec) -> float:
@@ -100,6 +105,10 @@ def derive(entry: dict[str, Any], figure: str, model: ModelSpec) -> float:
         # step = global_batch * seq_len * FLOPs/token / (TFLOP/s/GPU * 1e12 * GPUs)
         fpt = flops_per_token(inputs["flops_convention"], model)
         return tokens * fpt / (meas["tflops_per_gpu"] * 1e12 * gpus)
+    if method == "step_from_mfu":
+        # step = global_batch * seq_len * FLOPs/token / (MFU * peak FLOP/s * GPUs)
+        fpt = flops_per_token(inputs["flops_convention"], model)
+        return tokens * fpt / (meas["mfu"] * inputs["peak_tflops"] * 1e12 * gpus)
     if method == "step_from_days":
         # step = days * 86400 * tokens per step / total tokens trained
         return inputs["days"] * 86400.0 * tokens / inputs["train_tokens"]

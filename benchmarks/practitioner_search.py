@@ -196,8 +196,9 @@ def print_table(rows: list[dict[str, Any]], console: Console) -> None:
             f"{r['export_target']}: {r['exports'].split(':')[0]}", _s(r["search_s"], ".1f"),
             r["sampler"])
     console.print(table)
-    console.print("* not scored in practitioner.py (FP8 or torch.compile as run; FP8 plans "
-                  "priced in fp8). "
+    console.print("* not scored in practitioner.py (FP8 or torch.compile as run, FP8 plans "
+                  "priced in fp8; or figures the source does not print, assumed: the row's "
+                  "notes say which). "
                   "their pred s: their plan estimated under the same runtime; (infeasible): the cost "
                   "model rejects it where it ran (see below).", markup=False)
 
