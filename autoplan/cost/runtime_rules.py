@@ -68,8 +68,8 @@ def _partial_recompute_message(t: Table, rt: RuntimeTraits) -> str:
             "with pp=1)")
 
 
-def _offload_mode(t: Table) -> tuple[bool, bool]:
-    return bool(t["offload_optimizer"][0]), bool(t["offload_params"][0])
+def _offload_mode(t: Table) -> tuple[bool, bool, int]:
+    return bool(t["offload_optimizer"][0]), bool(t["offload_params"][0]), _v(t, "zero_stage")
 
 
 def _offload(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
@@ -78,7 +78,8 @@ def _offload(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     for o, p in ((True, False), (False, True), (True, True)):
         if rt.offload_refusal(o, p) is not None:
             bad |= (opt == o) & (par == p)
-    return bad
+    # an optimizer offload at a ZeRO stage the runtime does not offload with
+    return bad | (opt & ~np.isin(t["zero_stage"], list(rt.offload_zero_stages)))
 
 
 def _reduce_codes(rt: RuntimeTraits) -> list[int]:

@@ -394,6 +394,13 @@ class RuntimeTraits:
     (torch.distributed.fsdp.fully_shard docs), so torchtitan has `both` only; Megatron-Core
     offloads the distributed optimizer only (--optimizer-cpu-offload, megatron-core >= 0.9).
     The ZeRO stage each needs is a plan rule (parameters: ZeRO-3; optimizer: ZeRO >= 1)."""
+    offload_zero_stages: tuple[int, ...] = (1, 2, 3)
+    """ZeRO stages the runtime runs an optimizer offload with. Megatron-Core's
+    --optimizer-cpu-offload is its distributed optimizer's (megatron/core/optimizer/__init__.py
+    builds HybridDeviceOptimizer, torch's AdamW on the host, inside DistributedOptimizer): ZeRO-1
+    only, as `autoplan export --to megatron` refuses any other stage. DeepSpeed offloads the
+    optimizer at stages 1-3 (its zero_optimization.offload_optimizer); FSDP2's CPUOffloadPolicy
+    and autoplan's optimizer offload shard with FSDP (ZeRO-1 to 3 by the plan rules)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fp8_weight_cache_bytes <= 4.0:
@@ -460,6 +467,12 @@ class RuntimeTraits:
         if any(o not in OFFLOAD_MODES for o in self.offload):
             raise ConfigError("runtime.offload", f"got {list(self.offload)!r}",
                               "list some of optimizer, params, both (or [] for none)")
+        if not self.offload_zero_stages or any(
+                isinstance(z, bool) or z not in (1, 2, 3) for z in self.offload_zero_stages):
+            raise ConfigError("runtime.offload_zero_stages",
+                              f"got {list(self.offload_zero_stages)!r}",
+                              "list some of the ZeRO stages 1, 2, 3 (an optimizer offload "
+                              "needs a sharded optimizer)")
         splits = ("even", "balanced", "ends", "embed-loss", "deepspeed")
         if "even" not in self.layer_splits or any(v not in splits for v in self.layer_splits):
             raise ConfigError("runtime.layer_splits", f"got {list(self.layer_splits)!r}",
@@ -487,8 +500,9 @@ class RuntimeTraits:
             raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
                               "list some of 0, 1, 2, 3")
 
-    def offload_refusal(self, optimizer: bool, params: bool) -> str | None:
-        """Why the runtime cannot run this offload, or None."""
+    def offload_refusal(self, optimizer: bool, params: bool,
+                        zero_stage: int | None = None) -> str | None:
+        """Why the runtime cannot run this offload (at this ZeRO stage, where given), or None."""
         mode = {(True, True): "both", (True, False): "optimizer", (False, True): "params"}.get(
             (optimizer, params))
         if mode is None:
@@ -496,7 +510,12 @@ class RuntimeTraits:
         if mode not in self.offload:
             runs = "; ".join(OFFLOAD_MODES[m] for m in self.offload) or "nothing"
             return f"runtime {self.name} cannot offload {OFFLOAD_MODES[mode]} (it offloads {runs})"
-        return None  # the ZeRO stage each mode needs is a plan rule (plan_rules, offload-*)
+        if optimizer and zero_stage is not None and zero_stage not in self.offload_zero_stages:
+            stages = ", ".join(map(str, self.offload_zero_stages))
+            return (f"runtime {self.name} offloads the optimizer at ZeRO stage {stages} only "
+                    f"(got zero_stage {zero_stage}; set zero_stage {self.offload_zero_stages[0]})")
+        # the least stage each mode needs is a plan rule (plan_rules, offload-*)
+        return None
 
     def tp_exposed_share(self, tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """Share of a block's tensor-parallel collective time left exposed, as far as the GEMMs
@@ -602,6 +621,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "with overlapped gradient reduce and parameter gather, Megatron-FSDP "
                        "(ZeRO-2/3) without a pipeline",
         "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
+        "offload_zero_stages": [1],  # the distributed optimizer's (HybridDeviceOptimizer)
         "sharded_zero_with_pipeline": False,
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
@@ -612,6 +632,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "(--moe-token-dispatcher-type flex --moe-enable-deepep): tokens sent "
                        "once per destination node",
         "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
+        "offload_zero_stages": [1],  # the distributed optimizer's (HybridDeviceOptimizer)
         "sharded_zero_with_pipeline": False,
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
         "ep_dispatcher": "deepep",
@@ -635,6 +656,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
                        "Transformer Engine userbuffers)",
         "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
+        "offload_zero_stages": [1],  # the distributed optimizer's (HybridDeviceOptimizer)
         "sharded_zero_with_pipeline": False,
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
         "userbuffers_proj_sms": 24, "userbuffers_fc2_sms": 16,  # NeMo's H100 70B recipe

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 
+from autoplan.cost.runtimes import load_runtime
 from autoplan.export.base import (
     ExportOptions,
     ExportTarget,
@@ -26,6 +27,8 @@ from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, Recompute
 
 ATTENTION_BACKENDS = {Attention.FLASH: "flash", Attention.EAGER: "unfused"}
 """Plan attention -> Megatron --attention-backend (unfused keeps the s x s scores)."""
+MEGATRON_OFFLOAD_STAGES = load_runtime("megatron").offload_zero_stages
+"""ZeRO stages Megatron-Core offloads the optimizer at (RuntimeTraits.offload_zero_stages)."""
 NULL_TOKENIZER_EXTRA = 1
 """Megatron's NullTokenizer adds one end-of-document token to --vocab-size."""
 
@@ -50,10 +53,11 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         )
     if plan.offload.params:
         why.append("offload.params: Megatron has no parameter offload to host memory")
-    if plan.offload.optimizer and plan.zero_stage != 1:
+    if plan.offload.optimizer and plan.zero_stage not in MEGATRON_OFFLOAD_STAGES:
+        # the rule the megatron runtime traits price and search by (one rule set)
         why.append(
             "offload.optimizer: Megatron offloads the distributed optimizer only "
-            "(needs zero_stage 1)"
+            f"(needs zero_stage {', '.join(map(str, MEGATRON_OFFLOAD_STAGES))})"
         )
     if p.pp > 1 or pipe.vpp > 1:
         if pipe.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):

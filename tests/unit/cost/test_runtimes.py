@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autoplan.cost.estimate import estimate_plan
-from autoplan.cost.runtimes import RUNTIMES, load_runtime
+from autoplan.cost.runtimes import RUNTIMES, load_runtime, runtime_from_dict
 from autoplan.errors import ConfigError
 from autoplan.plan import plan_from_dict
 
@@ -140,6 +140,28 @@ def test_a_runtime_refuses_offload_it_cannot_run() -> None:
     assert not any("offload" in r for r in estimate_plan(opt, runtime="megatron").reasons)
     assert any("cannot offload the optimizer alone" in r
                for r in estimate_plan(opt, runtime="megatron-2022").reasons)
+
+
+def test_megatron_offloads_the_optimizer_at_zero_1_only_as_its_export_says() -> None:
+    # --optimizer-cpu-offload is the distributed optimizer's: the search under Megatron's traits
+    # must refuse what `export --to megatron` refuses (a ZeRO-2 offload winner was exported as
+    # "cannot express this plan" before the rule was shared)
+    from autoplan.export.megatron import _reasons
+
+    for stage in (1, 2, 3):
+        plan = plan_from_dict({**LLAMA8B, "zero_stage": stage, "offload": {"optimizer": True}})
+        exported = [r for r in _reasons(plan, plan.model_spec()) if r.startswith("offload")]
+        for runtime in ("megatron", "megatron-deepep", "nemo"):
+            priced = [r for r in estimate_plan(plan, runtime=runtime).reasons if "offload" in r]
+            assert bool(priced) == bool(exported) == (stage != 1), (runtime, stage, priced)
+            if priced:
+                assert f"got zero_stage {stage}; set zero_stage 1" in priced[0]
+        assert not any("offload" in r for r in estimate_plan(plan, runtime="deepspeed").reasons)
+
+
+def test_offload_zero_stages_are_checked() -> None:
+    with pytest.raises(ConfigError, match="runtime.offload_zero_stages"):
+        runtime_from_dict({"schema_version": 1, "base": "megatron", "offload_zero_stages": [0]})
 
 
 def test_fsdp2_offload_keeps_what_the_runtime_keeps_on_the_device() -> None:
