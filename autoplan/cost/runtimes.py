@@ -99,7 +99,7 @@ class RuntimeTraits:
     place is added into the runtime's own gradient buffer afterwards (Megatron-Core DDP's hook:
     `param.main_grad.add_(param.grad.data)`; gradient_accumulation_fusion covers the Linear
     layers only), so the embedding's dense gradient is read once more and the buffer read and
-    written each micro-batch (step_time.embedding_grad_s). False: the gradient goes straight to
+    written each micro-batch (stage_time.embedding_grad_s). False: the gradient goes straight to
     its reduction (FSDP2, whose copy-in fsdp2_copies prices) or accumulates in place."""
     zeroes_grad_buffer: bool = False
     """Each step zeroes the rank's gradient buffer, grad_bytes per parameter it holds: all of

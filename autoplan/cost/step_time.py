@@ -2,8 +2,9 @@
 context-parallel collectives, the pipeline bubble and sends, data-parallel/ZeRO traffic left
 exposed, offload and the optimizer step.
 
-Every part is seconds per optimizer step on the critical (slowest) stage; comm.py, compute.py,
-pipeline.py and offload.py hold the formulas and their sources.
+Every part is seconds per optimizer step on the critical (slowest) stage, whose seconds per
+micro-batch stage_time.py prices; comm.py, compute.py, pipeline.py and offload.py hold the
+formulas and their sources.
 """
 
 from __future__ import annotations
@@ -13,17 +14,14 @@ from dataclasses import replace
 import numpy as np
 
 from autoplan.cost import comm, compute, memory, moe, mtp, offload, params, pipeline
-from autoplan.cost.recompute_time import (
-    deepseek_v3_recompute_s,
-    module_recompute_s,
-    recompute_flops_per_step,
-)
-from autoplan.cost.rows import Rows, recomputed_layers
-from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
+from autoplan.cost.recompute_time import recompute_flops_per_step
+from autoplan.cost.rows import Rows
+from autoplan.cost.runtimes import RuntimeTraits
+from autoplan.cost.stage_time import critical_stage_s, fsdp_unit_host_s
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, Curve, scale_figure
 from autoplan.model_spec import ModelSpec, NormKind
-from autoplan.plan_table import GPIPE, RC_FULL, RC_SELECTIVE
+from autoplan.plan_table import GPIPE
 
 TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_bubble", "pp_comm", "dp_comm",
               "offload", "optimizer", "ep_comm")
@@ -60,274 +58,6 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
                                 for k, v in (eff.attention_backward or {}).items()} or None)
         device = replace(device, sm_count=left)
     return replace(profile, efficiency=eff, device=device)
-
-
-def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: np.ndarray,
-                  tp: np.ndarray, cp: np.ndarray, eager: bool, runtime: RuntimeTraits,
-                  parts: dict[str, np.ndarray], sp: np.ndarray | bool = False,
-                  unit_host_s: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
-    """compute.layer_times_s of one block as this runtime runs it (also what `autoplan
-    profile` compares its measured blocks with); `unit_host_s`: the host seconds of the
-    block's FSDP unit per micro-batch, where the runtime's host runs ahead of the device."""
-    act_scale = 2.0 if precision == "fp32" else 1.0
-    noncore = np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0) * act_scale
-    tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
-    casts = (compute.fp8_cast_bytes(model, tokens, tp) if precision == "fp8"
-             else np.zeros_like(tokens))
-    core = runtime.attention_precision(precision)  # the fused core's own dtype
-    if core != precision and core == "fp32" and not eager:
-        casts = casts + compute.attention_cast_bytes(model, tokens, tp, cp)
-    if runtime.eager_elementwise:
-        elementwise = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
-                                                      runtime.fused_norm, precision)
-    else:
-        elementwise = compute.fused_elementwise_bytes(model, parts, tokens, tp, np.asarray(sp),
-                                                      precision)
-    return compute.layer_times_s(model, profile, gemm_peak(profile, precision, runtime), b, tp,
-                                 cp,
-                                 noncore, parts["core"] * act_scale, eager,
-                                 causal_skip=runtime.causal_attention_skip and not eager,
-                                 attention_kernel=f"{runtime.attention_kernel}@{core}",
-                                 elementwise_bytes=elementwise,
-                                 attention_peak=profile.device.peak(core),
-                                 extra_elementwise_bytes=casts,
-                                 host_runs_ahead=runtime.host_runs_ahead, unit_host_s=unit_host_s,
-                                 recompute_skips_last_gemm=(
-                                     runtime.recompute_early_stop and not runtime.reentrant_recompute
-                                     and model.moe is None and model.mla is None))
-
-
-def fsdp_unit_host_s(r: Rows, runtime: RuntimeTraits, profile: ClusterProfile
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """FSDP2's host seconds per unit and micro-batch (hooks, copies), split by where they are
-    priced: (per block, with the block's ops in layer_times_s; per micro-batch, beside the
-    data-parallel communication). Where the host runs ahead the blocks' units go with their
-    ops and only the root unit of each model chunk (embedding, final norm, head) is charged
-    apart; otherwise every unit is charged apart, in series."""
-    unit = np.where(r.fsdp, profile.efficiency.fsdp_unit_overhead_s, 0.0)
-    if runtime.host_runs_ahead:
-        return unit, r.vpp * unit
-    return np.zeros_like(unit), (r.layers_max + r.vpp) * unit
-
-
-def gemm_peak(profile: ClusterProfile, precision: str, runtime: RuntimeTraits) -> float:
-    """The peak a block's GEMMs run at: the profile's for the plan's precision, an fp8 run's
-    scaled by the runtime's fp8 kernels (RuntimeTraits.fp8_gemm_efficiency)."""
-    scale = runtime.fp8_gemm_efficiency if precision == "fp8" else 1.0
-    return profile.device.peak(precision) * scale
-
-
-def sixteen_bit_peak(profile: ClusterProfile, precision: str) -> float:
-    """The peak attention and the output layer run at: an fp8 run's 16-bit peak (MFU takes the
-    plan precision's own peak, estimate.estimate_table)."""
-    return profile.device.peak("bf16" if precision == "fp8" else precision)
-
-
-def _stages(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
-            runtime: RuntimeTraits, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-micro-batch seconds of the slowest of the first, largest and last stage."""
-    peak = sixteen_bit_peak(profile, precision)  # the output layer stays 16-bit in fp8 runs
-    lt = block_times_s(model, profile, precision, r.b, r.tp, r.cp, eager, runtime, parts, r.sp,
-                       fsdp_unit_host_s(r, runtime, profile)[0])
-    if runtime.selective is SelectiveKind.DEEPSEEK_V3:
-        lt["deepseek-v3"] = deepseek_v3_recompute_s(model, profile, gemm_peak(
-            profile, precision, runtime), r, lt, parts)
-    # Transformer Engine's pipelined userbuffers overlap runs the two row-parallel forward
-    # GEMMs on the SMs its reduce-scatter leaves them (a full recompute's forward too)
-    margin = userbuffers_margin_s(model, profile, runtime, r, lt)
-    extra = {"forward": margin, "backward": 0.0 * margin, "full": margin}
-    if model.moe is not None or model.mla is not None:  # expert GEMMs, router, MLA projections
-        # at the peak the block's own GEMMs ran at (fp8 in an fp8 run: DeepSeek-V3 §3.3.1 runs
-        # every Linear's Fprop, Dgrad and Wgrad in FP8), since the delta replaces those GEMMs
-        delta = moe.block_forward_delta_s(model, profile, gemm_peak(profile, precision,
-                                                                    runtime), r)
-        extra = {"forward": extra["forward"] + delta, "backward": 2.0 * delta,
-                 "full": extra["full"] + delta}
-        if precision == "fp8" and model.moe is not None:  # the experts' casts, not the MLP's
-            casts = compute.memory_time_s(moe.fp8_cast_delta_bytes(
-                model, r, runtime.ep_dispatch_bytes), profile)
-            extra = {"forward": extra["forward"] + casts / 3.0,
-                     "backward": extra["backward"] + casts * 2.0 / 3.0,
-                     "full": extra["full"] + casts / 3.0}
-    else:
-        delta = 0.0 * lt["gemm_forward"]
-    # device work: it joins the block's kernels before the host's share is weighed
-    lt = {**lt, **{k: compute.with_host(lt[f"{k}_device"] + x, lt[f"{k}_host"],
-                                        runtime.host_runs_ahead) for k, x in extra.items()}}
-    # weight-gradient GEMMs per block: one per forward GEMM at its shape (the GEMM forward time
-    # with the MoE/MLA delta); backward also holds the input gradients, the attention core's
-    # backward and element-wise work, which have none
-    wgrad = lt["gemm_forward"] + delta
-    a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
-                                     dedup_nodes=runtime.ep_dispatcher == "deepep")
-    by_module = r.rc_modules > 0
-    # the MoE layers' forward GEMMs a recompute of the whole layer re-runs (recompute.modules
-    # moe): the MLP GEMMs the mean block's MoE share stands for, plus the MoE delta
-    moe_gemm = moe.moe_share(model) * (lt["mlp_gemm_forward"] + moe.moe_block_forward_s(
-        model, profile, gemm_peak(profile, precision, runtime), r))
-    selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules, moe_gemm),
-                           lt[runtime.selective.value])
-    # ... and its dispatch and combine all-to-alls, half of a block's four
-    moe_again = (r.recompute == RC_SELECTIVE) & ((r.rc_modules & memory.MOE) > 0)
-    a2a_rec = np.where(moe_again, a2a / 2.0, 0.0)
-    rec_extra = np.where(r.recompute == RC_SELECTIVE, selective_t,
-                         np.where(r.recompute == RC_FULL, lt["full"], 0.0))
-    tokens = model.seq_len / r.cp * r.b
-    gpn = profile.gpus_per_node
-    tp_nodes = comm.members_per_node(np.ones_like(r.tp), r.tp, gpn)
-    tpc = comm.tensor_parallel_time_s(model, r.weight_bytes * tokens * model.hidden_size,
-                                      4.0 * tokens, r.tp, r.sp,
-                                      comm.intra_node(np.ones_like(r.tp), r.tp, gpn), profile,
-                                      per_node=tp_nodes)
-    # what the runtime's overlap leaves exposed, never hiding more than the block's GEMMs take
-    # (forward, plus backward's two GEMMs per forward one; the recomputed forward's likewise)
-    exposed_tp = runtime.tp_exposed_share(r.tp, r.sp)
-    exposed_rec = runtime.tp_recompute_exposed_share(r.tp, r.sp)
-    # async dgrad hides behind the column-parallel GEMMs' weight gradients only
-    tp_hideable = np.where(runtime.tp_async_dgrad(r.tp, r.sp), lt["column_gemm_forward"],
-                           3.0 * lt["gemm_forward"])
-    # Megatron's selective re-runs only the attention core on the Q, K, V it kept: no
-    # collective again; the runtimes that re-run the norms re-gather their SP outputs
-    selective_tp = 0.0 * tpc["recompute_selective"] if runtime.selective.value == \
-        "attention-core" else tpc["recompute_selective"]
-    full_tp = tpc["recompute_reentrant" if runtime.reentrant_recompute else "recompute_full"]
-    tp_rec = np.where(r.recompute == RC_FULL, full_tp,
-                      np.where(r.recompute == RC_SELECTIVE, np.where(
-                          by_module, np.where((r.rc_modules & memory.MLP) > 0,
-                                              parts.get("dense_share", 1.0)
-                                              * tpc["recompute_full"] / 2.0, 0.0),
-                          selective_tp), 0.0))
-    cp_inside = comm.intra_node(r.tp, r.cp, gpn)
-    cp_nodes = comm.members_per_node(r.tp, r.cp, gpn)
-    cp_layer = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
-                                            profile, per_node=cp_nodes)
-    cp_rec = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
-                                          profile, recompute_gathers=1.0,
-                                          per_node=cp_nodes) - cp_layer
-    logit_t = compute.logits_times_s(model, profile, peak, r.b, r.tp, r.cp, r.vocab,
-                                     runtime.loss_bytes(precision))
-    embed_t = embedding_grad_s(model, profile, runtime, r)
-
-    # multi-token prediction (cost/mtp.py) on the stage with the loss: one more block each
-    # depth, priced as the stage's blocks, plus eh_proj, the MoE kind's excess and a second
-    # head with its cross-entropy (fwd + bwd: 3x the forward extras)
-    d_mtp = float(model.mtp_layers)
-    mtp_x = 3.0 * mtp.extra_forward_s(model, profile, gemm_peak(profile, precision, runtime), r) \
-        + d_mtp * logit_t
-    mtp_a2a = mtp.extra_all_to_all_s(model, a2a)
-
-    # NCCL's collectives slow the compute they hide behind (comm.contention_s); Transformer
-    # Engine's userbuffers overlap runs its own kernels (ring exchanges on the copy engines), and
-    # SMs a runtime reserves for communication are priced for the whole step (priced_profile)
-    tp_by_nccl = np.where(runtime.tp_comm_overlap_method == "userbuffers",
-                          runtime.tp_async_dgrad(r.tp, r.sp), True)
-    # userbuffers' bulk overlaps (4 of a block's 10 collectives, the QKV and fc1 backward) run
-    # on SMs of their own beside the GEMM, as NCCL does; its ring exchanges copy on the copy
-    # engines and its pipelined reduce-scatters keep their SMs apart (userbuffers_margin_s)
-    ub_bulk = np.where(tp_by_nccl, 0.0, USERBUFFERS_BULK_SHARE)
-    reserved = runtime.comm_reserved_sms > 0
-
-    def stage(layers: np.ndarray, extra: np.ndarray, tp_ends: np.ndarray,
-              extra_a2a: np.ndarray | float = 0.0, embed: np.ndarray | float = 0.0
-              ) -> dict[str, np.ndarray]:
-        n = recomputed_layers(layers, r)
-        layer_hidden = layers * np.minimum((1.0 - exposed_tp) * tpc["layer"], tp_hideable)
-        tp_hidden = layer_hidden + n * np.minimum((1.0 - exposed_rec) * tp_rec,
-                                                  lt["gemm_forward"])
-        contended = np.where(tp_by_nccl, tp_hidden,
-                             np.minimum(ub_bulk * layers * tpc["layer"], layer_hidden))
-        # all-to-alls hidden behind another micro-batch's compute as far as the runtime
-        # overlaps them (RuntimeTraits.ep_comm_overlap), never more than that compute
-        ep_hidden = runtime.ep_comm_overlap * np.minimum(
-            layers * a2a + n * a2a_rec + extra_a2a, layers * (lt["forward"] + lt["backward"]))
-        return {
-            "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra
-                       + embed,
-            "recompute": n * rec_extra,
-            "tp": layers * tpc["layer"] + n * tp_rec + tp_ends - tp_hidden
-                  + comm.contention_s(contended, profile),
-            "cp": layers * cp_layer + n * np.where(
-                by_module & ((r.rc_modules & memory.CORE_ATTN) == 0), 0.0, cp_rec),
-            "ep": layers * a2a + n * a2a_rec + extra_a2a - ep_hidden
-                  + (0.0 if reserved else comm.contention_s(ep_hidden, profile)),
-            "forward": layers * lt["forward"],
-            "backward": layers * lt["backward"],
-            # the head's and MTP's GEMMs: a third of their forward + backward is weight gradient
-            "wgrad": layers * wgrad + extra / 3.0,
-            "layers": layers + 0.0 * extra,
-        }
-
-    loss_first = (r.pp == 1) | r.v_shape
-    head_first = np.where(loss_first, 1.0, 0.0)
-    head_last = 1.0 - head_first
-    stages = [stage(r.layers_first + d_mtp * head_first, head_first * (logit_t + mtp_x),
-                    tpc["embedding"] + head_first * (1.0 + d_mtp) * tpc["head"],
-                    head_first * mtp_a2a, embed_t),
-              stage(r.layers_max, 0.0 * r.layers_max, 0.0 * r.layers_max),
-              stage(r.layers_last + d_mtp * head_last, head_last * (logit_t + mtp_x),
-                    head_last * (1.0 + d_mtp) * tpc["head"], head_last * mtp_a2a)]
-    if runtime.dualpipe:  # rank 0 holds the first and the last stage (RuntimeTraits.dualpipe);
-        # without a pipeline the one stage is the whole model, head included
-        piped = r.pp > 1
-        ends = {k: np.where(piped, (stages[0][k] + stages[2][k]) / 2.0, stages[0][k])
-                for k in stages[0]}
-        stages = [ends, stages[1], ends]
-    per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] + s["ep"] for s in stages]
-    slowest = np.argmax(np.stack(per_mb), axis=0)
-    crit = {k: np.choose(slowest, [s[k] for s in stages]) for k in stages[0]}
-    crit["t_mb"] = np.choose(slowest, per_mb)
-    # the bubble: a synchronous pipeline's first micro-batch crosses every rank before the
-    # slowest runs the other m - 1, so the idle time is (sum of the ranks' t - t_max), which is
-    # (pp - 1) t_max for equal ranks (Narayanan et al. 2021 §2.2). Every rank fills its share
-    # in its own time: an embedding- or loss-only stage briefly, a lighter end stage less than
-    # the slowest; ranks between the two ends are bounded by the largest.
-    pp = np.maximum(r.pp, 2.0)
-    filled = (per_mb[0] + per_mb[2] + (pp - 2.0) * per_mb[1] - crit["t_mb"]) / (pp - 1.0)
-    crit["t_fill"] = np.minimum(filled, crit["t_mb"])
-    crit["holds_head"] = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
-    crit["norm_grad"] = tpc["norm_grad"]
-    return crit
-
-
-def embedding_grad_s(model: ModelSpec, profile: ClusterProfile, runtime: RuntimeTraits,
-                     r: Rows) -> np.ndarray:
-    """Seconds per micro-batch the embedding's dense gradient costs its stage beyond the lookup's
-    backward: torch's embedding backward (F.embedding, which Megatron's VocabParallelEmbedding
-    and torchtitan's both call) zero-fills a dense gradient of the rank's vocab/tp x h table
-    (embedding_dense_backward: `at::zeros({num_weights, ...})`) before it adds the looked-up
-    rows, and a runtime that adds gradients into its own buffer (RuntimeTraits.
-    adds_into_grad_buffer) reads it again and reads and writes the buffer."""
-    elements = r.vocab / r.tp * model.hidden_size
-    add = (r.weight_bytes + 2.0 * r.grad_bytes) if runtime.adds_into_grad_buffer else 0.0
-    return compute.memory_time_s(elements * (r.weight_bytes + add), profile)
-
-
-USERBUFFERS_BULK_SHARE = 0.4
-"""Share of a block's sequence-parallel collective time Transformer Engine's userbuffers runs
-as bulk overlaps (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad: 4 of the 10 equal collectives
-RuntimeTraits.tp_exposed_share counts)."""
-
-
-def userbuffers_margin_s(model: ModelSpec, profile: ClusterProfile, runtime: RuntimeTraits,
-                         r: Rows, lt: dict[str, np.ndarray]) -> np.ndarray:
-    """Extra forward seconds per block of the row-parallel GEMMs (attention output
-    projection; the dense MLP's second) that Transformer Engine's pipelined userbuffers
-    overlap runs beside its reduce-scatter with set_sm_margin: on sm_count - n SMs, so
-    sm_count / (sm_count - n) times as long (RuntimeTraits.userbuffers_proj_sms,
-    userbuffers_fc2_sms). Only where userbuffers runs (sequence parallelism, tp >= 2) on a
-    profile that knows its SM count; a routed-expert MLP's GEMMs are grouped, not userbuffers'."""
-    sms = profile.device.sm_count
-    zero = 0.0 * lt["gemm_forward"]
-    if runtime.tp_comm_overlap_method != "userbuffers" or not sms:
-        return zero
-
-    def slower(gemm: np.ndarray, n: int) -> np.ndarray:
-        return gemm * (sms / (sms - min(n, sms - 1)) - 1.0)
-
-    fc2 = slower(lt["fc2_gemm_forward"], runtime.userbuffers_fc2_sms) if model.moe is None \
-        else zero
-    on = np.asarray(r.sp, bool) & (np.asarray(r.tp, float) > 1)
-    return np.where(on, slower(lt["proj_gemm_forward"], runtime.userbuffers_proj_sms) + fc2, 0.0)
 
 
 def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
@@ -404,7 +134,7 @@ def time_by_part(
     """time_<part> (seconds per step) and time_step, with t_mb (seconds per micro-batch)."""
     profile = priced_profile(profile, runtime)
     eff, gpn = profile.efficiency, profile.gpus_per_node
-    crit = _stages(model, profile, r, precision, eager, runtime, parts)
+    crit = critical_stage_s(model, profile, r, precision, eager, runtime, parts)
     m = r.m
     out: dict[str, np.ndarray] = {}
     out["time_compute"] = m * crit["compute"]

@@ -15,7 +15,8 @@ import numpy as np
 
 from autoplan.cost import compute, memory, params
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
-from autoplan.cost.step_time import block_times_s, priced_profile
+from autoplan.cost.stage_time import block_times_s
+from autoplan.cost.step_time import priced_profile
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import MlpKind, ModelSpec
 

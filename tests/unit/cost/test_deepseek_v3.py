@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplan.cost import compute, memory, moe, mtp, params, step_memory, step_time
+from autoplan.cost import compute, memory, moe, mtp, params, stage_time, step_memory, step_time
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RUNTIMES, SelectiveKind, load_runtime
@@ -278,8 +278,8 @@ def test_deepseek_recompute_re_runs_no_routed_copies():
     r = rows_of(plan_to_row(ACCURACY.deepseek_v3_plan(), DS), DS, "fp8", traits)
     parts = step_memory.activation_parts(DS, r, False, traits, "fp8")
     prof = step_time.priced_profile(H800.profile, traits)
-    peak = step_time.gemm_peak(prof, "fp8", traits)
-    lt = step_time.block_times_s(DS, prof, "fp8", r.b, r.tp, r.cp, False, traits, parts, r.sp)
+    peak = stage_time.gemm_peak(prof, "fp8", traits)
+    lt = stage_time.block_times_s(DS, prof, "fp8", r.b, r.tp, r.cp, False, traits, parts, r.sp)
     routed = parts["gemm_in_routed"]
     moved = {**parts, "gemm_in": parts["gemm_in"] - routed, "gemm_in_routed": 0.0 * routed,
              "attn_out": parts["attn_out"] + routed}

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplan.cost import pipeline, runtime_rules, step_memory, step_time
+from autoplan.cost import pipeline, runtime_rules, stage_time, step_memory, step_time
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import load_runtime
@@ -36,7 +36,7 @@ def _crit(plan: Plan, traits=DUAL) -> dict[str, np.ndarray]:
     r = rows_of(plan_to_row(plan, LLAMA), LLAMA, "bf16", traits)
     parts = step_memory.activation_parts(LLAMA, r, False, traits, "bf16")
     prof = step_time.priced_profile(load_profile("h100-sxm-80gb"), traits)
-    return step_time._stages(LLAMA, prof, r, "bf16", False, traits, parts)
+    return stage_time.critical_stage_s(LLAMA, prof, r, "bf16", False, traits, parts)
 
 
 def test_bubble_is_table_2s_with_the_blocks_weight_gradient_time():

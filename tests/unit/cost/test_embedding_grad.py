@@ -1,4 +1,4 @@
-"""The embedding's dense gradient per micro-batch (step_time.embedding_grad_s)."""
+"""The embedding's dense gradient per micro-batch (stage_time.embedding_grad_s)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from autoplan.cost import compute, step_time
+from autoplan.cost import compute, stage_time
 from autoplan.cost.estimate import estimate_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import load_runtime
@@ -33,10 +33,10 @@ def test_zero_fill_and_megatrons_add_into_main_grad_are_the_bytes_moved() -> Non
         row = plan_to_row(_plan(tp), MODEL)
         r = rows_of(row, MODEL, "bf16", megatron)
         elements = float(r.vocab[0]) / tp * MODEL.hidden_size
-        assert step_time.embedding_grad_s(MODEL, H100, megatron, r)[0] == pytest.approx(
+        assert stage_time.embedding_grad_s(MODEL, H100, megatron, r)[0] == pytest.approx(
             float(compute.memory_time_s(12.0 * elements, H100)))
         plain = dataclasses.replace(megatron, adds_into_grad_buffer=False)
-        assert step_time.embedding_grad_s(MODEL, H100, plain, r)[0] == pytest.approx(
+        assert stage_time.embedding_grad_s(MODEL, H100, plain, r)[0] == pytest.approx(
             float(compute.memory_time_s(2.0 * elements, H100)))
 
 
@@ -47,8 +47,8 @@ def test_the_first_stage_pays_it_every_micro_batch() -> None:
     plain = dataclasses.replace(megatron, adds_into_grad_buffer=False)
     row = plan_to_row(_plan(), MODEL)
     r = rows_of(row, MODEL, "bf16", megatron)
-    extra = 4 * (step_time.embedding_grad_s(MODEL, H100, megatron, r)[0]
-                 - step_time.embedding_grad_s(MODEL, H100, plain, r)[0])
+    extra = 4 * (stage_time.embedding_grad_s(MODEL, H100, megatron, r)[0]
+                 - stage_time.embedding_grad_s(MODEL, H100, plain, r)[0])
     got = [estimate_table(row, MODEL, H100, "bf16", "flash", t)["time_compute"][0]
            for t in (megatron, plain)]
     assert got[0] - got[1] == pytest.approx(extra)

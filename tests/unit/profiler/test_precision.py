@@ -11,7 +11,8 @@ import pytest
 from autoplan.cost.compute import attention_cast_bytes, gemm_shapes_per_layer, memory_time_s
 from autoplan.cost.memory import activation_elements_per_layer
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
-from autoplan.cost.step_time import block_times_s, priced_profile
+from autoplan.cost.stage_time import block_times_s
+from autoplan.cost.step_time import priced_profile
 from autoplan.hardware import profile_from_dict
 from autoplan.model_spec import load_model
 from autoplan.profiler import precision
