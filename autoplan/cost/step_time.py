@@ -90,7 +90,8 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
                   coll(comm.ALL_REDUCE, g_bytes))
     # HSDP (torchtitan's dp_replicate x dp_shard): each reduce-scatter inside the shard group is
     # followed by an all-reduce of the 1/shard gradient across the replicas, whose ranks sit
-    # tp x shard apart (FSDP2's HSDP reduce, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+    # tp x shard apart (FSDP2's HSDP reduce,
+    # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
     rep_stride = r.tp * r.shard
     rs = rs + np.where(r.replicate > 1, calls * comm.collective_time_s(
         comm.ALL_REDUCE, g_bytes / r.shard / calls, r.replicate,
@@ -127,13 +128,113 @@ def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
                     0.0) + copies
 
 
+def pipeline_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
+                    runtime: RuntimeTraits) -> np.ndarray:
+    """Seconds per step of the pipeline's sends between stages and the tied head's gradient
+    sum between the first and last stage."""
+    gpn = profile.gpus_per_node
+    sp_div = np.where(r.sp, r.tp, 1.0)
+    p2p_bytes = r.weight_bytes * model.seq_len / r.cp * r.b * model.hidden_size / sp_div
+    # scatter/gather (RuntimeTraits.pipeline_scatter_gather): each tp rank sends its slice of a
+    # replicated tensor and the receiver all-gathers the slices inside its node
+    scatter = runtime.pipeline_scatter_gather & ~r.sp & (r.tp > 1)
+    gather = np.where(scatter, comm.collective_time_s(
+        comm.ALL_GATHER, p2p_bytes, r.tp, comm.intra_node(np.ones_like(r.tp), r.tp, gpn),
+        profile, per_node=comm.members_per_node(np.ones_like(r.tp), r.tp, gpn)), 0.0)
+    # a pipeline that spans nodes sends some boundaries over the network: price the slowest
+    p2p = comm.p2p_time_s(p2p_bytes / np.where(scatter, r.tp, 1.0),
+                          comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile) + gather
+    out = np.where(r.pp > 1, 2.0 * (r.m * r.vpp + r.pp - 1.0) * p2p, 0.0)
+    # first and last stage sum their copies' (FSDP-sharded) gradients: a tied head's, or the
+    # embedding the MTP module's loss stage keeps again (step_memory.mtp_embedding_copy;
+    # Megatron-Core finalize_model_grads: `share_embeddings_and_output_weights or
+    # mtp_num_layers`); under ZB-V and DualPipe both copies sit on rank 0 and add up locally
+    if model.tie_embeddings or (model.mtp_layers > 0 and not runtime.dualpipe):
+        head = r.vocab * model.hidden_size / r.tp
+        tied = head * r.reduce_bytes / np.where(r.fsdp & (r.zero >= 1), r.shard, 1.0)
+        out += np.where((r.pp > 1) & ~r.v_shape, comm.collective_time_s(
+            comm.ALL_REDUCE, tied, np.full_like(r.pp, 2.0),
+            comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile), 0.0)
+    return out
+
+
+def step_sync_s(profile: ClusterProfile, r: Rows, precision: str) -> np.ndarray:
+    """Every step all-reduces the loss and the gradient norm over the whole job, and an fp16
+    run its overflow verdict: tiny collectives that nothing hides."""
+    gpn = profile.gpus_per_node
+    syncs = 3.0 if precision == "fp16" else 2.0
+    one = np.ones_like(r.world)
+    return syncs * comm.collective_time_s(
+        comm.ALL_REDUCE, np.full_like(r.world, 8.0), r.world, comm.intra_node(one, r.world, gpn),
+        profile, per_node=comm.members_per_node(one, r.world, gpn))
+
+
+def data_parallel_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
+                    runtime: RuntimeTraits, crit: dict[str, np.ndarray], psi: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exposed seconds per step of the data-parallel traffic (ZeRO collectives, the step's
+    syncs, FSDP2's host work per unit, the routed experts' own group), the parameters the rank
+    steps (psi with its experts, in the dense group's shard) and the blocks it holds."""
+    fsdp_host = r.m * fsdp_unit_host_s(r, runtime, profile)[1]
+    # DualPipe: a rank reduces, gathers and steps its two stages (psi is the pair's: memory's
+    # mem_psi), in units of both stages' blocks. Each stage's copies sit on two ranks of one
+    # replica, so its gradient sums over 2 dp ranks, not dp: a ring moves (2dp - 1)/(2dp) of
+    # the bytes instead of (dp - 1)/dp (0.4% more at dp 128), left unpriced
+    paired = runtime.dualpipe & (r.pp > 1)
+    held = np.where(paired, 2.0 * r.layers_max, r.layers_max)
+    out = _dp_comm(model, profile, replace(r, layers_max=held), precision, runtime, crit,
+                   psi) + step_sync_s(profile, r, precision) + fsdp_host
+    if model.moe is not None:  # routed experts: their own states and expert-DP group
+        psi_e = moe.expert_psi(model, r, r.layers_max)
+        if runtime.dualpipe:  # the pair's: first + last (the loss stage's MTP block), 2 middles
+            mtp_e = mtp.params_per_rank(model, r.tp, r.ep, r.etp)[1]
+            psi_e = np.where(paired, np.maximum(
+                moe.expert_psi(model, r, r.layers_first + r.layers_last) + mtp_e,
+                2.0 * psi_e), psi_e)
+        out += moe.expert_dp_comm_s(model, profile, r, r.reduce_bytes, psi_e,
+                                    crit["backward"] * profile.efficiency.overlap)
+        psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
+    return out, psi, held
+
+
+def optimizer_step_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
+                     runtime: RuntimeTraits, crit: dict[str, np.ndarray], psi: np.ndarray,
+                     held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per step of (offload traffic and the host's optimizer step, the device's
+    optimizer step) for a rank stepping `psi` parameters (its shard of them under ZeRO) in
+    `held` blocks' tensors."""
+    eff = profile.efficiency
+    m = r.m
+    shard_params = psi / np.where(r.zero >= 1, r.shard, 1.0)
+    gpus_per_host = np.minimum(r.world, profile.gpus_per_node)
+    # FSDP2's parameter offload steps the optimizer on the host as well
+    host_step = r.offload_optimizer | (r.offload_params & runtime.fsdp2_offload)
+    offloaded = (
+        np.where(host_step, offload.optimizer_offload_time_s(
+            shard_params, gpus_per_host, r.weight_bytes,
+            offload.HOST_GRAD_BYTES, profile, crit["backward"] * eff.overlap), 0.0)
+        + np.where(r.offload_params, offload.param_offload_time_s(
+            psi / r.shard, m, r.weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
+    tensors = held * params.tensors_per_layer(model) + params.end_tensors(model)
+    on_device = np.where(
+        host_step, 0.0,
+        compute.memory_time_s(
+            shard_params * (ADAM_BYTES_PER_PARAM + runtime.optimizer_extra_bytes)
+            # the gradient buffer: whole under DDP and the distributed optimizer (ZeRO 0-1),
+            # a shard under Megatron-FSDP (ZeRO-2/3)
+            + np.where(runtime.zeroes_grad_buffer,
+                       np.where(r.zero >= 2, shard_params, psi) * r.grad_bytes, 0.0), profile)
+    ) + tensors * (eff.optimizer_overhead_s + np.where(
+        r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
+    return offloaded, on_device
+
+
 def time_by_part(
     model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
     runtime: RuntimeTraits, parts: dict[str, np.ndarray], psi: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """time_<part> (seconds per step) and time_step, with t_mb (seconds per micro-batch)."""
     profile = priced_profile(profile, runtime)
-    eff, gpn = profile.efficiency, profile.gpus_per_node
     crit = critical_stage_s(model, profile, r, precision, eager, runtime, parts)
     m = r.m
     out: dict[str, np.ndarray] = {}
@@ -151,82 +252,14 @@ def time_by_part(
     out["time_ep_comm"] = m * crit["ep"]
     out["time_pp_bubble"] = dualpipe_bubble_s(r, crit) if runtime.dualpipe else \
         pipeline.bubble_fraction(r.schedule, r.pp, r.vpp, m) * m * crit["t_fill"]
-    sp_div = np.where(r.sp, r.tp, 1.0)
-    p2p_bytes = r.weight_bytes * model.seq_len / r.cp * r.b * model.hidden_size / sp_div
-    # scatter/gather (RuntimeTraits.pipeline_scatter_gather): each tp rank sends its slice of a
-    # replicated tensor and the receiver all-gathers the slices inside its node
-    scatter = runtime.pipeline_scatter_gather & ~r.sp & (r.tp > 1)
-    gather = np.where(scatter, comm.collective_time_s(
-        comm.ALL_GATHER, p2p_bytes, r.tp, comm.intra_node(np.ones_like(r.tp), r.tp, gpn),
-        profile, per_node=comm.members_per_node(np.ones_like(r.tp), r.tp, gpn)), 0.0)
-    # a pipeline that spans nodes sends some boundaries over the network: price the slowest
-    p2p = comm.p2p_time_s(p2p_bytes / np.where(scatter, r.tp, 1.0),
-                          comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile) + gather
-    out["time_pp_comm"] = np.where(r.pp > 1, 2.0 * (m * r.vpp + r.pp - 1.0) * p2p, 0.0)
-    # first and last stage sum their copies' (FSDP-sharded) gradients: a tied head's, or the
-    # embedding the MTP module's loss stage keeps again (step_memory.mtp_embedding_copy;
-    # Megatron-Core finalize_model_grads: `share_embeddings_and_output_weights or
-    # mtp_num_layers`); under ZB-V and DualPipe both copies sit on rank 0 and add up locally
-    if model.tie_embeddings or (model.mtp_layers > 0 and not runtime.dualpipe):
-        head = r.vocab * model.hidden_size / r.tp
-        tied = head * r.reduce_bytes / np.where(r.fsdp & (r.zero >= 1),
-                                                                 r.shard, 1.0)
-        out["time_pp_comm"] += np.where((r.pp > 1) & ~r.v_shape, comm.collective_time_s(
-            comm.ALL_REDUCE, tied, np.full_like(r.pp, 2.0),
-            comm.intra_node(r.tp * r.cp * r.dp, r.pp, gpn), profile), 0.0)
-
-    # every step all-reduces the loss and the gradient norm over the whole job, and an fp16
-    # run its overflow verdict: tiny collectives that nothing hides
-    syncs = 3.0 if precision == "fp16" else 2.0
-    one = np.ones_like(r.world)
-    step_sync = syncs * comm.collective_time_s(
-        comm.ALL_REDUCE, np.full_like(r.world, 8.0), r.world, comm.intra_node(one, r.world, gpn),
-        profile, per_node=comm.members_per_node(one, r.world, gpn))
-    fsdp_host = m * fsdp_unit_host_s(r, runtime, profile)[1]
-    # DualPipe: a rank reduces, gathers and steps its two stages (psi is the pair's: memory's
-    # mem_psi), in units of both stages' blocks. Each stage's copies sit on two ranks of one
-    # replica, so its gradient sums over 2 dp ranks, not dp: a ring moves (2dp - 1)/(2dp) of
-    # the bytes instead of (dp - 1)/dp (0.4% more at dp 128), left unpriced
-    paired = runtime.dualpipe & (r.pp > 1)
-    held = np.where(paired, 2.0 * r.layers_max, r.layers_max)
-    out["time_dp_comm"] = _dp_comm(model, profile, replace(r, layers_max=held), precision,
-                                   runtime, crit, psi) + step_sync + fsdp_host
-    if model.moe is not None:  # routed experts: their own states and expert-DP group
-        psi_e = moe.expert_psi(model, r, r.layers_max)
-        if runtime.dualpipe:  # the pair's: first + last (the loss stage's MTP block), 2 middles
-            mtp_e = mtp.params_per_rank(model, r.tp, r.ep, r.etp)[1]
-            psi_e = np.where(paired, np.maximum(
-                moe.expert_psi(model, r, r.layers_first + r.layers_last) + mtp_e,
-                2.0 * psi_e), psi_e)
-        out["time_dp_comm"] += moe.expert_dp_comm_s(
-            model, profile, r, r.reduce_bytes, psi_e,
-            crit["backward"] * eff.overlap)
-        psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
-
-    shard_params = psi / np.where(r.zero >= 1, r.shard, 1.0)
-    gpus_per_host = np.minimum(r.world, gpn)
-    # FSDP2's parameter offload steps the optimizer on the host as well
-    host_step = r.offload_optimizer | (r.offload_params & runtime.fsdp2_offload)
-    out["time_offload"] = (
-        np.where(host_step, offload.optimizer_offload_time_s(
-            shard_params, gpus_per_host, r.weight_bytes,
-            offload.HOST_GRAD_BYTES, profile, crit["backward"] * eff.overlap), 0.0)
-        + np.where(r.offload_params, offload.param_offload_time_s(
-            psi / r.shard, m, r.weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
-    tensors = held * params.tensors_per_layer(model) + params.end_tensors(model)
-    out["time_optimizer"] = np.where(
-        host_step, 0.0,
-        compute.memory_time_s(
-            shard_params * (ADAM_BYTES_PER_PARAM + runtime.optimizer_extra_bytes)
-            # the gradient buffer: whole under DDP and the distributed optimizer (ZeRO 0-1),
-            # a shard under Megatron-FSDP (ZeRO-2/3)
-            + np.where(runtime.zeroes_grad_buffer,
-                       np.where(r.zero >= 2, shard_params, psi) * r.grad_bytes, 0.0), profile)
-    ) + tensors * (eff.optimizer_overhead_s + np.where(
-        r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
+    out["time_pp_comm"] = pipeline_comm_s(model, profile, r, runtime)
+    out["time_dp_comm"], psi, held = data_parallel_s(model, profile, r, precision, runtime,
+                                                     crit, psi)
+    out["time_offload"], out["time_optimizer"] = optimizer_step_s(model, profile, r, runtime,
+                                                                  crit, psi, held)
     slots = profile.host.compute_slots
     if slots:  # more ranks than cores on a node time-share them (CPU runs)
-        share = np.maximum(1.0, np.minimum(r.world, gpn) / slots)
+        share = np.maximum(1.0, np.minimum(r.world, profile.gpus_per_node) / slots)
         for k in TIME_PARTS:
             out[f"time_{k}"] = out[f"time_{k}"] * share
     out["time_step"] = np.sum([out[f"time_{k}"] for k in TIME_PARTS], axis=0)
