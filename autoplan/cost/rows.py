@@ -16,6 +16,18 @@ from autoplan.cost.runtimes import PipelineGradSync, RuntimeTraits
 from autoplan.model_spec import ModelSpec
 from autoplan.plan_table import RC_NONE, RC_UNIFORM, ZERO_BUBBLE, Table, col, dp_col, expert_col
 
+BF16_OPTIMIZER_GRAD_BYTES = 6.0
+"""Gradient bytes per parameter DeepSpeed's BF16_Optimizer holds under a pipeline: its fp32
+accumulation buffer (fp32_groups_gradients_flat, 4, unsharded) and the 16-bit param.grad
+(2), which the pipeline engine keeps between backward passes: `_exec_backward_pass` calls
+optimizer.clear_lp_grads() before each micro-batch's backward and
+update_hp_grads(clear_lp_grads=False) after it (deepspeed/runtime/pipe/engine.py;
+deepspeed/runtime/bf16_optimizer.py)."""
+BF16_OPTIMIZER_ACCUMULATE_BYTES = 18.0
+"""HBM bytes per parameter of BF16_Optimizer.update_hp_grads, once per micro-batch:
+`hp.grad.add_(lp.grad.to(hp.dtype))` per tensor reads the 16-bit gradient (2) and writes its
+fp32 copy (4), then reads the copy and the fp32 accumulator (4 + 4) and writes the sum (4)."""
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -53,6 +65,10 @@ class Rows:
     """Zero-bubble's V schedule: the last stage sits on rank 0 beside the first."""
     unsharded_accumulation: np.ndarray
     """ZeRO-2/3 gradients accumulate unsharded until the last micro-batch (under a pipeline)."""
+    fp32_accumulation: np.ndarray
+    """Each micro-batch's 16-bit gradients are added into a separate fp32 buffer by the
+    optimizer (DeepSpeed's BF16_Optimizer under a pipeline: RuntimeTraits.
+    pipeline_engine_reduce), BF16_OPTIMIZER_ACCUMULATE_BYTES per parameter."""
     weight_bytes: float
     act_scale: float
     """2 for fp32 activations, 1 for 16-bit."""
@@ -116,10 +132,11 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
     reduce_bytes = np.array([runtime.reduce_bytes(precision), 4.0, 2.0])[reduce_code]
     grad_bytes = np.where((reduce_code != 0) & runtime.grads_in_reduce_dtype, reduce_bytes,
                           runtime.grad_bytes(precision))
+    fp32 = np.zeros_like(pp, dtype=bool)
     if runtime.pipeline_engine_reduce and precision == "bf16":  # BF16_Optimizer's fp32 grads
         fp32 = (pp > 1) & (reduce_code == 0)
         reduce_bytes = np.where(fp32, 4.0, reduce_bytes)
-        grad_bytes = np.where(fp32, 4.0, grad_bytes)
+        grad_bytes = np.where(fp32, BF16_OPTIMIZER_GRAD_BYTES, grad_bytes)
     # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
     # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
     # (autoplan.runtime.data_parallel.uses_fsdp)
@@ -137,7 +154,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         world=dp * tp * pp * cp, m=microbatches(gbs, dp, b), shard=shard,
         vocab=params.padded_vocab(model, tp).astype(float), fsdp=fsdp,
         v_shape=(sched == ZERO_BUBBLE) & (vpp == 2) & (pp > 1),
-        unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred,
+        unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred, fp32_accumulation=fp32,
         weight_bytes=4.0 if precision == "fp32" else 2.0,
         act_scale=2.0 if precision == "fp32" else 1.0,
         ep=expert_col(table, "ep").astype(float), etp=expert_col(table, "etp").astype(float),

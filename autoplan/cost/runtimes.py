@@ -180,7 +180,10 @@ class RuntimeTraits:
     into its fp32 gradient buffers and `_exec_reduce_grads` -> `_bf16_reduce_grads`
     all-reduces "the optimizer's FP32 grads": deepspeed/runtime/pipe/schedule.py and
     engine.py; BLOOM's tr11 script runs ZeRO stage 0, "bf16 must use z0! it implements its
-    own zero stage 1 equivalent"). A plan's explicit grad_reduce_dtype is priced as asked."""
+    own zero stage 1 equivalent"). The engine keeps the 16-bit gradients beside that buffer
+    between backward passes and the optimizer adds them in once per micro-batch
+    (rows.BF16_OPTIMIZER_GRAD_BYTES, BF16_OPTIMIZER_ACCUMULATE_BYTES). A plan's explicit
+    grad_reduce_dtype is priced as asked."""
     overlap_param_gather: bool = True
     """ZeRO parameter all-gathers overlap the neighbouring compute (FSDP2 prefetch, Megatron
     --overlap-param-gather): only the first gather and the last reduce-scatter of a step are

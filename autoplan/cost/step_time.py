@@ -15,7 +15,7 @@ import numpy as np
 
 from autoplan.cost import comm, compute, memory, moe, mtp, offload, params, pipeline
 from autoplan.cost.recompute_time import recompute_flops_per_step
-from autoplan.cost.rows import Rows
+from autoplan.cost.rows import BF16_OPTIMIZER_ACCUMULATE_BYTES, Rows
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.cost.stage_time import critical_stage_s, fsdp_unit_host_s
 from autoplan.errors import ConfigError
@@ -201,8 +201,8 @@ def optimizer_step_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
                      runtime: RuntimeTraits, crit: dict[str, np.ndarray], psi: np.ndarray,
                      held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Seconds per step of (offload traffic and the host's optimizer step, the device's
-    optimizer step) for a rank stepping `psi` parameters (its shard of them under ZeRO) in
-    `held` blocks' tensors."""
+    optimizer step and its gradient accumulation) for a rank stepping `psi` parameters (its
+    shard of them under ZeRO) in `held` blocks' tensors."""
     eff = profile.efficiency
     m = r.m
     shard_params = psi / np.where(r.zero >= 1, r.shard, 1.0)
@@ -226,7 +226,11 @@ def optimizer_step_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
                        np.where(r.zero >= 2, shard_params, psi) * r.grad_bytes, 0.0), profile)
     ) + tensors * (eff.optimizer_overhead_s + np.where(
         r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
-    return offloaded, on_device
+    # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer between the
+    # pipeline's instructions, on the compute stream: nothing hides it
+    accumulate = np.where(r.fp32_accumulation, m * compute.memory_time_s(
+        psi * BF16_OPTIMIZER_ACCUMULATE_BYTES, profile), 0.0)
+    return offloaded, on_device + accumulate
 
 
 def time_by_part(

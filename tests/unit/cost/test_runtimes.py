@@ -710,10 +710,55 @@ def test_deepspeed_pipeline_engine_reduces_fp32_gradients_after_the_last_backwar
     table = {k: np.concatenate([row[k] for row in rows]) for k in rows[0]}
     ds = load_runtime("deepspeed")
     r = rows_of(table, model, "bf16", ds)
-    assert list(r.reduce_bytes) == [4.0, 2.0] and list(r.grad_bytes) == [4.0, 2.0]
+    # the fp32 buffer (4) beside the 16-bit gradients the engine keeps between backwards (2)
+    assert list(r.reduce_bytes) == [4.0, 2.0] and list(r.grad_bytes) == [6.0, 2.0]
+    assert list(r.fp32_accumulation) == [True, False]
     assert list(rows_of(table, model, "fp16", ds).reduce_bytes) == [2.0, 2.0]
     # the same pipeline plan with the reduction overlapped as any runtime's: more of it hidden
     overlapped = replace(ds, name="overlapped", pipeline_engine_reduce=False)
     cut = {name: estimate_table(table, model, profile, "fp16", runtime=rt)["time_dp_comm"]
            for name, rt in (("engine", ds), ("overlapped", overlapped))}
     assert cut["engine"][0] > cut["overlapped"][0] and cut["engine"][1] == cut["overlapped"][1]
+
+
+def test_bf16_optimizer_holds_both_gradients_and_adds_them_up_every_micro_batch() -> None:
+    """Under DeepSpeed's pipeline a bf16 rank holds 2 + 4 + 2 bytes per parameter of weights,
+    fp32 gradient buffer and kept 16-bit gradients (plus 12/dp of fp32 master and Adam), and
+    each micro-batch's update_hp_grads moves 18 bytes per parameter (read 2, write the fp32
+    copy 4, read it and the buffer 4 + 4, write 4): m of them per step, in the optimizer's
+    part. An fp16 plan (no BF16_Optimizer) has neither."""
+    from autoplan.cost import compute
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.step_memory import activation_parts, memory_by_part
+    from autoplan.hardware import ClusterSpec, load_profile
+    from autoplan.model_spec import PRESETS
+    from autoplan.plan_table import plan_to_row
+
+    model, profile = PRESETS["gpt3-13b"], load_profile("a100-sxm4-80gb")
+    base = {"model": "gpt3-13b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 64},
+            "zero_stage": 1, "parallel": {"dp": 16, "tp": 1, "pp": 4},
+            "recompute": {"policy": "full"}}
+    cluster = ClusterSpec(profile, 64)
+
+    def est(precision: str, m: int):
+        plan = plan_from_dict({**base, "precision": precision,
+                               "batch": {"micro_batch_size": 1, "global_batch_size": 16 * m}})
+        return estimate_plan(plan, cluster, model, runtime="deepspeed")
+
+    bf16, fp16 = est("bf16", 8), est("fp16", 8)
+    params = bf16.memory["params"] / 2.0  # the largest stage's 16-bit weights
+    assert bf16.memory["grads"] == pytest.approx(6.0 * params, rel=1e-9)
+    assert fp16.memory["grads"] == pytest.approx(2.0 * params, rel=1e-9)
+    # eight micro-batches more cost eight more accumulation passes over the largest stage's
+    # parameters, and nothing else of the optimizer's part
+    plan = plan_from_dict({**base, "precision": "bf16",
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 128}})
+    ds = load_runtime("deepspeed")
+    r = rows_of(plan_to_row(plan, model), model, "bf16", ds)
+    psi = memory_by_part(model, profile, r, "bf16", False, ds,
+                         activation_parts(model, r, False, ds, "bf16"))["mem_psi"]
+    extra = est("bf16", 16).time["optimizer"] - bf16.time["optimizer"]
+    one_pass = float(compute.memory_time_s(18.0 * psi, profile)[0])
+    assert extra == pytest.approx(8 * one_pass, rel=1e-6)
+    assert est("fp16", 16).time["optimizer"] == pytest.approx(fp16.time["optimizer"], rel=1e-9)
