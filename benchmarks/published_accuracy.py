@@ -7,7 +7,9 @@ fitted to these runs: the profile's efficiency curves are datasheet/microbenchma
 the leave-one-source-out error equals the plain one; what is estimated from residuals is the
 error band, and that is checked leaving each source out (does a run fall inside the band its
 kind gets from the other sources?). With the practitioner set (benchmarks/data/practitioner.yaml)
-and MosaicML's MPT sweep (benchmarks/data/mpt-llm-foundry.yaml) it also reports, for groups of runs of one model on one cluster, whether the predicted-fastest
+and the measured sweeps (MosaicML's MPT tables, benchmarks/data/mpt-llm-foundry.yaml;
+BigScience's BLOOM layout search, benchmarks/data/bloom-tr11-topology.yaml) it also reports,
+for groups of runs of one model on one cluster, whether the predicted-fastest
 run is the measured-fastest; `--write-bands` writes autoplan/cost/error_bands.yaml.
 
 Measured step time: `measured.iteration_time_s` where published; otherwise it is derived from
@@ -117,8 +119,10 @@ def _scale(plan, cluster) -> str:
     return SCALES[int(scale_of(plan.world_size, cluster.profile.gpus_per_node))]
 
 
-SWEEPS = (ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml",)
-"""Measured sweeps in the practitioner set's schema, scored beside it: MosaicML's MPT tables."""
+SWEEPS = (ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml",
+          ROOT / "benchmarks" / "data" / "bloom-tr11-topology.yaml")
+"""Measured sweeps in the practitioner set's schema, scored beside it: MosaicML's MPT tables
+and BigScience's BLOOM layout search."""
 
 
 def practitioner_rows() -> list[dict]:
@@ -250,7 +254,8 @@ def write_bands(rows: list[dict], path: Path) -> None:
                 "longer than priced); "
                 "written by benchmarks/published_accuracy.py "
                 "--write-bands from tests/data/published/published-open.yaml, "
-                "benchmarks/data/practitioner.yaml and benchmarks/data/mpt-llm-foundry.yaml. "
+                "benchmarks/data/practitioner.yaml and the sweeps "
+                + ", ".join(f"benchmarks/data/{path.name}" for path in SWEEPS) + ". "
                 "Nothing in the cost model is fitted to them.",
         "default": 0.25,
         "families": {k: {"band": _rounded(v), "bias": _rounded(m), "runs": n}
@@ -270,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--format", choices=("table", "json"), default="table")
     ap.add_argument("--no-practitioner", action="store_true",
-                    help="leave out benchmarks/data/practitioner.yaml and the MPT sweep")
+                    help="leave out benchmarks/data/practitioner.yaml and the sweeps")
     ap.add_argument("--write-bands", action="store_true",
                     help=f"write the error bands to {BANDS.relative_to(ROOT)}")
     args = ap.parse_args(argv)

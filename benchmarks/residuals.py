@@ -1,6 +1,6 @@
 """What the cost model's misses scale with: a diagnostic for the people who build the model.
 
-For every scored row of the practitioner set and the MPT sweep (or --data FILES), the residual
+For every scored row of the practitioner set and the measured sweeps (or --data FILES), the residual
 is measured minus predicted step time, in seconds. Rows are grouped by source, GPU profile,
 runtime and whether they recompute (the rows of one group ran one stack on one kind of machine),
 and within each group the residual is regressed (least squares, with an intercept) on one
@@ -42,7 +42,8 @@ from autoplan.cost.compute import attention_core_flops, model_flops_per_sequence
 from autoplan.errors import ConfigError  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
-DEFAULT_FILES = (DATA / "practitioner.yaml", DATA / "mpt-llm-foundry.yaml")
+DEFAULT_FILES = (DATA / "practitioner.yaml", DATA / "mpt-llm-foundry.yaml",
+                 DATA / "bloom-tr11-topology.yaml")
 CANDIDATES = ("predicted", "microbatches", "block_passes", "tokens", "attention")
 MIN_ROWS = 3
 """A line through 2 rows explains them whatever they are: a group needs 3 to say anything."""

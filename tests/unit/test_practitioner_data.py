@@ -1,5 +1,6 @@
-"""The practitioner set (benchmarks/data/practitioner.yaml) and the MPT sweep
-(benchmarks/data/mpt-llm-foundry.yaml) are well-formed and self-consistent.
+"""The practitioner set (benchmarks/data/practitioner.yaml) and the measured sweeps (MPT:
+benchmarks/data/mpt-llm-foundry.yaml; BLOOM's layout search: bloom-tr11-topology.yaml) are
+well-formed and self-consistent.
 
 Each configuration must build a valid autoplan plan for the GPUs it ran on, cite its source,
 publish only positive figures, and every figure it derives must follow from its stated formula.
@@ -21,12 +22,14 @@ from tests.benchmark_scripts import load_script
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data" / "practitioner.yaml"
 MPT = ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml"
+BLOOM = ROOT / "benchmarks" / "data" / "bloom-tr11-topology.yaml"
 
 
 BENCH_MODULE = load_script("practitioner")
 PRACTITIONER = BENCH_MODULE.load_data(DATA)
 MPT_ENTRIES = BENCH_MODULE.load_data(MPT)
-ENTRIES = PRACTITIONER + MPT_ENTRIES
+BLOOM_ENTRIES = BENCH_MODULE.load_data(BLOOM)
+ENTRIES = PRACTITIONER + MPT_ENTRIES + BLOOM_ENTRIES
 IDS = [e["id"] for e in ENTRIES]
 
 
@@ -53,6 +56,18 @@ def test_mpt_rows_reproduce_mosaicmls_own_mfu(entry) -> None:
     mfu = entry["measured"]["tokens_per_s_per_gpu"] * per_token / cluster.profile.device.peak(
         "bf16")
     assert mfu == pytest.approx(entry["measured"]["mfu"], rel=5e-3)
+
+
+@pytest.mark.parametrize("entry", BLOOM_ENTRIES, ids=[e["id"] for e in BLOOM_ENTRIES])
+def test_bloom_rows_reproduce_their_own_tflops(entry) -> None:
+    """The chronicles' TFLOPs are Megatron's eq. 3 (the recompute forward counted) with the
+    padded vocabulary over Sec/it and 384 GPUs: the transcribed step time, model and TFLOPs
+    must agree to the table's two decimals, which checks every column of the row."""
+    _, model, cluster = BENCH_MODULE.build(entry)
+    per_token = BENCH_MODULE.flops_per_token("megatron-sc21", model)
+    tokens = entry["plan"]["batch"]["global_batch_size"] * model.seq_len
+    tflops = tokens * per_token / (entry["measured"]["step_time_s"] * cluster.num_gpus) / 1e12
+    assert tflops == pytest.approx(entry["measured"]["tflops_per_gpu"], abs=0.011)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
