@@ -147,7 +147,7 @@ class BlockCosts:
     """Seconds per micro-batch one block costs its stage, by part: what `stage_s` scales by the
     stage's layer count, and by its recomputed layers for the recompute terms."""
 
-    lt: dict[str, np.ndarray]
+    block_s: dict[str, np.ndarray]
     """block_times_s with the MoE/MLA and userbuffers extras joined (forward, backward, full,
     each policy's recompute, and the GEMM shares)."""
     wgrad: np.ndarray
@@ -295,7 +295,7 @@ def block_costs(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: s
                                      dedup_nodes=runtime.ep_dispatcher == "deepep")
     rec_extra, a2a_rec = recompute_extra_s(model, profile, r, precision, runtime, lt, parts, a2a)
     cp_layer, cp_rec = context_parallel_costs(model, profile, r)
-    return BlockCosts(lt=lt, wgrad=lt["gemm_forward"] + delta, recompute=rec_extra, a2a=a2a,
+    return BlockCosts(block_s=lt, wgrad=lt["gemm_forward"] + delta, recompute=rec_extra, a2a=a2a,
                       a2a_recompute=a2a_rec,
                       tp=tensor_parallel_costs(model, profile, r, runtime, lt, parts),
                       cp=cp_layer, cp_recompute=cp_rec)
@@ -309,7 +309,7 @@ def stage_s(c: BlockCosts, r: Rows, profile: ClusterProfile, runtime: RuntimeTra
     cp, ep), with its forward, backward and weight-gradient compute for the schedules; `extra`
     is the compute its ends add (head, loss, MTP), `tp_ends` their collectives, `extra_a2a`
     their all-to-alls, `embed` the embedding gradient."""
-    lt, tp, tp_layer = c.lt, c.tp, c.tp.collectives["layer"]
+    lt, tp, tp_layer = c.block_s, c.tp, c.tp.collectives["layer"]
     n = recomputed_layers(layers, r)
     layer_hidden = layers * np.minimum((1.0 - tp.exposed) * tp_layer, tp.hideable)
     tp_hidden = layer_hidden + n * np.minimum((1.0 - tp.recompute_exposed) * tp.recompute,

@@ -65,8 +65,8 @@ def test_full_recompute_adds_one_forward_per_block():
     c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     zero = 0.0 * r.layers_max
     stage = stage_time.stage_s(c, r, PROFILE, MEGATRON, np.array([20.0]), zero, zero)
-    assert float(stage["recompute"][0]) == pytest.approx(20.0 * float(c.lt["full"][0]))
-    assert 0.0 < float(c.lt["full"][0]) <= float(c.lt["forward"][0])
+    assert float(stage["recompute"][0]) == pytest.approx(20.0 * float(c.block_s["full"][0]))
+    assert 0.0 < float(c.block_s["full"][0]) <= float(c.block_s["forward"][0])
 
 
 def test_the_head_sits_on_the_last_stage_and_the_step_waits_on_the_slowest():
@@ -97,6 +97,6 @@ def test_without_a_pipeline_one_stage_holds_embedding_blocks_and_head():
     assert float(stage_time.loss_on_first(r)[0]) == 1.0
     crit = stage_time.critical_stage_s(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
-    blocks_only = 80.0 * float((c.lt["forward"] + c.lt["backward"] + c.lt["dtensor"])[0])
+    blocks_only = 80.0 * float((c.block_s["forward"] + c.block_s["backward"] + c.block_s["dtensor"])[0])
     assert float(crit["compute"][0]) > blocks_only
     assert float(crit["holds_head"][0]) == 1.0
