@@ -7,6 +7,8 @@ parts are reported (memory.py has the formulas and their sources).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -106,16 +108,29 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
             np.maximum(psi_first + psi_last, 2.0 * psi_mid))
 
 
-def memory_by_part(
-    model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
-    runtime: RuntimeTraits, parts: dict[str, np.ndarray],
-) -> dict[str, np.ndarray]:
-    """mem_<part>, mem_total and mem_host (bytes per GPU), mem_psi (parameters of the larger
-    stage) and fits."""
-    dev = profile.device
-    st_first, st_last, st_mid, psi, psi_pair = _stage_states(model, r, precision, runtime)
-    if runtime.dualpipe:  # a rank holds two stages' parameters: it reduces and steps them all
-        psi = np.where(r.pp > 1, psi_pair, psi)
+@dataclass(frozen=True)
+class StageActivations:
+    """Activation bytes per GPU of the first, the last and a middle (the largest) stage, with
+    what DualPipe's pairing of stages re-adds (_dualpipe_ranks)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    mid: np.ndarray
+    of_layers: Callable[[np.ndarray], np.ndarray]
+    """Bytes one micro-batch keeps in n blocks under the row's recompute."""
+    working: np.ndarray
+    """The backward's working set beside what is kept (memory.backward_wavefront_bytes)."""
+    logits: np.ndarray
+    """The head's logits and loss buffers (saved and transient)."""
+    ends: tuple[np.ndarray, np.ndarray]
+    """The first and the last stage's bytes per micro-batch in flight."""
+
+
+def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: bool,
+                           runtime: RuntimeTraits, parts: dict[str, np.ndarray]
+                           ) -> StageActivations:
+    """What each stage keeps for the micro-batches it holds in flight, plus the backward's
+    working set and, where the head sits, its logits."""
     a_none = memory.activation_bytes_per_layer(parts, np.zeros_like(r.recompute), precision)
     a_pol = memory.activation_bytes_per_layer(parts, r.recompute, precision,
                                               runtime.selective.value, r.rc_modules)
@@ -149,77 +164,95 @@ def memory_by_part(
     loss_first = single | r.v_shape
     mtp_first, mtp_last = (np.where(at, d_mtp, 0.0) for at in (loss_first, ~loss_first))
     mtp_act = mtp.extra_activation_bytes(model, r) * r.act_scale
+    end_first = (act_layers(r.layers_first + mtp_first) + embed_act
+                 + np.where(loss_first, mtp_act, 0.0))
+    end_last = act_layers(r.layers_last + mtp_last) + np.where(loss_first, 0.0, mtp_act)
     # rank 0 holds its own layers' micro-batches in flight; a middle rank (an uneven split's
     # heaviest, e.g. between 0-block end stages) layers_max blocks of at most pp - 1 of them
     # under one-chunk 1F1B / ZB-H1 (rank k holds pp - k: Narayanan et al. 2021 §2.2), else as
     # many as rank 0 (an upper bound)
-    act_first = (in_flight * (act_layers(r.layers_first + mtp_first) + embed_act
-                              + np.where(loss_first, mtp_act, 0.0)) + working
-                 + np.where(loss_first, logits, 0))
-    act_last = np.where(single, act_first, in_flight_last * (
-        act_layers(r.layers_last + mtp_last) + np.where(loss_first, 0.0, mtp_act)) + working
-        + np.where(r.v_shape, 0.0, logits))
+    act_first = in_flight * end_first + working + np.where(loss_first, logits, 0)
+    act_last = np.where(single, act_first, in_flight_last * end_last + working
+                        + np.where(r.v_shape, 0.0, logits))
     one_chunk = (r.vpp == 1) & (r.schedule != GPIPE) & (r.schedule != INTERLEAVED)
     in_flight_mid = np.where(one_chunk, np.maximum(np.minimum(r.pp - 1.0, r.m), 1.0), in_flight)
     act_mid = np.where(single, act_first, in_flight_mid * act_layers(r.layers_max) + working)
-    buffers = _buffers(model, r, runtime)
+    return StageActivations(first=act_first, last=act_last, mid=act_mid, of_layers=act_layers,
+                            working=working, logits=logits, ends=(end_first, end_last))
+
+
+def memory_by_part(
+    model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str, eager: bool,
+    runtime: RuntimeTraits, parts: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """mem_<part>, mem_total and mem_host (bytes per GPU), mem_psi (parameters of the larger
+    stage) and fits: the parts of the stage that needs the most."""
+    st_first, st_last, st_mid, psi, psi_pair = _stage_states(model, r, precision, runtime)
+    acts = stage_activation_bytes(model, r, precision, eager, runtime, parts)
+    states = (st_first, st_mid, st_last)
+    act = (acts.first, acts.mid, acts.last)
     if runtime.dualpipe:  # rank 0 holds the first and last stages, a middle rank two middles
-        st_first, st_last, st_mid, act_first, act_last, act_mid = _dualpipe_ranks(
-            r, (st_first, st_last, st_mid), act_layers, working, logits,
-            (act_layers(r.layers_first + mtp_first) + embed_act
-             + np.where(loss_first, mtp_act, 0.0),
-             act_layers(r.layers_last + mtp_last) + np.where(loss_first, 0.0, mtp_act)),
-            (act_first, act_last, act_mid))
-
-    def total(st: dict[str, np.ndarray], act: np.ndarray) -> np.ndarray:
-        frag = memory.FRAGMENTATION * (act + buffers)
-        return st["params"] + st["grads"] + st["optimizer"] + act + buffers + frag \
-            + dev.reserved_bytes
-
-    totals = [total(st_first, act_first), total(st_mid, act_mid), total(st_last, act_last)]
-    worst = np.argmax(np.stack(totals), axis=0)  # ties to the first stage, then the middle
-
-    def pick(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        return np.choose(worst, [a + 0.0 * worst, b + 0.0 * worst, c + 0.0 * worst])
-
-    act = pick(act_first, act_mid, act_last)
-    out = {
-        "mem_params": pick(st_first["params"], st_mid["params"], st_last["params"]),
-        "mem_grads": pick(st_first["grads"], st_mid["grads"], st_last["grads"]),
-        "mem_optimizer": pick(st_first["optimizer"], st_mid["optimizer"], st_last["optimizer"]),
-        "mem_activations": act,
-        "mem_buffers": buffers + 0.0 * act,
-        "mem_allocator": memory.FRAGMENTATION * (act + buffers),
-        "mem_reserved": np.full_like(act, float(dev.reserved_bytes)),
-        "mem_total": np.max(np.stack(totals), axis=0),
-        "mem_psi": psi,
-    }
+        # a rank holds two stages' parameters: it reduces and steps them all
+        psi = np.where(r.pp > 1, psi_pair, psi)
+        first, last, mid, a_first, a_last, a_mid = _dualpipe_ranks(
+            r, (st_first, st_last, st_mid), acts)
+        states, act = (first, mid, last), (a_first, a_mid, a_last)
+    out = _worst_stage_parts(profile, states, act, _buffers(model, r, runtime))
+    out["mem_psi"] = psi
     host = memory.host_state_bytes(psi, r.shard, precision, r.offload_optimizer,
                                    r.offload_params, runtime.fsdp2_offload)
     out["mem_host"] = host
-    out["fits"] = (out["mem_total"] <= dev.memory_bytes) & (
+    out["fits"] = (out["mem_total"] <= profile.device.memory_bytes) & (
         host * np.minimum(r.world, profile.gpus_per_node) <= profile.host.memory_bytes)
     return out
 
 
-def _dualpipe_ranks(r: Rows, states: tuple[dict[str, np.ndarray], ...], act_layers: Any,
-                    working: np.ndarray, logits: np.ndarray,
-                    ends_per_mb: tuple[np.ndarray, np.ndarray],
-                    acts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[Any, ...]:
+def _worst_stage_parts(profile: ClusterProfile, states: tuple[dict[str, np.ndarray], ...],
+                       acts: tuple[np.ndarray, ...], buffers: np.ndarray
+                       ) -> dict[str, np.ndarray]:
+    """mem_<part> and mem_total of the stage (first, middle, last; ties to the earlier) whose
+    states, activations, buffers, allocator slack and reserve add up to the most."""
+    reserved = profile.device.reserved_bytes
+
+    def total(st: dict[str, np.ndarray], act: np.ndarray) -> np.ndarray:
+        frag = memory.FRAGMENTATION * (act + buffers)
+        return st["params"] + st["grads"] + st["optimizer"] + act + buffers + frag + reserved
+
+    totals = [total(st, a) for st, a in zip(states, acts, strict=True)]
+    worst = np.argmax(np.stack(totals), axis=0)
+
+    def pick(values: list[np.ndarray]) -> np.ndarray:
+        return np.choose(worst, [v + 0.0 * worst for v in values])
+
+    act = pick(list(acts))
+    return {
+        "mem_params": pick([st["params"] for st in states]),
+        "mem_grads": pick([st["grads"] for st in states]),
+        "mem_optimizer": pick([st["optimizer"] for st in states]),
+        "mem_activations": act,
+        "mem_buffers": buffers + 0.0 * act,
+        "mem_allocator": memory.FRAGMENTATION * (act + buffers),
+        "mem_reserved": np.full_like(act, float(reserved)),
+        "mem_total": np.max(np.stack(totals), axis=0),
+    }
+
+
+def _dualpipe_ranks(r: Rows, states: tuple[dict[str, np.ndarray], ...],
+                    acts: StageActivations) -> tuple[Any, ...]:
     """States and activations of DualPipe's ranks (runtimes.RuntimeTraits.dualpipe; DeepSeek-V3
     report Table 2): each rank holds two stages' parameters (rank 0 the first and the last, a
     middle rank two middle stages) and pp + 1 micro-batches of its stages' activations, as
     pipeline.dualpipe_in_flight counts them (rank 0: pp of the first stage, one of the last).
     With pp = 2 both ranks are end ranks (no middle one); without a pipeline (pp 1) the one
-    stage as it is."""
+    stage as it is. Returns (first, last, middle) states, then their activations."""
     first, last, mid = states
     piped, middle = r.pp > 1, r.pp > 2
     n_first, n_last, n_mid = pipeline.dualpipe_in_flight(r.pp)
     pair = {k: np.where(piped, first[k] + last[k], first[k]) for k in first}
-    act_pair = np.where(piped, n_first * ends_per_mb[0] + n_last * ends_per_mb[1] + working
-                        + logits, acts[0])
+    act_pair = np.where(piped, n_first * acts.ends[0] + n_last * acts.ends[1] + acts.working
+                        + acts.logits, acts.first)
     twice = {k: np.where(middle, 2.0 * mid[k], pair[k]) for k in mid}
-    act_two = np.where(middle, n_mid * act_layers(r.layers_max) + working, act_pair)
+    act_two = np.where(middle, n_mid * acts.of_layers(r.layers_max) + acts.working, act_pair)
     return pair, pair, twice, act_pair, act_pair, act_two
 
 

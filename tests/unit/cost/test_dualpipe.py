@@ -105,9 +105,10 @@ def test_end_rank_holds_pp_of_the_first_stage_and_one_of_the_last():
     r = rows_of(plan_to_row(_plan(), LLAMA), LLAMA, "bf16", DUAL)
     one = np.ones(1)
     states = ({"params": one}, {"params": 2 * one}, {"params": 4 * one})
-    out = step_memory._dualpipe_ranks(
-        r, states, lambda layers: 100.0 * layers, 0.5 * one, 0.25 * one,
-        (1.0 * one, 10.0 * one), (one, one, one))
+    acts = step_memory.StageActivations(
+        first=one, last=one, mid=one, of_layers=lambda layers: 100.0 * layers,
+        working=0.5 * one, logits=0.25 * one, ends=(1.0 * one, 10.0 * one))
+    out = step_memory._dualpipe_ranks(r, states, acts)
     pair, _, twice, act_pair, _, act_two = out
     assert float(pair["params"][0]) == 3.0 and float(twice["params"][0]) == 8.0
     assert float(act_pair[0]) == pytest.approx(8 * 1.0 + 10.0 + 0.5 + 0.25)
