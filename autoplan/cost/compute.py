@@ -286,6 +286,31 @@ def _attention_figure(figure: AttentionFigure, like: np.ndarray,
     return zeros + figure(seq_len)
 
 
+def attention_core_times_s(
+    model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
+    cp: np.ndarray, act_core_bytes: np.ndarray, eager: bool, causal_skip: bool = False,
+    attention_kernel: str = "fa2",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of one block's attention core (QK^T, softmax, AV) for one
+    micro-batch on one rank. Eager: batched per-head GEMMs at one head's s x d x s efficiency
+    plus the softmax's passes over the kept scores (`act_core_bytes`). Fused: the kernel's
+    measured share of `peak` at the length a rank attends over, half the s^2 work where it
+    skips fully masked tiles (`causal_skip`)."""
+    core_flops = attention_core_flops(model, b, tp, cp)
+    if eager:
+        # batched per-head GEMMs: efficiency of one head's s x d x s product
+        per_head = core_flops / (np.asarray(b, float) * model.num_heads / np.asarray(tp, float))
+        core_gemm = core_flops / (peak * profile.efficiency.matmul(per_head))
+        core_fwd = core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES / 3.0, profile)
+        core_bwd = 2.0 * core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES * 2 / 3, profile)
+        return core_fwd, core_bwd
+    work = (0.5 if causal_skip else 1.0) * core_flops
+    # the kernel attends over a rank's share of each sequence (context parallelism splits it)
+    fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops,
+                                            model.seq_len / np.asarray(cp, float))
+    return work / (peak * fwd_eff), FLASH_BACKWARD * work / (peak * bwd_eff)
+
+
 def layer_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
     cp: np.ndarray, act_noncore_bytes: np.ndarray, act_core_bytes: np.ndarray, eager: bool,
@@ -318,21 +343,12 @@ def layer_times_s(
         gemm_flops_per_layer(model, tokens, tp), gemm_shapes_per_layer(model, tokens, tp),
         strict=True)]
     gemm = sum(gemm_each)
-    core_flops = attention_core_flops(model, b, tp, cp)
-    if eager:
-        # batched per-head GEMMs: efficiency of one head's s x d x s product
-        per_head = core_flops / (np.asarray(b, float) * model.num_heads / np.asarray(tp, float))
-        core_gemm = core_flops / (peak * profile.efficiency.matmul(per_head))
-        core_fwd = core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES / 3.0, profile)
-        core_bwd = 2.0 * core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES * 2 / 3, profile)
-    else:
-        work = (0.5 if causal_skip else 1.0) * core_flops
-        # the kernel attends over a rank's share of each sequence (context parallelism splits it)
-        fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops,
-                                                model.seq_len / np.asarray(cp, float))
-        a_peak = peak if attention_peak is None else attention_peak  # fp8 runs: 16-bit attention
-        core_fwd = work / (a_peak * fwd_eff)
-        core_bwd = FLASH_BACKWARD * work / (a_peak * bwd_eff)
+    # a fused kernel runs at attention_peak (16-bit in an fp8 run); eager's batched GEMMs as
+    # the block's other GEMMs
+    core_peak = peak if eager or attention_peak is None else attention_peak
+    core_fwd, core_bwd = attention_core_times_s(model, profile, core_peak, b, tp, cp,
+                                                act_core_bytes, eager, causal_skip,
+                                                attention_kernel)
     # the element-wise kernels' bytes, forward + backward, as the caller counted them for its
     # runtime (eager_elementwise_bytes, fused_elementwise_bytes); without a count, each kept
     # activation moved ELEMENTWISE_PASSES times
