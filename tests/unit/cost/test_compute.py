@@ -191,3 +191,35 @@ def test_a_block_s_attention_seconds_follow_the_length_each_rank_attends_over() 
         float(eff(8192) / eff(1024)))
     # 32K tokens over cp 8: each rank's kernels attend over 4K-token chunks
     assert seconds_per_flop(32768, 8.0) == pytest.approx(seconds_per_flop(4096, 1.0))
+
+
+def test_the_attention_core_priced_fused_and_eager() -> None:
+    """attention_core_times_s: a fused causal kernel skips the masked half (Dao 2023 §3.1) and
+    its backward is FLASH_BACKWARD times the forward's work at the backward's own efficiency;
+    eager runs the two batched GEMMs forward and four backward, plus the softmax's passes over
+    the kept scores (SOFTMAX_PASSES, a third forward and two thirds backward)."""
+    h100 = load_profile("h100-sxm-80gb")
+    model, one = PRESETS["llama-3-8b"], np.array([1.0])
+    peak = h100.device.peak("bf16")
+    flops = compute.attention_core_flops(model, one, one, one)
+
+    def fused(skip: bool) -> tuple[float, float]:
+        f, b = compute.attention_core_times_s(model, h100, peak, one, one, one, one * 0.0,
+                                              eager=False, causal_skip=skip)
+        return float(f[0]), float(b[0])
+
+    (f_all, b_all), (f_half, b_half) = fused(False), fused(True)
+    assert f_half == pytest.approx(f_all / 2) and b_half == pytest.approx(b_all / 2)
+    fwd_eff, bwd_eff = compute.attention_efficiency(h100, "fa2", flops, np.array([8192.0]))
+    assert b_all / f_all == pytest.approx(
+        compute.FLASH_BACKWARD * float(fwd_eff[0]) / float(bwd_eff[0]))
+
+    scores = np.array([3.0e9])  # bytes of kept scores
+    f0, b0 = compute.attention_core_times_s(model, h100, peak, one, one, one, 0.0 * scores,
+                                            eager=True)
+    f1, b1 = compute.attention_core_times_s(model, h100, peak, one, one, one, scores,
+                                            eager=True)
+    assert float(b0[0]) == pytest.approx(2.0 * float(f0[0]))  # GEMMs alone: backward is twice
+    softmax = compute.memory_time_s(scores * compute.SOFTMAX_PASSES, h100)
+    assert float((f1 - f0)[0]) == pytest.approx(float(softmax[0]) / 3.0)
+    assert float((b1 - b0)[0]) == pytest.approx(float(softmax[0]) * 2.0 / 3.0)
