@@ -354,32 +354,17 @@ def layer_times_s(
     # activation moved ELEMENTWISE_PASSES times
     elem = memory_time_s((act_noncore_bytes * ELEMENTWISE_PASSES if elementwise_bytes is None
                           else elementwise_bytes) + extra_elementwise_bytes, profile)
-    eff = profile.efficiency
-    ops_f, ops_b, ops_gemm = block_ops(model, eager)
-    tp_on = np.asarray(tp) > 1
-    dtensor = np.where(tp_on, (ops_f + ops_b) * eff.dtensor_op_overhead_s, 0.0)
-    f_share = ops_f / (ops_f + ops_b)
-    non_gemm = ops_f - ops_gemm
-    hooks = ops_f * eff.selective_op_overhead_s + dtensor * non_gemm / (ops_f + ops_b)
-    # (device seconds, host seconds) of each part; the FSDP unit's hooks split like the ops
-    fwd_host = ops_f * eff.op_overhead_s + f_share * unit_host_s
-    bwd_host = ops_b * eff.op_overhead_s + (1.0 - f_share) * unit_host_s
-    if host_runs_ahead:
-        fwd_host, bwd_host = fwd_host + dtensor * f_share, bwd_host + dtensor * (1.0 - f_share)
+    host, dtensor = block_host_s(model, profile, tp, eager, unit_host_s, host_runs_ahead)
     parts = {
-        "forward": (gemm + core_fwd + elem / 3.0, fwd_host),
-        "backward": (2.0 * gemm + core_bwd + elem * 2.0 / 3.0, bwd_host),
+        "forward": (gemm + core_fwd + elem / 3.0, host["forward"]),
+        "backward": (2.0 * gemm + core_bwd + elem * 2.0 / 3.0, host["backward"]),
         "full": (gemm - (gemm_each[3] if recompute_skips_last_gemm else 0.0) + core_fwd
-                 + elem / 3.0, ops_f * eff.op_overhead_s
-                 + ops_f * eff.checkpoint_op_overhead_s + dtensor * f_share),
-        "all-but-gemms": (core_fwd + elem / 3.0, non_gemm * eff.op_overhead_s + hooks),
-        "op-sac": (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0,
-                   non_gemm * eff.op_overhead_s + hooks),
+                 + elem / 3.0, host["full"]),
+        "all-but-gemms": (core_fwd + elem / 3.0, host["all-but-gemms"]),
+        "op-sac": (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0, host["op-sac"]),
     }
     forward, backward, full, all_but_gemms, op_sac = (
-        with_host(dev, host, host_runs_ahead) for dev, host in parts.values())
-    if host_runs_ahead:
-        dtensor = np.zeros_like(dtensor)
+        with_host(dev, issue, host_runs_ahead) for dev, issue in parts.values())
     attention_core = core_fwd + np.zeros_like(gemm)
     # the forward's non-GEMM, non-core seconds (module recompute shares them out by bytes): the
     # element-wise kernels, and on a CPU the per-op host costs beside them
@@ -397,6 +382,36 @@ def layer_times_s(
     for k in ("forward", "backward", "full"):
         out[f"{k}_device"], out[f"{k}_host"] = parts[k]
     return out
+
+
+def block_host_s(model: ModelSpec, profile: ClusterProfile, tp: np.ndarray, eager: bool,
+                 unit_host_s: np.ndarray | float, host_runs_ahead: bool
+                 ) -> tuple[dict[str, np.ndarray | float], np.ndarray]:
+    """Host seconds of one block's parts for one micro-batch (layer_times_s' part names), and
+    DTensor's host overhead under tensor parallelism, forward + backward.
+
+    Every aten op costs the profile's `op_overhead_s`, every DTensor op (tp > 1)
+    `dtensor_op_overhead_s`; the FSDP unit's hooks (`unit_host_s`) split between forward and
+    backward like the ops. A full recompute re-issues the forward's ops and pays
+    `checkpoint_op_overhead_s` for each; the partial policies re-issue the non-GEMM ops and
+    pay `selective_op_overhead_s` for every forward op they inspect. Where the host runs ahead
+    DTensor's overhead is part of forward and backward (returned as zero beside them)."""
+    eff = profile.efficiency
+    ops_f, ops_b, ops_gemm = block_ops(model, eager)
+    dtensor = np.where(np.asarray(tp) > 1, (ops_f + ops_b) * eff.dtensor_op_overhead_s, 0.0)
+    f_share = ops_f / (ops_f + ops_b)
+    non_gemm = ops_f - ops_gemm
+    hooks = ops_f * eff.selective_op_overhead_s + dtensor * non_gemm / (ops_f + ops_b)
+    fwd = ops_f * eff.op_overhead_s + f_share * unit_host_s
+    bwd = ops_b * eff.op_overhead_s + (1.0 - f_share) * unit_host_s
+    if host_runs_ahead:
+        fwd, bwd = fwd + dtensor * f_share, bwd + dtensor * (1.0 - f_share)
+    partial = non_gemm * eff.op_overhead_s + hooks
+    host = {"forward": fwd, "backward": bwd,
+            "full": ops_f * eff.op_overhead_s + ops_f * eff.checkpoint_op_overhead_s
+            + dtensor * f_share,
+            "all-but-gemms": partial, "op-sac": partial}
+    return host, (np.zeros_like(dtensor) if host_runs_ahead else dtensor)
 
 
 def with_host(device: np.ndarray, host: np.ndarray | float, host_runs_ahead: bool
