@@ -67,6 +67,21 @@ OFFLOAD_MODES = {"optimizer": "the optimizer alone", "params": "the parameters a
 """RuntimeTraits.offload values, as messages name them."""
 
 
+
+def _refuse(field: str, value: Any, fix: str) -> None:
+    """Raise the one-line error for a runtime field's value."""
+    raise ConfigError(f"runtime.{field}", f"got {value!r}", fix)
+
+
+def _check_list(field: str, values: Any, allowed: Any, fix: str, nonempty: bool = False,
+                required: str | None = None, whole: bool = False) -> None:
+    """Refuse a list field with a member outside `allowed`, without `required`, empty where
+    `nonempty`, or (`whole`) with a boolean where whole numbers belong."""
+    members = list(values)
+    if (any(v not in allowed or (whole and isinstance(v, bool)) for v in members)
+            or (nonempty and not members) or (required is not None and required not in members)):
+        _refuse(field, members, fix)
+
 @dataclass(frozen=True)
 class RuntimeTraits:
     """The software side of the cost model (DESIGN.md section 6: hardware x runtime x plan)."""
@@ -406,102 +421,82 @@ class RuntimeTraits:
     and autoplan's optimizer offload shard with FSDP (ZeRO-1 to 3 by the plan rules)."""
 
     def __post_init__(self) -> None:
+        self._check_numbers()
+        self._check_choices()
+        self._check_lists()
+
+    def _check_numbers(self) -> None:
+        """Byte counts, fractions, factors and SM counts in their ranges."""
         if not 0.0 <= self.fp8_weight_cache_bytes <= 4.0:
-            raise ConfigError("runtime.fp8_weight_cache_bytes",
-                              f"got {self.fp8_weight_cache_bytes!r}", "expected 0 to 4 bytes")
+            _refuse("fp8_weight_cache_bytes", self.fp8_weight_cache_bytes,
+                    "expected 0 to 4 bytes")
         for f in ("grad_bytes_bf16", "grad_bytes_fp16", "reduce_bytes_bf16", "reduce_bytes_fp16",
                   "logit_bytes_saved", "logit_bytes_transient"):
-            value = getattr(self, f)
-            if not 0 < value <= 8:
-                raise ConfigError(f"runtime.{f}", f"got {value!r}", "expected bytes in (0, 8]")
+            if not 0 < getattr(self, f) <= 8:
+                _refuse(f, getattr(self, f), "expected bytes in (0, 8]")
         floor = LOSS_CAST_BYTES if self.loss_casts else 0.0
         if not floor < self.loss_bytes_per_logit <= 256.0:
-            raise ConfigError("runtime.loss_bytes_per_logit",
-                              f"got {self.loss_bytes_per_logit!r}",
-                              f"expected bytes in ({floor:g}, 256]"
-                              + (" (the casts alone move that much; loss_casts: false for a "
-                                 "kernel without them)" if self.loss_casts else ""))
+            _refuse("loss_bytes_per_logit", self.loss_bytes_per_logit,
+                    f"expected bytes in ({floor:g}, 256]"
+                    + (" (the casts alone move that much; loss_casts: false for a kernel "
+                       "without them)" if self.loss_casts else ""))
         if isinstance(self.fp8_gemm_efficiency, bool) or not isinstance(
                 self.fp8_gemm_efficiency, (int, float)) or not 0.1 <= self.fp8_gemm_efficiency <= 1.5:
-            raise ConfigError("runtime.fp8_gemm_efficiency", f"got {self.fp8_gemm_efficiency!r}",
-                              "expected a factor from 0.1 to 1.5 on the profile's fp8 GEMM speed")
+            _refuse("fp8_gemm_efficiency", self.fp8_gemm_efficiency,
+                    "expected a factor from 0.1 to 1.5 on the profile's fp8 GEMM speed")
         for f in ("tp_comm_overlap", "ep_comm_overlap"):
             if not 0.0 <= getattr(self, f) <= 1.0:
-                raise ConfigError(f"runtime.{f}", f"got {getattr(self, f)!r}",
-                                  "expected a fraction from 0 to 1")
+                _refuse(f, getattr(self, f), "expected a fraction from 0 to 1")
         if self.ep_dispatch_bytes is not None and not 0 < self.ep_dispatch_bytes <= 4:
-            raise ConfigError("runtime.ep_dispatch_bytes", f"got {self.ep_dispatch_bytes!r}",
-                              "expected bytes in (0, 4], or null")
-        if isinstance(self.comm_reserved_sms, bool) or not isinstance(
-                self.comm_reserved_sms, int) or not 0 <= self.comm_reserved_sms <= 1024:
-            raise ConfigError("runtime.comm_reserved_sms", f"got {self.comm_reserved_sms!r}",
-                              "expected a whole number of SMs from 0 to 1024")
-        for f in ("userbuffers_proj_sms", "userbuffers_fc2_sms"):
+            _refuse("ep_dispatch_bytes", self.ep_dispatch_bytes,
+                    "expected bytes in (0, 4], or null")
+        for f in ("comm_reserved_sms", "userbuffers_proj_sms", "userbuffers_fc2_sms"):
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
-                raise ConfigError(f"runtime.{f}", f"got {value!r}",
-                                  "expected a whole number of SMs from 0 to 1024")
+                _refuse(f, value, "expected a whole number of SMs from 0 to 1024")
+
+    def _check_choices(self) -> None:
+        """Fields that name one of a few kinds."""
         if not isinstance(self.dualpipe, bool):
-            raise ConfigError("runtime.dualpipe", f"got {self.dualpipe!r}",
-                              "expected true or false")
-        if self.ep_dispatcher not in ("alltoall", "deepep"):
-            raise ConfigError("runtime.ep_dispatcher", f"got {self.ep_dispatcher!r}",
-                              "choose alltoall or deepep")
-        known = {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
-        bad = [s for s in self.schedules if s not in known]
-        if bad or not self.schedules:
-            raise ConfigError("runtime.schedules", f"got {list(self.schedules)!r}",
-                              f"list some of {', '.join(sorted(known))}")
-        if any(s not in self.schedules for s in self.multi_stage_schedules):
-            raise ConfigError("runtime.multi_stage_schedules",
-                              f"got {list(self.multi_stage_schedules)!r}",
-                              f"list some of runtime.schedules ({', '.join(self.schedules)})")
-        if self.tp_comm_overlap_method not in TP_OVERLAP_METHODS:
-            raise ConfigError("runtime.tp_comm_overlap_method",
-                              f"got {self.tp_comm_overlap_method!r}",
-                              f"choose {', '.join(TP_OVERLAP_METHODS)}")
-        if self.attention_kernel not in ATTENTION_KERNELS:
-            raise ConfigError("runtime.attention_kernel", f"got {self.attention_kernel!r}",
-                              f"choose {', '.join(ATTENTION_KERNELS)}")
+            _refuse("dualpipe", self.dualpipe, "expected true or false")
+        for field, allowed in (("ep_dispatcher", ("alltoall", "deepep")),
+                               ("tp_comm_overlap_method", TP_OVERLAP_METHODS),
+                               ("attention_kernel", ATTENTION_KERNELS)):
+            if getattr(self, field) not in allowed:
+                _refuse(field, getattr(self, field),
+                        "choose " + (" or " if len(allowed) == 2 else ", ").join(allowed))
         if self.attention_compute_dtype not in (None, "fp32"):
-            raise ConfigError("runtime.attention_compute_dtype",
-                              f"got {self.attention_compute_dtype!r}",
-                              "choose fp32, or null for the plan's precision")
-        if any(o not in OFFLOAD_MODES for o in self.offload):
-            raise ConfigError("runtime.offload", f"got {list(self.offload)!r}",
-                              "list some of optimizer, params, both (or [] for none)")
-        if not self.offload_zero_stages or any(
-                isinstance(z, bool) or z not in (1, 2, 3) for z in self.offload_zero_stages):
-            raise ConfigError("runtime.offload_zero_stages",
-                              f"got {list(self.offload_zero_stages)!r}",
-                              "list some of the ZeRO stages 1, 2, 3 (an optimizer offload "
-                              "needs a sharded optimizer)")
+            _refuse("attention_compute_dtype", self.attention_compute_dtype,
+                    "choose fp32, or null for the plan's precision")
+
+    def _check_lists(self) -> None:
+        """Lists of what the runtime has: each member known, and the required ones there."""
+        known = ("1f1b", "gpipe", "interleaved-1f1b", "zero-bubble")
+        _check_list("schedules", self.schedules, known, f"list some of {', '.join(known)}",
+                    nonempty=True)
+        _check_list("multi_stage_schedules", self.multi_stage_schedules, self.schedules,
+                    f"list some of runtime.schedules ({', '.join(self.schedules)})")
+        _check_list("offload", self.offload, OFFLOAD_MODES,
+                    "list some of optimizer, params, both (or [] for none)")
+        _check_list("offload_zero_stages", self.offload_zero_stages, (1, 2, 3),
+                    "list some of the ZeRO stages 1, 2, 3 (an optimizer offload needs a "
+                    "sharded optimizer)", nonempty=True, whole=True)
         splits = ("even", "balanced", "ends", "embed-loss", "deepspeed")
-        if "even" not in self.layer_splits or any(v not in splits for v in self.layer_splits):
-            raise ConfigError("runtime.layer_splits", f"got {list(self.layer_splits)!r}",
-                              f"list even and any of {', '.join(splits[1:])}")
+        _check_list("layer_splits", self.layer_splits, splits,
+                    f"list even and any of {', '.join(splits[1:])}", required="even")
         modules = ("core_attn", "mlp", "layernorm", "moe_act", "moe")
-        if any(m not in modules for m in self.recompute_modules):
-            raise ConfigError("runtime.recompute_modules",
-                              f"got {list(self.recompute_modules)!r}",
-                              f"list some of {', '.join(modules)} (or [] for none)")
-        if any(d not in ("fp32", "bf16") for d in self.grad_reduce_dtypes):
-            raise ConfigError("runtime.grad_reduce_dtypes",
-                              f"got {list(self.grad_reduce_dtypes)!r}", "list some of fp32, bf16")
-        if any(z not in (1, 2, 3) for z in self.hsdp_zero_stages):
-            raise ConfigError("runtime.hsdp_zero_stages", f"got {list(self.hsdp_zero_stages)!r}",
-                              "list some of 1, 2, 3 (or none)")
-        if any(d not in ("tp", "pp", "cp", "ep") for d in self.parallel_dims):
-            raise ConfigError("runtime.parallel_dims", f"got {list(self.parallel_dims)!r}",
-                              "list some of tp, pp, cp, ep (or [] for data parallel only)")
-        if "none" not in self.recompute_policies or any(
-                p not in ("none", "selective", "full") for p in self.recompute_policies):
-            raise ConfigError("runtime.recompute_policies",
-                              f"got {list(self.recompute_policies)!r}",
-                              "list none and any of selective, full")
-        if not self.zero_stages or any(z not in (0, 1, 2, 3) for z in self.zero_stages):
-            raise ConfigError("runtime.zero_stages", f"got {list(self.zero_stages)!r}",
-                              "list some of 0, 1, 2, 3")
+        _check_list("recompute_modules", self.recompute_modules, modules,
+                    f"list some of {', '.join(modules)} (or [] for none)")
+        _check_list("grad_reduce_dtypes", self.grad_reduce_dtypes, ("fp32", "bf16"),
+                    "list some of fp32, bf16")
+        _check_list("hsdp_zero_stages", self.hsdp_zero_stages, (1, 2, 3),
+                    "list some of 1, 2, 3 (or none)")
+        _check_list("parallel_dims", self.parallel_dims, ("tp", "pp", "cp", "ep"),
+                    "list some of tp, pp, cp, ep (or [] for data parallel only)")
+        _check_list("recompute_policies", self.recompute_policies, ("none", "selective", "full"),
+                    "list none and any of selective, full", required="none")
+        _check_list("zero_stages", self.zero_stages, (0, 1, 2, 3), "list some of 0, 1, 2, 3",
+                    nonempty=True)
 
     def offload_refusal(self, optimizer: bool, params: bool,
                         zero_stage: int | None = None) -> str | None:
