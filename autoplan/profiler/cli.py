@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,33 +51,52 @@ def _progress(console: Any):  # -> a context manager yielding an autoplan.progre
     return tracker("profile", console)
 
 
-def profile_command(args: argparse.Namespace) -> int:
-    import torch
+@dataclass(frozen=True)
+class _Request:
+    """What `autoplan profile` was asked for, resolved: the device, the GEMM dtype, the base
+    profile's fields, the new profile's name and path, and the collective group sizes."""
 
-    from autoplan.profiler import (
-        build,
-        collectives,
-        compare,
-        compute,
-        dispatch,
-        host,
-        layers,
-        report,
-    )
-    from autoplan.profiler import precision as sixteen_bit
+    device: Any  # torch.device
+    precision: str
+    base: dict[str, Any]
+    name: str
+    out: Path
+    groups: list[int]
+    quick: bool
+
+    @property
+    def use_cuda(self) -> bool:
+        return bool(self.device.type == "cuda")
+
+
+@dataclass
+class _Measured:
+    """Everything one `autoplan profile` run measured, before it becomes a profile."""
+
+    matmul: list[Any]
+    copy_bw: float
+    elem_bw: float
+    dispatch: Any
+    host_bw: float
+    adam: float
+    sixteen_bit: Any
+    tables: dict[str, Any]
+    collectives: dict[int, dict[str, list[list[float]]]] = field(default_factory=dict)
+
+
+def _request(args: argparse.Namespace) -> _Request:
+    """The run `args` ask for, with each bad value refused in one line (exit 2)."""
+    import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", "cuda requested but torch sees no CUDA device",
                           "use --device cpu or install a CUDA build of torch")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-    precision = args.precision or ("bf16" if use_cuda else "fp32")
     default_base = _gpu_base(torch.cuda.get_device_name(0)) if use_cuda else "cpu-gloo"
     base_ref = args.base or default_base
     load_profile(base_ref, "--base")  # validates the name or path with the usual one-line error
     base_path = resources.find(resources.PROFILES, base_ref) if resources.is_name(base_ref) \
         else Path(base_ref)
-    base = read_yaml(base_path or base_ref, "--base")
     name = args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured")
     out = Path(args.out) if args.out else (resources.default_write_dir(resources.PROFILES)
                                            / f"{resources.safe_name(name, '--name')}.yaml")
@@ -86,85 +106,127 @@ def profile_command(args: argparse.Namespace) -> int:
         torch.cuda.device_count() if use_cuda else 4)
     if max_ranks < 1 or (not use_cuda and max_ranks > 8):
         raise ConfigError("--ranks", f"got {max_ranks}", "expected 1 to 8 on CPU")
+    return _Request(
+        device=torch.device("cuda", 0) if use_cuda else torch.device("cpu"),
+        precision=args.precision or ("bf16" if use_cuda else "fp32"),
+        base=read_yaml(base_path or base_ref, "--base"), name=name, out=out,
+        groups=[g for g in (2, 4, 8) if g <= max_ranks], quick=args.quick)
 
-    console = stderr_console()
-    torch.set_num_threads(1) if not use_cuda else None
-    groups = [g for g in (2, 4, 8) if g <= max_ranks]
-    colls: dict[int, dict[str, list[list[float]]]] = {}
+
+def _measure(req: _Request, console: Any) -> _Measured:
+    """Run every microbenchmark, one progress step each (the runtime-layer grid reports its
+    own sub-steps)."""
+    import torch
+
+    from autoplan.profiler import collectives, compute, dispatch, host, layers
+    from autoplan.profiler import precision as sixteen_bit
+
+    device, quick = req.device, req.quick
+    if not req.use_cuda:
+        torch.set_num_threads(1)
     with _progress(console) as progress:
-        # one unit per step; the runtime-layer grid reports its own sub-steps
-        task = progress.add_task("measuring", total=6 + len(groups))
+        task = progress.add_task("measuring", total=6 + len(req.groups))
 
         def step(what: str) -> None:
             progress.update(task, description=what)
 
-        step(f"GEMMs ({precision})")
-        mm = compute.measure_matmul(device, precision, args.quick)
+        step(f"GEMMs ({req.precision})")
+        mm = compute.measure_matmul(device, req.precision, quick)
         progress.advance(task)
         step("memory bandwidth")
-        copy_bw, elem_bw = compute.measure_bandwidth(device, args.quick)
+        copy_bw, elem_bw = compute.measure_bandwidth(device, quick)
         progress.advance(task)
         step("operator dispatch (plain, DTensor, checkpointed, FSDP)")
-        disp = dispatch.measure_dispatch(device, args.quick)
-        op_s = disp.op_overhead_s
+        disp = dispatch.measure_dispatch(device, quick)
         progress.advance(task)
         step("host copies and CPU Adam")
-        host_bw = host.measure_copy_bandwidth(device, args.quick)
-        adam = host.measure_cpu_adam(args.quick, threads=None if use_cuda else 1)
+        host_bw = host.measure_copy_bandwidth(device, quick)
+        adam = host.measure_cpu_adam(quick, threads=None if req.use_cuda else 1)
         progress.advance(task)
         step("bf16 against fp32 (the runtime's GEMMs and attention)")
-        figures = sixteen_bit.measure_precision(args.quick) if not use_cuda else None
+        figures = sixteen_bit.measure_precision(quick) if not req.use_cuda else None
         progress.advance(task)
         tables = layers.measured_tables(
-            device, precision, args.quick,
+            device, req.precision, quick,
             lambda i, n, what: step(f"runtime layers {i}/{n}: {what}"))
         progress.advance(task)
-        for g in groups:
+        measured = _Measured(mm, copy_bw, elem_bw, disp, host_bw, adam, figures, tables)
+        for g in req.groups:
             step(f"collectives over {g} ranks")
-            colls[g] = collectives.measure_collectives(g, device.type, args.quick)
+            measured.collectives[g] = collectives.measure_collectives(g, device.type, quick)
             progress.advance(task)
-    prof = build.assemble(base, name, device, precision, mm, copy_bw, elem_bw, op_s, colls, host_bw,
-                          adam, args.quick, tables)
-    dispatch.apply_dispatch(prof, disp, device)
+    return measured
+
+
+def _profile(req: _Request, m: _Measured) -> dict[str, Any]:
+    """The new profile's fields: the base's, with what was measured in their place."""
+    from autoplan.profiler import build, collectives, dispatch
+    from autoplan.profiler import precision as sixteen_bit
+
+    prof = build.assemble(req.base, req.name, req.device, req.precision, m.matmul, m.copy_bw,
+                          m.elem_bw, m.dispatch.op_overhead_s, m.collectives, m.host_bw, m.adam,
+                          req.quick, m.tables)
+    dispatch.apply_dispatch(prof, m.dispatch, req.device)
     # a GPU profile keeps its datasheet 16-bit peaks; an fp16 curve scales neither fp32 nor bf16
-    if figures is not None and precision in ("fp32", "bf16"):
-        sixteen_bit.apply_precision(prof, figures, precision)
-    if colls:
-        prof["collectives"] = collectives.collective_tables(colls)
-    loaded = profile_from_dict(prof)  # the result must load like any other profile
-    written = save_yaml(prof, out, overwrite=args.force)
-    summary = {
+    if m.sixteen_bit is not None and req.precision in ("fp32", "bf16"):
+        sixteen_bit.apply_precision(prof, m.sixteen_bit, req.precision)
+    if m.collectives:
+        prof["collectives"] = collectives.collective_tables(m.collectives)
+    return prof
+
+
+def _summary(req: _Request, m: _Measured, prof: dict[str, Any], loaded: Any, written: Path
+             ) -> dict[str, Any]:
+    """What the run prints (or writes as JSON): the headline figures and the runtime's layers
+    measured against the cost model's price of them under the new profile (`loaded`)."""
+    from autoplan.profiler import compare
+
+    colls = bool(m.collectives)
+    return {
         "profile": str(written), "device": prof["device"]["name"],
-        "matmul_peak_flops_per_s": max(t.size / t.seconds for t in mm),
-        "copy_bytes_per_s": copy_bw, "host_copy_bytes_per_s": host_bw,
-        "cpu_adam_params_per_s": adam, "op_overhead_s": op_s,
+        "matmul_peak_flops_per_s": max(t.size / t.seconds for t in m.matmul),
+        "copy_bytes_per_s": m.copy_bw, "host_copy_bytes_per_s": m.host_bw,
+        "cpu_adam_params_per_s": m.adam, "op_overhead_s": m.dispatch.op_overhead_s,
         "all_reduce_bytes_per_s": prof["intra_node"]["bytes_per_s"] if colls else None,
         "all_reduce_latency_s": prof["intra_node"]["latency_s"] if colls else None,
-        "groups": groups, "pid": os.getpid(),
-        "layers_vs_model": compare.layer_comparison(tables["layers"], tables["layer_models"],
-                                                    loaded, precision),
-        "saved_vs_model": compare.saved_comparison(tables["saved_activations"],
-                                                   tables["layer_models"], precision),
+        "groups": req.groups, "pid": os.getpid(),
+        "layers_vs_model": compare.layer_comparison(m.tables["layers"], m.tables["layer_models"],
+                                                    loaded, req.precision),
+        "saved_vs_model": compare.saved_comparison(m.tables["saved_activations"],
+                                                   m.tables["layer_models"], req.precision),
         "matmul_from_layers": prof["measured"]["matmul_from_layers"],
     }
 
-    def render(c: Any) -> None:
-        c.print(f"wrote [bold]{written}[/] ({summary['device']})")
-        c.print(f"  GEMM best {summary['matmul_peak_flops_per_s'] / 1e9:,.1f} GFLOP/s, memory "
-                f"copy {copy_bw / 1e9:.1f} GB/s, host copy {host_bw / 1e9:.1f} GB/s, "
-                f"CPU Adam {adam / 1e6:.0f} M params/s, {op_s * 1e6:.1f} us per operator")
-        if colls:
-            c.print(f"  all-reduce over {max(groups)} ranks: "
-                    f"{summary['all_reduce_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, "
-                    f"{summary['all_reduce_latency_s'] * 1e6:.0f} us per step")
-        fed = summary["matmul_from_layers"]
-        err = fed["block_log_error"]
-        c.print(f"  matmul curve: {len(fed['points'])} points from the runtime's MLP GEMMs "
-                f"{'used' if fed['used'] else 'not used'}; block time mean |log(measured/"
-                f"predicted)| {err['square_gemms']:.3f} square GEMMs only, "
-                f"{err['with_points']:.3f} with them")
-        c.print(report.layer_table(summary["layers_vs_model"]))
-        c.print(report.saved_table(summary["saved_vs_model"]))
 
-    emit(args, to_dict(summary), render)
+def _render(summary: dict[str, Any], c: Any) -> None:
+    from autoplan.profiler import report
+
+    c.print(f"wrote [bold]{summary['profile']}[/] ({summary['device']})")
+    c.print(f"  GEMM best {summary['matmul_peak_flops_per_s'] / 1e9:,.1f} GFLOP/s, memory "
+            f"copy {summary['copy_bytes_per_s'] / 1e9:.1f} GB/s, host copy "
+            f"{summary['host_copy_bytes_per_s'] / 1e9:.1f} GB/s, CPU Adam "
+            f"{summary['cpu_adam_params_per_s'] / 1e6:.0f} M params/s, "
+            f"{summary['op_overhead_s'] * 1e6:.1f} us per operator")
+    if summary["all_reduce_bytes_per_s"] is not None:
+        c.print(f"  all-reduce over {max(summary['groups'])} ranks: "
+                f"{summary['all_reduce_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, "
+                f"{summary['all_reduce_latency_s'] * 1e6:.0f} us per step")
+    fed = summary["matmul_from_layers"]
+    err = fed["block_log_error"]
+    c.print(f"  matmul curve: {len(fed['points'])} points from the runtime's MLP GEMMs "
+            f"{'used' if fed['used'] else 'not used'}; block time mean |log(measured/"
+            f"predicted)| {err['square_gemms']:.3f} square GEMMs only, "
+            f"{err['with_points']:.3f} with them")
+    c.print(report.layer_table(summary["layers_vs_model"]))
+    c.print(report.saved_table(summary["saved_vs_model"]))
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    req = _request(args)
+    measured = _measure(req, stderr_console())
+    prof = _profile(req, measured)
+    loaded = profile_from_dict(prof)  # the result must load like any other profile
+    written = save_yaml(prof, req.out, overwrite=args.force)
+    summary = _summary(req, measured, prof, loaded, written)
+    emit(args, to_dict(summary), lambda c: _render(summary, c))
     return 0

@@ -90,77 +90,27 @@ def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    from autoplan.calibrate import RunRecord, calibrate, load_run
-    from autoplan.hardware import load_profile
-    from autoplan.tune.study import TuneConfig, make_candidates, run_record, run_tune
-
     _validate(args)
     out = Path(args.out) if args.out else None
     if out and not args.force and any((out / f).exists() for f in OUT_FILES):
         raise ConfigError("--out", f"{str(out)!r} already holds tune results",
                           "choose another directory or pass --force")
-    user = [(load_plan(p), "user") for p in args.plan]
-    for plan, _ in user:
-        if plan.world_size != args.num_gpus:
-            raise ConfigError("--plan", f"a plan for {plan.world_size} ranks",
-                              f"this tune runs on --num-gpus {args.num_gpus}")
-    candidates = make_candidates(user + search_candidates(args))
-    if not candidates:
-        raise NoFeasiblePlanError("the search found no feasible plan to run; see autoplan search")
+    candidates = _candidates(args)
+    if args.dry_run:
+        return _dry_run(args, candidates)
+    from autoplan.tune.study import TuneConfig, run_tune
+
     cfg = TuneConfig(steps=args.steps, budget_s=args.budget_s,
                      trial_timeout_s=args.trial_timeout_s, prune_ratio=args.prune_ratio,
                      storage=args.storage, study_name=args.study)
-    rows: list[dict[str, Any]] = [{"key": c.key, "source": c.source, "plan": _short(c.plan),
-             "predicted_step_s": c.predicted_step_s,
-             "predicted_trial_s": c.predicted_trial_s(args.steps)} for c in candidates]
-    if args.dry_run:
-        total = sum(r["predicted_trial_s"] for r in rows)
-        dry = {"trials": rows, "predicted_total_s": total, "budget_s": args.budget_s}
-
-        def render_dry(console: Any) -> None:
-            console.print(_table(rows, ("source", "plan", "predicted_step_s",
-                                        "predicted_trial_s"), "trials tune would run"))
-            console.print(f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget")
-
-        emit(args, dry, render_dry)
-        return 0
-
     workdir = out or Path(".autoplan-tune")
     console = stderr_console()
-
-    finished = [0]
-    started = time.monotonic()
-
-    def on_trial(cand: Any, outcome: Any) -> None:  # one line per run, terminal or not
-        finished[0] += 1
-        measured = f"{outcome.step_time_s:.4g} s" if outcome.step_time_s else "-"
-        console.print(f"  [{finished[0]}/{len(candidates)}, {time.monotonic() - started:.0f} s] "
-                      f"{cand.source:14} {_short(cand.plan):48} {outcome.status:8} "
-                      f"{measured} {outcome.reason}", markup=False)
-
     console.print(f"tune: {len(candidates)} plans, {args.steps} steps each, "
                   f"budget {args.budget_s:.0f} s")
-    result = run_tune(candidates, cfg, workdir, on_trial)
+    result = run_tune(candidates, cfg, workdir, _trial_printer(console, len(candidates)))
     by_key = {c.key: c for c in candidates}
-    records = [run_record(by_key[t["key"]], t, args.cluster)
-               for t in result.trials if t["status"] == "complete"]
-    calib = None
-    if len(records) >= 2:
-        runs_dir = workdir / "runs"
-        paths = []
-        for i, rec in enumerate(records):
-            path = runs_dir / f"{i:03d}.json"
-            write_text_atomic(path, json.dumps(rec, indent=2), overwrite=True)
-            paths.append(path)
-        runs: list[RunRecord] = [load_run(p) for p in paths]
-        calib = calibrate(runs, load_profile(args.cluster), trials=150)
-    table_rows = []
-    errors_after = iter(calib.step_errors_after if calib else [])
-    for t in result.trials:
-        row = {"source": by_key[t["key"]].source, "plan": _short(by_key[t["key"]].plan), **t}
-        if t["status"] == "complete" and calib:
-            row["predicted_after_s"] = t["measured_step_s"] * (1 + next(errors_after))
-        table_rows.append(row)
+    calib = _calibrate(result.trials, by_key, args.cluster, workdir)
+    table_rows = _trial_rows(result.trials, by_key, calib)
     best = result.best
     data: dict[str, Any] = {"trials": table_rows, "seconds": result.seconds,
                             "chosen": plan_to_dict(best.plan) if best else None,
@@ -183,6 +133,89 @@ def tune_command(args: argparse.Namespace) -> int:
     if best is None:
         raise NoFeasiblePlanError("no trial completed; see the reasons in the table")
     return 0
+
+
+def _candidates(args: argparse.Namespace) -> list[Any]:
+    """The user's --plan files (each for --num-gpus ranks) and the search's best, deduplicated
+    (tune.study.make_candidates); none at all is an infeasible request (exit 3)."""
+    from autoplan.tune.study import make_candidates
+
+    user = [(load_plan(p), "user") for p in args.plan]
+    for plan, _ in user:
+        if plan.world_size != args.num_gpus:
+            raise ConfigError("--plan", f"a plan for {plan.world_size} ranks",
+                              f"this tune runs on --num-gpus {args.num_gpus}")
+    candidates = make_candidates(user + search_candidates(args))
+    if not candidates:
+        raise NoFeasiblePlanError("the search found no feasible plan to run; see autoplan search")
+    return candidates
+
+
+def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
+    """Print the trials tune would run and their predicted seconds against the budget."""
+    rows: list[dict[str, Any]] = [{"key": c.key, "source": c.source, "plan": _short(c.plan),
+             "predicted_step_s": c.predicted_step_s,
+             "predicted_trial_s": c.predicted_trial_s(args.steps)} for c in candidates]
+    total = sum(r["predicted_trial_s"] for r in rows)
+    dry = {"trials": rows, "predicted_total_s": total, "budget_s": args.budget_s}
+
+    def render_dry(console: Any) -> None:
+        console.print(_table(rows, ("source", "plan", "predicted_step_s",
+                                    "predicted_trial_s"), "trials tune would run"))
+        console.print(f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget")
+
+    emit(args, dry, render_dry)
+    return 0
+
+
+def _trial_printer(console: Any, total: int) -> Any:
+    """run_tune's per-trial callback: one line per run, on a terminal or not."""
+    finished = [0]
+    started = time.monotonic()
+
+    def on_trial(cand: Any, outcome: Any) -> None:
+        finished[0] += 1
+        measured = f"{outcome.step_time_s:.4g} s" if outcome.step_time_s else "-"
+        console.print(f"  [{finished[0]}/{total}, {time.monotonic() - started:.0f} s] "
+                      f"{cand.source:14} {_short(cand.plan):48} {outcome.status:8} "
+                      f"{measured} {outcome.reason}", markup=False)
+
+    return on_trial
+
+
+def _calibrate(trials: list[dict[str, Any]], by_key: dict[str, Any], cluster: str,
+               workdir: Path) -> Any:
+    """Calibrate the profile on the completed trials (two at least), each kept as a run record
+    under workdir/runs; None with fewer."""
+    from autoplan.calibrate import RunRecord, calibrate, load_run
+    from autoplan.hardware import load_profile
+    from autoplan.tune.study import run_record
+
+    records = [run_record(by_key[t["key"]], t, cluster)
+               for t in trials if t["status"] == "complete"]
+    if len(records) < 2:
+        return None
+    paths = []
+    for i, rec in enumerate(records):
+        path = workdir / "runs" / f"{i:03d}.json"
+        write_text_atomic(path, json.dumps(rec, indent=2), overwrite=True)
+        paths.append(path)
+    runs: list[RunRecord] = [load_run(p) for p in paths]
+    return calibrate(runs, load_profile(cluster), trials=150)
+
+
+def _trial_rows(trials: list[dict[str, Any]], by_key: dict[str, Any], calib: Any
+                ) -> list[dict[str, Any]]:
+    """One row per trial: where its plan came from, the plan, the trial's fields and, once
+    calibrated, what the calibrated model predicts for it."""
+    rows = []
+    errors_after = iter(calib.step_errors_after if calib else [])
+    for t in trials:
+        row = {"source": by_key[t["key"]].source, "plan": _short(by_key[t["key"]].plan), **t}
+        if t["status"] == "complete" and calib:
+            row["predicted_after_s"] = t["measured_step_s"] * (1 + next(errors_after))
+        rows.append(row)
+    return rows
 
 
 def _short(plan: Plan) -> str:
