@@ -223,3 +223,41 @@ def test_the_attention_core_priced_fused_and_eager() -> None:
     softmax = compute.memory_time_s(scores * compute.SOFTMAX_PASSES, h100)
     assert float((f1 - f0)[0]) == pytest.approx(float(softmax[0]) / 3.0)
     assert float((b1 - b0)[0]) == pytest.approx(float(softmax[0]) * 2.0 / 3.0)
+
+
+def test_block_host_seconds_count_each_op_and_fold_dtensor_where_the_host_runs_ahead() -> None:
+    from dataclasses import replace
+
+    cpu = load_profile("cpu-gloo")
+    prof = replace(cpu, efficiency=replace(
+        cpu.efficiency, op_overhead_s=1e-5, dtensor_op_overhead_s=3e-5,
+        checkpoint_op_overhead_s=2e-5, selective_op_overhead_s=4e-6))
+    model = PRESETS["tiny"]
+
+    def first(x: object) -> float:
+        return float(np.ravel(np.asarray(x))[0])
+
+    ops_f, ops_b, ops_gemm = compute.block_ops(model)
+    tp1, tp2 = np.array([1]), np.array([2])
+
+    host, dtensor = compute.block_host_s(model, prof, tp1, False, 0.0, False)
+    assert first(dtensor) == 0.0  # no DTensor without tensor parallelism
+    assert first(host["forward"]) == pytest.approx(ops_f * 1e-5)
+    assert first(host["backward"]) == pytest.approx(ops_b * 1e-5)
+    # a full recompute re-issues the forward's ops, each through the checkpoint
+    assert first(host["full"]) == pytest.approx(ops_f * (1e-5 + 2e-5))
+    # partial policies re-issue the non-GEMM ops and inspect every forward op
+    assert first(host["all-but-gemms"]) == pytest.approx(
+        (ops_f - ops_gemm) * 1e-5 + ops_f * 4e-6)
+
+    # an FSDP unit's hooks split between the passes like the ops
+    hooked, _ = compute.block_host_s(model, prof, tp1, False, 1.0, False)
+    assert first(hooked["forward"]) - first(host["forward"]) == pytest.approx(ops_f / (ops_f + ops_b))
+
+    apart, dt = compute.block_host_s(model, prof, tp2, False, 0.0, False)
+    assert first(dt) == pytest.approx((ops_f + ops_b) * 3e-5)
+    assert first(apart["forward"]) == pytest.approx(ops_f * 1e-5)  # returned beside it
+    ahead, folded = compute.block_host_s(model, prof, tp2, False, 0.0, True)
+    assert first(folded) == 0.0
+    assert first(ahead["forward"]) + first(ahead["backward"]) == pytest.approx(
+        (ops_f + ops_b) * (1e-5 + 3e-5))
