@@ -75,11 +75,56 @@ def knobs(plan: Plan) -> str:
         if plan.pipeline.layers_per_stage is not None:
             lps = plan.pipeline.layers_per_stage
             extra.insert(1, f"split {min(lps)}..{max(lps)}")
+    if plan.attention.value == "eager":
+        extra.append("eager-attention")
     if plan.offload.params:
         extra.append("param-offload")
     if plan.recompute.num_layers is not None:
         extra.append(f"rc-layers {plan.recompute.num_layers}")
     return f"{text} {' '.join(extra)}"
+
+
+WALK_STEPS = (
+    ("attention kernel", ("attention",)),
+    ("recompute", ("recompute",)),
+    ("layout", ("parallel", "sequence_parallel")),
+    ("pipeline schedule", ("pipeline",)),
+    ("sharding/offload", ("zero_stage", "offload", "grad_reduce_dtype")),
+    ("micro-batch", ("batch",)),
+    ("the rest", ("precision",)),
+)
+"""The knob groups a walk from the practitioners' plan to the winner changes, in this order."""
+
+
+def walk(theirs: Plan, winner: Plan, cluster: Any, model: Any, traits: Any
+         ) -> list[dict[str, Any]]:
+    """Their plan turned into the winner one knob group at a time (WALK_STEPS), each plan on
+    the way priced as the runtime runs it: which change buys how much of the winner's MFU. A
+    group whose plan on its own is not a valid plan (a schedule its new layout cannot run) goes
+    on together with the next; groups where the two plans agree are left out."""
+    steps = [{"step": "their plan", "knobs": knobs(theirs), **_priced(theirs, cluster, model,
+                                                                      traits)}]
+    plan, pending = theirs, []
+    for name, fields in WALK_STEPS:
+        changed = {f: getattr(winner, f) for f in fields if getattr(plan, f) != getattr(winner, f)}
+        if not changed:
+            continue
+        pending.append(name)
+        try:
+            nxt = replace(plan, **changed)
+            priced = _priced(nxt, cluster, model, traits)
+        except ConfigError:
+            plan = replace(plan, **changed)  # not a plan alone: carried into the next group
+            continue
+        plan = nxt
+        steps.append({"step": " + ".join(pending), "knobs": knobs(plan), **priced})
+        pending = []
+    return steps
+
+
+def _priced(plan: Plan, cluster: Any, model: Any, traits: Any) -> dict[str, Any]:
+    est = estimate_plan(replace(plan, predicted=None), cluster, model, runtime=traits)
+    return {"step_s": est.step_time_s, "mfu": est.mfu, "feasible": est.feasible}
 
 
 def export_check(plan: Plan, target: str, gpus_per_node: int) -> str:
@@ -163,6 +208,8 @@ def score_scenario(entry: dict[str, Any]) -> Outcome:
         "at_least_as_fast": float(pred["step_time_s"]) <= theirs.step_time_s * (1 + 1e-9),
         "exports": export_check(winner, EXPORT_TARGET[runtime], cluster.profile.gpus_per_node),
     }
+    if row["ours_mfu"] > MFU_FLAG and any(d in row["device"] for d in FLAGGED_DEVICES):
+        row["walk"] = walk(plan, winner, cluster, model, traits)
     return Outcome(row, winner)
 
 
@@ -227,6 +274,9 @@ def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
                       f"{r['winner_knobs']} (their plan: {r['theirs']}, measured "
                       f"{r['theirs_measured_mfu']:.1%}: "
                       f"{r['ours_mfu'] / r['theirs_measured_mfu']:.2f}x)", markup=False)
+        console.print("    " + " -> ".join(
+            f"{w['step']} {w['mfu']:.1%}" + ("" if w["feasible"] else " (does not fit)")
+            for w in r.get("walk", [])), markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:
