@@ -77,3 +77,30 @@ def test_unknown_scenario_is_one_line_exit_2(capsys) -> None:
     assert bench.main(["--only", "no-such-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no-such-run" in err[0]
+
+
+def test_walk_turns_their_plan_into_the_winner_one_knob_group_at_a_time() -> None:
+    from dataclasses import replace
+
+    from autoplan.plan import Attention, Pipeline, Recompute, RecomputePolicy, Schedule
+
+    bench = _bench()
+    entry = _entry(bench, "nemo-gpt3-175b-1024a100-tp8-pp8-sp-selective")
+    theirs, model, cluster = bench.build(entry)
+    traits = bench.row_runtime(entry)
+    # a winner that differs in three groups: attention, recompute and the schedule (its layout
+    # is theirs, so the schedule is a plan on its own)
+    winner = replace(theirs, attention=Attention.FLASH,
+                     recompute=Recompute(policy=RecomputePolicy.NONE),
+                     pipeline=Pipeline(schedule=Schedule.INTERLEAVED_1F1B, vpp=2))
+    steps = bench.walk(theirs, winner, cluster, model, traits)
+    assert [s["step"] for s in steps] == ["their plan", "attention kernel", "recompute",
+                                          "pipeline schedule"]
+    end = bench.estimate_plan(winner, cluster, model, runtime=traits)
+    assert steps[-1]["mfu"] == pytest.approx(end.mfu)  # the walk ends at the winner
+    start = bench.estimate_plan(theirs, cluster, model, runtime=traits)
+    assert steps[0]["step_s"] == pytest.approx(start.step_time_s)
+    assert "eager-attention" in steps[0]["knobs"] and "eager-attention" not in steps[1]["knobs"]
+    # a plan walked to itself has no steps but its own
+    assert [s["step"] for s in bench.walk(theirs, theirs, cluster, model, traits)] == [
+        "their plan"]
