@@ -391,6 +391,10 @@ def critical_stage_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precisi
         piped = r.pp > 1
         ends = {k: np.where(piped, (stages[0][k] + stages[2][k]) / 2.0, stages[0][k])
                 for k in stages[0]}
+        # its once-per-step sums (sequence parallelism's norm gradients) cover both stages'
+        # blocks, not their mean
+        ends["layers"] = np.where(piped, stages[0]["layers"] + stages[2]["layers"],
+                                  stages[0]["layers"])
         stages = [ends, stages[1], ends]
     per_mb = [s["compute"] + s["recompute"] + s["tp"] + s["cp"] + s["ep"] for s in stages]
     slowest = np.argmax(np.stack(per_mb), axis=0)
@@ -405,5 +409,7 @@ def critical_stage_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precisi
     filled = (per_mb[0] + per_mb[2] + (pp - 2.0) * per_mb[1] - crit["t_mb"]) / (pp - 1.0)
     crit["t_fill"] = np.minimum(filled, crit["t_mb"])
     crit["holds_head"] = np.choose(slowest, [head_first, 0.0 * head_first, 1.0 - head_first])
+    if runtime.dualpipe:  # rank 0's last stage holds the head (and the final norm)
+        crit["holds_head"] = np.where((r.pp > 1) & (slowest != 1), 1.0, crit["holds_head"])
     crit["norm_grad"] = c.tp.collectives["norm_grad"]
     return crit

@@ -149,7 +149,7 @@ def pipeline_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
     # embedding the MTP module's loss stage keeps again (step_memory.mtp_embedding_copy;
     # Megatron-Core finalize_model_grads: `share_embeddings_and_output_weights or
     # mtp_num_layers`); under ZB-V and DualPipe both copies sit on rank 0 and add up locally
-    if model.tie_embeddings or (model.mtp_layers > 0 and not runtime.dualpipe):
+    if (model.tie_embeddings or model.mtp_layers > 0) and not runtime.dualpipe:
         head = r.vocab * model.hidden_size / r.tp
         tied = head * r.reduce_bytes / np.where(r.fsdp & (r.zero >= 1), r.shard, 1.0)
         out += np.where((r.pp > 1) & ~r.v_shape, comm.collective_time_s(

@@ -143,3 +143,23 @@ def test_deepseek_experts_are_stepped_for_both_stages():
     dual = estimate_plan(deepseek_v3_plan(), cluster, runtime=str(DEEPSEEK_RUNTIME))
     one = estimate_plan(deepseek_v3_plan(), cluster, runtime=ACCURACY.one_f_one_b_runtime())
     assert dual.time["optimizer"] > 1.8 * one.time["optimizer"]
+
+
+def test_a_rank_sums_its_pairs_norm_gradients_and_tied_head_itself():
+    """Rank 0 holds the first and the last stage: sequence parallelism's once-per-step norm
+    gradient sums cover both stages' blocks and the final norm, and a tied head's two copies
+    sit on it, so no first-to-last all-reduce is sent (step_time.pipeline_comm_s)."""
+    crit = _crit(_plan())
+    one = _crit(_plan(), load_runtime("megatron"))
+    assert float(crit["layers"][0]) == pytest.approx(2 * float(one["layers"][0]))
+    assert float(crit["holds_head"][0]) == 1.0
+    tied = LLAMA.replace(tie_embeddings=True)
+    prof = load_profile("h100-sxm-80gb")
+
+    def p2p(model, traits):
+        r = rows_of(plan_to_row(_plan(), model), model, "bf16", traits)
+        return float(step_time.pipeline_comm_s(model, prof, r, traits)[0])
+
+    megatron = load_runtime("megatron")
+    assert p2p(tied, megatron) > p2p(LLAMA, megatron)  # 1F1B sums the copies across ranks
+    assert p2p(tied, DUAL) == pytest.approx(p2p(LLAMA, DUAL))
