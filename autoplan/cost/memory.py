@@ -90,7 +90,10 @@ def host_state_bytes(
     state (4 + 4 + 8 bytes, mixed precision)."""
     w, _, o = state_bytes_per_param(precision)
     shard_params = np.asarray(params, float) / np.asarray(shard)
-    zero_offload = (np.where(offload_optimizer, shard_params * (o + 4.0), 0.0)
+    # the optimizer's own fp32 copy and gradient beside Adam's m and v: 16 bytes either way
+    # (mixed precision's o already holds the master copy)
+    zero_offload = (np.where(offload_optimizer, shard_params * (16.0 if precision == "fp32"
+                                                                else o + 4.0), 0.0)
                     + np.where(offload_params, shard_params * w, 0.0))
     if not fsdp2_offload:
         return zero_offload

@@ -30,9 +30,16 @@ def in_flight_microbatches(
     # zero-bubble with one chunk (ZB-H1) or two in V order (ZB-V) keeps 1F1B's peak (Qi et al.
     # 2023 §3, 2024); with three or more chunks torch's ScheduleInterleavedZeroBubble warms up
     # as interleaved 1F1B does, so it holds interleaving's extra (pp-1)/(pp*v) share
-    warms_interleaved = (sched == INTERLEAVED) | ((sched == ZERO_BUBBLE) & (vpp >= 3))
-    out = np.where(sched == GPIPE, m, np.where(warms_interleaved, interleaved, one_f_one_b))
+    out = np.where(sched == GPIPE, m, np.where(warms_interleaved(sched, vpp), interleaved,
+                                              one_f_one_b))
     return np.where(pp > 1, out, 1.0)
+
+
+def warms_interleaved(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """Schedules that warm up as interleaved 1F1B does: interleaved itself, and zero-bubble
+    with three or more chunks (torch's ScheduleInterleavedZeroBubble)."""
+    sched = np.asarray(schedule)
+    return (sched == INTERLEAVED) | ((sched == ZERO_BUBBLE) & (np.asarray(vpp) >= 3))
 
 
 def bubble_fraction(

@@ -93,8 +93,10 @@ class Rows:
     @property
     def expert_shard(self) -> np.ndarray:
         """Ranks the routed experts' ZeRO states are sharded over: the expert data-parallel
-        group, dp x cp x tp / (ep x etp) (Megatron-Core MoE parallel folding)."""
-        return self.dp * self.cp * self.tp / (self.ep * self.etp)
+        group, dp x cp x tp / (ep x etp) (Megatron-Core MoE parallel folding); under HSDP the
+        shard group's dp_shard x cp in place of dp x cp (the replicas hold copies, as they do
+        of the dense states)."""
+        return self.shard * self.tp / (self.ep * self.etp)
 
 
 def recomputed_layers(layers: np.ndarray, rows: Rows) -> np.ndarray:

@@ -75,8 +75,9 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
                - params.params_per_rank(model, r.tp, r.pp, 0.0 * r.layers_max,
                                        0.0 * r.layers_max)[0])
     # ZB-V puts the last stage on rank 0 beside the first (Qi et al. 2024): the head lives there
+    # (a tied head is the embedding's own parameter there, runtime/tied_embeddings.py `retie`)
     head = r.vocab * model.hidden_size / r.tp
-    psi_first = psi_first + np.where(r.v_shape, head, 0.0)
+    psi_first = psi_first + np.where(r.v_shape & (not model.tie_embeddings), head, 0.0)
     psi_last = psi_last - np.where(r.v_shape, head, 0.0)
     # multi-token prediction: its block, projection and norms on the stage with the loss
     mtp_rest, mtp_experts = mtp.params_per_rank(model, r.tp, r.ep, r.etp)
@@ -106,6 +107,17 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
                 st[k] = st[k] + experts[k]
     return (first, last, mid, np.maximum(np.maximum(psi_first, psi_last), psi_mid),
             np.maximum(psi_first + psi_last, 2.0 * psi_mid))
+
+
+def held_expert_psi(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
+    """Routed expert parameters the heaviest rank holds and steps: a stage of layers_max
+    blocks, or DualPipe's pair (first + last with the loss stage's MTP block, or two middles)."""
+    psi_e = moe.expert_psi(model, r, r.layers_max)
+    if not runtime.dualpipe:
+        return psi_e
+    mtp_e = mtp.params_per_rank(model, r.tp, r.ep, r.etp)[1]
+    return np.where(r.pp > 1, np.maximum(
+        moe.expert_psi(model, r, r.layers_first + r.layers_last) + mtp_e, 2.0 * psi_e), psi_e)
 
 
 @dataclass(frozen=True)
@@ -142,8 +154,10 @@ def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: boo
                         n * a_pol + (layers - n) * a_none)
 
     in_flight = pipeline.in_flight_microbatches(r.schedule, r.pp, r.vpp, r.m)
-    in_flight_last = np.where(r.schedule == GPIPE, r.m,
-                              np.where(r.schedule == INTERLEAVED, in_flight, 1.0))
+    # with several chunks a rank holds layers from across the model: the last as many
+    # micro-batches as the first (pipeline.warms_interleaved)
+    in_flight_last = np.where(r.schedule == GPIPE, r.m, np.where(
+        pipeline.warms_interleaved(r.schedule, r.vpp), in_flight, 1.0))
     # the block whose backward runs holds its gradients in flight (memory.
     # backward_wavefront_bytes), plus what a recomputed block brings back (all of it under full
     # recompute, the re-run part selectively); a uniform group's backward re-makes all its
@@ -157,7 +171,8 @@ def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: boo
     # loss at a time (the losses run one after the other)
     d_mtp = float(model.mtp_layers)
     logits = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp,
-                                 (1.0 + d_mtp) * np.where(r.schedule == GPIPE, r.m, 1.0),
+                                 (1.0 + d_mtp) * np.where((r.schedule == GPIPE) & (r.pp > 1),
+                                                          r.m, 1.0),
                                  saved=runtime.logit_bytes_saved,
                                  transient=runtime.logit_bytes_transient)
     single = r.pp == 1
@@ -201,6 +216,10 @@ def memory_by_part(
     out["mem_psi"] = psi
     host = memory.host_state_bytes(psi, r.shard, precision, r.offload_optimizer,
                                    r.offload_params, runtime.fsdp2_offload)
+    if model.moe is not None:  # the routed experts' offloaded states, over their own group
+        host = host + memory.host_state_bytes(held_expert_psi(model, r, runtime),
+                                              r.expert_shard, precision, r.offload_optimizer,
+                                              r.offload_params, runtime.fsdp2_offload)
     out["mem_host"] = host
     out["fits"] = (out["mem_total"] <= profile.device.memory_bytes) & (
         host * np.minimum(r.world, profile.gpus_per_node) <= profile.host.memory_bytes)
@@ -265,6 +284,9 @@ def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
     has_dp = r.shard > 1
     largest_unit = np.maximum(params.layer_params(model) / r.tp,
                               r.vocab * model.hidden_size / r.tp)
-    zero3_gather = np.where((r.zero == 3) & has_dp, 3.0 * r.weight_bytes * largest_unit, 0.0)
-    return (np.where(has_dp & (r.zero < 3), memory.DDP_BUCKET_BYTES, 0.0) + zero3_gather
+    # under a pipeline that defers resharding (unsharded_accumulation) the gathered weights
+    # stay whole, counted with the parameters: its reductions stage in buckets as ZeRO-2's do
+    per_unit = (r.zero == 3) & ~r.unsharded_accumulation
+    zero3_gather = np.where(per_unit & has_dp, 3.0 * r.weight_bytes * largest_unit, 0.0)
+    return (np.where(has_dp & ~per_unit, memory.DDP_BUCKET_BYTES, 0.0) + zero3_gather
             + np.where(r.offload_optimizer | r.offload_params, memory.DDP_BUCKET_BYTES, 0.0))

@@ -13,11 +13,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoplan.cost import comm, compute, memory, moe, mtp, offload, params, pipeline
+from autoplan.cost import comm, compute, memory, moe, offload, params, pipeline
 from autoplan.cost.recompute_time import recompute_flops_per_step
 from autoplan.cost.rows import BF16_OPTIMIZER_ACCUMULATE_BYTES, Rows
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.cost.stage_time import critical_stage_s, fsdp_unit_host_s
+from autoplan.cost.step_memory import held_expert_psi
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, Curve, scale_figure
 from autoplan.model_spec import ModelSpec, NormKind
@@ -185,12 +186,7 @@ def data_parallel_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precisio
     out = _dp_comm(model, profile, replace(r, layers_max=held), precision, runtime, crit,
                    psi) + step_sync_s(profile, r, precision) + fsdp_host
     if model.moe is not None:  # routed experts: their own states and expert-DP group
-        psi_e = moe.expert_psi(model, r, r.layers_max)
-        if runtime.dualpipe:  # the pair's: first + last (the loss stage's MTP block), 2 middles
-            mtp_e = mtp.params_per_rank(model, r.tp, r.ep, r.etp)[1]
-            psi_e = np.where(paired, np.maximum(
-                moe.expert_psi(model, r, r.layers_first + r.layers_last) + mtp_e,
-                2.0 * psi_e), psi_e)
+        psi_e = held_expert_psi(model, r, runtime)
         out += moe.expert_dp_comm_s(model, profile, r, r.reduce_bytes, psi_e,
                                     crit["backward"] * profile.efficiency.overlap)
         psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
