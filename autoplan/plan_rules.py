@@ -274,6 +274,11 @@ def _expert_group(t: Table) -> np.ndarray:
     return col(t, "dp") * col(t, "cp") * col(t, "tp")
 
 
+def _hsdp_expert_group(t: Table) -> np.ndarray:
+    """dp_shard x cp x tp: one HSDP shard group's ranks of a stage, where its experts fold."""
+    return np.maximum(dp_col(t, "dp_shard"), 1) * col(t, "cp") * col(t, "tp")
+
+
 MOE_RULES: tuple[Rule, ...] = (
     Rule(
         "ep-needs-moe",
@@ -304,6 +309,17 @@ MOE_RULES: tuple[Rule, ...] = (
         f"{int(expert_col(t, 'ep')[i] * expert_col(t, 'etp')[i])} does not divide dp * cp * tp "
         f"= {int(_expert_group(t)[i])} (Megatron-Core folds the expert grid into it); choose "
         f"ep * etp from {_divisors(int(_expert_group(t)[i]))}",
+    ),
+    Rule(
+        "ep-etp-divides-hsdp-shard",
+        lambda t, m: _NEVER if m.moe is None
+        else (dp_col(t, "dp_shard") > 0)
+        & (_hsdp_expert_group(t) % (expert_col(t, "ep") * expert_col(t, "etp")) != 0),
+        lambda t, i, m: f"parallel.ep * etp = "
+        f"{int(expert_col(t, 'ep')[i] * expert_col(t, 'etp')[i])} does not divide dp_shard * "
+        f"cp * tp = {int(_hsdp_expert_group(t)[i])}: under HSDP the experts fold into one shard "
+        "group, each replica holding them whole; choose ep * etp from "
+        f"{_divisors(int(_hsdp_expert_group(t)[i]))} or dp_shard: null",
     ),
 )
 RULES = RULES + MOE_RULES

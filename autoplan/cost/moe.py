@@ -381,30 +381,6 @@ def expert_psi(model: ModelSpec, r: Rows, layers: np.ndarray) -> np.ndarray:
     return params.expert_params_per_rank(model, r.ep, r.etp, layers)
 
 
-def expert_dp_comm_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
-                     grad_bytes: float | np.ndarray, psi: np.ndarray, hidden_s: np.ndarray
-                     ) -> np.ndarray:
-    """Exposed seconds of the expert gradients' reduce-scatter and parameter all-gather (ZeRO-1,
-    Megatron-Core's distributed optimizer over the expert-DP group; an all-reduce at ZeRO-0),
-    once per step, hidden behind `hidden_s` of backward, which the hidden part slows
-    (comm.contention_s)."""
-    if model.moe is None:
-        return np.zeros_like(r.b)
-    edp = r.expert_shard
-    gpn = profile.gpus_per_node
-    stride = r.ep * r.etp
-    inside = comm.intra_node(stride, edp, gpn)
-    nodes = comm.members_per_node(stride, edp, gpn)
-    ar = comm.collective_time_s(comm.ALL_REDUCE, psi * grad_bytes, edp, inside, profile, nodes)
-    rs = comm.collective_time_s(comm.REDUCE_SCATTER, psi * grad_bytes, edp, inside, profile,
-                                nodes)
-    ag = comm.collective_time_s(comm.ALL_GATHER, psi * r.weight_bytes, edp, inside, profile,
-                                nodes)
-    total = np.where(r.zero == 0, ar, rs + ag)
-    exposed = np.maximum(0.0, total - hidden_s)
-    return np.where(edp > 1, exposed + comm.contention_s(total - exposed, profile), 0.0)
-
-
 def model_flops_per_sequence(model: ModelSpec) -> float:
     """Model FLOPs to train on one sequence from ACTIVE parameters: 6 * N per token for every
     GEMM weight a token passes through (Kaplan et al. 2020 §2.1; DeepSeek-V3 counts MFU so),

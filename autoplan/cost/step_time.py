@@ -9,11 +9,11 @@ formulas and their sources.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoplan.cost import comm, compute, memory, moe, offload, params, pipeline
+from autoplan.cost import comm, compute, memory, offload, params, pipeline
 from autoplan.cost.recompute_time import recompute_flops_per_step
 from autoplan.cost.rows import BF16_OPTIMIZER_ACCUMULATE_BYTES, Rows
 from autoplan.cost.runtimes import RuntimeTraits
@@ -61,65 +61,121 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
     return replace(profile, efficiency=eff, device=device)
 
 
-def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
-             runtime: RuntimeTraits, crit: dict[str, np.ndarray], psi: np.ndarray
-             ) -> np.ndarray:
-    """Exposed seconds of the data-parallel (ZeRO) collectives per step.
+@dataclass(frozen=True)
+class _ZeroTraffic:
+    """One parameter group's ZeRO collectives per step, before overlap, and the compute each
+    kind can hide behind (seconds per step)."""
+
+    reductions: np.ndarray
+    gathers: np.ndarray
+    calls: np.ndarray
+    """Collectives each kind is cut into (FSDP units, or DDP buckets at ZeRO-0)."""
+    reduction_window: np.ndarray
+    gather_window: np.ndarray
+
+
+def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
+                  crit: dict[str, np.ndarray], psi: np.ndarray, size: np.ndarray,
+                  stride: np.ndarray, once_per_step: bool = False) -> _ZeroTraffic:
+    """The ZeRO collectives of `psi` parameters sharded over a group of `size` ranks `stride`
+    apart.
 
     ZeRO >= 1 runs one collective per FSDP unit (each block and the root); ZeRO-0 one per
     25 MiB gradient bucket (torch DDP's bucket_cap_mb; Megatron's buckets are similar). Per
     step: ZeRO-0 all-reduces gradients; ZeRO-1 reduce-scatters once and all-gathers once;
     ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 also gathers weights in forward and
     backward of every micro-batch. Under a pipeline that defers gradient sync
-    (runtimes.PipelineGradSync) ZeRO-2/3 reduce-scatter once. Overlap (runtime.overlap_*):
-    reductions hide behind the backward they follow, gathers behind the compute they precede;
-    one unit of each is always exposed (the first gather, the last reduction). FSDP2's copies
-    around them are not hidden (RuntimeTraits.fsdp2_copies)."""
+    (runtimes.PipelineGradSync) ZeRO-2/3 reduce-scatter once. HSDP (torchtitan's
+    dp_replicate x dp_shard): each reduce-scatter inside the shard group is followed by an
+    all-reduce of the 1/size gradient across the replicas, whose ranks sit stride x size apart
+    (FSDP2's HSDP reduce, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+    `once_per_step`: one reduce-scatter and one all-gather per step at any ZeRO stage >= 1
+    (Megatron-Core's distributed optimizer over the expert-DP group).
+
+    Windows (runtime.overlap_*): reductions hide behind the backward they follow (one
+    micro-batch's, or every one's when they run each time; a pipeline engine's run after the
+    last backward: none), gathers behind the forward they precede (once per step) or every
+    forward and backward (ZeRO-3 per micro-batch)."""
     gpn = profile.gpus_per_node
-    inside = comm.intra_node(r.tp, r.shard, gpn)
-    nodes = comm.members_per_node(r.tp, r.shard, gpn)
+    inside = comm.intra_node(stride, size, gpn)
+    nodes = comm.members_per_node(stride, size, gpn)
     g_bytes = psi * r.reduce_bytes
     p_bytes = psi * r.weight_bytes
     calls = np.where(r.zero >= 1, r.layers_max + 1.0,
                      np.maximum(1.0, np.ceil(g_bytes / (memory.DDP_BUCKET_BYTES / 2))))
 
     def coll(kind: str, nbytes: np.ndarray) -> np.ndarray:
-        return calls * comm.collective_time_s(kind, nbytes / calls, r.shard, inside, profile,
+        return calls * comm.collective_time_s(kind, nbytes / calls, size, inside, profile,
                                               per_node=nodes)
 
     rs, ag, ar = (coll(comm.REDUCE_SCATTER, g_bytes), coll(comm.ALL_GATHER, p_bytes),
                   coll(comm.ALL_REDUCE, g_bytes))
-    # HSDP (torchtitan's dp_replicate x dp_shard): each reduce-scatter inside the shard group is
-    # followed by an all-reduce of the 1/shard gradient across the replicas, whose ranks sit
-    # tp x shard apart (FSDP2's HSDP reduce,
-    # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
-    rep_stride = r.tp * r.shard
+    rep_stride = stride * size
     rs = rs + np.where(r.replicate > 1, calls * comm.collective_time_s(
-        comm.ALL_REDUCE, g_bytes / r.shard / calls, r.replicate,
+        comm.ALL_REDUCE, g_bytes / size / calls, r.replicate,
         comm.intra_node(rep_stride, r.replicate, gpn), profile,
         per_node=comm.members_per_node(rep_stride, r.replicate, gpn)), 0.0)
-    once = r.unsharded_accumulation | (r.zero <= 1)
-    reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
-    gathers = np.where(r.zero == 0, 0.0, np.where(r.zero == 3, 2.0 * r.m, 1.0) * ag)
+    once = r.unsharded_accumulation | (r.zero <= 1) | once_per_step
+    per_pass = (r.zero == 3) & (not once_per_step)
     overlap = profile.efficiency.overlap
-    # reductions follow one micro-batch's backward, or every one when they run each time (a
-    # pipeline engine's after the last backward: nothing); gathers precede the forward (ZeRO-1/2:
-    # once per step) or every forward and backward
     red_overlap = np.where((r.pp > 1) & runtime.pipeline_engine_reduce, 0.0, overlap)
-    hide_red = np.where(once, 1.0, r.m) * crit["backward"] * red_overlap
-    hide_gat = np.where(r.zero == 3, r.m * (crit["forward"] + crit["backward"]),
-                        crit["forward"]) * overlap
+    return _ZeroTraffic(
+        reductions=np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs),
+        gathers=np.where(r.zero == 0, 0.0, np.where(per_pass, 2.0 * r.m, 1.0) * ag),
+        calls=calls,
+        reduction_window=np.where(once, 1.0, r.m) * crit["backward"] * red_overlap,
+        gather_window=np.where(per_pass, r.m * (crit["forward"] + crit["backward"]),
+                               crit["forward"]) * overlap)
+
+
+def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
+             runtime: RuntimeTraits, crit: dict[str, np.ndarray], psi: np.ndarray,
+             psi_experts: np.ndarray | None = None) -> np.ndarray:
+    """Exposed seconds of the data-parallel (ZeRO) collectives per step: the dense
+    parameters' over the ZeRO shard group (tp apart) and, for a MoE model, the routed
+    experts' (`psi_experts`) over their own expert-DP group (ep x etp apart; Megatron-Core
+    parallel folding), each as _zero_traffic counts them. Experts follow the dense stage
+    where FSDP2 shards them (RuntimeTraits.fsdp2_copies: torchtitan and autoplan's runtime
+    wrap them in fully_shard like the blocks); elsewhere the expert-DP group's distributed
+    optimizer reduces and gathers them once per step. (Gathering them for every forward and
+    backward under Megatron-FSDP would price the Model Zoo's Qwen3-235B EP 8 FSDP row, 17.6 s
+    measured, at 27.4 s: ~10 s more of inter-node gathers beside ~12 s of compute.)
+
+    Each group hides in its own window, and both together in no more than the larger (the
+    once-per-step window is the last micro-batch's, inside the per-micro-batch one); with
+    overlap (runtime.overlap_param_gather) one unit of each kind is always exposed (the first
+    gather, the last reduction). FSDP2's copies around them are not hidden
+    (RuntimeTraits.fsdp2_copies)."""
+    groups = [_zero_traffic(profile, r, runtime, crit, psi, r.shard, r.tp)]
+    held = psi
+    has_dp = (r.shard > 1) | (r.replicate > 1)
+    if psi_experts is not None:
+        groups.append(_zero_traffic(profile, r, runtime, crit, psi_experts, r.expert_shard,
+                                    r.ep * r.etp, once_per_step=not runtime.fsdp2_copies))
+        held = psi + psi_experts
+        has_dp = has_dp | (r.expert_shard > 1)
+
+    def exposed(kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """(all seconds of this kind, the seconds of it overlap hides)."""
+        total = sum(getattr(g, kind + "s") for g in groups)
+        hidden = np.minimum(sum(np.minimum(getattr(g, kind + "s"), getattr(g, kind + "_window"))
+                                for g in groups),
+                            np.max([getattr(g, kind + "_window") for g in groups], axis=0))
+        return total, hidden
+
+    (reductions, hide_red), (gathers, hide_gat) = exposed("reduction"), exposed("gather")
+    calls = groups[0].calls
     if runtime.overlap_param_gather:
         exposed_red = np.maximum(reductions / calls, reductions - hide_red)
         exposed_gat = np.maximum(np.where(r.zero == 0, 0.0, gathers / calls), gathers - hide_gat)
     else:
-        exposed_red, exposed_gat = np.maximum(0.0, reductions - hide_red), gathers
-    has_dp = (r.shard > 1) | (r.replicate > 1)
+        exposed_red, exposed_gat = reductions - hide_red, gathers
+    once = r.unsharded_accumulation | (r.zero <= 1)
     # FSDP2's copy-out after each gather and copy-in before each reduction, on the compute
     # stream (RuntimeTraits.fsdp2_copies): read and write the 16-bit parameters; read the
     # 16-bit gradients and write them in the reduce dtype
     n_gathers = np.where(r.zero == 3, 2.0 * r.m, 1.0)
-    copies = compute.memory_time_s(psi * (n_gathers * 2.0 * r.weight_bytes + np.where(
+    copies = compute.memory_time_s(held * (n_gathers * 2.0 * r.weight_bytes + np.where(
         once, 1.0, r.m) * (r.weight_bytes + r.reduce_bytes)), profile)
     copies = np.where(runtime.fsdp2_copies & r.fsdp & (r.zero >= 1) & (r.shard > 1), copies,
                       0.0)
@@ -183,12 +239,11 @@ def data_parallel_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precisio
     # the bytes instead of (dp - 1)/dp (0.4% more at dp 128), left unpriced
     paired = runtime.dualpipe & (r.pp > 1)
     held = np.where(paired, 2.0 * r.layers_max, r.layers_max)
+    # routed experts: their own states and expert-DP group
+    psi_e = held_expert_psi(model, r, runtime) if model.moe is not None else None
     out = _dp_comm(model, profile, replace(r, layers_max=held), precision, runtime, crit,
-                   psi) + step_sync_s(profile, r, precision) + fsdp_host
-    if model.moe is not None:  # routed experts: their own states and expert-DP group
-        psi_e = held_expert_psi(model, r, runtime)
-        out += moe.expert_dp_comm_s(model, profile, r, r.reduce_bytes, psi_e,
-                                    crit["backward"] * profile.efficiency.overlap)
+                   psi, psi_e) + step_sync_s(profile, r, precision) + fsdp_host
+    if psi_e is not None:
         psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
     return out, psi, held
 

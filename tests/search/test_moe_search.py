@@ -47,6 +47,11 @@ def test_ep_rules_are_counted_by_reason():
     keys = [RULE_KEYS[i] if i >= 0 else None for i in first_violation(table, model)]
     # 16 experts-parallel ranks for 8 experts; 8 x 1 does not divide dp*cp*tp = 4; 4 x 2 neither
     assert keys == ["ep-divides-experts", "ep-etp-divides-dp-cp-tp", "ep-etp-divides-dp-cp-tp"]
+    # under HSDP the experts fold into one shard group: dp_shard * cp * tp = 2 holds ep 2, not 4
+    hsdp = {**table, "ep": np.array([2, 4, 4]), "etp": np.array([1, 1, 1]),
+            "dp_shard": np.array([2, 2, 0])}
+    keys = [RULE_KEYS[i] if i >= 0 else None for i in first_violation(hsdp, model)]
+    assert keys == [None, "ep-etp-divides-hsdp-shard", None]
     dense = {**table, "ep": np.array([2, 1, 1]), "etp": np.array([1, 1, 1])}
     keys = [RULE_KEYS[i] if i >= 0 else None for i in first_violation(dense, PRESETS["tiny"])]
     assert keys[0] == "ep-needs-moe" and keys[1:] == [None, None]

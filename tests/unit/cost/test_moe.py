@@ -259,3 +259,47 @@ def test_fp8_expert_casts_replace_the_dense_mlps():
     # an fp8 dispatch casts fc1's input once per token, before the copies
     fp8_dispatch = moe.fp8_cast_delta_bytes(two, r, dispatch_bytes=1.0)
     assert float(fp8_dispatch[0]) == pytest.approx(want - 3.0 * tokens * h)
+
+
+def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_window():
+    """The routed experts' ZeRO collectives over the expert-DP group: under FSDP2
+    (torchtitan) ZeRO-3 gathers them for every forward and backward like the blocks, under
+    Megatron's distributed optimizer once per step; and both groups hide in the same
+    compute, never more than the larger window."""
+    from autoplan.cost import step_time
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.step_memory import held_expert_psi
+
+    model = PRESETS["mixtral-8x7b"]
+    prof = load_profile("h100-sxm-80gb")
+    idle = {"forward": np.zeros(1), "backward": np.zeros(1)}
+
+    def traffic(runtime: str, gbs: int):
+        rt = load_runtime(runtime)
+        plan = replace(_plan("mixtral-8x7b", 16, gbs=gbs, dp=16, ep=4), zero_stage=3)
+        r = rows_of(plan_to_row(plan, model), model, "bf16", rt)
+        t = step_time._zero_traffic(prof, r, rt, idle, held_expert_psi(model, r, rt),
+                                    r.expert_shard, r.ep * r.etp,
+                                    once_per_step=not rt.fsdp2_copies)
+        return float(t.gathers[0]), float(r.m[0])
+
+    (g2, m2), (g8, m8) = traffic("torchtitan", 32), traffic("torchtitan", 128)
+    assert (m2, m8) == (2.0, 8.0) and g8 == pytest.approx(g2 * m8 / m2)  # 2m gathers a step
+    (g2, _), (g8, _) = traffic("megatron", 32), traffic("megatron", 128)
+    assert g8 == pytest.approx(g2)  # the distributed optimizer's one gather a step
+
+    rt = load_runtime("torchtitan")
+    plan = replace(_plan("mixtral-8x7b", 16, gbs=128, dp=16, ep=4), zero_stage=3)
+    r = rows_of(plan_to_row(plan, model), model, "bf16", rt)
+    psi, psi_e = np.full(1, 1e9), held_expert_psi(model, r, rt)
+    busy = {"forward": np.full(1, 0.05), "backward": np.full(1, 0.1)}
+    groups = [step_time._zero_traffic(prof, r, rt, busy, p, n, s) for p, n, s in (
+        (psi, r.shard, r.tp), (psi_e, r.expert_shard, r.ep * r.etp))]
+    total = sum(float(g.reductions[0] + g.gathers[0]) for g in groups)
+    exposed = float(step_time._dp_comm(model, prof, r, "bf16", rt, busy, psi, psi_e)[0])
+    window = max(float(g.reduction_window[0]) for g in groups) + max(
+        float(g.gather_window[0]) for g in groups)
+    # what is hidden (all there is, less what is exposed net of contention and copies) never
+    # exceeds one window of each kind: the two groups do not hide twice in the same compute
+    assert total - exposed <= window * (1 + 1e-9)
+    assert exposed > 0.0
