@@ -119,6 +119,11 @@ class ModelSpec:
                 0 <= self.mtp_layers <= self.num_layers):
             raise ConfigError("model.mtp_layers", f"got {show(self.mtp_layers)}",
                               f"expected an integer from 0 to num_layers={self.num_layers}")
+        if self.moe is not None and self.moe.first_dense_layers >= self.num_layers:
+            raise ConfigError("model.moe.first_dense_layers",
+                              f"{self.moe.first_dense_layers} leaves none of the "
+                              f"{self.num_layers} blocks a MoE block",
+                              f"choose fewer than num_layers={self.num_layers}, or drop moe")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
         assert self.num_kv_heads is not None

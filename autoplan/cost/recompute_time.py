@@ -84,8 +84,18 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
                  + np.where((m & memory.MOE) > 0,
                             moe.moe_share(model) * (gemms[2] + gemms[3]), 0.0))
     selective = np.where(m > 0, by_module, selective)
+    # a full recompute re-runs a block's forward: a MoE or MLA block's as the model FLOPs
+    # count it (active experts, MLA's projections), not the dense block's; a checkpoint that
+    # stops early leaves out the MLP's down projection (RuntimeTraits.recompute_early_stop,
+    # as stage_time.block_times_s prices it)
+    if model.moe is not None or model.mla is not None:
+        full = (moe.model_flops_per_sequence(model) / 3.0
+                - 2.0 * model.seq_len * model.hidden_size * model.vocab_size) / model.num_layers
+    else:
+        full = fwd_layer + fwd_core
+        if runtime.recompute_early_stop and not runtime.reentrant_recompute:
+            full = full - gemms[3]
     stage = np.where(r.layers_first > 0, r.layers_first, r.layers_max)  # not a 0-block stage
     frac = recomputed_layers(stage, r) / np.maximum(stage, 1)
     return r.gbs * model.num_layers * frac * np.where(
-        r.recompute == RC_FULL, fwd_layer + fwd_core,
-        np.where(r.recompute == RC_SELECTIVE, selective, 0.0))
+        r.recompute == RC_FULL, full, np.where(r.recompute == RC_SELECTIVE, selective, 0.0))

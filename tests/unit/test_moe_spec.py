@@ -220,3 +220,17 @@ def test_plan_yaml_stores_the_moe_model_inline(tmp_path):
     data = yaml.safe_load(save_plan(dense, tmp_path / "dense.yaml").read_text())
     assert "moe" not in data["model"] and "mla" not in data["model"]
     assert "ep" not in data["parallel"] and "etp" not in data["parallel"]
+
+
+def test_a_moe_section_that_leaves_every_block_dense_is_refused() -> None:
+    """first_dense_layers >= num_layers: no block routes, so the moe section means nothing
+    (and a MoE prediction module would have no MoE block to be priced against)."""
+    import dataclasses
+
+    from autoplan.errors import ConfigError
+    from autoplan.model_spec import PRESETS
+
+    tiny = PRESETS["tiny-deepseek"]
+    with pytest.raises(ConfigError, match="model.moe.first_dense_layers") as err:
+        tiny.replace(moe=dataclasses.replace(tiny.moe, first_dense_layers=tiny.num_layers))
+    assert "num_layers" in str(err.value)

@@ -282,3 +282,46 @@ def test_sequence_parallel_norm_gradients_are_summed_per_micro_batch_under_zero2
     d8 = tp_comm(2, 32) - tp_comm(1, 32)  # m = 8
     assert d4 > 0.0
     assert d8 == pytest.approx(d4 * 7 / 3)
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "mixtral-8x7b", "deepseek-v3"])
+def test_full_recompute_adds_one_forward_of_the_blocks_to_hfu(model) -> None:
+    """HFU / MFU under full recompute is 1 + (the blocks' forward) / (the model's FLOPs): the
+    same blocks the step's seconds re-run, routed experts and MLA included (Megatron's
+    reentrant checkpoint re-runs the whole forward)."""
+    from autoplan.cost import compute
+    from autoplan.cost import moe as moe_cost
+    from autoplan.model_spec import PRESETS
+    from autoplan.plan import Batch, ClusterRef, Parallel, Plan, Recompute, RecomputePolicy
+
+    spec = PRESETS[model]
+    plan = Plan(model=model, cluster=ClusterRef("h100-sxm-80gb", 64),
+                parallel=Parallel(dp=8, tp=8), batch=Batch(1, 64), zero_stage=1,
+                recompute=Recompute(policy=RecomputePolicy.FULL))
+    est = estimate_plan(plan, runtime="megatron")
+    per_seq = (moe_cost.model_flops_per_sequence(spec) if spec.moe or spec.mla
+               else compute.model_flops_per_sequence(spec))
+    logits_fwd = 2.0 * spec.seq_len * spec.hidden_size * spec.vocab_size
+    assert est.hfu / est.mfu == pytest.approx(1.0 + (per_seq / 3.0 - logits_fwd) / per_seq,
+                                              rel=1e-3)
+
+
+def test_an_early_stopping_checkpoint_is_not_credited_the_down_projection_in_hfu() -> None:
+    """torchtitan's non-reentrant checkpoint stops before the MLP's down projection
+    (RuntimeTraits.recompute_early_stop): its full recompute re-runs, and HFU counts, the
+    block's forward less that GEMM; Megatron's reentrant checkpoint re-runs all of it."""
+    from autoplan.cost import compute
+    from autoplan.model_spec import PRESETS
+    from autoplan.plan import Batch, ClusterRef, Parallel, Plan, Recompute, RecomputePolicy
+
+    spec = PRESETS["llama-3-8b"]
+    plan = Plan(model="llama-3-8b", cluster=ClusterRef("h100-sxm-80gb", 8),
+                parallel=Parallel(dp=8), batch=Batch(1, 8), zero_stage=3,
+                recompute=Recompute(policy=RecomputePolicy.FULL))
+    titan = estimate_plan(plan, runtime="torchtitan")
+    mega = estimate_plan(plan, runtime="megatron")
+    per_seq = compute.model_flops_per_sequence(spec)
+    down = float(compute.gemm_flops_per_layer(spec, np.array(float(spec.seq_len)),
+                                              np.array(1.0))[3]) * spec.num_layers
+    assert (mega.hfu / mega.mfu - titan.hfu / titan.mfu) == pytest.approx(down / per_seq,
+                                                                           rel=1e-3)
