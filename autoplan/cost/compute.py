@@ -159,13 +159,15 @@ def memory_time_s(nbytes: np.ndarray, profile: ClusterProfile) -> np.ndarray:
     return nbytes / (profile.device.hbm_bytes_per_s * profile.efficiency.memory_bound)
 
 
-def op_sac_recomputed_gemm_share(model: ModelSpec) -> float:
+def op_sac_recomputed_gemm_share(model: ModelSpec, early_stop: bool = False) -> float:
     """Share of a block's GEMM FLOPs torchtitan's op-level selective checkpointing re-runs: it
     saves every second matmul's output in forward order wq, wk, wv, wo, w1, w3, w2 (GELU: wq,
-    wk, wv, wo, w1, w2), so wk, wo and w3 (GELU: wk, wo, w2) run again."""
+    wk, wv, wo, w1, w2), so wk, wo and w3 (GELU: wk, wo, w2) run again; but a checkpoint that
+    stops early (`early_stop`, RuntimeTraits.recompute_early_stop) stops before GELU's w2,
+    whose output no backward needs (w3's output SwiGLU's product does)."""
     h, f, q, kv = model.hidden_size, model.ffn, model.q_width, model.kv_heads * model.head_width
     total = h * (q + 2 * kv) + q * h + (3 if model.gated_mlp else 2) * h * f
-    again = h * kv + q * h + h * f
+    again = h * kv + q * h + (h * f if model.gated_mlp or not early_stop else 0)
     return again / total
 
 
@@ -361,7 +363,8 @@ def layer_times_s(
         "full": (gemm - (gemm_each[3] if recompute_skips_last_gemm else 0.0) + core_fwd
                  + elem / 3.0, host["full"]),
         "all-but-gemms": (core_fwd + elem / 3.0, host["all-but-gemms"]),
-        "op-sac": (op_sac_recomputed_gemm_share(model) * gemm + elem / 3.0, host["op-sac"]),
+        "op-sac": (op_sac_recomputed_gemm_share(model, recompute_skips_last_gemm) * gemm
+                   + elem / 3.0, host["op-sac"]),
     }
     forward, backward, full, all_but_gemms, op_sac = (
         with_host(dev, issue, host_runs_ahead) for dev, issue in parts.values())

@@ -69,11 +69,13 @@ def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
 def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
     """FLOPs the recompute adds per step (for HFU)."""
     one = np.array(1.0)
+    early_stop = (runtime.recompute_early_stop and not runtime.reentrant_recompute
+                  and model.moe is None and model.mla is None)
     fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
     fwd_core = compute.attention_core_flops(model, one, one, one)
     mla_up = moe.mla_up_flops(model, np.array(float(model.seq_len)), one)
     selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core, "deepseek-v3": mla_up,
-                 "op-sac": compute.op_sac_recomputed_gemm_share(model) * fwd_layer
+                 "op-sac": compute.op_sac_recomputed_gemm_share(model, early_stop) * fwd_layer
                  }[runtime.selective.value]
     gemms = compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one)
     m = np.asarray(r.rc_modules, dtype=np.int64)
@@ -92,9 +94,7 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
         full = (moe.model_flops_per_sequence(model) / 3.0
                 - 2.0 * model.seq_len * model.hidden_size * model.vocab_size) / model.num_layers
     else:
-        full = fwd_layer + fwd_core
-        if runtime.recompute_early_stop and not runtime.reentrant_recompute:
-            full = full - gemms[3]
+        full = fwd_layer + fwd_core - (gemms[3] if early_stop else 0.0)
     stage = np.where(r.layers_first > 0, r.layers_first, r.layers_max)  # not a 0-block stage
     frac = recomputed_layers(stage, r) / np.maximum(stage, 1)
     return r.gbs * model.num_layers * frac * np.where(

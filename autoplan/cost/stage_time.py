@@ -236,9 +236,12 @@ def tensor_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
     by_module = r.rc_modules > 0
     tp_rec = np.where(r.recompute == RC_FULL, full_tp,
                       np.where(r.recompute == RC_SELECTIVE, np.where(
+                          # Megatron re-runs the MLP under its reentrant checkpoint: fc1's
+                          # gather and fc2's reduction, one MLP forward's (a quarter of the
+                          # block's)
                           by_module, np.where((r.rc_modules & memory.MLP) > 0,
                                               parts.get("dense_share", 1.0)
-                                              * tpc["recompute_full"] / 2.0, 0.0),
+                                              * tpc["layer"] / 4.0, 0.0),
                           selective_tp), 0.0))
     # NCCL's collectives slow the compute they hide behind (comm.contention_s); Transformer
     # Engine's userbuffers overlap runs its own kernels (ring exchanges on the copy engines)

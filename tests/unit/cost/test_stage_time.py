@@ -100,3 +100,38 @@ def test_without_a_pipeline_one_stage_holds_embedding_blocks_and_head():
     blocks_only = 80.0 * float((c.block_s["forward"] + c.block_s["backward"] + c.block_s["dtensor"])[0])
     assert float(crit["compute"][0]) > blocks_only
     assert float(crit["holds_head"][0]) == 1.0
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_megatrons_mlp_recompute_runs_one_mlp_forwards_collectives_again(sp) -> None:
+    """--recompute-modules mlp wraps the MLP in Megatron's reentrant checkpoint: fc1's
+    all-gather (sequence parallel) and fc2's all-reduce or reduce-scatter run again, one MLP
+    forward's collectives, a quarter of the block's (forward and backward of attention and
+    MLP)."""
+    from autoplan.cost import step_memory
+    from autoplan.plan import RecomputeModule
+
+    plan = Plan(model="llama-3-70b", cluster=ClusterRef("h100-sxm-80gb", 8),
+                parallel=Parallel(tp=8), sequence_parallel=sp, batch=Batch(1, 8),
+                recompute=Recompute(policy=RecomputePolicy.SELECTIVE,
+                                    modules=(RecomputeModule.MLP,)))
+    r = rows_of(plan_to_row(plan, LLAMA), LLAMA, "bf16", MEGATRON)
+    parts = step_memory.activation_parts(LLAMA, r, False, MEGATRON, "bf16")
+    c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
+    assert float(c.tp.recompute[0]) == pytest.approx(float(c.tp.collectives["layer"][0]) / 4)
+
+
+def test_op_sac_stops_before_geLUs_down_projection_where_the_checkpoint_stops_early() -> None:
+    """torchtitan's op-level SAC re-runs every second matmul (wk, wo, then w3 or GELU's w2),
+    but an early-stopping checkpoint never re-runs GELU's w2: no backward needs its output."""
+    from autoplan.cost import compute
+
+    gelu, swiglu = PRESETS["gpt3-1.3b"], PRESETS["llama-3-8b"]
+    assert compute.op_sac_recomputed_gemm_share(gelu, early_stop=True) < \
+        compute.op_sac_recomputed_gemm_share(gelu, early_stop=False)
+    assert compute.op_sac_recomputed_gemm_share(swiglu, early_stop=True) == \
+        compute.op_sac_recomputed_gemm_share(swiglu, early_stop=False)
+    h, f = gelu.hidden_size, gelu.ffn
+    total = 4 * h * h + 2 * h * f  # wq, wk, wv, wo, w1, w2 (no GQA)
+    assert compute.op_sac_recomputed_gemm_share(gelu, early_stop=True) == pytest.approx(
+        2 * h * h / total)  # wk and wo
