@@ -136,23 +136,18 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
 
 def gemm_time_s(flops: np.ndarray, profile: ClusterProfile, peak: float,
                 shape: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """Seconds of one GEMM: the profile's efficiency for its size and, given its output shape
-    and a device with an SM count, the tile/wave quantization of that shape. A measured
-    profile's curve already holds its own GEMMs' quantization, so only datasheet profiles
-    (no `measured` section) apply it."""
-    eff = profile.efficiency.matmul(flops)
+    """Seconds of one GEMM. Given its output shape and a device with an SM count, the GEMM runs
+    its padded work (NVIDIA, "Matrix Multiplication Background User's Guide": partial tiles
+    and a partial last wave cost as much as full ones: flops / quantization_efficiency) at
+    the profile's efficiency for that much work. The datasheet profiles' curves top out at
+    best-shape rates (the MAMF figures their comments cite), so a shape pays its own
+    quantization in full; and the padded work only shrinks as a GEMM does, so halving a
+    rank's work (tp, cp) never makes it slower. A measured profile's curve was read from this
+    machine's own GEMMs, quantization included, so it prices the FLOPs as they are."""
     if shape is not None and profile.measured is None:
-        eff = eff * np.minimum(1.0, quantization_efficiency(shape[0], shape[1], profile)
-                               / _envelope_quantization(flops, profile))
-    return flops / (peak * eff)
-
-
-def _envelope_quantization(flops: np.ndarray, profile: ClusterProfile) -> np.ndarray:
-    """Quantization of the square GEMM of the same FLOPs, which the datasheet curves were read
-    from (the guide's figures are square): the curve stands for that shape, so a GEMM is
-    charged only for quantizing worse than its square twin."""
-    side = np.cbrt(np.maximum(np.asarray(flops, float), 1.0) / 2.0)
-    return quantization_efficiency(side, side, profile)
+        padded = flops / quantization_efficiency(shape[0], shape[1], profile)
+        return padded / (peak * profile.efficiency.matmul(padded))
+    return flops / (peak * profile.efficiency.matmul(flops))
 
 
 def memory_time_s(nbytes: np.ndarray, profile: ClusterProfile) -> np.ndarray:

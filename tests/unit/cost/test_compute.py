@@ -261,3 +261,28 @@ def test_block_host_seconds_count_each_op_and_fold_dtensor_where_the_host_runs_a
     assert first(folded) == 0.0
     assert first(ahead["forward"]) + first(ahead["backward"]) == pytest.approx(
         (ops_f + ops_b) * (1e-5 + 3e-5))
+
+
+@pytest.mark.parametrize("name", ["a100-sxm4-80gb", "h100-sxm-80gb"])
+def test_a_gemm_never_gets_slower_when_its_work_is_split(name: str) -> None:
+    """Halving a GEMM's rows (cp, fewer tokens) or columns (tp) never adds padded tiles or
+    waves (NVIDIA's tile/wave quantization), so its time never rises; and a shape that fills
+    its tiles and waves exactly runs at the curve's best-shape rate."""
+    prof = load_profile(name)
+    peak = prof.device.peak("bf16")
+    m = np.array([256.0, 512, 1000, 2048, 4096, 8192, 16384, 65536])[:, None, None]
+    n = np.array([128.0, 384, 768, 1024, 1536, 2304, 4096, 6144, 14336])[None, :, None]
+    k = np.array([768.0, 4096, 12288])[None, None, :]
+    m, n, k = np.broadcast_arrays(m, n, k)
+
+    def t(mm, nn):
+        return compute.gemm_time_s(2.0 * mm * nn * k, prof, peak, (mm, nn))
+
+    whole = t(m, n)
+    assert (t(m / 2, n) <= whole * (1 + 1e-12)).all()
+    assert (t(m, n / 2) <= whole * (1 + 1e-12)).all()
+    tm, tn = prof.device.gemm_tile
+    full = np.array(tm * prof.device.sm_count * 4.0), np.array(float(tn))
+    flops = 2.0 * full[0] * full[1] * 4096
+    assert float(compute.gemm_time_s(flops, prof, peak, full)) == pytest.approx(
+        float(flops / (peak * prof.efficiency.matmul(flops))))
