@@ -76,7 +76,8 @@ def score_baseline(result: SearchResult, num_gpus: int) -> BaselineScore | None:
                   "global_batch_size": req.global_batch_size},
         "precision": req.space.precision[0].value,
     })
-    est = estimate_plan(plan, ClusterSpec(req.profile, num_gpus), req.model)
+    # priced under the runtime the search priced its plans with, so the gain compares like
+    est = estimate_plan(plan, ClusterSpec(req.profile, num_gpus), req.model, runtime=req.runtime)
     band = getattr(est, "error_band", None)
     layout = (f"dp{par['dp']} tp{par['tp']} pp{par['pp']}" + (f" cp{par['cp']}" if par["cp"] > 1
               else "") + (" sp" if recipe["sequence_parallel"] else "")

@@ -88,6 +88,15 @@ def _rule_miss(req: SearchRequest) -> Miss:
     enum = enumerate_space(req.space, req.model, req.gpu_counts, req.global_batch_size,
                            sample=SAMPLE)
     t = enum.table
+    if len(t["pp"]) == 0:  # layouts fill the GPUs, but no pipeline shape is left for them
+        par, pipe = req.space.parallel, req.space.pipeline
+        return Miss("pp-vpp-divides-layers", [
+            f"no pipeline shape of the space runs {req.model.name}'s {req.model.num_layers} "
+            f"layers on pp in {list(par.pp)}: its schedules "
+            f"{[s.value for s in pipe.schedule]}, vpp and splits "
+            f"{[s.value for s in pipe.split]} leave none (pp may not exceed the layers, and an "
+            "even split needs pp x vpp to divide them); add a smaller pp or other splits to the "
+            "space"])
     bad = violations(t, req.model)
     peaks = req.profile.device.peak_flops_per_s
     lacking = np.array([p.value not in peaks for p in req.space.precision])[t["precision"]]

@@ -23,6 +23,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autoplan.cost.estimate import default_runtime
 from autoplan.errors import ConfigError
 from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
@@ -121,6 +122,8 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     }
     if req.global_batch_size_max is not None:  # absent for one size: older studies resume
         fields["global_batch_size_max"] = req.global_batch_size_max
+    if req.runtime is not None:  # a study's records are priced under one runtime's traits
+        fields["runtime"] = req.runtime.name
     return json.dumps(to_dict(fields), sort_keys=True, default=str)
 
 
@@ -277,8 +280,9 @@ def collect(study: optuna.Study, req: SearchRequest) -> Scored:
         counts[MISS_KEYS[rec["reason"]] if rec["reason"] >= 0 else "feasible"] += 1
         records.append({**rec, "trial": t.number})
     cols: dict[str, np.ndarray] = {}
+    runtime = (req.runtime or default_runtime(req.profile)).name
     if not records:
-        return _empty(counts)
+        return _empty(counts, runtime)
     for k in records[0]:
         if k not in ("layout", "variants"):
             cols[k] = np.array([r[k] for r in records])
@@ -286,10 +290,10 @@ def collect(study: optuna.Study, req: SearchRequest) -> Scored:
         cols[k] = cols[k].astype(dt)
     for k, dt in EXPERT_COLUMNS.items():  # records stored before ep was searched have none
         cols[k] = cols[k].astype(dt) if k in cols else np.ones(len(records), dtype=dt)
-    return Scored(cols, counts)
+    return Scored(cols, counts, runtime)
 
 
-def _empty(counts: dict[str, int]) -> Scored:
+def _empty(counts: dict[str, int], runtime: str) -> Scored:
     cols: dict[str, np.ndarray] = {
         k: np.zeros(0, dtype=dt) for k, dt in {**COLUMNS, **EXTRA_COLUMNS,
                                                **EXPERT_COLUMNS}.items()}
@@ -299,4 +303,4 @@ def _empty(counts: dict[str, int]) -> Scored:
     cols["objectives"] = np.zeros((0, 1))
     cols["reason"] = np.zeros(0, dtype=np.int64)
     cols["dominant"] = np.zeros(0, dtype=np.int64)
-    return Scored(cols, counts)
+    return Scored(cols, counts, runtime)

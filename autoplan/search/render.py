@@ -86,16 +86,25 @@ def zero_cell(s: Shown) -> str:
     return f"{z[0]}-{z[-1]}" if z == list(range(z[0], z[-1] + 1)) else ",".join(map(str, z))
 
 
+SPLIT_SHORT = {"even": "even", "balanced": "bal", "ends": "ends", "embed-loss": "emb",
+               "deepspeed": "ds"}
+"""The layer splits as the table writes them (search_space.Split values)."""
+SPLIT_LEGEND = {
+    "bal": "bal = layers balanced against the embedding and head stages",
+    "ends": "ends = first and last stage one layer lighter",
+    "emb": "emb = the embedding and the loss on stages of their own",
+    "ds": "ds = DeepSpeed's partition (type:transformer)",
+}
+
+
 def sched_cell(r: dict[str, Any], splits: list[str]) -> str:
     if r["pp"] <= 1:
         return "-"
     out = SHORT.get(r["schedule"], r["schedule"])
     if r["vpp"] > 1:
         out += f" v{r['vpp']}"
-    if len(splits) > 1:
-        out += " bal=even"
-    elif splits[0] != "even":
-        out += " bal"
+    if len(splits) > 1 or splits[0] != "even":
+        out += " " + "=".join(SPLIT_SHORT.get(x, x) for x in splits)
     return out
 
 
@@ -239,10 +248,11 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
     parts += [names[SHORT.get(s, s)] for s in sorted(scheds) if SHORT.get(s, s) in names]
     if scheds and any(r["pp"] > 1 and r["vpp"] > 1 for r in rows):
         parts.append("vN = N model chunks per pipeline rank")
-    if scheds and any(r["split"] != "even" for r in rows):
-        parts.append("bal = layers balanced against the embedding and head stages")
+    if scheds:
+        used = {SPLIT_SHORT.get(x, x) for s in shown if s.row["pp"] > 1 for x in s.splits}
+        parts += [SPLIT_LEGEND[k] for k in SPLIT_LEGEND if k in used]
     if any(len(s.splits) > 1 for s in shown):
-        parts.append("bal=even = balanced and even splits score the same")
+        parts.append("a=b = splits that score the same, one row")
     if any(len(s.zeros) > 1 for s in shown):
         dp1 = all(s.row["dp"] == 1 for s in shown if len(s.zeros) > 1)
         parts.append("zero A-B = ZeRO stages that score the same, one row" + (" (equal at dp 1: "

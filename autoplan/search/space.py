@@ -215,8 +215,10 @@ def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray
             seen = {((even_rank,) * 3, ds) for ds in (False, True)} if with_even and divides \
                 else set()
             zb = code == ZERO_BUBBLE
+            # (only where the space lists the even split: without it an uneven split is the
+            # only way to run this pipeline)
             even_load = heaviest_rank_flops(model, (model.num_layers // (pp * vpp),) * (pp * vpp),
-                                            pp, vpp, zb) if divides else np.inf
+                                            pp, vpp, zb) if divides and with_even else np.inf
             for split in space.pipeline.split:
                 if split is Split.EVEN:
                     continue

@@ -193,3 +193,18 @@ def test_out_dir_and_files_follow_the_umask(tmp_path: Path, capsys) -> None:
     assert code == 0
     assert (tmp_path / "res").stat().st_mode & 0o777 == 0o755
     assert {p.stat().st_mode & 0o777 for p in (tmp_path / "res").iterdir()} == {0o644}
+
+
+@pytest.mark.parametrize("sampler", ["exhaustive", "tpe"])
+def test_a_space_with_no_pipeline_shape_says_so(sampler: str, tmp_path: Path, capsys) -> None:
+    """Layouts fill the GPUs but no pipeline shape runs the model (pp past its layers): one
+    line naming why and what to change, exit 3 (it was a ValueError from an empty sample)."""
+    path = space(tmp_path, "too-deep", parallel={"tp": [1], "pp": [16], "cp": [1]},
+                 pipeline={"schedule": ["1f1b"], "vpp": "auto"}, precision="fp32")
+    code, out, err = run(TINY + ["--num-gpus", "16", "--global-batch-size", "64", "--space",
+                                 path, "--sampler", sampler, "--trials", "8", "--format",
+                                 "json"], capsys)
+    assert code == 3, err
+    (line,) = err.strip().splitlines()
+    assert "nearest (pp-vpp-divides-layers)" in line and "no pipeline shape" in line
+    assert json.loads(out)["nearest"]["reason"] == "pp-vpp-divides-layers"

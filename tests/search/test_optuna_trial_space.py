@@ -115,3 +115,16 @@ def test_cli_tpe_search_takes_a_batch_range(capsys) -> None:
     assert 8 <= gbs <= 32
     assert gbs % (best["parallel"]["dp"] * best["batch"]["micro_batch_size"]) == 0
     assert np.isfinite(best["predicted"]["tokens_per_s"])
+
+
+def test_optuna_searches_name_the_runtime_they_priced() -> None:
+    """A TPE search under a runtime records that runtime, as the exhaustive one does: the
+    winner's `predicted.runtime`, and estimate's cross-check, price it with the same traits."""
+    from autoplan.cost.runtimes import load_runtime
+
+    megatron = load_runtime("megatron")
+    for sampler, kw in (("exhaustive", {}), ("tpe", {"trials": 10, "seed": 0})):
+        result = run_search(moe_request(sampler=sampler, runtime=megatron, **kw))
+        assert result.scored.runtime == "megatron", sampler
+    plain = run_search(moe_request(sampler="tpe", trials=5, seed=0))
+    assert plain.scored.runtime == "autoplan-cuda"  # the profile's device's own runtime

@@ -10,10 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from autoplan.display import column, count, rounded, sig
-from autoplan.search.render import collapse, legend, ranked_table, step_cell, zero_cell
+from autoplan.search.render import (
+    collapse,
+    legend,
+    ranked_table,
+    sched_cell,
+    step_cell,
+    zero_cell,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_JOB = ["search", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "1024",
@@ -44,7 +52,16 @@ def test_equal_zero_stages_and_splits_share_a_row_and_different_figures_do_not()
     assert zero_cell(shown[0]) == "0-3" and shown[1].splits == ["balanced", "even"]
     assert zero_cell(shown[2]) == "1"
     text = legend(shown, wide=False)
-    assert "equal at dp 1" in text and "bal=even" in text and "sp y" in text
+    assert "equal at dp 1" in text and "a=b = splits that score the same" in text
+    assert "sp y" in text and "bal = layers balanced" in text
+    assert sched_cell(shown[1].row, shown[1].splits).endswith(" bal=even")
+    # every split by its own name, table and legend alike (the JSON's `split`)
+    for split, short, words in (("ends", "ends", "one layer lighter"),
+                                ("embed-loss", "emb", "stages of their own"),
+                                ("deepspeed", "ds", "DeepSpeed's partition")):
+        (one,) = collapse([row(tp=4, pp=2, split=split)], limit=10)
+        assert sched_cell(one.row, one.splits).endswith(" " + short)
+        assert words in legend([one], wide=False)
     # the limit counts distinct rows
     assert len(collapse(rows, limit=1)) == 1
 
@@ -130,3 +147,22 @@ def test_every_published_recipe_loads_as_a_plan_of_its_models() -> None:
             score = score_baseline(SimpleNamespace(request=req), mp * 8)
             assert score is not None and score.step_s > 0 and score.name == recipe["name"]
             assert score_baseline(SimpleNamespace(request=req), mp * 8 + 1) is None
+
+
+def test_the_published_recipe_is_priced_under_the_searchs_runtime() -> None:
+    """The 'why this plan' gain compares like with like: under --runtime megatron the recipe
+    is priced as Megatron runs it, not as autoplan's runtime would."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.search.baseline import score_baseline
+
+    from .conftest import request
+
+    req = request("default", model="gpt3-175b", cluster="a100-sxm4-80gb", gpus=(1024,),
+                  gbs=1536)
+    own = score_baseline(SimpleNamespace(request=req), 1024)
+    mega = score_baseline(SimpleNamespace(request=replace(req, runtime=load_runtime("megatron"))),
+                          1024)
+    assert own is not None and mega is not None and mega.step_s != pytest.approx(own.step_s)

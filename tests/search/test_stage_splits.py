@@ -118,3 +118,21 @@ def test_deepspeed_runtime_refuses_zero2_under_its_pipeline() -> None:
     assert any("ZeRO stage 2 with a pipeline" in r
                for r in refusals(plan, load_runtime("deepspeed")))
     assert refusals(plan.replace(zero_stage=1), load_runtime("deepspeed")) == []
+
+
+def test_a_space_without_the_even_split_still_pipelines() -> None:
+    """Where the space lists only uneven splits, a split no lighter than the even one is the
+    only way to run that pipeline, so it is listed (it was dropped as never shortening a step
+    the even split would run, leaving the pipeline no shape at all)."""
+    import dataclasses
+
+    from autoplan.model_spec import PRESETS
+
+    model = PRESETS["gpt3-13b"]  # 40 layers: DeepSpeed's split of them is the even one
+    base = load_space("default")
+    space = dataclasses.replace(base, pipeline=dataclasses.replace(
+        base.pipeline, split=(Split.DEEPSPEED,), vpp=(1,)))
+    for pp in (2, 4, 8):
+        shapes = pipeline_shapes(space, model, pp)
+        assert len(shapes) > 0
+        assert set(shapes[:, 2]) == {list(Split).index(Split.DEEPSPEED)}
