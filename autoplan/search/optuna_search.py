@@ -122,8 +122,11 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     }
     if req.global_batch_size_max is not None:  # absent for one size: older studies resume
         fields["global_batch_size_max"] = req.global_batch_size_max
-    if req.runtime is not None:  # a study's records are priced under one runtime's traits
-        fields["runtime"] = req.runtime.name
+    # a study's records are priced under one runtime's traits; the profile's default is left
+    # out, so studies made before the field resume
+    runtime = (req.runtime or default_runtime(req.profile)).name
+    if runtime != default_runtime(req.profile).name:
+        fields["runtime"] = runtime
     return json.dumps(to_dict(fields), sort_keys=True, default=str)
 
 

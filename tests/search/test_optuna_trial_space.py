@@ -128,3 +128,21 @@ def test_optuna_searches_name_the_runtime_they_priced() -> None:
         assert result.scored.runtime == "megatron", sampler
     plain = run_search(moe_request(sampler="tpe", trials=5, seed=0))
     assert plain.scored.runtime == "autoplan-cuda"  # the profile's device's own runtime
+
+
+def test_a_study_is_resumed_only_under_the_runtime_that_priced_it(tmp_path) -> None:
+    """Records priced under Megatron's traits are not mixed with autoplan's: resuming the
+    study under another runtime is refused in one line, under the same one it resumes."""
+    import pytest
+
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.errors import ConfigError
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    megatron = load_runtime("megatron")
+    run_search(moe_request(sampler="tpe", trials=4, seed=0, runtime=megatron, storage=url,
+                           study="s"))
+    run_search(moe_request(sampler="tpe", trials=4, seed=0, runtime=megatron, storage=url,
+                           study="s"))
+    with pytest.raises(ConfigError, match="different search"):
+        run_search(moe_request(sampler="tpe", trials=4, seed=0, storage=url, study="s"))
