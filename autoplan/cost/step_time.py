@@ -128,8 +128,8 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
                                crit["forward"]) * overlap)
 
 
-def _dp_comm(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
-             runtime: RuntimeTraits, crit: dict[str, np.ndarray], psi: np.ndarray,
+def _dp_comm(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
+             crit: dict[str, np.ndarray], psi: np.ndarray,
              psi_experts: np.ndarray | None = None) -> np.ndarray:
     """Exposed seconds of the data-parallel (ZeRO) collectives per step: the dense
     parameters' over the ZeRO shard group (tp apart) and, for a MoE model, the routed
@@ -241,8 +241,7 @@ def data_parallel_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precisio
     held = np.where(paired, 2.0 * r.layers_max, r.layers_max)
     # routed experts: their own states and expert-DP group
     psi_e = held_expert_psi(model, r, runtime) if model.moe is not None else None
-    out = _dp_comm(model, profile, replace(r, layers_max=held), precision, runtime, crit,
-                   psi, psi_e) + step_sync_s(profile, r, precision) + fsdp_host
+    out = _dp_comm(profile, replace(r, layers_max=held), runtime, crit, psi, psi_e) + step_sync_s(profile, r, precision) + fsdp_host
     if psi_e is not None:
         psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
     return out, psi, held

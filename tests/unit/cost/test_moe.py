@@ -296,7 +296,7 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
     groups = [step_time._zero_traffic(prof, r, rt, busy, p, n, s) for p, n, s in (
         (psi, r.shard, r.tp), (psi_e, r.expert_shard, r.ep * r.etp))]
     total = sum(float(g.reductions[0] + g.gathers[0]) for g in groups)
-    exposed = float(step_time._dp_comm(model, prof, r, "bf16", rt, busy, psi, psi_e)[0])
+    exposed = float(step_time._dp_comm(prof, r, rt, busy, psi, psi_e)[0])
     window = max(float(g.reduction_window[0]) for g in groups) + max(
         float(g.gather_window[0]) for g in groups)
     # what is hidden (all there is, less what is exposed net of contention and copies) never
