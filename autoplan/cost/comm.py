@@ -229,3 +229,34 @@ def context_parallel_time_s(
     scatter = collective_time_s(REDUCE_SCATTER, kv_all, cp, inside_node, profile,
                                 per_node=per_node)
     return np.where(cp > 1, (1.0 + np.asarray(recompute_gathers, float)) * gather + scatter, 0.0)
+
+
+def torch_ring_time_s(
+    kv_bytes: np.ndarray, cp: np.ndarray, step_forward_s: np.ndarray,
+    step_backward_s: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile,
+    per_node: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Exposed seconds per block and micro-batch of PyTorch's ring attention
+    (torch.distributed.tensor.experimental context_parallel, with its defaults
+    rotate_method ALL_GATHER and convert_to_f32; torchtitan's context_parallel_rotate_method
+    defaults to "allgather"), by pass: {"forward", "backward"}.
+
+    `kv_bytes`: K and V of the whole sequence as the SDPA call sees them (16-bit; torchtitan
+    repeats the grouped heads before it). `step_*_s`: one ring step's attention kernel; under
+    the head-tail load balancer every one of the cp steps does the same work.
+    - Forward: one all-gather of K/V (the rotater gathers once, at step 0, and waits for it at
+      step 1), so it hides behind the first step only.
+    - Backward: the same all-gather again behind the first backward step, and the gradients
+      dK, dV of each step passed to the next rank (an all-to-all permute) in fp32, 2x the 16-bit
+      chunk, each waited for after the next step's kernel: cp - 1 of them hide behind a step,
+      the last (after the loop) is exposed.
+    """
+    cp = np.asarray(cp, float)
+    gather = collective_time_s(ALL_GATHER, kv_bytes, cp, inside_node, profile, per_node=per_node)
+    shift = p2p_time_s(2.0 * np.asarray(kv_bytes, float) / np.maximum(cp, 1.0), inside_node,
+                       profile)
+    forward = np.maximum(gather - step_forward_s, 0.0)
+    backward = (np.maximum(gather - step_backward_s, 0.0)
+                + (cp - 1.0) * np.maximum(shift - step_backward_s, 0.0) + shift)
+    ring = cp > 1
+    return {"forward": np.where(ring, forward, 0.0), "backward": np.where(ring, backward, 0.0)}

@@ -247,6 +247,38 @@ def attention_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
     return 2.0 * 6.0 * widths * np.asarray(tokens, float)
 
 
+def torch_ring_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
+                                 cp: np.ndarray, kv_repeated: bool) -> dict[str, np.ndarray]:
+    """Bytes the element-wise kernels around PyTorch's ring attention move per block and
+    micro-batch on one rank, {"forward", "backward"}; 0 where cp is 1. Read off
+    torch/distributed/tensor/experimental/_context_parallel/_attention.py (convert_to_f32 and
+    the head-tail load balancer, its defaults), with q the rank's query elements (`tokens` x
+    heads x head_dim / tp) and k those of K (the kv heads, or all heads where the runtime
+    repeats them before SDPA, `kv_repeated`); 16-bit inputs, fp32 accumulators:
+    - forward: K and V made contiguous (torchtitan hands SDPA transposed views), 8k; every
+      step but the last concatenates K and V for the rotater, 8k; every step's output is cast
+      to fp32 (6 bytes per element) and every step after the first merged into the running
+      output (out - block_out, times the sigmoid of the log-sum-exp difference, subtracted:
+      12 + 8 + 12), 38q; a step that sees only the second query half does half of that and
+      re-concatenates the fp32 output (19q + 8q), so 32.5q on average; the first step's cast,
+      6q, and the result's cast back to 16 bits, 6q.
+    - backward: fp32 zeros for dQ, dK, dV (4q + 8k); K and V contiguous (8k); the K/V
+      concatenation of every step but the last (8k); dK and dV accumulated in fp32 (+= of a
+      16-bit gradient, 10 bytes per element: 20k at the first step, 23k on average after it,
+      where half the steps add into one chunk and re-concatenate); the fp32 dK/dV concatenated
+      for the next rank every step (16k); dQ accumulated (10q, or 13q re-concatenating: 11.5q
+      on average); dQ, dK and dV cast back (6q + 12k)."""
+    cp = np.asarray(cp, float)
+    per_token = 1.0 / np.asarray(tp, float) * np.asarray(tokens, float)
+    q = model.q_width * per_token
+    k = (model.q_width if kv_repeated else model.kv_heads * model.head_width) * per_token
+    forward = 8.0 * k * cp + 32.5 * q * (cp - 1.0) + 12.0 * q
+    backward = (4.0 * q + 8.0 * k + 8.0 * k + 8.0 * k * (cp - 1.0) + 20.0 * k
+                + 23.0 * k * (cp - 1.0) + 16.0 * k * cp + 11.5 * q * cp + 6.0 * q + 12.0 * k)
+    ring = cp > 1
+    return {"forward": np.where(ring, forward, 0.0), "backward": np.where(ring, backward, 0.0)}
+
+
 def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray,
                          seq_len: np.ndarray | float | None = None
                          ) -> tuple[np.ndarray, np.ndarray]:
@@ -369,7 +401,8 @@ def layer_times_s(
     elementwise = elem / 3.0 if host_runs_ahead else forward - gemm - core_fwd
     out = {"forward": forward, "backward": backward, "dtensor": dtensor,
            "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,
-           "full": full, "core_forward": core_fwd, "gemm_forward": gemm,
+           "full": full, "core_forward": core_fwd, "core_backward": core_bwd + np.zeros_like(gemm),
+           "gemm_forward": gemm,
            "mlp_gemm_forward": gemm_each[2] + gemm_each[3], "elementwise_forward": elementwise,
            # the column-parallel GEMMs (QKV, the MLP's first): their weight gradients are what
            # an asynchronous input-gradient collective runs beside

@@ -230,6 +230,16 @@ class RuntimeTraits:
     node, forwarded to its experts over NVLink (DeepEP's internode kernels; Megatron-Core
     --moe-token-dispatcher-type flex with the DeepEP backend; DeepSeek-V3 report §3.2.2), so a
     group across nodes sends moe.node_dedup_share of the copies through the NICs."""
+    cp_exchange: str = "all-gather"
+    """How context parallelism brings each rank the K/V of the whole sequence. `all-gather`: one
+    all-gather of the grouped K/V heads before attention and a reduce-scatter of their gradients
+    after it, both exposed (autoplan's runtime, runtime/context_parallel.py; Llama 3's stack,
+    Dubey et al. 2024 §3.3.2: "the all-gather communication latency is exposed in the critical
+    path"). `torch-ring`: PyTorch's ring attention (context_parallel, as torchtitan runs it):
+    K/V as SDPA sees them (repeated where `kv_repeated`) all-gathered behind the first ring
+    step, fp32 dK/dV passed around the ring behind each backward step, and the fp32 merges of
+    the per-step outputs and gradients (comm.torch_ring_time_s,
+    compute.torch_ring_elementwise_bytes)."""
     own_runtime_rules: bool = False
     """The runtime is autoplan's own (`autoplan train`): the limits only it has
     (autoplan.plan_rules.RUNTIME_RULES: layernorm recompute under tp, a MoE capacity factor
@@ -460,6 +470,7 @@ class RuntimeTraits:
         if not isinstance(self.dualpipe, bool):
             _refuse("dualpipe", self.dualpipe, "expected true or false")
         for field, allowed in (("ep_dispatcher", ("alltoall", "deepep")),
+                               ("cp_exchange", CP_EXCHANGES),
                                ("tp_comm_overlap_method", TP_OVERLAP_METHODS),
                                ("attention_kernel", ATTENTION_KERNELS)):
             if getattr(self, field) not in allowed:
@@ -594,6 +605,7 @@ class RuntimeTraits:
 
 TP_OVERLAP_METHODS = ("none", "async-dgrad", "userbuffers")
 """RuntimeTraits.tp_comm_overlap_method values."""
+CP_EXCHANGES = ("all-gather", "torch-ring")
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "fa-triton", "sdpa-cpu")
 """RuntimeTraits.attention_kernel values."""
 
@@ -686,6 +698,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # expand, reshape, which copies) and the flash kernel saves those copies for backward
         # (torchtitan/models/llama/model.py, 2024 through its 2025 llama3 model)
         "kv_repeated": True,
+        # context parallelism is PyTorch's ring attention (torchtitan's
+        # create_context_parallel_ctx, context_parallel_rotate_method "allgather")
+        "cp_exchange": "torch-ring",
     },
     "deepspeed": {
         "optimizer_extra_bytes": 14.0, "loss_bytes_per_logit": 52.0,

@@ -172,11 +172,18 @@ def block_extras_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision
                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Device seconds a block adds to compute.layer_times_s' forward, backward and full
     recompute ({forward, backward, full}), and the MoE/MLA forward delta alone: userbuffers'
-    SM margin, the expert GEMMs, router and MLA projections, an fp8 run's expert casts."""
+    SM margin, PyTorch's ring-attention merges, the expert GEMMs, router and MLA projections,
+    an fp8 run's expert casts."""
     # Transformer Engine's pipelined userbuffers overlap runs the two row-parallel forward
     # GEMMs on the SMs its reduce-scatter leaves them (a full recompute's forward too)
     margin = userbuffers_margin_s(model, profile, runtime, r, lt)
     extra = {"forward": margin, "backward": 0.0 * margin, "full": margin}
+    if runtime.cp_exchange == "torch-ring":  # the ring's fp32 merges, a recompute's too
+        ring = compute.torch_ring_elementwise_bytes(model, model.seq_len / r.cp * r.b, r.tp,
+                                                    r.cp, runtime.kv_repeated)
+        fwd, bwd = (compute.memory_time_s(ring[k], profile) for k in ("forward", "backward"))
+        extra = {"forward": extra["forward"] + fwd, "backward": extra["backward"] + bwd,
+                 "full": extra["full"] + fwd}
     if model.moe is None and model.mla is None:
         return extra, 0.0 * lt["gemm_forward"]
     # expert GEMMs, router, MLA projections at the peak the block's own GEMMs ran at (fp8 in an
@@ -265,19 +272,29 @@ def tensor_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
         userbuffers_bulk=np.where(tp_by_nccl, 0.0, USERBUFFERS_BULK_SHARE))
 
 
-def context_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows
+def context_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
+                           runtime: RuntimeTraits, lt: dict[str, np.ndarray]
                            ) -> tuple[np.ndarray, np.ndarray]:
-    """A block's context-parallel ring exchanges, and those a recomputed layer runs again (none
-    where its recompute.modules keep the attention core)."""
+    """A block's exposed context-parallel exchanges, and those a recomputed layer runs again
+    (none where its recompute.modules keep the attention core), as the runtime exchanges K/V
+    (RuntimeTraits.cp_exchange)."""
     gpn = profile.gpus_per_node
     cp_inside = comm.intra_node(r.tp, r.cp, gpn)
     cp_nodes = comm.members_per_node(r.tp, r.cp, gpn)
+    keeps_core = (r.rc_modules > 0) & ((r.rc_modules & memory.CORE_ATTN) == 0)
+    if runtime.cp_exchange == "torch-ring":
+        width = model.q_width if runtime.kv_repeated else model.kv_heads * model.head_width
+        kv_bytes = 2.0 * r.weight_bytes * model.seq_len * r.b * width / r.tp
+        ring = comm.torch_ring_time_s(kv_bytes, r.cp, lt["core_forward"] / r.cp,
+                                      lt["core_backward"] / r.cp, cp_inside, profile,
+                                      per_node=cp_nodes)
+        # a recomputed attention core runs the forward ring again
+        return ring["forward"] + ring["backward"], np.where(keeps_core, 0.0, ring["forward"])
     cp_layer = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
                                             profile, per_node=cp_nodes)
     cp_rec = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
                                           profile, recompute_gathers=1.0,
                                           per_node=cp_nodes) - cp_layer
-    keeps_core = (r.rc_modules > 0) & ((r.rc_modules & memory.CORE_ATTN) == 0)
     return cp_layer, np.where(keeps_core, 0.0, cp_rec)
 
 
@@ -297,7 +314,7 @@ def block_costs(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: s
     a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
                                      dedup_nodes=runtime.ep_dispatcher == "deepep")
     rec_extra, a2a_rec = recompute_extra_s(model, profile, r, precision, runtime, lt, parts, a2a)
-    cp_layer, cp_rec = context_parallel_costs(model, profile, r)
+    cp_layer, cp_rec = context_parallel_costs(model, profile, r, runtime, lt)
     return BlockCosts(block_s=lt, wgrad=lt["gemm_forward"] + delta, recompute=rec_extra, a2a=a2a,
                       a2a_recompute=a2a_rec,
                       tp=tensor_parallel_costs(model, profile, r, runtime, lt, parts),

@@ -165,3 +165,28 @@ def test_all_reduce_across_nodes_takes_the_faster_of_ring_and_tree():
             + 2 * 63 / 64 * 1024 / (8 * 25e9) + 2 * 6 * 10e-6)
     assert small == pytest.approx(tree, rel=1e-12)
     assert small < 2 * 511 * 5e-6  # a ring's steps alone would take longer
+
+
+def test_torch_ring_hides_its_gather_behind_the_first_step_only() -> None:
+    """PyTorch's ring attention (rotate_method ALL_GATHER): the K/V all-gather waits at step 1,
+    so only the first step's kernel covers it, forward and backward; backward passes fp32
+    dK/dV (twice the 16-bit chunk) to the next rank after every step, the last one exposed."""
+    prof = _flat_profile()
+    kv, cp, inside = np.array(64.0 * 2**20), np.array(4.0), np.array(True)
+    gather = float(comm.collective_time_s(comm.ALL_GATHER, kv, cp, inside, prof))
+    shift = float(comm.p2p_time_s(2.0 * kv / 4.0, inside, prof))
+
+    def ring(step_f, step_b, n=cp):
+        out = comm.torch_ring_time_s(kv, n, np.array(step_f), np.array(step_b), inside, prof)
+        return float(out["forward"]), float(out["backward"])
+
+    # steps longer than every exchange: only the last dK/dV shift is left exposed
+    assert ring(1.0, 1.0) == (0.0, pytest.approx(shift, rel=1e-12))
+    # instant steps: everything exposed, the gather twice and all cp shifts
+    f, b = ring(0.0, 0.0)
+    assert f == pytest.approx(gather, rel=1e-12)
+    assert b == pytest.approx(gather + 4 * shift, rel=1e-12)
+    # a step shorter than the gather leaves the rest of it exposed
+    f, _ = ring(gather / 4.0, 1.0)
+    assert f == pytest.approx(0.75 * gather, rel=1e-12)
+    assert ring(0.0, 0.0, n=np.array(1.0)) == (0.0, 0.0)

@@ -286,3 +286,24 @@ def test_a_gemm_never_gets_slower_when_its_work_is_split(name: str) -> None:
     flops = 2.0 * full[0] * full[1] * 4096
     assert float(compute.gemm_time_s(flops, prof, peak, full)) == pytest.approx(
         float(flops / (peak * prof.efficiency.matmul(flops))))
+
+
+def test_torch_ring_merges_move_the_bytes_counted_off_its_code() -> None:
+    """compute.torch_ring_elementwise_bytes at cp 2 for Llama-3-8B (32 heads, 8 kv heads of
+    128), 4096 local tokens: q = 4096 x 4096 elements, k = q / 4 (or q where the K/V heads are
+    repeated before SDPA). Forward 8k per step for K/V copies, 12q of casts, 32.5q per merge;
+    backward 17 + 47 cp bytes per K/V element and 10 + 11.5 cp per query element."""
+    m = PRESETS["llama-3-8b"]
+    q = 4096.0 * 4096.0
+
+    def ring(cp, repeated):
+        out = compute.torch_ring_elementwise_bytes(m, np.array(4096.0), np.array(1.0),
+                                                   np.array(float(cp)), repeated)
+        return float(out["forward"]), float(out["backward"])
+
+    k = q / 4.0
+    assert ring(2, False) == (pytest.approx(16 * k + 44.5 * q), pytest.approx(111 * k + 33 * q))
+    assert ring(2, True) == (pytest.approx(60.5 * q), pytest.approx(144 * q))
+    assert ring(1, True) == (0.0, 0.0)
+    # more ring steps, more merges
+    assert ring(8, True)[0] > ring(4, True)[0] > ring(2, True)[0]

@@ -762,3 +762,25 @@ def test_bf16_optimizer_holds_both_gradients_and_adds_them_up_every_micro_batch(
     one_pass = float(compute.memory_time_s(18.0 * psi, profile)[0])
     assert extra == pytest.approx(8 * one_pass, rel=1e-6)
     assert est("fp16", 16).time["optimizer"] == pytest.approx(fp16.time["optimizer"], rel=1e-9)
+
+
+def test_torchtitan_prices_pytorchs_ring_attention() -> None:
+    """torchtitan's context parallelism is PyTorch's ring attention on the K/V heads SDPA sees
+    (repeated): across nodes (tp 8 fills each node) its gathers of the repeated heads outlast
+    the first ring step, and its fp32 merges add to compute. autoplan's runtime all-gathers
+    the grouped heads."""
+    assert load_runtime("torchtitan").cp_exchange == "torch-ring"
+    assert load_runtime("autoplan-cuda").cp_exchange == "all-gather"
+    plan = plan_from_dict({"model": "llama-3-70b", "cluster": {"profile": "h100-sxm-80gb",
+                                                               "num_gpus": 64},
+                           "parallel": {"dp": 2, "tp": 8, "cp": 4}, "zero_stage": 3,
+                           "sequence_parallel": True, "recompute": {"policy": "full"},
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 8}})
+    titan = load_runtime("torchtitan")
+    ring = estimate_plan(plan, runtime=titan)
+    grouped = estimate_plan(plan, runtime=replace(titan, kv_repeated=False))
+    gathered = estimate_plan(plan, runtime=replace(titan, cp_exchange="all-gather"))
+    assert ring.time["cp_comm"] > grouped.time["cp_comm"] > 0.0
+    assert ring.time["compute"] > gathered.time["compute"]
+    with pytest.raises(ConfigError, match="cp_exchange"):
+        runtime_from_dict({"name": "x", "cp_exchange": "ring"})
