@@ -622,6 +622,20 @@ _MEGATRON_CORE: dict[str, Any] = {
 }
 """What every Megatron preset shares (each field's docstring cites the code)."""
 
+_MEGATRON_2021: dict[str, Any] = {
+    **_MEGATRON_CORE,
+    "description": "Megatron-LM as the SC21 runs used it (examples/sc21 at de7dc40f88, PyTorch "
+                   "NGC 20.12): the data-parallel all-reduce runs after backward (train_step "
+                   "calls allreduce_gradients once backward is done), tensor-parallel "
+                   "all-reduces in line with the GEMMs, no overlap; fused LayerNorm",
+    "selective": "attention-core", "zero_stages": [0, 1], "offload": [],
+    "hsdp_zero_stages": [],  # no distributed optimizer instances in the 2021-22 code
+    "recompute_modules": [],
+    "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
+    "overlap_param_gather": False, "pipeline_scatter_gather": True,
+}
+"""Megatron-LM's 2021 code (the SC21 runs); its 2022 release starts from it."""
+
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
         **_MEGATRON_CORE, "tp_comm_overlap_method": "async-dgrad",
@@ -647,18 +661,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
         "ep_dispatcher": "deepep",
     },
-    "megatron-2021": {
-        **_MEGATRON_CORE,
-        "description": "Megatron-LM as the SC21 runs used it (examples/sc21 at de7dc40f88, "
-                       "PyTorch NGC 20.12): the data-parallel all-reduce runs after backward "
-                       "(train_step calls allreduce_gradients once backward is done), tensor-"
-                       "parallel all-reduces in line with the GEMMs, no overlap; fused LayerNorm",
-        "selective": "attention-core", "zero_stages": [0, 1], "offload": [],
-        "hsdp_zero_stages": [],  # no distributed optimizer instances in the 2021-22 code
-        "recompute_modules": [],
-        "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
-        "overlap_param_gather": False, "pipeline_scatter_gather": True,
-    },
+    "megatron-2021": _MEGATRON_2021,
     # The 2022 release (sequence parallelism and selective recompute, Korthikanti et al. 2022)
     # added to the 2021 code its column-parallel backward that launches the input-gradient
     # all-reduce asynchronously and computes the weight gradient while it runs
@@ -667,16 +670,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # re-gathers the saved input shard behind the input-gradient GEMM and reduce-scatters the
     # input gradient behind the weight-gradient GEMM: async dgrad's overlap either way
     "megatron-2022": {
-        **_MEGATRON_CORE,
+        **_MEGATRON_2021,
         "description": "Megatron-LM as the Korthikanti et al. 2022 runs used it (the "
                        "selective-recompute release): as megatron-2021, with the column-"
                        "parallel input-gradient all-reduce (reduce-scatter under sequence "
                        "parallelism) run beside the weight-gradient GEMM",
-        "selective": "attention-core", "zero_stages": [0, 1], "offload": [],
-        "hsdp_zero_stages": [],  # no distributed optimizer instances in the 2021-22 code
-        "recompute_modules": [],
-        "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
-        "overlap_param_gather": False, "pipeline_scatter_gather": True,
         "tp_comm_overlap_method": "async-dgrad",
     },
     "nemo": {
