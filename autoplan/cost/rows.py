@@ -144,7 +144,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
     # (autoplan.runtime.data_parallel.uses_fsdp)
     ddp = ((zero == 0) & (dp > 1) & (pp == 1) & (tp == 1) & (cp == 1) & (precision == "fp32")
            & ~(off_o | off_p))
-    fsdp = ~ddp & ((shard > 1) | (precision != "fp32") | off_o | off_p)
+    fsdp = ~ddp & ((dp * cp > 1) | (precision != "fp32") | off_o | off_p)
     deferred = runtime.pipeline_grad_sync is PipelineGradSync.LAST_MICROBATCH
     return Rows(
         dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, sp=col(table, "sp").astype(bool), schedule=sched,

@@ -18,11 +18,15 @@ from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, ReduceDtype
 from autoplan.plan_table import (
+    RC_BLOCK,
+    RC_FULL,
     RC_MODULES,
     RC_NONE,
     RECOMPUTE,
     REDUCE_DTYPES,
     SCHEDULES,
+    dp_col,
+    expert_col,
     mask_modules,
     modules_mask,
     plan_to_row,
@@ -35,7 +39,7 @@ Table = dict[str, np.ndarray]
 class RuntimeRule:
     breaks: Callable[[Table, RuntimeTraits, ModelSpec], Any]
     """Rows the runtime cannot run (a boolean array over the table)."""
-    message: Callable[[Table, RuntimeTraits], str]
+    message: Callable[[Table, RuntimeTraits, ModelSpec], str]
     """Why, for a one-row table."""
 
 
@@ -52,20 +56,22 @@ def _partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     if rt.partial_recompute:
         return np.zeros(np.shape(t["pp"]), dtype=bool)
     k = t["recompute_layers"]  # -1: every layer of the stage
-    nth = (t["pp"] == 1) & (k > 0) & (m.num_layers % np.maximum(k, 1) == 0)
+    # torchtitan's selective_ac_option = n checkpoints whole blocks, fully: the block method
+    nth = ((t["pp"] == 1) & (k > 0) & (m.num_layers % np.maximum(k, 1) == 0)
+           & (t["recompute"] == RC_FULL) & (dp_col(t, "rc_method") == RC_BLOCK))
     if not rt.nth_block_recompute:
         nth = np.zeros(np.shape(k), dtype=bool)
     return (t["recompute"] != RC_NONE) & (k >= 0) & ~nth
 
 
-def _partial_recompute_message(t: Table, rt: RuntimeTraits) -> str:
+def _partial_recompute_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
     n = _v(t, "recompute_layers")
     if not rt.nth_block_recompute:
         return (f"runtime {rt.name} recomputes every block or none "
                 f"(recompute.num_layers={n}: set it null)")
-    return (f"runtime {rt.name} recomputes every block, none, or every n-th block without a "
-            f"pipeline (recompute.num_layers={n}: null, or a count that divides the layers "
-            "with pp=1)")
+    return (f"runtime {rt.name} recomputes every block, none, or every n-th block fully "
+            f"without a pipeline (recompute.num_layers={n}: null, or with policy full, method "
+            "block and pp=1 a count that divides the layers)")
 
 
 def _offload_mode(t: Table) -> tuple[bool, bool, int]:
@@ -132,26 +138,64 @@ def _modules(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     return (np.asarray(t["rc_modules"]) & _modules_lacking(rt)) > 0
 
 
-def _modules_message(t: Table, rt: RuntimeTraits) -> str:
+def _modules_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
     names = mask_modules(_v(t, "rc_modules") & _modules_lacking(rt)) or ()
     has = ", ".join(rt.recompute_modules) or "none"
     return (f"runtime {rt.name} cannot recompute {', '.join(m.value for m in names)} by module "
             f"(recompute.modules; it names: {has}): drop them, or use selective without modules")
 
 
+def _degrees(t: Table) -> dict[str, np.ndarray]:
+    """The model-parallel degrees of a table, expert tensor parallelism under ep (a runtime
+    without expert parallelism splits no expert)."""
+    ones = np.ones(np.shape(t["pp"]), dtype=np.int64)
+    return {"tp": t.get("tp", ones), "pp": t["pp"], "cp": t.get("cp", ones),
+            "ep": expert_col(t, "ep"), "etp": expert_col(t, "etp")}
+
+
+def _lacks(rt: RuntimeTraits, dim: str) -> bool:
+    return (dim[1:] if dim == "etp" else dim) not in rt.parallel_dims
+
+
 def _parallel(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     bad = np.zeros(np.shape(t["pp"]), dtype=bool)
-    for dim in ("tp", "pp", "cp", "ep"):
-        if dim not in rt.parallel_dims and dim in t:
-            bad |= np.asarray(t[dim]) > 1
+    for dim, degree in _degrees(t).items():
+        if _lacks(rt, dim):
+            bad |= np.asarray(degree) > 1
     return bad
 
 
-def _parallel_message(t: Table, rt: RuntimeTraits) -> str:
-    used = [f"{d}={_v(t, d)}" for d in ("tp", "pp", "cp", "ep")
-            if d in t and d not in rt.parallel_dims and _v(t, d) > 1]
+def _parallel_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
+    used = [f"{d}={int(np.asarray(v)[0])}" for d, v in _degrees(t).items()
+            if _lacks(rt, d) and int(np.asarray(v)[0]) > 1]
     runs = ", ".join(rt.parallel_dims) or "data parallelism and ZeRO sharding only"
     return f"runtime {rt.name} cannot split the model by {', '.join(used)} (it runs {runs})"
+
+
+def _features(m: ModelSpec) -> list[str]:
+    """The model's features a runtime needs code for (RuntimeTraits.model_code)."""
+    return [f for f, used in (("moe", m.moe is not None), ("mla", m.mla is not None),
+                              ("mtp", bool(m.mtp_layers))) if used]
+
+
+def _model_code(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    lacking = [f for f in _features(m) if f not in rt.model_code]
+    return np.full(np.shape(t["pp"]), bool(lacking))
+
+
+def _model_code_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
+    names = {"moe": "routed experts", "mla": "latent attention", "mtp": "multi-token prediction"}
+    lacking = [names[f] for f in _features(m) if f not in rt.model_code]
+    return (f"runtime {rt.name} has no model code for {', '.join(lacking)} (model {m.name}): "
+            "price it as megatron or torchtitan")
+
+
+def _ddp(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    if not rt.ddp_one_dimensional:
+        return np.zeros(np.shape(t["pp"]), dtype=bool)
+    d = _degrees(t)
+    split = (d["tp"] > 1) | (d["pp"] > 1) | (d["ep"] > 1) | (d["etp"] > 1)
+    return (t["zero_stage"] == 0) & (((t["dp"] > 1) & split) | (d["cp"] > 1))
 
 
 def _recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
@@ -165,42 +209,49 @@ def _one_stage(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 
 RULES: tuple[RuntimeRule, ...] = (
+    RuntimeRule(_model_code, _model_code_message),
     RuntimeRule(_parallel, _parallel_message),
-    RuntimeRule(_recompute, lambda t, rt: (
+    RuntimeRule(_ddp, lambda t, rt, m: (
+        f"runtime {rt.name} replicates (ZeRO-0, DDP) only as the sole parallelism and shards "
+        f"whenever cp > 1 (got dp={_v(t, 'dp')}, tp={_v(t, 'tp')}, pp={_v(t, 'pp')}, "
+        f"cp={_v(t, 'cp')}): set zero_stage 2 or 3")),
+    RuntimeRule(_recompute, lambda t, rt, m: (
         f"runtime {rt.name} has no {RECOMPUTE[_v(t, 'recompute')].value} recompute "
         f"(it runs {', '.join(rt.recompute_policies)})")),
-    RuntimeRule(_schedule, lambda t, rt: (
+    RuntimeRule(_schedule, lambda t, rt, m: (
         f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
         f"(it runs {', '.join(rt.schedules)})")),
-    RuntimeRule(_one_stage, lambda t, rt: (
+    RuntimeRule(_one_stage, lambda t, rt, m: (
         f"runtime {rt.name} runs {SCHEDULES[_v(t, 'schedule')].value} only with several "
         f"stages per rank (vpp={_v(t, 'vpp')}; set pipeline.vpp 2 or more)")),
     RuntimeRule(lambda t, rt, m: ~np.isin(t["zero_stage"], list(rt.zero_stages)),
-                lambda t, rt: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
-                               f"(it runs {', '.join(map(str, rt.zero_stages))})")),
+                lambda t, rt, m: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
+                                  f"(it runs {', '.join(map(str, rt.zero_stages))})")),
     RuntimeRule(_partial_recompute, _partial_recompute_message),
     RuntimeRule(lambda t, rt, m: (t["zero_stage"] >= 2) & (t["pp"] > 1)
                 & (not rt.sharded_zero_with_pipeline),
-                lambda t, rt: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} with "
-                               f"a pipeline (pp={_v(t, 'pp')}; its ZeRO-2/3 runs with pp=1)")),
-    RuntimeRule(_offload, lambda t, rt: str(rt.offload_refusal(*_offload_mode(t)))),
+                lambda t, rt, m: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
+                                  f"with a pipeline (pp={_v(t, 'pp')}; its ZeRO-2/3 runs with "
+                                  "pp=1)")),
+    RuntimeRule(_offload, lambda t, rt, m: str(rt.offload_refusal(*_offload_mode(t)))),
     RuntimeRule(lambda t, rt, m: ~np.isin(t["grad_reduce"], _reduce_codes(rt))
                 if "grad_reduce" in t else np.zeros(np.shape(t["pp"]), dtype=bool),
-                lambda t, rt: (f"runtime {rt.name} cannot reduce gradients in {_reduce_dtype(t)} "
-                               f"(it reduces in {', '.join(rt.grad_reduce_dtypes)})")),
+                lambda t, rt, m: (f"runtime {rt.name} cannot reduce gradients in "
+                                  f"{_reduce_dtype(t)} (it reduces in "
+                                  f"{', '.join(rt.grad_reduce_dtypes)})")),
     RuntimeRule(lambda t, rt, m: (t["dp_shard"] > 0)
                 & ~np.isin(t["zero_stage"], list(rt.hsdp_zero_stages))
                 if "dp_shard" in t else np.zeros(np.shape(t["pp"]), dtype=bool),
-                lambda t, rt: (f"runtime {rt.name} has no HSDP (parallel.dp_shard) at ZeRO stage "
-                               f"{_v(t, 'zero_stage')} (it runs it at: "
-                               f"{', '.join(map(str, rt.hsdp_zero_stages)) or 'none'})")),
-    RuntimeRule(_dualpipe, lambda t, rt: (
+                lambda t, rt, m: (f"runtime {rt.name} has no HSDP (parallel.dp_shard) at ZeRO "
+                                  f"stage {_v(t, 'zero_stage')} (it runs it at: "
+                                  f"{', '.join(map(str, rt.hsdp_zero_stages)) or 'none'})")),
+    RuntimeRule(_dualpipe, lambda t, rt, m: (
         f"runtime {rt.name} runs a pipeline as DualPipe, which needs an even pp, vpp 1 and an "
         f"even number of micro-batches of at least 2 x pp (got pp={_v(t, 'pp')}, "
         f"vpp={_v(t, 'vpp')}, {int(_microbatches(t)[0])} micro-batches: "
         "batch.global_batch_size / (dp x micro_batch_size))")),
     RuntimeRule(_modules, _modules_message),
-    RuntimeRule(_split, lambda t, rt: (
+    RuntimeRule(_split, lambda t, rt, m: (
         f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),
 )
 
@@ -222,7 +273,7 @@ def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None) 
     """What of one plan the runtime cannot run, a line per rule it breaks."""
     model = model or plan.model_spec()
     row = plan_to_row(plan, model)
-    out = [rule.message(row, traits) for rule in RULES
+    out = [rule.message(row, traits, model) for rule in RULES
            if bool(np.asarray(rule.breaks(row, traits, model))[0])]
     if traits.own_runtime_rules:
         from autoplan.plan_rules import runtime_limits

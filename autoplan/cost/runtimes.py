@@ -412,6 +412,15 @@ class RuntimeTraits:
     parallel_dims: tuple[str, ...] = ("tp", "pp", "cp", "ep")
     """Model-parallel degrees the runtime splits over beside data parallelism and its ZeRO
     sharding. llm-foundry's MPT training of 2023 ran PyTorch FSDP alone."""
+    model_code: tuple[str, ...] = ("moe", "mla", "mtp")
+    """Model features the runtime has code for: routed experts (`moe`), multi-head latent
+    attention (`mla`), multi-token prediction (`mtp`). DeepSpeed's are model code of their own
+    (deepspeed.moe.layer.MoE) that a ds_config cannot state, and llm-foundry's MPT has none."""
+    ddp_one_dimensional: bool = False
+    """ZeRO-0 (DDP replication) runs only as the sole parallelism, and context parallelism always
+    shards: torchtitan applies FSDP whenever dp_shard or cp exceeds 1 and otherwise DDP, which
+    raises "DDP has not supported > 1D parallelism" when the world is more than its replicas
+    (torchtitan/models/llama3/infra/parallelize.py, 0.2.2)."""
     recompute_policies: tuple[str, ...] = ("none", "selective", "full")
     """Recompute policies the runtime runs (Plan spelling). llm-foundry checkpoints whole
     blocks (fsdp_config.activation_checkpointing) or none."""
@@ -504,6 +513,8 @@ class RuntimeTraits:
                     "list some of 1, 2, 3 (or none)")
         _check_list("parallel_dims", self.parallel_dims, ("tp", "pp", "cp", "ep"),
                     "list some of tp, pp, cp, ep (or [] for data parallel only)")
+        _check_list("model_code", self.model_code, ("moe", "mla", "mtp"),
+                    "list some of moe, mla, mtp (or [] for dense models only)")
         _check_list("recompute_policies", self.recompute_policies, ("none", "selective", "full"),
                     "list none and any of selective, full", required="none")
         _check_list("zero_stages", self.zero_stages, (0, 1, 2, 3), "list some of 0, 1, 2, 3",
@@ -718,7 +729,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "kv_repeated": True,
         # context parallelism is PyTorch's ring attention (torchtitan's
         # create_context_parallel_ctx, context_parallel_rotate_method "allgather")
-        "cp_exchange": "torch-ring",
+        "cp_exchange": "torch-ring", "ddp_one_dimensional": True,
     },
     "deepspeed": {
         "optimizer_extra_bytes": 14.0, "loss_bytes_per_logit": 52.0,
@@ -734,7 +745,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # no ring context parallelism (DeepSpeed's sequence parallelism is Ulysses, an
         # all-to-all head split) and no Megatron-Core experts (DeepSpeed-MoE is its own model
         # code): what export/deepspeed.py and export/megatron_deepspeed.py refuse
-        "parallel_dims": ["tp", "pp"],
+        "parallel_dims": ["tp", "pp"], "model_code": [],
         # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         # (deepspeed/runtime/pipe/engine.py asserts zero stage < 2)
         "sharded_zero_with_pipeline": False,
@@ -764,7 +775,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3],
         "grad_reduce_dtypes": ["fp32", "bf16"],
         "offload": ["both"],  # FSDP's CPUOffload: parameters, gradients and the step together
-        "parallel_dims": [], "recompute_policies": ["none", "full"], "partial_recompute": False,
+        "parallel_dims": [], "model_code": [], "recompute_policies": ["none", "full"],
+        "partial_recompute": False,
         "nth_block_recompute": False,
         "recompute_early_stop": False,  # torch 1.13 (A100 table) and 2.0.1 (H100) predate it
         "recompute_modules": [], "multi_stage_schedules": [],

@@ -112,3 +112,25 @@ def test_megatron_keeps_its_gradient_buffer_in_the_reduce_dtype() -> None:
     assert fp32 > 4.0 * 8e9 and grads("megatron", None) == fp32  # 4 bytes of each 8B+ gradient
     assert grads("megatron", ReduceDtype.BF16) == fp32 / 2.0
     assert grads("torchtitan", ReduceDtype.BF16) == grads("torchtitan", ReduceDtype.FP32)
+
+
+def test_hsdp_with_one_rank_per_shard_is_still_wrapped_in_fsdp2() -> None:
+    """HSDP with dp_shard 1 (plain replication over FSDP2's 2-D mesh) in fp32: the runtime wraps
+    the model in FSDP2 whenever dp * cp > 1 (runtime/data_parallel.uses_fsdp), so the cost
+    model prices FSDP's units too, not DDP."""
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.plan import plan_from_dict
+    from autoplan.plan_table import plan_to_row
+    from autoplan.runtime.data_parallel import uses_fsdp
+    from autoplan.runtime.mesh import ParallelDims
+
+    plan = plan_from_dict({"model": "gpt3-125m",
+                           "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 4},
+                           "parallel": {"dp": 4, "dp_shard": 1}, "zero_stage": 1,
+                           "precision": "fp32",
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 4}})
+    m = plan.model_spec()
+    r = rows_of(plan_to_row(plan, m), m, "fp32", load_runtime("autoplan-cuda"))
+    dims = ParallelDims(dp=4, zero_stage=1, hsdp_shard=1)
+    assert bool(r.fsdp[0]) == uses_fsdp(dims, plan.precision, plan.offload)

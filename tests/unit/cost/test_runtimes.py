@@ -212,6 +212,11 @@ def test_torchtitan_recomputes_every_block_none_or_every_nth() -> None:
     assert any("every n-th block" in r for r in estimate_plan(piped, runtime="torchtitan").reasons)
     every = plan_from_dict({**LLAMA8B, "zero_stage": 3, "recompute": {"policy": "full"}})
     assert not estimate_plan(every, runtime="torchtitan").reasons
+    # selective_ac_option = n checkpoints whole blocks fully: selective or uniform is not it
+    for rc in ({"policy": "selective", "num_layers": 16},
+               {"policy": "full", "num_layers": 16, "method": "uniform"}):
+        odd = plan_from_dict({**LLAMA8B, "zero_stage": 3, "recompute": rc})
+        assert any("every n-th block" in r for r in estimate_plan(odd, runtime="torchtitan").reasons)
 
 
 def test_sms_kept_for_communication_slow_the_compute_and_need_an_sm_count(tmp_path) -> None:
@@ -803,3 +808,33 @@ def test_the_2022_megatron_release_overlaps_its_input_gradient_all_reduce() -> N
     # a forward (+ its recompute) and a backward with 2 + 2 all-reduces each: the backward
     # pair is at most 2 of the 6 counted
     assert old.time["tp_comm"] * (1 - 2 / 6) <= new.time["tp_comm"] < old.time["tp_comm"]
+
+
+def _refusals(plan: dict, runtime: str) -> list[str]:
+    from autoplan.cost.runtime_rules import refusals
+
+    return refusals(plan_from_dict(plan), load_runtime(runtime))
+
+
+def test_a_runtime_without_the_models_code_refuses_it() -> None:
+    """DeepSpeed's experts are model code of its own (deepspeed.moe.layer.MoE) and llm-foundry's
+    MPT has none: MoE, MLA and MTP models are refused there, and expert tensor parallelism goes
+    with expert parallelism."""
+    moe = {"model": "qwen3-30b-a3b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
+           "parallel": {"dp": 8}, "zero_stage": 1,
+           "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+    assert any("no model code for routed experts" in r for r in _refusals(moe, "deepspeed"))
+    assert not _refusals(moe, "megatron")
+    split = {**moe, "parallel": {"dp": 4, "tp": 2, "etp": 2}, "zero_stage": 3}
+    assert any("etp=2" in r for r in _refusals(split, "llm-foundry"))
+    assert not _refusals(LLAMA8B, "deepspeed")
+
+
+def test_torchtitan_replicates_only_as_the_sole_parallelism() -> None:
+    """torchtitan applies FSDP whenever dp_shard or cp exceeds 1 and otherwise DDP, which
+    raises "DDP has not supported > 1D parallelism" beside tp or pp."""
+    for parallel in ({"dp": 4, "tp": 2}, {"dp": 2, "cp": 4}, {"dp": 1, "cp": 8}):
+        plan = {**LLAMA8B, "parallel": parallel, "zero_stage": 0}
+        assert any("only as the sole parallelism" in r for r in _refusals(plan, "torchtitan"))
+        assert not any("sole parallelism" in r for r in _refusals(plan, "megatron"))
+    assert not _refusals({**LLAMA8B, "zero_stage": 0}, "torchtitan")
