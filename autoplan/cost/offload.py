@@ -14,11 +14,13 @@ from autoplan.hardware import ClusterProfile
 
 
 def optimizer_offload_time_s(
-    shard_params: np.ndarray, gpus_per_host: np.ndarray, weight_bytes: float,
+    shard_params: np.ndarray, gpus_per_host: np.ndarray, weight_bytes: np.ndarray | float,
     grad_copy_bytes: np.ndarray | float, profile: ClusterProfile, hideable_s: np.ndarray,
+    copy_back: np.ndarray | bool = True,
 ) -> np.ndarray:
     """Exposed seconds per step: CPU Adam on this GPU's shard (the host's optimizer throughput
-    is shared by its GPUs), the weight copy back, and the gradient copy not hidden by backward.
+    is shared by its GPUs), the weight copy back (none where the host steps the parameters the
+    device streams in, `copy_back` False), and the gradient copy not hidden by backward.
 
     The gradient crosses PCIe in the dtype the host optimizer steps on, `grad_copy_bytes` per
     element (HOST_GRAD_BYTES), not the weights' 16 bits. The two copies and CPU Adam are
@@ -30,12 +32,12 @@ def optimizer_offload_time_s(
     pcie = profile.host.pcie_bytes_per_s
     cpu = shard / (profile.host.optimizer_params_per_s / np.asarray(gpus_per_host, float))
     grads_down = shard * np.asarray(grad_copy_bytes, float) / pcie
-    weights_up = shard * weight_bytes / pcie
+    weights_up = np.where(copy_back, shard * np.asarray(weight_bytes, float) / pcie, 0.0)
     return cpu + weights_up + np.maximum(0.0, grads_down - hideable_s)
 
 
 def param_offload_time_s(
-    shard_params: np.ndarray, microbatches: np.ndarray, weight_bytes: float,
+    shard_params: np.ndarray, microbatches: np.ndarray, weight_bytes: np.ndarray | float,
     profile: ClusterProfile, hideable_s: np.ndarray,
 ) -> np.ndarray:
     """Exposed seconds per step of streaming the weight shard in for forward and backward."""

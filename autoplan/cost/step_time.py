@@ -257,14 +257,24 @@ def optimizer_step_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
     m = r.m
     shard_params = psi / np.where(r.zero >= 1, r.shard, 1.0)
     gpus_per_host = np.minimum(r.world, profile.gpus_per_node)
-    # FSDP2's parameter offload steps the optimizer on the host as well
-    host_step = r.offload_optimizer | (r.offload_params & runtime.fsdp2_offload)
+    # FSDP2's parameter offload steps the optimizer on the host as well, on the host copies
+    # FSDPParam streams in (no copy back)
+    fsdp2_host = r.offload_params & runtime.fsdp2_offload
+    host_step = r.offload_optimizer | fsdp2_host
+    # the copies move the parameters as the runtime keeps them: FSDP2's fp32 shards (FSDPParam
+    # copies the fp32 shard to the device before casting it; autoplan's HostOffloadOptimizer
+    # copies the fp32 master into it)
+    weight_bytes = np.where(runtime.fp32_sharded_params & r.fsdp, 4.0, r.weight_bytes)
+    # autoplan's HostOffloadOptimizer copies the gradients in step(), after backward, and
+    # waits for them (runtime/offload.py): nothing hides that copy
+    after_backward = r.offload_optimizer & ~r.offload_params & runtime.own_runtime_rules
     offloaded = (
         np.where(host_step, offload.optimizer_offload_time_s(
-            shard_params, gpus_per_host, r.weight_bytes,
-            offload.HOST_GRAD_BYTES, profile, crit["backward"] * eff.overlap), 0.0)
+            shard_params, gpus_per_host, weight_bytes, offload.HOST_GRAD_BYTES, profile,
+            np.where(after_backward, 0.0, crit["backward"] * eff.overlap),
+            copy_back=~fsdp2_host), 0.0)
         + np.where(r.offload_params, offload.param_offload_time_s(
-            psi / r.shard, m, r.weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
+            psi / r.shard, m, weight_bytes, profile, m * crit["t_mb"] * eff.overlap), 0.0))
     tensors = held * params.tensors_per_layer(model) + params.end_tensors(model)
     on_device = np.where(
         host_step, 0.0,

@@ -313,6 +313,27 @@ def test_offloaded_gradients_cross_pcie_in_the_dtype_the_host_steps_on() -> None
     assert hidden == pytest.approx(cpu + shard * 2.0 / pcie)
 
 
+def test_autoplans_host_optimizer_moves_fp32_shards_after_backward() -> None:
+    """autoplan's HostOffloadOptimizer copies the fp32 gradient shards to the host in step(),
+    after backward, waits for them, steps, and copies the fp32 masters back into FSDP2's fp32
+    shards (runtime/offload.py): CPU Adam + 4 + 4 bytes per parameter over PCIe, none hidden.
+    FSDP2's CPUOffloadPolicy steps the host copies it streams in: no copy back."""
+    from autoplan.cost.params import total_params
+    from autoplan.hardware import load_profile
+
+    h100 = load_profile("h100-sxm-80gb")
+    base = {**LLAMA8B, "zero_stage": 3, "offload": {"optimizer": True}}
+    plan = plan_from_dict(base)
+    shard, pcie = total_params(plan.model_spec()) / 8, h100.host.pcie_bytes_per_s
+    cpu = shard / (h100.host.optimizer_params_per_s / 8)
+    est = estimate_plan(plan, runtime="autoplan-cuda")
+    assert est.time["offload"] == pytest.approx(cpu + 8.0 * shard / pcie, rel=1e-6)
+    both = estimate_plan(plan_from_dict({**base, "offload": {"optimizer": True, "params": True}}),
+                         runtime="autoplan-cuda")
+    streamed = both.time["offload"] - cpu  # the parameter streaming less its hidden share
+    assert streamed < est.time["offload"] - cpu  # ... and no copy back
+
+
 def _with_host_costs(profile_name: str, op_s: float, unit_s: float = 0.0):
     import dataclasses
 
