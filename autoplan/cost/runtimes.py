@@ -446,6 +446,9 @@ class RuntimeTraits:
 
     def _check_numbers(self) -> None:
         """Byte counts, fractions, factors and SM counts in their ranges."""
+        if not 0.0 <= self.optimizer_extra_bytes <= 64.0:
+            _refuse("optimizer_extra_bytes", self.optimizer_extra_bytes,
+                    "expected 0 to 64 bytes per sharded parameter")
         if not 0.0 <= self.fp8_weight_cache_bytes <= 4.0:
             _refuse("fp8_weight_cache_bytes", self.fp8_weight_cache_bytes,
                     "expected 0 to 4 bytes")
@@ -508,7 +511,7 @@ class RuntimeTraits:
         _check_list("recompute_modules", self.recompute_modules, modules,
                     f"list some of {', '.join(modules)} (or [] for none)")
         _check_list("grad_reduce_dtypes", self.grad_reduce_dtypes, ("fp32", "bf16"),
-                    "list some of fp32, bf16")
+                    "list some of fp32, bf16 (or [] for the runtime's own default only)")
         _check_list("hsdp_zero_stages", self.hsdp_zero_stages, (1, 2, 3),
                     "list some of 1, 2, 3 (or none)")
         _check_list("parallel_dims", self.parallel_dims, ("tp", "pp", "cp", "ep"),

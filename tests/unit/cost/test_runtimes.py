@@ -38,6 +38,9 @@ def test_a_traits_file_is_loaded_strictly(tmp_path) -> None:
         load_runtime(str(good))
     with pytest.raises(ConfigError, match="unknown runtime"):
         load_runtime("megatorn")
+    for bad in (-100, 1e300, float("nan")):  # priced an optimizer step of negative seconds
+        with pytest.raises(ConfigError, match="optimizer_extra_bytes"):
+            runtime_from_dict({"name": "x", "optimizer_extra_bytes": bad})
 
 
 def test_a_traits_file_may_start_from_a_preset(tmp_path) -> None:
