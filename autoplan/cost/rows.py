@@ -27,6 +27,9 @@ BF16_OPTIMIZER_ACCUMULATE_BYTES = 18.0
 """HBM bytes per parameter of BF16_Optimizer.update_hp_grads, once per micro-batch:
 `hp.grad.add_(lp.grad.to(hp.dtype))` per tensor reads the 16-bit gradient (2) and writes its
 fp32 copy (4), then reads the copy and the fp32 accumulator (4 + 4) and writes the sum (4)."""
+BF16_ACCUMULATE_BYTES = 6.0
+"""The same into a bf16 accumulator (grad_accum_dtype the model's own): `.to()` of the same
+dtype copies nothing, so the add reads 2 + 2 and writes 2."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,11 @@ class Rows:
     """Zero-bubble's V schedule: the last stage sits on rank 0 beside the first."""
     unsharded_accumulation: np.ndarray
     """ZeRO-2/3 gradients accumulate unsharded until the last micro-batch (under a pipeline)."""
-    fp32_accumulation: np.ndarray
-    """Each micro-batch's 16-bit gradients are added into a separate fp32 buffer by the
-    optimizer (DeepSpeed's BF16_Optimizer under a pipeline: RuntimeTraits.
-    pipeline_engine_reduce), BF16_OPTIMIZER_ACCUMULATE_BYTES per parameter."""
+    accumulate_bytes: np.ndarray
+    """HBM bytes per parameter with which the optimizer adds each micro-batch's 16-bit
+    gradients into a buffer of its own (DeepSpeed's BF16_Optimizer under a pipeline:
+    RuntimeTraits.pipeline_engine_reduce; BF16_OPTIMIZER_ACCUMULATE_BYTES into fp32,
+    BF16_ACCUMULATE_BYTES into bf16); 0 where gradients accumulate in place."""
     weight_bytes: float
     act_scale: float
     """2 for fp32 activations, 1 for 16-bit."""
@@ -134,11 +138,22 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
     reduce_bytes = np.array([runtime.reduce_bytes(precision), 4.0, 2.0])[reduce_code]
     grad_bytes = np.where((reduce_code != 0) & runtime.grads_in_reduce_dtype, reduce_bytes,
                           runtime.grad_bytes(precision))
-    fp32 = np.zeros_like(pp, dtype=bool)
-    if runtime.pipeline_engine_reduce and precision == "bf16":  # BF16_Optimizer's fp32 grads
-        fp32 = (pp > 1) & (reduce_code == 0)
+    accumulate = np.zeros_like(pp)
+    if runtime.pipeline_engine_reduce and precision == "bf16":
+        # DeepSpeed 0.19 (engine._do_optimizer_sanity_check) runs a bf16 pipeline on
+        # BF16_Optimizer: at ZeRO-1 with data_types.grad_accum_dtype fp32, which export writes
+        # where no reduce dtype is asked and nothing is offloaded (export/deepspeed.py
+        # bf16_optimizer), accumulating and reducing in fp32; at ZeRO-0 always, accumulating
+        # in bf16 (fp32 there is an "unsupported mix") and partitioning its fp32 master and
+        # Adam states over dp as ZeRO-1 does (bf16_optimizer.py fp32_groups_flat_partition)
+        fp32 = (pp > 1) & (zero == 1) & (reduce_code == 0) & ~off_o.astype(bool)
+        bf16 = (pp > 1) & (zero == 0)
+        zero = np.where(bf16, 1, zero)
         reduce_bytes = np.where(fp32, 4.0, reduce_bytes)
-        grad_bytes = np.where(fp32, BF16_OPTIMIZER_GRAD_BYTES, grad_bytes)
+        grad_bytes = np.where(fp32, BF16_OPTIMIZER_GRAD_BYTES,
+                              np.where(bf16, 2.0 * runtime.grad_bytes(precision), grad_bytes))
+        accumulate = np.where(fp32, BF16_OPTIMIZER_ACCUMULATE_BYTES,
+                              np.where(bf16, BF16_ACCUMULATE_BYTES, 0.0))
     # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
     # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
     # (autoplan.runtime.data_parallel.uses_fsdp)
@@ -156,7 +171,8 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         world=dp * tp * pp * cp, m=microbatches(gbs, dp, b), shard=shard,
         vocab=params.padded_vocab(model, tp).astype(float), fsdp=fsdp,
         v_shape=(sched == ZERO_BUBBLE) & (vpp == 2) & (pp > 1),
-        unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred, fp32_accumulation=fp32,
+        unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred,
+        accumulate_bytes=accumulate,
         weight_bytes=4.0 if precision == "fp32" else 2.0,
         act_scale=2.0 if precision == "fp32" else 1.0,
         ep=expert_col(table, "ep").astype(float), etp=expert_col(table, "etp").astype(float),

@@ -15,7 +15,7 @@ import numpy as np
 
 from autoplan.cost import comm, compute, memory, offload, params, pipeline
 from autoplan.cost.recompute_time import recompute_flops_per_step
-from autoplan.cost.rows import BF16_OPTIMIZER_ACCUMULATE_BYTES, Rows
+from autoplan.cost.rows import Rows
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.cost.stage_time import critical_stage_s, fsdp_unit_host_s
 from autoplan.cost.step_memory import held_expert_psi
@@ -286,10 +286,9 @@ def optimizer_step_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
                        np.where(r.zero >= 2, shard_params, psi) * r.grad_bytes, 0.0), profile)
     ) + tensors * (eff.optimizer_overhead_s + np.where(
         r.fsdp | (r.tp > 1), eff.dtensor_optimizer_overhead_s, 0.0))
-    # BF16_Optimizer adds each micro-batch's 16-bit gradients into its fp32 buffer between the
+    # BF16_Optimizer adds each micro-batch's 16-bit gradients into its buffer between the
     # pipeline's instructions, on the compute stream: nothing hides it
-    accumulate = np.where(r.fp32_accumulation, m * compute.memory_time_s(
-        psi * BF16_OPTIMIZER_ACCUMULATE_BYTES, profile), 0.0)
+    accumulate = m * compute.memory_time_s(psi * r.accumulate_bytes, profile)
     return offloaded, on_device + accumulate
 
 

@@ -741,13 +741,39 @@ def test_deepspeed_pipeline_engine_reduces_fp32_gradients_after_the_last_backwar
     r = rows_of(table, model, "bf16", ds)
     # the fp32 buffer (4) beside the 16-bit gradients the engine keeps between backwards (2)
     assert list(r.reduce_bytes) == [4.0, 2.0] and list(r.grad_bytes) == [6.0, 2.0]
-    assert list(r.fp32_accumulation) == [True, False]
+    assert list(r.accumulate_bytes) == [18.0, 0.0]
     assert list(rows_of(table, model, "fp16", ds).reduce_bytes) == [2.0, 2.0]
     # the same pipeline plan with the reduction overlapped as any runtime's: more of it hidden
     overlapped = replace(ds, name="overlapped", pipeline_engine_reduce=False)
     cut = {name: estimate_table(table, model, profile, "fp16", runtime=rt)["time_dp_comm"]
            for name, rt in (("engine", ds), ("overlapped", overlapped))}
     assert cut["engine"][0] > cut["overlapped"][0] and cut["engine"][1] == cut["overlapped"][1]
+
+
+def test_deepspeed_runs_a_bf16_pipeline_at_zero_0_on_bf16_optimizer() -> None:
+    """DeepSpeed 0.19 (engine._do_optimizer_sanity_check): a bf16 pipeline at ZeRO-0 runs
+    BF16_Optimizer, which partitions its fp32 master and Adam states over dp as ZeRO-1 does and
+    accumulates in bf16 (2 + 2 bytes of gradients, 6 bytes moved per micro-batch); at ZeRO-1
+    it accumulates in fp32 only where export writes grad_accum_dtype fp32 (no reduce dtype
+    asked, nothing offloaded); otherwise the ZeRO-1 optimizer keeps 16-bit gradients."""
+    from autoplan.cost.rows import rows_of
+    from autoplan.model_spec import PRESETS
+    from autoplan.plan_table import plan_to_row
+
+    model = PRESETS["gpt3-13b"]
+    base = {"model": "gpt3-13b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 64},
+            "parallel": {"dp": 16, "pp": 4},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+    plans = [plan_from_dict({**base, "zero_stage": 0}),
+             plan_from_dict({**base, "zero_stage": 1}),
+             plan_from_dict({**base, "zero_stage": 1, "grad_reduce_dtype": "bf16"})]
+    rows = [plan_to_row(p, model) for p in plans]
+    table = {k: np.concatenate([row[k] for row in rows]) for k in rows[0]}
+    r = rows_of(table, model, "bf16", load_runtime("deepspeed"))
+    assert list(r.zero) == [1, 1, 1]
+    assert list(r.grad_bytes) == [4.0, 6.0, 2.0]
+    assert list(r.accumulate_bytes) == [6.0, 18.0, 0.0]
+    assert list(r.reduce_bytes) == [2.0, 4.0, 2.0]
 
 
 def test_bf16_optimizer_holds_both_gradients_and_adds_them_up_every_micro_batch() -> None:
