@@ -26,7 +26,6 @@ from autoplan.plan_table import (
     REDUCE_DTYPES,
     SCHEDULES,
     dp_col,
-    expert_col,
     mask_modules,
     modules_mask,
     plan_to_row,
@@ -150,7 +149,7 @@ def _degrees(t: Table) -> dict[str, np.ndarray]:
     without expert parallelism splits no expert)."""
     ones = np.ones(np.shape(t["pp"]), dtype=np.int64)
     return {"tp": t.get("tp", ones), "pp": t["pp"], "cp": t.get("cp", ones),
-            "ep": expert_col(t, "ep"), "etp": expert_col(t, "etp")}
+            "ep": t.get("ep", ones), "etp": t.get("etp", ones)}
 
 
 def _lacks(rt: RuntimeTraits, dim: str) -> bool:
@@ -195,7 +194,8 @@ def _ddp(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
         return np.zeros(np.shape(t["pp"]), dtype=bool)
     d = _degrees(t)
     split = (d["tp"] > 1) | (d["pp"] > 1) | (d["ep"] > 1) | (d["etp"] > 1)
-    return (t["zero_stage"] == 0) & (((t["dp"] > 1) & split) | (d["cp"] > 1))
+    dp = t.get("dp", np.ones(np.shape(t["pp"]), dtype=np.int64))
+    return (t["zero_stage"] == 0) & (((dp > 1) & split) | (d["cp"] > 1))
 
 
 def _recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
