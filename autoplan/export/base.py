@@ -1,7 +1,8 @@
 """What every export target shares: its options, its tiny ABC and the refuse-or-render entry point.
 
 A target either expresses every field of a plan in its consumer's own format or refuses with the
-reasons; `export_plan` turns refusals into one ConfigError so the CLI writes nothing.
+reasons; `export_plan` first judges the plan by autoplan's plan rules (every target's), then
+turns all refusals into one ConfigError so the CLI writes nothing.
 """
 
 from __future__ import annotations
@@ -101,16 +102,33 @@ class ExportTarget(abc.ABC):
         """Files by name, the primary one first; only called when `check` found nothing."""
 
 
+def plan_reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    """Every plan rule the plan breaks (autoplan.plan_rules.validate_plan: the rule set search,
+    estimate and `autoplan train` judge by), for any target. A profile this machine cannot
+    load (another site's) leaves out the rules that need the device."""
+    from autoplan.hardware import cluster
+    from autoplan.plan_rules import validate_plan
+
+    try:
+        spec = cluster(plan.cluster.profile, plan.cluster.num_gpus)
+    except ConfigError:
+        spec = None
+    return validate_plan(plan, model, spec)
+
+
 def export_plan(
     target: ExportTarget, plan: Plan, model: ModelSpec, opts: ExportOptions
 ) -> dict[str, str]:
-    """Render `plan` for `target`, or raise ConfigError listing every reason it cannot."""
-    reasons = target.check(plan, model, opts)
+    """Render `plan` for `target`, or raise ConfigError listing every reason it cannot: the
+    plan rules it breaks (exit 2, a mistake in the plan), then the target's own refusals."""
+    rules = plan_reasons(plan, model)
+    reasons = rules + target.check(plan, model, opts)
     if reasons:
         raise ConfigError(
             f"--to {target.name}",
             "cannot express this plan: " + "; ".join(reasons),
-            "change the plan or pick another target",
+            "fix the plan (autoplan's plan rules refuse it for every target)" if rules
+            else "change the plan or pick another target",
         )
     return target.render(plan, model, opts)
 

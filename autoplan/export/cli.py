@@ -125,7 +125,9 @@ def run_export(args: argparse.Namespace) -> int:
         k8s_kind=args.kind,
         torchtitan_format=args.torchtitan_format,
         script=args.script,
-        out=args.out,
+        # --format json/yaml writes the {target, files} wrapper to --out: the files are named
+        # by their keys there, so the launch commands name those, not the wrapper's path
+        out=None if args.format in ("json", "yaml") else args.out,
         elastic=args.elastic,
         min_nodes=args.min_nodes,
     )

@@ -86,6 +86,29 @@ def hsdp_reasons(plan: Plan) -> list[str]:
             "set dp_shard: null"]
 
 
+def fp8_reasons(plan: Plan) -> list[str]:
+    """DeepSpeed's config has no fp8 training (deepspeed 0.19.8 runtime/config.py reads bf16 and
+    fp16 sections only; FP8 GEMMs are model code, Transformer Engine layers), and neither has
+    the Megatron-DeepSpeed launch this export writes (--bf16 or --fp16)."""
+    if plan.precision != Precision.FP8:
+        return []
+    return ["precision fp8: DeepSpeed's config and the Megatron-DeepSpeed launch this export "
+            "writes have no fp8 training (bf16 and fp16 only); use bf16, or export to megatron"]
+
+
+def bf16_optimizer(plan: Plan) -> bool:
+    """A bf16 pipeline at ZeRO-1 runs DeepSpeed's BF16_Optimizer (fp32 gradient accumulation
+    and reduce), as the deepspeed runtime prices every bf16 pipeline (cost/rows.py,
+    pipeline_engine_reduce), only with data_types.grad_accum_dtype fp32: deepspeed 0.19.8
+    runtime/engine.py _do_optimizer_sanity_check returns BFLOAT16 for ZeRO when "model_dtype ==
+    bfloat16 and grad_accum_dtype == float32 and stage == 1 and not zero_cpu_offload", else the
+    ZeRO optimizer with bf16 gradients (grad_accum_dtype defaults to the model's dtype,
+    get_data_types). ZeRO-0 pipelines take BF16_Optimizer with no setting (and refuse fp32
+    accumulation: "unsupported mix")."""
+    return (plan.precision == Precision.BF16 and plan.parallel.pp > 1 and plan.zero_stage == 1
+            and plan.grad_reduce_dtype is None and not plan.offload.optimizer)
+
+
 def ds_config(plan: Plan) -> dict[str, Any]:
     """The DeepSpeed config dict for a plan that `check` accepted."""
     gas = grad_accum_steps(plan)
@@ -107,6 +130,8 @@ def ds_config(plan: Plan) -> dict[str, Any]:
         cfg["bf16"] = {"enabled": True}
     elif plan.precision == Precision.FP16:
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if bf16_optimizer(plan):  # runtime/constants.py DATA_TYPES, GRAD_ACCUM_DTYPE
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if plan.recompute.policy == RecomputePolicy.FULL:
         cfg["activation_checkpointing"] = {
             "partition_activations": False,
@@ -125,7 +150,7 @@ class DeepSpeedTarget(ExportTarget):
         own = megatron_deepspeed.reasons(plan, model) if megatron_deepspeed.runs_3d(plan) \
             else _reasons(plan, model)
         return layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + own \
-            + hsdp_reasons(plan)
+            + hsdp_reasons(plan) + fp8_reasons(plan)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         config = opts.out or CONFIG_NAME  # the path the JSON is written to (#16 item 7)

@@ -1,9 +1,12 @@
 """`--to megatron`: Megatron-LM `pretrain_gpt.py` arguments for a plan, as a launch script.
 
 Parallel degrees, sequence parallelism, the (virtual) pipeline split, recompute, the distributed
-optimizer (ZeRO-1) and its CPU offload, Megatron-FSDP (ZeRO-2/3, without a pipeline), batch sizes, precision and the model's shape. Data,
-tokenizer files and optimizer hyper-parameters are not planned: append them to the script's
-arguments. The flag spellings follow megatron/training/arguments.py.
+optimizer (ZeRO-1) with overlapped communication and its CPU offload, Megatron-FSDP (ZeRO-2/3,
+without a pipeline), batch sizes and the model's shape; precision and attention in
+megatron_te.py, experts in megatron_moe.py. Data, tokenizer files and optimizer
+hyper-parameters are not planned: append them to the script's arguments. The flag spellings
+and the rules cited follow megatron/training/arguments.py (validate_args) at NVIDIA/Megatron-LM
+000c4ac24f.
 """
 
 from __future__ import annotations
@@ -22,11 +25,10 @@ from autoplan.export.base import (
 )
 from autoplan.export.launch import check_job_name, continued, shell_join
 from autoplan.export.megatron_moe import moe_args, moe_reasons
+from autoplan.export.megatron_te import te_args, te_reasons
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
-from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
+from autoplan.plan import Plan, RecomputeMethod, RecomputePolicy, Schedule
 
-ATTENTION_BACKENDS = {Attention.FLASH: "flash", Attention.EAGER: "unfused"}
-"""Plan attention -> Megatron --attention-backend (unfused keeps the s x s scores)."""
 MEGATRON_OFFLOAD_STAGES = load_runtime("megatron").offload_zero_stages
 """ZeRO stages Megatron-Core offloads the optimizer at (RuntimeTraits.offload_zero_stages)."""
 NULL_TOKENIZER_EXTRA = 1
@@ -80,17 +82,19 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             f"recompute.num_layers={rc.num_layers} with policy {rc.policy.value}: "
             "Megatron counts recomputed layers for full recompute only"
         )
-    return why + moe_reasons(plan, model)
+    return why + te_reasons(plan, model) + moe_reasons(plan, model)
 
 
-def layout_string(split: tuple[int, ...]) -> str:
-    """--pipeline-model-parallel-layout: E embedding, t per layer, L loss, '|' between stages;
-    a first or last stage of no layer is "E" or "L" alone (Megatron-Core's
-    PipelineParallelLayerLayout.parse_str_to_list, megatron/core/transformer/
-    pipeline_parallel_layer_layout.py: stages may be empty, E first and L last exactly once)."""
+def layout_string(split: tuple[int, ...], mtp_layers: int = 0) -> str:
+    """--pipeline-model-parallel-layout: E embedding, t per layer, m per multi-token-prediction
+    layer, L loss, '|' between stages; a first or last stage of no layer is "E" or "L" alone
+    (Megatron-Core's PipelineParallelLayerLayout, megatron/core/transformer/
+    pipeline_parallel_layer_layout.py: stages may be empty, E first and L last exactly once;
+    validate_layer_layout: as many m as --mtp-num-layers, after every t, all in one last
+    virtual stage: here the last stage's, before L)."""
     chunks = [f"t*{n}" if n else "" for n in split]
     chunks[0] = "E" + chunks[0]
-    chunks[-1] += "L"
+    chunks[-1] += (f"m*{mtp_layers}" if mtp_layers else "") + "L"
     return "|".join(chunks)
 
 
@@ -108,7 +112,8 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
     if p.pp > 1 and split is not None:
         if pipe.layers_per_stage is not None and len(set(split)) > 1:
             # The layout's stage count sets vpp; Megatron allows no second vpp flag with it.
-            a.append(f"--pipeline-model-parallel-layout {layout_string(split)}")
+            a.append("--pipeline-model-parallel-layout "
+                     + layout_string(split, model.mtp_layers))
         elif pipe.vpp > 1:
             a.append(f"--num-layers-per-virtual-pipeline-stage {split[0]}")
     if plan.zero_stage >= 2:  # Megatron-FSDP's required flags (docs/discussions/
@@ -117,12 +122,19 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
               "--data-parallel-sharding-strategy "
               + ("optim_grads_params" if plan.zero_stage == 3 else "optim_grads"),
               "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
+    if plan.zero_stage <= 1:  # bucketed gradient reduce overlapped with backward, as the
+        # megatron runtime prices it (overlap_dp_comm); Megatron's default is off
+        a.append("--overlap-grad-reduce")
     if plan.zero_stage == 1:
-        a.append("--use-distributed-optimizer")
+        # the parameter all-gather overlapped with forward (overlap_param_gather); validate_args
+        # asserts it comes with the distributed optimizer and --overlap-grad-reduce
+        a += ["--use-distributed-optimizer", "--overlap-param-gather"]
         if p.dp_shard is not None:  # HSDP: optimizer copies, each sharded over dp_shard x cp
             a.append(f"--num-distributed-optimizer-instances {p.replicate_degree}")
-    if plan.offload.optimizer:
-        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0"]
+    if plan.offload.optimizer:  # validate_args: "The optimizer cpu offload must be used in
+        # conjunction with `--use-precision-aware-optimizer`" (the hybrid device optimizer)
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0",
+              "--use-precision-aware-optimizer"]
     if rc.policy == RecomputePolicy.SELECTIVE:
         a.append("--recompute-granularity selective")
         if rc.modules:  # Megatron-Core's names (TransformerConfig.recompute_modules)
@@ -139,14 +151,7 @@ def megatron_args(plan: Plan, model: ModelSpec) -> list[str]:
         f"--micro-batch-size {plan.batch.micro_batch_size}",
         f"--global-batch-size {plan.batch.global_batch_size}",
     ]
-    if plan.precision == Precision.BF16:
-        a.append("--bf16")
-    elif plan.precision == Precision.FP16:
-        a.append("--fp16")
-    if plan.grad_reduce_dtype is not None:  # null: Megatron's default (fp32 for bf16 runs)
-        a.append("--grad-reduce-in-bf16" if plan.grad_reduce_dtype.value == "bf16"
-                 else "--accumulate-allreduce-grads-in-fp32")
-    a.append(f"--attention-backend {ATTENTION_BACKENDS[plan.attention]}")
+    a += te_args(plan)  # precision, attention backend, CP exchange
     a += _model_args(model)
     return a + moe_args(plan, model)  # experts and latent attention (none for dense models)
 
@@ -178,6 +183,17 @@ def _model_args(m: ModelSpec) -> list[str]:
         a.append("--disable-bias-linear")
     a += ["--tokenizer-type NullTokenizer", f"--vocab-size {m.vocab_size - NULL_TOKENIZER_EXTRA}"]
     return a
+
+
+def _environment(plan: Plan) -> list[str]:
+    """CUDA_DEVICE_MAX_CONNECTIONS as validate_args wants it: Megatron-FSDP asserts it is not 1
+    (its user guide: unset it); tensor or context parallelism asserts it is 1 before Blackwell
+    (get_device_arch_version() < 10; harmless from Blackwell on)."""
+    if plan.zero_stage >= 2:
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS"]
+    if plan.parallel.tp > 1 or plan.parallel.cp > 1:
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+    return []
 
 
 class MegatronTarget(ExportTarget):
@@ -213,6 +229,7 @@ class MegatronTarget(ExportTarget):
                 + (" on every node, RDZV_HOST set to the first node)" if lay.num_nodes > 1
                    else ")"),
                 "set -euo pipefail",
+                *_environment(plan),
                 "MEGATRON_ARGS=(",
                 *(f"  {f}" for f in flags),
                 ")",

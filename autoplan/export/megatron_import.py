@@ -13,8 +13,9 @@ from collections.abc import Collection
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.export.megatron import ATTENTION_BACKENDS, NULL_TOKENIZER_EXTRA
+from autoplan.export.megatron import NULL_TOKENIZER_EXTRA
 from autoplan.export.megatron_moe import MOE_SWITCHES, expert_degrees, moe_fields
+from autoplan.export.megatron_te import ATTENTION_BACKENDS
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags, plain_int
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
 from autoplan.yaml_io import show
@@ -23,7 +24,10 @@ SWITCHES = frozenset(
     {
         "--sequence-parallel",
         "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
         "--optimizer-cpu-offload",
+        "--use-precision-aware-optimizer",
         "--recompute-activations",
         "--bf16",
         "--fp16",
@@ -42,9 +46,11 @@ SWITCHES = frozenset(
 ) | MOE_SWITCHES
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
 BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {
-    "fused": "flash", "auto": "flash", "local": "eager"}
+    "flash": "flash", "auto": "flash", "local": "eager"}
 """Megatron-Core's AttnBackend (transformer/enums.py: flash, fused, unfused, local, auto) -> plan
 attention: flash and cuDNN fused kernels keep no s x s scores; unfused and local do."""
+FP8_FORMATS = ("e4m3", "hybrid")
+"""--fp8-format choices (_add_transformer_engine_args): FP8 GEMMs, a plan's precision fp8."""
 GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
@@ -87,7 +93,8 @@ def _expand(text: str, pattern: str, layout: str, what: str) -> str:
 
 
 def parse_layout(layout: str, what: str) -> tuple[int, ...]:
-    """Transformer layers per stage of a --pipeline-model-parallel-layout ('Et*3|t*4|tL')."""
+    """Transformer layers per stage of a --pipeline-model-parallel-layout ('Et*3|t*4|tmL'); m
+    (multi-token-prediction) items are --mtp-num-layers' modules, not stage layers."""
     text = re.sub(r"[\s,\\]", "", layout)
     while "(" in text:  # (group)*n -> group repeated n times
         new = _expand(text, r"\(([^()]*)\)\*(\d+)", layout, what)
@@ -98,11 +105,11 @@ def parse_layout(layout: str, what: str) -> tuple[int, ...]:
     stages = []
     for chunk in text.split("|"):
         expanded = _expand(chunk, r"([EtLm])\*(\d+)", layout, what)
-        if set(expanded) - set("EtL"):
+        if set(expanded) - set("EtLm"):
             raise ConfigError(
                 what,
                 f"layout {show(layout, 80)} has items autoplan does not model",
-                "only E, t and L (no MTP layers)",
+                "only E, t, m and L",
             )
         stages.append(expanded.count("t"))
     return tuple(stages)
@@ -314,11 +321,21 @@ def megatron_plan_dict(
             "micro_batch_size": mb,
             "global_batch_size": f.integer("--global-batch-size", mb * dp),
         },
-        "precision": "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32",
+        "precision": _precision(f),
         "attention": BACKEND_ATTENTION[str(backend)],
         "grad_reduce_dtype": "bf16" if f.has("--grad-reduce-in-bf16") else
         "fp32" if f.has("--accumulate-allreduce-grads-in-fp32") else None,
     }
+
+
+def _precision(f: Flags) -> str:
+    """--bf16 / --fp16 / neither (fp32); --fp8-format in a bf16 run: fp8 GEMMs."""
+    if _choice(f, "--fp8-format", FP8_FORMATS, None) is None:
+        return "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
+    if not f.has("--bf16"):
+        raise ConfigError(f"{f.what} --fp8-format", "without --bf16",
+                          "autoplan plans fp8 GEMMs in a bf16 run (precision fp8); add --bf16")
+    return "fp8"
 
 
 def _hsdp(f: Flags, dp: int) -> dict[str, Any]:

@@ -60,6 +60,27 @@ SCHEDULES = {
     (Schedule.ZERO_BUBBLE, True): "InterleavedZeroBubble",
 }
 """(plan schedule, several stages per rank) -> torch.distributed.pipelining schedule name."""
+ZERO_BUBBLE_V = "ZBVZeroBubble"
+"""Zero-bubble with vpp == 2: autoplan places stages r and 2pp-1-r on rank r (the V shape its
+cost model prices: cost/rows.py v_shape); torchtitan places stages that way only for this
+schedule class (distributed/pipeline_parallel.py stage_ids_this_rank, style "v"; 0.2.2 and
+0.3.0), every other one in a loop (r, r+pp, ...)."""
+FLOAT8_CONVERTER = "quantize.linear.float8"
+"""torchtitan 0.2.2's [model] converters name of its float8 Linear swap: the registry key
+(components/quantization/float8.py register_model_converter(Float8LinearConverter,
+"quantize.linear.float8")), which ModelConvertersContainer looks each name up by."""
+FLOAT8_SKIPPED = ["output"]
+"""Linears 0.2.2's float8 swap leaves 16-bit ([quantize.linear.float8] filter_fqns): the output
+head, as autoplan prices an fp8 run (cost/stage_time.py: the output layer stays 16-bit) and
+torchtitan's own 405B recipe filters it (0.3.0's `lm_head`: torchtitan_text.float8_converters)."""
+
+
+def schedule_name(plan: Plan) -> str | None:
+    """torch.distributed.pipelining's name for the plan's schedule in torchtitan (None: none)."""
+    pipe = plan.pipeline
+    if pipe.schedule == Schedule.ZERO_BUBBLE and pipe.vpp == 2:
+        return ZERO_BUBBLE_V
+    return SCHEDULES.get((pipe.schedule, pipe.vpp > 1))
 
 
 def architecture_reasons(model: ModelSpec) -> list[str]:
@@ -138,18 +159,18 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     if plan.sequence_parallel and p.tp == 1:
         why.append("sequence_parallel with tp=1: sequence parallelism shards over tp")
     fsdp = (plan.zero_stage >= 2 and p.dp > 1) or p.cp > 1
-    if fmt == "toml" and plan.precision == Precision.BF16 and not fsdp:
+    if fmt == "toml" and plan.precision in (Precision.BF16, Precision.FP8) and not fsdp:
         why.append(
-            "bf16 without FSDP (zero_stage >= 2 with dp > 1, or cp > 1): torchtitan <= "
-            "0.2.2 applies mixed precision only through FSDP (use --torchtitan-format "
-            "python)"
+            f"{plan.precision.value} without FSDP (zero_stage >= 2 with dp > 1, or cp > 1): "
+            "torchtitan <= 0.2.2 applies mixed precision only through FSDP (use "
+            "--torchtitan-format python)"
         )
     if p.pp > 1:
-        if (pipe.schedule, pipe.vpp > 1) not in SCHEDULES:
+        if schedule_name(plan) is None:
             why.append(
                 f"schedule {pipe.schedule.value} with vpp={pipe.vpp}: torchtitan runs "
                 "GPipe/1F1B with one stage per rank, Interleaved1F1B/"
-                "InterleavedZeroBubble with several"
+                "InterleavedZeroBubble/ZBVZeroBubble with several"
             )
         why += stage_reasons(plan, model)
     elif pipe.vpp > 1:
@@ -203,9 +224,7 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
     if p.pp > 1:
         split = stage_layers(plan, model)
         assert split is not None
-        par["pipeline_parallel_schedule"] = SCHEDULES[
-            (plan.pipeline.schedule, plan.pipeline.vpp > 1)
-        ]
+        par["pipeline_parallel_schedule"] = schedule_name(plan)
         par["pipeline_parallel_microbatch_size"] = b.micro_batch_size
         par["module_fqns_per_model_part"] = module_parts(split, fmt)
     out = {"training": training, "parallelism": par,
@@ -214,6 +233,9 @@ def settings(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, dict[str, Any]
         moe = torchtitan_moe.moe_flavor(model)
         out["model"] = ({"name": "llama3", "flavor": (flavor(model) or ("?",))[0]} if moe is None
                         else {"name": moe.family, "flavor": moe.flavor})
+        if plan.precision == Precision.FP8:  # torchao's Float8Linear (tensorwise scaling)
+            out["model"]["converters"] = [FLOAT8_CONVERTER]
+            out[FLOAT8_CONVERTER] = {"filter_fqns": FLOAT8_SKIPPED}
     return out
 
 
@@ -235,11 +257,15 @@ def activation_checkpoint(plan: Plan, model: ModelSpec, fmt: str) -> dict[str, A
     saves matmul and SDPA outputs, priced by the torchtitan runtime traits as op-sac) or "n"
     (full checkpointing of every n-th block); none."""
     rc = plan.recompute
+    # full checkpointing stops recomputing once the last saved tensor is back, as the torchtitan
+    # runtime prices it (recompute_early_stop); 0.2.2 passes ActivationCheckpoint.early_stop
+    # (default false) to every checkpoint_wrapper; 0.3.0's FullAC has no such field
+    early_stop = {"early_stop": True} if fmt == "toml" else {}
     nth = _every_nth(plan, model, fmt)
     if nth is not None:
-        return {"mode": "selective", "selective_ac_option": str(nth)}
+        return {"mode": "selective", "selective_ac_option": str(nth), **early_stop}
     if rc.policy == RecomputePolicy.FULL:
-        return {"mode": "full"}
+        return {"mode": "full", **early_stop}
     if rc.policy == RecomputePolicy.SELECTIVE:
         return {"mode": "selective", "selective_ac_option": "op"}
     return {"mode": "none"}
@@ -289,12 +315,14 @@ class TorchtitanTarget(ExportTarget):
             return {"torchtitan.toml": torchtitan_text.toml_text(plan, model, values, lay,
                                                                  opts.out)}
         moe, found = torchtitan_moe.moe_flavor(model), flavor(model)
+        fp8 = (torchtitan_text.float8_converters(experts=moe is not None)
+               if plan.precision == Precision.FP8 else None)
         if moe is not None:
-            base, lines = moe.base, torchtitan_moe.python_model_lines(model, moe)
+            base, lines = moe.base, torchtitan_moe.python_model_lines(model, moe, fp8)
         elif found is not None:
             base = found[1] if found[1] in PYTHON_REGISTRY else "llama3_8b"
-            lines = torchtitan_text.flavor_lines(found[0])
+            lines = torchtitan_text.flavor_lines(found[0], fp8)
         else:  # a Llama 3 architecture at a shape torchtitan does not register
-            base, lines = nearest_base(model), torchtitan_text.custom_model_lines(model)
+            base, lines = nearest_base(model), torchtitan_text.custom_model_lines(model, fp8)
         return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, base, lay,
                                                                       opts.out, lines)}

@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autoplan.export.torchtitan_text import ModelLines
+from autoplan.export.torchtitan_text import Converters, ModelLines, registry_call
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
-from autoplan.plan import Plan
+from autoplan.plan import Plan, Precision
 
 DEFAULT_BALANCE = 1e-3
 """torchtitan's MoE load_balance_coeff default (models/moe/moe.py MoEArgs, 0.2.2;
@@ -141,6 +141,12 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
         why.append(f"model.moe.router_bias_update_rate={moe.router_bias_update_rate:g}: "
                    f"torchtitan <= 0.2.2 fixes load_balance_coeff at {DEFAULT_BALANCE:g} in the "
                    "flavor (use --torchtitan-format python)")
+    if fmt == "toml" and plan.precision == Precision.FP8:
+        # 0.2.2's float8 experts (quantize.grouped_mm.float8) are a prototype that needs a
+        # torchao nightly build and asserts pp == 1 and cp == 1 (components/quantization/float8.py)
+        why.append("precision fp8 with experts: torchtitan <= 0.2.2's float8 expert GEMMs are a "
+                   "torchao-nightly prototype (use --torchtitan-format python, or export to "
+                   "megatron)")
     why += _mtp_reasons(plan, model, fmt)
     why += _ep_reasons(plan, fmt)
     if fmt == "toml" and p.pp > 1 and found.family == "qwen3":
@@ -201,17 +207,19 @@ def moe_parallelism(plan: Plan, fmt: str) -> dict[str, Any]:
     return out
 
 
-def python_model_lines(model: ModelSpec, found: MoeFlavor) -> ModelLines:
+def python_model_lines(model: ModelSpec, found: MoeFlavor,
+                       converters: Converters | None = None) -> ModelLines:
     """The lines that set config.model_spec (and the MTP loss) in the Python config: the
-    flavor, MTP depth, and the load-balancing step on every MoE layer (no module-level lines:
-    the flavor is torchtitan's own)."""
+    flavor, MTP depth, the converters (float8) and the load-balancing step on every MoE layer
+    (no module-level lines: the flavor is torchtitan's own)."""
     moe = model.moe
     assert moe is not None
-    imports = [f"from torchtitan.models.{found.family} import config_registry, model_registry"]
+    imports = [f"from torchtitan.models.{found.family} import config_registry, model_registry",
+               *(converters.imports if converters else [])]
     args = repr(found.flavor)
     if model.mtp_layers:
         args += f", num_mtp_layers={model.mtp_layers}"
-    body = [f"    config.model_spec = model_registry({args})"]
+    body = [f"    config.model_spec = {registry_call(args, converters)}"]
     if model.mtp_layers:
         imports += ["from torchtitan.models.common.config_utils import decoder_vocab_size",
                     "from torchtitan.models.deepseek_v3.mtp import MTPLoss"]

@@ -30,10 +30,38 @@ class ModelLines(NamedTuple):
     note: str = ""
 
 
-def flavor_lines(flavor: str) -> ModelLines:
+class Converters(NamedTuple):
+    """model_registry's `converters=` argument as Python text, and the imports it needs."""
+
+    imports: list[str]
+    argument: str
+
+
+def float8_converters(experts: bool) -> Converters:
+    """torchtitan 0.3.0's float8 training (components/quantization/float8.py): torchao's
+    Float8Linear on every Linear but the output head (Float8LinearConverter; 0.3.0 offers the
+    rowwise recipes only), and on a MoE model the experts' grouped GEMMs too
+    (Float8GroupedExpertsConverter) with the router gate left 16-bit, as its own
+    deepseek_v3_671b_float8 config does. Compile stays off (model_compile_enabled False)."""
+    skip = ["lm_head", "router.gate"] if experts else ["lm_head"]
+    names = ["Float8LinearConverter"] + (["Float8GroupedExpertsConverter"] if experts else [])
+    argument = f"[Float8LinearConverter.Config(filter_fqns={skip!r})"
+    argument += ", Float8GroupedExpertsConverter.Config()]" if experts else "]"
+    return Converters([f"from torchtitan.components.quantization import {', '.join(names)}"],
+                      argument)
+
+
+def registry_call(args: str, converters: Converters | None) -> str:
+    """`model_registry(args)`, with the converters torchtitan applies to the model config."""
+    extra = f", converters={converters.argument}" if converters is not None else ""
+    return f"model_registry({args}{extra})"
+
+
+def flavor_lines(flavor: str, converters: Converters | None = None) -> ModelLines:
     """A registered torchtitan Llama 3 flavor."""
-    return ModelLines(["from torchtitan.models.llama3 import config_registry, model_registry"],
-                      [], [f"    config.model_spec = model_registry({flavor!r})"])
+    imports = ["from torchtitan.models.llama3 import config_registry, model_registry"]
+    return ModelLines(imports + (converters.imports if converters else []), [],
+                      [f"    config.model_spec = {registry_call(repr(flavor), converters)}"])
 
 
 def _in_docstring(text: str) -> str:
@@ -48,7 +76,10 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
+        # a TOML basic string: JSON's escapes of '"', '\\' and the C0 controls are TOML's too,
+        # but TOML's \uXXXX must be a Unicode scalar value (no surrogate pairs), so characters
+        # outside the BMP stay literal (ensure_ascii=False; names are printable: no DEL)
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")  # programming error
@@ -83,7 +114,8 @@ def toml_text(plan: Plan, model: ModelSpec, values: dict[str, dict[str, Any]], l
         "[job]",
         f"description = {_toml_value('autoplan plan for ' + model.name)}",
     ]
-    for section in ("model", "training", "parallelism", "activation_checkpoint"):
+    first = ("model", "training", "parallelism", "activation_checkpoint")
+    for section in (*first, *(name for name in values if name not in first)):
         lines += ["", f"[{section}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in values[section].items()]
     return "\n".join(lines) + "\n"
@@ -97,7 +129,7 @@ AC_CLASSES = {"full": "FullAC", "selective": "SelectiveAC"}
 CUSTOM_BUILDER = "_autoplan_model"
 
 
-def custom_model_lines(model: ModelSpec) -> ModelLines:
+def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -> ModelLines:
     """(imports, module-level lines, body lines) for a model of torchtitan's Llama 3 architecture
     whose shape has no registered flavor (Llama 2 13B, say): the module builds a Llama3Model
     config at the model's shape the way torchtitan 0.3.0's own flavors do
@@ -114,7 +146,8 @@ def custom_model_lines(model: ModelSpec) -> ModelLines:
                "from torchtitan.models import llama3",
                "from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
                "from torchtitan.models.common.config_utils import decoder_vocab_size",
-               "from torchtitan.models.llama3 import config_registry, model_registry"]
+               "from torchtitan.models.llama3 import config_registry, model_registry",
+               *(converters.imports if converters else [])]
     preamble = [
         f"def {CUSTOM_BUILDER}(attn_backend: str, tp_gemm_backend: str = \"default\"):",
         f'    """{_in_docstring(m.name)} in torchtitan\'s Llama 3 architecture, built as',
@@ -148,7 +181,7 @@ def custom_model_lines(model: ModelSpec) -> ModelLines:
         f"llama3.llama3_configs[{name!r}] = {CUSTOM_BUILDER}",
     ]
     body = [
-        f"    config.model_spec = model_registry({name!r})",
+        f"    config.model_spec = {registry_call(repr(name), converters)}",
         "    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(",
         "        global_vocab_size=decoder_vocab_size(config.model_spec)))",
         f"    # the base config's tokenizer is Llama 3's: put one of {m.vocab_size} tokens here",
@@ -182,8 +215,9 @@ def python_text(
         *(_in_docstring(line) for line in note.splitlines()),
         '"""',
         "",
-        *sorted([*imports, *([f"from torchtitan.distributed.activation_checkpoint import "
-                              f"{AC_CLASSES[ac]}"] if ac in AC_CLASSES else [])]),
+        *sorted([*imports, "from torchtitan.config import CompileConfig",
+                 *([f"from torchtitan.distributed.activation_checkpoint import "
+                    f"{AC_CLASSES[ac]}"] if ac in AC_CLASSES else [])]),
         "",
         "",
         *([*preamble, "", ""] if preamble else []),
@@ -195,6 +229,9 @@ def python_text(
         for key, value in values[section].items():
             text = pprint.pformat(value, width=80, compact=True).replace("\n", "\n        ")
             lines.append(f"    config.{section}.{key} = {text}")
+    # eager, as the torchtitan runtime prices it: a base may compile (0.3.0's llama3_405b:
+    # CompileConfig(enable=True, enable_async_tensor_parallel=True); deepseek_v3's the loss)
+    lines.append("    config.compile = CompileConfig()")
     if ac in AC_CLASSES:  # selective: op-level SAC (SelectiveAC's default save list)
         lines.append(f"    config.activation_checkpoint = {AC_CLASSES[ac]}.Config()")
     else:

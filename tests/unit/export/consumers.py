@@ -11,7 +11,9 @@ import argparse
 import os
 import shlex
 import subprocess
+import types
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -72,6 +74,11 @@ def flags_parser(table_file: str) -> argparse.ArgumentParser:
     strs for a list of words)."""
     table = yaml.safe_load((DATA / table_file).read_text())["flags"]
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    _add_flags(parser, table)
+    return parser
+
+
+def _add_flags(parser: argparse.ArgumentParser, table: dict) -> None:
     types = {"int": int, "float": float, "str": str}
     for flag, kind in table.items():
         if kind == "switch":
@@ -82,9 +89,46 @@ def flags_parser(table_file: str) -> argparse.ArgumentParser:
             parser.add_argument(flag, nargs="*", type=str)
         else:
             parser.add_argument(flag, type=types[kind])
-    return parser
 
 
 def megatron_parser() -> argparse.ArgumentParser:
     """Megatron-LM's parser for the flags autoplan uses, rebuilt from tests/data/export."""
     return flags_parser("megatron_flags.yaml")
+
+
+TORCHTITAN_0_3_0_NAMES = {
+    # what the Python config imports beyond tests/data/export/torchtitan_fields.yaml, with the
+    # fields of each dataclass, read with ast from the torchtitan 0.3.0 wheel: config/configs.py
+    # CompileConfig; components/quantization/float8.py (each Config adds to
+    # QuantizationConverter.Config's model_compile_enabled)
+    "torchtitan.config": {
+        "CompileConfig": ["enable", "enable_async_tensor_parallel", "components", "backend"]},
+    "torchtitan.components.quantization": {
+        "Float8LinearConverter.Config": ["recipe_name", "filter_fqns", "emulate",
+                                         "model_compile_enabled"],
+        "Float8GroupedExpertsConverter.Config": ["model_compile_enabled"]},
+}
+
+
+class StrictConfig:
+    """A stand-in dataclass: takes only the keyword arguments torchtitan's has, keeps them."""
+
+    fields: list[str] = []
+
+    def __init__(self, **kw: Any) -> None:
+        unknown = set(kw) - set(self.fields)
+        assert not unknown, f"torchtitan's {type(self).__name__} has no {unknown}"
+        self.kw = kw
+
+
+def torchtitan_0_3_0_modules() -> dict[str, types.ModuleType]:
+    """Stand-in modules for TORCHTITAN_0_3_0_NAMES (a Config nested in its converter class)."""
+    modules = {}
+    for module_name, names in TORCHTITAN_0_3_0_NAMES.items():
+        module = types.ModuleType(module_name)
+        for name, fields in names.items():
+            owner, _, nested = name.partition(".")
+            config = type(nested or owner, (StrictConfig,), {"fields": fields})
+            setattr(module, owner, type(owner, (), {"Config": config}) if nested else config)
+        modules[module_name] = module
+    return modules

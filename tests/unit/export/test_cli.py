@@ -231,3 +231,45 @@ def test_kubernetes_checkpoint_dir_is_not_expanded_by_the_container_shell(plan_f
                  "--checkpoint-dir", "$(touch /tmp/x)"]) == 0
     out = capsys.readouterr().out
     assert "'$(touch /tmp/x)'" in out and '"$(touch /tmp/x)"' not in out
+
+
+# ---- plan rules and --format with --out -------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "torchrun"])
+def test_a_plan_the_rules_refuse_exits_2_and_writes_nothing(tmp_path: Path, capsys, target: str):
+    """plan_rules.validate_plan judges every export: pp=4 1F1B with 2 micro-batches per step
+    (torch's Schedule1F1B raises "Number of microbatches (2) must be greater than or equal to
+    the number of stages (4)")."""
+    from autoplan.plan import Batch, Parallel, Pipeline, Schedule
+
+    from .cases import plan
+
+    bad = plan("llama-3-8b", 8, parallel=Parallel(dp=2, pp=4), zero_stage=2,
+               pipeline=Pipeline(Schedule.ONE_F_ONE_B), batch=Batch(4, 16))
+    plan_file = save_plan(bad, tmp_path / "plan.yaml")
+    out = tmp_path / ("job.py" if target == "torchtitan" else "job.sh")
+    assert main(["export", str(plan_file), "--to", target, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "needs micro-batches per step (2) >= pp=4" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_format_wrapper_at_out_names_the_files_inside_it(plan_file: Path, tmp_path: Path,
+                                                         fmt: str):
+    """--format json/yaml writes {target, files} to --out; the launch command names the config
+    by its key in the wrapper, and torchtitan takes a wrapper path that is not NAME.py."""
+    import yaml
+
+    out = tmp_path / f"wrapped.{fmt}"
+    assert main(["export", str(plan_file), "--to", "deepspeed", "--out", str(out),
+                 "--format", fmt]) == 0
+    files = yaml.safe_load(out.read_text())["files"]  # YAML reads JSON too
+    assert "--deepspeed_config=ds_config.json" in files["launch.sh"]
+    titan = tmp_path / f"titan.{fmt}"
+    tt_plan = save_plan(CASES["llama2-13b-fsdp"][0], tmp_path / "tt.yaml")
+    assert main(["export", str(tt_plan), "--to", "torchtitan", "--out", str(titan),
+                 "--format", fmt]) == 0
+    [name] = yaml.safe_load(titan.read_text())["files"]
+    assert name == "autoplan_torchtitan.py"

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from autoplan.errors import ConfigError
-from autoplan.export.base import ExportOptions, ExportTarget, export_plan
+from autoplan.export.base import ExportOptions, ExportTarget, export_plan, plan_reasons
 from autoplan.export.registry import TARGET_NAMES, get_target, targets
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
@@ -35,7 +35,7 @@ def test_each_target_expresses_or_refuses_each_plan(target: ExportTarget, case: 
     plan, expressible = CASES[case]
     model = plan.model_spec()
     opts = ExportOptions(gpus_per_node=8)
-    reasons = target.check(plan, model, opts)
+    reasons = plan_reasons(plan, model) + target.check(plan, model, opts)
     assert isinstance(reasons, list) and all(isinstance(r, str) and r for r in reasons)
     if target.name not in expressible:
         assert reasons, f"{target.name} should refuse {case}"

@@ -34,6 +34,7 @@ DOCUMENTED = {
     "fp16",
     "activation_checkpointing",
     "communication_data_type",
+    "data_types",  # grad_accum_dtype ("Data Type options")
 }
 
 
@@ -349,3 +350,45 @@ def test_json_of_a_split_model_names_the_fix_and_takes_the_degrees_from_set(tmp_
     with pytest.raises(ConfigError, match="--set parallel.tp"):
         import_deepspeed(path, model=str(p.model), cluster=p.cluster.profile,
                          num_gpus=p.world_size, assignments=["parallel.tp=two"])
+
+
+@pytest.mark.parametrize("par", [Parallel(dp=16), Parallel(dp=4, tp=2, pp=2)],
+                         ids=["plain", "megatron-deepspeed"])
+def test_fp8_is_refused_in_one_line(par: Parallel):
+    from autoplan.plan import Precision
+
+    p = plan("llama-3-8b", 16, parallel=par, zero_stage=1, precision=Precision.FP8,
+             sequence_parallel=par.tp > 1)
+    with pytest.raises(ConfigError) as err:
+        export_plan(get_target("deepspeed"), p, p.model_spec(), ExportOptions(gpus_per_node=8))
+    assert "precision fp8" in str(err.value) and "\n" not in str(err.value)
+
+
+def _optimizer_deepspeed_picks(cfg: dict, dp: int) -> str:
+    """deepspeed 0.19.8's own choice (DeepSpeedEngine._do_optimizer_sanity_check) for `cfg`."""
+    import torch
+
+    engine_module = pytest.importorskip("deepspeed.runtime.engine")
+    engine = object.__new__(engine_module.DeepSpeedEngine)  # no process group needed
+    object.__setattr__(engine, "_config", deepspeed_parse(cfg, dp))
+    object.__setattr__(engine, "pipeline_parallelism", True)  # as PipelineEngine sets it
+    adam = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+    with mock.patch.object(engine_module.dist, "get_rank", return_value=0):
+        return engine._do_optimizer_sanity_check(adam)
+
+
+@pytest.mark.parametrize(("zero", "offload", "grad_accum"), [
+    (1, False, "fp32"), (0, False, None), (1, True, None)])
+def test_bf16_pipeline_runs_the_bf16_optimizer_it_is_priced_as(zero: int, offload: bool,
+                                                                grad_accum: str | None):
+    """The deepspeed runtime prices every bf16 pipeline as BF16_Optimizer (fp32 gradients);
+    at ZeRO-1 DeepSpeed picks it only with data_types.grad_accum_dtype fp32 (and no optimizer
+    offload), at ZeRO-0 by itself."""
+    p = plan("gpt3-2.7b", 16, parallel=Parallel(dp=4, pp=4), zero_stage=zero,
+             offload=Offload(optimizer=offload), recompute=Recompute(RecomputePolicy.FULL),
+             batch=Batch(2, 64))
+    cfg = json.loads(export_plan(get_target("deepspeed"), p, p.model_spec(),
+                                 ExportOptions(gpus_per_node=8))["ds_config.json"])
+    assert cfg.get("data_types", {}).get("grad_accum_dtype") == grad_accum
+    if not offload:
+        assert _optimizer_deepspeed_picks(cfg, dp=4) == "bf16"  # BFLOAT16: BF16_Optimizer

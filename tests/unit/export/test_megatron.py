@@ -4,6 +4,8 @@ export -> import -> export round-trips."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -194,8 +196,10 @@ def test_import_of_a_hand_written_launch_script():
 def test_layout_round_trips_and_reads_megatron_shorthand():
     assert parse_layout(layout_string((3, 5, 5, 3)), "t") == (3, 5, 5, 3)
     assert parse_layout("Et*2|(tt|)*3t,L", "t") == (2, 2, 2, 2, 1)
-    with pytest.raises(ConfigError, match="MTP"):
-        parse_layout("Et|tmL", "t")
+    # multi-token-prediction modules (m) sit in the last stage and hold no stage layer
+    assert parse_layout("Et|tmL", "t") == (1, 1)
+    with pytest.raises(ConfigError, match="only E, t, m and L"):
+        parse_layout("Et|txL", "t")
 
 
 def test_parse_flags_handles_equals_switches_and_continuations():
@@ -242,3 +246,81 @@ def test_zero_2_and_3_run_as_megatron_fsdp(tmp_path, zero: int, strategy: str):
     back = import_megatron(out, model=p.model, cluster=p.cluster.profile,
                            num_gpus=p.cluster.num_gpus)
     assert back.zero_stage == zero
+
+
+@pytest.mark.parametrize("case", EXPRESSIBLE)
+def test_distributed_optimizer_flags_meet_validate_args(tmp_path: Path, case: str):
+    """validate_args: --overlap-param-gather needs the distributed optimizer (or Megatron-FSDP)
+    and --overlap-grad-reduce; --optimizer-cpu-offload needs --use-precision-aware-optimizer."""
+    p = CASES[case][0]
+    launch = torchrun_args(_launch(tmp_path, case))
+    ns = megatron_parser().parse_args(launch.training_script_args[:-2])
+    if ns.overlap_param_gather:
+        assert (ns.use_distributed_optimizer or ns.use_megatron_fsdp) and ns.overlap_grad_reduce
+    if ns.optimizer_cpu_offload:
+        assert ns.use_precision_aware_optimizer
+    # overlapped as the megatron runtime prices it (overlap_dp_comm, overlap_param_gather)
+    assert ns.overlap_grad_reduce == (p.zero_stage <= 1)
+    assert ns.overlap_param_gather == (p.zero_stage == 1)
+
+
+def test_optimizer_offload_uses_the_precision_aware_optimizer(tmp_path: Path):
+    ns = megatron_parser().parse_args(
+        torchrun_args(_launch(tmp_path, "llama-megatron-fullblock")).training_script_args[:-2])
+    assert ns.optimizer_cpu_offload and ns.use_precision_aware_optimizer
+    assert ns.use_distributed_optimizer  # OptimizerConfig asserts it for the precision-aware one
+
+
+def _connections(tmp_path: Path, p, preset: str | None) -> str:
+    """CUDA_DEVICE_MAX_CONNECTIONS as torchrun sees it when the script runs."""
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(export_plan(get_target("megatron"), p, p.model_spec(),
+                                ExportOptions(gpus_per_node=8))["megatron_args.sh"])
+    stub = tmp_path / "bin" / "torchrun"
+    stub.parent.mkdir(exist_ok=True)
+    stub.write_text('#!/bin/bash\nprintf "%s" "${CUDA_DEVICE_MAX_CONNECTIONS-unset}" > "$SEEN"\n')
+    stub.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    env |= {"PATH": f"{stub.parent}:{env['PATH']}", "SEEN": str(tmp_path / "seen"),
+            "RDZV_HOST": "node1"}
+    if preset is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = preset
+    subprocess.run(["bash", str(path)], env=env, check=True, timeout=30)
+    return (tmp_path / "seen").read_text()
+
+
+def test_cuda_device_max_connections_is_what_validate_args_asserts(tmp_path: Path):
+    """validate_args: tp > 1 or cp > 1 asserts CUDA_DEVICE_MAX_CONNECTIONS == "1" (before
+    Blackwell); Megatron-FSDP asserts it is not "1" (its user guide: unset it)."""
+    tp = plan("llama-3-8b", 8, parallel=Parallel(dp=2, tp=4), sequence_parallel=True,
+              zero_stage=1)
+    assert _connections(tmp_path, tp, preset=None) == "1"
+    cp = plan("llama-3-8b", 8, parallel=Parallel(dp=4, cp=2), zero_stage=1)
+    assert _connections(tmp_path, cp, preset="8") == "1"
+    assert _connections(tmp_path, plan(zero_stage=3), preset="1") == "unset"
+    assert _connections(tmp_path, plan(zero_stage=1), preset="8") == "8"  # dp only: left alone
+
+
+def test_mtp_layers_sit_in_the_uneven_layout_megatron_core_validates(tmp_path: Path):
+    pytest.importorskip("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.pipeline_parallel_layer_layout import (
+            PipelineParallelLayerLayout,
+        )
+    from autoplan.model_spec import PRESETS
+
+    model = PRESETS["llama-3-8b"].replace(mtp_layers=2)
+    p = plan(model, 16, parallel=Parallel(dp=2, tp=2, pp=4), sequence_parallel=True,
+             zero_stage=1, pipeline=Pipeline(Schedule.ONE_F_ONE_B, 1, (7, 9, 9, 7)))
+    files = export_plan(get_target("megatron"), p, model, ExportOptions(gpus_per_node=8))
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(files["megatron_args.sh"])
+    [call] = run_script(path, {"torchrun": ""})
+    ns = megatron_parser().parse_args(call[call.index("pretrain_gpt.py") + 1:])
+    assert ns.pipeline_model_parallel_layout == "Et*7|t*9|t*9|t*7m*2L"
+    layout = PipelineParallelLayerLayout(ns.pipeline_model_parallel_layout,
+                                         ns.pipeline_model_parallel_size)
+    layout.validate_layer_layout(num_layers=ns.num_layers, mtp_num_layers=ns.mtp_num_layers)
+    back = import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=None)
+    assert back == p.replace(model=back.model) and back.model_spec().mtp_layers == 2

@@ -102,6 +102,19 @@ def test_moe_with_tp_needs_sequence_parallel():
         export_plan(get_target("megatron"), p, p.model_spec(), ExportOptions(gpus_per_node=8))
 
 
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_experts_outside_bf16_are_refused(precision: str):
+    """validate_args: `if args.moe_grouped_gemm: assert args.bf16` (every MoE export writes
+    --moe-grouped-gemm), and expert parallelism asserts `not args.fp16`."""
+    from autoplan.plan import Precision
+
+    p = MIXTRAL.replace(precision=Precision(precision))
+    with pytest.raises(ConfigError) as err:
+        export_plan(get_target("megatron"), p, p.model_spec(), ExportOptions(gpus_per_node=8))
+    assert f"precision {precision} with experts" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 BASE = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
         "--max-position-embeddings 64 --vocab-size 256 --micro-batch-size 1 "
         "--global-batch-size 8 --swiglu --disable-bias-linear ")

@@ -31,7 +31,7 @@ from autoplan.plan import (
 )
 
 from .cases import CASES, plan
-from .consumers import DATA
+from .consumers import DATA, torchtitan_0_3_0_modules
 
 EXPRESSIBLE = [name for name, (_, ok) in CASES.items() if "torchtitan" in ok]
 FIELDS = yaml.safe_load((DATA / "torchtitan_fields.yaml").read_text())
@@ -135,7 +135,9 @@ def _fake_torchtitan(monkeypatch) -> None:
     custom = FIELDS["python_custom_llama3"]
 
     def trainer_config() -> Any:
-        config = _Section(FIELDS["python_trainer_config_fields"] + custom["trainer_config_fields"])
+        assert "compile" in FIELDS["python_trainer_config_fields_0_3_0"]
+        config = _Section(FIELDS["python_trainer_config_fields"] + custom["trainer_config_fields"]
+                          + ["compile"])
         object.__setattr__(config, "training", _Section(new["training"]))
         object.__setattr__(config, "parallelism", _Section(new["parallelism"]))
         return config
@@ -161,7 +163,8 @@ def _fake_torchtitan(monkeypatch) -> None:
         if name in helpers:
             setattr(llama3, name, helpers[name])
 
-    def model_registry(flavor: str) -> Any:
+    def model_registry(flavor: str, converters: list | None = None) -> Any:
+        llama3.converters = converters  # what torchtitan would apply to the model config
         if flavor in llama3.llama3_configs:  # defined by the exported module
             return ("spec", flavor, llama3.llama3_configs[flavor](attn_backend="flex"))
         assert flavor in FIELDS["python_llama3_flavors"]
@@ -192,6 +195,7 @@ def _fake_torchtitan(monkeypatch) -> None:
         "torchtitan.models.llama3": llama3,
         "torchtitan.models.llama3.config_registry": registry,
         ac.__name__: ac,
+        **torchtitan_0_3_0_modules(),
     }.items():
         monkeypatch.setitem(sys.modules, name, module)
 
@@ -316,3 +320,109 @@ def test_any_printable_model_name_gives_a_module_python_parses():
     source = _export(plan(odd, 64, zero_stage=3, batch=Batch(2, 512)), "python")
     compile(source, "autoplan_torchtitan.py", "exec")  # raises SyntaxError if it does not
     assert 'my \\"13b\\" \\\\ \\"\\"\\"model' in source.splitlines()[0]
+
+
+def _run_python(p, monkeypatch) -> Any:
+    """The exported config_registry function, run against the 0.3.0 stand-ins."""
+    source = _export(p, "python")
+    _fake_torchtitan(monkeypatch)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "autoplan_torchtitan.py", "exec"), namespace)  # noqa: S102
+    return namespace[FUNCTION]()
+
+
+ZB_SPLIT = (2, 4, 4, 4, 4, 4, 4, 6)
+
+
+def _zero_bubble(pp: int, vpp: int) -> Any:
+    split = ZB_SPLIT if (pp, vpp) == (4, 2) else None
+    return plan("llama-3-8b", 8 * pp, parallel=Parallel(dp=2, tp=4, pp=pp), zero_stage=2,
+                sequence_parallel=True, batch=Batch(1, 32),
+                pipeline=Pipeline(Schedule.ZERO_BUBBLE, vpp=vpp, layers_per_stage=split))
+
+
+@pytest.mark.parametrize("fmt", ["toml", "python"])
+def test_zero_bubble_with_two_stages_per_rank_runs_as_zbv(fmt: str, monkeypatch):
+    """autoplan prices zero-bubble with vpp 2 in the V placement, stages r and 2pp-1-r on rank r
+    (plan_table.stages_of_rank, cost/rows.py v_shape); torchtitan places stages so only for
+    ScheduleZBVZeroBubble (stage_ids_this_rank, style "v"), every other schedule in a loop."""
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, get_schedule_class
+
+    from autoplan.plan_table import stages_of_rank
+
+    p = _zero_bubble(4, 2)
+    if fmt == "toml":
+        par = tomllib.loads(_export(p, "toml"))["parallelism"]
+    else:
+        par = _run_python(p, monkeypatch).parallelism.values
+    assert get_schedule_class(par["pipeline_parallel_schedule"]) is ScheduleZBVZeroBubble
+    assert [tuple(stages_of_rank(p, r)) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    deeper = tomllib.loads(_export(_zero_bubble(2, 4), "toml"))["parallelism"]
+    assert deeper["pipeline_parallel_schedule"] == "InterleavedZeroBubble"
+
+
+@pytest.mark.parametrize(("recompute", "early_stop"), [
+    (Recompute(RecomputePolicy.FULL), True),
+    (Recompute(RecomputePolicy.FULL, 8), True),  # every 4th block: selective_ac_option "4"
+    (Recompute(RecomputePolicy.SELECTIVE), None),
+    (Recompute(RecomputePolicy.NONE), None),
+])
+def test_toml_full_checkpointing_stops_early(recompute: Recompute, early_stop: bool | None):
+    """The torchtitan runtime prices full recompute with torch's early stop
+    (recompute_early_stop); 0.2.2 passes [activation_checkpoint] early_stop, default false, to
+    its checkpoint wrapper."""
+    p = plan("llama-3-8b", 8, parallel=Parallel(dp=8), zero_stage=3, recompute=recompute,
+             batch=Batch(2, 64))
+    ac = tomllib.loads(_export(p, "toml"))["activation_checkpoint"]
+    assert set(ac) <= set(FIELDS["toml_0_2_2"]["activation_checkpoint"])
+    assert ac.get("early_stop") is early_stop
+
+
+FP8 = plan("llama-3-8b", 8, parallel=Parallel(dp=8), zero_stage=3, precision=Precision.FP8,
+           batch=Batch(1, 32))
+
+
+def test_toml_fp8_swaps_in_float8_linears_but_the_head():
+    """0.2.2 looks each [model] converters name up in its registry, where the Float8Linear swap
+    is "quantize.linear.float8" (components/quantization/float8.py register_model_converter),
+    configured by [quantize.linear.float8] (job_config.Float8Linear: filter_fqns, ...); the
+    output head stays 16-bit as autoplan prices an fp8 run."""
+    doc = tomllib.loads(_export(FP8, "toml"))
+    assert doc["model"]["converters"] == ["quantize.linear.float8"]
+    assert doc["quantize"] == {"linear": {"float8": {"filter_fqns": ["output"]}}}
+    assert doc["training"]["mixed_precision_param"] == "bfloat16"
+    with pytest.raises(ConfigError, match="fp8 without FSDP"):  # mixed precision via FSDP only
+        _export(FP8.replace(zero_stage=0), "toml")
+
+
+def test_python_fp8_builds_the_model_with_float8_linears_but_the_head(monkeypatch):
+    """0.3.0: model_registry(converters=[Float8LinearConverter.Config(...)]), as its own
+    llama3_405b() does (lm_head left out)."""
+    config = _run_python(FP8, monkeypatch)
+    [converter] = sys.modules["torchtitan.models.llama3"].converters  # what model_registry got
+    assert type(converter).__name__ == "Config" and converter.kw == {"filter_fqns": ["lm_head"]}
+    assert config.values["model_spec"] == "spec:8B"
+
+
+def test_python_config_keeps_torch_compile_off_even_from_the_405b_base(monkeypatch):
+    """0.3.0's llama3_405b() sets CompileConfig(enable=True, enable_async_tensor_parallel=True);
+    the torchtitan runtime autoplan prices is eager."""
+    p = plan("llama-3.1-405b", 512, parallel=Parallel(dp=8, tp=8, pp=8), sequence_parallel=True,
+             zero_stage=3, recompute=Recompute(RecomputePolicy.FULL), batch=Batch(1, 512),
+             pipeline=Pipeline(Schedule.ONE_F_ONE_B, 1, (15,) + (16,) * 6 + (15,)))
+    source = _export(p, "python")
+    assert "config = config_registry.llama3_405b()" in source
+    config = _run_python(p, monkeypatch)
+    assert type(config.values["compile"]).__name__ == "CompileConfig"
+    assert config.values["compile"].kw == {}  # enable and async TP at their False defaults
+
+
+def test_toml_quotes_model_names_beyond_the_basic_plane():
+    """TOML's \\uXXXX escapes must be Unicode scalar values: JSON's surrogate pairs for
+    characters outside the BMP are not, so they stay literal (UTF-8)."""
+    from autoplan.model_spec import PRESETS
+
+    named = PRESETS["llama-3-8b"].replace(name='llama-3-8b-\U0001f680 "x"')
+    p = plan(named, 8, parallel=Parallel(dp=8), zero_stage=3, batch=Batch(1, 32))
+    doc = tomllib.loads(_export(p, "toml"))
+    assert doc["job"]["description"] == 'autoplan plan for llama-3-8b-\U0001f680 "x"'

@@ -23,7 +23,7 @@ from autoplan.model_spec import PRESETS, ModelSpec
 from autoplan.moe_spec import MLASpec
 from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Schedule
 
-from .consumers import DATA
+from .consumers import DATA, torchtitan_0_3_0_modules
 
 FIELDS = yaml.safe_load((DATA / "torchtitan_fields.yaml").read_text())
 MATCHES = {"qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
@@ -208,7 +208,8 @@ def _fake_torchtitan(monkeypatch, family: str, model: ModelSpec) -> list[_Strict
                          "torchtitan.models": types.ModuleType("torchtitan.models"),
                          "torchtitan.models.common": types.ModuleType("torchtitan.models.common"),
                          package.__name__: package, registry.__name__: registry,
-                         mtp.__name__: mtp, utils.__name__: utils}.items():
+                         mtp.__name__: mtp, utils.__name__: utils,
+                         **torchtitan_0_3_0_modules()}.items():
         monkeypatch.setitem(sys.modules, name, module)
     return moe_layers
 
@@ -326,3 +327,24 @@ def test_deepseek_v3_pipeline_names_every_block_once(fmt: str):
         f"layers.{i}" for i in range(61)]
     assert parts[-1][-1] == ("output" if fmt == "toml" else "lm_head")
     assert (par["pipeline_parallel_degree"], par["expert_parallel_degree"]) == (4, 32)
+
+
+def test_python_fp8_converts_linears_and_experts_as_torchtitans_own_recipe(monkeypatch):
+    """0.3.0's deepseek_v3_671b_float8: Float8LinearConverter with lm_head and router.gate left
+    16-bit, and Float8GroupedExpertsConverter on the experts; compile stays off."""
+    from autoplan.plan import Precision
+
+    p = _plan(DSV3, 64, dp=64, ep=64).replace(precision=Precision.FP8)
+    config, _ = _run_python(p, "deepseek_v3", monkeypatch)
+    linear, experts = config.model_spec.kwargs["converters"]
+    assert linear.kw == {"filter_fqns": ["lm_head", "router.gate"]} and experts.kw == {}
+    assert type(config.compile).__name__ == "CompileConfig" and config.compile.kw == {}
+
+
+def test_toml_fp8_experts_are_refused():
+    from autoplan.plan import Precision
+
+    p = _plan("qwen3-30b-a3b", 32, dp=16, tp=2, ep=8, etp=2).replace(precision=Precision.FP8)
+    with pytest.raises(ConfigError) as err:
+        _export(p, "toml")
+    assert "precision fp8 with experts" in str(err.value) and "\n" not in str(err.value)
