@@ -13,6 +13,7 @@ import numpy as np
 
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import (
+    Attention,
     Batch,
     ClusterRef,
     Offload,
@@ -80,6 +81,27 @@ def fp8_col(table: Table) -> np.ndarray:
     if FP8_COLUMN in table:
         return np.asarray(table[FP8_COLUMN], dtype=bool)
     return np.zeros(len(np.asarray(table["dp"])), dtype=bool)
+
+
+DTYPE_COLUMN, EAGER_COLUMN = "dtype", "eager"
+"""Optional columns as fp8's, for the runtime rules that turn on the kernels: the row's precision
+as a code into PRECISIONS (Precision's own order), and whether it runs eager attention.
+Tables without them (bf16, fused attention) break none of those rules."""
+PRECISIONS: tuple[Precision, ...] = tuple(Precision)
+
+
+def dtype_col(table: Table, like: np.ndarray) -> np.ndarray:
+    """Column dtype of `table`, bf16's code where the table has none."""
+    if DTYPE_COLUMN in table:
+        return np.asarray(table[DTYPE_COLUMN])
+    return np.full(np.shape(like), PRECISIONS.index(Precision.BF16), dtype=np.int64)
+
+
+def eager_col(table: Table, like: np.ndarray) -> np.ndarray:
+    """Column eager of `table`, False where the table has none."""
+    if EAGER_COLUMN in table:
+        return np.asarray(table[EAGER_COLUMN], dtype=bool)
+    return np.zeros(np.shape(like), dtype=bool)
 
 
 def modules_mask(modules: tuple[RecomputeModule, ...] | None) -> int:
@@ -150,8 +172,10 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         "rc_method": RC_METHODS.index(plan.recompute.method),
     }
     row[FP8_COLUMN] = plan.precision is Precision.FP8
+    row[DTYPE_COLUMN] = PRECISIONS.index(plan.precision)
+    row[EAGER_COLUMN] = plan.attention is Attention.EAGER
     dtypes = {**COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS, **RECOMPUTE_COLUMNS,
-              FP8_COLUMN: np.bool_}
+              FP8_COLUMN: np.bool_, DTYPE_COLUMN: np.int64, EAGER_COLUMN: np.bool_}
     return {k: np.array([v], dtype=dtypes[k]) for k, v in row.items()}
 
 

@@ -16,8 +16,9 @@ import numpy as np
 from autoplan.cost.rows import microbatches
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan, ReduceDtype
+from autoplan.plan import Plan, Precision, ReduceDtype
 from autoplan.plan_table import (
+    PRECISIONS,
     RC_BLOCK,
     RC_FULL,
     RC_MODULES,
@@ -26,6 +27,8 @@ from autoplan.plan_table import (
     REDUCE_DTYPES,
     SCHEDULES,
     dp_col,
+    dtype_col,
+    eager_col,
     mask_modules,
     modules_mask,
     plan_to_row,
@@ -198,6 +201,46 @@ def _ddp(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     return (t["zero_stage"] == 0) & (((dp > 1) & split) | (d["cp"] > 1))
 
 
+def _dtype(t: Table) -> Any:
+    return dtype_col(t, t["pp"])
+
+
+def _precision(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    codes = [i for i, p in enumerate(PRECISIONS) if p.value in rt.precisions]
+    return ~np.isin(_dtype(t), codes)
+
+
+def _engine(t: Table, rt: RuntimeTraits, m: ModelSpec) -> dict[str, Any]:
+    """What Transformer Engine and Megatron-Core's grouped GEMM cannot run, by limit."""
+    dtype, eager = _dtype(t), eager_col(t, t["pp"])
+    cp = np.asarray(t.get("cp", np.ones(np.shape(t["pp"]))))
+    fp32 = dtype == PRECISIONS.index(Precision.FP32)
+    return {
+        "fused attention runs in 16 bits only (precision fp32 with attention flash: set "
+        "precision bf16, or attention eager)": fp32 & ~eager,
+        "context parallelism runs through fused attention only (attention eager with cp > 1: "
+        "set attention flash)": eager & (cp > 1),
+        "latent attention's context parallelism is its p2p ring only (MLA with cp > 1: set "
+        "cp 1)": (cp > 1) & (m.mla is not None),
+        "the grouped expert GEMM runs in bf16 only (set precision bf16 or fp8)":
+            ~np.isin(dtype, [PRECISIONS.index(Precision.BF16), PRECISIONS.index(Precision.FP8)])
+            & (m.moe is not None),
+    }
+
+
+def _te(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    bad = np.zeros(np.shape(t["pp"]), dtype=bool)
+    if rt.transformer_engine:
+        for rows in _engine(t, rt, m).values():
+            bad |= np.asarray(rows, dtype=bool)
+    return bad
+
+
+def _te_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
+    why = [k for k, rows in _engine(t, rt, m).items() if bool(np.asarray(rows)[0])]
+    return f"runtime {rt.name} (Transformer Engine): " + "; ".join(why)
+
+
 def _recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     codes = [i for i, p in enumerate(RECOMPUTE) if p.value in rt.recompute_policies]
     return ~np.isin(t["recompute"], codes)
@@ -210,6 +253,10 @@ def _one_stage(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(_model_code, _model_code_message),
+    RuntimeRule(_precision, lambda t, rt, m: (
+        f"runtime {rt.name} has no {PRECISIONS[int(_dtype(t)[0])].value} training (it runs "
+        f"{', '.join(rt.precisions)})")),
+    RuntimeRule(_te, _te_message),
     RuntimeRule(_parallel, _parallel_message),
     RuntimeRule(_ddp, lambda t, rt, m: (
         f"runtime {rt.name} replicates (ZeRO-0, DDP) only as the sole parallelism and shards "

@@ -412,6 +412,15 @@ class RuntimeTraits:
     parallel_dims: tuple[str, ...] = ("tp", "pp", "cp", "ep")
     """Model-parallel degrees the runtime splits over beside data parallelism and its ZeRO
     sharding. llm-foundry's MPT training of 2023 ran PyTorch FSDP alone."""
+    precisions: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")
+    """Precisions the runtime trains in (Plan spelling). DeepSpeed's config has bf16 and fp16
+    sections only: its fp8 GEMMs are model code (Transformer Engine layers)."""
+    transformer_engine: bool = False
+    """The runtime's attention is Transformer Engine's and its experts Megatron-Core's grouped
+    GEMM, with their limits (Megatron-LM's validate_args and TE's get_attention_backend): fused
+    attention in 16 bits only, context parallelism only through fused attention, latent
+    attention's context parallelism only as TE's p2p ring (export writes all_gather), and the
+    grouped GEMM in bf16 only."""
     model_code: tuple[str, ...] = ("moe", "mla", "mtp")
     """Model features the runtime has code for: routed experts (`moe`), multi-head latent
     attention (`mla`), multi-token prediction (`mtp`). DeepSpeed's are model code of their own
@@ -516,6 +525,8 @@ class RuntimeTraits:
                     "list some of 1, 2, 3 (or none)")
         _check_list("parallel_dims", self.parallel_dims, ("tp", "pp", "cp", "ep"),
                     "list some of tp, pp, cp, ep (or [] for data parallel only)")
+        _check_list("precisions", self.precisions, ("bf16", "fp16", "fp32", "fp8"),
+                    "list some of bf16, fp16, fp32, fp8", nonempty=True)
         _check_list("model_code", self.model_code, ("moe", "mla", "mtp"),
                     "list some of moe, mla, mtp (or [] for dense models only)")
         _check_list("recompute_policies", self.recompute_policies, ("none", "selective", "full"),
@@ -652,7 +663,7 @@ _MEGATRON_2021: dict[str, Any] = {
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
-        **_MEGATRON_CORE, "tp_comm_overlap_method": "async-dgrad",
+        **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
         "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
@@ -664,7 +675,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-deepep": {
-        **_MEGATRON_CORE, "tp_comm_overlap_method": "async-dgrad",
+        **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
         "attention_kernel": "cudnn",
         "description": "as megatron, with the MoE flex dispatcher on DeepEP "
                        "(--moe-token-dispatcher-type flex --moe-enable-deepep): tokens sent "
@@ -692,7 +703,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "tp_comm_overlap_method": "async-dgrad",
     },
     "nemo": {
-        **_MEGATRON_CORE,
+        **_MEGATRON_CORE, "transformer_engine": True,
         "attention_kernel": "cudnn",
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "
@@ -749,6 +760,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # all-to-all head split) and no Megatron-Core experts (DeepSpeed-MoE is its own model
         # code): what export/deepspeed.py and export/megatron_deepspeed.py refuse
         "parallel_dims": ["tp", "pp"], "model_code": [],
+        "precisions": ["bf16", "fp16", "fp32"],
         # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         # (deepspeed/runtime/pipe/engine.py asserts zero stage < 2)
         "sharded_zero_with_pipeline": False,

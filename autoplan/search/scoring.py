@@ -19,9 +19,18 @@ from autoplan.cost.estimate import TIME_PARTS, default_runtime, estimate_table
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Precision, ReduceDtype, Schedule
+from autoplan.plan import Attention, Precision, ReduceDtype, Schedule
 from autoplan.plan_rules import BF16_REDUCE_PRECISIONS, RULE_KEYS, RULES, violations
-from autoplan.plan_table import FP8_COLUMN, RC_NONE, RC_UNIFORM, REDUCE_DTYPES, SCHEDULES
+from autoplan.plan_table import (
+    DTYPE_COLUMN,
+    EAGER_COLUMN,
+    FP8_COLUMN,
+    PRECISIONS,
+    RC_NONE,
+    RC_UNIFORM,
+    REDUCE_DTYPES,
+    SCHEDULES,
+)
 from autoplan.search.targets import MISS_KEYS, Targets, miss_ratios, objective_matrix
 from autoplan.search_space import SearchSpace
 
@@ -159,6 +168,13 @@ def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool =
     t = {k: v[keep] for k, v in t.items()} if not keep.all() else t
     if Precision.FP8 in ctx.space.precision:  # the runtime rules that turn on precision
         t[FP8_COLUMN] = t["precision"] == ctx.space.precision.index(Precision.FP8)
+    # ... and on the kernels (plan_table.DTYPE_COLUMN, EAGER_COLUMN)
+    if ctx.space.precision:
+        t[DTYPE_COLUMN] = np.array([PRECISIONS.index(p) for p in ctx.space.precision],
+                                   dtype=np.int64)[t["precision"]]
+    if ctx.space.attention:
+        t[EAGER_COLUMN] = np.array([a is Attention.EAGER
+                                    for a in ctx.space.attention])[t["attention"]]
     lacking = runtime_lacks(t, ctx)
     counts["runtime-unsupported"] += int(lacking.sum())
     if lacking.any():

@@ -888,3 +888,24 @@ def test_torchtitan_replicates_only_as_the_sole_parallelism() -> None:
         assert any("only as the sole parallelism" in r for r in _refusals(plan, "torchtitan"))
         assert not any("sole parallelism" in r for r in _refusals(plan, "megatron"))
     assert not _refusals({**LLAMA8B, "zero_stage": 0}, "torchtitan")
+
+
+def test_megatron_refuses_what_transformer_engine_cannot_run() -> None:
+    """Transformer Engine's fused attention runs 16-bit only and is the only way to context
+    parallelism; latent attention's CP is TE's p2p ring only; Megatron-Core's grouped expert
+    GEMM needs bf16 (validate_args). DeepSpeed has no fp8 training in its config."""
+    ok = {**LLAMA8B, "parallel": {"dp": 4, "cp": 2}}
+    assert not _refusals(ok, "megatron")
+    cases = {"16 bits only": {**LLAMA8B, "precision": "fp32"},
+             "through fused attention": {**ok, "attention": "eager"},
+             "latent attention": {**ok, "model": "tiny-mla",
+                                  "batch": {"micro_batch_size": 1, "global_batch_size": 8}}}
+    for why, plan in cases.items():
+        assert any(why in r for r in _refusals(plan, "megatron")), why
+        assert not any("Transformer Engine" in r for r in _refusals(plan, "torchtitan"))
+    moe = {"model": "qwen3-30b-a3b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
+           "parallel": {"dp": 8}, "zero_stage": 1, "precision": "fp16",
+           "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+    assert any("grouped expert GEMM" in r for r in _refusals(moe, "megatron"))
+    assert any("no fp8 training" in r for r in _refusals({**LLAMA8B, "precision": "fp8"},
+                                                          "deepspeed"))
