@@ -9,17 +9,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 
+from autoplan.errors import ConfigError
 from autoplan.yaml_io import dump_yaml, to_dict
 
 FORMATS = ("table", "json", "yaml")
 MAX_COUNT = 2**40
 """Largest integer a command-line count takes (GPUs, tokens, sequences); as plan.MAX_INT."""
+MAX_SEED = 2**32 - 1
+"""Largest --seed (and --worker): numpy's and Optuna's seeds are 32-bit, and train combines seeds
+with steps and FQN hashes below torch's 2**64 limit."""
+
+
+def check_seed(flag: str, value: int) -> int:
+    """Refuse a seed (or worker index) outside 0..MAX_SEED in one line, as `train --seed` does."""
+    if not 0 <= value <= MAX_SEED:
+        raise ConfigError(flag, f"got {value}", f"expected 0 to {MAX_SEED}")
+    return value
 
 
 def count(low: int = 1, high: int = MAX_COUNT) -> Callable[[str], int]:
@@ -39,10 +51,11 @@ def count(low: int = 1, high: int = MAX_COUNT) -> Callable[[str], int]:
     return parse
 
 
-def add_format_argument(parser: argparse.ArgumentParser) -> None:
+def add_format_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """--format; `help` where the command's default is not resolve_format's."""
     parser.add_argument(
         "--format", choices=FORMATS, default=None,
-        help="output format (default: table on a terminal, json otherwise)",
+        help=help or "output format (default: table on a terminal, json otherwise)",
     )
 
 
@@ -61,11 +74,23 @@ def stderr_console() -> Console:
     return Console(stderr=True)
 
 
+def _finite(value: Any) -> Any:
+    """NaN and infinity as null, so JSON output is JSON (a diverged run's final loss is NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def emit(args: argparse.Namespace, data: Any, render_table: Callable[[Console], None]) -> None:
     """Print `data` as JSON/YAML, or call `render_table` with a stdout console."""
     fmt = resolve_format(args)
     if fmt == "json":
-        sys.stdout.write(json.dumps(to_dict(data), indent=2, default=str) + "\n")
+        text = json.dumps(_finite(to_dict(data)), indent=2, default=str, allow_nan=False)
+        sys.stdout.write(text + "\n")
     elif fmt == "yaml":
         sys.stdout.write(dump_yaml(to_dict(data)))
     else:

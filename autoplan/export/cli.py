@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument
+from autoplan.cli_common import add_format_argument, count
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.launch import ELASTIC_TARGETS
@@ -29,29 +29,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--to", required=True, choices=TARGET_NAMES, help="target format")
     p.add_argument("--out", help="write here instead of stdout (extra files go beside it)")
     p.add_argument("--force", action="store_true", help="replace existing output files")
-    p.add_argument("--gpus-per-node", type=int, help="default: the plan's hardware profile")
+    p.add_argument("--gpus-per-node", type=count(), help="default: the plan's hardware profile")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint directory")
-    p.add_argument("--max-restarts", type=int, default=3, help="torchrun --max-restarts")
+    p.add_argument("--max-restarts", type=count(low=0, high=MAX_RESTARTS), default=3,
+                   help="torchrun --max-restarts")
     p.add_argument("--job-name", default="autoplan", help="scheduler job / object name")
-    p.add_argument("--image", default="autoplan:latest", help="container image (kubernetes)")
+    p.add_argument("--image", help="container image (kubernetes; default autoplan:latest)")
     p.add_argument("--namespace", help="Kubernetes namespace")
     p.add_argument(
         "--kind",
-        default="trainjob",
         choices=("trainjob", "pytorchjob", "jobset"),
         help="Kubernetes resource (default: Kubeflow Trainer v2 TrainJob)",
     )
     p.add_argument(
         "--torchtitan-format",
-        default="python",
         choices=("python", "toml"),
-        help="python: config_registry (torchtitan >= 0.3); toml: <= 0.2.2",
+        help="python (default): config_registry (torchtitan >= 0.3); toml: <= 0.2.2",
     )
     p.add_argument("--script", help="training script in the deepspeed/megatron launch command")
     p.add_argument("--elastic", action="store_true", help="slurm/kubernetes: torchrun "
                    "--nnodes=MIN:MAX; `autoplan train --elastic` re-plans when nodes leave or join")
-    p.add_argument("--min-nodes", type=int, default=1, help="with --elastic: fewest nodes (1)")
-    add_format_argument(p)
+    p.add_argument("--min-nodes", type=count(), default=1, help="with --elastic: fewest nodes (1)")
+    add_format_argument(p, "json or yaml: the {target, files} wrapper (default: the target's "
+                           "own files)")
     p.set_defaults(func=run_export)
 
     q = subparsers.add_parser("import", help="read a DeepSpeed or Megatron config into a plan")
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--from", dest="source", required=True, choices=("deepspeed", "megatron"))
     q.add_argument("--model", help="model preset or spec (required for DeepSpeed)")
     q.add_argument("--cluster", required=True, help="hardware profile name or path")
-    q.add_argument("--num-gpus", type=int, help="GPUs in the job (default: from the config)")
+    q.add_argument("--num-gpus", type=count(), help="GPUs in the job (default: from the config)")
     q.add_argument(
         "--set",
         action="append",
@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     q.add_argument("--out", help="write the plan YAML here instead of stdout")
     q.add_argument("--force", action="store_true", help="replace an existing --out file")
-    add_format_argument(q)
+    add_format_argument(q, "json: the plan as JSON (default: the plan YAML)")
     q.set_defaults(func=run_import)
 
 
@@ -107,9 +107,25 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
     return [out] + [out.with_name(f"{out.stem}.{name}") for name in names[1:]]
 
 
+OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
+                  "--kind": ("kubernetes",), "--torchtitan-format": ("torchtitan",),
+                  "--script": ("deepspeed", "megatron")}
+"""Options only some targets write; another target refuses them rather than drop them."""
+MAX_RESTARTS = 10_000
+"""Largest --max-restarts (torchrun takes any count; a larger one is a typo)."""
+
+
+def _unused_options(args: argparse.Namespace) -> None:
+    for flag, targets in OPTION_TARGETS.items():
+        if getattr(args, flag[2:].replace("-", "_")) is not None and args.to not in targets:
+            raise ConfigError(flag, f"--to {args.to} writes no {flag[2:]}",
+                              f"drop it, or export --to {' or '.join(targets)}")
+
+
 def run_export(args: argparse.Namespace) -> int:
     from autoplan.plan import load_plan
 
+    _unused_options(args)
     if args.out:  # a directory, a path under a file, an unwritable folder: before any work
         fsutil.check_file_target(args.out, force=args.force, field="--out")
     plan = load_plan(args.plan)
@@ -120,10 +136,10 @@ def run_export(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         max_restarts=args.max_restarts,
         job_name=args.job_name,
-        image=args.image,
+        image=args.image or ExportOptions.image,
         namespace=args.namespace,
-        k8s_kind=args.kind,
-        torchtitan_format=args.torchtitan_format,
+        k8s_kind=args.kind or ExportOptions.k8s_kind,
+        torchtitan_format=args.torchtitan_format or ExportOptions.torchtitan_format,
         script=args.script,
         # --format json/yaml writes the {target, files} wrapper to --out: the files are named
         # by their keys there, so the launch commands name those, not the wrapper's path

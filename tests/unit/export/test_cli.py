@@ -273,3 +273,34 @@ def test_format_wrapper_at_out_names_the_files_inside_it(plan_file: Path, tmp_pa
                  "--format", fmt]) == 0
     [name] = yaml.safe_load(titan.read_text())["files"]
     assert name == "autoplan_torchtitan.py"
+
+
+@pytest.mark.parametrize("flag, value", [("--image", "img:1"), ("--kind", "jobset"),
+                                         ("--namespace", "ml"), ("--torchtitan-format", "toml"),
+                                         ("--script", "x.py")])
+def test_an_option_the_target_does_not_write_is_refused(plan_file: Path, capsys, flag: str,
+                                                        value: str):
+    """--to slurm writes no image, resource kind, namespace, torchtitan config or script:
+    one line naming the option and the targets that take it, not a silent drop."""
+    code = main(["export", str(plan_file), "--to", "slurm", flag, value])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and flag in err and "slurm" in err
+
+
+@pytest.mark.parametrize("argv", [["--max-restarts", "-1"], ["--min-nodes", "0"],
+                                  ["--gpus-per-node", "0"]])
+def test_export_counts_are_checked(plan_file: Path, capsys, argv: list[str]):
+    with pytest.raises(SystemExit) as exit_:  # argparse's own refusal
+        main(["export", str(plan_file), "--to", "slurm", *argv])
+    _, err = capsys.readouterr()
+    assert exit_.value.code == 2 and argv[0] in err and err.count("\n") == 1
+
+
+def test_import_names_a_bad_gpu_count(tmp_path: Path, capsys):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["import", str(cfg), "--from", "deepspeed", "--model", "gpt3-125m",
+              "--cluster", "a100-sxm4-80gb", "--num-gpus", "-8"])
+    _, err = capsys.readouterr()
+    assert exit_.value.code == 2 and "--num-gpus" in err
