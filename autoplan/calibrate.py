@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoplan import resources
 from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import (
@@ -24,9 +27,16 @@ from autoplan.hardware import (
     CollectiveTimes,
     LinkSpec,
     TimeTable,
+    load_profile,
 )
 from autoplan.plan import Plan, plan_from_dict
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+
+MAX_STEP_TIME_S = 1e6
+"""Longest measured step a run record may hold (11.6 days): far past it predicted / measured
+rounds to 0 and the log error of the fit is undefined."""
+MIN_STEP_TIME_S = 1e-9
+"""Shortest measured step (a nanosecond): far below it predicted / measured overflows."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,10 @@ class Measured:
         if not self.step_time_s > 0:
             raise ConfigError("measured.step_time_s", f"got {self.step_time_s}",
                               "expected a positive number of seconds")
+        if not MIN_STEP_TIME_S <= self.step_time_s <= MAX_STEP_TIME_S:
+            raise ConfigError("measured.step_time_s", f"got {self.step_time_s:g}",
+                              f"expected seconds per step from {MIN_STEP_TIME_S:g} to "
+                              f"{MAX_STEP_TIME_S:g}")
         if self.peak_memory_bytes is not None and not self.peak_memory_bytes > 0:
             raise ConfigError("measured.peak_memory_bytes", f"got {self.peak_memory_bytes}",
                               "expected a positive number of bytes, or leave it out")
@@ -70,11 +84,69 @@ def load_run(path: str | Path) -> RunRecord:
     if unknown:
         raise ConfigError(f"RUN {path}: {sorted(unknown)[0]}", "unknown key",
                           f"valid keys: {', '.join(sorted(known))}")
-    measured = from_dict(Measured, {k: v for k, v in data["measured"].items()
-                                    if k in {f.name for f in dataclasses.fields(Measured)}}
-                         if isinstance(data["measured"], dict) else data["measured"], "measured")
+    try:
+        measured = from_dict(Measured, {k: v for k, v in data["measured"].items()
+                                        if k in {f.name for f in dataclasses.fields(Measured)}}
+                             if isinstance(data["measured"], dict) else data["measured"],
+                             "measured")
+    except ConfigError as err:  # name the run: calibrate reads many
+        raise ConfigError(f"RUN {path}: {err.field}", err.problem, err.fix) from None
+    profile = data.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise ConfigError(f"RUN {path}: profile", f"got {show(profile)}",
+                          "expected the name or path of the profile the run was predicted with")
     return RunRecord(plan=plan_from_dict(data["plan"]), measured=measured,
-                     profile=data.get("profile"), source=str(path))
+                     profile=profile, source=str(path))
+
+
+def profile_file(ref: str) -> Path | None:
+    """The file a profile reference names (a name: the user's directory, then the built-in
+    ones; else a path), resolved; None when there is none."""
+    if resources.is_name(ref):
+        found = resources.find(resources.PROFILES, ref)
+        return found.resolve() if found is not None else None
+    path = Path(ref).expanduser()
+    try:
+        return path.resolve() if path.is_file() else None
+    except OSError:  # a name past NAME_MAX
+        return None
+
+
+def device_model(profile: ClusterProfile) -> str:
+    """The device a profile describes, as runs on it would share it: `cpu` for a CPU host,
+    else the GPU's model token (a100, h100, mi300x): the datasheet's `H100-SXM5-80GB` and
+    torch's `NVIDIA H100 80GB HBM3` (a profile `autoplan profile` measured) are both h100."""
+    if profile.host.compute_slots is not None:
+        return "cpu"
+    words = [w for w in re.split(r"[^a-z0-9]+", profile.device.name.lower()) if w]
+    return next((w for w in words if any(c.isdigit() for c in w)), " ".join(words))
+
+
+def check_runs(runs: list[RunRecord], profile_ref: str, profile: ClusterProfile) -> None:
+    """Refuse a run recorded on a profile of another device than `profile` (--profile), or on
+    a profile that does not exist here, and a run file given twice (it would count twice).
+    A profile measured or calibrated from the run's one (same device) is what calibrate is
+    for: runs recorded on cpu-gloo fit the profile `autoplan profile` measured on that host."""
+    want = device_model(profile)
+    seen: dict[tuple[int, int], str] = {}
+    for run in runs:
+        st = os.stat(run.source)
+        if (st.st_dev, st.st_ino) in seen:
+            raise ConfigError(f"RUN {run.source}", f"is the same file as "
+                              f"{seen[(st.st_dev, st.st_ino)]}", "give each run record once")
+        seen[(st.st_dev, st.st_ino)] = run.source
+        if run.profile is None:
+            continue
+        if profile_file(run.profile) is None:
+            raise ConfigError(f"RUN {run.source}", f"recorded on profile {show(run.profile)}, "
+                              "which is neither a known profile nor a file",
+                              f"calibrate with runs recorded on --profile {profile_ref}")
+        recorded = load_profile(run.profile, f"RUN {run.source}: profile")
+        if device_model(recorded) != want:
+            raise ConfigError(
+                f"RUN {run.source}", f"recorded on profile {show(run.profile)} "
+                f"({recorded.device.name}), not on --profile {show(profile_ref)} "
+                f"({profile.device.name})", "fit a profile only to runs measured on its device")
 
 
 FACTORS = {  # name: (low, high, log scale)

@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.table import Table
 
-from autoplan import resources
-from autoplan.calibrate import calibrate, load_run
-from autoplan.cli_common import add_format_argument, emit
+from autoplan import fsutil, resources
+from autoplan.calibrate import calibrate, check_runs, load_run
+from autoplan.cli_common import add_format_argument, check_seed, emit
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile
 from autoplan.yaml_io import save_yaml, to_dict
@@ -48,11 +48,12 @@ def default_out(profile_ref: str) -> Path:
 def calibrate_command(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise ConfigError("--trials", f"got {args.trials}", "expected a positive integer")
+    check_seed("--seed", args.seed)
     base = load_profile(args.profile, "--profile")
     runs = [load_run(r) for r in args.runs]
     out = Path(args.out) if args.out else default_out(args.profile)
-    if out.exists() and not args.force:
-        raise ConfigError("--out", f"{str(out)!r} already exists", "choose --out or pass --force")
+    fsutil.check_file_target(out, force=args.force)  # a directory, unwritable: before the fit
+    check_runs(runs, args.profile, base)
     result = calibrate(runs, base, trials=args.trials, seed=args.seed)
     summary = result.summary()
     prof = to_dict(result.profile)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from autoplan import resources
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
 from autoplan.display import bias_words, column, count, terminal_width
+from autoplan.errors import ConfigError
 from autoplan.hardware import available_profiles, load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_to_dict
@@ -41,12 +45,12 @@ def register(sub: Any) -> None:
 
 def estimate_command(args: argparse.Namespace) -> int:
     plan, model, cluster = plan_from_args(args)
-    if args.train_tokens is not None and args.train_tokens <= 0:
-        from autoplan.errors import ConfigError
-        raise ConfigError("--train-tokens", f"got {args.train_tokens}", "expected a positive number")
+    if args.train_tokens is not None and not (math.isfinite(args.train_tokens)
+                                              and args.train_tokens > 0):
+        raise ConfigError("--train-tokens", f"got {args.train_tokens}",
+                          "expected a positive finite number of tokens")
     problems = validate_plan(plan, model, cluster)  # the rule set `autoplan train` applies
     if problems:  # a mistake in the plan (exit 2); not fitting or missing a target is exit 3
-        from autoplan.errors import ConfigError
         raise ConfigError("plan", "; ".join(problems), "fix the plan (`autoplan search` lists "
                           "valid ones)")
     est = estimate_plan(plan, cluster, model, train_tokens=args.train_tokens,
@@ -143,7 +147,12 @@ def models_command(args: argparse.Namespace) -> int:
 def clusters_command(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for name in available_profiles():
-        p = load_profile(name)
+        try:
+            p = load_profile(name, "profile")
+        except ConfigError as err:  # one broken file in $AUTOPLAN_PROFILES hides no others
+            where = resources.find(resources.PROFILES, name)
+            sys.stderr.write(f"autoplan clusters: warning: skipped {where or name}: {err}\n")
+            continue
         rows.append({"name": name, "device": p.device.name,
                      "memory_gib": p.device.memory_bytes / GIB,
                      "peak_tflops": {k: v / 1e12 for k, v in p.device.peak_flops_per_s.items()},

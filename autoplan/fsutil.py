@@ -87,6 +87,17 @@ def check_parent(path: str | os.PathLike[str], field: str) -> None:
         raise ConfigError(field, f"cannot write in {str(base)!r} "
                           f"({'read-only file system' if read_only else 'permission denied'})",
                           "choose a directory you can write to")
+    check_creatable(base, field)
+
+
+def check_creatable(folder: Path, field: str) -> None:
+    """Make and remove a folder in `folder`: access() says yes where mkdir fails (root in
+    /proc or /sys, a full disk, a quota), and that is found now, not after the work."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".autoplan-probe-", dir=folder))
+    except OSError as err:
+        raise ConfigError(field, f"cannot create anything in {str(folder)!r} ({err.strerror})",
+                          "choose a directory you can write to") from None
 
 
 def check_file_target(path: str | os.PathLike[str], *, force: bool, field: str = "--out") -> Path:
@@ -130,14 +141,20 @@ def check_dir_target(path: str | os.PathLike[str], *, force: bool, names: Iterab
     return p
 
 
-def make_parents(path: Path) -> list[Path]:
-    """mkdir -p `path`; returns the folders it created, deepest last (for `remove_empty`)."""
+def make_parents(path: Path, field: str = "--out") -> list[Path]:
+    """mkdir -p `path`; returns the folders it created, deepest last (for `remove_empty`).
+    A folder that cannot be made (no such parent in /proc, no space, ...) is a ConfigError."""
     missing = []
     q = path
     while not q.exists() and q != q.parent:
         missing.append(q)
         q = q.parent
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        remove_empty(missing[::-1])
+        raise ConfigError(field, f"cannot create the directory {show(str(path))} "
+                          f"({err.strerror})", "choose a path in a folder you can write") from None
     return missing[::-1]
 
 
@@ -155,9 +172,10 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, force: bool = Fals
     """Write `data` to `path` atomically with mode 0o666 & ~umask; without force an existing
     file is never replaced (not even one that appears while this one is written)."""
     p = check_file_target(path, force=force, field=field)
-    created = make_parents(p.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    created = make_parents(p.parent, field)
+    tmp = ""
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -167,10 +185,13 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, force: bool = Fals
             os.replace(tmp, p)
         else:
             _link_new(tmp, p, field)
-    except BaseException:
-        if os.path.lexists(tmp):
+    except BaseException as err:
+        if tmp and os.path.lexists(tmp):
             os.unlink(tmp)
         remove_empty(created)
+        if isinstance(err, OSError):  # no space left, a quota, a file system gone read-only
+            raise ConfigError(field, f"cannot write {show(str(p))} ({err.strerror})",
+                              "free some space or choose another path") from None
         raise
     return p
 
@@ -207,7 +228,7 @@ def output_lock(path: str | os.PathLike[str], field: str = "--out") -> Iterator[
     import fcntl
 
     p = _absolute(path)
-    created = make_parents(p.parent)
+    created = make_parents(p.parent, field)
     lock = staging_folder(p) / f".{p.name}.lock"
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, file_mode())
@@ -251,7 +272,7 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str
     names = tuple(names)
     check_dir_target(path, force=force, names=names, field=field)
     p = _absolute(path)
-    created = make_parents(p.parent)
+    created = make_parents(p.parent, field)
     tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=staging_folder(p)))
     try:
         yield tmp

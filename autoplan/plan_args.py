@@ -81,6 +81,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
     for assignment in args.set:
         set_field(data, assignment)
+    _check_agree(args, data)
     if derive:
         _derive_dp(data)
     if isinstance(data.get("batch"), dict) and "global_batch_size" not in data["batch"]:
@@ -101,6 +102,35 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         plan = plan.replace(model=model)
     cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
     return plan, model, cluster
+
+
+FLAG_FIELDS = {"--model": ("model",), "--cluster": ("cluster", "profile"),
+               "--num-gpus": ("cluster", "num_gpus"),
+               "--global-batch-size": ("batch", "global_batch_size"),
+               "--micro-batch-size": ("batch", "micro_batch_size")}
+"""The plan field each flag sets; `--set` on the same field must agree with the flag."""
+
+
+def _check_agree(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """Refuse a flag and a `--set` that give one field two values (which would win is a
+    guess); a plan file's value is a default either may replace."""
+    keys = _set_keys(args)
+    for flag, path in FLAG_FIELDS.items():
+        given = getattr(args, flag[2:].replace("-", "_"), None)
+        if given is None or not any(".".join(path[:n]) in keys for n in range(1, 3)):
+            continue
+        node: Any = data
+        for part in path[:-1]:
+            node = node.get(part)
+            if not isinstance(node, dict):
+                break  # `--set cluster=7`: the strict loader names what is wrong
+        else:
+            node = node.get(path[-1])
+            if node == given and type(node) is type(given):
+                continue
+            setting = ".".join(path)
+            raise ConfigError(flag, f"got {show(given)} but --set {setting}={show(node)}",
+                              "drop one, or give them the same value")
 
 
 def _set_keys(args: argparse.Namespace) -> set[str]:

@@ -74,6 +74,25 @@ class BoundedLoader(yaml.SafeLoader):
             _check_expanded_size(node)
         return node
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """SafeLoader's mapping, refusing a key written twice in one mapping (PyYAML keeps the
+        last silently); keys brought in by a `<<` merge may be overridden, as YAML intends."""
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: SafeLoader names it
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {show(key, 80)}", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
@@ -148,11 +167,27 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object that names one key twice (json.loads keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def load_json_text(text: str, what: str) -> Any:
     """json.loads, strictly: no NaN/Infinity, no numbers of thousands of digits, no nesting
     past MAX_YAML_DEPTH; every problem is a one-line ConfigError on `what`."""
     try:
-        data = json.loads(text, parse_constant=_no_constant)
+        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as err:
+        raise ConfigError(what, f"duplicate key {show(err.args[0], 80)}",
+                          "write each key once") from None
     except json.JSONDecodeError as err:
         raise ConfigError(what, f"not valid JSON ({err.msg} at line {err.lineno}, "
                                 f"column {err.colno})") from None
@@ -293,9 +328,14 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
     """Read a YAML file with `yaml.safe_load`; missing or malformed files raise ConfigError."""
     p = Path(path)
     try:
-        found = p.is_file()
+        found, exists, is_dir = p.is_file(), p.exists(), p.is_dir()
     except OSError as err:  # a name past NAME_MAX, a path through a file without access
         raise ConfigError(what, f"cannot open {show(str(p), 120)} ({err.strerror})") from None
+    if is_dir:
+        raise ConfigError(what, f"{show(str(p), 200)} is a directory", "give a file path")
+    if exists and not found:  # /dev/null, a FIFO, a socket: nothing to read or a hang
+        raise ConfigError(what, f"{show(str(p), 200)} is not a regular file",
+                          "give a YAML file")
     if not found:
         raise ConfigError(what, f"no such file {show(str(p), 200)}", "check the path")
     try:
@@ -326,6 +366,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: boo
     """Write `text` to `path` via a temporary file and rename; refuse to replace unless asked."""
     p = Path(path)
     try:
+        if p.is_dir():
+            raise ConfigError("output", f"{show(str(p))} is a directory", "give a file path")
         if p.exists() and not overwrite:
             raise ConfigError(
                 "output", f"{show(str(p))} already exists", "choose another path or pass --force"

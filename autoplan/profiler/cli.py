@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoplan import resources
+from autoplan import fsutil, resources
 from autoplan.cli_common import add_format_argument, emit, stderr_console
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile, profile_from_dict
@@ -100,8 +100,7 @@ def _request(args: argparse.Namespace) -> _Request:
     name = args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured")
     out = Path(args.out) if args.out else (resources.default_write_dir(resources.PROFILES)
                                            / f"{resources.safe_name(name, '--name')}.yaml")
-    if out.exists() and not args.force:
-        raise ConfigError("--out", f"{str(out)!r} already exists", "choose --out or pass --force")
+    fsutil.check_file_target(out, force=args.force)  # before minutes of measuring
     max_ranks = args.ranks if args.ranks is not None else (
         torch.cuda.device_count() if use_cuda else 4)
     if max_ranks < 1 or (not use_cuda and max_ranks > 8):

@@ -41,7 +41,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "space, and resume from the newest checkpoint under the new plan")
     parser.add_argument("--min-gpus", type=int, default=None, metavar="N",
                         help="with --elastic: never re-plan below N ranks (exit 3 instead)")
-    parser.add_argument("--space", default="default",
+    parser.add_argument("--space", default=None,
                         help="with --elastic: the search space re-plans are searched in "
                              "(name or YAML; default: search's default)")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")

@@ -52,12 +52,12 @@ class ByteText:
         self.seq_len, self.seed = seq_len, seed
         files = _text_files(Path(path))
         data = b"".join(f.read_bytes() for f in files)
-        self.tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
-        self.num_windows = (len(self.tokens) - 1) // seq_len
-        if self.num_windows < 1:
+        self.num_windows = (len(data) - 1) // seq_len
+        if self.num_windows < 1:  # before frombuffer, which refuses an empty buffer
             raise ConfigError(
                 "--data", f"{path} holds {len(data)} bytes", f"need more than {seq_len + 1}"
             )
+        self.tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
         self._perms: dict[int, torch.Tensor] = {}
         log.info("data: %d bytes from %d file(s), %d windows", len(data), len(files),
                  self.num_windows)

@@ -98,6 +98,11 @@ def _request(plan: Plan, world: int, space: str):
         runtime=load_runtime(plan_runtime(plan), on_cpu=profile.host.compute_slots is not None))
 
 
+def elastic_space(args) -> str:
+    """The space an --elastic job re-plans in: `train --space`, else DEFAULT_SPACE."""
+    return getattr(args, "space", None) or DEFAULT_SPACE
+
+
 def search_world(plan: Plan, world: int, space: str = DEFAULT_SPACE):
     """(best plan or None, one line on why nothing fits) for exactly `world` ranks."""
     import numpy as np
@@ -229,7 +234,7 @@ def agree_on_plan(store, rank: int, present: int, args) -> Replan:
     if rank == 0:
         try:
             original = load_plan(args.plan)
-            r = replan(original, present, space=args.space,
+            r = replan(original, present, space=elastic_space(args),
                        min_world=args.min_gpus or 1)
             store.set(PLAN_KEY, to_text(r.plan).encode())
         except (ConfigError, NoFeasiblePlanError) as err:
@@ -250,7 +255,7 @@ def agree_on_plan(store, rank: int, present: int, args) -> Replan:
         raise ConfigError("", message)
     original = load_plan(args.plan)
     new = from_text(text)
-    return Replan(new, present, original.world_size, space=args.space,
+    return Replan(new, present, original.world_size, space=elastic_space(args),
                   runtime=plan_runtime(original))
 
 

@@ -79,7 +79,9 @@ def worker_argv(args: argparse.Namespace, summary_file: str) -> list[str]:
     if args.resume:
         out.append("--resume")
     if getattr(args, "elastic", False):
-        out += ["--elastic", "--space", args.space]
+        from autoplan.runtime.elastic import elastic_space
+
+        out += ["--elastic", "--space", elastic_space(args)]
         if args.min_gpus is not None:
             out += ["--min-gpus", str(args.min_gpus)]
     return out
@@ -138,9 +140,9 @@ def launch_and_report(args: argparse.Namespace) -> int:
     nproc = args.nproc if args.nproc is not None else load_plan(args.plan).world_size
     chosen = None
     if args.elastic:  # fail now (exit 3) if no plan fits; rank 0 re-plans again and says it
-        from autoplan.runtime.elastic import replan
+        from autoplan.runtime.elastic import elastic_space, replan
 
-        chosen = replan(load_plan(args.plan), nproc, space=args.space,
+        chosen = replan(load_plan(args.plan), nproc, space=elastic_space(args),
                         min_world=args.min_gpus or 1).plan
     plan, spec, _ = preflight(args, chosen.world_size if chosen else nproc, chosen)
     resume_preflight(args, plan, spec)

@@ -9,12 +9,13 @@ import math
 import os
 from pathlib import Path
 
+from autoplan import fsutil
+from autoplan.cli_common import check_seed
 from autoplan.errors import ConfigError
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """Longest --pg-timeout-s (a week): datetime.timedelta overflows far above it."""
-MAX_SEED = 2**32 - 1
-"""Largest --seed: seeds are combined with steps and FQN hashes below torch's 2**64 limit."""
+OUTPUT_FLAGS = ("--checkpoint-dir", "--metrics-file", "--run-record")
 
 
 def _number(flag: str, value: float, low: float, high: float, *, low_open: bool = False,
@@ -37,6 +38,7 @@ def _output_parent(flag: str, path: str) -> Path:
     if not os.access(parent, os.W_OK):
         raise ConfigError(flag, f"{path!r}: {str(parent)!r} is not writable",
                           "choose a path in a folder you can write")
+    fsutil.check_creatable(parent, flag)  # root in /proc: access() says yes, mkdir fails
     return p
 
 
@@ -60,8 +62,7 @@ def check_train_args(args: argparse.Namespace) -> None:
                         ("--keep-checkpoints", args.keep_checkpoints)):
         if value < 0:
             raise ConfigError(flag, f"got {value}", "expected 0 or more")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise ConfigError("--seed", f"got {args.seed}", f"expected 0 to {MAX_SEED}")
+    check_seed("--seed", args.seed)
     if (args.resume or args.checkpoint_every or args.max_restarts) and not args.checkpoint_dir:
         raise ConfigError("--checkpoint-dir", "missing",
                           "--resume, --checkpoint-every and --max-restarts need a checkpoint dir")
@@ -74,6 +75,10 @@ def _check_elastic(args: argparse.Namespace) -> None:
     min_gpus = getattr(args, "min_gpus", None)
     if min_gpus is not None and not elastic:
         raise ConfigError("--min-gpus", f"got {min_gpus} without --elastic", "add --elastic")
+    space = getattr(args, "space", None)
+    if space is not None and not elastic:
+        raise ConfigError("--space", f"got {space!r} without --elastic",
+                          "add --elastic (only a re-plan searches a space)")
     if not elastic:
         return
     if min_gpus is not None and min_gpus < 1:
@@ -81,12 +86,28 @@ def _check_elastic(args: argparse.Namespace) -> None:
     if not args.checkpoint_dir:
         raise ConfigError("--checkpoint-dir", "missing", "--elastic resumes a re-planned job "
                           "from its checkpoints: give --checkpoint-dir and --checkpoint-every")
+    from autoplan.runtime.elastic import elastic_space
     from autoplan.search_space import load_space
 
-    load_space(args.space)  # an unknown space fails now, not when a node dies
+    load_space(elastic_space(args))  # an unknown space fails now, not when a node dies
+
+
+def _check_distinct(args: argparse.Namespace) -> None:
+    """Two outputs on one path would overwrite each other (found only after training)."""
+    seen: dict[str, str] = {}
+    for flag in OUTPUT_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None:
+            continue
+        key = os.path.normpath(Path(value).expanduser().absolute())
+        if key in seen:
+            raise ConfigError(flag, f"{value!r} is also given to {seen[key]}",
+                              "give each output its own path")
+        seen[key] = flag
 
 
 def _check_paths(args: argparse.Namespace) -> None:
+    _check_distinct(args)
     if args.checkpoint_dir is not None:
         d = Path(args.checkpoint_dir)
         if d.exists() and not d.is_dir():
@@ -108,6 +129,8 @@ def _check_paths(args: argparse.Namespace) -> None:
         _output_parent("--metrics-file", args.metrics_file)
     if args.run_record is not None:
         r = Path(args.run_record)
+        if r.is_dir():
+            raise ConfigError("--run-record", f"{args.run_record!r} is a folder", "name a file")
         if r.exists() and not _under_restart():
             raise ConfigError("--run-record", f"{args.run_record!r} already exists",
                               "choose another path (run records are never overwritten)")

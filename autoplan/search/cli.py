@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, emit, stderr_console
+from autoplan.cli_common import add_format_argument, check_seed, emit, stderr_console
 from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
@@ -91,6 +91,13 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
     gbs, gbs_max = parse_batch_sizes(str(args.global_batch_size))
     if args.top < 1:
         raise ConfigError("--top", f"got {args.top}", "expected a positive integer")
+    check_seed("--seed", args.seed)
+    check_seed("--worker", args.worker)
+    if args.storage is None and (args.study is not None or args.worker):
+        flag, value = ("--study", args.study) if args.study is not None else (
+            "--worker", args.worker)
+        raise ConfigError(flag, f"got {value!r} without --storage",
+                          "workers share a study through --storage: give --storage and --study")
     if args.storage is not None:
         check_storage(args.storage)
     targets = Targets(
@@ -182,6 +189,10 @@ def check_storage(url: str) -> None:
     if not p.parent.is_dir():
         raise ConfigError("--storage", f"the directory {str(p.parent)!r} does not exist",
                           "create it first or give another path")
+    if url.startswith("journal:"):
+        from autoplan.search.optuna_search import check_journal
+
+        check_journal(path)
 
 
 @contextmanager

@@ -16,7 +16,8 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,11 @@ def open_storage(url: str | None) -> Any:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         path = url.removeprefix("journal:").removeprefix("//")
-        return JournalStorage(JournalFileBackend(path))
+        check_journal(path)
+        try:
+            return JournalStorage(JournalFileBackend(path))
+        except ValueError as err:  # a damaged line further on (JSONDecodeError is one)
+            raise _damaged(path, err) from None
     url = _with_driver(url)
     for attempt in range(STORAGE_ATTEMPTS):
         try:
@@ -74,6 +79,43 @@ def open_storage(url: str | None) -> Any:
             raise ConfigError("--storage", f"cannot open {url!r} ({err.__class__.__name__})",
                               "use sqlite:///PATH.db, an RDB URL, or journal:PATH") from None
     raise AssertionError("unreachable")
+
+
+def check_journal(path: str) -> None:
+    """Refuse, before Optuna appends to it, a file that is not an Optuna journal: every whole
+    line must be a JSON object with an `op_code` (a last line without its newline may be a
+    write in progress). An absent or empty file is a new journal."""
+    fix = "give a new file or a journal an earlier search or tune wrote"
+    try:
+        with open(path, "rb") as fh:
+            first = fh.read(1)
+            if first and first != b"{":
+                raise ConfigError("--storage", f"{path!r} is not an Optuna journal "
+                                  "(line 1 is not a journal entry)", fix)
+            fh.seek(0)
+            for number, line in enumerate(fh, 1):
+                if not line.endswith(b"\n"):
+                    break
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    entry = None
+                if not isinstance(entry, dict) or "op_code" not in entry:
+                    raise ConfigError("--storage", f"{path!r} is not an Optuna journal "
+                                      f"(line {number} is not a journal entry)", fix)
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise ConfigError("--storage", f"{path!r} is a directory",
+                          "write journal:PATH naming a file") from None
+    except OSError as err:
+        raise ConfigError("--storage", f"cannot read {path!r} ({err.strerror})", fix) from None
+
+
+def _damaged(path: str, err: Exception) -> ConfigError:
+    return ConfigError("--storage", f"the journal {path!r} cannot be read "
+                       f"({err.__class__.__name__}: {str(err)[:80]})",
+                       "give a new file, or repair the journal")
 
 
 def _with_driver(url: str) -> str:
@@ -179,7 +221,7 @@ def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
         raise ConfigError("--study", "missing", "name the study to create or resume")
     storage = open_storage(req.storage)
     fp = _fingerprint(req, sampler)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _journal_errors(req.storage):
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(storage=storage, study_name=req.study, load_if_exists=True,
                                     directions=_directions(req))
@@ -215,12 +257,31 @@ def _recover_move(study: optuna.Study, req: SearchRequest, done: int) -> None:
             study.enqueue_trial(move)
 
 
+@contextmanager
+def _journal_errors(url: str | None) -> Iterator[None]:
+    """A journal line damaged while a study is open (another writer) as one ConfigError."""
+    try:
+        yield
+    except ValueError as err:
+        journal = bool(url) and str(url).startswith("journal:")
+        if not journal or not (isinstance(err, json.JSONDecodeError)
+                               or str(err) == "Invalid log format."):
+            raise
+        raise _damaged(str(url).removeprefix("journal:").removeprefix("//"), err) from None
+
+
 def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = None,
                callbacks: Sequence[Callback] = ()) -> tuple[Scored, int]:
     """Run trials until the study holds `req.trials` complete ones; rebuild the scored set."""
     if req.trials < 1:
         raise ConfigError("--trials", f"got {req.trials}", "expected a positive integer")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with _journal_errors(req.storage):
+        return _run_trials(req, sampler, progress, callbacks)
+
+
+def _run_trials(req: SearchRequest, sampler: str, progress: Progress | None,
+                callbacks: Sequence[Callback]) -> tuple[Scored, int]:
     study = open_study(req, sampler)
     cache = {_key(t.user_attrs["record"]): t.user_attrs["record"] for t in _finished(study)}
     local_retry = 0

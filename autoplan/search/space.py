@@ -67,6 +67,16 @@ def _range_counts(lo: int, hi: int, gpus_per_node: int) -> list[int]:
     return sorted({*nodes, *powers})
 
 
+def _integer(text: str) -> int:
+    """int() of plain ASCII digits with an optional sign, as cli_common.count reads a count:
+    int() alone also takes '８' (a full-width 8), '١٢' and '1_000'."""
+    digits = text.strip()
+    body = digits[1:] if digits[:1] in "+-" else digits
+    if not body.isascii() or not body.isdigit() or len(body) > 20:
+        raise ValueError(text)
+    return int(digits)
+
+
 def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
     """`N`, `A,B,C` or `A..B` (every count in [A, B] that is a power of two or a multiple of
     gpus_per_node, i.e. whole nodes), each at most MAX_GPUS."""
@@ -74,12 +84,12 @@ def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
     try:
         if ".." in text:
             lo_s, _, hi_s = text.partition("..")
-            lo, hi = int(lo_s), int(hi_s)
+            lo, hi = _integer(lo_s), _integer(hi_s)
             if lo < 1 or hi < lo:
                 raise ConfigError(where, f"got {text!r}", "the range needs 1 <= A <= B")
             values = [lo, hi]
         else:
-            values = [int(x) for x in text.split(",")]
+            values = [_integer(x) for x in text.split(",")]
     except ValueError:
         raise ConfigError(where, f"got {text[:80]!r}", fix) from None
     if not values or min(values) < 1:
@@ -106,7 +116,7 @@ def parse_batch_sizes(text: str) -> tuple[int, int]:
     where, fix = "--global-batch-size", "write B or A..B, e.g. 1024..4096"
     try:
         lo_s, dots, hi_s = text.partition("..")
-        lo, hi = int(lo_s), int(hi_s) if dots else int(lo_s)
+        lo, hi = _integer(lo_s), _integer(hi_s) if dots else _integer(lo_s)
     except ValueError:
         raise ConfigError(where, f"got {text[:80]!r}", fix) from None
     if lo < 1 or hi < lo:

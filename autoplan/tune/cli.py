@@ -6,12 +6,15 @@ import argparse
 import csv
 import io
 import json
+import math
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, emit, stderr_console
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.plan import Plan, load_plan, plan_to_dict
@@ -56,18 +59,27 @@ def _validate(args: argparse.Namespace) -> None:
     if args.steps < 3:
         raise ConfigError("--steps", f"got {args.steps}", "need at least 3 (1 warm-up, 2 timed)")
     for flag, value in (("--budget-s", args.budget_s), ("--trial-timeout-s", args.trial_timeout_s)):
-        if value <= 0:
+        if not (math.isfinite(value) and value > 0):
             raise ConfigError(flag, f"got {value}", "give a positive number of seconds")
-    if args.prune_ratio <= 1:
-        raise ConfigError("--prune-ratio", f"got {args.prune_ratio}", "expected more than 1")
+    if not (math.isfinite(args.prune_ratio) and args.prune_ratio > 1):
+        raise ConfigError("--prune-ratio", f"got {args.prune_ratio}",
+                          "expected a finite number more than 1")
     if bool(args.storage) != bool(args.study):
         raise ConfigError("--storage", "needs --study (and the reverse)", "give both or neither")
+    if args.storage:
+        from autoplan.search.cli import check_storage
+
+        check_storage(args.storage)  # a file that is not a journal: refused before any work
+    if args.out:
+        fsutil.check_dir_target(args.out, force=args.force, names=OUT_FILES)
 
 
 def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
-    from autoplan.search.cli import build_request
+    """The search's best plans, one per layout first; NoFeasiblePlanError (exit 3) naming the
+    nearest miss when nothing is feasible."""
+    from autoplan.search.cli import build_request, infeasible_line
     from autoplan.search.engine import run_search
-    from autoplan.search.output import plans, top_rows
+    from autoplan.search.output import plans, summary, top_rows
 
     ns = argparse.Namespace(
         model=args.model, cluster=args.cluster, num_gpus=str(args.num_gpus),
@@ -76,6 +88,8 @@ def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
         deadline_days=None, train_tokens=None, sampler=None, trials=300, seed=0, storage=None,
         study=None, worker=0, top=args.top, runtime=None)  # autoplan's own runtime: tune runs it
     result = run_search(build_request(ns))
+    if result.best is None:
+        raise NoFeasiblePlanError(infeasible_line(summary(result, 1)))
     ranked = plans(result, top_rows(result, len(result.order)))
     # One plan per layout first (the cost model's near-ties, e.g. ZeRO-1 vs ZeRO-2 on a few
     # ranks, teach a tune little), then the rest in rank order.
@@ -92,12 +106,16 @@ def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
 def tune_command(args: argparse.Namespace) -> int:
     _validate(args)
     out = Path(args.out) if args.out else None
-    if out and not args.force and any((out / f).exists() for f in OUT_FILES):
-        raise ConfigError("--out", f"{str(out)!r} already holds tune results",
-                          "choose another directory or pass --force")
-    candidates = _candidates(args)
-    if args.dry_run:
-        return _dry_run(args, candidates)
+    with ExitStack() as held:
+        if out and not args.dry_run:  # one tune per --out: trials/ and runs/ are its work
+            held.enter_context(fsutil.output_lock(out, "--out"))
+        candidates = _candidates(args)
+        if args.dry_run:
+            return _dry_run(args, candidates)
+        return _tune(args, out, candidates)
+
+
+def _tune(args: argparse.Namespace, out: Path | None, candidates: list[Any]) -> int:
     from autoplan.tune.study import TuneConfig, run_tune
 
     cfg = TuneConfig(steps=args.steps, budget_s=args.budget_s,
@@ -145,10 +163,13 @@ def _candidates(args: argparse.Namespace) -> list[Any]:
         if plan.world_size != args.num_gpus:
             raise ConfigError("--plan", f"a plan for {plan.world_size} ranks",
                               f"this tune runs on --num-gpus {args.num_gpus}")
-    candidates = make_candidates(user + search_candidates(args))
-    if not candidates:
-        raise NoFeasiblePlanError("the search found no feasible plan to run; see autoplan search")
-    return candidates
+    try:
+        found = search_candidates(args)
+    except NoFeasiblePlanError:
+        if not user:
+            raise
+        found = []  # the user's plans still run
+    return make_candidates(user + found)
 
 
 def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
@@ -240,13 +261,15 @@ def _table(rows: list[dict[str, Any]], cols: tuple[str, ...], title: str) -> Tab
 
 def _write_out(out: Path, data: dict[str, Any], rows: list[dict[str, Any]], best: Plan | None,
                force: bool) -> None:
-    if best is not None:
-        write_text_atomic(out / "plan.yaml", dump_yaml(plan_to_dict(best)), overwrite=force)
+    """plan.yaml, trials.csv and summary.json, each whole, all written before any is placed
+    (fsutil.atomic_dir; trials/ and runs/ beside them are the tune's own work)."""
     buf = io.StringIO()
     fields = sorted({k for r in rows for k in r})
     writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
-    write_text_atomic(out / "trials.csv", buf.getvalue(), overwrite=force)
-    write_text_atomic(out / "summary.json", json.dumps(data, indent=2, default=str),
-                      overwrite=force)
+    with fsutil.atomic_dir(out, force=force, names=OUT_FILES) as tmp:
+        if best is not None:
+            fsutil.write_text(tmp / "plan.yaml", dump_yaml(plan_to_dict(best)))
+        fsutil.write_text(tmp / "trials.csv", buf.getvalue())
+        fsutil.write_text(tmp / "summary.json", json.dumps(data, indent=2, default=str))

@@ -128,3 +128,84 @@ def test_calibrate_writes_under_the_name_given_into_the_user_directory(tmp_path,
     hidden.write_text(yaml.safe_dump(raw))
     assert main(["calibrate", str(run), "--profile", str(hidden), "--trials", "3"]) == 2
     assert "plain file name" in capsys.readouterr().err
+
+
+def _one_run(tmp_path, name="run.json", profile="cpu-gloo", step_time_s=0.01):
+    plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 1},
+                           "precision": "fp32", "batch": {"micro_batch_size": 1,
+                                                          "global_batch_size": 1}})
+    path = tmp_path / name
+    path.write_text(json.dumps({"plan": plan_to_dict(plan), "profile": profile,
+                                "measured": {"step_time_s": step_time_s}}))
+    return str(path)
+
+
+def _refused(capsys, argv, *needles):
+    code = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and not captured.out, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_calibrate_refuses_a_seed_the_sampler_cannot_take(tmp_path, capsys) -> None:
+    # Optuna's TPESampler raised "Seed must be between 0 and 2**32 - 1" after loading the runs
+    _refused(capsys, ["calibrate", _one_run(tmp_path), "--profile", "cpu-gloo", "--seed", "-1",
+                      "--out", str(tmp_path / "out.yaml")], "--seed: got -1; expected 0 to")
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_calibrate_refuses_a_directory_out_before_fitting(tmp_path, capsys) -> None:
+    (tmp_path / "adir").mkdir()
+    _refused(capsys, ["calibrate", _one_run(tmp_path), "--profile", "cpu-gloo", "--force",
+                      "--out", str(tmp_path / "adir")], "--out:", "is a directory")
+    assert list((tmp_path / "adir").iterdir()) == []
+
+
+@pytest.mark.parametrize(("profile", "needle"), [
+    ("a100-sxm4-80gb", "recorded on profile 'a100-sxm4-80gb' (A100-SXM4-80GB), not on "
+                       "--profile 'cpu-gloo' (cpu-1-thread)"),
+    ("nope", "recorded on profile 'nope', which is neither a known profile nor a file"),
+])
+def test_runs_recorded_on_another_profile_are_refused(tmp_path, capsys, profile, needle) -> None:
+    run = _one_run(tmp_path, profile=profile)
+    _refused(capsys, ["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
+                      "--out", str(tmp_path / "out.yaml")], f"RUN {run}", needle)
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_runs_fit_a_profile_of_their_own_device(tmp_path, capsys) -> None:
+    """By name or by path, and a profile measured on the same host (README: runs recorded on
+    cpu-gloo calibrate my-machine.yaml from `autoplan profile`)."""
+    import yaml
+
+    from autoplan.hardware import PROFILES_DIR
+
+    run = _one_run(tmp_path, profile=str(PROFILES_DIR / "cpu-gloo.yaml"))
+    assert main(["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
+                 "--out", str(tmp_path / "out.yaml")]) == 0
+    raw = yaml.safe_load((PROFILES_DIR / "cpu-gloo.yaml").read_text())
+    raw["device"]["name"] = "cpu-1-thread (x86_64)"  # as `autoplan profile` names it
+    (tmp_path / "my-machine.yaml").write_text(yaml.safe_dump({**raw, "name": "my-machine"}))
+    assert main(["calibrate", _one_run(tmp_path, "run2.json"), "--profile",
+                 str(tmp_path / "my-machine.yaml"), "--trials", "2",
+                 "--out", str(tmp_path / "fitted.yaml")]) == 0
+
+
+def test_a_run_given_twice_is_refused(tmp_path, capsys) -> None:
+    run = _one_run(tmp_path)
+    _refused(capsys, ["calibrate", run, str(tmp_path / "." / "run.json"), "--profile",
+                      "cpu-gloo", "--trials", "2", "--out", str(tmp_path / "out.yaml")],
+             "is the same file as", "give each run record once")
+
+
+@pytest.mark.parametrize("seconds", [1e15, 1e300, 1e-300])
+def test_a_step_time_the_fit_cannot_use_is_refused_naming_the_run(tmp_path, capsys,
+                                                                   seconds) -> None:
+    # 1e15 s made predicted / measured round to 0: "math domain error" from log1p(-1)
+    run = _one_run(tmp_path, step_time_s=seconds)
+    _refused(capsys, ["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
+                      "--out", str(tmp_path / "out.yaml")],
+             f"RUN {run}: measured.step_time_s: got {seconds:g}")

@@ -150,3 +150,23 @@ def test_yaml_writes_follow_the_umask(tmp_path) -> None:
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_a_folder_that_cannot_be_made_is_one_config_error() -> None:
+    # root may write in /proc by access(), yet nothing can be made there
+    with pytest.raises(ConfigError, match="--out: cannot create the directory"):
+        fsutil.make_parents(Path("/proc/autoplan-no-such/sub"))
+    with pytest.raises(ConfigError, match="--out: cannot create anything in '/proc'"):
+        fsutil.check_file_target("/proc/autoplan-no-such/x.yaml", force=False)
+
+
+def test_a_failed_write_is_one_config_error_and_leaves_nothing(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fsutil.os, "fsync", full)
+    with pytest.raises(ConfigError, match="--out: cannot write .*No space left"):
+        fsutil.write_text(tmp_path / "new" / "a.yaml", "x: 1\n")
+    assert list(tmp_path.iterdir()) == []  # no temporary file, no folder made for it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -170,3 +171,21 @@ def test_an_attention_figure_by_length_loads_as_a_checked_curve() -> None:
         data["efficiency"]["attention_forward"]["fa2"] = bad
         with pytest.raises(ConfigError, match="attention_forward.fa2"):
             profile_from_dict(data)
+
+
+@pytest.mark.parametrize("target", ["{dir}", "/proc/autoplan-no-such/p.yaml"])
+def test_profile_refuses_an_out_it_cannot_write_before_measuring(tmp_path, capsys,
+                                                                 target) -> None:
+    """A directory (or a folder nothing can be made in) was found only at the save, after
+    every measurement (IsADirectoryError); now it is refused before the first."""
+    import time
+
+    if target.startswith("/proc") and not os.path.isdir("/proc/self"):
+        pytest.skip("needs /proc")
+    out = target.format(dir=tmp_path)
+    start = time.monotonic()
+    assert main(["profile", "--quick", "--device", "cpu", "--force", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert time.monotonic() - start < 15, "refused only after measuring"
+    assert len(err.splitlines()) == 1 and "--out" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -58,6 +58,33 @@ def test_bad_train_flags_exit_2_in_one_line_before_launch(tmp_path, capsys, flag
     assert len(err.splitlines()) == 1 and field in err, err
 
 
+REFUSED = [  # each once trained first, or crashed in the ranks, or named the wrong problem
+    (["--metrics-file", "{dir}/out.json", "--run-record", "{dir}/out.json"],
+     "--run-record: '{dir}/out.json' is also given to --metrics-file"),
+    (["--checkpoint-dir", "{dir}/ck", "--metrics-file", "{dir}/./ck"],
+     "--metrics-file: '{dir}/./ck' is also given to --checkpoint-dir"),
+    (["--space", "small-cpu"], "--space: got 'small-cpu' without --elastic"),
+    (["--run-record", "{dir}"], "--run-record: '{dir}' is a folder"),
+    (["--metrics-file", "/proc/autoplan-no-such/m.jsonl"],
+     "--metrics-file: cannot create anything in '/proc'"),
+    (["--data", "{empty}"], "--data: {empty} holds 0 bytes"),
+]
+
+
+@pytest.mark.parametrize(("flags", "needle"), REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
+def test_train_refuses_before_launch_naming_the_problem(tmp_path, capsys, flags, needle):
+    plan = save_plan(make_plan(dp=2), tmp_path / "plan.yaml")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    fill = {"dir": tmp_path, "empty": empty}
+    flags = [f.format(**fill) for f in flags]
+    code = main(["train", str(plan), "--steps", "2", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and needle.format(**fill) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "plan.yaml"]
+
+
 def test_metrics_file_keeps_each_step_once_after_a_resume(tmp_path):
     assert MetricsSink(str(tmp_path / "new" / "m.jsonl"), live=False).path.parent.is_dir()
     path = tmp_path / "m.jsonl"

@@ -1,0 +1,77 @@
+"""`autoplan estimate` and `autoplan clusters`: non-finite numbers refused, a flag and a `--set`
+that disagree refused, JSON output that is JSON, and one broken user profile skipped with a
+warning instead of breaking the listing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoplan.cli_common import emit
+from autoplan.commands import main
+from autoplan.hardware import PROFILES_DIR
+
+ESTIMATE = ["estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "8",
+            "--format", "json"]
+
+
+def _refused(capsys, argv: list[str], *needles: str) -> None:
+    code = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and not captured.out, err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_train_tokens_must_be_a_positive_finite_number(capsys, value: str) -> None:
+    _refused(capsys, [*ESTIMATE, "--train-tokens", value], f"--train-tokens: got {value}")
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--set", "cluster.num_gpus=16"], "--num-gpus: got 8 but --set cluster.num_gpus=16"),
+    (["--set", "cluster.profile=a100-sxm4-80gb"],
+     "--cluster: got 'cpu-gloo' but --set cluster.profile='a100-sxm4-80gb'"),
+    (["--set", "cluster={profile: cpu-gloo, num_gpus: 4}"], "--num-gpus: got 8"),
+    (["--set", "model=gpt3-125m"], "--model: got 'tiny'"),
+    (["--global-batch-size", "16", "--set", "batch.global_batch_size=32"],
+     "--global-batch-size: got 16"),
+])
+def test_a_flag_and_a_set_that_disagree_are_refused(capsys, flags, needle) -> None:
+    _refused(capsys, [*ESTIMATE, *flags], needle, "drop one, or give them the same value")
+
+
+def test_a_flag_and_a_set_that_agree_are_fine(capsys) -> None:
+    assert main([*ESTIMATE, "--set", "cluster.num_gpus=8", "--set", "cluster.profile=cpu-gloo"]
+                ) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["cluster"]["num_gpus"] == 8
+
+
+def test_json_output_never_holds_nan(capsys) -> None:
+    # a diverged run's final loss is NaN; JSON has no NaN, so it is written as null
+    emit(argparse.Namespace(format="json"), {"final_loss": float("nan"), "x": [float("inf")]},
+         lambda console: None)
+    out = capsys.readouterr().out
+    assert "NaN" not in out and "Infinity" not in out
+    assert json.loads(out) == {"final_loss": None, "x": [None]}
+
+
+def test_one_broken_user_profile_is_skipped_with_a_warning(tmp_path: Path, monkeypatch,
+                                                           capsys) -> None:
+    mine = yaml.safe_load((PROFILES_DIR / "cpu-gloo.yaml").read_text())
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({**mine, "name": "mine"}))
+    (tmp_path / "broken.yaml").write_text("name: [unclosed\n")
+    monkeypatch.setenv("AUTOPLAN_PROFILES", str(tmp_path))
+    assert main(["clusters", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    names = [row["name"] for row in json.loads(captured.out)]
+    assert "mine" in names and "cpu-gloo" in names and "broken" not in names
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "warning" in err, err
+    assert str(tmp_path / "broken.yaml") in err and "--cluster" not in err
