@@ -13,6 +13,7 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import plan_from_dict, plan_to_dict
+from tests.cli_refusals import assert_refused
 
 PLANS = [
     {"parallel": {"dp": 2}}, {"parallel": {"tp": 2}, "sequence_parallel": True},
@@ -140,14 +141,7 @@ def _one_run(tmp_path, name="run.json", profile="cpu-gloo", step_time_s=0.01):
     return str(path)
 
 
-def _refused(capsys, argv, *needles):
-    code = main(argv)
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and not captured.out, err
-    for needle in needles:
-        assert needle in err, err
+_refused = assert_refused
 
 
 def test_calibrate_refuses_a_seed_the_sampler_cannot_take(tmp_path, capsys) -> None:

@@ -14,19 +14,13 @@ import yaml
 from autoplan.cli_common import emit
 from autoplan.commands import main
 from autoplan.hardware import PROFILES_DIR
+from tests.cli_refusals import assert_refused
 
 ESTIMATE = ["estimate", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "8",
             "--format", "json"]
 
 
-def _refused(capsys, argv: list[str], *needles: str) -> None:
-    code = main(argv)
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and not captured.out, err
-    for needle in needles:
-        assert needle in err, err
+_refused = assert_refused
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0"])

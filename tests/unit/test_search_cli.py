@@ -10,20 +10,14 @@ from pathlib import Path
 import pytest
 
 from autoplan.commands import main
+from tests.cli_refusals import assert_refused
 
 SEARCH = ["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2",
           "--global-batch-size", "8", "--space", "small-cpu", "--trials", "3",
           "--format", "json"]
 
 
-def _refused(capsys, argv: list[str], *needles: str) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
+_refused = assert_refused
 
 
 @pytest.mark.parametrize("text", [
