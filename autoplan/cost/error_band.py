@@ -39,7 +39,7 @@ def family(runtime: str) -> str:
     until runs of its own on GPUs are validated it takes torchtitan's residuals."""
     if runtime in ("megatron", "megatron-2021", "megatron-2022", "megatron-deepep", "nemo"):
         return "megatron"
-    if runtime == "autoplan-cuda":
+    if runtime in ("autoplan-cuda", "torchtitan-0.3"):
         return "torchtitan"
     return runtime
 

@@ -661,6 +661,32 @@ _MEGATRON_2021: dict[str, Any] = {
 }
 """Megatron-LM's 2021 code (the SC21 runs); its 2022 release starts from it."""
 
+_TORCHTITAN: dict[str, Any] = {
+    "description": "torchtitan as its published runs used it (eager, no torch.compile; "
+                   "its own unfused RMSNorm, priced as composite): FSDP2 (fp32 sharded "
+                   "params, fp32 reduce), DTensor TP/SP, torch.distributed.pipelining, "
+                   "op-level selective "
+                   "checkpointing, eager SwiGLU, SDPA's FlashAttention-2",
+    "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
+    "fp8_weight_cache_bytes": 0.0,
+    "selective": "op-sac", "fp32_sharded_params": True, "fsdp2_copies": True,
+    "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "offload": ["both"],
+    "partial_recompute": False,
+    "fsdp2_offload": True,
+    # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
+    # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
+    "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3], "grad_reduce_dtypes": ["fp32"],
+    "multi_stage_schedules": ["zero-bubble"], "recompute_modules": [],
+    # Attention.forward repeats the grouped K/V heads before SDPA (repeat_kv: unsqueeze,
+    # expand, reshape, which copies) and the flash kernel saves those copies for backward
+    # (torchtitan/models/llama/model.py, 2024 through its 2025 llama3 model)
+    "kv_repeated": True,
+    # context parallelism is PyTorch's ring attention (torchtitan's
+    # create_context_parallel_ctx, context_parallel_rotate_method "allgather")
+    "cp_exchange": "torch-ring", "ddp_one_dimensional": True,
+}
+"""torchtitan as its published runs (2024-25) used it; 0.3.0 starts from it."""
+
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
         **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
@@ -721,29 +747,20 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # matters only without activation checkpointing. Its April 2024 configs chose the Triton
     # "fused_rmsnorm" instead (saves x, weight, rstd: fused_norm True; PR #297 of 2024-05-02
     # changed train_configs/llama3_8b.toml from it to "rmsnorm").
-    "torchtitan": {
-        "description": "torchtitan as its published runs used it (eager, no torch.compile; "
-                       "its own unfused RMSNorm, priced as composite): FSDP2 (fp32 sharded "
-                       "params, fp32 reduce), DTensor TP/SP, torch.distributed.pipelining, "
-                       "op-level selective "
-                       "checkpointing, eager SwiGLU, SDPA's FlashAttention-2",
-        "fused_swiglu": False, "fused_norm": False, "eager_elementwise": True,
-        "fp8_weight_cache_bytes": 0.0,
-        "selective": "op-sac", "fp32_sharded_params": True, "fsdp2_copies": True,
-        "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "offload": ["both"],
-        "partial_recompute": False,
-        "fsdp2_offload": True,
-        # FSDP2 has no optimizer-only sharding: torchtitan replicates (DDP, ZeRO-0), or shards
-        # with reshard_after_forward False (ZeRO-2) or True (ZeRO-3) (export/torchtitan.py)
-        "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3], "grad_reduce_dtypes": ["fp32"],
-        "multi_stage_schedules": ["zero-bubble"], "recompute_modules": [],
-        # Attention.forward repeats the grouped K/V heads before SDPA (repeat_kv: unsqueeze,
-        # expand, reshape, which copies) and the flash kernel saves those copies for backward
-        # (torchtitan/models/llama/model.py, 2024 through its 2025 llama3 model)
-        "kv_repeated": True,
-        # context parallelism is PyTorch's ring attention (torchtitan's
-        # create_context_parallel_ctx, context_parallel_rotate_method "allgather")
-        "cp_exchange": "torch-ring", "ddp_one_dimensional": True,
+    "torchtitan": _TORCHTITAN,
+    # torchtitan 0.3.0 (the release export's Python config targets), read in its wheel: its
+    # attention passes the grouped K/V heads to the kernel (models/common/attention.py,
+    # enable_gqa), its context parallelism all-gathers them and reduce-scatters their gradients
+    # (torch's flex_cp_allgather, _context_parallel/_cp_custom_ops.py), and FullAC wraps every
+    # block with early_stop=False (distributed/activation_checkpoint.py). Its default attention
+    # is FlexAttention, priced at FlashAttention-2's figures: no measured ratio between the two
+    # was found
+    "torchtitan-0.3": {
+        **_TORCHTITAN,
+        "description": "torchtitan 0.3.0, as `export --to torchtitan` (Python config) runs it: "
+                       "as torchtitan, with grouped K/V heads, all-gather context parallelism "
+                       "and full checkpointing without early stop",
+        "kv_repeated": False, "cp_exchange": "all-gather", "recompute_early_stop": False,
     },
     "deepspeed": {
         "optimizer_extra_bytes": 14.0, "loss_bytes_per_logit": 52.0,

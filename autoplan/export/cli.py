@@ -85,16 +85,20 @@ def _gpus_per_node(args: argparse.Namespace, profile: str, world: int) -> int:
     return load_profile(profile).gpus_per_node
 
 
-TARGET_RUNTIMES = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "torchtitan"}
-"""The runtime-traits preset each target's engine is priced with; slurm, kubernetes and
-torchrun launch autoplan's own runtime."""
+TARGET_RUNTIMES = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "torchtitan",
+                   "torchtitan/python": "torchtitan-0.3"}
+"""The runtime-traits preset each target's engine is priced with (torchtitan's Python config is
+torchtitan 0.3's, its TOML 0.2.2's); slurm, kubernetes and torchrun launch autoplan's own
+runtime."""
 
 
-def price_for_target(plan, model, target: str) -> str:
+def price_for_target(plan, model, target: str, torchtitan_format: str = "toml") -> str:
     """One line: the plan's step time and memory as the target's engine would run it."""
     from autoplan.cost.estimate import estimate_plan
 
-    est = estimate_plan(plan, model=model, runtime=TARGET_RUNTIMES.get(target))
+    key = f"{target}/{torchtitan_format}" if target == "torchtitan" else target
+    runtime = TARGET_RUNTIMES.get(key, TARGET_RUNTIMES.get(target))
+    est = estimate_plan(plan, model=model, runtime=runtime)
     line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s +- {est.error_band:.0%}, "
             f"{est.memory['total'] / 2**30:.1f} GiB per GPU")
     if not est.feasible:
@@ -155,7 +159,8 @@ def run_export(args: argparse.Namespace) -> int:
 
     def done() -> int:  # after every file is written: a failed export prints only its error
         try:
-            sys.stderr.write(price_for_target(plan, model, args.to) + "\n")
+            sys.stderr.write(price_for_target(plan, model, args.to, opts.torchtitan_format)
+                             + "\n")
         except ConfigError as err:  # a profile of another machine: the export stands alone
             log.info("not priced: %s", err)
         return 0

@@ -909,3 +909,18 @@ def test_megatron_refuses_what_transformer_engine_cannot_run() -> None:
     assert any("grouped expert GEMM" in r for r in _refusals(moe, "megatron"))
     assert any("no fp8 training" in r for r in _refusals({**LLAMA8B, "precision": "fp8"},
                                                           "deepspeed"))
+
+
+def test_torchtitan_0_3_keeps_grouped_heads_and_gathers_them() -> None:
+    """torchtitan 0.3.0 (its wheel): attention takes the grouped K/V heads (enable_gqa), context
+    parallelism all-gathers them (torch's flex_cp_allgather), FullAC has no early stop. A GQA
+    model keeps fewer activation bytes and its CP sends the grouped heads, once exposed."""
+    old, new = load_runtime("torchtitan"), load_runtime("torchtitan-0.3")
+    assert (new.kv_repeated, new.cp_exchange, new.recompute_early_stop) == (
+        False, "all-gather", False)
+    assert (old.kv_repeated, old.cp_exchange, old.recompute_early_stop) == (
+        True, "torch-ring", True)
+    plan = plan_from_dict({**LLAMA8B, "parallel": {"dp": 4, "cp": 2}, "zero_stage": 3})
+    a, b = (estimate_plan(plan, runtime=r) for r in (old, new))
+    assert b.memory["activations"] < a.memory["activations"]
+    assert b.runtime == "torchtitan-0.3" and b.error_band == a.error_band

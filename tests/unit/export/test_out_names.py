@@ -59,3 +59,13 @@ def test_megatron_script_names_itself(tmp_path: Path, name: str) -> None:
     out.parent.mkdir(exist_ok=True)
     assert export(tmp_path, "megatron-3d", "megatron", out) == 0
     assert f"# bash {out} " in out.read_text()
+
+
+@pytest.mark.parametrize("fmt, runtime", [("python", "torchtitan-0.3"), ("toml", "torchtitan")])
+def test_torchtitan_is_priced_as_the_release_its_format_runs(tmp_path: Path, capsys, fmt: str,
+                                                            runtime: str) -> None:
+    """The Python config is torchtitan 0.3.0's (grouped K/V heads, all-gather CP, no early
+    stop), the TOML 0.2.2's: the price line names the traits it used."""
+    out = tmp_path / ("job.py" if fmt == "python" else "job.toml")
+    assert export(tmp_path, titan_case(), "torchtitan", out, "--torchtitan-format", fmt) == 0
+    assert f"priced for {runtime}:" in capsys.readouterr().err
