@@ -210,35 +210,53 @@ def _precision(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     return ~np.isin(_dtype(t), codes)
 
 
-def _engine(t: Table, rt: RuntimeTraits, m: ModelSpec) -> dict[str, Any]:
-    """What Transformer Engine and Megatron-Core's grouped GEMM cannot run, by limit."""
+def _engine(t: Table, m: ModelSpec) -> list[tuple[Any, str]]:
+    """What Transformer Engine and Megatron-Core's grouped GEMM cannot run: (rows, why) per
+    limit, the why written for the first row (messages are for one-plan tables). Sources:
+    TE's get_attention_backend (FusedAttention takes bf16/fp16 inputs; UnfusedDotProduct-
+    Attention "does not support context parallelism"), its context_parallel.py (MLA only with
+    cp_comm_type p2p or a2a+p2p), Megatron-LM's validate_args (`if args.moe_grouped_gemm:
+    assert args.bf16`, and `not args.fp16` with expert parallelism)."""
     dtype, eager = _dtype(t), eager_col(t, t["pp"])
-    cp = np.asarray(t.get("cp", np.ones(np.shape(t["pp"]))))
-    fp32 = dtype == PRECISIONS.index(Precision.FP32)
-    return {
-        "fused attention runs in 16 bits only (precision fp32 with attention flash: set "
-        "precision bf16, or attention eager)": fp32 & ~eager,
-        "context parallelism runs through fused attention only (attention eager with cp > 1: "
-        "set attention flash)": eager & (cp > 1),
-        "latent attention's context parallelism is its p2p ring only (MLA with cp > 1: set "
-        "cp 1)": (cp > 1) & (m.mla is not None),
-        "the grouped expert GEMM runs in bf16 only (set precision bf16 or fp8)":
-            ~np.isin(dtype, [PRECISIONS.index(Precision.BF16), PRECISIONS.index(Precision.FP8)])
-            & (m.moe is not None),
-    }
+    cp = np.asarray(t.get("cp", np.ones(np.shape(t["pp"]), dtype=np.int64)))
+    first = PRECISIONS[int(dtype[0])].value if np.size(dtype) else "bf16"
+    c = int(cp[0]) if np.size(cp) else 1
+    sixteen = [PRECISIONS.index(Precision.BF16), PRECISIONS.index(Precision.FP8)]
+    return [
+        ((dtype == PRECISIONS.index(Precision.FP32)) & ~eager,
+         "precision fp32 with attention flash: Transformer Engine's fused attention runs in 16 "
+         "bits only; use bf16, or attention eager"),
+        (eager & (cp > 1),
+         f"attention eager with cp={c}: Transformer Engine runs context parallelism through "
+         "fused attention only; use attention flash or cp=1"),
+        ((cp > 1) & (m.mla is not None),
+         f"model.mla with cp={c}: Transformer Engine runs latent attention's context "
+         "parallelism as its p2p ring only, not the K/V all-gather priced and exported; use "
+         "cp=1"),
+        (~np.isin(dtype, sixteen) & (m.moe is not None),
+         f"precision {first} with experts: Megatron's grouped expert GEMM (--moe-grouped-gemm) "
+         "runs in bf16 only; use bf16 or fp8"),
+    ]
+
+
+def engine_reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    """What of one plan Transformer Engine and Megatron-Core cannot run, a line per limit (the
+    megatron exporter refuses with these; the runtime rule below keeps searches from them)."""
+    row = plan_to_row(plan, model)
+    return [why for rows, why in _engine(row, model) if bool(np.asarray(rows)[0])]
 
 
 def _te(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     bad = np.zeros(np.shape(t["pp"]), dtype=bool)
     if rt.transformer_engine:
-        for rows in _engine(t, rt, m).values():
+        for rows, _ in _engine(t, m):
             bad |= np.asarray(rows, dtype=bool)
     return bad
 
 
 def _te_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
-    why = [k for k, rows in _engine(t, rt, m).items() if bool(np.asarray(rows)[0])]
-    return f"runtime {rt.name} (Transformer Engine): " + "; ".join(why)
+    why = [w for rows, w in _engine(t, m) if bool(np.asarray(rows)[0])]
+    return f"runtime {rt.name}: " + "; ".join(why)
 
 
 def _recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:

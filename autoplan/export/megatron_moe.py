@@ -13,7 +13,7 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan, Precision
+from autoplan.plan import Plan
 from autoplan.yaml_io import show
 
 MOE_SWITCHES = frozenset({"--moe-grouped-gemm", "--moe-router-enable-expert-bias",
@@ -29,11 +29,6 @@ def moe_reasons(plan: Plan, model: ModelSpec) -> list[str]:
     moe, why = model.moe, list[str]()
     if moe is None:
         return why
-    if plan.precision not in (Precision.BF16, Precision.FP8):
-        # validate_args: `if args.moe_grouped_gemm: assert args.bf16` (the export always writes
-        # --moe-grouped-gemm), and `assert not args.fp16` with expert parallelism
-        why.append(f"precision {plan.precision.value} with experts: Megatron's grouped expert "
-                   "GEMMs (--moe-grouped-gemm) run in bf16 only; use bf16 or fp8")
     if plan.parallel.tp > 1 and not plan.sequence_parallel:
         why.append(f"tp={plan.parallel.tp} with experts and sequence_parallel false: Megatron "
                    "requires --sequence-parallel with tensor and expert parallelism; set it true")

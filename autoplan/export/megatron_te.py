@@ -24,25 +24,12 @@ FP8_FORMAT = "hybrid"
 
 
 def te_reasons(plan: Plan, model: ModelSpec) -> list[str]:
-    """What of the plan's precision and attention Transformer Engine cannot run."""
-    why, cp = [], plan.parallel.cp
-    if plan.precision == Precision.FP32 and plan.attention == Attention.FLASH:
-        # get_attention_backend: FusedAttention needs qkv_dtype bf16/fp16 (fp8); the flag
-        # switches the other backends off
-        why.append("precision fp32 with attention flash: Transformer Engine's fused (cuDNN) "
-                   "attention, which --attention-backend fused selects alone, takes bf16 or "
-                   "fp16 inputs only; use bf16, or attention eager")
-    if plan.attention == Attention.EAGER and cp > 1:
-        # get_attention_backend: "Disabling UnfusedDotProductAttention as it does not support
-        # context parallelism"
-        why.append(f"attention eager with cp={cp}: Transformer Engine's unfused attention has "
-                   "no context parallelism; use attention flash or cp=1")
-    if model.mla is not None and cp > 1:
-        # context_parallel.py attn_forward_func_with_cp: MLA only with cp_comm_type p2p/a2a+p2p
-        why.append(f"model.mla with cp={cp}: Transformer Engine runs latent attention's context "
-                   "parallelism only as the p2p ring, not the K/V all-gather the megatron "
-                   "runtime prices; use cp=1")
-    return why
+    """What of the plan's precision, attention and experts Transformer Engine and Megatron-Core
+    cannot run: the megatron runtime's own rule (cost/runtime_rules.engine_reasons), so a
+    search priced for megatron and this export refuse the same plans."""
+    from autoplan.cost.runtime_rules import engine_reasons
+
+    return engine_reasons(plan, model)
 
 
 def te_args(plan: Plan) -> list[str]:
