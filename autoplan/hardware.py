@@ -84,6 +84,9 @@ class TimeTable:
 
     def __post_init__(self) -> None:
         _check_sizes("collectives table", self.x, self.y)
+        if len(self.x) < 2:  # one point prices every message size the same
+            raise ConfigError("collectives table", f"x has {len(self.x)} point",
+                              "measure at least two message sizes")
         if any(v <= 0 for v in self.y) or any(b < a for a, b in zip(self.y, self.y[1:], strict=False)):
             raise ConfigError("collectives table y", f"got {list(self.y)}",
                               "use positive seconds that do not fall with message size")
@@ -158,9 +161,10 @@ class DeviceSpec:
         if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1:
             raise ConfigError("gemm_tile", f"got {list(self.gemm_tile)}",
                               "expected [rows, columns], both positive")
-        if self.reserved_bytes < 0:
+        if not 0 <= self.reserved_bytes < self.memory_bytes:
             raise ConfigError("reserved_bytes", f"got {self.reserved_bytes}",
-                              "expected 0 or more bytes")
+                              f"expected 0 or more bytes, below memory_bytes "
+                              f"({self.memory_bytes})")
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops_per_s:

@@ -105,11 +105,26 @@ def _request(args: argparse.Namespace) -> _Request:
         torch.cuda.device_count() if use_cuda else 4)
     if max_ranks < 1 or (not use_cuda and max_ranks > 8):
         raise ConfigError("--ranks", f"got {max_ranks}", "expected 1 to 8 on CPU")
+    base = read_yaml(base_path or base_ref, "--base")
+    precision = gemm_precision(args.precision, use_cuda, base, base_ref)
     return _Request(
         device=torch.device("cuda", 0) if use_cuda else torch.device("cpu"),
-        precision=args.precision or ("bf16" if use_cuda else "fp32"),
-        base=read_yaml(base_path or base_ref, "--base"), name=name, out=out,
+        precision=precision, base=base, name=name, out=out,
         groups=[g for g in (2, 4, 8) if g <= max_ranks], quick=args.quick)
+
+
+def gemm_precision(asked: str | None, use_cuda: bool, base: Any, base_ref: str) -> str:
+    """The precision GEMMs are measured in: as asked, else fp32 on a CPU and on a GPU bf16, or
+    fp16 where the base profile has no bf16 peak (a V100). On a GPU the curve is a share of the
+    base profile's datasheet peak, so that peak must be there: refused before measuring."""
+    peaks = base.get("device", {}).get("peak_flops_per_s", {}) if isinstance(base, dict) else {}
+    if not use_cuda:
+        return asked or "fp32"
+    precision = asked or ("bf16" if "bf16" in peaks else "fp16")
+    if precision not in peaks:
+        raise ConfigError("--precision", f"{precision}: base profile {base_ref} has no "
+                          f"{precision} peak", "choose one of " + ", ".join(sorted(peaks)))
+    return precision
 
 
 def _measure(req: _Request, console: Any) -> _Measured:
@@ -207,7 +222,7 @@ def _render(summary: dict[str, Any], c: Any) -> None:
             f"{summary['cpu_adam_params_per_s'] / 1e6:.0f} M params/s, "
             f"{summary['op_overhead_s'] * 1e6:.1f} us per operator")
     if summary["all_reduce_bytes_per_s"] is not None:
-        c.print(f"  all-reduce over {max(summary['groups'])} ranks: "
+        c.print(f"  all-reduce over {min(summary['groups'])} ranks: "  # the fit's group
                 f"{summary['all_reduce_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, "
                 f"{summary['all_reduce_latency_s'] * 1e6:.0f} us per step")
     fed = summary["matmul_from_layers"]

@@ -70,7 +70,7 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
     elem = float(compute.memory_time_s(owned[layer] * scale * compute.ELEMENTWISE_PASSES,
                                        profile))
     if layer == "attention":
-        core = float(lt["core_forward"]) * (1.0 + compute.FLASH_BACKWARD)
+        core = float(lt["core_forward"] + lt["core_backward"])  # each at its own efficiency
         return 3.0 * (gemm_s[0] + gemm_s[1]) + core + elem
     if layer == "mlp":
         return 3.0 * (gemm_s[2] + gemm_s[3]) + elem

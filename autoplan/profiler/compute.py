@@ -47,7 +47,10 @@ def matmul_sizes(device: torch.device, quick: bool) -> list[int]:
         sizes = [128, 256, 512, 1024, 2048, 4096, 8192]
     else:
         sizes = [32, 64, 128, 256, 512, 1024]
-    return sizes[::2] + sizes[-1:] if quick else sizes
+    if not quick:
+        return sizes
+    picked = sizes[::2]  # every other size, and the largest once (a curve's x must increase)
+    return picked if picked[-1] == sizes[-1] else picked + sizes[-1:]
 
 
 def measure_matmul(device: torch.device, precision: str, quick: bool) -> list[Timing]:

@@ -190,3 +190,12 @@ def test_torch_ring_hides_its_gather_behind_the_first_step_only() -> None:
     f, _ = ring(gather / 4.0, 1.0)
     assert f == pytest.approx(0.75 * gather, rel=1e-12)
     assert ring(0.0, 0.0, n=np.array(1.0)) == (0.0, 0.0)
+
+
+def test_a_collectives_table_of_one_size_is_refused() -> None:
+    """One measured size priced every message the same (1 KiB and 1 GiB alike)."""
+    from autoplan.errors import ConfigError
+    from autoplan.hardware import TimeTable
+
+    with pytest.raises(ConfigError, match="at least two message sizes"):
+        TimeTable((1024.0,), (1e-4,))

@@ -123,3 +123,21 @@ def test_block_prediction_is_the_estimate_term() -> None:
     assert predicted_layer_s("block", spec, 2, 2, prof, "fp32") == pytest.approx(
         float(lt["forward"] + lt["backward"] + lt["dtensor"]))
     assert lt["dtensor"] > 0  # tp 2 on a CPU
+
+
+def test_attention_is_priced_with_the_profiles_backward_figure() -> None:
+    """The attention layer's prediction prices its core's backward at the profile's backward
+    efficiency (the block's core_backward), not at the forward's: the profiler measures them
+    apart, so a slower backward figure must make the layer slower."""
+    import dataclasses
+
+    prof = load_profile("cpu-gloo")
+    spec = layer_models(CPU, 128)["gpt"]
+    eff = prof.efficiency
+    halved = {k: v.scaled(0.5) if hasattr(v, "scaled") else v * 0.5
+              for k, v in (eff.attention_backward or {}).items()}
+    assert halved, "cpu-gloo files backward attention figures"
+    slower = dataclasses.replace(prof, efficiency=dataclasses.replace(
+        eff, attention_backward=halved))
+    assert (predicted_layer_s("attention", spec, 2, 1, slower, "fp32")
+            > predicted_layer_s("attention", spec, 2, 1, prof, "fp32"))

@@ -189,3 +189,48 @@ def test_profile_refuses_an_out_it_cannot_write_before_measuring(tmp_path, capsy
     assert time.monotonic() - start < 15, "refused only after measuring"
     assert len(err.splitlines()) == 1 and "--out" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["cuda", "cpu"])
+def test_quick_gemm_sizes_increase_and_end_at_the_largest(kind: str) -> None:
+    """--quick keeps every other size and the largest once: a size measured twice made the
+    matmul curve's x repeat, which the profile loader refuses after all the measuring."""
+    import torch
+
+    from autoplan.profiler.compute import matmul_sizes
+
+    device = torch.device(kind)
+    quick, full = matmul_sizes(device, True), matmul_sizes(device, False)
+    assert all(b > a for a, b in zip(quick, quick[1:], strict=False))
+    assert quick[-1] == full[-1] and set(quick) <= set(full)
+
+
+def test_a_gpu_without_bf16_measures_fp16_and_a_missing_peak_is_refused() -> None:
+    """A V100's datasheet profile has no bf16 peak: the GEMMs are measured in fp16 by default,
+    and asking for bf16 is refused before any measuring (it was a KeyError after it)."""
+    from autoplan.errors import ConfigError
+    from autoplan.profiler.cli import gemm_precision
+    from autoplan.resources import PROFILES, find
+    from autoplan.yaml_io import read_yaml
+
+    v100 = read_yaml(find(PROFILES, "v100-sxm2-32gb"), "--base")
+    assert gemm_precision(None, True, v100, "v100-sxm2-32gb") == "fp16"
+    with pytest.raises(ConfigError, match="--precision"):
+        gemm_precision("bf16", True, v100, "v100-sxm2-32gb")
+    h100 = read_yaml(find(PROFILES, "h100-sxm-80gb"), "--base")
+    assert gemm_precision(None, True, h100, "h100-sxm-80gb") == "bf16"
+    assert gemm_precision(None, False, v100, "cpu-gloo") == "fp32"
+
+
+def test_a_profile_reserving_all_its_memory_is_refused() -> None:
+    """reserved_bytes (CUDA context, workspaces) at or past the device memory left no room
+    and loaded anyway."""
+    from autoplan.errors import ConfigError
+    from autoplan.hardware import profile_from_dict
+    from autoplan.resources import PROFILES, find
+    from autoplan.yaml_io import read_yaml
+
+    data = read_yaml(find(PROFILES, "h100-sxm-80gb"), "--base")
+    data["device"]["reserved_bytes"] = data["device"]["memory_bytes"]
+    with pytest.raises(ConfigError, match="reserved_bytes"):
+        profile_from_dict(data)
