@@ -32,6 +32,24 @@ BF16_ACCUMULATE_BYTES = 6.0
 dtype copies nothing, so the add reads 2 + 2 and writes 2."""
 
 
+def bf16_optimizer_accumulation(pp: np.ndarray, zero: np.ndarray, default_reduce: np.ndarray,
+                                offload_optimizer: np.ndarray
+                                ) -> tuple[np.ndarray, np.ndarray]:
+    """(fp32, bf16): where DeepSpeed 0.19 runs a bf16 pipeline on its BF16_Optimizer, and in
+    which accumulation dtype (deepspeed/runtime/engine.py _do_optimizer_sanity_check).
+    fp32: at ZeRO-1 with data_types.grad_accum_dtype fp32 ("model_dtype == bfloat16 and
+    grad_accum_dtype == float32 and stage == 1 and not zero_cpu_offload"), which
+    export/deepspeed.py writes exactly here: no reduce dtype asked (`default_reduce`), nothing
+    offloaded. bf16: at ZeRO-0 always, where fp32 accumulation is an "unsupported mix".
+    Elsewhere the ZeRO optimizer runs with 16-bit gradients. The cost model's rows and the
+    exporter both read this one rule."""
+    pipeline = np.asarray(pp) > 1
+    zero = np.asarray(zero)
+    fp32 = (pipeline & (zero == 1) & np.asarray(default_reduce, bool)
+            & ~np.asarray(offload_optimizer, bool))
+    return fp32, pipeline & (zero == 0)
+
+
 @dataclass(frozen=True)
 class Rows:
     """One value per candidate in every field (numpy arrays of the table's length)."""
@@ -146,8 +164,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         # bf16_optimizer), accumulating and reducing in fp32; at ZeRO-0 always, accumulating
         # in bf16 (fp32 there is an "unsupported mix") and partitioning its fp32 master and
         # Adam states over dp as ZeRO-1 does (bf16_optimizer.py fp32_groups_flat_partition)
-        fp32 = (pp > 1) & (zero == 1) & (reduce_code == 0) & ~off_o.astype(bool)
-        bf16 = (pp > 1) & (zero == 0)
+        fp32, bf16 = bf16_optimizer_accumulation(pp, zero, reduce_code == 0, off_o)
         zero = np.where(bf16, 1, zero)
         reduce_bytes = np.where(fp32, 4.0, reduce_bytes)
         grad_bytes = np.where(fp32, BF16_OPTIMIZER_GRAD_BYTES,

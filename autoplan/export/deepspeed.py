@@ -13,6 +13,9 @@ import json
 import shlex
 from typing import Any
 
+import numpy as np
+
+from autoplan.cost.rows import bf16_optimizer_accumulation
 from autoplan.export import megatron_deepspeed
 from autoplan.export.base import (
     ExportOptions,
@@ -97,16 +100,16 @@ def fp8_reasons(plan: Plan) -> list[str]:
 
 
 def bf16_optimizer(plan: Plan) -> bool:
-    """A bf16 pipeline at ZeRO-1 runs DeepSpeed's BF16_Optimizer (fp32 gradient accumulation
-    and reduce), as the deepspeed runtime prices every bf16 pipeline (cost/rows.py,
-    pipeline_engine_reduce), only with data_types.grad_accum_dtype fp32: deepspeed 0.19.8
-    runtime/engine.py _do_optimizer_sanity_check returns BFLOAT16 for ZeRO when "model_dtype ==
-    bfloat16 and grad_accum_dtype == float32 and stage == 1 and not zero_cpu_offload", else the
-    ZeRO optimizer with bf16 gradients (grad_accum_dtype defaults to the model's dtype,
-    get_data_types). ZeRO-0 pipelines take BF16_Optimizer with no setting (and refuse fp32
-    accumulation: "unsupported mix")."""
-    return (plan.precision == Precision.BF16 and plan.parallel.pp > 1 and plan.zero_stage == 1
-            and plan.grad_reduce_dtype is None and not plan.offload.optimizer)
+    """Whether the config asks for DeepSpeed's BF16_Optimizer with fp32 gradient accumulation
+    (data_types.grad_accum_dtype fp32): where cost/rows.bf16_optimizer_accumulation, the rule
+    the deepspeed runtime is priced by, says so. ZeRO-0 pipelines take BF16_Optimizer with no
+    setting (and refuse fp32 accumulation: "unsupported mix")."""
+    if plan.precision != Precision.BF16:
+        return False
+    fp32, _ = bf16_optimizer_accumulation(
+        np.asarray(plan.parallel.pp), np.asarray(plan.zero_stage),
+        np.asarray(plan.grad_reduce_dtype is None), np.asarray(plan.offload.optimizer))
+    return bool(fp32)
 
 
 def ds_config(plan: Plan) -> dict[str, Any]:

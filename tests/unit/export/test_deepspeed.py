@@ -377,18 +377,33 @@ def _optimizer_deepspeed_picks(cfg: dict, dp: int) -> str:
         return engine._do_optimizer_sanity_check(adam)
 
 
-@pytest.mark.parametrize(("zero", "offload", "grad_accum"), [
-    (1, False, "fp32"), (0, False, None), (1, True, None)])
-def test_bf16_pipeline_runs_the_bf16_optimizer_it_is_priced_as(zero: int, offload: bool,
-                                                                grad_accum: str | None):
-    """The deepspeed runtime prices every bf16 pipeline as BF16_Optimizer (fp32 gradients);
-    at ZeRO-1 DeepSpeed picks it only with data_types.grad_accum_dtype fp32 (and no optimizer
-    offload), at ZeRO-0 by itself."""
+@pytest.mark.parametrize(("zero", "offload", "reduce", "grad_accum", "accumulate"), [
+    (1, False, None, "fp32", 18.0), (0, False, None, None, 6.0), (1, True, None, None, 0.0),
+    (1, False, "bf16", None, 0.0)])
+def test_bf16_pipeline_runs_the_bf16_optimizer_it_is_priced_as(
+        zero: int, offload: bool, reduce: str | None, grad_accum: str | None,
+        accumulate: float):
+    """The config asks for what the deepspeed runtime is priced as: BF16_Optimizer accumulating
+    in fp32 (18 bytes moved per parameter and micro-batch: cost/rows.py) only at ZeRO-1 with no
+    reduce dtype and no optimizer offload, where the config carries data_types.grad_accum_dtype
+    fp32 and DeepSpeed itself picks BF16_Optimizer; at ZeRO-0 BF16_Optimizer accumulating in
+    bf16 (6 bytes) with no setting; elsewhere the ZeRO optimizer, nothing accumulated apart."""
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.plan import ReduceDtype
+    from autoplan.plan_table import plan_to_row
+
     p = plan("gpt3-2.7b", 16, parallel=Parallel(dp=4, pp=4), zero_stage=zero,
              offload=Offload(optimizer=offload), recompute=Recompute(RecomputePolicy.FULL),
-             batch=Batch(2, 64))
+             batch=Batch(2, 64),
+             grad_reduce_dtype=ReduceDtype(reduce) if reduce else None)
     cfg = json.loads(export_plan(get_target("deepspeed"), p, p.model_spec(),
                                  ExportOptions(gpus_per_node=8))["ds_config.json"])
     assert cfg.get("data_types", {}).get("grad_accum_dtype") == grad_accum
-    if not offload:
-        assert _optimizer_deepspeed_picks(cfg, dp=4) == "bf16"  # BFLOAT16: BF16_Optimizer
+    rows = rows_of(plan_to_row(p, p.model_spec()), p.model_spec(), "bf16",
+                   load_runtime("deepspeed"))
+    assert list(rows.accumulate_bytes) == [accumulate]
+    if accumulate:  # BFLOAT16: BF16_Optimizer, by DeepSpeed's own choice
+        assert _optimizer_deepspeed_picks(cfg, dp=4) == "bf16"
+    elif not offload:
+        assert _optimizer_deepspeed_picks(cfg, dp=4) != "bf16"
