@@ -203,6 +203,21 @@ class RuntimeTraits:
     """ZeRO parameter all-gathers overlap the neighbouring compute (FSDP2 prefetch, Megatron
     --overlap-param-gather): only the first gather and the last reduce-scatter of a step are
     exposed, and the rest as far as the compute beside them hides it."""
+    chunked_dp_sync: bool = False
+    """Under an interleaved pipeline (vpp > 1) each model chunk's once-per-step data-parallel
+    traffic is launched on its own, beside the other chunks' work: a chunk's gradient
+    reduction as soon as its last micro-batch's backward ends, behind the backward of the
+    chunks that follow (j x pp chunk-backwards for chunk j of the final group, counting the
+    drain idle of later ranks, whose launch is offset by their rank), and the next chunk's
+    parameter gather at a chunk's first forward, pp chunk-forwards before it is needed
+    (Megatron-Core's interleaved schedule: megatron/core/pipeline_parallel/schedules.py
+    forward_backward_pipelining_with_interleaving, grad_sync_func at
+    is_last_microbatch_for_model_chunk(virtual_microbatch_id - pipeline_parallel_rank),
+    param_sync_func for the next chunk at is_first_microbatch_for_model_chunk; chunks 0 and 1
+    gathered before the warm-up). Only chunk 0's share waits on its own last backward and
+    first forward. False: the step's reduction hides behind the last micro-batch's backward
+    and its gather behind the first forward, whole (torch.distributed.pipelining with FSDP2,
+    whose final backward callback waits for each stage's reduce-scatter)."""
     tp_comm_overlap: float = 0.0
     """Fraction of tensor-parallel collective time hidden behind GEMMs, for a runtime whose
     method is not modelled below. 0: none."""
@@ -690,6 +705,7 @@ _TORCHTITAN: dict[str, Any] = {
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
         **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
+        "chunked_dp_sync": True,
         "attention_kernel": "cudnn",
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
@@ -702,6 +718,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     },
     "megatron-deepep": {
         **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
+        "chunked_dp_sync": True,
         "attention_kernel": "cudnn",
         "description": "as megatron, with the MoE flex dispatcher on DeepEP "
                        "(--moe-token-dispatcher-type flex --moe-enable-deepep): tokens sent "
@@ -729,7 +746,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "tp_comm_overlap_method": "async-dgrad",
     },
     "nemo": {
-        **_MEGATRON_CORE, "transformer_engine": True,
+        **_MEGATRON_CORE, "transformer_engine": True, "chunked_dp_sync": True,
         "attention_kernel": "cudnn",
         "description": "NeMo / Megatron-Bridge recipes on Megatron-Core: as megatron, with "
                        "tensor-parallel communication overlapped with GEMMs (tp_comm_overlap, "

@@ -119,13 +119,38 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     per_pass = (r.zero == 3) & (not once_per_step)
     overlap = profile.efficiency.overlap
     red_overlap = np.where((r.pp > 1) & runtime.pipeline_engine_reduce, 0.0, overlap)
+    reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
+    gathers = np.where(r.zero == 0, 0.0, np.where(per_pass, 2.0 * r.m, 1.0) * ag)
+    reduction_window = crit["backward"] * red_overlap
+    gather_window = crit["forward"] * overlap
+    if runtime.chunked_dp_sync:
+        chunked = once & (r.pp > 1) & (r.vpp > 1)
+        j = np.arange(int(r.vpp.max(initial=1.0)))[:, None]  # chunk index, one row each
+        reduction_window = np.where(chunked, chunked_hidden_s(
+            reductions, reduction_window, r.vpp, j * r.pp), reduction_window)
+        gather_window = np.where(chunked & ~per_pass, chunked_hidden_s(
+            gathers, gather_window, r.vpp, np.minimum(1.0, j) * r.pp), gather_window)
     return _ZeroTraffic(
-        reductions=np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs),
-        gathers=np.where(r.zero == 0, 0.0, np.where(per_pass, 2.0 * r.m, 1.0) * ag),
-        calls=calls,
-        reduction_window=np.where(once, 1.0, r.m) * crit["backward"] * red_overlap,
-        gather_window=np.where(per_pass, r.m * (crit["forward"] + crit["backward"]),
-                               crit["forward"]) * overlap)
+        reductions=reductions, gathers=gathers, calls=calls,
+        reduction_window=np.where(once, 1.0, r.m) * reduction_window,
+        gather_window=np.where(per_pass, r.m * (crit["forward"] + crit["backward"]) * overlap,
+                               gather_window))
+
+
+def chunked_hidden_s(total: np.ndarray, own: np.ndarray, vpp: np.ndarray,
+                     chunk_passes: np.ndarray) -> np.ndarray:
+    """Seconds of a once-per-step collective of `total` seconds that the compute beside it
+    hides when each of a rank's `vpp` model chunks runs its 1/vpp share on its own
+    (RuntimeTraits.chunked_dp_sync): chunk j's share hides behind its own pass (`own`, the
+    stage's overlap-weighted pass over all chunks, so own / vpp per chunk) and
+    `chunk_passes[j]` further chunk passes (own / vpp each): the chunks' backward after chunk
+    j's last one (j x pp), or the chunk forwards before a gathered chunk is needed (pp from
+    chunk 1 on). Rows are chunk indices; chunks past a row's vpp count nothing."""
+    vpp = np.asarray(vpp, float)
+    j = np.arange(chunk_passes.shape[0])[:, None]
+    share, per_pass = total / vpp, own / vpp
+    hidden = np.minimum(share, (1.0 + chunk_passes) * per_pass)
+    return np.sum(np.where(j < vpp, hidden, 0.0), axis=0)
 
 
 def _dp_comm(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,

@@ -924,3 +924,38 @@ def test_torchtitan_0_3_keeps_grouped_heads_and_gathers_them() -> None:
     a, b = (estimate_plan(plan, runtime=r) for r in (old, new))
     assert b.memory["activations"] < a.memory["activations"]
     assert b.runtime == "torchtitan-0.3" and b.error_band == a.error_band
+
+
+def test_chunk_shares_hide_behind_the_chunks_after_them() -> None:
+    """chunked_hidden_s: with vpp 3 and pp 4, a 3 s reduction is 1 s per chunk; chunk j hides
+    behind its own backward (own / vpp = 0.1 s) and j x pp more chunk backwards: 0.1, 0.5 and
+    0.9 s of its 1 s. A collective shorter than the windows hides whole; vpp 1 is the
+    one-window case."""
+    from autoplan.cost.step_time import chunked_hidden_s
+
+    passes = 4.0 * np.arange(3)[:, None]
+    hidden = chunked_hidden_s(np.array([3.0, 0.3, 3.0]), np.array([0.3, 0.3, 0.3]),
+                              np.array([3.0, 3.0, 1.0]), passes)
+    assert hidden == pytest.approx([0.1 + 0.5 + 0.9, 0.1 + 0.1 + 0.1, 0.3])
+
+
+def test_megatron_core_syncs_each_interleaved_chunk_on_its_own() -> None:
+    """Megatron-Core's interleaved schedule launches each chunk's gradient reduce-scatter when
+    the chunk's last backward ends and gathers the next chunk's parameters a chunk ahead
+    (RuntimeTraits.chunked_dp_sync): at dp 64 the exposed data-parallel time drops, and
+    nothing else moves; without interleaving there is nothing to split."""
+    base = {"model": "gpt3-175b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 4096},
+            "parallel": {"dp": 64, "tp": 8, "pp": 8}, "zero_stage": 1,
+            "sequence_parallel": True, "recompute": {"policy": "selective"},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 1536}}
+    megatron = load_runtime("megatron")
+    assert megatron.chunked_dp_sync and load_runtime("nemo").chunked_dp_sync
+    whole = replace(megatron, chunked_dp_sync=False)
+    interleaved = plan_from_dict({**base, "pipeline": {"schedule": "interleaved-1f1b",
+                                                        "vpp": 3}})
+    chunked, not_chunked = (estimate_plan(interleaved, runtime=rt) for rt in (megatron, whole))
+    assert chunked.time["dp_comm"] < 0.8 * not_chunked.time["dp_comm"]
+    assert chunked.time["compute"] == not_chunked.time["compute"]
+    plain = plan_from_dict(base)
+    assert (estimate_plan(plain, runtime=megatron).time["dp_comm"]
+            == estimate_plan(plain, runtime=whole).time["dp_comm"])
