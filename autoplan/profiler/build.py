@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from autoplan.errors import RuntimeLaunchError
+from autoplan.profiler.collectives import monotone
 from autoplan.profiler.compute import Timing
 
 MIN_EFF = 0.005
@@ -25,23 +27,65 @@ def matmul_curve(timings: list[Timing], peak: float) -> dict[str, list[float]]:
     return {"x": [t.size for t in timings], "y": [_clamp(t.size / t.seconds / peak) for t in timings]}
 
 
+def clean_all_reduce_rows(rows: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, seconds) of the measured all-reduce rows, cleaned as the profile's `collectives`
+    table is (collectives.collective_tables): rows without a positive, finite size and time are
+    dropped, repeats of one size give their median (collectives.py already sends one median of
+    its repeats per size), and each time is the least of it and every larger size's, so a slow
+    small-message sample (a warm-up, a rank that lost its core) prices nothing."""
+    by_size: dict[float, list[float]] = {}
+    for nbytes, seconds in rows:
+        if np.isfinite(nbytes) and np.isfinite(seconds) and nbytes > 0 and seconds > 0:
+            by_size.setdefault(float(nbytes), []).append(float(seconds))
+    if not by_size:
+        raise RuntimeLaunchError(f"the collective benchmark gave no all-reduce time above 0 "
+                                 f"(rows {rows})")
+    xs = sorted(by_size)
+    return np.array(xs), np.array(monotone([float(np.median(by_size[x])) for x in xs]))
+
+
+def isotonic(values: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest `values` in squared error (pool adjacent violators:
+    a value below the one before it is averaged with it, and so on back)."""
+    blocks: list[tuple[float, int]] = []  # (mean, count)
+    for v in values:
+        mean, count = float(v), 1
+        while blocks and blocks[-1][0] > mean:
+            prev, n = blocks.pop()
+            mean, count = (prev * n + mean * count) / (n + count), n + count
+        blocks.append((mean, count))
+    return np.repeat([m for m, _ in blocks], [n for _, n in blocks])
+
+
+LATENCY_SHARE = 0.5
+"""Share of the smallest message's time put on the latency term, the rest on the curve."""
+
+
 def link_from_all_reduce(rows: list[list[float]], group: int
                          ) -> tuple[float, float, dict[str, list[float]]]:
-    """(bandwidth bytes/s, latency s, efficiency curve) for the cost model's ring formula
-    t = 2(n-1) * latency + 2(n-1)/n * bytes / (bandwidth * efficiency(bytes)).
+    """(bandwidth bytes/s, latency s, efficiency curve) that put back into the cost model's
+    ring formula (cost.comm.collective_time_s inside a node)
+        t(M) = 2(n-1) * latency + 2(n-1)/n * M / (bandwidth * efficiency(M))
+    give each measured size its cleaned time (clean_all_reduce_rows).
 
-    A least-squares line t = a + c * bytes over all sizes gives the latency (a / steps) and the
-    bandwidth (factor / c); the curve is what each size achieved against that bandwidth."""
+    - latency: one group size cannot tell the fixed cost from a slow small message (any split
+      reproduces it), so LATENCY_SHARE of the smallest size's time is the 2(n-1) steps'
+      latency; t - that is then positive at every size.
+    - achieved bandwidth at each size: 2(n-1)/n * M / (t(M) - 2(n-1) * latency).
+    - the curve must not fall with size (hardware.Curve interpolates it as a monotone table):
+      the isotonic fit of log achieved bandwidth. Where the measured one already rises with size
+      it is unchanged and every size is reproduced exactly; where it falls (a message that
+      leaves the cache runs slower per byte, seen at 4-64 MiB on CPU hosts) the sizes involved
+      share their geometric mean, which stays within the measurement's own spread.
+    - bandwidth: the fit's largest value, so the curve lies in (0, 1] with 1 at its top; no
+      clamp is needed, which would move a size's time off its measurement."""
     steps, factor = 2.0 * (group - 1), 2.0 * (group - 1) / group
-    xs = np.array([r[0] for r in rows])
-    ts = np.array([r[1] for r in rows])
-    slope, intercept = np.polyfit(xs, ts, 1)
-    intercept = max(float(intercept), float(ts.min()) * 0.5, 1e-7)
-    slope = max(float(slope), 1e-15)
-    bandwidth = factor / slope
-    achieved = factor * xs / np.maximum(ts - intercept, 1e-9)
-    curve = {"x": [float(x) for x in xs], "y": [_clamp(a / bandwidth) for a in achieved]}
-    return float(bandwidth), intercept / steps, curve
+    xs, ts = clean_all_reduce_rows(rows)
+    fixed = LATENCY_SHARE * float(ts[0])  # 2(n-1) * latency
+    log_achieved = isotonic(np.log(factor * xs / (ts - fixed)))
+    top = float(log_achieved[-1])
+    curve = {"x": [float(x) for x in xs], "y": [float(np.exp(v - top)) for v in log_achieved]}
+    return float(np.exp(top)), fixed / steps, curve
 
 
 def with_layer_points(curve: dict[str, list[float]], points: list[list[float]]
@@ -64,7 +108,9 @@ def assemble(
     adam_params_per_s: float, quick: bool, layers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The profile: `base` with the measured fields replaced; `layers` (optional) holds the
-    per-layer tables (layer_models, layers, saved_activations) kept under `measured`."""
+    per-layer tables (layer_models, layers, saved_activations) kept under `measured`. The
+    caller applies what else it measured (dispatch, precision, collective tables), then
+    feed_layer_points, which prices the layers with every field final."""
     prof = copy.deepcopy(base)
     prof["schema_version"] = 1
     prof["name"] = name
@@ -114,15 +160,16 @@ def assemble(
         "cpu_adam_params_per_s": float(adam_params_per_s),
         **(layers or {}),
     }
-    if layers and layers.get("layers"):
-        _feed_layer_points(prof, layers, precision)
     return prof
 
 
-def _feed_layer_points(prof: dict[str, Any], layers: dict[str, Any], precision: str) -> None:
+def feed_layer_points(prof: dict[str, Any], layers: dict[str, Any], precision: str) -> None:
     """Put the runtime's MLP GEMM efficiencies on the matmul curve when that brings the
     predicted block times (rows the points were not taken from) closer to the measured ones;
-    record the points, the verdict and both errors under measured.matmul_from_layers."""
+    record the points, the verdict and both errors under measured.matmul_from_layers.
+
+    The verdict prices blocks with the whole profile (per-op dispatch costs, attention figures,
+    16-bit peaks), so it is made last, once every measured field is in `prof`."""
     from autoplan.hardware import profile_from_dict
     from autoplan.profiler.compare import layer_error, mlp_gemm_points
 

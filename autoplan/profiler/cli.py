@@ -101,10 +101,12 @@ def _request(args: argparse.Namespace) -> _Request:
     out = Path(args.out) if args.out else (resources.default_write_dir(resources.PROFILES)
                                            / f"{resources.safe_name(name, '--name')}.yaml")
     fsutil.check_file_target(out, force=args.force)  # before minutes of measuring
-    max_ranks = args.ranks if args.ranks is not None else (
-        torch.cuda.device_count() if use_cuda else 4)
-    if max_ranks < 1 or (not use_cuda and max_ranks > 8):
-        raise ConfigError("--ranks", f"got {max_ranks}", "expected 1 to 8 on CPU")
+    # on CUDA one rank per GPU: refused here, not by a rank's set_device after the measuring
+    most = torch.cuda.device_count() if use_cuda else 8
+    max_ranks = args.ranks if args.ranks is not None else (most if use_cuda else 4)
+    if not 1 <= max_ranks <= most:
+        seen = f" (torch sees {most} GPU(s), one rank each)" if use_cuda else " on CPU"
+        raise ConfigError("--ranks", f"got {max_ranks}", f"use --ranks 1 to {most}{seen}")
     base = read_yaml(base_path or base_ref, "--base")
     precision = gemm_precision(args.precision, use_cuda, base, base_ref)
     return _Request(
@@ -186,6 +188,8 @@ def _profile(req: _Request, m: _Measured) -> dict[str, Any]:
         sixteen_bit.apply_precision(prof, m.sixteen_bit, req.precision)
     if m.collectives:
         prof["collectives"] = collectives.collective_tables(m.collectives)
+    if m.tables.get("layers"):  # last: it prices blocks with every other field final
+        build.feed_layer_points(prof, m.tables, req.precision)
     return prof
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import tempfile
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,19 +66,33 @@ def _arithmetic(seconds: float):
     return run
 
 
-def _one_op(op: str, nbytes: int, world: int, rank: int, device: torch.device) -> None:
+def measured_ops(world: int) -> tuple[str, ...]:
+    """The kinds measured over `world` ranks: send_recv only over 2, the one group the cost
+    model reads it for (a pipeline send is one pair of ranks, cost.comm.p2p_time_s); over more
+    ranks it is the same pair with the others idle."""
+    return OPS if world == 2 else tuple(op for op in OPS if op != "send_recv")
+
+
+def _buffers(op: str, nbytes: int, world: int, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(input, output) of one call, allocated once per kind and size, outside the timed calls.
+    Zeros: an all-reduce in place keeps them zeros however often it runs (ones grow to inf)."""
     numel = max(world, nbytes // 4 // world * world)
-    buf = torch.ones(numel, device=device)
+    buf = torch.zeros(numel, device=device)
+    out = {"all_gather": numel * world, "reduce_scatter": numel // world,
+           "all_to_all": numel}.get(op)
+    return buf, None if out is None else torch.empty(out, device=device)
+
+
+def _call(op: str, buf: torch.Tensor, out: torch.Tensor | None, rank: int) -> None:
+    """One call of `op` on buffers from _buffers: what is timed."""
     if op == "all_reduce":
         dist.all_reduce(buf)
     elif op == "all_gather":
-        out = torch.empty(numel * world, device=device)
         dist.all_gather_into_tensor(out, buf)
     elif op == "reduce_scatter":
-        out = torch.empty(numel // world, device=device)
         dist.reduce_scatter_tensor(out, buf)
     elif op == "all_to_all":
-        out = torch.empty_like(buf)
         dist.all_to_all_single(out, buf)
     elif op == "send_recv":
         if rank == 0:
@@ -103,10 +118,11 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
     results: dict[str, list[list[float]]] = {}
     work = _arithmetic(INTERLEAVE_S)
     try:
-        for op in OPS:
+        for op in measured_ops(world):
             rows = []
             for nbytes in sizes:
-                _one_op(op, nbytes, world, rank, device)  # warm-up (and connection set-up)
+                call = partial(_call, op, *_buffers(op, nbytes, world, device), rank)
+                call()  # warm-up (and connection set-up)
                 samples = []
                 for _ in range(repeats):
                     dist.barrier()
@@ -116,7 +132,7 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
                         if backend == "nccl":
                             torch.cuda.synchronize(device)
                         t0 = time.perf_counter()
-                        _one_op(op, nbytes, world, rank, device)
+                        call()
                         if backend == "nccl":
                             torch.cuda.synchronize(device)
                         samples.append(time.perf_counter() - t0)
@@ -129,11 +145,11 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
                     t0 = time.perf_counter()
                     for _ in range(BURST):
                         work()
-                        _one_op(op, nbytes, world, rank, device)
+                        call()
                     burst = (time.perf_counter() - t0 - alone) / BURST
                     dist.barrier()
                     t0 = time.perf_counter()
-                    _one_op(op, nbytes, world, rank, device)
+                    call()
                     # never below the call alone: where ranks do not share cores, the burst's
                     # difference is within the arithmetic's noise
                     samples.append(max(burst, time.perf_counter() - t0))
