@@ -68,6 +68,9 @@ class RunRecord:
     profile: str | None = None
     """Profile the run was predicted with (name or path)."""
     source: str = ""
+    device: str | None = None
+    """The device the run trained on (machine.device: `cpu` or the GPU's name, as torch
+    names it); None in records written before train recorded it."""
 
 
 def load_run(path: str | Path) -> RunRecord:
@@ -84,6 +87,7 @@ def load_run(path: str | Path) -> RunRecord:
     if unknown:
         raise ConfigError(f"RUN {path}: {sorted(unknown)[0]}", "unknown key",
                           f"valid keys: {', '.join(sorted(known))}")
+    _check_measured_step(path, data["measured"])
     try:
         measured = from_dict(Measured, {k: v for k, v in data["measured"].items()
                                         if k in {f.name for f in dataclasses.fields(Measured)}}
@@ -96,7 +100,27 @@ def load_run(path: str | Path) -> RunRecord:
         raise ConfigError(f"RUN {path}: profile", f"got {show(profile)}",
                           "expected the name or path of the profile the run was predicted with")
     return RunRecord(plan=plan_from_dict(data["plan"]), measured=measured,
-                     profile=profile, source=str(path))
+                     profile=profile, source=str(path), device=_recorded_device(path, data))
+
+
+def _check_measured_step(path: str | Path, measured: Any) -> None:
+    """A run with no step after its warm-up has no step time (train writes null)."""
+    if isinstance(measured, dict) and "step_time_s" in measured \
+            and measured["step_time_s"] is None:
+        raise ConfigError(f"RUN {path}: measured.step_time_s", "null: the run had no step "
+                          "after its warm-up step, so nothing was measured",
+                          "calibrate with runs of `autoplan train --steps 2` or more")
+
+
+def _recorded_device(path: str | Path, data: dict) -> str | None:
+    machine = data.get("machine")
+    if not isinstance(machine, dict) or machine.get("device") is None:
+        return None
+    device = machine["device"]
+    if not isinstance(device, str) or not device.strip():
+        raise ConfigError(f"RUN {path}: machine.device", f"got {show(device)}",
+                          "expected the device the run trained on (cpu or a GPU's name)")
+    return device
 
 
 def profile_file(ref: str) -> Path | None:
@@ -118,13 +142,23 @@ def device_model(profile: ClusterProfile) -> str:
     torch's `NVIDIA H100 80GB HBM3` (a profile `autoplan profile` measured) are both h100."""
     if profile.host.compute_slots is not None:
         return "cpu"
-    words = [w for w in re.split(r"[^a-z0-9]+", profile.device.name.lower()) if w]
+    return device_token(profile.device.name)
+
+
+def device_token(name: str) -> str:
+    """A device name as device_model compares it: `cpu`, or the GPU model's first word with a
+    digit (`NVIDIA A100-SXM4-80GB` and `A100-SXM4-80GB` are both a100)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    if words == ["cpu"]:
+        return "cpu"
     return next((w for w in words if any(c.isdigit() for c in w)), " ".join(words))
 
 
 def check_runs(runs: list[RunRecord], profile_ref: str, profile: ClusterProfile) -> None:
     """Refuse a run recorded on a profile of another device than `profile` (--profile), or on
-    a profile that does not exist here, and a run file given twice (it would count twice).
+    a profile that does not exist here, a run that trained on another device than
+    `profile`'s (machine.device: a GPU plan run on a CPU host), and a run file given twice
+    (it would count twice).
     A profile measured or calibrated from the run's one (same device) is what calibrate is
     for: runs recorded on cpu-gloo fit the profile `autoplan profile` measured on that host."""
     want = device_model(profile)
@@ -135,6 +169,12 @@ def check_runs(runs: list[RunRecord], profile_ref: str, profile: ClusterProfile)
             raise ConfigError(f"RUN {run.source}", f"is the same file as "
                               f"{seen[(st.st_dev, st.st_ino)]}", "give each run record once")
         seen[(st.st_dev, st.st_ino)] = run.source
+        if run.device is not None and device_token(run.device) != want:
+            raise ConfigError(
+                f"RUN {run.source}: machine.device", f"the run trained on {show(run.device)}, "
+                f"not on the {want} that --profile {show(profile_ref)} describes",
+                f"fit a profile of {device_token(run.device)} to it (runs measure the device "
+                "they ran on)")
         if run.profile is None:
             continue
         if profile_file(run.profile) is None:

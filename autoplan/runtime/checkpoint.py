@@ -9,7 +9,9 @@ killed save are removed, and only the newest `keep` checkpoints are kept.
 
 Loading trusts nothing in the folder (checkpoint_files: restricted metadata unpickler,
 weights_only byte items), skips damaged checkpoints for the newest intact one, refuses a
-different model (checkpoint_compat), and re-pads the vocabulary rows when tp changed.
+different model, optimizer, batch, data or seed (checkpoint_compat), and re-pads the
+vocabulary rows when tp changed. State this run needs that a whole checkpoint lacks (another
+optimizer's) is a refusal, never damage.
 
 A tied embedding/head weight is saved once, as `embed.tok.weight` (tied_embeddings.canonical),
 so pp = 1 and pp > 1 checkpoints load into each other. The fp16 loss scale is saved too and
@@ -37,7 +39,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 from autoplan.errors import ConfigError
 from autoplan.runtime import tied_embeddings
-from autoplan.runtime.checkpoint_compat import VOCAB_FQNS, check_resumable
+from autoplan.runtime.checkpoint_compat import (
+    VOCAB_FQNS,
+    RunSettings,
+    check_resumable,
+    check_settings,
+    saved_optimizer,
+)
 from autoplan.runtime.checkpoint_files import (
     CorruptCheckpoint,
     Intact,
@@ -116,10 +124,11 @@ class Checkpointer:
         log.info("saved checkpoint %s", final)
         return final
 
-    def load_newest(self, plan, spec) -> int | None:
-        """Load the newest intact checkpoint that fits `plan`'s model; returns its step, or None
-        when the folder has none. Damaged ones are skipped with one warning; a different model
-        or a hostile file is a ConfigError (the same decision on every rank)."""
+    def load_newest(self, plan, spec, run: RunSettings | None = None) -> int | None:
+        """Load the newest intact checkpoint that fits `plan`'s model (and `run`'s optimizer,
+        batch, data and seed); returns its step, or None when the folder has none. Damaged ones
+        are skipped with one warning; a different model or run, or a hostile file, is a
+        ConfigError (the same decision on every rank)."""
         skipped: list[str] = []
         for path in complete_dirs(self.root):
             try:
@@ -128,6 +137,7 @@ class Checkpointer:
                 skipped.append(str(err))
                 continue
             note = check_resumable(found, plan, spec)
+            run_note = check_settings(found, run) if run is not None else None
             try:
                 step = self.load(found)
             except dcp.api.CheckpointException as err:
@@ -136,8 +146,10 @@ class Checkpointer:
             warning = fallback_warning(found, skipped)
             if warning and dist.get_rank() == 0:
                 log.warning("%s", warning)
-            if note and dist.get_rank() == 0:
-                log.info("%s", note)
+            if dist.get_rank() == 0:
+                for line in (note, run_note):
+                    if line:
+                        log.info("%s", line)
             return step
         if skipped:
             raise ConfigError("--checkpoint-dir", f"no intact checkpoint in {self.root} "
@@ -153,6 +165,7 @@ class Checkpointer:
         state = self._state()
         if "loss_scaler" in state and not any(k.startswith("loss_scaler.") for k in saved):
             del state["loss_scaler"]  # saved without fp16: keep the initial scale
+        _check_keys(found, state)
         repad = _swap_vocab_tensors(state, saved)
         dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner())
         _repad(state, repad)
@@ -166,6 +179,20 @@ class Checkpointer:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
         log.info("resumed from %s (step %d)", path, found.step)
         return found.step
+
+
+def _check_keys(found: Intact, state: dict) -> None:
+    """Refuse a whole checkpoint that lacks state this run needs: DCP would raise a
+    CheckpointException that reads like damage; it was saved with another optimizer."""
+    saved = found.metadata.state_dict_metadata
+    missing = [f"optim.{k}" for k in state["optim"] if f"optim.{k}" not in saved]
+    if missing:
+        by = saved_optimizer(found)
+        raise ConfigError("--optimizer", f"{found.path.name} has no {missing[0]} "
+                          f"({len(missing)} optimizer entries missing): it was saved with "
+                          f"{by or 'another optimizer'}, not this one",
+                          f"pass --optimizer {by or 'as saved'} to continue it, or start a new "
+                          "run in an empty --checkpoint-dir")
 
 
 def _swap_vocab_tensors(state: dict, saved: dict) -> dict:

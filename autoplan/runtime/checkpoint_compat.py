@@ -3,12 +3,18 @@
 A different parallel layout (dp, tp, pp, cp, vpp, ZeRO, offload, recompute, precision) resumes:
 DCP reshards every tensor by its layout-independent FQN, and the vocabulary's padding rows
 (a multiple of 128*tp, cost/params.py) are re-padded on load. A different model shape cannot:
-the saved tensors do not fit. Both are decided here from meta.json and the DCP metadata,
-before any rank loads anything.
+the saved tensors do not fit. Neither can another optimizer (its state has other keys), nor
+another global batch, data or seed: step t reads samples [(t-1)B, t*B) of the (data, seed)
+stream (data.py), so the resumed run would skip or repeat samples. --lr and the weight decay
+may change: the run's values replace the checkpoint's. All of it is decided here from
+meta.json and the DCP metadata, before any rank loads anything.
 """
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
@@ -37,9 +43,34 @@ def layout_fields(plan: Plan) -> dict[str, Any]:
             "zero_stage": plan.zero_stage, "precision": plan.precision.value}
 
 
-def checkpoint_meta(plan: Plan, spec: ModelSpec, world_size: int) -> dict[str, Any]:
-    """What meta.json records beside the step: the model and the layout it was saved under."""
-    return {"world_size": world_size, "model": model_fields(spec), "layout": layout_fields(plan)}
+@dataclass(frozen=True)
+class RunSettings:
+    """What meta.json records of the run beside the model and layout (its `run` section)."""
+
+    optimizer: str
+    lr: float
+    weight_decay: float
+    global_batch_size: int
+    data: str | None
+    """--data, resolved; None for synthetic tokens."""
+    seed: int
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, plan: Plan, weight_decay: float = 0.0) -> RunSettings:
+        data = str(Path(args.data).expanduser().resolve()) if args.data is not None else None
+        return cls(optimizer=args.optimizer, lr=float(args.lr), weight_decay=weight_decay,
+                   global_batch_size=plan.batch.global_batch_size, data=data,
+                   seed=int(args.seed))
+
+
+def checkpoint_meta(plan: Plan, spec: ModelSpec, world_size: int,
+                    run: RunSettings | None = None) -> dict[str, Any]:
+    """What meta.json records beside the step (and `consumed_samples`, Checkpointer.save's
+    caller adds it): the model and the layout it was saved under, and the run's settings."""
+    out = {"world_size": world_size, "model": model_fields(spec), "layout": layout_fields(plan)}
+    if run is not None:
+        out["run"] = asdict(run)
+    return out
 
 
 def model_changes(meta: dict, spec: ModelSpec) -> list[str]:
@@ -102,3 +133,64 @@ def check_resumable(found, plan: Plan, spec: ModelSpec) -> str | None:
         return (f"resuming step {found.step} saved under another layout ({', '.join(layout)}): "
                 "DCP reshards it")
     return None
+
+
+def saved_optimizer(found) -> str | None:
+    """The optimizer `found` was saved with: meta.json's, else told by its state's keys (AdamW
+    keeps exp_avg_sq, SGD's param groups have momentum); None when neither says."""
+    run = found.meta.get("run")
+    if isinstance(run, dict) and isinstance(run.get("optimizer"), str):
+        return str(run["optimizer"])
+    keys = found.metadata.state_dict_metadata
+    if any(k.startswith("optim.state.") and k.endswith(".exp_avg_sq") for k in keys):
+        return "adamw"
+    if any(k.startswith("optim.param_groups.") and k.endswith(".momentum") for k in keys):
+        return "sgd"
+    return None
+
+
+_NEW_RUN = "or start a new run in an empty --checkpoint-dir"
+
+
+def check_settings(found, run: RunSettings) -> str | None:
+    """Raise ConfigError when the run's optimizer, global batch, data or seed differs from
+    those `found` was saved with; else return a line naming a changed lr or weight decay
+    (the run's replace the checkpoint's), or None."""
+    name = found.path.name
+    saved_opt = saved_optimizer(found)
+    if saved_opt is not None and saved_opt != run.optimizer:
+        raise ConfigError("--optimizer", f"{run.optimizer}, but {name} was saved with "
+                          f"{saved_opt}", f"pass --optimizer {saved_opt} to continue it, "
+                          f"{_NEW_RUN}")
+    saved = found.meta.get("run")
+    if not isinstance(saved, dict):
+        return None  # saved before meta.json recorded the run
+    gbs = saved.get("global_batch_size")
+    if gbs is not None and gbs != run.global_batch_size:
+        consumed = found.meta.get("consumed_samples", found.step * gbs)
+        raise ConfigError("--resume", f"{name} was saved with global_batch_size {gbs} "
+                          f"({consumed} samples consumed), this plan has "
+                          f"{run.global_batch_size}", f"resume with a plan of global_batch_size "
+                          f"{gbs} (the samples of step t follow from t and the batch), {_NEW_RUN}")
+    if "data" in saved and saved["data"] != run.data:
+        what = "synthetic tokens" if saved["data"] is None else repr(saved["data"])
+        give = "leave out --data" if saved["data"] is None else f"pass --data {saved['data']}"
+        now = "synthetic tokens" if run.data is None else repr(run.data)
+        raise ConfigError("--data", f"{now}, but {name} was saved training on {what}",
+                          f"{give} to continue it, {_NEW_RUN}")
+    if "seed" in saved and saved["seed"] != run.seed:
+        raise ConfigError("--seed", f"{run.seed}, but {name} was saved with --seed "
+                          f"{saved['seed']}", f"pass --seed {saved['seed']} to continue it (the "
+                          f"data order follows the seed), {_NEW_RUN}")
+    changed = [f"{k} {saved[k]!r} -> {getattr(run, k)!r}" for k in ("lr", "weight_decay")
+               if k in saved and saved[k] != getattr(run, k)]
+    if changed:
+        return f"resuming with {', '.join(changed)} (the command line replaces the checkpoint's)"
+    return None
+
+
+def check_steps(step: int, steps: int) -> None:
+    """A resume must have a step left to train."""
+    if step >= steps:
+        raise ConfigError("--steps", f"checkpoint step {step} >= --steps {steps}: nothing to "
+                          "train", f"raise --steps above {step}")

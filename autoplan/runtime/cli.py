@@ -19,13 +19,19 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps to run (total)")
     parser.add_argument("--data", default=None,
                         help="text file or folder (byte-level tokens); default synthetic tokens")
-    parser.add_argument("--checkpoint-dir", default=None, help="where DCP checkpoints go")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="where DCP checkpoints go: an empty or new folder, or with "
+                             "--resume one of this run's")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="save every K steps (0: only on Ctrl-C/SIGTERM and at the end)")
     parser.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
                         help="keep the newest K checkpoints, delete older ones (0: keep all)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest complete checkpoint in --checkpoint-dir")
+                        help="continue from the latest complete checkpoint in --checkpoint-dir "
+                             "(another layout reshards; the same model, --optimizer, global "
+                             "batch, --data and --seed, or exit 2); a folder with none starts "
+                             "at step 0, as a job's first launch, unless --metrics-file holds "
+                             "a run's steps")
     parser.add_argument("--metrics-file", default=None,
                         help="one JSON line per step (with --resume: continued after the "
                              "resumed step, later lines dropped)")
@@ -45,7 +51,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --elastic: the search space re-plans are searched in "
                              "(name or YAML; default: search's default)")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-3,
+                        help="learning rate (with --resume: replaces the checkpoint's)")
     parser.add_argument("--max-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm (0: no clipping)")
     parser.add_argument("--seed", type=int, default=0)

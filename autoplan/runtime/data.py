@@ -3,7 +3,9 @@
 Sample k of a source is a pure function of (seed, k), so the batch of any step on any dp rank is
 known without reading earlier ones: step t (1-based) uses global samples
 [(t-1)*B, t*B), dp rank r the contiguous slice [r*B/dp, (r+1)*B/dp) of them. Resuming at step t
-therefore continues at the exact sample, and every layout sees the same global batch.
+therefore continues at the exact sample, and every layout sees the same global batch. That holds
+only for the same B, data and seed: checkpoints record them (and the samples consumed, t*B) and a
+resume with others is refused (checkpoint_compat.check_settings), rather than re-indexed.
 """
 
 from __future__ import annotations

@@ -92,13 +92,19 @@ def stop_file_for(summary_file: str) -> str:
 
 
 def resume_preflight(args: argparse.Namespace, plan, spec) -> None:
-    """With --resume: refuse a hostile or damaged-beyond-use folder, or a checkpoint of another
-    model, before any rank starts (the ranks repeat the decision, which is deterministic)."""
-    from autoplan.runtime.checkpoint_compat import check_resumable
+    """Before any rank starts (the ranks repeat the decisions, which are deterministic):
+    --resume refuses a folder without an intact checkpoint, a hostile one, one of
+    another model, optimizer, batch, data or seed, and one already at --steps."""
+    from autoplan.runtime.checkpoint_compat import (
+        RunSettings,
+        check_resumable,
+        check_settings,
+        check_steps,
+    )
     from autoplan.runtime.checkpoint_files import clean_temporaries, newest_intact
 
     if not args.checkpoint_dir:
-        return
+        return  # a fresh run into a folder of checkpoints: refused by check_train_args
     clean_temporaries(args.checkpoint_dir)
     if not (args.resume or getattr(args, "elastic", False)):
         return
@@ -107,8 +113,25 @@ def resume_preflight(args: argparse.Namespace, plan, spec) -> None:
         raise ConfigError("--checkpoint-dir", f"no intact checkpoint in {args.checkpoint_dir} "
                           f"({skipped[0]})", "remove the damaged step-* folders, or start "
                           "without --resume in a new --checkpoint-dir")
-    if found is not None:
-        check_resumable(found, plan, spec)
+    if found is None:
+        if args.resume:
+            check_fresh_start(args)
+        return  # a job's first launch (exported jobs always pass --resume): step 0
+    check_resumable(found, plan, spec)
+    check_settings(found, RunSettings.of(args, plan))
+    check_steps(found.step, args.steps)
+
+
+def check_fresh_start(args: argparse.Namespace) -> None:
+    """--resume that finds no checkpoint starts the run at step 0, as a scheduled job's first
+    launch must (export/launch.py train_argv always passes --resume). Not over another run's
+    --metrics-file: starting over would cut its history (a mistyped --checkpoint-dir)."""
+    metrics = Path(args.metrics_file) if args.metrics_file else None
+    if metrics is not None and metrics.is_file() and metrics.stat().st_size > 0:
+        raise ConfigError("--resume", f"--checkpoint-dir {args.checkpoint_dir} holds no "
+                          f"checkpoint (no step-* folder), but --metrics-file {metrics} holds "
+                          "a run's steps", "check the --checkpoint-dir path, or give a new "
+                          "--metrics-file to start a new run")
 
 
 ELASTIC_RESTARTS = 3

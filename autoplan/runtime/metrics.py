@@ -34,11 +34,77 @@ class StepMetrics:
     """The optimizer step was skipped on every rank (fp16 overflow)."""
 
 
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start a new peak: CUDA's peak counter; on CPU the process's peak resident set size
+    (VmHWM; Linux resets it on writing 5 to /proc/self/clear_refs). False where it cannot."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open(_CLEAR_REFS, "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated device memory on CUDA; peak resident set size of the process on CPU."""
+    """Peak allocated device memory on CUDA; on CPU the peak resident set size of the process
+    since reset_peak_memory (VmHWM), or since it started where /proc has no VmHWM."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open(_STATUS, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+class TrainingPeak:
+    """This rank's peak memory over its training steps, each measured from its own start, so
+    what a checkpoint load or save held between steps is not counted (the cost model prices
+    training). Where the peak cannot be reset, only the steps before the first save count."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.bytes = 0
+        self._resettable = True
+        self._saved = False
+
+    def start_step(self) -> None:
+        self._resettable = reset_peak_memory(self.device)
+
+    def end_step(self) -> int:
+        """This step's peak (also folded into the training peak)."""
+        step = peak_memory_bytes(self.device)
+        if self._resettable or not self._saved:
+            self.bytes = max(self.bytes, step)
+        return step
+
+    def saved(self) -> None:
+        """A checkpoint was saved after the last step."""
+        self._saved = True
+
+
+def job_peak(local_bytes: int) -> tuple[int, int]:
+    """(the largest rank's peak, that rank): one all-reduce MAX of a world-sized tensor on the
+    job's process group (gloo carries CPU tensors under NCCL too). One process: its own."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return local_bytes, 0
+    peaks = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+    peaks[dist.get_rank()] = local_bytes
+    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    rank = int(torch.argmax(peaks))
+    return int(peaks[rank]), rank
 
 
 class MetricsSink:
@@ -112,16 +178,22 @@ def predicted(plan: Any) -> tuple[dict[str, float] | None, str | None]:
 
 
 def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
-              resumed_step: int = 0) -> dict[str, Any]:
-    """Measured medians over this run's steps after `warmup`, and the prediction for the plan.
-    `steps` counts the run's steps including those before a resume (`resumed_from`)."""
-    steady = history[warmup:] or history
+              resumed_step: int = 0, peak: tuple[int, int] | None = None,
+              machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measured medians over this run's steps after `warmup` (None when it had none: a
+    warm-up step is no measurement), and the prediction for the plan. `steps` counts the
+    run's steps including those before a resume (`resumed_from`). `peak`: (bytes, rank) of
+    the largest rank's training peak (job_peak); without it, this rank's step peaks."""
+    steady = history[warmup:]
     measured = {
         "step_time_s": statistics.median(m.step_time_s for m in steady) if steady else None,
         "tokens_per_s": statistics.median(m.tokens_per_s for m in steady) if steady else None,
-        "memory_bytes": max((m.peak_memory_bytes for m in history), default=None),
+        "memory_bytes": (peak[0] if peak is not None and history
+                         else max((m.peak_memory_bytes for m in history), default=None)),
+        "memory_rank": peak[1] if peak is not None and history else (0 if history else None),
     }
     pred, note = predicted(plan)
+    notes = [n for n in (note, _unmeasured(history, warmup)) if n]
     return {
         "steps": history[-1].step if history else resumed_step,
         "steps_this_run": len(history),
@@ -131,8 +203,16 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "skipped_steps": sum(m.skipped for m in history),
         "measured": measured,
         "predicted": pred,
-        "note": note,
+        "machine": machine or {},
+        "note": "; ".join(notes) or None,
     }
+
+
+def _unmeasured(history: list[StepMetrics], warmup: int) -> str | None:
+    if not history or len(history) > warmup:
+        return None
+    return (f"step time not measured: the run had no step after its {warmup} warm-up "
+            f"step{'s' if warmup > 1 else ''} (run at least {warmup + 1} steps)")
 
 
 def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
@@ -148,11 +228,13 @@ def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
         "profile": plan.cluster.profile,
         "measured": {"step_time_s": m.get("step_time_s"),
                      "peak_memory_bytes": m.get("memory_bytes"),
+                     "peak_memory_rank": m.get("memory_rank"),
                      "tokens_per_s": m.get("tokens_per_s"),
                      "steps": summary.get("steps_this_run")},
         "predicted": {"step_time_s": pred.get("step_time_s"),
                       "memory_total_bytes": pred.get("memory_bytes")},
-        "machine": {"torch": torch.__version__, "world_size": plan.world_size},
+        "machine": {"torch": torch.__version__, "world_size": plan.world_size,
+                    **(summary.get("machine") or {})},
     }
 
 
@@ -178,7 +260,10 @@ def render_summary(console, summary: dict[str, Any]) -> None:
     for key, f in fmt.items():
         m, p = summary["measured"].get(key), pred.get(key)
         ratio = f"{m / p:.2f}" if m is not None and p else "-"
-        table.add_row(key, f.format(m) if m is not None else "-",
+        name = key
+        if key == "memory_bytes" and summary["measured"].get("memory_rank") is not None:
+            name = f"memory_bytes (rank {summary['measured']['memory_rank']}, the largest)"
+        table.add_row(name, f.format(m) if m is not None else "-",
                       f.format(p) if p is not None else "-", ratio)
     console.print(table)
     if summary.get("note"):

@@ -42,6 +42,15 @@ def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.Optimize
     return _torch_optimizer(params, cfg)
 
 
+def set_hyperparameters(optimizers: list[torch.optim.Optimizer], cfg: OptimConfig) -> None:
+    """Put `cfg`'s lr and weight decay into every param group: a loaded optimizer state brings
+    the saving run's, and a resumed run trains with the ones it was given (--lr)."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr
+            group["weight_decay"] = cfg.weight_decay
+
+
 def _torch_optimizer(params: list[torch.Tensor], cfg: OptimConfig) -> torch.optim.Optimizer:
     foreach = None if _single_mesh(params) else False  # foreach cannot mix meshes
     if cfg.name == "sgd":

@@ -10,7 +10,8 @@
 - selective with modules (Megatron-Core's --recompute-modules): core_attn, mlp and moe are
   normal checkpoints of Attention.core, the dense FeedForward and a MoE block's MoE layer;
   layernorm and moe_act checkpoint the norms or the experts' activation and discard their
-  outputs (module_recompute.py).
+  outputs (module_recompute.py); in the first `num_layers` blocks of each model chunk (None:
+  all), the blocks the cost model prices (cost/rows.py recomputed_layers: num_layers per chunk).
 The RNG state is saved and restored so recomputed dropout masks match. Module names (FQNs)
 never change: modules are checkpointed by replacing their forward on the instance.
 """
@@ -97,20 +98,21 @@ def _run_groups(model: nn.Module, size: int) -> Callable[[torch.Tensor], torch.T
 def apply_recompute(model: nn.Module, policy: RecomputePolicy, num_layers: int | None,
                     method: RecomputeMethod = RecomputeMethod.BLOCK,
                     modules: tuple[RecomputeModule, ...] | None = None) -> int:
-    """Apply one plan's recompute to `model.layers` in place; returns how many blocks it
-    touches (all of them for the uniform method and for modules)."""
+    """Apply one plan's recompute to `model.layers` (one model chunk) in place; returns how
+    many blocks it touches: all of them for the uniform method, else the first `num_layers`
+    (None: all), with modules as with the block method."""
     if policy == RecomputePolicy.NONE:
         return 0
     keys = list(model.layers.keys())
-    if modules:
-        for key in keys:
-            apply_modules(model.layers[key], frozenset(modules), checkpoint_fn)
-        return len(keys)
-    if method == RecomputeMethod.UNIFORM:
+    if method == RecomputeMethod.UNIFORM and not modules:
         if keys:
             model.run_layers = _run_groups(model, max(1, num_layers or 1))
         return len(keys)
     count = len(keys) if num_layers is None else min(num_layers, len(keys))
+    if modules:
+        for key in keys[:count]:
+            apply_modules(model.layers[key], frozenset(modules), checkpoint_fn)
+        return count
     for key in keys[:count]:
         model.layers[key] = checkpoint_wrapper(model.layers[key], **checkpoint_kwargs(policy))
     return count

@@ -118,6 +118,8 @@ def _check_paths(args: argparse.Namespace) -> None:
         elif not os.access(d, os.W_OK):
             raise ConfigError("--checkpoint-dir", f"{args.checkpoint_dir!r} is not writable",
                               "choose a folder you can write")
+        elif not _resuming(args) and not _under_restart():
+            _check_no_checkpoints(args.checkpoint_dir)
     if args.metrics_file is not None:
         m = Path(args.metrics_file)
         if m.is_dir():
@@ -135,6 +137,20 @@ def _check_paths(args: argparse.Namespace) -> None:
             raise ConfigError("--run-record", f"{args.run_record!r} already exists",
                               "choose another path (run records are never overwritten)")
         _output_parent("--run-record", args.run_record)
+
+
+def _check_no_checkpoints(directory: str) -> None:
+    """A fresh run saves step-N folders beside another run's, replaces those of the same
+    step, prunes the newest-K of both together, and a later --resume picks whichever is
+    newest: refuse before anything starts."""
+    from autoplan.runtime.checkpoint_files import complete_dirs
+
+    found = complete_dirs(Path(directory))
+    if found:
+        more = f", {len(found) - 1} more" if len(found) > 1 else ""
+        raise ConfigError("--checkpoint-dir", f"{directory} holds checkpoints "
+                          f"({found[0].name}{more})", "pass --resume to continue that run or "
+                          "choose an empty directory")
 
 
 def _resuming(args: argparse.Namespace) -> bool:

@@ -102,10 +102,17 @@ class _StopFlag:
 def run(args: argparse.Namespace) -> dict | None:
     """Train; returns the summary on rank 0 (None elsewhere)."""
     from autoplan.runtime.checkpoint import Checkpointer
-    from autoplan.runtime.checkpoint_compat import checkpoint_meta
+    from autoplan.runtime.checkpoint_compat import RunSettings, checkpoint_meta
     from autoplan.runtime.data import local_batch, make_source
     from autoplan.runtime.launch import preflight
-    from autoplan.runtime.metrics import MetricsSink, StepMetrics, peak_memory_bytes, summarize
+    from autoplan.runtime.machine import device_mismatch, machine_info
+    from autoplan.runtime.metrics import (
+        MetricsSink,
+        StepMetrics,
+        TrainingPeak,
+        job_peak,
+        summarize,
+    )
     from autoplan.runtime.optim import OptimConfig
     from autoplan.runtime.parallelize import RuntimeOptions, parallelize
     from autoplan.runtime.trainer import Trainer
@@ -129,6 +136,10 @@ def run(args: argparse.Namespace) -> dict | None:
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
+    machine = machine_info(device, backend)
+    mismatch = device_mismatch(plan.cluster.profile, machine) if rank == 0 else None
+    if mismatch:
+        log.warning("%s", mismatch)
     _init_process_group(backend, rank, world, args.pg_timeout_s, store)
     dims = ParallelDims.from_plan(plan)
     mesh = build_mesh(dims, device.type)
@@ -138,43 +149,44 @@ def run(args: argparse.Namespace) -> dict | None:
     trainer = Trainer(pm, OptimConfig(name=args.optimizer, lr=args.lr,
                                       max_grad_norm=args.max_grad_norm), seed=args.seed,
                       reseed=args.dropout > 0)
+    settings = RunSettings.of(args, plan, trainer.optim_cfg.weight_decay)
     ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers,
                         tied=pm.tie_embeddings, loss_scaler=pm.loss_scaler,
                         keep=args.keep_checkpoints) if args.checkpoint_dir else None
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if ckpt is not None and (args.resume or restarted or args.elastic):
-        step = ckpt.load_newest(plan, spec)
-        if step is not None:
-            trainer.step = step
-        elif args.resume and rank == 0:
-            log.warning("--resume: no checkpoint in %s; starting at step 0",
-                        args.checkpoint_dir)
+    if ckpt is not None:
+        _resume(ckpt, trainer, plan, spec, settings, args)
     resumed = trainer.step
     source = make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)
     sink = MetricsSink(args.metrics_file, live=True, resumed_step=resumed) \
         if rank == 0 else None
-    meta = {"plan": os.path.basename(args.plan), **checkpoint_meta(plan, spec, world)}
-    tokens_per_step = plan.batch.global_batch_size * spec.seq_len
+    meta = {"plan": os.path.basename(args.plan), **checkpoint_meta(plan, spec, world, settings)}
+    gbs = plan.batch.global_batch_size
+    tokens_per_step = gbs * spec.seq_len
     my_dp = dp_rank(mesh, dims)
+    peak = TrainingPeak(device)
     while trainer.step < args.steps:
+        peak.start_step()
         t0 = time.perf_counter()
-        x, y = local_batch(source, trainer.step + 1, plan.batch.global_batch_size, dims.dp, my_dp)
+        x, y = local_batch(source, trainer.step + 1, gbs, dims.dp, my_dp)
         res = trainer.train_step(x.to(device), y.to(device), stop_flag=lambda: stop.set)
         dt = time.perf_counter() - t0
+        step_peak = peak.end_step()  # before a save: the save's memory is no training's
         if sink is not None:
             norm = res.grad_norm if math.isfinite(res.grad_norm) else None
-            sink.record(StepMetrics(res.step, res.loss, dt, tokens_per_step / dt,
-                                    peak_memory_bytes(device), norm, res.loss_scale,
-                                    res.skipped))
+            sink.record(StepMetrics(res.step, res.loss, dt, tokens_per_step / dt, step_peak,
+                                    norm, res.loss_scale, res.skipped))
         every = args.checkpoint_every
         if ckpt is not None and (res.stop_requested or (every and res.step % every == 0)
                                  or res.step == args.steps):
-            ckpt.save(res.step, meta)
+            ckpt.save(res.step, {**meta, "consumed_samples": res.step * gbs})
+            peak.saved()
         if res.stop_requested:
             if rank == 0:
                 log.warning("stopped after step %d", res.step)
             break
-    summary = summarize(sink.history, plan, resumed_step=resumed) if sink is not None else None
+    largest = job_peak(peak.bytes)  # every rank: the cost model prices the largest
+    summary = summarize(sink.history, plan, resumed_step=resumed, peak=largest,
+                        machine=machine) if sink is not None else None
     del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
     dist.barrier()
     if chosen is not None and rank == 0:
@@ -183,6 +195,35 @@ def run(args: argparse.Namespace) -> dict | None:
         release_idle(store, chosen)
     dist.destroy_process_group()
     return summary
+
+
+def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> None:
+    """With --resume, after a torchrun restart or under --elastic: continue from the newest
+    checkpoint, with this run's lr and weight decay (the loaded optimizer state brings the
+    saving run's). A restart or an elastic start may find none and start at step 0; --resume
+    may not, nor resume a checkpoint at --steps (the launcher refused both already: a job
+    started by a scheduler fails here). Under --elastic a world change restarts workers
+    without counting a restart, so there only the launcher decides."""
+    from autoplan.runtime.checkpoint_compat import check_steps
+    from autoplan.runtime.launch import check_fresh_start
+    from autoplan.runtime.optim import set_hyperparameters
+
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if not (args.resume or restarted or args.elastic):
+        return
+    step = ckpt.load_newest(plan, spec, settings)
+    asked = args.resume and not restarted and not args.elastic
+    if step is None:
+        if asked:
+            check_fresh_start(args)
+            if dist.get_rank() == 0:
+                log.warning("--resume: no checkpoint in %s; starting at step 0",
+                            args.checkpoint_dir)
+        return
+    if asked:
+        check_steps(step, args.steps)
+    trainer.step = step
+    set_hyperparameters(trainer.optimizers, trainer.optim_cfg)
 
 
 def run_and_report(args: argparse.Namespace) -> int:

@@ -76,3 +76,90 @@ def test_gpt3_vocab_under_tp4_runs_padded(tmp_path):
     proc = _train(plan, "--steps", "2", "--metrics-file", str(metrics), "--format", "json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in _metrics(metrics)] == [1, 2]
+
+
+def _model_tensors(path: Path) -> dict:
+    """The model tensors of one checkpoint, loaded in this process."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from autoplan.runtime.checkpoint_files import SafeReader
+
+    md = SafeReader(str(path)).read_metadata()
+    state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
+             for k, v in md.state_dict_metadata.items()
+             if k.startswith("model.") and hasattr(v, "size")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, storage_reader=SafeReader(str(path)), no_dist=True)
+    return state
+
+
+def _max_change(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_resume_trains_with_the_lr_it_is_given(tmp_path):
+    """--lr on --resume was replaced by the checkpoint's lr (the optimizer state's param
+    groups): the resumed step moved the weights as far at --lr 1e-9 as at 1e-3."""
+    plan = _plan(tmp_path)
+    ck = tmp_path / "ck"
+    proc = _train(plan, "--steps", "2", "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
+                  "--lr", "1e-3", "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    moved = _max_change(_model_tensors(ck / "step-00000001"), _model_tensors(ck / "step-00000002"))
+    assert moved > 1e-5  # a step at lr 1e-3 moves them: the check below can fail
+    proc = _train(plan, "--steps", "3", "--checkpoint-dir", str(ck), "--resume", "--lr", "1e-9",
+                  "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "lr 0.001 -> 1e-09" in proc.stderr
+    resumed = _max_change(_model_tensors(ck / "step-00000002"), _model_tensors(ck / "step-00000003"))
+    assert resumed < 1e-6, (resumed, moved)
+
+
+def test_peak_memory_is_the_largest_ranks(tmp_path):
+    """The summary gave rank 0's peak; the cost model prices the largest rank. A 50,000-token
+    head on the last of two pipeline stages makes rank 1 the largest by hundreds of MiB."""
+    from autoplan.model_spec import ModelSpec
+
+    spec = ModelSpec(name="bigvocab", num_layers=2, hidden_size=64, num_heads=4,
+                     vocab_size=50000, seq_len=64)
+    plan = str(save_plan(make_plan(spec, pp=2, mbs=2, gbs=8), tmp_path / "pp2.yaml"))
+    metrics, record = tmp_path / "m.jsonl", tmp_path / "run.json"
+    proc = _train(plan, "--steps", "2", "--metrics-file", str(metrics), "--run-record",
+                  str(record), "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout)["measured"]
+    rank0 = max(r["peak_memory_bytes"] for r in _metrics(metrics))  # rank 0's own steps
+    assert measured["memory_rank"] == 1 and measured["memory_bytes"] > rank0, (measured, rank0)
+    run = json.loads(record.read_text())
+    assert run["measured"]["peak_memory_bytes"] == measured["memory_bytes"]
+    assert run["measured"]["peak_memory_rank"] == 1
+    assert (run["machine"]["device"], run["machine"]["backend"]) == ("cpu", "gloo")
+
+
+def test_a_gpu_plan_on_this_cpu_host_warns_and_cannot_calibrate_its_profile(tmp_path):
+    """A plan for an A100 profile trained here without a word, and calibrate then fitted the
+    A100 profile to CPU timings."""
+    import dataclasses
+
+    from autoplan.plan import ClusterRef
+
+    gpu_plan = dataclasses.replace(make_plan(), cluster=ClusterRef("a100-sxm4-80gb", 1))
+    plan = str(save_plan(gpu_plan, tmp_path / "a100.yaml"))
+    record = tmp_path / "run.json"
+    proc = _train(plan, "--steps", "2", "--run-record", str(record), "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [line for line in proc.stderr.splitlines() if "describes a100" in line]
+    assert len(warned) == 1 and "trains on cpu (gloo)" in warned[0], proc.stderr[-3000:]
+    run = json.loads(record.read_text())
+    assert run["profile"] == "a100-sxm4-80gb" and run["machine"]["device"] == "cpu"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cal = subprocess.run([sys.executable, "-m", "autoplan.commands", "calibrate", str(record),
+                          "--profile", "a100-sxm4-80gb", "--trials", "2", "--out",
+                          str(tmp_path / "fit.yaml")], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert cal.returncode == 2 and "machine.device" in cal.stderr, cal.stderr[-2000:]
+    assert not (tmp_path / "fit.yaml").exists()

@@ -31,6 +31,10 @@ ROWS = {
                             Recompute(policy=SEL, modules=(M.CORE_ATTN, M.MLP)), "sgd"),
     "pp2-1f1b-layernorm-mlp": (dict(model="tiny", pp=2),
                                Recompute(policy=SEL, modules=(M.LAYERNORM, M.MLP)), "adamw"),
+    # the first block of each stage only (recompute.num_layers, as the cost model prices it)
+    "pp2-1f1b-layernorm-mlp-first-block": (dict(model="tiny", pp=2),
+                                           Recompute(policy=SEL, num_layers=1,
+                                                     modules=(M.LAYERNORM, M.MLP)), "adamw"),
     "cp2-llama-core-attn-sgd": (dict(model="tiny-llama", cp=2),
                                 Recompute(policy=SEL, modules=(M.CORE_ATTN,)), "sgd"),
     "dp2-zero2-uniform-2": (dict(model="tiny", dp=2, zero=2),

@@ -131,13 +131,16 @@ def test_calibrate_writes_under_the_name_given_into_the_user_directory(tmp_path,
     assert "plain file name" in capsys.readouterr().err
 
 
-def _one_run(tmp_path, name="run.json", profile="cpu-gloo", step_time_s=0.01):
+def _one_run(tmp_path, name="run.json", profile="cpu-gloo", step_time_s=0.01, machine=None):
     plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 1},
                            "precision": "fp32", "batch": {"micro_batch_size": 1,
                                                           "global_batch_size": 1}})
     path = tmp_path / name
-    path.write_text(json.dumps({"plan": plan_to_dict(plan), "profile": profile,
-                                "measured": {"step_time_s": step_time_s}}))
+    record = {"plan": plan_to_dict(plan), "profile": profile,
+              "measured": {"step_time_s": step_time_s}}
+    if machine is not None:
+        record["machine"] = machine
+    path.write_text(json.dumps(record))
     return str(path)
 
 
@@ -203,3 +206,31 @@ def test_a_step_time_the_fit_cannot_use_is_refused_naming_the_run(tmp_path, caps
     _refused(capsys, ["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
                       "--out", str(tmp_path / "out.yaml")],
              f"RUN {run}: measured.step_time_s: got {seconds:g}")
+
+
+def test_a_run_that_trained_on_another_device_than_the_profiles_is_refused(tmp_path,
+                                                                          capsys) -> None:
+    """A plan for an A100 profile trained on this CPU host: its record names the A100 profile,
+    and calibrate fitted the A100 profile to CPU timings. The record's machine.device (what
+    train ran on) decides."""
+    cpu = {"torch": "2.13.0+cpu", "world_size": 1, "device": "cpu", "backend": "gloo"}
+    run = _one_run(tmp_path, profile="a100-sxm4-80gb", machine=cpu)
+    _refused(capsys, ["calibrate", run, "--profile", "a100-sxm4-80gb", "--trials", "2",
+                      "--out", str(tmp_path / "out.yaml")],
+             f"RUN {run}: machine.device: the run trained on 'cpu', not on the a100",
+             "fit a profile of cpu")
+    assert not (tmp_path / "out.yaml").exists()
+    gpu = {**cpu, "device": "NVIDIA A100-SXM4-80GB", "backend": "nccl"}
+    run = _one_run(tmp_path, "gpu.json", profile="a100-sxm4-80gb", machine=gpu)
+    assert main(["calibrate", run, "--profile", "a100-sxm4-80gb", "--trials", "2",
+                 "--out", str(tmp_path / "out.yaml")]) == 0
+    capsys.readouterr()
+    _refused(capsys, ["calibrate", run, "--profile", "h100-sxm-80gb", "--trials", "2",
+                      "--out", str(tmp_path / "h100.yaml")], "machine.device", "a100")
+
+
+def test_a_run_with_no_measured_step_is_refused(tmp_path, capsys) -> None:
+    run = _one_run(tmp_path, step_time_s=None)
+    _refused(capsys, ["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
+                      "--out", str(tmp_path / "out.yaml")],
+             f"RUN {run}: measured.step_time_s: null", "--steps 2")

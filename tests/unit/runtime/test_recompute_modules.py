@@ -172,3 +172,57 @@ def test_planted_bug_norm_input_for_its_output_is_caught(monkeypatch) -> None:
     monkeypatch.setattr(module_recompute._DiscardOutputs, "unpack", staticmethod(wrong_unpack))
     got = _grads(GPT, VARIANTS["layernorm"])
     assert not all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+
+
+def _module_checkpointed(block: nn.Module) -> bool:
+    """apply_modules replaced the attention core's forward on the instance."""
+    return "core" in vars(block.attention)
+
+
+# (pp, vpp, schedule, recompute.num_layers) on 8 layers: per chunk, as the cost model counts
+NUM_LAYERS_CASES = [(1, 1, "1f1b", None), (1, 1, "1f1b", 3), (2, 1, "1f1b", 1),
+                    (2, 1, "1f1b", 4), (2, 2, "interleaved-1f1b", 1),
+                    (2, 2, "interleaved-1f1b", 2)]
+
+
+@pytest.mark.parametrize(("pp", "vpp", "schedule", "num_layers"), NUM_LAYERS_CASES)
+def test_modules_cover_the_blocks_the_cost_model_prices(pp, vpp, schedule, num_layers) -> None:
+    """selective + modules + num_layers N (search/space.py recompute_pairs emits it): the
+    runtime checkpoints the modules of the first N blocks of each chunk, as many per pipeline
+    rank as cost/rows.py recomputed_layers prices (it used to checkpoint every block)."""
+    import dataclasses
+
+    from autoplan.cost.estimate import default_runtime
+    from autoplan.cost.rows import recomputed_layers, rows_of
+    from autoplan.hardware import load_profile
+    from autoplan.plan import Pipeline, Recompute, Schedule
+    from autoplan.plan_rules import runtime_limits, validate_plan
+    from autoplan.plan_table import plan_to_row
+    from autoplan.runtime.models.transformer import build_meta_model
+    from autoplan.runtime.pipeline_parallel import layers_per_stage, split_stage, stage_indices
+    from tests.dist.parity import make_plan
+
+    spec = GPT.replace(num_layers=8)
+    rc = Recompute(policy=RecomputePolicy.SELECTIVE, num_layers=num_layers,
+                   modules=(M.CORE_ATTN, M.MLP))
+    plan = dataclasses.replace(make_plan(spec, pp=pp, gbs=8, mbs=2), recompute=rc,
+                               pipeline=Pipeline(schedule=Schedule(schedule), vpp=vpp))
+    assert not validate_plan(plan, spec) and not runtime_limits(plan, spec)
+    rows = rows_of(plan_to_row(plan, spec), spec, "fp32",
+                   default_runtime(load_profile(plan.cluster.profile)))
+    meta = build_meta_model(spec, 0.0, 1)
+    stages = pp * vpp if pp > 1 else 1
+    counts = layers_per_stage(spec.num_layers, stages, None)
+    for rank in range(pp):
+        parts = [split_stage(meta, i, counts)
+                 for i in (stage_indices(rank, pp, plan.pipeline) if pp > 1 else [0])]
+        for part in parts:
+            apply_recompute(part, rc.policy, rc.num_layers, rc.method, rc.modules)
+        runtime = sum(_module_checkpointed(b) for part in parts for b in part.layers.values())
+        priced = recomputed_layers(np.array([sum(counts[i] for i in (
+            stage_indices(rank, pp, plan.pipeline) if pp > 1 else [0]))]), rows)
+        assert runtime == int(priced[0]), (rank, runtime, priced)
+        # the first N of each chunk, never a later one
+        for part in parts:
+            flags = [_module_checkpointed(b) for b in part.layers.values()]
+            assert flags == sorted(flags, reverse=True)
