@@ -35,6 +35,21 @@ def in_flight_microbatches(
     return np.where(pp > 1, out, 1.0)
 
 
+def in_flight_last_rank(
+    schedule: np.ndarray, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray,
+) -> np.ndarray:
+    """Micro-batches' worth of activations the last pipeline rank holds at its peak (in units
+    of its layers): GPipe all m; a schedule that warms up as interleaved 1F1B does
+    ((pp - rank - 1) * 2 + (vpp - 1) * pp chunk forwards before its first backward, plus the
+    one in flight: Megatron-Core's get_pp_rank_microbatches, torch's
+    ScheduleInterleaved1F1B) (vpp - 1) * pp + 1 chunks, pp - (pp - 1)/vpp of its layer sets;
+    1F1B's last rank one."""
+    pp, vpp, m = (np.asarray(x, float) for x in (pp, vpp, m))
+    sched = np.asarray(schedule)
+    interleaved = np.minimum(m, pp - (pp - 1.0) / np.maximum(vpp, 1.0))
+    return np.where(sched == GPIPE, m, np.where(warms_interleaved(sched, vpp), interleaved, 1.0))
+
+
 def warms_interleaved(schedule: np.ndarray, vpp: np.ndarray) -> np.ndarray:
     """Schedules that warm up as interleaved 1F1B does: interleaved itself, and zero-bubble
     with three or more chunks (torch's ScheduleInterleavedZeroBubble)."""

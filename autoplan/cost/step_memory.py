@@ -154,10 +154,9 @@ def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: boo
                         n * a_pol + (layers - n) * a_none)
 
     in_flight = pipeline.in_flight_microbatches(r.schedule, r.pp, r.vpp, r.m)
-    # with several chunks a rank holds layers from across the model: the last as many
-    # micro-batches as the first (pipeline.warms_interleaved)
-    in_flight_last = np.where(r.schedule == GPIPE, r.m, np.where(
-        pipeline.warms_interleaved(r.schedule, r.vpp), in_flight, 1.0))
+    # with several chunks the last rank holds layers from across the model too, (pp - 1)/vpp
+    # layer sets fewer than the first (pipeline.in_flight_last_rank)
+    in_flight_last = pipeline.in_flight_last_rank(r.schedule, r.pp, r.vpp, r.m)
     # the block whose backward runs holds its gradients in flight (memory.
     # backward_wavefront_bytes), plus what a recomputed block brings back (all of it under full
     # recompute, the re-run part selectively); a uniform group's backward re-makes all its

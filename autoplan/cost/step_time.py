@@ -130,11 +130,18 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
             reductions, reduction_window, r.vpp, j * r.pp), reduction_window)
         gather_window = np.where(chunked & ~per_pass, chunked_hidden_s(
             gathers, gather_window, r.vpp, np.minimum(1.0, j) * r.pp), gather_window)
+    reduction_window = np.where(once, 1.0, r.m) * reduction_window
+    # ZeRO-3 gathers every pass: the forward's gathers hide in the forward; the backward's
+    # share the backward (and its recompute) with the reductions, which run first on the same
+    # links (FSDP2 prefetches one unit ahead)
+    backward = r.m * (crit["backward"] + crit["recompute"]) * overlap
+    per_pass_hidden = (np.minimum(gathers / 2.0, r.m * crit["forward"] * overlap)
+                       + np.minimum(gathers / 2.0, np.maximum(
+                           0.0, backward - np.minimum(reductions, reduction_window))))
     return _ZeroTraffic(
         reductions=reductions, gathers=gathers, calls=calls,
-        reduction_window=np.where(once, 1.0, r.m) * reduction_window,
-        gather_window=np.where(per_pass, r.m * (crit["forward"] + crit["backward"]) * overlap,
-                               gather_window))
+        reduction_window=reduction_window,
+        gather_window=np.where(per_pass, per_pass_hidden, gather_window))
 
 
 def chunked_hidden_s(total: np.ndarray, own: np.ndarray, vpp: np.ndarray,

@@ -272,7 +272,7 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
 
     model = PRESETS["mixtral-8x7b"]
     prof = load_profile("h100-sxm-80gb")
-    idle = {"forward": np.zeros(1), "backward": np.zeros(1)}
+    idle = {"forward": np.zeros(1), "backward": np.zeros(1), "recompute": np.zeros(1)}
 
     def traffic(runtime: str, gbs: int):
         rt = load_runtime(runtime)
@@ -292,7 +292,8 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
     plan = replace(_plan("mixtral-8x7b", 16, gbs=128, dp=16, ep=4), zero_stage=3)
     r = rows_of(plan_to_row(plan, model), model, "bf16", rt)
     psi, psi_e = np.full(1, 1e9), held_expert_psi(model, r, rt)
-    busy = {"forward": np.full(1, 0.05), "backward": np.full(1, 0.1)}
+    busy = {"forward": np.full(1, 0.05), "backward": np.full(1, 0.1),
+            "recompute": np.zeros(1)}
     groups = [step_time._zero_traffic(prof, r, rt, busy, p, n, s) for p, n, s in (
         (psi, r.shard, r.tp), (psi_e, r.expert_shard, r.ep * r.etp))]
     total = sum(float(g.reductions[0] + g.gathers[0]) for g in groups)

@@ -959,3 +959,36 @@ def test_megatron_core_syncs_each_interleaved_chunk_on_its_own() -> None:
     plain = plan_from_dict(base)
     assert (estimate_plan(plain, runtime=megatron).time["dp_comm"]
             == estimate_plan(plain, runtime=whole).time["dp_comm"])
+
+
+def test_zero3_gathers_and_reductions_share_the_backward() -> None:
+    """FSDP at ZeRO-3 gathers every unit in forward and again in backward and reduce-scatters in
+    backward: the backward's gathers and the reductions hide in the same backward seconds, the
+    forward's gathers in the forward's. On a communication-bound plan (13B, dp 512, one
+    2,048-token sequence per rank) the hidden seconds never exceed the compute beside them, which
+    they did when the backward counted for both."""
+    from autoplan.cost import step_time
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.stage_time import critical_stage_s
+    from autoplan.cost.step_memory import activation_parts
+    from autoplan.hardware import load_profile
+    from autoplan.plan_table import plan_to_row
+
+    profile, titan = load_profile("a100-sxm4-80gb"), load_runtime("torchtitan")
+    plan = plan_from_dict({"model": "gpt3-13b",
+                           "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 512},
+                           "parallel": {"dp": 512}, "zero_stage": 3,
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 512}})
+    model = plan.model_spec()
+    r = rows_of(plan_to_row(plan, model), model, "bf16", titan)
+    crit = critical_stage_s(model, profile, r, "bf16", False, titan,
+                            activation_parts(model, r, False, titan))
+    z = step_time._zero_traffic(profile, r, titan, crit, np.full(1, 13e9), r.shard, r.tp)
+    ov = profile.efficiency.overlap
+    forward = r.m * crit["forward"] * ov
+    backward = r.m * (crit["backward"] + crit["recompute"]) * ov
+    hidden_gathers = np.minimum(z.gathers, z.gather_window)
+    hidden = hidden_gathers + np.minimum(z.reductions, z.reduction_window)
+    assert z.gathers + z.reductions > forward + backward  # communication-bound
+    assert hidden <= forward + backward + 1e-12
+    assert hidden_gathers <= z.gathers / 2 + forward
