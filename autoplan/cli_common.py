@@ -74,23 +74,28 @@ def stderr_console() -> Console:
     return Console(stderr=True)
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinity as null, so JSON output is JSON (a diverged run's final loss is NaN)."""
+def finite(value: Any) -> Any:
+    """NaN and infinity as null, so JSON output is JSON (a diverged run's final loss is NaN,
+    an unpriced profile's dollars)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
+
+
+def json_text(data: Any) -> str:
+    """`data` as indented JSON that every parser reads: non-finite numbers as null."""
+    return json.dumps(finite(to_dict(data)), indent=2, default=str, allow_nan=False)
 
 
 def emit(args: argparse.Namespace, data: Any, render_table: Callable[[Console], None]) -> None:
     """Print `data` as JSON/YAML, or call `render_table` with a stdout console."""
     fmt = resolve_format(args)
     if fmt == "json":
-        text = json.dumps(_finite(to_dict(data)), indent=2, default=str, allow_nan=False)
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(json_text(data) + "\n")
     elif fmt == "yaml":
         sys.stdout.write(dump_yaml(to_dict(data)))
     else:

@@ -173,6 +173,13 @@ class RecomputeSpace:
         for ms in self.modules:
             if ms is not None:  # the plan's own checks: non-empty, no repeats
                 Recompute(policy=RecomputePolicy.SELECTIVE, modules=ms)
+        if RecomputePolicy.FULL in self.policy and RecomputeMethod.BLOCK not in self.method \
+                and all(n is None for n in self.num_layers):
+            # uniform recompute checkpoints groups of num_layers layers: null is no group size
+            raise ConfigError("method", "policy full with method [uniform] needs a group size, "
+                              "but num_layers is [null], so full recompute has no choice",
+                              "add a layer count to num_layers (e.g. [null, 1, 2]) or block "
+                              "to method")
 
 
 @dataclass(frozen=True)
@@ -354,7 +361,10 @@ def _auto_knobs(data: dict[str, Any], where: str) -> dict[str, Any]:
 def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {data!r}", "expected a mapping of search-space fields")
-    data = check_schema_version(data, "")
+    try:
+        data = check_schema_version(data, "")
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err.field}", err.problem, err.fix) from None
     data = _auto_knobs(data, where)
     if data.get("precision") in ("auto", ["auto"]):
         data = {**data, "precision": []}

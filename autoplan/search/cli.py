@@ -68,7 +68,8 @@ def register(sub: Any) -> None:
     p.add_argument("--trials", type=int, default=300, help="Optuna trials (default 300)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--storage", help="Optuna storage: sqlite:///x.db, an RDB URL or journal:PATH")
-    p.add_argument("--study", help="study name in --storage (created or resumed)")
+    p.add_argument("--study", help="study name in --storage (created or resumed); with "
+                   "several --cluster types, one study per type, named STUDY/TYPE")
     p.add_argument("--worker", type=int, default=0,
                    help="worker index when several processes share one study")
     p.add_argument("--top", type=int, default=10, help="plans to show and keep (default 10)")

@@ -240,7 +240,8 @@ def with_cluster(scored: Scored, k: int, ref: str, price: float | None, clusters
 
 
 def type_requests(req: SearchRequest) -> list[SearchRequest]:
-    """One request per GPU type, each with its own profile, counts and device precision."""
+    """One request per GPU type, each with its own profile, counts and device precision, and
+    with --study its own study, "STUDY/TYPE" (each type's trials answer its own request)."""
     if not req.types:
         return [req]
     given = req.space_given or req.space
@@ -252,7 +253,8 @@ def type_requests(req: SearchRequest) -> list[SearchRequest]:
         if common:
             given = dataclasses.replace(given, precision=common)
     return [dataclasses.replace(req, profile=t.profile, profile_ref=t.ref,
-                                gpu_counts=t.gpu_counts, types=(), space=given)
+                                gpu_counts=t.gpu_counts, types=(), space=given,
+                                study=f"{req.study}/{t.ref}" if req.study else None)
             for t in req.types]
 
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplan.errors import ConfigError
-from autoplan.plan import ClusterRef, Plan
-from autoplan.plan_rules import RULES, violations
-from autoplan.plan_table import row_to_plan
+from autoplan.plan import ClusterRef, Plan, ReduceDtype
+from autoplan.plan_rules import BF16_REDUCE_PRECISIONS, RULES, violations
+from autoplan.plan_table import REDUCE_DTYPES, row_to_plan
 from autoplan.search.ranking import nearest
 from autoplan.search.scoring import Scored, score_table
 from autoplan.search.space import enumerate_space, layouts
@@ -100,17 +100,31 @@ def _rule_miss(req: SearchRequest) -> Miss:
     bad = violations(t, req.model)
     peaks = req.profile.device.peak_flops_per_s
     lacking = np.array([p.value not in peaks for p in req.space.precision])[t["precision"]]
-    problems = bad.sum(axis=1) + lacking
+    reduce_bf16 = _bf16_reduce_without_bf16(req, t)
+    problems = bad.sum(axis=1) + lacking + reduce_bf16
     i = int(np.argmin(problems))
     if problems[i] == 0:
         return _valid_sample_miss(req, t)
     misses = [RULES[j].message(t, i, req.model) for j in np.flatnonzero(bad[i])]
     reason = RULES[int(np.argmax(bad[i]))].key if bad[i].any() else "precision-unsupported"
+    name = req.space.precision[int(t["precision"][i])].value
     if lacking[i]:
-        name = req.space.precision[int(t["precision"][i])].value
         misses.append(f"precision={name} is not supported by {req.profile.device.name} (it has "
                       f"{', '.join(peaks)}); put one of those in the space's precision list")
+    elif reduce_bf16[i]:
+        misses.append(f"grad_reduce_dtype=bf16 needs a bf16 or fp8 plan, and this one trains in "
+                      f"{name} on {req.profile.device.name}; add null or fp32 to the space's "
+                      "grad_reduce_dtype")
     return Miss(reason, misses, plan=_plan(req, t, i))
+
+
+def _bf16_reduce_without_bf16(req: SearchRequest, t: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows that reduce gradients in bf16 but train in a precision without bf16 gradients
+    (scoring counts them precision-unsupported)."""
+    if "grad_reduce" not in t:
+        return np.zeros(len(t["precision"]), dtype=bool)
+    has_bf16 = np.array([p.value in BF16_REDUCE_PRECISIONS for p in req.space.precision])
+    return (t["grad_reduce"] == REDUCE_DTYPES.index(ReduceDtype.BF16)) & ~has_bf16[t["precision"]]
 
 
 def _valid_sample_miss(req: SearchRequest, t: dict[str, np.ndarray]) -> Miss:

@@ -12,6 +12,7 @@ attributes and are never re-scored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -156,19 +157,27 @@ def _serialize_sqlite(engine: Any) -> None:
     engine.dispose()  # connections opened while creating the schema predate the listeners
 
 
+def content_hash(obj: Any) -> str:
+    """SHA-256 of an object's canonical JSON (dataclasses and enums as YAML writes them, keys
+    sorted): the same in every process, unlike Python's hash()."""
+    text = json.dumps(to_dict(obj), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def _fingerprint(req: SearchRequest, sampler: str) -> str:
+    """Everything the stored records depend on: a study resumes only under the same request.
+    The profile and the runtime traits are hashed by content, so a recalibrated or edited
+    profile under the same name (or path) does not mix its results with the old ones."""
+    runtime = req.runtime or default_runtime(req.profile)
     fields: dict[str, Any] = {
         "model": req.model, "profile": req.profile_ref, "gpu_counts": req.gpu_counts,
+        "profile_sha256": content_hash(req.profile),
         "global_batch_size": req.global_batch_size, "space": req.space.summary(),
         "targets": req.targets, "sampler": sampler, "seed": req.seed,
+        "runtime": runtime.name, "runtime_sha256": content_hash(runtime),
     }
-    if req.global_batch_size_max is not None:  # absent for one size: older studies resume
+    if req.global_batch_size_max is not None:
         fields["global_batch_size_max"] = req.global_batch_size_max
-    # a study's records are priced under one runtime's traits; the profile's default is left
-    # out, so studies made before the field resume
-    runtime = (req.runtime or default_runtime(req.profile)).name
-    if runtime != default_runtime(req.profile).name:
-        fields["runtime"] = runtime
     return json.dumps(to_dict(fields), sort_keys=True, default=str)
 
 
@@ -216,6 +225,37 @@ def _finished(study: optuna.Study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
 
+KIND_ATTR = "autoplan_kind"
+"""Study user attribute naming what made the study: "search" or "tune" (they share storages)."""
+FINGERPRINT_ATTRS = {"search": "autoplan_request", "tune": "autoplan_tune"}
+"""The user attribute each kind keeps its request fingerprint in."""
+
+
+def claim_study(study: optuna.Study, kind: str, directions: list[str]) -> None:
+    """Refuse, in one line, a study another kind made (a search's study resumed by a tune, or
+    the reverse) or one optimising in other directions; mark a new study with its kind.
+    Studies made before the mark are known by their fingerprint attribute; one with trials
+    and neither was made by something else."""
+    name = study.study_name
+    attrs = study.user_attrs
+    have = attrs.get(KIND_ATTR) or next(
+        (k for k, attr in FINGERPRINT_ATTRS.items() if attr in attrs), None)
+    if have is None and study.get_trials(deepcopy=False):
+        raise ConfigError("--study", f"{name!r} holds trials no autoplan {kind} recorded (an "
+                          "older autoplan or another program made it)",
+                          "use another --study name")
+    if have is not None and have != kind:
+        raise ConfigError("--study", f"{name!r} is an autoplan {have} study; an autoplan "
+                          f"{kind} cannot resume it", "use another --study name")
+    got = [d.name.lower() for d in study.directions]
+    if got != directions:
+        raise ConfigError("--study", f"{name!r} optimises other objectives ({', '.join(got)}; "
+                          f"this {kind} needs {', '.join(directions)})",
+                          "use another --study name")
+    if KIND_ATTR not in attrs:
+        study.set_user_attr(KIND_ATTR, kind)
+
+
 def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
     if req.storage and not req.study:
         raise ConfigError("--study", "missing", "name the study to create or resume")
@@ -225,12 +265,10 @@ def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(storage=storage, study_name=req.study, load_if_exists=True,
                                     directions=_directions(req))
-    if [d.name.lower() for d in study.directions] != _directions(req):
-        raise ConfigError("--study", f"{req.study!r} optimises other objectives",
-                          "use another --study name")
-    have = study.user_attrs.get("autoplan_request")
+    claim_study(study, "search", _directions(req))
+    have = study.user_attrs.get(FINGERPRINT_ATTRS["search"])
     if have is None:
-        study.set_user_attr("autoplan_request", fp)
+        study.set_user_attr(FINGERPRINT_ATTRS["search"], fp)
     elif have != fp:
         raise ConfigError("--study", f"{req.study!r} was created by a different search",
                           "rerun that exact command, or use another --study name")

@@ -8,7 +8,6 @@ complete (autoplan.fsutil); existing files are never replaced without --force.
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from autoplan import fsutil
+from autoplan.cli_common import finite, json_text
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, load_plan, plan_to_dict
 from autoplan.search.engine import SearchResult
@@ -73,7 +73,8 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
         "candidates": result.total, "scored": sc.n, "feasible_count": int(sc.feasible.sum()),
         "counts": counts, "seconds": result.seconds,
         "candidates_per_s": result.total / max(result.seconds, 1e-9),
-        "top": [{k: to_dict(v) for k, v in r.items()} for r in ranked],
+        # null, not NaN, where a figure does not exist (dollars of an unpriced profile)
+        "top": [finite({k: to_dict(v) for k, v in r.items()}) for r in ranked],
     }
     if result.best is not None:
         out["best"] = plan_to_dict(plans(result, np.array([result.best]))[0])
@@ -113,8 +114,7 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
         csv = frame(result.scored, everything, req.space, req.targets, result.front).to_csv(
             index_label="row")
         fsutil.write_bytes(tmp / "trials.csv.gz", gzip.compress(csv.encode("utf-8"), mtime=0))
-        fsutil.write_text(tmp / "summary.json", json.dumps(
-            to_dict(summary_data | (extra or {})), indent=2, default=str) + "\n")
+        fsutil.write_text(tmp / "summary.json", json_text(summary_data | (extra or {})) + "\n")
         if also is not None:
             also(tmp)
     return Path(out)

@@ -161,7 +161,22 @@ def recompute_pairs(space: SearchSpace, model: ModelSpec | None = None
             else:
                 out += [(code, layers, 0, RC_METHODS.index(m)) for m in rc.method
                         if m is RecomputeMethod.BLOCK or n is not None]
+    if not out:  # RecomputeSpace refuses the spaces that leave none for any model
+        _no_recompute_choice(space, model)
     return out
+
+
+def _no_recompute_choice(space: SearchSpace, model: ModelSpec | None) -> None:
+    """Raise the one-line error for a space whose recompute lists leave no choice: selective
+    recompute with only MoE module sets, for a dense model."""
+    rc = space.recompute
+    listed = [[m.value for m in ms] for ms in rc.modules if ms is not None]
+    name = model.name if model is not None else "the model"
+    raise ConfigError(f"space {space.name}: recompute.modules",
+                      f"policy {[p.value for p in rc.policy]} has no choice: its module sets "
+                      f"{listed} name MoE modules, which the dense {name} does not have",
+                      "add null or dense modules (core_attn, mlp, layernorm) to "
+                      "recompute.modules, or none to recompute.policy")
 
 
 def recompute_columns(space: SearchSpace, choice: np.ndarray, model: ModelSpec | None = None

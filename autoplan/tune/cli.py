@@ -5,20 +5,23 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
+import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.table import Table
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, emit, stderr_console
+from autoplan.cli_common import add_format_argument, emit, json_text, stderr_console
 from autoplan.errors import ConfigError, NoFeasiblePlanError
-from autoplan.plan import Plan, load_plan, plan_to_dict
-from autoplan.yaml_io import dump_yaml, write_text_atomic
+from autoplan.model_spec import ModelSpec
+from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.yaml_io import dump_yaml, read_yaml, write_text_atomic
 
 OUT_FILES = ("plan.yaml", "trials.csv", "summary.json")
 
@@ -43,8 +46,10 @@ def register(sub: Any) -> None:
     p.add_argument("--prune-ratio", type=float, default=1.5,
                    help="prune a trial slower than this times the best (default 1.5)")
     p.add_argument("--storage", help="Optuna storage to resume from: sqlite:///x.db or journal:PATH")
-    p.add_argument("--study", help="study name in --storage")
-    p.add_argument("--out", help="directory for plan.yaml, trials.csv, runs/, summary.json")
+    p.add_argument("--study", help="study name in --storage (resumed only by the same tune)")
+    p.add_argument("--out", help="directory for plan.yaml, trials.csv and summary.json; the "
+                   "trial runs go to its trials/ and runs/ (without --out, to a temporary "
+                   "directory removed when the tune ends)")
     p.add_argument("--force", action="store_true", help="replace files in --out")
     p.add_argument("--dry-run", action="store_true", help="print the trials and their budget")
     add_format_argument(p)
@@ -74,12 +79,16 @@ def _validate(args: argparse.Namespace) -> None:
         fsutil.check_dir_target(args.out, force=args.force, names=OUT_FILES)
 
 
+LAYOUT_COLUMNS = ("dp", "tp", "pp", "cp", "ep", "etp", "dp_shard", "mbs", "schedule", "vpp")
+"""The columns that make a layout: the plan's degrees, micro-batch size and pipeline shape."""
+
+
 def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
     """The search's best plans, one per layout first; NoFeasiblePlanError (exit 3) naming the
     nearest miss when nothing is feasible."""
     from autoplan.search.cli import build_request, infeasible_line
     from autoplan.search.engine import run_search
-    from autoplan.search.output import plans, summary, top_rows
+    from autoplan.search.output import plans, summary
 
     ns = argparse.Namespace(
         model=args.model, cluster=args.cluster, num_gpus=str(args.num_gpus),
@@ -90,38 +99,55 @@ def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
     result = run_search(build_request(ns))
     if result.best is None:
         raise NoFeasiblePlanError(infeasible_line(summary(result, 1)))
-    ranked = plans(result, top_rows(result, len(result.order)))
-    # One plan per layout first (the cost model's near-ties, e.g. ZeRO-1 vs ZeRO-2 on a few
-    # ranks, teach a tune little), then the rest in rank order.
-    firsts: list[tuple[Plan, str]] = []
-    rest: list[tuple[Plan, str]] = []
-    seen: set[Any] = set()
-    for rank, p in enumerate(ranked, 1):
-        layout = (p.parallel, p.batch.micro_batch_size, p.pipeline.schedule, p.pipeline.vpp)
-        (rest if layout in seen else firsts).append((p, f"model rank {rank}"))
-        seen.add(layout)
-    return (firsts + rest)[:args.top]
+    ranks = picked_ranks(result.scored.cols, result.order, args.top)
+    built = plans(result, result.order[ranks])  # Plans for the picked rows only
+    return [(p, f"model rank {r + 1}") for p, r in zip(built, ranks, strict=True)]
+
+
+def picked_ranks(cols: dict[str, np.ndarray], order: np.ndarray, top: int) -> np.ndarray:
+    """Positions in `order` (best first) of the plans to run: the best of each layout first
+    (the cost model's near-ties, e.g. ZeRO-1 vs ZeRO-2 on a few ranks, teach a tune little),
+    then the rest in rank order, `top` in all; judged on the columns, without building Plans."""
+    names = [c for c in LAYOUT_COLUMNS if c in cols]
+    keys = np.stack([np.asarray(cols[c])[order].astype(np.int64) for c in names], axis=1)
+    _, first = np.unique(keys, axis=0, return_index=True)
+    first = np.sort(first)[:top]
+    if len(first) == top:
+        return first
+    rest = np.setdiff1d(np.arange(len(order)), first)[:top - len(first)]
+    return np.concatenate([first, rest]).astype(np.int64)
 
 
 def tune_command(args: argparse.Namespace) -> int:
+    from autoplan.tune.runner import Stopped, stop_on_signals
+
     _validate(args)
     out = Path(args.out) if args.out else None
-    with ExitStack() as held:
-        if out and not args.dry_run:  # one tune per --out: trials/ and runs/ are its work
-            held.enter_context(fsutil.output_lock(out, "--out"))
-        candidates = _candidates(args)
-        if args.dry_run:
-            return _dry_run(args, candidates)
-        return _tune(args, out, candidates)
+    try:
+        # SIGTERM/SIGHUP unwind like Ctrl-C: the running trial's child is killed and the
+        # --out lock and the temporary trial directory are removed on the way out
+        with stop_on_signals(), ExitStack() as held:
+            if out and not args.dry_run:  # one tune per --out: trials/ and runs/ are its work
+                held.enter_context(fsutil.output_lock(out, "--out"))
+            candidates = _candidates(args)
+            if args.dry_run:
+                return _dry_run(args, candidates)
+            workdir = out or Path(held.enter_context(
+                tempfile.TemporaryDirectory(prefix="autoplan-tune-")))
+            return _tune(args, out, workdir, candidates)
+    except Stopped as stop:
+        sys.stderr.write(f"autoplan tune: stopped by {stop}; the running trial was killed and "
+                         "counts as interrupted (a --storage study runs it again on resume)\n")
+        return 128 + stop.signum
 
 
-def _tune(args: argparse.Namespace, out: Path | None, candidates: list[Any]) -> int:
+def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
+          candidates: list[Any]) -> int:
     from autoplan.tune.study import TuneConfig, run_tune
 
     cfg = TuneConfig(steps=args.steps, budget_s=args.budget_s,
                      trial_timeout_s=args.trial_timeout_s, prune_ratio=args.prune_ratio,
-                     storage=args.storage, study_name=args.study)
-    workdir = out or Path(".autoplan-tune")
+                     storage=args.storage, study_name=args.study, request=_request(args))
     console = stderr_console()
     console.print(f"tune: {len(candidates)} plans, {args.steps} steps each, "
                   f"budget {args.budget_s:.0f} s")
@@ -138,7 +164,7 @@ def _tune(args: argparse.Namespace, out: Path | None, candidates: list[Any]) -> 
 
     def render(console_out: Any) -> None:
         cols = ("source", "plan", "status", "predicted_step_s", "predicted_after_s",
-                "measured_step_s", "reason")
+                "measured_step_s", "measured_tokens_per_s", "reason")
         console_out.print(_table(table_rows, cols, "tune: predicted and measured step time"))
         if calib:
             s = calib.summary()
@@ -153,16 +179,26 @@ def _tune(args: argparse.Namespace, out: Path | None, candidates: list[Any]) -> 
     return 0
 
 
+def _request(args: argparse.Namespace) -> dict[str, Any]:
+    """What this tune's trials answer, for its study's fingerprint (tune.study.fingerprint)."""
+    from autoplan.plan_args import resolve_model
+    from autoplan.search.optuna_search import content_hash
+
+    model = resolve_model(args)
+    return {"model": model.name, "model_sha256": content_hash(model), "cluster": args.cluster,
+            "num_gpus": args.num_gpus, "global_batch_size": args.global_batch_size,
+            "seq_len": model.seq_len}
+
+
 def _candidates(args: argparse.Namespace) -> list[Any]:
-    """The user's --plan files (each for --num-gpus ranks) and the search's best, deduplicated
-    (tune.study.make_candidates); none at all is an infeasible request (exit 3)."""
+    """The user's --plan files (each for this tune's model, sequence length, global batch size
+    and --num-gpus ranks) and the search's best, deduplicated (tune.study.make_candidates);
+    none at all is an infeasible request (exit 3)."""
+    from autoplan.plan_args import resolve_model
     from autoplan.tune.study import make_candidates
 
-    user = [(load_plan(p), "user") for p in args.plan]
-    for plan, _ in user:
-        if plan.world_size != args.num_gpus:
-            raise ConfigError("--plan", f"a plan for {plan.world_size} ranks",
-                              f"this tune runs on --num-gpus {args.num_gpus}")
+    model = resolve_model(args)
+    user = [(_user_plan(path, model, args), "user") for path in args.plan]
     try:
         found = search_candidates(args)
     except NoFeasiblePlanError:
@@ -170,6 +206,33 @@ def _candidates(args: argparse.Namespace) -> list[Any]:
             raise
         found = []  # the user's plans still run
     return make_candidates(user + found)
+
+
+def _user_plan(path: str, model: ModelSpec, args: argparse.Namespace) -> Plan:
+    """A --plan file, refused (exit 2, both values) unless it trains this tune's model, with
+    its sequence length and global batch size, on --num-gpus ranks: trials are only comparable
+    when every plan trains the same tokens per step."""
+    data = read_yaml(path, "--plan")
+    if not isinstance(data, dict):
+        raise ConfigError("--plan", f"{path} is not a mapping of plan fields")
+    try:
+        plan = plan_from_dict(data)
+        spec = plan.model_spec()
+    except ConfigError as err:
+        raise ConfigError(f"--plan {path}: {err.field}", err.problem, err.fix) from None
+    checks = (
+        ("--num-gpus", "ranks", plan.world_size, args.num_gpus),
+        ("--model", "model", spec.name if spec.replace(seq_len=model.seq_len) == model
+         or spec.name != model.name else f"{spec.name} (another spec)", model.name),
+        ("--seq-len", "seq_len", spec.seq_len, model.seq_len),
+        ("--global-batch-size", "batch.global_batch_size", plan.batch.global_batch_size,
+         args.global_batch_size),
+    )
+    for flag, name, got, want in checks:
+        if got != want:
+            raise ConfigError("--plan", f"{path} has {name} {got}, but this tune has {flag} {want}",
+                              f"give a plan for {flag} {want}, or tune with {flag} {got}")
+    return plan
 
 
 def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
@@ -219,7 +282,7 @@ def _calibrate(trials: list[dict[str, Any]], by_key: dict[str, Any], cluster: st
     paths = []
     for i, rec in enumerate(records):
         path = workdir / "runs" / f"{i:03d}.json"
-        write_text_atomic(path, json.dumps(rec, indent=2), overwrite=True)
+        write_text_atomic(path, json_text(rec), overwrite=True)
         paths.append(path)
     runs: list[RunRecord] = [load_run(p) for p in paths]
     return calibrate(runs, load_profile(cluster), trials=150)
@@ -272,4 +335,4 @@ def _write_out(out: Path, data: dict[str, Any], rows: list[dict[str, Any]], best
         if best is not None:
             fsutil.write_text(tmp / "plan.yaml", dump_yaml(plan_to_dict(best)))
         fsutil.write_text(tmp / "trials.csv", buf.getvalue())
-        fsutil.write_text(tmp / "summary.json", json.dumps(data, indent=2, default=str))
+        fsutil.write_text(tmp / "summary.json", json_text(data) + "\n")

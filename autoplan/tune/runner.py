@@ -3,7 +3,9 @@
 The child writes one JSON line per step (--metrics-file); the runner reads them as they come,
 hands each step time to a callback (which may ask to stop: pruning), enforces a time limit (a
 hang fails the trial, it does not stall the tune) and classifies failures (out of memory,
-crash, timeout) with the child's last error line as the reason.
+crash, timeout) with the child's last error line as the reason. `stop_on_signals` turns
+SIGTERM/SIGHUP into an exception, so a stopped tune kills its child (which runs in a session of
+its own and would not get the signal) and releases its locks on the way out.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +40,41 @@ class TrialOutcome:
     def step_time_s(self) -> float | None:
         steady = self.step_times_s[WARMUP_STEPS:] or self.step_times_s
         return statistics.median(steady) if steady else None
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: unwinds like Ctrl-C (the running trial is recorded as
+    interrupted and runs again on resume), through every `finally` that kills a child."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)
+                    ) -> Iterator[None]:
+    """While the block runs, the first of `signums` raises Stopped in the main thread (later
+    ones are ignored while that unwinds); the previous handlers come back afterwards. Off the
+    main thread, where Python cannot set handlers, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = False
+
+    def handler(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def train_command(plan_path: Path, nproc: int, steps: int, metrics: Path) -> list[str]:

@@ -1,9 +1,10 @@
 """The tune loop: an Optuna study whose trials are short real runs of candidate plans.
 
 The cost model's candidates are enqueued best first; each trial runs one plan, reports every
-step time so the pruner can stop a clearly slower plan, and records a failure (out of memory,
-crash, hang) with its reason instead of stopping the tune. With a storage URL an interrupted
-tune resumes: finished trials (complete, pruned or failed) are not run again.
+step's throughput (tokens/s) so the pruner can stop a clearly slower plan, and records a failure
+(out of memory, crash, hang) with its reason instead of stopping the tune. With a storage URL an
+interrupted tune resumes: finished trials (complete, pruned or failed) are not run again, and
+only for the same request (the study keeps a fingerprint of it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.trial import TrialState
@@ -25,7 +26,7 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
-from autoplan.search.optuna_search import open_storage
+from autoplan.search.optuna_search import claim_study, open_storage
 from autoplan.tune.pruner import SlowerThanBestPruner
 from autoplan.tune.runner import TrialOutcome, run_trial
 from autoplan.yaml_io import dump_yaml, write_text_atomic
@@ -56,6 +57,9 @@ class TuneConfig:
     command: tuple[str, ...] | None = None
     """Trial command with {plan}, {nproc}, {steps}, {metrics} placeholders; default
     `autoplan train {plan} --nproc {nproc} --steps {steps} --metrics-file {metrics}`."""
+    request: dict[str, Any] = field(default_factory=dict)
+    """What the candidates answer (model, cluster, global batch size, sequence length): with
+    the steps and the candidates' keys, the fingerprint a stored study must match to resume."""
 
 
 @dataclass
@@ -66,6 +70,9 @@ class Candidate:
     predicted_memory_bytes: float
     source: str
     """'model rank N' or 'user'."""
+    tokens_per_step: int
+    """Tokens one step trains (global batch size x sequence length): trials are ranked and
+    pruned by tokens/s, so plans of other batch sizes never win by a shorter step."""
 
     def predicted_trial_s(self, steps: int) -> float:
         return STARTUP_S + STARTUP_S_PER_RANK * self.plan.world_size + steps * self.predicted_step_s
@@ -80,7 +87,8 @@ def make_candidates(plans: list[tuple[Plan, str]]) -> list[Candidate]:
         seen.add(key)
         cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
         est = estimate_plan(plan, cluster)
-        out.append(Candidate(plan, key, est.step_time_s, est.memory_total_bytes, source))
+        tokens = plan.batch.global_batch_size * plan.model_spec().seq_len
+        out.append(Candidate(plan, key, est.step_time_s, est.memory_total_bytes, source, tokens))
     return out
 
 
@@ -96,15 +104,29 @@ class TuneResult:
         return next((c for c in self.candidates if c.key == self.best_key), None)
 
 
-def open_study(cfg: TuneConfig) -> optuna.Study:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+FINGERPRINT_ATTR = "autoplan_tune"
+DIRECTION: Literal["maximize"] = "maximize"
+"""Trials are valued in measured tokens/s."""
+
+
+def fingerprint(candidates: list[Candidate], cfg: TuneConfig) -> dict[str, Any]:
+    """What a stored tune's results answer: the request, the steps per trial, the candidates."""
+    return {**cfg.request, "steps": cfg.steps, "candidates": sorted(c.key for c in candidates)}
+
+
+def open_study(cfg: TuneConfig, fp: dict[str, Any] | None = None) -> optuna.Study:
+    """Create or resume the tune's study; refuse (exit 2) a search's study, one valued the other
+    way, or one a tune with another request, steps or candidate list made."""
+    # Optuna's warning and traceback for each failed trial would repeat the reason the tune
+    # records and prints (and a stopped tune's traceback is no error)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     # the search's storage opener: SQLite transactions that pop a queued candidate are
     # serialised there, so two tunes sharing a study never run one candidate twice
     storage = open_storage(cfg.storage)
     try:
-        return optuna.create_study(
+        study = optuna.create_study(
             storage=storage, study_name=cfg.study_name, load_if_exists=bool(cfg.storage),
-            direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
+            direction=DIRECTION, sampler=optuna.samplers.RandomSampler(seed=0),
             pruner=SlowerThanBestPruner(cfg.prune_ratio))
     except (ValueError, ImportError, OSError) as err:
         raise ConfigError("--storage", f"cannot open {cfg.storage!r} ({err.__class__.__name__}: "
@@ -116,6 +138,31 @@ def open_study(cfg: TuneConfig) -> optuna.Study:
                               f"({err.__class__.__name__})",
                               "use sqlite:///path.db, an RDB URL or journal:PATH") from None
         raise
+    claim_study(study, "tune", [DIRECTION])
+    if fp is not None:
+        _check_fingerprint(study, fp)
+    return study
+
+
+def _check_fingerprint(study: optuna.Study, fp: dict[str, Any]) -> None:
+    text = json.dumps(fp, sort_keys=True, default=str)
+    have = study.user_attrs.get(FINGERPRINT_ATTR)
+    if have is None:
+        study.set_user_attr(FINGERPRINT_ATTR, text)
+        return
+    if have == text:
+        return
+    try:
+        stored = json.loads(have)
+    except ValueError:
+        stored = {}
+    stored = stored if isinstance(stored, dict) else {}
+    diffs = [("other candidate plans" if k == "candidates"
+              else f"{k} {stored.get(k)!r}, now {fp.get(k)!r}")
+             for k in sorted(set(stored) | set(fp)) if stored.get(k) != fp.get(k)]
+    raise ConfigError("--study", f"{study.study_name!r} holds the results of another tune "
+                      f"({'; '.join(diffs) or 'another request'})",
+                      "rerun that exact command to resume it, or use another --study name")
 
 
 def _finished_keys(study: optuna.Study) -> set[str]:
@@ -123,7 +170,7 @@ def _finished_keys(study: optuna.Study) -> set[str]:
     that failed because the tune itself was interrupted has no reason and runs again)."""
     done = set()
     for t in study.get_trials(deepcopy=False):
-        key = t.params.get("candidate")
+        key = t.user_attrs.get("candidate")
         if key and (t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                     or (t.state == TrialState.FAIL and "reason" in t.user_attrs)):
             done.add(key)
@@ -135,31 +182,36 @@ def run_tune(
     on_trial: Callable[[Candidate, TrialOutcome], None] | None = None,
     runner: Callable[..., TrialOutcome] = run_trial,
 ) -> TuneResult:
-    """Run every candidate not yet finished in the study, best predicted first, within budget."""
+    """Run every candidate not yet finished in the study, best predicted first, within budget;
+    the best is the one with the most measured tokens/s."""
     start = time.monotonic()
-    study = open_study(cfg)
+    study = open_study(cfg, fingerprint(candidates, cfg))
     by_key = {c.key: c for c in candidates}
     keys = [c.key for c in candidates]
     pending = [k for k in keys if k not in _finished_keys(study)]
-    waiting = {(t.system_attrs.get("fixed_params") or {}).get("candidate")
+    waiting = {t.user_attrs.get("candidate")
                for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     for k in pending:
         if k not in waiting:  # left waiting by an interrupted tune: it runs first anyway
-            study.enqueue_trial({"candidate": k})
+            # the candidate is an attribute, not a parameter: no distribution over a list
+            # that differs from one tune to the next
+            study.enqueue_trial({}, user_attrs={"candidate": k})
 
     def objective(trial: optuna.Trial) -> float:
-        key = trial.suggest_categorical("candidate", keys)
-        cand = by_key[key]
+        cand = by_key.get(trial.user_attrs.get("candidate", ""))
+        if cand is None:  # the queue is empty: another tune sharing the study took the rest
+            trial.study.stop()
+            raise TrialFailed("no queued candidate left")
         trial.set_user_attr("predicted_step_s", cand.predicted_step_s)
         trial.set_user_attr("source", cand.source)
-        tdir = workdir / "trials" / key
+        tdir = workdir / "trials" / cand.key
         tdir.mkdir(parents=True, exist_ok=True)
         plan_path = tdir / "plan.yaml"
         write_text_atomic(plan_path, dump_yaml(plan_to_dict(cand.plan)), overwrite=True)
         remaining = cfg.budget_s - (time.monotonic() - start)
 
         def on_step(step: int, seconds: float) -> bool:
-            trial.report(seconds, step)
+            trial.report(cand.tokens_per_step / max(seconds, 1e-9), step)
             return trial.should_prune()
 
         command = None
@@ -182,7 +234,8 @@ def run_tune(
             trial.set_user_attr("reason", outcome.reason)
             raise TrialFailed(outcome.reason)
         assert outcome.step_time_s is not None
-        return outcome.step_time_s
+        trial.set_user_attr("measured_step_s", outcome.step_time_s)
+        return cand.tokens_per_step / max(outcome.step_time_s, 1e-9)
 
     if pending:
         study.optimize(objective, n_trials=len(pending), catch=(TrialFailed,),
@@ -190,7 +243,7 @@ def run_tune(
     result = TuneResult(candidates, seconds=time.monotonic() - start)
     latest: dict[str, Any] = {}  # key -> FrozenTrial
     for ft in study.get_trials(deepcopy=False):
-        key = ft.params.get("candidate")
+        key = ft.user_attrs.get("candidate")
         if key in by_key:
             latest[key] = ft  # the last trial of a candidate wins (a rerun after a crash)
     for key in keys:
@@ -198,19 +251,22 @@ def run_tune(
         if t is None:
             result.trials.append({"key": key, "status": "not run", "reason": "budget exhausted"})
             continue
-        value = t.value if t.state == TrialState.COMPLETE else None
+        complete = t.state == TrialState.COMPLETE
         result.trials.append({
             "key": key, "status": {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
                                    TrialState.FAIL: "failed"}.get(t.state, "interrupted"),
-            "reason": t.user_attrs.get("reason", ""), "measured_step_s": value,
+            "reason": t.user_attrs.get("reason", ""),
+            "measured_step_s": t.user_attrs.get("measured_step_s") if complete else None,
+            "measured_tokens_per_s": t.value if complete else None,
             "predicted_step_s": by_key[key].predicted_step_s,
             "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
             "steps_run": len(t.user_attrs.get("step_times_s", [])),
         })
     done = [r for r in result.trials if r["status"] == "complete"
-            and r["measured_step_s"] is not None and math.isfinite(r["measured_step_s"])]
+            and r["measured_tokens_per_s"] is not None
+            and math.isfinite(r["measured_tokens_per_s"])]
     if done:
-        result.best_key = min(done, key=lambda r: r["measured_step_s"])["key"]
+        result.best_key = max(done, key=lambda r: r["measured_tokens_per_s"])["key"]
     return result
 
 

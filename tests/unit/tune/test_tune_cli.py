@@ -4,9 +4,13 @@ closest when nothing is feasible (exit 3); and writes its result files whole or 
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autoplan.commands import main
 from autoplan.plan import plan_from_dict
@@ -70,9 +74,117 @@ def test_result_files_are_written_whole_or_not_at_all(tmp_path: Path) -> None:
     rows = [{"key": "a", "status": "complete"}]
     circular: dict = {}
     circular["self"] = circular  # summary.json cannot be written: after plan.yaml was, before
-    with pytest.raises(ValueError):
+    with pytest.raises((ValueError, RecursionError)):
         _write_out(out, circular, rows, plan, force=False)
     assert sorted(p.name for p in out.iterdir()) == ["trials"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     _write_out(out, {"trials": rows}, rows, plan, force=False)
     assert sorted(p.name for p in out.iterdir()) == sorted([*OUT_FILES, "trials"])
+
+
+def _plan_file(tmp_path: Path, name: str = "p.yaml", **fields) -> Path:
+    data = {"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 1},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 2}, "precision": "fp32",
+            **fields}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(("fields", "flags", "needles"), [
+    ({"batch": {"micro_batch_size": 1, "global_batch_size": 1}}, [],
+     ["batch.global_batch_size 1, but this tune has --global-batch-size 2"]),
+    ({"model": "tiny-llama"}, [], ["model tiny-llama, but this tune has --model tiny"]),
+    ({}, ["--seq-len", "32"], ["seq_len 64, but this tune has --seq-len 32"]),
+    ({"parallel": {"dp": 2}, "cluster": {"profile": "cpu-gloo", "num_gpus": 2}}, [],
+     ["ranks 2, but this tune has --num-gpus 1"]),
+])
+def test_a_plan_for_another_request_is_refused(tmp_path: Path, capsys, fields, flags,
+                                               needles) -> None:
+    """Trials compare tokens per second only between plans training the same tokens per
+    step: a --plan for another batch, model or sequence length would win on a short step."""
+    plan = _plan_file(tmp_path, **fields)
+    _fails(capsys, [*TUNE, *flags, "--plan", str(plan), "--dry-run"], 2,
+           f"--plan: {plan}", *needles)
+
+
+def test_a_plan_for_this_request_is_run(tmp_path: Path, capsys) -> None:
+    plan = _plan_file(tmp_path)
+    assert main([*TUNE, "--plan", str(plan), "--dry-run", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["trials"]
+    assert [r["source"] for r in rows].count("user") == 1
+
+
+def test_a_plan_that_cannot_be_read_names_the_flag(tmp_path: Path, capsys) -> None:
+    _fails(capsys, [*TUNE, "--plan", str(tmp_path / "nope.yaml"), "--dry-run"], 2,
+           "autoplan tune: error: --plan: no such file")
+    bad = _plan_file(tmp_path, zero_stage=7)
+    _fails(capsys, [*TUNE, "--plan", str(bad), "--dry-run"], 2, f"--plan {bad}: zero_stage")
+
+
+FAKE_TRAIN = ("import json, sys\n"
+              "with open(sys.argv[1], 'w') as fh:\n"
+              "    for step in range(1, int(sys.argv[2]) + 1):\n"
+              "        fh.write(json.dumps({'step': step, 'step_time_s': 0.01}) + '\\n')\n")
+
+
+def test_trial_runs_without_out_go_to_a_temporary_directory_removed_after(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    plans: list[Path] = []
+
+    def fake(plan_path: Path, nproc: int, steps: int, metrics: Path) -> list[str]:
+        plans.append(plan_path)
+        return [sys.executable, "-c", FAKE_TRAIN, str(metrics), str(steps)]
+
+    monkeypatch.setattr("autoplan.tune.runner.train_command", fake)
+    monkeypatch.chdir(tmp_path)
+    assert main([*TUNE, "--top", "1", "--steps", "3", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [t["status"] for t in data["trials"]] == ["complete"]
+    assert len(plans) == 1
+    workdir = plans[0].parents[2]  # WORKDIR/trials/KEY/plan.yaml
+    assert workdir != tmp_path and not workdir.exists()
+    assert list(tmp_path.iterdir()) == []  # nothing left in the working directory
+
+
+def test_only_the_picked_rows_become_plans(monkeypatch) -> None:
+    """--top plans, the best of each layout first, built without a Plan per feasible row."""
+    import autoplan.search.output as output
+    from autoplan.tune.cli import search_candidates
+
+    args = argparse.Namespace(model="tiny", cluster="cpu-gloo", num_gpus=2,
+                              global_batch_size=8, seq_len=None, space="small-cpu", top=6)
+    built: list[int] = []
+    every: list = []
+    original = output.plans
+
+    def counting(result, rows):
+        built.append(len(rows))
+        every.append(result)
+        return original(result, rows)
+
+    monkeypatch.setattr(output, "plans", counting)
+    got = search_candidates(args)
+    assert sum(built) == 6 and len(got) == 6
+    # the same picks as building every ranked plan and keeping the first of each layout
+    result = every[0]
+    firsts, rest, seen = [], [], set()
+    for rank, p in enumerate(original(result, result.order), 1):
+        layout = (p.parallel, p.batch.micro_batch_size, p.pipeline.schedule, p.pipeline.vpp)
+        (rest if layout in seen else firsts).append((p, f"model rank {rank}"))
+        seen.add(layout)
+    assert len(result.order) > 100  # many rows, few of them built
+    assert got == (firsts + rest)[:6]
+
+
+def test_picked_ranks_take_each_layout_first_then_the_rest_in_rank_order() -> None:
+    import numpy as np
+
+    from autoplan.tune.cli import picked_ranks
+
+    cols = {"dp": np.array([2, 1, 1, 1, 1]), "tp": np.ones(5, dtype=np.int64),
+            "mbs": np.array([1, 2, 1, 1, 2]), "zero_stage": np.arange(5)}
+    order = np.array([1, 2, 3, 4, 0])  # best first: rows 1 and 4 share a layout, 2 and 3 too
+    assert picked_ranks(cols, order, 4).tolist() == [0, 1, 4, 2]
+    assert picked_ranks(cols, order, 2).tolist() == [0, 1]
+    assert picked_ranks(cols, order, 9).tolist() == [0, 1, 4, 2, 3]
