@@ -573,13 +573,15 @@ class RuntimeTraits:
         `userbuffers` follows Transformer Engine's default overlap methods per GEMM
         (transformer_engine/pytorch/module/base.py, initialize_ub: ring_exchange for qkv_fprop,
         fc1_fprop, proj_dgrad, fc2_dgrad; pipeline for proj_fprop, fc2_fprop; bulk for the
-        qkv/fc1 dgrad and wgrad). Of a block's ten sequence-parallel collectives of equal size
+        qkv/fc1 dgrad and wgrad). A block runs ten sequence-parallel collectives of equal size
         (forward: 2 all-gathers, 2 reduce-scatters; backward: 2 all-gathers of the output
-        gradient, 2 re-gathers of the norm outputs, 2 reduce-scatters of the input gradients), a
-        ring exchange leaves its first of tp chunks exposed, a pipelined reduce-scatter its last
-        of num_splits = 4 (Megatron-Bridge's userbuffers presets), a bulk overlap none:
-        exposed = (4/tp + 2/4) / 10. Userbuffers needs sequence parallelism (Megatron-Bridge
-        refuses tp_comm_overlap without it)."""
+        gradient, 2 re-gathers of the norm outputs, 2 reduce-scatters of the input gradients),
+        of which the cost model prices eight (comm.tensor_parallel_collectives' "layer": the
+        re-gathers, bulk-overlapped wherever Megatron re-gathers, are never exposed). A ring
+        exchange leaves its first of tp chunks exposed, a pipelined reduce-scatter its last of
+        num_splits = 4 (Megatron-Bridge's userbuffers presets), a bulk overlap none: exposed
+        = (4/tp + 2/4) collectives of the eight priced. Userbuffers needs sequence parallelism
+        (Megatron-Bridge refuses tp_comm_overlap without it)."""
         tp, sp = np.asarray(tp, float), np.asarray(sp, bool)
         # async dgrad: of a block's 4 all-reduces (forward: attention and MLP outputs;
         # backward: the QKV and fc1 input gradients) the 2 backward ones hide behind their
@@ -588,7 +590,7 @@ class RuntimeTraits:
         # back to it where it does not apply (no SP).
         async_dgrad = np.where(sp, 6.0 / 8.0, 2.0 / 4.0) + np.zeros_like(tp)
         if self.tp_comm_overlap_method == "userbuffers":
-            exposed = (4.0 / np.maximum(tp, 1.0) + 2.0 / 4.0) / 10.0
+            exposed = (4.0 / np.maximum(tp, 1.0) + 2.0 / 4.0) / 8.0
             return np.where(_userbuffers_apply(tp, sp), exposed, async_dgrad)
         if self.tp_comm_overlap_method == "async-dgrad":
             return async_dgrad

@@ -94,10 +94,11 @@ def embedding_grad_s(model: ModelSpec, profile: ClusterProfile, runtime: Runtime
     return compute.memory_time_s(elements * (r.weight_bytes + add), profile)
 
 
-USERBUFFERS_BULK_SHARE = 0.4
-"""Share of a block's sequence-parallel collective time Transformer Engine's userbuffers runs
-as bulk overlaps (qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad: 4 of the 10 equal collectives
-RuntimeTraits.tp_exposed_share counts)."""
+USERBUFFERS_BULK_SHARE = 0.5
+"""Transformer Engine's userbuffers bulk overlaps (qkv_dgrad, qkv_wgrad, fc1_dgrad,
+fc1_wgrad: 4 equal collectives, the 2 re-gathers of the norm outputs among them) as a share of
+the 8 a block's sequence-parallel "layer" total prices (RuntimeTraits.tp_exposed_share): the
+time their SMs run beside the GEMMs (comm.contention_s)."""
 
 
 def userbuffers_margin_s(model: ModelSpec, profile: ClusterProfile, runtime: RuntimeTraits,
