@@ -118,14 +118,14 @@ def _check_paths(args: argparse.Namespace) -> None:
         elif not os.access(d, os.W_OK):
             raise ConfigError("--checkpoint-dir", f"{args.checkpoint_dir!r} is not writable",
                               "choose a folder you can write")
-        elif not _resuming(args) and not _under_restart():
+        elif not _resuming(args) and not under_restart():
             _check_no_checkpoints(args.checkpoint_dir)
     if args.metrics_file is not None:
         m = Path(args.metrics_file)
         if m.is_dir():
             raise ConfigError("--metrics-file", f"{args.metrics_file!r} is a folder",
                               "name a file")
-        if m.exists() and not _resuming(args) and not _under_restart():
+        if m.exists() and not _resuming(args) and not under_restart():
             raise ConfigError("--metrics-file", f"{args.metrics_file!r} already exists",
                               "pass --resume to continue it, or choose another path")
         _output_parent("--metrics-file", args.metrics_file)
@@ -133,7 +133,7 @@ def _check_paths(args: argparse.Namespace) -> None:
         r = Path(args.run_record)
         if r.is_dir():
             raise ConfigError("--run-record", f"{args.run_record!r} is a folder", "name a file")
-        if r.exists() and not _under_restart():
+        if r.exists() and not under_restart():
             raise ConfigError("--run-record", f"{args.run_record!r} already exists",
                               "choose another path (run records are never overwritten)")
         _output_parent("--run-record", args.run_record)
@@ -159,6 +159,6 @@ def _resuming(args: argparse.Namespace) -> bool:
     return bool(args.resume or getattr(args, "elastic", False))
 
 
-def _under_restart() -> bool:
+def under_restart() -> bool:
     """A torchrun restart re-runs the ranks' checks on the files the first attempt wrote."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0

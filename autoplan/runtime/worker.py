@@ -207,8 +207,9 @@ def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> No
     from autoplan.runtime.checkpoint_compat import check_steps
     from autoplan.runtime.launch import check_fresh_start
     from autoplan.runtime.optim import set_hyperparameters
+    from autoplan.runtime.train_args import under_restart
 
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    restarted = under_restart()
     if not (args.resume or restarted or args.elastic):
         return
     step = ckpt.load_newest(plan, spec, settings)
