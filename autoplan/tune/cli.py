@@ -210,8 +210,12 @@ def _candidates(args: argparse.Namespace) -> list[Any]:
 
 def _user_plan(path: str, model: ModelSpec, args: argparse.Namespace) -> Plan:
     """A --plan file, refused (exit 2, both values) unless it trains this tune's model, with
-    its sequence length and global batch size, on --num-gpus ranks: trials are only comparable
-    when every plan trains the same tokens per step."""
+    its sequence length and global batch size, on --num-gpus ranks of the --cluster profile:
+    trials are only comparable when every plan trains the same tokens per step, and a plan's
+    prediction (which orders the trials and is calibrated against) is priced on its own
+    profile."""
+    from autoplan.hardware import load_profile
+
     data = read_yaml(path, "--plan")
     if not isinstance(data, dict):
         raise ConfigError("--plan", f"{path} is not a mapping of plan fields")
@@ -227,6 +231,10 @@ def _user_plan(path: str, model: ModelSpec, args: argparse.Namespace) -> Plan:
         ("--seq-len", "seq_len", spec.seq_len, model.seq_len),
         ("--global-batch-size", "batch.global_batch_size", plan.batch.global_batch_size,
          args.global_batch_size),
+        # a name and a path to the same profile are the same profile
+        ("--cluster", "cluster.profile", plan.cluster.profile
+         if load_profile(plan.cluster.profile) != load_profile(args.cluster) else args.cluster,
+         args.cluster),
     )
     for flag, name, got, want in checks:
         if got != want:

@@ -98,6 +98,8 @@ def _plan_file(tmp_path: Path, name: str = "p.yaml", **fields) -> Path:
     ({}, ["--seq-len", "32"], ["seq_len 64, but this tune has --seq-len 32"]),
     ({"parallel": {"dp": 2}, "cluster": {"profile": "cpu-gloo", "num_gpus": 2}}, [],
      ["ranks 2, but this tune has --num-gpus 1"]),
+    ({"cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 1}}, [],
+     ["cluster.profile a100-sxm4-80gb, but this tune has --cluster cpu-gloo"]),
 ])
 def test_a_plan_for_another_request_is_refused(tmp_path: Path, capsys, fields, flags,
                                                needles) -> None:
@@ -108,8 +110,11 @@ def test_a_plan_for_another_request_is_refused(tmp_path: Path, capsys, fields, f
            f"--plan: {plan}", *needles)
 
 
-def test_a_plan_for_this_request_is_run(tmp_path: Path, capsys) -> None:
-    plan = _plan_file(tmp_path)
+@pytest.mark.parametrize("profile", ["cpu-gloo", str(Path(__file__).parents[3] / "profiles"
+                                                       / "cpu-gloo.yaml")])
+def test_a_plan_for_this_request_is_run(tmp_path: Path, capsys, profile) -> None:
+    """The plan may name its profile by path where the tune names it (or the other way)."""
+    plan = _plan_file(tmp_path, cluster={"profile": profile, "num_gpus": 1})
     assert main([*TUNE, "--plan", str(plan), "--dry-run", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["trials"]
     assert [r["source"] for r in rows].count("user") == 1
