@@ -17,6 +17,12 @@ import numpy as np
 from autoplan.plan_table import GPIPE, INTERLEAVED, ZERO_BUBBLE
 
 ZERO_BUBBLE_SHARE = 1.0 / 3.0
+"""Zero-bubble's bubble as a share of 1F1B's: ZB-H1 idles (p-1)(T_F + T_B - T_W) where 1F1B
+idles (p-1)(T_F + T_B + T_W) (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §2.1 and
+Fig. 3: one third of 1F1B's), read at T_F = T_B = T_W, the paper's handcrafted-schedule
+assumption. Divided by the chunk count for the V schedules (pipeline
+bubble_fraction). Recompute inside B (T_B grows by a forward) would raise the share toward
+1/2; not priced."""
 
 
 def in_flight_microbatches(
