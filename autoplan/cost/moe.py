@@ -271,11 +271,15 @@ def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
     destination node (node_dedup_share; DeepEP; RuntimeTraits.ep_dispatcher = deepep), whose
     group crossing nodes is then bound by the NIC leg it shrinks (the NVLink forwarding inside
     the node is not priced apart). The NIC leg keeps the profile's message-size curve at the
-    per-peer size, though DeepEP's README ("Performance", github.com/deepseek-ai/DeepEP)
-    measures its internode kernels at 43-58 GB/s "bottleneck bandwidth" on 50 GB/s NICs
-    (H800, EP 16-64, DeepSeek-V3's shape), more than that curve gives: at the NIC's nominal
-    rate the model zoo's Qwen3-235B EP 32 row would go from +2.9% to -15%, so some cost this
-    leaves out would be showing; not applied until a run shows which."""
+    per-peer size. DeepEP's own table (README "Performance", now docs/legacy.md: internode
+    dispatch 43/58/51 GB/s at EP 16/32/64 on 50 GB/s CX7 NICs, H800, DeepSeek-V3's shape) is
+    not a wire rate: tests/test_internode.py divides the (token, destination node) pairs,
+    the sender's own node included, by the whole dispatch time, and the kernel sends its own
+    node's tokens without the NIC (csrc/kernels/internode.cu; the V2 README: "logical
+    bandwidth ... contains local rank traffic"). Less the own node's share of a token's
+    nodes (about 1/2, 1/4, 1/8 at 2, 4, 8 nodes, tokens routed to at most four nodes) those are
+    ~21, ~43 and ~45 GB/s through the NIC, at or under the profile curve's 0.85 of 50 GB/s for
+    large messages, so the curve is kept."""
     if model.moe is None:
         return np.zeros_like(r.b)
     gpn = profile.gpus_per_node

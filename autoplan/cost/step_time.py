@@ -76,7 +76,7 @@ class _ZeroTraffic:
 
 def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
                   crit: dict[str, np.ndarray], psi: np.ndarray, size: np.ndarray,
-                  stride: np.ndarray, once_per_step: bool = False) -> _ZeroTraffic:
+                  stride: np.ndarray) -> _ZeroTraffic:
     """The ZeRO collectives of `psi` parameters sharded over a group of `size` ranks `stride`
     apart.
 
@@ -89,8 +89,6 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     dp_replicate x dp_shard): each reduce-scatter inside the shard group is followed by an
     all-reduce of the 1/size gradient across the replicas, whose ranks sit stride x size apart
     (FSDP2's HSDP reduce, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
-    `once_per_step`: one reduce-scatter and one all-gather per step at any ZeRO stage >= 1
-    (Megatron-Core's distributed optimizer over the expert-DP group).
 
     Windows (runtime.overlap_*): reductions hide behind the backward they follow (one
     micro-batch's, or every one's when they run each time; a pipeline engine's run after the
@@ -115,8 +113,8 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
         comm.ALL_REDUCE, g_bytes / size / calls, r.replicate,
         comm.intra_node(rep_stride, r.replicate, gpn), profile,
         per_node=comm.members_per_node(rep_stride, r.replicate, gpn)), 0.0)
-    once = r.unsharded_accumulation | (r.zero <= 1) | once_per_step
-    per_pass = (r.zero == 3) & (not once_per_step)
+    once = r.unsharded_accumulation | (r.zero <= 1)
+    per_pass = r.zero == 3
     overlap = profile.efficiency.overlap
     red_overlap = np.where((r.pp > 1) & runtime.pipeline_engine_reduce, 0.0, overlap)
     reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
@@ -166,12 +164,15 @@ def _dp_comm(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     """Exposed seconds of the data-parallel (ZeRO) collectives per step: the dense
     parameters' over the ZeRO shard group (tp apart) and, for a MoE model, the routed
     experts' (`psi_experts`) over their own expert-DP group (ep x etp apart; Megatron-Core
-    parallel folding), each as _zero_traffic counts them. Experts follow the dense stage
-    where FSDP2 shards them (RuntimeTraits.fsdp2_copies: torchtitan and autoplan's runtime
-    wrap them in fully_shard like the blocks); elsewhere the expert-DP group's distributed
-    optimizer reduces and gathers them once per step. (Gathering them for every forward and
-    backward under Megatron-FSDP would price the Model Zoo's Qwen3-235B EP 8 FSDP row, 17.6 s
-    measured, at 27.4 s: ~10 s more of inter-node gathers beside ~12 s of compute.)
+    parallel folding), each as _zero_traffic counts them. Experts follow the dense stage: at
+    ZeRO-1 the distributed optimizer reduces and gathers them once per step, at ZeRO-3 FSDP
+    gathers them for every forward and backward and reduce-scatters every backward. FSDP2
+    (torchtitan, autoplan's runtime) wraps them in fully_shard with their block; Megatron-FSDP
+    does the same with optim_grads_params: its unit is the TransformerLayer, the experts are
+    children of it with only their own buckets and expert-DP group, and grad_reduce_every_bprop
+    holds for optim_grads and optim_grads_params (megatron-core 0.12-0.16,
+    megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py, _post_backward and
+    no_sync; param_and_grad_buffer.py, is_expert_param).
 
     Each group hides in its own window, and both together in no more than the larger (the
     once-per-step window is the last micro-batch's, inside the per-micro-batch one); with
@@ -183,7 +184,7 @@ def _dp_comm(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     has_dp = (r.shard > 1) | (r.replicate > 1)
     if psi_experts is not None:
         groups.append(_zero_traffic(profile, r, runtime, crit, psi_experts, r.expert_shard,
-                                    r.ep * r.etp, once_per_step=not runtime.fsdp2_copies))
+                                    r.ep * r.etp))
         held = psi + psi_experts
         has_dp = has_dp | (r.expert_shard > 1)
 

@@ -262,10 +262,10 @@ def test_fp8_expert_casts_replace_the_dense_mlps():
 
 
 def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_window():
-    """The routed experts' ZeRO collectives over the expert-DP group: under FSDP2
-    (torchtitan) ZeRO-3 gathers them for every forward and backward like the blocks, under
-    Megatron's distributed optimizer once per step; and both groups hide in the same
-    compute, never more than the larger window."""
+    """The routed experts' ZeRO collectives over the expert-DP group follow the dense stage:
+    ZeRO-3 (FSDP2 in torchtitan, Megatron-FSDP in Megatron-Core) gathers them for every
+    forward and backward like the blocks, Megatron's distributed optimizer (ZeRO-1) once per
+    step; and both groups hide in the same compute, never more than the larger window."""
     from autoplan.cost import step_time
     from autoplan.cost.rows import rows_of
     from autoplan.cost.step_memory import held_expert_psi
@@ -274,18 +274,18 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
     prof = load_profile("h100-sxm-80gb")
     idle = {"forward": np.zeros(1), "backward": np.zeros(1), "recompute": np.zeros(1)}
 
-    def traffic(runtime: str, gbs: int):
+    def traffic(runtime: str, gbs: int, zero: int = 3):
         rt = load_runtime(runtime)
-        plan = replace(_plan("mixtral-8x7b", 16, gbs=gbs, dp=16, ep=4), zero_stage=3)
+        plan = replace(_plan("mixtral-8x7b", 16, gbs=gbs, dp=16, ep=4), zero_stage=zero)
         r = rows_of(plan_to_row(plan, model), model, "bf16", rt)
         t = step_time._zero_traffic(prof, r, rt, idle, held_expert_psi(model, r, rt),
-                                    r.expert_shard, r.ep * r.etp,
-                                    once_per_step=not rt.fsdp2_copies)
+                                    r.expert_shard, r.ep * r.etp)
         return float(t.gathers[0]), float(r.m[0])
 
-    (g2, m2), (g8, m8) = traffic("torchtitan", 32), traffic("torchtitan", 128)
-    assert (m2, m8) == (2.0, 8.0) and g8 == pytest.approx(g2 * m8 / m2)  # 2m gathers a step
-    (g2, _), (g8, _) = traffic("megatron", 32), traffic("megatron", 128)
+    for runtime in ("torchtitan", "megatron"):
+        (g2, m2), (g8, m8) = traffic(runtime, 32), traffic(runtime, 128)
+        assert (m2, m8) == (2.0, 8.0) and g8 == pytest.approx(g2 * m8 / m2)  # 2m a step
+    (g2, _), (g8, _) = traffic("megatron", 32, zero=1), traffic("megatron", 128, zero=1)
     assert g8 == pytest.approx(g2)  # the distributed optimizer's one gather a step
 
     rt = load_runtime("torchtitan")
