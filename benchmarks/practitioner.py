@@ -1,10 +1,11 @@
 """Score the cost model on the practitioner set: published, measured production configurations.
 
 Reads benchmarks/data/practitioner.yaml (or --data PATH) strictly, builds each configuration's
-plan with `autoplan.plan.plan_from_dict`, estimates it with `estimate_plan` (passing the
-configuration's runtime when the cost model takes a `runtime=` keyword) and prints measured
-against predicted step time, memory where published, feasibility and MFU. It measures; it does
-not judge: the exit status is 0 once the table is printed (2 on a malformed data file).
+plan with `autoplan.plan.plan_from_dict` on the profile shipped in profiles/ (never a user's
+profile of the same name), estimates it with `estimate_plan` (passing the configuration's
+runtime when the cost model takes a `runtime=` keyword) and prints measured against predicted
+step time, memory where published, feasibility and MFU. It measures; it does not judge: the
+exit status is 0 once the table is printed (2 on a malformed data file).
 
 Measured figures are the sources' own; figures the sources do not state are derived with the
 formula named in the entry's `derived` block, and `derive()` below recomputes them (the unit
@@ -28,11 +29,12 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.params import total_params
 from autoplan.cost.runtimes import RuntimeTraits, runtime_from_dict
 from autoplan.errors import ConfigError
-from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.hardware import ClusterProfile, ClusterSpec, load_profile
 from autoplan.model_spec import ModelSpec, load_model
 from autoplan.plan import Plan, plan_from_dict
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "practitioner.yaml"
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 RUNTIMES = ("megatron", "megatron-deepep", "nemo", "torchtitan", "deepspeed", "llm-foundry")
 """nemo: Megatron-Core as NeMo's recipes run it, with Transformer Engine's TP comm overlap
 (rows whose source states ub_tp_comm_overlap true). llm-foundry: MosaicML's stack (the MPT
@@ -42,7 +44,7 @@ MEASURED_FIGURES = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mf
 TOP_KEYS = {"schema_version", "title", "note", "configurations"}
 ENTRY_KEYS = {"id", "source", "runtime", "runtime_traits", "scored", "model", "cluster", "plan",
               "measured", "derived", "assumed", "notes"}
-SOURCE_KEYS = {"title", "authors", "year", "where", "url", "also"}
+SOURCE_KEYS = {"id", "title", "authors", "year", "where", "url", "also"}
 CLUSTER_KEYS = {"profile", "num_gpus", "gpu_as_run"}
 MEASURED_KEYS = set(MEASURED_FIGURES) | {"stated", "memory_basis"}
 DERIVED_KEYS = {"method", "inputs", "arithmetic"}
@@ -188,13 +190,26 @@ def row_runtime(entry: dict[str, Any]) -> RuntimeTraits:
                              f"configuration {entry['id']}: runtime_traits")
 
 
+def source_id(entry: dict[str, Any]) -> str:
+    """The publication an entry comes from: its source's `id` (one per publication, the same
+    across the data files), else its full title."""
+    return str(entry["source"].get("id") or entry["source"]["title"])
+
+
+def packaged_profile(name: str) -> ClusterProfile:
+    """The profile shipped in profiles/, by path: a user's profile of the same name (what
+    `autoplan calibrate` writes to ~/.config/autoplan/profiles) must not change a score."""
+    return load_profile(PROFILES / f"{name}.yaml", "cluster.profile")
+
+
 def build(entry: dict[str, Any]) -> tuple[Plan, ModelSpec, ClusterSpec]:
-    """The entry's Plan, ModelSpec and ClusterSpec, as `autoplan estimate` would build them."""
+    """The entry's Plan, ModelSpec and ClusterSpec, as `autoplan estimate` would build them
+    on the packaged profile."""
     cluster_ref = {k: entry["cluster"][k] for k in ("profile", "num_gpus")}
     plan = plan_from_dict({"model": entry["model"], "cluster": cluster_ref, **entry["plan"]},
                           where=f"configuration {entry['id']}")
     model = load_model(plan.model)
-    cluster = ClusterSpec(load_profile(cluster_ref["profile"]), cluster_ref["num_gpus"])
+    cluster = ClusterSpec(packaged_profile(cluster_ref["profile"]), cluster_ref["num_gpus"])
     return plan, model, cluster
 
 

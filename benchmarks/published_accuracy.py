@@ -1,16 +1,21 @@
 """Score the cost model against measured runs from published papers.
 
 Reads tests/data/published/published-open.yaml (or --data PATH), predicts the step time of every
-run marked `test_quality: complete` as Megatron-LM runs it (runtime traits "megatron"), and
-prints predicted against measured per run and the mean absolute percentage error. Nothing is
-fitted to these runs: the profile's efficiency curves are datasheet/microbenchmark figures, so
-the leave-one-source-out error equals the plain one; what is estimated from residuals is the
-error band, and that is checked leaving each source out (does a run fall inside the band its
-kind gets from the other sources?). With the practitioner set (benchmarks/data/practitioner.yaml)
-and the measured sweeps (MosaicML's MPT tables, benchmarks/data/mpt-llm-foundry.yaml;
-BigScience's BLOOM layout search, benchmarks/data/bloom-tr11-topology.yaml) it also reports,
-for groups of runs of one model on one cluster, whether the predicted-fastest
-run is the measured-fastest; `--write-bands` writes autoplan/cost/error_bands.yaml.
+run marked `test_quality: complete` as its paper's software ran it (runtime_of), and prints
+predicted against measured per run, the mean absolute percentage error with how many of those
+runs are predicted not to fit, and the runs it does not score with the reason for each. Nothing
+is fitted to these runs: the profile's efficiency curves are datasheet/microbenchmark figures,
+so the leave-one-source-out error equals the plain one; what is estimated from residuals is the
+error band, and that is checked leaving each source out (one publication: a run's `source_id`,
+a practitioner entry's `source.id`): does a run fall inside the band its kind gets from the
+other sources, and which band was it? With the practitioner set
+(benchmarks/data/practitioner.yaml) and the measured sweeps (MosaicML's MPT tables,
+benchmarks/data/mpt-llm-foundry.yaml; BigScience's BLOOM layout search,
+benchmarks/data/bloom-tr11-topology.yaml) it also reports, for groups of runs of one model on
+one cluster, whether the run a search would pick (the predicted-fastest of those predicted to
+fit) is the measured-fastest, both per token: step time / (global batch x sequence length), as
+the runs of a group may differ in batch; `--write-bands` writes autoplan/cost/error_bands.yaml.
+Runs are priced on the profiles shipped in profiles/, never on a user's profile of that name.
 
 Measured step time: `measured.iteration_time_s` where published; otherwise it is derived from
 the published TFLOP/s per GPU with that paper's own FLOP count (`flops_convention`): Megatron
@@ -31,20 +36,31 @@ from pathlib import Path
 import yaml
 
 from autoplan.cost.estimate import estimate_plan
-from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.hardware import ClusterSpec
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import plan_from_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import practitioner  # noqa: E402  (the sibling script: its loader, plan builder and profiles)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT / "tests" / "data" / "published" / "published-open.yaml"
 BANDS = ROOT / "autoplan" / "cost" / "error_bands.yaml"
+GPU_PROFILES = {"A100-SXM4-80GB": "a100-sxm4-80gb", "A100-SXM4-40GB": "a100-sxm4-40gb",
+                "H100-SXM5-80GB": "h100-sxm-80gb", "V100-SXM2-32GB": "v100-sxm2-32gb"}
+PLAN_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "recompute")
+"""Plan fields a run must publish to be priced as it ran."""
+
+
 def runtime_of(run: dict) -> str:
     """The open runs ran Megatron-LM as released for each paper: the SC21 code of 2021 (Table 1,
     Table 2's PTD rows) and the 2022 selective-recompute release (Korthikanti et al.), whose
-    column-parallel backward overlaps its input-gradient collective (see the presets)."""
-    return "megatron-2022" if "(2022)" in run.get("framework", "") else "megatron-2021"
-GPU_PROFILES = {"A100-SXM4-80GB": "a100-sxm4-80gb", "A100-SXM4-40GB": "a100-sxm4-40gb",
-                "H100-SXM5-80GB": "h100-sxm-80gb", "V100-SXM2-32GB": "v100-sxm2-32gb"}
+    column-parallel backward overlaps its input-gradient collective (see the presets); Table 2's
+    ZeRO-3 rows ran DeepSpeed's ZeRO-3 inside the Megatron-LM code."""
+    framework = run.get("framework", "")
+    if run["plan"].get("zero_stage") == 3 and "DeepSpeed" in framework:
+        return "deepspeed"
+    return "megatron-2022" if "(2022)" in framework else "megatron-2021"
 
 
 def sc21_flops_per_iteration(run: dict) -> float:
@@ -58,7 +74,7 @@ def measured_step_time_s(run: dict) -> float | None:
     meas = run["measured"]
     if meas.get("iteration_time_s"):
         return float(meas["iteration_time_s"])
-    convention = run.get("flops_convention", "")
+    convention = run.get("flops_convention") or ""
     if meas.get("tflops_per_gpu") and ("96*B*s*l*h^2" in convention or "eq. (3)" in convention):
         return sc21_flops_per_iteration(run) / (meas["tflops_per_gpu"] * 1e12 * run["cluster"]["gpus"])
     return None
@@ -83,30 +99,73 @@ def run_to_plan(run: dict):
         "batch": {"micro_batch_size": p["micro_batch"], "global_batch_size": p["global_batch"]},
         "precision": precision, "attention": "eager",  # 2021-22 Megatron-LM: unfused attention
     }).replace(model=model)
-    cluster = ClusterSpec(load_profile(GPU_PROFILES[c["gpu"]]), c["gpus"])
+    cluster = ClusterSpec(practitioner.packaged_profile(GPU_PROFILES[c["gpu"]]), c["gpus"])
     return plan, model, cluster
 
 
+def load_runs(data_path: Path) -> list[dict]:
+    return yaml.safe_load(data_path.read_text())["runs"]
+
+
+def _unpublished(run: dict) -> list[str]:
+    return [f"plan.{k}" for k in PLAN_FIELDS if run["plan"].get(k) is None]
+
+
+def why_not_scored(run: dict) -> str | None:
+    """Why `score` leaves a run out; None where it scores it."""
+    if run.get("test_quality") != "complete":
+        missing = ", ".join(_unpublished(run))
+        return f"test_quality {run.get('test_quality')}" + (f": {missing} not published"
+                                                            if missing else "")
+    if run["cluster"]["gpu"] not in GPU_PROFILES:
+        return f"no profile for GPU {run['cluster']['gpu']}"
+    if measured_step_time_s(run) is None:
+        return "no measured step time (no iteration_time_s, no TFLOP/s under eq. 3)"
+    return None
+
+
 def score(data_path: Path) -> list[dict]:
-    runs = yaml.safe_load(data_path.read_text())["runs"]
+    """One row per run that `why_not_scored` passes."""
     rows = []
-    for run in runs:
-        if run.get("test_quality") != "complete" or run["cluster"]["gpu"] not in GPU_PROFILES:
+    for run in load_runs(data_path):
+        if why_not_scored(run) is not None:
             continue
         measured = measured_step_time_s(run)
-        if measured is None:
-            continue
+        assert measured is not None  # why_not_scored holds it
         plan, model, cluster = run_to_plan(run)
         est = estimate_plan(plan, cluster, model, runtime=runtime_of(run))
         rows.append({
             "id": run["id"], "gpus": run["cluster"]["gpus"], "measured_s": measured,
             "predicted_s": est.step_time_s, "error": est.step_time_s / measured - 1.0,
-            "feasible": est.feasible, "mfu": est.mfu, "dominant": est.dominant,
-            "source": run["source"].split(",")[0].split("(")[0].strip(), "runtime": runtime_of(run),
+            "feasible": est.feasible, "reason": est.reasons[0] if est.reasons else None,
+            "mfu": est.mfu, "dominant": est.dominant,
+            "source": run["source_id"], "runtime": runtime_of(run),
             "group": f"{run['model']['params']}B on {run['cluster']['gpus']} x {run['cluster']['gpu']}",
+            "tokens": plan.batch.global_batch_size * model.seq_len,
             "kind": _kind(plan), "scale": _scale(plan, cluster),
         })
     return rows
+
+
+def not_scored(data_path: Path) -> list[dict]:
+    """The runs `score` leaves out, each with its reason. Where the recompute policy is all that
+    a run leaves unpublished, the step times predicted under recompute none and full stand
+    beside the measured one; they are not scored, as which policy ran is unknown."""
+    out = []
+    for run in load_runs(data_path):
+        reason = why_not_scored(run)
+        if reason is None:
+            continue
+        row = {"id": run["id"], "reason": reason, "measured_s": measured_step_time_s(run),
+               "runtime": runtime_of(run), "predicted": {}}
+        if _unpublished(run) == ["plan.recompute"] and run["cluster"]["gpu"] in GPU_PROFILES:
+            for policy in ("none", "full"):
+                plan, model, cluster = run_to_plan({**run, "plan": {**run["plan"],
+                                                                    "recompute": policy}})
+                est = estimate_plan(plan, cluster, model, runtime=row["runtime"])
+                row["predicted"][policy] = {"step_s": est.step_time_s, "feasible": est.feasible}
+        out.append(row)
+    return out
 
 
 def _kind(plan) -> str:
@@ -131,9 +190,6 @@ and BigScience's BLOOM layout search."""
 def practitioner_rows() -> list[dict]:
     """The scored configurations of the practitioner set and of SWEEPS in this script's row
     shape."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import practitioner
-
     rows = []
     entries = [e for path in (practitioner.DEFAULT_DATA, *SWEEPS)
                for e in practitioner.load_data(path)]
@@ -143,19 +199,22 @@ def practitioner_rows() -> list[dict]:
         row = practitioner.score_entry(entry)
         if row["error"] is None:
             continue
-        plan, _model, cluster = practitioner.build(entry)
-        src = entry["source"]
-        title = src if isinstance(src, str) else str(src.get("title", src))
-        rows.append({**row, "source": title.split(",")[0].split("(")[0].strip()[:60],
+        plan, model, cluster = practitioner.build(entry)
+        rows.append({**row, "source": practitioner.source_id(entry), "reason": row["first_reason"],
                      # an inline model by its own name: sequence lengths apart are other
                      # models (the same work per token only at the same length)
-                     "group": f"{_model.name} on {cluster.num_gpus} x {cluster.profile.name}",
+                     "group": f"{model.name} on {cluster.num_gpus} x {cluster.profile.name}",
+                     "tokens": plan.batch.global_batch_size * model.seq_len,
                      "kind": _kind(plan), "scale": _scale(plan, cluster)})
     return rows
 
 
 def rms(errors: list[float]) -> float:
     return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else math.nan
+
+
+def mape(rows: list[dict]) -> float:
+    return sum(abs(r["error"]) for r in rows) / len(rows) if rows else math.nan
 
 
 Z_05 = -1.6449
@@ -180,8 +239,8 @@ def band_of(errors: list[float]) -> float:
 
 
 def bands(rows: list[dict], leave_out: str | None = None) -> dict:
-    """RMS relative error per (family, kind, scale) and per family, from rows not of
-    `leave_out`'s source."""
+    """(band, runs, bias, sources) per (family, kind, scale) and per family, from the rows not
+    of source `leave_out`."""
     from autoplan.cost.error_band import family
 
     groups: dict = defaultdict(list)
@@ -190,10 +249,15 @@ def bands(rows: list[dict], leave_out: str | None = None) -> dict:
         if r["source"] == leave_out:
             continue
         fam = family(r["runtime"])
-        groups[(fam, r["kind"], r["scale"])].append(r["error"])
-        fams[fam].append(r["error"])
-    return {"groups": {k: (band_of(v), len(v), bias_of(v)) for k, v in groups.items()},
-            "families": {k: (band_of(v), len(v), bias_of(v)) for k, v in fams.items()}}
+        groups[(fam, r["kind"], r["scale"])].append(r)
+        fams[fam].append(r)
+
+    def summary(members: list[dict]) -> tuple:
+        errors = [r["error"] for r in members]
+        return band_of(errors), len(errors), bias_of(errors), len({r["source"] for r in members})
+
+    return {"groups": {k: summary(v) for k, v in groups.items()},
+            "families": {k: summary(v) for k, v in fams.items()}}
 
 
 def bias_of(errors: list[float]) -> float:
@@ -202,33 +266,60 @@ def bias_of(errors: list[float]) -> float:
     return sum(1.0 / (1.0 + e) - 1.0 for e in errors) / len(errors) if errors else math.nan
 
 
-def band_for(b: dict, r: dict, default: float = 0.25, min_runs: int = 3) -> float:
+def band_for(b: dict, r: dict, default: float = 0.25,
+             min_runs: int = 3) -> tuple[float, str | None]:
+    """The band `b` gives a row's kind and where it comes from: the row's (family, kind, scale)
+    group if it has `min_runs` runs, else its family if that has, else `default` (origin None)."""
     from autoplan.cost.error_band import family
 
     fam = family(r["runtime"])
-    band, n, _ = b["groups"].get((fam, r["kind"], r["scale"]), (math.nan, 0, math.nan))
-    if n >= min_runs:
-        return band
-    band, n, _ = b["families"].get(fam, (math.nan, 0, math.nan))
-    return band if n >= min_runs else default
+    empty = (math.nan, 0, math.nan, 0)
+    for name, (band, n, _, k) in ((f"{fam} {r['kind']} {r['scale']}",
+                                   b["groups"].get((fam, r["kind"], r["scale"]), empty)),
+                                  (f"{fam} family", b["families"].get(fam, empty))):
+        if n >= min_runs:
+            return band, f"{name}: {n} runs from {k} source{'s' if k > 1 else ''}"
+    return default, None
 
 
 def leave_one_source_out(rows: list[dict]) -> dict:
-    """Per source: its MAPE (nothing is fitted, so it is the same as in sample) and how many of
-    its runs fall inside the band the other sources give their kind."""
+    """Per source: its MAPE (nothing is fitted, so it is the same as in sample) and, per band
+    its runs were tested against, that band, where it came from and how many runs fall inside."""
     out = {}
     for src in sorted({r["source"] for r in rows}):
         b = bands(rows, leave_out=src)
         mine = [r for r in rows if r["source"] == src]
-        inside = sum(abs(r["error"]) <= band_for(b, r) for r in mine)
-        out[src] = {"runs": len(mine), "mape": sum(abs(r["error"]) for r in mine) / len(mine),
-                    "inside_band": inside}
+        tested: dict = {}
+        for r in mine:
+            band, origin = band_for(b, r)
+            t = tested.setdefault(origin, {"band": band, "origin": origin, "runs": 0, "inside": 0})
+            t["runs"] += 1
+            t["inside"] += int(abs(r["error"]) <= band)
+        out[src] = {"runs": len(mine), "mape": mape(mine),
+                    "inside_band": sum(t["inside"] for t in tested.values()),
+                    "bands": list(tested.values())}
     return out
 
 
+def coverage(loso: dict) -> dict:
+    """[inside, tested] over every source: against a band of residuals, against the default."""
+    out = {"residual": [0, 0], "default": [0, 0]}
+    for v in loso.values():
+        for t in v["bands"]:
+            c = out["default" if t["origin"] is None else "residual"]
+            c[0], c[1] = c[0] + t["inside"], c[1] + t["runs"]
+    return out
+
+
+def _per_token(r: dict, key: str) -> float:
+    return r[key] / r["tokens"]
+
+
 def first_choice(rows: list[dict]) -> list[dict]:
-    """Groups of runs of one model on one cluster: is the predicted-fastest run the
-    measured-fastest, and how much slower is it if not (regret)?"""
+    """Groups of runs of one model on one cluster, compared per token (runs of a group may
+    differ in global batch): is the run a search would pick, the predicted-fastest of those
+    predicted to fit, the measured-fastest of all, and how much slower per token is it if not
+    (regret)? None picked where no run of the group is predicted to fit."""
     groups: dict = defaultdict(list)
     for r in rows:
         groups[r["group"]].append(r)
@@ -236,10 +327,13 @@ def first_choice(rows: list[dict]) -> list[dict]:
     for name, members in sorted(groups.items()):
         if len(members) < 2:
             continue
-        pick = min(members, key=lambda r: r["predicted_s"])
-        best = min(members, key=lambda r: r["measured_s"])
-        out.append({"group": name, "runs": len(members), "picked": pick["id"],
-                    "fastest": best["id"], "regret": pick["measured_s"] / best["measured_s"] - 1})
+        fits = [r for r in members if r["feasible"]]
+        best = min(members, key=lambda r: _per_token(r, "measured_s"))
+        pick = min(fits, key=lambda r: _per_token(r, "predicted_s")) if fits else None
+        out.append({"group": name, "runs": len(members), "feasible": len(fits),
+                    "picked": pick and pick["id"], "fastest": best["id"],
+                    "regret": pick and (_per_token(pick, "measured_s")
+                                        / _per_token(best, "measured_s") - 1)})
     return out
 
 
@@ -262,15 +356,70 @@ def write_bands(rows: list[dict], path: Path) -> None:
                 "Nothing in the cost model is fitted to them.",
         "default": 0.25,
         "families": {k: {"band": _rounded(v), "bias": _rounded(m), "runs": n}
-                     for k, (v, n, m) in sorted(b["families"].items())},
+                     for k, (v, n, m, _) in sorted(b["families"].items())},
         "groups": [{"family": f, "kind": k, "scale": s, "band": _rounded(v),
                     "bias": _rounded(m), "runs": n}
-                   for (f, k, s), (v, n, m) in sorted(b["groups"].items())],
+                   for (f, k, s), (v, n, m, _) in sorted(b["groups"].items())],
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text("# Generated: python benchmarks/published_accuracy.py --write-bands\n"
                    + yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)
+
+
+def print_runs(rows: list[dict], skipped: list[dict], every: list[dict]) -> None:
+    print(f"{'run':38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>7}  dominant")
+    for r in rows:
+        flag = "" if r["feasible"] else "  (predicted infeasible)"
+        print(f"{r['id']:38} {r['gpus']:>5} {r['measured_s']:>11.3f} {r['predicted_s']:>12.3f} "
+              f"{r['error']:>+7.1%}  {r['dominant']}{flag}")
+    unfit = [r for r in every if not r["feasible"]]
+    print(f"\n{len(rows)} of the {len(rows) + len(skipped)} open runs scored (test_quality "
+          f"complete, a published or eq. 3 step time, a profiled GPU): MAPE {mape(rows):.1%}, "
+          f"{sum(not r['feasible'] for r in rows)} of them predicted not to fit")
+    print(f"with the practitioner set and the sweeps: {len(every)} runs, MAPE {mape(every):.1%}, "
+          f"{len(unfit)} of them predicted not to fit")
+    for r in unfit:
+        print(f"  ran, but predicted not to fit: {r['id']} ({r['reason']})")
+    print(f"\nnot scored: {len(skipped)} open runs")
+    for s in skipped:
+        print(f"  {s['id']:38} {s['reason']}")
+        if s["predicted"]:
+            priced = ", ".join(f"{p['step_s']:.2f} s under {policy}"
+                               + ("" if p["feasible"] else " (predicted not to fit)")
+                               for policy, p in s["predicted"].items())
+            print(f"  {'':38} measured {s['measured_s']:.2f} s; predicted as {s['runtime']}, "
+                  f"not scored: {priced}")
+
+
+def print_loso(loso: dict) -> None:
+    print(f"\n{'leave one source (publication) out':40} {'runs':>4} {'MAPE':>6} {'in band':>9} "
+          f"{'band':>6}  from the other sources")
+    for src, v in loso.items():
+        line = f"{src[:40]:40} {v['runs']:>4} {v['mape']:>6.1%} {v['inside_band']:>4}/{v['runs']:<4}"
+        for t in v["bands"]:
+            origin = t["origin"] or "default: no group or family of theirs has 3 runs"
+            if len(v["bands"]) > 1:  # one line per band under the source's total
+                print(line.rstrip())
+                line = f"{'':52} {t['inside']:>4}/{t['runs']:<4}"
+            line = f"{line} {t['band']:>6.1%}  {origin}"
+        print(line)
+    for name, (inside, tested) in coverage(loso).items():
+        what = "a band of residuals" if name == "residual" else "the default band"
+        print(f"in band, tested against {what}: {inside}/{tested}"
+              + (f" ({inside / tested:.0%})" if tested else ""))
+
+
+def print_picks(picks: list[dict]) -> None:
+    print(f"\n{'group (one model, one cluster; per token)':48} {'runs':>4} {'fit':>3}  "
+          f"{'regret':>7}  picked among those predicted to fit")
+    for g in picks:
+        head = f"{g['group'][:48]:48} {g['runs']:>4} {g['feasible']:>3}"
+        if g["picked"] is None:
+            print(f"{head}  {'-':>7}  none predicted to fit (fastest {g['fastest']})")
+            continue
+        other = "" if g["picked"] == g["fastest"] else f" (fastest {g['fastest']})"
+        print(f"{head}  {g['regret']:>+7.1%}  {g['picked']}{other}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,30 +434,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         sys.stderr.write(f"published_accuracy: no data file at {args.data}; pass --data PATH\n")
         return 2
-    rows = score(args.data)
-    mape = sum(abs(r["error"]) for r in rows) / len(rows)
+    rows, skipped = score(args.data), not_scored(args.data)
     every = rows + ([] if args.no_practitioner else practitioner_rows())
     loso, picks = leave_one_source_out(every), first_choice(every)
     if args.write_bands:
         write_bands(every, BANDS)
     if args.format == "json":
-        print(json.dumps({"runs": rows, "mape": mape, "all_runs": every,
-                          "leave_one_source_out": loso, "first_choice": picks}, indent=2))
+        print(json.dumps({"runs": rows, "mape": mape(rows), "not_scored": skipped,
+                          "all_runs": every, "leave_one_source_out": loso,
+                          "first_choice": picks}, indent=2))
         return 0
-    print(f"{'run':38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>7}  dominant")
-    for r in rows:
-        flag = "" if r["feasible"] else "  (predicted infeasible)"
-        print(f"{r['id']:38} {r['gpus']:>5} {r['measured_s']:>11.3f} {r['predicted_s']:>12.3f} "
-              f"{r['error']:>+7.1%}  {r['dominant']}{flag}")
-    print(f"\n{len(rows)} open runs, mean absolute percentage error {mape:.1%}")
-    total = sum(abs(r["error"]) for r in every) / len(every)
-    print(f"with the practitioner set: {len(every)} runs, MAPE {total:.1%}\n")
-    print(f"{'leave one source out':62} {'runs':>4} {'MAPE':>6} {'in band':>8}")
-    for src, v in loso.items():
-        print(f"{src[:62]:62} {v['runs']:>4} {v['mape']:>6.1%} {v['inside_band']:>4}/{v['runs']}")
-    print(f"\n{'group (one model, one cluster)':48} {'runs':>4}  {'regret':>7}  picked")
-    for g in picks:
-        print(f"{g['group'][:48]:48} {g['runs']:>4}  {g['regret']:>+7.1%}  {g['picked']}")
+    print_runs(rows, skipped, every)
+    print_loso(loso)
+    print_picks(picks)
     if args.write_bands:
         print(f"\nwrote {BANDS}")
     return 0

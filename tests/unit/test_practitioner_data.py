@@ -105,6 +105,17 @@ def test_every_entry_cites_a_url_or_a_paper(entry) -> None:
     assert entry["notes"].strip()
 
 
+def test_one_publication_is_one_source_across_the_files() -> None:
+    """Every entry names its publication by `source.id`; the entries of one publication share it
+    whatever their titles (the tr11 README and its chronicles, the three DGX Cloud READMEs)."""
+    assert all(e["source"].get("id") for e in ENTRIES)
+    source = {e["id"]: BENCH_MODULE.source_id(e) for e in ENTRIES}
+    assert source["bloom-176b-384a100"] == source["bloom-prelim-195b-a64-dp8-tp4-pp12-m2"]
+    dgxc = {source[i] for i in IDS if i.startswith("nemo-llama31-")}
+    assert len(dgxc) == 1 and len({e["source"]["title"] for e in ENTRIES
+                                   if e["id"].startswith("nemo-llama31-")}) == 3
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
 def test_derived_figures_follow_from_their_formula(entry) -> None:
     _, model, _ = BENCH_MODULE.build(entry)

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.benchmark_scripts import load_script
 
@@ -30,6 +31,71 @@ def test_step_time_error_on_published_runs() -> None:
     assert mape <= 0.10, f"mean absolute percentage error {mape:.1%}"
     assert max(abs(r["error"]) for r in rows) <= 0.25
     assert all(r["feasible"] for r in rows), "a run that trained must be predicted to fit"
+
+
+def test_one_paper_is_one_source() -> None:
+    """SC21's Tables 1 and 2 are one paper, as are Korthikanti et al.'s Table 5 and its sec.
+    6.3 text: leaving a source out leaves the whole paper out."""
+    sources = {r["id"]: r["source"] for r in _bench().score(DATA)}
+    assert sources["sc21-table1-1.7b"] == sources["sc21-table2-ptd-175b-384gpu"]
+    assert sources["korthikanti-22b-full-recompute"] == sources["korthikanti-530b-sp-selective-dp8"]
+    assert len(set(sources.values())) == 2
+
+
+def test_runs_left_out_are_listed_with_the_reason() -> None:
+    """Every run of the file is scored or listed; SC21's ZeRO-3 rows, whose recompute policy is
+    unpublished, are priced as DeepSpeed ran them under both policies, beside the measured time."""
+    bench = _bench()
+    skipped = {s["id"]: s for s in bench.not_scored(DATA)}
+    runs = yaml.safe_load(DATA.read_text())["runs"]
+    assert len(skipped) + len(bench.score(DATA)) == len(runs)
+    zero3 = [s for s in skipped.values() if "zero3" in s["id"]]
+    assert len(zero3) == 6 and len(skipped) == 7
+    for s in zero3:
+        assert s["reason"] == "test_quality partial: plan.recompute not published"
+        assert s["runtime"] == "deepspeed" and s["measured_s"] > 0
+        assert s["predicted"]["none"]["step_s"] < s["predicted"]["full"]["step_s"]
+    assert "plan.global_batch not published" in skipped["korthikanti-530b-full-recompute-dp8"]["reason"]
+
+
+def test_runs_predicted_not_to_fit_are_counted_and_named(tmp_path: Path, capsys) -> None:
+    """A run that ran stays in the MAPE, and the report says it is predicted not to fit and why;
+    a run on a GPU without a profile is listed as not scored."""
+    data = yaml.safe_load(DATA.read_text())
+    run = next(r for r in data["runs"] if r["id"] == "sc21-table1-145.6b")
+    on_v100 = {**run, "id": "on-v100", "cluster": {**run["cluster"], "gpu": "V100-SXM2-32GB"}}
+    on_tpu = {**run, "id": "on-tpu", "cluster": {**run["cluster"], "gpu": "TPU v4"}}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({**data, "runs": [run, on_v100, on_tpu]}))
+    assert _bench().main(["--data", str(path), "--no-practitioner"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of the 3 open runs scored" in out and "1 of them predicted not to fit" in out
+    assert "ran, but predicted not to fit: on-v100 (needs " in out
+    assert "on-tpu" in out.split("not scored: 1 open runs")[1]
+
+
+def test_a_users_profile_of_the_same_name_does_not_change_a_score(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """`autoplan calibrate` writes profiles to the user's directory, which load_profile searches
+    first: the harness prices on the packaged datasheet profile all the same."""
+    from autoplan.hardware import load_profile
+
+    bench, practitioner = _bench(), load_script("practitioner")
+    entry = next(e for e in practitioner.load_data(practitioner.DEFAULT_DATA)
+                 if e["id"] == "torchtitan-llama3-8b-64a100-fsdp-sel-op")
+    before = ([r["predicted_s"] for r in bench.score(DATA)],
+              practitioner.score_entry(entry)["predicted_s"])
+    profile = yaml.safe_load((ROOT / "profiles" / "a100-sxm4-80gb.yaml").read_text())
+    profile["device"]["peak_flops_per_s"] = {k: float(v) / 2 for k, v in  # "312.0e12": a str
+                                             profile["device"]["peak_flops_per_s"].items()}
+    (tmp_path / "autoplan" / "profiles").mkdir(parents=True)
+    (tmp_path / "autoplan" / "profiles" / "a100-sxm4-80gb.yaml").write_text(yaml.safe_dump(profile))
+    monkeypatch.delenv("AUTOPLAN_PROFILES", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert load_profile("a100-sxm4-80gb").device.peak("fp16") == 156e12  # the shadow is found
+    after = ([r["predicted_s"] for r in bench.score(DATA)],
+             practitioner.score_entry(entry)["predicted_s"])
+    assert after == before
 
 
 def test_sc21_flop_convention_is_reproduced() -> None:
