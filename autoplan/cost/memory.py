@@ -43,6 +43,7 @@ def model_state_bytes(
     offload_optimizer: np.ndarray | bool = False, offload_params: np.ndarray | bool = False,
     grad_bytes: np.ndarray | float | None = None, unsharded_accumulation: np.ndarray | bool = False,
     fp32_sharded_params: bool = False, fsdp2_offload: bool = False,
+    sharded_grads: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Device bytes of weights, gradients and optimizer states for `params` parameters.
 
@@ -60,11 +61,14 @@ def model_state_bytes(
     under ZeRO-3 (counted in the buffers).
     `fsdp2_offload` (RuntimeTraits.fsdp2_offload): parameter offload moves the gradients and the
     optimizer too, optimizer-only offload leaves the gradient shard on the device.
+    `sharded_grads` (rows.Rows.sharded_grads), where given, says which rows keep only the
+    gradient shard in place of ZeRO >= 2 without unsharded accumulation.
     """
     w, g, o = state_bytes_per_param(precision, grad_bytes)
     params, z, n = np.asarray(params, float), np.asarray(zero_stage), np.asarray(shard)
     acc = np.asarray(unsharded_accumulation)
-    grads = params * g / np.where((z >= 2) & ~acc, n, 1)
+    sharded = (z >= 2) & ~acc if sharded_grads is None else np.asarray(sharded_grads)
+    grads = params * g / np.where(sharded, n, 1)
     optim = params * o / np.where(z >= 1, n, 1)
     if fp32_sharded_params and precision != "fp32":
         master = params * 4.0 / np.where(z >= 1, n, 1)
@@ -158,6 +162,9 @@ def activation_elements_per_layer(
     out.update({k: v / tp for k, v in split.items()})
     out["fp32_fixed"] = (norm if composite_rms else 0.0) / sp_div
     out["input"] = 2.0 * sbh / sp_div
+    # an h-wide 16-bit gradient of a tensor-parallel GEMM's output, whole on every tp rank
+    # (weight_grad_input_bytes)
+    out["h_grad"] = 2.0 * sbh + 0.0 * sp_div
     # the 16-bit softmax output alone (backward_wavefront_bytes: its gradients are this size)
     out["probs"] = (2.0 * a * s * model.seq_len * b if eager_attention else 0.0 * sbh) / tp
     out["gate_share"] = np.asarray(0.5 if gated else 1.0)
@@ -257,7 +264,8 @@ def moe_layer_bytes(parts: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def backward_wavefront_bytes(parts: dict[str, np.ndarray], eager_attention: np.ndarray | bool,
-                             precision: str) -> np.ndarray:
+                             precision: str, core_backward: np.ndarray | float = 0.0
+                             ) -> np.ndarray:
     """Bytes one block's backward holds beyond the saved activations it has not yet freed: the
     gradients in flight at the widest point, net of the saved tensors already released.
 
@@ -278,7 +286,9 @@ def backward_wavefront_bytes(parts: dict[str, np.ndarray], eager_attention: np.n
                 already freed (mlp_act, mlp_mid, attn_out, the second norm's input and output
                 and its dropout mask), plus two h-wide gradients (the one entering the block
                 and the residual's sum).
-    A fused (flash) core's dq, dk, dv are narrower than what the MLP has freed by then. Weight
+    A fused (flash) core's dq, dk, dv are narrower than what the MLP has freed by then, unless
+    its backward holds more of its own (`core_backward`, bytes: PyTorch's ring attention,
+    torch_ring_attention_bytes), counted as the eager core's gradients are. Weight
     gradients are not counted here (parameters' gradients are a state; Megatron accumulates
     them in place)."""
     scale = 2.0 if precision == "fp32" else 1.0
@@ -287,7 +297,9 @@ def backward_wavefront_bytes(parts: dict[str, np.ndarray], eager_attention: np.n
     freed = (parts["mlp_act"] + parts["mlp_mid"] + parts["attn_out"]
              + 0.5 * (parts["norm"] + parts["gemm_in"] + parts["masks"])) * scale - 0.5 * fixed
     attention = (2.0 * parts["probs"] + 2.0 * parts["input"]) * scale - freed
-    return np.where(np.asarray(eager_attention), np.maximum(mlp, attention), mlp)
+    ring = np.asarray(core_backward, float) + 2.0 * parts["input"] * scale - freed
+    widest = np.where(np.asarray(eager_attention), np.maximum(mlp, attention), mlp)
+    return np.where(np.asarray(core_backward) > 0, np.maximum(widest, ring), widest)
 
 
 def activation_bytes_per_layer(
@@ -317,19 +329,91 @@ def activation_bytes_per_layer(
     return np.where(r == 0, full, np.where(r == 1, selective_bytes, parts["input"] * scale))
 
 
+def weight_grad_input_bytes(parts: dict[str, np.ndarray]) -> np.ndarray:
+    """16-bit bytes per block and micro-batch of the gradients a zero-bubble step I captures
+    for its deferred W (pipeline.DeferredWeightGrads): torch's stage_backward_input registers a
+    prehook on every node whose gradient a weight's needs (get_param_groups' intermediates,
+    torch/distributed/pipelining/_backward.py) and keeps what enters it until
+    stage_backward_weight: the output gradient of each weight's op. Per block: the QKV
+    projection's (Q and the grouped K, V widths: 2 qv_gemm - attn_out), the first MLP GEMM's
+    (mlp_act, the routed copies' in a MoE block), the output projection's and the second MLP
+    GEMM's (h-wide, whole on a tensor-parallel rank: 2 h_grad) and the two norms' (gemm_in,
+    whose routed copies stand for the experts' second GEMM outputs). Measured on the runtime's
+    blocks: 5.25 MiB against 5.50 counted for two GPT blocks (h 512, s 256; the top block's
+    second h-wide gradient is the stage's incoming one: tests/unit/cost/test_memory_review.py)."""
+    return (2.0 * parts["qv_gemm"] - parts["attn_out"] + parts["mlp_act"] + parts["gemm_in"]
+            + 2.0 * parts["h_grad"])
+
+
+RING_FORWARD_OUTPUTS = 8.0
+"""PyTorch ring attention's forward working set beside the gathered K/V, in 16-bit attention
+outputs: _SDPAMerger (convert_to_f32, the default) holds its fp32 running output while a step
+merges the next block's output (its 16-bit result and fp32 upcast, out - block_out and the
+sigmoid-weighted product): 4 fp32 outputs and one 16-bit, less the output the block keeps.
+Measured 9.1 outputs from the start of the call, its own output among them, at cp 2-8 and
+1-4 query heads per K/V head (tests/unit/cost/test_memory_review.py)."""
+RING_BACKWARD_QUERIES, RING_BACKWARD_KV = 6.7, 8.5
+"""Its backward's working set beside the gathered K/V, in 16-bit local queries and local K+V:
+fp32 grad_query (2 Q), fp32 grad_key/grad_value and the fp32 next_grad_kv concatenation the
+all-to-all rotater sends and receives (2 L each), each step's 16-bit dq, dk, dv and the flash
+kernel's own fp32 dq accumulator, the per-step K/V concatenation (L) and the final casts.
+The fit of the measured peaks, dq, dk, dv included (Q/L 0.5, 1, 2; within 0.05 L)."""
+
+
+def torch_ring_attention_bytes(parts: dict[str, np.ndarray], cp: np.ndarray,
+                               precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) bytes one block's attention call holds beyond its kept tensors
+    under PyTorch's ring context parallelism with the all-gather rotate method (torchtitan's
+    default; torch/distributed/tensor/experimental/_context_parallel/_attention.py,
+    _templated_ring_attention and _templated_ring_attention_backward): each gathers the whole
+    sequence's K and V once (_AllGatherRotater: cp x the local K+V, as SDPA sees them, so
+    repeated heads where the runtime repeats them) and keeps it for the call, beside
+    RING_FORWARD_OUTPUTS and RING_BACKWARD_* of their own. Measured with torch 2.13 on one
+    process per rank, the collectives allocating their outputs only, as NCCL's do
+    (tests/unit/cost/test_memory_review.py). 0 without context parallelism."""
+    scale = 2.0 if precision == "fp32" else 1.0
+    q = parts["attn_out"]  # the local queries are as wide as the attention output
+    kv = parts["qkv"] - q
+    cp = np.asarray(cp, float)
+    gathered = cp * kv
+    forward = (gathered + RING_FORWARD_OUTPUTS * q) * scale
+    backward = (gathered + RING_BACKWARD_QUERIES * q + RING_BACKWARD_KV * kv) * scale
+    return np.where(cp > 1, forward, 0.0), np.where(cp > 1, backward, 0.0)
+
+
 LOGIT_BYTES_SAVED = 4.0
 """fp32 log-softmax the cross-entropy keeps for backward, per logit, per micro-batch in flight."""
-LOGIT_BYTES_TRANSIENT = 6.0
-"""16-bit logits and the fp32 gradient of the micro-batch at the loss, per logit."""
+LOGIT_BYTES_TRANSIENT = 8.0
+"""What torch's F.cross_entropy on upcast logits holds beyond that at its peak, per logit: in
+backward, nll_loss_backward's dense fp32 gradient and log_softmax_backward's fp32 result beside
+the saved log-softmax (12 in all); its forward holds the 16-bit logits, their fp32 upcast and
+the new log-softmax (10). Measured with the allocator's events (runtimes.RuntimeTraits.
+logit_bytes_transient)."""
+
+
+def logit_elements(model: ModelSpec, b: np.ndarray, tp: np.ndarray, vocab: np.ndarray,
+                   cp: np.ndarray) -> np.ndarray:
+    """Logits of one micro-batch on one GPU: its tokens times the vocabulary split by tp."""
+    return model.seq_len / np.asarray(cp) * np.asarray(b) * vocab / np.asarray(tp)
 
 
 def logits_bytes(model: ModelSpec, b: np.ndarray, tp: np.ndarray, vocab: np.ndarray,
                  cp: np.ndarray, in_flight: np.ndarray | float = 1.0,
                  saved: float = LOGIT_BYTES_SAVED, transient: float = LOGIT_BYTES_TRANSIENT
                  ) -> np.ndarray:
-    """Output layer memory of the stage that computes the loss: the saved fp32 softmax of
-    every micro-batch whose backward has not run yet (all of them under GPipe) plus one
-    micro-batch's 16-bit logits and fp32 gradient; the vocabulary is split by tp. `saved` and
-    `transient` bytes per logit come from the runtime's loss kernel (runtimes.RuntimeTraits)."""
+    """Output layer memory of the stage that computes the loss at the loss's peak: the saved
+    fp32 softmax of every micro-batch whose backward has not run yet (all of them under GPipe)
+    plus what the loss of the one at it holds beyond its own (`transient`); the vocabulary is
+    split by tp. `saved` and `transient` bytes per logit come from the runtime's loss kernel
+    (runtimes.RuntimeTraits)."""
     per_logit = saved * np.asarray(in_flight, float) + transient
-    return per_logit * model.seq_len / np.asarray(cp) * np.asarray(b) * vocab / np.asarray(tp)
+    return per_logit * logit_elements(model, b, tp, vocab, cp)
+
+
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 5e8
+"""DeepSpeed ZeRO-2's contiguous-gradients buffer: reduce_bucket_size elements (default 5e8,
+deepspeed/runtime/zero/config.py) of the model's 16-bit dtype, which
+stage_1_and_2.py setup_buckets allocates before the first gradient when contiguous_gradients
+is on (its default; a second one with overlap_comm, off by default below ZeRO-3); the gradient
+dtype of stage 2 (_gradient_reduction_buffer_dtype: no separate accumulation attribute when
+gradients are partitioned). autoplan's export (export/deepspeed.py) sets neither key."""

@@ -100,9 +100,33 @@ def non_expert_block_params(model: ModelSpec) -> int:
     if model.moe is None:
         return model.num_layers * layer_params(model)
     n_moe = moe_layers(model)
-    moe_rest = attention_params(model) + 2 * norm_params(model) + router_params(model) \
-        + model.moe.num_shared_experts * expert_params(model)
-    return (model.num_layers - n_moe) * layer_params(model) + n_moe * moe_rest
+    return (model.num_layers - n_moe) * layer_params(model) + n_moe * moe_block_rest_params(model)
+
+
+def moe_block_rest_params(model: ModelSpec) -> int:
+    """One MoE block's parameters outside its routed experts: attention, norms, router and
+    shared experts."""
+    assert model.moe is not None
+    return (attention_params(model) + 2 * norm_params(model) + router_params(model)
+            + model.moe.num_shared_experts * expert_params(model))
+
+
+def largest_block_unit(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.ndarray,
+                       experts_apart: np.ndarray) -> np.ndarray:
+    """Parameters per GPU of the largest block-sized unit ZeRO-3 gathers at once: a dense block
+    split by tp, or a MoE block's rest split by tp with its E / (ep x etp) routed experts in the
+    same unit, or (`experts_apart`) the larger of the two as units of their own (FSDP2 wrapping
+    the experts apart: step_memory._buffers says where)."""
+    tp = np.asarray(tp, float)
+    dense = layer_params(model) / tp
+    if model.moe is None:
+        return dense
+    routed = (model.moe.num_experts * expert_params(model)
+              / (np.asarray(ep, float) * np.asarray(etp, float)))
+    rest = moe_block_rest_params(model) / tp
+    moe_unit = np.where(np.asarray(experts_apart), np.maximum(rest, routed), rest + routed)
+    has_dense = moe_layers(model) < model.num_layers
+    return np.maximum(moe_unit, dense) if has_dense else moe_unit
 
 
 def active_params(model: ModelSpec, embedding: bool = True) -> int:
@@ -168,9 +192,7 @@ def mtp_block_params(model: ModelSpec) -> tuple[int, int]:
     moe = model.moe
     if moe is None or not moe.is_moe_layer(model.num_layers):
         return layer_params(model) + extra, 0
-    rest = attention_params(model) + 2 * norm_params(model) + router_params(model) \
-        + moe.num_shared_experts * expert_params(model)
-    return rest + extra, moe.num_experts * expert_params(model)
+    return moe_block_rest_params(model) + extra, moe.num_experts * expert_params(model)
 
 
 def mtp_params(model: ModelSpec) -> int:

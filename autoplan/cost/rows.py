@@ -86,6 +86,9 @@ class Rows:
     """Zero-bubble's V schedule: the last stage sits on rank 0 beside the first."""
     unsharded_accumulation: np.ndarray
     """ZeRO-2/3 gradients accumulate unsharded until the last micro-batch (under a pipeline)."""
+    sharded_grads: np.ndarray
+    """Only the gradient shard is kept: ZeRO-2/3 without unsharded accumulation, and ZeRO-1 on
+    FSDP2 with one micro-batch and no pipeline (zero1_syncs_every_unit)."""
     accumulate_bytes: np.ndarray
     """HBM bytes per parameter with which the optimizer adds each micro-batch's 16-bit
     gradients into a buffer of its own (DeepSpeed's BF16_Optimizer under a pipeline:
@@ -141,6 +144,18 @@ def microbatches(gbs: np.ndarray, dp: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.maximum(np.floor(np.asarray(gbs) / (np.asarray(dp) * np.asarray(b))), 1.0)
 
 
+def zero1_syncs_every_unit(zero: np.ndarray, m: np.ndarray, pp: np.ndarray, fsdp: np.ndarray,
+                           runtime: RuntimeTraits) -> np.ndarray:
+    """Where ZeRO-1 reduce-scatters each unit's gradients in backward, as ZeRO-2 does, so only
+    the shard stays: on FSDP2 (RuntimeTraits.fsdp2_copies) ZeRO-1 defers the gradient sync
+    to the last micro-batch (autoplan's runtime/trainer.py _sync_context:
+    set_requires_gradient_sync(last or zero >= 2), set_reshard_after_backward alike), and
+    with one micro-batch and no pipeline that one is the last. Megatron's distributed
+    optimizer keeps its whole gradient buffer whatever the count."""
+    return ((np.asarray(zero) == 1) & (np.asarray(m) == 1) & (np.asarray(pp) == 1)
+            & np.asarray(fsdp, bool) & runtime.fsdp2_copies)
+
+
 def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTraits) -> Rows:
     dp, tp, pp, cp, vpp = (col(table, k).astype(float) for k in ("dp", "tp", "pp", "cp", "vpp"))
     zero = col(table, "zero_stage")
@@ -178,6 +193,8 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
            & ~(off_o | off_p))
     fsdp = ~ddp & ((dp * cp > 1) | (precision != "fp32") | off_o | off_p)
     deferred = runtime.pipeline_grad_sync is PipelineGradSync.LAST_MICROBATCH
+    unsharded = (zero >= 2) & (pp > 1) & deferred
+    m = microbatches(gbs, dp, b)
     return Rows(
         dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, sp=col(table, "sp").astype(bool), schedule=sched,
         zero=zero, offload_optimizer=off_o, offload_params=off_p,
@@ -185,10 +202,12 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         b=b, gbs=gbs, layers_max=l_max, layers_first=col(table, "layers_first").astype(float),
         layers_last=(col(table, "layers_last").astype(float) if "layers_last" in table
                      else l_max),
-        world=dp * tp * pp * cp, m=microbatches(gbs, dp, b), shard=shard,
+        world=dp * tp * pp * cp, m=m, shard=shard,
         vocab=params.padded_vocab(model, tp).astype(float), fsdp=fsdp,
         v_shape=(sched == ZERO_BUBBLE) & (vpp == 2) & (pp > 1),
-        unsharded_accumulation=(zero >= 2) & (pp > 1) & deferred,
+        unsharded_accumulation=unsharded,
+        sharded_grads=((zero >= 2) & ~unsharded) | zero1_syncs_every_unit(
+            zero, m, pp, fsdp, runtime),
         accumulate_bytes=accumulate,
         weight_bytes=4.0 if precision == "fp32" else 2.0,
         act_scale=2.0 if precision == "fp32" else 1.0,

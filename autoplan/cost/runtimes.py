@@ -339,12 +339,19 @@ class RuntimeTraits:
     logit_bytes_saved: float = 4.0
     """Bytes per logit the loss keeps for backward, per micro-batch in flight (the fp32
     softmax of Megatron's vocab-parallel cross-entropy; fp32 log-softmax in torch)."""
-    logit_bytes_transient: float = 6.0
-    """Bytes per logit of the micro-batch at the loss beyond those: torch's F.cross_entropy
-    keeps the 16-bit logits and their fp32 upcast while log_softmax writes its output (6).
+    logit_bytes_transient: float = 8.0
+    """Bytes per logit the loss of the micro-batch at it holds beyond those at its peak, the
+    larger of its forward's and its backward's (memory.logits_bytes). torch's F.cross_entropy
+    on upcast logits (autoplan's runtime/parallelize.py loss_function, torchtitan's
+    cross_entropy_loss): its backward holds nll_loss_backward's dense fp32 gradient and
+    log_softmax_backward's fp32 result beside the saved log-softmax (8; 12 in all), its
+    forward the 16-bit logits and their fp32 upcast while log_softmax writes its output (6):
+    measured from the allocator's events, 4 bytes per logit kept after forward, 10 at the
+    forward's peak, 12 at the backward's (tests/unit/cost/test_memory_review.py).
     Megatron's vocab-parallel cross-entropy upcasts and exponentiates in place, so its saved
     fp32 softmax is that copy: the 16-bit logits and their contiguous transpose remain (4;
-    megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.16)."""
+    megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.16), and its backward
+    works in place on that softmax and casts it back (2)."""
     loss_bytes_per_logit: float = 44.0
     """HBM bytes the loss kernels move per 16-bit logit, forward + backward (the output GEMMs
     apart), counted op by op. 44: torch's F.cross_entropy on upcast logits (autoplan's runtime,
@@ -783,6 +790,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     },
     "deepspeed": {
         "optimizer_extra_bytes": 14.0, "loss_bytes_per_logit": 52.0,
+        # its loss is the model code's (Megatron-DeepSpeed's vocab-parallel cross-entropy, or
+        # a model's own F.cross_entropy): priced at torch's forward figure, as before
+        "logit_bytes_transient": 6.0,
         "reentrant_recompute": True,
         "description": "DeepSpeed ZeRO (and Megatron-DeepSpeed 3D): 16-bit gradients reduced in "
                        "16-bit, fp32 master + Adam in the optimizer, pipeline engine 1F1B",

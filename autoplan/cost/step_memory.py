@@ -18,7 +18,7 @@ from autoplan.cost.rows import Rows, recomputed_layers, uniform_groups
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
-from autoplan.plan_table import GPIPE, INTERLEAVED, RC_NONE
+from autoplan.plan_table import GPIPE, RC_NONE
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserved")
 
@@ -34,6 +34,8 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
         model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
         fused_swiglu=runtime.fused_swiglu, kv_repeated=runtime.kv_repeated)
     parts = moe.routed_activation_parts(model, r, parts)  # unchanged for a dense model
+    # what a zero-bubble step I keeps for its W: 16-bit gradients, also in an fp8 run
+    parts["wgrad_inputs"] = memory.weight_grad_input_bytes(parts)
     fp8 = precision == "fp8" and runtime.fp8_activations
     if fp8:
         parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS if k in parts}}
@@ -92,7 +94,7 @@ def _stage_states(model: ModelSpec, r: Rows, precision: str, runtime: RuntimeTra
             grad_bytes=r.grad_bytes,
             unsharded_accumulation=r.unsharded_accumulation,
             fp32_sharded_params=runtime.fp32_sharded_params,
-            fsdp2_offload=runtime.fsdp2_offload)
+            fsdp2_offload=runtime.fsdp2_offload, sharded_grads=r.sharded_grads)
         if precision == "fp8":  # the fp8 weight copies (and transposes) a runtime caches
             out["params"] = out["params"] + psi * runtime.fp8_weight_cache_bytes
         return out
@@ -153,27 +155,10 @@ def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: boo
         return np.where(r.rc_uniform, uniform_groups(layers, r) * a_pol,
                         n * a_pol + (layers - n) * a_none)
 
-    in_flight = pipeline.in_flight_microbatches(r.schedule, r.pp, r.vpp, r.m)
-    # with several chunks the last rank holds layers from across the model too, (pp - 1)/vpp
-    # layer sets fewer than the first (pipeline.in_flight_last_rank)
-    in_flight_last = pipeline.in_flight_last_rank(r.schedule, r.pp, r.vpp, r.m)
-    # the block whose backward runs holds its gradients in flight (memory.
-    # backward_wavefront_bytes), plus what a recomputed block brings back (all of it under full
-    # recompute, the re-run part selectively); a uniform group's backward re-makes all its
-    # layers at once
-    group = np.where(r.rc_uniform, np.maximum(r.recompute_layers, 1), 1.0)
-    working = memory.backward_wavefront_bytes(parts, eager, precision) + np.where(
-        r.recompute != RC_NONE, group * (a_none - a_pol), 0.0)
+    working = _working_set(r, precision, eager, runtime, parts, a_none, a_pol)
     sp_div = np.where(r.sp, r.tp, 1.0)
     embed_act = 3.0 * model.seq_len / r.cp * r.b * model.hidden_size / sp_div * r.act_scale
-    # MTP's heads keep their saved softmax beside the main head's; the transient logits of one
-    # loss at a time (the losses run one after the other)
     d_mtp = float(model.mtp_layers)
-    logits = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp,
-                                 (1.0 + d_mtp) * np.where((r.schedule == GPIPE) & (r.pp > 1),
-                                                          r.m, 1.0),
-                                 saved=runtime.logit_bytes_saved,
-                                 transient=runtime.logit_bytes_transient)
     single = r.pp == 1
     loss_first = single | r.v_shape
     mtp_first, mtp_last = (np.where(at, d_mtp, 0.0) for at in (loss_first, ~loss_first))
@@ -181,18 +166,70 @@ def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: boo
     end_first = (act_layers(r.layers_first + mtp_first) + embed_act
                  + np.where(loss_first, mtp_act, 0.0))
     end_last = act_layers(r.layers_last + mtp_last) + np.where(loss_first, 0.0, mtp_act)
-    # rank 0 holds its own layers' micro-batches in flight; a middle rank (an uneven split's
-    # heaviest, e.g. between 0-block end stages) layers_max blocks of at most pp - 1 of them
-    # under one-chunk 1F1B / ZB-H1 (rank k holds pp - k: Narayanan et al. 2021 §2.2), else as
-    # many as rank 0 (an upper bound)
-    act_first = in_flight * end_first + working + np.where(loss_first, logits, 0)
-    act_last = np.where(single, act_first, in_flight_last * end_last + working
+    # saved activations per rank (pipeline.in_flight_*), and under zero-bubble the gradients
+    # each deferred weight-gradient step keeps (pipeline.deferred_weight_grads)
+    held = [f(r.schedule, r.pp, r.vpp, r.m) for f in (
+        pipeline.in_flight_microbatches, pipeline.in_flight_middle_rank,
+        pipeline.in_flight_last_rank)]
+    zb = pipeline.deferred_weight_grads(r.schedule, r.pp, r.vpp, r.m)
+    wgrad = parts["wgrad_inputs"] * r.act_scale  # per block
+
+    def kept(n: np.ndarray, per_set: np.ndarray, layers: np.ndarray, pending: np.ndarray
+             ) -> np.ndarray:
+        """n layer sets kept, `pending` of them with their W's gradients; ZB-V's cool-down
+        holds c of each (a bound on a middle rank too)."""
+        c = zb.v_cooldown
+        return np.maximum(n * per_set + pending * layers * wgrad, c * (per_set + layers * wgrad))
+
+    logits = _loss_stage_bytes(model, r, runtime, working, d_mtp, zb.head)
+    act_first = (kept(held[0], end_first, r.layers_first + mtp_first, zb.first) + working
+                 + np.where(loss_first, logits, 0))
+    act_last = np.where(single, act_first,
+                        kept(held[2], end_last, r.layers_last + mtp_last, zb.last) + working
                         + np.where(r.v_shape, 0.0, logits))
-    one_chunk = (r.vpp == 1) & (r.schedule != GPIPE) & (r.schedule != INTERLEAVED)
-    in_flight_mid = np.where(one_chunk, np.maximum(np.minimum(r.pp - 1.0, r.m), 1.0), in_flight)
-    act_mid = np.where(single, act_first, in_flight_mid * act_layers(r.layers_max) + working)
+    act_mid = np.where(single, act_first, kept(held[1], act_layers(r.layers_max), r.layers_max,
+                                               zb.mid) + working)
     return StageActivations(first=act_first, last=act_last, mid=act_mid, of_layers=act_layers,
                             working=working, logits=logits, ends=(end_first, end_last))
+
+
+def _working_set(r: Rows, precision: str, eager: bool, runtime: RuntimeTraits,
+                 parts: dict[str, np.ndarray], a_none: np.ndarray, a_pol: np.ndarray
+                 ) -> np.ndarray:
+    """Bytes one block holds beside what is kept while it runs: its backward's gradients in
+    flight (memory.backward_wavefront_bytes), or PyTorch ring attention's gathered K/V and
+    merges in its forward (memory.torch_ring_attention_bytes), whichever is wider, plus what a
+    recomputed block brings back (all of it under full recompute, the re-run part
+    selectively; a uniform group's backward re-makes all its layers at once)."""
+    ring_fwd, ring_bwd = memory.torch_ring_attention_bytes(parts, r.cp, precision)
+    if runtime.cp_exchange != "torch-ring":
+        ring_fwd, ring_bwd = 0.0 * ring_fwd, 0.0 * ring_bwd
+    widest = np.maximum(memory.backward_wavefront_bytes(parts, eager, precision, ring_bwd),
+                        ring_fwd)
+    group = np.where(r.rc_uniform, np.maximum(r.recompute_layers, 1), 1.0)
+    return widest + np.where(r.recompute != RC_NONE, group * (a_none - a_pol), 0.0)
+
+
+def _loss_stage_bytes(model: ModelSpec, r: Rows, runtime: RuntimeTraits, working: np.ndarray,
+                      d_mtp: float, pending: np.ndarray) -> np.ndarray:
+    """What the stage with the loss holds beyond its blocks' kept activations and `working`:
+    the larger of the loss's own peak (memory.logits_bytes: the saved softmax of every
+    micro-batch in flight, all of them under GPipe, plus the transient of the one at the
+    loss) and the blocks' backward working set beside the softmax the other micro-batches
+    keep; the two are not alive together (the head's backward ends before the last block's
+    starts). MTP's heads keep their saved softmax beside the main head's, and their transient
+    comes one loss at a time. Under zero-bubble, plus the 16-bit logit gradients held for
+    deferred weight-gradient steps (`pending` micro-batches, pipeline.DeferredWeightGrads;
+    measured: 2 bytes per logit between I and W on the runtime's head and loss)."""
+    heads = 1.0 + d_mtp
+    n = np.where((r.schedule == GPIPE) & (r.pp > 1), r.m, 1.0)
+    elements = memory.logit_elements(model, r.b, r.tp, r.vocab, r.cp)
+    saved, transient = runtime.logit_bytes_saved, runtime.logit_bytes_transient
+    loss = memory.logits_bytes(model, r.b, r.tp, r.vocab, r.cp, heads * n, saved, transient)
+    others = saved * heads * (n - 1.0) * elements
+    grads = 2.0 * r.act_scale * heads * elements
+    return np.maximum(loss - working + np.maximum(pending - 1.0, 0.0) * grads,
+                      others + pending * grads)
 
 
 def memory_by_part(
@@ -278,14 +315,27 @@ def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
     """Communication buffers: DDP/FSDP reduce buckets, ZeRO-3's gathered units, offload staging.
 
     ZeRO-3 holds the unit being computed, the one prefetched and the one being reduced (three
-    gathered 16-bit copies); the largest unit is a block, or the embedding/head where that is
-    larger (a 128K vocabulary at h = 4096 is 2x a Llama-8B block)."""
+    gathered 16-bit copies); the largest unit is a block with the experts it gathers
+    (params.largest_block_unit), or the embedding/head where that is larger (a 128K vocabulary
+    at h = 4096 is 2x a Llama-8B block). DeepSpeed's ZeRO-2 stages its gradients in one
+    contiguous bucket of memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS (the deepspeed runtime, which
+    RuntimeTraits.pipeline_engine_reduce marks)."""
     has_dp = r.shard > 1
-    largest_unit = np.maximum(params.layer_params(model) / r.tp,
+    # FSDP2 wraps a layer's experts in a unit of their own where they have an expert mesh
+    # (autoplan: runtime/expert_parallel.apply_expert_fsdp at ep * etp > 1; torchtitan's
+    # apply_fsdp fully_shards transformer_block.moe.experts apart at ep > 1); Megatron-FSDP's
+    # unit is the TransformerLayer with its experts (step_time._dp_comm)
+    experts_apart = runtime.fsdp2_copies & (r.ep * r.etp > 1)
+    largest_unit = np.maximum(params.largest_block_unit(model, r.tp, r.ep, r.etp, experts_apart),
                               r.vocab * model.hidden_size / r.tp)
     # under a pipeline that defers resharding (unsharded_accumulation) the gathered weights
     # stay whole, counted with the parameters: its reductions stage in buckets as ZeRO-2's do
     per_unit = (r.zero == 3) & ~r.unsharded_accumulation
     zero3_gather = np.where(per_unit & has_dp, 3.0 * r.weight_bytes * largest_unit, 0.0)
-    return (np.where(has_dp & ~per_unit, memory.DDP_BUCKET_BYTES, 0.0) + zero3_gather
+    # allocated whatever the data-parallel degree (setup_buckets does not ask)
+    deepspeed_bucket = runtime.pipeline_engine_reduce & (r.zero == 2)
+    return (np.where(has_dp & ~per_unit & ~deepspeed_bucket, memory.DDP_BUCKET_BYTES, 0.0)
+            + np.where(deepspeed_bucket,
+                       memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS * r.weight_bytes, 0.0)
+            + zero3_gather
             + np.where(r.offload_optimizer | r.offload_params, memory.DDP_BUCKET_BYTES, 0.0))
