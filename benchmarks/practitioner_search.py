@@ -129,22 +129,31 @@ def _priced(plan: Plan, cluster: Any, model: Any, traits: Any) -> dict[str, Any]
 
 def export_check(plan: Plan, target: str, gpus_per_node: int) -> str:
     """'yes (N files)' when the target renders the plan and its files are written to a
-    temporary directory, else 'refused: <reasons>'."""
+    temporary directory, else 'refused: <reasons>'. torchtitan is tried in its Python config
+    (>= 0.3) and then in TOML (<= 0.2.2, the release the `torchtitan` traits describe, which
+    also checkpoints every n-th block): 'yes (N files, toml)' where only TOML renders it."""
     model = plan.model_spec()
+    formats = ("python", "toml") if target == "torchtitan" else ("python",)
     with tempfile.TemporaryDirectory(prefix="practitioner-export-") as tmp:
         folder = Path(tmp)
         plan_path = folder / "plan.yaml"
         save_plan(plan, plan_path)
-        opts = ExportOptions(plan_path=str(plan_path), gpus_per_node=gpus_per_node,
-                             out=str(folder / EXPORT_FILE[target]))
-        try:
-            files = export_plan(get_target(target), plan, model, opts)
-        except ConfigError as err:
-            return f"refused: {err}"
+        refusals = []
+        for fmt in formats:
+            opts = ExportOptions(plan_path=str(plan_path), gpus_per_node=gpus_per_node,
+                                 out=str(folder / EXPORT_FILE[target]), torchtitan_format=fmt)
+            try:
+                files = export_plan(get_target(target), plan, model, opts)
+                break
+            except ConfigError as err:
+                refusals.append(str(err))
+        else:
+            return f"refused: {refusals[0]}"
         for k, (name, text) in enumerate(files.items()):  # as `autoplan export --out` names them
             path = folder / (EXPORT_FILE[target] if k == 0 else f"extra-{k}-{Path(name).name}")
             fsutil.write_text(path, text, field="--out")
-        return f"yes ({len(files)} file{'s' * (len(files) > 1)})"
+        note = ", toml" if refusals else ""
+        return f"yes ({len(files)} file{'s' * (len(files) > 1)}{note})"
 
 
 def search_entry(entry: dict[str, Any]) -> tuple[SearchResult, float]:

@@ -111,3 +111,20 @@ def test_walk_turns_their_plan_into_the_winner_one_knob_group_at_a_time() -> Non
     # a plan walked to itself has no steps but its own
     assert [s["step"] for s in bench.walk(theirs, theirs, cluster, model, traits)] == [
         "their plan"]
+
+
+def test_a_torchtitan_plan_only_toml_renders_counts_as_exported() -> None:
+    """The `torchtitan` traits are the 0.2-era release the published runs used; its TOML
+    config checkpoints every n-th block (one block of 32 here), which the Python config of
+    0.3 cannot say. The check tries both and names the format that worked."""
+    from dataclasses import replace
+
+    from autoplan.plan import Recompute, RecomputePolicy
+
+    bench = _bench()
+    plan, _, _ = bench.build(_entry(bench, "torchtitan-llama3-8b-64a100-fsdp-sel-layer"))
+    plan = replace(plan, zero_stage=2, recompute=replace(
+        plan.recompute, policy=RecomputePolicy.FULL, num_layers=1))
+    assert isinstance(plan.recompute, Recompute)
+    assert bench.export_check(plan, "torchtitan", 8).startswith("yes (")
+    assert bench.export_check(plan, "torchtitan", 8).endswith(", toml)")
