@@ -99,8 +99,26 @@ def load_run(path: str | Path) -> RunRecord:
     if profile is not None and not isinstance(profile, str):
         raise ConfigError(f"RUN {path}: profile", f"got {show(profile)}",
                           "expected the name or path of the profile the run was predicted with")
-    return RunRecord(plan=plan_from_dict(data["plan"]), measured=measured,
+    return RunRecord(plan=_run_plan(path, data["plan"]), measured=measured,
                      profile=profile, source=str(path), device=_recorded_device(path, data))
+
+
+def _run_plan(path: str | Path, data: Any) -> Plan:
+    """The run's plan with its model loaded and the plan rules applied now, each mistake
+    named with the run (calibrate reads many) before any study runs."""
+    from autoplan.plan_rules import validate_plan
+
+    try:
+        plan = plan_from_dict(data)
+        problems = validate_plan(plan, plan.model_spec())  # the plan's own GPU count
+    except ConfigError as err:
+        field = err.field if err.field.startswith("plan") else (
+            f"plan.{err.field}" if err.field else "plan")
+        raise ConfigError(f"RUN {path}: {field}", err.problem, err.fix) from None
+    if problems:
+        raise ConfigError(f"RUN {path}: plan", "; ".join(problems),
+                          "pass run records of plans `autoplan train` ran")
+    return plan
 
 
 def _check_measured_step(path: str | Path, measured: Any) -> None:

@@ -243,8 +243,9 @@ def _is_file(ref: str) -> bool:
         return True
 
 
-def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
-    """A preset name, a path to a YAML spec or config.json, or an inline mapping."""
+def load_model(ref: str | dict[str, Any] | ModelSpec, field: str = "--model") -> ModelSpec:
+    """A preset name, a path to a YAML spec or config.json, or an inline mapping; `field` is
+    where the reference was given (`--model`, or `model` in a plan), for errors."""
     if isinstance(ref, ModelSpec):
         return ref
     if isinstance(ref, dict):
@@ -254,11 +255,11 @@ def load_model(ref: str | dict[str, Any] | ModelSpec) -> ModelSpec:
     if ref.endswith(".json"):
         return from_hf_config(ref)
     if ref.endswith((".yaml", ".yml")) or _is_file(ref):
-        data = read_yaml(ref, "--model")
+        data = read_yaml(ref, field)
         if not isinstance(data, dict):
-            raise ConfigError(f"--model {ref}", "expected a mapping of model fields")
+            raise ConfigError(f"{field} {ref}", "expected a mapping of model fields")
         return from_dict(ModelSpec, check_schema_version(data, "model"), "model")
     raise ConfigError(
-        "--model", f"unknown model {show(ref, 100)}",
+        field, f"unknown model {show(ref, 100)}",
         f"choose a preset ({', '.join(PRESETS)}) or a path to a YAML spec or config.json",
     )

@@ -303,7 +303,7 @@ class Plan:
         return max(1, per_replica // self.batch.micro_batch_size)
 
     def model_spec(self) -> ModelSpec:
-        return load_model(self.model)
+        return load_model(self.model, "model")
 
     def replace(self, **changes: Any) -> Plan:
         return dataclasses.replace(self, **changes)
@@ -313,8 +313,12 @@ def plan_from_dict(data: Any, where: str = "plan") -> Plan:
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {show(data)}", "expected a mapping of plan fields")
     data = check_schema_version(data, "")
-    if isinstance(data.get("model"), dict):
-        data["model"] = load_model(data["model"])
+    model = data.get("model")
+    if isinstance(model, dict):
+        data["model"] = load_model(model)
+    elif "model" in data and not isinstance(model, str | ModelSpec):
+        raise ConfigError("model", f"got {show(model)}",
+                          "expected a preset name or a mapping of model fields")
     return from_dict(Plan, data, "")
 
 

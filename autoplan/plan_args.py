@@ -38,7 +38,7 @@ def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
     ref = args.model or fallback
     if ref is None:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
-    model = load_model(ref)
+    model = load_model(ref, "--model" if args.model else "model")  # else the plan's
     if getattr(args, "seq_len", None) is not None:
         if args.seq_len <= 0:
             raise ConfigError("--seq-len", f"got {args.seq_len}", "expected a positive integer")

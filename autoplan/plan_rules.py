@@ -35,9 +35,16 @@ from autoplan.plan_table import (
 )
 
 
-def _divisors(n: int) -> str:
-    ds = [str(d) for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, proper: bool = False) -> str:
+    """The divisors of n (below n when `proper`), as a short list."""
+    ds = [str(d) for d in range(1, n if proper else n + 1) if n % d == 0]
     return ", ".join(ds if len(ds) <= 12 else [*ds[:6], "...", *ds[-3:]])
+
+
+def _shard_choices(dp: int) -> str:
+    """The valid parallel.dp_shard values before `null`: the divisors of dp below it."""
+    below = _divisors(dp, proper=True)
+    return f"from {below} or " if below else ""
 
 
 def _int(t: Table, name: str, i: int) -> int:
@@ -249,7 +256,7 @@ RULES: tuple[Rule, ...] = (
            | (dp_col(t, "dp_shard") >= col(t, "dp"))),
         lambda t, i, m: f"parallel.dp_shard={int(dp_col(t, 'dp_shard')[i])} must be a divisor "
         f"of dp={_int(t, 'dp', i)} below it (HSDP: dp / dp_shard replicas of each shard group); "
-        f"choose from {_divisors(_int(t, 'dp', i))} or null (shard over all of dp)",
+        f"choose {_shard_choices(_int(t, 'dp', i))}null (shard over all of dp)",
     ),
     Rule(
         "dp-shard-needs-zero",

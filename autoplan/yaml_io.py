@@ -340,7 +340,12 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(what, f"no such file {show(str(p), 200)}", "check the path")
     try:
         text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:  # a binary file, or text in another encoding
+        byte = err.object[err.start]
+        raise ConfigError(what, f"cannot read {show(str(p), 200)}: byte {byte:#04x} at offset "
+                                f"{err.start} is not UTF-8 text",
+                          "save it as UTF-8 YAML") from None
+    except OSError as err:
         raise ConfigError(what, f"cannot read {str(p)!r} ({err.__class__.__name__})") from None
     return safe_load_text(text, f"{what} {str(p)!r}")
 

@@ -16,7 +16,7 @@ from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, count
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
-from autoplan.export.launch import ELASTIC_TARGETS
+from autoplan.export.launch import ELASTIC_TARGETS, check_path_word
 from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.yaml_io import dump_yaml
 
@@ -126,10 +126,28 @@ def _unused_options(args: argparse.Namespace) -> None:
                               f"drop it, or export --to {' or '.join(targets)}")
 
 
+def _check_words(args: argparse.Namespace) -> None:
+    """Values written into a launch script or manifest: a control character ends the script's
+    line; an empty script or an image with a space in it names nothing to run."""
+    if args.script is not None:
+        if not args.script.strip():
+            raise ConfigError("--script", f"got {args.script!r}", "give the training "
+                              "script's path, or leave --script out for the target's default")
+        check_path_word("--script", args.script)
+    if args.image is not None:
+        if not args.image or any(c.isspace() for c in args.image):
+            raise ConfigError("--image", f"got {args.image[:80]!r}", "give an image "
+                              "reference without spaces, e.g. registry.example/autoplan:1.0, "
+                              f"or leave --image out for {ExportOptions.image}")
+        check_path_word("--image", args.image)
+    check_path_word("--checkpoint-dir", args.checkpoint_dir)  # torchrun's train line too
+
+
 def run_export(args: argparse.Namespace) -> int:
     from autoplan.plan import load_plan
 
     _unused_options(args)
+    _check_words(args)
     if args.out:  # a directory, a path under a file, an unwritable folder: before any work
         fsutil.check_file_target(args.out, force=args.force, field="--out")
     plan = load_plan(args.plan)
@@ -178,10 +196,10 @@ def run_export(args: argparse.Namespace) -> int:
             sys.stderr.write(f"# {name}\n{files[name]}")
         return done()
     paths = _out_paths(Path(args.out), names)
-    for path in paths:  # check all first, so a refusal writes nothing
-        fsutil.check_file_target(path, force=args.force, field="--out")
-    for path, name in zip(paths, names, strict=True):
-        fsutil.write_text(path, files[name], force=args.force, field="--out")
+    # all staged, then renamed into place: a failure (a full disk) leaves none of them
+    fsutil.write_texts({path: files[name] for path, name in zip(paths, names, strict=True)},
+                       force=args.force, field="--out")
+    for path in paths:
         sys.stderr.write(f"wrote {path}\n")
     return done()
 

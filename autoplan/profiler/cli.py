@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,8 +241,18 @@ def _render(summary: dict[str, Any], c: Any) -> None:
 
 
 def profile_command(args: argparse.Namespace) -> int:
+    from autoplan.tune.runner import Stopped, stop_on_signals
+
     req = _request(args)
-    measured = _measure(req, stderr_console())
+    try:
+        # SIGTERM/SIGHUP unwind like Ctrl-C (as in train and tune): the collective benchmark's
+        # ranks are killed and its temporary folder removed on the way out
+        with stop_on_signals():
+            measured = _measure(req, stderr_console())
+    except Stopped as stop:
+        sys.stderr.write(f"autoplan profile: stopped by {stop} while measuring; nothing "
+                         "written\n")
+        return 128 + stop.signum
     prof = _profile(req, measured)
     loaded = profile_from_dict(prof)  # the result must load like any other profile
     written = save_yaml(prof, req.out, overwrite=args.force)

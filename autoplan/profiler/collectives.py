@@ -206,6 +206,7 @@ def measure_collectives(group_size: int, device_type: str, quick: bool) -> dict[
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
         env = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"
+        ctx = None
         try:
             ctx = mp.start_processes(
                 _worker, args=(group_size, store, out, backend, sizes, repeats),
@@ -217,16 +218,26 @@ def measure_collectives(group_size: int, device_type: str, quick: bool) -> dict[
             start = time.monotonic()
             while not ctx.join(timeout=5):
                 if time.monotonic() - start > deadline:
-                    for p in ctx.processes:
-                        p.kill()
                     raise RuntimeLaunchError(
                         f"collective benchmark with {group_size} ranks did not finish in "
                         f"{deadline:.0f} s")
         except mp.ProcessRaisedException as err:
             raise RuntimeLaunchError(f"collective benchmark failed: {err}") from None
-        finally:
+        finally:  # a timeout, a failed rank, Ctrl-C or SIGTERM (autoplan profile raises it)
+            if ctx is not None:
+                stop_workers(ctx.processes)
             if env is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
             else:
                 os.environ["OMP_NUM_THREADS"] = env
         return json.loads(Path(out).read_text())
+
+
+def stop_workers(processes: list[Any]) -> None:
+    """Kill every benchmark rank still running and reap it, so none outlives the profile run
+    (they would hold a core and the temporary folder's FileStore)."""
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join(timeout=10)

@@ -50,6 +50,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--space", default=None,
                         help="with --elastic: the search space re-plans are searched in "
                              "(name or YAML; default: search's default)")
+    parser.add_argument("--no-memory-check", action="store_true",
+                        help="launch even when the cost model says the plan does not fit in "
+                             "device memory (by default such a plan is refused, exit 3)")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     parser.add_argument("--lr", type=float, default=1e-3,
                         help="learning rate (with --resume: replaces the checkpoint's)")

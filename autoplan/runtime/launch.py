@@ -3,10 +3,12 @@ no shell) under a supervisor that stops it cleanly on Ctrl-C/SIGTERM (supervise.
 
 Every user mistake (a flag's value, world size, plan invalid for the model, NCCL without CUDA,
 a checkpoint that cannot resume this plan) is one ConfigError raised here, before any process
-starts. torchrun restarts all ranks up to --max-restarts times after a failure; restarted ranks
-resume from the newest intact checkpoint. With --elastic the launcher re-plans for --nproc first
-(exit 3 when nothing fits) and the ranks re-plan again whenever torchrun restarts them on another
-world size (one machine has one torchrun agent; a multi-node job runs one per node, see export).
+starts; a plan the cost model says does not fit in memory is refused (exit 3) unless
+--no-memory-check. torchrun restarts all ranks up to --max-restarts times after a failure;
+restarted ranks resume from the newest intact checkpoint. With --elastic the launcher re-plans
+for --nproc first (exit 3 when nothing fits) and the ranks re-plan again whenever torchrun
+restarts them on another world size (one machine has one torchrun agent; a multi-node job runs
+one per node, see export).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autoplan.errors import AutoplanError, ConfigError, RuntimeLaunchError
+from autoplan.errors import AutoplanError, ConfigError, InfeasiblePlanError, RuntimeLaunchError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,29 @@ def preflight(args: argparse.Namespace, world_size: int, plan=None):
 
         make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)  # fails early
     return plan, spec, resolve_backend(args.backend)
+
+
+def memory_preflight(args: argparse.Namespace, plan, spec) -> None:
+    """Refuse (exit 3) a plan the cost model says does not fit, priced as `autoplan estimate`
+    prices it by default: autoplan's own runtime on the plan's profile's device. Only the
+    launcher checks (ranks started by a scheduler train what they are given); a profile that
+    cannot be loaded here is not priced. --no-memory-check skips it."""
+    from autoplan.cost.estimate import default_runtime, estimate_plan, runtime_refusals
+    from autoplan.runtime.validation import plan_cluster
+
+    if getattr(args, "no_memory_check", False):
+        return
+    cluster = plan_cluster(plan)
+    if cluster is None:
+        return
+    est = estimate_plan(plan, cluster, spec)
+    other = set(runtime_refusals(plan, default_runtime(cluster.profile)))
+    misses = [r for r in est.reasons if r not in other]  # check_plan passed: memory only
+    if misses:
+        raise InfeasiblePlanError(
+            f"plan {args.plan} does not fit {cluster.num_gpus} x {plan.cluster.profile} as "
+            f"{est.runtime} runs it: {'; '.join(misses)}; choose a plan that fits (`autoplan "
+            "search`), or pass --no-memory-check to launch anyway")
 
 
 def worker_argv(args: argparse.Namespace, summary_file: str) -> list[str]:
@@ -168,6 +193,7 @@ def launch_and_report(args: argparse.Namespace) -> int:
         chosen = replan(load_plan(args.plan), nproc, space=elastic_space(args),
                         min_world=args.min_gpus or 1).plan
     plan, spec, _ = preflight(args, chosen.world_size if chosen else nproc, chosen)
+    memory_preflight(args, plan, spec)
     resume_preflight(args, plan, spec)
     restarts = args.max_restarts or (ELASTIC_RESTARTS if args.elastic else 0)
     with tempfile.TemporaryDirectory(prefix="autoplan-train-") as tmp:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, check_seed, emit, stderr_console
+from autoplan.cli_common import add_format_argument, check_seed, count, emit, stderr_console
 from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
@@ -34,6 +34,11 @@ from autoplan.search.engine import (
 from autoplan.search.space import parse_batch_sizes, parse_gpu_counts
 from autoplan.search.targets import OBJECTIVES, Targets
 from autoplan.search_space import load_space
+
+DEFAULT_TRIALS = 300
+MAX_TRIALS = 100_000
+"""Largest --trials (a TPE study's time per trial grows with the trials before it: past this it
+runs for hours); a larger count is a typo."""
 
 
 def register(sub: Any) -> None:
@@ -65,7 +70,9 @@ def register(sub: Any) -> None:
     p.add_argument("--train-tokens", type=float, help="token budget (cost in GPU-hours)")
     p.add_argument("--sampler", choices=SAMPLERS,
                    help="default: exhaustive when the space is enumerable, else tpe")
-    p.add_argument("--trials", type=int, default=300, help="Optuna trials (default 300)")
+    p.add_argument("--trials", type=count(high=MAX_TRIALS), default=None,
+                   help=f"Optuna trials (default {DEFAULT_TRIALS}; not with --sampler "
+                        "exhaustive, which scores every candidate)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--storage", help="Optuna storage: sqlite:///x.db, an RDB URL or journal:PATH")
     p.add_argument("--study", help="study name in --storage (created or resumed); with "
@@ -101,6 +108,10 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
                           "workers share a study through --storage: give --storage and --study")
     if args.storage is not None:
         check_storage(args.storage)
+    if args.sampler == "exhaustive" and args.trials is not None:
+        raise ConfigError("--trials", f"got {args.trials} with --sampler exhaustive",
+                          "drop --trials (exhaustive scores every candidate), or choose "
+                          "--sampler tpe, nsga2 or random")
     targets = Targets(
         objectives=tuple(o.strip() for o in args.objective.split(",") if o.strip()),
         max_step_time_s=args.max_step_time_s, min_tokens_per_s=args.min_tokens_per_s,
@@ -115,7 +126,8 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         profile_ref=",".join(t.ref for t in types), space=load_space(args.space),
         gpu_counts=tuple(sorted({n for t in types for n in t.gpu_counts})),
         global_batch_size=gbs, targets=targets, sampler=args.sampler,
-        trials=args.trials, seed=args.seed, storage=args.storage, study=args.study,
+        trials=DEFAULT_TRIALS if args.trials is None else args.trials, seed=args.seed,
+        storage=args.storage, study=args.study,
         worker=args.worker, runtime=load_runtime(
             args.runtime, on_cpu=profile.host.compute_slots is not None),
         global_batch_size_max=gbs_max if gbs_max != gbs else None,
@@ -179,8 +191,9 @@ def check_storage(url: str) -> None:
         path = url.removeprefix("sqlite:///")
         if path in ("", ":memory:"):
             return
-    else:
-        return  # a database server: Optuna reports what is wrong with it
+    else:  # a database server: Optuna reports what is wrong with it when it connects
+        _check_database_url(url, fix)
+        return
     if not path:
         raise ConfigError("--storage", f"{url!r} needs a path", f"{fix}, e.g. journal:study.log")
     p = Path(path)
@@ -194,6 +207,20 @@ def check_storage(url: str) -> None:
         from autoplan.search.optuna_search import check_journal
 
         check_journal(path)
+
+
+def _check_database_url(url: str, fix: str) -> None:
+    """A URL SQLAlchemy parses, of a database kind it knows; checked without connecting, so a
+    tune's --dry-run, which opens nothing, refuses what the tune itself would."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as err:
+        raise ConfigError("--storage", f"got {url[:120]!r}, which is no storage URL "
+                          f"({err.__class__.__name__})", f"{fix}, or a database URL such as "
+                          "postgresql://USER@HOST/DB") from None
 
 
 @contextmanager
@@ -283,14 +310,18 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
             write_report(result, folder, args.top, True)
 
         data["report"] = str(Path(report) / "report.html")
-    if args.out:
-        write_out(result, args.out, args.top, args.force, data,
-                  also=add_report if together else None,
-                  names=OUT_FILES + (report_files() if together else ()))
     if report is not None and not together:
+        # the report is rendered before --out is committed: a report that fails leaves --out
+        # unwritten (a rerun is not refused), and both are renamed into place together
         with fsutil.atomic_dir(report, force=args.force, names=report_files(),
                                field="--report") as tmp:
             add_report(tmp)
+            if args.out:
+                write_out(result, args.out, args.top, args.force, data)
+    elif args.out:
+        write_out(result, args.out, args.top, args.force, data,
+                  also=add_report if together else None,
+                  names=OUT_FILES + (report_files() if together else ()))
     for folder, names in ((args.out, OUT_FILES), (report, report_files())):
         if folder:
             for name in names:

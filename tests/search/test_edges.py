@@ -72,12 +72,17 @@ def check_infeasible(code: int, out: str, err: str, reason: str, word: str) -> N
     assert data["nearest"]["reason"] == reason and data["nearest"]["misses"]
 
 
+def _trials(sampler: str) -> list[str]:
+    """The exhaustive sampler runs the whole space: it refuses a trial count."""
+    return [] if sampler == "exhaustive" else ["--trials", "8"]
+
+
 @pytest.mark.parametrize("sampler", ["exhaustive", "tpe", "random", "nsga2"])
 @pytest.mark.parametrize("cause", sorted(CAUSES))
 def test_nothing_feasible_exits_3_for_every_sampler(cause: str, sampler: str, capsys) -> None:
     argv, reason, word = CAUSES[cause]
     argv = (argv if argv[0] == "search" else ["search", *argv]) + [
-        "--sampler", sampler, "--trials", "8", "--format", "json"]
+        "--sampler", sampler, *_trials(sampler), "--format", "json"]
     check_infeasible(*run(argv, capsys), reason, word)
 
 
@@ -87,7 +92,7 @@ def test_spaces_whose_values_all_fail_exit_3(cause: str, sampler: str, tmp_path:
                                              capsys) -> None:
     fields, extra, reason, word = SPACE_CAUSES[cause]
     argv = TINY + ["--global-batch-size", "16", "--space", space(tmp_path, cause, **fields),
-                   "--sampler", sampler, "--trials", "8", "--format", "json", *extra]
+                   "--sampler", sampler, *_trials(sampler), "--format", "json", *extra]
     check_infeasible(*run(argv, capsys), reason, word)
 
 
@@ -202,7 +207,7 @@ def test_a_space_with_no_pipeline_shape_says_so(sampler: str, tmp_path: Path, ca
     path = space(tmp_path, "too-deep", parallel={"tp": [1], "pp": [16], "cp": [1]},
                  pipeline={"schedule": ["1f1b"], "vpp": "auto"}, precision="fp32")
     code, out, err = run(TINY + ["--num-gpus", "16", "--global-batch-size", "64", "--space",
-                                 path, "--sampler", sampler, "--trials", "8", "--format",
+                                 path, "--sampler", sampler, *_trials(sampler), "--format",
                                  "json"], capsys)
     assert code == 3, err
     (line,) = err.strip().splitlines()

@@ -234,3 +234,56 @@ def test_a_run_with_no_measured_step_is_refused(tmp_path, capsys) -> None:
     _refused(capsys, ["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
                       "--out", str(tmp_path / "out.yaml")],
              f"RUN {run}: measured.step_time_s: null", "--steps 2")
+
+
+def _run_with_plan(tmp_path, name, plan):
+    path = tmp_path / name
+    path.write_text(json.dumps({"plan": plan, "profile": "cpu-gloo",
+                                "measured": {"step_time_s": 0.01}}))
+    return str(path)
+
+
+_TINY = {"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 1}, "precision": "fp32",
+         "batch": {"micro_batch_size": 1, "global_batch_size": 4}}
+
+
+@pytest.mark.parametrize(("plan", "needle"), [
+    ({**_TINY, "model": "nosuch"}, "plan.model: unknown model 'nosuch'; choose a preset"),
+    ({**_TINY, "model": "{huge}"}, "plan.model.num_layers: got 99999999999999999999"),
+    ({**_TINY, "cluster": {"profile": "cpu-gloo", "num_gpus": 3}, "parallel": {"tp": 3}},
+     "plan: parallel.tp=3 does not divide num_heads=4"),
+    ({**_TINY, "parallel": {"dp": 3}}, "plan: dp * tp * pp * cp = 3 but the cluster has 1 GPUs"),
+    ("p1.yaml", "plan: got 'p1.yaml'; expected a mapping of plan fields"),
+], ids=["unknown-model", "absurd-model-file", "tp3-4-heads", "dp3-on-1-gpu", "plan-path"])
+def test_a_run_whose_plan_is_wrong_is_refused_naming_the_run_before_fitting(
+        tmp_path, capsys, monkeypatch, plan, needle) -> None:
+    """An unknown model once failed inside the Optuna study (a traceback naming --model, which
+    calibrate has not), and plans that break the rules were fitted with exit 0."""
+    import autoplan.calibrate_cli as calibrate_cli
+
+    def no_fit(*_a, **_k):
+        raise AssertionError("a study ran")
+
+    monkeypatch.setattr(calibrate_cli, "calibrate", no_fit)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("name: x\nnum_layers: 99999999999999999999\nhidden_size: 64\n"
+                    "num_heads: 4\nvocab_size: 256\nseq_len: 32\n")
+    if isinstance(plan, dict) and plan["model"] == "{huge}":
+        plan = {**plan, "model": str(huge)}
+    run = _run_with_plan(tmp_path, "run.json", plan)
+    err = _refused(capsys, ["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
+                            "--out", str(tmp_path / "out.yaml")], f"RUN {run}: {needle}")
+    assert "--model" not in err
+    assert not (tmp_path / "out.yaml").exists()
+
+
+@pytest.mark.parametrize("value", ["100001", "99999999999", "0"])
+def test_an_absurd_trial_count_is_a_typo(tmp_path, capsys, value) -> None:
+    """Any count was taken (a typo fitted for days), as export's --max-restarts refuses."""
+    with pytest.raises(SystemExit) as exit_:  # argparse's own refusal
+        # --seed -1 is refused too, later: the parser refuses the count before any fit
+        main(["calibrate", _one_run(tmp_path), "--profile", "cpu-gloo", "--trials", value,
+              "--seed", "-1", "--out", str(tmp_path / "out.yaml")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--trials: expected an integer from 1 to 100000" in err
+    assert not (tmp_path / "out.yaml").exists()

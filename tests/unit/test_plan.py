@@ -58,6 +58,8 @@ def test_save_never_overwrites(tmp_path) -> None:
         ({"batch": {"micro_batch_size": 1}}, "batch.global_batch_size", "missing"),
         ({"schema_version": 2}, "schema_version", "schema_version 1"),
         ({"colour": "red"}, "colour", "valid keys"),
+        ({"model": ["a"]}, "model", "expected a preset name or a mapping of model fields"),
+        ({"model": 7}, "model", "expected a preset name or a mapping of model fields"),
     ],
 )
 def test_bad_fields_name_field_value_and_fix(edit: dict, field: str, hint: str) -> None:
@@ -95,3 +97,20 @@ def test_recompute_label_names_modules_and_the_uniform_groups() -> None:
         RecomputeModule.LAYERNORM, RecomputeModule.MOE)).label() == "selective(layernorm+moe)"
     assert Recompute(policy=RecomputePolicy.FULL, num_layers=4,
                      method=RecomputeMethod.UNIFORM).label() == "full-uniform:4"
+
+
+def test_an_unknown_model_in_a_plan_file_is_named_as_the_plan_field(tmp_path, capsys) -> None:
+    """It was reported as `--model: unknown model` for a plan given with --plan or to train."""
+    from tests.cli_refusals import assert_refused
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model: nosuch\ncluster: {profile: cpu-gloo, num_gpus: 1}\n"
+                    "batch: {micro_batch_size: 1, global_batch_size: 1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan).model_spec()
+    assert err.value.field == "model" and "unknown model 'nosuch'" in str(err.value)
+    for argv in (["estimate", "--plan", str(plan)], ["train", str(plan)]):
+        line = assert_refused(capsys, argv, "error: model: unknown model 'nosuch'")
+        assert "--model" not in line
+    assert_refused(capsys, ["estimate", "--model", "nosuch", "--cluster", "cpu-gloo",
+                            "--num-gpus", "1"], "error: --model: unknown model 'nosuch'")

@@ -74,3 +74,15 @@ def test_bad_values_are_one_line_config_errors():
         plan_from_dict({**base, "parallel": {"dp": 4, "dp_shard": 0}})
     with pytest.raises(ConfigError, match="grad_reduce_dtype"):
         plan_from_dict({**base, "grad_reduce_dtype": "fp16"})
+
+
+@pytest.mark.parametrize(("dp", "shard", "says"), [
+    (4, 4, "choose from 1, 2 or null (shard over all of dp)"),
+    (8, 3, "choose from 1, 2, 4 or null"),
+    (1, 1, "below it (HSDP: dp / dp_shard replicas of each shard group); choose null"),
+])
+def test_the_dp_shard_fix_lists_only_values_the_rule_takes(dp, shard, says):
+    """It listed dp itself ("choose from 1, 2, 4 or null" for dp=4), which the rule refuses."""
+    reasons = validate_plan(_plan(parallel=Parallel(dp=dp, dp_shard=shard), zero_stage=3),
+                            TINY)
+    assert any(says in r for r in reasons), reasons

@@ -93,3 +93,43 @@ def test_a_journal_damaged_while_open_is_one_config_error() -> None:
     with pytest.raises(json_module.JSONDecodeError):  # not a journal: not ours to explain
         with _journal_errors("sqlite:///x.db"):
             json_module.loads("not json")
+
+
+def test_a_report_that_fails_leaves_out_unwritten(tmp_path: Path, capsys, monkeypatch) -> None:
+    """--out was committed before the report was rendered: a failed report left it behind,
+    with no `wrote` line, and the rerun was refused for the --out it had not reported."""
+    import autoplan.search.report as report_mod
+    from autoplan.errors import ConfigError
+
+    def broken(*_a, **_k):
+        raise ConfigError("--report", "cannot write report.html (No space left on device)")
+
+    out, report = tmp_path / "out", tmp_path / "rep"
+    exhaustive = [a for a in SEARCH if a not in ("--trials", "3")]
+    argv = [*exhaustive, "--out", str(out), "--report", str(report)]
+    with monkeypatch.context() as m:
+        m.setattr(report_mod, "write_report", broken)
+        assert main(argv) == 2
+    assert "wrote" not in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert main(argv) == 0  # the rerun is not refused
+    err = capsys.readouterr().err
+    assert f"wrote {out / 'plan.yaml'}" in err and f"wrote {report / 'report.html'}" in err
+
+
+def test_trials_with_the_exhaustive_sampler_is_refused(capsys) -> None:
+    """--trials was silently ignored: exhaustive scores every candidate."""
+    _refused(capsys, [*SEARCH, "--sampler", "exhaustive"],
+             "--trials: got 3 with --sampler exhaustive", "drop --trials")
+    exhaustive = [a for a in SEARCH if a not in ("--trials", "3")]
+    assert main([*exhaustive, "--sampler", "exhaustive"]) == 0
+
+
+@pytest.mark.parametrize("value", ["100001", "99999999999", "0"])
+def test_an_absurd_trial_count_is_a_typo(capsys, value: str) -> None:
+    """Any count was taken (a typo ran for days), as export's --max-restarts refuses."""
+    with pytest.raises(SystemExit) as exit_:  # argparse's own refusal
+        # --top 0 is refused too, later: the parser refuses the count before any search
+        main([*SEARCH, "--sampler", "random", "--trials", value, "--top", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--trials: expected an integer from 1 to 100000" in err

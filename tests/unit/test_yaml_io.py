@@ -70,3 +70,17 @@ def test_a_save_onto_a_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory"):
         write_text_atomic(tmp_path / "adir", "a: 1\n", overwrite=True)
     assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_a_binary_file_says_what_is_wrong_and_the_fix(tmp_path: Path, capsys) -> None:
+    """It said `cannot read ... (UnicodeDecodeError)`, with no fix."""
+    from tests.cli_refusals import assert_refused
+
+    binary = tmp_path / "model.yaml"
+    binary.write_bytes(b"\xff\xfe\x00bin")
+    with pytest.raises(ConfigError) as err:
+        read_yaml(binary, "--model")
+    assert err.value.fix == "save it as UTF-8 YAML"
+    assert "byte 0xff at offset 0 is not UTF-8 text" in err.value.problem
+    assert_refused(capsys, ["estimate", "--model", str(binary), "--cluster", "cpu-gloo",
+                            "--num-gpus", "1"], "--model: cannot read", "save it as UTF-8 YAML")

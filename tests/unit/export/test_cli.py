@@ -304,3 +304,49 @@ def test_import_names_a_bad_gpu_count(tmp_path: Path, capsys):
               "--cluster", "a100-sxm4-80gb", "--num-gpus", "-8"])
     _, err = capsys.readouterr()
     assert exit_.value.code == 2 and "--num-gpus" in err
+
+
+def test_a_failed_second_file_leaves_no_first_file(plan_file: Path, tmp_path: Path, capsys,
+                                                   monkeypatch):
+    """ds.json was written and kept when ds.launch.sh then failed (a full disk): every file is
+    staged first, renamed into place only when all are, and `wrote` follows the renames."""
+    import os
+
+    from autoplan import fsutil
+
+    calls = {"n": 0}
+    real = os.fsync
+
+    def full_on_second(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(fsutil.os, "fsync", full_on_second)
+    out = tmp_path / "ds.json"
+    code = main(["export", str(plan_file), "--to", "deepspeed", "--out", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "No space left" in err, err
+    assert "wrote" not in err.replace("wrote none", "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--to", "kubernetes", "--image", "a b"], "--image: got 'a b'"),
+    (["--to", "kubernetes", "--image", ""], "--image: got ''"),
+    (["--to", "megatron", "--script", ""], "--script: got ''"),
+    (["--to", "deepspeed", "--script", " "], "--script: got ' '"),
+    (["--to", "deepspeed", "--script", "a\nb"], "--script: got 'a\\nb'"),
+    (["--to", "megatron", "--script", "a\tb.py"], "--script: got 'a\\tb.py'"),
+    (["--to", "torchrun", "--checkpoint-dir", "ck\nx"], "--checkpoint-dir: got 'ck\\nx'"),
+])
+def test_words_written_into_a_launch_are_checked(multi_node_plan: Path, tmp_path: Path, capsys,
+                                                 argv: list[str], needle: str):
+    """Each was written with exit 0: an empty image or script silently defaulted, a line break
+    split the launch script's line."""
+    from tests.cli_refusals import assert_refused
+
+    out = tmp_path / "job.out"
+    assert_refused(capsys, ["export", str(multi_node_plan), *argv, "--out", str(out)], needle)
+    assert not out.exists()

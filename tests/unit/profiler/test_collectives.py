@@ -49,3 +49,78 @@ def test_send_recv_is_measured_over_two_ranks_only() -> None:
     for group in (4, 8):
         assert collectives.measured_ops(group) == tuple(
             op for op in collectives.OPS if op != "send_recv")
+
+
+# `autoplan profile` whose benchmark ranks write their pids and hang: SIGTERM then arrives
+# while the launcher waits for them (the GEMM and other phases are skipped)
+HANGING_PROFILE = """
+import os, sys, time
+import autoplan.profiler.cli as cli
+import autoplan.profiler.collectives as collectives
+from autoplan.commands import main
+
+def hang(rank, *_args):
+    pid = os.path.join(sys.argv[1], f"rank{rank}.pid")
+    open(pid + ".tmp", "w").write(str(os.getpid()))
+    os.replace(pid + ".tmp", pid)
+    time.sleep(120)
+
+collectives._worker = hang
+cli._measure = lambda req, console: collectives.measure_collectives(2, "cpu", True)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    from pathlib import Path
+
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_sigterm_kills_the_benchmark_ranks_and_removes_the_temporary_folder(tmp_path) -> None:
+    """SIGTERM used to end `autoplan profile` at once, leaving its ranks running and an
+    autoplan-profile-* folder in the temporary directory."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    pids, temp, out = tmp_path / "pids", tmp_path / "tmp", tmp_path / "p.yaml"
+    pids.mkdir()
+    temp.mkdir()
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANGING_PROFILE, str(pids), "profile", "--device", "cpu",
+         "--ranks", "2", "--quick", "--out", str(out)], cwd=root,
+        env={**os.environ, "TMPDIR": str(temp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pids.glob("rank*.pid"))) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.05)
+        ranks = [int(p.read_text()) for p in pids.glob("rank*.pid")]
+        assert list(temp.glob("autoplan-profile-*"))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+        assert "stopped by SIGTERM" in err and len(err.strip().splitlines()) == 1, err
+        time.sleep(0.2)
+        assert not [pid for pid in ranks if _running(pid)]
+        assert list(temp.iterdir()) == [] and not out.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for pid in ranks:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

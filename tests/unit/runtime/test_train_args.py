@@ -114,3 +114,43 @@ def test_run_record_is_what_calibrate_reads(tmp_path):
     assert run.measured.peak_memory_bytes == 3 << 20 and run.measured.steps == 3
     with pytest.raises(Exception, match="already exists"):
         write_run_record(str(path), summary, plan)  # never replaced
+
+
+def _big_plan(tmp_path):
+    """gpt3-175b on one cpu-gloo rank: valid by the rules, thousands of GiB over the 4 GiB."""
+    import dataclasses
+
+    return save_plan(dataclasses.replace(make_plan(), model="gpt3-175b", batch=make_plan(
+        mbs=1, gbs=1).batch), tmp_path / "big.yaml")
+
+
+def test_train_refuses_a_plan_that_does_not_fit_before_launch(tmp_path, capsys, monkeypatch):
+    """It once launched torchrun and died in the ranks (a 77-line traceback, or an OOM kill)."""
+    import autoplan.runtime.supervise as supervise
+
+    def no_launch(*_a, **_k):
+        raise AssertionError("torchrun launched")
+
+    monkeypatch.setattr(supervise, "run_supervised", no_launch)
+    plan = _big_plan(tmp_path)
+    code = main(["train", str(plan), "--steps", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 3, err
+    assert len(err.splitlines()) == 1, err
+    assert "does not fit 1 x cpu-gloo" in err and "GiB per GPU of 4.0 GiB (short by" in err, err
+    assert "--no-memory-check" in err, err
+
+
+def test_no_memory_check_launches_anyway(tmp_path, capsys, monkeypatch):
+    import autoplan.runtime.supervise as supervise
+
+    launched = []
+
+    def fake_launch(cmd, *_a, **_k):
+        launched.append(cmd)
+        return supervise.Outcome(returncode=1)
+
+    monkeypatch.setattr(supervise, "run_supervised", fake_launch)
+    plan = _big_plan(tmp_path)
+    code = main(["train", str(plan), "--steps", "1", "--no-memory-check"])
+    assert code == 1 and len(launched) == 1, capsys.readouterr().err

@@ -47,6 +47,15 @@ def test_a_storage_file_that_is_not_a_journal_is_refused_and_left_alone(tmp_path
     assert log.read_text() == "garbage\n"
 
 
+@pytest.mark.parametrize(("url", "why"), [("foo://bar", "NoSuchModuleError"),
+                                         ("notaurl", "ArgumentError")])
+def test_a_dry_run_refuses_a_storage_url_the_tune_cannot_open(capsys, url: str,
+                                                              why: str) -> None:
+    """A dry run opens no storage, so it printed its trials for any --storage URL."""
+    _fails(capsys, [*TUNE, "--dry-run", "--storage", url, "--study", "s"], 2,
+           f"--storage: got {url!r}, which is no storage URL ({why})", "journal:PATH")
+
+
 def test_an_out_that_is_a_file_is_refused_before_any_trial(tmp_path: Path, capsys) -> None:
     afile = tmp_path / "afile"
     afile.write_text("mine")
