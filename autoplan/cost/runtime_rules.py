@@ -58,12 +58,13 @@ def _partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     if rt.partial_recompute:
         return np.zeros(np.shape(t["pp"]), dtype=bool)
     k = t["recompute_layers"]  # -1: every layer of the stage
+    partial = (t["recompute"] != RC_NONE) & (k >= 0)
+    if not rt.nth_block_recompute:
+        return partial
     # torchtitan's selective_ac_option = n checkpoints whole blocks, fully: the block method
     nth = ((t["pp"] == 1) & (k > 0) & (m.num_layers % np.maximum(k, 1) == 0)
            & (t["recompute"] == RC_FULL) & (dp_col(t, "rc_method") == RC_BLOCK))
-    if not rt.nth_block_recompute:
-        nth = np.zeros(np.shape(k), dtype=bool)
-    return (t["recompute"] != RC_NONE) & (k >= 0) & ~nth
+    return partial & ~nth
 
 
 def _partial_recompute_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:

@@ -810,6 +810,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         # (deepspeed/runtime/pipe/engine.py asserts zero stage < 2)
         "sharded_zero_with_pipeline": False,
+        # what `export --to deepspeed` writes (export/deepspeed.py, megatron_deepspeed.py): whole
+        # blocks or none (activation_checkpointing; --checkpoint-activations checkpoints every
+        # layer), never a count of layers per stage; selective (attention-core) only through
+        # Megatron-DeepSpeed with tp or pp > 1, which traits cannot say, so not at all
+        "recompute_policies": ["none", "full"], "partial_recompute": False,
+        "nth_block_recompute": False,
     },
     # MosaicML's llm-foundry / Composer as its published MPT throughput table ran (2023;
     # scripts/train/benchmarking/submit_benchmarks.py and the MosaicGPT model it trained):

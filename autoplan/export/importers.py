@@ -46,7 +46,8 @@ def finish_plan(data: dict[str, Any], assignments: list[str], what: str) -> Plan
     from autoplan.hardware import cluster
     from autoplan.plan_rules import validate_plan
 
-    reasons = validate_plan(plan, plan.model_spec(), cluster(plan.cluster.profile, plan.world_size))
+    reasons = validate_plan(plan, plan.model_spec(),
+                            cluster(plan.cluster.profile, plan.cluster.num_gpus))
     if reasons:
         raise ConfigError(what, "the imported plan is not valid: " + "; ".join(reasons))
     return plan
@@ -66,7 +67,27 @@ def _section(cfg: dict[str, Any], key: str, what: str, parent: str = "") -> dict
     return value
 
 
+LEGACY_OFFLOAD = {"offload_optimizer": "cpu_offload", "offload_param": "cpu_offload_param"}
+"""DeepSpeed's deprecated switch for each offload section: true is the section with device cpu
+(runtime/zero/config.py new_param_fn); given beside its section, DeepSpeed's config refuses it
+("Cannot provide deprecated parameter ... and replacing parameter ... together")."""
+ZERO_PLUS_PLUS = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False,
+                  "zero_quantized_gradients": False}
+"""ZeRO++ keys (runtime/zero/config.py) and their plain ZeRO values: hpZ's secondary weight
+shards, qwZ's int8 weight all-gather and qgZ's int4 gradient reduce-scatter move other bytes
+than the plain ZeRO-3 collectives autoplan prices."""
+
+
 def _offload(zero: dict[str, Any], key: str, what: str) -> bool:
+    legacy = LEGACY_OFFLOAD[key]
+    if legacy in zero:
+        flag, where = zero[legacy], f"{what} zero_optimization.{legacy}"
+        if key in zero:
+            raise ConfigError(where, f"given with zero_optimization.{key}",
+                              f"drop the deprecated {legacy} (DeepSpeed refuses both)")
+        if not isinstance(flag, bool):
+            raise ConfigError(where, f"got {show(flag)}", "expected true or false")
+        return flag
     section = _section(zero, key, what, "zero_optimization.")
     device = section.get("device", "none")
     where = f"{what} zero_optimization.{key}.device"
@@ -74,7 +95,24 @@ def _offload(zero: dict[str, Any], key: str, what: str) -> bool:
         raise ConfigError(where, "got 'nvme'", "autoplan models offload to CPU memory only")
     if device not in ("cpu", "none", None):
         raise ConfigError(where, f"got {show(device)}", "expected one of cpu, none")
+    ratio = section.get("ratio", 1.0)  # offload_optimizer's share of the states on the host
+    if key == "offload_optimizer" and device == "cpu" and (isinstance(ratio, bool)
+                                                           or ratio != 1):
+        raise ConfigError(f"{what} zero_optimization.{key}.ratio", f"got {show(ratio)}",
+                          "autoplan models offloading all of the optimizer (ratio 1.0)")
     return device == "cpu"
+
+
+def _zero_plus_plus(zero: dict[str, Any], what: str) -> None:
+    """Refuse ZeRO++ (a plan has no field for it); values are shown as the JSON spells them."""
+    import json
+
+    for key, plain in ZERO_PLUS_PLUS.items():
+        value = zero.get(key, plain)
+        if value != plain or type(value) is not type(plain):
+            shown = json.dumps(value) if isinstance(value, bool) else show(value)
+            raise ConfigError(f"{what} zero_optimization.{key}", f"got {shown}",
+                              f"autoplan prices plain ZeRO, not ZeRO++: set {json.dumps(plain)}")
 
 
 def _enabled(cfg: dict[str, Any], key: str, what: str) -> bool:
@@ -168,6 +206,7 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
                    "--set parallel.tp=N / --set parallel.pp=N")
         raise ConfigError(f"{what} train_batch_size", f"{gbs} != {mb} * {gas} * dp {dp}", fix)
     zero = _section(cfg, "zero_optimization", what)
+    _zero_plus_plus(zero, what)
     interval = pipeline.get("activation_checkpoint_interval", 0)
     if interval != 0:
         _require_int(interval, f"{what} pipeline.activation_checkpoint_interval")

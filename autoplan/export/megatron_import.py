@@ -42,13 +42,18 @@ SWITCHES = frozenset(
         "--torch-fsdp2-no-reshard-after-forward",
         "--standalone",
         "--no-python",
+        "--use-rotary-position-embeddings",
     }
 ) | MOE_SWITCHES
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
 BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {
     "flash": "flash", "auto": "flash", "local": "eager"}
 """Megatron-Core's AttnBackend (transformer/enums.py: flash, fused, unfused, local, auto) -> plan
-attention: flash and cuDNN fused kernels keep no s x s scores; unfused and local do."""
+attention: flash and cuDNN fused kernels keep no s x s scores; unfused and local do (and any
+backend under --transformer-impl local: _attention)."""
+TRANSFORMER_IMPLS = ("local", "transformer_engine", "inference_optimized")
+"""--transformer-impl choices (megatron/training/arguments.py: local and transformer_engine, the
+default; later releases add inference_optimized)."""
 FP8_FORMATS = ("e4m3", "hybrid")
 """--fp8-format choices (_add_transformer_engine_args): FP8 GEMMs, a plan's precision fp8."""
 GRANULARITIES = ("full", "selective")
@@ -162,6 +167,8 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
 
 
 def _position(f: Flags) -> str:
+    if f.has("--use-rotary-position-embeddings"):  # validate_args: position_embedding_type rope
+        return "rope"
     kind = f.text("--position-embedding-type", "learned_absolute")
     if kind not in ("learned_absolute", "rope"):
         raise ConfigError(
@@ -187,6 +194,10 @@ def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
                 "check --pipeline-model-parallel-layout",
             )
     elif f.integer("--num-layers-per-virtual-pipeline-stage") is not None:
+        if _ends(f) != (None, None):  # Megatron's validate_args asserts the same
+            raise ConfigError(f"{f.what} --num-layers-per-virtual-pipeline-stage",
+                              "given with --decoder-first/last-pipeline-num-layers",
+                              "give the virtual stages as --num-virtual-stages-per-pipeline-rank")
         per = f.integer("--num-layers-per-virtual-pipeline-stage") or 1
         vpp = layers // (pp * per) if layers % (pp * per) == 0 else 0
         if vpp == 0:
@@ -197,26 +208,44 @@ def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
             )
     else:
         vpp = f.integer("--num-virtual-stages-per-pipeline-rank", 1) or 1
-        first = f.integer("--decoder-first-pipeline-num-layers")
-        last = f.integer("--decoder-last-pipeline-num-layers")
-        if (first is not None or last is not None) and vpp == 1 and pp > 1:
-            first = layers // pp if first is None else first
-            last = layers // pp if last is None else last
-            middle = layers - first - last
-            if pp == 2 and middle == 0:
-                split = (first, last)
-            elif pp > 2 and middle > 0 and middle % (pp - 2) == 0:
-                split = (first,) + (middle // (pp - 2),) * (pp - 2) + (last,)
-            else:
-                raise ConfigError(
-                    f.what,
-                    "the first/last stage layer counts leave an uneven middle",
-                    "check --decoder-first/last-pipeline-num-layers",
-                )
+        if pp > 1 and _ends(f) != (None, None):
+            split = _first_last_split(f, layers, pp, vpp)
     out: dict[str, Any] = {"schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "vpp": vpp}
     if split is not None:
         out["layers_per_stage"] = list(split)
     return out
+
+
+def _ends(f: Flags) -> tuple[int | None, int | None]:
+    """--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers."""
+    return (f.integer("--decoder-first-pipeline-num-layers"),
+            f.integer("--decoder-last-pipeline-num-layers"))
+
+
+def _first_last_split(f: Flags, layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    """Layers per stage, in model order, as Megatron-Core builds them from uneven first and
+    last ranks (transformer_block.py get_num_layers_to_build): the first (last) rank holds its
+    given count, the ranks between share the rest evenly, and each rank's count is split
+    evenly over its vpp virtual stages; model stage v * pp + r is rank r's chunk v."""
+    first, last = _ends(f)
+    flags = "--decoder-first/last-pipeline-num-layers"
+    given = (f"first {'unset' if first is None else first}, last "
+             f"{'unset' if last is None else last} of {layers} layers on pp={pp}, vpp={vpp}")
+    rest = layers - (first or 0) - (last or 0)
+    ranks_between = pp - (first is not None) - (last is not None)
+    if min(first or 0, last or 0, rest) < 0 or (ranks_between == 0 and rest != 0) \
+            or (ranks_between > 0 and rest % ranks_between):
+        raise ConfigError(f"{f.what} {flags}", f"got {given}",
+                          "the layers the ends leave must split evenly over the ranks between")
+    ranks = [rest // ranks_between if ranks_between else 0] * pp
+    if first is not None:
+        ranks[0] = first
+    if last is not None:
+        ranks[-1] = last
+    if any(n % vpp for n in ranks):  # Megatron-Core asserts it too
+        raise ConfigError(f"{f.what} {flags}", f"got {given}: ranks of {ranks} layers",
+                          f"give each rank a multiple of vpp={vpp} layers")
+    return tuple(n // vpp for _ in range(vpp) for n in ranks)
 
 
 def _zero(f: Flags) -> int:
@@ -306,7 +335,6 @@ def megatron_plan_dict(
             "autoplan models offloading all optimizer states (1.0)",
         )
     mb = f.need("--micro-batch-size")
-    backend = _choice(f, "--attention-backend", BACKEND_ATTENTION, "auto")
     return {
         "model": model_ref,
         "cluster": {"num_gpus": num_gpus},
@@ -322,10 +350,20 @@ def megatron_plan_dict(
             "global_batch_size": f.integer("--global-batch-size", mb * dp),
         },
         "precision": _precision(f),
-        "attention": BACKEND_ATTENTION[str(backend)],
+        "attention": _attention(f),
         "grad_reduce_dtype": "bf16" if f.has("--grad-reduce-in-bf16") else
         "fp32" if f.has("--accumulate-allreduce-grads-in-fp32") else None,
     }
+
+
+def _attention(f: Flags) -> str:
+    """Plan attention of --attention-backend under --transformer-impl: the local spec
+    (gpt_layer_specs.get_gpt_layer_local_spec) builds Megatron-Core's own unfused
+    DotProductAttention, full s x s scores, whatever the backend says."""
+    backend = _choice(f, "--attention-backend", BACKEND_ATTENTION, "auto")
+    if _choice(f, "--transformer-impl", TRANSFORMER_IMPLS, "transformer_engine") == "local":
+        return "eager"
+    return BACKEND_ATTENTION[str(backend)]
 
 
 def _precision(f: Flags) -> str:

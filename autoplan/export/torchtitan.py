@@ -5,14 +5,16 @@ torchtitan builds its dense models with its Llama 3 architecture (SwiGLU, RMSNor
 biases): a model of that architecture uses the registered flavor of its shape, or, in the Python
 form, a flavor the config defines at the model's own shape (Llama 2, say); the TOML form knows only
 the registered flavors. Mixture-of-experts models match torchtitan's own Qwen3-MoE and DeepSeek-V3
-flavors (torchtitan_moe.py). ZeRO
-maps to FSDP2 (2: keep parameters gathered after forward, 3: reshard), ZeRO-0 to replication; the
-pipeline split is written out as module names per stage, so nothing depends on its defaults.
+flavors (torchtitan_moe.py). ZeRO maps to FSDP2 (2: keep parameters gathered after forward, 3:
+reshard), ZeRO-0 to replication, which torchtitan runs only as the sole parallelism (the release's
+runtime rules, runtime_reasons, refuse the rest); the pipeline split is written out as module
+names per stage, so nothing depends on its defaults.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -282,9 +284,50 @@ def module_parts(split: tuple[int, ...], fmt: str) -> list[list[str]]:
     return parts
 
 
+RUNTIMES = {"python": "torchtitan-0.3", "toml": "torchtitan"}
+"""Each format's release as a runtime-traits preset (cost/runtimes.py): the Python config is
+torchtitan 0.3.0's, the TOML 0.2.2's. `export` prices the plan with the same preset."""
+
+
+def runtime_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
+    """What the release `fmt` targets cannot run by its runtime traits: the rules `search
+    --runtime` keeps to and `estimate` names (cost/runtime_rules.py), so the planner and this
+    export refuse the same plans (ZeRO-0 beside tp, pp or cp, say, which torchtitan refuses
+    as "DDP has not supported > 1D parallelism" or shards over cp)."""
+    from autoplan.cost.runtime_rules import refusals
+    from autoplan.cost.runtimes import load_runtime
+
+    return refusals(plan, load_runtime(RUNTIMES[fmt]), model)
+
+
+TORCHTITAN_MODULES = frozenset({
+    "deepseek_v3", "flux", "gpt_oss", "kimi_k2_7", "llama3", "muse_glimmer", "qwen3", "qwen3_5",
+    "transformers_modeling_backend", "rl", "alphabet_sort", "dapo_math", "search_r1"})
+"""--module short names torchtitan 0.3.0 resolves to its own config_registry, never to a file
+on PYTHONPATH (config/manager.py: a name in models._supported_models | experiments.
+_supported_experiments imports torchtitan.models.NAME.config_registry, or experiments.NAME's)."""
+IMPORTED_PACKAGES = frozenset({
+    "torch", "torchtitan", "numpy", "torchdata", "torch_checkpointing", "datasets", "tokenizers",
+    "safetensors", "tyro", "tensorboard", "wandb", "einops", "PIL", "spmd_types"})
+"""Packages torchtitan 0.3.0 runs on (torch and its Requires-Dist): a NAME.py first on
+PYTHONPATH would be imported in their place."""
+
+
+def _module_clash(name: str) -> str | None:
+    """The module `--module name` clashes with (resolved first, or shadowed on PYTHONPATH in
+    place of one torchtitan imports); None where the name is the exported file's alone."""
+    if name in TORCHTITAN_MODULES:
+        return f"torchtitan's own {name} config_registry"
+    if name in sys.stdlib_module_names:
+        return f"Python's standard-library module {name}"
+    if name in IMPORTED_PACKAGES:
+        return f"the {name} package torchtitan runs on"
+    return None
+
+
 def _out_reasons(opts: ExportOptions) -> list[str]:
     """torchtitan imports the Python config as a module: its --out must be NAME.py, NAME an
-    identifier (`--module NAME`)."""
+    identifier (`--module NAME`) that names no module torchtitan finds first."""
     if opts.out is None or opts.torchtitan_format != "python":
         return []
     path = Path(opts.out)
@@ -292,6 +335,11 @@ def _out_reasons(opts: ExportOptions) -> list[str]:
         fixed = "".join(ch if ch.isalnum() else "_" for ch in path.stem) or "job"
         return [f"--out {opts.out!r}: torchtitan imports the config as a module, so it must be "
                 f"NAME.py with NAME a Python identifier, e.g. {path.with_name(fixed + '.py')}"]
+    clash = _module_clash(path.stem)
+    if clash is not None:
+        return [f"--out {opts.out!r}: torchtitan imports the config as --module {path.stem}, "
+                f"which clashes with {clash}; name it otherwise, e.g. "
+                f"{path.with_name(path.stem + '_job.py')}"]
     return []
 
 
@@ -304,7 +352,9 @@ class TorchtitanTarget(ExportTarget):
         if opts.torchtitan_format not in ("python", "toml"):
             why.append(f"--torchtitan-format {opts.torchtitan_format!r}: choose python or toml")
             return why
-        return why + _reasons(plan, model, opts.torchtitan_format) + _out_reasons(opts)
+        fmt = opts.torchtitan_format
+        return why + _reasons(plan, model, fmt) + runtime_reasons(plan, model, fmt) \
+            + _out_reasons(opts)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         from autoplan.export import torchtitan_text

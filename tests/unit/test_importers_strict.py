@@ -163,3 +163,14 @@ def test_geglu_and_set_apart_heads_export_to_megatron_or_refuse() -> None:
             export(target, plan(zero, mlp=MlpKind.GEGLU))
     with pytest.raises(ConfigError):
         export("torchtitan", plan(3, head_dim=256))
+
+
+def test_set_degrees_that_break_the_gpu_count_are_refused(tmp_path, capsys) -> None:
+    """The rules were once given a cluster of the plan's own world size, so --set tp=2 (dp 1 *
+    tp 2 * pp 2 = 4 on 2 GPUs) was written with exit 0."""
+    text = " ".join(MEGATRON_BASE)
+    path = tmp_path / "args.txt"
+    path.write_text(text)
+    code = main(["import", str(path), "--from", "megatron", "--cluster", "cpu-gloo",
+                 "--num-gpus", "2", "--set", "parallel.tp=2"])
+    _refused(code, *capsys.readouterr(), "dp * tp * pp * cp = 4 but the cluster has 2 GPUs")

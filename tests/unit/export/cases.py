@@ -117,13 +117,26 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
         (*LAUNCHERS, "deepspeed", "megatron"),
     ),
     # fp32 flash attention: Transformer Engine's fused attention takes 16-bit inputs only, so
-    # Megatron refuses it (megatron_te.te_reasons)
+    # Megatron refuses it (megatron_te.te_reasons); torchtitan replicates (ZeRO-0, DDP) only as
+    # the sole parallelism ("DDP has not supported > 1D parallelism"), so it refuses dp x tp
     "single-node-tp": (
         plan(
             "llama-3-8b",
             4,
             parallel=Parallel(dp=2, tp=2),
             zero_stage=0,
+            precision=Precision.FP32,
+            batch=Batch(4, 64),
+        ),
+        (*LAUNCHERS, "deepspeed"),
+    ),
+    "single-node-tp-fsdp": (
+        plan(
+            "llama-3-8b",
+            4,
+            parallel=Parallel(dp=2, tp=2),
+            sequence_parallel=True,
+            zero_stage=2,
             precision=Precision.FP32,
             batch=Batch(4, 64),
         ),
