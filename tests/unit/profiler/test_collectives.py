@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoplan.profiler import collectives
+from tests.process_state import running
 
 FACTORIES = ("aten.empty", "aten.zeros", "aten.ones", "aten.full", "aten.new_", "aten.rand")
 
@@ -71,17 +72,6 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    from pathlib import Path
-
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_sigterm_kills_the_benchmark_ranks_and_removes_the_temporary_folder(tmp_path) -> None:
     """SIGTERM used to end `autoplan profile` at once, leaving its ranks running and an
     autoplan-profile-* folder in the temporary directory."""
@@ -115,12 +105,12 @@ def test_sigterm_kills_the_benchmark_ranks_and_removes_the_temporary_folder(tmp_
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
         assert "stopped by SIGTERM" in err and len(err.strip().splitlines()) == 1, err
         time.sleep(0.2)
-        assert not [pid for pid in ranks if _running(pid)]
+        assert not [pid for pid in ranks if running(pid)]
         assert list(temp.iterdir()) == [] and not out.exists()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
         for pid in ranks:
-            if _running(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)

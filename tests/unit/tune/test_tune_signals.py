@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.tune.runner import Stopped, stop_on_signals
+from tests.process_state import running
 
 ROOT = Path(__file__).resolve().parents[3]
 TUNE = ["tune", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1",
@@ -31,15 +32,6 @@ HANG = ("import os, sys, time\\n"
 runner.train_command = lambda *_: [sys.executable, "-c", HANG, sys.argv[1]]
 sys.exit(main(sys.argv[2:]))
 """
-
-
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.mark.parametrize("with_out", [True, False])
@@ -63,7 +55,7 @@ def test_sigterm_kills_the_trial_and_leaves_no_lock_or_workdir(tmp_path: Path,
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
         assert "stopped by SIGTERM" in err and len(err.strip().splitlines()) <= 3, err
-        assert not _running(child)
+        assert not running(child)
         assert not list(tmp_path.rglob("*.lock"))
         assert list(temp.iterdir()) == []  # the temporary trial directory is gone
         if with_out:  # no result files: the tune did not finish
@@ -72,7 +64,7 @@ def test_sigterm_kills_the_trial_and_leaves_no_lock_or_workdir(tmp_path: Path,
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-        if child is not None and _running(child):
+        if child is not None and running(child):
             os.kill(child, signal.SIGKILL)
 
 
