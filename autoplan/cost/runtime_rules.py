@@ -23,6 +23,7 @@ from autoplan.plan_table import (
     RC_FULL,
     RC_MODULES,
     RC_NONE,
+    RC_SELECTIVE,
     RECOMPUTE,
     REDUCE_DTYPES,
     SCHEDULES,
@@ -265,6 +266,11 @@ def _recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     return ~np.isin(t["recompute"], codes)
 
 
+def _selective_without_model_code(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    return (rt.selective_needs_model_parallel & (t["recompute"] == RC_SELECTIVE)
+            & (t["tp"] == 1) & (t["pp"] == 1))
+
+
 def _one_stage(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     codes = [i for i, s in enumerate(SCHEDULES) if s.value in rt.multi_stage_schedules]
     return (t["pp"] > 1) & (t["vpp"] < 2) & np.isin(t["schedule"], codes)
@@ -284,6 +290,10 @@ RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(_recompute, lambda t, rt, m: (
         f"runtime {rt.name} has no {RECOMPUTE[_v(t, 'recompute')].value} recompute "
         f"(it runs {', '.join(rt.recompute_policies)})")),
+    RuntimeRule(_selective_without_model_code, lambda t, rt, m: (
+        f"runtime {rt.name} recomputes selectively only through Megatron's model code, with "
+        f"tp or pp above 1 (got tp=1, pp=1); its ZeRO config checkpoints whole blocks: set "
+        f"recompute.policy full or none")),
     RuntimeRule(_schedule, lambda t, rt, m: (
         f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
         f"(it runs {', '.join(rt.schedules)})")),

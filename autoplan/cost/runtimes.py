@@ -455,6 +455,12 @@ class RuntimeTraits:
     recompute_policies: tuple[str, ...] = ("none", "selective", "full")
     """Recompute policies the runtime runs (Plan spelling). llm-foundry checkpoints whole
     blocks (fsdp_config.activation_checkpointing) or none."""
+    selective_needs_model_parallel: bool = False
+    """Selective recompute runs only through the model code that tensor or pipeline
+    parallelism brings: DeepSpeed's ds_config checkpoints whole blocks
+    (activation_checkpointing), while Megatron-DeepSpeed's --recompute-granularity selective
+    (the attention core) comes with its TP/PP model (export/deepspeed.py,
+    export/megatron_deepspeed.py runs_3d)."""
     offload: tuple[str, ...] = ("optimizer", "params", "both")
     """Host offload the runtime can run, besides none: `optimizer` (states and the step on the
     host), `params` (weights streamed in per layer), `both`. FSDP2's CPUOffloadPolicy moves
@@ -813,8 +819,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # what `export --to deepspeed` writes (export/deepspeed.py, megatron_deepspeed.py): whole
         # blocks or none (activation_checkpointing; --checkpoint-activations checkpoints every
         # layer), never a count of layers per stage; selective (attention-core) only through
-        # Megatron-DeepSpeed with tp or pp > 1, which traits cannot say, so not at all
-        "recompute_policies": ["none", "full"], "partial_recompute": False,
+        # Megatron-DeepSpeed, with tp or pp > 1
+        "selective_needs_model_parallel": True, "partial_recompute": False,
         "nth_block_recompute": False,
     },
     # MosaicML's llm-foundry / Composer as its published MPT throughput table ran (2023;

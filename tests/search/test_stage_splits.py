@@ -73,7 +73,8 @@ def test_default_space_lists_deepspeeds_split_and_the_runtime_keeps_only_it() ->
     n = len(rows)
     table = {k: rows[:, i] for i, k in enumerate(
         ("schedule", "vpp", "split", "layers_first", "layers_max", "layers_last"))}
-    table.update(pp=np.full(n, 12), zero_stage=np.zeros(n, int), recompute=np.zeros(n, int),
+    table.update(pp=np.full(n, 12), tp=np.ones(n, int), zero_stage=np.zeros(n, int),
+                 recompute=np.zeros(n, int),
                  recompute_layers=np.full(n, -1), offload_optimizer=np.zeros(n, bool),
                  offload_params=np.zeros(n, bool))
     uneven = rows[:, 2] != 0  # the even row is listed too (the rules refuse 70 on 12)
