@@ -29,12 +29,17 @@ def _fails(capsys, argv: list[str], code: int, *needles: str) -> str:
     return err
 
 
+def _trials(sampler: str) -> list[str]:
+    """The exhaustive sampler runs the whole space: it refuses a trial count."""
+    return [] if sampler == "exhaustive" else ["--trials", "5"]
+
+
 @pytest.mark.parametrize("sampler", ["exhaustive", "tpe", "random"])
 def test_full_recompute_without_a_group_size_is_refused(space_file, capsys, sampler) -> None:
     space = {**SMALL_SPACE, "recompute": {"policy": ["full"], "num_layers": [None],
                                           "method": ["uniform"]}}
     _fails(capsys, [*SEARCH, "--space", str(space_file(space)), "--sampler", sampler,
-                    "--trials", "5"], 2,
+                    *_trials(sampler)], 2,
            "space space.yaml: recompute.method: policy full with method [uniform] needs a "
            "group size", "add a layer count to num_layers")
 
@@ -44,7 +49,7 @@ def test_moe_only_selective_modules_on_a_dense_model_are_refused(space_file, cap
                                                                  sampler) -> None:
     space = {**SMALL_SPACE, "recompute": {"policy": ["selective"], "modules": [["moe_act"]]}}
     _fails(capsys, [*SEARCH, "--space", str(space_file(space)), "--sampler", sampler,
-                    "--trials", "5"], 2,
+                    *_trials(sampler)], 2,
            "recompute.modules: policy ['selective'] has no choice", "dense tiny",
            "add null or dense modules")
 
@@ -61,7 +66,7 @@ def test_a_bf16_reduce_on_a_fp16_device_says_what_to_change(space_file, capsys) 
     for sampler in ("exhaustive", "random"):
         err = _fails(capsys, ["search", "--model", "gpt3-1.3b", "--cluster", "v100-sxm2-32gb",
                               "--num-gpus", "16", "--global-batch-size", "256", "--space",
-                              str(space), "--sampler", sampler, "--trials", "5"], 3,
+                              str(space), "--sampler", sampler, *_trials(sampler)], 3,
                      "nearest (precision-unsupported)",
                      "grad_reduce_dtype=bf16 needs a bf16 or fp8 plan",
                      "add null or fp32 to the space's grad_reduce_dtype")
