@@ -220,7 +220,12 @@ class Efficiency:
     inter_node: Curve | None = None
     """Achieved / link bandwidth of a collective by message bytes, across nodes."""
     overlap: float = 0.8
-    """Fraction of data-parallel communication hidden behind backward compute when overlapped."""
+    """Share of the compute beside them that overlapped data-parallel collectives can use
+    (cost.step_time._zero_traffic). The GPU datasheet profiles set 1: collectives run on their
+    own stream as soon as their unit is ready, the first gather and last reduction of a step
+    are priced as exposed, and what the collectives take from the compute is comm_slowdown.
+    Below 1 is a measured profile's fit (`autoplan calibrate`), or the 0.8 default for a
+    profile that says nothing."""
     comm_slowdown: float = 0.0
     """How much longer compute takes while a collective kernel runs beside it (0.189: 18.9%
     longer). NCCL runs each channel of a collective as a thread block on an SM, which the GEMM

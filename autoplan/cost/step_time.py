@@ -93,7 +93,16 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     Windows (runtime.overlap_*): reductions hide behind the backward they follow (one
     micro-batch's, or every one's when they run each time; a pipeline engine's run after the
     last backward: none), gathers behind the forward they precede (once per step) or every
-    forward and backward (ZeRO-3 per micro-batch)."""
+    forward and backward (ZeRO-3 per micro-batch).
+
+    A window is its compute stretched by the collectives beside it: compute of C seconds
+    slowed by s while they run (efficiency.comm_slowdown) lasts C (1 + s) when they run beside
+    all of it, so X seconds of collectives hide whole up to X = C (1 + s), and _dp_comm's
+    contention, hidden * s / (1 + s), then makes the phase C + X s / (1 + s); beyond that the
+    phase is X, the links' own time, with the slowed compute inside it. Without the stretch a
+    link-bound phase would be charged its compute's slowdown on top of the link time.
+    efficiency.overlap scales the window (1 in the datasheet profiles: the first gather and the
+    last reduction, which nothing precedes or follows, are priced as exposed in _dp_comm)."""
     gpn = profile.gpus_per_node
     inside = comm.intra_node(stride, size, gpn)
     nodes = comm.members_per_node(stride, size, gpn)
@@ -115,7 +124,7 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
         per_node=comm.members_per_node(rep_stride, r.replicate, gpn)), 0.0)
     once = r.unsharded_accumulation | (r.zero <= 1)
     per_pass = r.zero == 3
-    overlap = profile.efficiency.overlap
+    overlap = profile.efficiency.overlap * (1.0 + profile.efficiency.comm_slowdown)
     red_overlap = np.where((r.pp > 1) & runtime.pipeline_engine_reduce, 0.0, overlap)
     reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
     gathers = np.where(r.zero == 0, 0.0, np.where(per_pass, 2.0 * r.m, 1.0) * ag)

@@ -62,6 +62,25 @@ def test_hidden_fsdp_collectives_cost_compute_bounded_by_their_time() -> None:
     assert slowed - free <= every * s / (1 + s)
 
 
+def test_link_bound_collectives_are_not_charged_the_slowdown_on_top() -> None:
+    """Where the collectives outlast the compute beside them (ZeRO-3 of an 8B model over 64
+    H100s at 256 tokens a micro-batch), the phase takes the links' time with the slowed
+    compute inside it: the step is the same whether or not the collectives slow the compute.
+    A window not stretched by the slowdown charged it on top of the link time."""
+    runtime = load_runtime("torchtitan")
+    short = dataclasses.replace(MODEL, seq_len=256)
+    row = plan_to_row(_fsdp(), short)
+
+    def times(profile) -> tuple[float, float]:
+        t = estimate_table(row, short, profile, "bf16", "flash", runtime)
+        return float(t["time_compute"][0]), float(t["time_dp_comm"][0])
+
+    compute, dp = times(H100)
+    assert dp > compute * (1 + H100.efficiency.comm_slowdown)  # link-bound, or no test
+    assert times(H100) == pytest.approx(times(FREE))
+    # and a plan that is compute-bound still pays the slowdown (test above)
+
+
 def test_exposed_collectives_slow_nothing() -> None:
     """A runtime that overlaps nothing hides nothing, so nothing is slowed."""
     runtime = dataclasses.replace(load_runtime("torchtitan"), overlap_dp_comm=False,
