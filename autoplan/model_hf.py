@@ -136,14 +136,15 @@ def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
     return _llama_like(cfg, where, name, kind)
 
 
-def from_hf_config(path: str | Path) -> ModelSpec:
-    """Read a Hugging Face `config.json` of a decoder-only model family in SUPPORTED."""
+def from_hf_config(path: str | Path, field: str = "--model") -> ModelSpec:
+    """Read a Hugging Face `config.json` of a decoder-only model family in SUPPORTED; `field`
+    is where the path was given (`--model`, or `model` in a plan), for errors."""
     p = Path(path)
-    where = f"--model {p}"
+    where = f"{field} {p}"
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError("--model", f"no such file {str(p)!r}", "check the path") from None
+        raise ConfigError(field, f"no such file {str(p)!r}", "check the path") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(where, f"cannot read the file ({err.__class__.__name__})") from None
     cfg = load_json_text(text, where)

@@ -229,11 +229,11 @@ PRESETS: dict[str, ModelSpec] = {
 PRESETS.update((m.name, m) for m in moe_presets())  # Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss
 
 
-def from_hf_config(path: str | Path) -> ModelSpec:
+def from_hf_config(path: str | Path, field: str = "--model") -> ModelSpec:
     """Read a local Hugging Face `config.json`; see `autoplan.model_hf` for the families."""
     from autoplan.model_hf import from_hf_config as read
 
-    return read(path)
+    return read(path, field)
 
 
 def _is_file(ref: str) -> bool:
@@ -253,7 +253,7 @@ def load_model(ref: str | dict[str, Any] | ModelSpec, field: str = "--model") ->
     if ref in PRESETS:
         return PRESETS[ref]
     if ref.endswith(".json"):
-        return from_hf_config(ref)
+        return from_hf_config(ref, field)
     if ref.endswith((".yaml", ".yml")) or _is_file(ref):
         data = read_yaml(ref, field)
         if not isinstance(data, dict):

@@ -92,6 +92,22 @@ def test_malformed_config_json_is_a_config_error(tmp_path, content: str) -> None
         load_model(str(path))
 
 
+def test_config_json_errors_name_where_the_path_was_given(tmp_path) -> None:
+    """A config.json named by a plan's `model` field is reported as `model`, not as the
+    command line's `--model`."""
+    missing = tmp_path / "config.json"
+    with pytest.raises(ConfigError) as err:
+        load_model(str(missing), "model")
+    assert err.value.field == "model"
+    missing.write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ConfigError) as err:
+        load_model(str(missing), "model")
+    assert err.value.field.startswith(f"model {missing}")
+    with pytest.raises(ConfigError) as err:
+        load_model(str(tmp_path / "nope.json"))
+    assert err.value.field == "--model"
+
+
 def test_unknown_preset_lists_choices() -> None:
     with pytest.raises(ConfigError, match="gpt3-175b"):
         load_model("gpt-5")
