@@ -84,6 +84,8 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     _check_agree(args, data)
     if derive:
         _derive_dp(data)
+    if not args.plan and "precision" not in data:
+        data["precision"] = _default_precision(data["cluster"].get("profile"))
     if isinstance(data.get("batch"), dict) and "global_batch_size" not in data["batch"]:
         dp = data.get("parallel", {}).get("dp", 1) if isinstance(data.get("parallel"), dict) else 1
         mbs = data["batch"].get("micro_batch_size", 1)
@@ -102,6 +104,20 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         plan = plan.replace(model=model)
     cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
     return plan, model, cluster
+
+
+DEFAULT_PRECISIONS = ("bf16", "fp16", "fp32")
+"""The default plan's precision: the first of these the device has a peak for (bf16 where it
+exists; V100 trains in fp16)."""
+
+
+def _default_precision(profile_ref: Any) -> str:
+    """The precision of the default plan on this profile (a bad reference is left for the plan
+    loader to name)."""
+    if not isinstance(profile_ref, str) or not profile_ref:
+        return DEFAULT_PRECISIONS[0]
+    peaks = load_profile(profile_ref).device.peak_flops_per_s
+    return next((p for p in DEFAULT_PRECISIONS if p in peaks), DEFAULT_PRECISIONS[0])
 
 
 FLAG_FIELDS = {"--model": ("model",), "--cluster": ("cluster", "profile"),

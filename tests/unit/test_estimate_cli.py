@@ -47,6 +47,20 @@ def test_a_flag_and_a_set_that_agree_are_fine(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["plan"]["cluster"]["num_gpus"] == 8
 
 
+@pytest.mark.parametrize(("profile", "precision"), [("v100-sxm2-32gb", "fp16"),
+                                                     ("a100-sxm4-80gb", "bf16")])
+def test_the_default_plan_takes_a_precision_the_device_has(capsys, profile, precision) -> None:
+    """Without --plan the plan is autoplan's own default: on a V100, which has no bf16 peak, it
+    trains in fp16 rather than being refused for a precision the user never chose."""
+    assert main(["estimate", "--model", "gpt3-1.3b", "--cluster", profile, "--num-gpus", "8",
+                 "--global-batch-size", "64", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["precision"] == precision
+    # a precision the user asks for is theirs, and refused where the device lacks it
+    _refused(capsys, ["estimate", "--model", "gpt3-1.3b", "--cluster", "v100-sxm2-32gb",
+                      "--num-gpus", "8", "--global-batch-size", "64", "--set", "precision=bf16"],
+             "precision=bf16 is not supported by V100-SXM2-32GB")
+
+
 def test_json_output_never_holds_nan(capsys) -> None:
     # a diverged run's final loss is NaN; JSON has no NaN, so it is written as null
     emit(argparse.Namespace(format="json"), {"final_loss": float("nan"), "x": [float("inf")]},
