@@ -84,7 +84,8 @@ def register(sub: Any) -> None:
                    "summary.json")
     p.add_argument("--force", action="store_true", help="replace files in --out")
     p.add_argument("--report", nargs="?", const="", default=None, metavar="DIR",
-                   help="write PNG plots and an HTML page (default DIR: --out)")
+                   help="write report.html, one page with its plots inline (default DIR: "
+                   "--out)")
     p.add_argument("--wide", action="store_true",
                    help="table: every column in full (default: fit the terminal, 80 columns)")
     add_format_argument(p)
@@ -218,7 +219,9 @@ def _check_database_url(url: str, fix: str) -> None:
     try:
         make_url(url).get_dialect()
     except (ArgumentError, NoSuchModuleError, ValueError) as err:
-        raise ConfigError("--storage", f"got {url[:120]!r}, which is no storage URL "
+        from autoplan.search.optuna_search import shown_url
+
+        raise ConfigError("--storage", f"got {shown_url(url)[:120]!r}, which is no storage URL "
                           f"({err.__class__.__name__})", f"{fix}, or a database URL such as "
                           "postgresql://USER@HOST/DB") from None
 

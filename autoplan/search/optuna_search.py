@@ -62,7 +62,7 @@ def open_storage(url: str | None) -> Any:
             return JournalStorage(JournalFileBackend(path))
         except ValueError as err:  # a damaged line further on (JSONDecodeError is one)
             raise _damaged(path, err) from None
-    url = _with_driver(url)
+    given, url = url, _with_driver(url)
     for attempt in range(STORAGE_ATTEMPTS):
         try:
             if not url.startswith("sqlite"):
@@ -77,9 +77,27 @@ def open_storage(url: str | None) -> Any:
                 # workers creating a fresh SQLite schema at once race; the loser retries
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise ConfigError("--storage", f"cannot open {url!r} ({err.__class__.__name__})",
+            raise ConfigError("--storage", f"cannot open {shown_url(given)!r} ({_reason(err)})",
                               "use sqlite:///PATH.db, an RDB URL, or journal:PATH") from None
     raise AssertionError("unreachable")
+
+
+def shown_url(url: str) -> str:
+    """The storage URL as the user gave it, with any password masked (it ends up in logs)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy can parse: nothing in it to recognise as a password
+        return url
+
+
+def _reason(err: Exception) -> str:
+    """The error's kind and the driver's first line (e.g. 'connection refused', 'database
+    "x" does not exist'), which says what to fix; at most 160 characters."""
+    cause = getattr(err, "orig", None) or err
+    first = (str(cause).strip().splitlines() or [""])[0][:160]
+    return f"{err.__class__.__name__}: {first}" if first else err.__class__.__name__
 
 
 def check_journal(path: str) -> None:
@@ -130,7 +148,7 @@ def _with_driver(url: str) -> str:
                            ("psycopg2", "postgresql+psycopg2://")):
         if importlib.util.find_spec(module) is not None:
             return scheme + url.removeprefix("postgresql://")
-    raise ConfigError("--storage", f"{url!r} needs a PostgreSQL driver",
+    raise ConfigError("--storage", f"{shown_url(url)!r} needs a PostgreSQL driver",
                       "pip install 'psycopg[binary]'")
 
 

@@ -155,6 +155,20 @@ def test_bad_journal_storage_is_refused(storage: str, problem: str, tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
+@pytest.mark.parametrize("url", ["postgresql://autoplan:s3cr3tpw@127.0.0.1:1/x",
+                                 "notadialect://autoplan:s3cr3tpw@host/x"])
+def test_a_storage_error_masks_the_password_and_says_why(url: str, capsys) -> None:
+    """The message names the URL as typed, password masked (it ends up in logs), and for a
+    server that cannot be reached the driver's reason; port 1 refuses at once."""
+    code, _, err = run(SMALL + ["--sampler", "tpe", "--trials", "4", "--storage", url,
+                                "--study", "s", "--format", "json"], capsys)
+    assert code == 2 and "--storage" in err and len(err.strip().splitlines()) == 1, err
+    assert "s3cr3tpw" not in err and "autoplan:***@" in err
+    assert "+psycopg" not in err  # the URL as given, not the one with the driver put in
+    if url.startswith("postgresql"):
+        assert "refused" in err.lower()
+
+
 def test_out_new_with_an_existing_report_writes_nothing(tmp_path: Path, capsys) -> None:
     rep = tmp_path / "rep"
     rep.mkdir()
