@@ -18,6 +18,11 @@ def machine_info(device: torch.device, backend: str) -> dict[str, Any]:
     return {"device": name, "device_type": device.type, "backend": backend}
 
 
+def local_device() -> str:
+    """The device `autoplan train` trains on here: the first CUDA GPU's name, else `cpu`."""
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 def device_mismatch(profile_ref: str, machine: dict[str, Any]) -> str | None:
     """One line when the run's device is not the one `profile_ref` (the plan's profile)
     describes; None when it is, or when the profile cannot be loaded here."""

@@ -17,11 +17,11 @@ import numpy as np
 from rich.table import Table
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, emit, json_text, stderr_console
+from autoplan.cli_common import add_format_argument, count, emit, json_text, stderr_console
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
-from autoplan.yaml_io import dump_yaml, read_yaml, write_text_atomic
+from autoplan.yaml_io import dump_yaml, read_yaml, show, write_text_atomic
 
 OUT_FILES = ("plan.yaml", "trials.csv", "summary.json")
 
@@ -33,8 +33,9 @@ def register(sub: Any) -> None:
                        "slower ones, and keep the measured best; every run feeds calibration.")
     p.add_argument("--model", required=True)
     p.add_argument("--cluster", required=True, help="profile of this machine (name or path)")
-    p.add_argument("--num-gpus", type=int, required=True, help="ranks/GPUs on this machine")
-    p.add_argument("--global-batch-size", type=int, required=True)
+    p.add_argument("--num-gpus", type=count(), required=True,
+                   help="ranks/GPUs on this machine (one count)")
+    p.add_argument("--global-batch-size", type=count(), required=True)
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--space", default="small-cpu", help="search space (default small-cpu)")
     p.add_argument("--top", type=int, default=8, help="candidates from the search (default 8)")
@@ -77,6 +78,24 @@ def _validate(args: argparse.Namespace) -> None:
         check_storage(args.storage)  # a file that is not a journal: refused before any work
     if args.out:
         fsutil.check_dir_target(args.out, force=args.force, names=OUT_FILES)
+    args.device = this_device(args.cluster)
+
+
+def this_device(cluster: str) -> str:
+    """The device tune's runs train on here, refused when --cluster's profile describes
+    another: tune measures this machine, and calibrating a GPU profile on CPU runs (or one GPU
+    model's on another's) would fit it to the wrong hardware (calibrate.check_runs)."""
+    from autoplan.calibrate import device_model, device_token
+    from autoplan.hardware import load_profile
+    from autoplan.runtime.machine import local_device
+
+    here = local_device()
+    want = device_model(load_profile(cluster, "--cluster"))
+    if device_token(here) != want:
+        raise ConfigError("--cluster", f"profile {show(cluster)} describes {want}, but this "
+                          f"machine trains on {here}", "give this machine's profile "
+                          "(`autoplan profile` measures one; cpu-gloo on a CPU host)")
+    return here
 
 
 LAYOUT_COLUMNS = ("dp", "tp", "pp", "cp", "ep", "etp", "dp_shard", "mbs", "schedule", "vpp")
@@ -153,7 +172,7 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
                   f"budget {args.budget_s:.0f} s")
     result = run_tune(candidates, cfg, workdir, _trial_printer(console, len(candidates)))
     by_key = {c.key: c for c in candidates}
-    calib = _calibrate(result.trials, by_key, args.cluster, workdir)
+    calib = _calibrate(result.trials, by_key, args.cluster, args.device, workdir)
     table_rows = _trial_rows(result.trials, by_key, calib)
     best = result.best
     data: dict[str, Any] = {"trials": table_rows, "seconds": result.seconds,
@@ -276,14 +295,14 @@ def _trial_printer(console: Any, total: int) -> Any:
 
 
 def _calibrate(trials: list[dict[str, Any]], by_key: dict[str, Any], cluster: str,
-               workdir: Path) -> Any:
+               device: str, workdir: Path) -> Any:
     """Calibrate the profile on the completed trials (two at least), each kept as a run record
     under workdir/runs; None with fewer."""
     from autoplan.calibrate import RunRecord, calibrate, load_run
     from autoplan.hardware import load_profile
     from autoplan.tune.study import run_record
 
-    records = [run_record(by_key[t["key"]], t, cluster)
+    records = [run_record(by_key[t["key"]], t, cluster, device)
                for t in trials if t["status"] == "complete"]
     if len(records) < 2:
         return None

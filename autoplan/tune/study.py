@@ -270,9 +270,12 @@ def run_tune(
     return result
 
 
-def run_record(cand: Candidate, trial: dict[str, Any], profile: str) -> dict[str, Any]:
-    """A run record `autoplan calibrate` reads."""
+def run_record(cand: Candidate, trial: dict[str, Any], profile: str, device: str
+               ) -> dict[str, Any]:
+    """A run record `autoplan calibrate` reads; `device` is what the trial trained on
+    (machine.device, which calibrate holds against the profile it fits)."""
     return {"schema_version": 1, "plan": plan_to_dict(cand.plan), "profile": profile,
+            "machine": {"device": device},
             "measured": {"step_time_s": trial["measured_step_s"],
                          "peak_memory_bytes": trial.get("peak_memory_bytes"),
                          "steps": trial.get("steps_run")},

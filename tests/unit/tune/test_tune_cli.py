@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from autoplan.commands import main
+from autoplan.errors import ConfigError
 from autoplan.plan import plan_from_dict
 from autoplan.tune.cli import OUT_FILES, _write_out
 
@@ -202,3 +203,44 @@ def test_picked_ranks_take_each_layout_first_then_the_rest_in_rank_order() -> No
     assert picked_ranks(cols, order, 4).tolist() == [0, 1, 4, 2]
     assert picked_ranks(cols, order, 2).tolist() == [0, 1]
     assert picked_ranks(cols, order, 9).tolist() == [0, 1, 4, 2, 3]
+
+
+@pytest.mark.parametrize(("here", "cluster", "refused"), [
+    ("cpu", "a100-sxm4-80gb", True), ("NVIDIA H100 80GB HBM3", "a100-sxm4-80gb", True),
+    ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb", False), ("cpu", "cpu-gloo", False),
+])
+def test_tune_measures_only_the_device_its_profile_describes(monkeypatch, capsys, here: str,
+                                                             cluster: str, refused: bool) -> None:
+    """tune calibrates --cluster on runs of this machine: a GPU profile fitted to CPU runs (or
+    an A100's to an H100's) would be fitted to the wrong hardware, so it is refused up front."""
+    import autoplan.runtime.machine as machine
+
+    monkeypatch.setattr(machine, "local_device", lambda: here)
+    argv = ["tune", "--model", "tiny", "--cluster", cluster, "--num-gpus", "1",
+            "--global-batch-size", "2", "--dry-run", "--format", "json"]
+    if refused:
+        _fails(capsys, argv, 2, f"--cluster: profile '{cluster}' describes a100",
+               f"this machine trains on {here}")
+    else:
+        assert main(argv) == 0, capsys.readouterr().err
+
+
+def test_a_tune_run_record_says_what_it_trained_on(tmp_path: Path) -> None:
+    """The record carries machine.device, so `autoplan calibrate` refuses to fit it to a
+    profile of another device."""
+    from autoplan.calibrate import check_runs, load_run
+    from autoplan.hardware import load_profile
+    from autoplan.tune.study import Candidate, run_record
+
+    cand = Candidate(plan=plan_from_dict(yaml.safe_load(_plan_file(tmp_path).read_text())),
+                     key="k", predicted_step_s=1.0, predicted_memory_bytes=1e9,
+                     source="user", tokens_per_step=128)
+    rec = run_record(cand, {"measured_step_s": 1.5, "peak_memory_bytes": 2e9, "steps_run": 5},
+                     "cpu-gloo", "cpu")
+    assert rec["machine"] == {"device": "cpu"}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(rec))
+    run = load_run(path)
+    check_runs([run], "cpu-gloo", load_profile("cpu-gloo"))
+    with pytest.raises(ConfigError, match="machine.device"):
+        check_runs([run], "a100-sxm4-80gb", load_profile("a100-sxm4-80gb"))
