@@ -1,7 +1,7 @@
 """Why the winner wins: what it gains against the next different layout in the ranking and
 against the published recipe for the model (`baselines.yaml`), scored with the same cost model
-at the user's GPU count. The cost model's error band, where it reports one, says whether the
-gain is larger than the model's own error."""
+on the winner's GPU type, GPU count and global batch. The cost model's error band, where it
+reports one, says whether the gain is larger than the model's own error."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from autoplan.display import sig
-from autoplan.search.engine import SearchResult
+from autoplan.search.engine import SearchRequest, SearchResult, type_requests
 
 log = logging.getLogger(__name__)
 LAYOUT = ("num_gpus", "dp", "tp", "pp", "cp")
@@ -45,15 +45,18 @@ def recipe_for(model_name: str) -> dict[str, Any] | None:
     return next((b for b in load_baselines() if model_name in b["models"]), None)
 
 
-def score_baseline(result: SearchResult, num_gpus: int) -> BaselineScore | None:
-    """The model's published recipe as a plan at `num_gpus` (dp refilled), or None when the
-    model has no recipe or the GPU count is not a multiple of the recipe's tp * pp * cp."""
+def score_baseline(result: SearchResult, num_gpus: int, global_batch_size: int | None = None,
+                   cluster: str | None = None) -> BaselineScore | None:
+    """The model's published recipe as a plan at `num_gpus` (dp refilled) and
+    `global_batch_size` (default: the request's) on the GPU type `cluster` names (default: the
+    request's first), or None when the model has no recipe or the GPU count is not a multiple
+    of the recipe's tp * pp * cp."""
     from autoplan.cost.estimate import estimate_plan
     from autoplan.hardware import ClusterSpec
     from autoplan.plan import plan_from_dict
     from autoplan.search.partition import balanced_layers
 
-    req = result.request
+    req = type_request(result.request, cluster)
     recipe = recipe_for(req.model.name)
     if recipe is None:
         return None
@@ -73,7 +76,7 @@ def score_baseline(result: SearchResult, num_gpus: int) -> BaselineScore | None:
         "parallel": par, "sequence_parallel": recipe["sequence_parallel"], "pipeline": pipeline,
         "zero_stage": recipe["zero_stage"], "recompute": {"policy": recipe["recompute"]},
         "batch": {"micro_batch_size": recipe["micro_batch_size"],
-                  "global_batch_size": req.global_batch_size},
+                  "global_batch_size": global_batch_size or req.global_batch_size},
         "precision": req.space.precision[0].value,
     })
     # priced under the runtime the search priced its plans with, so the gain compares like
@@ -86,6 +89,13 @@ def score_baseline(result: SearchResult, num_gpus: int) -> BaselineScore | None:
     return BaselineScore(recipe["name"], " ".join(recipe["source"].split()), layout,
                          est.feasible, tuple(est.reasons), est.time["step"], est.tokens_per_s,
                          est.mfu, float(band) if isinstance(band, (int, float)) else None)
+
+
+def type_request(req: SearchRequest, cluster: str | None) -> SearchRequest:
+    """The request of one GPU type of a multi-type search (its profile, and its space settled
+    for that device), or `req` itself when it has one type or `cluster` names none of them."""
+    return next((sub for sub in type_requests(req) if sub.profile_ref == cluster), req) \
+        if req.types and cluster else req
 
 
 def layout_text(r: dict[str, Any]) -> str:
@@ -117,16 +127,30 @@ def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> l
                      f"{layout_text(other.row)}, step {sig(other.row['step_s'])} s) "
                      f"{gain_text(best['tokens_per_s'], other.row['tokens_per_s'], band)}")
     try:
-        base = score_baseline(result, int(best["num_gpus"]))
+        # priced as the winner runs: its GPU type, GPU count and (from a range) global batch
+        base = score_baseline(result, int(best["num_gpus"]), int(best["gbs"]) if "gbs" in best
+                              else None, best.get("cluster") or None)
     except Exception as exc:  # a recipe the plan loader rejects is not the user's mistake
         log.warning("baseline not scored: %s", exc)
         base = None
     if base is not None:
+        here = where_text(result.request, best)
         if base.feasible:
             lines.append(f"against the {base.name}, {base.layout}, which scores step "
-                         f"{sig(base.step_s)} s, MFU {base.mfu:.1%} here: "
+                         f"{sig(base.step_s)} s, MFU {base.mfu:.1%} {here}: "
                          f"{gain_text(best['tokens_per_s'], base.tokens_per_s, band)}")
         else:
-            lines.append(f"the {base.name} ({base.layout}) does not fit here: "
+            lines.append(f"the {base.name} ({base.layout}) does not fit {here}: "
                          f"{'; '.join(base.reasons[:2])}")
     return lines
+
+
+def where_text(req: SearchRequest, best: dict[str, Any]) -> str:
+    """Where the recipe was priced: "here", or the winner's GPU type and global batch when
+    the search chose among several."""
+    parts = []
+    if len(req.types) > 1 and best.get("cluster"):
+        parts.append(f"on {best['cluster']}")
+    if req.global_batch_size_max not in (None, req.global_batch_size) and "gbs" in best:
+        parts.append(f"at global batch {int(best['gbs'])}")
+    return " ".join(parts) or "here"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplan.errors import ConfigError
+from autoplan.hardware import ClusterProfile
 from autoplan.plan import ClusterRef, Plan, ReduceDtype
 from autoplan.plan_rules import BF16_REDUCE_PRECISIONS, RULES, violations
 from autoplan.plan_table import REDUCE_DTYPES, row_to_plan
@@ -43,22 +44,34 @@ class Miss:
 
 
 def nearest_miss(req: SearchRequest, scored: Scored) -> Miss:
-    """The candidate closest to feasible, and what it misses."""
-    prof = req.profile
+    """The candidate closest to feasible, and what it misses (against its own GPU type's
+    memory, named when the search spans several types)."""
     if scored.n:
         i = nearest(scored)
         assert i is not None
         c = scored.cols
         row = {k: float(c[k][i]) for k in ("mem_total", "mem_host", "time_step", "tokens_per_s",
                                            "num_gpus")}
+        ref, prof = row_type(req, scored, i)
         misses = miss_messages(row, req.targets, prof.device.memory_bytes,
                                prof.host.memory_bytes, prof.gpus_per_node)
+        if len(req.types) > 1 and misses:
+            misses[0] = f"on {int(row['num_gpus'])} x {ref}, {misses[0]}"
         reason = int(c["reason"][i])
         return Miss(MISS_KEYS[reason] if reason >= 0 else "non-finite", misses, row=i)
     lay, _ = layouts(req.space, req.gpu_counts)
     if not lay.shape[1]:
         return _world_size_miss(req)
     return _rule_miss(req)
+
+
+def row_type(req: SearchRequest, scored: Scored, i: int) -> tuple[str, ClusterProfile]:
+    """The GPU type (name, profile) a scored row was priced on: its `cluster` column indexes
+    `req.types` in a multi-type search (engine.type_requests keeps their order)."""
+    if not req.types or "cluster" not in scored.cols:
+        return req.profile_ref, req.profile
+    t = req.types[int(scored.cols["cluster"][i])]
+    return t.ref, t.profile
 
 
 def _world_size_miss(req: SearchRequest) -> Miss:

@@ -21,13 +21,14 @@ from autoplan.errors import ConfigError
 from autoplan.plan import Plan, load_plan, plan_to_dict
 from autoplan.search.engine import SearchResult
 from autoplan.search.ranking import frame, row_plan
-from autoplan.search.targets import Targets
+from autoplan.search.targets import MISS_KEYS, Targets
 from autoplan.yaml_io import dump_yaml, to_dict
 
 log = logging.getLogger(__name__)
 OUT_FILES = ("plan.yaml", "top.yaml", "trials.csv.gz", "summary.json")
 """trials.csv.gz: every scored candidate, gzip-compressed (pandas.read_csv and zcat read it);
-the main job's 145,593 rows are ~45 MB as plain CSV."""
+the main job's 145,593 rows are ~45 MB as plain CSV. A GPU-count range scored count by count
+keeps only each count's best and nearest rows (engine.KEEP_PER_COUNT): summary.json `kept`."""
 
 
 def plans(result: SearchResult, rows: np.ndarray) -> list[Plan]:
@@ -67,10 +68,17 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "feasible": bool(len(result.order)), "model": req.model.name,
         "cluster": req.profile_ref, "num_gpus": list(req.gpu_counts),
-        "global_batch_size": req.global_batch_size, "space": req.space.name,
+        "global_batch_size": req.global_batch_size}
+    lo, hi = req.batch
+    if hi != lo:  # the search picked the batch in [lo, hi]; each plan names its own
+        out["global_batch_range"] = [lo, hi]
+    out |= {
+        "space": req.space.name,
         "sampler": result.sampler, "objectives": list(req.targets.objectives),
         "targets": to_dict(req.targets), "seed": req.seed,
-        "candidates": result.total, "scored": sc.n, "feasible_count": int(sc.feasible.sum()),
+        # over every candidate scored (counts), not only the rows a GPU-count range kept
+        "candidates": result.total, "scored": scored_total(sc.counts),
+        "feasible_count": sc.counts.get("feasible", 0), "kept": sc.n,
         "counts": counts, "seconds": result.seconds,
         "candidates_per_s": result.total / max(result.seconds, 1e-9),
         # null, not NaN, where a figure does not exist (dollars of an unpriced profile)
@@ -84,6 +92,12 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     if near is not None:
         out["nearest"] = near
     return out
+
+
+def scored_total(counts: dict[str, int]) -> int:
+    """Candidates that got a prediction: the feasible ones and those that miss memory or a
+    target (every other reason rejects a candidate before it is scored)."""
+    return counts.get("feasible", 0) + sum(counts.get(k, 0) for k in MISS_KEYS)
 
 
 def check_target(out: str | Path, force: bool, names: tuple[str, ...] = OUT_FILES) -> None:

@@ -25,10 +25,9 @@ DOMINANT_SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", 
                   "pp_bubble": "bubble", "pp_comm": "pp", "dp_comm": "dp", "offload": "offload",
                   "optimizer": "optim"}
 FIGURES = ("mem_gib", "step_s", "tokens_per_s")
-KNOBS = ("cluster", "num_gpus", "dp", "tp", "pp", "cp", "ep", "etp", "sp", "schedule", "vpp",
-         "split", "zero",
-         "offload_optimizer", "offload_params", "recompute", "recompute_layers", "mbs",
-         "precision", "attention", "dp_shard", "grad_reduce")
+KNOBS = ("cluster", "num_gpus", "gbs", "dp", "tp", "pp", "cp", "ep", "etp", "sp", "schedule",
+         "vpp", "split", "zero", "offload_optimizer", "offload_params", "recompute",
+         "recompute_layers", "mbs", "precision", "attention", "dp_shard", "grad_reduce")
 MERGEABLE = ("zero", "split")
 """Knobs whose values can give identical figures (ZeRO at dp 1, balanced = even splits)."""
 LAYOUT = ("num_gpus", "dp", "tp", "pp", "cp")
@@ -157,6 +156,7 @@ COLUMNS: list[Cell] = [
     ("zero", "zero", "zero", True, lambda s, w: zero_cell(s)),
     ("offload", "offload", "off", False, lambda s, w: offload_cell(s.row, w)),
     ("recompute", "recompute", "rc", False, lambda s, w: recompute_cell(s.row, w)),
+    ("gbs", "global batch", "gbs", True, lambda s, w: str(s.row.get("gbs", ""))),
     ("mbs", "mbs", "mbs", True, lambda s, w: str(s.row["mbs"])),
     ("precision", "precision", "prec", False, lambda s, w: precision_cell(s.row)),
     ("attention", "attention", "attn", False, lambda s, w: s.row["attention"]),
@@ -171,10 +171,11 @@ COLUMNS: list[Cell] = [
     ("gpu_hours", "GPU-h", "GPU-h", True, lambda s, w: f"{s.row['gpu_hours']:,.0f}"),
     ("usd", "USD", "USD", True, lambda s, w: figure_cell(s.row, "usd", ",.0f")),
 ]
-HOISTABLE = ("cluster", "num_gpus", "sp", "schedule", "zero", "offload", "recompute", "mbs", "precision",
-             "attention", "cp", "ep", "etp", "dominant")
+HOISTABLE = ("cluster", "num_gpus", "gbs", "sp", "schedule", "zero", "offload", "recompute", "mbs",
+             "precision", "attention", "cp", "ep", "etp", "dominant")
 """Columns that move to the "all rows" line when every shown row has the same cell."""
-SHARED_NAMES = {"cluster": "GPU type", "num_gpus": "GPUs", "sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
+SHARED_NAMES = {"cluster": "GPU type", "num_gpus": "GPUs", "gbs": "global batch",
+                "sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
                 "dominant": "biggest cost"}
 EXPERT_KNOBS = ("ep", "etp")
 DROP_ORDER = ("dominant", "attention", "precision", "mfu")
@@ -196,10 +197,14 @@ def table_width(headers: list[str], justify: list[bool], cells: list[list[str]])
 
 
 def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
-           one_count: bool = True) -> tuple[list[Cell], list[str], list[str]]:
+           one_count: bool = True, one_batch: bool = True) -> tuple[list[Cell], list[str],
+                                                                    list[str]]:
     """(columns to show, "header value" pairs every row shares, columns left out);
-    `one_count`: the search had one GPU count, which the header line names already."""
+    `one_count` / `one_batch`: the search had one GPU count / one global batch, which the
+    header line names already."""
     cols = [c for c in COLUMNS if c[0] != "gpu_hours" or "cost" in objectives]
+    if one_batch:  # every row has the header's batch; a batch range adds the column
+        cols = [c for c in cols if c[0] != "gbs"]
     # days with a token budget, dollars where the profiles have prices (cost across types)
     cols = [c for c in cols if c[0] not in ("days", "usd") or all(
         isinstance(s.row.get(c[0]), float) and math.isfinite(s.row[c[0]]) for s in shown)]
@@ -279,9 +284,10 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
 
 
 def ranked_table(shown: list[Shown], title: str, objectives: list[str], wide: bool = False,
-                 width: int = 80, one_count: bool = True) -> tuple[Table, list[str], list[str]]:
+                 width: int = 80, one_count: bool = True,
+                 one_batch: bool = True) -> tuple[Table, list[str], list[str]]:
     """The table, the knobs every row shares and the columns left out for width."""
-    cols, shared, dropped = layout(shown, objectives, wide, width, one_count)
+    cols, shared, dropped = layout(shown, objectives, wide, width, one_count, one_batch)
     t = new_table(title)
     for c in cols:
         t.add_column(c[1] if wide else c[2], justify="right" if c[3] else "left", no_wrap=True)
@@ -317,17 +323,31 @@ def shown_rows(result: SearchResult, data: dict[str, Any], top: int) -> list[Sho
     return collapse(rows, top)
 
 
+def kept_text(data: dict[str, Any]) -> str:
+    """" (36,000 kept: ...)" when a GPU-count range kept only some of the scored rows (the
+    ones ranked and written to trials.csv.gz); empty when every scored row was kept."""
+    from autoplan.search.engine import KEEP_PER_COUNT
+
+    kept = data.get("kept", data["scored"])
+    if kept >= data["scored"]:
+        return ""
+    return (f" ({kept:,} kept: the best {KEEP_PER_COUNT:,} per GPU count and its "
+            f"{KEEP_PER_COUNT:,} nearest misses)")
+
+
 def render(console: Console, result: SearchResult, data: dict[str, Any], top: int,
            wide: bool = False) -> None:
     width = terminal_width()
     console.width = max(width, 80)
     gpus = data["num_gpus"]
     where = f"{gpus[0]}" if len(gpus) == 1 else f"{gpus[0]}..{gpus[-1]} ({len(gpus)} counts)"
+    batches = data.get("global_batch_range")
+    batch = f"{batches[0]}..{batches[1]}" if batches else f"{data['global_batch_size']}"
     console.print(
-        f"[bold]{data['model']}[/] on {where} x {data['cluster']}, global batch "
-        f"{data['global_batch_size']}, space {data['space']}: {data['sampler']} search, "
+        f"[bold]{data['model']}[/] on {where} x {data['cluster']}, global batch {batch}, "
+        f"space {data['space']}: {data['sampler']} search, "
         f"{data['candidates']:,} candidates, {data['scored']:,} scored, "
-        f"{data['feasible_count']:,} feasible in {data['seconds']:.2f} s")
+        f"{data['feasible_count']:,} feasible{kept_text(data)} in {data['seconds']:.2f} s")
     if data["top"]:
         shown = shown_rows(result, data, top)
         merged = sum(len(s.zeros) > 1 or len(s.splits) > 1 for s in shown)
@@ -336,7 +356,7 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
                  f"{data['objectives'][0]}" + (" (equivalent plans share a row)" if merged
                                                else ""))
         table, shared, dropped = ranked_table(shown, title, data["objectives"], wide, width,
-                                              len(gpus) == 1)
+                                              len(gpus) == 1, not batches)
         if wide:
             console.width = max(width, Console(width=10_000).measure(table).maximum)
         if shared:
@@ -356,6 +376,8 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
     if near:
         p = near["plan"]
         knobs = " ".join(f"{k}={v}" for k, v in p["parallel"].items())
+        if "," in data["cluster"]:  # several GPU types: name the one the miss is on
+            knobs = f"{p['cluster']['num_gpus']} x {p['cluster']['profile']} {knobs}"
         console.print(f"[red]no feasible plan.[/] nearest: {knobs} zero={p['zero_stage']} "
                       f"recompute={p['recompute']['policy']} "
                       f"mbs={p['batch']['micro_batch_size']}, which")
