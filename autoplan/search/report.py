@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from autoplan.errors import ConfigError
-from autoplan.search.engine import SearchResult
-from autoplan.search.output import top_rows
+from autoplan.search.engine import SearchRequest, SearchResult
+from autoplan.search.output import scored_total, top_rows
 from autoplan.search.render import COLUMNS, HOISTABLE, Shown, collapse, legend, zero_cell
 from autoplan.yaml_io import to_dict
 
@@ -75,6 +75,7 @@ def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray
 
 def inputs_html(result: SearchResult) -> str:
     req, m, prof = result.request, result.request.model, result.request.profile
+    counts = result.scored.counts
     gpus = ", ".join(map(str, req.gpu_counts[:12])) + ("..." if len(req.gpu_counts) > 12 else "")
     rows = [
         ["model", f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads "
@@ -82,18 +83,25 @@ def inputs_html(result: SearchResult) -> str:
         ["cluster", f"{req.profile_ref}: {prof.device.name}, "
                     f"{prof.device.memory_bytes / GIB:.0f} GiB, {prof.gpus_per_node} GPUs per node"
                     + (" (measured profile)" if prof.measured is not None else " (datasheet)")],
-        ["GPUs", gpus], ["global batch", f"{req.global_batch_size} sequences"],
+        ["GPUs", gpus], ["global batch", f"{batch_text(req)} sequences"],
         ["space", req.space.name], ["sampler", f"{result.sampler} (seed {req.seed}"
                                     + (f", {req.trials} trials)" if result.sampler != "exhaustive"
                                        else ")")],
         ["targets", "; ".join(f"{k.replace('_', ' ')} "
                               f"{', '.join(map(str, v)) if isinstance(v, list) else v}"
                               for k, v in to_dict(req.targets).items() if v not in (None, [], ()))],
-        ["candidates", f"{result.total:,} ({result.scored.n:,} scored, "
-                       f"{int(result.scored.feasible.sum()):,} feasible) in "
-                       f"{result.seconds:.2f} s"],
+        ["candidates", f"{result.total:,} ({scored_total(counts):,} scored, "
+                       f"{counts.get('feasible', 0):,} feasible"
+                       + (f", {result.scored.n:,} kept" if result.scored.n < scored_total(counts)
+                          else "") + f") in {result.seconds:.2f} s"],
     ]
     return table_html(["input", "value"], rows, left={0, 1})
+
+
+def batch_text(req: SearchRequest) -> str:
+    """The global batch as asked: one size, or the range the search picked from."""
+    lo, hi = req.batch
+    return f"{lo}" if hi == lo else f"{lo}..{hi}"
 
 
 def ranked_html(result: SearchResult, shown: list[Shown]) -> str:
@@ -147,7 +155,7 @@ def page(result: SearchResult, top: int, plt: Any) -> str:
     from autoplan.search.baseline import why_lines
 
     req = result.request
-    title = (f"{req.model.name} on {req.profile_ref}, global batch {req.global_batch_size}: "
+    title = (f"{req.model.name} on {req.profile_ref}, global batch {batch_text(req)}: "
              f"{result.sampler} search")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
              f"<style>{STYLE}</style></head><body><h1>{esc(title)}</h1>",

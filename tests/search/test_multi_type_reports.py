@@ -173,3 +173,20 @@ def test_one_batch_keeps_the_header_and_json_as_before(tmp_path: Path, capsys,
     data = json.loads(text)
     assert data["global_batch_size"] == 64 and "global_batch_range" not in data
     assert data["kept"] == data["scored"]
+
+
+def test_the_report_page_names_the_batch_range_and_the_true_totals(tmp_path: Path,
+                                                                  capsys) -> None:
+    """report.html says what the table says: the batch range searched, and scored/feasible over
+    every candidate with the kept rows apart."""
+    pytest.importorskip("matplotlib")
+    space = write_space(tmp_path, RECIPE_SPACE)
+    job = ["search", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus",
+           "64", "--global-batch-size", "64..256", "--space", space, "--top", "3",
+           "--format", "json", "--report", str(tmp_path / "rep")]
+    code, text, err = run(job, capsys)
+    assert code == 0, err
+    data = json.loads(text)
+    page = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
+    assert "global batch 64..256:" in page and "64..256 sequences" in page
+    assert f"{data['scored']:,} scored, {data['feasible_count']:,} feasible" in page
