@@ -207,6 +207,15 @@ def _dtype(t: Table) -> Any:
     return dtype_col(t, t["pp"])
 
 
+def _mixed_without_fsdp(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
+    if not rt.mixed_precision_needs_fsdp:
+        return np.zeros(np.shape(t["pp"]), dtype=bool)
+    d = _degrees(t)
+    dp = t.get("dp", np.ones(np.shape(t["pp"]), dtype=np.int64))
+    fsdp = ((t["zero_stage"] >= 2) & (dp > 1)) | (d["cp"] > 1)
+    return (_dtype(t) != PRECISIONS.index(Precision.FP32)) & ~fsdp
+
+
 def _precision(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     codes = [i for i, p in enumerate(PRECISIONS) if p.value in rt.precisions]
     return ~np.isin(_dtype(t), codes)
@@ -281,6 +290,11 @@ RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(_precision, lambda t, rt, m: (
         f"runtime {rt.name} has no {PRECISIONS[int(_dtype(t)[0])].value} training (it runs "
         f"{', '.join(rt.precisions)})")),
+    RuntimeRule(_mixed_without_fsdp, lambda t, rt, m: (
+        f"runtime {rt.name} trains in {PRECISIONS[int(_dtype(t)[0])].value} only through FSDP "
+        f"(zero_stage >= 2 with dp > 1, or cp > 1; got zero_stage={_v(t, 'zero_stage')}, "
+        f"dp={_v(t, 'dp')}, cp={_v(t, 'cp')}): without it, it trains in fp32 beside tp or pp "
+        "and under autocast otherwise; shard over dp, or set precision fp32")),
     RuntimeRule(_te, _te_message),
     RuntimeRule(_parallel, _parallel_message),
     RuntimeRule(_ddp, lambda t, rt, m: (
@@ -326,6 +340,12 @@ RULES: tuple[RuntimeRule, ...] = (
         f"even number of micro-batches of at least 2 x pp (got pp={_v(t, 'pp')}, "
         f"vpp={_v(t, 'vpp')}, {int(_microbatches(t)[0])} micro-batches: "
         "batch.global_batch_size / (dp x micro_batch_size))")),
+    RuntimeRule(lambda t, rt, m: (t.get("tp", np.ones(np.shape(t["pp"]), dtype=np.int64)) > 1)
+                & ~np.asarray(t["sp"], dtype=bool) & rt.sequence_parallel_with_tp
+                if "sp" in t else np.zeros(np.shape(t["pp"]), dtype=bool),
+                lambda t, rt, m: (f"runtime {rt.name} shards the norms over tp whenever tp > 1 "
+                                  f"(sequence parallelism; got tp={_v(t, 'tp')}, "
+                                  "sequence_parallel false): set sequence_parallel true")),
     RuntimeRule(_modules, _modules_message),
     RuntimeRule(_split, lambda t, rt, m: (
         f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),

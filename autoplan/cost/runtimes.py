@@ -408,6 +408,19 @@ class RuntimeTraits:
     """Where recompute is not partial, every n-th block may be checkpointed (torchtitan's
     selective_ac_option). False: every block or none (llm-foundry's activation_checkpointing_fn
     of 2023 wraps every block)."""
+    sequence_parallel_with_tp: bool = False
+    """Tensor parallelism always comes with sequence parallelism: the norms and the residual
+    stream are sharded over tp whenever tp > 1 (torchtitan <= 0.2.2: its Llama 3
+    parallelize_module plan puts SequenceParallel on the norms unconditionally), so a plan with
+    tp > 1 and sequence_parallel false is not what it runs. False: either (Megatron's
+    --sequence-parallel; torchtitan 0.3's enable_sequence_parallel)."""
+    mixed_precision_needs_fsdp: bool = False
+    """16-bit (and fp8) training comes only through FSDP's mixed-precision policy, so a bf16 or
+    fp8 plan needs FSDP: zero_stage >= 2 with dp > 1, or cp > 1 (torchtitan <= 0.2.2,
+    distributed/utils.py maybe_enable_amp: with tp or pp and no FSDP "Mixed precision training
+    is disabled", with DDP or one device torch.autocast, neither of which is the bf16 priced
+    here). False: the runtime casts without FSDP (Megatron, DeepSpeed; torchtitan 0.3.0 wraps
+    every model in fully_shard, shard degree 1 included, llama3/parallelize.py)."""
     recompute_modules: tuple[str, ...] = ("core_attn", "mlp", "layernorm", "moe_act", "moe")
     """Submodules the runtime recomputes by name (Plan recompute.modules, Megatron-Core's
     --recompute-modules): Megatron-Core has them all (TransformerConfig.recompute_modules);
@@ -714,6 +727,7 @@ _TORCHTITAN: dict[str, Any] = {
     # context parallelism is PyTorch's ring attention (torchtitan's
     # create_context_parallel_ctx, context_parallel_rotate_method "allgather")
     "cp_exchange": "torch-ring", "ddp_one_dimensional": True,
+    "sequence_parallel_with_tp": True, "mixed_precision_needs_fsdp": True,
 }
 """torchtitan as its published runs (2024-25) used it; 0.3.0 starts from it."""
 
@@ -793,6 +807,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "as torchtitan, with grouped K/V heads, all-gather context parallelism "
                        "and full checkpointing without early stop",
         "kv_repeated": False, "cp_exchange": "all-gather", "recompute_early_stop": False,
+        # FullAC wraps every block (distributed/activation_checkpoint.py has FullAC,
+        # SelectiveAC and MemoryBudgetAC, no every-n-th-block option), and tensor parallelism
+        # shards the norms only with enable_sequence_parallel
+        "nth_block_recompute": False, "sequence_parallel_with_tp": False,
+        "mixed_precision_needs_fsdp": False,
     },
     "deepspeed": {
         "optimizer_extra_bytes": 14.0, "loss_bytes_per_logit": 52.0,

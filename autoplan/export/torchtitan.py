@@ -153,20 +153,8 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
         why.append(f"model dropout {model.dropout}: torchtitan's Llama 3 has no dropout")
     if plan.precision == Precision.FP16:
         why.append("precision fp16: torchtitan trains in bf16 or fp32")
-    if fmt == "toml" and p.tp > 1 and not plan.sequence_parallel:
-        why.append(
-            "sequence_parallel false with tp > 1: torchtitan <= 0.2.2 always shards "
-            "norms over tp (use --torchtitan-format python)"
-        )
     if plan.sequence_parallel and p.tp == 1:
         why.append("sequence_parallel with tp=1: sequence parallelism shards over tp")
-    fsdp = (plan.zero_stage >= 2 and p.dp > 1) or p.cp > 1
-    if fmt == "toml" and plan.precision in (Precision.BF16, Precision.FP8) and not fsdp:
-        why.append(
-            f"{plan.precision.value} without FSDP (zero_stage >= 2 with dp > 1, or cp > 1): "
-            "torchtitan <= 0.2.2 applies mixed precision only through FSDP (use "
-            "--torchtitan-format python)"
-        )
     if p.pp > 1:
         if schedule_name(plan) is None:
             why.append(
@@ -293,11 +281,16 @@ def runtime_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     """What the release `fmt` targets cannot run by its runtime traits: the rules `search
     --runtime` keeps to and `estimate` names (cost/runtime_rules.py), so the planner and this
     export refuse the same plans (ZeRO-0 beside tp, pp or cp, say, which torchtitan refuses
-    as "DDP has not supported > 1D parallelism" or shards over cp)."""
+    as "DDP has not supported > 1D parallelism" or shards over cp; bf16 without FSDP or tp
+    without sequence parallelism, which 0.2.2 runs otherwise than planned). Where only the
+    TOML release refuses, the reasons say that the Python config (0.3) runs the plan."""
     from autoplan.cost.runtime_rules import refusals
     from autoplan.cost.runtimes import load_runtime
 
-    return refusals(plan, load_runtime(RUNTIMES[fmt]), model)
+    why = refusals(plan, load_runtime(RUNTIMES[fmt]), model)
+    if why and fmt == "toml" and not refusals(plan, load_runtime(RUNTIMES["python"]), model):
+        why.append("torchtitan 0.3 runs this plan as it is: use --torchtitan-format python")
+    return why
 
 
 TORCHTITAN_MODULES = frozenset({

@@ -270,6 +270,7 @@ def test_autoplan_runtime_refuses_fp8_with_tp_as_autoplan_train_does() -> None:
 
     for tp, refused in ((2, True), (1, False)):
         plan = plan_from_dict({**LLAMA8B, "parallel": {"dp": 8 // tp, "tp": tp},
+                               "sequence_parallel": tp > 1,  # torchtitan 0.2 shards norms
                                "zero_stage": 2, "precision": "fp8"})  # a stage all three run
         model = plan.model_spec()
         row = plan_to_row(plan, model)
@@ -888,7 +889,10 @@ def test_torchtitan_replicates_only_as_the_sole_parallelism() -> None:
         plan = {**LLAMA8B, "parallel": parallel, "zero_stage": 0}
         assert any("only as the sole parallelism" in r for r in _refusals(plan, "torchtitan"))
         assert not any("sole parallelism" in r for r in _refusals(plan, "megatron"))
-    assert not _refusals({**LLAMA8B, "zero_stage": 0}, "torchtitan")
+    assert not _refusals({**LLAMA8B, "zero_stage": 0, "precision": "fp32"}, "torchtitan")
+    # in bf16 DDP is torch.autocast in torchtitan 0.2.2, not the FSDP mixed precision priced
+    assert any("only through FSDP" in r
+               for r in _refusals({**LLAMA8B, "zero_stage": 0}, "torchtitan"))
 
 
 def test_megatron_refuses_what_transformer_engine_cannot_run() -> None:

@@ -249,7 +249,7 @@ def test_python_config_runs_against_torchtitan_0_3_0_names(case: str, monkeypatc
             "python",
             "Interleaved1F1B",
         ),
-        ({"parallel": Parallel(dp=8, tp=2)}, "toml", "always shards norms"),
+        ({"parallel": Parallel(dp=8, tp=2)}, "toml", "shards the norms over tp"),
         ({"zero_stage": 0}, "toml", "only through FSDP"),
     ],
 )
@@ -391,7 +391,7 @@ def test_toml_fp8_swaps_in_float8_linears_but_the_head():
     assert doc["model"]["converters"] == ["quantize.linear.float8"]
     assert doc["quantize"] == {"linear": {"float8": {"filter_fqns": ["output"]}}}
     assert doc["training"]["mixed_precision_param"] == "bfloat16"
-    with pytest.raises(ConfigError, match="fp8 without FSDP"):  # mixed precision via FSDP only
+    with pytest.raises(ConfigError, match="fp8 only through FSDP"):  # mixed precision via FSDP
         _export(FP8.replace(zero_stage=0), "toml")
 
 
