@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from practitioner import DEFAULT_DATA, build, load_data, plan_summary, row_runtime  # noqa: E402
 
 EXPORT_TARGET = {"megatron": "megatron", "megatron-deepep": "megatron", "nemo": "megatron",
-                 "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+                 "torchtitan": "torchtitan", "torchtitan-0.3": "torchtitan",
+                 "deepspeed": "deepspeed"}
 """The `autoplan export --to` target of each practitioner runtime (NeMo and Megatron-Core with
 the DeepEP dispatcher run Megatron-Core)."""
 EXPORT_FILE = {"megatron": "megatron_args.sh", "torchtitan": "autoplan_job.py",
@@ -127,33 +128,30 @@ def _priced(plan: Plan, cluster: Any, model: Any, traits: Any) -> dict[str, Any]
     return {"step_s": est.step_time_s, "mfu": est.mfu, "feasible": est.feasible}
 
 
-def export_check(plan: Plan, target: str, gpus_per_node: int) -> str:
-    """'yes (N files)' when the target renders the plan and its files are written to a
-    temporary directory, else 'refused: <reasons>'. torchtitan is tried in its Python config
-    (>= 0.3) and then in TOML (<= 0.2.2, the release the `torchtitan` traits describe, which
-    also checkpoints every n-th block): 'yes (N files, toml)' where only TOML renders it."""
-    model = plan.model_spec()
-    formats = ("python", "toml") if target == "torchtitan" else ("python",)
+def export_check(plan: Plan, runtime: str, gpus_per_node: int) -> str:
+    """'yes (N files)' when the runtime's export target renders the plan and its files are
+    written to a temporary directory, else 'refused: <reasons>'. torchtitan is exported in the
+    format of the release whose traits priced the plan: TOML for `torchtitan` (0.2.2, which the
+    published runs used), the Python config for `torchtitan-0.3`."""
+    from autoplan.export.torchtitan import RUNTIMES
+
+    target, model = EXPORT_TARGET[runtime], plan.model_spec()
+    fmt = next((f for f, rt in RUNTIMES.items() if rt == runtime), "python")
     with tempfile.TemporaryDirectory(prefix="practitioner-export-") as tmp:
         folder = Path(tmp)
         plan_path = folder / "plan.yaml"
         save_plan(plan, plan_path)
-        refusals = []
-        for fmt in formats:
-            opts = ExportOptions(plan_path=str(plan_path), gpus_per_node=gpus_per_node,
-                                 out=str(folder / EXPORT_FILE[target]), torchtitan_format=fmt)
-            try:
-                files = export_plan(get_target(target), plan, model, opts)
-                break
-            except ConfigError as err:
-                refusals.append(str(err))
-        else:
-            return f"refused: {refusals[0]}"
+        opts = ExportOptions(plan_path=str(plan_path), gpus_per_node=gpus_per_node,
+                             out=str(folder / EXPORT_FILE[target]), torchtitan_format=fmt)
+        try:
+            files = export_plan(get_target(target), plan, model, opts)
+        except ConfigError as err:
+            return f"refused: {err}"
         for k, (name, text) in enumerate(files.items()):  # as `autoplan export --out` names them
             path = folder / (EXPORT_FILE[target] if k == 0 else f"extra-{k}-{Path(name).name}")
             fsutil.write_text(path, text, field="--out")
-        note = ", toml" if refusals else ""
-        return f"yes ({len(files)} file{'s' * (len(files) > 1)}{note})"
+        return f"yes ({len(files)} file{'s' * (len(files) > 1)}" + (
+            f", {fmt})" if target == "torchtitan" else ")")
 
 
 def search_entry(entry: dict[str, Any]) -> tuple[SearchResult, float]:
@@ -215,7 +213,7 @@ def score_scenario(entry: dict[str, Any]) -> Outcome:
                                 and np.isclose(ours.step_time_s, pred["step_time_s"])),
         "speedup": theirs.step_time_s / float(pred["step_time_s"]),
         "at_least_as_fast": float(pred["step_time_s"]) <= theirs.step_time_s * (1 + 1e-9),
-        "exports": export_check(winner, EXPORT_TARGET[runtime], cluster.profile.gpus_per_node),
+        "exports": export_check(winner, runtime, cluster.profile.gpus_per_node),
     }
     if row["ours_mfu"] > MFU_FLAG and any(d in row["device"] for d in FLAGGED_DEVICES):
         row["walk"] = walk(plan, winner, cluster, model, traits)

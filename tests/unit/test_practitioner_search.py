@@ -113,10 +113,10 @@ def test_walk_turns_their_plan_into_the_winner_one_knob_group_at_a_time() -> Non
         "their plan"]
 
 
-def test_a_torchtitan_plan_only_toml_renders_counts_as_exported() -> None:
-    """The `torchtitan` traits are the 0.2-era release the published runs used; its TOML
-    config checkpoints every n-th block (one block of 32 here), which the Python config of
-    0.3 cannot say. The check tries both and names the format that worked."""
+def test_a_torchtitan_plan_exports_in_the_format_of_the_release_that_priced_it() -> None:
+    """The `torchtitan` traits are the 0.2-era release the published runs used: its plans
+    export as TOML, which checkpoints every n-th block (one block of 32 here); the Python
+    config of 0.3 cannot say that, and the check does not fall back on another release."""
     from dataclasses import replace
 
     from autoplan.plan import Recompute, RecomputePolicy
@@ -126,5 +126,5 @@ def test_a_torchtitan_plan_only_toml_renders_counts_as_exported() -> None:
     plan = replace(plan, zero_stage=2, recompute=replace(
         plan.recompute, policy=RecomputePolicy.FULL, num_layers=1))
     assert isinstance(plan.recompute, Recompute)
-    assert bench.export_check(plan, "torchtitan", 8).startswith("yes (")
     assert bench.export_check(plan, "torchtitan", 8).endswith(", toml)")
+    assert bench.export_check(plan, "torchtitan-0.3", 8).startswith("refused: ")
