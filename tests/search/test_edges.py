@@ -227,3 +227,26 @@ def test_a_space_with_no_pipeline_shape_says_so(sampler: str, tmp_path: Path, ca
     (line,) = err.strip().splitlines()
     assert "nearest (pp-vpp-divides-layers)" in line and "no pipeline shape" in line
     assert json.loads(out)["nearest"]["reason"] == "pp-vpp-divides-layers"
+
+
+def test_a_profile_given_by_path_is_saved_absolute_in_the_plan(tmp_path: Path, monkeypatch,
+                                                             capsys) -> None:
+    """A plan names its profile so it loads wherever it is trained or estimated: a path as
+    typed ('my-machine.yaml') held only from the directory the search ran in."""
+    from autoplan.hardware import PROFILES_DIR
+
+    run_dir = tmp_path / "runs"
+    run_dir.mkdir()
+    (run_dir / "my-machine.yaml").write_text((PROFILES_DIR / "cpu-gloo.yaml").read_text())
+    monkeypatch.chdir(run_dir)
+    code, _, err = run(["search", "--model", "tiny", "--cluster", "my-machine.yaml",
+                        "--num-gpus", "4", "--global-batch-size", "8", "--space", "small-cpu",
+                        "--format", "json", "--out", "mm"], capsys)
+    assert code == 0, err
+    saved = yaml.safe_load((run_dir / "mm" / "plan.yaml").read_text())
+    assert saved["cluster"]["profile"] == str(run_dir / "my-machine.yaml")
+    monkeypatch.chdir(tmp_path)  # elsewhere, the plan still prices on that profile
+    code, out, err = run(["estimate", "--plan", str(run_dir / "mm" / "plan.yaml"),
+                          "--format", "json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["feasible"] is True
