@@ -173,10 +173,10 @@ def device_token(name: str) -> str:
 
 
 def check_runs(runs: list[RunRecord], profile_ref: str, profile: ClusterProfile) -> None:
-    """Refuse a run recorded on a profile of another device than `profile` (--profile), or on
-    a profile that does not exist here, a run that trained on another device than
-    `profile`'s (machine.device: a GPU plan run on a CPU host), and a run file given twice
-    (it would count twice).
+    """Refuse a run that trained on another device than `profile`'s (--profile;
+    machine.device: a GPU plan run on a CPU host calibrates a CPU profile, not the GPU one),
+    a run without machine.device recorded on a profile of another device or on a profile that
+    does not exist here, and a run file given twice (it would count twice).
     A profile measured or calibrated from the run's one (same device) is what calibrate is
     for: runs recorded on cpu-gloo fit the profile `autoplan profile` measured on that host."""
     want = device_model(profile)
@@ -193,7 +193,9 @@ def check_runs(runs: list[RunRecord], profile_ref: str, profile: ClusterProfile)
                 f"not on the {want} that --profile {show(profile_ref)} describes",
                 f"fit a profile of {device_token(run.device)} to it (runs measure the device "
                 "they ran on)")
-        if run.profile is None:
+        if run.profile is None or run.device is not None:
+            # the device it trained on, when recorded, is what the measurement measured: a
+            # plan made for another profile and run here calibrates this machine's profile
             continue
         if profile_file(run.profile) is None:
             raise ConfigError(f"RUN {run.source}", f"recorded on profile {show(run.profile)}, "

@@ -173,6 +173,21 @@ def test_runs_recorded_on_another_profile_are_refused(tmp_path, capsys, profile,
     assert not (tmp_path / "out.yaml").exists()
 
 
+def test_a_gpu_plan_run_on_this_cpu_calibrates_the_cpu_profile(tmp_path, capsys) -> None:
+    """A plan made for an A100 and trained here records machine.device cpu: the measurement is
+    this machine's, so it calibrates cpu-gloo (as train's warning says) and not the A100's.
+    Before, both were refused, so the record calibrated nothing."""
+    run = _one_run(tmp_path, profile="a100-sxm4-80gb", machine={"device": "cpu"})
+    code = main(["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
+                 "--out", str(tmp_path / "out.yaml")])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    _refused(capsys, ["calibrate", run, "--profile", "a100-sxm4-80gb", "--trials", "2",
+                      "--out", str(tmp_path / "gpu.yaml")], "machine.device",
+             "fit a profile of cpu to it")
+    assert not (tmp_path / "gpu.yaml").exists()
+
+
 def test_runs_fit_a_profile_of_their_own_device(tmp_path, capsys) -> None:
     """By name or by path, and a profile measured on the same host (README: runs recorded on
     cpu-gloo calibrate my-machine.yaml from `autoplan profile`)."""
