@@ -16,11 +16,19 @@ from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, count
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
-from autoplan.export.launch import ELASTIC_TARGETS, check_path_word
+from autoplan.export.launch import (
+    CHECKPOINT_EVERY,
+    ELASTIC_TARGETS,
+    LAUNCH_TARGETS,
+    TRAIN_STEPS,
+    LaunchOptions,
+    check_path_word,
+)
 from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.yaml_io import dump_yaml
 
 log = logging.getLogger(__name__)
+_LAUNCHERS = "/".join(LAUNCH_TARGETS)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint directory")
     p.add_argument("--max-restarts", type=count(low=0, high=MAX_RESTARTS), default=3,
                    help="torchrun --max-restarts")
+    p.add_argument("--steps", type=count(),
+                   help=f"{_LAUNCHERS}: `autoplan train --steps`, optimizer steps the job runs in "
+                        f"total, counted on after a resume (default {TRAIN_STEPS}, train's)")
+    p.add_argument("--checkpoint-every", type=count(low=0), metavar="K",
+                   help=f"{_LAUNCHERS}: `autoplan train --checkpoint-every`, save every K steps, "
+                        f"so a restart resumes at most K steps back (default {CHECKPOINT_EVERY}; "
+                        "0: only on SIGTERM and at the end)")
+    p.add_argument("--keep-checkpoints", type=count(low=0), metavar="K",
+                   help=f"{_LAUNCHERS}: `autoplan train --keep-checkpoints`, keep the newest K "
+                        "(default: train's, 3; 0: keep all)")
     p.add_argument("--job-name", default="autoplan", help="scheduler job / object name")
     p.add_argument("--image", help="container image (kubernetes; default autoplan:latest)")
     p.add_argument("--namespace", help="Kubernetes namespace")
@@ -49,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--script", help="training script in the deepspeed/megatron launch command")
     p.add_argument("--elastic", action="store_true", help="slurm/kubernetes: torchrun "
                    "--nnodes=MIN:MAX; `autoplan train --elastic` re-plans when nodes leave or join")
-    p.add_argument("--min-nodes", type=count(), default=1, help="with --elastic: fewest nodes (1)")
+    p.add_argument("--min-nodes", type=count(), help="with --elastic: fewest nodes (default 1)")
     add_format_argument(p, "json or yaml: the {target, files} wrapper (default: the target's "
                            "own files)")
     p.set_defaults(func=run_export)
@@ -113,7 +131,8 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
 
 OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
                   "--kind": ("kubernetes",), "--torchtitan-format": ("torchtitan",),
-                  "--script": ("deepspeed", "megatron")}
+                  "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
+                  "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS}
 """Options only some targets write; another target refuses them rather than drop them."""
 MAX_RESTARTS = 10_000
 """Largest --max-restarts (torchrun takes any count; a larger one is a typo)."""
@@ -148,11 +167,14 @@ def run_export(args: argparse.Namespace) -> int:
 
     _unused_options(args)
     _check_words(args)
+    if args.min_nodes is not None and not args.elastic:  # any target, as train's --min-gpus
+        raise ConfigError("--min-nodes", f"got {args.min_nodes} without --elastic",
+                          "add --elastic, or drop --min-nodes")
     if args.out:  # a directory, a path under a file, an unwritable folder: before any work
         fsutil.check_file_target(args.out, force=args.force, field="--out")
     plan = load_plan(args.plan)
     model = plan.model_spec()
-    opts = ExportOptions(
+    opts = LaunchOptions(
         plan_path=args.plan,
         gpus_per_node=_gpus_per_node(args, plan.cluster.profile, plan.world_size),
         checkpoint_dir=args.checkpoint_dir,
@@ -167,7 +189,11 @@ def run_export(args: argparse.Namespace) -> int:
         # by their keys there, so the launch commands name those, not the wrapper's path
         out=None if args.format in ("json", "yaml") else args.out,
         elastic=args.elastic,
-        min_nodes=args.min_nodes,
+        min_nodes=1 if args.min_nodes is None else args.min_nodes,
+        steps=TRAIN_STEPS if args.steps is None else args.steps,
+        checkpoint_every=CHECKPOINT_EVERY if args.checkpoint_every is None
+        else args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
     )
     if args.elastic and args.to not in ELASTIC_TARGETS:
         raise ConfigError("--elastic", f"--to {args.to} is not launched by torchrun",

@@ -4,7 +4,8 @@ PyTorchJob, or a plain JobSet; each node runs torchrun, which runs `autoplan tra
 The plan travels inside the manifest (an environment variable written to a file at start), with
 its model spec inlined, so the image needs autoplan but no copy of the plan. `--elastic`: a
 PyTorchJob with an elasticPolicy, or a JobSet whose torchrun takes `--nnodes=MIN:MAX`; either
-way `autoplan train --elastic` re-plans for the pods left.
+way `autoplan train --elastic` re-plans for the pods left. A CPU profile's plan requests a CPU
+per rank and no GPU, and trains on gloo.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
 from autoplan.export.launch import (
     ELASTIC_ENV,
+    check_min_nodes,
     check_path_word,
-    elastic_reasons,
+    check_train_run,
+    on_cpu,
     shell_join,
     torchrun_argv,
     train_argv,
@@ -50,12 +53,21 @@ def check_dns_label(flag: str, value: str, *, suffix: str = "") -> None:
         raise ConfigError(flag, f"got {value[:80]!r}", f"it must be {DNS1123_RULE}{extra}")
 
 
-def _script(torchrun: list[str], opts: ExportOptions, lay: Layout | None = None) -> str:
+def node_resources(nproc: int, cpu: bool) -> dict[str, dict[str, str]]:
+    """A pod's (a node's) resources: its GPUs as limits (an extended resource is requested by
+    its limit); a CPU plan: one CPU per rank as requests, and no GPU."""
+    if cpu:
+        return {"requests": {"cpu": str(nproc)}}
+    return {"limits": {GPU_RESOURCE: str(nproc)}}
+
+
+def _script(torchrun: list[str], opts: ExportOptions, lay: Layout | None = None, *,
+            cpu: bool = False) -> str:
     """sh -c text: write the plan from the environment, then exec torchrun on it."""
     write = f'printf "%s\\n" "${PLAN_ENV}" > {PLAN_FILE}'
     # only torchrun's own words may hold $(...) expansions; the user's values are single-quoted
     run = shell_join(["exec", *torchrun], keep=("$(",)) + " " + shell_join(
-        train_argv(opts, PLAN_FILE, lay))
+        train_argv(opts, PLAN_FILE, lay, cpu=cpu))
     return f"{write} && {run}"
 
 
@@ -66,13 +78,14 @@ def _env(plan_yaml: str, opts: ExportOptions) -> list[dict[str, str]]:
     return env
 
 
-def _container(name: str, script: str, plan_yaml: str, opts: ExportOptions, gpus: int) -> dict:
+def _container(name: str, script: str, plan_yaml: str, opts: ExportOptions,
+               resources: dict[str, dict[str, str]]) -> dict:
     return {
         "name": name,
         "image": opts.image,
         "command": ["/bin/sh", "-c", script],
         "env": _env(plan_yaml, opts),
-        "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+        "resources": resources,
     }
 
 
@@ -83,9 +96,10 @@ def _metadata(opts: ExportOptions) -> dict[str, Any]:
     return meta
 
 
-def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
+def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """TrainJob (trainer.kubeflow.org/v1alpha1); the torch runtime sets torchrun's PET_* env."""
-    script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts)
+    script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts,
+                     cpu=cpu)
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -98,19 +112,20 @@ def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any
                 "env": [{"name": PLAN_ENV, "value": plan_yaml}],
                 "numNodes": lay.num_nodes,
                 "numProcPerNode": lay.nproc_per_node,
-                "resourcesPerNode": {"limits": {GPU_RESOURCE: str(lay.nproc_per_node)}},
+                "resourcesPerNode": node_resources(lay.nproc_per_node, cpu),
             },
         },
     }
 
 
-def pytorch_job(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
+def pytorch_job(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
     script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts,
-                     lay)
+                     lay, cpu=cpu)
 
     def replica(n: int) -> dict[str, Any]:  # a container per replica: no YAML aliases
-        container = _container("pytorch", script, plan_yaml, opts, lay.nproc_per_node)
+        container = _container("pytorch", script, plan_yaml, opts,
+                               node_resources(lay.nproc_per_node, cpu))
         template = {"spec": {"containers": [container]}}
         return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
 
@@ -141,7 +156,7 @@ def elastic_policy(lay: Layout, opts: ExportOptions) -> dict[str, Any]:
             "maxRestarts": opts.max_restarts}
 
 
-def job_set(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
+def job_set(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job of num_nodes pods, c10d on pod 0."""
     head = f"{opts.job_name}-node-0-0.{opts.job_name}"  # <jobset>-<rjob>-<job>-<pod>.<subdomain>
     torchrun = torchrun_argv(lay, opts, rdzv_host=head, rdzv_id=opts.job_name)
@@ -149,8 +164,8 @@ def job_set(lay: Layout, plan_yaml: str, opts: ExportOptions) -> dict[str, Any]:
         torchrun = torchrun_argv(
             Layout(1, lay.nproc_per_node), opts, rdzv_host=head, rdzv_id=opts.job_name
         )
-    container = _container("trainer", _script(torchrun, opts, lay), plan_yaml, opts,
-                           lay.nproc_per_node)
+    container = _container("trainer", _script(torchrun, opts, lay, cpu=cpu), plan_yaml, opts,
+                           node_resources(lay.nproc_per_node, cpu))
     job_spec = {
         "parallelism": lay.num_nodes,
         "completions": lay.num_nodes,
@@ -186,11 +201,11 @@ class KubernetesTarget(ExportTarget):
             check_dns_label("--namespace", opts.namespace)
         check_path_word("--checkpoint-dir", opts.checkpoint_dir)
         check_path_word("--image", opts.image)
+        check_train_run(opts)
         why = layout_reasons(plan, opts.gpus_per_node)
+        check_min_nodes(opts, None if why else layout(plan, opts.gpus_per_node))
         if opts.k8s_kind not in KINDS:
             why.append(f"--kind {opts.k8s_kind!r}: choose one of {', '.join(KINDS)}")
-        if not why:
-            why += elastic_reasons(layout(plan, opts.gpus_per_node), opts)
         if opts.elastic and opts.k8s_kind == "trainjob":
             # kubeflow/training-operator sdk/docs/TrainerV1alpha1TorchElasticPolicy.md: the
             # bounds (min_nodes, max_nodes, max_restarts) are the runtime's torch policy
@@ -201,11 +216,12 @@ class KubernetesTarget(ExportTarget):
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
+        cpu = on_cpu(plan)
         plan_yaml = dump_yaml(plan_to_dict(plan.replace(model=model)))
-        manifest = BUILDERS[opts.k8s_kind](lay, plan_yaml, opts)
+        manifest = BUILDERS[opts.k8s_kind](lay, plan_yaml, opts, cpu)
         header = (
             f"# {manifest['kind']} written by `autoplan export --to kubernetes`: "
-            f"{lay.num_nodes} node(s) x {lay.nproc_per_node} GPU(s).\n"
+            f"{lay.num_nodes} node(s) x {lay.nproc_per_node} {'CPU' if cpu else 'GPU'}(s).\n"
             f"# Checkpoints go to {opts.checkpoint_dir}: mount persistent storage there.\n"
         )
         body = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False, width=100)

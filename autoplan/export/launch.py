@@ -1,16 +1,19 @@
 """torchrun command lines shared by the torchrun, SLURM and Kubernetes targets.
 
 The launched program is `autoplan train PLAN` (the built-in runtime reads every plan field); under
-torchrun it runs in place, one process per GPU. Scheduler specifics stay in their own modules.
+torchrun it runs in place, one process per GPU (per CPU rank, on gloo, for a CPU profile's plan).
+Scheduler specifics stay in their own modules.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass, fields
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
+from autoplan.plan import Plan
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Job names every scheduler target takes as they are: letters, digits, '.', '_', '-' (no shell
@@ -33,38 +36,103 @@ def check_path_word(flag: str, value: str) -> None:
         raise ConfigError(flag, f"got {value[:80]!r}", "give a path without control characters")
 
 
+LAUNCH_TARGETS = ("torchrun", "slurm", "kubernetes")
+"""Targets that launch `autoplan train PLAN` under torchrun (the options of LaunchOptions)."""
 ELASTIC_TARGETS = ("slurm", "kubernetes")
 """Targets whose launch is torchrun, which `--elastic` turns into its MIN:MAX form."""
-ELASTIC_CHECKPOINT_EVERY = 100
-"""Steps between checkpoints of an exported elastic job: a lost node costs at most this many."""
+TRAIN_STEPS = 20
+"""`autoplan train --steps`'s default (autoplan.runtime.cli; a test holds the two together)."""
+CHECKPOINT_EVERY = 100
+"""Steps between checkpoints of an exported job: a restart (--max-restarts, a lost node under
+--elastic, a requeue) resumes at most this many steps back."""
 ELASTIC_ENV = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 """Set for elastic torchrun (autoplan.runtime.launch.ELASTIC_ENV says why)."""
 
 
-def elastic_reasons(lay: Layout, opts: ExportOptions) -> list[str]:
-    """Why --elastic/--min-nodes cannot apply to this layout (empty when they can)."""
+@dataclass(frozen=True)
+class LaunchOptions(ExportOptions):
+    """ExportOptions plus how the launched `autoplan train` runs (torchrun, slurm, kubernetes);
+    the fields mirror train's flags of the same names."""
+
+    steps: int = TRAIN_STEPS
+    """train --steps: optimizer steps the job runs in total (a resumed job counts on)."""
+    checkpoint_every: int = CHECKPOINT_EVERY
+    """train --checkpoint-every: save every K steps (0: only on SIGTERM and at the end)."""
+    keep_checkpoints: int | None = None
+    """train --keep-checkpoints: keep the newest K (0: all); None leaves train's default."""
+
+
+def launch_options(opts: ExportOptions) -> LaunchOptions:
+    """`opts` as LaunchOptions: train's settings at their defaults where none were given."""
+    if isinstance(opts, LaunchOptions):
+        return opts
+    return LaunchOptions(**{f.name: getattr(opts, f.name) for f in fields(ExportOptions)})
+
+
+def check_train_run(opts: ExportOptions) -> None:
+    """Refuse a training length or checkpoint cadence `autoplan train` would refuse."""
+    run = launch_options(opts)
+    if run.steps < 1:
+        raise ConfigError("--steps", f"got {run.steps}", "expected at least 1 optimizer step")
+    for flag, value in (("--checkpoint-every", run.checkpoint_every),
+                        ("--keep-checkpoints", run.keep_checkpoints)):
+        if value is not None and value < 0:
+            raise ConfigError(flag, f"got {value}", "expected 0 or more (see autoplan train "
+                              "--help)")
+
+
+def on_cpu(plan: Plan) -> bool:
+    """Whether the plan's profile describes a CPU host (calibrate.device_model: `cpu`), whose
+    ranks are CPU processes on gloo. A profile this machine cannot load (another site's) is
+    taken for GPUs, as before."""
+    from autoplan.calibrate import device_model
+    from autoplan.hardware import load_profile
+
+    try:
+        profile = load_profile(plan.cluster.profile)
+    except ConfigError:
+        return False
+    return device_model(profile) == "cpu"
+
+
+def check_min_nodes(opts: ExportOptions, lay: Layout | None = None) -> None:
+    """--min-nodes is the floor of an elastic job, from 1 to the plan's nodes (`lay`): a value
+    outside that is a mistake in the command (exit 2), not something the plan cannot express."""
     if not opts.elastic:
-        return [] if opts.min_nodes == 1 else [f"--min-nodes {opts.min_nodes} needs --elastic"]
-    if not 1 <= opts.min_nodes <= lay.num_nodes:
-        return [f"--min-nodes {opts.min_nodes}: expected 1 to the plan's {lay.num_nodes} "
-                "node(s)"]
-    return []
+        if opts.min_nodes != 1:
+            raise ConfigError("--min-nodes", f"got {opts.min_nodes} without --elastic",
+                              "add --elastic, or drop --min-nodes")
+        return
+    if lay is not None and not 1 <= opts.min_nodes <= lay.num_nodes:
+        raise ConfigError("--min-nodes", f"got {opts.min_nodes}, but the plan runs on "
+                          f"{lay.num_nodes} node(s)", f"give 1 to {lay.num_nodes}")
 
 
 def train_argv(opts: ExportOptions, plan_path: str | None = None,
-               lay: Layout | None = None) -> list[str]:
-    """`autoplan train PLAN --checkpoint-dir D --resume` (resume picks up after a restart);
-    elastic: `--elastic --min-gpus N --checkpoint-every K` as well (`lay` gives N)."""
+               lay: Layout | None = None, *, cpu: bool = False) -> list[str]:
+    """`autoplan train PLAN --steps N --checkpoint-dir D --checkpoint-every K --resume` (resume
+    picks up after a restart); `--keep-checkpoints` when given; a CPU plan: `--backend gloo`
+    (train's auto picks NCCL wherever CUDA is visible); elastic: `--elastic --min-gpus N` as
+    well (`lay` gives N)."""
+    run = launch_options(opts)
     argv = [
         "autoplan",
         "train",
         plan_path or opts.plan_path,
+        "--steps",
+        str(run.steps),
         "--checkpoint-dir",
         opts.checkpoint_dir,
-        "--resume",
+        "--checkpoint-every",
+        str(run.checkpoint_every),
     ]
+    if run.keep_checkpoints is not None:
+        argv += ["--keep-checkpoints", str(run.keep_checkpoints)]
+    argv.append("--resume")
+    if cpu:
+        argv += ["--backend", "gloo"]
     if opts.elastic:
-        argv += ["--checkpoint-every", str(ELASTIC_CHECKPOINT_EVERY), "--elastic"]
+        argv.append("--elastic")
         if lay is not None:
             argv += ["--min-gpus", str(opts.min_nodes * lay.nproc_per_node)]
     return argv

@@ -1,7 +1,7 @@
 """`--to slurm`: an sbatch script that runs torchrun once per node with srun.
 
 c10d rendezvous on the job's first node; nodes and GPUs per node come from the plan and the
-hardware profile; torchrun restarts the worker group up to --max-restarts times and
+hardware profile (a CPU profile's plan asks for CPUs: one per rank, no GPUs); torchrun restarts the worker group up to --max-restarts times and
 `autoplan train --resume` continues from the checkpoint directory. `--elastic`: torchrun
 `--nnodes=MIN:MAX`, a job SLURM keeps when a node fails, and `autoplan train --elastic`, which
 re-plans for the nodes left.
@@ -9,13 +9,15 @@ re-plans for the nodes left.
 
 from __future__ import annotations
 
-from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons
+from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
 from autoplan.export.launch import (
     ELASTIC_ENV,
     check_job_name,
+    check_min_nodes,
     check_path_word,
+    check_train_run,
     continued,
-    elastic_reasons,
+    on_cpu,
     shell_join,
     torchrun_argv,
     train_argv,
@@ -32,32 +34,39 @@ class SlurmTarget(ExportTarget):
         check_job_name(opts.job_name)  # it names the job, its log and the script file
         check_path_word("--checkpoint-dir", opts.checkpoint_dir)
         check_path_word("PLAN", opts.plan_path)
+        check_train_run(opts)
         why = layout_reasons(plan, opts.gpus_per_node)
-        return why or elastic_reasons(layout(plan, opts.gpus_per_node), opts)
+        check_min_nodes(opts, None if why else layout(plan, opts.gpus_per_node))
+        return why
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
+        cpu = on_cpu(plan)
+        unit = "CPU" if cpu else "GPU"
         argv = torchrun_argv(lay, opts, rdzv_host="$head_node", rdzv_id="$SLURM_JOB_ID")
         # srun --kill-on-bad-exit=0: one node's torchrun ending does not end the others'
         # (slurm.schedmd.com/srun.html); elastic ones re-rendezvous without it
         srun = ["srun", "--kill-on-bad-exit=0"] if opts.elastic else ["srun"]
+        if cpu:  # srun inherits no --cpus-per-task from sbatch since Slurm 22.05 (sbatch(1))
+            srun.append(f"--cpus-per-task={lay.nproc_per_node}")
         launch = [shell_join(srun, keep=("$",))]
         launch += [shell_join([w], keep=("$",)) for w in argv]
-        launch.append(shell_join(train_argv(opts, lay=lay)))
+        launch.append(shell_join(train_argv(opts, lay=lay, cpu=cpu)))
         text = "\n".join(
             [
                 "#!/bin/bash",
                 f"#SBATCH --job-name={opts.job_name}",
                 f"#SBATCH --nodes={lay.num_nodes}",
                 "#SBATCH --ntasks-per-node=1",
-                f"#SBATCH --gpus-per-node={lay.nproc_per_node}",
+                _device_directive(lay, cpu),
                 "#SBATCH --exclusive",
                 *_elastic_directives(opts),
                 f"#SBATCH --output={opts.job_name}-%j.out",
                 "#",
                 "# Written by `autoplan export --to slurm`: one torchrun per node (srun), one process",
-                f"# per GPU; plan: dp={plan.parallel.dp} tp={plan.parallel.tp} pp={plan.parallel.pp}"
-                f" cp={plan.parallel.cp} on {lay.num_nodes} x {lay.nproc_per_node} GPUs.",
+                f"# per {unit}; plan: dp={plan.parallel.dp} tp={plan.parallel.tp} "
+                f"pp={plan.parallel.pp} cp={plan.parallel.cp} on {lay.num_nodes} x "
+                f"{lay.nproc_per_node} {unit}s.",
                 *_elastic_comment(opts),
                 "set -euo pipefail",
                 "",
@@ -72,6 +81,14 @@ class SlurmTarget(ExportTarget):
             ]
         )
         return {f"{opts.job_name}.sbatch": text}
+
+
+def _device_directive(lay: Layout, cpu: bool) -> str:
+    """GPUs per node; a CPU plan: one CPU per rank for the node's one task (torchrun), which
+    a CPU-only partition grants and a GPU request would be refused on."""
+    if cpu:
+        return f"#SBATCH --cpus-per-task={lay.nproc_per_node}"
+    return f"#SBATCH --gpus-per-node={lay.nproc_per_node}"
 
 
 def _elastic_directives(opts: ExportOptions) -> list[str]:

@@ -1,13 +1,22 @@
 """`--to torchrun`: the torchrun command line that runs `autoplan train PLAN` on each node.
 
 One node: `--standalone`. Several nodes: the same command on every node, with a c10d rendezvous on
-the first node, whose address the script reads from RDZV_HOST.
+the first node, whose address the script reads from RDZV_HOST. A CPU profile's plan trains on gloo.
 """
 
 from __future__ import annotations
 
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons
-from autoplan.export.launch import check_job_name, continued, shell_join, torchrun_argv, train_argv
+from autoplan.export.launch import (
+    check_job_name,
+    check_min_nodes,
+    check_train_run,
+    continued,
+    on_cpu,
+    shell_join,
+    torchrun_argv,
+    train_argv,
+)
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -18,17 +27,20 @@ class TorchrunTarget(ExportTarget):
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
         check_job_name(opts.job_name)  # --rdzv-id: inside "..." next to ${RDZV_HOST}
+        check_train_run(opts)
+        check_min_nodes(opts)  # --elastic itself is refused by the CLI (ELASTIC_TARGETS)
         return layout_reasons(plan, opts.gpus_per_node)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
+        cpu = on_cpu(plan)
         head = [
             "#!/usr/bin/env bash",
             "# torchrun launch written by `autoplan export --to torchrun`.",
         ]
         if lay.num_nodes == 1:
             argv = torchrun_argv(lay, opts, rdzv_host=None, rdzv_id=None)
-            head.append(f"# One node, {lay.nproc_per_node} processes.")
+            head.append(f"# One node, {lay.nproc_per_node} {'CPU ' if cpu else ''}processes.")
         else:
             argv = torchrun_argv(lay, opts, rdzv_host="${RDZV_HOST}", rdzv_id=opts.job_name)
             head += [
@@ -38,5 +50,5 @@ class TorchrunTarget(ExportTarget):
             ]
         head.append("set -euo pipefail")
         lines = [shell_join([w], keep=("${",)) for w in argv]
-        lines.append(shell_join(train_argv(opts)))
+        lines.append(shell_join(train_argv(opts, cpu=cpu)))
         return {"launch.sh": "\n".join(head) + "\n" + continued(lines) + "\n"}

@@ -47,8 +47,12 @@ def test_torchrun_script_runs_autoplan_train_on_every_gpu(tmp_path: Path, case: 
         "autoplan",
         "train",
         "plan.yaml",
+        "--steps",
+        "20",
         "--checkpoint-dir",
         "checkpoints",
+        "--checkpoint-every",
+        "100",
         "--resume",
     ]
 
@@ -157,9 +161,9 @@ def test_real_sbatch_accepts_the_elastic_options(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("kw", "match"), [
-    ({"elastic": True, "min_nodes": 0}, "--min-nodes 0"),
-    ({"elastic": True, "min_nodes": 9}, "--min-nodes 9"),
-    ({"min_nodes": 2}, "needs --elastic"),
+    ({"elastic": True, "min_nodes": 0}, "--min-nodes: got 0"),
+    ({"elastic": True, "min_nodes": 9}, "--min-nodes: got 9"),
+    ({"min_nodes": 2}, "--min-nodes: got 2 without --elastic; add --elastic"),
 ])
 def test_slurm_elastic_bounds_are_checked(tmp_path: Path, kw: dict, match: str):
     with pytest.raises(Exception, match=match):
