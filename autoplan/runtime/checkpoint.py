@@ -5,7 +5,8 @@ state flattened per parameter), so a checkpoint saved under one plan loads under
 (different dp/tp/pp/ZeRO/world size). A checkpoint is only ever picked up whole: every rank
 writes into `step-NNNNNNNN.tmp/`, then, after a barrier, rank 0 writes `meta.json` and renames
 the folder to `step-NNNNNNNN/` (an atomic rename on one file system); stale `.tmp/` folders of a
-killed save are removed, and only the newest `keep` checkpoints are kept.
+killed save are removed, and only the newest `keep` intact checkpoints are kept (prune_intact:
+a damaged one is neither counted nor deleted).
 
 Loading trusts nothing in the folder (checkpoint_files: restricted metadata unpickler,
 weights_only byte items), skips damaged checkpoints for the newest intact one, refuses a
@@ -47,6 +48,7 @@ from autoplan.runtime.checkpoint_compat import (
     saved_optimizer,
 )
 from autoplan.runtime.checkpoint_files import (
+    CheckpointRefused,
     CorruptCheckpoint,
     Intact,
     SafePlanner,
@@ -54,7 +56,6 @@ from autoplan.runtime.checkpoint_files import (
     clean_temporaries,
     complete_dirs,
     fallback_warning,
-    prune,
     verify,
 )
 
@@ -74,6 +75,33 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return None
 
 
+def prune_intact(root: Path, keep: int) -> tuple[list[Path], list[Path]]:
+    """Delete the intact checkpoints beyond the newest `keep` intact ones (0 keeps all);
+    returns (deleted, damaged ones left in place).
+
+    A damaged checkpoint (one `verify` refuses: a truncated file, unreadable or hostile
+    metadata) is what a resume skips, so it does not count toward `keep`: counted, it took
+    the place of an intact one, and a resume had one fewer to fall back on. It is not deleted
+    either: it is the user's data (a truncated file may be a disk that filled, worth looking
+    at), and deleting it without being asked is worse than leaving a folder the resume
+    already skips with a warning; the caller names it instead."""
+    if keep <= 0:
+        return [], []
+    intact: list[Path] = []
+    damaged: list[Path] = []
+    for path in complete_dirs(root):
+        try:
+            verify(path)
+        except (CorruptCheckpoint, CheckpointRefused):
+            damaged.append(path)
+            continue
+        intact.append(path)
+    deleted = intact[keep:]
+    for path in deleted:
+        shutil.rmtree(path, ignore_errors=True)
+    return deleted, damaged
+
+
 def checkpoint_step(path: Path) -> int:
     return int(json.loads((path / "meta.json").read_text())["step"])
 
@@ -88,6 +116,7 @@ class Checkpointer:
         self.parts, self.optimizers = parts, optimizers
         self.tied, self.loss_scaler = tied, loss_scaler
         self.keep = keep
+        self._told_damaged: set[Path] = set()
 
     def _state(self) -> dict[str, dict]:
         model: dict = {}
@@ -118,8 +147,15 @@ class Checkpointer:
             (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
-            for old in prune(self.root, self.keep):
-                log.info("pruned checkpoint %s (keeping the newest %d)", old.name, self.keep)
+            deleted, damaged = prune_intact(self.root, self.keep)
+            for old in deleted:
+                log.info("pruned checkpoint %s (keeping the newest %d intact)", old.name,
+                         self.keep)
+            for bad in sorted(set(damaged) - self._told_damaged):
+                log.warning("left damaged checkpoint %s in place (not counted toward "
+                            "--keep-checkpoints; remove it when it is no longer needed)",
+                            bad.name)
+                self._told_damaged.add(bad)
         dist.barrier()
         log.info("saved checkpoint %s", final)
         return final

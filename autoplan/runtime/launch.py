@@ -69,15 +69,13 @@ def memory_preflight(args: argparse.Namespace, plan, spec) -> None:
     """Refuse (exit 3) a plan the cost model says does not fit, priced as `autoplan estimate`
     prices it by default: autoplan's own runtime on the plan's profile's device. Only the
     launcher checks (ranks started by a scheduler train what they are given); a profile that
-    cannot be loaded here is not priced. --no-memory-check skips it."""
+    cannot be loaded here is an error (exit 2, load_cluster). --no-memory-check skips it."""
     from autoplan.cost.estimate import default_runtime, estimate_plan, runtime_refusals
-    from autoplan.runtime.validation import plan_cluster
+    from autoplan.runtime.validation import load_cluster
 
     if getattr(args, "no_memory_check", False):
         return
-    cluster = plan_cluster(plan)
-    if cluster is None:
-        return
+    cluster = load_cluster(plan)
     est = estimate_plan(plan, cluster, spec)
     other = set(runtime_refusals(plan, default_runtime(cluster.profile)))
     misses = [r for r in est.reasons if r not in other]  # check_plan passed: memory only
@@ -183,14 +181,17 @@ def launch_and_report(args: argparse.Namespace) -> int:
     from autoplan.runtime.metrics import render_summary, write_run_record
     from autoplan.runtime.supervise import run_supervised
     from autoplan.runtime.train_args import check_train_args
+    from autoplan.runtime.validation import load_cluster
 
     check_train_args(args)
-    nproc = args.nproc if args.nproc is not None else load_plan(args.plan).world_size
+    given = load_plan(args.plan)
+    load_cluster(given)  # the profile every check and the prediction price the plan on
+    nproc = args.nproc if args.nproc is not None else given.world_size
     chosen = None
     if args.elastic:  # fail now (exit 3) if no plan fits; rank 0 re-plans again and says it
         from autoplan.runtime.elastic import elastic_space, replan
 
-        chosen = replan(load_plan(args.plan), nproc, space=elastic_space(args),
+        chosen = replan(given, nproc, space=elastic_space(args),
                         min_world=args.min_gpus or 1).plan
     plan, spec, _ = preflight(args, chosen.world_size if chosen else nproc, chosen)
     memory_preflight(args, plan, spec)
@@ -216,9 +217,9 @@ def launch_and_report(args: argparse.Namespace) -> int:
     if summary is None:
         raise RuntimeLaunchError(f"torchrun exited with code {outcome.returncode}; see the "
                                  "rank logs above")
-    if args.run_record:
-        write_run_record(args.run_record, summary, plan)
     emit(args, summary, lambda console: render_summary(console, summary))
+    if args.run_record:  # after the summary: a path taken meanwhile costs no result
+        write_run_record(args.run_record, summary, plan)
     return 0
 
 

@@ -10,7 +10,7 @@ import os
 import resource
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,59 @@ class MetricsSink:
             sys.stderr.flush()
 
 
+_RECORD_KEYS = {f.name: f.default is MISSING for f in fields(StepMetrics)}
+"""The keys of a line MetricsSink writes (json of a StepMetrics), each with whether it is
+required (records of a runtime before loss_scale and skipped lack those)."""
+_RECORD_START = '{"step": '
+"""How every record begins (json.dumps keeps the dataclass order): a line torn by a kill too."""
+
+
+def _is_number(value: Any, *, none: bool = False) -> bool:
+    if value is None:
+        return none
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_step_record(rec: Any) -> bool:
+    """Whether `rec` (a parsed JSON line) has the shape of a StepMetrics record."""
+    if not isinstance(rec, dict) or not set(rec) <= set(_RECORD_KEYS):
+        return False
+    if any(required and key not in rec for key, required in _RECORD_KEYS.items()):
+        return False
+    step = rec["step"]
+    return (isinstance(step, int) and not isinstance(step, bool) and step >= 1
+            and all(_is_number(rec[k]) for k in ("loss", "step_time_s", "tokens_per_s"))
+            and isinstance(rec["peak_memory_bytes"], int)
+            and _is_number(rec["grad_norm"], none=True)
+            and _is_number(rec.get("loss_scale"), none=True)
+            and isinstance(rec.get("skipped", False), bool))
+
+
+def metrics_file_problem(path: Path) -> str | None:
+    """None when every complete line of `path` is a step record (blank lines aside) and a last
+    line without its newline is the start of one (a write cut short by a kill): the file a
+    run's MetricsSink wrote. Else what is wrong, with the line number."""
+    try:
+        with path.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                text = raw.decode("utf-8", errors="replace")
+                if not raw.endswith(b"\n"):  # the torn last line
+                    if _RECORD_START.startswith(text) or text.startswith(_RECORD_START):
+                        return None
+                    return f"line {number} is not a step record: {text[:40]!r}"
+                if not text.strip():
+                    continue
+                try:
+                    rec = json.loads(text)
+                except ValueError:
+                    rec = None
+                if not is_step_record(rec):
+                    return f"line {number} is not a step record: {text.rstrip()[:40]!r}"
+    except OSError as err:
+        return f"cannot read it ({err.strerror})"
+    return None
+
+
 def truncate_after(path: Path, step: int) -> int:
     """Drop the records past `step` (and a torn last line) from a metrics file, atomically;
     returns how many were kept."""
@@ -193,7 +246,7 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "memory_rank": peak[1] if peak is not None and history else (0 if history else None),
     }
     pred, note = predicted(plan)
-    notes = [n for n in (note, _unmeasured(history, warmup)) if n]
+    notes = [n for n in (note, _unmeasured(history, warmup, resumed_step)) if n]
     return {
         "steps": history[-1].step if history else resumed_step,
         "steps_this_run": len(history),
@@ -208,11 +261,16 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
     }
 
 
-def _unmeasured(history: list[StepMetrics], warmup: int) -> str | None:
+def _unmeasured(history: list[StepMetrics], warmup: int, resumed_step: int = 0) -> str | None:
+    """Why a run has no step time, and the --steps (a total, counted from step 0) that gives
+    it one step after the warm-up."""
     if not history or len(history) > warmup:
         return None
+    n = len(history)
+    after = f" after resuming at step {resumed_step}" if resumed_step else ""
     return (f"step time not measured: the run had no step after its {warmup} warm-up "
-            f"step{'s' if warmup > 1 else ''} (run at least {warmup + 1} steps)")
+            f"step{'s' if warmup > 1 else ''} (this run trained {n} step{'s' if n > 1 else ''}"
+            f"{after}: --steps {resumed_step + warmup + 1} or more measures one)")
 
 
 def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
@@ -238,11 +296,36 @@ def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
     }
 
 
-def write_run_record(path: str, summary: dict[str, Any], plan: Any) -> None:
-    """Write the run record atomically; an existing file is never replaced."""
-    from autoplan.yaml_io import write_text_atomic
+MAX_RECORD_SIBLINGS = 1000
+"""How many numbered names (NAME.1.json, ...) write_run_record tries beside a taken path."""
 
-    write_text_atomic(path, json.dumps(run_record(summary, plan), indent=2))
+
+def write_run_record(path: str, summary: dict[str, Any], plan: Any) -> Path:
+    """Write the run record atomically and return where it went. An existing file is never
+    replaced: the flag's checks refused one before training, so a file at `path` now appeared
+    during the run, and the record (the result of the whole run) goes to the first free
+    numbered sibling (run.json -> run.1.json, run.2.json, ...) with one warning naming both."""
+    from autoplan import fsutil
+    from autoplan.errors import ConfigError
+
+    text = json.dumps(run_record(summary, plan), indent=2)
+    wanted = Path(path)
+    for n in range(MAX_RECORD_SIBLINGS + 1):
+        target = wanted if n == 0 else wanted.with_name(f"{wanted.stem}.{n}{wanted.suffix}")
+        if os.path.lexists(target):
+            continue
+        try:
+            fsutil.write_text(target, text, field="--run-record")
+        except ConfigError:
+            if os.path.lexists(target):
+                continue  # taken between the look and the write
+            raise
+        if n:
+            log.warning("--run-record: %s appeared during the run and is left as it is; "
+                        "wrote the run record to %s instead", wanted, target)
+        return target
+    raise ConfigError("--run-record", f"{str(wanted)!r} and {MAX_RECORD_SIBLINGS} numbered "
+                      "names beside it are taken", "choose another path")
 
 
 def render_summary(console, summary: dict[str, Any]) -> None:

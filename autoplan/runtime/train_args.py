@@ -16,6 +16,8 @@ from autoplan.errors import ConfigError
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """Longest --pg-timeout-s (a week): datetime.timedelta overflows far above it."""
 OUTPUT_FLAGS = ("--checkpoint-dir", "--metrics-file", "--run-record")
+PATH_FLAGS = ("--data", *OUTPUT_FLAGS)
+"""Path flags whose `~` is expanded here (bash leaves it in `--flag=~/x`)."""
 
 
 def _number(flag: str, value: float, low: float, high: float, *, low_open: bool = False,
@@ -28,7 +30,7 @@ def _number(flag: str, value: float, low: float, high: float, *, low_open: bool 
 
 def _output_parent(flag: str, path: str) -> Path:
     """The nearest existing ancestor of `path`, which must be a writable folder."""
-    p = Path(path).expanduser().absolute()
+    p = Path(path).absolute()
     parent = p.parent
     while not parent.exists():
         parent = parent.parent
@@ -42,8 +44,20 @@ def _output_parent(flag: str, path: str) -> Path:
     return p
 
 
+def expand_paths(args: argparse.Namespace) -> None:
+    """Expand `~` in the path flags, in place, once: every check after this and every write
+    (the launcher, the ranks it starts, a rank started by a scheduler) sees the same path."""
+    for flag in PATH_FLAGS:
+        name = flag[2:].replace("-", "_")
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(args, name, os.path.expanduser(value))
+
+
 def check_train_args(args: argparse.Namespace) -> None:
-    """Raise one ConfigError for the first bad value among the train flags."""
+    """Raise one ConfigError for the first bad value among the train flags (after expanding
+    `~` in the path flags: expand_paths)."""
+    expand_paths(args)
     if args.steps < 1:
         raise ConfigError("--steps", f"got {args.steps}", "expected at least 1")
     if args.nproc is not None and args.nproc < 1:
@@ -93,17 +107,32 @@ def _check_elastic(args: argparse.Namespace) -> None:
 
 
 def _check_distinct(args: argparse.Namespace) -> None:
-    """Two outputs on one path would overwrite each other (found only after training)."""
+    """Two outputs on one path would overwrite each other (found only after training), and an
+    output on an input (the plan, --data) would overwrite the input."""
+    inputs = [(what, value) for what, value in (("the plan file", getattr(args, "plan", None)),
+                                                ("--data", getattr(args, "data", None)))
+              if value is not None]
     seen: dict[str, str] = {}
     for flag in OUTPUT_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is None:
             continue
-        key = os.path.normpath(Path(value).expanduser().absolute())
+        key = os.path.normpath(Path(value).absolute())
         if key in seen:
             raise ConfigError(flag, f"{value!r} is also given to {seen[key]}",
                               "give each output its own path")
         seen[key] = flag
+        for what, source in inputs:
+            if key == os.path.normpath(Path(source).absolute()) or _same_file(value, source):
+                raise ConfigError(flag, f"{value!r} is {what}", "give the output another path "
+                                  "(an output never replaces an input)")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing (or unreadable): not one file
+        return False
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -121,14 +150,7 @@ def _check_paths(args: argparse.Namespace) -> None:
         elif not _resuming(args) and not under_restart():
             _check_no_checkpoints(args.checkpoint_dir)
     if args.metrics_file is not None:
-        m = Path(args.metrics_file)
-        if m.is_dir():
-            raise ConfigError("--metrics-file", f"{args.metrics_file!r} is a folder",
-                              "name a file")
-        if m.exists() and not _resuming(args) and not under_restart():
-            raise ConfigError("--metrics-file", f"{args.metrics_file!r} already exists",
-                              "pass --resume to continue it, or choose another path")
-        _output_parent("--metrics-file", args.metrics_file)
+        _check_metrics_file(args)
     if args.run_record is not None:
         r = Path(args.run_record)
         if r.is_dir():
@@ -137,6 +159,32 @@ def _check_paths(args: argparse.Namespace) -> None:
             raise ConfigError("--run-record", f"{args.run_record!r} already exists",
                               "choose another path (run records are never overwritten)")
         _output_parent("--run-record", args.run_record)
+
+
+def _check_metrics_file(args: argparse.Namespace) -> None:
+    """A new file, or with --resume (or in a restart) the file an earlier run wrote: every
+    record in it is kept up to the resumed step and the rest dropped, so a file that is not
+    this runtime's step records (another output, the plan, a typo) is refused untouched."""
+    from autoplan.runtime.metrics import metrics_file_problem
+
+    path = args.metrics_file
+    m = Path(path)
+    if m.is_dir():
+        raise ConfigError("--metrics-file", f"{path!r} is a folder", "name a file")
+    if m.exists() and not m.is_file():
+        raise ConfigError("--metrics-file", f"{path!r} is not a regular file",
+                          "name a file (a new one, or with --resume this run's)")
+    if m.exists() and not _resuming(args) and not under_restart():
+        raise ConfigError("--metrics-file", f"{path!r} already exists",
+                          "pass --resume to continue it, or choose another path")
+    if m.exists():
+        problem = metrics_file_problem(m)
+        if problem:
+            raise ConfigError("--metrics-file", f"{path!r} is not a metrics file of autoplan "
+                              f"train ({problem}); --resume would cut it to this run's steps",
+                              "give another path (a new file, or the --metrics-file the "
+                              "resumed run wrote)")
+    _output_parent("--metrics-file", path)
 
 
 def _check_no_checkpoints(directory: str) -> None:

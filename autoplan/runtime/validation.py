@@ -8,7 +8,10 @@ the rule's own words, in one ConfigError (exit 2).
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
+from autoplan import resources
 from autoplan.errors import AutoplanError, ConfigError
 from autoplan.hardware import ClusterSpec, cluster
 from autoplan.model_spec import ModelSpec
@@ -18,9 +21,33 @@ from autoplan.plan_rules import runtime_limits, validate_plan
 log = logging.getLogger(__name__)
 
 
+def load_cluster(plan: Plan) -> ClusterSpec:
+    """The plan's cluster, or one ConfigError naming cluster.profile: what `autoplan train`
+    requires before it launches (the memory check, the precision check and the summary's
+    prediction all price the plan on it). A relative path is read from the current
+    directory, as every other path the command takes."""
+    from autoplan.hardware import available_profiles
+
+    ref = plan.cluster.profile
+    try:
+        return cluster(ref, plan.cluster.num_gpus)
+    except ConfigError as err:
+        named = resources.is_name(ref)
+        if (resources.find(resources.PROFILES, ref) is None) if named else not Path(ref).exists():
+            where = (f"no profile of that name ({', '.join(available_profiles())})" if named
+                     else f"no such file from {os.getcwd()}")
+            raise ConfigError("cluster.profile", f"{ref!r} cannot be loaded: {where}",
+                              "give a path that exists from here, or a profile name") from None
+        raise ConfigError("cluster.profile", f"{ref!r} cannot be loaded ({err})",
+                          "fix the profile, or name another one") from None
+
+
 def plan_cluster(plan: Plan) -> ClusterSpec | None:
-    """The plan's cluster, or None where its profile cannot be loaded here (a profile file
-    of another machine): the rules then skip only the device's precision check."""
+    """The plan's cluster, or None where its profile cannot be loaded here: the rules then
+    skip only the device's precision check. Only the ranks take None, and only for a job a
+    scheduler started without the launcher (an exported job on another site, whose profile
+    file may stay on the machine the plan was searched on); the launcher refuses such a plan
+    first (load_cluster), so a run it starts always has its profile."""
     try:
         return cluster(plan.cluster.profile, plan.cluster.num_gpus)
     except AutoplanError as err:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 from autoplan.plan import save_plan
 from autoplan.runtime.checkpoint_compat import RunSettings, checkpoint_meta, saved_optimizer
 from autoplan.runtime.checkpoint_files import verify
+from autoplan.runtime.metrics import StepMetrics
 from autoplan.runtime.models.transformer import build_meta_model
 from tests.cli_refusals import assert_refused
 from tests.dist.parity import TEST_MODELS, make_plan
@@ -94,7 +96,8 @@ def test_resume_without_a_checkpoint_over_a_runs_metrics_is_refused(setup, capsy
     """It started at step 0 and truncated the metrics file of the run it meant to continue."""
     tmp_path, _, plan = setup
     metrics = tmp_path / "m.jsonl"
-    metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2)))
+    metrics.write_text("".join(json.dumps(asdict(StepMetrics(s, 1.0, 0.1, 10.0, 1, 0.5)))
+                               + "\n" for s in (1, 2)))  # what MetricsSink writes
     target = tmp_path / "ck_typo"
     if where == "empty":
         target.mkdir()

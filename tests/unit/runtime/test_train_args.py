@@ -112,8 +112,9 @@ def test_run_record_is_what_calibrate_reads(tmp_path):
     assert run.plan == plan and run.profile == "cpu-gloo"
     assert run.measured.step_time_s == pytest.approx(0.225)
     assert run.measured.peak_memory_bytes == 3 << 20 and run.measured.steps == 3
-    with pytest.raises(Exception, match="already exists"):
-        write_run_record(str(path), summary, plan)  # never replaced
+    before = path.read_bytes()  # never replaced: a path taken meanwhile gets a sibling
+    assert write_run_record(str(path), summary, plan) == tmp_path / "run.1.json"
+    assert path.read_bytes() == before
 
 
 def _big_plan(tmp_path):
