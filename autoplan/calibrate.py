@@ -127,7 +127,8 @@ def _check_measured_step(path: str | Path, measured: Any) -> None:
             and measured["step_time_s"] is None:
         raise ConfigError(f"RUN {path}: measured.step_time_s", "null: the run had no step "
                           "after its warm-up step, so nothing was measured",
-                          "calibrate with runs of `autoplan train --steps 2` or more")
+                          "calibrate with runs that train two steps or more (`autoplan "
+                          "train --steps` counts from step 0, a resumed step included)")
 
 
 def _recorded_device(path: str | Path, data: dict) -> str | None:

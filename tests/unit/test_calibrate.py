@@ -248,7 +248,7 @@ def test_a_run_with_no_measured_step_is_refused(tmp_path, capsys) -> None:
     run = _one_run(tmp_path, step_time_s=None)
     _refused(capsys, ["calibrate", run, "--profile", "cpu-gloo", "--trials", "2",
                       "--out", str(tmp_path / "out.yaml")],
-             f"RUN {run}: measured.step_time_s: null", "--steps 2")
+             f"RUN {run}: measured.step_time_s: null", "two steps or more")
 
 
 def _run_with_plan(tmp_path, name, plan):
