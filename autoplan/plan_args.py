@@ -84,7 +84,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     _check_agree(args, data)
     if derive:
         _derive_dp(data)
-    if not args.plan and "precision" not in data:
+    if not args.plan and "precision" not in data and isinstance(data.get("cluster"), dict):
         data["precision"] = _default_precision(data["cluster"].get("profile"))
     if isinstance(data.get("batch"), dict) and "global_batch_size" not in data["batch"]:
         dp = data.get("parallel", {}).get("dp", 1) if isinstance(data.get("parallel"), dict) else 1
