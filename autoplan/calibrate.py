@@ -159,7 +159,7 @@ def device_model(profile: ClusterProfile) -> str:
     """The device a profile describes, as runs on it would share it: `cpu` for a CPU host,
     else the GPU's model token (a100, h100, mi300x): the datasheet's `H100-SXM5-80GB` and
     torch's `NVIDIA H100 80GB HBM3` (a profile `autoplan profile` measured) are both h100."""
-    if profile.host.compute_slots is not None:
+    if profile.is_cpu:
         return "cpu"
     return device_token(profile.device.name)
 

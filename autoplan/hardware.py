@@ -308,6 +308,11 @@ class ClusterProfile:
     """US dollars per GPU-hour, an example list price for `search --objective cost` across GPU
     types (override with `search --price NAME=USD`); null: cost in GPU-hours only."""
 
+    @property
+    def is_cpu(self) -> bool:
+        """A CPU host, whose ranks time-share its `host.compute_slots` cores, not a GPU node."""
+        return self.host.compute_slots is not None
+
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
             raise ConfigError("gpus_per_node", f"got {self.gpus_per_node}", "expected >= 1")

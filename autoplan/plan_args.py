@@ -11,6 +11,7 @@ from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict, set_field
+from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, show
 
 
@@ -106,18 +107,14 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     return plan, model, cluster
 
 
-DEFAULT_PRECISIONS = ("bf16", "fp16", "fp32")
-"""The default plan's precision: the first of these the device has a peak for (bf16 where it
-exists; V100 trains in fp16)."""
-
-
 def _default_precision(profile_ref: Any) -> str:
-    """The precision of the default plan on this profile (a bad reference is left for the plan
-    loader to name)."""
+    """The precision of the default plan on this profile, as the search settles `precision:
+    auto` (search_space.device_precision); a bad reference is left for the plan loader to
+    name."""
     if not isinstance(profile_ref, str) or not profile_ref:
-        return DEFAULT_PRECISIONS[0]
-    peaks = load_profile(profile_ref).device.peak_flops_per_s
-    return next((p for p in DEFAULT_PRECISIONS if p in peaks), DEFAULT_PRECISIONS[0])
+        return "bf16"
+    profile = load_profile(profile_ref)
+    return device_precision(profile.device.peak_flops_per_s, profile.is_cpu)
 
 
 FLAG_FIELDS = {"--model": ("model",), "--cluster": ("cluster", "profile"),

@@ -182,6 +182,15 @@ class RecomputeSpace:
                               "to method")
 
 
+def device_precision(peak_flops_per_s: Mapping[str, float], cpu: bool) -> str:
+    """The 16-bit (or 32-bit) format a device trains in unless told otherwise, for the search's
+    `precision: auto` and estimate's default plan alike: bf16 where it has a bf16 peak (A100
+    and later), else fp16 (V100), else fp32; on a CPU fp32 first, whose bf16 matmuls run
+    several times slower than fp32 at most sizes (profiles/cpu-gloo.yaml)."""
+    order = ("fp32", "bf16", "fp16") if cpu else ("bf16", "fp16", "fp32")
+    return next((p for p in order if p in peak_flops_per_s), "fp32")
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     name: str
@@ -285,8 +294,7 @@ class SearchSpace:
         output layer staying 16-bit as the cost model prices them."""
         if self.precision:
             return self
-        order = ("fp32", "bf16", "fp16") if cpu else ("bf16", "fp16", "fp32")
-        pick = next((p for p in order if p in peak_flops_per_s), "fp32")
+        pick = device_precision(peak_flops_per_s, cpu)
         fp8 = () if cpu or pick != "bf16" or "fp8" not in peak_flops_per_s else (Precision.FP8,)
         return dataclasses.replace(self, precision=(Precision(pick), *fp8))
 

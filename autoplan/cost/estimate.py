@@ -35,7 +35,7 @@ __all__ = ["ADAM_BYTES_PER_PARAM", "MEMORY_PARTS", "TIME_PARTS", "CostEstimate",
 
 def default_runtime(profile: ClusterProfile) -> RuntimeTraits:
     """autoplan's own runtime on the profile's kind of device (a CPU profile has compute_slots)."""
-    return load_runtime(None, on_cpu=profile.host.compute_slots is not None)
+    return load_runtime(None, on_cpu=profile.is_cpu)
 
 
 def estimate_table(

@@ -31,7 +31,7 @@ def model_spec(raw: dict[str, Any], seq: int) -> ModelSpec:
 
 def _runtime(profile: ClusterProfile | None) -> RuntimeTraits:
     """The profiler measures autoplan's own runtime on this machine (CPU without a profile)."""
-    return load_runtime(None, on_cpu=profile is None or profile.host.compute_slots is not None)
+    return load_runtime(None, on_cpu=profile is None or profile.is_cpu)
 
 
 def _parts(spec: ModelSpec, b: int, tp: int, runtime: RuntimeTraits) -> dict[str, np.ndarray]:

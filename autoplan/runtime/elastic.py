@@ -95,7 +95,7 @@ def _request(plan: Plan, world: int, space: str):
         profile_ref=plan.cluster.profile, space=searched, gpu_counts=(world,),
         global_batch_size=plan.batch.global_batch_size,
         targets=Targets(objectives=plan_objectives(plan)),
-        runtime=load_runtime(plan_runtime(plan), on_cpu=profile.host.compute_slots is not None))
+        runtime=load_runtime(plan_runtime(plan), on_cpu=profile.is_cpu))
 
 
 def elastic_space(args) -> str:

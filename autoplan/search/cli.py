@@ -130,7 +130,7 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         trials=DEFAULT_TRIALS if args.trials is None else args.trials, seed=args.seed,
         storage=args.storage, study=args.study,
         worker=args.worker, runtime=load_runtime(
-            args.runtime, on_cpu=profile.host.compute_slots is not None),
+            args.runtime, on_cpu=profile.is_cpu),
         global_batch_size_max=gbs_max if gbs_max != gbs else None,
         types=types if len(types) > 1 else ())
     if len(types) == 1:

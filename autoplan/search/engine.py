@@ -77,7 +77,7 @@ class SearchRequest:
         if self.space_given is None:
             object.__setattr__(self, "space_given", self.space)
         # `precision: auto` settled for this device (fp16 on V100, bf16 on A100 and later)
-        cpu = self.profile.host.compute_slots is not None
+        cpu = self.profile.is_cpu
         object.__setattr__(self, "space", self.space.for_device(
             self.profile.device.peak_flops_per_s, cpu).for_model(self.model.seq_len))
 
@@ -247,7 +247,7 @@ def type_requests(req: SearchRequest) -> list[SearchRequest]:
     given = req.space_given or req.space
     if not given.precision:  # `auto`: the formats every type has (fp8 only if all have it)
         own = [given.for_device(t.profile.device.peak_flops_per_s,
-                                t.profile.host.compute_slots is not None).precision
+                                t.profile.is_cpu).precision
                for t in req.types]
         common = tuple(p for p in own[0] if all(p in o for o in own[1:]))
         if common:
