@@ -81,15 +81,18 @@ def _dense_mlp_s(model: ModelSpec, profile: ClusterProfile, peak: float, tokens:
                np.zeros_like(np.asarray(tokens, float)))
 
 
-def moe_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
-                        ) -> np.ndarray:
+def moe_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,
+                        expert_peak: float | None = None) -> np.ndarray:
     """Forward seconds a MoE block adds over the dense block of the same model on the busiest
-    rank: routed expert GEMMs + router + shared experts - the dense MLP it replaces."""
+    rank: routed expert GEMMs (at `expert_peak` where the runtime runs them at another peak
+    than the block's other GEMMs: 16-bit experts in an fp8 run) + router + shared experts -
+    the dense MLP it replaces."""
     if model.moe is None:
         return np.zeros_like(r.b)
     moe = model.moe
     tokens = r.b * model.seq_len / r.cp
-    experts = sum(flops / (peak * profile.efficiency.matmul(one))
+    routed_peak = peak if expert_peak is None else expert_peak
+    experts = sum(flops / (routed_peak * profile.efficiency.matmul(one))
                   for flops, one in expert_gemms(model, r))
     # router: h x E scores on the dispatched tokens in router_dtype (Megatron-Core TopKRouter
     # with --moe-router-dtype; DeepSeek-V3 §3.3 keeps it in fp32)
@@ -104,8 +107,8 @@ def moe_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, 
     return experts + router + shared - _dense_mlp_s(model, profile, peak, tokens, r.tp)
 
 
-def fp8_cast_delta_bytes(model: ModelSpec, r: Rows, dispatch_bytes: float | None = None
-                         ) -> np.ndarray:
+def fp8_cast_delta_bytes(model: ModelSpec, r: Rows, dispatch_bytes: float | None = None,
+                         routed: bool = True) -> np.ndarray:
     """Bytes an fp8 MoE block's casts move per micro-batch over those compute.fp8_cast_bytes
     counts for the dense block (forward + backward, read 2 and write 1 byte per element, as
     Transformer Engine casts every FP8 GEMM's input forward and output gradient backward): the
@@ -113,20 +116,22 @@ def fp8_cast_delta_bytes(model: ModelSpec, r: Rows, dispatch_bytes: float | None
     gradients of fc1 (2 f_e / etp gated) and fc2 (h); shared experts the rank's tokens alike;
     the dense MLP's h + f/tp inputs and up/tp + h gradients are not run. With an fp8 dispatch
     (RuntimeTraits.ep_dispatch_bytes 1: DeepSeek-V3 §3.3.2 quantizes before the all-to-all)
-    fc1's input is cast once per token, before it is copied."""
+    fc1's input is cast once per token, before it is copied. `routed` False: the runtime's
+    routed experts run 16-bit (RuntimeTraits.fp8_experts) and cast nothing."""
     if model.moe is None:
         return np.zeros_like(np.asarray(r.b, float))
     moe, h = model.moe, model.hidden_size
     tokens = r.b * model.seq_len / r.cp
     copies = routed_tokens(model, r)
-    routed = copies * compute.mlp_cast_widths(model, moe.expert_ffn_hidden_size / r.etp)
+    casts = copies * compute.mlp_cast_widths(model, moe.expert_ffn_hidden_size / r.etp)
     if dispatch_bytes is not None and dispatch_bytes < 2.0:  # fc1's input cast before copying
-        routed = routed - (copies - dispatched_tokens(model, r)) * h
+        casts = casts - (copies - dispatched_tokens(model, r)) * h
+    casts = casts if routed else 0.0 * casts
     shared = (tokens * compute.mlp_cast_widths(
         model, moe.num_shared_experts * moe.expert_ffn_hidden_size / r.tp)
         if moe.num_shared_experts else 0.0)
     dense = tokens * compute.mlp_cast_widths(model, model.ffn / r.tp)
-    return moe_share(model) * 3.0 * (routed + shared - dense)
+    return moe_share(model) * 3.0 * (casts + shared - dense)
 
 
 def _mla_gemms(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
@@ -197,11 +202,12 @@ def mla_up_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: 
     return np.sum([compute.gemm_time_s(g, profile, peak, s) for g, s in ups], axis=0)
 
 
-def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows
-                          ) -> np.ndarray:
+def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,
+                          expert_peak: float | None = None) -> np.ndarray:
     """Forward seconds a mean block of this model adds over compute.layer_times_s's block
-    (backward is twice it: two GEMMs per forward GEMM); zero for a dense model."""
-    return moe_share(model) * moe_block_forward_s(model, profile, peak, r) + \
+    (backward is twice it: two GEMMs per forward GEMM); zero for a dense model. `expert_peak`:
+    as moe_block_forward_s."""
+    return moe_share(model) * moe_block_forward_s(model, profile, peak, r, expert_peak) + \
         mla_block_forward_s(model, profile, peak, r)
 
 

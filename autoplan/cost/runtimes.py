@@ -336,6 +336,11 @@ class RuntimeTraits:
     fp8_activations: bool = True
     """An fp8 run saves its GEMM inputs for backward in fp8 (1 byte instead of 2): TE's
     Linear/LayerNormLinear and torchao's Float8Linear both keep the casts."""
+    fp8_experts: bool = True
+    """An fp8 run runs the routed experts' grouped GEMMs in fp8 too (Transformer Engine's
+    GroupedLinear; DeepSeek-V3 §3.3.1). False: they stay 16-bit, with 16-bit saved inputs and
+    no casts (autoplan's runtime: runtime/float8.py swaps nn.Linear only, and its experts are
+    GroupedLinear, runtime/models/moe.py)."""
     logit_bytes_saved: float = 4.0
     """Bytes per logit the loss keeps for backward, per micro-batch in flight (the fp32
     softmax of Megatron's vocab-parallel cross-entropy; fp32 log-softmax in torch)."""
@@ -881,7 +886,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True, "kv_repeated": True,
         "own_runtime_rules": True, "eager_host_overheads": True, "host_runs_ahead": True,
-        "fsdp2_copies": True, "moe_eager_tensors": True,
+        "fsdp2_copies": True, "moe_eager_tensors": True, "fp8_experts": False,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
@@ -895,6 +900,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "kv_repeated": True, "fsdp2_copies": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "overlap_param_gather": False, "own_runtime_rules": True, "moe_eager_tensors": True,
+        "fp8_experts": False,
     },
 }
 """Each preset cites its runtime's defaults in the field docstrings above; every field not set

@@ -190,12 +190,16 @@ def block_extras_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision
     # expert GEMMs, router, MLA projections at the peak the block's own GEMMs ran at (fp8 in an
     # fp8 run: DeepSeek-V3 §3.3.1 runs every Linear's Fprop, Dgrad and Wgrad in FP8), since the
     # delta replaces those GEMMs
-    delta = moe.block_forward_delta_s(model, profile, gemm_peak(profile, precision, runtime), r)
+    # (a runtime whose experts stay 16-bit in an fp8 run, RuntimeTraits.fp8_experts, runs
+    # theirs at the 16-bit peak)
+    peak = gemm_peak(profile, precision, runtime)
+    expert_peak = peak if runtime.fp8_experts else sixteen_bit_peak(profile, precision)
+    delta = moe.block_forward_delta_s(model, profile, peak, r, expert_peak)
     extra = {"forward": extra["forward"] + delta, "backward": 2.0 * delta,
              "full": extra["full"] + delta}
     if precision == "fp8" and model.moe is not None:  # the experts' casts, not the MLP's
         casts = compute.memory_time_s(moe.fp8_cast_delta_bytes(
-            model, r, runtime.ep_dispatch_bytes), profile)
+            model, r, runtime.ep_dispatch_bytes, routed=runtime.fp8_experts), profile)
         extra = {"forward": extra["forward"] + casts / 3.0,
                  "backward": extra["backward"] + casts * 2.0 / 3.0,
                  "full": extra["full"] + casts / 3.0}

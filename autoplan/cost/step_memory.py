@@ -38,7 +38,13 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
     parts["wgrad_inputs"] = memory.weight_grad_input_bytes(parts)
     fp8 = precision == "fp8" and runtime.fp8_activations
     if fp8:
-        parts = {**parts, **{k: parts[k] / 2.0 for k in FP8_SAVED_INPUTS if k in parts}}
+        # routed experts a runtime runs 16-bit (RuntimeTraits.fp8_experts) save 16-bit inputs:
+        # their share of gemm_in and mlp_mid stays whole
+        whole = {} if runtime.fp8_experts else {"gemm_in": "gemm_in_routed",
+                                                 "mlp_mid": "mlp_mid_routed"}
+        kept = {k: parts.get(whole[k], 0.0) if k in whole else 0.0 for k in FP8_SAVED_INPUTS}
+        parts = {**parts, **{k: (parts[k] - kept[k]) / 2.0 + kept[k] for k in FP8_SAVED_INPUTS
+                             if k in parts and k not in whole.values()}}
     parts["fp8_scale"] = np.asarray(0.5 if fp8 else 1.0)
     parts["mla_latent"] = moe.mla_latent_bytes(model, r)
     # already at the run's precision (memory.activation_bytes_per_layer adds it as it is)

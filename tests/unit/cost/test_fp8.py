@@ -48,3 +48,31 @@ def test_fp8_needs_a_device_with_an_fp8_peak() -> None:
                            "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 8}})
     est = estimate_plan(plan, runtime="megatron")
     assert not est.feasible and any("fp8" in r for r in est.reasons)
+
+
+MOE = {"model": "mixtral-8x7b", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64},
+       "parallel": {"dp": 16, "pp": 4, "ep": 8}, "zero_stage": 1,
+       "batch": {"micro_batch_size": 1, "global_batch_size": 256}}
+
+
+def _moe(runtime, precision: str):
+    return estimate_plan(plan_from_dict({**MOE, "precision": precision}), runtime=runtime)
+
+
+def test_experts_a_runtime_keeps_16_bit_are_priced_16_bit() -> None:
+    """autoplan's runtime swaps nn.Linear for Float8Linear and leaves its GroupedLinear experts
+    16-bit (RuntimeTraits.fp8_experts False): an fp8 Mixtral, whose block GEMMs are mostly
+    expert GEMMs, gains little there, and its routed tensors are saved 16-bit; the same traits
+    with fp8 experts gain as Transformer Engine's grouped GEMMs do."""
+    from autoplan.cost.runtimes import load_runtime, runtime_from_dict
+
+    own = load_runtime("autoplan")
+    fp8_experts = runtime_from_dict({"base": "autoplan-cuda", "fp8_experts": True})
+    assert not own.fp8_experts
+    bf16 = _moe(own, "bf16")
+    kept, cast = _moe(own, "fp8"), _moe(fp8_experts, "fp8")
+    assert kept.time["compute"] > 0.9 * bf16.time["compute"]
+    assert cast.time["compute"] < 0.75 * bf16.time["compute"]
+    # the routed experts' saved inputs: 16-bit where the experts are
+    assert kept.memory["activations"] > cast.memory["activations"]
+    assert kept.memory["activations"] < bf16.memory["activations"]  # the dense GEMMs' inputs
