@@ -35,6 +35,25 @@ from autoplan.plan_table import (
 )
 
 
+def data_parallel_wrappers(dp: Any, tp: Any, pp: Any, cp: Any, expert_ranks: Any, zero: Any,
+                           fp32: Any, offloaded: Any) -> tuple[Any, Any]:
+    """(DDP, FSDP2): how autoplan's runtime wraps a plan for data parallelism, for one plan
+    (ints and bools) or a table's columns alike; the runtime (runtime/data_parallel.uses_ddp,
+    uses_fsdp) and the cost model (cost/rows.rows_of) both ask here. Pure ZeRO-0 data
+    parallelism in fp32, without pipeline, tensor or context parallelism, offload or sharded
+    experts, runs on torch DDP; FSDP2 wraps every other plan whose gradients need a reduction
+    over dp * cp, every mixed-precision or offloaded plan, and every plan whose routed experts
+    live on an expert mesh of their own (expert_ranks = ep * etp > 1: FSDP2's per-group
+    reductions carry the experts over expert-data-parallel ranks only)."""
+    experts = np.asarray(expert_ranks) > 1
+    ddp = ((np.asarray(zero) == 0) & (np.asarray(dp) > 1) & (np.asarray(pp) == 1)
+           & (np.asarray(tp) == 1) & (np.asarray(cp) == 1) & np.asarray(fp32, bool)
+           & ~np.asarray(offloaded, bool) & ~experts)
+    fsdp = ~ddp & ((np.asarray(dp) * np.asarray(cp) > 1) | ~np.asarray(fp32, bool)
+                   | np.asarray(offloaded, bool) | experts)
+    return ddp, fsdp
+
+
 def _divisors(n: int, proper: bool = False) -> str:
     """The divisors of n (below n when `proper`), as a short list."""
     ds = [str(d) for d in range(1, n if proper else n + 1) if n % d == 0]

@@ -14,6 +14,7 @@ import numpy as np
 from autoplan.cost import params
 from autoplan.cost.runtimes import PipelineGradSync, RuntimeTraits
 from autoplan.model_spec import ModelSpec
+from autoplan.plan_rules import data_parallel_wrappers
 from autoplan.plan_table import RC_NONE, RC_UNIFORM, ZERO_BUBBLE, Table, col, dp_col, expert_col
 
 BF16_OPTIMIZER_GRAD_BYTES = 6.0
@@ -186,12 +187,10 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
                               np.where(bf16, 2.0 * runtime.grad_bytes(precision), grad_bytes))
         accumulate = np.where(fp32, BF16_OPTIMIZER_ACCUMULATE_BYTES,
                               np.where(bf16, BF16_ACCUMULATE_BYTES, 0.0))
-    # FSDP2 wraps every data-parallel plan but fp32 ZeRO-0 without pipeline/tensor/context
-    # parallelism (which runs on DDP), and every mixed-precision or offloaded plan
-    # (autoplan.runtime.data_parallel.uses_fsdp)
-    ddp = ((zero == 0) & (dp > 1) & (pp == 1) & (tp == 1) & (cp == 1) & (precision == "fp32")
-           & ~(off_o | off_p))
-    fsdp = ~ddp & ((dp * cp > 1) | (precision != "fp32") | off_o | off_p)
+    # DDP or FSDP2, as autoplan's runtime wraps the plan (plan_rules.data_parallel_wrappers)
+    ep, etp = expert_col(table, "ep").astype(float), expert_col(table, "etp").astype(float)
+    _, fsdp = data_parallel_wrappers(dp, tp, pp, cp, ep * etp, zero, precision == "fp32",
+                                     off_o | off_p)
     deferred = runtime.pipeline_grad_sync is PipelineGradSync.LAST_MICROBATCH
     unsharded = (zero >= 2) & (pp > 1) & deferred
     m = microbatches(gbs, dp, b)
@@ -211,7 +210,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         accumulate_bytes=accumulate,
         weight_bytes=4.0 if precision == "fp32" else 2.0,
         act_scale=2.0 if precision == "fp32" else 1.0,
-        ep=expert_col(table, "ep").astype(float), etp=expert_col(table, "etp").astype(float),
+        ep=ep, etp=etp,
         replicate=dp / shard_dp, reduce_bytes=reduce_bytes, grad_bytes=grad_bytes,
         rc_modules=dp_col(table, "rc_modules"),
         rc_uniform=dp_col(table, "rc_method") == RC_UNIFORM,

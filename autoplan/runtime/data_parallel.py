@@ -36,31 +36,34 @@ under context parallelism (fsdp_mesh).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from autoplan.plan import Offload, Precision, ReduceDtype
+from autoplan.plan_rules import data_parallel_wrappers
 from autoplan.runtime.mesh import ParallelDims, with_world_timeout
 from autoplan.runtime.offload import offload_policy, wants_offload
 
 
 def uses_ddp(dims: ParallelDims, precision: Precision, offload: Offload) -> bool:
-    """Pure ZeRO-0 data parallelism in fp32 runs on torch DDP (the fastest path)."""
-    return (
-        dims.zero_stage == 0
-        and dims.dp > 1
-        and dims.pp == dims.tp == dims.cp == 1
-        and precision == Precision.FP32
-        and not wants_offload(offload)
-    )
+    """Pure ZeRO-0 data parallelism in fp32 runs on torch DDP (the fastest path): the rule
+    the cost model prices by (plan_rules.data_parallel_wrappers)."""
+    return bool(_wrappers(dims, precision, offload)[0])
 
 
 def uses_fsdp(dims: ParallelDims, precision: Precision, offload: Offload) -> bool:
-    """FSDP2 wraps the model whenever gradients need a dp reduction that DDP does not do, or
-    for mixed precision / offload (which only FSDP2 provides here)."""
-    if uses_ddp(dims, precision, offload):
-        return False
-    return dims.dp * dims.cp > 1 or precision != Precision.FP32 or wants_offload(offload)
+    """FSDP2 wraps the model whenever gradients need a dp reduction that DDP does not do, for
+    mixed precision / offload (which only FSDP2 provides here), and for sharded experts
+    (plan_rules.data_parallel_wrappers)."""
+    return bool(_wrappers(dims, precision, offload)[1])
+
+
+def _wrappers(dims: ParallelDims, precision: Precision, offload: Offload) -> tuple[Any, Any]:
+    return data_parallel_wrappers(dims.dp, dims.tp, dims.pp, dims.cp, dims.ep * dims.etp,
+                                  dims.zero_stage, precision == Precision.FP32,
+                                  wants_offload(offload))
 
 
 def reshard_after_forward(zero_stage: int) -> bool:

@@ -163,8 +163,8 @@ def parallelize(
         indices, parts = [0], [meta]
 
     # expert parallelism needs FSDP2's per-group reductions (experts over expert-DP only)
-    ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload) and not dims.experts_sharded
-    fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload) or dims.experts_sharded
+    ddp = data_parallel.uses_ddp(dims, plan.precision, plan.offload)
+    fsdp = data_parallel.uses_fsdp(dims, plan.precision, plan.offload)
     expert_mesh = (expert_parallel.build_expert_mesh(dims, device.type)
                    if dims.experts_sharded else None)
     for part in parts:  # 3

@@ -134,3 +134,25 @@ def test_hsdp_with_one_rank_per_shard_is_still_wrapped_in_fsdp2() -> None:
     r = rows_of(plan_to_row(plan, m), m, "fp32", load_runtime("autoplan-cuda"))
     dims = ParallelDims(dp=4, zero_stage=1, hsdp_shard=1)
     assert bool(r.fsdp[0]) == uses_fsdp(dims, plan.precision, plan.offload)
+
+
+def test_sharded_experts_are_priced_on_fsdp2_as_the_runtime_wraps_them() -> None:
+    """An fp32 ZeRO-0 plan with expert parallelism: the runtime wraps it in FSDP2 (the experts'
+    per-group reductions need it), and the cost model, asking the same rule
+    (plan_rules.data_parallel_wrappers), prices FSDP2 too, not DDP."""
+    from autoplan.cost.rows import rows_of
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.plan import plan_from_dict
+    from autoplan.plan_table import plan_to_row
+    from autoplan.runtime.data_parallel import uses_ddp, uses_fsdp
+    from autoplan.runtime.mesh import ParallelDims
+
+    plan = plan_from_dict({"model": "tiny-moe", "cluster": {"profile": "cpu-gloo", "num_gpus": 2},
+                           "parallel": {"dp": 2, "ep": 2}, "zero_stage": 0, "precision": "fp32",
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 2}})
+    m = plan.model_spec()
+    r = rows_of(plan_to_row(plan, m), m, "fp32", load_runtime("autoplan-cpu"))
+    dims = ParallelDims(dp=2, ep=2)
+    assert uses_fsdp(dims, plan.precision, plan.offload) and not uses_ddp(
+        dims, plan.precision, plan.offload)
+    assert bool(r.fsdp[0])
