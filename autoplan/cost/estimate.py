@@ -47,7 +47,7 @@ def estimate_table(
     mem_total / mem_host (bytes per GPU), time_<part> and time_step (seconds), tokens_per_s,
     model_flops_per_step, mfu, hfu, fits, band (the relative error band) and bias (how much
     longer than priced the runs behind the band took, on average)."""
-    traits = default_runtime(profile) if runtime is None else load_runtime(runtime)
+    traits = load_runtime(runtime, on_cpu=profile.is_cpu)  # `autoplan` is the device's own
     eager = attention == "eager"
     r = rows_of(table, model, precision, traits)
     parts = activation_parts(model, r, eager, traits, precision)
@@ -65,7 +65,8 @@ def estimate_table(
     out["mfu"] = out["model_flops_per_step"] / (out["time_step"] * r.world * peak)
     out["hfu"] = (out["model_flops_per_step"] + recompute_flops_per_step(model, r, traits)) / (
         out["time_step"] * r.world * peak)
-    out["band"], out["bias"] = band_and_bias_of_table(traits.name, r, profile,
+    # a file customising a preset keeps the preset's validated runs (RuntimeTraits.base)
+    out["band"], out["bias"] = band_and_bias_of_table(traits.base or traits.name, r, profile,
                                                       model.moe is not None)
     return out
 
@@ -132,7 +133,7 @@ def estimate_plan(
     model = model or plan.model_spec()
     cluster = cluster or ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
     reasons = validate_plan(plan, model, cluster)
-    traits = default_runtime(cluster.profile) if runtime is None else load_runtime(runtime)
+    traits = load_runtime(runtime, on_cpu=cluster.profile.is_cpu)  # as estimate_table
     reasons += runtime_refusals(plan, traits)
     precision = plan.precision.value
     if precision not in cluster.profile.device.peak_flops_per_s:

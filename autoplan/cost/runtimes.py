@@ -12,14 +12,15 @@ whether it pays them (`eager_host_overheads`) and whether its host runs ahead of
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 
 class SelectiveKind(str, enum.Enum):
@@ -87,7 +88,13 @@ class RuntimeTraits:
     """The software side of the cost model (DESIGN.md section 6: hardware x runtime x plan)."""
 
     name: str
-    """Identifier shown with every estimate ("priced for megatron")."""
+    """Identifier shown with every estimate ("priced for megatron"). A traits file that starts
+    from a preset and names itself nothing is `<base>+<file stem>`, so it never reads as the
+    untouched preset."""
+    base: str | None = None
+    """The preset a traits file or mapping started from (its `base:`), whose validated runs
+    give the estimate's error band (error_band.family) whatever the file calls itself. None: a
+    preset, or traits of their own."""
     description: str = ""
     fused_norm: bool = True
     """Norms keep their 16-bit input and fp32 row statistics (fused LayerNorm/RMSNorm kernels:
@@ -495,6 +502,10 @@ class RuntimeTraits:
     and autoplan's optimizer offload shard with FSDP (ZeRO-1 to 3 by the plan rules)."""
 
     def __post_init__(self) -> None:
+        # every estimate prints the name ("priced for runtime <name>"): a blank one reads as none
+        if not isinstance(self.name, str) or not self.name.strip():
+            _refuse("name", self.name, "give the runtime a name, or leave name out of a file "
+                                       "with a base to be called <base>+<file stem>")
         self._check_numbers()
         self._check_choices()
         self._check_lists()
@@ -909,25 +920,49 @@ takes the RuntimeTraits default."""
 RUNTIMES: tuple[str, ...] = tuple(_PRESETS)
 
 
-def runtime_from_dict(data: Any, where: str = "runtime") -> RuntimeTraits:
+def runtime_from_dict(data: Any, where: str = "runtime", source: str | None = None
+                      ) -> RuntimeTraits:
     """RuntimeTraits from a mapping of its fields; `base: <preset>` starts from that preset's
-    fields, which the mapping's own then override (e.g. megatron with bf16 gradients)."""
+    fields, which the mapping's own then override (e.g. megatron with bf16 gradients). Without a
+    `name` the traits take the preset's, or `<base>+<source>` where they come from a file
+    (`source`: its stem), so a customised file is never labelled as the untouched preset."""
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {data!r}", "expected a mapping of runtime-traits fields")
     data = dict(check_schema_version(data, where))
     if "base" in data:
         base = data.pop("base")
-        if base not in _PRESETS:
-            raise ConfigError(f"{where}.base", f"unknown preset {base!r}",
+        if not isinstance(base, str) or base not in _PRESETS:  # a list or mapping is unhashable
+            raise ConfigError(f"{where}.base",
+                              f"unknown preset {base!r}" if isinstance(base, str)
+                              else f"got {show(base)}",
                               f"choose one of {', '.join(RUNTIMES)}")
-        data = {"name": base, **_PRESETS[base], **data}
-    return from_dict(RuntimeTraits, data, where)
+        name = base if source is None else f"{base}+{source}"
+        data = {"name": name, **_PRESETS[base], **data, "base": base}
+    try:
+        return from_dict(RuntimeTraits, data, "runtime")
+    except ConfigError as err:
+        # the field checks name `runtime.<field>`: said under `where` once (`--runtime.<field>`)
+        if where == "runtime" or not err.field.startswith("runtime"):
+            raise
+        raise ConfigError(where + err.field[len("runtime"):], err.problem, err.fix) from None
+
+
+def _names_a_file(ref: str) -> bool:
+    """A --runtime value meant as a file (a path separator, a .yaml/.yml suffix in any case, or
+    something there by that name), so that a missing or unreadable one is reported as such and
+    not as an unknown preset."""
+    if "/" in ref or os.sep in ref or Path(ref).suffix.lower() in (".yaml", ".yml"):
+        return True
+    try:
+        return Path(ref).exists()
+    except OSError:  # a name past NAME_MAX: no file, so an unknown preset
+        return False
 
 
 def load_runtime(ref: str | Path | RuntimeTraits | None, flag: str = "--runtime",
                  on_cpu: bool = False) -> RuntimeTraits:
     """A preset by name (see RUNTIMES), a YAML file of RuntimeTraits fields, or the default:
-    autoplan's own runtime on the profile's kind of device (`on_cpu`)."""
+    autoplan's own runtime on the profile's kind of device (`on_cpu`; `autoplan` alike)."""
     if isinstance(ref, RuntimeTraits):
         return ref
     if ref is None or ref == "autoplan":
@@ -935,8 +970,14 @@ def load_runtime(ref: str | Path | RuntimeTraits | None, flag: str = "--runtime"
     name = str(ref)
     if name in _PRESETS:
         return runtime_from_dict({"schema_version": 1, "name": name, **_PRESETS[name]}, flag)
+    if not _names_a_file(name):
+        raise ConfigError(flag, f"unknown runtime {name!r}", "choose one of autoplan, "
+                          f"{', '.join(RUNTIMES)} or a path to a traits YAML")
     path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return runtime_from_dict(read_yaml(path, flag), flag)
-    raise ConfigError(flag, f"unknown runtime {name!r}",
-                      f"choose one of autoplan, {', '.join(RUNTIMES)} or a path to a traits YAML")
+    traits = runtime_from_dict(read_yaml(path, flag), flag, source=path.stem)
+    # a file that calls itself a preset must be that preset, or its estimates read as the preset's
+    if traits.name in _PRESETS and replace(traits, base=None) != load_runtime(traits.name):
+        raise ConfigError(f"{flag}.name", f"got {traits.name!r}, a preset these traits differ "
+                          "from", "choose a name of your own, or leave name out to be called "
+                          "<base>+<file stem>")
+    return traits
