@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autoplan.plan import Offload, Precision
+from autoplan.plan import Offload, Precision, ReduceDtype
 from autoplan.runtime.mesh import ParallelDims, with_world_timeout
 from autoplan.runtime.models.moe import Experts, GroupedLinear, MoE
 
@@ -249,19 +249,20 @@ def moe_tp_plan(plan: dict[str, object], sequence_parallel: bool) -> dict[str, o
 
 
 def apply_expert_fsdp(model: nn.Module, expert_mesh, dims: ParallelDims, precision: Precision,
-                      offload: Offload) -> None:
+                      offload: Offload, grad_reduce: ReduceDtype | None = None) -> None:
     """fully_shard each MoE layer's experts over the expert-DP group (before the blocks are
     wrapped, so the blocks' FSDP leaves them alone; a mesh without ep or etp), gradients divided
-    by dp*cp."""
+    by dp*cp and reduced in the plan's grad_reduce_dtype, as the blocks' are."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from autoplan.runtime.data_parallel import reshard_after_forward
+    from autoplan.runtime.data_parallel import reduce_dtype, reshard_after_forward
     from autoplan.runtime.offload import offload_policy
 
     mp = MixedPrecisionPolicy()
     if precision != Precision.FP32:  # as data_parallel.apply_fsdp
         low = torch.float16 if precision == Precision.FP16 else torch.bfloat16
-        mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+        mp = MixedPrecisionPolicy(param_dtype=low,
+                                  reduce_dtype=reduce_dtype(precision, grad_reduce))
     mesh = (expert_mesh["edp_replicate", "edp_shard"] if dims.zero_stage == 0
             else expert_mesh["edp_shard"])
     for moe in moe_blocks(model):

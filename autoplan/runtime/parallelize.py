@@ -182,7 +182,7 @@ def parallelize(
         recompute.apply_recompute(part, rc.policy, rc.num_layers, rc.method, rc.modules)
         if expert_mesh is not None:
             expert_parallel.apply_expert_fsdp(part, expert_mesh, dims, plan.precision,
-                                              plan.offload)
+                                              plan.offload, plan.grad_reduce_dtype)
         if fsdp:
             data_parallel.apply_fsdp(part, mesh, dims, plan.precision, plan.offload,
                                      plan.grad_reduce_dtype)

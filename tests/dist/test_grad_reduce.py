@@ -83,3 +83,13 @@ def test_planted_fp32_reduce_when_bf16_asked_is_caught(pool):
     plan = make_plan(dp=2, zero=2, precision="bf16", grad_reduce="bf16")
     buggy = run_wire(pool, plan, bug="reduce-dtype-ignored")
     assert buggy["wire"] != ["torch.bfloat16"]
+
+
+def test_bf16_reduce_reaches_the_routed_experts(pool):
+    """The routed experts' own FSDP2 group (expert-DP 2: tiny-moe, ep 2 over dp 4) reduces in
+    the plan's grad_reduce_dtype as the blocks do, and as the cost model prices their bytes
+    (it reduced them in fp32 whatever the plan said)."""
+    from tests.dist.test_moe_parity import moe_plan
+
+    plan = moe_plan(ep=2, dp=4, zero=2, precision="bf16", grad_reduce="bf16", mbs=2, gbs=8)
+    assert run_wire(pool, plan)["wire"] == ["torch.bfloat16"]
