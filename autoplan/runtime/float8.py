@@ -29,10 +29,7 @@ def fp8_problem(plan: Plan) -> str | None:
                 f"{torch.cuda.get_device_capability()}: use bf16")
     if importlib.util.find_spec("torchao") is None:
         return "precision fp8 trains through torchao's float8 layers: pip install torchao"
-    if plan.parallel.tp > 1:
-        return ("precision fp8 with tp > 1 needs torchao's float8 tensor-parallel styles, which "
-                "autoplan's runtime does not apply yet: use tp = 1 or bf16")
-    return None
+    return None  # fp8 with tp > 1: plan_rules' runtime-fp8-tp, one rule for train and search
 
 
 def apply_float8(model: nn.Module) -> None:

@@ -16,7 +16,7 @@ from autoplan.errors import AutoplanError, ConfigError
 from autoplan.hardware import ClusterSpec, cluster
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
-from autoplan.plan_rules import runtime_limits, validate_plan
+from autoplan.plan_rules import validate_plan
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,18 @@ def plan_cluster(plan: Plan) -> ClusterSpec | None:
 
 def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     """Reasons this runtime cannot execute `plan` for `spec` (empty if it can): the plan
-    rules of autoplan.plan_rules, its RUNTIME_RULES (what only this runtime lacks: MoE
-    capacity, ETP, ...), and what this machine lacks for it (fp8)."""
+    rules of autoplan.plan_rules; the rules search and estimate hold autoplan's runtime on
+    this machine's device to (cost/runtime_rules.refusals of its traits, autoplan-cuda or
+    autoplan-cpu, which add plan_rules.RUNTIME_RULES: what only this runtime lacks, MoE
+    capacity, ETP, ...); and what this machine lacks for it (fp8)."""
+    import torch
+
+    from autoplan.cost.runtime_rules import refusals
+    from autoplan.cost.runtimes import load_runtime
     from autoplan.runtime.float8 import fp8_problem
 
-    problems = validate_plan(plan, spec, plan_cluster(plan)) + runtime_limits(plan, spec)
+    traits = load_runtime("autoplan", on_cpu=not torch.cuda.is_available())
+    problems = validate_plan(plan, spec, plan_cluster(plan)) + refusals(plan, traits, spec)
     fp8 = fp8_problem(plan)
     return problems + ([fp8] if fp8 else [])
 
