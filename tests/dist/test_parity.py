@@ -36,6 +36,13 @@ COVERING = {
     "pp2-gpipe-uneven-full-sgd-clip": C(model="tiny", pp=2, schedule="gpipe",
                                         layers_per_stage=(1, 3), recompute="full",
                                         optim="sgd", clip=0.5),
+    # three chunks per rank (searches emit vpp up to 8): interleaved beside ZeRO-1 with the
+    # optimizer alone on the host, and torch's looped zero-bubble schedule
+    "pp2-interleaved3-zero1-optoffload": C(model="tiny8-gpt", pp=2, zero=1, offload=True,
+                                           offload_params=False, schedule="interleaved-1f1b",
+                                           vpp=3, layers_per_stage=(1, 2, 1, 2, 1, 1), mbs=1),
+    "pp2-zerobubble3-sgd": C(model="tiny8-gpt", pp=2, schedule="zero-bubble", vpp=3,
+                             layers_per_stage=(1, 2, 1, 2, 1, 1), mbs=1, optim="sgd"),
     # 4 ranks
     "dp4-zero1-selective": C(model="tiny", dp=4, zero=1, recompute="selective"),
     "tp4-nosp-tied-sgd": C(model="tiny-tied", tp=4, optim="sgd"),
