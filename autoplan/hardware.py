@@ -19,6 +19,32 @@ from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 PROFILES_DIR = resources.package_dir(resources.PROFILES)
 """The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
 
+PEAK_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
+"""Keys of device.peak_flops_per_s: plan.Precision's values (what the cost model asks
+DeviceSpec.peak for) and tf32, the datasheets' fp32 tensor-core peak."""
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "sdpa-cpu")
+"""Kernels a profile files attention figures under (alone or as "kernel@dtype"):
+cost.runtimes.ATTENTION_KERNELS less fa-triton, which compute.attention_efficiency prices
+from fa2's figures."""
+MEASURED_KEYS = ("date", "torch", "device", "precision", "quick", "threads_per_rank", "matmul",
+                 "copy_bytes_per_s", "elementwise_bytes_per_s", "op_overhead_s", "collectives",
+                 "host_copy_bytes_per_s", "cpu_adam_params_per_s")
+"""Keys of `measured` that `autoplan profile` always writes (profiler/build.py assemble)."""
+MEASURED_EXTRA_KEYS = ("layer_models", "layers", "saved_activations", "matmul_from_layers",
+                       "dispatch", "calibration")
+"""Keys it writes when it measured them (build.py), and `autoplan calibrate`'s record."""
+MEASURED_ALONE_KEYS = ("dispatch", "precision", "calibration")
+"""Sections written into any profile on their own (profiler dispatch.apply_dispatch and
+precision.apply_precision, `autoplan calibrate` on a datasheet profile): a `measured` holding
+only these needs none of MEASURED_KEYS' others."""
+
+# Upper bounds far outside any real hardware (2026: ~5e15 dense FP8 FLOP/s per GPU, 72 GPUs in
+# the largest NVLink domain, microseconds per operator): a value past them is a typo or a unit
+# slip, refused on load instead of scoring plans that are off by orders of magnitude.
+MAX_PEAK_FLOPS_PER_S = 1e17
+MAX_OVERHEAD_S = 1.0
+MAX_GPUS_PER_NODE = 1024
+
 
 def _positive(field: str, value: float) -> None:
     if not value > 0:
@@ -30,13 +56,20 @@ def _fraction(field: str, value: float) -> None:
         raise ConfigError(field, f"got {value!r}", "expected a fraction from 0 to 1")
 
 
-def _check_sizes(what: str, x: tuple[float, ...], y: tuple[float, ...]) -> None:
-    """x and y of a table: the same non-zero length, x positive and strictly increasing."""
+def _key(key: Any) -> str:
+    """A mapping key for an error's field: as written when it is a short printable word."""
+    ok = isinstance(key, str) and key.isprintable() and key.strip() and len(key) <= 60
+    return key if ok else show(key, 60)
+
+
+def _check_sizes(x: tuple[float, ...], y: tuple[float, ...]) -> None:
+    """x and y of a table: the same non-zero length, x positive and strictly increasing.
+    Fields are named relative to the table (the loader puts its own path in front)."""
     if len(x) != len(y) or not x:
-        raise ConfigError(what, f"x has {len(x)} points, y {len(y)}",
+        raise ConfigError("x", f"has {len(x)} points, y {len(y)}",
                           "give x and y of the same, non-zero length")
     if any(v <= 0 for v in x) or any(b <= a for a, b in zip(x, x[1:], strict=False)):
-        raise ConfigError(f"{what}.x", f"got {list(x)}", "use increasing positive sizes")
+        raise ConfigError("x", f"got {list(x)}", "use increasing positive sizes")
 
 
 @dataclass(frozen=True)
@@ -49,9 +82,9 @@ class Curve:
     """Values at those sizes (efficiencies are fractions of the peak, in (0, 1])."""
 
     def __post_init__(self) -> None:
-        _check_sizes("curve", self.x, self.y)
+        _check_sizes(self.x, self.y)
         if any(not 0 < v <= 1.0 for v in self.y):
-            raise ConfigError("curve.y", f"got {list(self.y)}", "efficiencies lie in (0, 1]")
+            raise ConfigError("y", f"got {list(self.y)}", "efficiencies lie in (0, 1]")
 
     def __call__(self, x: Any) -> np.ndarray:
         logx = np.log(np.maximum(np.asarray(x, dtype=np.float64), 1e-30))
@@ -83,12 +116,12 @@ class TimeTable:
     """Seconds at those sizes, > 0 and non-decreasing (`autoplan profile` cleans its samples)."""
 
     def __post_init__(self) -> None:
-        _check_sizes("collectives table", self.x, self.y)
+        _check_sizes(self.x, self.y)
         if len(self.x) < 2:  # one point prices every message size the same
-            raise ConfigError("collectives table", f"x has {len(self.x)} point",
+            raise ConfigError("x", f"has {len(self.x)} point",
                               "measure at least two message sizes")
         if any(v <= 0 for v in self.y) or any(b < a for a, b in zip(self.y, self.y[1:], strict=False)):
-            raise ConfigError("collectives table y", f"got {list(self.y)}",
+            raise ConfigError("y", f"got {list(self.y)}",
                               "use positive seconds that do not fall with message size")
 
     def __call__(self, nbytes: Any) -> np.ndarray:
@@ -155,7 +188,14 @@ class DeviceSpec:
         if not self.peak_flops_per_s:
             raise ConfigError("peak_flops_per_s", "is empty", "give at least one dtype")
         for k, v in self.peak_flops_per_s.items():
+            if k not in PEAK_DTYPES:
+                raise ConfigError(f"peak_flops_per_s.{_key(k)}", "unknown dtype",
+                                  f"use one of {', '.join(PEAK_DTYPES)} (lower case)")
             _positive(f"peak_flops_per_s.{k}", v)
+            if v > MAX_PEAK_FLOPS_PER_S:
+                raise ConfigError(f"peak_flops_per_s.{k}", f"got {v:g}",
+                                  f"expected FLOP/s of one device, at most "
+                                  f"{MAX_PEAK_FLOPS_PER_S:g}")
         if self.sm_count is not None and self.sm_count < 1:
             raise ConfigError("sm_count", f"got {self.sm_count}", "expected a positive integer")
         if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1:
@@ -267,6 +307,7 @@ class Efficiency:
     def __post_init__(self) -> None:
         for table in ("attention_forward", "attention_backward"):
             for kernel, value in (getattr(self, table) or {}).items():
+                _check_kernel(f"{table}.{_key(kernel)}", kernel)
                 if isinstance(value, Curve):  # its shares are checked to lie in (0, 1]
                     continue
                 # "kernel@dtype" entries are measured against that dtype's peak, which a CPU
@@ -286,8 +327,35 @@ class Efficiency:
         for name in ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
                      "selective_op_overhead_s", "fsdp_unit_overhead_s",
                      "optimizer_overhead_s", "dtensor_optimizer_overhead_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"got {getattr(self, name)}", "expected >= 0 seconds")
+            if not 0 <= getattr(self, name) < MAX_OVERHEAD_S:
+                raise ConfigError(name, f"got {getattr(self, name)}",
+                                  f"expected seconds per call, >= 0 and below {MAX_OVERHEAD_S:g}")
+
+
+def _check_kernel(field: str, kernel: str) -> None:
+    """An attention figure's key: a known kernel, or "kernel@dtype" with a known dtype."""
+    name, at, dtype = kernel.partition("@")
+    if name not in ATTENTION_KERNELS or (at and dtype not in PEAK_DTYPES):
+        raise ConfigError(field, "unknown kernel",
+                          f"use one of {', '.join(ATTENTION_KERNELS)}, alone or as "
+                          f"KERNEL@DTYPE with DTYPE one of {', '.join(PEAK_DTYPES)}")
+
+
+def _check_measured(measured: dict[str, Any]) -> None:
+    """`measured` holds what `autoplan profile` writes, or only sections of MEASURED_ALONE_KEYS:
+    its presence turns off the datasheet GEMM quantization (cost.compute.gemm_time_s), so a
+    stray or empty section must not."""
+    known = MEASURED_KEYS + MEASURED_EXTRA_KEYS
+    for key in measured:
+        if key not in known:
+            raise ConfigError(f"measured.{_key(key)}", "unknown key",
+                              f"valid keys: {', '.join(known)}")
+    if measured and set(measured) <= set(MEASURED_ALONE_KEYS):
+        return
+    missing = [k for k in MEASURED_KEYS if k not in measured]
+    if missing:
+        raise ConfigError("measured", f"lacks {', '.join(missing)}" if measured else "is empty",
+                          "keep the section `autoplan profile` wrote whole, or delete it")
 
 
 @dataclass(frozen=True)
@@ -314,8 +382,11 @@ class ClusterProfile:
         return self.host.compute_slots is not None
 
     def __post_init__(self) -> None:
-        if self.gpus_per_node < 1:
-            raise ConfigError("gpus_per_node", f"got {self.gpus_per_node}", "expected >= 1")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise ConfigError("gpus_per_node", f"got {self.gpus_per_node}",
+                              f"expected 1 to {MAX_GPUS_PER_NODE} GPUs in one node")
+        if self.measured is not None:
+            _check_measured(self.measured)
         price = self.price_per_gpu_hour
         if price is not None and not (isinstance(price, (int, float)) and 0 < price < 1e6):
             raise ConfigError("price_per_gpu_hour", f"got {price!r}",
@@ -355,7 +426,8 @@ def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
 
 def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
     """A profile by name (the user's profile directory, then the built-in ones) or by path;
-    `flag` names the option in errors."""
+    `flag` names the option in errors about the reference, and every error about the file's
+    contents names the profile and the file it was read from."""
     path = Path(ref)
     if resources.is_name(ref):
         named = resources.find(resources.PROFILES, str(ref))
@@ -365,7 +437,9 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
                 f"choose one of {', '.join(available_profiles())} or a path to a profile YAML",
             )
         path = named
-    return profile_from_dict(read_yaml(path, flag), "profile")
+    # errors name the file: a user's profile may shadow a built-in name, a search read several
+    where = f"profile {ref} ({path})" if resources.is_name(ref) else f"profile {str(path)!r}"
+    return profile_from_dict(read_yaml(path, flag), where)
 
 
 def cluster(ref: str | Path, num_gpus: int) -> ClusterSpec:

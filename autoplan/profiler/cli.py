@@ -12,8 +12,8 @@ from typing import Any
 from autoplan import fsutil, resources
 from autoplan.cli_common import add_format_argument, emit, stderr_console
 from autoplan.errors import ConfigError
-from autoplan.hardware import load_profile, profile_from_dict
-from autoplan.yaml_io import read_yaml, save_yaml, to_dict
+from autoplan.hardware import ClusterProfile, load_profile, profile_from_dict
+from autoplan.yaml_io import read_yaml, save_yaml, show, to_dict
 
 
 def register(sub: Any) -> None:
@@ -39,7 +39,8 @@ def register(sub: Any) -> None:
 def _gpu_base(device_name: str) -> str:
     name = device_name.lower()
     for key, prof in (("h200", "h200-sxm-141gb"), ("h100", "h100-sxm-80gb"),
-                      ("a100", "a100-sxm4-80gb"), ("v100", "v100-sxm2-32gb")):
+                      ("h800", "h800-sxm-80gb"), ("a100", "a100-sxm4-80gb"),
+                      ("v100", "v100-sxm2-32gb")):
         if key in name:
             return prof
     return "h100-sxm-80gb"
@@ -92,15 +93,19 @@ def _request(args: argparse.Namespace) -> _Request:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", "cuda requested but torch sees no CUDA device",
                           "use --device cpu or install a CUDA build of torch")
+    check_out_and_name(args.out, args.name)
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    default_base = _gpu_base(torch.cuda.get_device_name(0)) if use_cuda else "cpu-gloo"
-    base_ref = args.base or default_base
-    load_profile(base_ref, "--base")  # validates the name or path with the usual one-line error
+    here = torch.cuda.get_device_name(0) if use_cuda else "cpu"
+    default_base = _gpu_base(here) if use_cuda else "cpu-gloo"
+    base_ref = args.base if args.base is not None else default_base
+    # validates the name or path with the usual one-line error
+    check_base_device(base_ref, load_profile(base_ref, "--base"), here)
     base_path = resources.find(resources.PROFILES, base_ref) if resources.is_name(base_ref) \
         else Path(base_ref)
     name = args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured")
-    out = Path(args.out) if args.out else (resources.default_write_dir(resources.PROFILES)
-                                           / f"{resources.safe_name(name, '--name')}.yaml")
+    out = Path(args.out) if args.out is not None else (
+        resources.default_write_dir(resources.PROFILES)
+        / f"{resources.safe_name(name, '--name')}.yaml")
     fsutil.check_file_target(out, force=args.force)  # before minutes of measuring
     # on CUDA one rank per GPU: refused here, not by a rank's set_device after the measuring
     most = torch.cuda.device_count() if use_cuda else 8
@@ -114,6 +119,38 @@ def _request(args: argparse.Namespace) -> _Request:
         device=torch.device("cuda", 0) if use_cuda else torch.device("cpu"),
         precision=precision, base=base, name=name, out=out,
         groups=[g for g in (2, 4, 8) if g <= max_ranks], quick=args.quick)
+
+
+def check_out_and_name(out: str | None, name: str | None) -> None:
+    """Refuse an empty --out or --name (`--out ''` wrote into the default folder) and an --out
+    that `--cluster` could not read back: without a .yaml/.yml suffix a bare word is taken for
+    a packaged profile name."""
+    if name is not None and not name.strip():
+        raise ConfigError("--name", "is empty", "give the profile a name, or leave --name out")
+    if out is None:
+        return
+    if not out.strip():
+        raise ConfigError("--out", "is empty", "give a path ending in .yaml, or leave --out out")
+    if Path(out).suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError("--out", f"{show(out)} does not end in .yaml or .yml",
+                          "add .yaml: profiles are YAML files, and `--cluster` reads a bare "
+                          "word as the name of a packaged profile")
+
+
+def check_base_device(base_ref: str, base: ClusterProfile, here: str) -> None:
+    """Refuse a base profile of another device than the one measured (`here`: `cpu` or the
+    GPU's name as torch gives it): its unmeasured fields (memory, peaks, SMs, GPUs per node,
+    host) would sit beside this machine's measurements in one profile."""
+    from autoplan.calibrate import device_model, device_token
+
+    want, got = device_model(base), device_token(here)
+    if want == got:
+        return
+    fix = ("use --base cpu-gloo or another CPU profile" if got == "cpu" else
+           f"give --base a profile of a {got} GPU (copy the nearest datasheet profile, set its "
+           "device name and figures, and pass its path)")
+    raise ConfigError("--base", f"{base_ref} describes {want}, but this run measures {here}",
+                      fix)
 
 
 def gemm_precision(asked: str | None, use_cuda: bool, base: Any, base_ref: str) -> str:

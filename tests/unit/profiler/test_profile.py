@@ -133,7 +133,7 @@ def test_profile_refuses_to_overwrite(measured, capsys) -> None:
 def test_measured_profile_validates_strictly(measured) -> None:
     raw = yaml.safe_load(measured.read_text())
     raw["efficiency"]["matmul"]["y"][0] = 0.0
-    with pytest.raises(ConfigError, match="curve.y"):
+    with pytest.raises(ConfigError, match="matmul.y"):
         profile_from_dict(raw)
 
 
