@@ -88,8 +88,10 @@ def _offload(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     for o, p in ((True, False), (False, True), (True, True)):
         if rt.offload_refusal(o, p) is not None:
             bad |= (opt == o) & (par == p)
-    # an optimizer offload at a ZeRO stage the runtime does not offload with
-    return bad | (opt & ~np.isin(t["zero_stage"], list(rt.offload_zero_stages)))
+    # an optimizer offload at a ZeRO stage the runtime does not offload with (at ZeRO-0 the
+    # plan rule offload-optimizer-needs-zero refuses it for every runtime: said once, there)
+    zero = t["zero_stage"]
+    return bad | (opt & (zero >= 1) & ~np.isin(zero, list(rt.offload_zero_stages)))
 
 
 def _reduce_codes(rt: RuntimeTraits) -> list[int]:
