@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# benchmarks/gpu_check.py on a machine with one CUDA GPU, as one command for the device tool:
-#   run(command="bash benchmarks/gpu_check.sh", timeout_s=540)
-# optionally with carry=[".gpu_wheels"] (Python 3.12 wheels: optuna and its missing
-# dependencies, which the check itself never imports, and torchao 0.16.0, the release built
-# against torch 2.11 (pytorch/ao issue #2919's matrix: 0.13 -> 2.8, 0.14 -> 2.9, 0.15 -> 2.10),
-# for the fp8 plan). Extra arguments go to gpu_check.py, e.g.
-# `bash benchmarks/gpu_check.sh --budget-s 300` for a shorter run.
-# Writes under $OUT: gpu_check.json, gpu_check.log, the measured profile (<name>-measured.yaml)
-# and gemm_shapes.json/.log (benchmarks/gemm_shapes.py);
-# the lead copies that profile into profiles/.
+# benchmarks/gpu_check.py on a machine with one CUDA GPU, as one command:
+#   bash benchmarks/gpu_check.sh
+# On a machine with no package index, a .gpu_wheels/ folder of wheels beside it is installed
+# first (for Python 3.12: optuna and its dependencies, which the check itself never imports,
+# and torchao 0.16.0, the release built against torch 2.11 (pytorch/ao issue #2919's matrix:
+# 0.13 -> 2.8, 0.14 -> 2.9, 0.15 -> 2.10), for the fp8 plan). Extra arguments go to
+# gpu_check.py, e.g. `bash benchmarks/gpu_check.sh --budget-s 300` for a shorter run.
+# Writes under $OUT (default /tmp/gpu_check_out): gpu_check.json, gpu_check.log, the measured
+# profile (<name>-measured.yaml), to copy into profiles/ or $AUTOPLAN_PROFILES, and
+# gemm_shapes.json/.log (benchmarks/gemm_shapes.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.." || exit 2
