@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from autoplan.cli_common import count
+from autoplan.cost.runtimes import RUNTIMES
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
@@ -22,8 +23,8 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
                         help=f"hardware profile ({', '.join(available_profiles())}) or a path")
     parser.add_argument("--num-gpus", type=count(), required=required, help="GPUs in the job")
     parser.add_argument("--seq-len", type=count(), help="override the model's sequence length")
-    parser.add_argument("--runtime", help="price the plan as this runtime runs it: autoplan, "
-                        "megatron, nemo, torchtitan, deepspeed, or a traits YAML (default: "
+    parser.add_argument("--runtime", help="price the plan as this runtime runs it: "
+                        f"{', '.join(('autoplan', *RUNTIMES))} or a traits YAML (default: "
                         "autoplan's own runtime on the profile's device)")
 
 

@@ -16,16 +16,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan YAML written by search (or by hand)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="processes to launch locally (default: the plan's world size)")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps to run (total)")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps to run (total; default 20)")
     parser.add_argument("--data", default=None,
                         help="text file or folder (byte-level tokens); default synthetic tokens")
     parser.add_argument("--checkpoint-dir", default=None,
                         help="where DCP checkpoints go: an empty or new folder, or with "
                              "--resume one of this run's")
     parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="save every K steps (0: only on Ctrl-C/SIGTERM and at the end)")
+                        help="save every K steps (default 0: only on Ctrl-C/SIGTERM and at the end)")
     parser.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
-                        help="keep the newest K checkpoints, delete older ones (0: keep all)")
+                        help="keep the newest K checkpoints, delete older ones (default 3; 0: keep all)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest complete checkpoint in --checkpoint-dir "
                              "(another layout reshards; the same model, --optimizer, global "
