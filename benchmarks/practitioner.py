@@ -275,6 +275,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "moe_scored": sum(r["moe"] for r in scored),
         "memory_rows": len(mem),
         "memory_median_abs_error": mem[len(mem) // 2] if mem else None,
+        "by_profile": {p: {"scored": len(e), "mean_abs_error": _mean(e),
+                           "within_10pct": sum(x <= 0.10 for x in e) / len(e)}
+                       for p in sorted({r["profile"] for r in scored})
+                       for e in [[abs(r["error"]) for r in scored if r["profile"] == p]]},
     }
 
 
@@ -307,6 +311,10 @@ def print_table(rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
         if stats[f"{kind}_scored"]:
             print(f"  {kind}: {stats[f'{kind}_scored']} scored, mean absolute error "
                   f"{stats[f'{kind}_mean_abs_error']:.1%}")
+    if len(stats["by_profile"]) > 1:
+        for name, b in stats["by_profile"].items():
+            print(f"  on {name}: {b['scored']} scored, mean absolute error "
+                  f"{b['mean_abs_error']:.1%}, within 10%: {b['within_10pct']:.0%}")
     if stats["memory_rows"]:
         print(f"peak memory, {stats['memory_rows']} configurations that publish it: median "
               f"absolute error {stats['memory_median_abs_error']:.1%}")
