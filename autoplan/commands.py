@@ -1,7 +1,7 @@
 """The command line: thin sub-commands that return exit codes (DESIGN.md section 5).
 
-0 success, 2 bad input, 3 nothing feasible. User mistakes arrive here as AutoplanError and leave
-as one line on stderr; anything else is a bug and keeps its traceback.
+0 success, 2 bad input, 3 nothing feasible, 130 Ctrl-C, 143 SIGTERM. User mistakes arrive here as
+AutoplanError and leave as one line on stderr; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 from autoplan import __version__
 from autoplan.errors import AutoplanError
@@ -55,6 +58,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or `kill`'s stop), raised where the program is, like Ctrl-C's
+    KeyboardInterrupt, so the same cleanup runs: locks released, partial outputs removed."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated while the command runs (only the main thread can handle
+    signals; a command run from another thread keeps the default)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_line(args: argparse.Namespace, err: KeyboardInterrupt) -> str:
+    """One line: stopped by what, and how to resume when the work is kept in a study."""
+    line = f"autoplan {args.command}: {'terminated' if isinstance(err, Terminated) else 'interrupted'}"
+    storage, study = getattr(args, "storage", None), getattr(args, "study", None)
+    if storage and study:
+        line += (f"; the finished trials are kept in study {study!r} of --storage: rerun the "
+                 "same command to resume")
+    return line
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,13 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.func(args))
+        with _sigterm_as_interrupt():
+            return int(args.func(args))
     except AutoplanError as err:
         sys.stderr.write(f"autoplan {args.command}: error: {err}\n")
         return err.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("autoplan: interrupted\n")
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as Terminated
+        sys.stderr.write(interrupted_line(args, err) + "\n")
+        return 143 if isinstance(err, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -331,7 +331,7 @@ def output_lock(path: str | os.PathLike[str], field: str = "--out") -> Iterator[
 
 @contextmanager
 def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str],
-               field: str = "--out") -> Iterator[Path]:
+               field: str = "--out", stale: Iterable[str] = ()) -> Iterator[Path]:
     """Yield a temporary sibling of `path` to fill; when the block ends without an error it
     becomes `path`, else it is removed and `path` is left as it was.
 
@@ -339,8 +339,11 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str
     result): the old folder is renamed aside, the new one into place, the old one removed.
     `path` holding other files too, or in a folder that cannot be written: each new file
     replaces its namesake by os.replace and the other files stay (the set is not atomic then,
-    each file is)."""
+    each file is). `stale`: files an earlier result of the same command may have left that
+    this one does not write (a report.html when this run has no --report); with force they go
+    too, so the directory holds one result, never parts of two."""
     names = tuple(names)
+    old = tuple(n for n in stale if n not in names) if force else ()
     check_dir_target(path, force=force, names=names, field=field)
     p = _absolute(path)
     created = make_parents(p.parent, field)
@@ -349,18 +352,16 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str
         yield tmp
         os.chmod(tmp, dir_mode())
         check_dir_target(path, force=force, names=names, field=field)  # again, just before
-        _commit(tmp, p, names)
+        _commit(tmp, p, names, old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         remove_empty(created)
         raise
 
 
-def _commit(tmp: Path, p: Path, names: tuple[str, ...]) -> None:
+def _commit(tmp: Path, p: Path, names: tuple[str, ...], stale: tuple[str, ...] = ()) -> None:
     if tmp.parent == p:  # staged inside: only the parent is read-only
-        for name in sorted(os.listdir(tmp)):
-            os.replace(tmp / name, p / name)
-        tmp.rmdir()
+        _replace_each(tmp, p, stale)
         return
     if not p.exists() or not any(p.iterdir()):
         try:
@@ -369,7 +370,7 @@ def _commit(tmp: Path, p: Path, names: tuple[str, ...]) -> None:
         except OSError as err:  # filled meanwhile by something that took no lock
             if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
-    if set(os.listdir(p)) <= set(names):
+    if set(os.listdir(p)) <= set(names) | set(stale):
         old = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=p.parent))
         os.rename(p, old / "d")
         try:
@@ -379,6 +380,15 @@ def _commit(tmp: Path, p: Path, names: tuple[str, ...]) -> None:
             raise
         shutil.rmtree(old, ignore_errors=True)
         return
+    _replace_each(tmp, p, stale)
+
+
+def _replace_each(tmp: Path, p: Path, stale: tuple[str, ...]) -> None:
+    """Move each new file over its namesake in `p`, then remove the `stale` files (the other
+    files in `p` are not ours and stay)."""
     for name in sorted(os.listdir(tmp)):
         os.replace(tmp / name, p / name)
     tmp.rmdir()
+    for name in stale:
+        if (p / name).is_file() or (p / name).is_symlink():
+            (p / name).unlink()

@@ -109,6 +109,11 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
                           "workers share a study through --storage: give --storage and --study")
     if args.storage is not None:
         check_storage(args.storage)
+    if args.study is not None:
+        from autoplan.search.storage import check_study_name
+
+        suffix = max((len(t.ref) + 1 for t in types), default=0) if len(types) > 1 else 0
+        check_study_name(args.study, suffix, " with /TYPE added per GPU type" if suffix else "")
     if args.sampler == "exhaustive" and args.trials is not None:
         raise ConfigError("--trials", f"got {args.trials} with --sampler exhaustive",
                           "drop --trials (exhaustive scores every candidate), or choose "
@@ -184,14 +189,16 @@ def parse_prices(text: str | None, refs: list[str]) -> dict[str, float]:
 
 def check_storage(url: str) -> None:
     """Refuse, before any work, an Optuna storage file that cannot be made: journal:PATH or
-    sqlite:///PATH naming a directory, lying under a file, in a missing or unwritable folder."""
+    sqlite:///PATH naming a directory, lying under a file, in a missing or unwritable folder;
+    and an SQLite database in memory, which nothing can share or resume."""
+    from autoplan.search.storage import check_not_in_memory
+
     fix = "write journal:PATH or sqlite:///PATH.db"
+    check_not_in_memory(url)
     if url.startswith("journal:"):
         path = url.removeprefix("journal:").removeprefix("//")
     elif url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
-        if path in ("", ":memory:"):
-            return
     else:  # a database server: Optuna reports what is wrong with it when it connects
         _check_database_url(url, fix)
         return
@@ -205,7 +212,7 @@ def check_storage(url: str) -> None:
         raise ConfigError("--storage", f"the directory {str(p.parent)!r} does not exist",
                           "create it first or give another path")
     if url.startswith("journal:"):
-        from autoplan.search.optuna_search import check_journal
+        from autoplan.search.storage import check_journal
 
         check_journal(path)
 
@@ -219,7 +226,7 @@ def _check_database_url(url: str, fix: str) -> None:
     try:
         make_url(url).get_dialect()
     except (ArgumentError, NoSuchModuleError, ValueError) as err:
-        from autoplan.search.optuna_search import shown_url
+        from autoplan.search.storage import shown_url
 
         raise ConfigError("--storage", f"got {shown_url(url)[:120]!r}, which is no storage URL "
                           f"({err.__class__.__name__})", f"{fix}, or a database URL such as "
@@ -228,14 +235,19 @@ def _check_database_url(url: str, fix: str) -> None:
 
 @contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Progress | None]:
-    """A bar on a terminal, a line every few seconds on stderr otherwise (autoplan.progress)."""
+    """A bar on a terminal, a line every few seconds on stderr otherwise (autoplan.progress);
+    the closing "done" line only when the search finished."""
     if not enabled:
         yield None
         return
     from autoplan.progress import tracker
 
     with tracker("search", stderr_console()) as progress:
-        yield progress
+        try:
+            yield progress
+        except BaseException:
+            progress.lines = 0  # stopped, not done: no "search: done in" line
+            raise
 
 
 def search_command(args: argparse.Namespace) -> int:
@@ -320,11 +332,13 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
                                field="--report") as tmp:
             add_report(tmp)
             if args.out:
-                write_out(result, args.out, args.top, args.force, data)
+                write_out(result, args.out, args.top, args.force, data, stale=report_files())
     elif args.out:
+        # with --force, --out holds this search alone: an older run's report.html goes too
         write_out(result, args.out, args.top, args.force, data,
                   also=add_report if together else None,
-                  names=OUT_FILES + (report_files() if together else ()))
+                  names=OUT_FILES + (report_files() if together else ()),
+                  stale=() if together else report_files())
     for folder, names in ((args.out, OUT_FILES), (report, report_files())):
         if folder:
             for name in names:

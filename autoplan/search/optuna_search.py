@@ -17,8 +17,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,14 +31,17 @@ from autoplan.search.engine import Progress, SearchRequest
 from autoplan.search.local_moves import failed_since_last_complete, next_move
 from autoplan.search.scoring import REASON_KEYS, Scored
 from autoplan.search.space import EXTRA_COLUMNS
+from autoplan.search.storage import check_study_name, journal_errors, open_storage, storage_errors
 from autoplan.search.targets import MISS_KEYS, display_value
 from autoplan.search.trial_space import evaluate, suggest_layout
 from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
-STORAGE_ATTEMPTS = 5
-SQLITE_BUSY_TIMEOUT_S = 60.0
-"""How long a worker waits for another's SQLite write lock before the storage raises."""
+OWNER_WAIT_S = 30.0
+"""How long a process that found a study another one has just created waits for its maker to
+mark it (kind and request); one still unmarked then, with no trials, is taken over (its maker
+died before marking it)."""
+OWNER_POLL_S = 0.1
 MAX_MOVES = 8
 """A repeated layout is replaced by a local move (local_moves.py), or a random sample when the
 best layouts' neighbourhoods are explored, up to this many times in a row; then it is accepted
@@ -47,132 +49,6 @@ best layouts' neighbourhoods are explored, up to this many times in a row; then 
 REJECTED = 10.0
 """Constraint violation of a candidate that breaks a plan rule (worse than any miss ratio)."""
 Callback = Callable[[optuna.Study, FrozenTrial], None]
-
-
-def open_storage(url: str | None) -> Any:
-    """None: in memory; sqlite:///x.db or another RDB URL; journal:PATH for a journal file."""
-    if url is None:
-        return optuna.storages.InMemoryStorage()
-    if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-        path = url.removeprefix("journal:").removeprefix("//")
-        check_journal(path)
-        try:
-            return JournalStorage(JournalFileBackend(path))
-        except ValueError as err:  # a damaged line further on (JSONDecodeError is one)
-            raise _damaged(path, err) from None
-    given, url = url, _with_driver(url)
-    for attempt in range(STORAGE_ATTEMPTS):
-        try:
-            if not url.startswith("sqlite"):
-                return optuna.storages.RDBStorage(url)
-            storage = optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}})
-            _serialize_sqlite(storage.engine)
-            return storage
-        except Exception as err:  # sqlalchemy raises many kinds
-            racing = type(err).__module__.startswith("sqlalchemy")
-            if attempt + 1 < STORAGE_ATTEMPTS and racing:
-                # workers creating a fresh SQLite schema at once race; the loser retries
-                time.sleep(0.2 * (attempt + 1))
-                continue
-            raise ConfigError("--storage", f"cannot open {shown_url(given)!r} ({_reason(err)})",
-                              "use sqlite:///PATH.db, an RDB URL, or journal:PATH") from None
-    raise AssertionError("unreachable")
-
-
-def shown_url(url: str) -> str:
-    """The storage URL as the user gave it, with any password masked (it ends up in logs)."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL sqlalchemy can parse: nothing in it to recognise as a password
-        return url
-
-
-def _reason(err: Exception) -> str:
-    """The error's kind and the driver's first line (e.g. 'connection refused', 'database
-    "x" does not exist'), which says what to fix; at most 160 characters."""
-    cause = getattr(err, "orig", None) or err
-    first = (str(cause).strip().splitlines() or [""])[0][:160]
-    return f"{err.__class__.__name__}: {first}" if first else err.__class__.__name__
-
-
-def check_journal(path: str) -> None:
-    """Refuse, before Optuna appends to it, a file that is not an Optuna journal: every whole
-    line must be a JSON object with an `op_code` (a last line without its newline may be a
-    write in progress). An absent or empty file is a new journal."""
-    fix = "give a new file or a journal an earlier search or tune wrote"
-    try:
-        with open(path, "rb") as fh:
-            first = fh.read(1)
-            if first and first != b"{":
-                raise ConfigError("--storage", f"{path!r} is not an Optuna journal "
-                                  "(line 1 is not a journal entry)", fix)
-            fh.seek(0)
-            for number, line in enumerate(fh, 1):
-                if not line.endswith(b"\n"):
-                    break
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    entry = None
-                if not isinstance(entry, dict) or "op_code" not in entry:
-                    raise ConfigError("--storage", f"{path!r} is not an Optuna journal "
-                                      f"(line {number} is not a journal entry)", fix)
-    except FileNotFoundError:
-        return
-    except IsADirectoryError:
-        raise ConfigError("--storage", f"{path!r} is a directory",
-                          "write journal:PATH naming a file") from None
-    except OSError as err:
-        raise ConfigError("--storage", f"cannot read {path!r} ({err.strerror})", fix) from None
-
-
-def _damaged(path: str, err: Exception) -> ConfigError:
-    return ConfigError("--storage", f"the journal {path!r} cannot be read "
-                       f"({err.__class__.__name__}: {str(err)[:80]})",
-                       "give a new file, or repair the journal")
-
-
-def _with_driver(url: str) -> str:
-    """postgresql://... with the driver that is installed: SQLAlchemy's default for the plain
-    scheme is psycopg 3 from 2.1 on and psycopg2 before; either works for Optuna."""
-    import importlib.util
-
-    if not url.startswith("postgresql://"):
-        return url
-    for module, scheme in (("psycopg", "postgresql+psycopg://"),
-                           ("psycopg2", "postgresql+psycopg2://")):
-        if importlib.util.find_spec(module) is not None:
-            return scheme + url.removeprefix("postgresql://")
-    raise ConfigError("--storage", f"{shown_url(url)!r} needs a PostgreSQL driver",
-                      "pip install 'psycopg[binary]'")
-
-
-def _serialize_sqlite(engine: Any) -> None:
-    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
-
-    Optuna pops a queued trial by reading it WAITING and then writing RUNNING in one transaction,
-    with SELECT ... FOR UPDATE, which SQLite ignores; pysqlite's deferred BEGIN lets two workers
-    both read WAITING, both claim the trial, and the second to tell meets "Cannot tell a COMPLETE
-    trial". BEGIN IMMEDIATE makes the read and the write one step across processes. The recipe is
-    SQLAlchemy's ("Serializable isolation / Savepoints / Transactional DDL", SQLite dialect docs).
-    PostgreSQL and MySQL lock the row themselves.
-    """
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _no_implicit_begin(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # pysqlite issues no BEGIN of its own
-
-    @event.listens_for(engine, "begin")
-    def _begin_immediate(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # connections opened while creating the schema predate the listeners
 
 
 def content_hash(obj: Any) -> str:
@@ -185,10 +61,11 @@ def content_hash(obj: Any) -> str:
 def _fingerprint(req: SearchRequest, sampler: str) -> str:
     """Everything the stored records depend on: a study resumes only under the same request.
     The profile and the runtime traits are hashed by content, so a recalibrated or edited
-    profile under the same name (or path) does not mix its results with the old ones."""
+    profile under the same name (or path) does not mix its results with the old ones, and one
+    profile named by name or by path resumes the same study."""
     runtime = req.runtime or default_runtime(req.profile)
     fields: dict[str, Any] = {
-        "model": req.model, "profile": req.profile_ref, "gpu_counts": req.gpu_counts,
+        "model": req.model, "gpu_counts": req.gpu_counts,
         "profile_sha256": content_hash(req.profile),
         "global_batch_size": req.global_batch_size, "space": req.space.summary(),
         "targets": req.targets, "sampler": sampler, "seed": req.seed,
@@ -197,6 +74,55 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     if req.global_batch_size_max is not None:
         fields["global_batch_size_max"] = req.global_batch_size_max
     return json.dumps(to_dict(fields), sort_keys=True, default=str)
+
+
+def request_changes(stored: str, given: str) -> list[str]:
+    """`FIELD stored -> given` for each field of two fingerprints that differs ([] when the
+    same request). Fingerprints stored before the profile was compared by content alone also
+    hold the profile as typed ("profile"): it is left out wherever its hash is there."""
+    if stored == given:
+        return []
+    try:
+        old, new = json.loads(stored), json.loads(given)
+    except ValueError:
+        old = new = None
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ["another request"]
+    if "profile_sha256" in old:
+        old.pop("profile", None)
+    old, new = _flat(old), _flat(new)
+    return [f"{_field_name(k)} {_shown(k, old.get(k))} -> {_shown(k, new.get(k))}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _flat(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested fields as dotted keys (targets.max_step_time_s), so a change names its leaf."""
+    out: dict[str, Any] = {}
+    for k, v in fields.items():
+        if isinstance(v, dict) and v:
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _field_name(key: str) -> str:
+    return {"profile_sha256": "profile contents", "runtime_sha256": "runtime traits",
+            "gpu_counts": "--num-gpus", "global_batch_size": "--global-batch-size"}.get(key, key)
+
+
+def _shown(key: str, value: Any) -> str:
+    """A fingerprint value short enough for one line (hashes to 12 digits, the rest to 40)."""
+    if value is None:
+        return "none"
+    text = value[:12] if key.endswith("_sha256") else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _mismatch(name: str | None, changes: list[str]) -> ConfigError:
+    shown = "; ".join(changes[:3]) + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
+    return ConfigError("--study", f"{name!r} was created by a different search ({shown})",
+                       "rerun that exact command, or use another --study name")
 
 
 def _directions(req: SearchRequest) -> list[Any]:
@@ -249,13 +175,48 @@ FINGERPRINT_ATTRS = {"search": "autoplan_request", "tune": "autoplan_tune"}
 """The user attribute each kind keeps its request fingerprint in."""
 
 
-def claim_study(study: optuna.Study, kind: str, directions: list[str]) -> None:
+def create_or_load(storage: Any, name: str | None, directions: list[Any]
+                   ) -> tuple[optuna.Study, bool]:
+    """The study, and whether this call created it: of several processes opening a new name at
+    once exactly one creates it (the others meet DuplicatedStudyError and load it), so exactly
+    one may mark it with its request."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return optuna.create_study(storage=storage, study_name=name, load_if_exists=False,
+                                       directions=directions), True
+        except optuna.exceptions.DuplicatedStudyError:
+            return optuna.load_study(study_name=name, storage=storage), False
+
+
+def _marked(attrs: dict[str, Any]) -> bool:
+    return KIND_ATTR in attrs or any(a in attrs for a in FINGERPRINT_ATTRS.values())
+
+
+def _wait_for_mark(study: optuna.Study) -> dict[str, Any]:
+    """The study's attributes once its maker has marked it, or as they are after OWNER_WAIT_S
+    (a study already marked returns at once)."""
+    deadline = time.monotonic() + OWNER_WAIT_S
+    while True:
+        attrs = study.user_attrs
+        if _marked(attrs) or time.monotonic() >= deadline:
+            return attrs
+        time.sleep(OWNER_POLL_S)
+
+
+def claim_study(study: optuna.Study, kind: str, directions: list[str],
+                created: bool | None = None) -> None:
     """Refuse, in one line, a study another kind made (a search's study resumed by a tune, or
     the reverse) or one optimising in other directions; mark a new study with its kind.
     Studies made before the mark are known by their fingerprint attribute; one with trials
-    and neither was made by something else."""
+    and neither was made by something else. `created` (from create_or_load): True marks the
+    study without reading it; False first waits for its maker's mark; None (a caller that
+    cannot tell) marks it when it finds none."""
+    if created:
+        study.set_user_attr(KIND_ATTR, kind)
+        return
     name = study.study_name
-    attrs = study.user_attrs
+    attrs = study.user_attrs if created is None else _wait_for_mark(study)
     have = attrs.get(KIND_ATTR) or next(
         (k for k, attr in FINGERPRINT_ATTRS.items() if attr in attrs), None)
     if have is None and study.get_trials(deepcopy=False):
@@ -275,21 +236,29 @@ def claim_study(study: optuna.Study, kind: str, directions: list[str]) -> None:
 
 
 def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
+    """Create the study and mark it with this request, or resume one marked with the same
+    request. Only the process that created it marks it (request first, then kind), so two
+    first runs with different requests on one name cannot both pass: the other waits for the
+    mark and is refused."""
     if req.storage and not req.study:
         raise ConfigError("--study", "missing", "name the study to create or resume")
+    check_study_name(req.study)
     storage = open_storage(req.storage)
-    fp = _fingerprint(req, sampler)
-    with warnings.catch_warnings(), _journal_errors(req.storage):
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study = optuna.create_study(storage=storage, study_name=req.study, load_if_exists=True,
-                                    directions=_directions(req))
-    claim_study(study, "search", _directions(req))
-    have = study.user_attrs.get(FINGERPRINT_ATTRS["search"])
-    if have is None:
-        study.set_user_attr(FINGERPRINT_ATTRS["search"], fp)
-    elif have != fp:
-        raise ConfigError("--study", f"{req.study!r} was created by a different search",
-                          "rerun that exact command, or use another --study name")
+    fp, attr = _fingerprint(req, sampler), FINGERPRINT_ATTRS["search"]
+    with journal_errors(req.storage):
+        study, created = create_or_load(storage, req.study, _directions(req))
+    if created:
+        study.set_user_attr(attr, fp)
+        claim_study(study, "search", _directions(req), created=True)
+        return study
+    claim_study(study, "search", _directions(req), created=False)
+    have = study.user_attrs.get(attr)
+    if have is None:  # a study its maker never marked (it died first), without trials
+        study.set_user_attr(attr, fp)
+        return study
+    changes = request_changes(have, fp)
+    if changes:
+        raise _mismatch(req.study, changes)
     return study
 
 
@@ -313,26 +282,13 @@ def _recover_move(study: optuna.Study, req: SearchRequest, done: int) -> None:
             study.enqueue_trial(move)
 
 
-@contextmanager
-def _journal_errors(url: str | None) -> Iterator[None]:
-    """A journal line damaged while a study is open (another writer) as one ConfigError."""
-    try:
-        yield
-    except ValueError as err:
-        journal = bool(url) and str(url).startswith("journal:")
-        if not journal or not (isinstance(err, json.JSONDecodeError)
-                               or str(err) == "Invalid log format."):
-            raise
-        raise _damaged(str(url).removeprefix("journal:").removeprefix("//"), err) from None
-
-
 def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = None,
                callbacks: Sequence[Callback] = ()) -> tuple[Scored, int]:
     """Run trials until the study holds `req.trials` complete ones; rebuild the scored set."""
     if req.trials < 1:
         raise ConfigError("--trials", f"got {req.trials}", "expected a positive integer")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with _journal_errors(req.storage):
+    with journal_errors(req.storage), storage_errors(req.storage):
         return _run_trials(req, sampler, progress, callbacks)
 
 

@@ -109,14 +109,16 @@ def check_target(out: str | Path, force: bool, names: tuple[str, ...] = OUT_FILE
 def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
               summary_data: dict[str, Any], extra: dict[str, Any] | None = None,
               also: Callable[[Path], None] | None = None,
-              names: tuple[str, ...] = OUT_FILES) -> Path:
+              names: tuple[str, ...] = OUT_FILES, stale: tuple[str, ...] = ()) -> Path:
     """Write the result directory atomically (all files or none): built as a temporary
     sibling, renamed into place (fsutil.atomic_dir). `also(tmp)` adds files to the same
-    directory before it is renamed (the report, when it goes into --out)."""
+    directory before it is renamed (the report, when it goes into --out). `stale`: files of
+    an earlier result this one does not write (its report.html), removed under force so the
+    directory never holds parts of two searches."""
     if result.best is None:
         raise ConfigError("--out", "nothing feasible to write", "relax the targets")
     req = result.request
-    with fsutil.atomic_dir(out, force=force, names=names, field="--out") as tmp:
+    with fsutil.atomic_dir(out, force=force, names=names, field="--out", stale=stale) as tmp:
         winner = plans(result, np.array([result.best]))[0]
         _cross_check(winner)
         fsutil.write_text(tmp / "plan.yaml", dump_yaml(plan_to_dict(winner)))

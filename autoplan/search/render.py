@@ -307,19 +307,12 @@ def counts_table(counts: dict[str, int], total: int) -> Table:
 
 
 def shown_rows(result: SearchResult, data: dict[str, Any], top: int) -> list[Shown]:
-    """The rows of the table: enough ranked plans that `top` distinct ones remain."""
+    """The rows of the table: the ranked plans --out keeps (summary.json and top.yaml), with
+    equivalent ones sharing a row; never a plan ranked below them."""
     rows = data["top"]
-    if not result.request.targets.multi and len(result.order) > len(rows):
-        from autoplan.search.ranking import frame
-
-        req = result.request
-        more = frame(result.scored, result.order[:4 * top], req.space, req.targets, result.front)
-        rows = more.to_dict(orient="records")
-    if "band" in result.scored.cols:
+    if "band" in result.scored.cols and not result.request.targets.multi:
         bands = result.scored.cols["band"]
-        order = result.order[:len(rows)] if not result.request.targets.multi else None
-        if order is not None:
-            rows = [r | {"band": float(bands[i])} for r, i in zip(rows, order, strict=False)]
+        rows = [r | {"band": float(bands[i])} for r, i in zip(rows, result.order, strict=False)]
     return collapse(rows, top)
 
 
@@ -352,7 +345,7 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
         shown = shown_rows(result, data, top)
         merged = sum(len(s.zeros) > 1 or len(s.splits) > 1 for s in shown)
         title = (f"Pareto front ({data['pareto_size']} plans; {' vs '.join(data['objectives'])})"
-                 if result.request.targets.multi else f"top {len(shown)} plans by "
+                 if result.request.targets.multi else f"top {len(data['top'])} plans by "
                  f"{data['objectives'][0]}" + (" (equivalent plans share a row)" if merged
                                                else ""))
         table, shared, dropped = ranked_table(shown, title, data["objectives"], wide, width,

@@ -26,7 +26,8 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
-from autoplan.search.optuna_search import claim_study, open_storage
+from autoplan.search.optuna_search import claim_study
+from autoplan.search.storage import open_storage
 from autoplan.tune.pruner import SlowerThanBestPruner
 from autoplan.tune.runner import TrialOutcome, run_trial
 from autoplan.yaml_io import dump_yaml, write_text_atomic

@@ -21,6 +21,7 @@ from autoplan.search import engine
 from autoplan.search.baseline import score_baseline, why_lines
 from autoplan.search.cli import build_request
 from autoplan.search.engine import run_search
+from autoplan.search.output import summary
 from autoplan.search.render import shown_rows
 from autoplan.search.targets import MISS_KEYS
 
@@ -86,7 +87,7 @@ def test_the_recipe_is_priced_on_the_winners_gpu_type(tmp_path: Path) -> None:
     assert result.best is not None
     assert result.scored.clusters[int(result.scored.cols["cluster"][result.best])] \
         == "h100-sxm-80gb"
-    shown = shown_rows(result, {"top": []}, 3)
+    shown = shown_rows(result, summary(result, 3), 3)  # the rows --out keeps
     line = next(w for w in why_lines(result, {}, shown) if "recipe" in w)
     one = SimpleNamespace(request=build_request(build_parser().parse_args([
         *args_list(args), "--cluster", "h100-sxm-80gb"])))

@@ -198,7 +198,7 @@ def _pop_queued(url: str, out: str) -> None:
 
     import optuna
 
-    from autoplan.search.optuna_search import open_storage
+    from autoplan.search.storage import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.load_study(study_name="q", storage=open_storage(url))
@@ -224,7 +224,7 @@ def test_workers_never_claim_one_queued_trial(tmp_path: Path) -> None:
 
     import optuna
 
-    from autoplan.search.optuna_search import open_storage
+    from autoplan.search.storage import open_storage
 
     url = f"sqlite:///{tmp_path / 'q.db'}"
     study = optuna.create_study(study_name="q", storage=open_storage(url))

@@ -85,13 +85,13 @@ def test_a_journal_damaged_while_open_is_one_config_error() -> None:
     import json as json_module
 
     from autoplan.errors import ConfigError
-    from autoplan.search.optuna_search import _journal_errors
+    from autoplan.search.storage import journal_errors
 
     with pytest.raises(ConfigError, match="--storage: the journal 'x.log' cannot be read"):
-        with _journal_errors("journal:x.log"):
+        with journal_errors("journal:x.log"):
             json_module.loads("not json")
     with pytest.raises(json_module.JSONDecodeError):  # not a journal: not ours to explain
-        with _journal_errors("sqlite:///x.db"):
+        with journal_errors("sqlite:///x.db"):
             json_module.loads("not json")
 
 
