@@ -3,12 +3,13 @@ no shell) under a supervisor that stops it cleanly on Ctrl-C/SIGTERM (supervise.
 
 Every user mistake (a flag's value, world size, plan invalid for the model, NCCL without CUDA,
 a checkpoint that cannot resume this plan) is one ConfigError raised here, before any process
-starts; a plan the cost model says does not fit in memory is refused (exit 3) unless
---no-memory-check. torchrun restarts all ranks up to --max-restarts times after a failure;
-restarted ranks resume from the newest intact checkpoint. With --elastic the launcher re-plans
-for --nproc first (exit 3 when nothing fits) and the ranks re-plan again whenever torchrun
-restarts them on another world size (one machine has one torchrun agent; a multi-node job runs
-one per node, see export).
+starts; a plan the cost model says does not fit in memory, on its profile's devices or on this
+host (CPU ranks share its memory), is refused (exit 3) unless --no-memory-check, as are more
+NCCL ranks than this node has GPUs. torchrun restarts all ranks up to --max-restarts times
+after a failure; restarted ranks resume from the newest intact checkpoint. With --elastic the
+launcher re-plans for --nproc first (exit 3 when nothing fits) and the ranks re-plan again
+whenever torchrun restarts them on another world size (one machine has one torchrun agent; a
+multi-node job runs one per node, see export).
 """
 
 from __future__ import annotations
@@ -84,6 +85,60 @@ def memory_preflight(args: argparse.Namespace, plan, spec) -> None:
             f"plan {args.plan} does not fit {cluster.num_gpus} x {plan.cluster.profile} as "
             f"{est.runtime} runs it: {'; '.join(misses)}; choose a plan that fits (`autoplan "
             "search`), or pass --no-memory-check to launch anyway")
+
+
+CPU_PROFILE = "cpu-gloo"
+"""Whose per-rank reserve (torch's own RSS) prices a rank of a GPU profile's plan on a CPU."""
+
+
+def host_preflight(args: argparse.Namespace, plan, spec, nproc: int, backend: str) -> None:
+    """Refuse (exit 3) a launch this host cannot hold, whatever the plan's profile promises
+    (memory_preflight prices the plan on that profile's devices, not on this host). With NCCL:
+    more ranks than this node has CUDA GPUs (the launcher runs one node, --standalone). On CPU
+    (gloo): ranks whose memory, priced as autoplan's CPU runtime holds it, adds up to more
+    than the host memory they all share. A plan of another device that fits still trains here,
+    with the ranks' warning (machine.device_mismatch). --no-memory-check skips the memory part."""
+    from autoplan.runtime.machine import host_memory_bytes, local_gpu_count
+
+    if backend == "nccl":
+        gpus = local_gpu_count()
+        if nproc > gpus:
+            raise InfeasiblePlanError(
+                f"plan {args.plan} needs {nproc} ranks, one per GPU, but this node has {gpus} "
+                f"CUDA GPU(s) (short by {nproc - gpus}); run it across nodes (`autoplan "
+                "export`), or choose a plan for this node (`autoplan search --num-gpus "
+                f"{gpus}`)")
+        return
+    if getattr(args, "no_memory_check", False):
+        return
+    need, per_rank = cpu_ranks_bytes(plan, spec, nproc)
+    have = host_memory_bytes()
+    if need > have:
+        raise InfeasiblePlanError(
+            f"plan {args.plan} does not fit this host: {nproc} ranks on cpu ({backend}) need "
+            f"{need / 2**30:.1f} GiB as autoplan-cpu holds them ({per_rank / 2**30:.2f} GiB per "
+            f"rank), this host has {have / 2**30:.1f} GiB (short by {(need - have) / 2**30:.1f}"
+            f" GiB); train it on the {plan.cluster.profile} GPUs it was planned for (`autoplan "
+            f"export`), choose a plan for this host (`autoplan search --cluster {CPU_PROFILE}`),"
+            " or pass --no-memory-check to launch anyway")
+
+
+def cpu_ranks_bytes(plan, spec, nproc: int) -> tuple[float, float]:
+    """(bytes all `nproc` CPU ranks hold together, bytes of one training rank): the plan priced
+    as autoplan-cpu runs it on the plan's cluster, the device's reserve replaced by a CPU
+    rank's (a CPU profile's own, else cpu-gloo's: torch's RSS), offloaded states added (they
+    are host memory too). Ranks an elastic re-plan leaves idle hold only the reserve."""
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.hardware import load_profile
+    from autoplan.runtime.validation import load_cluster
+
+    cluster = load_cluster(plan)
+    cpu = cluster.profile if cluster.profile.is_cpu else load_profile(CPU_PROFILE)
+    reserve = float(cpu.device.reserved_bytes)
+    mem = estimate_plan(plan, cluster, spec, runtime="autoplan-cpu").memory
+    per_rank = mem["total"] - mem["reserved"] + reserve + mem["host_total"]
+    idle = max(0, nproc - plan.world_size)
+    return per_rank * min(nproc, plan.world_size) + reserve * idle, per_rank
 
 
 def worker_argv(args: argparse.Namespace, summary_file: str) -> list[str]:
@@ -193,8 +248,9 @@ def launch_and_report(args: argparse.Namespace) -> int:
 
         chosen = replan(given, nproc, space=elastic_space(args),
                         min_world=args.min_gpus or 1).plan
-    plan, spec, _ = preflight(args, chosen.world_size if chosen else nproc, chosen)
+    plan, spec, backend = preflight(args, chosen.world_size if chosen else nproc, chosen)
     memory_preflight(args, plan, spec)
+    host_preflight(args, plan, spec, nproc, backend)
     resume_preflight(args, plan, spec)
     restarts = args.max_restarts or (ELASTIC_RESTARTS if args.elastic else 0)
     with tempfile.TemporaryDirectory(prefix="autoplan-train-") as tmp:

@@ -1,10 +1,12 @@
-"""The machine a run actually trains on (device and backend), for the summary and the run
-record, and a warning when the plan's profile describes another device (calibrate.py decides
-what counts as the same device)."""
+"""The machine a run actually trains on (device, backend, memory), for the summary, the run
+record and the launcher's host check, and a warning when the plan's profile describes another
+device (calibrate.py decides what counts as the same device)."""
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +23,29 @@ def machine_info(device: torch.device, backend: str) -> dict[str, Any]:
 def local_device() -> str:
     """The device `autoplan train` trains on here: the first CUDA GPU's name, else `cpu`."""
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def local_gpu_count() -> int:
+    """CUDA GPUs this host gives one node's NCCL ranks (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),
+                 Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+"""A container's memory limit (cgroup v2, then v1): "max" or a huge number when unlimited."""
+
+
+def host_memory_bytes() -> int:
+    """The memory every rank of a CPU run shares: the host's physical memory, or the
+    container's cgroup limit where that is lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for path in CGROUP_LIMITS:
+        try:
+            limit = int(path.read_text().strip())
+        except (OSError, ValueError):  # absent, unreadable, or "max"
+            continue
+        total = min(total, limit)
+    return total
 
 
 def device_mismatch(profile_ref: str, machine: dict[str, Any]) -> str | None:
