@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,5 +153,23 @@ if __name__ == "__main__":
         signal.pause()
     except KeyboardInterrupt:
         pass
+    finally:
+        server.stop()
+
+
+def server_or_skip() -> Iterator[Server]:
+    """A throwaway server for a pytest fixture (`yield from server_or_skip()`): the test is
+    skipped where none can start, and fails instead under CI=true or AUTOPLAN_REQUIRE_POSTGRES,
+    where PostgreSQL is part of the job; the server stops when the fixture ends."""
+    import pytest
+
+    try:
+        server = start()
+    except Unavailable as err:
+        if os.environ.get("CI") == "true" or os.environ.get("AUTOPLAN_REQUIRE_POSTGRES"):
+            pytest.fail(f"PostgreSQL is required here and could not start: {err}")
+        pytest.skip(str(err))
+    try:
+        yield server
     finally:
         server.stop()

@@ -209,8 +209,8 @@ def _ep_expert_grads_over_edp(mp: pytest.MonkeyPatch) -> None:
 
     original = expert_parallel.apply_expert_fsdp
 
-    def apply_expert_fsdp(model, expert_mesh, dims, precision, offload):
-        original(model, expert_mesh, dims, precision, offload)
+    def apply_expert_fsdp(model, expert_mesh, dims, precision, offload, *rest):
+        original(model, expert_mesh, dims, precision, offload, *rest)
         for m in model.modules():
             if isinstance(m, Experts):
                 mesh = m.w1.weight.device_mesh  # the (expert-DP, ep) spmd mesh

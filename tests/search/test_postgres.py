@@ -43,16 +43,7 @@ PLAN_KEYS = ("num_gpus", "dp", "tp", "pp", "sp", "schedule", "vpp", "split", "ze
 
 @pytest.fixture(scope="module")
 def postgres():
-    try:
-        server = pg_server.start()
-    except pg_server.Unavailable as err:
-        if os.environ.get("CI") == "true" or os.environ.get("AUTOPLAN_REQUIRE_POSTGRES"):
-            pytest.fail(f"PostgreSQL is required here and could not start: {err}")
-        pytest.skip(str(err))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from pg_server.server_or_skip()
 
 
 def _ranking(result) -> tuple[list[tuple], set[tuple]]:

@@ -242,16 +242,7 @@ def test_a_server_that_never_answers_times_out(monkeypatch):
 
 @pytest.fixture
 def postgres():
-    try:
-        server = pg_server.start()
-    except pg_server.Unavailable as err:
-        if os.environ.get("CI") == "true" or os.environ.get("AUTOPLAN_REQUIRE_POSTGRES"):
-            pytest.fail(f"PostgreSQL is required here and could not start: {err}")
-        pytest.skip(str(err))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from pg_server.server_or_skip()
 
 
 def test_postgres_stopped_mid_search_and_names_past_the_limit(postgres, monkeypatch):
@@ -320,7 +311,11 @@ def test_a_signal_cleans_up_and_says_how_to_resume(sig, code, word, tmp_path):
     out = tmp_path / "outs" / "o2"
     argv = [*S, "--trials", "100000", "--out", str(out), "--storage",
             f"sqlite:///{tmp_path / 's.db'}", "--study", "s"]
-    proc = subprocess.Popen([sys.executable, "cli.py", *argv], cwd=ROOT, text=True,
+    # Ctrl-C's handler as an interactive shell leaves it: a test run in the background (nohup,
+    # `&` in a script) starts with SIGINT ignored, which Python then keeps ignored
+    run = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+           " sys.argv = sys.argv[1:]; runpy.run_path('cli.py', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", run, "cli.py", *argv], cwd=ROOT, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "AUTOPLAN_PROGRESS_EVERY_S": "0.2"})
     assert proc.stderr is not None
@@ -329,8 +324,13 @@ def test_a_signal_cleans_up_and_says_how_to_resume(sig, code, word, tmp_path):
         seen.append(proc.stderr.readline())
     assert seen[-1].startswith("search: trials"), seen
     proc.send_signal(sig)
-    err = proc.stderr.read()
-    assert proc.wait(60) == code
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"search still ran 60 s after {sig!r}") from None
+    assert proc.returncode == code
     last = err.strip().splitlines()[-1]
     assert last == (f"autoplan search: {word}; the finished trials are kept in study 's' of "
                     "--storage: rerun the same command to resume")
