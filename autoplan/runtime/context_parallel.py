@@ -6,8 +6,10 @@ sequence of S tokens is cut into 2*cp chunks of c = S/(2*cp); cp rank i holds ch
 
 Attention (Llama 3, Dubey et al. 2024, §3.3.2 "all-gather based"): each rank all-gathers K and V
 (the kv heads, before GQA repeats them) over cp in one collective, restores natural order, and
-attends each of its two query chunks to the keys up to the chunk's end with a causal mask at the
-chunk's global offset. The gather is a DTensor Shard -> Replicate redistribute whose gradient is
+attends each of its two query chunks to the keys up to the chunk's end, causal aligned lower
+right (the chunk's queries are the last of those keys): SDPA gets torch's CausalBias, never a
+dense mask, so CUDA runs FlashAttention-2 with its causal tile skip, as the cost model prices
+(cost/compute.py attention_core_times_s), and CPU the math kernel. The gather is a DTensor Shard -> Replicate redistribute whose gradient is
 declared Partial, so backward reduce-scatters dK and dV (summing every rank's contribution).
 torch's own `context_parallel` dispatches only CUDA SDPA kernels; on CPU it raises "Operator
 aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy".
@@ -24,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-Core = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Core = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class LoadBalancedLayout:
@@ -61,12 +63,6 @@ class LoadBalancedLayout:
         return torch.cat([torch.arange(s, s + c, device=device) for s in starts])
 
 
-def causal_mask_at(q_start: int, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    """Boolean (q_len, kv_len) mask: the query at global position q_start + t sees keys 0..it."""
-    q_pos = torch.arange(q_start, q_start + q_len, device=device)
-    return torch.arange(kv_len, device=device)[None, :] <= q_pos[:, None]
-
-
 class ContextParallel:
     """What an Attention / Embedding holding `context_parallel` calls (models/layers.py)."""
 
@@ -101,15 +97,15 @@ class ContextParallel:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, core: Core
                   ) -> torch.Tensor:
         """Causal attention of this rank's queries q (b, heads, L, d) over the whole sequence;
-        `core(q, k, v, mask)` is the layer's attention kernel (it repeats GQA heads)."""
+        `core(q, k, v)` is the layer's attention kernel: causal with the queries at the end of
+        the keys (models/layers.py Attention.core; it repeats GQA heads)."""
         k_all, v_all = self.gather_kv(k, v)
         c = q.shape[2] // 2
         outs = []
         for half, j in enumerate(self.layout.chunks):
             end = (j + 1) * c  # keys past this chunk's end are masked anyway: skip them
-            mask = causal_mask_at(j * c, c, end, q.device)
             outs.append(core(q[:, :, half * c:(half + 1) * c], k_all[:, :, :end],
-                             v_all[:, :, :end], mask))
+                             v_all[:, :, :end]))
         return torch.cat(outs, dim=2)
 
 

@@ -6,11 +6,14 @@ code runs on a full layer and on a tensor-parallel shard (heads split over tp ra
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import CausalBias, causal_lower_right
+from torch.utils._python_dispatch import _disable_current_modes
 
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention as AttentionKind
@@ -75,9 +78,12 @@ class Attention(nn.Module):
         out = self.core(q, k, v) if cp is None else cp.attention(q, k, v, self.core)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
-    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             mask: torch.Tensor | None = None) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + causal or boolean `mask`) v; GQA repeats k/v heads here.
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal softmax(q k^T / sqrt(d)) v; GQA repeats k/v heads here. The queries are the
+        last q_len positions of the keys (lower-right causal: query t sees keys up to
+        t + kv_len - q_len), as context parallelism's chunks attend (context_parallel.py).
+        The fused path never hands SDPA a dense mask, so CUDA runs the flash kernel for both
+        (FlashAttention-2 aligns causal masks lower right, torch's CausalBias dispatches to it).
         With `compute_dtype` set (autoplan-cpu's attention_compute_dtype), q, k and v are cast
         to it for the kernel and the output back to q's dtype."""
         out_dtype, up = q.dtype, self.compute_dtype
@@ -89,19 +95,33 @@ class Attention(nn.Module):
             k = k.repeat_interleave(n_rep, dim=1)
             v = v.repeat_interleave(n_rep, dim=1)
         if self.eager:
-            return eager_attention(q, k, v, mask)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+            return eager_attention(q, k, v)
+        q_len, kv_len = q.shape[-2], k.shape[-2]
+        if q_len == kv_len:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v,
+                                                 attn_mask=lower_right_causal(q_len, kv_len))
         return out.to(out_dtype) if cast else out
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Unfused softmax(q k^T / sqrt(d) + mask) v (Vaswani et al. 2017, eq. 1), as Megatron-LM ran
-    before FlashAttention: the (b, heads, s, s) probabilities are materialised and kept for
-    backward (the 2as^2b bytes of the cost model's eager attention core). `mask`: True attends."""
+@functools.lru_cache(maxsize=64)
+def lower_right_causal(q_len: int, kv_len: int) -> CausalBias:
+    """torch's lower-right CausalBias (no tensor: SDPA picks the kernel from it). Built with
+    dispatch modes off: a CausalBias cannot be created under one (selective recompute's
+    caching mode, the profiler's op counters), though it can be used there."""
+    with _disable_current_modes():
+        return causal_lower_right(q_len, kv_len)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Unfused causal softmax(q k^T / sqrt(d) + mask) v (Vaswani et al. 2017, eq. 1), as
+    Megatron-LM ran before FlashAttention: the (b, heads, s, s) probabilities are materialised
+    and kept for backward (the 2as^2b bytes of the cost model's eager attention core). The
+    queries are the keys' last q_len positions (lower-right causal, as Attention.core)."""
+    q_len, kv_len = q.shape[-2], k.shape[-2]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (b, heads, s_q, s_k)
-    if mask is None:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return probs @ v
 

@@ -46,15 +46,18 @@ def test_eager_matches_flash_in_fp32(name):
             assert _rel(ge[n], g) < FP32_RTOL, n
 
 
-def test_eager_core_takes_a_boolean_mask_like_sdpa():
-    """Context parallelism calls the core with 8 queries over 16 keys and an explicit mask."""
+def test_eager_core_is_causal_with_the_queries_at_the_end_of_the_keys():
+    """Context parallelism calls the core with 8 queries over 16 keys: the queries are keys
+    8..15, so query t sees keys 0..8+t (SDPA given that mask densely is the reference)."""
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, 8, 16, generator=gen)
     k, v = (torch.randn(2, 4, 16, 16, generator=gen) for _ in range(2))
     causal = torch.ones(8, 8, dtype=torch.bool).tril()
     mask = torch.cat([torch.ones(8, 8, dtype=torch.bool), causal], dim=1)  # (8, 16)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    assert _rel(eager_attention(q, k, v, mask), want) < FP32_RTOL
+    assert _rel(eager_attention(q, k, v), want) < FP32_RTOL
+    square = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert _rel(eager_attention(q, q, q), square) < FP32_RTOL
 
 
 def _saved_bytes(model, tokens) -> int:

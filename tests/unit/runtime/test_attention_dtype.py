@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autoplan.cost.compute import attention_cast_bytes
 from autoplan.model_spec import PRESETS
 from autoplan.plan import Attention as AttentionKind
-from autoplan.runtime.context_parallel import LoadBalancedLayout, causal_mask_at
+from autoplan.runtime.context_parallel import LoadBalancedLayout
 from autoplan.runtime.models.init import materialize_and_init
 from autoplan.runtime.models.layers import Attention, set_attention
 from autoplan.runtime.models.transformer import build_meta_model
@@ -102,8 +102,8 @@ def test_the_fp32_core_is_sdpa_in_fp32_rounded_once_to_bf16():
 
 def _counted_cast_bytes(layer: Attention, q, k, v, calls) -> int:
     with _Record() as rec:
-        out = torch.cat([layer.core(q[:, :, sl], k[:, :, :end], v[:, :, :end], mask)
-                         for sl, end, mask in calls], dim=2)
+        out = torch.cat([layer.core(q[:, :, sl], k[:, :, :end], v[:, :, :end])
+                         for sl, end in calls], dim=2)
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     return rec.cast_bytes
 
@@ -121,7 +121,7 @@ def test_the_cast_bytes_priced_are_the_casts_the_core_runs(name):
                   for _ in range(2)))
 
     one = np.array(1.0)
-    counted = _counted_cast_bytes(layer, *inputs(s), [(slice(None), s, None)])
+    counted = _counted_cast_bytes(layer, *inputs(s), [(slice(None), s)])
     assert counted == attention_cast_bytes(spec, np.array(float(b * s)), one, one)
 
     # context parallelism (cp 2, rank 0): each local query chunk over the keys up to its end,
@@ -130,8 +130,7 @@ def test_the_cast_bytes_priced_are_the_casts_the_core_runs(name):
     c = local // 2
     q, _, _ = inputs(local)
     _, k, v = inputs(s)
-    calls = [(slice(i * c, (i + 1) * c), (j + 1) * c, causal_mask_at(j * c, c, (j + 1) * c,
-                                                                     q.device))
+    calls = [(slice(i * c, (i + 1) * c), (j + 1) * c)
              for i, j in enumerate(LoadBalancedLayout(cp, 0).chunks)]
     counted = _counted_cast_bytes(layer, q, k, v, calls)
     assert counted == attention_cast_bytes(spec, np.array(float(b * local)), one, np.array(2.0))
