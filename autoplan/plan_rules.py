@@ -26,6 +26,7 @@ from autoplan.plan_table import (
     SCHEDULES,
     ZERO_BUBBLE,
     Table,
+    chunk_min,
     col,
     dp_col,
     expert_col,
@@ -229,10 +230,11 @@ RULES: tuple[Rule, ...] = (
         "recompute-layers",
         lambda t, m: (col(t, "recompute_layers") >= 0)
         & (((col(t, "recompute") == RC_NONE) & (col(t, "recompute_layers") > 0))
-           | (col(t, "recompute_layers") * col(t, "vpp") > col(t, "layers_max"))),
+           | (col(t, "recompute_layers") > chunk_min(t))),
         lambda t, i, m: f"recompute.num_layers={_int(t, 'recompute_layers', i)} must be at most "
-        f"the layers of one stage ({_int(t, 'layers_max', i) // _int(t, 'vpp', i)}) and needs a "
-        "policy other than none",
+        f"the blocks of the smallest pipeline stage ({int(chunk_min(t)[i])}: the runtime "
+        "recomputes that many of every stage) and needs a policy other than none; lower it, "
+        "or set it null for every block",
     ),
     Rule(
         "pp-le-layers",

@@ -132,6 +132,21 @@ def col(table: Table, name: str) -> np.ndarray:
     return np.asarray(table[name])
 
 
+CHUNK_COLUMN = "chunk_min"
+"""Optional column: blocks of the smallest model chunk (pipeline stage) of the plan's split that
+holds any (embed-loss splits leave the first and last stage without blocks); layers_max // vpp
+where a table lacks it (an even split). recompute.num_layers counts blocks per
+chunk and the runtime recomputes min(num_layers, chunk) of each (runtime/recompute.py), which
+the cost model prices as num_layers * vpp per rank: plan_rules holds num_layers to this."""
+
+
+def chunk_min(table: Table) -> np.ndarray:
+    """Column chunk_min, or the even split's chunk where the table has none."""
+    if CHUNK_COLUMN in table:
+        return np.asarray(table[CHUNK_COLUMN])
+    return np.asarray(table["layers_max"]) // np.maximum(np.asarray(table["vpp"]), 1)
+
+
 def even_layers(model: ModelSpec, pp: np.ndarray) -> np.ndarray:
     """Layers per pipeline rank under an even split (ceil, so an uneven count is not hidden)."""
     return -(-model.num_layers // np.maximum(np.asarray(pp), 1))
@@ -153,8 +168,10 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         per_rank = [sum(pipe.layers_per_stage[s] for s in stages_of_rank(plan, r))
                     for r in range(par.pp)]
         layers_max, layers_first, layers_last = max(per_rank), per_rank[0], per_rank[-1]
+        smallest = min(n for n in pipe.layers_per_stage if n > 0)
     else:
         layers_max = layers_first = layers_last = int(even_layers(model, np.array(par.pp)))
+        smallest = layers_max // pipe.vpp
     n = plan.recompute.num_layers
     row = {
         "dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "vpp": pipe.vpp,
@@ -170,12 +187,14 @@ def plan_to_row(plan: Plan, model: ModelSpec) -> dict[str, np.ndarray]:
         "dp_shard": par.dp_shard or 0,
         "rc_modules": modules_mask(plan.recompute.modules),
         "rc_method": RC_METHODS.index(plan.recompute.method),
+        CHUNK_COLUMN: smallest,
     }
     row[FP8_COLUMN] = plan.precision is Precision.FP8
     row[DTYPE_COLUMN] = PRECISIONS.index(plan.precision)
     row[EAGER_COLUMN] = plan.attention is Attention.EAGER
     dtypes = {**COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS, **RECOMPUTE_COLUMNS,
-              FP8_COLUMN: np.bool_, DTYPE_COLUMN: np.int64, EAGER_COLUMN: np.bool_}
+              FP8_COLUMN: np.bool_, DTYPE_COLUMN: np.int64, EAGER_COLUMN: np.bool_,
+              CHUNK_COLUMN: np.int64}
     return {k: np.array([v], dtype=dtypes[k]) for k, v in row.items()}
 
 

@@ -235,7 +235,8 @@ def heaviest_rank_flops(model: ModelSpec, lps: tuple[int, ...], pp: int, vpp: in
 
 
 def split_columns(model: ModelSpec, pp: int, vpp: int, split: str = "balanced",
-                  zero_bubble: bool = False) -> tuple[int, int, int] | None:
-    """(layers_first, layers_max, layers_last) of an uneven split for estimate_table."""
+                  zero_bubble: bool = False) -> tuple[int, int, int, int] | None:
+    """(layers_first, layers_max, layers_last, chunk_min) of an uneven split for estimate_table."""
     lps = stage_layers(model, pp, vpp, split)
-    return None if lps is None else columns_of(lps, pp, vpp, zero_bubble)
+    return None if lps is None else (*columns_of(lps, pp, vpp, zero_bubble),
+                                          min(n for n in lps if n > 0))

@@ -22,6 +22,7 @@ from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import RecomputeMethod, RecomputeModule, RecomputePolicy, Schedule
 from autoplan.plan_table import (
+    CHUNK_COLUMN,
     COLUMNS,
     DATA_PARALLEL_COLUMNS,
     EXPERT_COLUMNS,
@@ -218,10 +219,11 @@ def sp_values(space: SearchSpace, tp: int) -> list[bool]:
 
 @lru_cache(maxsize=1024)
 def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray:
-    """Rows (schedule, vpp, split, layers_first, layers_max, layers_last) for one pp: every
-    schedule and vpp of the space with the even split when the space has it (the rules judge
-    whether it divides the layers; pp 1 has only that one), plus each uneven split of the space whose layer columns differ from the even
-    split's and from the splits already listed (the same columns are the same plan)."""
+    """Rows (schedule, vpp, split, layers_first, layers_max, layers_last, chunk_min) for one pp:
+    every schedule and vpp of the space with the even split when the space has it (the rules
+    judge whether it divides the layers; pp 1 has only that one), plus each uneven split of the
+    space whose layer columns differ from the even split's and from the splits already listed
+    (the same columns are the same plan)."""
     rows = []
     even_rank = -(-model.num_layers // pp)
     for schedule in space.pipeline.schedule:
@@ -231,7 +233,7 @@ def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray
                 continue
             with_even = pp == 1 or Split.EVEN in space.pipeline.split
             if with_even:
-                rows.append((code, vpp, 0, even_rank, even_rank, even_rank))
+                rows.append((code, vpp, 0, even_rank, even_rank, even_rank, even_rank // vpp))
             if pp == 1 or (vpp > 1 and code not in (INTERLEAVED, ZERO_BUBBLE)):
                 continue  # one stage, or a vpp the schedule cannot run: no split to choose
             divides = model.num_layers % (pp * vpp) == 0
@@ -257,8 +259,8 @@ def pipeline_shapes(space: SearchSpace, model: ModelSpec, pp: int) -> np.ndarray
                 if key in seen or heaviest_rank_flops(model, lps, pp, vpp, zb) >= even_load:
                     continue
                 seen.add(key)
-                rows.append((code, vpp, list(Split).index(split), *cols))
-    return np.array(rows, dtype=np.int64).reshape(-1, 6)
+                rows.append((code, vpp, list(Split).index(split), *cols, min(n for n in lps if n > 0)))
+    return np.array(rows, dtype=np.int64).reshape(-1, 7)
 
 
 @dataclass(frozen=True)
@@ -304,7 +306,8 @@ def _joint(lay: np.ndarray, space: SearchSpace, model: ModelSpec,
     """Layouts crossed with their pipeline shapes, global batch sizes, sequence parallelism
     and expert-parallel pairs (the fastest), as columns."""
     names = ("num_gpus", "dp", "tp", "pp", "cp")
-    shape_names = ("schedule", "vpp", "split", "layers_first", "layers_max", "layers_last")
+    shape_names = ("schedule", "vpp", "split", "layers_first", "layers_max", "layers_last",
+                   CHUNK_COLUMN)
     parts: list[dict[str, np.ndarray]] = []
     shapes = {int(pp): pipeline_shapes(space, model, int(pp)) for pp in np.unique(lay[3])}
     for j in range(lay.shape[1]):
@@ -397,7 +400,7 @@ def _materialize(joint: dict[str, np.ndarray], axes: list[tuple[str, np.ndarray]
     mem = memory_triples(space)[t.pop("memory")]
     t["zero_stage"], t["offload_optimizer"], t["offload_params"] = mem.T
     dtypes = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS,
-              **{k: v for k, v in RECOMPUTE_COLUMNS.items() if k in t}}
+              **{k: v for k, v in RECOMPUTE_COLUMNS.items() if k in t}, CHUNK_COLUMN: np.int64}
     return {k: np.ascontiguousarray(t[k], dtype=dtypes[k]) for k in dtypes}
 
 

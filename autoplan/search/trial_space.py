@@ -24,6 +24,7 @@ from optuna.trial import Trial
 
 from autoplan.plan import Schedule
 from autoplan.plan_table import (
+    CHUNK_COLUMN,
     COLUMNS,
     DATA_PARALLEL_COLUMNS,
     EXPERT_COLUMNS,
@@ -48,7 +49,8 @@ from autoplan.search.space import (
 )
 from autoplan.search_space import SearchSpace, Split
 
-DTYPES = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS}
+DTYPES = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS,
+          CHUNK_COLUMN: np.int64}
 
 
 def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
@@ -94,8 +96,9 @@ def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
         split_columns(req.model, pp, vpp, split, code == ZERO_BUBBLE)
     if cols is None:
         layout["split"] = 0
-        cols = (even, even, even)
-    layout["layers_first"], layout["layers_max"], layout["layers_last"] = cols
+        cols = (even, even, even, even // vpp)
+    (layout["layers_first"], layout["layers_max"], layout["layers_last"],
+     layout[CHUNK_COLUMN]) = cols
     return layout
 
 

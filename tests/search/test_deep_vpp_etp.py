@@ -109,7 +109,8 @@ def test_qwen3_at_pp2_lists_vp12_and_vp24_and_no_empty_virtual_stage() -> None:
     assert {1, 2, 3, 4, 5, 6, 7, 8} - {1} <= vpps and {12, 24} <= vpps
     assert not vpps & {9, 10, 11, 13, 25, 48}  # no whole split (9..11, 13) or empty stages
     deep = rows[rows[:, 1] == 24]
-    assert len(deep) and (deep[:, 3:] == 24).all()  # 1 layer per virtual stage, 24 per rank
+    assert len(deep) and (deep[:, 3:6] == 24).all()  # 1 layer per virtual stage, 24 per rank
+    assert (deep[:, 6] == 1).all()  # chunk_min
     # 96 layers on pp 16: 7 and 8 virtual stages per rank would leave stages empty
     assert auto_vpp(96, 16) == (1, 2, 3, 4, 5, 6) and auto_vpp(96, 1) == (1,)
 

@@ -92,7 +92,7 @@ def test_tpe_trials_settle_hsdp_and_reduce_inside_the_trial() -> None:
     req, _ = _search("bf16")
     layout = {"num_gpus": 16, "dp": 16, "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "schedule": 1,
               "split": 0, "mbs": 1, "precision": 0, "attention": 0, "gbs": 32,
-              "layers_first": 4, "layers_max": 4, "layers_last": 4}
+              "layers_first": 4, "layers_max": 4, "layers_last": 4, "chunk_min": 4}
     table = variants(layout, req)
     assert set(np.unique(table["dp_shard"])) == {0, 2, 8}
     assert set(np.unique(table["grad_reduce"])) == {0, REDUCE_DTYPES.index(ReduceDtype.BF16)}

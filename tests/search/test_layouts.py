@@ -66,7 +66,8 @@ def test_listed_split_columns_are_what_plan_to_row_prices() -> None:
     model = load_model("llama-3.1-405b")
     space = space_from_dict(LLAMA_405B_SPACE)
     for pp in (8, 16):
-        for code, vpp, split, first, most, last in pipeline_shapes(space, model, int(pp)):
+        for code, vpp, split, first, most, last, smallest in pipeline_shapes(space, model,
+                                                                             int(pp)):
             if split == 0:
                 continue
             lps = stage_layers(model, int(pp), int(vpp), list(Split)[split].value)
@@ -75,8 +76,8 @@ def test_listed_split_columns_are_what_plan_to_row_prices() -> None:
                         batch=Batch(1, 64), parallel=Parallel(pp=int(pp)),
                         pipeline=Pipeline(SCHEDULES[code], int(vpp), lps))
             row = plan_to_row(plan, model)
-            assert (row["layers_first"][0], row["layers_max"][0], row["layers_last"][0]) \
-                == (first, most, last)
+            assert (row["layers_first"][0], row["layers_max"][0], row["layers_last"][0],
+                    row["chunk_min"][0]) == (first, most, last, smallest)
 
 
 def test_uneven_splits_listed_only_where_they_lighten_the_heaviest_rank() -> None:

@@ -69,7 +69,7 @@ def test_default_space_lists_deepspeeds_split_and_the_runtime_keeps_only_it() ->
     rows = pipeline_shapes(space, model, 12)
     rows = rows[rows[:, 0] == 1]  # 1f1b, the one schedule DeepSpeed's pipeline engine runs
     ds = rows[:, 2] == list(Split).index(Split.DEEPSPEED)
-    assert ds.sum() == 1 and tuple(rows[ds][0, 3:]) == (6, 6, 5)  # first, max, last rank
+    assert ds.sum() == 1 and tuple(rows[ds][0, 3:6]) == (6, 6, 5)  # first, max, last rank
     n = len(rows)
     table = {k: rows[:, i] for i, k in enumerate(
         ("schedule", "vpp", "split", "layers_first", "layers_max", "layers_last"))}

@@ -156,3 +156,50 @@ def test_hsdp_collectives_are_the_cost_models(dp_shard) -> None:
     assert calls.get("reduce_scatter_base", 0) == units
     assert float(r.shard[0]) == (dp_shard or 4)
     assert calls.get("allreduce", 0) == (units if float(r.replicate[0]) > 1 else 0)
+
+
+
+RECOMPUTE_CASES = [  # (layers_per_stage, recompute.num_layers) at pp 2, vpp 2
+    ((2, 2, 2, 2), 1),
+    ((2, 2, 2, 2), 2),
+    ((1, 3, 3, 1), 1),  # uneven: every stage has at least one block to recompute
+    ((3, 2, 1, 2), 1),
+    ((1, 3, 3, 1), 2),  # refused: the runtime would recompute 1 + 2 blocks, priced as 4
+]
+
+
+@pytest.mark.parametrize(("split", "k"), RECOMPUTE_CASES)
+def test_blocks_recomputed_per_rank_are_the_runtimes(split, k) -> None:
+    """recompute.num_layers counts per model chunk: what runtime/recompute.apply_recompute
+    wraps on each rank's chunks is what the cost model prices (rows.recomputed_layers) for
+    every plan the rules let through, and the rules refuse the rest."""
+    from autoplan.cost.rows import recomputed_layers, rows_of
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.hardware import cluster
+    from autoplan.plan import plan_from_dict
+    from autoplan.plan_rules import validate_plan
+    from autoplan.plan_table import plan_to_row
+    from autoplan.runtime.recompute import RecomputePolicy, apply_recompute
+
+    pp, vpp = 2, 2
+    spec = PRESETS["tiny-llama"].replace(num_layers=sum(split))
+    pipe = Pipeline(schedule=Schedule.INTERLEAVED_1F1B, vpp=vpp, layers_per_stage=split)
+    meta = build_meta_model(spec, 0.0, 1)
+    counts = layers_per_stage(spec.num_layers, pp * vpp, split)
+    run = [sum(apply_recompute(split_stage(meta, i, counts), RecomputePolicy.FULL, k)
+               for i in stage_indices(rank, pp, pipe)) for rank in range(pp)]
+    plan = plan_from_dict({
+        "model": "tiny-llama", "cluster": {"profile": "h100-sxm-80gb", "num_gpus": pp},
+        "parallel": {"pp": pp}, "batch": {"micro_batch_size": 1, "global_batch_size": 4},
+        "pipeline": {"schedule": "interleaved-1f1b", "vpp": vpp, "layers_per_stage": list(split)},
+        "recompute": {"policy": "full", "num_layers": k}})
+    refused = [p for p in validate_plan(plan, spec, cluster("h100-sxm-80gb", pp))
+               if "recompute.num_layers" in p]
+    row = plan_to_row(plan, spec)
+    r = rows_of(row, spec, "bf16", load_runtime("autoplan-cuda"))
+    priced = [float(recomputed_layers(row[c], r)[0]) for c in ("layers_first", "layers_last")]
+    if min(split) >= k:
+        assert not refused and priced == [float(n) for n in run]
+    else:
+        assert refused and "smallest pipeline stage (1" in refused[0]
+        assert priced != [float(n) for n in run]  # what the rule is there for
