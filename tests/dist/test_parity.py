@@ -29,6 +29,8 @@ COVERING = {
     # 2 ranks
     "dp2-ddp-sgd": C(model="tiny", dp=2, optim="sgd"),
     "cp2-llama-selective": C(model="tiny-llama", cp=2, recompute="selective"),
+    # eager attention's causal mask on a chunk whose queries sit at the end of the keys
+    "cp2-llama-eager-sgd": C(model="tiny-llama", cp=2, attention="eager", optim="sgd"),
     "tp2-sp-llama-selective-eager": C(model="tiny-llama", tp=2, sp=True, recompute="selective",
                                       attention="eager"),
     "tp2-odd-vocab": C(model="odd-vocab", tp=2),
