@@ -2,7 +2,9 @@
 PyTorchJob, or a plain JobSet; each node runs torchrun, which runs `autoplan train PLAN`.
 
 The plan travels inside the manifest (an environment variable written to a file at start), with
-its model spec inlined, so the image needs autoplan but no copy of the plan. `--elastic`: a
+its model spec inlined, so the image needs autoplan but no copy of the plan. A hardware profile
+the image cannot find by name (a path, or a profile of this machine's user directory, such as
+`autoplan profile` writes) travels the same way, and the plan points at that copy. `--elastic`: a
 PyTorchJob with an elasticPolicy, or a JobSet whose torchrun takes `--nnodes=MIN:MAX`; either
 way `autoplan train --elastic` re-plans for the pods left. A CPU profile's plan requests a CPU
 per rank and no GPU, and trains on gloo.
@@ -11,10 +13,12 @@ per rank and no GPU, and trains on gloo.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from autoplan import resources
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
 from autoplan.export.launch import (
@@ -28,12 +32,16 @@ from autoplan.export.launch import (
     train_argv,
 )
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan, plan_to_dict
-from autoplan.yaml_io import dump_yaml
+from autoplan.plan import ClusterRef, Plan, plan_to_dict
+from autoplan.yaml_io import dump_yaml, read_yaml
 
 KINDS = ("trainjob", "pytorchjob", "jobset")
 PLAN_ENV = "AUTOPLAN_PLAN_YAML"
 PLAN_FILE = "/tmp/autoplan-plan.yaml"
+PROFILE_ENV = "AUTOPLAN_PROFILE_YAML"
+PROFILE_FILE = "/tmp/autoplan-profile.yaml"
+FILES = {PLAN_ENV: PLAN_FILE, PROFILE_ENV: PROFILE_FILE}
+"""Environment variable -> the file the pod's script writes it to before torchrun starts."""
 GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_RUNTIME = "torch-distributed"
 """The ClusterTrainingRuntime Kubeflow Trainer installs for PyTorch (torchrun) jobs."""
@@ -61,32 +69,46 @@ def node_resources(nproc: int, cpu: bool) -> dict[str, dict[str, str]]:
     return {"limits": {GPU_RESOURCE: str(nproc)}}
 
 
-def _script(torchrun: list[str], opts: ExportOptions, lay: Layout | None = None, *,
-            cpu: bool = False) -> str:
-    """sh -c text: write the plan from the environment, then exec torchrun on it."""
-    write = f'printf "%s\\n" "${PLAN_ENV}" > {PLAN_FILE}'
+def _script(torchrun: list[str], opts: ExportOptions, payload: dict[str, str],
+            lay: Layout | None = None, *, cpu: bool = False) -> str:
+    """sh -c text: write the plan (and a shipped profile) from the environment, then exec
+    torchrun on the plan."""
+    writes = [f'printf "%s\\n" "${env}" > {FILES[env]}' for env in payload]
     # only torchrun's own words may hold $(...) expansions; the user's values are single-quoted
     run = shell_join(["exec", *torchrun], keep=("$(",)) + " " + shell_join(
         train_argv(opts, PLAN_FILE, lay, cpu=cpu))
-    return f"{write} && {run}"
+    return " && ".join([*writes, run])
 
 
-def _env(plan_yaml: str, opts: ExportOptions) -> list[dict[str, str]]:
-    env = [{"name": PLAN_ENV, "value": plan_yaml}]
+def _env(payload: dict[str, str], opts: ExportOptions) -> list[dict[str, str]]:
+    env = [{"name": name, "value": text} for name, text in payload.items()]
     if opts.elastic:
         env.append({"name": ELASTIC_ENV[0], "value": ELASTIC_ENV[1]})
     return env
 
 
-def _container(name: str, script: str, plan_yaml: str, opts: ExportOptions,
+def _container(name: str, script: str, payload: dict[str, str], opts: ExportOptions,
                resources: dict[str, dict[str, str]]) -> dict:
     return {
         "name": name,
         "image": opts.image,
         "command": ["/bin/sh", "-c", script],
-        "env": _env(plan_yaml, opts),
+        "env": _env(payload, opts),
         "resources": resources,
     }
+
+
+def shipped_profile(plan: Plan) -> str | None:
+    """The plan's profile as YAML where a pod cannot find it by name: a path, or a name this
+    machine resolves in the user's profile directory; None for a profile autoplan ships."""
+    ref = plan.cluster.profile
+    path = Path(ref)
+    if resources.is_name(ref):
+        found = resources.find(resources.PROFILES, str(ref))
+        if found is None or found.parent == resources.package_dir(resources.PROFILES):
+            return None
+        path = found
+    return dump_yaml(read_yaml(path, "cluster.profile"))
 
 
 def _metadata(opts: ExportOptions) -> dict[str, Any]:
@@ -96,10 +118,10 @@ def _metadata(opts: ExportOptions) -> dict[str, Any]:
     return meta
 
 
-def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> dict[str, Any]:
+def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """TrainJob (trainer.kubeflow.org/v1alpha1); the torch runtime sets torchrun's PET_* env."""
     script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts,
-                     cpu=cpu)
+                     payload, cpu=cpu)
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -109,7 +131,7 @@ def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> di
             "trainer": {
                 "image": opts.image,
                 "command": ["/bin/sh", "-c", script],
-                "env": [{"name": PLAN_ENV, "value": plan_yaml}],
+                "env": [{"name": name, "value": text} for name, text in payload.items()],
                 "numNodes": lay.num_nodes,
                 "numProcPerNode": lay.nproc_per_node,
                 "resourcesPerNode": node_resources(lay.nproc_per_node, cpu),
@@ -118,13 +140,13 @@ def train_job(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> di
     }
 
 
-def pytorch_job(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> dict[str, Any]:
+def pytorch_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
     script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts,
-                     lay, cpu=cpu)
+                     payload, lay, cpu=cpu)
 
     def replica(n: int) -> dict[str, Any]:  # a container per replica: no YAML aliases
-        container = _container("pytorch", script, plan_yaml, opts,
+        container = _container("pytorch", script, payload, opts,
                                node_resources(lay.nproc_per_node, cpu))
         template = {"spec": {"containers": [container]}}
         return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
@@ -156,7 +178,7 @@ def elastic_policy(lay: Layout, opts: ExportOptions) -> dict[str, Any]:
             "maxRestarts": opts.max_restarts}
 
 
-def job_set(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> dict[str, Any]:
+def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job of num_nodes pods, c10d on pod 0."""
     head = f"{opts.job_name}-node-0-0.{opts.job_name}"  # <jobset>-<rjob>-<job>-<pod>.<subdomain>
     torchrun = torchrun_argv(lay, opts, rdzv_host=head, rdzv_id=opts.job_name)
@@ -164,7 +186,7 @@ def job_set(lay: Layout, plan_yaml: str, opts: ExportOptions, cpu: bool) -> dict
         torchrun = torchrun_argv(
             Layout(1, lay.nproc_per_node), opts, rdzv_host=head, rdzv_id=opts.job_name
         )
-    container = _container("trainer", _script(torchrun, opts, lay, cpu=cpu), plan_yaml, opts,
+    container = _container("trainer", _script(torchrun, opts, payload, lay, cpu=cpu), payload, opts,
                            node_resources(lay.nproc_per_node, cpu))
     job_spec = {
         "parallelism": lay.num_nodes,
@@ -217,8 +239,13 @@ class KubernetesTarget(ExportTarget):
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
         cpu = on_cpu(plan)
-        plan_yaml = dump_yaml(plan_to_dict(plan.replace(model=model)))
-        manifest = BUILDERS[opts.k8s_kind](lay, plan_yaml, opts, cpu)
+        profile = shipped_profile(plan)
+        if profile is not None:
+            plan = plan.replace(cluster=ClusterRef(PROFILE_FILE, plan.cluster.num_gpus))
+        payload = {PLAN_ENV: dump_yaml(plan_to_dict(plan.replace(model=model)))}
+        if profile is not None:
+            payload[PROFILE_ENV] = profile
+        manifest = BUILDERS[opts.k8s_kind](lay, payload, opts, cpu)
         header = (
             f"# {manifest['kind']} written by `autoplan export --to kubernetes`: "
             f"{lay.num_nodes} node(s) x {lay.nproc_per_node} {'CPU' if cpu else 'GPU'}(s).\n"

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from autoplan.export.base import ExportOptions, export_plan
-from autoplan.export.kubernetes import PLAN_ENV, PLAN_FILE
+from autoplan.export.kubernetes import PLAN_ENV, PLAN_FILE, PROFILE_ENV, PROFILE_FILE
 from autoplan.export.registry import get_target
-from autoplan.plan import load_plan
+from autoplan.plan import ClusterRef, load_plan
 
 from .cases import CASES
 from .consumers import run_script
@@ -206,3 +206,40 @@ def test_elastic_trainjob_is_refused_with_the_kinds_that_can():
     with pytest.raises(Exception, match="pytorchjob or --kind jobset"):
         export_plan(get_target("kubernetes"), p, p.model_spec(),
                     ExportOptions(gpus_per_node=8, k8s_kind="trainjob", elastic=True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_profile_the_image_cannot_find_travels_with_the_plan(tmp_path: Path, kind: str,
+                                                               monkeypatch):
+    """A plan priced on a profile file of this machine (a path here; `autoplan profile` writes
+    such files) names a file no pod has: the manifest carries the profile, the script writes it
+    before torchrun, and the plan it writes points at that copy."""
+    from autoplan import resources
+    from autoplan.hardware import load_profile
+
+    builtin = resources.find(resources.PROFILES, "h100-sxm-80gb")
+    assert builtin is not None
+    mine = tmp_path / "site" / "my-h100.yaml"
+    mine.parent.mkdir()
+    mine.write_text(builtin.read_text())
+    p = CASES["megatron-3d"][0]
+    p = p.replace(cluster=ClusterRef(str(mine), p.cluster.num_gpus))
+    [text] = export_plan(get_target("kubernetes"), p, p.model_spec(),
+                         ExportOptions(gpus_per_node=8, k8s_kind=kind)).values()
+    container = _containers(kind, yaml.safe_load(text))[0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert set(env) >= {PLAN_ENV, PROFILE_ENV}
+    plan_file, profile_file = tmp_path / "plan.yaml", tmp_path / "profile.yaml"
+    script = tmp_path / "entry.sh"
+    script.write_text(container["command"][2].replace(PLAN_FILE, str(plan_file))
+                      .replace(PROFILE_FILE, str(profile_file)) + "\n")
+    for name in (PLAN_ENV, PROFILE_ENV):
+        monkeypatch.setenv(name, env[name])
+    run_script(script, {"torchrun": ""})
+    written = load_plan(plan_file)
+    assert written.cluster.profile == PROFILE_FILE
+    assert load_profile(profile_file) == load_profile(mine)
+
+    # a profile autoplan ships is found by name in the image: nothing extra travels
+    _, doc = _manifest("megatron-3d", kind)
+    assert PROFILE_ENV not in {e["name"] for e in _containers(kind, doc)[0]["env"]}
