@@ -72,6 +72,10 @@ def _validate(args: argparse.Namespace) -> None:
                           "expected a finite number more than 1")
     if bool(args.storage) != bool(args.study):
         raise ConfigError("--storage", "needs --study (and the reverse)", "give both or neither")
+    if args.study:
+        from autoplan.search.storage import check_study_name
+
+        check_study_name(args.study)  # a name no storage holds: refused before any is touched
     if args.storage:
         from autoplan.search.cli import check_storage
 

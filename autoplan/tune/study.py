@@ -14,7 +14,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,8 +27,8 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
-from autoplan.search.optuna_search import claim_study
-from autoplan.search.storage import open_storage
+from autoplan.search.optuna_search import FINGERPRINT_ATTRS, claim_study, create_or_load
+from autoplan.search.storage import check_study_name, open_storage, shown_url
 from autoplan.tune.pruner import SlowerThanBestPruner
 from autoplan.tune.runner import TrialOutcome, run_trial
 from autoplan.yaml_io import dump_yaml, write_text_atomic
@@ -105,7 +106,7 @@ class TuneResult:
         return next((c for c in self.candidates if c.key == self.best_key), None)
 
 
-FINGERPRINT_ATTR = "autoplan_tune"
+FINGERPRINT_ATTR = FINGERPRINT_ATTRS["tune"]
 DIRECTION: Literal["maximize"] = "maximize"
 """Trials are valued in measured tokens/s."""
 
@@ -116,37 +117,59 @@ def fingerprint(candidates: list[Candidate], cfg: TuneConfig) -> dict[str, Any]:
 
 
 def open_study(cfg: TuneConfig, fp: dict[str, Any] | None = None) -> optuna.Study:
-    """Create or resume the tune's study; refuse (exit 2) a search's study, one valued the other
-    way, or one a tune with another request, steps or candidate list made."""
+    """Create the tune's study and mark it with `fp`, or resume one marked with the same; refuse
+    (exit 2) a name longer than storages hold, a search's study, one valued the other way, or
+    one a tune with another request, steps or candidate list made. As in the search
+    (optuna_search.open_study), only the process whose create_study made the study marks it
+    (fingerprint first, then kind); one that found it waits for the mark and compares, so two
+    first tunes with different requests on one name cannot both run in it."""
     # Optuna's warning and traceback for each failed trial would repeat the reason the tune
     # records and prints (and a stopped tune's traceback is no error)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    check_study_name(cfg.study_name)
     # the search's storage opener: SQLite transactions that pop a queued candidate are
     # serialised there, so two tunes sharing a study never run one candidate twice
     storage = open_storage(cfg.storage)
-    try:
-        study = optuna.create_study(
-            storage=storage, study_name=cfg.study_name, load_if_exists=bool(cfg.storage),
-            direction=DIRECTION, sampler=optuna.samplers.RandomSampler(seed=0),
-            pruner=SlowerThanBestPruner(cfg.prune_ratio))
-    except (ValueError, ImportError, OSError) as err:
-        raise ConfigError("--storage", f"cannot open {cfg.storage!r} ({err.__class__.__name__}: "
-                          f"{str(err).splitlines()[0][:120]})",
-                          "use sqlite:///path.db, an RDB URL or journal:PATH") from None
-    except Exception as err:  # SQLAlchemy's errors: a bad URL or an unreachable database
-        if err.__class__.__module__.startswith("sqlalchemy"):
-            raise ConfigError("--storage", f"cannot open {cfg.storage!r} "
-                              f"({err.__class__.__name__})",
-                              "use sqlite:///path.db, an RDB URL or journal:PATH") from None
-        raise
-    claim_study(study, "tune", [DIRECTION])
+    with _opening_errors(cfg.storage):
+        study, created = create_or_load(storage, cfg.study_name, [DIRECTION])
+    study.sampler = optuna.samplers.RandomSampler(seed=0)
+    study.pruner = SlowerThanBestPruner(cfg.prune_ratio)
+    if created:
+        if fp is not None:
+            study.set_user_attr(FINGERPRINT_ATTR, _fingerprint_text(fp))
+        claim_study(study, "tune", [DIRECTION], created=True)
+        return study
+    claim_study(study, "tune", [DIRECTION], created=False)  # waits for the maker's mark
     if fp is not None:
         _check_fingerprint(study, fp)
     return study
 
 
+@contextmanager
+def _opening_errors(url: str | None) -> Iterator[None]:
+    """A storage that fails as the study is created or loaded, as one --storage line."""
+    fix = "use sqlite:///path.db, an RDB URL or journal:PATH"
+    shown = shown_url(url) if url else url
+    try:
+        yield
+    except (ValueError, ImportError, OSError) as err:
+        raise ConfigError("--storage", f"cannot open {shown!r} ({err.__class__.__name__}: "
+                          f"{str(err).splitlines()[0][:120]})", fix) from None
+    except Exception as err:  # SQLAlchemy's errors: a bad URL or an unreachable database
+        if err.__class__.__module__.startswith("sqlalchemy"):
+            raise ConfigError("--storage", f"cannot open {shown!r} "
+                              f"({err.__class__.__name__})", fix) from None
+        raise
+
+
+def _fingerprint_text(fp: dict[str, Any]) -> str:
+    return json.dumps(fp, sort_keys=True, default=str)
+
+
 def _check_fingerprint(study: optuna.Study, fp: dict[str, Any]) -> None:
-    text = json.dumps(fp, sort_keys=True, default=str)
+    """Refuse a study marked with another tune's fingerprint; mark one its maker never marked
+    (it died first, with no trials: claim_study refuses one with trials)."""
+    text = _fingerprint_text(fp)
     have = study.user_attrs.get(FINGERPRINT_ATTR)
     if have is None:
         study.set_user_attr(FINGERPRINT_ATTR, text)
