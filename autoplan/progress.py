@@ -37,6 +37,9 @@ class Tracker:
         self.start = time.monotonic()
         self.last_line = self.start  # the first line after `every` seconds: quick work is quiet
         self.lines = 0
+        self.printed: tuple[str, int, int | None] | None = None
+        """The state the last plain line showed."""
+        self.ended = False
         self.task = bar.add_task("starting", total=None) if bar is not None else None
 
     # --- the engine's Progress callback ------------------------------------------------------
@@ -65,16 +68,28 @@ class Tracker:
         self._show()
 
     # -----------------------------------------------------------------------------------------
+    @property
+    def skipped(self) -> int:
+        """Steps of the last stage never done, once the work has ended (0 while it runs): a
+        search that stops early, e.g. at the fewest GPUs that meet the target."""
+        return max(self.total - self.done, 0) if self.ended and self.total else 0
+
+    @property
+    def state(self) -> tuple[str, int, int | None]:
+        return self.description, self.done, self.total
+
     def line(self) -> str:
         elapsed = time.monotonic() - self.start
         count = f"{self.done}/{self.total}" if self.total else f"{self.done}"
         share = f" ({self.done / self.total:.0%})" if self.total else ""
-        return f"{self.label}: {self.description} {count}{share}, {elapsed:.0f} s"
+        skipped = f", {self.skipped} skipped" if self.skipped else ""
+        return f"{self.label}: {self.description} {count}{share}{skipped}, {elapsed:.0f} s"
 
     def _show(self, force: bool = False) -> None:
         if self.bar is not None:
-            self.bar.update(self.task, description=self.description, completed=self.done,
-                            total=self.total)
+            skipped = f" ({self.skipped} skipped)" if self.skipped else ""
+            self.bar.update(self.task, description=self.description + skipped,
+                            completed=self.done, total=self.total)
             return
         now = time.monotonic()
         if self.stream is not None and (force or now - self.last_line >= self.every):
@@ -82,9 +97,17 @@ class Tracker:
             self.stream.flush()
             self.last_line = now
             self.lines += 1
+            self.printed = self.state
 
     def finish(self) -> None:
-        if self.bar is None and self.stream is not None and self.lines:
+        """The end as it is: the last state when the lines or the bar have not shown it yet
+        (never a share the work did not reach; the rest marked skipped), then "done in"."""
+        self.ended = True
+        if self.bar is not None:
+            self._show()
+        elif self.stream is not None and self.lines:
+            if self.printed != self.state or self.skipped:
+                self._show(force=True)
             elapsed = time.monotonic() - self.start
             self.stream.write(f"{self.label}: done in {elapsed:.0f} s\n")
             self.stream.flush()
@@ -94,7 +117,8 @@ class Tracker:
 def tracker(label: str, console: Any = None, stream: IO[str] | None = None,
             every: float | None = None) -> Iterator[Tracker]:
     """A rich bar on `console` (default: stderr) when it is a terminal, else plain lines on
-    `stream` (default: sys.stderr) at most every `every` seconds, and a last line at the end."""
+    `stream` (default: sys.stderr) at most every `every` seconds; when the work ends (not when
+    it raises), the state it ended in and a last "done in" line."""
     if console is None:
         from autoplan.cli_common import stderr_console
 
@@ -112,10 +136,10 @@ def tracker(label: str, console: Any = None, stream: IO[str] | None = None,
         with Progress(SpinnerColumn(), TextColumn(f"{label}: {{task.description:<50}}"),
                       BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                       transient=True) as bar:
-            yield Tracker(label, bar=bar)
+            t = Tracker(label, bar=bar)
+            yield t
+            t.finish()  # the bar's last frame: what was done, the rest marked skipped
         return
     t = Tracker(label, stream=stream or sys.stderr, every=every_s() if every is None else every)
-    try:
-        yield t
-    finally:
-        t.finish()
+    yield t
+    t.finish()  # only when the work ended: stopped by an error, it is not done

@@ -243,11 +243,7 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress | None]:
     from autoplan.progress import tracker
 
     with tracker("search", stderr_console()) as progress:
-        try:
-            yield progress
-        except BaseException:
-            progress.lines = 0  # stopped, not done: no "search: done in" line
-            raise
+        yield progress
 
 
 def search_command(args: argparse.Namespace) -> int:

@@ -207,8 +207,10 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tupl
         kept.append(_kept(part, req.targets))
         if smallest_first and part.feasible.any():
             log.info("%d GPUs meet every target; larger counts not scored", n)
+            step("GPU counts", k + 1, len(counts))  # the progress ends on the counts scored
             break
-    step("GPU counts", len(counts), len(counts))
+    else:
+        step("GPU counts", len(counts), len(counts))
     return merge_scored(parts, kept), total
 
 

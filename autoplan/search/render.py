@@ -2,8 +2,9 @@
 winner wins, the count of candidates by reason, and the nearest miss when nothing fits.
 
 The default layout fits the terminal (80 columns when there is none): knobs that every shown
-plan shares move to one line above the table, cells are abbreviated and equivalent plans share
-a row. `--wide` prints every column in full.
+plan shares move to one line above the table, cells are abbreviated, equivalent plans share
+a row and less important columns are left out, never the objective's. `--wide` prints every
+column in full.
 """
 
 from __future__ import annotations
@@ -178,8 +179,22 @@ SHARED_NAMES = {"cluster": "GPU type", "num_gpus": "GPUs", "gbs": "global batch"
                 "sp": "sequence parallel", "zero": "ZeRO", "mbs": "micro-batch",
                 "dominant": "biggest cost"}
 EXPERT_KNOBS = ("ep", "etp")
-DROP_ORDER = ("dominant", "attention", "precision", "mfu")
-"""Narrow layout: columns left out, in this order, while the table is wider than the terminal."""
+DROP_ORDER = ("dominant", "attention", "precision", "mfu", "days", "gpu_hours", "usd", "tokens",
+              "step", "mem")
+"""Narrow layout: columns left out, in this order, while the table is wider than the terminal,
+never an objective's (objective_columns). After the least read, the figures another column
+implies: days and GPU-hours follow from tokens/s, dollars from GPU-hours, tokens/s from the
+step time at one global batch. The knobs stay: they name the plan."""
+OBJECTIVE_COLUMNS = {"throughput": "tokens", "latency": "step", "gpus": "num_gpus"}
+"""The column that shows each objective (cost: objective_columns)."""
+
+
+def objective_columns(objectives: list[str], keys: set[str]) -> set[str]:
+    """The columns of what the search optimises, which the narrow layout never cuts: cost is
+    US dollars where the plans have a price (the `usd` column is there), else GPU-hours
+    (targets.cost_of)."""
+    return {("usd" if "usd" in keys else "gpu_hours") if o == "cost" else OBJECTIVE_COLUMNS[o]
+            for o in objectives}
 
 
 def new_table(title: str) -> Table:
@@ -229,11 +244,12 @@ def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
         else:
             keep.append(c)
     dropped: list[str] = []
+    kept = objective_columns(objectives, {c[0] for c in keep})
     for name in DROP_ORDER:
         cells = [[c[4](s, False) for c in keep] for s in shown]
         if table_width([c[2] for c in keep], [c[3] for c in keep], cells) <= width:
             break
-        if any(c[0] == name for c in keep):
+        if name not in kept and any(c[0] == name for c in keep):
             keep = [c for c in keep if c[0] != name]
             dropped.append(name)
     return keep, shared, dropped
@@ -278,7 +294,7 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
         parts.append("dp D/S = HSDP, ZeRO shard groups of S replicated D/S times")
     if seen("prec", "precision") and any(r.get("grad_reduce") for r in rows):
         parts.append("rX = gradients reduced in X")
-    if any("band" in r for r in rows):
+    if seen("step s") and any("band" in r for r in rows):
         parts.append("± = the cost model's error band for that prediction")
     return "legend: " + "; ".join(parts) if parts else ""
 
@@ -286,11 +302,15 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
 def ranked_table(shown: list[Shown], title: str, objectives: list[str], wide: bool = False,
                  width: int = 80, one_count: bool = True,
                  one_batch: bool = True) -> tuple[Table, list[str], list[str]]:
-    """The table, the knobs every row shares and the columns left out for width."""
+    """The table, the knobs every row shares and the columns left out for width. The
+    objective's columns never wrap; should the table still be too wide once `layout` has left
+    out all it may, rich wraps the other cells rather than cut the objective's figures."""
     cols, shared, dropped = layout(shown, objectives, wide, width, one_count, one_batch)
+    whole = objective_columns(objectives, {c[0] for c in cols})
     t = new_table(title)
     for c in cols:
-        t.add_column(c[1] if wide else c[2], justify="right" if c[3] else "left", no_wrap=True)
+        t.add_column(c[1] if wide else c[2], justify="right" if c[3] else "left",
+                     no_wrap=wide or c[0] in whole)
     for s in shown:
         t.add_row(*[c[4](s, wide) for c in cols])
     return t, shared, dropped
@@ -357,7 +377,8 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
         console.print(table)
         line = legend(shown, wide, {str(c.header) for c in table.columns})
         if dropped:
-            line += f"{'; ' if line else ''}--wide adds: {', '.join(dropped)}"
+            names = {c[0]: c[1] for c in COLUMNS}
+            line += f"{'; ' if line else ''}--wide adds: {', '.join(names[d] for d in dropped)}"
         if line:
             console.print(line, markup=False, style="dim")
         from autoplan.search.baseline import why_lines

@@ -58,11 +58,13 @@ def table_html(headers: list[str], rows: list[list[str]],
 
 
 def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray]:
-    """The ranked plans as table rows (equivalent ones merged) and their row indexes."""
+    """The ranked plans as table rows (equivalent ones merged) and their row indexes: the
+    plans summary.json keeps (output.top_rows), as the terminal table shows them; never one
+    ranked below them."""
     from autoplan.search.ranking import frame
 
     req = result.request
-    idx = top_rows(result, top) if req.targets.multi else result.order[:4 * top]
+    idx = top_rows(result, top)
     records = frame(result.scored, idx, req.space, req.targets, result.front).to_dict("records")
     bands = result.scored.cols.get("band")
     for r, i in zip(records, idx, strict=True):
