@@ -593,9 +593,9 @@ def test_fa_triton_runs_at_flashattention_2_s_speed_over_the_papers_ratios() -> 
 
     profile = load_profile("a100-sxm4-80gb")
     flops = np.array([1e12])
-    fa2_f, fa2_b = attention_efficiency(profile, "fa2", flops)
+    fa2_f, fa2_b = attention_efficiency(profile, "fa2", flops, 2048.0)
     for kernel in ("fa-triton", "fa-triton@bf16"):
-        f, b = attention_efficiency(profile, kernel, flops)
+        f, b = attention_efficiency(profile, kernel, flops, 2048.0)
         assert f == pytest.approx(fa2_f / TRITON_FA_SLOWDOWN[0])
         assert b == pytest.approx(fa2_b / TRITON_FA_SLOWDOWN[1])
     assert 1.3 <= TRITON_FA_SLOWDOWN[0] <= 1.5 and TRITON_FA_SLOWDOWN[1] == 2.0
