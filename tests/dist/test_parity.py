@@ -65,6 +65,8 @@ COVERING = {
     "cp2pp2-zero2-llama-sgd": C(model="tiny-llama", cp=2, pp=2, zero=2, optim="sgd"),
     "cp4-llama-gqa-zero1": C(model="tiny-llama", cp=4, zero=1),
     "dp4-hsdp-shard2-zero3": C(model="tiny", dp=4, dp_shard=2, zero=3),
+    "dp4-hsdp-shard2-zero1-llama-sgd": C(model="tiny-llama", dp=4, dp_shard=2, zero=1,
+                                         optim="sgd"),
     # 8 ranks
     "dp8-zero3": C(model="h8-2l", dp=8, zero=3, mbs=1),
     "tp8-sp-sgd": C(model="h8-2l", tp=8, sp=True, optim="sgd"),
