@@ -1,14 +1,18 @@
 """The command line: thin sub-commands that return exit codes (DESIGN.md section 5).
 
-0 success, 2 bad input, 3 nothing feasible, 130 Ctrl-C, 143 SIGTERM. User mistakes arrive here as
-AutoplanError and leave as one line on stderr; anything else is a bug and keeps its traceback.
+0 success, 2 bad input, 3 nothing feasible, 130 Ctrl-C, 143 SIGTERM; 141 when the reader of the
+output went away (`autoplan search ... | head`, as SIGPIPE ends Unix tools) and 1 when the output
+cannot be written (a full disk). User mistakes arrive here as AutoplanError and leave as one line
+on stderr; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -110,6 +114,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as Terminated
         sys.stderr.write(interrupted_line(args, err) + "\n")
         return 143 if isinstance(err, Terminated) else 130
+    except BrokenPipeError:  # the reader stopped reading: stop quietly
+        _drop_stdout()
+        return 141
+    except OSError as err:
+        if err.errno not in OUTPUT_FULL:
+            raise
+        _drop_stdout()
+        sys.stderr.write(f"autoplan {args.command}: error: cannot write the output "
+                         f"({os.strerror(err.errno)}); free space or write it elsewhere\n")
+        return 1
+
+
+OUTPUT_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""Errors of an output that has no room (a full disk, a quota, /dev/full): the user's to fix."""
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what could not be written
+    raises no second error on the way out (Python's documented recipe for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (a test's capture)
+        pass
 
 
 if __name__ == "__main__":
