@@ -108,7 +108,7 @@ def host_state_bytes(
 def activation_elements_per_layer(
     model: ModelSpec, b: np.ndarray, tp: np.ndarray, sp: np.ndarray, cp: np.ndarray,
     eager_attention: bool, fused_norm: bool = True, fused_swiglu: bool = True,
-    kv_repeated: bool = False,
+    kv_repeated: bool = False, attention_dropout: bool = True,
 ) -> dict[str, np.ndarray]:
     """Bytes one block keeps for backward per micro-batch (16-bit activations), by tensor.
 
@@ -127,7 +127,8 @@ def activation_elements_per_layer(
                 torch.repeat_interleave ahead of SDPA) keeps the repeated a-head copies;
       attn_out  the attention output, input of the output projection: 2sb * a*d;
       core      eager: softmax output 2as^2b, its dropout mask as^2b and dropout output 2as^2b
-                (5as^2b; 2as^2b without dropout); fused attention: fp32 row statistics 4asb;
+                (5as^2b; 2as^2b without dropout, or where the runtime drops only the residual
+                branches: `attention_dropout`); fused attention: fp32 row statistics 4asb;
       mlp_act   the first MLP GEMM's output: 2sbf (GELU input), 4sbf for gated MLPs (gate, up);
       mlp_mid   the second MLP GEMM's input: 2sbf (GELU output, or the gate x up product), and
                 an unfused SwiGLU's silu(gate) output, 2sbf more.
@@ -144,7 +145,8 @@ def activation_elements_per_layer(
     composite_rms = model.norm is NormKind.RMSNORM and not fused_norm
     norm = (16.0 if composite_rms else 4.0) * sbh
     if eager_attention:
-        core = (2.0 + (3.0 if model.dropout > 0 else 0.0)) * a * s * model.seq_len * b
+        dropped = model.dropout > 0 and attention_dropout
+        core = (2.0 + (3.0 if dropped else 0.0)) * a * s * model.seq_len * b
     else:
         core = 4.0 * a * s * b
     sp_div = np.where(np.asarray(sp), tp, 1.0)

@@ -308,6 +308,12 @@ class RuntimeTraits:
     the fp32 core (measured by profiler/precision.py); priced at the profile's
     `attention_kernel@fp32` figures and fp32 peak, plus the casts' bytes
     (attention_precision, compute.attention_cast_bytes)."""
+    attention_dropout: bool = True
+    """Dropout on the attention probabilities at the model's rate (model.dropout), as
+    Megatron-LM's attention_dropout and Hugging Face's attention_probs_dropout apply it: an eager
+    core keeps its 1-byte mask and dropped output beside the softmax (Korthikanti et al. 2022
+    §4.1, 3as^2b). False: dropout only on the residual branches (autoplan's runtime,
+    runtime/models/transformer.py Block; torchtitan's Llama has none at all)."""
     causal_attention_skip: bool = True
     """Fused causal attention skips fully masked tiles, doing about half of the s^2 work
     (FlashAttention-2, Dao 2023 §3.1; cuDNN/FA3 alike). Eager attention always does all of it."""
@@ -898,6 +904,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "fp8_weight_cache_bytes": 0.0, "fsdp2_offload": True, "kv_repeated": True,
         "own_runtime_rules": True, "eager_host_overheads": True, "host_runs_ahead": True,
         "fsdp2_copies": True, "moe_eager_tensors": True, "fp8_experts": False,
+        "attention_dropout": False,
     },
     "autoplan-cpu": {
         "description": "autoplan's own runtime on CPU/gloo: as autoplan-cuda, with torch's "
@@ -911,7 +918,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "kv_repeated": True, "fsdp2_copies": True,
         "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "overlap_param_gather": False, "own_runtime_rules": True, "moe_eager_tensors": True,
-        "fp8_experts": False,
+        "fp8_experts": False, "attention_dropout": False,
     },
 }
 """Each preset cites its runtime's defaults in the field docstrings above; every field not set

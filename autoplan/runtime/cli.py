@@ -59,7 +59,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm (0: no clipping)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="residual dropout probability (default: the model's dropout, "
+                             "model.dropout; 0 for parity runs)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with CUDA, else gloo)")
     parser.add_argument("--pg-timeout-s", type=float, default=120.0,

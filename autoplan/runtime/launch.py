@@ -56,7 +56,7 @@ def preflight(args: argparse.Namespace, world_size: int, plan=None):
     from autoplan.runtime.validation import check_plan
 
     check_train_args(args)
-    plan = plan if plan is not None else load_plan(args.plan)
+    plan = run_dropout(args, plan if plan is not None else load_plan(args.plan))
     spec = plan.model_spec()
     check_plan(plan, spec, world_size)
     if args.data is not None:
@@ -64,6 +64,19 @@ def preflight(args: argparse.Namespace, world_size: int, plan=None):
 
         make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)  # fails early
     return plan, spec, resolve_backend(args.backend)
+
+
+def run_dropout(args: argparse.Namespace, plan):
+    """The plan as it will run: its model's dropout (model.dropout, which the cost model prices)
+    unless --dropout sets another, which then replaces it, so every check and prediction prices
+    the dropout the ranks apply. Sets args.dropout to that rate (the workers get it)."""
+    spec = plan.model_spec()
+    if args.dropout is None:
+        args.dropout = spec.dropout
+        return plan
+    if args.dropout == spec.dropout:
+        return plan
+    return plan.replace(model=spec.replace(dropout=args.dropout))
 
 
 def memory_preflight(args: argparse.Namespace, plan, spec) -> None:

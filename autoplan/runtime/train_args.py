@@ -66,8 +66,9 @@ def check_train_args(args: argparse.Namespace) -> None:
             fix="expected a positive finite learning rate, e.g. 1e-3")
     _number("--max-grad-norm", args.max_grad_norm, 0.0, math.inf, high_open=True,
             fix="expected a finite norm >= 0 (0: no clipping)")
-    _number("--dropout", args.dropout, 0.0, 1.0, high_open=True,
-            fix="expected a probability in [0, 1)")
+    if args.dropout is not None:
+        _number("--dropout", args.dropout, 0.0, 1.0, high_open=True,
+                fix="expected a probability in [0, 1)")
     _number("--pg-timeout-s", args.pg_timeout_s, 0.0, MAX_TIMEOUT_S, low_open=True,
             fix=f"expected seconds in (0, {MAX_TIMEOUT_S:.0f}] (finite: a failed rank "
                 "cannot hang the job)")
