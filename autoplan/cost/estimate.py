@@ -17,7 +17,12 @@ from autoplan.cost import compute, moe, runtime_rules
 from autoplan.cost.error_band import band_and_bias_of_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
-from autoplan.cost.step_memory import MEMORY_PARTS, activation_parts, memory_by_part
+from autoplan.cost.step_memory import (
+    MEMORY_PARTS,
+    activation_parts,
+    memory_by_part,
+    node_host_bytes,
+)
 from autoplan.cost.step_time import (
     ADAM_BYTES_PER_PARAM,
     TIME_PARTS,
@@ -147,11 +152,14 @@ def estimate_plan(
         reasons.append(
             f"needs {total / 2**30:.1f} GiB per GPU of {capacity / 2**30:.1f} GiB "
             f"(short by {(total - capacity) / 2**30:.1f} GiB)")
-    host_need = row["memory"]["host_total"] * min(cluster.num_gpus, cluster.profile.gpus_per_node)
-    if host_need > cluster.profile.host.memory_bytes:
+    host_need = float(node_host_bytes(cluster.profile, total, row["memory"]["host_total"],
+                                      cluster.num_gpus))
+    host_have = cluster.profile.host.memory_bytes
+    if host_need > host_have:
+        what = "its ranks" if cluster.profile.is_cpu else "offloaded states"
         reasons.append(
-            f"offloaded states need {host_need / 2**30:.1f} GiB of host memory per node of "
-            f"{cluster.profile.host.memory_bytes / 2**30:.1f} GiB")
+            f"{what} need {host_need / 2**30:.1f} GiB of host memory per node of "
+            f"{host_have / 2**30:.1f} GiB (short by {(host_need - host_have) / 2**30:.1f} GiB)")
     row["memory"]["capacity"] = float(capacity)
     row["memory"]["shortfall"] = float(max(0.0, total - capacity))
     days = None

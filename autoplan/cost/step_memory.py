@@ -265,8 +265,18 @@ def memory_by_part(
                                               r.offload_params, runtime.fsdp2_offload)
     out["mem_host"] = host
     out["fits"] = (out["mem_total"] <= profile.device.memory_bytes) & (
-        host * np.minimum(r.world, profile.gpus_per_node) <= profile.host.memory_bytes)
+        node_host_bytes(profile, out["mem_total"], host, r.world) <= profile.host.memory_bytes)
     return out
+
+
+def node_host_bytes(profile: ClusterProfile, mem_total: np.ndarray | float,
+                    mem_host: np.ndarray | float, num_gpus: np.ndarray | float) -> np.ndarray:
+    """Host memory the ranks of one node need together: their offloaded states, and on a CPU
+    profile, whose ranks are host processes sharing it, everything they hold (the check
+    `autoplan train` makes before it starts CPU ranks: runtime/launch.host_preflight)."""
+    ranks = np.minimum(np.asarray(num_gpus, float), profile.gpus_per_node)
+    own = np.asarray(mem_host, float) + (np.asarray(mem_total, float) if profile.is_cpu else 0.0)
+    return own * ranks
 
 
 def _worst_stage_parts(profile: ClusterProfile, states: tuple[dict[str, np.ndarray], ...],

@@ -53,8 +53,7 @@ def nearest_miss(req: SearchRequest, scored: Scored) -> Miss:
         row = {k: float(c[k][i]) for k in ("mem_total", "mem_host", "time_step", "tokens_per_s",
                                            "num_gpus")}
         ref, prof = row_type(req, scored, i)
-        misses = miss_messages(row, req.targets, prof.device.memory_bytes,
-                               prof.host.memory_bytes, prof.gpus_per_node)
+        misses = miss_messages(row, req.targets, prof)
         if len(req.types) > 1 and misses:
             misses[0] = f"on {int(row['num_gpus'])} x {ref}, {misses[0]}"
         reason = int(c["reason"][i])

@@ -189,8 +189,7 @@ def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool =
         cols.update({k: np.zeros(0) for k in ("tokens_per_s", "time_step", "mem_total",
                                                  "mem_host")})
     prof = ctx.profile
-    miss = miss_ratios(cols, ctx.targets, prof.device.memory_bytes, prof.host.memory_bytes,
-                       prof.gpus_per_node)
+    miss = miss_ratios(cols, ctx.targets, prof)
     missing = miss > 0
     reason = np.where(missing.any(axis=1), missing.argmax(axis=1), -1)
     for j, key in enumerate(MISS_KEYS):

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.cost.step_memory import node_host_bytes
 from autoplan.errors import ConfigError
+from autoplan.hardware import ClusterProfile
 
 OBJECTIVES = ("throughput", "latency", "cost", "gpus")
 SECONDS_PER_DAY = 86400.0
@@ -98,14 +100,14 @@ MISS_KEYS = ("out-of-memory", "host-memory", "step-time", "tokens-per-s", "deadl
 """Reasons a valid, scored candidate is not feasible, in the order they are reported."""
 
 
-def miss_ratios(cols: Mapping[str, np.ndarray], targets: Targets, memory_bytes: float,
-                host_bytes: float, gpus_per_node: int) -> np.ndarray:
+def miss_ratios(cols: Mapping[str, np.ndarray], targets: Targets,
+                profile: ClusterProfile) -> np.ndarray:
     """(rows x MISS_KEYS) relative shortfall: > 0 misses by that fraction, <= 0 is met."""
     n = len(cols["tokens_per_s"])
     ratios = np.full((n, len(MISS_KEYS)), -1.0)
-    ratios[:, 0] = np.asarray(cols["mem_total"]) / memory_bytes - 1.0
-    per_node = np.asarray(cols["mem_host"]) * np.minimum(cols["num_gpus"], gpus_per_node)
-    ratios[:, 1] = per_node / host_bytes - 1.0
+    ratios[:, 0] = np.asarray(cols["mem_total"]) / profile.device.memory_bytes - 1.0
+    per_node = node_host_bytes(profile, cols["mem_total"], cols["mem_host"], cols["num_gpus"])
+    ratios[:, 1] = per_node / profile.host.memory_bytes - 1.0
     if targets.max_step_time_s is not None:
         ratios[:, 2] = np.asarray(cols["time_step"]) / targets.max_step_time_s - 1.0
     if targets.min_tokens_per_s is not None:
@@ -116,14 +118,15 @@ def miss_ratios(cols: Mapping[str, np.ndarray], targets: Targets, memory_bytes: 
     return np.nan_to_num(ratios, nan=np.inf)
 
 
-def miss_messages(row: Mapping[str, float], targets: Targets, memory_bytes: float,
-                  host_bytes: float, gpus_per_node: int) -> list[str]:
+def miss_messages(row: Mapping[str, float], targets: Targets,
+                  profile: ClusterProfile) -> list[str]:
     """What one scored candidate misses, by how much (empty when it meets everything)."""
     out = []
+    memory_bytes, host_bytes = profile.device.memory_bytes, profile.host.memory_bytes
     if row["mem_total"] > memory_bytes:
         out.append(f"needs {row['mem_total'] / GIB:.1f} GiB of {memory_bytes / GIB:.0f} GiB "
                    "per GPU")
-    host = row["mem_host"] * min(row["num_gpus"], gpus_per_node)
+    host = float(node_host_bytes(profile, row["mem_total"], row["mem_host"], row["num_gpus"]))
     if host > host_bytes:
         out.append(f"needs {host / GIB:.1f} GiB of host memory of {host_bytes / GIB:.0f} GiB "
                    "per node")
