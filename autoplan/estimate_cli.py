@@ -60,7 +60,9 @@ def estimate_command(args: argparse.Namespace) -> int:
         "time": est.time, "tokens_per_s": est.tokens_per_s,
         "model_flops_per_step": est.model_flops_per_step, "mfu": est.mfu, "hfu": est.hfu,
         "days_to_train": est.days_to_train, "dominant": est.dominant,
-        "num_params": est.num_params, "model": model.name, "plan": plan_to_dict(plan),
+        # without the file's `predicted` block: this estimate is the prediction now
+        "num_params": est.num_params, "model": model.name,
+        "plan": plan_to_dict(plan.replace(predicted=None)),
         "runtime": est.runtime, "error_band": est.error_band, "error_bias": est.error_bias,
     }
 

@@ -71,12 +71,16 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     data["cluster"] = cluster_ref
     if args.model:
         data["model"] = args.model
-    batch = dict(data.get("batch") or {}) if isinstance(data.get("batch"), dict) else {}
+    if args.plan and "batch" in data and not isinstance(data["batch"], dict):
+        raise ConfigError("batch", f"got {show(data['batch'])}",
+                          "expected a mapping: {micro_batch_size: M, global_batch_size: G}")
+    batch = dict(data.get("batch") or {})
     if args.global_batch_size is not None:
         batch["global_batch_size"] = args.global_batch_size
     if args.micro_batch_size is not None:
         batch["micro_batch_size"] = args.micro_batch_size
-    batch.setdefault("micro_batch_size", 1)
+    if not args.plan:  # the data-parallel default plan: one sequence per rank unless told
+        batch.setdefault("micro_batch_size", 1)
     data["batch"] = batch
     derive = _dp_follows(args)
     if derive and isinstance(data.get("parallel"), dict):
@@ -88,7 +92,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         _derive_dp(data)
     if not args.plan and "precision" not in data and isinstance(data.get("cluster"), dict):
         data["precision"] = _default_precision(data["cluster"].get("profile"))
-    if isinstance(data.get("batch"), dict) and "global_batch_size" not in data["batch"]:
+    if not args.plan and "global_batch_size" not in data["batch"]:
         dp = data.get("parallel", {}).get("dp", 1) if isinstance(data.get("parallel"), dict) else 1
         mbs = data["batch"].get("micro_batch_size", 1)
         if isinstance(dp, int) and isinstance(mbs, int):

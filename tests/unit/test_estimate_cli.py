@@ -88,3 +88,42 @@ def test_one_broken_user_profile_is_skipped_with_a_warning(tmp_path: Path, monke
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and "warning" in err, err
     assert str(tmp_path / "broken.yaml") in err and "--cluster" not in err
+
+
+PLAN_BASE = "model: tiny\ncluster: {profile: cpu-gloo, num_gpus: 2}\nparallel: {dp: 2}\n"
+
+
+@pytest.mark.parametrize(("batch", "needle"), [
+    ('batch: "64"\n', "batch: got '64'"),
+    ("batch: [1, 2]\n", "batch: got [1, 2]"),
+    ("batch: null\n", "batch: got None"),
+    ("", "batch.micro_batch_size: missing"),
+    ("batch: {micro_batch_size: 2}\n", "batch.global_batch_size: missing"),
+])
+def test_a_plan_files_batch_is_checked_as_train_checks_it(tmp_path, capsys, batch, needle):
+    """estimate --plan priced a default batch (1 x dp) for a missing or malformed one, which
+    train refuses for the same file."""
+    plan = tmp_path / "p.yaml"
+    plan.write_text(PLAN_BASE + batch)
+    _refused(capsys, ["estimate", "--plan", str(plan)], needle)
+
+
+def test_a_plan_file_missing_its_batch_can_take_it_from_the_flags(tmp_path, capsys) -> None:
+    plan = tmp_path / "p.yaml"
+    plan.write_text(PLAN_BASE)
+    assert main(["estimate", "--plan", str(plan), "--global-batch-size", "8",
+                 "--micro-batch-size", "2", "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)["plan"]["batch"]
+    assert got == {"micro_batch_size": 2, "global_batch_size": 8}
+
+
+def test_the_estimate_of_a_changed_plan_drops_the_files_old_prediction(tmp_path, capsys):
+    """A plan search wrote carries its `predicted` block; estimate --set changes the plan and
+    prints its own prediction, never the file's stale one beside it."""
+    plan = tmp_path / "p.yaml"
+    plan.write_text(PLAN_BASE + "batch: {micro_batch_size: 1, global_batch_size: 2}\n"
+                    "predicted: {step_time_s: 123.0, memory_bytes: 1.0}\n")
+    assert main(["estimate", "--plan", str(plan), "--set", "recompute.policy=full",
+                 "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "predicted" not in out["plan"] and out["plan"]["recompute"]["policy"] == "full"
