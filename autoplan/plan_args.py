@@ -51,6 +51,8 @@ def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
 def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSpec]:
     """The plan named by --plan (or a data-parallel default), with flags and --set applied."""
     data: dict[str, Any]
+    if args.plan is not None and not args.plan.strip():
+        raise ConfigError("--plan", "got an empty path", "give a plan YAML, or leave --plan out")
     if args.plan:
         raw = read_yaml(args.plan, "--plan")
         if not isinstance(raw, dict):

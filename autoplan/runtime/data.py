@@ -53,7 +53,7 @@ class ByteText:
     def __init__(self, path: str | Path, seq_len: int, seed: int = 0) -> None:
         self.seq_len, self.seed = seq_len, seed
         files = _text_files(Path(path))
-        data = b"".join(f.read_bytes() for f in files)
+        data = b"".join(_read(f) for f in files)
         self.num_windows = (len(data) - 1) // seq_len
         if self.num_windows < 1:  # before frombuffer, which refuses an empty buffer
             raise ConfigError(
@@ -74,6 +74,14 @@ class ByteText:
         epoch, pos = divmod(index, self.num_windows)
         start = int(self._perm(epoch)[pos]) * self.seq_len
         return self.tokens[start : start + self.seq_len + 1]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:  # no permission, a device file, a file gone since it was listed
+        raise ConfigError("--data", f"cannot read {path} ({err.strerror or err})",
+                          "fix its permissions or move it out of the data folder") from None
 
 
 def _text_files(path: Path) -> list[Path]:

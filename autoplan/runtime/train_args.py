@@ -51,6 +51,9 @@ def expand_paths(args: argparse.Namespace) -> None:
         name = flag[2:].replace("-", "_")
         value = getattr(args, name, None)
         if value is not None:
+            if not value.strip():  # '' would mean the current folder: data, checkpoints
+                raise ConfigError(flag, "got an empty path", "give a file or folder path, or "
+                                  "leave the flag out")
             setattr(args, name, os.path.expanduser(value))
 
 

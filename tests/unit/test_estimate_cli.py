@@ -127,3 +127,8 @@ def test_the_estimate_of_a_changed_plan_drops_the_files_old_prediction(tmp_path,
                  "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert "predicted" not in out["plan"] and out["plan"]["recompute"]["policy"] == "full"
+
+
+def test_an_empty_plan_path_is_refused_not_ignored(capsys) -> None:
+    _refused(capsys, ["estimate", "--plan", "", "--model", "tiny", "--cluster", "cpu-gloo",
+                      "--num-gpus", "2"], "--plan: got an empty path")

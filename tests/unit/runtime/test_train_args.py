@@ -155,3 +155,32 @@ def test_no_memory_check_launches_anyway(tmp_path, capsys, monkeypatch):
     plan = _big_plan(tmp_path)
     code = main(["train", str(plan), "--steps", "1", "--no-memory-check"])
     assert code == 1 and len(launched) == 1, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--data", "--checkpoint-dir", "--metrics-file",
+                                  "--run-record"])
+def test_an_empty_path_is_refused_not_taken_as_the_current_folder(tmp_path, capsys, flag):
+    """`--data ''` trained on every file of the current folder, the plan included, and
+    `--checkpoint-dir ''` wrote step folders into it."""
+    plan = tmp_path / "plan.yaml"
+    save_plan(make_plan(), plan)
+    assert main(["train", str(plan), "--steps", "1", flag, ""]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: got an empty path" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unreadable_data_file_is_one_line(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from autoplan.runtime.data import ByteText
+
+    (tmp_path / "a.txt").write_text("x" * 100)
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(Exception) as err:
+        ByteText(tmp_path, 8)
+    assert type(err.value).__name__ == "ConfigError"
+    assert "--data: cannot read" in str(err.value) and "Permission denied" in str(err.value)
