@@ -151,7 +151,7 @@ def estimate_plan(
     if total > capacity:
         reasons.append(
             f"needs {total / 2**30:.1f} GiB per GPU of {capacity / 2**30:.1f} GiB "
-            f"(short by {(total - capacity) / 2**30:.1f} GiB)")
+            f"(short by {short_by(total - capacity)})")
     host_need = float(node_host_bytes(cluster.profile, total, row["memory"]["host_total"],
                                       cluster.num_gpus))
     host_have = cluster.profile.host.memory_bytes
@@ -159,7 +159,7 @@ def estimate_plan(
         what = "its ranks" if cluster.profile.is_cpu else "offloaded states"
         reasons.append(
             f"{what} need {host_need / 2**30:.1f} GiB of host memory per node of "
-            f"{host_have / 2**30:.1f} GiB (short by {(host_need - host_have) / 2**30:.1f} GiB)")
+            f"{host_have / 2**30:.1f} GiB (short by {short_by(host_need - host_have)})")
     row["memory"]["capacity"] = float(capacity)
     row["memory"]["shortfall"] = float(max(0.0, total - capacity))
     days = None
@@ -172,6 +172,11 @@ def estimate_plan(
         days_to_train=days, runtime=traits.name, error_band=row["band"],
         error_bias=row["bias"],
     )
+
+
+def short_by(nbytes: float) -> str:
+    """A shortfall as GiB with one decimal, or MiB where that would read 0.0 GiB."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 0.05 * 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:

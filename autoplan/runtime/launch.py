@@ -111,6 +111,7 @@ def host_preflight(args: argparse.Namespace, plan, spec, nproc: int, backend: st
     (gloo): ranks whose memory, priced as autoplan's CPU runtime holds it, adds up to more
     than the host memory they all share. A plan of another device that fits still trains here,
     with the ranks' warning (machine.device_mismatch). --no-memory-check skips the memory part."""
+    from autoplan.cost.estimate import short_by
     from autoplan.runtime.machine import host_memory_bytes, local_gpu_count
 
     if backend == "nccl":
@@ -130,8 +131,8 @@ def host_preflight(args: argparse.Namespace, plan, spec, nproc: int, backend: st
         raise InfeasiblePlanError(
             f"plan {args.plan} does not fit this host: {nproc} ranks on cpu ({backend}) need "
             f"{need / 2**30:.1f} GiB as autoplan-cpu holds them ({per_rank / 2**30:.2f} GiB per "
-            f"rank), this host has {have / 2**30:.1f} GiB (short by {(need - have) / 2**30:.1f}"
-            f" GiB); train it on the {plan.cluster.profile} GPUs it was planned for (`autoplan "
+            f"rank), this host has {have / 2**30:.1f} GiB (short by {short_by(need - have)}); "
+            f"train it on the {plan.cluster.profile} GPUs it was planned for (`autoplan "
             f"export`), choose a plan for this host (`autoplan search --cluster {CPU_PROFILE}`),"
             " or pass --no-memory-check to launch anyway")
 

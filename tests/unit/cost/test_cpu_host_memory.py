@@ -50,3 +50,10 @@ def test_a_gpu_profile_counts_only_offloaded_states_on_the_host() -> None:
     assert float(node_host_bytes(gpu, 70e9, 10e9, 64)) == 80e9  # 8 GPUs per node
     assert np.allclose(node_host_bytes(gpu, np.array([1.0, 2.0]), np.array([1.0, 2.0]), 4),
                        [4.0, 8.0])
+
+
+def test_a_shortfall_under_a_twentieth_of_a_gib_reads_in_mib() -> None:
+    from autoplan.cost.estimate import short_by
+
+    assert short_by(6.6 * 2**20) == "7 MiB"  # was "short by 0.0 GiB"
+    assert short_by(3.25 * 2**30) == "3.2 GiB"
