@@ -26,8 +26,9 @@ class ExportOptions:
     """GPUs on one node (from the hardware profile, or --gpus-per-node)."""
     checkpoint_dir: str = "checkpoints"
     """Where the job writes and resumes checkpoints."""
-    max_restarts: int = 3
-    """torchrun --max-restarts: worker-group restarts before the job fails."""
+    max_restarts: int | None = None
+    """torchrun --max-restarts: worker-group restarts before the job fails. None: the launcher
+    exports' default (launch.RESTARTS); megatron writes none (torchrun's 0)."""
     job_name: str = "autoplan"
     """Scheduler job name (SLURM job, Kubernetes object name)."""
     rdzv_port: int = 29500
@@ -63,11 +64,10 @@ class Layout:
 
 
 def layout_reasons(plan: Plan, gpus_per_node: int) -> list[str]:
-    """Why the plan's GPUs cannot be laid out on whole nodes (empty when they can)."""
+    """Why the plan's GPUs cannot be laid out on whole nodes (empty when they can). That the
+    degrees multiply to cluster.num_gpus is a plan rule (plan_reasons), said there once."""
     world = plan.world_size
     reasons = []
-    if world != plan.cluster.num_gpus:
-        reasons.append(f"dp*tp*pp*cp = {world} but cluster.num_gpus = {plan.cluster.num_gpus}")
     if gpus_per_node < 1:
         reasons.append(f"gpus_per_node = {gpus_per_node} must be at least 1")
     elif world > gpus_per_node and world % gpus_per_node:
@@ -99,7 +99,8 @@ class ExportTarget(abc.ABC):
 
     @abc.abstractmethod
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
-        """Files by name, the primary one first; only called when `check` found nothing."""
+        """Files by name, the primary one first; only called when the plan rules and `check`
+        found nothing (export_plan), so the plan's degrees, batch and layer split are whole."""
 
 
 def plan_reasons(plan: Plan, model: ModelSpec) -> list[str]:
@@ -119,10 +120,11 @@ def plan_reasons(plan: Plan, model: ModelSpec) -> list[str]:
 def export_plan(
     target: ExportTarget, plan: Plan, model: ModelSpec, opts: ExportOptions
 ) -> dict[str, str]:
-    """Render `plan` for `target`, or raise ConfigError listing every reason it cannot: the
-    plan rules it breaks (exit 2, a mistake in the plan), then the target's own refusals."""
+    """Render `plan` for `target`, or raise ConfigError listing every reason it cannot, each
+    once: the plan rules it breaks (exit 2, a mistake in the plan), then the target's own
+    refusals (which leave what the plan rules judge to them: world size, batch, layer split)."""
     rules = plan_reasons(plan, model)
-    reasons = rules + target.check(plan, model, opts)
+    reasons = list(dict.fromkeys(rules + target.check(plan, model, opts)))
     if reasons:
         raise ConfigError(
             f"--to {target.name}",
@@ -150,28 +152,9 @@ def stage_layers(plan: Plan, model: ModelSpec) -> tuple[int, ...] | None:
     return (model.num_layers // stages,) * stages
 
 
-def stage_reasons(plan: Plan, model: ModelSpec) -> list[str]:
-    if stage_layers(plan, model) is not None:
-        return []
-    stages = plan.parallel.pp * plan.pipeline.vpp
-    given = plan.pipeline.layers_per_stage
-    what = f"layers_per_stage {list(given)}" if given is not None else "an even split"
-    return [f"{model.num_layers} layers do not fit {stages} pipeline stages as {what}"]
-
-
 def grad_accum_steps(plan: Plan) -> int | None:
     """Micro-batches per step per replica, or None when the batch does not divide."""
     per_step = plan.batch.micro_batch_size * plan.parallel.dp
     if plan.batch.global_batch_size % per_step:
         return None
     return plan.batch.global_batch_size // per_step
-
-
-def batch_reasons(plan: Plan) -> list[str]:
-    if grad_accum_steps(plan) is not None:
-        return []
-    b = plan.batch
-    return [
-        f"global_batch_size {b.global_batch_size} is not a multiple of "
-        f"micro_batch_size {b.micro_batch_size} * dp {plan.parallel.dp}"
-    ]

@@ -1,7 +1,8 @@
 """`autoplan export PLAN --to TARGET` and `autoplan import FILE --from deepspeed|megatron`.
 
-Export prints to stdout, or writes --out (never over an existing file without --force); a plan
-the target cannot express is refused with exit code 2 and nothing is written.
+Export prints to stdout, or writes --out (never over an existing file without --force, never
+over the plan); a plan the target cannot express, or an option it does not write, is refused
+with exit code 2 and nothing is written.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,11 +22,13 @@ from autoplan.export.launch import (
     CHECKPOINT_EVERY,
     ELASTIC_TARGETS,
     LAUNCH_TARGETS,
+    RESTARTS,
     TRAIN_STEPS,
     LaunchOptions,
     check_path_word,
 )
 from autoplan.export.registry import TARGET_NAMES, get_target
+from autoplan.plan import Plan
 from autoplan.yaml_io import dump_yaml
 
 log = logging.getLogger(__name__)
@@ -38,9 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="write here instead of stdout (extra files go beside it)")
     p.add_argument("--force", action="store_true", help="replace existing output files")
     p.add_argument("--gpus-per-node", type=count(), help="default: the plan's hardware profile")
-    p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint directory")
-    p.add_argument("--max-restarts", type=count(low=0, high=MAX_RESTARTS), default=3,
-                   help="torchrun --max-restarts")
+    p.add_argument("--checkpoint-dir", help=f"{_LAUNCHERS}: `autoplan train --checkpoint-dir` "
+                   f"(default {ExportOptions.checkpoint_dir})")
+    p.add_argument("--max-restarts", type=count(low=0, high=MAX_RESTARTS),
+                   help=f"{_LAUNCHERS}, megatron: torchrun --max-restarts (default {RESTARTS}; "
+                        "megatron: torchrun's, 0)")
     p.add_argument("--steps", type=count(),
                    help=f"{_LAUNCHERS}: `autoplan train --steps`, optimizer steps the job runs in "
                         f"total, counted on after a resume (default {TRAIN_STEPS}, train's)")
@@ -51,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-checkpoints", type=count(low=0), metavar="K",
                    help=f"{_LAUNCHERS}: `autoplan train --keep-checkpoints`, keep the newest K "
                         "(default: train's, 3; 0: keep all)")
-    p.add_argument("--job-name", default="autoplan", help="scheduler job / object name")
+    p.add_argument("--job-name", help=f"{_LAUNCHERS}, megatron: scheduler job / object name, "
+                   f"rendezvous id (default {ExportOptions.job_name})")
     p.add_argument("--image", help="container image (kubernetes; default autoplan:latest)")
     p.add_argument("--namespace", help="Kubernetes namespace")
     p.add_argument(
@@ -119,8 +126,8 @@ def price_for_target(plan, model, target: str, torchtitan_format: str = "toml") 
     est = estimate_plan(plan, model=model, runtime=runtime)
     line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s +- {est.error_band:.0%}, "
             f"{est.memory['total'] / 2**30:.1f} GiB per GPU")
-    if not est.feasible:
-        line += f"; under {est.runtime} it does not fit: {est.reasons[0]}"
+    if not est.feasible:  # memory it lacks, or a feature it lacks: the reasons say which
+        line += f"; {est.runtime} cannot run it as planned: {'; '.join(est.reasons)}"
     return line
 
 
@@ -132,17 +139,58 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
 OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
                   "--kind": ("kubernetes",), "--torchtitan-format": ("torchtitan",),
                   "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
-                  "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS}
-"""Options only some targets write; another target refuses them rather than drop them."""
+                  "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS,
+                  "--checkpoint-dir": LAUNCH_TARGETS,
+                  "--job-name": (*LAUNCH_TARGETS, "megatron"),
+                  "--max-restarts": (*LAUNCH_TARGETS, "megatron"),
+                  "--min-nodes": ELASTIC_TARGETS}
+"""Options only some targets write; another target refuses them rather than drop them (their
+defaults are None, so a given value is told from none; a target that writes one applies its
+default). Megatron's script runs torchrun, which takes --max-restarts and, on several nodes,
+the job name as its rendezvous id; its checkpoints are Megatron's own --save/--load."""
 MAX_RESTARTS = 10_000
 """Largest --max-restarts (torchrun takes any count; a larger one is a typo)."""
 
 
-def _unused_options(args: argparse.Namespace) -> None:
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse an option the target does not write (--elastic and --min-nodes included), rather
+    than drop it; then --min-nodes without --elastic, which a target with elastic jobs takes."""
+    if args.elastic and args.to not in ELASTIC_TARGETS:
+        raise ConfigError("--elastic", f"--to {args.to} writes no elastic job: --elastic runs "
+                          "`autoplan train --elastic` under torchrun --nnodes=MIN:MAX, which only "
+                          f"--to {' and '.join(ELASTIC_TARGETS)} write",
+                          f"export --to {' or '.join(ELASTIC_TARGETS)}, or drop --elastic")
     for flag, targets in OPTION_TARGETS.items():
         if getattr(args, flag[2:].replace("-", "_")) is not None and args.to not in targets:
             raise ConfigError(flag, f"--to {args.to} writes no {flag[2:]}",
                               f"drop it, or export --to {' or '.join(targets)}")
+    if args.min_nodes is not None and not args.elastic:  # as train's --min-gpus
+        raise ConfigError("--min-nodes", f"got {args.min_nodes} without --elastic",
+                          "add --elastic, or drop --min-nodes")
+
+
+def _check_out(out: str | None) -> None:
+    """--out names the file to write: an empty one or a folder (a trailing '/', '.' or '..')
+    is a mistake, not a request for stdout or for a file named after the folder."""
+    if out is None:
+        return
+    if not out:
+        raise ConfigError("--out", "got ''", "give a file path, or leave --out out to print "
+                          "to stdout")
+    if os.path.basename(out) in ("", ".", ".."):
+        raise ConfigError("--out", f"{out[:80]!r} names a folder", "give a file path, e.g. "
+                          f"{os.path.join(os.path.normpath(out), 'job.sh')}")
+
+
+def _check_not_input(path: Path, source: str, what: str) -> None:
+    """Refuse to write over the command's input file (--force or not)."""
+    try:
+        same = path.exists() and os.path.samefile(path, source)
+    except OSError:  # unreadable: the write reports it
+        same = False
+    if same:
+        raise ConfigError("--out", f"{str(path)!r} is {what} ({source})",
+                          "write to another path")
 
 
 def _check_words(args: argparse.Namespace) -> None:
@@ -159,27 +207,19 @@ def _check_words(args: argparse.Namespace) -> None:
                               "reference without spaces, e.g. registry.example/autoplan:1.0, "
                               f"or leave --image out for {ExportOptions.image}")
         check_path_word("--image", args.image)
-    check_path_word("--checkpoint-dir", args.checkpoint_dir)  # torchrun's train line too
+    if args.checkpoint_dir is not None:
+        check_path_word("--checkpoint-dir", args.checkpoint_dir)  # torchrun's train line too
 
 
-def run_export(args: argparse.Namespace) -> int:
-    from autoplan.plan import load_plan
-
-    _unused_options(args)
-    _check_words(args)
-    if args.min_nodes is not None and not args.elastic:  # any target, as train's --min-gpus
-        raise ConfigError("--min-nodes", f"got {args.min_nodes} without --elastic",
-                          "add --elastic, or drop --min-nodes")
-    if args.out:  # a directory, a path under a file, an unwritable folder: before any work
-        fsutil.check_file_target(args.out, force=args.force, field="--out")
-    plan = load_plan(args.plan)
-    model = plan.model_spec()
-    opts = LaunchOptions(
+def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
+    """The options as the targets read them: each one not given at its default."""
+    return LaunchOptions(
         plan_path=args.plan,
         gpus_per_node=_gpus_per_node(args, plan.cluster.profile, plan.world_size),
-        checkpoint_dir=args.checkpoint_dir,
-        max_restarts=args.max_restarts,
-        job_name=args.job_name,
+        checkpoint_dir=ExportOptions.checkpoint_dir if args.checkpoint_dir is None
+        else args.checkpoint_dir,
+        max_restarts=args.max_restarts,  # None: each target's own default
+        job_name=ExportOptions.job_name if args.job_name is None else args.job_name,
         image=args.image or ExportOptions.image,
         namespace=args.namespace,
         k8s_kind=args.kind or ExportOptions.k8s_kind,
@@ -195,11 +235,25 @@ def run_export(args: argparse.Namespace) -> int:
         else args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
     )
-    if args.elastic and args.to not in ELASTIC_TARGETS:
-        raise ConfigError("--elastic", f"--to {args.to} is not launched by torchrun",
-                          f"use --to {', '.join(ELASTIC_TARGETS)}, or drop --elastic")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from autoplan.plan import load_plan
+
+    _check_options(args)
+    _check_words(args)
+    _check_out(args.out)
+    if args.out is not None:  # a directory, a path under a file, an unwritable folder: first
+        fsutil.check_file_target(args.out, force=args.force, field="--out")
+    plan = load_plan(args.plan)
+    model = plan.model_spec()
+    opts = _launch_options(args, plan)
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
     names = list(files)
+    if args.out is not None:
+        wrapped = args.format in ("json", "yaml")
+        for path in [Path(args.out)] if wrapped else _out_paths(Path(args.out), names):
+            _check_not_input(path, args.plan, "the plan being exported")
 
     def done() -> int:  # after every file is written: a failed export prints only its error
         try:
@@ -211,12 +265,13 @@ def run_export(args: argparse.Namespace) -> int:
     if args.format in ("json", "yaml"):
         data = {"target": args.to, "files": files}
         text = json.dumps(data, indent=2) + "\n" if args.format == "json" else dump_yaml(data)
-        if args.out:
+        if args.out is not None:
             fsutil.write_text(args.out, text, force=args.force, field="--out")
+            sys.stderr.write(f"wrote {args.out}\n")
         else:
             sys.stdout.write(text)
         return done()
-    if not args.out:
+    if args.out is None:
         sys.stdout.write(files[names[0]])
         for name in names[1:]:  # e.g. the deepspeed launch command: a hint, not the output
             sys.stderr.write(f"# {name}\n{files[name]}")
@@ -234,8 +289,10 @@ def run_import(args: argparse.Namespace) -> int:
     from autoplan.export.importers import IMPORTERS
     from autoplan.plan import load_plan, plan_to_dict
 
-    if args.out:
+    _check_out(args.out)
+    if args.out is not None:
         fsutil.check_file_target(args.out, force=args.force, field="--out")
+        _check_not_input(Path(args.out), args.file, "the file being imported")
     plan = IMPORTERS[args.source](
         args.file,
         model=args.model,
@@ -243,7 +300,7 @@ def run_import(args: argparse.Namespace) -> int:
         num_gpus=args.num_gpus,
         assignments=args.set,
     )
-    if args.out:
+    if args.out is not None:
         fsutil.write_text(args.out, dump_yaml(plan_to_dict(plan)), force=args.force,
                           field="--out")
         if load_plan(args.out) != plan:  # every save reloads and compares (plan.save_plan)

@@ -4,13 +4,14 @@ Plans with tensor or pipeline parallelism launch Megatron-DeepSpeed's pretrain_g
 3D parallelism: Megatron TP/SP, DeepSpeed's pipeline engine, ZeRO; megatron_deepspeed.py); the
 rest launch the user's train.py with plain DeepSpeed (ZeRO, offload). train_batch_size =
 train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp, as DeepSpeed asserts. The
-launch names the JSON by the --out path it is written to.
+launch names the JSON by its file name in the launch's own folder, where export writes both.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,20 +21,30 @@ from autoplan.export import megatron_deepspeed
 from autoplan.export.base import (
     ExportOptions,
     ExportTarget,
-    batch_reasons,
     grad_accum_steps,
     layout,
     layout_reasons,
 )
-from autoplan.export.launch import check_path_word, continued, shell_join
+from autoplan.export.launch import check_path_word, continued, cuda_only_reasons, shell_join
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, Precision, RecomputePolicy
 
 CONFIG_NAME = "ds_config.json"
+SCRIPT_DIR = 'script_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"'
+"""The launch's own folder, where the DeepSpeed config is written beside it: the launch runs
+from the Megatron-DeepSpeed checkout or the user's training folder, and DeepSpeed's multi-node
+launcher hands the path to every node, so the launch names the config by an absolute path."""
+CUDA_ONLY_3D = ("Megatron-DeepSpeed trains on CUDA GPUs only (NCCL, Megatron's fused CUDA "
+                "kernels)")
+CUDA_ONLY = ("DeepSpeed runs on a CPU host only through its CPU accelerator (DS_ACCELERATOR=cpu, "
+             "ranks bound to cores), which this export's GPU launch (deepspeed --num_gpus) does "
+             "not set up")
 
 
 def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
-    """What plain DeepSpeed (tp = pp = 1: ZeRO data parallelism) cannot express."""
+    """What plain DeepSpeed (tp = pp = 1: ZeRO data parallelism) cannot express of a plan the
+    plan rules accept (they refuse sequence parallelism at tp = 1, vpp without a pipeline and
+    offload at the wrong ZeRO stage for every target)."""
     p, why = plan.parallel, []
     if model.moe is not None or model.mla is not None:
         why.append(
@@ -49,13 +60,6 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             f"cp={p.cp}: DeepSpeed's sequence parallelism (Ulysses) is an all-to-all head split, "
             "not the ring context parallelism the plan was costed for"
         )
-    if plan.sequence_parallel:
-        why.append(
-            "sequence_parallel with tp=1: Megatron-style sequence parallelism shards over the "
-            "tensor-parallel group (Megatron-DeepSpeed's --sequence-parallel needs tp > 1)"
-        )
-    if plan.pipeline.vpp > 1:
-        why.append(f"vpp={plan.pipeline.vpp} with pp=1: virtual stages need a pipeline")
     rc = plan.recompute
     if rc.policy == RecomputePolicy.SELECTIVE:
         why.append(
@@ -69,10 +73,6 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             "code chooses what deepspeed.checkpointing wraps); export to megatron-deepspeed "
             "(--checkpoint-num-layers) or megatron"
         )
-    if plan.offload.optimizer and plan.zero_stage == 0:
-        why.append("offload.optimizer needs zero_stage >= 1 in DeepSpeed")
-    if plan.offload.params and plan.zero_stage != 3:
-        why.append("offload.params needs zero_stage 3 in DeepSpeed")
     return why
 
 
@@ -150,14 +150,15 @@ class DeepSpeedTarget(ExportTarget):
                "engine, ZeRO) or plain ZeRO/offload")
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
-        own = megatron_deepspeed.reasons(plan, model) if megatron_deepspeed.runs_3d(plan) \
-            else _reasons(plan, model)
-        return layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + own \
-            + hsdp_reasons(plan) + fp8_reasons(plan)
+        three_d = megatron_deepspeed.runs_3d(plan)
+        own = megatron_deepspeed.reasons(plan, model) if three_d else _reasons(plan, model)
+        return layout_reasons(plan, opts.gpus_per_node) + own + hsdp_reasons(plan) \
+            + fp8_reasons(plan) + cuda_only_reasons(plan, CUDA_ONLY_3D if three_d else CUDA_ONLY)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
-        config = opts.out or CONFIG_NAME  # the path the JSON is written to (#16 item 7)
-        check_path_word("--out", config)
+        config = Path(opts.out).name if opts.out else CONFIG_NAME  # the --out name (#16 item 7)
+        check_path_word("--out", opts.out or config)
+        config_word = '"$script_dir"/' + shlex.quote(config)  # beside this script
         lay = layout(plan, opts.gpus_per_node)
         argv = ["deepspeed", f"--num_nodes={lay.num_nodes}", f"--num_gpus={lay.nproc_per_node}"]
         if lay.num_nodes > 1:
@@ -166,20 +167,24 @@ class DeepSpeedTarget(ExportTarget):
             head = [
                 "# Megatron-DeepSpeed (DeepSpeed's 3D parallelism), written by `autoplan export "
                 "--to deepspeed`:",
-                f"# run from the Megatron-DeepSpeed checkout; {config} is the DeepSpeed config.",
+                f"# run from the Megatron-DeepSpeed checkout; the DeepSpeed config is {config}, "
+                "read from this script's folder.",
                 "# Append data, tokenizer and optimizer flags as arguments to this script.",
             ]
-            flags = megatron_deepspeed.launch_args(plan, model, config)
+            flags = megatron_deepspeed.launch_args(plan, model)
             env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1"] if plan.sequence_parallel else []
             body = continued([*argv, shlex.quote(opts.script or megatron_deepspeed.SCRIPT),
-                              *(shell_join(f.split(" ", 1)) for f in flags), '"$@"'])
+                              *(shell_join(f.split(" ", 1)) for f in flags),
+                              f"--deepspeed_config {config_word}", '"$@"'])
         else:
             head = ["# Written by `autoplan export --to deepspeed`. The model is code, not config:",
-                    *model_comment(plan, model)]
+                    *model_comment(plan, model),
+                    f"# The DeepSpeed config is {config}, read from this script's folder."]
             env = []
-            argv += [opts.script or "train.py", "--deepspeed", f"--deepspeed_config={config}"]
-            body = shell_join(argv) + ' "$@"'
-        launch = "\n".join(["#!/usr/bin/env bash", *head, "set -euo pipefail", *env, body, ""])
+            argv += [opts.script or "train.py", "--deepspeed"]
+            body = shell_join(argv) + f" --deepspeed_config={config_word}" + ' "$@"'
+        launch = "\n".join(["#!/usr/bin/env bash", *head, "set -euo pipefail", SCRIPT_DIR, *env,
+                            body, ""])
         text = json.dumps(ds_config(plan), indent=2) + "\n"
         return {CONFIG_NAME: text, "launch.sh": launch}
 

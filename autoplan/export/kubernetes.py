@@ -26,7 +26,9 @@ from autoplan.export.launch import (
     check_min_nodes,
     check_path_word,
     check_train_run,
+    max_restarts,
     on_cpu,
+    runtime_reasons,
     shell_join,
     torchrun_argv,
     train_argv,
@@ -49,16 +51,49 @@ DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS1123_RULE = ("an RFC 1123 DNS label: at most 63 characters, lowercase letters, digits and '-',"
                 " starting and ending with a letter or digit")
 """Kubernetes, "Object Names and IDs" (kubernetes.io/docs/concepts/overview/working-with-objects/
-names): namespaces must be RFC 1123 labels; the job's name is also the prefix of its pods' host
-names and Services (JobSet, the Kubeflow operators), which are labels too, so it obeys the same
-rule (stricter than the 253-character DNS subdomain most objects allow)."""
+names): namespaces must be RFC 1123 labels."""
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+LABEL_MAX = 63
+POD_SUFFIX = "-abcde"
+"""The 5 random characters a Job's pod name ends in, as JobSet's webhook counts them."""
 
 
-def check_dns_label(flag: str, value: str, *, suffix: str = "") -> None:
-    """Refuse a name that is not a DNS-1123 label (with `suffix` appended where it must fit)."""
-    if not DNS1123_LABEL.fullmatch(value) or len(value + suffix) > 63:
-        extra = f" (with {suffix!r} appended for the pods' host names)" if suffix else ""
-        raise ConfigError(flag, f"got {value[:80]!r}", f"it must be {DNS1123_RULE}{extra}")
+def check_dns_label(flag: str, value: str) -> None:
+    """Refuse a name that is not a DNS-1123 label."""
+    if not DNS1123_LABEL.fullmatch(value) or len(value) > LABEL_MAX:
+        raise ConfigError(flag, f"got {value[:80]!r}", f"it must be {DNS1123_RULE}")
+
+
+def longest_derived_name(name: str, kind: str, lay: Layout, elastic: bool) -> str:
+    """The longest name the cluster derives from the job's, which must be an RFC 1035 label.
+
+    JobSet's webhook (kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go ValidateCreate)
+    refuses a JobSet whose longest pod name, <jobset>-<replicated job>-<max job index>-<max pod
+    index>-abcde, is not one; a TrainJob is run as a JobSet named after it, whose replicated job
+    `node` (the torch-distributed runtime's) has numNodes pods. A PyTorchJob's pods and their
+    Services are <job>-master-0 and <job>-worker-<i> (training-operator), and a Service name
+    is an RFC 1035 label."""
+    if kind == "pytorchjob":
+        workers = lay.num_nodes if elastic else lay.num_nodes - 1
+        names = [] if elastic else [f"{name}-master-0"]
+        if workers:
+            names.append(f"{name}-worker-{workers - 1}")
+        return max(names, key=len)
+    return f"{name}-node-0-{lay.num_nodes - 1}{POD_SUFFIX}"  # one Job (index 0) of num_nodes pods
+
+
+def check_k8s_job_name(name: str, kind: str, lay: Layout, elastic: bool) -> None:
+    """Refuse a --job-name whose object, pods or Services the cluster would refuse."""
+    longest = longest_derived_name(name, kind, lay, elastic)
+    if DNS1035_LABEL.fullmatch(name) and len(longest) <= LABEL_MAX:
+        return
+    limit = LABEL_MAX - (len(longest) - len(name))
+    shown = longest if len(name) <= 80 else f"{name[:20]}...{longest[len(name):]}"
+    raise ConfigError(
+        "--job-name", f"got {name[:80]!r} ({len(name)} characters)",
+        f"with --kind {kind} on {lay.num_nodes} node(s) its longest pod name is {shown}, which "
+        f"must be an RFC 1035 label of at most {LABEL_MAX} characters: give at most {limit} "
+        "lowercase letters, digits and '-', starting with a letter, ending with a letter or digit")
 
 
 def node_resources(nproc: int, cpu: bool) -> dict[str, dict[str, str]]:
@@ -120,7 +155,7 @@ def _metadata(opts: ExportOptions) -> dict[str, Any]:
 
 def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """TrainJob (trainer.kubeflow.org/v1alpha1); the torch runtime sets torchrun's PET_* env."""
-    script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts,
+    script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
                      payload, cpu=cpu)
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
@@ -142,7 +177,7 @@ def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bo
 
 def pytorch_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
-    script = _script(["torchrun", f"--max-restarts={opts.max_restarts}", "--no-python"], opts,
+    script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
                      payload, lay, cpu=cpu)
 
     def replica(n: int) -> dict[str, Any]:  # a container per replica: no YAML aliases
@@ -175,7 +210,7 @@ def elastic_policy(lay: Layout, opts: ExportOptions) -> dict[str, Any]:
     rdzvBackend c10d|etcd|etcd-v2, maxRestarts); the operator then gives torchrun
     PET_NNODES=min:max and a c10d rendezvous on the first worker."""
     return {"minReplicas": opts.min_nodes, "maxReplicas": lay.num_nodes, "rdzvBackend": "c10d",
-            "maxRestarts": opts.max_restarts}
+            "maxRestarts": max_restarts(opts)}
 
 
 def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
@@ -193,7 +228,7 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
         "completions": lay.num_nodes,
         "completionMode": "Indexed",
         # elastic: a failed pod is recreated and rejoins (the others re-plan meanwhile)
-        "backoffLimit": opts.max_restarts if opts.elastic else 0,
+        "backoffLimit": max_restarts(opts) if opts.elastic else 0,
         "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
     }
     return {
@@ -202,7 +237,7 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
         "metadata": _metadata(opts),
         "spec": {
             "network": {"enableDNSHostnames": True},
-            "failurePolicy": {"maxRestarts": opts.max_restarts},
+            "failurePolicy": {"maxRestarts": max_restarts(opts)},
             "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job_spec}}],
         },
     }
@@ -216,25 +251,25 @@ class KubernetesTarget(ExportTarget):
     summary = "Kubernetes manifest: Kubeflow TrainJob (default), PyTorchJob or JobSet (--kind)"
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
-        # JobSet pods are named <jobset>-<replicated job>-<job index>-<pod index>
-        check_dns_label("--job-name", opts.job_name,
-                        suffix="-node-0-0" if opts.k8s_kind == "jobset" else "")
         if opts.namespace is not None:
             check_dns_label("--namespace", opts.namespace)
         check_path_word("--checkpoint-dir", opts.checkpoint_dir)
         check_path_word("--image", opts.image)
         check_train_run(opts)
         why = layout_reasons(plan, opts.gpus_per_node)
-        check_min_nodes(opts, None if why else layout(plan, opts.gpus_per_node))
+        lay = None if why else layout(plan, opts.gpus_per_node)
+        check_min_nodes(opts, lay)
         if opts.k8s_kind not in KINDS:
             why.append(f"--kind {opts.k8s_kind!r}: choose one of {', '.join(KINDS)}")
+        else:  # pod names grow with the node count (one pod per node)
+            check_k8s_job_name(opts.job_name, opts.k8s_kind, lay or Layout(1, 1), opts.elastic)
         if opts.elastic and opts.k8s_kind == "trainjob":
             # kubeflow/training-operator sdk/docs/TrainerV1alpha1TorchElasticPolicy.md: the
             # bounds (min_nodes, max_nodes, max_restarts) are the runtime's torch policy
             why.append("--elastic with --kind trainjob: Kubeflow Trainer sets elastic bounds in "
                        "the ClusterTrainingRuntime (mlPolicy.torch.elasticPolicy), not in a "
                        "TrainJob; use --kind pytorchjob or --kind jobset")
-        return why
+        return why + runtime_reasons(plan, model)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)

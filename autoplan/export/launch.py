@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
+from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -39,7 +40,8 @@ def check_path_word(flag: str, value: str) -> None:
 LAUNCH_TARGETS = ("torchrun", "slurm", "kubernetes")
 """Targets that launch `autoplan train PLAN` under torchrun (the options of LaunchOptions)."""
 ELASTIC_TARGETS = ("slurm", "kubernetes")
-"""Targets whose launch is torchrun, which `--elastic` turns into its MIN:MAX form."""
+"""Targets that write an elastic job (`--elastic`): torchrun --nnodes=MIN:MAX running `autoplan
+train --elastic`, under a scheduler that keeps the job when a node leaves."""
 TRAIN_STEPS = 20
 """`autoplan train --steps`'s default (autoplan.runtime.cli; a test holds the two together)."""
 CHECKPOINT_EVERY = 100
@@ -47,6 +49,13 @@ CHECKPOINT_EVERY = 100
 --elastic, a requeue) resumes at most this many steps back."""
 ELASTIC_ENV = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 """Set for elastic torchrun (autoplan.runtime.launch.ELASTIC_ENV says why)."""
+RESTARTS = 3
+"""torchrun --max-restarts of a LAUNCH_TARGETS export when --max-restarts is not given."""
+
+
+def max_restarts(opts: ExportOptions) -> int:
+    """torchrun --max-restarts of a launcher export: the given count, else RESTARTS."""
+    return RESTARTS if opts.max_restarts is None else opts.max_restarts
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,26 @@ def on_cpu(plan: Plan) -> bool:
     except ConfigError:
         return False
     return device_model(profile) == "cpu"
+
+
+def runtime_reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    """What `autoplan train` refuses of a plan its plan rules accept: the rules of autoplan's
+    runtime on the plan's kind of device (cost/runtime_rules.refusals of the autoplan-cpu or
+    autoplan-cuda traits, the call runtime/validation.runtime_problems makes), so a launcher
+    export writes no job its `autoplan train` would refuse."""
+    from autoplan.cost.runtime_rules import refusals
+    from autoplan.cost.runtimes import load_runtime
+
+    return refusals(plan, load_runtime("autoplan", on_cpu=on_cpu(plan)), model)
+
+
+def cuda_only_reasons(plan: Plan, tool: str) -> list[str]:
+    """Why `tool` (a sentence on what it runs on) cannot run a CPU profile's plan."""
+    if not on_cpu(plan):
+        return []
+    launchers = f"{', '.join(LAUNCH_TARGETS[:-1])} or {LAUNCH_TARGETS[-1]}"
+    return [f"cluster.profile {plan.cluster.profile} is a CPU host: {tool}; export --to "
+            f"{launchers}, whose `autoplan train` runs CPU ranks on gloo"]
 
 
 def check_min_nodes(opts: ExportOptions, lay: Layout | None = None) -> None:
@@ -158,7 +187,7 @@ def torchrun_argv(
             f"--rdzv-endpoint={rdzv_host}:{opts.rdzv_port}",
             f"--rdzv-id={rdzv_id or opts.job_name}",
         ]
-    argv += [f"--max-restarts={opts.max_restarts}", "--no-python"]
+    argv += [f"--max-restarts={max_restarts(opts)}", "--no-python"]
     return argv
 
 

@@ -14,16 +14,14 @@ from __future__ import annotations
 import shlex
 
 from autoplan.cost.runtimes import load_runtime
-from autoplan.export.base import (
-    ExportOptions,
-    ExportTarget,
-    batch_reasons,
-    layout,
-    layout_reasons,
-    stage_layers,
-    stage_reasons,
+from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons, stage_layers
+from autoplan.export.launch import (
+    check_job_name,
+    check_path_word,
+    continued,
+    cuda_only_reasons,
+    shell_join,
 )
-from autoplan.export.launch import check_job_name, continued, shell_join
 from autoplan.export.megatron_moe import moe_args, moe_reasons
 from autoplan.export.megatron_te import te_args, te_reasons
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
@@ -33,15 +31,14 @@ MEGATRON_OFFLOAD_STAGES = load_runtime("megatron").offload_zero_stages
 """ZeRO stages Megatron-Core offloads the optimizer at (RuntimeTraits.offload_zero_stages)."""
 NULL_TOKENIZER_EXTRA = 1
 """Megatron's NullTokenizer adds one end-of-document token to --vocab-size."""
+CUDA_ONLY = ("Megatron-LM trains on CUDA GPUs only (NCCL, Transformer Engine and its fused CUDA "
+             "kernels)")
 
 
 def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
+    """What Megatron cannot run of a plan the plan rules accept (sequence parallelism needs
+    tp > 1, vpp > 1 an interleaved schedule, ... are plan rules, said once there)."""
     p, pipe, why = plan.parallel, plan.pipeline, []
-    if plan.sequence_parallel and p.tp == 1:
-        why.append(
-            "sequence_parallel with tp=1: Megatron's --sequence-parallel shards over the "
-            "tensor-parallel group, so it needs tp > 1"
-        )
     if plan.zero_stage >= 2 and p.dp_shard is not None:
         why.append(
             f"dp_shard with zero_stage={plan.zero_stage}: autoplan maps Megatron's hybrid "
@@ -55,27 +52,18 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         )
     if plan.offload.params:
         why.append("offload.params: Megatron has no parameter offload to host memory")
-    if plan.offload.optimizer and plan.zero_stage not in MEGATRON_OFFLOAD_STAGES:
-        # the rule the megatron runtime traits price and search by (one rule set)
+    if plan.offload.optimizer and plan.zero_stage >= 1 \
+            and plan.zero_stage not in MEGATRON_OFFLOAD_STAGES:
+        # the rule the megatron runtime traits price and search by (one rule set); at ZeRO-0
+        # the plan rule offload-optimizer-needs-zero refuses it for every target
         why.append(
             "offload.optimizer: Megatron offloads the distributed optimizer only "
             f"(needs zero_stage {', '.join(map(str, MEGATRON_OFFLOAD_STAGES))})"
         )
-    if p.pp > 1 or pipe.vpp > 1:
-        if pipe.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
-            why.append(f"schedule {pipe.schedule.value}: Megatron runs 1F1B or interleaved 1F1B")
-        if pipe.schedule == Schedule.INTERLEAVED_1F1B and pipe.vpp == 1:
-            why.append("interleaved-1f1b with vpp=1: Megatron interleaves only with vpp > 1")
-        if pipe.schedule == Schedule.ONE_F_ONE_B and pipe.vpp > 1:
-            why.append(f"1f1b with vpp={pipe.vpp}: Megatron runs vpp > 1 as interleaved 1F1B")
-        if p.pp == 1:
-            why.append(f"vpp={pipe.vpp} with pp=1: Megatron needs pp > 1 for virtual stages")
-        why += stage_reasons(plan, model)
+    if p.pp > 1 and pipe.schedule in (Schedule.GPIPE, Schedule.ZERO_BUBBLE):
+        why.append(f"schedule {pipe.schedule.value}: Megatron runs 1F1B or interleaved 1F1B")
     if model.mlp == MlpKind.GEGLU:
         why.append("mlp geglu: Megatron's arguments gate the MLP with SiLU only (--swiglu)")
-    for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
-        if n % p.tp:
-            why.append(f"tp={p.tp} does not divide {what}={n} (Megatron splits heads over tp)")
     rc = plan.recompute
     if rc.num_layers is not None and rc.policy != RecomputePolicy.FULL:
         why.append(
@@ -202,14 +190,17 @@ class MegatronTarget(ExportTarget):
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
         check_job_name(opts.job_name)  # written unquoted as --rdzv-id
-        return (
-            layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan) + _reasons(plan, model)
-        )
+        if opts.out is not None:  # named in the script's run instructions, a comment line
+            check_path_word("--out", opts.out)
+        return (layout_reasons(plan, opts.gpus_per_node) + _reasons(plan, model)
+                + cuda_only_reasons(plan, CUDA_ONLY))
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
         flags = [shell_join(f.split(" ")) for f in megatron_args(plan, model)]
         torchrun = [f"--nnodes={lay.num_nodes}", f"--nproc-per-node={lay.nproc_per_node}"]
+        if opts.max_restarts is not None:  # torchrun restarts the worker group (its default 0)
+            torchrun.append(f"--max-restarts={opts.max_restarts}")
         if lay.num_nodes > 1:
             torchrun += [
                 "--rdzv-backend=c10d",

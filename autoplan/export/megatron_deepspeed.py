@@ -10,7 +10,7 @@ Data, tokenizer files and optimizer hyper-parameters are the user's, appended to
 
 from __future__ import annotations
 
-from autoplan.export.base import stage_layers, stage_reasons
+from autoplan.export.base import stage_layers
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import (
     Attention,
@@ -34,8 +34,9 @@ def runs_3d(plan: Plan) -> bool:
 
 
 def reasons(plan: Plan, model: ModelSpec) -> list[str]:
-    """What Megatron-DeepSpeed cannot run of a plan with tp > 1 or pp > 1 (empty: it can)."""
-    p, pipe, rc, why = plan.parallel, plan.pipeline, plan.recompute, []
+    """What Megatron-DeepSpeed cannot run of a plan with tp > 1 or pp > 1 that the plan rules
+    accept (empty: it can)."""
+    p, rc, why = plan.parallel, plan.recompute, []
     if model.moe is not None or model.mla is not None:
         why.append(f"model {model.name} has experts or latent attention: Megatron-DeepSpeed's "
                    "MoE is DeepSpeed-MoE (--num-experts), not the layers the plan was costed "
@@ -46,18 +47,10 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
     if p.cp > 1:
         why.append(f"cp={p.cp}: Megatron-DeepSpeed has no ring context parallelism; its "
                    "--ds-sequence-parallel-size is DeepSpeed-Ulysses, an all-to-all head split")
-    if plan.sequence_parallel and p.tp == 1:
-        why.append("sequence_parallel with tp=1: Megatron-DeepSpeed's --sequence-parallel shards "
-                   "over the tensor-parallel group and is switched off at tp=1 (validate_args)")
-    for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads)):
-        if n % p.tp:
-            why.append(f"tp={p.tp} does not divide {what}={n} (Megatron splits heads over tp)")
     if model.mlp == MlpKind.GEGLU:
         why.append("mlp geglu: Megatron-DeepSpeed gates the MLP with SiLU only (--swiglu)")
     if p.pp > 1:
         why += _pipeline_reasons(plan, model)
-    elif pipe.vpp > 1:
-        why.append(f"vpp={pipe.vpp} with pp=1: virtual stages need a pipeline")
     if rc.policy != RecomputePolicy.NONE and rc.num_layers is not None \
             and rc.method != RecomputeMethod.UNIFORM:
         why.append(f"recompute.num_layers={rc.num_layers}: Megatron-DeepSpeed's DeepSpeed path "
@@ -67,10 +60,6 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
         why.append(f"recompute.modules={[m.value for m in rc.modules]}: Megatron-DeepSpeed's "
                    "selective recompute is the attention core only (no --recompute-modules); "
                    "use modules [core_attn] or export to megatron")
-    if plan.offload.optimizer and plan.zero_stage == 0:
-        why.append("offload.optimizer needs zero_stage >= 1 in DeepSpeed")
-    if plan.offload.params and plan.zero_stage != 3:
-        why.append("offload.params needs zero_stage 3 in DeepSpeed")
     return why
 
 
@@ -90,11 +79,12 @@ def _pipeline_reasons(plan: Plan, model: ModelSpec) -> list[str]:
                        "lets DeepSpeed partition the layers (partition_method type:transformer, "
                        f"evenly where pp divides them), which gives {list(theirs)}; set that "
                        "split")
-    return why + stage_reasons(plan, model)
+    return why
 
 
-def launch_args(plan: Plan, model: ModelSpec, config_path: str) -> list[str]:
-    """pretrain_gpt.py flags for a plan `reasons` accepted, one flag (and value) per item."""
+def launch_args(plan: Plan, model: ModelSpec) -> list[str]:
+    """pretrain_gpt.py flags for a plan `reasons` accepted, one flag (and value) per item;
+    the caller adds `--deepspeed_config PATH`."""
     p, rc = plan.parallel, plan.recompute
     a = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}"]
     if p.pp == 1:  # GPTModel instead of GPTModelPipe: no pipeline engine (any ZeRO stage)
@@ -120,8 +110,7 @@ def launch_args(plan: Plan, model: ModelSpec, config_path: str) -> list[str]:
     if plan.attention == Attention.FLASH:
         a.append("--use-flash-attn-v2")
     a += _model_args(model)
-    return a + ["--deepspeed", f"--deepspeed_config {config_path}",
-                f"--zero-stage {plan.zero_stage}"]
+    return a + ["--deepspeed", f"--zero-stage {plan.zero_stage}"]
 
 
 def _model_args(m: ModelSpec) -> list[str]:

@@ -35,7 +35,9 @@ def is_launch(path: str | Path) -> bool:
 
 
 def config_path(launch: Path, ref: str) -> Path:
-    """--deepspeed_config as written (relative to where export ran), else beside the launch."""
+    """--deepspeed_config as written where it names a file from here (an absolute path, or a
+    launch of an older export, relative to where it ran), else its file name beside the launch
+    (export writes "$script_dir"/NAME: the launch's own folder)."""
     p = Path(ref)
     if p.is_absolute() or p.is_file():
         return p

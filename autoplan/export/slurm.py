@@ -18,6 +18,7 @@ from autoplan.export.launch import (
     check_train_run,
     continued,
     on_cpu,
+    runtime_reasons,
     shell_join,
     torchrun_argv,
     train_argv,
@@ -37,7 +38,7 @@ class SlurmTarget(ExportTarget):
         check_train_run(opts)
         why = layout_reasons(plan, opts.gpus_per_node)
         check_min_nodes(opts, None if why else layout(plan, opts.gpus_per_node))
-        return why
+        return why + runtime_reasons(plan, model)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)

@@ -13,6 +13,7 @@ from autoplan.export.launch import (
     check_train_run,
     continued,
     on_cpu,
+    runtime_reasons,
     shell_join,
     torchrun_argv,
     train_argv,
@@ -29,7 +30,7 @@ class TorchrunTarget(ExportTarget):
         check_job_name(opts.job_name)  # --rdzv-id: inside "..." next to ${RDZV_HOST}
         check_train_run(opts)
         check_min_nodes(opts)  # --elastic itself is refused by the CLI (ELASTIC_TARGETS)
-        return layout_reasons(plan, opts.gpus_per_node)
+        return layout_reasons(plan, opts.gpus_per_node) + runtime_reasons(plan, model)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)

@@ -19,15 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.export import torchtitan_moe
-from autoplan.export.base import (
-    ExportOptions,
-    ExportTarget,
-    batch_reasons,
-    layout,
-    layout_reasons,
-    stage_layers,
-    stage_reasons,
-)
+from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons, stage_layers
+from autoplan.export.launch import check_path_word, cuda_only_reasons
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
 
@@ -132,29 +125,12 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
         if model.tie_embeddings and p.pp > 1:
             why.append("tie_embeddings with pp > 1: torchtitan 0.3 has no weight tying under "
                        "a pipeline (Decoder.Config.update_from_config); use pp 1")
-    if plan.zero_stage == 1:
-        why.append(
-            "zero_stage=1: torchtitan shards with FSDP2, which has no optimizer-only "
-            "sharding; use zero_stage 2 or 3"
-        )
-    if plan.offload.optimizer != plan.offload.params:
-        why.append(
-            "offload: torchtitan's CPU offload (FSDP2) moves parameters, gradients and "
-            "optimizer states together; set both offload flags or neither"
-        )
-    if plan.offload.params and plan.zero_stage != 3:
-        why.append("offload needs zero_stage 3 (FSDP2 CPU offload shards the parameters)")
-    if plan.grad_reduce_dtype is not None and plan.grad_reduce_dtype.value == "bf16":
-        why.append("grad_reduce_dtype=bf16: torchtitan (0.2.2, 0.3.0) reduces in float32 only "
-                   "(training.mixed_precision_reduce: Literal['float32']); set fp32 or null")
     if plan.attention == Attention.EAGER:
         why.append("attention eager: torchtitan always runs fused SDPA attention")
     if model.dropout > 0:
         why.append(f"model dropout {model.dropout}: torchtitan's Llama 3 has no dropout")
     if plan.precision == Precision.FP16:
         why.append("precision fp16: torchtitan trains in bf16 or fp32")
-    if plan.sequence_parallel and p.tp == 1:
-        why.append("sequence_parallel with tp=1: sequence parallelism shards over tp")
     if p.pp > 1:
         if schedule_name(plan) is None:
             why.append(
@@ -162,22 +138,6 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
                 "GPipe/1F1B with one stage per rank, Interleaved1F1B/"
                 "InterleavedZeroBubble/ZBVZeroBubble with several"
             )
-        why += stage_reasons(plan, model)
-    elif pipe.vpp > 1:
-        why.append(f"vpp={pipe.vpp} with pp=1: virtual stages need pp > 1")
-    rc = plan.recompute
-    if rc.num_layers is not None and _every_nth(plan, model, fmt) is None:
-        why.append(
-            f"recompute.method={rc.method.value} num_layers={rc.num_layers}: torchtitan "
-            "checkpoints every block or none, never groups (the TOML format also every n-th "
-            "block, selective_ac_option = n, with pp 1 and a count that divides the layers)"
-        )
-    if rc.modules is not None:
-        why.append(
-            f"recompute.modules={[m.value for m in rc.modules]}: torchtitan's selective "
-            "checkpointing is per op (selective_ac_option = op) or per block, not per module; "
-            "use selective without modules"
-        )
     return why
 
 
@@ -272,6 +232,8 @@ def module_parts(split: tuple[int, ...], fmt: str) -> list[list[str]]:
     return parts
 
 
+CUDA_ONLY = ("torchtitan trains on an accelerator (with none it takes device type cuda: "
+             "torchtitan/tools/utils.py get_device_info)")
 RUNTIMES = {"python": "torchtitan-0.3", "toml": "torchtitan"}
 """Each format's release as a runtime-traits preset (cost/runtimes.py): the Python config is
 torchtitan 0.3.0's, the TOML 0.2.2's. `export` prices the plan with the same preset."""
@@ -341,7 +303,9 @@ class TorchtitanTarget(ExportTarget):
     summary = "torchtitan job: Python config_registry (>= 0.3) or TOML (<= 0.2.2)"
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
-        why = layout_reasons(plan, opts.gpus_per_node) + batch_reasons(plan)
+        if opts.out is not None:  # named in the file's run instructions, a comment line
+            check_path_word("--out", opts.out)
+        why = layout_reasons(plan, opts.gpus_per_node) + cuda_only_reasons(plan, CUDA_ONLY)
         if opts.torchtitan_format not in ("python", "toml"):
             why.append(f"--torchtitan-format {opts.torchtitan_format!r}: choose python or toml")
             return why

@@ -20,8 +20,10 @@ import yaml
 DATA = Path(__file__).resolve().parents[2] / "data" / "export"
 
 
-def run_script(path: Path, stubs: dict[str, str], *args: str) -> list[list[str]]:
-    """Run `path` under bash with each stub command replaced by a recorder on PATH.
+def run_script(path: Path, stubs: dict[str, str], *args: str,
+               cwd: Path | None = None) -> list[list[str]]:
+    """Run `path` under bash with each stub command replaced by a recorder on PATH, from `cwd`
+    (default: the script's folder).
 
     `stubs` maps a command name to the line it prints (e.g. a host name for `scontrol`);
     recorded calls come back as [name, *argv] lists, one per call.
@@ -51,7 +53,7 @@ def run_script(path: Path, stubs: dict[str, str], *args: str) -> list[list[str]]
         check=True,
         timeout=30,
         capture_output=True,
-        cwd=path.parent,
+        cwd=cwd or path.parent,
     )
     calls = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
     log.unlink()

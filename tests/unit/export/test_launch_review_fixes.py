@@ -263,13 +263,19 @@ def test_gpu_plan_keeps_its_gpus_and_trains_auto(tmp_path: Path, target: str):
 @pytest.mark.parametrize("target", ["slurm", "kubernetes", "torchrun", "deepspeed"])
 def test_min_nodes_without_elastic_names_the_flag_and_the_fix(tmp_path: Path, capsys,
                                                               target: str):
+    """A target that writes elastic jobs asks for --elastic; one that does not (where --elastic
+    would be refused next) says so (issue: "add --elastic", then refused)."""
     plan_file = save_plan(CASES["dp-zero1"][0], tmp_path / "plan.yaml")
     out = tmp_path / "job"
     assert main(["export", str(plan_file), "--to", target, "--min-nodes", "2",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err == ("autoplan export: error: --min-nodes: got 2 without --elastic; "
-                   "add --elastic, or drop --min-nodes\n")
+    if target in ("slurm", "kubernetes"):
+        assert err == ("autoplan export: error: --min-nodes: got 2 without --elastic; "
+                       "add --elastic, or drop --min-nodes\n")
+    else:
+        assert err == (f"autoplan export: error: --min-nodes: --to {target} writes no "
+                       "min-nodes; drop it, or export --to slurm or kubernetes\n")
     assert not out.exists()
 
 

@@ -162,12 +162,12 @@ def test_megatron_core_rejects_what_we_refuse():
 @pytest.mark.parametrize(
     ("changes", "why"),
     [
-        ({"sequence_parallel": True}, "needs tp > 1"),
+        ({"sequence_parallel": True}, "needs parallel.tp > 1"),
         ({"zero_stage": 3, "parallel": Parallel(dp=4, pp=4)}, "Megatron-FSDP"),
         ({"parallel": Parallel(dp=4, pp=4), "pipeline": Pipeline(Schedule.GPIPE)}, "1F1B"),
         (
             {"parallel": Parallel(dp=4, pp=4), "pipeline": Pipeline(layers_per_stage=(5, 5, 5, 5))},
-            "do not fit",
+            "layers_per_stage has 4 stages summing to 20",
         ),
         ({"model": "llama-3-8b", "parallel": Parallel(dp=1, tp=16)}, "divide num_kv_heads"),
     ],

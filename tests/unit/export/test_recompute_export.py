@@ -143,7 +143,7 @@ def test_torchtitan_selective_is_op_level_and_every_nth_block():
     nth = plan("llama-3-8b", 8, recompute=Recompute(policy=FULL, num_layers=8), **llama)
     assert 'selective_ac_option = "4"' in _torchtitan(nth, "toml")
     for rc, why in ((Recompute(policy=FULL, num_layers=8), "every block or none"),
-                    (Recompute(policy=SEL, modules=(M.MLP,)), "per op")):
+                    (Recompute(policy=SEL, modules=(M.MLP,)), "by module")):
         with pytest.raises(ConfigError, match=why):
             _torchtitan(plan("llama-3-8b", 8, recompute=rc, **llama), "python")
 

@@ -239,7 +239,7 @@ def test_python_config_runs_against_torchtitan_0_3_0_names(case: str, monkeypatc
 @pytest.mark.parametrize(
     ("changes", "fmt", "why"),
     [
-        ({"zero_stage": 1}, "python", "no optimizer-only"),
+        ({"zero_stage": 1}, "python", "no ZeRO stage 1"),
         ({"precision": Precision.FP16}, "python", "bf16 or fp32"),
         ({"attention": Attention.EAGER}, "python", "SDPA"),
         ({"offload": Offload(optimizer=True), "zero_stage": 3}, "python", "together"),
