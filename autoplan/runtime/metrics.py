@@ -216,8 +216,9 @@ def truncate_after(path: Path, step: int) -> int:
     return len(kept)
 
 
-def predicted(plan: Any) -> tuple[dict[str, float] | None, str | None]:
-    """The cost model's estimate for `plan`, or (None, why it is missing)."""
+def predicted(plan: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """The cost model's estimate for `plan` (and the runtime it priced, with its error band),
+    or (None, why it is missing)."""
     try:
         est_mod = importlib.import_module("autoplan.cost.estimate")
         est = est_mod.estimate_plan(plan)
@@ -225,6 +226,7 @@ def predicted(plan: Any) -> tuple[dict[str, float] | None, str | None]:
             "step_time_s": float(est.step_time_s),
             "tokens_per_s": float(est.tokens_per_s),
             "memory_bytes": float(est.memory_total_bytes),
+            "runtime": est.runtime, "error_band": float(est.error_band),
         }, None
     except Exception as err:  # the cost model is optional here: report, never fail training
         return None, f"cost model unavailable ({type(err).__name__}: {err})"
@@ -336,9 +338,11 @@ def render_summary(console, summary: dict[str, Any]) -> None:
                   else "autoplan train")
     table.add_column("quantity")
     table.add_column("measured", justify="right")
-    table.add_column("predicted", justify="right")
-    table.add_column("measured / predicted", justify="right")
     pred = summary.get("predicted") or {}
+    priced = (f" ({pred['runtime']}, step ±{pred['error_band']:.0%})"
+              if pred.get("runtime") and pred.get("error_band") is not None else "")
+    table.add_column(f"predicted{priced}", justify="right")
+    table.add_column("measured / predicted", justify="right")
     fmt = {"step_time_s": "{:.4f} s", "tokens_per_s": "{:,.0f}", "memory_bytes": "{:,.0f} B"}
     for key, f in fmt.items():
         m, p = summary["measured"].get(key), pred.get(key)

@@ -97,3 +97,24 @@ def test_training_peak_leaves_out_memory_held_between_steps(monkeypatch, resetta
         assert second < first + spike // 2 and peak.bytes == max(first, second)
     else:  # the lifetime peak from here on (second): only the steps before the save count
         assert peak.bytes == first
+
+
+def test_the_summary_says_which_runtime_it_priced_and_how_sure():
+    """Every estimate carries its runtime and error band; train's measured-vs-predicted
+    summary had neither."""
+    from rich.console import Console
+
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.runtime.metrics import render_summary
+
+    plan = make_plan()
+    sink = MetricsSink(None, live=False)
+    for step in (1, 2):
+        sink.record(StepMetrics(step, 5.5, 0.1, 100.0, 300 << 20, 0.7))
+    summary = summarize(sink.history, plan)
+    est = estimate_plan(plan)
+    assert summary["predicted"]["runtime"] == est.runtime == "autoplan-cpu"
+    assert summary["predicted"]["error_band"] == pytest.approx(est.error_band)
+    console = Console(width=120, record=True)
+    render_summary(console, summary)
+    assert f"predicted (autoplan-cpu, step ±{est.error_band:.0%})" in console.export_text()
