@@ -17,9 +17,10 @@ curve was read from square GEMMs.
 Attention: for MPT 125M's heads (12 x 64) and MPT 7B's (32 x 128), times causal
 scaled_dot_product_attention (FlashAttention-2 on CUDA, torch's CPU flash kernel on a CPU)
 forward and backward at a fixed token count per micro-batch over sequence lengths 512-16,384,
-against compute.attention_efficiency's shares: one figure per kernel on the A100 profiles, by
-length on the H100 family's (FlashAttention-3 paper, Figs. 5-6). The MPT A100 error runs from
--26% at 512 tokens to +5% at 65,536 at the same GEMM shapes, so how a causal kernel's speed
+against compute.attention_efficiency's shares, by length on every GPU profile: the H100 family's
+from the FlashAttention-3 paper (Figs. 5-6), the A100's the FA2 paper's 2K-8K figure spread by
+that kernel's H100 shape (no A100 per-length measurement was found). The MPT A100 error runs
+from -22% at 512 tokens to 0% at 65,536 at the same GEMM shapes, so how a causal kernel's speed
 depends on the length on this GPU is the question.
 
 Run: python benchmarks/gemm_shapes.py [--device cpu|cuda] [--profile NAME] [--models M ...]
