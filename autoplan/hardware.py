@@ -167,7 +167,10 @@ class DeviceSpec:
     name: str
     """Marketing name of the accelerator."""
     memory_bytes: int
-    """Device memory (HBM) in bytes."""
+    """Device memory a process can allocate from: cudaMemGetInfo's total (torch's
+    `total_memory`, the "total capacity" of its out-of-memory message), which is below the
+    datasheet's figure and nvidia-smi's by what the driver keeps (79.35 GiB on an A100 80GB).
+    `reserved_bytes` come out of it."""
     hbm_bytes_per_s: float
     """Peak device-memory bandwidth."""
     peak_flops_per_s: dict[str, float]
