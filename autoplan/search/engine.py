@@ -127,6 +127,9 @@ class SearchResult:
     """Row of the closest miss when nothing is feasible and something was scored."""
     miss: Miss | None = None
     """The closest miss and what it misses, whenever nothing is feasible."""
+    counts_scored: tuple[int, ...] = ()
+    """GPU counts whose candidates were scored: every requested one, but where an `--objective
+    gpus` search stopped at the first count that meets the targets (run_exhaustive)."""
 
     @property
     def best(self) -> int | None:
@@ -177,11 +180,13 @@ def merge_scored(parts: list[Scored], rows: list[np.ndarray] | None = None) -> S
     return Scored(cols, counts, parts[0].runtime)
 
 
-def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tuple[Scored, int]:
+def run_exhaustive(req: SearchRequest, progress: Progress | None = None
+                   ) -> tuple[Scored, int, tuple[int, ...]]:
     """Every candidate scored: in one pass, or count by count when the GPU counts together
     exceed max_enumerate (each count's best and nearest rows kept). With the single objective
     gpus the counts go smallest first and stop at the first one with a feasible plan: every
-    larger count ranks below it."""
+    larger count ranks below it. Returns the scored rows, the candidates seen and the GPU
+    counts scored."""
     step = progress or (lambda *_: None)
     counts = tuple(sorted(req.gpu_counts))
     rows = req.space_size()
@@ -194,15 +199,17 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tupl
         step("enumerate + score", 0, 1)
         scored, total = _one_pass(req, counts)
         step("rank", 1, 1)
-        return scored, total
+        return scored, total, counts
     parts: list[Scored] = []
     kept: list[np.ndarray] = []
     total = 0
+    done: list[int] = []
     smallest_first = req.targets.objectives == ("gpus",)
     for k, n in enumerate(counts):
         step("GPU counts", k, len(counts))
         part, seen = _one_pass(req, (n,))
         total += seen
+        done.append(n)
         parts.append(part)
         kept.append(_kept(part, req.targets))
         if smallest_first and part.feasible.any():
@@ -211,21 +218,23 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None) -> tupl
             break
     else:
         step("GPU counts", len(counts), len(counts))
-    return merge_scored(parts, kept), total
+    return merge_scored(parts, kept), total, tuple(done)
 
 
-def _score_one(req: SearchRequest, progress: Progress | None) -> tuple[str, Scored, int]:
+def _score_one(req: SearchRequest, progress: Progress | None
+               ) -> tuple[str, Scored, int, tuple[int, ...]]:
     sampler = req.pick_sampler()
     if sampler == "exhaustive":
         if req.storage:
             raise ConfigError("--storage", "applies to the Optuna samplers",
                               "add --sampler tpe, nsga2 or random, or drop --storage")
-        scored, total = run_exhaustive(req, progress)
+        scored, total, counts = run_exhaustive(req, progress)
     else:  # a batch range is a sampled knob there (trial_space.pick_batch)
         from autoplan.search.optuna_search import run_optuna
 
         scored, total = run_optuna(req, sampler, progress)
-    return sampler, scored, total
+        counts = tuple(sorted(req.gpu_counts))  # each trial may draw any count
+    return sampler, scored, total, counts
 
 
 def with_cluster(scored: Scored, k: int, ref: str, price: float | None, clusters: tuple[str, ...],
@@ -267,10 +276,12 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
     subs = type_requests(req)
     clusters = tuple(r.profile_ref for r in subs)
     parts, total, samplers = [], 0, []
+    counts: set[int] = set()
     for k, sub in enumerate(subs):
-        sampler, part, seen = _score_one(sub, progress)
+        sampler, part, seen, done = _score_one(sub, progress)
         samplers.append(sampler)
         total += seen
+        counts.update(done)
         parts.append(with_cluster(part, k, sub.profile_ref, sub.profile.price_per_gpu_hour,
                                   clusters, req.targets))
     scored = parts[0] if len(parts) == 1 else merge_scored(parts)
@@ -283,4 +294,5 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
 
         miss = nearest_miss(req, scored)
     return SearchResult(req, sampler, scored, order, front, total,
-                        time.perf_counter() - t0, miss.row if miss else None, miss)
+                        time.perf_counter() - t0, miss.row if miss else None, miss,
+                        tuple(sorted(counts)))

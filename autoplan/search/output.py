@@ -68,6 +68,8 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "feasible": bool(len(result.order)), "model": req.model.name,
         "cluster": req.profile_ref, "num_gpus": list(req.gpu_counts),
+        # an `--objective gpus` search stops at the first count that meets the targets
+        "num_gpus_scored": list(result.counts_scored or req.gpu_counts),
         "global_batch_size": req.global_batch_size}
     lo, hi = req.batch
     if hi != lo:  # the search picked the batch in [lo, hi]; each plan names its own

@@ -14,6 +14,7 @@ import pytest
 from autoplan.commands import main
 from autoplan.plan_rules import RULE_KEYS
 from autoplan.search.engine import run_search
+from autoplan.search.output import summary
 from autoplan.search.scoring import first_rule
 from autoplan.search.space import (
     _joint,
@@ -79,6 +80,11 @@ def test_gpus_objective_stops_at_the_first_count_that_meets_the_targets() -> Non
     best = int(c["num_gpus"][split.best])
     assert best == int(res.scored.cols["num_gpus"][res.best])
     assert set(c["num_gpus"].tolist()) <= {n for n in (1, 2, 4, 8) if n <= best}
+    # summary.json says which counts it scored, not only which were asked for
+    data = summary(split, top=5)
+    assert data["num_gpus"] == [1, 2, 4, 8]
+    assert data["num_gpus_scored"] == [n for n in (1, 2, 4, 8) if n <= best] != [1, 2, 4, 8]
+    assert summary(res, top=5)["num_gpus_scored"] == [1, 2, 4, 8]  # one pass scores all
 
 
 def test_layouts_whose_dp_cannot_divide_the_batch_are_counted_exactly() -> None:
