@@ -13,7 +13,7 @@ from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict, set_field
 from autoplan.search_space import device_precision
-from autoplan.yaml_io import read_yaml, show
+from autoplan.yaml_io import read_yaml, safe_load_text, show
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -161,11 +161,23 @@ def _dp_follows(args: argparse.Namespace) -> bool:
     """dp follows from the GPU count unless the user sets it: always without a plan file, and
     with one when the command line changes the GPU count or another degree."""
     keys = _set_keys(args)
-    if "parallel.dp" in keys or "parallel" in keys:
+    if "parallel.dp" in keys or _sets_parallel_with_dp(args):
         return False
     changes_world = args.num_gpus is not None or "cluster.num_gpus" in keys or bool(
-        keys & {"parallel.tp", "parallel.pp", "parallel.cp"})
+        keys & {"parallel", "parallel.tp", "parallel.pp", "parallel.cp"})
     return not args.plan or changes_world
+
+
+def _sets_parallel_with_dp(args: argparse.Namespace) -> bool:
+    """Whether a whole `--set parallel=...` gives dp (`parallel={tp: 2}` leaves it to follow
+    from the GPU count, as `parallel.tp=2` does); a value that is not a mapping is left for
+    the strict loader to name."""
+    for assignment in args.set:
+        key, _, raw = assignment.partition("=")
+        if key.strip() == "parallel":
+            value = safe_load_text(raw, "--set parallel", invalid_as_text=True) if raw else None
+            return not isinstance(value, dict) or "dp" in value
+    return False
 
 
 def _derive_dp(data: dict[str, Any]) -> None:

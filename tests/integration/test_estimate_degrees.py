@@ -24,6 +24,9 @@ def run(capsys, argv: list[str]) -> tuple[int, str, str]:
     (["parallel.tp=2", "parallel.pp=4"], {"dp": 8, "tp": 2, "pp": 4, "cp": 1}),
     (["parallel.cp=2", "parallel.tp=8"], {"dp": 4, "tp": 8, "pp": 1, "cp": 2}),
     (["parallel.tp=2", "parallel.dp=16"], {"dp": 16, "tp": 2, "pp": 1, "cp": 1}),
+    # a whole mapping is the same edit as its keys one by one
+    (["parallel={tp: 2, pp: 4}"], {"dp": 8, "tp": 2, "pp": 4, "cp": 1}),
+    (["parallel={tp: 2, dp: 16}"], {"dp": 16, "tp": 2, "pp": 1, "cp": 1}),
 ])
 def test_dp_follows_the_gpu_count_unless_set(capsys, sets, want) -> None:
     argv = [*LLAMA, *[x for s in sets for x in ("--set", s)], "--format", "json"]
@@ -52,6 +55,9 @@ def test_a_plan_file_keeps_its_dp_until_the_world_changes(tmp_path, capsys) -> N
                              "--format", "json"])
     assert json.loads(out)["plan"]["parallel"]["dp"] == 8
     _, out, _ = run(capsys, ["estimate", "--plan", str(plan), "--set", "parallel.tp=4",
+                             "--format", "json"])
+    assert json.loads(out)["plan"]["parallel"] == {"dp": 4, "tp": 4, "pp": 1, "cp": 1}
+    _, out, _ = run(capsys, ["estimate", "--plan", str(plan), "--set", "parallel={tp: 4}",
                              "--format", "json"])
     assert json.loads(out)["plan"]["parallel"] == {"dp": 4, "tp": 4, "pp": 1, "cp": 1}
     _, out, _ = run(capsys, ["estimate", "--plan", str(plan), "--num-gpus", "32",
