@@ -35,7 +35,7 @@ from autoplan.plan import Plan
 from autoplan.plan_table import Table, plan_to_row
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "MEMORY_PARTS", "TIME_PARTS", "CostEstimate",
-           "default_runtime", "estimate_plan", "estimate_table", "row_estimate"]
+           "default_runtime", "estimate_plan", "estimate_table", "memory_misses", "row_estimate"]
 
 
 def default_runtime(profile: ClusterProfile) -> RuntimeTraits:
@@ -177,6 +177,19 @@ def estimate_plan(
 def short_by(nbytes: float) -> str:
     """A shortfall as GiB with one decimal, or MiB where that would read 0.0 GiB."""
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 0.05 * 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
+def memory_misses(plan: Plan, cluster: ClusterSpec, model: ModelSpec
+                  ) -> tuple[CostEstimate, list[str]]:
+    """The plan priced as `autoplan estimate` prices it by default (autoplan's own runtime on
+    the profile's device) and why it does not fit there: its reasons less the runtime's
+    refusals, which the runtime rules report themselves. On a plan that passes the plan rules
+    that is memory only (device, and host per node). The check `autoplan train`'s launcher
+    makes (runtime/launch.memory_preflight) and a launcher export makes of the job it writes
+    (export/cli.run_export), whose ranks train what they are given."""
+    est = estimate_plan(plan, cluster, model)
+    other = set(runtime_refusals(plan, default_runtime(cluster.profile)))
+    return est, [r for r in est.reasons if r not in other]
 
 
 def runtime_refusals(plan: Plan, traits: RuntimeTraits) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, count
-from autoplan.errors import ConfigError
+from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.launch import (
     CHECKPOINT_EVERY,
@@ -75,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--elastic", action="store_true", help="slurm/kubernetes: torchrun "
                    "--nnodes=MIN:MAX; `autoplan train --elastic` re-plans when nodes leave or join")
     p.add_argument("--min-nodes", type=count(), help="with --elastic: fewest nodes (default 1)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help=f"{_LAUNCHERS}: write the job even when the cost model says the plan "
+                   "does not fit (by default refused, exit 3, as `autoplan train` refuses it)")
     add_format_argument(p, "json or yaml: the {target, files} wrapper (default: the target's "
                            "own files)")
     p.set_defaults(func=run_export)
@@ -164,6 +167,9 @@ def _check_options(args: argparse.Namespace) -> None:
         if getattr(args, flag[2:].replace("-", "_")) is not None and args.to not in targets:
             raise ConfigError(flag, f"--to {args.to} writes no {flag[2:]}",
                               f"drop it, or export --to {' or '.join(targets)}")
+    if args.no_memory_check and args.to not in LAUNCH_TARGETS:
+        raise ConfigError("--no-memory-check", f"--to {args.to} runs no `autoplan train`, whose "
+                          "memory check it skips", f"drop it, or export --to {_LAUNCHERS}")
     if args.min_nodes is not None and not args.elastic:  # as train's --min-gpus
         raise ConfigError("--min-nodes", f"got {args.min_nodes} without --elastic",
                           "add --elastic, or drop --min-nodes")
@@ -237,6 +243,28 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
     )
 
 
+def _check_fits(path: str, plan, model) -> None:
+    """Refuse (exit 3) a launcher job of a plan that does not fit as autoplan's runtime holds
+    it: the check `autoplan train`'s launcher makes (cost.estimate.memory_misses), which the
+    job's ranks, started by torchrun, do not make again. A profile this machine cannot load
+    (another site's) is not checked here."""
+    from autoplan.cost.estimate import memory_misses
+    from autoplan.hardware import ClusterSpec, load_profile
+
+    try:
+        cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
+    except ConfigError as err:
+        log.info("memory not checked: %s", err)
+        return
+    est, misses = memory_misses(plan, cluster, model)
+    if misses:
+        raise InfeasiblePlanError(
+            f"plan {path} does not fit {cluster.num_gpus} x {plan.cluster.profile} as "
+            f"{est.runtime} runs it: {'; '.join(misses)}; the job's ranks would run out of "
+            "memory: choose a plan that fits (`autoplan search`), or pass --no-memory-check "
+            "to write the job anyway")
+
+
 def run_export(args: argparse.Namespace) -> int:
     from autoplan.plan import load_plan
 
@@ -249,6 +277,8 @@ def run_export(args: argparse.Namespace) -> int:
     model = plan.model_spec()
     opts = _launch_options(args, plan)
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
+    if args.to in LAUNCH_TARGETS and not args.no_memory_check:
+        _check_fits(args.plan, plan, model)
     names = list(files)
     if args.out is not None:
         wrapped = args.format in ("json", "yaml")

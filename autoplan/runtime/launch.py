@@ -84,15 +84,13 @@ def memory_preflight(args: argparse.Namespace, plan, spec) -> None:
     prices it by default: autoplan's own runtime on the plan's profile's device. Only the
     launcher checks (ranks started by a scheduler train what they are given); a profile that
     cannot be loaded here is an error (exit 2, load_cluster). --no-memory-check skips it."""
-    from autoplan.cost.estimate import default_runtime, estimate_plan, runtime_refusals
+    from autoplan.cost.estimate import memory_misses
     from autoplan.runtime.validation import load_cluster
 
     if getattr(args, "no_memory_check", False):
         return
     cluster = load_cluster(plan)
-    est = estimate_plan(plan, cluster, spec)
-    other = set(runtime_refusals(plan, default_runtime(cluster.profile)))
-    misses = [r for r in est.reasons if r not in other]  # check_plan passed: memory only
+    est, misses = memory_misses(plan, cluster, spec)  # check_plan passed: memory only
     if misses:
         raise InfeasiblePlanError(
             f"plan {args.plan} does not fit {cluster.num_gpus} x {plan.cluster.profile} as "

@@ -102,6 +102,31 @@ def test_launchers_refuse_what_train_refuses_on_this_cpu_machine(tmp_path: Path,
     assert all(problem in err for problem in problems), (problems, err)
 
 
+@pytest.mark.parametrize("target", LAUNCHERS)
+def test_launchers_refuse_a_plan_that_does_not_fit_as_train_does(tmp_path: Path, capsys,
+                                                                 target: str) -> None:
+    """`autoplan train`'s launcher refuses (exit 3) a plan the cost model says does not fit
+    (runtime/launch.memory_preflight); the ranks a launcher export starts under torchrun do not
+    check again, so the export refuses it, writing nothing, unless told --no-memory-check."""
+    from autoplan.runtime.launch import memory_preflight
+
+    big = plan("gpt3-175b", 8, zero_stage=1)  # 175B parameters' states on 8 GPUs
+    with pytest.raises(Exception) as train_says:
+        memory_preflight(type("Args", (), {"plan": "plan.yaml"})(), big, big.model_spec())
+    assert getattr(train_says.value, "exit_code", None) == 3
+    out = tmp_path / "job.out"
+    code, stdout, err = run(capsys, tmp_path, big, "--to", target, "--out", str(out))
+    assert code == 3 and stdout == "" and err.count("\n") == 1, err
+    assert "does not fit 8 x h100-sxm-80gb as autoplan-cuda runs it: needs" in err
+    assert "--no-memory-check" in err and listing(tmp_path) == ["plan.yaml"]
+    code, _, err = run(capsys, tmp_path, big, "--to", target, "--out", str(out),
+                       "--no-memory-check")
+    assert code == 0 and out.exists(), err
+    code, _, err = run(capsys, tmp_path, big, "--to", "megatron", "--no-memory-check")
+    refused(code, err)
+    assert "--no-memory-check" in err
+
+
 def test_the_price_line_tells_a_missing_feature_from_missing_memory() -> None:
     from autoplan.export.cli import price_for_target
 
