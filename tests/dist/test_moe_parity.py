@@ -145,3 +145,19 @@ def test_parity_catches_planted_expert_parallel_bug(pool, reference_cache, bug):
     assert not _check(pool, reference_cache, BUG_ROWS[bug]), "the plan must pass without the bug"
     problems = _check(pool, reference_cache, BUG_ROWS[bug], bug=bug)
     assert problems, f"parity did not catch {bug}"
+
+
+def test_bf16_expert_parallel_trains_close_to_fp32(pool):
+    """bf16 compute with fp32 master weights and reductions (FSDP2's MixedPrecisionPolicy) under
+    expert parallelism, the precision every MoE winner trains in on a CPU
+    (tests/dist/test_moe_cli.py): EP alone and folded over tp with sp, learned router, stays
+    within 2% of the fp32 single-process losses, as the dense layouts do
+    (tests/dist/test_parity.py)."""
+    ref = run_parity(pool, moe_plan(), 5, "adamw", capture=(), router="learned")
+    for plan in (moe_plan(ep=2, dp=2, precision="bf16"),
+                 moe_plan(ep=4, dp=2, tp=2, sp=True, zero=1, precision="bf16")):
+        got = run_parity(pool, plan, 5, "adamw", capture=(), router="learned")
+        assert len(got["losses"]) == len(ref["losses"]) == 5
+        assert got["losses"] != ref["losses"]  # bf16 ran: its round-off shows in the losses
+        for a, b in zip(got["losses"], ref["losses"], strict=True):
+            assert a == pytest.approx(b, rel=2e-2), plan.parallel
