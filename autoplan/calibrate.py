@@ -4,7 +4,8 @@ A run record is what `autoplan train` writes at the end of a run: the plan as ru
 it was predicted with, and measured step time and peak memory. The fit searches a handful of
 multipliers (compute peak, memory bandwidth, link bandwidth and latency, per-operator dispatch,
 overlap) with Optuna's TPE sampler, seeded, starting from the unchanged profile so the fit never
-ends worse than it began; peak memory can only raise the profile's reserved bytes.
+ends worse than it began; multipliers no run's prediction changes with are left as they were, and
+named. Peak memory can only raise the profile's reserved bytes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import re
 import statistics
 from dataclasses import dataclass
@@ -188,6 +190,7 @@ def check_runs(runs: list[RunRecord], profile_ref: str, profile: ClusterProfile)
             raise ConfigError(f"RUN {run.source}", f"is the same file as "
                               f"{seen[(st.st_dev, st.st_ino)]}", "give each run record once")
         seen[(st.st_dev, st.st_ino)] = run.source
+        _check_peak(run, profile_ref, profile)
         if run.device is not None and device_token(run.device) != want:
             raise ConfigError(
                 f"RUN {run.source}: machine.device", f"the run trained on {show(run.device)}, "
@@ -208,6 +211,18 @@ def check_runs(runs: list[RunRecord], profile_ref: str, profile: ClusterProfile)
                 f"RUN {run.source}", f"recorded on profile {show(run.profile)} "
                 f"({recorded.device.name}), not on --profile {show(profile_ref)} "
                 f"({profile.device.name})", "fit a profile only to runs measured on its device")
+
+
+def _check_peak(run: RunRecord, profile_ref: str, profile: ClusterProfile) -> None:
+    """A measured peak above the device's memory: the fit would raise the reserved bytes past
+    the memory itself, a profile no run can fit on."""
+    peak, memory = run.measured.peak_memory_bytes, profile.device.memory_bytes
+    if peak is not None and peak > memory:
+        raise ConfigError(f"RUN {run.source}: measured.peak_memory_bytes",
+                          f"{peak:.4g} bytes, above the {memory} bytes of the "
+                          f"{profile.device.name} of --profile {show(profile_ref)}",
+                          "check the record: a run cannot peak above its device's memory, "
+                          "or fit a profile of the device it ran on")
 
 
 FACTORS = {  # name: (low, high, log scale)
@@ -291,12 +306,15 @@ class Calibration:
     step_errors_after: list[float]
     memory_errors_before: list[float]
     memory_errors_after: list[float]
+    left: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Factors left at their start value (left_factors), with the reason."""
 
     def summary(self) -> dict[str, Any]:
         def mape(errs: list[float]) -> float | None:
             return statistics.fmean(abs(e) for e in errs) if errs else None
 
         return {"runs": len(self.step_errors_before), "factors": self.factors,
+                "factors_left": dict(self.left),
                 "step_time_mape_before": mape(self.step_errors_before),
                 "step_time_mape_after": mape(self.step_errors_after),
                 "memory_mape_before": mape(self.memory_errors_before),
@@ -306,10 +324,55 @@ class Calibration:
 def active_factors(profile: ClusterProfile) -> dict[str, tuple[float, float, bool]]:
     """FACTORS less those this profile gives no effect (no measured collective tables, no
     measured host overheads)."""
-    has_host = any(getattr(profile.efficiency, name) for name in HOST_OVERHEADS)
-    return {k: v for k, v in FACTORS.items()
-            if (k != "collective_tables" or profile.collectives is not None)
-            and (k != "host_overheads" or has_host)}
+    return {k: v for k, v in FACTORS.items() if k not in _profile_lacks(profile)}
+
+
+def _profile_lacks(profile: ClusterProfile) -> dict[str, str]:
+    """The factors `profile` gives nothing to scale, with the reason."""
+    out = {}
+    if profile.collectives is None:
+        out["collective_tables"] = "the profile has no measured collective tables"
+    if not any(getattr(profile.efficiency, name) for name in HOST_OVERHEADS):
+        out["host_overheads"] = "the profile has no measured host overheads"
+    return out
+
+
+UNFELT = "no run's predicted step time changes with it"
+PROBES = 3
+"""Settings of the other factors each factor is tried at (the unchanged profile, then seeded
+random ones): a factor may only show where another has moved (overlap hiding a link)."""
+
+
+def left_factors(runs: list[RunRecord], profile: ClusterProfile) -> dict[str, str]:
+    """Factors the fit leaves at their start, with the reason: those the profile gives nothing
+    to scale, and those no run's prediction changes with across their range (single-node runs
+    priced from measured collective tables never use the link bandwidth or latency). A factor
+    no run can feel would otherwise be written at whatever value the sampler last drew."""
+    left, space = _profile_lacks(profile), active_factors(profile)
+    rng, start = random.Random(0), identity(profile)
+    settings = [start] + [
+        {**start, **{k: _draw(rng, *bounds) for k, bounds in space.items()}}
+        for _ in range(PROBES - 1)]
+    for name, (lo, hi, _) in space.items():
+        if not any(_changes(runs, profile, setting, name, (lo, hi))
+                   for setting in settings):
+            left[name] = UNFELT
+    return left
+
+
+def _draw(rng: random.Random, lo: float, hi: float, log: bool) -> float:
+    return math.exp(rng.uniform(math.log(lo), math.log(hi))) if log else rng.uniform(lo, hi)
+
+
+def _changes(runs: list[RunRecord], profile: ClusterProfile, setting: dict[str, float],
+             name: str, values: tuple[float, float]) -> bool:
+    """Whether moving `name` from `setting` to either end of its range moves a prediction."""
+    def errors(value: float) -> list[float]:  # predicted / measured - 1
+        return step_errors(runs, apply_factors(profile, {**setting, name: value}))
+
+    here = errors(setting[name])
+    return any(not math.isclose(1.0 + a, 1.0 + b, rel_tol=1e-9)
+               for value in values for a, b in zip(here, errors(value), strict=True))
 
 
 def _refine(factors: dict[str, float], loss: Any, space: dict[str, tuple[float, float, bool]],
@@ -339,7 +402,8 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
 
     if not runs:
         raise ConfigError("RUNS", "no run records given", "pass one or more run record files")
-    space = active_factors(profile)
+    left = left_factors(runs, profile)
+    space = {k: v for k, v in FACTORS.items() if k not in left}
     start = {k: v for k, v in identity(profile).items() if k in space}
 
     def full(f: dict[str, float]) -> dict[str, float]:
@@ -350,13 +414,15 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
              for name, (lo, hi, log) in space.items()}
         return _log_error(step_errors(runs, apply_factors(profile, full(f))))
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed))
-    study.enqueue_trial(start)
-    study.optimize(objective, n_trials=trials)
-    best = full(_refine(dict(study.best_params), lambda f: _log_error(
-        step_errors(runs, apply_factors(profile, full(f)))), space))
+    best = identity(profile)
+    if space:  # else nothing a run can feel: the profile's factors stand
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(direction="minimize",
+                                    sampler=optuna.samplers.TPESampler(seed=seed))
+        study.enqueue_trial(start)
+        study.optimize(objective, n_trials=trials)
+        best = full(_refine(dict(study.best_params), lambda f: _log_error(
+            step_errors(runs, apply_factors(profile, full(f)))), space))
     fitted = apply_factors(profile, best)
     if any(r.measured.peak_memory_bytes for r in runs):
         # raise the fixed reserve by the largest shortfall, never lower it: memory predictions
@@ -369,7 +435,7 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
         fitted = dataclasses.replace(
             fitted, device=dataclasses.replace(fitted.device, reserved_bytes=reserved))
     return Calibration(
-        profile=fitted, factors=best,
+        profile=fitted, factors=best, left=left,
         step_errors_before=step_errors(runs, profile),
         step_errors_after=step_errors(runs, fitted),
         memory_errors_before=memory_errors(runs, profile),

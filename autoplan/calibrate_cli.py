@@ -10,10 +10,10 @@ from typing import Any
 from rich.table import Table
 
 from autoplan import fsutil, resources
-from autoplan.calibrate import calibrate, check_runs, load_run
+from autoplan.calibrate import calibrate, check_runs, load_run, profile_file
 from autoplan.cli_common import add_format_argument, check_seed, count, emit
 from autoplan.errors import ConfigError
-from autoplan.hardware import load_profile
+from autoplan.hardware import check_out_and_name, load_profile
 from autoplan.yaml_io import save_yaml, to_dict
 
 MAX_TRIALS = 100_000
@@ -50,12 +50,26 @@ def default_out(profile_ref: str) -> Path:
     return resources.user_dir(resources.PROFILES) / f"{stem}-calibrated.yaml"
 
 
+def check_out(out: Path, args: argparse.Namespace) -> None:
+    """Before the fit: an --out that is a directory or an unwritable place, one that
+    `--profile` could not load back (no .yaml suffix), or one of the command's inputs (--force
+    or not)."""
+    fsutil.check_file_target(out, force=args.force)
+    if args.out is not None:
+        check_out_and_name(args.out, None, "--profile")  # `autoplan profile --out`'s rule
+    for run in args.runs:
+        fsutil.check_not_input(out, run, "a run record being fitted")
+    base = profile_file(args.profile)
+    if base is not None:
+        fsutil.check_not_input(out, str(base), "the profile being fitted")
+
+
 def calibrate_command(args: argparse.Namespace) -> int:
     check_seed("--seed", args.seed)
     base = load_profile(args.profile, "--profile")
     runs = [load_run(r) for r in args.runs]
     out = Path(args.out) if args.out else default_out(args.profile)
-    fsutil.check_file_target(out, force=args.force)  # a directory, unwritable: before the fit
+    check_out(out, args)
     check_runs(runs, args.profile, base)
     result = calibrate(runs, base, trials=args.trials, seed=args.seed)
     summary = result.summary()
@@ -80,6 +94,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
         console.print(t)
         console.print(f"mean absolute error {summary['step_time_mape_before']:.1%} -> "
                       f"{summary['step_time_mape_after']:.1%}")
+        for name, why in summary["factors_left"].items():
+            console.print(f"left {name} unchanged: {why}")
         if summary["memory_mape_before"] is not None:
             console.print(f"peak memory error {summary['memory_mape_before']:.1%} -> "
                           f"{summary['memory_mape_after']:.1%}")

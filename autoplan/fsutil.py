@@ -118,6 +118,18 @@ def check_file_target(path: str | os.PathLike[str], *, force: bool, field: str =
     return p
 
 
+def check_not_input(path: str | os.PathLike[str], source: str | os.PathLike[str], what: str,
+                    field: str = "--out") -> None:
+    """Refuse to write over one of the command's input files, --force or not (the same file
+    through a symlink too)."""
+    try:
+        same = Path(path).exists() and os.path.samefile(path, source)
+    except OSError:  # unreadable: the write reports it
+        same = False
+    if same:
+        raise ConfigError(field, f"{str(path)!r} is {what} ({source})", "write to another path")
+
+
 def check_dir_target(path: str | os.PathLike[str], *, force: bool, names: Iterable[str],
                      field: str = "--out") -> Path:
     """Refuse an output directory that is a file, cannot be written, or already holds one of

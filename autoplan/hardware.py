@@ -427,6 +427,23 @@ def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
     return from_dict(ClusterProfile, check_schema_version(data, where), where)
 
 
+def check_out_and_name(out: str | None, name: str | None, reader: str = "--cluster") -> None:
+    """Refuse an empty --out or --name (`--out ''` wrote into the default folder) and an --out
+    of a profile that `reader` (`--cluster`, `--profile`) could not read back: without a
+    .yaml/.yml suffix a bare word is taken for a packaged profile name. `autoplan profile` and
+    `autoplan calibrate` write profiles under this rule."""
+    if name is not None and not name.strip():
+        raise ConfigError("--name", "is empty", "give the profile a name, or leave --name out")
+    if out is None:
+        return
+    if not out.strip():
+        raise ConfigError("--out", "is empty", "give a path ending in .yaml, or leave --out out")
+    if Path(out).suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError("--out", f"{show(out)} does not end in .yaml or .yml",
+                          f"add .yaml: profiles are YAML files, and `{reader}` reads a bare "
+                          "word as the name of a packaged profile")
+
+
 def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
     """A profile by name (the user's profile directory, then the built-in ones) or by path;
     `flag` names the option in errors about the reference, and every error about the file's

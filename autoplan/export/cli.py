@@ -188,17 +188,6 @@ def _check_out(out: str | None) -> None:
                           f"{os.path.join(os.path.normpath(out), 'job.sh')}")
 
 
-def _check_not_input(path: Path, source: str, what: str) -> None:
-    """Refuse to write over the command's input file (--force or not)."""
-    try:
-        same = path.exists() and os.path.samefile(path, source)
-    except OSError:  # unreadable: the write reports it
-        same = False
-    if same:
-        raise ConfigError("--out", f"{str(path)!r} is {what} ({source})",
-                          "write to another path")
-
-
 def _check_words(args: argparse.Namespace) -> None:
     """Values written into a launch script or manifest: a control character ends the script's
     line; an empty script or an image with a space in it names nothing to run."""
@@ -283,7 +272,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.out is not None:
         wrapped = args.format in ("json", "yaml")
         for path in [Path(args.out)] if wrapped else _out_paths(Path(args.out), names):
-            _check_not_input(path, args.plan, "the plan being exported")
+            fsutil.check_not_input(path, args.plan, "the plan being exported")
 
     def done() -> int:  # after every file is written: a failed export prints only its error
         try:
@@ -316,13 +305,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from autoplan.export.importers import IMPORTERS
+    from autoplan.export.importers import IMPORTERS, files_read
     from autoplan.plan import load_plan, plan_to_dict
 
     _check_out(args.out)
     if args.out is not None:
         fsutil.check_file_target(args.out, force=args.force, field="--out")
-        _check_not_input(Path(args.out), args.file, "the file being imported")
+        fsutil.check_not_input(Path(args.out), args.file, "the file being imported")
+        for read in files_read(args.source, args.file)[1:]:  # a launch's DeepSpeed JSON
+            fsutil.check_not_input(Path(args.out), str(read), "a file the import reads")
     plan = IMPORTERS[args.source](
         args.file,
         model=args.model,

@@ -125,6 +125,11 @@ def _enabled(cfg: dict[str, Any], key: str, what: str) -> bool:
 
 
 def _precision(cfg: dict[str, Any], what: str) -> str:
+    if _enabled(cfg, "amp", what):  # runtime/engine.py: amp.initialize(model, optimizer, ...)
+        raise ConfigError(f"{what} amp.enabled", "true: NVIDIA Apex AMP, whose casts and "
+                          "weight copies (by opt_level) no plan precision prices",
+                          'use "bf16": {"enabled": true} or "fp16": {"enabled": true}, '
+                          "which autoplan prices")
     bf16 = _enabled(cfg, "bf16", what) or _enabled(cfg, "bfloat16", what)
     fp16 = _enabled(cfg, "fp16", what)
     if bf16 and fp16:
@@ -210,8 +215,10 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
     interval = pipeline.get("activation_checkpoint_interval", 0)
     if interval != 0:
         _require_int(interval, f"{what} pipeline.activation_checkpoint_interval")
-    _section(cfg, "activation_checkpointing", what)  # present (any settings): full recompute
-    checkpointing = "activation_checkpointing" in cfg or interval > 0
+    # a section (any settings) is what export writes for a script that checkpoints each block
+    # (deepspeed.checkpointing.checkpoint); null, like no key, configures nothing
+    checkpointing = cfg.get("activation_checkpointing") is not None or interval > 0
+    _section(cfg, "activation_checkpointing", what)
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},
@@ -298,3 +305,14 @@ def import_megatron(
 
 
 IMPORTERS = {"deepspeed": import_deepspeed, "megatron": import_megatron}
+
+
+def files_read(source: str, path: str | Path) -> list[Path]:
+    """The files `IMPORTERS[source]` reads for `path`: the file, and for a Megatron-DeepSpeed
+    launch the DeepSpeed JSON it names (an --out must be none of them)."""
+    from autoplan.export.megatron_deepspeed_import import files_read as launch_files
+    from autoplan.export.megatron_deepspeed_import import is_launch
+
+    if source == "deepspeed" and is_launch(path):
+        return launch_files(Path(path))
+    return [Path(path)]

@@ -4,8 +4,9 @@ the user's script, degrees 1) read back into plan fields.
 
 The launch gives the degrees, sequence parallelism, recompute, precision and attention; the
 DeepSpeed JSON it names with --deepspeed_config gives batch, ZeRO and offload (read by
-importers.deepspeed_plan_dict). Where both state a value they must agree. Flag meanings are those
-of megatron_deepspeed.py (deepspeedai/Megatron-DeepSpeed @ f1feb88).
+importers.deepspeed_plan_dict). Where both state a value they must agree, and the launch's model
+flags must build --model. Flag meanings are those of megatron_deepspeed.py
+(deepspeedai/Megatron-DeepSpeed @ f1feb88: megatron/arguments.py validate_args).
 """
 
 from __future__ import annotations
@@ -15,16 +16,28 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
+from autoplan.export.megatron_import import (
+    GRANULARITIES,
+    RECOMPUTE_METHODS,
+    check_model,
+    check_one_precision,
+    choice,
+    positive,
+    sequence_parallel,
+)
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags
+from autoplan.model_spec import ModelSpec
 
 SWITCHES = frozenset({
     "--deepspeed", "--no-pipeline-parallel", "--sequence-parallel", "--checkpoint-activations",
+    "--recompute-activations",
     "--deepspeed-activation-checkpointing", "--bf16", "--fp16", "--use-flash-attn-v2",
     "--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-triton", "--swiglu",
     "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--use-rotary-position-embeddings", "--no-position-embedding",
 })
 """store_true flags of pretrain_gpt.py and the deepspeed launcher's; they take no value."""
+DS_CHECKPOINTING = "--deepspeed-activation-checkpointing"
 FLASH = ("--use-flash-attn-v2", "--use-flash-attn", "--use-flash-attn-v1",
          "--use-flash-attn-triton")
 
@@ -44,9 +57,22 @@ def config_path(launch: Path, ref: str) -> Path:
     return launch.parent / p.name
 
 
+def files_read(launch: Path) -> list[Path]:
+    """The files importing `launch` reads: the launch and the DeepSpeed JSON it names (the
+    launch alone where it names none, or cannot be read: the import says why)."""
+    try:
+        flags = parse_flags(expand_variables(launch.read_text(encoding="utf-8")), SWITCHES)
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return [launch]
+    ref = flags.get("--deepspeed_config")
+    return [launch, config_path(launch, ref)] if isinstance(ref, str) and ref else [launch]
+
+
 def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
-                     read_config: Callable[[Path, int], dict[str, Any]]) -> dict[str, Any]:
-    """Plan fields from the launch and its JSON; `read_config(path, dp)` gives the JSON's."""
+                     read_config: Callable[[Path, int], dict[str, Any]],
+                     model: ModelSpec) -> dict[str, Any]:
+    """Plan fields from the launch and its JSON; `read_config(path, dp)` gives the JSON's;
+    `model` (--model) must be the one the launch's shape flags build."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
     if not f.has("--deepspeed"):
         raise ConfigError(what, "no --deepspeed flag", "pass a Megatron-DeepSpeed launch "
@@ -54,23 +80,25 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     ref = f.text("--deepspeed_config")
     if not ref:
         raise ConfigError(f"{what} --deepspeed_config", "missing", "name the DeepSpeed JSON")
-    if (f.integer("--ds-sequence-parallel-size", 1) or 1) > 1:
+    if positive(f, "--ds-sequence-parallel-size") > 1:
         raise ConfigError(f"{what} --ds-sequence-parallel-size", "DeepSpeed-Ulysses",
                           "autoplan plans ring context parallelism (cp), not Ulysses")
-    tp = f.integer("--tensor-model-parallel-size", 1) or 1
-    pp = f.integer("--pipeline-model-parallel-size", 1) or 1
+    tp = positive(f, "--tensor-model-parallel-size")
+    pp = positive(f, "--pipeline-model-parallel-size")
+    if f.has("--no-pipeline-parallel") and pp > 1:  # validate_args asserts it
+        raise ConfigError(f"{what} --no-pipeline-parallel", f"given with pp={pp}",
+                          "drop it, or set --pipeline-model-parallel-size 1")
     if num_gpus is None:
-        nodes, gpus = f.integer("--num_nodes"), f.integer("--num_gpus")
-        if nodes is None or gpus is None:
+        if f.text("--num_nodes") is None or f.text("--num_gpus") is None:
             raise ConfigError("--num-gpus", "missing", "the launch names no --num_nodes and "
                               "--num_gpus; pass --num-gpus")
-        num_gpus = nodes * gpus
+        num_gpus = positive(f, "--num_nodes") * positive(f, "--num_gpus")
     if num_gpus % (tp * pp):
         raise ConfigError("--num-gpus", f"{num_gpus} is not a multiple of tp*pp = {tp * pp}",
                           "check the launch's degrees")
     data = read_config(config_path(launch, ref), num_gpus // (tp * pp))
     data["parallel"] = {"dp": num_gpus // (tp * pp), "tp": tp, "pp": pp, "cp": 1}
-    data["sequence_parallel"] = f.has("--sequence-parallel")
+    data["sequence_parallel"] = sequence_parallel(f, tp)
     _agree(what, "--micro-batch-size", f.integer("--micro-batch-size"),
            data["batch"]["micro_batch_size"])
     _agree(what, "--global-batch-size", f.integer("--global-batch-size"),
@@ -81,20 +109,69 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
         # 1): the model is code, and precision, recompute and attention are the JSON's or the
         # plan's defaults
         return data
+    # validate_args: GQA's --num-key-value-heads defaults to --num-attention-heads
+    check_model(f, model, tp, "--num-key-value-heads",
+                f.integer("--num-key-value-heads", f.integer("--num-attention-heads")),
+                fix="pass the --model the launch builds, or correct the launch")
+    check_one_precision(f)
     precision = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
     _agree(what, "--bf16/--fp16", precision, data["precision"])
-    if f.has("--checkpoint-activations") or f.text("--recompute-granularity") == "full":
-        data["recompute"] = {"policy": "full"}
-        group = f.integer("--checkpoint-num-layers")  # checkpointed groups of that many blocks
-        if group is not None and group > 1:
-            data["recompute"] = {"policy": "full", "method": "uniform", "num_layers": group}
-    elif f.text("--recompute-granularity") == "selective":
-        data["recompute"] = {"policy": "selective"}
-    elif f.text("--recompute-granularity") is not None:
-        raise ConfigError(f"{what} --recompute-granularity",
-                          f"got {f.text('--recompute-granularity')!r}", "use full or selective")
+    data["recompute"] = recompute(f, pipeline=not f.has("--no-pipeline-parallel"))
     data["attention"] = "flash" if any(f.has(x) for x in FLASH) else "eager"
     return data
+
+
+def recompute(f: Flags, pipeline: bool) -> dict[str, Any]:
+    """Recompute as Megatron-DeepSpeed runs the launch's flags; the JSON's
+    activation_checkpointing section only configures DeepSpeed's checkpoint function for when
+    the model calls it. `pipeline`: GPTModelPipe (DeepSpeed's pipeline engine; pretrain_gpt.py
+    builds it unless --no-pipeline-parallel), else GPTModel.
+
+    validate_args turns --recompute-activations into granularity selective and asserts no
+    --recompute-method with it; selective is ParallelAttention's checkpoint_core_attention.
+    Full (--checkpoint-activations, or granularity full) checkpoints, in GPTModelPipe
+    (megatron/model/gpt_model.py), every activation_checkpoint_interval blocks: the
+    --checkpoint-num-layers, else with method uniform the --recompute-num-layers, else 0 (no
+    recompute: "deepspeed's pipeline doesn't support the block recompute method"); in GPTModel
+    (ParallelTransformer._checkpointed_forward, megatron/model/transformer.py) groups of
+    --checkpoint-num-layers under --deepspeed-activation-checkpointing, else uniform groups or
+    the first block of --recompute-num-layers, else ValueError("Invalid activation recompute
+    method")."""
+    granularity = choice(f, "--recompute-granularity", GRANULARITIES, None)
+    method = choice(f, "--recompute-method", RECOMPUTE_METHODS, None)
+    if f.has("--recompute-activations"):
+        granularity = "selective"
+    if not f.has("--checkpoint-activations") and granularity != "full":
+        if granularity == "selective" and method is not None:
+            raise ConfigError(f"{f.what} --recompute-method", f"{method} with selective "
+                              "recompute", "drop it: Megatron-DeepSpeed asserts no method "
+                              "for selective granularity")
+        return {"policy": granularity or "none"}
+    if pipeline:
+        if f.has("--checkpoint-activations"):
+            group = positive(f, "--checkpoint-num-layers")
+        elif method == "uniform":
+            group = positive(f, "--recompute-num-layers")
+        else:
+            raise ConfigError(f"{f.what} --recompute-method", f"{method or 'not given'}: "
+                              "DeepSpeed's pipeline engine (GPTModelPipe) then recomputes "
+                              "nothing", "use --recompute-method uniform, or "
+                              "--checkpoint-activations with --checkpoint-num-layers")
+    elif f.has(DS_CHECKPOINTING):
+        group = positive(f, "--checkpoint-num-layers")
+    elif method == "uniform":
+        group = positive(f, "--recompute-num-layers")
+    elif method == "block":
+        return {"policy": "full", "method": "block",
+                "num_layers": positive(f, "--recompute-num-layers")}
+    else:
+        raise ConfigError(f"{f.what} --recompute-method", "not given: GPTModel "
+                          "(--no-pipeline-parallel) then raises 'Invalid activation recompute "
+                          "method'", "add --recompute-method uniform or block, or "
+                          f"{DS_CHECKPOINTING}")
+    if group == 1:  # every block checkpointed on its own
+        return {"policy": "full"}
+    return {"policy": "full", "method": "uniform", "num_layers": group}
 
 
 def _agree(what: str, flag: str, launch: Any, config: Any) -> None:
@@ -107,6 +184,7 @@ def import_launch(path: str | Path, *, model: str | None, cluster: str, num_gpus
                   assignments: Any = ()) -> Any:  # -> Plan
     """The plan a Megatron-DeepSpeed launch and its DeepSpeed JSON describe."""
     from autoplan.export.importers import _read, deepspeed_plan_dict, finish_plan
+    from autoplan.model_spec import load_model
     from autoplan.yaml_io import load_json_text
 
     what = f"deepspeed launch {path}"
@@ -120,7 +198,8 @@ def import_launch(path: str | Path, *, model: str | None, cluster: str, num_gpus
             raise ConfigError(f"deepspeed config {p}", "expected a JSON object")
         return deepspeed_plan_dict(cfg, dp, f"deepspeed config {p}")
 
-    data = launch_plan_dict(_read(path, "FILE"), Path(path), num_gpus, what, read_config)
+    data = launch_plan_dict(_read(path, "FILE"), Path(path), num_gpus, what, read_config,
+                            load_model(model))
     p = data["parallel"]
     data["model"] = model
     data["cluster"] = {"profile": cluster, "num_gpus": p["dp"] * p["tp"] * p["pp"]}

@@ -7,6 +7,7 @@ Settings a plan cannot represent (partial optimizer offload, mismatched dropouts
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 from collections.abc import Collection
@@ -19,6 +20,8 @@ from autoplan.export.megatron_te import ATTENTION_BACKENDS
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags, plain_int
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
 from autoplan.yaml_io import show
+
+log = logging.getLogger(__name__)
 
 SWITCHES = frozenset(
     {
@@ -64,7 +67,7 @@ MAX_LAYOUT_ITEMS = 2**16
 """Most items a --pipeline-model-parallel-layout may expand to (checked before expanding)."""
 
 
-def _choice(f: Flags, flag: str, choices: Collection[str], default: str | None) -> str | None:
+def choice(f: Flags, flag: str, choices: Collection[str], default: str | None) -> str | None:
     """A flag's value, refused unless it is one of Megatron's `choices`."""
     value = f.text(flag, default)
     if value is not None and value not in choices:
@@ -73,9 +76,10 @@ def _choice(f: Flags, flag: str, choices: Collection[str], default: str | None) 
     return value
 
 
-def _degree(f: Flags, flag: str) -> int:
-    """A parallel degree: a positive integer, 1 when absent."""
-    value = f.integer(flag, 1)
+def positive(f: Flags, flag: str, default: int = 1) -> int:
+    """A count flag (a parallel degree, a layer count, a divisor): a positive integer,
+    `default` when absent."""
+    value = f.integer(flag, default)
     if value is None or value < 1:
         raise ConfigError(f"{f.what} {flag}", f"got {value}", "expected a positive integer")
     return value
@@ -120,22 +124,44 @@ def parse_layout(layout: str, what: str) -> tuple[int, ...]:
     return tuple(stages)
 
 
+def ffn_size(f: Flags) -> int | None:
+    """The MLP width Megatron builds: --ffn-hidden-size, else validate_args' default from
+    --hidden-size (4h; with --swiglu, 8h/3 rounded down to a multiple of 64; the same in
+    Megatron-DeepSpeed's validate_args); None when neither is given."""
+    ffn, hidden = f.integer("--ffn-hidden-size"), f.integer("--hidden-size")
+    if ffn is not None or hidden is None:
+        return ffn
+    return int(4 * hidden * 2 / 3 / 64) * 64 if f.has("--swiglu") else 4 * hidden
+
+
+def query_groups(f: Flags) -> int | None:
+    """Megatron-LM's key/value heads: under --group-query-attention, --num-query-groups, whose
+    default is 1 (megatron/training/arguments.py, _add_network_size_args); without it, one per
+    attention head. None when the flags give no head count."""
+    if f.has("--group-query-attention"):
+        return f.integer("--num-query-groups", 1)
+    return f.integer("--num-attention-heads")
+
+
+def launch_vocab(f: Flags) -> int | None:
+    """The vocabulary --vocab-size gives the model: NullTokenizer adds one EOD token."""
+    vocab = f.integer("--vocab-size")
+    if vocab is not None and f.text("--tokenizer-type") == "NullTokenizer":
+        vocab += NULL_TOKENIZER_EXTRA
+    return vocab
+
+
 def model_fields(f: Flags, name: str) -> dict[str, Any]:
     """A model spec mapping from the model-shape flags."""
     hidden, heads = f.need("--hidden-size"), f.need("--num-attention-heads")
     swiglu = f.has("--swiglu")
-    ffn = f.integer("--ffn-hidden-size")
-    if ffn is None:  # Megatron's defaults (validate_args)
-        ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
-    vocab = f.integer("--vocab-size")
+    vocab = launch_vocab(f)
     if vocab is None:
         raise ConfigError(
             f.what,
             "no --vocab-size (the tokenizer file decides it)",
             "pass --model, or add --vocab-size",
         )
-    if f.text("--tokenizer-type") == "NullTokenizer":
-        vocab += NULL_TOKENIZER_EXTRA
     attn_drop = f.number("--attention-dropout", 0.1)  # Megatron's defaults
     hidden_drop = f.number("--hidden-dropout", 0.1)
     if attn_drop != hidden_drop:
@@ -150,14 +176,12 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "hidden_size": hidden,
         "num_heads": heads,
         "head_dim": f.integer("--kv-channels"),
-        "num_kv_heads": f.integer("--num-query-groups", heads)
-        if f.has("--group-query-attention")
-        else heads,
-        "ffn_hidden_size": ffn,
+        "num_kv_heads": query_groups(f),
+        "ffn_hidden_size": ffn_size(f),
         "vocab_size": vocab,
         "seq_len": f.need("--seq-length"),
         "mlp": "swiglu" if swiglu else "gelu",
-        "norm": NORMALIZATIONS[str(_choice(f, "--normalization", NORMALIZATIONS, "LayerNorm"))],
+        "norm": NORMALIZATIONS[str(choice(f, "--normalization", NORMALIZATIONS, "LayerNorm"))],
         "position": _position(f),
         "bias": not f.has("--disable-bias-linear"),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
@@ -282,7 +306,7 @@ def flag_values(text: str, name: str) -> list[str] | None:
 
 
 def _recompute(f: Flags, modules: list[str] | None = None) -> dict[str, Any]:
-    granularity = _choice(f, "--recompute-granularity", GRANULARITIES, None)
+    granularity = choice(f, "--recompute-granularity", GRANULARITIES, None)
     if granularity is None and f.has("--recompute-activations"):
         granularity = "selective"  # Megatron: --recompute-activations means selective
     if granularity in (None, "selective"):
@@ -291,7 +315,7 @@ def _recompute(f: Flags, modules: list[str] | None = None) -> dict[str, Any]:
         if granularity == "selective" and modules and modules != ["core_attn"]:
             out["modules"] = modules  # the plan's loader checks the names
         return out
-    method = _choice(f, "--recompute-method", RECOMPUTE_METHODS, None)
+    method = choice(f, "--recompute-method", RECOMPUTE_METHODS, None)
     count = f.integer("--recompute-num-layers")
     if method == "uniform" and count is not None and count > 1:  # groups of count layers
         return {"policy": "full", "num_layers": count, "method": "uniform"}
@@ -304,8 +328,8 @@ def megatron_plan_dict(
 ) -> dict[str, Any]:
     """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
-    tp, pp = _degree(f, "--tensor-model-parallel-size"), _degree(f, "--pipeline-model-parallel-size")
-    cp = _degree(f, "--context-parallel-size")
+    tp, pp = positive(f, "--tensor-model-parallel-size"), positive(f, "--pipeline-model-parallel-size")
+    cp = positive(f, "--context-parallel-size")
     if num_gpus is None:
         nodes = plain_int(f.text("--nnodes"))
         procs = plain_int(f.text("--nproc-per-node") or f.text("--nproc_per_node"))
@@ -325,7 +349,9 @@ def megatron_plan_dict(
         preset = PRESETS.get(fields["name"])
         model_ref = fields["name"] if preset == load_model(dict(fields)) else fields
     else:
-        _agree(f, load_model(model_ref))
+        gqa = f.has("--group-query-attention")
+        check_model(f, load_model(model_ref), tp,
+                    "--num-query-groups" if gqa else "--group-query-attention", query_groups(f))
     layers = load_model(model_ref).num_layers
     fraction = f.number("--optimizer-offload-fraction", 1.0)
     if f.has("--optimizer-cpu-offload") and fraction != 1.0:
@@ -340,7 +366,7 @@ def megatron_plan_dict(
         "cluster": {"num_gpus": num_gpus},
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, **expert_degrees(f, tp),
                      **_hsdp(f, dp)},
-        "sequence_parallel": f.has("--sequence-parallel"),
+        "sequence_parallel": sequence_parallel(f, tp),
         "pipeline": _stages(f, layers, pp),
         "zero_stage": _zero(f),
         "offload": {"optimizer": f.has("--optimizer-cpu-offload"), "params": False},
@@ -360,20 +386,40 @@ def _attention(f: Flags) -> str:
     """Plan attention of --attention-backend under --transformer-impl: the local spec
     (gpt_layer_specs.get_gpt_layer_local_spec) builds Megatron-Core's own unfused
     DotProductAttention, full s x s scores, whatever the backend says."""
-    backend = _choice(f, "--attention-backend", BACKEND_ATTENTION, "auto")
-    if _choice(f, "--transformer-impl", TRANSFORMER_IMPLS, "transformer_engine") == "local":
+    backend = choice(f, "--attention-backend", BACKEND_ATTENTION, "auto")
+    if choice(f, "--transformer-impl", TRANSFORMER_IMPLS, "transformer_engine") == "local":
         return "eager"
     return BACKEND_ATTENTION[str(backend)]
 
 
 def _precision(f: Flags) -> str:
     """--bf16 / --fp16 / neither (fp32); --fp8-format in a bf16 run: fp8 GEMMs."""
-    if _choice(f, "--fp8-format", FP8_FORMATS, None) is None:
+    check_one_precision(f)
+    if choice(f, "--fp8-format", FP8_FORMATS, None) is None:
         return "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
     if not f.has("--bf16"):
         raise ConfigError(f"{f.what} --fp8-format", "without --bf16",
                           "autoplan plans fp8 GEMMs in a bf16 run (precision fp8); add --bf16")
     return "fp8"
+
+
+def check_one_precision(f: Flags) -> None:
+    """Refuse --fp16 with --bf16: validate_args asserts `not args.bf16` under --fp16 (Megatron-LM
+    megatron/training/arguments.py; Megatron-DeepSpeed megatron/arguments.py likewise)."""
+    if f.has("--fp16") and f.has("--bf16"):
+        raise ConfigError(f"{f.what} --fp16", "given with --bf16",
+                          "keep one of them: Megatron refuses both")
+
+
+def sequence_parallel(f: Flags, tp: int) -> bool:
+    """--sequence-parallel, which validate_args turns off at tp=1 (with a warning in
+    Megatron-LM; silently in Megatron-DeepSpeed): there is no tensor-parallel group to split
+    the sequence over."""
+    if f.has("--sequence-parallel") and tp == 1:
+        log.warning("%s: --sequence-parallel at tp=1 is off, as Megatron turns it off",
+                    f.what)
+        return False
+    return f.has("--sequence-parallel")
 
 
 def _hsdp(f: Flags, dp: int) -> dict[str, Any]:
@@ -388,19 +434,44 @@ def _hsdp(f: Flags, dp: int) -> dict[str, Any]:
     return {"dp_shard": dp // n}
 
 
-def _agree(f: Flags, model: ModelSpec) -> None:
-    """--model wins over the shape flags, but only when they agree."""
+def padded_vocab_size(vocab: int, f: Flags, tp: int) -> int:
+    """The vocabulary Megatron builds: padded up to a multiple of --make-vocab-size-divisible-by
+    (default 128) times tp (_vocab_size_with_padding in megatron/training/tokenizer/
+    tokenizer.py; megatron/tokenizer/tokenizer.py in Megatron-DeepSpeed)."""
+    multiple = positive(f, "--make-vocab-size-divisible-by", 128) * tp
+    return -(-vocab // multiple) * multiple
+
+
+def check_model(f: Flags, model: ModelSpec, tp: int, kv_flag: str, kv_heads: int | None,
+                fix: str = "drop --model to read the model from the arguments") -> None:
+    """--model wins over the shape flags, but only when they describe the model Megatron builds
+    from them; `kv_heads`: the key/value heads the launcher's flags give (None: they give no head
+    count), `kv_flag` the flag a mismatch names.
+
+    The vocabularies are compared as Megatron pads them: the plan prices the model's padded
+    vocabulary (cost/params.padded_vocab), so a --vocab-size that pads to the same rows builds
+    the same embedding and output layer (a tokenizer with a few extra tokens is no mistake),
+    and one that pads to other rows is a different model, smaller or larger."""
     shape = {
-        "--num-layers": model.num_layers,
-        "--hidden-size": model.hidden_size,
-        "--num-attention-heads": model.num_heads,
-        "--seq-length": model.seq_len,
+        "--num-layers": (f.integer("--num-layers"), model.num_layers),
+        "--hidden-size": (f.integer("--hidden-size"), model.hidden_size),
+        "--num-attention-heads": (f.integer("--num-attention-heads"), model.num_heads),
+        "--seq-length": (f.integer("--seq-length"), model.seq_len),
+        "--ffn-hidden-size": (ffn_size(f), model.ffn),
     }
-    for flag, value in shape.items():
-        given = f.integer(flag)
+    for flag, (given, value) in shape.items():
         if given is not None and given != value:
-            raise ConfigError(
-                f"{f.what} {flag}",
-                f"{given} but --model {model.name} has {value}",
-                "drop --model to read the model from the arguments",
-            )
+            raise ConfigError(f"{f.what} {flag}", f"{given} but --model {model.name} has "
+                              f"{value}", fix)
+    if kv_heads is not None and kv_heads != model.kv_heads:
+        raise ConfigError(f"{f.what} {kv_flag}", f"{kv_heads} key/value heads but --model "
+                          f"{model.name} has {model.kv_heads}", fix)
+    vocab = launch_vocab(f)
+    if vocab is None:
+        return
+    from autoplan.cost.params import padded_vocab
+
+    built, priced = padded_vocab_size(vocab, f, tp), int(padded_vocab(model, tp))
+    if built != priced:
+        raise ConfigError(f"{f.what} --vocab-size", f"{vocab} pads to {built} rows at tp={tp} "
+                          f"but --model {model.name}'s {model.vocab_size} pads to {priced}", fix)

@@ -12,8 +12,8 @@ from typing import Any
 from autoplan import fsutil, resources
 from autoplan.cli_common import add_format_argument, emit, stderr_console
 from autoplan.errors import ConfigError
-from autoplan.hardware import ClusterProfile, load_profile, profile_from_dict
-from autoplan.yaml_io import read_yaml, save_yaml, show, to_dict
+from autoplan.hardware import ClusterProfile, check_out_and_name, load_profile, profile_from_dict
+from autoplan.yaml_io import read_yaml, save_yaml, to_dict
 
 
 def register(sub: Any) -> None:
@@ -119,22 +119,6 @@ def _request(args: argparse.Namespace) -> _Request:
         device=torch.device("cuda", 0) if use_cuda else torch.device("cpu"),
         precision=precision, base=base, name=name, out=out,
         groups=[g for g in (2, 4, 8) if g <= max_ranks], quick=args.quick)
-
-
-def check_out_and_name(out: str | None, name: str | None) -> None:
-    """Refuse an empty --out or --name (`--out ''` wrote into the default folder) and an --out
-    that `--cluster` could not read back: without a .yaml/.yml suffix a bare word is taken for
-    a packaged profile name."""
-    if name is not None and not name.strip():
-        raise ConfigError("--name", "is empty", "give the profile a name, or leave --name out")
-    if out is None:
-        return
-    if not out.strip():
-        raise ConfigError("--out", "is empty", "give a path ending in .yaml, or leave --out out")
-    if Path(out).suffix.lower() not in (".yaml", ".yml"):
-        raise ConfigError("--out", f"{show(out)} does not end in .yaml or .yml",
-                          "add .yaml: profiles are YAML files, and `--cluster` reads a bare "
-                          "word as the name of a packaged profile")
 
 
 def check_base_device(base_ref: str, base: ClusterProfile, here: str) -> None:
