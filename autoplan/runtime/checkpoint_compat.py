@@ -5,9 +5,10 @@ DCP reshards every tensor by its layout-independent FQN, and the vocabulary's pa
 (a multiple of 128*tp, cost/params.py) are re-padded on load. A different model shape cannot:
 the saved tensors do not fit. Neither can another optimizer (its state has other keys), nor
 another global batch, data or seed: step t reads samples [(t-1)B, t*B) of the (data, seed)
-stream (data.py), so the resumed run would skip or repeat samples. --lr and the weight decay
-may change: the run's values replace the checkpoint's. All of it is decided here from
-meta.json and the DCP metadata, before any rank loads anything.
+stream (data.py), so the resumed run would skip or repeat samples; the data is compared by its
+path and by its fingerprint (files, sizes, SHA-256), so an edited corpus is refused too. --lr
+and the weight decay may change: the run's values replace the checkpoint's. All of it is
+decided here from meta.json and the DCP metadata, before any rank loads anything.
 """
 
 from __future__ import annotations
@@ -54,13 +55,17 @@ class RunSettings:
     data: str | None
     """--data, resolved; None for synthetic tokens."""
     seed: int
+    data_fingerprint: dict[str, Any] | None = None
+    """The corpus as read (data.scan_corpus): `files` ([name, bytes] in reading order),
+    `bytes` and `sha256`; None for synthetic tokens, or where the caller did not read it."""
 
     @classmethod
-    def of(cls, args: argparse.Namespace, plan: Plan, weight_decay: float = 0.0) -> RunSettings:
+    def of(cls, args: argparse.Namespace, plan: Plan, weight_decay: float = 0.0,
+           data_fingerprint: dict[str, Any] | None = None) -> RunSettings:
         data = str(Path(args.data).expanduser().resolve()) if args.data is not None else None
         return cls(optimizer=args.optimizer, lr=float(args.lr), weight_decay=weight_decay,
                    global_batch_size=plan.batch.global_batch_size, data=data,
-                   seed=int(args.seed))
+                   seed=int(args.seed), data_fingerprint=data_fingerprint)
 
 
 def checkpoint_meta(plan: Plan, spec: ModelSpec, world_size: int,
@@ -123,6 +128,8 @@ def check_resumable(found, plan: Plan, spec: ModelSpec) -> str | None:
     else return a line saying what changed in the layout (None when nothing did)."""
     changed = model_changes(found.meta, spec)
     shapes = shape_problems(found.metadata, spec, plan.parallel.tp)
+    if changed and not shapes and changed == [_dropout_change(found.meta, spec)]:
+        _refuse_dropout(found, spec)
     if changed or shapes:
         what = ", ".join(changed) if changed else shapes[0]
         extra = f" ({shapes[0]})" if changed and shapes else ""
@@ -133,6 +140,23 @@ def check_resumable(found, plan: Plan, spec: ModelSpec) -> str | None:
         return (f"resuming step {found.step} saved under another layout ({', '.join(layout)}): "
                 "DCP reshards it")
     return None
+
+
+def _dropout_change(meta: dict, spec: ModelSpec) -> str | None:
+    """model_changes' line for a saved numeric dropout other than this run's, else None."""
+    saved = meta["model"].get("dropout")
+    if isinstance(saved, (int, float)) and not isinstance(saved, bool) and saved != spec.dropout:
+        return f"model.dropout {saved!r} -> {model_fields(spec).get('dropout')!r}"
+    return None
+
+
+def _refuse_dropout(found, spec: ModelSpec) -> None:
+    """Only the dropout differs: the flag that sets it (--dropout replaces the plan's
+    model.dropout, launch.run_dropout) continues the run at the saved rate."""
+    saved = found.meta["model"].get("dropout")
+    raise ConfigError("--dropout", f"{spec.dropout!r}, but {found.path.name} was saved with "
+                      f"dropout {saved!r}", f"pass --dropout {saved!r} to continue it, "
+                      f"{_NEW_RUN}")
 
 
 def saved_optimizer(found) -> str | None:
@@ -178,6 +202,7 @@ def check_settings(found, run: RunSettings) -> str | None:
         now = "synthetic tokens" if run.data is None else repr(run.data)
         raise ConfigError("--data", f"{now}, but {name} was saved training on {what}",
                           f"{give} to continue it, {_NEW_RUN}")
+    _check_corpus(saved.get("data_fingerprint"), run, name)
     if "seed" in saved and saved["seed"] != run.seed:
         raise ConfigError("--seed", f"{run.seed}, but {name} was saved with --seed "
                           f"{saved['seed']}", f"pass --seed {saved['seed']} to continue it (the "
@@ -187,6 +212,33 @@ def check_settings(found, run: RunSettings) -> str | None:
     if changed:
         return f"resuming with {', '.join(changed)} (the command line replaces the checkpoint's)"
     return None
+
+
+def _check_corpus(saved: Any, run: RunSettings, name: str) -> None:
+    """The same --data path may hold other bytes now (a file edited, added or removed):
+    refuse when the saved fingerprint differs (none saved, or none read: nothing to compare)."""
+    now = run.data_fingerprint
+    if not isinstance(saved, dict) or now is None or (
+            saved.get("sha256") == now.get("sha256") and saved.get("files") == now.get("files")):
+        return
+    raise ConfigError("--data", f"{run.data} changed since {name} was saved "
+                      f"({corpus_change(saved, now)})", "restore the files it was trained on to "
+                      f"continue it, {_NEW_RUN}")
+
+
+def corpus_change(saved: dict, now: dict) -> str:
+    """The first difference between two data fingerprints, in words."""
+    was = {str(n): s for n, s in saved.get("files") or []}
+    has = {str(n): s for n, s in now.get("files") or []}
+    for n in sorted(set(was) | set(has)):
+        if n not in has:
+            return f"{n} removed"
+        if n not in was:
+            return f"{n} added"
+        if was[n] != has[n]:
+            return f"{n} was {was[n]} bytes, now {has[n]}"
+    return (f"same {len(has)} file(s) and sizes, other content: SHA-256 "
+            f"{str(saved.get('sha256'))[:12]}... then, {str(now.get('sha256'))[:12]}... now")
 
 
 def check_steps(step: int, steps: int) -> None:

@@ -28,8 +28,9 @@ from autoplan.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-STEP_DIR = re.compile(r"^step-(\d{8})$")
-TMP_DIR = re.compile(r"^step-(\d{8})\.tmp$")
+STEP_DIR = re.compile(r"^step-(\d+)$")
+TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
+"""Checkpoint.save names folders step-{step:08d}: eight digits, more past step 99,999,999."""
 
 _ALLOWED_GLOBALS = {
     "torch.distributed.checkpoint.metadata": {
@@ -124,11 +125,11 @@ class Intact:
 
 
 def complete_dirs(root: Path) -> list[Path]:
-    """Renamed (whole) checkpoint folders, newest first."""
+    """Renamed (whole) checkpoint folders, newest (the highest step number) first."""
     if not root.is_dir():
         return []
     return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir()),
-                  key=lambda p: p.name, reverse=True)
+                  key=lambda p: (int(p.name[len("step-"):]), p.name), reverse=True)
 
 
 def verify(path: Path) -> Intact:

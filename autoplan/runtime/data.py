@@ -4,12 +4,14 @@ Sample k of a source is a pure function of (seed, k), so the batch of any step o
 known without reading earlier ones: step t (1-based) uses global samples
 [(t-1)*B, t*B), dp rank r the contiguous slice [r*B/dp, (r+1)*B/dp) of them. Resuming at step t
 therefore continues at the exact sample, and every layout sees the same global batch. That holds
-only for the same B, data and seed: checkpoints record them (and the samples consumed, t*B) and a
-resume with others is refused (checkpoint_compat.check_settings), rather than re-indexed.
+only for the same B, data and seed: checkpoints record them (the data as its path, its files with
+their sizes and their SHA-256; and the samples consumed, t*B) and a resume with others is refused
+(checkpoint_compat.check_settings), rather than re-indexed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from typing import Protocol
@@ -48,18 +50,26 @@ class SyntheticTokens:
 
 class ByteText:
     """Bytes of local text files as tokens (vocab 256), packed into windows of seq_len + 1;
-    windows are visited in a seeded permutation per epoch."""
+    windows are visited in a seeded permutation per epoch. The bytes stay uint8 (one byte per
+    token in memory, not eight); a sample is widened to int64 when it is taken."""
 
     def __init__(self, path: str | Path, seq_len: int, seed: int = 0) -> None:
         self.seq_len, self.seed = seq_len, seed
-        files = _text_files(Path(path))
-        data = b"".join(_read(f) for f in files)
+        root = Path(path)
+        files = _text_files(root)
+        digest, listing, chunks = hashlib.sha256(), [], []
+        for f in files:  # hashed as read: the fingerprint costs no second pass
+            chunk = _read(f)
+            digest.update(chunk)
+            listing.append([_name(root, f), len(chunk)])
+            chunks.append(chunk)
+        data = bytearray().join(chunks)
+        del chunks
+        self.fingerprint = _fingerprint(listing, digest)
         self.num_windows = (len(data) - 1) // seq_len
         if self.num_windows < 1:  # before frombuffer, which refuses an empty buffer
-            raise ConfigError(
-                "--data", f"{path} holds {len(data)} bytes", f"need more than {seq_len + 1}"
-            )
-        self.tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+            raise _too_short(path, len(data), seq_len)
+        self.tokens = torch.frombuffer(data, dtype=torch.uint8)
         self._perms: dict[int, torch.Tensor] = {}
         log.info("data: %d bytes from %d file(s), %d windows", len(data), len(files),
                  self.num_windows)
@@ -73,15 +83,59 @@ class ByteText:
     def sample(self, index: int) -> torch.Tensor:
         epoch, pos = divmod(index, self.num_windows)
         start = int(self._perm(epoch)[pos]) * self.seq_len
-        return self.tokens[start : start + self.seq_len + 1]
+        return self.tokens[start : start + self.seq_len + 1].to(torch.int64)
+
+
+_CHUNK = 1 << 20
+
+
+def scan_corpus(path: str | Path, seq_len: int) -> dict:
+    """What ByteText(path, seq_len) would check and fingerprint, read in 1 MiB chunks (the
+    launcher's early check holds no copy of the corpus)."""
+    root = Path(path)
+    digest, listing, total = hashlib.sha256(), [], 0
+    for f in _text_files(root):
+        size = 0
+        try:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+        except OSError as err:
+            raise _unreadable(f, err) from None
+        listing.append([_name(root, f), size])
+        total += size
+    if (total - 1) // seq_len < 1:
+        raise _too_short(path, total, seq_len)
+    return _fingerprint(listing, digest)
+
+
+def _fingerprint(listing: list, digest) -> dict:
+    """What a checkpoint records of the corpus (checkpoint_compat.RunSettings.data_fingerprint):
+    every file in reading order with its size, and the SHA-256 of their bytes in that order."""
+    return {"files": listing, "bytes": sum(size for _, size in listing),
+            "sha256": digest.hexdigest()}
+
+
+def _name(root: Path, f: Path) -> str:
+    return f.name if f == root else f.relative_to(root).as_posix()
+
+
+def _too_short(path: str | Path, size: int, seq_len: int) -> ConfigError:
+    return ConfigError("--data", f"{path} holds {size} bytes",
+                       f"need at least {seq_len + 1} (one window of seq_len + 1 tokens)")
+
+
+def _unreadable(path: Path, err: OSError) -> ConfigError:
+    return ConfigError("--data", f"cannot read {path} ({err.strerror or err})",
+                       "fix its permissions or move it out of the data folder")
 
 
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as err:  # no permission, a device file, a file gone since it was listed
-        raise ConfigError("--data", f"cannot read {path} ({err.strerror or err})",
-                          "fix its permissions or move it out of the data folder") from None
+        raise _unreadable(path, err) from None
 
 
 def _text_files(path: Path) -> list[Path]:
@@ -91,17 +145,25 @@ def _text_files(path: Path) -> list[Path]:
         files = sorted(p for p in path.rglob("*") if p.is_file())
         if files:
             return files
-    raise ConfigError("--data", f"no text files at {str(path)!r}", "pass a file or a directory")
+        raise ConfigError("--data", f"the folder {str(path)!r} holds no files (its subfolders "
+                          "searched too)", "put text files in it, or pass one text file")
+    what = "is not a regular file or folder" if path.exists() else "does not exist"
+    raise ConfigError("--data", f"{str(path)!r} {what}", "pass a text file or a folder of them")
 
 
 def make_source(data: str | None, vocab_size: int, seq_len: int, seed: int) -> TokenSource:
     if data is None:
         return SyntheticTokens(vocab_size, seq_len, seed)
+    check_byte_vocab(vocab_size)
+    return ByteText(data, seq_len, seed)
+
+
+def check_byte_vocab(vocab_size: int) -> None:
+    """Byte-level text needs a token id for each of the 256 byte values."""
     if vocab_size < BYTE_VOCAB:
         raise ConfigError(
             "--data", f"the model's vocab_size {vocab_size} < 256", "byte-level text needs 256"
         )
-    return ByteText(data, seq_len, seed)
 
 
 def local_batch(

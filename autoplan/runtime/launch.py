@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from autoplan.errors import AutoplanError, ConfigError, InfeasiblePlanError, RuntimeLaunchError
+from autoplan.runtime.rank_errors import read_rank_error
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,10 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
-def preflight(args: argparse.Namespace, world_size: int, plan=None):
+def preflight(args: argparse.Namespace, world_size: int, plan=None, *, check_data: bool = True):
     """Load (or take, e.g. an elastic re-plan) and check the plan for `world_size` processes;
-    returns (plan, spec, backend)."""
+    returns (plan, spec, backend). `check_data=False` leaves --data to the caller (a rank
+    reads it once, into its source; the launcher scans it once: data_preflight)."""
     from autoplan.plan import load_plan
     from autoplan.runtime.train_args import check_train_args
     from autoplan.runtime.validation import check_plan
@@ -59,11 +61,21 @@ def preflight(args: argparse.Namespace, world_size: int, plan=None):
     plan = run_dropout(args, plan if plan is not None else load_plan(args.plan))
     spec = plan.model_spec()
     check_plan(plan, spec, world_size)
-    if args.data is not None:
-        from autoplan.runtime.data import make_source
-
-        make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)  # fails early
+    if check_data:
+        data_preflight(args, spec)
     return plan, spec, resolve_backend(args.backend)
+
+
+def data_preflight(args: argparse.Namespace, spec) -> dict | None:
+    """Check --data as the ranks will read it, streamed (no copy of the corpus held here);
+    returns its fingerprint (files, sizes, SHA-256), None for synthetic tokens."""
+    data = getattr(args, "data", None)
+    if data is None:
+        return None
+    from autoplan.runtime.data import check_byte_vocab, scan_corpus
+
+    check_byte_vocab(spec.vocab_size)
+    return scan_corpus(data, spec.seq_len)
 
 
 def run_dropout(args: argparse.Namespace, plan):
@@ -181,10 +193,12 @@ def stop_file_for(summary_file: str) -> str:
     return os.path.join(os.path.dirname(summary_file), "stop")
 
 
-def resume_preflight(args: argparse.Namespace, plan, spec) -> None:
+def resume_preflight(args: argparse.Namespace, plan, spec,
+                     data_fingerprint: dict | None = None) -> None:
     """Before any rank starts (the ranks repeat the decisions, which are deterministic):
     --resume refuses a folder without an intact checkpoint, a hostile one, one of
-    another model, optimizer, batch, data or seed, and one already at --steps."""
+    another model, optimizer, batch, data (its path or, by `data_fingerprint`, its content:
+    data_preflight's, scanned here when not given) or seed, and one already at --steps."""
     from autoplan.runtime.checkpoint_compat import (
         RunSettings,
         check_resumable,
@@ -208,7 +222,9 @@ def resume_preflight(args: argparse.Namespace, plan, spec) -> None:
             check_fresh_start(args)
         return  # a job's first launch (exported jobs always pass --resume): step 0
     check_resumable(found, plan, spec)
-    check_settings(found, RunSettings.of(args, plan))
+    if data_fingerprint is None:
+        data_fingerprint = data_preflight(args, spec)
+    check_settings(found, RunSettings.of(args, plan, data_fingerprint=data_fingerprint))
     check_steps(found.step, args.steps)
 
 
@@ -234,10 +250,17 @@ rank-0 node dies the survivors' workers cannot reach a store. Unshared, rank 0 o
 hosts a fresh store for its workers (worker._job_store)."""
 
 
-def torchrun_command(nproc: int, max_restarts: int, argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "-m", "autoplan.runtime.worker", *argv]
+def torchrun_command(nproc: int, max_restarts: int, argv: list[str],
+                     errors: str | None = None) -> list[str]:
+    """torchrun running the worker; with `errors` (the folder the ranks write a refusal to,
+    rank_errors.rank_error_file) through rank_errors.quiet_torchrun, which leaves torchrun's
+    traceback out when a rank refused (the launcher says the refusal in one line)."""
+    torchrun = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                "-m", "autoplan.runtime.worker", *argv]
+    if errors is None:
+        return [sys.executable, "-m", "torch.distributed.run", *torchrun]
+    return [sys.executable, "-c", "import sys; from autoplan.runtime.rank_errors import "
+            "quiet_torchrun; sys.exit(quiet_torchrun(sys.argv[1:]))", errors, *torchrun]
 
 
 def launch_and_report(args: argparse.Namespace) -> int:
@@ -260,14 +283,16 @@ def launch_and_report(args: argparse.Namespace) -> int:
 
         chosen = replan(given, nproc, space=elastic_space(args),
                         min_world=args.min_gpus or 1).plan
-    plan, spec, backend = preflight(args, chosen.world_size if chosen else nproc, chosen)
+    plan, spec, backend = preflight(args, chosen.world_size if chosen else nproc, chosen,
+                                    check_data=False)
+    fingerprint = data_preflight(args, spec)
     memory_preflight(args, plan, spec)
     host_preflight(args, plan, spec, nproc, backend)
-    resume_preflight(args, plan, spec)
+    resume_preflight(args, plan, spec, fingerprint)
     restarts = args.max_restarts or (ELASTIC_RESTARTS if args.elastic else 0)
     with tempfile.TemporaryDirectory(prefix="autoplan-train-") as tmp:
         summary_file = os.path.join(tmp, "summary.json")
-        cmd = torchrun_command(nproc, restarts, worker_argv(args, summary_file))
+        cmd = torchrun_command(nproc, restarts, worker_argv(args, summary_file), errors=tmp)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         if args.elastic:
@@ -280,8 +305,11 @@ def launch_and_report(args: argparse.Namespace) -> int:
         summary = None
         if outcome.returncode == 0 and os.path.exists(summary_file):
             summary = json.loads(Path(summary_file).read_text())
+        refusal = read_rank_error(tmp) if summary is None else None
     if outcome.signal is not None:
         raise TrainingInterrupted(outcome.signal, _interrupted(outcome, summary, args))
+    if refusal is not None:
+        raise refusal
     if summary is None:
         raise RuntimeLaunchError(f"torchrun exited with code {outcome.returncode}; see the "
                                  "rank logs above")
@@ -294,9 +322,11 @@ def launch_and_report(args: argparse.Namespace) -> int:
 def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str:
     name = signal.Signals(outcome.signal).name
     if outcome.killed or summary is None:
-        return (f"stopped by {name}: killed torchrun and the ranks before they finished a step"
-                + ("; --resume continues from the newest whole checkpoint"
-                   if args.checkpoint_dir else ""))
+        how = "killed torchrun and the ranks" if outcome.killed else "the ranks stopped"
+        last = _last_recorded_step(args.metrics_file)
+        ran = (f"; the last step recorded in --metrics-file was {last}" if last is not None
+               else "" if args.metrics_file is None else "; --metrics-file recorded no step")
+        return f"stopped by {name}: {how} without a summary{ran}; {_saved(args)}"
     step = summary.get("final_step")
     if step is None:
         return f"stopped by {name} before the first step finished (nothing saved)"
@@ -304,3 +334,34 @@ def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str
         return (f"stopped by {name} after step {step}; checkpoint step-{step:08d} saved in "
                 f"{args.checkpoint_dir}; continue with --resume")
     return f"stopped by {name} after step {step} (no --checkpoint-dir: nothing saved)"
+
+
+def _saved(args: argparse.Namespace) -> str:
+    """What a --resume after a stop without a summary would continue from."""
+    from autoplan.runtime.checkpoint_files import newest_intact
+
+    if not args.checkpoint_dir:
+        return "no --checkpoint-dir: nothing saved"
+    found, _ = newest_intact(args.checkpoint_dir)
+    if found is None:
+        return f"no whole checkpoint in {args.checkpoint_dir}: nothing to resume"
+    return f"--resume continues from {found.path.name} (step {found.step})"
+
+
+def _last_recorded_step(metrics_file: str | None) -> int | None:
+    """The step of the last whole record in --metrics-file (None without one)."""
+    if metrics_file is None:
+        return None
+    last = None
+    try:
+        with open(metrics_file, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by the kill
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                    last = rec["step"]
+    except OSError:
+        return None
+    return last

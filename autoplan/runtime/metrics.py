@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import resource
 import statistics
@@ -133,7 +134,7 @@ class MetricsSink:
         self.history.append(m)
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(asdict(m)) + "\n")
+                f.write(json.dumps(record_dict(m), allow_nan=False) + "\n")
         if self._console is not None:
             norm = "-" if m.grad_norm is None else f"{m.grad_norm:.3f}"
             scale = "" if m.loss_scale is None else f"  scale {m.loss_scale:g}"
@@ -144,6 +145,13 @@ class MetricsSink:
                 f"mem {m.peak_memory_bytes / 2**20:8.1f} MiB  |g| {norm}{scale}{skip}"
             )
             sys.stderr.flush()
+
+
+def record_dict(m: StepMetrics) -> dict[str, Any]:
+    """The JSONL record of `m`: a non-finite number (a diverged loss) as null, so every line
+    is JSON (bare NaN is not)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in asdict(m).items()}
 
 
 _RECORD_KEYS = {f.name: f.default is MISSING for f in fields(StepMetrics)}
@@ -167,7 +175,8 @@ def is_step_record(rec: Any) -> bool:
         return False
     step = rec["step"]
     return (isinstance(step, int) and not isinstance(step, bool) and step >= 1
-            and all(_is_number(rec[k]) for k in ("loss", "step_time_s", "tokens_per_s"))
+            and _is_number(rec["loss"], none=True)  # null: not finite (diverged)
+            and all(_is_number(rec[k]) for k in ("step_time_s", "tokens_per_s"))
             and isinstance(rec["peak_memory_bytes"], int)
             and _is_number(rec["grad_norm"], none=True)
             and _is_number(rec.get("loss_scale"), none=True)
@@ -234,33 +243,54 @@ def predicted(plan: Any) -> tuple[dict[str, Any] | None, str | None]:
 
 def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
               resumed_step: int = 0, peak: tuple[int, int] | None = None,
-              machine: dict[str, Any] | None = None) -> dict[str, Any]:
+              machine: dict[str, Any] | None = None,
+              device_mismatch: str | None = None) -> dict[str, Any]:
     """Measured medians over this run's steps after `warmup` (None when it had none: a
     warm-up step is no measurement), and the prediction for the plan. `steps` counts the
     run's steps including those before a resume (`resumed_from`). `peak`: (bytes, rank) of
-    the largest rank's training peak (job_peak); without it, this rank's step peaks."""
+    the largest rank's training peak (job_peak); without it, this rank's step peaks.
+    `device_mismatch`: machine.device_mismatch's line when the plan's profile describes
+    another device, which makes measured and predicted incomparable (noted, and the table
+    shows no ratios)."""
     steady = history[warmup:]
+    step_time = statistics.median(m.step_time_s for m in steady) if steady else None
     measured = {
-        "step_time_s": statistics.median(m.step_time_s for m in steady) if steady else None,
-        "tokens_per_s": statistics.median(m.tokens_per_s for m in steady) if steady else None,
+        "step_time_s": step_time,
+        # tokens per step / the median step time (a median of its own would not match it)
+        "tokens_per_s": (steady[0].tokens_per_s * steady[0].step_time_s / step_time
+                         if step_time else None),
         "memory_bytes": (peak[0] if peak is not None and history
                          else max((m.peak_memory_bytes for m in history), default=None)),
         "memory_rank": peak[1] if peak is not None and history else (0 if history else None),
     }
     pred, note = predicted(plan)
-    notes = [n for n in (note, _unmeasured(history, warmup, resumed_step)) if n]
+    notes = [n for n in (device_mismatch, note, _unmeasured(history, warmup, resumed_step),
+                         _diverged(history)) if n]
+    final = history[-1].loss if history else None
     return {
         "steps": history[-1].step if history else resumed_step,
         "steps_this_run": len(history),
         "resumed_from": resumed_step,
         "final_step": history[-1].step if history else None,
-        "final_loss": history[-1].loss if history else None,
+        "final_loss": final if final is not None and math.isfinite(final) else None,
         "skipped_steps": sum(m.skipped for m in history),
         "measured": measured,
         "predicted": pred,
         "machine": machine or {},
+        "device_mismatch": device_mismatch,
         "note": "; ".join(notes) or None,
     }
+
+
+def _diverged(history: list[StepMetrics]) -> str | None:
+    """The first step whose loss is not finite (NaN or inf), in words; None when none.
+    fp16 overflow steps are skipped, not diverged: their loss is finite."""
+    first = next((m for m in history if not math.isfinite(m.loss)), None)
+    if first is None:
+        return None
+    return (f"the loss is not finite from step {first.step} on (the run diverged: the final "
+            "loss is null; a lower --lr or --max-grad-norm may keep it finite; step times and "
+            "memory are still measured)")
 
 
 def _unmeasured(history: list[StepMetrics], warmup: int, resumed_step: int = 0) -> str | None:
@@ -344,9 +374,11 @@ def render_summary(console, summary: dict[str, Any]) -> None:
     table.add_column(f"predicted{priced}", justify="right")
     table.add_column("measured / predicted", justify="right")
     fmt = {"step_time_s": "{:.4f} s", "tokens_per_s": "{:,.0f}", "memory_bytes": "{:,.0f} B"}
+    comparable = not summary.get("device_mismatch")
     for key, f in fmt.items():
         m, p = summary["measured"].get(key), pred.get(key)
-        ratio = f"{m / p:.2f}" if m is not None and p else "-"
+        ratio = "-" if m is None or not p else (
+            f"{m / p:.2f}" if comparable else "not comparable")  # the note says why
         name = key
         if key == "memory_bytes" and summary["measured"].get("memory_rank") is not None:
             name = f"memory_bytes (rank {summary['measured']['memory_rank']}, the largest)"

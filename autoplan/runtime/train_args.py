@@ -15,6 +15,10 @@ from autoplan.errors import ConfigError
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """Longest --pg-timeout-s (a week): datetime.timedelta overflows far above it."""
+MIN_TIMEOUT_S = 1.0
+"""Shortest --pg-timeout-s: it also bounds each rank's connect to the job's TCPStore and the
+gloo rendezvous, which wait for every rank to start (ranks import torch at the same moment,
+seconds apart on a busy host); at 1 ms the store's connect times out with torch's traceback."""
 OUTPUT_FLAGS = ("--checkpoint-dir", "--metrics-file", "--run-record")
 PATH_FLAGS = ("--data", *OUTPUT_FLAGS)
 """Path flags whose `~` is expanded here (bash leaves it in `--flag=~/x`)."""
@@ -72,9 +76,10 @@ def check_train_args(args: argparse.Namespace) -> None:
     if args.dropout is not None:
         _number("--dropout", args.dropout, 0.0, 1.0, high_open=True,
                 fix="expected a probability in [0, 1)")
-    _number("--pg-timeout-s", args.pg_timeout_s, 0.0, MAX_TIMEOUT_S, low_open=True,
-            fix=f"expected seconds in (0, {MAX_TIMEOUT_S:.0f}] (finite: a failed rank "
-                "cannot hang the job)")
+    _number("--pg-timeout-s", args.pg_timeout_s, MIN_TIMEOUT_S, MAX_TIMEOUT_S,
+            fix=f"expected seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:.0f}] (at least "
+                f"{MIN_TIMEOUT_S:g} s: the ranks' start-up and rendezvous wait under it; "
+                "finite: a failed rank cannot hang the job)")
     for flag, value in (("--max-restarts", args.max_restarts),
                         ("--checkpoint-every", args.checkpoint_every),
                         ("--keep-checkpoints", args.keep_checkpoints)):
@@ -111,8 +116,9 @@ def _check_elastic(args: argparse.Namespace) -> None:
 
 
 def _check_distinct(args: argparse.Namespace) -> None:
-    """Two outputs on one path would overwrite each other (found only after training), and an
-    output on an input (the plan, --data) would overwrite the input."""
+    """Two outputs on one path would overwrite each other (found only after training), an
+    output on an input (the plan, --data) would overwrite the input, and an output inside the
+    --data folder would be read as training data by the next run (a --resume)."""
     inputs = [(what, value) for what, value in (("the plan file", getattr(args, "plan", None)),
                                                 ("--data", getattr(args, "data", None)))
               if value is not None]
@@ -130,6 +136,19 @@ def _check_distinct(args: argparse.Namespace) -> None:
             if key == os.path.normpath(Path(source).absolute()) or _same_file(value, source):
                 raise ConfigError(flag, f"{value!r} is {what}", "give the output another path "
                                   "(an output never replaces an input)")
+        data = getattr(args, "data", None)
+        if data is not None and _inside(value, data):
+            raise ConfigError(flag, f"{value!r} is inside the --data folder {data!r}",
+                              "give the output a path outside it (every file there is read as "
+                              "training data, so a --resume would train on this output)")
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` (existing or not) lies below the folder `folder`, links resolved."""
+    if not os.path.isdir(folder):
+        return False
+    inner, outer = os.path.realpath(path), os.path.realpath(folder)
+    return inner != outer and os.path.commonpath([inner, outer]) == outer
 
 
 def _same_file(a: str, b: str) -> bool:

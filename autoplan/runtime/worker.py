@@ -130,7 +130,9 @@ def run(args: argparse.Namespace) -> dict | None:
             wait_idle(store, rank, chosen, lambda: stop.set)
             return None
     world = chosen.world_size if chosen is not None else present
-    plan, spec, backend = preflight(args, world, chosen.plan if chosen is not None else None)
+    plan, spec, backend = preflight(args, world, chosen.plan if chosen is not None else None,
+                                    check_data=False)
+    source = make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)  # read once
     args.effective_plan = plan  # what run_and_report writes into the run record
     device = torch.device("cpu")
     if backend == "nccl":
@@ -149,14 +151,14 @@ def run(args: argparse.Namespace) -> dict | None:
     trainer = Trainer(pm, OptimConfig(name=args.optimizer, lr=args.lr,
                                       max_grad_norm=args.max_grad_norm), seed=args.seed,
                       reseed=args.dropout > 0)
-    settings = RunSettings.of(args, plan, trainer.optim_cfg.weight_decay)
+    settings = RunSettings.of(args, plan, trainer.optim_cfg.weight_decay,
+                              data_fingerprint=getattr(source, "fingerprint", None))
     ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers,
                         tied=pm.tie_embeddings, loss_scaler=pm.loss_scaler,
                         keep=args.keep_checkpoints) if args.checkpoint_dir else None
     if ckpt is not None:
         _resume(ckpt, trainer, plan, spec, settings, args)
     resumed = trainer.step
-    source = make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)
     sink = MetricsSink(args.metrics_file, live=True, resumed_step=resumed) \
         if rank == 0 else None
     meta = {"plan": os.path.basename(args.plan), **checkpoint_meta(plan, spec, world, settings)}
@@ -186,7 +188,7 @@ def run(args: argparse.Namespace) -> dict | None:
             break
     largest = job_peak(peak.bytes)  # every rank: the cost model prices the largest
     summary = summarize(sink.history, plan, resumed_step=resumed, peak=largest,
-                        machine=machine) if sink is not None else None
+                        machine=machine, device_mismatch=mismatch) if sink is not None else None
     del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
     dist.barrier()
     if chosen is not None and rank == 0:
@@ -258,8 +260,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_and_report(args)
     except AutoplanError as err:
-        print(f"autoplan: error: {err}", file=sys.stderr)
+        if not _tell_launcher(args, err):
+            print(f"autoplan: error: {err}", file=sys.stderr)
         return err.exit_code
+
+
+def _tell_launcher(args: argparse.Namespace, err) -> bool:
+    """Under `autoplan train` (--summary-file in its temporary folder): hand the refusal to
+    the launcher, which says it in one line with its exit code (rank_errors.read_rank_error)."""
+    if not args.summary_file:
+        return False
+    from autoplan.runtime.rank_errors import write_rank_error
+
+    return write_rank_error(os.path.dirname(args.summary_file),
+                            int(os.environ.get("RANK", "0") or 0), err)
 
 
 if __name__ == "__main__":
