@@ -46,6 +46,8 @@ SWITCHES = frozenset(
         "--standalone",
         "--no-python",
         "--use-rotary-position-embeddings",
+        "--cpu-offloading",
+        "--distribute-saved-activations",
     }
 ) | MOE_SWITCHES
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
@@ -323,6 +325,36 @@ def _recompute(f: Flags, modules: list[str] | None = None) -> dict[str, Any]:
     return {"policy": "full", "num_layers": count if method == "block" else None}
 
 
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+"""--cp-comm-type's values (megatron/training/arguments.py: nargs='+', one for all layers or one
+per layer; default p2p)."""
+
+
+def _refuse_unplanned(f: Flags, cp: int, text: str) -> None:
+    """Megatron settings a plan cannot say, refused rather than priced as something else:
+    all-to-all context parallelism (a2a, a2a+p2p: Ulysses-style head scattering; autoplan plans
+    and prices the ring, p2p or allgather, as the DeepSpeed importer refuses Ulysses), an
+    optimizer other than Adam (the cost model prices Adam's 12 bytes of state per parameter),
+    and Transformer Engine's --cpu-offloading of layers' activations and weights."""
+    kinds = flag_values(expand_variables(text), "--cp-comm-type") or ["p2p"]
+    for kind in kinds:
+        if kind not in CP_COMM_TYPES:
+            raise ConfigError(f"{f.what} --cp-comm-type", f"got {show(kind)}",
+                              f"expected one of {', '.join(CP_COMM_TYPES)}")
+    if cp > 1 and any(kind.startswith("a2a") for kind in kinds):
+        raise ConfigError(f"{f.what} --cp-comm-type", f"{' '.join(kinds)}: all-to-all "
+                          "context parallelism", "autoplan plans ring context parallelism: "
+                          "import the run with --cp-comm-type p2p or allgather")
+    optimizer = f.text("--optimizer", "adam")
+    if optimizer != "adam":
+        raise ConfigError(f"{f.what} --optimizer", f"got {show(optimizer)}", "autoplan prices "
+                          "Adam's states (12 bytes per parameter): import an Adam run")
+    if f.has("--cpu-offloading"):
+        raise ConfigError(f"{f.what} --cpu-offloading", "offloads layers' activations and "
+                          "weights to the host, which a plan cannot say", "drop it to import "
+                          "the run without it (its activations then priced on the GPU)")
+
+
 def megatron_plan_dict(
     text: str, model_ref: Any, num_gpus: int | None, what: str
 ) -> dict[str, Any]:
@@ -360,6 +392,7 @@ def megatron_plan_dict(
             f"got {fraction}",
             "autoplan models offloading all optimizer states (1.0)",
         )
+    _refuse_unplanned(f, cp, text)
     mb = f.need("--micro-batch-size")
     return {
         "model": model_ref,

@@ -216,3 +216,27 @@ def test_sequence_parallel_at_tp_1_imports_off_as_megatron_runs_it(tmp_path):
     launch = _launch(tmp_path, "--sequence-parallel", tp=1, pp=2)
     assert _ds(launch).sequence_parallel is False
     assert _ds(_launch(tmp_path, "--sequence-parallel", tp=2, pp=2)).sequence_parallel is True
+
+
+# ---- settings a plan cannot say are refused, not priced as something else --------------------
+
+@pytest.mark.parametrize("flags, needle", [
+    ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type: a2a: all-to-all"),
+    ("--context-parallel-size 2 --cp-comm-type p2p a2a+p2p", "all-to-all context parallelism"),
+    ("--context-parallel-size 2 --cp-comm-type ring", "expected one of p2p, a2a"),
+    ("--optimizer sgd", "--optimizer: got 'sgd'"),
+    ("--cpu-offloading", "--cpu-offloading: offloads"),
+])
+def test_megatron_settings_a_plan_cannot_say_are_refused(tmp_path, capsys, flags, needle):
+    args = _args(tmp_path, f"{GPT3_1_3B} --micro-batch-size 2 {flags}")
+    assert_refused(capsys, ["import", str(args), "--from", "megatron", "--cluster", CLUSTER,
+                            "--num-gpus", "8"], needle)
+
+
+@pytest.mark.parametrize("flags", ["--context-parallel-size 2 --cp-comm-type p2p",
+                                   "--context-parallel-size 2 --cp-comm-type allgather",
+                                   "--cp-comm-type a2a", "--optimizer adam"])
+def test_ring_context_parallelism_and_adam_import(tmp_path, flags):
+    """The ring (p2p, allgather) is what autoplan plans; a2a without cp > 1 changes nothing."""
+    plan = _megatron(_args(tmp_path, f"{GPT3_1_3B} --micro-batch-size 2 {flags}"))
+    assert plan.parallel.cp == (2 if "--context-parallel-size 2" in flags else 1)
