@@ -325,9 +325,10 @@ def _recompute(f: Flags, modules: list[str] | None = None) -> dict[str, Any]:
     return {"policy": "full", "num_layers": count if method == "block" else None}
 
 
-CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+CP_COMM_TYPES = ("p2p", "all_gather", "allgather", "a2a", "a2a+p2p")
 """--cp-comm-type's values (megatron/training/arguments.py: nargs='+', one for all layers or one
-per layer; default p2p)."""
+per layer; default p2p). Megatron passes them to Transformer Engine's cp_comm_type, which takes
+all_gather (what `export --to megatron` writes); Megatron's help spells it allgather."""
 
 
 def _refuse_unplanned(f: Flags, cp: int, text: str) -> None:
@@ -344,7 +345,7 @@ def _refuse_unplanned(f: Flags, cp: int, text: str) -> None:
     if cp > 1 and any(kind.startswith("a2a") for kind in kinds):
         raise ConfigError(f"{f.what} --cp-comm-type", f"{' '.join(kinds)}: all-to-all "
                           "context parallelism", "autoplan plans ring context parallelism: "
-                          "import the run with --cp-comm-type p2p or allgather")
+                          "import the run with --cp-comm-type p2p or all_gather")
     optimizer = f.text("--optimizer", "adam")
     if optimizer != "adam":
         raise ConfigError(f"{f.what} --optimizer", f"got {show(optimizer)}", "autoplan prices "

@@ -223,7 +223,7 @@ def test_sequence_parallel_at_tp_1_imports_off_as_megatron_runs_it(tmp_path):
 @pytest.mark.parametrize("flags, needle", [
     ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type: a2a: all-to-all"),
     ("--context-parallel-size 2 --cp-comm-type p2p a2a+p2p", "all-to-all context parallelism"),
-    ("--context-parallel-size 2 --cp-comm-type ring", "expected one of p2p, a2a"),
+    ("--context-parallel-size 2 --cp-comm-type ring", "expected one of p2p, all_gather"),
     ("--optimizer sgd", "--optimizer: got 'sgd'"),
     ("--cpu-offloading", "--cpu-offloading: offloads"),
 ])
@@ -235,8 +235,11 @@ def test_megatron_settings_a_plan_cannot_say_are_refused(tmp_path, capsys, flags
 
 @pytest.mark.parametrize("flags", ["--context-parallel-size 2 --cp-comm-type p2p",
                                    "--context-parallel-size 2 --cp-comm-type allgather",
+                                   "--context-parallel-size 2 --cp-comm-type all_gather",
                                    "--cp-comm-type a2a", "--optimizer adam"])
 def test_ring_context_parallelism_and_adam_import(tmp_path, flags):
-    """The ring (p2p, allgather) is what autoplan plans; a2a without cp > 1 changes nothing."""
+    """The ring (p2p, all_gather as Transformer Engine spells it and `export --to megatron`
+    writes it, allgather as Megatron's help does) is what autoplan plans; a2a without cp > 1
+    changes nothing."""
     plan = _megatron(_args(tmp_path, f"{GPT3_1_3B} --micro-batch-size 2 {flags}"))
     assert plan.parallel.cp == (2 if "--context-parallel-size 2" in flags else 1)
