@@ -257,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="autoplan-train-worker")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
+    if args.summary_file:  # under `autoplan train`: the launcher reads only this attempt's refusals
+        from autoplan.runtime.rank_errors import mark_attempt
+
+        mark_attempt(os.path.dirname(args.summary_file))
     try:
         return run_and_report(args)
     except AutoplanError as err:

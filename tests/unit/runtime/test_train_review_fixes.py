@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoplan.errors import ConfigError
+from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.plan import save_plan
 from autoplan.runtime.checkpoint_compat import RunSettings
 from autoplan.runtime.data import ByteText, scan_corpus
@@ -168,6 +168,26 @@ def test_the_launcher_says_a_ranks_refusal_in_one_line_with_its_code(tmp_path, c
     assert_refused(capsys, ["train", plan, "--steps", "2"], f"autoplan train: error: {REFUSAL}")
 
 
+def test_only_the_last_attempts_refusal_is_read(tmp_path, monkeypatch):
+    """Under --max-restarts: a refusal from attempt 0 is not why attempt 1 failed. Attempt 1
+    started (its marker) and wrote none: nothing is read, so the launcher reports the failure
+    as a failure; a refusal attempt 1 writes is read, whatever attempt 0 wrote."""
+    from autoplan.runtime.rank_errors import mark_attempt, read_rank_error, write_rank_error
+
+    folder = str(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    mark_attempt(folder)
+    write_rank_error(folder, 0, ConfigError("--data", "first attempt's refusal"))
+    assert "first attempt" in str(read_rank_error(folder))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    mark_attempt(folder)
+    assert read_rank_error(folder) is None
+    write_rank_error(folder, 3, ConfigError("--data", "second attempt's refusal"))
+    write_rank_error(folder, 1, InfeasiblePlanError("rank 1 of the second attempt"))
+    err = read_rank_error(folder)
+    assert err is not None and "rank 1 of the second" in str(err) and err.exit_code == 3
+
+
 @pytest.mark.timeout(60)
 def test_torchrun_stays_quiet_when_a_rank_refused_and_not_otherwise(tmp_path):
     """Real torchrun, one rank that refuses (writes its error and exits 2): no traceback.
@@ -190,7 +210,7 @@ def test_torchrun_stays_quiet_when_a_rank_refused_and_not_otherwise(tmp_path):
     quiet = run("refuse")
     assert quiet.returncode == 1 and "Traceback" not in quiet.stderr, quiet.stderr
     assert "ChildFailedError" not in quiet.stderr and "failed (exitcode" not in quiet.stderr
-    (tmp_path / "error.rank0.json").unlink()
+    (tmp_path / "error.attempt0.rank0.json").unlink()
     loud = run("crash")
     assert loud.returncode != 0 and "ChildFailedError" in loud.stderr, loud.stderr
 
