@@ -37,7 +37,8 @@ def family(runtime: str) -> str:
     """Runtimes that share kernels and schedules share validation runs. autoplan's CUDA runtime
     is built as torchtitan is (FSDP2, DTensor, torch.distributed.pipelining, eager kernels):
     until runs of its own on GPUs are validated it takes torchtitan's residuals."""
-    if runtime in ("megatron", "megatron-2021", "megatron-2022", "megatron-deepep", "nemo"):
+    if runtime in ("megatron", "megatron-2021", "megatron-2022", "megatron-deepep",
+                   "megatron-allgather", "nemo"):
         return "megatron"
     if runtime in ("autoplan-cuda", "torchtitan-0.3"):
         return "torchtitan"

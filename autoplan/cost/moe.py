@@ -266,7 +266,7 @@ def node_dedup_share(model: ModelSpec, r: Rows, gpus_per_node: int) -> np.ndarra
 
 def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
                            dispatch_bytes: float | None = None,
-                           dedup_nodes: bool = False) -> np.ndarray:
+                           dedup_nodes: bool = False, all_gather: bool = False) -> np.ndarray:
     """Seconds of a mean block's all-to-alls per micro-batch (forward and backward): four of
     dispatched tokens x k x h elements over the EP group, priced by tier (comm.ALL_TO_ALL; EP
     ranks stride etp in Megatron-Core's expert grid, so a group stays in a node while ep * etp
@@ -285,9 +285,12 @@ def all_to_all_per_block_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
     bandwidth ... contains local rank traffic"). Less the own node's share of a token's
     nodes (about 1/2, 1/4, 1/8 at 2, 4, 8 nodes, tokens routed to at most four nodes) those are
     ~21, ~43 and ~45 GB/s through the NIC, at or under the profile curve's 0.85 of 50 GB/s for
-    large messages, so the curve is kept."""
+    large messages, so the curve is kept. `all_gather`: the dispatcher gathers every token
+    instead (all_gather_dispatch_s)."""
     if model.moe is None:
         return np.zeros_like(r.b)
+    if all_gather:
+        return all_gather_dispatch_s(model, profile, r)
     gpn = profile.gpus_per_node
     elements = (dispatched_tokens(model, r) / r.etp * model.moe.experts_per_token
                 * busiest_factor(model) * model.hidden_size)
@@ -401,3 +404,28 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     core = float(compute.attention_core_flops(model, np.array(1), np.array(1), np.array(1)))
     logits = 2.0 * s * model.hidden_size * model.vocab_size
     return 6.0 * s * weights + 3.0 * (model.num_layers * core + logits)
+
+
+def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) -> np.ndarray:
+    """Seconds of a mean block's token exchange per micro-batch (forward and backward) under
+    Megatron-Core's allgather dispatcher (--moe-token-dispatcher-type allgather, its default;
+    megatron/core/transformer/moe/token_dispatcher.py, MoEAllGatherTokenDispatcher): the
+    dispatch all-gathers every rank's tokens over the expert-TP x EP group ("[(S/TP)*B, H] ->
+    [S*B*EP, H]"), whatever their routing, each rank picks those for its own experts, and the
+    combine reduce-scatters the outputs back; autograd runs the mirror images in backward
+    (a reduce-scatter and an all-gather). The expert-TP share of that gather is the one sequence
+    parallelism makes for any MLP, priced with the tensor-parallel collectives; here the EP
+    share: two all-gathers and two reduce-scatters of the dispatched tokens x ep x h, at the
+    activations' width, over the EP group placed as the all-to-all's. The busiest expert's
+    excess is compute, not traffic: every rank receives every token."""
+    assert model.moe is not None
+    gathered_bytes = dispatched_tokens(model, r) * r.ep * model.hidden_size * r.weight_bytes
+    gpn = profile.gpus_per_node
+
+    def one(kind: str) -> np.ndarray:
+        return comm.collective_time_s(kind, gathered_bytes, r.ep,
+                                      comm.intra_node(r.etp, r.ep, gpn), profile,
+                                      per_node=comm.members_per_node(r.etp, r.ep, gpn))
+
+    exchange = one(comm.ALL_GATHER) + one(comm.REDUCE_SCATTER)
+    return np.where(r.ep > 1, moe_share(model) * 2.0 * exchange, 0.0)

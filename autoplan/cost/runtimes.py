@@ -251,7 +251,10 @@ class RuntimeTraits:
     (Megatron-Core --moe-token-dispatcher-type alltoall). `deepep`: one copy per destination
     node, forwarded to its experts over NVLink (DeepEP's internode kernels; Megatron-Core
     --moe-token-dispatcher-type flex with the DeepEP backend; DeepSeek-V3 report §3.2.2), so a
-    group across nodes sends moe.node_dedup_share of the copies through the NICs."""
+    group across nodes sends moe.node_dedup_share of the copies through the NICs. `allgather`:
+    every token to every rank of the expert-TP x EP group, each keeping those for its experts,
+    and the outputs reduce-scattered back (Megatron-Core --moe-token-dispatcher-type allgather,
+    its default; moe.all_gather_dispatch_s)."""
     cp_exchange: str = "all-gather"
     """How context parallelism brings each rank the K/V of the whole sequence. `all-gather`: one
     all-gather of the grouped K/V heads before attention and a reduce-scatter of their gradients
@@ -553,7 +556,7 @@ class RuntimeTraits:
         """Fields that name one of a few kinds."""
         if not isinstance(self.dualpipe, bool):
             _refuse("dualpipe", self.dualpipe, "expected true or false")
-        for field, allowed in (("ep_dispatcher", ("alltoall", "deepep")),
+        for field, allowed in (("ep_dispatcher", EP_DISPATCHERS),
                                ("cp_exchange", CP_EXCHANGES),
                                ("tp_comm_overlap_method", TP_OVERLAP_METHODS),
                                ("attention_kernel", ATTENTION_KERNELS)):
@@ -695,6 +698,8 @@ class RuntimeTraits:
 
 TP_OVERLAP_METHODS = ("none", "async-dgrad", "userbuffers")
 """RuntimeTraits.tp_comm_overlap_method values."""
+EP_DISPATCHERS = ("alltoall", "deepep", "allgather")
+"""RuntimeTraits.ep_dispatcher's kinds."""
 CP_EXCHANGES = ("all-gather", "torch-ring")
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "fa-triton", "sdpa-cpu")
 """RuntimeTraits.attention_kernel values."""
@@ -753,32 +758,39 @@ _TORCHTITAN: dict[str, Any] = {
 }
 """torchtitan as its published runs (2024-25) used it; 0.3.0 starts from it."""
 
+_MEGATRON_TE: dict[str, Any] = {
+    **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
+    "chunked_dp_sync": True,
+    "attention_kernel": "cudnn",
+    "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
+    "offload_zero_stages": [1],  # the distributed optimizer's (HybridDeviceOptimizer)
+    "sharded_zero_with_pipeline": False,
+    "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
+}
+"""Megatron-Core with Transformer Engine, as `export --to megatron` runs it (the MoE alltoall
+dispatcher); the megatron-* presets differ from it in their MoE dispatcher alone."""
+
 _PRESETS: dict[str, dict[str, Any]] = {
     "megatron": {
-        **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
-        "chunked_dp_sync": True,
-        "attention_kernel": "cudnn",
+        **_MEGATRON_TE,
         "description": "Megatron-LM / Megatron-Core with Transformer Engine: fused norms, SwiGLU "
                        "and attention, selective = attention core, distributed optimizer (ZeRO-1) "
                        "with overlapped gradient reduce and parameter gather, Megatron-FSDP "
                        "(ZeRO-2/3) without a pipeline",
-        "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
-        "offload_zero_stages": [1],  # the distributed optimizer's (HybridDeviceOptimizer)
-        "sharded_zero_with_pipeline": False,
-        "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
     },
     "megatron-deepep": {
-        **_MEGATRON_CORE, "transformer_engine": True, "tp_comm_overlap_method": "async-dgrad",
-        "chunked_dp_sync": True,
-        "attention_kernel": "cudnn",
+        **_MEGATRON_TE,
         "description": "as megatron, with the MoE flex dispatcher on DeepEP "
                        "(--moe-token-dispatcher-type flex --moe-enable-deepep): tokens sent "
                        "once per destination node",
-        "selective": "attention-core", "zero_stages": [0, 1, 2, 3], "offload": ["optimizer"],
-        "offload_zero_stages": [1],  # the distributed optimizer's (HybridDeviceOptimizer)
-        "sharded_zero_with_pipeline": False,
-        "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
         "ep_dispatcher": "deepep",
+    },
+    "megatron-allgather": {
+        **_MEGATRON_TE,
+        "description": "as megatron, with the MoE allgather dispatcher (--moe-token-dispatcher-"
+                       "type allgather, Megatron's default): every token gathered over the "
+                       "expert-TP x EP group, the outputs reduce-scattered back",
+        "ep_dispatcher": "allgather",
     },
     "megatron-2021": _MEGATRON_2021,
     # The 2022 release (sequence parallelism and selective recompute, Korthikanti et al. 2022)

@@ -317,7 +317,8 @@ def block_costs(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: s
     lt = {**lt, **{k: compute.with_host(lt[f"{k}_device"] + x, lt[f"{k}_host"],
                                         runtime.host_runs_ahead) for k, x in extra.items()}}
     a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
-                                     dedup_nodes=runtime.ep_dispatcher == "deepep")
+                                     dedup_nodes=runtime.ep_dispatcher == "deepep",
+                                     all_gather=runtime.ep_dispatcher == "allgather")
     rec_extra, a2a_rec = recompute_extra_s(model, profile, r, precision, runtime, lt, parts, a2a)
     cp_layer, cp_rec = context_parallel_costs(model, profile, r, runtime, lt)
     return BlockCosts(block_s=lt, wgrad=lt["gemm_forward"] + delta, recompute=rec_extra, a2a=a2a,

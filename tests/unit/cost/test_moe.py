@@ -234,6 +234,34 @@ def test_deepep_runtime_sends_one_copy_per_node_only_across_nodes():
         estimate_plan(inside, model=m, runtime="megatron").time["ep_comm"] > 0.0
 
 
+def test_allgather_dispatcher_moves_every_token_whatever_the_routing():
+    """ep_dispatcher allgather (megatron-allgather, Megatron's default dispatcher): every rank
+    receives all of its EP group's tokens, so its traffic does not grow with top-k as the
+    all-to-all's does; at Mixtral's top-2 of 8 inside one node it moves ep / k = 4x the
+    all-to-all's bytes (less in time: the larger messages reach more of the link)."""
+    profile = load_profile("h100-sxm-80gb")
+    m = PRESETS["mixtral-8x7b"]
+    top4 = m.replace(moe=replace(m.moe, experts_per_token=4))
+    r2, r4 = (_rows(_plan("mixtral-8x7b", 8, dp=8, ep=8), x) for x in (m, top4))
+    a2a = [float(moe.all_to_all_per_block_s(x, profile, r)[0]) for x, r in ((m, r2), (top4, r4))]
+    gather = [float(moe.all_to_all_per_block_s(x, profile, r, all_gather=True)[0])
+              for x, r in ((m, r2), (top4, r4))]
+    assert gather[0] == gather[1] > 0.0
+    assert a2a[1] > 1.5 * a2a[0]
+    assert moe.busiest_factor(m) == 1.0
+    assert 2.0 * a2a[0] < gather[0] < 4.0 * a2a[0]
+    # no EP: the expert-TP gather is sequence parallelism's, priced with the TP collectives
+    tp_only = _rows(_plan("mixtral-8x7b", 8, dp=4, tp=2), m)
+    assert float(moe.all_gather_dispatch_s(m, profile, tp_only)[0]) == 0.0
+    plan = _plan("mixtral-8x7b", 64, gbs=256, dp=16, pp=4, ep=8)
+    plain = estimate_plan(plan, model=m, runtime="megatron")
+    gathered = estimate_plan(plan, model=m, runtime="megatron-allgather")
+    assert load_runtime("megatron-allgather").ep_dispatcher == "allgather"
+    assert gathered.time["compute"] == plain.time["compute"]  # only the exchange changes
+    assert gathered.time["ep_comm"] > 2.0 * plain.time["ep_comm"]
+    assert gathered.runtime == "megatron-allgather"
+
+
 def test_ep_dispatcher_is_checked_when_loaded(tmp_path):
     from autoplan.errors import ConfigError
 
