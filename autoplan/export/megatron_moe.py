@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -16,12 +17,19 @@ from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 from autoplan.yaml_io import show
 
+log = logging.getLogger(__name__)
+
 MOE_SWITCHES = frozenset({"--moe-grouped-gemm", "--moe-router-enable-expert-bias",
                           "--multi-latent-attention", "--moe-permute-fusion",
-                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm"})
+                          "--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm",
+                          "--moe-enable-deepep"})
 """store_true MoE/MLA flags (read as switches by the importer)."""
 DISPATCHERS = ("allgather", "alltoall", "flex")
-"""--moe-token-dispatcher-type choices; autoplan prices alltoall (cost/moe.py)."""
+"""--moe-token-dispatcher-type choices (Megatron's default: allgather). A plan does not say its
+dispatcher; the runtime traits do (RuntimeTraits.ep_dispatcher): the `megatron` preset prices
+alltoall, `megatron-allgather` allgather, `megatron-deepep` flex on DeepEP."""
+DISPATCHER_RUNTIME = {"allgather": "megatron-allgather", "alltoall": "megatron"}
+"""The runtime preset that prices each dispatcher as Megatron runs it (flex: by its backend)."""
 
 
 def moe_reasons(plan: Plan, model: ModelSpec) -> list[str]:
@@ -212,4 +220,27 @@ def expert_degrees(f: Any, tp: int) -> dict[str, int]:
     if dispatcher is not None and dispatcher not in DISPATCHERS:
         raise ConfigError(f"{f.what} --moe-token-dispatcher-type", f"got {show(dispatcher)}",
                           f"expected one of {', '.join(DISPATCHERS)}")
+    if f.integer("--num-experts") is not None and ep > 1:
+        _tell_dispatcher_runtime(f, dispatcher or "allgather")
     return {"ep": ep, "etp": etp}
+
+
+def _tell_dispatcher_runtime(f: Any, dispatcher: str) -> None:
+    """The plan cannot carry the launch's token dispatcher (a runtime trait): say which
+    `--runtime` prices it, unless it is the `megatron` preset's own alltoall."""
+    given = "" if f.text("--moe-token-dispatcher-type") else " (Megatron's default)"
+    if dispatcher == "flex":  # DeepEP by --moe-enable-deepep (2025) or the backend flag (2026;
+        # HybridEP is a branch of DeepEP, its README says: one copy per destination node too)
+        deepep = f.has("--moe-enable-deepep") or f.text("--moe-flex-dispatcher-backend") in (
+            "deepep", "hybridep")
+        runtime = "megatron-deepep" if deepep else None
+    else:
+        runtime = DISPATCHER_RUNTIME[dispatcher]
+    if runtime == "megatron":
+        return
+    if runtime is None:
+        log.warning("%s: --moe-token-dispatcher-type flex without DeepEP has no runtime preset: "
+                    "estimate it with --runtime megatron (alltoall) or megatron-deepep", f.what)
+        return
+    log.warning("%s: MoE tokens dispatched by %s%s: estimate the plan with --runtime %s (the "
+                "megatron runtime prices alltoall)", f.what, dispatcher, given, runtime)

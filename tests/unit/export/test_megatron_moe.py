@@ -4,6 +4,7 @@ export round-trips, and what Megatron cannot run is refused in one line."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -143,6 +144,35 @@ def test_import_reads_experts_and_expert_parallelism(tmp_path: Path):
     p = import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=8)
     assert (p.parallel.ep, p.parallel.etp) == (4, 1)
     assert p.model_spec().moe == PRESETS["tiny-moe"].moe
+
+
+@pytest.mark.parametrize(("flags", "runtime"), [
+    ("", "megatron-allgather"),  # Megatron's default dispatcher
+    ("--moe-token-dispatcher-type allgather", "megatron-allgather"),
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep", "megatron-deepep"),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep",
+     "megatron-deepep"),
+    ("--moe-token-dispatcher-type flex", None),
+    ("--moe-token-dispatcher-type alltoall", ""),
+])
+def test_import_names_the_runtime_that_prices_its_dispatcher(tmp_path: Path, caplog,
+                                                              flags: str, runtime):
+    """A plan has no dispatcher (a runtime trait): import says which --runtime prices the
+    launch's, in one line, and nothing for alltoall (the megatron preset's own)."""
+    path = tmp_path / "args.txt"
+    path.write_text(BASE + "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 "
+                    "--expert-model-parallel-size 4 --moe-grouped-gemm " + flags)
+    with caplog.at_level(logging.WARNING):
+        p = import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=8)
+    assert p.parallel.ep == 4
+    said = [r.getMessage() for r in caplog.records if "dispatch" in r.getMessage()]
+    if runtime == "":
+        assert said == []
+    elif runtime is None:
+        assert len(said) == 1 and "without DeepEP" in said[0]
+    else:
+        assert len(said) == 1 and f"--runtime {runtime}" in said[0] and "\n" not in said[0]
+        assert ("Megatron's default" in said[0]) == (flags == "")
 
 
 @pytest.mark.parametrize(  # torchtitan runs DeepSeek-V3 as its 671B flavor: test_torchtitan_moe
