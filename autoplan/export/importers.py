@@ -7,6 +7,7 @@ it with the same rules as every other plan. Settings autoplan cannot represent a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, plan_from_dict, set_field
 from autoplan.yaml_io import load_json_text, show
+
+log = logging.getLogger(__name__)
 
 
 def _read(path: str | Path, what: str) -> str:
@@ -115,6 +118,43 @@ def _zero_plus_plus(zero: dict[str, Any], what: str) -> None:
                               f"autoplan prices plain ZeRO, not ZeRO++: set {json.dumps(plain)}")
 
 
+def _switch(section: dict[str, Any], key: str, where: str) -> bool:
+    value = section.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}", f"got {show(value)}", "expected true or false")
+    return value
+
+
+def _activation_checkpointing(section: dict[str, Any], tp: int, what: str) -> None:
+    """deepspeed.checkpointing's settings (runtime/activation_checkpointing/config.py):
+    cpu_checkpointing keeps the checkpointed block inputs in host memory, which a plan cannot
+    say (refused); partition_activations splits them over the model-parallel ranks, which the
+    plan's price leaves whole on each (said: its memory is priced high)."""
+    where = f"{what} activation_checkpointing"
+    if _switch(section, "cpu_checkpointing", where):
+        raise ConfigError(f"{where}.cpu_checkpointing", "true: checkpointed activations kept "
+                          "in host memory, which a plan cannot say", "set it false to import "
+                          "the run with them on the GPU")
+    if _switch(section, "partition_activations", where) and tp > 1:
+        log.warning("%s.partition_activations: priced without it (each checkpointed block "
+                    "input whole on every one of the %d tensor-parallel ranks): the plan's "
+                    "memory is high by (tp - 1)/tp of those inputs", where, tp)
+
+
+def _mics(zero: dict[str, Any], what: str) -> None:
+    """MiCS (zero_optimization.mics_shard_size > 0: ZeRO-3 sharded over sub-groups of that many
+    ranks, replicated across them) is HSDP, which autoplan's deepspeed runtime has not
+    (RuntimeTraits.hsdp_zero_stages): refused rather than priced as ZeRO-3 over all ranks."""
+    size = zero.get("mics_shard_size", -1)
+    where = f"{what} zero_optimization.mics_shard_size"
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ConfigError(where, f"got {show(size)}", "expected a whole number (-1: off)")
+    if size > 0:
+        raise ConfigError(where, f"got {size}: MiCS shards over sub-groups (HSDP)", "the "
+                          "deepspeed runtime prices ZeRO over all data-parallel ranks: set -1 "
+                          "to import the run as plain ZeRO")
+
+
 def _enabled(cfg: dict[str, Any], key: str, what: str) -> bool:
     flag = _section(cfg, key, what).get("enabled", False)
     if flag == "auto":
@@ -147,9 +187,12 @@ def _zero_stage(zero: dict[str, Any], what: str) -> int:
 
 
 def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
-                        degrees: dict[str, int] | None = None) -> dict[str, Any]:
+                        degrees: dict[str, int] | None = None,
+                        checkpoint_settings: bool = True) -> dict[str, Any]:
     """Plan fields a DeepSpeed config determines (model and cluster come from the caller);
-    `degrees`: tp and pp the caller knows where the JSON cannot say them (--set)."""
+    `degrees`: tp and pp the caller knows where the JSON cannot say them (--set);
+    `checkpoint_settings`: the activation_checkpointing section's partition and host settings
+    govern (False under a Megatron-DeepSpeed launch, whose flags replace them)."""
     autotp = _section(cfg, "tensor_parallel", what).get("autotp_size", 0)
     tp = 1 if autotp == 0 else _require_int(autotp, f"{what} tensor_parallel.autotp_size")
     pipeline = _section(cfg, "pipeline", what)
@@ -218,7 +261,10 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
     # a section (any settings) is what export writes for a script that checkpoints each block
     # (deepspeed.checkpointing.checkpoint); null, like no key, configures nothing
     checkpointing = cfg.get("activation_checkpointing") is not None or interval > 0
-    _section(cfg, "activation_checkpointing", what)
+    section = _section(cfg, "activation_checkpointing", what)
+    if checkpoint_settings:
+        _activation_checkpointing(section, tp, what)
+    _mics(zero, what)
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},

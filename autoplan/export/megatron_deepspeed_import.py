@@ -11,6 +11,7 @@ flags must build --model. Flag meanings are those of megatron_deepspeed.py
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from autoplan.export.megatron_import import (
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags
 from autoplan.model_spec import ModelSpec
 
+log = logging.getLogger(__name__)
+
 SWITCHES = frozenset({
     "--deepspeed", "--no-pipeline-parallel", "--sequence-parallel", "--checkpoint-activations",
     "--recompute-activations",
@@ -35,6 +38,8 @@ SWITCHES = frozenset({
     "--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-triton", "--swiglu",
     "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--use-rotary-position-embeddings", "--no-position-embedding",
+    "--partition-activations", "--checkpoint-in-cpu", "--contigious-checkpointing",
+    "--synchronize-each-layer", "--profile-backward",
 })
 """store_true flags of pretrain_gpt.py and the deepspeed launcher's; they take no value."""
 DS_CHECKPOINTING = "--deepspeed-activation-checkpointing"
@@ -117,8 +122,26 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     precision = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
     _agree(what, "--bf16/--fp16", precision, data["precision"])
     data["recompute"] = recompute(f, pipeline=not f.has("--no-pipeline-parallel"))
+    if f.has(DS_CHECKPOINTING) and data["recompute"]["policy"] == "full":
+        checkpoint_flags(f, tp)
     data["attention"] = "flash" if any(f.has(x) for x in FLASH) else "eager"
     return data
+
+
+def checkpoint_flags(f: Flags, tp: int) -> None:
+    """What --deepspeed-activation-checkpointing hands deepspeed.checkpointing.configure
+    (megatron/initialize.py _configure_deepspeed_checkpointing; these arguments replace the
+    JSON's activation_checkpointing values): --checkpoint-in-cpu keeps the checkpointed block
+    inputs in host memory, which a plan cannot say (refused); --partition-activations splits
+    them over the tensor-parallel ranks, which the plan's price leaves whole (said)."""
+    if f.has("--checkpoint-in-cpu"):
+        raise ConfigError(f"{f.what} --checkpoint-in-cpu", "checkpointed activations kept in "
+                          "host memory, which a plan cannot say", "drop it to import the run "
+                          "with them on the GPU")
+    if f.has("--partition-activations") and tp > 1:
+        log.warning("%s --partition-activations: priced without it (each checkpointed block "
+                    "input whole on every one of the %d tensor-parallel ranks): the plan's "
+                    "memory is high by (tp - 1)/tp of those inputs", f.what, tp)
 
 
 def recompute(f: Flags, pipeline: bool) -> dict[str, Any]:
@@ -196,7 +219,7 @@ def import_launch(path: str | Path, *, model: str | None, cluster: str, num_gpus
         cfg = load_json_text(_read(p, "--deepspeed_config"), f"deepspeed config {p}")
         if not isinstance(cfg, dict):
             raise ConfigError(f"deepspeed config {p}", "expected a JSON object")
-        return deepspeed_plan_dict(cfg, dp, f"deepspeed config {p}")
+        return deepspeed_plan_dict(cfg, dp, f"deepspeed config {p}", checkpoint_settings=False)
 
     data = launch_plan_dict(_read(path, "FILE"), Path(path), num_gpus, what, read_config,
                             load_model(model))

@@ -87,6 +87,45 @@ def test_deepspeed_fp16_and_bf16_both_on_is_refused(tmp_path, capsys) -> None:
     _refused(*_import(tmp_path, capsys, "deepspeed", json.dumps(cfg)), "fp16", "bf16")
 
 
+@pytest.mark.parametrize(("section", "key", "value", "words"), [
+    ("activation_checkpointing", "cpu_checkpointing", True, ("host memory", "set it false")),
+    ("activation_checkpointing", "cpu_checkpointing", "yes", ("true or false",)),
+    ("activation_checkpointing", "partition_activations", 1, ("true or false",)),
+    ("zero_optimization", "mics_shard_size", 8, ("MiCS", "set -1")),
+    ("zero_optimization", "mics_shard_size", 2.5, ("whole number",)),
+])
+def test_deepspeed_settings_a_plan_cannot_say_are_refused(tmp_path, capsys, section, key,
+                                                          value, words) -> None:
+    cfg = json.loads(json.dumps(DS_BASE))
+    cfg.setdefault(section, {})[key] = value
+    if section == "zero_optimization":
+        cfg[section]["stage"] = 3
+    _refused(*_import(tmp_path, capsys, "deepspeed", json.dumps(cfg)), f"{section}.{key}",
+             *words)
+
+
+def test_deepspeed_plain_settings_still_import(tmp_path, capsys) -> None:
+    """MiCS off (-1), checkpoints on the GPU, partitioned at tp 1 (a no-op): nothing said."""
+    cfg = {**DS_BASE, "zero_optimization": {"stage": 3, "mics_shard_size": -1},
+           "activation_checkpointing": {"partition_activations": True,
+                                        "cpu_checkpointing": False}}
+    code, out, err = _import(tmp_path, capsys, "deepspeed", json.dumps(cfg))
+    assert code == 0 and "zero_stage: 3" in out and "policy: full" in out and err == ""
+
+
+def test_partitioned_activations_under_tp_are_said_to_be_priced_whole(caplog) -> None:
+    import logging
+
+    from autoplan.export.importers import deepspeed_plan_dict
+
+    cfg = {**DS_BASE, "activation_checkpointing": {"partition_activations": True}}
+    with caplog.at_level(logging.WARNING):
+        data = deepspeed_plan_dict(cfg, 4, "ds.json", {"tp": 2})
+    assert data["recompute"] == {"policy": "full"} and data["parallel"]["tp"] == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "partition_activations" in said[0] and "2 tensor" in said[0]
+
+
 def test_deepspeed_nan_is_not_json(tmp_path, capsys) -> None:
     text = json.dumps(DS_BASE).replace('"stage": 1', '"stage": NaN')
     _refused(*_import(tmp_path, capsys, "deepspeed", text), "NaN")

@@ -141,6 +141,34 @@ def test_recompute_megatron_deepspeed_would_not_run_is_refused(tmp_path, capsys,
                             "--cluster", CLUSTER], "--recompute-method: " + needle)
 
 
+DS_FULL = "--checkpoint-activations --deepspeed-activation-checkpointing"
+
+
+def test_a_launch_keeping_checkpoints_on_the_host_is_refused(tmp_path, capsys):
+    """--checkpoint-in-cpu (deepspeed.checkpointing's checkpoint_in_cpu): a plan cannot say it."""
+    launch = _launch(tmp_path, f"{DS_FULL} --checkpoint-in-cpu")
+    assert_refused(capsys, ["import", str(launch), "--from", "deepspeed", "--model", "gpt3-1.3b",
+                            "--cluster", CLUSTER], "--checkpoint-in-cpu: checkpointed "
+                   "activations kept in host memory")
+
+
+def test_a_launchs_flags_replace_its_jsons_checkpointing_settings(tmp_path, caplog):
+    """Megatron-DeepSpeed hands deepspeed.checkpointing.configure its own flags, which replace
+    the JSON's: the JSON's cpu_checkpointing is not the run's (imported), its
+    --partition-activations under tp 2 is said (priced whole), and without DeepSpeed's
+    checkpointing the flags configure nothing (nothing said)."""
+    import logging
+
+    host = {"activation_checkpointing": {"cpu_checkpointing": True}}
+    assert _ds(_launch(tmp_path, DS_FULL, cfg=host)).recompute.policy == RecomputePolicy.FULL
+    with caplog.at_level(logging.WARNING):
+        _ds(_launch(tmp_path, f"{DS_FULL} --partition-activations"))
+        _ds(_launch(tmp_path, "--checkpoint-activations --partition-activations"))
+        _ds(_launch(tmp_path, f"{DS_FULL} --partition-activations", tp=1, pp=2))
+    said = [r.getMessage() for r in caplog.records if "partition" in r.getMessage()]
+    assert len(said) == 1 and "2 tensor-parallel ranks" in said[0]
+
+
 def test_a_null_activation_checkpointing_section_is_no_recompute(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2,
