@@ -394,6 +394,11 @@ def megatron_plan_dict(
             "autoplan models offloading all optimizer states (1.0)",
         )
     _refuse_unplanned(f, cp, text)
+    recompute = _recompute(f, flag_values(expand_variables(text), "--recompute-modules"))
+    if f.has("--distribute-saved-activations") and tp > 1 and recompute["policy"] == "full":
+        log.warning("%s --distribute-saved-activations: priced without it (each checkpointed "
+                    "block input whole on every one of the %d tensor-parallel ranks): the "
+                    "plan's memory is high by (tp - 1)/tp of those inputs", what, tp)
     mb = f.need("--micro-batch-size")
     return {
         "model": model_ref,
@@ -404,7 +409,7 @@ def megatron_plan_dict(
         "pipeline": _stages(f, layers, pp),
         "zero_stage": _zero(f),
         "offload": {"optimizer": f.has("--optimizer-cpu-offload"), "params": False},
-        "recompute": _recompute(f, flag_values(expand_variables(text), "--recompute-modules")),
+        "recompute": recompute,
         "batch": {
             "micro_batch_size": mb,
             "global_batch_size": f.integer("--global-batch-size", mb * dp),

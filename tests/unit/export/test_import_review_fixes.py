@@ -169,6 +169,22 @@ def test_a_launchs_flags_replace_its_jsons_checkpointing_settings(tmp_path, capl
     assert len(said) == 1 and "2 tensor-parallel ranks" in said[0]
 
 
+def test_distributed_saved_activations_are_said_to_be_priced_whole(tmp_path, caplog):
+    """Megatron's --distribute-saved-activations splits full recompute's checkpoints over the
+    TP group; a plan cannot say it, so import says the plan prices them whole (tp > 1 only)."""
+    import logging
+
+    base = ("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+            "--vocab-size 51200 --micro-batch-size 2 --bf16 --recompute-granularity full "
+            "--recompute-method uniform --distribute-saved-activations ")
+    with caplog.at_level(logging.WARNING):
+        assert _megatron(_args(tmp_path, base + "--tensor-model-parallel-size 2")
+                         ).recompute.policy == RecomputePolicy.FULL
+        _megatron(_args(tmp_path, base + "--tensor-model-parallel-size 1"))
+    said = [r.getMessage() for r in caplog.records if "distribute" in r.getMessage()]
+    assert len(said) == 1 and "2 tensor-parallel ranks" in said[0]
+
+
 def test_a_null_activation_checkpointing_section_is_no_recompute(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2,
