@@ -13,16 +13,31 @@ from collections.abc import Collection
 
 from autoplan.errors import ConfigError
 
+_ASSIGNED = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=([^\s()'\"$;&|]+)[ \t]*$", re.M)
+_REFERENCE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
+
 
 def expand_variables(text: str) -> str:
-    """Substitute $NAME / ${NAME} where the text assigns NAME a plain value (NAME=8)."""
-    assigned = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=([^\s()'\"$;&|]+)[ \t]*$", re.M)
-    values = {m.group(1): m.group(2) for m in assigned.finditer(text)}
+    """Substitute $NAME / ${NAME} where the text assigns NAME a plain value (NAME=8), line by
+    line as the shell reads it: a use takes the value assigned above it (TP=2 ... $TP ... TP=4
+    is 2), and a name assigned only below its use (a function body called after the
+    assignments) takes its last assignment. A value that itself names an assigned variable
+    (TP=${TP_SIZE}) takes that variable's value."""
+    last = {m.group(1): m.group(2) for m in _ASSIGNED.finditer(text)}
+    seen: dict[str, str] = {}
 
     def value(m: re.Match[str]) -> str:
-        return values.get(m.group(1) or m.group(2), m.group(0))
+        name = m.group(1) or m.group(2)
+        return seen.get(name, last.get(name, m.group(0)))
 
-    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", value, text)
+    out = []
+    for line in text.splitlines(keepends=True):
+        line = _REFERENCE.sub(value, line)
+        assignment = _ASSIGNED.match(line)
+        if assignment:
+            seen[assignment.group(1)] = assignment.group(2)
+        out.append(line)
+    return "".join(out)
 
 
 def plain_int(raw: str | None) -> int | None:

@@ -231,6 +231,16 @@ def test_shell_variables_are_expanded_and_unknown_gpu_counts_are_errors(tmp_path
     assert (p.parallel.dp, p.batch.global_batch_size, p.model) == (8, 8, "gpt3-1.3b")
 
 
+def test_shell_variables_take_the_value_assigned_above_their_use():
+    """As bash reads the script: TP is 2 where it is used, though reassigned below; a value
+    naming another variable takes its value; a use above every assignment (a function called
+    later) takes the last one."""
+    text = ("SIZE=2\nTP=${SIZE}\nrun() {\n  x --pipeline-model-parallel-size $PP\n}\nPP=8\n"
+            "torchrun x.py --tensor-model-parallel-size $TP\nTP=4\nPP=16\n")
+    assert parse_flags(expand_variables(text), SWITCHES) == {
+        "--pipeline-model-parallel-size": "16", "--tensor-model-parallel-size": "2"}
+
+
 @pytest.mark.parametrize(("zero", "strategy"), [(2, "optim_grads"), (3, "optim_grads_params")])
 def test_zero_2_and_3_run_as_megatron_fsdp(tmp_path, zero: int, strategy: str):
     # Megatron-FSDP's required flags (docs/discussions/megatron-fsdp-user-guide), and the
