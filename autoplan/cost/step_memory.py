@@ -286,9 +286,11 @@ def _worst_stage_parts(profile: ClusterProfile, states: tuple[dict[str, np.ndarr
     states, activations, buffers, allocator slack and reserve add up to the most."""
     reserved = profile.device.reserved_bytes
 
+    def allocated(st: dict[str, np.ndarray], act: np.ndarray) -> np.ndarray:
+        return st["params"] + st["grads"] + st["optimizer"] + act + buffers
+
     def total(st: dict[str, np.ndarray], act: np.ndarray) -> np.ndarray:
-        frag = memory.FRAGMENTATION * (act + buffers)
-        return st["params"] + st["grads"] + st["optimizer"] + act + buffers + frag + reserved
+        return allocated(st, act) * (1.0 + memory.FRAGMENTATION) + reserved
 
     totals = [total(st, a) for st, a in zip(states, acts, strict=True)]
     worst = np.argmax(np.stack(totals), axis=0)
@@ -297,13 +299,14 @@ def _worst_stage_parts(profile: ClusterProfile, states: tuple[dict[str, np.ndarr
         return np.choose(worst, [v + 0.0 * worst for v in values])
 
     act = pick(list(acts))
+    held = pick([allocated(st, a) for st, a in zip(states, acts, strict=True)])
     return {
         "mem_params": pick([st["params"] for st in states]),
         "mem_grads": pick([st["grads"] for st in states]),
         "mem_optimizer": pick([st["optimizer"] for st in states]),
         "mem_activations": act,
         "mem_buffers": buffers + 0.0 * act,
-        "mem_allocator": memory.FRAGMENTATION * (act + buffers),
+        "mem_allocator": memory.FRAGMENTATION * held,
         "mem_reserved": np.full_like(act, float(reserved)),
         "mem_total": np.max(np.stack(totals), axis=0),
     }
