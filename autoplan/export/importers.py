@@ -141,18 +141,20 @@ def _activation_checkpointing(section: dict[str, Any], tp: int, what: str) -> No
                     "memory is high by (tp - 1)/tp of those inputs", where, tp)
 
 
-def _mics(zero: dict[str, Any], what: str) -> None:
-    """MiCS (zero_optimization.mics_shard_size > 0: ZeRO-3 sharded over sub-groups of that many
-    ranks, replicated across them) is HSDP, which autoplan's deepspeed runtime has not
-    (RuntimeTraits.hsdp_zero_stages): refused rather than priced as ZeRO-3 over all ranks."""
+def _mics(zero: dict[str, Any], stage: int, dp: int, what: str) -> None:
+    """MiCS (zero_optimization.mics_shard_size > 0 at stage 3, DeepSpeed's engine builds
+    MiCS_Optimizer in its stage-3 branch: ZeRO-3 sharded over sub-groups of that many ranks,
+    replicated across them) is HSDP, which autoplan's deepspeed runtime has not
+    (RuntimeTraits.hsdp_zero_stages): refused rather than priced as ZeRO-3 over all ranks. At
+    stages 0-2 the key does nothing; a shard group of all dp ranks is plain ZeRO-3."""
     size = zero.get("mics_shard_size", -1)
     where = f"{what} zero_optimization.mics_shard_size"
     if isinstance(size, bool) or not isinstance(size, int):
         raise ConfigError(where, f"got {show(size)}", "expected a whole number (-1: off)")
-    if size > 0:
-        raise ConfigError(where, f"got {size}: MiCS shards over sub-groups (HSDP)", "the "
-                          "deepspeed runtime prices ZeRO over all data-parallel ranks: set -1 "
-                          "to import the run as plain ZeRO")
+    if stage == 3 and 0 < size < dp:
+        raise ConfigError(where, f"got {size}: MiCS shards over sub-groups of {size} of the "
+                          f"{dp} data-parallel ranks (HSDP)", "the deepspeed runtime prices "
+                          "ZeRO over all of them: set -1 to import the run as plain ZeRO-3")
 
 
 def _enabled(cfg: dict[str, Any], key: str, what: str) -> bool:
@@ -264,7 +266,7 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
     section = _section(cfg, "activation_checkpointing", what)
     if checkpoint_settings:
         _activation_checkpointing(section, tp, what)
-    _mics(zero, what)
+    _mics(zero, _zero_stage(zero, what), dp, what)
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},

@@ -74,9 +74,11 @@ def files_read(launch: Path) -> list[Path]:
 
 
 def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
-                     read_config: Callable[[Path, int], dict[str, Any]],
+                     read_config: Callable[[Path, int, bool], dict[str, Any]],
                      model: ModelSpec) -> dict[str, Any]:
-    """Plan fields from the launch and its JSON; `read_config(path, dp)` gives the JSON's;
+    """Plan fields from the launch and its JSON; `read_config(path, dp, megatron)` gives the
+    JSON's (`megatron`: a Megatron-DeepSpeed launch, whose flags replace the JSON's activation
+    checkpointing settings; a plain launch of the user's script runs the JSON's);
     `model` (--model) must be the one the launch's shape flags build."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
     if not f.has("--deepspeed"):
@@ -101,7 +103,8 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     if num_gpus % (tp * pp):
         raise ConfigError("--num-gpus", f"{num_gpus} is not a multiple of tp*pp = {tp * pp}",
                           "check the launch's degrees")
-    data = read_config(config_path(launch, ref), num_gpus // (tp * pp))
+    data = read_config(config_path(launch, ref), num_gpus // (tp * pp),
+                       f.text("--num-layers") is not None)
     data["parallel"] = {"dp": num_gpus // (tp * pp), "tp": tp, "pp": pp, "cp": 1}
     data["sequence_parallel"] = sequence_parallel(f, tp)
     _agree(what, "--micro-batch-size", f.integer("--micro-batch-size"),
@@ -123,22 +126,23 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     _agree(what, "--bf16/--fp16", precision, data["precision"])
     data["recompute"] = recompute(f, pipeline=not f.has("--no-pipeline-parallel"))
     if f.has(DS_CHECKPOINTING) and data["recompute"]["policy"] == "full":
-        checkpoint_flags(f, tp)
+        checkpoint_flags(f, tp, data["sequence_parallel"])
     data["attention"] = "flash" if any(f.has(x) for x in FLASH) else "eager"
     return data
 
 
-def checkpoint_flags(f: Flags, tp: int) -> None:
+def checkpoint_flags(f: Flags, tp: int, sp: bool) -> None:
     """What --deepspeed-activation-checkpointing hands deepspeed.checkpointing.configure
     (megatron/initialize.py _configure_deepspeed_checkpointing; these arguments replace the
     JSON's activation_checkpointing values): --checkpoint-in-cpu keeps the checkpointed block
     inputs in host memory, which a plan cannot say (refused); --partition-activations splits
-    them over the tensor-parallel ranks, which the plan's price leaves whole (said)."""
+    them over the tensor-parallel ranks, which the plan's price leaves whole (said; with
+    sequence parallelism the inputs are split already)."""
     if f.has("--checkpoint-in-cpu"):
         raise ConfigError(f"{f.what} --checkpoint-in-cpu", "checkpointed activations kept in "
                           "host memory, which a plan cannot say", "drop it to import the run "
                           "with them on the GPU")
-    if f.has("--partition-activations") and tp > 1:
+    if f.has("--partition-activations") and tp > 1 and not sp:
         log.warning("%s --partition-activations: priced without it (each checkpointed block "
                     "input whole on every one of the %d tensor-parallel ranks): the plan's "
                     "memory is high by (tp - 1)/tp of those inputs", f.what, tp)
@@ -215,11 +219,12 @@ def import_launch(path: str | Path, *, model: str | None, cluster: str, num_gpus
         raise ConfigError("--model", "missing", "a Megatron-DeepSpeed launch names no model "
                           "preset; pass --model")
 
-    def read_config(p: Path, dp: int) -> dict[str, Any]:
+    def read_config(p: Path, dp: int, megatron: bool) -> dict[str, Any]:
         cfg = load_json_text(_read(p, "--deepspeed_config"), f"deepspeed config {p}")
         if not isinstance(cfg, dict):
             raise ConfigError(f"deepspeed config {p}", "expected a JSON object")
-        return deepspeed_plan_dict(cfg, dp, f"deepspeed config {p}", checkpoint_settings=False)
+        return deepspeed_plan_dict(cfg, dp, f"deepspeed config {p}",
+                                   checkpoint_settings=not megatron)
 
     data = launch_plan_dict(_read(path, "FILE"), Path(path), num_gpus, what, read_config,
                             load_model(model))

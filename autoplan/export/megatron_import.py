@@ -356,6 +356,24 @@ def _refuse_unplanned(f: Flags, cp: int, text: str) -> None:
                           "the run without it (its activations then priced on the GPU)")
 
 
+def _distributed_checkpoints(f: Flags, tp: int, recompute: dict[str, Any], sp: bool) -> None:
+    """--distribute-saved-activations, as Megatron takes it: validate_args asserts tp > 1 and
+    full recompute granularity with a --recompute-method, and TransformerConfig raises with
+    sequence parallelism; where it runs, it splits each checkpointed block input over the
+    tensor-parallel ranks, which a plan cannot say (said: priced whole)."""
+    flag = f"{f.what} --distribute-saved-activations"
+    if tp == 1 or recompute["policy"] != "full" or f.text("--recompute-method") is None:
+        raise ConfigError(flag, f"with tp={tp} and {recompute['policy']} recompute",
+                          "Megatron takes it only with tp > 1, --recompute-granularity full "
+                          "and a --recompute-method: drop it")
+    if sp:
+        raise ConfigError(flag, "with --sequence-parallel", "Megatron refuses the two "
+                          "together (sequence parallelism already splits those inputs): drop it")
+    log.warning("%s: priced without it (each checkpointed block input whole on every one of "
+                "the %d tensor-parallel ranks): the plan's memory is high by (tp - 1)/tp of "
+                "those inputs", flag, tp)
+
+
 def megatron_plan_dict(
     text: str, model_ref: Any, num_gpus: int | None, what: str
 ) -> dict[str, Any]:
@@ -395,10 +413,8 @@ def megatron_plan_dict(
         )
     _refuse_unplanned(f, cp, text)
     recompute = _recompute(f, flag_values(expand_variables(text), "--recompute-modules"))
-    if f.has("--distribute-saved-activations") and tp > 1 and recompute["policy"] == "full":
-        log.warning("%s --distribute-saved-activations: priced without it (each checkpointed "
-                    "block input whole on every one of the %d tensor-parallel ranks): the "
-                    "plan's memory is high by (tp - 1)/tp of those inputs", what, tp)
+    if f.has("--distribute-saved-activations"):
+        _distributed_checkpoints(f, tp, recompute, sequence_parallel(f, tp))
     mb = f.need("--micro-batch-size")
     return {
         "model": model_ref,

@@ -91,7 +91,7 @@ def test_deepspeed_fp16_and_bf16_both_on_is_refused(tmp_path, capsys) -> None:
     ("activation_checkpointing", "cpu_checkpointing", True, ("host memory", "set it false")),
     ("activation_checkpointing", "cpu_checkpointing", "yes", ("true or false",)),
     ("activation_checkpointing", "partition_activations", 1, ("true or false",)),
-    ("zero_optimization", "mics_shard_size", 8, ("MiCS", "set -1")),
+    ("zero_optimization", "mics_shard_size", 1, ("MiCS", "sub-groups of 1 of the 2", "set -1")),
     ("zero_optimization", "mics_shard_size", 2.5, ("whole number",)),
 ])
 def test_deepspeed_settings_a_plan_cannot_say_are_refused(tmp_path, capsys, section, key,
@@ -104,13 +104,15 @@ def test_deepspeed_settings_a_plan_cannot_say_are_refused(tmp_path, capsys, sect
              *words)
 
 
-def test_deepspeed_plain_settings_still_import(tmp_path, capsys) -> None:
-    """MiCS off (-1), checkpoints on the GPU, partitioned at tp 1 (a no-op): nothing said."""
-    cfg = {**DS_BASE, "zero_optimization": {"stage": 3, "mics_shard_size": -1},
+@pytest.mark.parametrize(("stage", "mics"), [(3, -1), (3, 2), (3, 8), (2, 1)])
+def test_deepspeed_plain_settings_still_import(tmp_path, capsys, stage, mics) -> None:
+    """MiCS off (-1), over every dp rank (plain ZeRO-3), or below stage 3 (where DeepSpeed
+    ignores it); checkpoints on the GPU, partitioned at tp 1 (a no-op): nothing said."""
+    cfg = {**DS_BASE, "zero_optimization": {"stage": stage, "mics_shard_size": mics},
            "activation_checkpointing": {"partition_activations": True,
                                         "cpu_checkpointing": False}}
     code, out, err = _import(tmp_path, capsys, "deepspeed", json.dumps(cfg))
-    assert code == 0 and "zero_stage: 3" in out and "policy: full" in out and err == ""
+    assert code == 0 and f"zero_stage: {stage}" in out and "policy: full" in out and err == ""
 
 
 def test_partitioned_activations_under_tp_are_said_to_be_priced_whole(caplog) -> None:

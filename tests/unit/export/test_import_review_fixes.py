@@ -169,20 +169,43 @@ def test_a_launchs_flags_replace_its_jsons_checkpointing_settings(tmp_path, capl
     assert len(said) == 1 and "2 tensor-parallel ranks" in said[0]
 
 
-def test_distributed_saved_activations_are_said_to_be_priced_whole(tmp_path, caplog):
+def test_a_plain_deepspeed_launch_runs_its_jsons_checkpointing_settings(tmp_path, capsys):
+    """No Megatron-DeepSpeed flags (a launch of the user's own script, as export writes for
+    tp = pp = 1): the JSON's cpu_checkpointing is the run's, and refused."""
+    (tmp_path / "ds.json").write_text(json.dumps({
+        "train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1},
+        "activation_checkpointing": {"cpu_checkpointing": True}}))
+    launch = tmp_path / "ds.launch.sh"
+    launch.write_text("deepspeed --num_nodes=1 --num_gpus=8 train.py --deepspeed "
+                      "--deepspeed_config ds.json\n")
+    assert_refused(capsys, ["import", str(launch), "--from", "deepspeed", "--model", "gpt3-1.3b",
+                            "--cluster", CLUSTER], "activation_checkpointing.cpu_checkpointing")
+
+
+def test_distributed_saved_activations_are_said_to_be_priced_whole(tmp_path, caplog, capsys):
     """Megatron's --distribute-saved-activations splits full recompute's checkpoints over the
-    TP group; a plan cannot say it, so import says the plan prices them whole (tp > 1 only)."""
+    TP group; a plan cannot say it, so import says the plan prices them whole. Where Megatron
+    refuses it (tp 1, not full recompute, with sequence parallelism) import refuses too."""
     import logging
 
     base = ("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
-            "--vocab-size 51200 --micro-batch-size 2 --bf16 --recompute-granularity full "
-            "--recompute-method uniform --distribute-saved-activations ")
+            "--vocab-size 51200 --micro-batch-size 2 --bf16 --distribute-saved-activations ")
+    full = "--recompute-granularity full --recompute-method uniform "
     with caplog.at_level(logging.WARNING):
-        assert _megatron(_args(tmp_path, base + "--tensor-model-parallel-size 2")
+        assert _megatron(_args(tmp_path, base + full + "--tensor-model-parallel-size 2")
                          ).recompute.policy == RecomputePolicy.FULL
-        _megatron(_args(tmp_path, base + "--tensor-model-parallel-size 1"))
     said = [r.getMessage() for r in caplog.records if "distribute" in r.getMessage()]
     assert len(said) == 1 and "2 tensor-parallel ranks" in said[0]
+    for extra, words in ((full + "--tensor-model-parallel-size 1", "tp=1"),
+                         ("--recompute-activations --tensor-model-parallel-size 2",
+                          "selective recompute"),
+                         (full + "--tensor-model-parallel-size 2 --sequence-parallel",
+                          "with --sequence-parallel")):
+        args = _args(tmp_path, base + extra)
+        assert_refused(capsys, ["import", str(args), "--from", "megatron", "--cluster",
+                                CLUSTER, "--num-gpus", "8"],
+                       f"megatron arguments {args} --distribute-saved-activations: ", words)
 
 
 def test_a_null_activation_checkpointing_section_is_no_recompute(tmp_path):
