@@ -413,11 +413,15 @@ def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) ->
     dispatch all-gathers every rank's tokens over the expert-TP x EP group ("[(S/TP)*B, H] ->
     [S*B*EP, H]"), whatever their routing, each rank picks those for its own experts, and the
     combine reduce-scatters the outputs back; autograd runs the mirror images in backward
-    (a reduce-scatter and an all-gather). The expert-TP share of that gather is the one sequence
-    parallelism makes for any MLP, priced with the tensor-parallel collectives; here the EP
-    share: two all-gathers and two reduce-scatters of the dispatched tokens x ep x h, at the
-    activations' width, over the EP group placed as the all-to-all's. The busiest expert's
-    excess is compute, not traffic: every rank receives every token."""
+    (a reduce-scatter and an all-gather). Where etp == tp (Megatron's default expert TP) the
+    expert-TP share of that gather is the one sequence parallelism makes for any MLP, priced
+    with the tensor-parallel collectives; here the EP share: two all-gathers and two
+    reduce-scatters of the dispatched tokens x ep x h, at the activations' width, over the EP
+    group placed as the all-to-all's. (With etp != tp the expert-TP share is priced as tp's,
+    as under the all-to-all. Left out: the routing map's and probabilities' gathers, E values
+    per token; an fp32 combine under --moe-router-dtype fp32; the gathered buffer's memory;
+    the exchange again under full recompute.) The busiest expert's excess is compute, not
+    traffic: every rank receives every token."""
     assert model.moe is not None
     gathered_bytes = dispatched_tokens(model, r) * r.ep * model.hidden_size * r.weight_bytes
     gpn = profile.gpus_per_node

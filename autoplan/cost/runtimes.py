@@ -566,6 +566,15 @@ class RuntimeTraits:
         if self.attention_compute_dtype not in (None, "fp32"):
             _refuse("attention_compute_dtype", self.attention_compute_dtype,
                     "choose fp32, or null for the plan's precision")
+        if self.ep_dispatcher == "allgather":
+            # Megatron's validate_args: --overlap-moe-expert-parallel-comm needs the alltoall or
+            # flex dispatcher; the allgather dispatcher gathers 16-bit activations, unquantized
+            if self.ep_comm_overlap:
+                _refuse("ep_comm_overlap", self.ep_comm_overlap, "the allgather dispatcher "
+                        "overlaps nothing (Megatron: alltoall or flex only): set 0")
+            if self.ep_dispatch_bytes is not None:
+                _refuse("ep_dispatch_bytes", self.ep_dispatch_bytes, "the allgather "
+                        "dispatcher sends the activations as they are: leave it null")
 
     def _check_lists(self) -> None:
         """Lists of what the runtime has: each member known, and the required ones there."""

@@ -269,6 +269,11 @@ def test_ep_dispatcher_is_checked_when_loaded(tmp_path):
     bad.write_text("schema_version: 1\nname: x\nep_dispatcher: deep-ep\n")
     with pytest.raises(ConfigError, match="ep_dispatcher"):
         load_runtime(str(bad))
+    for field, value in (("ep_comm_overlap", 0.5), ("ep_dispatch_bytes", 1)):
+        bad.write_text(f"schema_version: 1\nname: x\nbase: megatron-allgather\n"
+                       f"{field}: {value}\n")
+        with pytest.raises(ConfigError, match=f"runtime.{field}: got .*allgather"):
+            load_runtime(str(bad))
 
 
 def test_fp8_expert_casts_replace_the_dense_mlps():
