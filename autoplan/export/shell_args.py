@@ -17,24 +17,53 @@ _ASSIGNED = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=([^\s()'\"$;&|]+
 _REFERENCE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
 
 
+_FUNCTION = re.compile(r"^\s*(?:function\s+[A-Za-z_][\w-]*\s*(?:\(\s*\))?|[A-Za-z_][\w-]*\s*\(\s*\))")
+
+
+def _function_body_lines(lines: list[str]) -> set[int]:
+    """Indices of the lines of shell function definitions (`name() {` ... `}`, `function
+    name {` ...), by brace depth: their body runs when the function is called, not where it
+    is written."""
+    body: set[int] = set()
+    depth, opened = 0, False
+    for i, line in enumerate(lines):
+        if depth == 0 and not opened and not _FUNCTION.match(line):
+            continue
+        body.add(i)
+        opened = opened or "{" in line
+        depth += line.count("{") - line.count("}")
+        if opened and depth <= 0:
+            depth, opened = 0, False
+    return body
+
+
 def expand_variables(text: str) -> str:
-    """Substitute $NAME / ${NAME} where the text assigns NAME a plain value (NAME=8), line by
-    line as the shell reads it: a use takes the value assigned above it (TP=2 ... $TP ... TP=4
-    is 2), and a name assigned only below its use (a function body called after the
-    assignments) takes its last assignment. A value that itself names an assigned variable
-    (TP=${TP_SIZE}) takes that variable's value."""
-    last = {m.group(1): m.group(2) for m in _ASSIGNED.finditer(text)}
-    seen: dict[str, str] = {}
+    """Substitute $NAME / ${NAME} where the text assigns NAME a plain value (NAME=8), as the
+    shell reads it: a use takes the value assigned above it (TP=2 ... $TP ... TP=4 is 2); a use
+    inside a function body, or above every assignment, takes the value the script ends with (a
+    function runs where it is called, after the assignments); a value that names an assigned
+    variable (TP=${SIZE}) takes its value."""
+    lines = text.splitlines(keepends=True)
+    body = _function_body_lines(lines)
 
-    def value(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(2)
-        return seen.get(name, last.get(name, m.group(0)))
+    def substitute(line: str, values: dict[str, str], fallback: dict[str, str]) -> str:
+        def value(m: re.Match[str]) -> str:
+            name = m.group(1) or m.group(2)
+            return values.get(name, fallback.get(name, m.group(0)))
 
-    out = []
-    for line in text.splitlines(keepends=True):
-        line = _REFERENCE.sub(value, line)
-        assignment = _ASSIGNED.match(line)
+        return _REFERENCE.sub(value, line)
+
+    final: dict[str, str] = {}
+    for line in lines:  # the values the script ends with, each assigned in order
+        assignment = _ASSIGNED.match(substitute(line, final, {}))
         if assignment:
+            final[assignment.group(1)] = assignment.group(2)
+    seen: dict[str, str] = {}
+    out = []
+    for i, line in enumerate(lines):
+        line = substitute(line, final if i in body else seen, final)
+        assignment = _ASSIGNED.match(line)
+        if assignment and i not in body:
             seen[assignment.group(1)] = assignment.group(2)
         out.append(line)
     return "".join(out)

@@ -231,14 +231,21 @@ def test_shell_variables_are_expanded_and_unknown_gpu_counts_are_errors(tmp_path
     assert (p.parallel.dp, p.batch.global_batch_size, p.model) == (8, 8, "gpt3-1.3b")
 
 
-def test_shell_variables_take_the_value_assigned_above_their_use():
-    """As bash reads the script: TP is 2 where it is used, though reassigned below; a value
-    naming another variable takes its value; a use above every assignment (a function called
-    later) takes the last one."""
-    text = ("SIZE=2\nTP=${SIZE}\nrun() {\n  x --pipeline-model-parallel-size $PP\n}\nPP=8\n"
-            "torchrun x.py --tensor-model-parallel-size $TP\nTP=4\nPP=16\n")
-    assert parse_flags(expand_variables(text), SWITCHES) == {
-        "--pipeline-model-parallel-size": "16", "--tensor-model-parallel-size": "2"}
+@pytest.mark.parametrize(("text", "tp", "pp"), [
+    # top level: the value assigned above the use, though reassigned below
+    ("TP=2\ntorchrun x.py --tensor-model-parallel-size $TP\nTP=4\n", "2", None),
+    # a value naming another variable takes its value
+    ("SIZE=2\nTP=${SIZE}\ntorchrun x.py --tensor-model-parallel-size $TP\n", "2", None),
+    # a function body runs where it is called: the values the script ends with (bash: 4, 16)
+    ("TP=2\nlaunch() {\n  torchrun x.py --tensor-model-parallel-size $TP \\\n"
+     "    --pipeline-model-parallel-size ${PP}\n}\nTP=4\nPP=16\nlaunch\n", "4", "16"),
+    ("TP=2\nfunction launch {\n  torchrun x.py --tensor-model-parallel-size $TP\n}\n"
+     "TP=8\nlaunch\n", "8", None),
+])
+def test_shell_variables_take_the_value_bash_gives_them(text, tp, pp):
+    flags = parse_flags(expand_variables(text), SWITCHES)
+    assert flags.get("--tensor-model-parallel-size") == tp
+    assert flags.get("--pipeline-model-parallel-size") == pp
 
 
 @pytest.mark.parametrize(("zero", "strategy"), [(2, "optim_grads"), (3, "optim_grads_params")])
