@@ -220,8 +220,11 @@ def recompute_extra_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precis
         model, profile, gemm_peak(profile, precision, runtime), r))
     selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules, moe_gemm),
                            lt[runtime.selective.value])
-    # ... and its dispatch and combine all-to-alls, half of a block's four
-    moe_again = (r.recompute == RC_SELECTIVE) & ((r.rc_modules & memory.MOE) > 0)
+    # ... and its dispatch and combine all-to-alls, half of a block's four, which a recompute
+    # of the whole block (full) re-runs too: the checkpointed forward holds the MoE layer's
+    # dispatch and combine (Megatron's and torchtitan's full recompute checkpoint the block)
+    moe_again = ((r.recompute == RC_SELECTIVE) & ((r.rc_modules & memory.MOE) > 0)) | (
+        r.recompute == RC_FULL)
     a2a_rec = np.where(moe_again, a2a / 2.0, 0.0)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, selective_t,
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))

@@ -337,3 +337,24 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
     # exceeds one window of each kind: the two groups do not hide twice in the same compute
     assert total - exposed <= window * (1 + 1e-9)
     assert exposed > 0.0
+
+
+def test_full_recompute_runs_the_dispatch_and_combine_again():
+    """A recomputed whole block re-runs its forward, the MoE dispatch and combine included
+    (half of a block's four exchanges), as selective recompute of the `moe` module does: ep_comm
+    grows by half the block's exchange per recomputed MoE layer, and only with experts spread."""
+    from autoplan.plan import Recompute, RecomputeModule, RecomputePolicy
+
+    m = PRESETS["mixtral-8x7b"]
+    base = _plan("mixtral-8x7b", 64, gbs=256, dp=16, pp=4, ep=8)
+    ep = {name: estimate_plan(base.replace(recompute=rc), model=m, runtime="megatron"
+                              ).time["ep_comm"]
+          for name, rc in (("none", Recompute()),
+                           ("full", Recompute(policy=RecomputePolicy.FULL)),
+                           ("moe", Recompute(policy=RecomputePolicy.SELECTIVE,
+                                             modules=(RecomputeModule.MOE,))))}
+    assert ep["full"] == pytest.approx(1.5 * ep["none"], rel=1e-9)
+    assert ep["full"] == pytest.approx(ep["moe"], rel=1e-9)
+    dense_ep = _plan("mixtral-8x7b", 64, gbs=256, dp=64, pp=1)
+    assert estimate_plan(dense_ep.replace(recompute=Recompute(policy=RecomputePolicy.FULL)),
+                         model=m, runtime="megatron").time["ep_comm"] == 0.0
