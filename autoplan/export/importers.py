@@ -7,16 +7,14 @@ it with the same rules as every other plan. Settings autoplan cannot represent a
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
+from autoplan.export.megatron_import import say_priced_whole
 from autoplan.plan import Plan, plan_from_dict, set_field
 from autoplan.yaml_io import load_json_text, show
-
-log = logging.getLogger(__name__)
 
 
 def _read(path: str | Path, what: str) -> str:
@@ -136,9 +134,7 @@ def _activation_checkpointing(section: dict[str, Any], tp: int, what: str) -> No
                           "in host memory, which a plan cannot say", "set it false to import "
                           "the run with them on the GPU")
     if _switch(section, "partition_activations", where) and tp > 1:
-        log.warning("%s.partition_activations: priced without it (each checkpointed block "
-                    "input whole on every one of the %d tensor-parallel ranks): the plan's "
-                    "memory is high by (tp - 1)/tp of those inputs", where, tp)
+        say_priced_whole(f"{where}.partition_activations", tp)
 
 
 def _mics(zero: dict[str, Any], stage: int, dp: int, what: str) -> None:
@@ -266,12 +262,13 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
     section = _section(cfg, "activation_checkpointing", what)
     if checkpoint_settings:
         _activation_checkpointing(section, tp, what)
-    _mics(zero, _zero_stage(zero, what), dp, what)
+    stage = _zero_stage(zero, what)
+    _mics(zero, stage, dp, what)
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},
         "grad_reduce_dtype": _reduce_dtype(cfg, what),
-        "zero_stage": _zero_stage(zero, what),
+        "zero_stage": stage,
         "offload": {
             "optimizer": _offload(zero, "offload_optimizer", what),
             "params": _offload(zero, "offload_param", what),

@@ -11,7 +11,6 @@ flags must build --model. Flag meanings are those of megatron_deepspeed.py
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,11 @@ from autoplan.export.megatron_import import (
     check_one_precision,
     choice,
     positive,
+    say_priced_whole,
     sequence_parallel,
 )
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags
 from autoplan.model_spec import ModelSpec
-
-log = logging.getLogger(__name__)
 
 SWITCHES = frozenset({
     "--deepspeed", "--no-pipeline-parallel", "--sequence-parallel", "--checkpoint-activations",
@@ -143,9 +141,7 @@ def checkpoint_flags(f: Flags, tp: int, sp: bool) -> None:
                           "host memory, which a plan cannot say", "drop it to import the run "
                           "with them on the GPU")
     if f.has("--partition-activations") and tp > 1 and not sp:
-        log.warning("%s --partition-activations: priced without it (each checkpointed block "
-                    "input whole on every one of the %d tensor-parallel ranks): the plan's "
-                    "memory is high by (tp - 1)/tp of those inputs", f.what, tp)
+        say_priced_whole(f"{f.what} --partition-activations", tp)
 
 
 def recompute(f: Flags, pipeline: bool) -> dict[str, Any]:

@@ -369,9 +369,16 @@ def _distributed_checkpoints(f: Flags, tp: int, recompute: dict[str, Any], sp: b
     if sp:
         raise ConfigError(flag, "with --sequence-parallel", "Megatron refuses the two "
                           "together (sequence parallelism already splits those inputs): drop it")
+    say_priced_whole(flag, tp)
+
+
+def say_priced_whole(setting: str, tp: int) -> None:
+    """Say that a run's split of its checkpointed block inputs over the tensor-parallel ranks
+    (Megatron's --distribute-saved-activations, DeepSpeed's partition_activations), which a
+    plan cannot carry, is priced without it."""
     log.warning("%s: priced without it (each checkpointed block input whole on every one of "
                 "the %d tensor-parallel ranks): the plan's memory is high by (tp - 1)/tp of "
-                "those inputs", flag, tp)
+                "those inputs", setting, tp)
 
 
 def megatron_plan_dict(
