@@ -411,25 +411,55 @@ def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) ->
     Megatron-Core's allgather dispatcher (--moe-token-dispatcher-type allgather, its default;
     megatron/core/transformer/moe/token_dispatcher.py, MoEAllGatherTokenDispatcher): the
     dispatch all-gathers every rank's tokens over the expert-TP x EP group ("[(S/TP)*B, H] ->
-    [S*B*EP, H]"), whatever their routing, each rank picks those for its own experts, and the
-    combine reduce-scatters the outputs back; autograd runs the mirror images in backward
-    (a reduce-scatter and an all-gather). Where etp == tp (Megatron's default expert TP) the
-    expert-TP share of that gather is the one sequence parallelism makes for any MLP, priced
-    with the tensor-parallel collectives; here the EP share: two all-gathers and two
-    reduce-scatters of the dispatched tokens x ep x h, at the activations' width, over the EP
-    group placed as the all-to-all's. (With etp != tp the expert-TP share is priced as tp's,
-    as under the all-to-all. Left out: the routing map's and probabilities' gathers, E values
-    per token; an fp32 combine under --moe-router-dtype fp32; the gathered buffer's memory;
-    the exchange again under full recompute.) The busiest expert's excess is compute, not
-    traffic: every rank receives every token."""
+    [S*B*EP, H]"), whatever their routing, with the routing map (bool) and the router's
+    probabilities ([S*B*EP, num_experts]) beside them; each rank picks those for its own
+    experts, and the combine reduce-scatters the outputs back at the probabilities' dtype
+    (`output_total.to(self.local_probs.dtype)`: fp32 under --moe-router-dtype fp32). Autograd
+    runs the mirror images in backward: the hidden states' and the probabilities' gathers
+    reduce-scatter their gradients, the combine's gathers its own (the routing map is gathered
+    under no_grad). Where etp == tp (Megatron's default expert TP) the expert-TP share of the
+    gathers is the one sequence parallelism makes for any MLP, priced with the tensor-parallel
+    collectives; here the EP share, over the EP group placed as the all-to-all's. (With etp !=
+    tp the expert-TP share is priced as tp's, as under the all-to-all.) The busiest expert's
+    excess is compute, not traffic: every rank receives every token. A fully recomputed block
+    runs the forward half again (stage_time.recompute_extra_s)."""
     assert model.moe is not None
-    gathered_bytes = dispatched_tokens(model, r) * r.ep * model.hidden_size * r.weight_bytes
+    tokens = all_gathered_tokens(model, r)
+    hidden = tokens * model.hidden_size
+    probs_bytes = ROUTER_BYTES[model.moe.router_dtype]
+    per_token_e = tokens * model.moe.num_experts
     gpn = profile.gpus_per_node
 
-    def one(kind: str) -> np.ndarray:
-        return comm.collective_time_s(kind, gathered_bytes, r.ep,
-                                      comm.intra_node(r.etp, r.ep, gpn), profile,
-                                      per_node=comm.members_per_node(r.etp, r.ep, gpn))
+    def one(kind: str, nbytes: np.ndarray) -> np.ndarray:
+        return comm.collective_time_s(kind, nbytes, r.ep, comm.intra_node(r.etp, r.ep, gpn),
+                                      profile, per_node=comm.members_per_node(r.etp, r.ep, gpn))
 
-    exchange = one(comm.ALL_GATHER) + one(comm.REDUCE_SCATTER)
-    return np.where(r.ep > 1, moe_share(model) * 2.0 * exchange, 0.0)
+    ag, rs = comm.ALL_GATHER, comm.REDUCE_SCATTER
+    forward = (one(ag, hidden * r.weight_bytes) + one(ag, per_token_e * probs_bytes)
+               + one(ag, per_token_e * 1.0) + one(rs, hidden * probs_bytes))
+    backward = (one(rs, hidden * r.weight_bytes) + one(rs, per_token_e * probs_bytes)
+                + one(ag, hidden * probs_bytes))
+    return np.where(r.ep > 1, moe_share(model) * (forward + backward), 0.0)
+
+
+ROUTER_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+"""Bytes per element of the router's probabilities by model.moe.router_dtype (Megatron's
+router returns its scores in the logits' dtype)."""
+
+
+def all_gathered_tokens(model: ModelSpec, r: Rows) -> np.ndarray:
+    """Tokens the allgather dispatcher gathers per MoE block and micro-batch: every rank's
+    dispatched tokens over the EP group, b*s/cp * ep where etp == tp ("[S*B*EP, H]")."""
+    return dispatched_tokens(model, r) * r.ep
+
+
+def all_gather_buffer_bytes(model: ModelSpec, r: Rows) -> np.ndarray:
+    """Bytes of the buffer Megatron-Core's allgather dispatcher gathers the hidden states into:
+    gather_from_sequence_parallel_region(..., use_global_buffer=True) takes it from the global
+    memory buffer ("mpu"), which keeps its largest request for the rest of the run; 16-bit
+    [S*B*EP, H]. The dispatcher gathers wherever tp > 1 or ep > 1; 0 for a dense model."""
+    if model.moe is None:
+        return np.zeros_like(np.asarray(r.b, float))
+    gathers = (r.tp > 1) | (r.ep > 1)
+    return np.where(gathers, all_gathered_tokens(model, r) * model.hidden_size
+                    * r.weight_bytes, 0.0)

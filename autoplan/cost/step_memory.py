@@ -339,7 +339,8 @@ def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
     (params.largest_block_unit), or the embedding/head where that is larger (a 128K vocabulary
     at h = 4096 is 2x a Llama-8B block). DeepSpeed's ZeRO-2 stages its gradients in one
     contiguous bucket of memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS (the deepspeed runtime, which
-    RuntimeTraits.pipeline_engine_reduce marks)."""
+    RuntimeTraits.pipeline_engine_reduce marks). Megatron-Core's allgather MoE dispatcher
+    keeps the global buffer it gathers a block's tokens into (moe.all_gather_buffer_bytes)."""
     has_dp = r.shard > 1
     # FSDP2 wraps a layer's experts in a unit of their own where they have an expert mesh
     # (autoplan: runtime/expert_parallel.apply_expert_fsdp at ep * etp > 1; torchtitan's
@@ -358,4 +359,6 @@ def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
             + np.where(deepspeed_bucket,
                        memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS * r.weight_bytes, 0.0)
             + zero3_gather
-            + np.where(r.offload_optimizer | r.offload_params, memory.DDP_BUCKET_BYTES, 0.0))
+            + np.where(r.offload_optimizer | r.offload_params, memory.DDP_BUCKET_BYTES, 0.0)
+            + (moe.all_gather_buffer_bytes(model, r) if runtime.ep_dispatcher == "allgather"
+               else 0.0))

@@ -237,8 +237,10 @@ def test_deepep_runtime_sends_one_copy_per_node_only_across_nodes():
 def test_allgather_dispatcher_moves_every_token_whatever_the_routing():
     """ep_dispatcher allgather (megatron-allgather, Megatron's default dispatcher): every rank
     receives all of its EP group's tokens, so its traffic does not grow with top-k as the
-    all-to-all's does; at Mixtral's top-2 of 8 inside one node it moves ep / k = 4x the
-    all-to-all's bytes (less in time: the larger messages reach more of the link)."""
+    all-to-all's does; at Mixtral's top-2 of 8 inside one node its hidden-state legs move
+    ep / k = 4x the all-to-all's bytes, and under an fp32 router the combine's two legs run at
+    the probabilities' width, 8x (less in time: the larger messages reach more of the link).
+    Megatron gathers into its global memory buffer, which stays allocated."""
     profile = load_profile("h100-sxm-80gb")
     m = PRESETS["mixtral-8x7b"]
     top4 = m.replace(moe=replace(m.moe, experts_per_token=4))
@@ -249,7 +251,12 @@ def test_allgather_dispatcher_moves_every_token_whatever_the_routing():
     assert gather[0] == gather[1] > 0.0
     assert a2a[1] > 1.5 * a2a[0]
     assert moe.busiest_factor(m) == 1.0
-    assert 2.0 * a2a[0] < gather[0] < 4.0 * a2a[0]
+    assert m.moe.router_dtype == "fp32"
+    assert 3.0 * a2a[0] < gather[0] < 6.0 * a2a[0]
+    bf16_router = m.replace(moe=replace(m.moe, router_dtype="bf16"))
+    bf16_gather = float(moe.all_gather_dispatch_s(bf16_router, profile, _rows(
+        _plan("mixtral-8x7b", 8, dp=8, ep=8), bf16_router))[0])
+    assert 2.0 * a2a[0] < bf16_gather < 4.0 * a2a[0]
     # no EP: the expert-TP gather is sequence parallelism's, priced with the TP collectives
     tp_only = _rows(_plan("mixtral-8x7b", 8, dp=4, tp=2), m)
     assert float(moe.all_gather_dispatch_s(m, profile, tp_only)[0]) == 0.0
@@ -260,6 +267,8 @@ def test_allgather_dispatcher_moves_every_token_whatever_the_routing():
     assert gathered.time["compute"] == plain.time["compute"]  # only the exchange changes
     assert gathered.time["ep_comm"] > 2.0 * plain.time["ep_comm"]
     assert gathered.runtime == "megatron-allgather"
+    # the gather buffer: [S*B*EP, H] in 16 bits (Mixtral: 4096 tokens x 8 ranks x 4096 wide)
+    assert gathered.memory["buffers"] - plain.memory["buffers"] == 4096 * 8 * 4096 * 2
 
 
 def test_ep_dispatcher_is_checked_when_loaded(tmp_path):
