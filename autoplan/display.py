@@ -67,3 +67,14 @@ def bias_words(bias: float) -> str:
         return ""
     return (f", which took {bias:.0%} longer than priced on average" if bias > 0
             else f", which took {-bias:.0%} less time than priced on average")
+
+
+def tight_words(memory: dict[str, float]) -> str:
+    """Why a plan that fits is tight (CostEstimate.memory["tight_by"] > 0), in one sentence."""
+    from autoplan.cost import memory as mem
+
+    gib = 2.0**30
+    return (f"fits with the allocator slack priced ({mem.FRAGMENTATION:.1%} of what it "
+            f"allocates, the median of 30 published OOM messages) but at their 75th percentile "
+            f"({mem.FRAGMENTATION_P75:.1%}) needs {memory['tight_by'] / gib:.1f} GiB more than "
+            f"the {memory['capacity'] / gib:.1f} GiB per GPU: it may not fit")

@@ -15,7 +15,7 @@ from autoplan import resources
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
-from autoplan.display import bias_words, column, count, terminal_width
+from autoplan.display import bias_words, column, count, terminal_width, tight_words
 from autoplan.errors import ConfigError
 from autoplan.hardware import available_profiles, load_profile
 from autoplan.model_spec import PRESETS
@@ -112,6 +112,8 @@ def estimate_command(args: argparse.Namespace) -> int:
                       f"{bias_words(est.error_bias)})", markup=False)
         if est.feasible:
             console.print("[green]feasible[/]")
+            if est.memory["tight_by"] > 0:
+                console.print(f"[yellow]tight:[/] {tight_words(est.memory)}")
         else:
             console.print(f"[red]infeasible[/] ({len(est.reasons)} reason(s) above)")
 

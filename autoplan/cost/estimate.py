@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import compute, moe, runtime_rules
+from autoplan.cost import compute, memory, moe, runtime_rules
 from autoplan.cost.error_band import band_and_bias_of_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
@@ -162,6 +162,8 @@ def estimate_plan(
             f"{host_have / 2**30:.1f} GiB (short by {short_by(host_need - host_have)})")
     row["memory"]["capacity"] = float(capacity)
     row["memory"]["shortfall"] = float(max(0.0, total - capacity))
+    row["memory"]["tight_by"] = float(memory.tight_by_bytes(total, row["memory"]["allocator"],
+                                                            capacity))
     days = None
     if train_tokens is not None:
         days = train_tokens / row["tokens_per_s"] / 86400.0

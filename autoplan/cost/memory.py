@@ -18,12 +18,28 @@ FRAGMENTATION = 0.0205
 """Memory PyTorch's caching allocator strands at a training step's peak beyond what is
 allocated, as a share of the allocated bytes: the median "reserved by PyTorch but unallocated"
 over "allocated by PyTorch" of 30 published training OOM messages with 20 GiB or more allocated
-(benchmarks/data/allocator-oom.yaml; p25 0.6%, p75 5.2%). The allocator frees its unused cached
+(benchmarks/data/allocator-oom.yaml; p25 0.6%, p75 FRAGMENTATION_P75). The allocator frees its unused cached
 segments before it raises, so what a message leaves is memory stuck in partly used ones. A
 central estimate, as the rest of the model is, not a safety margin: a plan priced within a few
 percent of the device's memory fits about as often as not. (torch.cuda.max_memory_reserved
 after a run that did not fail also holds cached free segments, which the allocator gives back
 when it must: it reads higher than this slack.)"""
+FRAGMENTATION_P75 = 0.0516
+"""The 75th percentile of the same 30 shares (numpy's linear interpolation): one training peak
+in four strands more than this. A plan that fits at FRAGMENTATION but not at this share is
+tight (tight_by_bytes): it may run or may not, as the allocator happens to place its blocks."""
+
+
+def tight_by_bytes(total: np.ndarray | float, allocator: np.ndarray | float,
+                   capacity: np.ndarray | float) -> np.ndarray:
+    """Bytes by which a plan priced at `total` (its allocator slack `allocator`, FRAGMENTATION
+    of what it allocates) would miss `capacity` were the slack FRAGMENTATION_P75 instead; 0
+    where it fits either way, and 0 where it does not fit at all (that is a miss, not tight)."""
+    total, allocator = np.asarray(total, float), np.asarray(allocator, float)
+    at_p75 = total + allocator * (FRAGMENTATION_P75 / FRAGMENTATION - 1.0)
+    return np.where(total <= capacity, np.maximum(0.0, at_p75 - capacity), 0.0)
+
+
 DDP_BUCKET_BYTES = 2 * 25 * 2**20
 """Two 25 MiB gradient buckets in flight (torch DDP bucket_cap_mb default)."""
 

@@ -73,6 +73,14 @@ def row_type(req: SearchRequest, scored: Scored, i: int) -> tuple[str, ClusterPr
     return t.ref, t.profile
 
 
+def row_capacities(req: SearchRequest, scored: Scored) -> np.ndarray:
+    """Each scored row's GPU memory in bytes: its own type's in a multi-type search."""
+    if not req.types or "cluster" not in scored.cols:
+        return np.full(scored.n, float(req.profile.device.memory_bytes))
+    own = np.array([float(t.profile.device.memory_bytes) for t in req.types])
+    return own[np.asarray(scored.cols["cluster"], dtype=np.int64)]
+
+
 def _world_size_miss(req: SearchRequest) -> Miss:
     """No tp * pp * cp of the space fills any requested GPU count: the nearest count that one
     does (with dp among the space's values when the space fixes them)."""

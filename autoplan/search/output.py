@@ -20,6 +20,7 @@ from autoplan.cli_common import finite, json_text
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, load_plan, plan_to_dict
 from autoplan.search.engine import SearchResult
+from autoplan.search.nearest import row_capacities
 from autoplan.search.ranking import frame, row_plan
 from autoplan.search.targets import MISS_KEYS, Targets
 from autoplan.yaml_io import dump_yaml, to_dict
@@ -63,7 +64,8 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     """The one object `--format json` prints and summary.json holds."""
     req, sc = result.request, result.scored
     rows = top_rows(result, top)
-    ranked = frame(sc, rows, req.space, req.targets, result.front).to_dict(orient="records")
+    ranked = frame(sc, rows, req.space, req.targets, result.front,
+                   row_capacities(req, sc)).to_dict(orient="records")
     counts = {k: v for k, v in sc.counts.items() if v}
     out: dict[str, Any] = {
         "feasible": bool(len(result.order)), "model": req.model.name,
@@ -129,7 +131,8 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
         top_plans = [plan_to_dict(p) for p in plans(result, top_rows(result, top))]
         fsutil.write_text(tmp / "top.yaml", dump_yaml({"schema_version": 1, "plans": top_plans}))
         everything = np.concatenate([result.order, np.flatnonzero(~result.scored.feasible)])
-        csv = frame(result.scored, everything, req.space, req.targets, result.front).to_csv(
+        csv = frame(result.scored, everything, req.space, req.targets, result.front,
+                    row_capacities(req, result.scored)).to_csv(
             index_label="row")
         fsutil.write_bytes(tmp / "trials.csv.gz", gzip.compress(csv.encode("utf-8"), mtime=0))
         fsutil.write_text(tmp / "summary.json", json_text(summary_data | (extra or {})) + "\n")

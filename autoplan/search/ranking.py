@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplan import resources
+from autoplan.cost import memory
 from autoplan.cost.estimate import TIME_PARTS, row_estimate
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import ClusterRef, Pipeline, Plan
@@ -130,8 +131,10 @@ def recompute_names(c: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
 
 
 def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets,
-          front: np.ndarray | None = None) -> pd.DataFrame:
-    """One line per row: every knob, memory, time, throughput, MFU, dominant cost, status."""
+          front: np.ndarray | None = None, capacity: np.ndarray | None = None) -> pd.DataFrame:
+    """One line per row: every knob, memory, time, throughput, MFU, dominant cost, status;
+    with `capacity` (each scored row's GPU memory, bytes), `mem_tight_gib`: what a plan that
+    fits would miss it by at the allocator's 75th-percentile slack (memory.tight_by_bytes)."""
     import pandas as pd
 
     rows = np.asarray(rows, dtype=np.int64)
@@ -155,6 +158,9 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
         "mfu": c["mfu"][rows], "hfu": c["hfu"][rows],
         "dominant": np.array(TIME_PARTS)[c["dominant"][rows]],
     }
+    if capacity is not None and "mem_allocator" in c:
+        data["mem_tight_gib"] = memory.tight_by_bytes(
+            c["mem_total"][rows], c["mem_allocator"][rows], capacity[rows]) / GIB
     for k in TIME_PARTS:
         data[f"time_{k}_s"] = c[f"time_{k}"][rows]
     data["gbs"] = c["gbs"][rows]

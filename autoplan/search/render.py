@@ -123,6 +123,11 @@ def offload_cell(r: dict[str, Any], wide: bool) -> str:
     return "+".join(k if wide else k[:3] for k in on) or "-"
 
 
+def mem_cell(r: dict[str, Any]) -> str:
+    """GiB per GPU, with "!" where the plan is tight (ranking.frame's mem_tight_gib)."""
+    return f"{r['mem_gib']:.1f}" + ("!" if r.get("mem_tight_gib", 0.0) > 0 else "")
+
+
 def step_cell(r: dict[str, Any]) -> str:
     band = r.get("band")
     return sig(r["step_s"]) + (f" ±{band:.0%}" if isinstance(band, float) else "")
@@ -161,7 +166,7 @@ COLUMNS: list[Cell] = [
     ("mbs", "mbs", "mbs", True, lambda s, w: str(s.row["mbs"])),
     ("precision", "precision", "prec", False, lambda s, w: precision_cell(s.row)),
     ("attention", "attention", "attn", False, lambda s, w: s.row["attention"]),
-    ("mem", "mem GiB", "GiB", True, lambda s, w: f"{s.row['mem_gib']:.1f}"),
+    ("mem", "mem GiB", "GiB", True, lambda s, w: mem_cell(s.row)),
     ("step", "step s", "step s", True, lambda s, w: step_cell(s.row)),
     ("tokens", "tokens/s", "tok/s", True, lambda s, w: tokens_cell(s.row["tokens_per_s"], w)),
     ("mfu", "MFU", "MFU", True, lambda s, w: f"{s.row['mfu']:.1%}"),
@@ -294,6 +299,9 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
         parts.append("dp D/S = HSDP, ZeRO shard groups of S replicated D/S times")
     if seen("prec", "precision") and any(r.get("grad_reduce") for r in rows):
         parts.append("rX = gradients reduced in X")
+    if seen("mem", "mem GiB", "GiB") and any(r.get("mem_tight_gib", 0.0) > 0 for r in rows):
+        parts.append("GiB! = tight: fits with the allocator slack priced (its median in "
+                     "published OOM messages), not with its 75th percentile")
     if seen("step s") and any("band" in r for r in rows):
         parts.append("± = the cost model's error band for that prediction")
     return "legend: " + "; ".join(parts) if parts else ""

@@ -16,6 +16,7 @@ import numpy as np
 
 from autoplan.errors import ConfigError
 from autoplan.search.engine import SearchRequest, SearchResult
+from autoplan.search.nearest import row_capacities
 from autoplan.search.output import scored_total, top_rows
 from autoplan.search.render import COLUMNS, HOISTABLE, Shown, collapse, legend, zero_cell
 from autoplan.yaml_io import to_dict
@@ -65,7 +66,8 @@ def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray
 
     req = result.request
     idx = top_rows(result, top)
-    records = frame(result.scored, idx, req.space, req.targets, result.front).to_dict("records")
+    records = frame(result.scored, idx, req.space, req.targets, result.front,
+                    row_capacities(req, result.scored)).to_dict("records")
     bands = result.scored.cols.get("band")
     for r, i in zip(records, idx, strict=True):
         r["_row"] = int(i)

@@ -17,6 +17,7 @@ from autoplan.display import column, count, rounded, sig
 from autoplan.search.render import (
     collapse,
     legend,
+    mem_cell,
     ranked_table,
     sched_cell,
     step_cell,
@@ -69,6 +70,17 @@ def test_equal_zero_stages_and_splits_share_a_row_and_different_figures_do_not()
 def test_band_shows_beside_the_step_time() -> None:
     assert step_cell(row(step_s=20.31, band=0.09)) == "20.3 ±9%"
     assert step_cell(row(step_s=20.31)) == "20.3"
+
+
+def test_a_tight_plan_is_marked_and_the_legend_says_why() -> None:
+    """mem_tight_gib > 0 (ranking.frame: fits at the allocator's median slack, not at its 75th
+    percentile) puts "!" after the GiB figure, and the legend explains the mark only then."""
+    tight, roomy = row(mem_gib=78.4, mem_tight_gib=1.4), row(tp=4, pp=2, mem_gib=60.0,
+                                                             mem_tight_gib=0.0)
+    assert mem_cell(tight) == "78.4!" and mem_cell(roomy) == "60.0" == mem_cell(row(mem_gib=60))
+    both = collapse([tight, roomy], 10)
+    assert "GiB! = tight" in legend(both, wide=False)
+    assert "tight" not in legend(collapse([roomy], 10), wide=False)
 
 
 def test_narrow_layout_hoists_shared_knobs_and_wide_keeps_every_column() -> None:

@@ -132,3 +132,26 @@ def test_the_estimate_of_a_changed_plan_drops_the_files_old_prediction(tmp_path,
 def test_an_empty_plan_path_is_refused_not_ignored(capsys) -> None:
     _refused(capsys, ["estimate", "--plan", "", "--model", "tiny", "--cluster", "cpu-gloo",
                       "--num-gpus", "2"], "--plan: got an empty path")
+
+
+GPT3_TIGHT = ["estimate", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus",
+              "1024", "--runtime", "megatron", "--global-batch-size", "1536",
+              "--micro-batch-size", "2", "--set", "parallel.dp=32", "--set", "parallel.tp=4",
+              "--set", "parallel.pp=8", "--set", "pipeline.schedule=interleaved-1f1b", "--set",
+              "pipeline.vpp=12", "--set", "sequence_parallel=true", "--set", "zero_stage=1",
+              "--set", "attention=flash"]
+
+
+def test_a_plan_that_fits_only_at_the_median_allocator_slack_is_called_tight(capsys) -> None:
+    """The main job's winner (GPT-3 175B, tp4 pp8 v12, no recompute: ~78 of 79 GiB) fits with
+    the allocator slack priced, not with its 75th percentile: feasible (exit 0) and `tight`, in
+    the JSON (memory.tight_by, bytes) and in one line of the table; a roomy plan is not."""
+    assert main([*GPT3_TIGHT, "--format", "json"]) == 0
+    mem = json.loads(capsys.readouterr().out)["memory"]
+    assert 0.0 < mem["tight_by"] < 0.05 * mem["capacity"]
+    assert mem["total"] <= mem["capacity"] < mem["total"] + mem["tight_by"] * 1.0001
+    assert main([*GPT3_TIGHT, "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert "tight:" in table and "75th percentile" in table
+    assert main([*GPT3_TIGHT, "--set", "recompute.policy=full", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["tight_by"] == 0.0

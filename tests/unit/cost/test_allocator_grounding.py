@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -41,6 +42,23 @@ def test_fragmentation_is_the_median_stranded_share_of_training_peaks():
     assert len(step) >= 30
     median = statistics.median(s["unallocated_gib"] / s["allocated_gib"] for s in step)
     assert memory.FRAGMENTATION == pytest.approx(median, abs=5e-4)
+    shares = [s["unallocated_gib"] / s["allocated_gib"] for s in step]
+    assert memory.FRAGMENTATION_P75 == pytest.approx(float(np.percentile(shares, 75)), abs=5e-4)
+
+
+def test_tight_is_a_fit_at_the_median_slack_that_the_75th_percentile_would_miss():
+    """tight_by_bytes: 0 with room to spare and 0 for a plan that does not fit at all (a miss,
+    not tight); in between, the bytes the p75 slack would add past the capacity."""
+    gib = 2.0**30
+    allocated = 70.0 * gib
+    slack = memory.FRAGMENTATION * allocated
+    total = allocated + slack
+    extra = (memory.FRAGMENTATION_P75 - memory.FRAGMENTATION) * allocated
+    assert float(memory.tight_by_bytes(total, slack, total + extra + gib)) == 0.0
+    assert float(memory.tight_by_bytes(total, slack, total - 1.0)) == 0.0
+    assert float(memory.tight_by_bytes(total, slack, total)) == pytest.approx(extra, rel=1e-9)
+    assert float(memory.tight_by_bytes(total, slack, total + extra / 2)) == \
+        pytest.approx(extra / 2, rel=1e-9)
 
 
 def test_the_slack_is_priced_on_every_allocated_byte():
