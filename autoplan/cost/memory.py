@@ -30,14 +30,20 @@ in four strands more than this. A plan that fits at FRAGMENTATION but not at thi
 tight (tight_by_bytes): it may run or may not, as the allocator happens to place its blocks."""
 
 
+def total_at_p75(total: np.ndarray | float, allocator: np.ndarray | float) -> np.ndarray:
+    """A plan priced at `total`, its allocator slack `allocator` (FRAGMENTATION of what it
+    allocates), with the slack at FRAGMENTATION_P75 instead."""
+    return (np.asarray(total, float)
+            + np.asarray(allocator, float) * (FRAGMENTATION_P75 / FRAGMENTATION - 1.0))
+
+
 def tight_by_bytes(total: np.ndarray | float, allocator: np.ndarray | float,
                    capacity: np.ndarray | float) -> np.ndarray:
-    """Bytes by which a plan priced at `total` (its allocator slack `allocator`, FRAGMENTATION
-    of what it allocates) would miss `capacity` were the slack FRAGMENTATION_P75 instead; 0
+    """Bytes by which a plan that fits `capacity` at `total` would miss it at total_at_p75; 0
     where it fits either way, and 0 where it does not fit at all (that is a miss, not tight)."""
-    total, allocator = np.asarray(total, float), np.asarray(allocator, float)
-    at_p75 = total + allocator * (FRAGMENTATION_P75 / FRAGMENTATION - 1.0)
-    return np.where(total <= capacity, np.maximum(0.0, at_p75 - capacity), 0.0)
+    total = np.asarray(total, float)
+    return np.where(total <= capacity,
+                    np.maximum(0.0, total_at_p75(total, allocator) - capacity), 0.0)
 
 
 DDP_BUCKET_BYTES = 2 * 25 * 2**20

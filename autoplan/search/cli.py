@@ -32,7 +32,7 @@ from autoplan.search.engine import (
     type_requests,
 )
 from autoplan.search.space import parse_batch_sizes, parse_gpu_counts
-from autoplan.search.targets import OBJECTIVES, Targets
+from autoplan.search.targets import MEMORY_SLACKS, OBJECTIVES, Targets
 from autoplan.search_space import load_space
 
 DEFAULT_TRIALS = 300
@@ -68,6 +68,9 @@ def register(sub: Any) -> None:
     p.add_argument("--min-tokens-per-s", type=float, help="constraint: at least Y tokens/s")
     p.add_argument("--deadline-days", type=float, help="constraint: train --train-tokens in D days")
     p.add_argument("--train-tokens", type=float, help="token budget (cost in GPU-hours)")
+    p.add_argument("--memory-slack", default="median", metavar="|".join(MEMORY_SLACKS),
+                   help="allocator slack a plan must fit with: median (the cost model's, 2%% "
+                        "of allocated) or p75 (5.2%%: no tight plans, GiB! in the table)")
     p.add_argument("--sampler", choices=SAMPLERS,
                    help="default: exhaustive when the space is enumerable, else tpe")
     p.add_argument("--trials", type=count(high=MAX_TRIALS), default=None,
@@ -121,7 +124,8 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
     targets = Targets(
         objectives=tuple(o.strip() for o in args.objective.split(",") if o.strip()),
         max_step_time_s=args.max_step_time_s, min_tokens_per_s=args.min_tokens_per_s,
-        deadline_days=args.deadline_days, train_tokens=args.train_tokens)
+        deadline_days=args.deadline_days, train_tokens=args.train_tokens,
+        memory_slack=args.memory_slack)
     if len(types) > 1 and "cost" in targets.objectives:
         unpriced = [t.ref for t in types if t.profile.price_per_gpu_hour is None]
         if unpriced:

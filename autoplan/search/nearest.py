@@ -50,8 +50,8 @@ def nearest_miss(req: SearchRequest, scored: Scored) -> Miss:
         i = nearest(scored)
         assert i is not None
         c = scored.cols
-        row = {k: float(c[k][i]) for k in ("mem_total", "mem_host", "time_step", "tokens_per_s",
-                                           "num_gpus")}
+        row = {k: float(c[k][i]) for k in ("mem_total", "mem_allocator", "mem_host",
+                                           "time_step", "tokens_per_s", "num_gpus")}
         ref, prof = row_type(req, scored, i)
         misses = miss_messages(row, req.targets, prof)
         if len(req.types) > 1 and misses:

@@ -73,7 +73,10 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     }
     if req.global_batch_size_max is not None:
         fields["global_batch_size_max"] = req.global_batch_size_max
-    return json.dumps(to_dict(fields), sort_keys=True, default=str)
+    out = to_dict(fields)
+    if req.targets.memory_slack == "median":  # the default, as before the flag: old studies resume
+        out["targets"].pop("memory_slack", None)
+    return json.dumps(out, sort_keys=True, default=str)
 
 
 def request_changes(stored: str, given: str) -> list[str]:
@@ -373,7 +376,8 @@ def _empty(counts: dict[str, int], runtime: str) -> Scored:
     cols: dict[str, np.ndarray] = {
         k: np.zeros(0, dtype=dt) for k, dt in {**COLUMNS, **EXTRA_COLUMNS,
                                                **EXPERT_COLUMNS}.items()}
-    for k in ("tokens_per_s", "time_step", "mem_total", "mem_host", "trial", "seq"):
+    for k in ("tokens_per_s", "time_step", "mem_total", "mem_allocator", "mem_host", "trial",
+              "seq"):
         cols[k] = np.zeros(0)
     cols["miss"] = np.zeros((0, len(MISS_KEYS)))
     cols["objectives"] = np.zeros((0, 1))

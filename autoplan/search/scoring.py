@@ -187,7 +187,7 @@ def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool =
     cols = {**t, **est}
     if not est:  # nothing valid: keep the column set so ranking code still works
         cols.update({k: np.zeros(0) for k in ("tokens_per_s", "time_step", "mem_total",
-                                                 "mem_host")})
+                                                 "mem_allocator", "mem_host")})
     prof = ctx.profile
     miss = miss_ratios(cols, ctx.targets, prof)
     missing = miss > 0

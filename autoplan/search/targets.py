@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.cost.memory import total_at_p75
 from autoplan.cost.step_memory import node_host_bytes
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
@@ -20,6 +21,8 @@ SECONDS_PER_DAY = 86400.0
 COST_TOKENS_DEFAULT = 1e9
 """Without --train-tokens, cost is GPU-hours per 1e9 tokens."""
 GIB = 2**30
+MEMORY_SLACKS = ("median", "p75")
+"""Targets.memory_slack: the allocator slack of published OOM messages a plan must fit with."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class Targets:
     """Train `train_tokens` within this many days."""
     train_tokens: float | None = None
     """Token budget: turns cost into GPU-hours and enables the deadline."""
+    memory_slack: str = "median"
+    """The allocator slack a plan must fit with: `median` (the cost model's, memory.FRAGMENTATION)
+    or `p75` (memory.FRAGMENTATION_P75: no plan that is tight)."""
 
     def __post_init__(self) -> None:
         if not self.objectives:
@@ -50,6 +56,9 @@ class Targets:
             if value is not None and not (np.isfinite(value) and value > 0):
                 raise ConfigError(f"--{name.replace('_', '-')}", f"got {value}",
                                   "expected a positive number")
+        if self.memory_slack not in MEMORY_SLACKS:
+            raise ConfigError("--memory-slack", f"got {self.memory_slack!r}",
+                              f"choose from {', '.join(MEMORY_SLACKS)}")
         if self.deadline_days is not None and self.train_tokens is None:
             raise ConfigError("--deadline-days", "needs --train-tokens",
                               "give the token budget, e.g. --train-tokens 3e11")
@@ -100,12 +109,21 @@ MISS_KEYS = ("out-of-memory", "host-memory", "step-time", "tokens-per-s", "deadl
 """Reasons a valid, scored candidate is not feasible, in the order they are reported."""
 
 
+def device_need(cols: Mapping[str, np.ndarray], targets: Targets) -> np.ndarray:
+    """Bytes per GPU a plan must fit: its priced total, or that total with the allocator's
+    75th-percentile slack under `--memory-slack p75`."""
+    total = np.asarray(cols["mem_total"], float)
+    if targets.memory_slack == "p75":
+        return total_at_p75(total, cols["mem_allocator"])
+    return total
+
+
 def miss_ratios(cols: Mapping[str, np.ndarray], targets: Targets,
                 profile: ClusterProfile) -> np.ndarray:
     """(rows x MISS_KEYS) relative shortfall: > 0 misses by that fraction, <= 0 is met."""
     n = len(cols["tokens_per_s"])
     ratios = np.full((n, len(MISS_KEYS)), -1.0)
-    ratios[:, 0] = np.asarray(cols["mem_total"]) / profile.device.memory_bytes - 1.0
+    ratios[:, 0] = device_need(cols, targets) / profile.device.memory_bytes - 1.0
     per_node = node_host_bytes(profile, cols["mem_total"], cols["mem_host"], cols["num_gpus"])
     ratios[:, 1] = per_node / profile.host.memory_bytes - 1.0
     if targets.max_step_time_s is not None:
@@ -123,9 +141,10 @@ def miss_messages(row: Mapping[str, float], targets: Targets,
     """What one scored candidate misses, by how much (empty when it meets everything)."""
     out = []
     memory_bytes, host_bytes = profile.device.memory_bytes, profile.host.memory_bytes
-    if row["mem_total"] > memory_bytes:
-        out.append(f"needs {row['mem_total'] / GIB:.1f} GiB of {memory_bytes / GIB:.0f} GiB "
-                   "per GPU")
+    need = float(device_need({k: np.asarray(v) for k, v in row.items()}, targets))
+    if need > memory_bytes:
+        at = " at the allocator's 75th-percentile slack" if targets.memory_slack == "p75" else ""
+        out.append(f"needs {need / GIB:.1f} GiB of {memory_bytes / GIB:.0f} GiB per GPU{at}")
     host = float(node_host_bytes(profile, row["mem_total"], row["mem_host"], row["num_gpus"]))
     if host > host_bytes:
         out.append(f"needs {host / GIB:.1f} GiB of host memory of {host_bytes / GIB:.0f} GiB "

@@ -85,6 +85,7 @@ def test_impossible_target_exits_3(capsys) -> None:
     (["--deadline-days", "3"], "--deadline-days"),
     (["--sampler", "exhaustive", "--storage", "sqlite:///x.db", "--study", "s"], "--storage"),
     (["--min-tokens-per-s", "-5"], "--min-tokens-per-s"),
+    (["--memory-slack", "p90"], "--memory-slack"),
 ])
 def test_bad_flags_exit_2(extra: list[str], field: str, capsys) -> None:
     code, _, err = run(SMALL + ["--format", "json"] + extra, capsys)
@@ -120,3 +121,19 @@ def test_acceptance_search_winner_fits_and_memory_savings_pay(tmp_path: Path, ca
     for alt in savings:
         other = estimate_plan(alt)
         assert not other.feasible or other.tokens_per_s <= est.tokens_per_s
+
+
+def test_memory_slack_p75_keeps_only_plans_that_fit_at_the_75th_percentile(capsys) -> None:
+    """The acceptance search's winner fills memory to within the allocator's 75th-percentile
+    slack of the GPU (mem_tight_gib > 0, GiB! in the table); --memory-slack p75 asks every plan
+    to fit with that slack, so none is tight and fewer are feasible."""
+    code, out, _ = run(ACCEPT + ["--format", "json", "--top", "3"], capsys)
+    median = json.loads(out)
+    assert code == 0 and median["top"][0]["mem_tight_gib"] > 0
+    code, out, _ = run(ACCEPT + ["--format", "json", "--top", "3", "--memory-slack", "p75"],
+                       capsys)
+    p75 = json.loads(out)
+    assert code == 0 and all(r["mem_tight_gib"] == 0 for r in p75["top"])
+    assert p75["counts"]["feasible"] < median["counts"]["feasible"]
+    assert p75["top"][0]["mem_gib"] < median["top"][0]["mem_gib"]
+    assert p75["top"][0]["tokens_per_s"] <= median["top"][0]["tokens_per_s"]

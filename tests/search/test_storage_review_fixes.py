@@ -143,6 +143,20 @@ def test_a_study_whose_fingerprint_holds_the_profile_as_typed_still_resumes(tmp_
     open_study(req, "tpe")  # an older autoplan stored the ref string: it resumes
 
 
+def test_a_study_from_before_memory_slack_resumes_and_p75_is_another_request(tmp_path):
+    """The default --memory-slack (median) fingerprints as a study stored before the flag did,
+    so such a study resumes; p75 is another request, refused naming the field."""
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    req = _req(db)
+    study = open_study(req, "tpe")
+    stored = json.loads(study.user_attrs[FINGERPRINT_ATTRS["search"]])
+    assert "memory_slack" not in stored["targets"]
+    open_study(req, "tpe")
+    p75 = dataclasses.replace(req, targets=dataclasses.replace(req.targets, memory_slack="p75"))
+    with pytest.raises(ConfigError, match="targets.memory_slack none -> \"p75\""):
+        open_study(p75, "tpe")
+
+
 # --- 2, 3. storages and their errors ----------------------------------------------------------
 
 @pytest.mark.parametrize("url", ["sqlite:///:memory:", "sqlite:///", "sqlite://"])
