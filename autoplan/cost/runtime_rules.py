@@ -56,10 +56,10 @@ def _schedule(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 
 def _partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
-    if rt.partial_recompute:
-        return np.zeros(np.shape(t["pp"]), dtype=bool)
     k = t["recompute_layers"]  # -1: every layer of the stage
     partial = (t["recompute"] != RC_NONE) & (k >= 0)
+    if rt.partial_recompute:
+        return partial & (t["recompute"] == RC_SELECTIVE) & (not rt.partial_selective)
     if not rt.nth_block_recompute:
         return partial
     # torchtitan's selective_ac_option = n checkpoints whole blocks, fully: the block method
@@ -70,6 +70,10 @@ def _partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 def _partial_recompute_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
     n = _v(t, "recompute_layers")
+    if rt.partial_recompute:
+        return (f"runtime {rt.name} counts recomputed layers for full recompute only "
+                f"(recompute.num_layers={n} with policy selective: set it null, or use policy "
+                "full)")
     if not rt.nth_block_recompute:
         return (f"runtime {rt.name} recomputes every block or none "
                 f"(recompute.num_layers={n}: set it null)")

@@ -426,6 +426,12 @@ class RuntimeTraits:
     Megatron's block and uniform methods, autoplan's runtime). False: torchtitan, whose
     selective_ac_option = n checkpoints every n-th block, which prices as num_layers = L / n
     only without a pipeline and with a count that divides the L layers (export/torchtitan.py)."""
+    partial_selective: bool = True
+    """Where recompute is partial, it may be selective too (autoplan's runtime checkpoints the
+    first num_layers blocks under any policy). False: Megatron, whose --recompute-num-layers
+    counts layers for full recompute only (megatron/training/arguments.py validate_args: "recompute
+    method is not yet supported for selective recomputing granularity");
+    export/megatron.py refuses such a plan alike."""
     nth_block_recompute: bool = True
     """Where recompute is not partial, every n-th block may be checkpointed (torchtitan's
     selective_ac_option). False: every block or none (llm-foundry's activation_checkpointing_fn
@@ -724,6 +730,7 @@ def _userbuffers_apply(tp: np.ndarray, sp: np.ndarray) -> np.ndarray:
 _MEGATRON_CORE: dict[str, Any] = {
     "optimizer_extra_bytes": 10.0, "adds_into_grad_buffer": True, "zeroes_grad_buffer": True,
     "reentrant_recompute": True, "logit_bytes_transient": 4.0, "grads_in_reduce_dtype": True, "loss_bytes_per_logit": 52.0,
+    "partial_selective": False,
 }
 """What every Megatron preset shares (each field's docstring cites the code)."""
 

@@ -161,3 +161,22 @@ def test_deepspeed_refuses_groups_and_megatron_deepspeed_writes_them():
     with pytest.raises(ConfigError, match="attention core only"):
         q = dataclasses.replace(p, recompute=Recompute(policy=SEL, modules=(M.MLP,)))
         export_plan(get_target("deepspeed"), q, q.model_spec(), OPTS)
+
+
+def test_megatron_runtimes_refuse_a_layer_count_on_selective_as_its_export_does():
+    """One rule set: Megatron's --recompute-num-layers counts layers for full recompute only,
+    so every Megatron preset refuses selective with num_layers (and `search --runtime megatron`
+    never ranks it) as `export --to megatron` refuses it; autoplan's runtime runs it."""
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.cost.runtimes import load_runtime
+
+    partial_sel = _plan(Recompute(policy=SEL, num_layers=2))
+    for name in ("megatron", "megatron-2022", "nemo", "megatron-deepep", "megatron-allgather"):
+        assert not load_runtime(name).partial_selective
+        est = estimate_plan(partial_sel, runtime=name)
+        assert not est.feasible
+        assert any("full recompute only" in r for r in est.reasons), est.reasons
+        assert estimate_plan(_plan(Recompute(policy=FULL, num_layers=2)), runtime=name).feasible
+    assert estimate_plan(partial_sel, runtime="autoplan-cuda").feasible
+    with pytest.raises(ConfigError, match="full recompute only"):
+        export_plan(get_target("megatron"), partial_sel, partial_sel.model_spec(), OPTS)
