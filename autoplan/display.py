@@ -74,7 +74,7 @@ def tight_words(memory: dict[str, float]) -> str:
     from autoplan.cost import memory as mem
 
     gib = 2.0**30
-    return (f"fits with the allocator slack priced ({mem.FRAGMENTATION:.1%} of what it "
+    return (f"fits with the allocator slack priced ({mem.FRAGMENTATION:.2%} of what it "
             f"allocates, the median of 30 published OOM messages) but at their 75th percentile "
-            f"({mem.FRAGMENTATION_P75:.1%}) needs {memory['tight_by'] / gib:.1f} GiB more than "
+            f"({mem.FRAGMENTATION_P75:.2%}) needs {memory['tight_by'] / gib:.1f} GiB more than "
             f"the {memory['capacity'] / gib:.1f} GiB per GPU: it may not fit")

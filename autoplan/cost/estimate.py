@@ -181,16 +181,18 @@ def short_by(nbytes: float) -> str:
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 0.05 * 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
-def memory_misses(plan: Plan, cluster: ClusterSpec, model: ModelSpec
-                  ) -> tuple[CostEstimate, list[str]]:
-    """The plan priced as `autoplan estimate` prices it by default (autoplan's own runtime on
-    the profile's device) and why it does not fit there: its reasons less the runtime's
-    refusals, which the runtime rules report themselves. On a plan that passes the plan rules
-    that is memory only (device, and host per node). The check `autoplan train`'s launcher
-    makes (runtime/launch.memory_preflight) and a launcher export makes of the job it writes
-    (export/cli.run_export), whose ranks train what they are given."""
-    est = estimate_plan(plan, cluster, model)
-    other = set(runtime_refusals(plan, default_runtime(cluster.profile)))
+def memory_misses(plan: Plan, cluster: ClusterSpec, model: ModelSpec,
+                  runtime: RuntimeTraits | str | None = None) -> tuple[CostEstimate, list[str]]:
+    """The plan priced as `runtime` runs it (default: autoplan's own runtime on the profile's
+    device, as `autoplan estimate` prices it) and why it does not fit there: its reasons less
+    the runtime's refusals, which the runtime rules report themselves. On a plan that passes
+    the plan rules that is memory only (device, and host per node). The check `autoplan
+    train`'s launcher makes (runtime/launch.memory_preflight) and an export makes of what it
+    writes (export/cli.run_export: a launcher's job as autoplan's runtime runs it, a
+    framework's config as its engine does)."""
+    est = estimate_plan(plan, cluster, model, runtime=runtime)
+    traits = load_runtime(runtime, on_cpu=cluster.profile.is_cpu)
+    other = set(runtime_refusals(plan, traits))
     return est, [r for r in est.reasons if r not in other]
 
 

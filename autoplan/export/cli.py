@@ -76,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "--nnodes=MIN:MAX; `autoplan train --elastic` re-plans when nodes leave or join")
     p.add_argument("--min-nodes", type=count(), help="with --elastic: fewest nodes (default 1)")
     p.add_argument("--no-memory-check", action="store_true",
-                   help=f"{_LAUNCHERS}: write the job even when the cost model says the plan "
-                   "does not fit (by default refused, exit 3, as `autoplan train` refuses it)")
+                   help="write it even when the cost model says the plan does not fit as the "
+                   "target runs it (by default refused, exit 3, as `autoplan train` refuses it)")
     add_format_argument(p, "json or yaml: the {target, files} wrapper (default: the target's "
                            "own files)")
     p.set_defaults(func=run_export)
@@ -124,9 +124,7 @@ def price_for_target(plan, model, target: str, torchtitan_format: str = "toml") 
     """One line: the plan's step time and memory as the target's engine would run it."""
     from autoplan.cost.estimate import estimate_plan
 
-    key = f"{target}/{torchtitan_format}" if target == "torchtitan" else target
-    runtime = TARGET_RUNTIMES.get(key, TARGET_RUNTIMES.get(target))
-    est = estimate_plan(plan, model=model, runtime=runtime)
+    est = estimate_plan(plan, model=model, runtime=target_runtime(target, torchtitan_format))
     line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s +- {est.error_band:.0%}, "
             f"{est.memory['total'] / 2**30:.1f} GiB per GPU")
     if not est.feasible:  # memory it lacks, or a feature it lacks: the reasons say which
@@ -167,9 +165,6 @@ def _check_options(args: argparse.Namespace) -> None:
         if getattr(args, flag[2:].replace("-", "_")) is not None and args.to not in targets:
             raise ConfigError(flag, f"--to {args.to} writes no {flag[2:]}",
                               f"drop it, or export --to {' or '.join(targets)}")
-    if args.no_memory_check and args.to not in LAUNCH_TARGETS:
-        raise ConfigError("--no-memory-check", f"--to {args.to} runs no `autoplan train`, whose "
-                          "memory check it skips", f"drop it, or export --to {_LAUNCHERS}")
     if args.min_nodes is not None and not args.elastic:  # as train's --min-gpus
         raise ConfigError("--min-nodes", f"got {args.min_nodes} without --elastic",
                           "add --elastic, or drop --min-nodes")
@@ -232,11 +227,19 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
     )
 
 
-def _check_fits(path: str, plan, model) -> None:
-    """Refuse (exit 3) a launcher job of a plan that does not fit as autoplan's runtime holds
-    it: the check `autoplan train`'s launcher makes (cost.estimate.memory_misses), which the
-    job's ranks, started by torchrun, do not make again. A profile this machine cannot load
-    (another site's) is not checked here."""
+def target_runtime(target: str, torchtitan_format: str = "toml") -> str | None:
+    """The runtime-traits preset `target`'s engine is priced with (TARGET_RUNTIMES); None for
+    the launchers, which run autoplan's own runtime on the plan's device."""
+    key = f"{target}/{torchtitan_format}" if target == "torchtitan" else target
+    return TARGET_RUNTIMES.get(key, TARGET_RUNTIMES.get(target))
+
+
+def _check_fits(path: str, plan, model, runtime: str | None) -> None:
+    """Refuse (exit 3) to write what would run out of memory: a launcher's job of a plan that
+    does not fit as autoplan's runtime holds it (the check `autoplan train`'s launcher makes,
+    which the job's ranks, started by torchrun, do not make again), a framework's config of one
+    that does not fit as its engine (`runtime`) holds it (cost.estimate.memory_misses). A
+    profile this machine cannot load (another site's) is not checked here."""
     from autoplan.cost.estimate import memory_misses
     from autoplan.hardware import ClusterSpec, load_profile
 
@@ -245,13 +248,14 @@ def _check_fits(path: str, plan, model) -> None:
     except ConfigError as err:
         log.info("memory not checked: %s", err)
         return
-    est, misses = memory_misses(plan, cluster, model)
+    est, misses = memory_misses(plan, cluster, model, runtime)
     if misses:
+        search = "`autoplan search" + (f" --runtime {runtime}`" if runtime else "`")
         raise InfeasiblePlanError(
             f"plan {path} does not fit {cluster.num_gpus} x {plan.cluster.profile} as "
-            f"{est.runtime} runs it: {'; '.join(misses)}; the job's ranks would run out of "
-            "memory: choose a plan that fits (`autoplan search`), or pass --no-memory-check "
-            "to write the job anyway")
+            f"{est.runtime} runs it: {'; '.join(misses)}; its ranks would run out of "
+            f"memory: choose a plan that fits ({search}), or pass --no-memory-check to write "
+            "it anyway")
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -266,8 +270,8 @@ def run_export(args: argparse.Namespace) -> int:
     model = plan.model_spec()
     opts = _launch_options(args, plan)
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
-    if args.to in LAUNCH_TARGETS and not args.no_memory_check:
-        _check_fits(args.plan, plan, model)
+    if not args.no_memory_check:
+        _check_fits(args.plan, plan, model, target_runtime(args.to, opts.torchtitan_format))
     names = list(files)
     if args.out is not None:
         wrapped = args.format in ("json", "yaml")

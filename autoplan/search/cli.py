@@ -69,8 +69,8 @@ def register(sub: Any) -> None:
     p.add_argument("--deadline-days", type=float, help="constraint: train --train-tokens in D days")
     p.add_argument("--train-tokens", type=float, help="token budget (cost in GPU-hours)")
     p.add_argument("--memory-slack", default="median", metavar="|".join(MEMORY_SLACKS),
-                   help="allocator slack a plan must fit with: median (the cost model's, 2%% "
-                        "of allocated) or p75 (5.2%%: no tight plans, GiB! in the table)")
+                   help="allocator slack a plan must fit with: median (the cost model's, "
+                        "2.05%% of allocated) or p75 (5.16%%: leaves out the plans marked GiB!)")
     p.add_argument("--sampler", choices=SAMPLERS,
                    help="default: exhaustive when the space is enumerable, else tpe")
     p.add_argument("--trials", type=count(high=MAX_TRIALS), default=None,
@@ -125,7 +125,7 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         objectives=tuple(o.strip() for o in args.objective.split(",") if o.strip()),
         max_step_time_s=args.max_step_time_s, min_tokens_per_s=args.min_tokens_per_s,
         deadline_days=args.deadline_days, train_tokens=args.train_tokens,
-        memory_slack=args.memory_slack)
+        memory_slack=getattr(args, "memory_slack", "median"))  # `tune` builds its own args
     if len(types) > 1 and "cost" in targets.objectives:
         unpriced = [t.ref for t in types if t.profile.price_per_gpu_hour is None]
         if unpriced:

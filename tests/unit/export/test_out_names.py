@@ -29,7 +29,8 @@ def titan_case() -> str:
 def test_torchtitan_python_names_its_own_module(tmp_path: Path, capsys, case: str) -> None:
     out = tmp_path / "x" / "my_job.py"
     out.parent.mkdir()
-    assert export(tmp_path, case, "torchtitan", out) == 0
+    # the names are the subject, not whether the fixture fits
+    assert export(tmp_path, case, "torchtitan", out, "--no-memory-check") == 0
     text = out.read_text()
     assert f"PYTHONPATH={out.parent}" in text and "--module my_job " in text
     assert "autoplan_torchtitan" not in text
