@@ -409,37 +409,47 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
 def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) -> np.ndarray:
     """Seconds of a mean block's token exchange per micro-batch (forward and backward) under
     Megatron-Core's allgather dispatcher (--moe-token-dispatcher-type allgather, its default;
-    megatron/core/transformer/moe/token_dispatcher.py, MoEAllGatherTokenDispatcher): the
-    dispatch all-gathers every rank's tokens over the expert-TP x EP group ("[(S/TP)*B, H] ->
-    [S*B*EP, H]"), whatever their routing, with the routing map (bool) and the router's
+    megatron/core/transformer/moe/token_dispatcher.py, MoEAllGatherTokenDispatcher): over the
+    expert-TP x EP group (tp_ep_group) the dispatch all-gathers every rank's tokens ("[(S/TP)*B,
+    H] -> [S*B*EP, H]"), whatever their routing, with the routing map (bool) and the router's
     probabilities ([S*B*EP, num_experts]) beside them; each rank picks those for its own
     experts, and the combine reduce-scatters the outputs back at the probabilities' dtype
     (`output_total.to(self.local_probs.dtype)`: fp32 under --moe-router-dtype fp32). Autograd
     runs the mirror images in backward: the hidden states' and the probabilities' gathers
     reduce-scatter their gradients, the combine's gathers its own (the routing map is gathered
-    under no_grad). Where etp == tp (Megatron's default expert TP) the expert-TP share of the
-    gathers is the one sequence parallelism makes for any MLP, priced with the tensor-parallel
-    collectives; here the EP share, over the EP group placed as the all-to-all's. (With etp !=
-    tp the expert-TP share is priced as tp's, as under the all-to-all.) The busiest expert's
-    excess is compute, not traffic: every rank receives every token. A fully recomputed block
-    runs the forward half again (stage_time.recompute_extra_s)."""
+    under no_grad). The routing map and probabilities are priced over the whole group. Of the
+    hidden states, the EP share is priced here, over the EP group placed as the all-to-all's;
+    where etp == tp (Megatron's default expert TP) the expert-TP share is the gather and
+    reduce-scatter sequence parallelism makes for any MLP, priced with the tensor-parallel
+    collectives at the activations' width, so only the combine's wider share is added here.
+    (With etp != tp the expert-TP share is priced as tp's, as under the all-to-all.) The
+    busiest expert's excess is compute, not traffic: every rank receives every token. A fully
+    recomputed block runs about the forward half again (stage_time.recompute_extra_s)."""
     assert model.moe is not None
-    tokens = all_gathered_tokens(model, r)
-    hidden = tokens * model.hidden_size
-    probs_bytes = ROUTER_BYTES[model.moe.router_dtype]
-    per_token_e = tokens * model.moe.num_experts
     gpn = profile.gpus_per_node
+    wb = np.asarray(r.weight_bytes, float)
+    # Megatron's router returns its scores in the logits' dtype: fp32 under
+    # --moe-router-dtype fp32, else the model's own
+    pb = np.maximum(ROUTER_BYTES[model.moe.router_dtype], wb)
+    tokens = all_gathered_tokens(model, r)
+    group = r.etp * r.ep
 
-    def one(kind: str, nbytes: np.ndarray) -> np.ndarray:
-        return comm.collective_time_s(kind, nbytes, r.ep, comm.intra_node(r.etp, r.ep, gpn),
-                                      profile, per_node=comm.members_per_node(r.etp, r.ep, gpn))
+    def over(kind: str, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+        return comm.collective_time_s(kind, nbytes, size, comm.intra_node(stride, size, gpn),
+                                      profile, per_node=comm.members_per_node(stride, size, gpn))
 
     ag, rs = comm.ALL_GATHER, comm.REDUCE_SCATTER
-    forward = (one(ag, hidden * r.weight_bytes) + one(ag, per_token_e * probs_bytes)
-               + one(ag, per_token_e * 1.0) + one(rs, hidden * probs_bytes))
-    backward = (one(rs, hidden * r.weight_bytes) + one(rs, per_token_e * probs_bytes)
-                + one(ag, hidden * probs_bytes))
-    return np.where(r.ep > 1, moe_share(model) * (forward + backward), 0.0)
+    scores = tokens * model.moe.num_experts
+    routing = (over(ag, scores * pb, group, 1.0) + over(ag, scores, group, 1.0)
+               + over(rs, scores * pb, group, 1.0))
+    hidden = tokens * model.hidden_size
+    ep_share = (over(ag, hidden * wb, r.ep, r.etp) + over(rs, hidden * wb, r.ep, r.etp)
+                + over(rs, hidden * pb, r.ep, r.etp) + over(ag, hidden * pb, r.ep, r.etp))
+    # the combine's expert-TP share at the probabilities' width beyond the activations'
+    wider = dispatched_tokens(model, r) * model.hidden_size * (pb - wb)
+    etp_combine = np.where(pb > wb, over(rs, wider, r.etp, 1.0) + over(ag, wider, r.etp, 1.0),
+                           0.0)
+    return np.where(group > 1, moe_share(model) * (routing + ep_share + etp_combine), 0.0)
 
 
 ROUTER_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
@@ -457,9 +467,11 @@ def all_gather_buffer_bytes(model: ModelSpec, r: Rows) -> np.ndarray:
     """Bytes of the buffer Megatron-Core's allgather dispatcher gathers the hidden states into:
     gather_from_sequence_parallel_region(..., use_global_buffer=True) takes it from the global
     memory buffer ("mpu"), which keeps its largest request for the rest of the run; 16-bit
-    [S*B*EP, H]. The dispatcher gathers wherever tp > 1 or ep > 1; 0 for a dense model."""
+    [S*B*EP, H]. The dispatcher gathers wherever etp > 1 or ep > 1; 0 for a dense model.
+    Charged to every stage, as the buffers are, though a stage of only dense blocks (DeepSeek-V3's
+    first three) never gathers."""
     if model.moe is None:
         return np.zeros_like(np.asarray(r.b, float))
-    gathers = (r.tp > 1) | (r.ep > 1)
+    gathers = (r.etp > 1) | (r.ep > 1)  # the dispatcher's tp is the expert TP group's
     return np.where(gathers, all_gathered_tokens(model, r) * model.hidden_size
                     * r.weight_bytes, 0.0)

@@ -86,8 +86,15 @@ def score_baseline(result: SearchResult, num_gpus: int, global_batch_size: int |
               else "") + (" sp" if recipe["sequence_parallel"] else "")
               + (f" {pipeline['schedule']} v{pipeline['vpp']}" if pipeline["vpp"] > 1 else "")
               + f" {recipe['recompute']} mbs{recipe['micro_batch_size']}")
+    feasible, reasons = est.feasible, tuple(est.reasons)
+    if feasible and req.targets.memory_slack == "p75" and est.memory["tight_by"] > 0:
+        # held to the slack the search held its own plans to (--memory-slack p75)
+        reasons = (f"needs {est.memory['tight_by'] / 2**30:.1f} GiB per GPU more than the "
+                   f"{est.memory['capacity'] / 2**30:.1f} GiB at the allocator's "
+                   "75th-percentile slack",)
+        feasible = False
     return BaselineScore(recipe["name"], " ".join(recipe["source"].split()), layout,
-                         est.feasible, tuple(est.reasons), est.time["step"], est.tokens_per_s,
+                         feasible, reasons, est.time["step"], est.tokens_per_s,
                          est.mfu, float(band) if isinstance(band, (int, float)) else None)
 
 

@@ -94,6 +94,9 @@ def request_changes(stored: str, given: str) -> list[str]:
     if "profile_sha256" in old:
         old.pop("profile", None)
     old, new = _flat(old), _flat(new)
+    for flat in (old, new):  # the default the fingerprint leaves out (_fingerprint)
+        if "targets.objectives" in flat:
+            flat.setdefault("targets.memory_slack", "median")
     return [f"{_field_name(k)} {_shown(k, old.get(k))} -> {_shown(k, new.get(k))}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 

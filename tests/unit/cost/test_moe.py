@@ -271,6 +271,30 @@ def test_allgather_dispatcher_moves_every_token_whatever_the_routing():
     assert gathered.memory["buffers"] - plain.memory["buffers"] == 4096 * 8 * 4096 * 2
 
 
+def test_allgather_gathers_routing_scores_over_the_expert_tp_x_ep_group():
+    """MoEAllGatherTokenDispatcher gathers the routing map (1 byte) and the probabilities (the
+    router's dtype) of every token over tp_ep_group, and its backward reduce-scatters the
+    probabilities' gradient: their time grows with the expert count while the hidden states'
+    does not. With expert TP alone (ep 1) those gathers still run, and an fp32 router's combine
+    is wider than the sequence-parallel reduce-scatter priced for its expert-TP share."""
+    profile = load_profile("h100-sxm-80gb")
+    m = PRESETS["mixtral-8x7b"]
+    many = m.replace(moe=replace(m.moe, num_experts=512))
+    ep8 = _plan("mixtral-8x7b", 8, dp=8, ep=8)
+    few, lots = (float(moe.all_gather_dispatch_s(x, profile, _rows(ep8, x))[0])
+                 for x in (m, many))
+    assert lots > few > 0.0
+    etp_only = _plan("mixtral-8x7b", 8, dp=4, tp=2, etp=2)
+    bf16_router = m.replace(moe=replace(m.moe, router_dtype="bf16"))
+    fp32_s, bf16_s = (float(moe.all_gather_dispatch_s(x, profile, _rows(etp_only, x))[0])
+                      for x in (m, bf16_router))
+    assert fp32_s > bf16_s > 0.0
+    # the gather buffer follows the dispatcher's group (expert TP x EP), not the dense TP
+    tp_only = _rows(_plan("mixtral-8x7b", 8, dp=4, tp=2), m)
+    assert float(moe.all_gather_buffer_bytes(m, tp_only)[0]) == 0.0
+    assert float(moe.all_gather_buffer_bytes(m, _rows(etp_only, m))[0]) == 4096 * 4096 * 2
+
+
 def test_ep_dispatcher_is_checked_when_loaded(tmp_path):
     from autoplan.errors import ConfigError
 
