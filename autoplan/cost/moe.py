@@ -433,6 +433,7 @@ def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) ->
     pb = np.maximum(ROUTER_BYTES[model.moe.router_dtype], wb)
     tokens = all_gathered_tokens(model, r)
     group = r.etp * r.ep
+    one = np.ones_like(np.asarray(group, float))  # the group's ranks are adjacent
 
     def over(kind: str, nbytes: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
         return comm.collective_time_s(kind, nbytes, size, comm.intra_node(stride, size, gpn),
@@ -440,14 +441,14 @@ def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) ->
 
     ag, rs = comm.ALL_GATHER, comm.REDUCE_SCATTER
     scores = tokens * model.moe.num_experts
-    routing = (over(ag, scores * pb, group, 1.0) + over(ag, scores, group, 1.0)
-               + over(rs, scores * pb, group, 1.0))
+    routing = (over(ag, scores * pb, group, one) + over(ag, scores, group, one)
+               + over(rs, scores * pb, group, one))
     hidden = tokens * model.hidden_size
     ep_share = (over(ag, hidden * wb, r.ep, r.etp) + over(rs, hidden * wb, r.ep, r.etp)
                 + over(rs, hidden * pb, r.ep, r.etp) + over(ag, hidden * pb, r.ep, r.etp))
     # the combine's expert-TP share at the probabilities' width beyond the activations'
     wider = dispatched_tokens(model, r) * model.hidden_size * (pb - wb)
-    etp_combine = np.where(pb > wb, over(rs, wider, r.etp, 1.0) + over(ag, wider, r.etp, 1.0),
+    etp_combine = np.where(pb > wb, over(rs, wider, r.etp, one) + over(ag, wider, r.etp, one),
                            0.0)
     return np.where(group > 1, moe_share(model) * (routing + ep_share + etp_combine), 0.0)
 
