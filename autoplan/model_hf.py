@@ -76,8 +76,8 @@ def training_seq_len(cfg: dict[str, Any], where: str) -> int:
         return _int(scaling, f"{where} rope_scaling", "original_max_position_embeddings")
     longest = _int(cfg, where, "max_position_embeddings", default=DEFAULT_SEQ_LEN)
     if longest > DEFAULT_SEQ_LEN:
-        log.info("%s: max_position_embeddings %d; planning for %d-token training sequences "
-                 "(pass --seq-len to change)", where, longest, DEFAULT_SEQ_LEN)
+        log.warning("%s: max_position_embeddings %d; planning for %d-token training sequences "
+                    "(pass --seq-len to change)", where, longest, DEFAULT_SEQ_LEN)
     return min(longest, DEFAULT_SEQ_LEN)
 
 

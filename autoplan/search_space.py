@@ -67,7 +67,8 @@ def _check_values(name: str, values: tuple[Any, ...], *, low: int | None = None,
     if not values:
         raise ConfigError(name, "got an empty list", f"list at least one value{example}")
     if len(set(values)) != len(values):
-        raise ConfigError(name, f"got {list(values)} with repeats", "list each value once")
+        shown = [getattr(v, "value", v) for v in values]  # an enum as the file spells it
+        raise ConfigError(name, f"got {shown} with repeats", "list each value once")
     for v in values:
         if v is None or low is None:
             continue

@@ -299,6 +299,11 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
         parts.append("dp D/S = HSDP, ZeRO shard groups of S replicated D/S times")
     if seen("prec", "precision") and any(r.get("grad_reduce") for r in rows):
         parts.append("rX = gradients reduced in X")
+    if seen("GPU-h", "USD") and rows and "gpu_hours" in rows[0] and "days" not in rows[0]:
+        from autoplan.search.targets import COST_TOKENS_DEFAULT
+
+        parts.append(f"GPU-h and USD are per {COST_TOKENS_DEFAULT:,.0f} tokens (--train-tokens "
+                     "sets the budget)")
     if seen("mem", "mem GiB", "GiB") and any(r.get("mem_tight_gib", 0.0) > 0 for r in rows):
         parts.append("GiB! = tight: fits with the allocator slack priced (its median in "
                      "published OOM messages), not with its 75th percentile")
@@ -366,7 +371,7 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
     batch = f"{batches[0]}..{batches[1]}" if batches else f"{data['global_batch_size']}"
     console.print(
         f"[bold]{data['model']}[/] on {where} x {data['cluster']}, global batch {batch}, "
-        f"space {data['space']}: {data['sampler']} search, "
+        f"space {data['space']}, priced for runtime {data['runtime']}: {data['sampler']} search, "
         f"{data['candidates']:,} candidates, {data['scored']:,} scored, "
         f"{data['feasible_count']:,} feasible{kept_text(data)} in {data['seconds']:.2f} s")
     if data["top"]:

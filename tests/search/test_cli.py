@@ -137,3 +137,13 @@ def test_memory_slack_p75_keeps_only_plans_that_fit_at_the_75th_percentile(capsy
     assert p75["counts"]["feasible"] < median["counts"]["feasible"]
     assert p75["top"][0]["mem_gib"] < median["top"][0]["mem_gib"]
     assert p75["top"][0]["tokens_per_s"] <= median["top"][0]["tokens_per_s"]
+
+
+def test_the_search_names_the_runtime_it_priced(capsys) -> None:
+    """Every estimate says which runtime it priced: the search's JSON at its top level and the
+    table's header line, the default (autoplan's own runtime on the device) included."""
+    code, out, _ = run(SMALL + ["--format", "json", "--top", "1"], capsys)
+    assert code == 0 and json.loads(out)["runtime"] == "autoplan-cpu"
+    code, out, _ = run(ACCEPT + ["--runtime", "megatron", "--format", "table", "--top", "1"],
+                       capsys)
+    assert code == 0 and "priced for runtime megatron" in " ".join(out.split())

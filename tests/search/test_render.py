@@ -83,6 +83,15 @@ def test_a_tight_plan_is_marked_and_the_legend_says_why() -> None:
     assert "tight" not in legend(collapse([roomy], 10), wide=False)
 
 
+def test_cost_without_a_token_budget_says_what_its_figures_count() -> None:
+    """--objective cost without --train-tokens prices GPU-hours (and dollars) per 1e9 tokens
+    (targets.COST_TOKENS_DEFAULT): the legend says so; with a budget (days shown) it does not."""
+    per = collapse([row(gpu_hours=51.0)], 10)
+    assert "per 1,000,000,000 tokens" in legend(per, wide=False)
+    budget = collapse([row(gpu_hours=51.0, days=2.0)], 10)
+    assert "tokens (--train-tokens" not in legend(budget, wide=False)
+
+
 def test_narrow_layout_hoists_shared_knobs_and_wide_keeps_every_column() -> None:
     shown = collapse([row(zero=1, tp=t, dp=8 // t) for t in (1, 2, 8)], 10)
     _, shared, _ = ranked_table(shown, "t", ["throughput"], wide=False, width=80)

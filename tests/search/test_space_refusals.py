@@ -100,3 +100,13 @@ def test_an_unpriced_profile_writes_null_dollars_not_nan(space_file, tmp_path: P
     assert main([*argv, "--format", "yaml"]) == 0
     as_yaml = yaml.safe_load(capsys.readouterr().out)
     assert [r["usd"] for r in as_yaml["top"]] == [None] * len(as_yaml["top"])
+
+
+@pytest.mark.parametrize(("field", "values"), [("precision", ["fp32", "fp32"]),
+                                               ("attention", ["flash", "flash"])])
+def test_a_repeated_choice_is_named_as_the_file_spells_it(field: str, values: list[str]) -> None:
+    """The repeats error shows the values as written, not Python's enum reprs."""
+    data = {**SMALL_SPACE, field: values}
+    with pytest.raises(ConfigError) as err:
+        space_from_dict(data, "s.yaml")
+    assert f"got {values} with repeats" in str(err.value) and "<" not in str(err.value)
