@@ -110,7 +110,11 @@ def _gpus_per_node(args: argparse.Namespace, profile: str, world: int) -> int:
         from autoplan.hardware import load_profile
     except ImportError:  # hardware profiles not available: a node of up to 8 GPUs
         return min(8, world)
-    return load_profile(profile).gpus_per_node
+    try:
+        return load_profile(profile, flag="cluster.profile").gpus_per_node
+    except ConfigError as err:  # the plan's profile, not a flag the user gave
+        raise ConfigError("cluster.profile", err.problem, "restore the plan's profile, or give "
+                          "--gpus-per-node N to write the job for another site's GPUs") from None
 
 
 TARGET_RUNTIMES = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "torchtitan",
@@ -245,8 +249,9 @@ def _check_fits(path: str, plan, model, runtime: str | None) -> None:
 
     try:
         cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
-    except ConfigError as err:
-        log.info("memory not checked: %s", err)
+    except ConfigError as err:  # another site's profile: written for the GPUs it names
+        log.warning("memory not checked and the job written for GPUs: the plan's profile does "
+                    "not load here (%s)", err.problem)
         return
     est, misses = memory_misses(plan, cluster, model, runtime)
     if misses:

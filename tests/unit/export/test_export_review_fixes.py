@@ -404,3 +404,28 @@ def test_every_refusal_lists_distinct_reasons() -> None:
                 text = str(err).split("cannot express this plan: ", 1)[-1]
                 reasons = text.rsplit("; ", 1)[0].split("; ")
                 assert len(reasons) == len(set(reasons)), (target.name, reasons)
+
+
+def test_a_plan_whose_profile_is_gone_names_its_field_and_warns_when_written_anyway(
+        tmp_path: Path, capsys, caplog) -> None:
+    """A plan searched on a profile file that no longer exists: the error names the plan's
+    cluster.profile (not --cluster, which the user never gave) and the way on; with
+    --gpus-per-node the job is written for that site's GPUs, with a warning that memory was not
+    checked (a CPU profile's plan would have asked for CPUs)."""
+    import shutil
+
+    prof = tmp_path / "p.yaml"
+    shutil.copy(Path(__file__).resolve().parents[3] / "profiles" / "cpu-gloo.yaml", prof)
+    p = Plan(model="tiny", cluster=ClusterRef(str(prof), 2), parallel=Parallel(dp=2),
+             batch=Batch(1, 8), precision=Precision.FP32)
+    prof.unlink()
+    code, _, err = run(capsys, tmp_path, p, "--to", "slurm")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "cluster.profile: no such file" in err and "--gpus-per-node" in err
+    assert "--cluster" not in err
+    out = tmp_path / "job.sbatch"
+    with caplog.at_level("WARNING"):
+        code, _, err = run(capsys, tmp_path, p, "--to", "slurm", "--gpus-per-node", "4",
+                           "--out", str(out))
+    assert code == 0 and out.exists(), err
+    assert any("memory not checked" in r.getMessage() for r in caplog.records)
