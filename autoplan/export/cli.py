@@ -330,9 +330,10 @@ def run_import(args: argparse.Namespace) -> int:
         num_gpus=args.num_gpus,
         assignments=args.set,
     )
-    if args.out is not None:
-        fsutil.write_text(args.out, dump_yaml(plan_to_dict(plan)), force=args.force,
-                          field="--out")
+    if args.out is not None:  # JSON when asked (it is YAML too: load_plan reads either)
+        text = (json.dumps(plan_to_dict(plan), indent=2) + "\n" if args.format == "json"
+                else dump_yaml(plan_to_dict(plan)))
+        fsutil.write_text(args.out, text, force=args.force, field="--out")
         if load_plan(args.out) != plan:  # every save reloads and compares (plan.save_plan)
             raise AssertionError(f"plan written to {args.out} does not reload equal")
         sys.stderr.write(f"wrote {args.out}\n")

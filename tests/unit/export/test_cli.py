@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.commands import main
-from autoplan.plan import load_plan, save_plan
+from autoplan.plan import load_plan, plan_to_dict, save_plan
 
 from .cases import CASES
 
@@ -83,6 +83,12 @@ def test_import_writes_a_plan_that_loads(plan_file: Path, tmp_path: Path, capsys
     assert main(argv) == 0
     assert load_plan(out) == CASES["dp-zero1"][0]
     assert main(argv) == 2  # exists: not replaced without --force
+    # --format json with --out writes JSON (not YAML under a .json name), a plan that loads
+    as_json = tmp_path / "imported.json"
+    assert main([*argv[:-1], str(as_json), "--format", "json"]) == 0
+    assert json.loads(as_json.read_text())["parallel"] == json.loads(json.dumps(
+        plan_to_dict(CASES["dp-zero1"][0])))["parallel"]
+    assert load_plan(as_json) == CASES["dp-zero1"][0]
 
 
 def test_import_needs_a_model_for_deepspeed(tmp_path: Path, capsys):
