@@ -139,13 +139,15 @@ def rejected_html(result: SearchResult) -> str:
     c = result.scored.cols
     missed = np.flatnonzero(~result.scored.feasible)
     if len(missed):
-        from autoplan.search.targets import MISS_KEYS
+        from autoplan.search.targets import MISS_KEYS, device_need
 
         fastest = missed[np.argsort(-c["tokens_per_s"][missed], kind="stable")][:8]
-        cap = result.request.profile.device.memory_bytes / GIB
+        # each row's own GPU type; what it must fit (the p75 slack under --memory-slack p75)
+        cap = row_capacities(result.request, result.scored) / GIB
+        need = device_need(c, result.request.targets) / GIB
         rows = [[f"dp{c['dp'][i]} tp{c['tp'][i]} pp{c['pp'][i]} cp{c['cp'][i]} "
                  f"vpp{c['vpp'][i]} zero{c['zero_stage'][i]} mbs{c['mbs'][i]}",
-                 f"{c['tokens_per_s'][i]:,.0f}", f"{c['mem_total'][i] / GIB:.1f} of {cap:.0f}",
+                 f"{c['tokens_per_s'][i]:,.0f}", f"{need[i]:.1f} of {cap[i]:.0f}",
                  MISS_KEYS[int(c["reason"][i])] if c["reason"][i] >= 0 else "?"]
                 for i in fastest]
         out += ("<p>The fastest plans that were scored and rejected (they would have ranked "
