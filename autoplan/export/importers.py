@@ -7,14 +7,19 @@ it with the same rules as every other plan. Settings autoplan cannot represent a
 
 from __future__ import annotations
 
+import difflib
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.export.megatron_import import say_priced_whole
+from autoplan.export.deepspeed_keys import DEEPSPEED_ADAM, SECTION_KEYS
+from autoplan.export.megatron_import import refuse_non_adam, say_priced_whole
 from autoplan.plan import Plan, plan_from_dict, set_field
 from autoplan.yaml_io import load_json_text, show
+
+log = logging.getLogger(__name__)
 
 
 def _read(path: str | Path, what: str) -> str:
@@ -58,13 +63,22 @@ def finish_plan(data: dict[str, Any], assignments: list[str], what: str) -> Plan
 
 
 def _section(cfg: dict[str, Any], key: str, what: str, parent: str = "") -> dict[str, Any]:
-    """A config section as a mapping ({} when absent); a list or scalar is refused."""
+    """A config section as a mapping ({} when absent); a list or scalar is refused, and so is a
+    key DeepSpeed does not define in it (SECTION_KEYS), which DeepSpeed refuses too."""
     value = cfg.get(key)
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise ConfigError(f"{what} {parent}{key}", f"got {show(value)} ({type(value).__name__})",
                           'expected a JSON object, e.g. {"enabled": true}')
+    known = SECTION_KEYS.get(parent + key, frozenset(value))
+    for name in value:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, 1)
+            fix = (f"did you mean {close[0]!r}?" if close
+                   else f"expected one of {', '.join(sorted(known))}")
+            raise ConfigError(f"{what} {parent}{key}.{name}", "not a DeepSpeed key "
+                              "(DeepSpeed refuses it)", fix)
     return value
 
 
@@ -168,12 +182,25 @@ def _precision(cfg: dict[str, Any], what: str) -> str:
                           "weight copies (by opt_level) no plan precision prices",
                           'use "bf16": {"enabled": true} or "fp16": {"enabled": true}, '
                           "which autoplan prices")
-    bf16 = _enabled(cfg, "bf16", what) or _enabled(cfg, "bfloat16", what)
+    # precision_config.get_bfloat16_config: the legacy "bfloat16" only where "bf16" is absent
+    bf16 = _enabled(cfg, "bf16" if cfg.get("bf16") is not None else "bfloat16", what)
     fp16 = _enabled(cfg, "fp16", what)
     if bf16 and fp16:
         raise ConfigError(f"{what} fp16.enabled", "true together with bf16.enabled",
                           "enable one of fp16, bf16 (DeepSpeed refuses both)")
     return "bf16" if bf16 else "fp16" if fp16 else "fp32"
+
+
+def _optimizer(cfg: dict[str, Any], what: str) -> None:
+    """Refuse an optimizer the cost model does not price (SGD, Lamb, Lion, 1-bit Adam, ...); no
+    optimizer section is the script's own optimizer, taken for Adam."""
+    kind = _section(cfg, "optimizer", what).get("type")
+    if kind is None:
+        return
+    if not isinstance(kind, str):
+        raise ConfigError(f"{what} optimizer.type", f"got {show(kind)}",
+                          "expected an optimizer name, e.g. \"AdamW\"")
+    refuse_non_adam(f"{what} optimizer.type", kind, DEEPSPEED_ADAM, fold_case=True)
 
 
 def _zero_stage(zero: dict[str, Any], what: str) -> int:
@@ -264,6 +291,7 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
         _activation_checkpointing(section, tp, what)
     stage = _zero_stage(zero, what)
     _mics(zero, stage, dp, what)
+    _optimizer(cfg, what)
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},
@@ -298,6 +326,7 @@ def import_deepspeed(
     from autoplan.export.megatron_deepspeed_import import import_launch, is_launch
 
     if is_launch(path):  # a Megatron-DeepSpeed launch (export --to deepspeed with tp or pp > 1)
+        _launch_gpus(path, num_gpus)
         return import_launch(path, model=model, cluster=cluster, num_gpus=num_gpus,
                              assignments=assignments)
     what = f"deepspeed config {path}"
@@ -313,6 +342,17 @@ def import_deepspeed(
         "num_gpus": data["parallel"]["dp"] * data["parallel"]["tp"] * data["parallel"]["pp"],
     }
     return finish_plan(data, list(assignments), what)
+
+
+def _launch_gpus(path: str | Path, num_gpus: int | None) -> None:
+    """Refuse a --num-gpus other than the GPUs the DeepSpeed launch starts (its runner's
+    --num_nodes x --num_gpus), before its JSON's batch keys disagree with the wrong count."""
+    from autoplan.export.megatron_deepspeed_import import SWITCHES
+    from autoplan.export.shell_args import Flags, expand_variables, launched_gpus, parse_flags
+
+    flags = parse_flags(expand_variables(_read(path, "FILE")), SWITCHES)
+    launched_gpus(Flags(flags, f"deepspeed launch {path}"), num_gpus, "--num_nodes",
+                  ("--num_gpus",))
 
 
 def _degrees(assignments: Sequence[str]) -> dict[str, int]:
@@ -341,12 +381,17 @@ def import_megatron(
     num_gpus: int | None,
     assignments: Sequence[str] = (),
 ) -> Plan:
-    from autoplan.export.megatron_import import megatron_plan_dict
+    from autoplan.export.megatron_import import megatron_plan_dict, unread_megatron_flags
 
     what = f"megatron arguments {path}"
-    data = megatron_plan_dict(_read(path, "FILE"), model, num_gpus, what)
+    text = _read(path, "FILE")
+    data = megatron_plan_dict(text, model, num_gpus, what)
     data["cluster"]["profile"] = cluster
-    return finish_plan(data, list(assignments), what)
+    plan = finish_plan(data, list(assignments), what)
+    skipped = unread_megatron_flags(text, what)
+    if skipped:  # said once the import succeeds: a refusal stays one line
+        log.warning("%s: flags autoplan does not read, skipped: %s", what, " ".join(skipped))
+    return plan
 
 
 IMPORTERS = {"deepspeed": import_deepspeed, "megatron": import_megatron}

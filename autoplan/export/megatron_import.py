@@ -1,8 +1,9 @@
 """Read Megatron-LM `pretrain_gpt.py` arguments (a file of flags, or a launch script with them)
 into plan fields and, unless --model is given, a model spec.
 
-Only flags that decide a plan field are read; the rest (data, optimizer, logging) are skipped.
-Settings a plan cannot represent (partial optimizer offload, mismatched dropouts) are errors.
+Only flags that decide a plan field are read; the rest (data, logging) are skipped and named
+in a warning, but a misspelling of one we read is refused. Settings a plan cannot represent
+(partial optimizer offload, mismatched dropouts, SGD) are errors.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from autoplan.errors import ConfigError
 from autoplan.export.megatron import NULL_TOKENIZER_EXTRA
 from autoplan.export.megatron_moe import MOE_SWITCHES, expert_degrees, moe_fields
 from autoplan.export.megatron_te import ATTENTION_BACKENDS
-from autoplan.export.shell_args import Flags, expand_variables, parse_flags, plain_int
+from autoplan.export.shell_args import (
+    Flags,
+    expand_variables,
+    launched_gpus,
+    parse_flags,
+    unread_flags,
+)
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
 from autoplan.yaml_io import show
 
@@ -51,6 +58,40 @@ SWITCHES = frozenset(
     }
 ) | MOE_SWITCHES
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
+_TORCHRUN = ("nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port",
+             "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "standalone",
+             "max-restarts", "monitor-interval", "start-method", "role", "module", "no-python",
+             "run-path", "log-dir", "redirects", "tee", "local-ranks-filter", "local-addr")
+LAUNCHER_FLAGS = frozenset(f"--{name}" for name in _TORCHRUN) | frozenset(
+    f"--{name.replace('-', '_')}" for name in _TORCHRUN)
+"""torchrun's flags (torch/distributed/run.py), which it takes with dashes or underscores and
+abbreviated (argparse's allow_abbrev): neither refused as a misspelling nor said skipped."""
+READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS) | frozenset({
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+    "--num-query-groups", "--seq-length", "--vocab-size", "--tokenizer-type",
+    "--make-vocab-size-divisible-by", "--normalization", "--position-embedding-type",
+    "--attention-dropout", "--hidden-dropout", "--micro-batch-size", "--global-batch-size",
+    "--optimizer", "--optimizer-offload-fraction", "--recompute-granularity", "--recompute-method",
+    "--recompute-num-layers", "--recompute-modules", "--cp-comm-type", "--fp8-format",
+    "--attention-backend", "--transformer-impl", "--data-parallel-sharding-strategy",
+    "--num-distributed-optimizer-instances", "--pipeline-model-parallel-layout",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    # megatron_moe.moe_fields and expert_degrees
+    "--num-experts", "--moe-ffn-hidden-size", "--moe-router-topk", "--moe-layer-freq",
+    "--moe-shared-expert-intermediate-size", "--moe-router-dtype", "--moe-expert-capacity-factor",
+    "--moe-router-score-function", "--moe-router-bias-update-rate", "--moe-router-num-groups",
+    "--moe-router-group-topk", "--moe-router-topk-scaling-factor", "--moe-token-dispatcher-type",
+    "--moe-flex-dispatcher-backend", "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size", "--mtp-num-layers", "--q-lora-rank", "--kv-lora-rank",
+    "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+})
+"""Megatron-LM flags the importer reads: an unknown flag that misspells one of them is refused
+(shell_args.unread_flags), where reading on would take that flag's default."""
+UNREAD_NEIGHBOURS = frozenset({"--fp4-format"})
+"""Megatron flags a misspelling away from one we read (--fp8-format), never refused
+(megatron/training/arguments.py; checked against Megatron-Core's config fields in the tests)."""
 BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {
     "flash": "flash", "auto": "flash", "local": "eager"}
 """Megatron-Core's AttnBackend (transformer/enums.py: flash, fused, unfused, local, auto) -> plan
@@ -153,9 +194,13 @@ def launch_vocab(f: Flags) -> int | None:
     return vocab
 
 
+NEED = "add it, or pass --model"
+"""What to do about a missing model-shape flag: the importer builds the model from them."""
+
+
 def model_fields(f: Flags, name: str) -> dict[str, Any]:
     """A model spec mapping from the model-shape flags."""
-    hidden, heads = f.need("--hidden-size"), f.need("--num-attention-heads")
+    hidden, heads = f.need("--hidden-size", NEED), f.need("--num-attention-heads", NEED)
     swiglu = f.has("--swiglu")
     vocab = launch_vocab(f)
     if vocab is None:
@@ -174,21 +219,21 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         )
     return {
         "name": name,
-        "num_layers": f.need("--num-layers"),
+        "num_layers": f.need("--num-layers", NEED),
         "hidden_size": hidden,
         "num_heads": heads,
         "head_dim": f.integer("--kv-channels"),
         "num_kv_heads": query_groups(f),
         "ffn_hidden_size": ffn_size(f),
         "vocab_size": vocab,
-        "seq_len": f.need("--seq-length"),
+        "seq_len": f.need("--seq-length", NEED),
         "mlp": "swiglu" if swiglu else "gelu",
         "norm": NORMALIZATIONS[str(choice(f, "--normalization", NORMALIZATIONS, "LayerNorm"))],
         "position": _position(f),
         "bias": not f.has("--disable-bias-linear"),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "dropout": hidden_drop,
-        **moe_fields(f, f.need("--num-layers")),  # experts and latent attention, if any
+        **moe_fields(f, f.need("--num-layers", NEED)),  # experts and latent attention, if any
     }
 
 
@@ -346,14 +391,21 @@ def _refuse_unplanned(f: Flags, cp: int, text: str) -> None:
         raise ConfigError(f"{f.what} --cp-comm-type", f"{' '.join(kinds)}: all-to-all "
                           "context parallelism", "autoplan plans ring context parallelism: "
                           "import the run with --cp-comm-type p2p or all_gather")
-    optimizer = f.text("--optimizer", "adam")
-    if optimizer != "adam":
-        raise ConfigError(f"{f.what} --optimizer", f"got {show(optimizer)}", "autoplan prices "
-                          "Adam's states (12 bytes per parameter): import an Adam run")
+    refuse_non_adam(f"{f.what} --optimizer", f.text("--optimizer", "adam") or "adam")
     if f.has("--cpu-offloading"):
         raise ConfigError(f"{f.what} --cpu-offloading", "offloads layers' activations and "
                           "weights to the host, which a plan cannot say", "drop it to import "
                           "the run without it (its activations then priced on the GPU)")
+
+
+def refuse_non_adam(where: str, optimizer: str, adam: Collection[str] = ("adam",),
+                    fold_case: bool = False) -> None:
+    """Refuse an optimizer the cost model does not price: it prices Adam's states (fp32 master
+    weights and two moments, 12 bytes per parameter). `adam`: the launcher's names for Adam
+    (Megatron's --optimizer adam; DeepSpeed's types, whose case it folds: `fold_case`)."""
+    if (optimizer.lower() if fold_case else optimizer) not in adam:
+        raise ConfigError(where, f"got {show(optimizer)}", "autoplan prices Adam's states "
+                          "(12 bytes per parameter): import an Adam run")
 
 
 def _distributed_checkpoints(f: Flags, tp: int, recompute: dict[str, Any], sp: bool) -> None:
@@ -386,14 +438,13 @@ def megatron_plan_dict(
 ) -> dict[str, Any]:
     """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
+    # a misspelled flag is refused before the flag it means is read as its default
+    unread_flags(f, READ_FLAGS, LAUNCHER_FLAGS | UNREAD_NEIGHBOURS, "Megatron")
     tp, pp = positive(f, "--tensor-model-parallel-size"), positive(f, "--pipeline-model-parallel-size")
     cp = positive(f, "--context-parallel-size")
+    num_gpus = launched_gpus(f, num_gpus, "--nnodes", ("--nproc-per-node", "--nproc_per_node"))
     if num_gpus is None:
-        nodes = plain_int(f.text("--nnodes"))
-        procs = plain_int(f.text("--nproc-per-node") or f.text("--nproc_per_node"))
-        if nodes is None or procs is None:
-            raise ConfigError("--num-gpus", "missing", "the arguments do not fix the GPU count")
-        num_gpus = nodes * procs
+        raise ConfigError("--num-gpus", "missing", "the arguments do not fix the GPU count")
     if num_gpus % (tp * pp * cp):
         raise ConfigError(
             "--num-gpus",
@@ -422,7 +473,7 @@ def megatron_plan_dict(
     recompute = _recompute(f, flag_values(expand_variables(text), "--recompute-modules"))
     if f.has("--distribute-saved-activations"):
         _distributed_checkpoints(f, tp, recompute, sequence_parallel(f, tp))
-    mb = f.need("--micro-batch-size")
+    mb = f.need("--micro-batch-size", "add it (Megatron needs one; --model gives no batch)")
     return {
         "model": model_ref,
         "cluster": {"num_gpus": num_gpus},
@@ -442,6 +493,14 @@ def megatron_plan_dict(
         "grad_reduce_dtype": "bf16" if f.has("--grad-reduce-in-bf16") else
         "fp32" if f.has("--accumulate-allreduce-grads-in-fp32") else None,
     }
+
+
+def unread_megatron_flags(text: str, what: str) -> list[str]:
+    """The Megatron flags in `text` the importer skips (data, logging, ...); torchrun's are
+    not Megatron's to say."""
+    f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
+    unread = unread_flags(f, READ_FLAGS, LAUNCHER_FLAGS | UNREAD_NEIGHBOURS, "Megatron")
+    return [name for name in unread if name not in LAUNCHER_FLAGS]
 
 
 def _attention(f: Flags) -> str:

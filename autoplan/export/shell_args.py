@@ -6,10 +6,11 @@ Handles `--flag value`, `--flag=value`, switches, comments, line continuations a
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import shlex
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from autoplan.errors import ConfigError
 
@@ -142,8 +143,68 @@ class Flags:
             raise ConfigError(f"{self.what} {name}", f"got {raw!r}", "expected a finite number")
         return value
 
-    def need(self, name: str) -> int:
+    def need(self, name: str, fix: str = "add it") -> int:
+        """An integer flag the arguments must give; `fix`: what to do when they do not."""
         value = self.integer(name)
         if value is None:
-            raise ConfigError(self.what, f"no {name}", "add it or pass --model")
+            raise ConfigError(self.what, f"no {name}", fix)
         return value
+
+
+NEAR_MISS = (0.85, 3)
+"""A flag no one reads is taken for a misspelling of a flag we read from this difflib ratio, and
+within this many characters changed (dashes for underscores free): --bf-16 (0.92 and one to
+--bf16), --seq-len (0.86 and three to --seq-length), --hidden_size. A real flag that adds a
+word to one we read (--encoder-tensor-model-parallel-size) is further off."""
+
+
+def _changed(a: str, b: str) -> int:
+    """Characters inserted, deleted or replaced to turn a into b (difflib's alignment)."""
+    ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")
+
+
+def near_miss(name: str, read: Collection[str]) -> str | None:
+    """The flag in `read` that `name` misspells, if any (see NEAR_MISS)."""
+    ratio, most = NEAR_MISS
+    dashed = name.replace("_", "-")
+    for close in difflib.get_close_matches(dashed, read, 3, ratio):
+        if _changed(dashed, close) <= most:
+            return close
+    return None
+
+
+def unread_flags(f: Flags, read: Collection[str], exempt: Collection[str], program: str) -> list[str]:
+    """The flags in `f` that are not `read`, in order; one that misspells a `read` flag, unless
+    `exempt` (a real flag near one we read), is refused, as the program's argparse
+    (allow_abbrev=False) refuses a flag it does not define, rather than read as that flag's
+    default."""
+    unread = []
+    for name in f.flags:
+        if name in read:
+            continue
+        meant = None if name in exempt else near_miss(name, read)
+        if meant is not None:
+            raise ConfigError(f"{f.what} {name}", f"not a {program} flag",
+                              f"did you mean {meant}?")
+        unread.append(name)
+    return unread
+
+
+def launched_gpus(f: Flags, num_gpus: int | None, nodes: str,
+                  per_node: Sequence[str]) -> int | None:
+    """The job's GPU count: `num_gpus` (--num-gpus) or the launcher's `nodes` flag times its
+    GPUs-per-node flag (the first of `per_node` given); None when neither says. Both given,
+    they must agree: a --num-gpus other than the launch's would price another data-parallel
+    size than the launch runs."""
+    count = plain_int(f.text(nodes))
+    flag = next((name for name in per_node if f.text(name) is not None), per_node[0])
+    each = plain_int(f.text(flag))
+    if count is None or each is None:
+        return num_gpus
+    launched = count * each
+    if num_gpus is not None and num_gpus != launched:
+        raise ConfigError("--num-gpus", f"{num_gpus}, but {f.what} launches {launched} GPUs "
+                          f"({nodes} {count} x {flag} {each})",
+                          f"pass --num-gpus {launched} or drop it, or correct the launch")
+    return launched
