@@ -406,7 +406,8 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
     return 6.0 * s * weights + 3.0 * (model.num_layers * core + logits)
 
 
-def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) -> np.ndarray:
+def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
+                          forward_only: bool = False) -> np.ndarray:
     """Seconds of a mean block's token exchange per micro-batch (forward and backward) under
     Megatron-Core's allgather dispatcher (--moe-token-dispatcher-type allgather, its default;
     megatron/core/transformer/moe/token_dispatcher.py, MoEAllGatherTokenDispatcher): over the
@@ -423,8 +424,9 @@ def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) ->
     reduce-scatter sequence parallelism makes for any MLP, priced with the tensor-parallel
     collectives at the activations' width, so only the combine's wider share is added here.
     (With etp != tp the expert-TP share is priced as tp's, as under the all-to-all.) The
-    busiest expert's excess is compute, not traffic: every rank receives every token. A fully
-    recomputed block runs about the forward half again (stage_time.recompute_extra_s)."""
+    busiest expert's excess is compute, not traffic: every rank receives every token.
+    `forward_only`: the forward's legs alone, which a recomputed block runs again
+    (stage_time.recompute_extra_s)."""
     assert model.moe is not None
     gpn = profile.gpus_per_node
     wb = np.asarray(r.weight_bytes, float)
@@ -440,16 +442,18 @@ def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows) ->
                                       profile, per_node=comm.members_per_node(stride, size, gpn))
 
     ag, rs = comm.ALL_GATHER, comm.REDUCE_SCATTER
+    back = 0.0 if forward_only else 1.0  # the backward's legs
     scores = tokens * model.moe.num_experts
     routing = (over(ag, scores * pb, group, one) + over(ag, scores, group, one)
-               + over(rs, scores * pb, group, one))
+               + back * over(rs, scores * pb, group, one))
     hidden = tokens * model.hidden_size
-    ep_share = (over(ag, hidden * wb, r.ep, r.etp) + over(rs, hidden * wb, r.ep, r.etp)
-                + over(rs, hidden * pb, r.ep, r.etp) + over(ag, hidden * pb, r.ep, r.etp))
+    # forward: the tokens' gather, the combine's reduce-scatter; backward: their mirror images
+    ep_share = (over(ag, hidden * wb, r.ep, r.etp) + over(rs, hidden * pb, r.ep, r.etp)
+                + back * (over(rs, hidden * wb, r.ep, r.etp) + over(ag, hidden * pb, r.ep, r.etp)))
     # the combine's expert-TP share at the probabilities' width beyond the activations'
     wider = dispatched_tokens(model, r) * model.hidden_size * (pb - wb)
-    etp_combine = np.where(pb > wb, over(rs, wider, r.etp, one) + over(ag, wider, r.etp, one),
-                           0.0)
+    etp_combine = np.where(pb > wb, over(rs, wider, r.etp, one)
+                           + back * over(ag, wider, r.etp, one), 0.0)
     return np.where(group > 1, moe_share(model) * (routing + ep_share + etp_combine), 0.0)
 
 

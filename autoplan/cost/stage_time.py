@@ -208,11 +208,11 @@ def block_extras_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision
 
 def recompute_extra_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
                       runtime: RuntimeTraits, lt: dict[str, np.ndarray],
-                      parts: dict[str, np.ndarray], a2a: np.ndarray
+                      parts: dict[str, np.ndarray], a2a_forward: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """A recomputed layer's extra seconds under the row's policy, and the MoE all-to-alls it
-    runs again: the runtime's selective policy, Megatron's recompute.modules, or the full
-    forward."""
+    """A recomputed layer's extra seconds under the row's policy, and the MoE token exchange it
+    runs again (`a2a_forward`, the forward's share of a block's): the runtime's selective
+    policy, Megatron's recompute.modules, or the full forward."""
     by_module = r.rc_modules > 0
     # the MoE layers' forward GEMMs a recompute of the whole layer re-runs (recompute.modules
     # moe): the MLP GEMMs the mean block's MoE share stands for, plus the MoE delta
@@ -220,12 +220,12 @@ def recompute_extra_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precis
         model, profile, gemm_peak(profile, precision, runtime), r))
     selective_t = np.where(by_module, module_recompute_s(lt, parts, r.rc_modules, moe_gemm),
                            lt[runtime.selective.value])
-    # ... and its dispatch and combine all-to-alls, half of a block's four, which a recompute
-    # of the whole block (full) re-runs too: the checkpointed forward holds the MoE layer's
-    # dispatch and combine (Megatron's and torchtitan's full recompute checkpoint the block)
+    # ... and its forward dispatch and combine, which a recompute of the whole block (full)
+    # re-runs too: the checkpointed forward holds the MoE layer's dispatch and combine
+    # (Megatron's and torchtitan's full recompute checkpoint the block)
     moe_again = ((r.recompute == RC_SELECTIVE) & ((r.rc_modules & memory.MOE) > 0)) | (
         r.recompute == RC_FULL)
-    a2a_rec = np.where(moe_again, a2a / 2.0, 0.0)
+    a2a_rec = np.where(moe_again, a2a_forward, 0.0)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, selective_t,
                          np.where(r.recompute == RC_FULL, lt["full"], 0.0))
     return rec_extra, a2a_rec
@@ -322,7 +322,12 @@ def block_costs(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: s
     a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
                                      dedup_nodes=runtime.ep_dispatcher == "deepep",
                                      all_gather=runtime.ep_dispatcher == "allgather")
-    rec_extra, a2a_rec = recompute_extra_s(model, profile, r, precision, runtime, lt, parts, a2a)
+    # the all-to-alls' forward half (two of four); the allgather dispatcher's forward legs
+    a2a_forward = (moe.all_gather_dispatch_s(model, profile, r, forward_only=True)
+                   if runtime.ep_dispatcher == "allgather" and model.moe is not None
+                   else a2a / 2.0)
+    rec_extra, a2a_rec = recompute_extra_s(model, profile, r, precision, runtime, lt, parts,
+                                           a2a_forward)
     cp_layer, cp_rec = context_parallel_costs(model, profile, r, runtime, lt)
     return BlockCosts(block_s=lt, wgrad=lt["gemm_forward"] + delta, recompute=rec_extra, a2a=a2a,
                       a2a_recompute=a2a_rec,

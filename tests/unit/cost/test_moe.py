@@ -289,6 +289,10 @@ def test_allgather_gathers_routing_scores_over_the_expert_tp_x_ep_group():
     fp32_s, bf16_s = (float(moe.all_gather_dispatch_s(x, profile, _rows(etp_only, x))[0])
                       for x in (m, bf16_router))
     assert fp32_s > bf16_s > 0.0
+    # a recomputed block runs the forward's legs again: more than half the exchange, by the
+    # routing map's gather, which has no backward
+    forward = float(moe.all_gather_dispatch_s(m, profile, _rows(ep8, m), forward_only=True)[0])
+    assert few / 2.0 < forward < few
     # the gather buffer follows the dispatcher's group (expert TP x EP), not the dense TP
     tp_only = _rows(_plan("mixtral-8x7b", 8, dp=4, tp=2), m)
     assert float(moe.all_gather_buffer_bytes(m, tp_only)[0]) == 0.0
