@@ -18,7 +18,9 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.export.megatron_import import (
     GRANULARITIES,
+    READ_FLAGS,
     RECOMPUTE_METHODS,
+    UNREAD_NEIGHBOURS,
     check_model,
     check_one_precision,
     choice,
@@ -26,7 +28,7 @@ from autoplan.export.megatron_import import (
     say_priced_whole,
     sequence_parallel,
 )
-from autoplan.export.shell_args import Flags, expand_variables, parse_flags
+from autoplan.export.shell_args import Flags, expand_variables, parse_flags, unread_flags
 from autoplan.model_spec import ModelSpec
 
 SWITCHES = frozenset({
@@ -40,6 +42,19 @@ SWITCHES = frozenset({
     "--synchronize-each-layer", "--profile-backward",
 })
 """store_true flags of pretrain_gpt.py and the deepspeed launcher's; they take no value."""
+DS_LAUNCHER = frozenset(f"--{name}" for name in (
+    "hostfile", "include", "exclude", "num_nodes", "min_elastic_nodes", "max_elastic_nodes",
+    "num_gpus", "master_port", "master_addr", "node_rank", "launcher", "launcher_args",
+    "module", "no_python", "no_local_rank", "no_ssh", "no_ssh_check", "force_multi", "save_pid",
+    "enable_each_rank_log", "autotuning", "elastic_training", "bind_cores_to_rank",
+    "bind_core_list", "ssh_port", "venv_script", "comment", "account"))
+"""The deepspeed launcher's flags (deepspeed/launcher/runner.py parse_args), which share the
+launch line with the script's."""
+MDS_READ = READ_FLAGS | SWITCHES | frozenset({
+    "--deepspeed_config", "--ds-sequence-parallel-size", "--num_nodes", "--num_gpus",
+    "--zero-stage", "--num-key-value-heads", "--checkpoint-num-layers"})
+"""Flags a Megatron-DeepSpeed launch's import reads: Megatron's it shares (READ_FLAGS), this
+module's switches and its own."""
 DS_CHECKPOINTING = "--deepspeed-activation-checkpointing"
 FLASH = ("--use-flash-attn-v2", "--use-flash-attn", "--use-flash-attn-v1",
          "--use-flash-attn-triton")
@@ -79,6 +94,11 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     checkpointing settings; a plain launch of the user's script runs the JSON's);
     `model` (--model) must be the one the launch's shape flags build."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
+    if f.text("--num-layers") is not None:
+        # pretrain_gpt.py's argparse refuses a flag it does not define: a misspelling of one
+        # read here is refused before it is read as that flag's default (a plain launch's
+        # flags are the user's own script's)
+        unread_flags(f, MDS_READ, DS_LAUNCHER | UNREAD_NEIGHBOURS, "Megatron-DeepSpeed")
     if not f.has("--deepspeed"):
         raise ConfigError(what, "no --deepspeed flag", "pass a Megatron-DeepSpeed launch "
                           "(deepspeed pretrain_gpt.py ... --deepspeed --deepspeed_config FILE)")

@@ -293,3 +293,36 @@ def test_a_missing_micro_batch_size_is_not_fixed_by_passing_model(tmp_path, caps
     # a missing shape flag is still fixed by --model
     _megatron_refused(tmp_path, capsys, MEGATRON.replace("--hidden-size 2048 ", ""),
                       "no --hidden-size; add it, or pass --model")
+
+
+def test_a_misspelled_flag_in_a_megatron_deepspeed_launch_is_refused(tmp_path, capsys):
+    """pretrain_gpt.py's argparse refuses a flag it does not define; the import refused nothing
+    and read --tensor-model-paralel-size as tp 1. A plain DeepSpeed launch's flags are the
+    user's own script's and are not checked."""
+    (tmp_path / "ds.json").write_text(json.dumps(
+        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+         "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
+         "bf16": {"enabled": True}}))
+    launch = tmp_path / "ds.launch.sh"
+    good = ("deepspeed --num_nodes=8 --num_gpus=8 --master_port 29500 pretrain_gpt.py "
+            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+            "--micro-batch-size 2 --global-batch-size 64 --num-layers 24 --hidden-size 2048 "
+            "--ffn-hidden-size 8192 --num-attention-heads 16 --seq-length 2048 "
+            "--max-position-embeddings 2048 --tokenizer-type NullTokenizer --vocab-size 50256 "
+            "--bf16 --deepspeed --zero-stage 1 --deepspeed_config ds.json\n")
+    launch.write_text(good.replace("--tensor-model-parallel-size", "--tensor-model-paralel-size"))
+    assert_refused(capsys, ["import", str(launch), "--from", "deepspeed", "--model",
+                            "gpt3-1.3b", "--cluster", CLUSTER],
+                   "--tensor-model-paralel-size: not a Megatron-DeepSpeed flag",
+                   "did you mean --tensor-model-parallel-size?")
+    launch.write_text(good)
+    plan = import_deepspeed(launch, model="gpt3-1.3b", cluster=CLUSTER, num_gpus=None)
+    assert (plan.parallel.dp, plan.parallel.tp, plan.parallel.pp) == (16, 2, 2)
+    (tmp_path / "plain.json").write_text(json.dumps(
+        {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+         "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}))
+    plain = tmp_path / "plain.launch.sh"  # the user's script: its flags are its own
+    plain.write_text("deepspeed --num_nodes=1 --num_gpus=8 train.py --tensor-paralel 2 "
+                     "--deepspeed --deepspeed_config plain.json\n")
+    assert import_deepspeed(plain, model="gpt3-1.3b", cluster=CLUSTER,
+                            num_gpus=None).parallel.dp == 8
