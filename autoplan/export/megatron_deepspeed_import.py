@@ -25,6 +25,7 @@ from autoplan.export.megatron_import import (
     check_one_precision,
     choice,
     positive,
+    refuse_non_adam,
     say_priced_whole,
     sequence_parallel,
 )
@@ -139,6 +140,10 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     check_model(f, model, tp, "--num-key-value-heads",
                 f.integer("--num-key-value-heads", f.integer("--num-attention-heads")),
                 fix="pass the --model the launch builds, or correct the launch")
+    # training.py builds the optimizer from --optimizer (get_megatron_optimizer: adam or sgd)
+    # and hands it to deepspeed.initialize, whose engine runs a client optimizer over the
+    # JSON's "optimizer" section (engine._configure_optimizer)
+    refuse_non_adam(f"{what} --optimizer", f.text("--optimizer", "adam") or "adam")
     check_one_precision(f)
     precision = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
     _agree(what, "--bf16/--fp16", precision, data["precision"])

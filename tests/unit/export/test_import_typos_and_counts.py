@@ -326,3 +326,27 @@ def test_a_misspelled_flag_in_a_megatron_deepspeed_launch_is_refused(tmp_path, c
                      "--deepspeed --deepspeed_config plain.json\n")
     assert import_deepspeed(plain, model="gpt3-1.3b", cluster=CLUSTER,
                             num_gpus=None).parallel.dp == 8
+
+
+def test_a_megatron_deepspeed_launch_with_sgd_is_refused_whatever_its_json_says(tmp_path, capsys):
+    """Megatron-DeepSpeed builds its optimizer from --optimizer and hands it to
+    deepspeed.initialize, whose engine runs that client optimizer rather than the JSON's
+    section: `--optimizer sgd` beside a JSON naming Adam runs SGD."""
+    (tmp_path / "ds.json").write_text(json.dumps(
+        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+         "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
+         "optimizer": {"type": "Adam"}, "bf16": {"enabled": True}}))
+    launch = tmp_path / "ds.launch.sh"
+    text = ("deepspeed --num_nodes=8 --num_gpus=8 pretrain_gpt.py "
+            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+            "--micro-batch-size 2 --global-batch-size 64 --num-layers 24 --hidden-size 2048 "
+            "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+            "--vocab-size 50256 --bf16 --deepspeed --deepspeed_config ds.json "
+            "--optimizer OPT\n")
+    launch.write_text(text.replace("OPT", "sgd"))
+    assert_refused(capsys, ["import", str(launch), "--from", "deepspeed", "--model",
+                            "gpt3-1.3b", "--cluster", CLUSTER],
+                   "--optimizer: got 'sgd'", "import an Adam run")
+    launch.write_text(text.replace("OPT", "adam"))
+    assert import_deepspeed(launch, model="gpt3-1.3b", cluster=CLUSTER,
+                            num_gpus=None).parallel.tp == 2
