@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
 from typing import Any
@@ -15,6 +16,7 @@ from autoplan import resources
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
+from autoplan.cost.runtimes import RUNTIMES
 from autoplan.display import bias_words, column, count, terminal_width, tight_words
 from autoplan.errors import ConfigError
 from autoplan.hardware import available_profiles, load_profile
@@ -24,6 +26,7 @@ from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_fr
 from autoplan.plan_rules import validate_plan
 
 GIB = 2**30
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
@@ -43,6 +46,25 @@ def register(sub: Any) -> None:
     c.set_defaults(func=clusters_command)
 
 
+def _runtime(args: argparse.Namespace, plan: Any) -> str | None:
+    """--runtime, else the runtime a searched plan was priced for (its `predicted.runtime`), so
+    that `estimate --plan` prints the numbers `search` ranked it by; a recorded runtime that is
+    no preset (a traits file's name) cannot be found again and is said so."""
+    if getattr(args, "runtime", None) is not None:
+        return str(args.runtime)
+    recorded = (plan.predicted or {}).get("runtime") if args.plan else None
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    if recorded in RUNTIMES:
+        log.info("pricing for runtime %s, which the plan was priced for (--runtime to change)",
+                 recorded)
+        return recorded
+    log.warning("the plan was priced for runtime %r, which is no preset: priced for autoplan's "
+                "own instead; pass --runtime with that traits file to price it as before",
+                recorded)
+    return None
+
+
 def estimate_command(args: argparse.Namespace) -> int:
     plan, model, cluster = plan_from_args(args)
     if args.train_tokens is not None and not (math.isfinite(args.train_tokens)
@@ -54,7 +76,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         raise ConfigError("plan", "; ".join(problems), "fix the plan (`autoplan search` lists "
                           "valid ones)")
     est = estimate_plan(plan, cluster, model, train_tokens=args.train_tokens,
-                        runtime=getattr(args, "runtime", None))
+                        runtime=_runtime(args, plan))
     data = {
         "feasible": est.feasible, "reasons": list(est.reasons), "memory": est.memory,
         "time": est.time, "tokens_per_s": est.tokens_per_s,

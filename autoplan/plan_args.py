@@ -25,7 +25,8 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
     parser.add_argument("--seq-len", type=count(), help="override the model's sequence length")
     parser.add_argument("--runtime", help="price the plan as this runtime runs it: "
                         f"{', '.join(('autoplan', *RUNTIMES))} or a traits YAML (default: "
-                        "autoplan's own runtime on the profile's device)")
+                        "the runtime a --plan from search was priced for, else autoplan's own "
+                        "runtime on the profile's device)")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

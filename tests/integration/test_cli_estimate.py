@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autoplan.commands import main
 
@@ -156,3 +157,20 @@ def test_estimate_says_which_way_its_band_leans(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert (f"± {data['error_band']:.0%} (validation error of runs of this kind, which took "
             f"{data['error_bias']:.0%} longer than priced on average)") in text
+
+
+def test_estimate_of_a_searched_plan_prices_the_runtime_search_priced(tmp_path, capsys) -> None:
+    """A plan `search --runtime megatron` wrote records that runtime; `estimate --plan` priced it
+    as autoplan's own and printed a step time the search's table never showed."""
+    out = tmp_path / "s"
+    assert main(["search", "--model", "gpt3-1.3b", "--cluster", "a100-sxm4-80gb", "--num-gpus",
+                 "8", "--global-batch-size", "64", "--runtime", "megatron", "--out", str(out),
+                 "--format", "json"]) == 0
+    capsys.readouterr()
+    searched = out / "plan.yaml"
+    code, data = run_json(capsys, ["estimate", "--plan", str(searched)])
+    assert code == 0 and data["runtime"] == "megatron"
+    recorded = yaml.safe_load(searched.read_text())["predicted"]["step_time_s"]
+    assert data["time"]["step"] == pytest.approx(recorded)
+    _, own = run_json(capsys, ["estimate", "--plan", str(searched), "--runtime", "autoplan"])
+    assert own["runtime"] == "autoplan-cuda" and own["time"]["step"] != pytest.approx(recorded)
