@@ -46,11 +46,13 @@ def recipe_for(model_name: str) -> dict[str, Any] | None:
 
 
 def score_baseline(result: SearchResult, num_gpus: int, global_batch_size: int | None = None,
-                   cluster: str | None = None) -> BaselineScore | None:
+                   cluster: str | None = None, precision: str | None = None
+                   ) -> BaselineScore | None:
     """The model's published recipe as a plan at `num_gpus` (dp refilled) and
     `global_batch_size` (default: the request's) on the GPU type `cluster` names (default: the
-    request's first), or None when the model has no recipe or the GPU count is not a multiple
-    of the recipe's tp * pp * cp."""
+    request's first), in `precision` (default: the space's first; the winner's, so that a gain
+    over the recipe is the layout's and not FP8's), or None when the model has no recipe or the
+    GPU count is not a multiple of the recipe's tp * pp * cp."""
     from autoplan.cost.estimate import estimate_plan
     from autoplan.hardware import ClusterSpec
     from autoplan.plan import plan_from_dict
@@ -77,7 +79,7 @@ def score_baseline(result: SearchResult, num_gpus: int, global_batch_size: int |
         "zero_stage": recipe["zero_stage"], "recompute": {"policy": recipe["recompute"]},
         "batch": {"micro_batch_size": recipe["micro_batch_size"],
                   "global_batch_size": global_batch_size or req.global_batch_size},
-        "precision": req.space.precision[0].value,
+        "precision": precision or req.space.precision[0].value,
     })
     # priced under the runtime the search priced its plans with, so the gain compares like
     est = estimate_plan(plan, ClusterSpec(req.profile, num_gpus), req.model, runtime=req.runtime)
@@ -85,7 +87,7 @@ def score_baseline(result: SearchResult, num_gpus: int, global_batch_size: int |
     layout = (f"dp{par['dp']} tp{par['tp']} pp{par['pp']}" + (f" cp{par['cp']}" if par["cp"] > 1
               else "") + (" sp" if recipe["sequence_parallel"] else "")
               + (f" {pipeline['schedule']} v{pipeline['vpp']}" if pipeline["vpp"] > 1 else "")
-              + f" {recipe['recompute']} mbs{recipe['micro_batch_size']}")
+              + f" {recipe['recompute']} mbs{recipe['micro_batch_size']} {plan.precision.value}")
     feasible, reasons = est.feasible, tuple(est.reasons)
     if feasible and req.targets.memory_slack == "p75" and est.memory["tight_by"] > 0:
         # held to the slack the search held its own plans to (--memory-slack p75)
@@ -136,7 +138,8 @@ def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> l
     try:
         # priced as the winner runs: its GPU type, GPU count and (from a range) global batch
         base = score_baseline(result, int(best["num_gpus"]), int(best["gbs"]) if "gbs" in best
-                              else None, best.get("cluster") or None)
+                              else None, best.get("cluster") or None,
+                              str(best["precision"]) if best.get("precision") else None)
     except Exception as exc:  # a recipe the plan loader rejects is not the user's mistake
         log.warning("baseline not scored: %s", exc)
         base = None

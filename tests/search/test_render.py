@@ -187,3 +187,21 @@ def test_the_published_recipe_is_priced_under_the_searchs_runtime() -> None:
     mega = score_baseline(SimpleNamespace(request=replace(req, runtime=load_runtime("megatron"))),
                           1024)
     assert own is not None and mega is not None and mega.step_s != pytest.approx(own.step_s)
+
+
+def test_the_published_recipe_is_priced_in_the_winners_precision() -> None:
+    """An FP8 winner was compared with the recipe priced in BF16, crediting the layout with
+    FP8's speed (+33% for the recipe's own layout); the recipe is priced in the precision the
+    winner runs and its layout says which."""
+    from types import SimpleNamespace
+
+    from autoplan.search.baseline import score_baseline
+
+    from .conftest import request
+
+    req = request("default", model="llama-3-8b", cluster="h100-sxm-80gb", gpus=(64,), gbs=512)
+    bf16 = score_baseline(SimpleNamespace(request=req), 64)
+    fp8 = score_baseline(SimpleNamespace(request=req), 64, precision="fp8")
+    assert bf16 is not None and fp8 is not None
+    assert bf16.layout.endswith(" bf16") and fp8.layout.endswith(" fp8")
+    assert fp8.step_s < bf16.step_s
