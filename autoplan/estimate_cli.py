@@ -46,6 +46,17 @@ def register(sub: Any) -> None:
     c.set_defaults(func=clusters_command)
 
 
+def _moe_and_shard(par: Any) -> str:
+    """The degrees the header names only where they are set: ep, etp, FSDP's shard group."""
+    return "".join(f" {k}={v}" for k, v in (("ep", par.ep), ("etp", par.etp))
+                   if v > 1) + (f" dp_shard={par.dp_shard}" if par.dp_shard else "")
+
+
+def _offload(plan: Any) -> str:
+    parts = [k for k in ("optimizer", "params") if getattr(plan.offload, k)]
+    return f" offload={'+'.join(parts)}" if parts else ""
+
+
 def _runtime(args: argparse.Namespace, plan: Any) -> str | None:
     """--runtime, else the runtime a searched plan was priced for (its `predicted.runtime`), so
     that `estimate --plan` prints the numbers `search` ranked it by; a recorded runtime that is
@@ -98,10 +109,11 @@ def estimate_command(args: argparse.Namespace) -> int:
         console.print(
             f"[bold]{model.name}[/] ({count(est.num_params)} params) on "
             f"{cluster.num_gpus} x {cluster.profile.device.name}: dp={par.dp} tp={par.tp} "
-            f"pp={par.pp} cp={par.cp} sp={plan.sequence_parallel} "
+            f"pp={par.pp} cp={par.cp}{_moe_and_shard(par)} sp={plan.sequence_parallel} "
             f"schedule={plan.pipeline.schedule.value} vpp={plan.pipeline.vpp} "
             f"zero={plan.zero_stage} recompute={plan.recompute.label()} "
-            f"mbs={plan.batch.micro_batch_size} gbs={plan.batch.global_batch_size}")
+            f"mbs={plan.batch.micro_batch_size} gbs={plan.batch.global_batch_size} "
+            f"precision={plan.precision.value}{_offload(plan)}")
         mem = Table(title=f"memory per GPU (worst stage){note}")
         mem.add_column("part")
         mem.add_column("GiB", justify="right")

@@ -62,7 +62,15 @@ def test_table_header_names_the_recomputed_modules(tmp_path, capsys) -> None:
         "batch: {micro_batch_size: 1, global_batch_size: 256}\n")
     assert main(["estimate", "--plan", str(plan), "--runtime", "megatron",
                  "--format", "table"]) == 0
-    assert "recompute=selective(layernorm+moe)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "recompute=selective(layernorm+moe)" in out
+    # every knob that changes the numbers is in the header: ep (and only where set), precision
+    assert " cp=1 ep=8 sp=" in out and "precision=bf16" in out and "etp=" not in out
+    plan.write_text(plan.read_text().replace("zero_stage: 1", "zero_stage: 1\nprecision: fp8\n"
+                                             "offload: {optimizer: true}"))
+    assert main(["estimate", "--plan", str(plan), "--runtime", "megatron",
+                 "--format", "table"]) in (0, 3)
+    assert "precision=fp8 offload=optimizer" in capsys.readouterr().out
 
 
 def test_infeasible_plan_exits_3_with_shortfall(capsys) -> None:
