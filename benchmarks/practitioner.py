@@ -35,10 +35,12 @@ from autoplan.plan import Plan, plan_from_dict
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "practitioner.yaml"
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
-RUNTIMES = ("megatron", "megatron-deepep", "nemo", "torchtitan", "deepspeed", "llm-foundry")
+RUNTIMES = ("megatron", "megatron-deepep", "nemo", "torchtitan", "deepspeed", "llm-foundry",
+            "nanotron")
 """nemo: Megatron-Core as NeMo's recipes run it, with Transformer Engine's TP comm overlap
 (rows whose source states ub_tp_comm_overlap true). llm-foundry: MosaicML's stack (the MPT
-tables of benchmarks/data/mpt-llm-foundry.yaml)."""
+tables of benchmarks/data/mpt-llm-foundry.yaml). nanotron: Hugging Face's (the old_bench sweep,
+benchmarks/data/nanotron-old-bench.yaml)."""
 MEASURED_FIGURES = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
                     "peak_memory_gib")
 TOP_KEYS = {"schema_version", "title", "note", "configurations"}
@@ -82,12 +84,21 @@ def flops_per_token(convention: str, model: ModelSpec) -> float:
         # Chowdhery et al. 2022 (PaLM), Appendix B: 6*N + 12*L*h*s per token (full s^2
         # attention), N every parameter; Hagemann et al. 2023 count MFU so (their Appendix).
         return 6.0 * total_params(model) + 12.0 * L * h * s
+    if convention == "nanotron":
+        # nanotron models/llama.py get_flops, per token: 3 x (the forward's GEMMs: q, k, v and
+        # output projections, 3 * h * ffn for SwiGLU's two inputs and its output, the
+        # logits) with full s^2 attention (q.k and p.v, 2*a*d*s each); the log's
+        # model_tflops_per_gpu is this times tokens/s/GPU
+        a, d, g = model.num_heads, h // model.num_heads, model.kv_heads
+        forward = L * (2 * h * (a + 2 * g) * d + 4 * a * s * d + 2 * a * d * h
+                       + 6 * h * model.ffn) + 2 * h * V
+        return 3.0 * forward
     if convention == "6n":
         # Kaplan et al. 2020 / torchtitan's 6*N part: 6 FLOPs per parameter per token.
         return 6.0 * total_params(model)
     raise ConfigError("derived.inputs.flops_convention", f"got {convention!r}",
-                      "use nemo-llama, megatron-sc21, megatron-moe, megatron-moe-causal, palm "
-                      "or 6n")
+                      "use nemo-llama, megatron-sc21, megatron-moe, megatron-moe-causal, palm, "
+                      "nanotron or 6n")
 
 
 def _tokens_per_step(entry: dict[str, Any], model: ModelSpec) -> float:

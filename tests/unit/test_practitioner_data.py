@@ -1,5 +1,6 @@
 """The practitioner set (benchmarks/data/practitioner.yaml) and the measured sweeps (MPT:
-benchmarks/data/mpt-llm-foundry.yaml; BLOOM's layout search: bloom-tr11-topology.yaml) are
+benchmarks/data/mpt-llm-foundry.yaml; BLOOM's layout search: bloom-tr11-topology.yaml;
+nanotron's layout sweep: nanotron-old-bench.yaml) are
 well-formed and self-consistent.
 
 Each configuration must build a valid autoplan plan for the GPUs it ran on, cite its source,
@@ -23,13 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data" / "practitioner.yaml"
 MPT = ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml"
 BLOOM = ROOT / "benchmarks" / "data" / "bloom-tr11-topology.yaml"
+NANOTRON = ROOT / "benchmarks" / "data" / "nanotron-old-bench.yaml"
 
 
 BENCH_MODULE = load_script("practitioner")
 PRACTITIONER = BENCH_MODULE.load_data(DATA)
 MPT_ENTRIES = BENCH_MODULE.load_data(MPT)
 BLOOM_ENTRIES = BENCH_MODULE.load_data(BLOOM)
-ENTRIES = PRACTITIONER + MPT_ENTRIES + BLOOM_ENTRIES
+NANOTRON_ENTRIES = BENCH_MODULE.load_data(NANOTRON)
+ENTRIES = PRACTITIONER + MPT_ENTRIES + BLOOM_ENTRIES + NANOTRON_ENTRIES
 IDS = [e["id"] for e in ENTRIES]
 
 
@@ -217,3 +220,16 @@ def test_script_reports_a_malformed_file_in_one_line(tmp_path: Path, capsys) -> 
     assert BENCH_MODULE.main(["--data", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing keys" in err
+
+
+@pytest.mark.parametrize("entry", NANOTRON_ENTRIES, ids=[e["id"] for e in NANOTRON_ENTRIES])
+def test_nanotron_rows_reproduce_nanotrons_own_tflops(entry) -> None:
+    """nanotron logs model_tflops_per_gpu = get_flops (models/llama.py, full s^2 attention) x
+    tokens/s/GPU: the transcribed throughput, the model and the 4096-token sequence (which the
+    logs do not print; the sweep's generator sets it) must give the logged TFLOP/s to the CSV's
+    three figures. At 2048 tokens the same rows would log 13% less."""
+    _, model, _ = BENCH_MODULE.build(entry)
+    per_token = BENCH_MODULE.flops_per_token("nanotron", model)
+    tflops = entry["measured"]["tokens_per_s_per_gpu"] * per_token / 1e12
+    assert tflops == pytest.approx(entry["measured"]["tflops_per_gpu"], rel=0.01)
+    assert per_token == pytest.approx(9.074e9, rel=1e-3)
