@@ -11,7 +11,8 @@ a practitioner entry's `source.id`): does a run fall inside the band its kind ge
 other sources, and which band was it? With the practitioner set
 (benchmarks/data/practitioner.yaml) and the measured sweeps (MosaicML's MPT tables,
 benchmarks/data/mpt-llm-foundry.yaml; BigScience's BLOOM layout search,
-benchmarks/data/bloom-tr11-topology.yaml) it also reports, for groups of runs of one model on
+benchmarks/data/bloom-tr11-topology.yaml; Hugging Face's nanotron layout sweep,
+benchmarks/data/nanotron-old-bench.yaml) it also reports, for groups of runs of one model on
 one cluster, whether the run a search would pick (the predicted-fastest of those predicted to
 fit) is the measured-fastest, both per token: step time / (global batch x sequence length), as
 the runs of a group may differ in batch; `--write-bands` writes autoplan/cost/error_bands.yaml.
@@ -182,9 +183,10 @@ def _scale(plan, cluster) -> str:
 
 
 SWEEPS = (ROOT / "benchmarks" / "data" / "mpt-llm-foundry.yaml",
-          ROOT / "benchmarks" / "data" / "bloom-tr11-topology.yaml")
-"""Measured sweeps in the practitioner set's schema, scored beside it: MosaicML's MPT tables
-and BigScience's BLOOM layout search."""
+          ROOT / "benchmarks" / "data" / "bloom-tr11-topology.yaml",
+          ROOT / "benchmarks" / "data" / "nanotron-old-bench.yaml")
+"""Measured sweeps in the practitioner set's schema, scored beside it: MosaicML's MPT tables,
+BigScience's BLOOM layout search and Hugging Face's nanotron layout sweep."""
 
 
 def practitioner_rows() -> list[dict]:
@@ -333,8 +335,23 @@ def first_choice(rows: list[dict]) -> list[dict]:
         out.append({"group": name, "runs": len(members), "feasible": len(fits),
                     "picked": pick and pick["id"], "fastest": best["id"],
                     "regret": pick and (_per_token(pick, "measured_s")
-                                        / _per_token(best, "measured_s") - 1)})
+                                        / _per_token(best, "measured_s") - 1),
+                    "spearman": rank_correlation(members)})
     return out
+
+
+def rank_correlation(members: list[dict]) -> float | None:
+    """Spearman's rank correlation of predicted and measured time per token over a group of at
+    least three runs (ties share their mean rank), fitting or not: how well the cost model
+    orders the layouts, beside whether it picks the fastest. None for fewer runs."""
+    if len(members) < 3:
+        return None
+    import pandas as pd
+
+    frame = pd.DataFrame({"measured": [_per_token(r, "measured_s") for r in members],
+                          "predicted": [_per_token(r, "predicted_s") for r in members]})
+    rho = frame["measured"].corr(frame["predicted"], method="spearman")
+    return None if math.isnan(rho) else float(rho)
 
 
 def _rounded(band: float) -> float | None:
@@ -411,10 +428,11 @@ def print_loso(loso: dict) -> None:
 
 
 def print_picks(picks: list[dict]) -> None:
-    print(f"\n{'group (one model, one cluster; per token)':48} {'runs':>4} {'fit':>3}  "
-          f"{'regret':>7}  picked among those predicted to fit")
+    print(f"\n{'group (one model, one cluster; per token)':48} {'runs':>4} {'fit':>3} "
+          f"{'rank':>5}  {'regret':>7}  picked among those predicted to fit")
     for g in picks:
-        head = f"{g['group'][:48]:48} {g['runs']:>4} {g['feasible']:>3}"
+        rho = "-" if g.get("spearman") is None else f"{g['spearman']:.2f}"
+        head = f"{g['group'][:48]:48} {g['runs']:>4} {g['feasible']:>3} {rho:>5}"
         if g["picked"] is None:
             print(f"{head}  {'-':>7}  none predicted to fit (fastest {g['fastest']})")
             continue

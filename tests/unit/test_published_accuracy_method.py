@@ -51,3 +51,17 @@ def test_each_source_is_tested_against_a_named_band_or_the_default() -> None:
     (c,) = loso["C"]["bands"]  # no other llm-foundry run: the default
     assert c["origin"] is None and c["band"] == 0.25 and c["inside"] == 1
     assert bench.coverage(loso) == {"residual": [6, 6], "default": [1, 1]}
+
+
+def test_a_group_reports_how_well_the_model_orders_its_runs() -> None:
+    """Spearman's rho of predicted against measured time per token: 1 when the order is kept
+    (whatever the scale), -1 when reversed; none for a group of two."""
+    rows = [_row(f"r{i}", 1000, measured=m, predicted=m / 2)
+            for i, m in enumerate((1.0, 2.0, 3.0, 4.0))]
+    assert bench.first_choice(rows)[0]["spearman"] == pytest.approx(1.0)
+    for r, p in zip(rows, (4.0, 3.0, 2.0, 1.0), strict=True):
+        r["predicted_s"] = p
+    g = bench.first_choice(rows)[0]
+    assert g["spearman"] == pytest.approx(-1.0) and g["picked"] == "r3"
+    assert g["regret"] == pytest.approx(3.0)
+    assert bench.first_choice(rows[:2])[0]["spearman"] is None
