@@ -7,6 +7,7 @@ length is the model's pre-training context, not its longest supported window.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -74,11 +75,27 @@ def training_seq_len(cfg: dict[str, Any], where: str) -> int:
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, dict) and scaling.get("original_max_position_embeddings") is not None:
         return _int(scaling, f"{where} rope_scaling", "original_max_position_embeddings")
-    longest = _int(cfg, where, "max_position_embeddings", default=DEFAULT_SEQ_LEN)
-    if longest > DEFAULT_SEQ_LEN:
-        log.warning("%s: max_position_embeddings %d; planning for %d-token training sequences "
-                    "(pass --seq-len to change)", where, longest, DEFAULT_SEQ_LEN)
-    return min(longest, DEFAULT_SEQ_LEN)
+    return min(_int(cfg, where, "max_position_embeddings", default=DEFAULT_SEQ_LEN),
+               DEFAULT_SEQ_LEN)
+
+
+def _capped_context(cfg: dict[str, Any], kind: str) -> int | None:
+    """max_position_embeddings where training_seq_len planned for DEFAULT_SEQ_LEN tokens instead
+    (the config states no pre-training window), else None; read after _build checked it."""
+    scaling = cfg.get("rope_scaling")
+    if kind == "gpt2" or (isinstance(scaling, dict)
+                          and scaling.get("original_max_position_embeddings") is not None):
+        return None  # GPT-2's learned table is its context; rope_scaling states the window
+    longest = cfg.get("max_position_embeddings")
+    return longest if isinstance(longest, int) and longest > DEFAULT_SEQ_LEN else None
+
+
+@functools.cache
+def _warn_capped(path: str, longest: int) -> None:
+    """Say once per file and process that the sequence length is a guess: a command may load
+    its model more than once (estimate's runtime rules reload a plan's model from its path)."""
+    log.warning("%s: max_position_embeddings %d; planning for %d-token training sequences "
+                "(pass --seq-len to change)", path, longest, DEFAULT_SEQ_LEN)
 
 
 def _gated_mlp(cfg: dict[str, Any], where: str) -> MlpKind:
@@ -136,9 +153,11 @@ def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
     return _llama_like(cfg, where, name, kind)
 
 
-def from_hf_config(path: str | Path, field: str = "--model") -> ModelSpec:
+def from_hf_config(path: str | Path, field: str = "--model",
+                   seq_len: int | None = None) -> ModelSpec:
     """Read a Hugging Face `config.json` of a decoder-only model family in SUPPORTED; `field`
-    is where the path was given (`--model`, or `model` in a plan), for errors."""
+    is where the path was given (`--model`, or `model` in a plan), for errors; `seq_len` the
+    training sequence length the user chose (`--seq-len`), else the config's is planned for."""
     p = Path(path)
     where = f"{field} {p}"
     try:
@@ -164,8 +183,14 @@ def from_hf_config(path: str | Path, field: str = "--model") -> ModelSpec:
     readable = isinstance(raw_name, str) and raw_name.strip() and raw_name.isprintable()
     name = raw_name if readable else p.parent.name or kind
     try:
-        return _build(cfg, where, str(name)[:200], kind)
+        spec = _build(cfg, where, str(name)[:200], kind)
     except ConfigError as err:
         if err.field.startswith("model."):  # a shape rule of ModelSpec: say which file
             raise ConfigError(f"{where} {err.field}", err.problem, err.fix) from None
         raise
+    if seq_len is not None:
+        return spec.replace(seq_len=seq_len)
+    longest = _capped_context(cfg, kind)
+    if longest is not None:
+        _warn_capped(str(p), longest)
+    return spec

@@ -229,11 +229,12 @@ PRESETS: dict[str, ModelSpec] = {
 PRESETS.update((m.name, m) for m in moe_presets())  # Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss
 
 
-def from_hf_config(path: str | Path, field: str = "--model") -> ModelSpec:
+def from_hf_config(path: str | Path, field: str = "--model",
+                   seq_len: int | None = None) -> ModelSpec:
     """Read a local Hugging Face `config.json`; see `autoplan.model_hf` for the families."""
     from autoplan.model_hf import from_hf_config as read
 
-    return read(path, field)
+    return read(path, field, seq_len)
 
 
 def _is_file(ref: str) -> bool:
@@ -243,17 +244,24 @@ def _is_file(ref: str) -> bool:
         return True
 
 
-def load_model(ref: str | dict[str, Any] | ModelSpec, field: str = "--model") -> ModelSpec:
+def load_model(ref: str | dict[str, Any] | ModelSpec, field: str = "--model",
+               seq_len: int | None = None) -> ModelSpec:
     """A preset name, a path to a YAML spec or config.json, or an inline mapping; `field` is
-    where the reference was given (`--model`, or `model` in a plan), for errors."""
+    where the reference was given (`--model`, or `model` in a plan), for errors; `seq_len`
+    replaces the model's training sequence length (`--seq-len`)."""
+    if isinstance(ref, str) and ref not in PRESETS and ref.endswith(".json"):
+        return from_hf_config(ref, field, seq_len)  # which says when it guessed the length
+    model = _load(ref, field)
+    return model if seq_len is None else model.replace(seq_len=seq_len)
+
+
+def _load(ref: str | dict[str, Any] | ModelSpec, field: str) -> ModelSpec:
     if isinstance(ref, ModelSpec):
         return ref
     if isinstance(ref, dict):
         return from_dict(ModelSpec, check_schema_version(ref, "model"), "model")
     if ref in PRESETS:
         return PRESETS[ref]
-    if ref.endswith(".json"):
-        return from_hf_config(ref, field)
     if ref.endswith((".yaml", ".yml")) or _is_file(ref):
         data = read_yaml(ref, field)
         if not isinstance(data, dict):

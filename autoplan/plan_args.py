@@ -41,12 +41,10 @@ def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
     ref = args.model or fallback
     if ref is None:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
-    model = load_model(ref, "--model" if args.model else "model")  # else the plan's
-    if getattr(args, "seq_len", None) is not None:
-        if args.seq_len <= 0:
-            raise ConfigError("--seq-len", f"got {args.seq_len}", "expected a positive integer")
-        model = model.replace(seq_len=args.seq_len)
-    return model
+    seq_len = getattr(args, "seq_len", None)
+    if seq_len is not None and seq_len <= 0:
+        raise ConfigError("--seq-len", f"got {seq_len}", "expected a positive integer")
+    return load_model(ref, "--model" if args.model else "model", seq_len)  # else the plan's
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSpec]:
