@@ -8,8 +8,10 @@ and `autoplan.commands.main` turns them into one line on stderr and the exit cod
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -66,8 +68,18 @@ def resolve_format(args: argparse.Namespace) -> str:
     return "table" if sys.stdout.isatty() else "json"
 
 
+class _StdoutConsole(Console):
+    """A Console whose closed pipe raises BrokenPipeError, which `commands.main` ends with exit
+    141 as it does for JSON, instead of rich's own quiet SystemExit(1) (Console.on_broken_pipe,
+    documented as the method to override)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # drop what is still buffered
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def stdout_console() -> Console:
-    return Console(soft_wrap=False, width=max(100, Console().width))
+    return _StdoutConsole(soft_wrap=False, width=max(100, Console().width))
 
 
 def stderr_console() -> Console:

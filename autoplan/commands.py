@@ -1,8 +1,8 @@
 """The command line: thin sub-commands that return exit codes (DESIGN.md section 5).
 
 0 success, 2 bad input, 3 nothing feasible, 130 Ctrl-C, 143 SIGTERM; 141 when the reader of the
-output went away (`autoplan search ... | head`, as SIGPIPE ends Unix tools) and 1 when the output
-cannot be written (a full disk). User mistakes arrive here as AutoplanError and leave as one line
+output went away before all of it was written (`autoplan search ... | head`, as SIGPIPE ends Unix
+tools), in every --format, and 1 when the output cannot be written (a full disk). User mistakes arrive here as AutoplanError and leave as one line
 on stderr; anything else is a bug and keeps its traceback.
 """
 
@@ -107,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         with _sigterm_as_interrupt():
-            return int(args.func(args))
+            code = int(args.func(args))
+            sys.stdout.flush()  # here, not at exit, where a reader gone away is exit 120
+            return code
     except AutoplanError as err:
         sys.stderr.write(f"autoplan {args.command}: error: {err}\n")
         return err.exit_code

@@ -3,6 +3,7 @@ command with one line or quietly, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,27 @@ def test_a_reader_that_went_away_ends_quietly(monkeypatch, capsys) -> None:
     monkeypatch.setattr(estimate_cli, "estimate_command", closed_pipe)
     assert commands.main(["estimate", "--model", "tiny"]) == 141
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+@pytest.mark.parametrize("fmt", ["table", "json", "yaml"])
+def test_a_closed_pipe_is_exit_141_in_every_format(fmt, buffered) -> None:
+    """The reader is gone before the first write (`| head` at its earliest): rich's table
+    console must not end the command with its own exit 1, nor the interpreter's last flush of
+    buffered JSON with 120 and an 'Exception ignored' line."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "estimate", "--model",
+                               "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2", "--format",
+                               fmt], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120, cwd=ROOT, env=env)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
 
 
 def test_other_os_errors_are_bugs_and_keep_their_traceback(monkeypatch) -> None:
