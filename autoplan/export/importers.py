@@ -289,6 +289,13 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
     section = _section(cfg, "activation_checkpointing", what)
     if checkpoint_settings:
         _activation_checkpointing(section, tp, what)
+        if cfg.get("activation_checkpointing") is not None and interval == 0:
+            # the section configures deepspeed.checkpointing; whether blocks are checkpointed
+            # is the script's code, which the JSON does not show
+            log.warning("%s: activation_checkpointing read as full recompute of every block "
+                        "(the script checkpoints each with deepspeed.checkpointing.checkpoint, "
+                        "as export writes it); --set recompute.policy=none if it does not",
+                        what)
     stage = _zero_stage(zero, what)
     _mics(zero, stage, dp, what)
     _optimizer(cfg, what)

@@ -217,6 +217,28 @@ def test_a_null_activation_checkpointing_section_is_no_recompute(tmp_path):
     assert plan.recompute.policy == RecomputePolicy.NONE
 
 
+def test_an_activation_checkpointing_section_is_read_as_full_recompute_and_said(tmp_path,
+                                                                                 caplog):
+    """The section configures deepspeed.checkpointing; whether the script checkpoints its blocks
+    the JSON does not show: the import takes full recompute, as export writes it, and says so
+    with the way out (a user test found it silent)."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2,
+                               "gradient_accumulation_steps": 4,
+                               "activation_checkpointing": {"partition_activations": False}}))
+    with caplog.at_level("WARNING"):
+        plan = import_deepspeed(cfg, model="gpt3-1.3b", cluster=CLUSTER, num_gpus=8)
+    assert plan.recompute.policy == RecomputePolicy.FULL
+    assert "--set recompute.policy=none" in caplog.text and "activation_checkpointing" in caplog.text
+    caplog.clear()
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2,
+                               "gradient_accumulation_steps": 4}))
+    with caplog.at_level("WARNING"):
+        assert import_deepspeed(cfg, model="gpt3-1.3b", cluster=CLUSTER,
+                                num_gpus=8).recompute.policy == RecomputePolicy.NONE
+    assert "activation_checkpointing" not in caplog.text
+
+
 # ---- 4, 5. query groups and degrees ----------------------------------------------------------
 
 
