@@ -7,6 +7,7 @@ lists every rule one plan breaks.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,30 @@ def _shard_choices(dp: int) -> str:
 
 def _int(t: Table, name: str, i: int) -> int:
     return int(col(t, name)[i])
+
+
+@functools.cache
+def optimizer_offload_stage() -> int | None:
+    """The lowest ZeRO stage at which every runtime preset that offloads the optimizer alone
+    runs that offload (RuntimeTraits.offload_zero_stages: Megatron-Core's ZeRO-1 only,
+    DeepSpeed's 1 to 3), so advice that names it holds under whichever runtime prices the plan;
+    None if the presets share no stage."""
+    from autoplan.cost.runtimes import RUNTIMES, load_runtime
+
+    offloading = [load_runtime(name) for name in RUNTIMES]
+    stages = set.intersection(*(set(rt.offload_zero_stages) for rt in offloading
+                                if "optimizer" in rt.offload))
+    return min(stages, default=None)
+
+
+def _offload_stage_fix(params_offloaded: bool) -> str:
+    """The fix for an optimizer offload at ZeRO-0 (offload-optimizer-needs-zero)."""
+    if params_offloaded:
+        return "set zero_stage: 3, which offload.params needs too"
+    stage = optimizer_offload_stage()
+    if stage is None:
+        return "set zero_stage to a stage the runtime offloads the optimizer at"
+    return f"set zero_stage: {stage}, a stage every runtime offloads the optimizer at"
 
 
 @dataclass(frozen=True)
@@ -224,7 +249,7 @@ RULES: tuple[Rule, ...] = (
         "offload-optimizer-needs-zero",
         lambda t, m: col(t, "offload_optimizer") & (col(t, "zero_stage") == 0),
         lambda t, i, m: "offload.optimizer=true: offload needs zero_stage >= 1 (ZeRO-Offload "
-        "partitions the optimizer first); set zero_stage: 2",
+        f"partitions the optimizer first); {_offload_stage_fix(bool(col(t, 'offload_params')[i]))}",
     ),
     Rule(
         "recompute-layers",

@@ -110,3 +110,33 @@ def test_runtime_and_planner_judge_by_one_rule_set(needle: str) -> None:
         assert str(err.value).count(reason) == 1
     assert str(err.value).count("does not divide") <= sum("does not divide" in r
                                                           for r in planner)
+
+
+def _named_stage(reasons: list[str]) -> int:
+    import re
+
+    found = [re.search(r"offload\.optimizer=true.*set zero_stage: (\d)", r) for r in reasons]
+    stages = [int(f.group(1)) for f in found if f]
+    assert len(stages) == 1, reasons
+    return stages[0]
+
+
+def test_offload_advice_names_a_stage_every_runtime_accepts() -> None:
+    """Following the ZeRO-0 offload fix must not meet a runtime's own refusal (Megatron-Core
+    offloads the optimizer at ZeRO-1 only; the fix once named 2)."""
+    from autoplan.cost.runtime_rules import refusals
+    from autoplan.cost.runtimes import RUNTIMES, load_runtime
+
+    stage = _named_stage(_reasons(offload={"optimizer": True}, zero_stage=0))
+    fixed = plan_from_dict({**BASE, "offload": {"optimizer": True}, "zero_stage": stage})
+    assert validate_plan(fixed, MODEL, cluster("h100-sxm-80gb", 64)) == []
+    runs_it = [name for name in RUNTIMES if "optimizer" in load_runtime(name).offload]
+    assert "megatron" in runs_it and "deepspeed" in runs_it
+    for name in runs_it:
+        assert not [r for r in refusals(fixed, load_runtime(name), MODEL) if "offload" in r], name
+
+
+def test_offload_advice_with_params_offloaded_agrees_with_the_params_rule() -> None:
+    reasons = _reasons(offload={"optimizer": True, "params": True}, zero_stage=0)
+    assert any("offload.params=true needs zero_stage=3" in r for r in reasons)
+    assert _named_stage(reasons) == 3
