@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -392,6 +393,11 @@ def import_megatron(
 
     what = f"megatron arguments {path}"
     text = _read(path, "FILE")
+    if not re.search(r"(^|\s)--[a-z]", text):
+        json_like = text.lstrip().startswith("{")
+        raise ConfigError(what, "holds no Megatron flags (--name value)",
+                          "a DeepSpeed JSON imports with --from deepspeed" if json_like else
+                          "pass the launch script or arguments file of a Megatron run")
     data = megatron_plan_dict(text, model, num_gpus, what)
     data["cluster"]["profile"] = cluster
     plan = finish_plan(data, list(assignments), what)

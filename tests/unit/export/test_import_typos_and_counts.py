@@ -350,3 +350,14 @@ def test_a_megatron_deepspeed_launch_with_sgd_is_refused_whatever_its_json_says(
     launch.write_text(text.replace("OPT", "adam"))
     assert import_deepspeed(launch, model="gpt3-1.3b", cluster=CLUSTER,
                             num_gpus=None).parallel.tp == 2
+
+
+def test_a_file_with_no_megatron_flags_is_named_as_such(tmp_path, capsys):
+    """A DeepSpeed JSON or any text imported --from megatron was answered "--num-gpus: missing",
+    then "no --micro-batch-size", never that it is not a Megatron launch."""
+    for name, text, fix in (("ds.json", json.dumps(DS), "imports with --from deepspeed"),
+                            ("notes.txt", "hello world\n", "launch script or arguments file")):
+        path = tmp_path / name
+        path.write_text(text)
+        assert_refused(capsys, ["import", str(path), "--from", "megatron", "--cluster", CLUSTER,
+                                "--num-gpus", "16"], "holds no Megatron flags", fix)
