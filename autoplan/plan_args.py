@@ -4,6 +4,7 @@ and typed `--set key=value` edits, all validated by the strict plan loader."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from autoplan.cli_common import count
@@ -32,7 +33,10 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", help="plan YAML (default: plain data parallel over all GPUs)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="edit a plan field, e.g. --set parallel.tp=8 (repeatable)")
+                        help="edit a plan field, e.g. --set parallel.tp=8 (repeatable, in any "
+                        "order: a field given twice must get the same value; a mapping such as "
+                        "parallel={tp: 2} replaces that section of --plan and merges with the "
+                        "other fields --set gives in it, e.g. --set parallel.pp=4)")
     parser.add_argument("--global-batch-size", type=count(), help="sequences per optimizer step")
     parser.add_argument("--micro-batch-size", type=count(), help="sequences per micro-batch")
 
@@ -86,8 +90,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     derive = _dp_follows(args)
     if derive and isinstance(data.get("parallel"), dict):
         data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
-    for assignment in args.set:
-        set_field(data, assignment)
+    apply_sets(data, args.set)
     _check_agree(args, data)
     if derive:
         _derive_dp(data)
@@ -111,6 +114,78 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         plan = plan.replace(model=model)
     cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
     return plan, model, cluster
+
+
+FieldPath = tuple[Any, ...]
+"""A field's keys from the top of the plan, e.g. ("parallel", "tp")."""
+
+
+def apply_sets(data: dict[str, Any], assignments: Sequence[str]) -> None:
+    """Apply `--set key=value` edits to plan data, whatever their order: a field given twice
+    must get the same value (exit 2 naming it otherwise), and a mapping (`parallel={tp: 2}`)
+    replaces that section of the plan file, then merges with every other field set inside it
+    (`parallel.pp=4`, another mapping)."""
+    sections: list[FieldPath] = []
+    fields: dict[FieldPath, Any] = {}
+    for assignment in assignments:
+        one: dict[str, Any] = {}
+        set_field(one, assignment)  # the syntax and the YAML value of this one edit
+        key: FieldPath = tuple(assignment.partition("=")[0].strip().split("."))
+        value: Any = one
+        for part in key:
+            value = value[part]
+        if isinstance(value, dict):
+            sections.append(key)
+        for path, leaf in _fields_of(key, value):
+            _refuse_clash(fields, path, leaf)
+            fields[path] = leaf
+    for key in sorted(sections, key=len):  # whole sections first, then what they hold
+        _put(data, key, {})
+    for path in sorted(fields, key=len):
+        _put(data, path, fields[path])
+
+
+def _fields_of(key: FieldPath, value: Any) -> list[tuple[FieldPath, Any]]:
+    """The fields a value sets under `key`: each value of a mapping in turn, else `key` itself
+    (an empty mapping too: an empty section)."""
+    if isinstance(value, dict) and value:
+        return [f for k, v in value.items() for f in _fields_of((*key, k), v)]
+    return [(key, value)]
+
+
+def _refuse_clash(fields: dict[FieldPath, Any], path: FieldPath, value: Any) -> None:
+    """Refuse a field set before to another value, or a field inside one that is no section."""
+    for other, given in fields.items():
+        if other == path and not (type(given) is type(value) and given == value):
+            raise ConfigError(f"--set {_dotted(path)}", f"given twice, as {show(given)} and "
+                              f"as {show(value)}", "give it once, or the same value both times")
+        for outer, held, inner in ((other, given, path), (path, value, other)):
+            if _within(inner, outer) and not isinstance(held, dict):
+                raise ConfigError(f"--set {_dotted(outer)}", f"got {show(held)} and --set "
+                                  f"{_dotted(inner)}, which needs it to be a section",
+                                  "drop one of them")
+
+
+def _within(inner: FieldPath, outer: FieldPath) -> bool:
+    return len(inner) > len(outer) and inner[:len(outer)] == outer
+
+
+def _put(data: dict[str, Any], path: FieldPath, value: Any) -> None:
+    """Set one field, making the sections above it (as plan.set_field does)."""
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError("--set", f"{show(_dotted(path))}: {show(part)} is not a section",
+                              "check the key")
+        node = child
+    node[path[-1]] = value
+
+
+def _dotted(path: FieldPath) -> str:
+    return ".".join(map(str, path))
 
 
 def _default_precision(profile_ref: Any) -> str:
@@ -175,7 +250,8 @@ def _sets_parallel_with_dp(args: argparse.Namespace) -> bool:
         key, _, raw = assignment.partition("=")
         if key.strip() == "parallel":
             value = safe_load_text(raw, "--set parallel", invalid_as_text=True) if raw else None
-            return not isinstance(value, dict) or "dp" in value
+            if not isinstance(value, dict) or "dp" in value:  # mappings merge: any may give it
+                return True
     return False
 
 
@@ -198,4 +274,5 @@ def _derive_dp(data: dict[str, Any]) -> None:
     par["dp"] = gpus // model_parallel
 
 
-__all__ = ["add_plan_arguments", "add_target_arguments", "plan_from_args", "plan_to_dict"]
+__all__ = ["add_plan_arguments", "add_target_arguments", "apply_sets", "plan_from_args",
+           "plan_to_dict"]
