@@ -290,13 +290,6 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
     section = _section(cfg, "activation_checkpointing", what)
     if checkpoint_settings:
         _activation_checkpointing(section, tp, what)
-        if cfg.get("activation_checkpointing") is not None and interval == 0:
-            # the section configures deepspeed.checkpointing; whether blocks are checkpointed
-            # is the script's code, which the JSON does not show
-            log.warning("%s: activation_checkpointing read as full recompute of every block "
-                        "(the script checkpoints each with deepspeed.checkpointing.checkpoint, "
-                        "as export writes it); --set recompute.policy=none if it does not",
-                        what)
     stage = _zero_stage(zero, what)
     _mics(zero, stage, dp, what)
     _optimizer(cfg, what)
@@ -349,7 +342,19 @@ def import_deepspeed(
         "profile": cluster,
         "num_gpus": data["parallel"]["dp"] * data["parallel"]["tp"] * data["parallel"]["pp"],
     }
-    return finish_plan(data, list(assignments), what)
+    plan = finish_plan(data, list(assignments), what)
+    section = cfg.get("pipeline")
+    pipeline: dict[str, Any] = section if isinstance(section, dict) else {}
+    if (cfg.get("activation_checkpointing") is not None
+            and not pipeline.get("activation_checkpoint_interval")
+            and plan.recompute.policy.value == "full"):
+        # the section configures deepspeed.checkpointing; whether blocks are checkpointed is
+        # the script's code, which the JSON does not show (said once the import succeeds: a
+        # refusal stays one line)
+        log.warning("%s: activation_checkpointing read as full recompute of every block (the "
+                    "script checkpoints each with deepspeed.checkpointing.checkpoint, as export "
+                    "writes it); --set recompute.policy=none if it does not", what)
+    return plan
 
 
 def _launch_gpus(path: str | Path, num_gpus: int | None) -> None:
