@@ -421,6 +421,14 @@ class RuntimeTraits:
     repeat_interleave ahead of SDPA, measured in tests/unit/profiler/test_activations.py;
     torchtitan's repeat_kv). Op-level selective checkpointing re-runs the copies instead.
     False: the kernel reads the grouped heads (FlashAttention, cuDNN/Transformer Engine)."""
+    sp_gathered_gemm_inputs: bool = False
+    """Under sequence parallelism the column-parallel GEMMs (QKV, the MLP's first) keep their
+    all-gathered input for the weight gradient, h-wide on every tensor-parallel rank (2sbh
+    each), where Megatron keeps the rank's sequence shard and gathers it again in backward:
+    nanotron's column_linear of 2024 (tensor_parallel/functional.py, without async
+    communication: `differentiable_all_gather(input)` then `F.linear(input, ...)`, which saves
+    the gathered input; its later tp_recompute_allgather option keeps the shard). Backward then
+    has no re-gather to run."""
     partial_recompute: bool = True
     """Recompute can cover any number of layers of a stage (Plan.recompute.num_layers:
     Megatron's block and uniform methods, autoplan's runtime). False: torchtitan, whose
@@ -947,7 +955,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "reentrant_recompute": False, "partial_selective": True,
         "fused_norm": True, "fused_swiglu": False, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0, "attention_kernel": "fa2", "attention_dropout": False,
-        "kv_repeated": False, "sequence_parallel_with_tp": True,
+        "kv_repeated": False, "sequence_parallel_with_tp": True, "sp_gathered_gemm_inputs": True,
         "schedules": ["gpipe", "1f1b"], "multi_stage_schedules": [],
         "zero_stages": [0, 1], "hsdp_zero_stages": [], "offload": [],
         "grad_reduce_dtypes": ["fp32"], "parallel_dims": ["tp", "pp"], "model_code": [],

@@ -34,6 +34,8 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
         model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
         fused_swiglu=runtime.fused_swiglu, kv_repeated=runtime.kv_repeated,
         attention_dropout=runtime.attention_dropout)
+    if runtime.sp_gathered_gemm_inputs:  # the column-parallel GEMMs keep gathered inputs
+        parts["gemm_in"] = parts["gemm_in"] * np.where(np.asarray(r.sp), r.tp, 1.0)
     parts = moe.routed_activation_parts(model, r, parts)  # unchanged for a dense model
     # what a zero-bubble step I keeps for its W: 16-bit gradients, also in an fp8 run
     parts["wgrad_inputs"] = memory.weight_grad_input_bytes(parts)
