@@ -17,7 +17,7 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.export.deepspeed_keys import DEEPSPEED_ADAM, SECTION_KEYS
 from autoplan.export.megatron_import import refuse_non_adam, say_priced_whole
-from autoplan.plan import Plan, plan_from_dict, set_field
+from autoplan.plan import Plan, plan_from_dict
 from autoplan.yaml_io import load_json_text, show
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,11 @@ def _require_int(value: Any, where: str) -> int:
 
 
 def finish_plan(data: dict[str, Any], assignments: list[str], what: str) -> Plan:
-    """--set edits, strict loading, then the plan rules (imported from autoplan.plan_rules)."""
-    for assignment in assignments:
-        set_field(data, assignment)
+    """--set edits (as estimate applies them: a field set twice must agree), strict loading,
+    then the plan rules (imported from autoplan.plan_rules)."""
+    from autoplan.plan_args import apply_sets
+
+    apply_sets(data, assignments)
     plan = plan_from_dict(data)
     from autoplan.hardware import cluster
     from autoplan.plan_rules import validate_plan

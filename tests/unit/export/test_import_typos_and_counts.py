@@ -361,3 +361,16 @@ def test_a_file_with_no_megatron_flags_is_named_as_such(tmp_path, capsys):
         path.write_text(text)
         assert_refused(capsys, ["import", str(path), "--from", "megatron", "--cluster", CLUSTER,
                                 "--num-gpus", "16"], "holds no Megatron flags", fix)
+
+
+def test_import_set_refuses_a_field_given_two_values_as_estimate_does(tmp_path, capsys):
+    """`import --set` applied its edits last-one-wins while `estimate --set` refuses a field set
+    twice to different values; both now apply them alike."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(DS))
+    assert_refused(capsys, ["import", str(path), "--from", "deepspeed", "--model", "gpt3-1.3b",
+                            "--cluster", CLUSTER, "--num-gpus", "16", "--set", "zero_stage=1",
+                            "--set", "zero_stage=2"], "zero_stage", "given twice")
+    plan = import_deepspeed(path, model="gpt3-1.3b", cluster=CLUSTER, num_gpus=16,
+                            assignments=["zero_stage=1", "zero_stage=1"])
+    assert plan.zero_stage == 1
