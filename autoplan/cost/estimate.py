@@ -139,7 +139,7 @@ def estimate_plan(
     cluster = cluster or ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
     reasons = validate_plan(plan, model, cluster)
     traits = load_runtime(runtime, on_cpu=cluster.profile.is_cpu)  # as estimate_table
-    reasons += runtime_refusals(plan, traits)
+    reasons += runtime_rules.refusals(plan, traits, model)  # the model already loaded
     precision = plan.precision.value
     if precision not in cluster.profile.device.peak_flops_per_s:
         precision = next(iter(cluster.profile.device.peak_flops_per_s))  # reason already given
