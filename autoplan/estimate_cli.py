@@ -64,8 +64,8 @@ def _runtime(args: argparse.Namespace, plan: Any) -> str | None:
     if getattr(args, "runtime", None) is not None:
         return str(args.runtime)
     recorded = (plan.predicted or {}).get("runtime") if args.plan else None
-    if not isinstance(recorded, str) or not recorded:
-        return None
+    if not isinstance(recorded, str) or not recorded or recorded.startswith("autoplan"):
+        return None  # autoplan's own: the device the plan is priced on picks CPU or CUDA
     if recorded in RUNTIMES:
         log.info("pricing for runtime %s, which the plan was priced for (--runtime to change)",
                  recorded)
