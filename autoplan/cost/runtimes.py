@@ -936,8 +936,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # Playbook, config.yaml of each run): models/llama.py builds the block from TritonRMSNorm,
     # flash_attn's fused rotary embedding and flash_attn_varlen_func (grouped K/V read as they
     # are; dropout_p 0.0), an eager GLUActivation (split, silu, mul) and its own Column/Row
-    # linears, whose REDUCE_SCATTER mode shards the residual stream over tp (sequence
-    # parallelism) and whose collectives run in line (tp_linear_async_communication false);
+    # linears, in ALL_REDUCE mode (ParallelismArgs' default) or REDUCE_SCATTER mode (sharding
+    # the residual stream over tp: sequence parallelism), collectives in line
+    # (tp_linear_async_communication false);
     # the loss is tensor_parallel/functional.py's _ShardedCrossEntropy on .float() logits,
     # Megatron's vocab-parallel algorithm step for step (max, all-reduce, subtract, exp, sum,
     # divide; the fp32 softmax saved). optimizer: accumulate_grad_in_fp32 (FP32GradientAccumulator
@@ -948,14 +949,15 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # last micro-batch's backward (_get_bwd_context)
     "nanotron": {
         **_MEGATRON_CORE,
-        "description": "Hugging Face nanotron (2024): its own tensor-parallel linears (reduce-"
-                       "scatter mode, i.e. sequence parallel, no async overlap), 1F1B or "
+        "description": "Hugging Face nanotron (2024): its own tensor-parallel linears (all-"
+                       "reduce mode, or reduce-scatter mode = sequence parallel; no async "
+                       "overlap), 1F1B or "
                        "all-forward-all-backward pipeline engines, ZeRO-1 over DDP with fp32 "
                        "gradient accumulation, Triton RMSNorm, eager SwiGLU, FlashAttention-2",
         "reentrant_recompute": False, "partial_selective": True,
         "fused_norm": True, "fused_swiglu": False, "eager_elementwise": True,
         "fp8_weight_cache_bytes": 0.0, "attention_kernel": "fa2", "attention_dropout": False,
-        "kv_repeated": False, "sequence_parallel_with_tp": True, "sp_gathered_gemm_inputs": True,
+        "kv_repeated": False, "sp_gathered_gemm_inputs": True,
         "schedules": ["gpipe", "1f1b"], "multi_stage_schedules": [],
         "zero_stages": [0, 1], "hsdp_zero_stages": [], "offload": [],
         "grad_reduce_dtypes": ["fp32"], "parallel_dims": ["tp", "pp"], "model_code": [],
