@@ -216,11 +216,15 @@ def _zero_stage(zero: dict[str, Any], what: str) -> int:
 
 def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
                         degrees: dict[str, int] | None = None,
-                        checkpoint_settings: bool = True) -> dict[str, Any]:
+                        checkpoint_settings: bool = True,
+                        client_optimizer: bool = False) -> dict[str, Any]:
     """Plan fields a DeepSpeed config determines (model and cluster come from the caller);
     `degrees`: tp and pp the caller knows where the JSON cannot say them (--set);
     `checkpoint_settings`: the activation_checkpointing section's partition and host settings
-    govern (False under a Megatron-DeepSpeed launch, whose flags replace them)."""
+    govern (False under a Megatron-DeepSpeed launch, whose flags replace them);
+    `client_optimizer`: the script hands deepspeed.initialize its own optimizer, which the
+    engine runs over the JSON's section (Megatron-DeepSpeed's --optimizer), so the section's
+    type is not the run's and is not checked here."""
     autotp = _section(cfg, "tensor_parallel", what).get("autotp_size", 0)
     tp = 1 if autotp == 0 else _require_int(autotp, f"{what} tensor_parallel.autotp_size")
     pipeline = _section(cfg, "pipeline", what)
@@ -294,7 +298,8 @@ def deepspeed_plan_dict(cfg: dict[str, Any], num_gpus: int | None, what: str,
         _activation_checkpointing(section, tp, what)
     stage = _zero_stage(zero, what)
     _mics(zero, stage, dp, what)
-    _optimizer(cfg, what)
+    if not client_optimizer:
+        _optimizer(cfg, what)
     return {
         "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1},
         "batch": {"micro_batch_size": mb, "global_batch_size": gbs},
@@ -349,7 +354,8 @@ def import_deepspeed(
     pipeline: dict[str, Any] = section if isinstance(section, dict) else {}
     if (cfg.get("activation_checkpointing") is not None
             and not pipeline.get("activation_checkpoint_interval")
-            and plan.recompute.policy.value == "full"):
+            and plan.recompute.policy.value == "full"
+            and not any(a.strip().startswith("recompute") for a in assignments)):
         # the section configures deepspeed.checkpointing; whether blocks are checkpointed is
         # the script's code, which the JSON does not show (said once the import succeeds: a
         # refusal stays one line)

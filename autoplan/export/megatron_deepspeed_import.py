@@ -245,7 +245,7 @@ def import_launch(path: str | Path, *, model: str | None, cluster: str, num_gpus
         if not isinstance(cfg, dict):
             raise ConfigError(f"deepspeed config {p}", "expected a JSON object")
         return deepspeed_plan_dict(cfg, dp, f"deepspeed config {p}",
-                                   checkpoint_settings=not megatron)
+                                   checkpoint_settings=not megatron, client_optimizer=megatron)
 
     data = launch_plan_dict(_read(path, "FILE"), Path(path), num_gpus, what, read_config,
                             load_model(model))

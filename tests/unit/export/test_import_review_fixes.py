@@ -231,6 +231,10 @@ def test_an_activation_checkpointing_section_is_read_as_full_recompute_and_said(
     assert plan.recompute.policy == RecomputePolicy.FULL
     assert "--set recompute.policy=none" in caplog.text and "activation_checkpointing" in caplog.text
     caplog.clear()
+    with caplog.at_level("WARNING"):  # the recompute chosen by --set is no guess
+        import_deepspeed(cfg, model="gpt3-1.3b", cluster=CLUSTER, num_gpus=8,
+                         assignments=["recompute.policy=full"])
+    assert "activation_checkpointing" not in caplog.text
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2,
                                "gradient_accumulation_steps": 4}))
     with caplog.at_level("WARNING"):

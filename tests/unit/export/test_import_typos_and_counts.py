@@ -350,6 +350,11 @@ def test_a_megatron_deepspeed_launch_with_sgd_is_refused_whatever_its_json_says(
     launch.write_text(text.replace("OPT", "adam"))
     assert import_deepspeed(launch, model="gpt3-1.3b", cluster=CLUSTER,
                             num_gpus=None).parallel.tp == 2
+    # and the other way round: --optimizer adam over a JSON naming SGD runs Adam
+    cfg = json.loads((tmp_path / "ds.json").read_text())
+    (tmp_path / "ds.json").write_text(json.dumps({**cfg, "optimizer": {"type": "SGD"}}))
+    assert import_deepspeed(launch, model="gpt3-1.3b", cluster=CLUSTER,
+                            num_gpus=None).parallel.tp == 2
 
 
 def test_a_file_with_no_megatron_flags_is_named_as_such(tmp_path, capsys):
