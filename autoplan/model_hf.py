@@ -92,8 +92,9 @@ def _capped_context(cfg: dict[str, Any], kind: str) -> int | None:
 
 @functools.cache
 def _warn_capped(path: str, longest: int) -> None:
-    """Say once per file and process that the sequence length is a guess: a command may load
-    its model more than once (estimate's runtime rules reload a plan's model from its path)."""
+    """Say once per file and process that the sequence length is a guess, however many times a
+    process loads the file (a plan's model is read again from its path wherever a caller has
+    only the plan)."""
     log.warning("%s: max_position_embeddings %d; planning for %d-token training sequences "
                 "(pass --seq-len to change)", path, longest, DEFAULT_SEQ_LEN)
 

@@ -57,7 +57,7 @@ def test_a_stated_window_is_no_guess(tmp_path, caplog) -> None:
 
 
 @pytest.mark.parametrize(("command", "seq_len", "warnings"), [
-    ("estimate", [], 1),  # estimate loads the model twice (flags, then the runtime rules)
+    ("estimate", [], 1),
     ("estimate", ["--seq-len", "4096"], 0),
     ("search", ["--seq-len", "4096"], 0),
 ])
