@@ -93,7 +93,8 @@ def _offload_stage_fix(params_offloaded: bool) -> str:
     stage = optimizer_offload_stage()
     if stage is None:
         return "set zero_stage to a stage the runtime offloads the optimizer at"
-    return f"set zero_stage: {stage}, a stage every runtime offloads the optimizer at"
+    return (f"set zero_stage: {stage}, a stage every runtime that offloads the optimizer alone "
+            "offloads it at")
 
 
 @dataclass(frozen=True)
