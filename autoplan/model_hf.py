@@ -69,12 +69,20 @@ def _bool(cfg: dict[str, Any], where: str, name: str, default: bool) -> bool:
     return value
 
 
-def training_seq_len(cfg: dict[str, Any], where: str) -> int:
-    """The pre-training context: rope_scaling's original window, else max_position_embeddings
-    capped at DEFAULT_SEQ_LEN."""
+def _stated_window(cfg: dict[str, Any], where: str) -> int | None:
+    """The pre-training window rope_scaling states (original_max_position_embeddings), if any."""
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, dict) and scaling.get("original_max_position_embeddings") is not None:
         return _int(scaling, f"{where} rope_scaling", "original_max_position_embeddings")
+    return None
+
+
+def training_seq_len(cfg: dict[str, Any], where: str) -> int:
+    """The pre-training context: rope_scaling's original window, else max_position_embeddings
+    capped at DEFAULT_SEQ_LEN."""
+    window = _stated_window(cfg, where)
+    if window is not None:
+        return window
     return min(_int(cfg, where, "max_position_embeddings", default=DEFAULT_SEQ_LEN),
                DEFAULT_SEQ_LEN)
 
@@ -82,9 +90,7 @@ def training_seq_len(cfg: dict[str, Any], where: str) -> int:
 def _capped_context(cfg: dict[str, Any], kind: str) -> int | None:
     """max_position_embeddings where training_seq_len planned for DEFAULT_SEQ_LEN tokens instead
     (the config states no pre-training window), else None; read after _build checked it."""
-    scaling = cfg.get("rope_scaling")
-    if kind == "gpt2" or (isinstance(scaling, dict)
-                          and scaling.get("original_max_position_embeddings") is not None):
+    if kind == "gpt2" or _stated_window(cfg, "config.json") is not None:
         return None  # GPT-2's learned table is its context; rope_scaling states the window
     longest = cfg.get("max_position_embeddings")
     return longest if isinstance(longest, int) and longest > DEFAULT_SEQ_LEN else None
