@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,12 +376,19 @@ def set_field(data: dict[str, Any], assignment: str) -> None:
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError("--set", f"got {show(assignment)}", "write key=value, e.g. parallel.tp=4")
+    put_field(data, parts, value)
+
+
+def put_field(data: dict[str, Any], parts: Sequence[str], value: Any) -> None:
+    """Set the field at `parts` (a dotted key's parts) to `value`, making the sections above it;
+    exit 2 where one of them is not a section."""
     node = data
     for part in parts[:-1]:
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError("--set", f"{show(key)}: {show(part)} is not a section", "check the key")
+            raise ConfigError("--set", f"{show('.'.join(parts))}: {show(part)} is not a section",
+                              "check the key")
         node = child
     node[parts[-1]] = value

@@ -12,7 +12,7 @@ from autoplan.cost.runtimes import RUNTIMES
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
-from autoplan.plan import Plan, plan_from_dict, plan_to_dict, set_field
+from autoplan.plan import Plan, plan_from_dict, plan_to_dict, put_field, set_field
 from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, safe_load_text, show
 
@@ -171,17 +171,8 @@ def _within(inner: FieldPath, outer: FieldPath) -> bool:
 
 
 def _put(data: dict[str, Any], path: FieldPath, value: Any) -> None:
-    """Set one field, making the sections above it (as plan.set_field does)."""
-    node = data
-    for part in path[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError("--set", f"{show(_dotted(path))}: {show(part)} is not a section",
-                              "check the key")
-        node = child
-    node[path[-1]] = value
+    """Set one field, making the sections above it (plan.put_field, as set_field does)."""
+    put_field(data, path, value)
 
 
 def _dotted(path: FieldPath) -> str:
