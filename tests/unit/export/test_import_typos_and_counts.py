@@ -54,6 +54,22 @@ def _megatron_refused(tmp_path: Path, capsys, text: str, *needles: str,
                                    CLUSTER, *extra], *needles)
 
 
+def _mds_launch(tmp_path: Path, flags: str, json_extra: dict | None = None) -> tuple[Path, str]:
+    """A Megatron-DeepSpeed launch of gpt3-1.3b's shape on 8 x 8 GPUs (tp 2, pp 2) with `flags`
+    added, and its DeepSpeed JSON (ZeRO-1, bf16; `json_extra` added): the launch's path and
+    text (not yet written)."""
+    (tmp_path / "ds.json").write_text(json.dumps(
+        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+         "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
+         "bf16": {"enabled": True}, **(json_extra or {})}))
+    text = ("deepspeed --num_nodes=8 --num_gpus=8 --master_port 29500 pretrain_gpt.py "
+            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+            "--micro-batch-size 2 --global-batch-size 64 --num-layers 24 --hidden-size 2048 "
+            "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+            f"--vocab-size 50256 --bf16 --deepspeed --deepspeed_config ds.json {flags}\n")
+    return tmp_path / "ds.launch.sh", text
+
+
 # ---- 1. DeepSpeed keys and optimizer -----------------------------------------------------------
 
 
@@ -299,17 +315,8 @@ def test_a_misspelled_flag_in_a_megatron_deepspeed_launch_is_refused(tmp_path, c
     """pretrain_gpt.py's argparse refuses a flag it does not define; the import refused nothing
     and read --tensor-model-paralel-size as tp 1. A plain DeepSpeed launch's flags are the
     user's own script's and are not checked."""
-    (tmp_path / "ds.json").write_text(json.dumps(
-        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
-         "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
-         "bf16": {"enabled": True}}))
-    launch = tmp_path / "ds.launch.sh"
-    good = ("deepspeed --num_nodes=8 --num_gpus=8 --master_port 29500 pretrain_gpt.py "
-            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
-            "--micro-batch-size 2 --global-batch-size 64 --num-layers 24 --hidden-size 2048 "
-            "--ffn-hidden-size 8192 --num-attention-heads 16 --seq-length 2048 "
-            "--max-position-embeddings 2048 --tokenizer-type NullTokenizer --vocab-size 50256 "
-            "--bf16 --deepspeed --zero-stage 1 --deepspeed_config ds.json\n")
+    launch, good = _mds_launch(tmp_path, "--ffn-hidden-size 8192 --tokenizer-type "
+                               "NullTokenizer --zero-stage 1")
     launch.write_text(good.replace("--tensor-model-parallel-size", "--tensor-model-paralel-size"))
     assert_refused(capsys, ["import", str(launch), "--from", "deepspeed", "--model",
                             "gpt3-1.3b", "--cluster", CLUSTER],
@@ -332,17 +339,7 @@ def test_a_megatron_deepspeed_launch_with_sgd_is_refused_whatever_its_json_says(
     """Megatron-DeepSpeed builds its optimizer from --optimizer and hands it to
     deepspeed.initialize, whose engine runs that client optimizer rather than the JSON's
     section: `--optimizer sgd` beside a JSON naming Adam runs SGD."""
-    (tmp_path / "ds.json").write_text(json.dumps(
-        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
-         "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
-         "optimizer": {"type": "Adam"}, "bf16": {"enabled": True}}))
-    launch = tmp_path / "ds.launch.sh"
-    text = ("deepspeed --num_nodes=8 --num_gpus=8 pretrain_gpt.py "
-            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
-            "--micro-batch-size 2 --global-batch-size 64 --num-layers 24 --hidden-size 2048 "
-            "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
-            "--vocab-size 50256 --bf16 --deepspeed --deepspeed_config ds.json "
-            "--optimizer OPT\n")
+    launch, text = _mds_launch(tmp_path, "--optimizer OPT", {"optimizer": {"type": "Adam"}})
     launch.write_text(text.replace("OPT", "sgd"))
     assert_refused(capsys, ["import", str(launch), "--from", "deepspeed", "--model",
                             "gpt3-1.3b", "--cluster", CLUSTER],
