@@ -140,9 +140,9 @@ def apply_sets(data: dict[str, Any], assignments: Sequence[str]) -> None:
             _refuse_clash(fields, path, leaf)
             fields[path] = leaf
     for key in sorted(sections, key=len):  # whole sections first, then what they hold
-        _put(data, key, {})
+        put_field(data, key, {})
     for path in sorted(fields, key=len):
-        _put(data, path, fields[path])
+        put_field(data, path, fields[path])
 
 
 def _fields_of(key: FieldPath, value: Any) -> list[tuple[FieldPath, Any]]:
@@ -168,11 +168,6 @@ def _refuse_clash(fields: dict[FieldPath, Any], path: FieldPath, value: Any) -> 
 
 def _within(inner: FieldPath, outer: FieldPath) -> bool:
     return len(inner) > len(outer) and inner[:len(outer)] == outer
-
-
-def _put(data: dict[str, Any], path: FieldPath, value: Any) -> None:
-    """Set one field, making the sections above it (plan.put_field, as set_field does)."""
-    put_field(data, path, value)
 
 
 def _dotted(path: FieldPath) -> str:
