@@ -104,6 +104,31 @@ def scale_figure(figure: AttentionFigure, share: float) -> AttentionFigure:
     return figure.scaled(share) if isinstance(figure, Curve) else figure * share
 
 
+ATTENTION_HEAD_DIM = 128
+"""Head dimension of Efficiency.attention_forward/backward's figures: the width the kernels'
+papers measure by default and most models of 7B and up use."""
+
+
+@dataclass(frozen=True)
+class AttentionFigures:
+    """Fused attention's achieved / peak FLOP/s at one head dimension, by kernel."""
+
+    forward: dict[str, AttentionFigure]
+    backward: dict[str, AttentionFigure]
+
+    def __post_init__(self) -> None:
+        for table in ("forward", "backward"):
+            for kernel, value in getattr(self, table).items():
+                _check_kernel(f"{table}.{_key(kernel)}", kernel)
+                if not isinstance(value, Curve) and not 0 < value <= 1:
+                    raise ConfigError(f"{table}.{kernel}", f"got {value!r}",
+                                      "expected a fraction of the peak in (0, 1]")
+
+    def scaled(self, share: float) -> AttentionFigures:
+        return AttentionFigures({k: scale_figure(v, share) for k, v in self.forward.items()},
+                                {k: scale_figure(v, share) for k, v in self.backward.items()})
+
+
 @dataclass(frozen=True)
 class TimeTable:
     """Measured seconds of one collective by message bytes, interpolated in log-log between the
@@ -306,6 +331,12 @@ class Efficiency:
     (runtimes.RuntimeTraits). null: a share of the GEMM efficiency (compute.FLASH_EFFICIENCY)."""
     attention_backward: dict[str, AttentionFigure] | None = None
     """The same for the backward, whose FLOPs are counted as 2.5x the forward's."""
+    attention_head_dims: dict[int, AttentionFigures] | None = None
+    """The kernels' figures at head dimensions narrower than ATTENTION_HEAD_DIM, by head dim:
+    a narrow head gives each tile's two GEMMs a short inner dimension, so the kernels reach a
+    smaller share of the peak (FlashAttention-3's paper measures 64 beside 128). A model's
+    head width between two filed dims reads their figures linearly in the width; below the
+    narrowest, that one's; a kernel filed here only at 128 is read at 128."""
 
     def __post_init__(self) -> None:
         for table in ("attention_forward", "attention_backward"):
@@ -320,6 +351,11 @@ class Efficiency:
                     raise ConfigError(f"{table}.{kernel}", f"got {value!r}",
                                       "expected a share of the peak above 0" if measured
                                       else "expected a fraction of the peak in (0, 1]")
+        for dim in self.attention_head_dims or {}:
+            if not 0 < dim < ATTENTION_HEAD_DIM:
+                raise ConfigError(f"attention_head_dims.{dim}", "not a narrower head dim",
+                                  f"file head dims between 1 and {ATTENTION_HEAD_DIM - 1}: "
+                                  f"attention_forward/backward hold head dim {ATTENTION_HEAD_DIM}")
         _fraction("memory_bound", self.memory_bound)
         if self.memory_bound == 0:
             raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")

@@ -8,9 +8,17 @@ element-wise work is bounded by memory bandwidth (Korthikanti et al. 2022 count 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from autoplan.hardware import AttentionFigure, ClusterProfile, Curve
+from autoplan.hardware import (
+    ATTENTION_HEAD_DIM,
+    AttentionFigure,
+    AttentionFigures,
+    ClusterProfile,
+    Curve,
+)
 from autoplan.model_spec import ModelSpec, NormKind, PositionKind
 
 ELEMENTWISE_PASSES = 3.3
@@ -280,27 +288,56 @@ def torch_ring_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.nd
 
 
 def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray,
-                         seq_len: np.ndarray | float | None = None
-                         ) -> tuple[np.ndarray, np.ndarray]:
+                         seq_len: np.ndarray | float | None = None,
+                         head_dim: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for
     `kernel` (filed as "name@dtype" first where a profile measured them per dtype, as
     profiler/precision.py does on a CPU; then by name; FlashAttention-2 where it lacks that
     one), read at `seq_len` (the tokens per sequence the kernel attends over) where the profile
-    files the kernel by length, else FLASH_EFFICIENCY of the GEMM efficiency of the same FLOPs.
-    "fa-triton": those FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN."""
+    files the kernel by length, and at `head_dim` where it files the kernel at narrower heads
+    (Efficiency.attention_head_dims); else FLASH_EFFICIENCY of the GEMM efficiency of the same
+    FLOPs. "fa-triton": those FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN."""
     eff = profile.efficiency
     fwd, bwd = eff.attention_forward or {}, eff.attention_backward or {}
     name, _, dtype = kernel.partition("@")
     if name == "fa-triton":
         f2, b2 = attention_efficiency(profile, f"fa2@{dtype}" if dtype else "fa2", core_flops,
-                                      seq_len)
+                                      seq_len, head_dim)
         return f2 / TRITON_FA_SLOWDOWN[0], b2 / TRITON_FA_SLOWDOWN[1]
-    for k in (kernel, kernel.partition("@")[0], "fa2"):
-        if k in fwd and k in bwd:
-            return (_attention_figure(fwd[k], core_flops, seq_len, profile.name, k),
-                    _attention_figure(bwd[k], core_flops, seq_len, profile.name, k))
-    share = eff.matmul(core_flops) * FLASH_EFFICIENCY
-    return share, share
+    filed = next((k for k in (kernel, name, "fa2") if k in fwd and k in bwd), None)
+    if filed is None:
+        share = eff.matmul(core_flops) * FLASH_EFFICIENCY
+        return share, share
+
+    def read(figure: AttentionFigure) -> np.ndarray:
+        return _attention_figure(figure, core_flops, seq_len, profile.name, filed)
+
+    at_full = read(fwd[filed]), read(bwd[filed])
+    if head_dim is None:
+        return at_full
+    return _by_head_dim(eff.attention_head_dims or {}, filed, head_dim, at_full, read)
+
+
+def _by_head_dim(tables: dict[int, AttentionFigures], kernel: str, head_dim: float,
+                 at_full: tuple[np.ndarray, np.ndarray],
+                 read: Callable[[AttentionFigure], np.ndarray]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) figures at `head_dim`, from `at_full` (ATTENTION_HEAD_DIM's) and the
+    narrower head dims `tables` files `kernel` at: linear in the width between the two filed
+    dims around it, the narrowest one's below it, ATTENTION_HEAD_DIM's at and above it."""
+    points = {ATTENTION_HEAD_DIM: at_full}
+    for dim, figures in tables.items():
+        if kernel in figures.forward and kernel in figures.backward:
+            points[dim] = read(figures.forward[kernel]), read(figures.backward[kernel])
+    dims = sorted(points)
+    width = min(max(float(head_dim), dims[0]), ATTENTION_HEAD_DIM)
+    upper = next(d for d in dims if d >= width)
+    lower = max((d for d in dims if d <= width), default=upper)
+    if upper == lower:
+        return points[upper]
+    w = (width - lower) / (upper - lower)
+    return (points[lower][0] + w * (points[upper][0] - points[lower][0]),
+            points[lower][1] + w * (points[upper][1] - points[lower][1]))
 
 
 def _attention_figure(figure: AttentionFigure, like: np.ndarray,
@@ -334,9 +371,11 @@ def attention_core_times_s(
         core_bwd = 2.0 * core_gemm + memory_time_s(act_core_bytes * SOFTMAX_PASSES * 2 / 3, profile)
         return core_fwd, core_bwd
     work = (0.5 if causal_skip else 1.0) * core_flops
-    # the kernel attends over a rank's share of each sequence (context parallelism splits it)
+    # the kernel attends over a rank's share of each sequence (context parallelism splits it),
+    # one head's width at a time
     fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops,
-                                            model.seq_len / np.asarray(cp, float))
+                                            model.seq_len / np.asarray(cp, float),
+                                            model.head_width)
     return work / (peak * fwd_eff), FLASH_BACKWARD * work / (peak * bwd_eff)
 
 

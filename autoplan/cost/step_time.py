@@ -56,7 +56,9 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
             attention_forward={k: scale_figure(v, share)
                                for k, v in (eff.attention_forward or {}).items()} or None,
             attention_backward={k: scale_figure(v, share)
-                                for k, v in (eff.attention_backward or {}).items()} or None)
+                                for k, v in (eff.attention_backward or {}).items()} or None,
+            attention_head_dims={d: f.scaled(share)
+                                 for d, f in (eff.attention_head_dims or {}).items()} or None)
         device = replace(device, sm_count=left)
     return replace(profile, efficiency=eff, device=device)
 

@@ -82,6 +82,26 @@ def test_known_kernels_and_kernel_at_dtype_load() -> None:
     assert profile_from_dict(raw).efficiency.attention_forward["fa3"] == 0.7
 
 
+def test_figures_at_a_narrower_head_dim_load_and_others_are_refused() -> None:
+    """attention_head_dims files the kernels at head dims below the main tables' 128."""
+    raw = _raw()
+    raw["efficiency"]["attention_head_dims"] = {64: {"forward": {"fa2": 0.3},
+                                                     "backward": {"fa2": 0.25}}}
+    assert profile_from_dict(raw).efficiency.attention_head_dims[64].forward["fa2"] == 0.3
+    raw["efficiency"]["attention_head_dims"] = {128: {"forward": {"fa2": 0.3},
+                                                      "backward": {"fa2": 0.25}}}
+    err = _refused(raw)
+    assert err.field == "profile.efficiency.attention_head_dims.128"
+    assert "attention_forward/backward hold head dim 128" in str(err)
+    raw["efficiency"]["attention_head_dims"] = {64: {"forward": {"fa2": 1.3},
+                                                     "backward": {"fa2": 0.25}}}
+    err = _refused(raw)
+    assert err.field == "profile.efficiency.attention_head_dims.64.forward.fa2"
+    raw["efficiency"]["attention_head_dims"] = {64: {"forward": {"flashattn": 0.3},
+                                                     "backward": {"fa2": 0.25}}}
+    assert _refused(raw).problem == "unknown kernel"
+
+
 def _assembled() -> dict[str, Any]:
     """What build.assemble writes for a CPU measurement (made-up figures)."""
     return build.assemble(_raw("cpu-gloo"), "t", torch.device("cpu"), "fp32",

@@ -178,6 +178,58 @@ def test_attention_filed_by_length_runs_short_sequences_slower() -> None:
     assert np.all(np.diff(f100) > 0)
 
 
+def test_attention_filed_by_head_dim_runs_narrow_heads_slower() -> None:
+    """The H100 profiles file head dim 64 beside 128 (Shah et al. 2024, Figs. 5-6: FA2's causal
+    forward 284 TFLOP/s at 4K tokens against 319; FA3's 420 against 579): a model's head width
+    reads them linearly between the filed dims, the narrowest below them, 128's at and above."""
+    h100 = load_profile("h100-sxm-80gb")
+    flops, at_4k = np.full(1, 1e12), np.array([4096.0])
+
+    def fwd(kernel: str, head_dim: float | None) -> float:
+        return float(compute.attention_efficiency(h100, kernel, flops, at_4k, head_dim)[0][0])
+
+    assert fwd("fa2", 64) == pytest.approx(284 / 989, abs=1e-3)
+    assert fwd("fa3", 64) == pytest.approx(420 / 989, abs=1e-3)
+    assert fwd("fa2", 128) == fwd("fa2", None) == pytest.approx(319 / 989, abs=1e-3)
+    assert fwd("fa2", 96) == pytest.approx((fwd("fa2", 64) + fwd("fa2", 128)) / 2)
+    assert fwd("fa2", 32) == fwd("fa2", 64)  # nothing filed narrower: 64's
+    assert fwd("fa2", 256) == fwd("fa2", 128)  # nothing filed wider: 128's
+    bwd64 = compute.attention_efficiency(h100, "cudnn", flops, at_4k, 64)[1]
+    assert float(bwd64[0]) == pytest.approx(417 / 989, abs=1e-3)
+    # a Triton kernel keeps its ratio to FlashAttention-2 at every width
+    tri = compute.attention_efficiency(h100, "fa-triton", flops, at_4k, 64)[0]
+    assert float(tri[0]) == pytest.approx(fwd("fa2", 64) / compute.TRITON_FA_SLOWDOWN[0])
+    # a profile that files no narrower head dim prices every width at its one figure
+    a100 = load_profile("a100-sxm4-80gb")
+    assert compute.attention_efficiency(a100, "fa2", flops, at_4k, 64)[0] == pytest.approx(
+        compute.attention_efficiency(a100, "fa2", flops, at_4k, 128)[0])
+
+
+def test_a_block_prices_its_attention_at_the_model_s_head_width() -> None:
+    """Two models with the same attention FLOPs (32 heads of 64, 16 of 128): the narrow heads'
+    fused core takes longer by the ratio of the two widths' figures."""
+    h100 = load_profile("h100-sxm-80gb")
+    one, peak = np.array([1.0]), h100.device.peak("bf16")
+    wide = PRESETS["llama-3-8b"].replace(seq_len=4096, num_heads=16, num_kv_heads=8,
+                                         head_dim=128, hidden_size=2048)
+    narrow = wide.replace(num_heads=32, num_kv_heads=16, head_dim=64)
+    assert compute.attention_core_flops(wide, one, one, one) == pytest.approx(
+        compute.attention_core_flops(narrow, one, one, one))
+
+    def core(model) -> tuple[float, float]:
+        f, b = compute.attention_core_times_s(model, h100, peak, one, one, one, one * 0.0,
+                                              eager=False, causal_skip=True)
+        return float(f[0]), float(b[0])
+
+    (fw, bw), (fn, bn) = core(wide), core(narrow)
+    flops, at_4k = np.full(1, 1e12), np.array([4096.0])
+    f128, b128 = compute.attention_efficiency(h100, "fa2", flops, at_4k, 128)
+    f64, b64 = compute.attention_efficiency(h100, "fa2", flops, at_4k, 64)
+    assert fn / fw == pytest.approx(float(f128[0] / f64[0]))  # 319 / 284 TFLOP/s in the paper
+    assert bn / bw == pytest.approx(float(b128[0] / b64[0]))  # 310 / 279
+    assert fn / fw > 1.1
+
+
 def test_a_block_s_attention_seconds_follow_the_length_each_rank_attends_over() -> None:
     """In a block, the figure is read at the tokens per sequence on one rank: seq_len / cp."""
     h100 = load_profile("h100-sxm-80gb")
