@@ -189,6 +189,7 @@ def test_attention_filed_by_head_dim_runs_narrow_heads_slower() -> None:
         return float(compute.attention_efficiency(h100, kernel, flops, at_4k, head_dim)[0][0])
 
     assert fwd("fa2", 64) == pytest.approx(284 / 989, abs=1e-3)
+    assert fwd("fa2@bf16", 64) == fwd("fa2", 64)  # as a block names it: kernel@dtype
     assert fwd("fa3", 64) == pytest.approx(420 / 989, abs=1e-3)
     assert fwd("fa2", 128) == fwd("fa2", None) == pytest.approx(319 / 989, abs=1e-3)
     assert fwd("fa2", 96) == pytest.approx((fwd("fa2", 64) + fwd("fa2", 128)) / 2)
