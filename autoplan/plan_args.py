@@ -4,6 +4,7 @@ and typed `--set key=value` edits, all validated by the strict plan loader."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -153,10 +154,18 @@ def _fields_of(key: FieldPath, value: Any) -> list[tuple[FieldPath, Any]]:
     return [(key, value)]
 
 
+def _same(a: Any, b: Any) -> bool:
+    """One value given twice: equal and of one type (1 and true differ), a NaN the same as a
+    NaN (the plan loader then names it: not a finite number)."""
+    if type(a) is not type(b):
+        return False
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
 def _refuse_clash(fields: dict[FieldPath, Any], path: FieldPath, value: Any) -> None:
     """Refuse a field set before to another value, or a field inside one that is no section."""
     for other, given in fields.items():
-        if other == path and not (type(given) is type(value) and given == value):
+        if other == path and not _same(given, value):
             raise ConfigError(f"--set {_dotted(path)}", f"given twice, as {show(given)} and "
                               f"as {show(value)}", "give it once, or the same value both times")
         for outer, held, inner in ((other, given, path), (path, value, other)):

@@ -4,6 +4,7 @@ set beside it."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -48,6 +49,16 @@ def test_two_values_for_one_field_are_refused(sets, message) -> None:
         _applied(sets)
     assert str(err.value).startswith(message)
     assert err.value.exit_code == 2
+
+
+def test_a_nan_given_twice_is_one_value_for_the_loader_to_refuse(capsys) -> None:
+    """`--set x=.nan --set x=.nan` said "given twice, as nan and as nan" (NaN != NaN); the same
+    value twice is one edit, and the plan loader names what is wrong with it."""
+    assert math.isnan(_applied(["batch.global_batch_size=.nan"] * 2)["batch"]["global_batch_size"])
+    assert main([*TINY, "--set", "batch.micro_batch_size=.nan",
+                 "--set", "batch.micro_batch_size=.nan"]) == 2
+    err = capsys.readouterr().err
+    assert "given twice" not in err and "batch.micro_batch_size" in err
 
 
 def test_a_field_under_a_plan_files_scalar_is_refused() -> None:
