@@ -191,17 +191,23 @@ def clusters_command(args: argparse.Namespace) -> int:
             where = resources.find(resources.PROFILES, name)
             sys.stderr.write(f"autoplan clusters: warning: skipped {where or name}: {err}\n")
             continue
+        # a calibrated profile's peaks carry its fitted compute factor: the device's own
+        # (what MFU is stated against) is that divided back out
+        own = p.calibrated_compute
         rows.append({"name": name, "device": p.device.name,
                      "memory_gib": p.device.memory_bytes / GIB,
-                     "peak_tflops": {k: v / 1e12 for k, v in p.device.peak_flops_per_s.items()},
+                     "peak_tflops": {k: v / own / 1e12
+                                     for k, v in p.device.peak_flops_per_s.items()},
                      "gpus_per_node": p.gpus_per_node,
                      "intra_node_gb_per_s": p.intra_node.bytes_per_s / 1e9,
                      "inter_node_gb_per_s": p.inter_node.bytes_per_s / 1e9,
-                     "measured": p.measured is not None})
+                     "measured": p.measured is not None,
+                     "calibrated": "calibration" in (p.measured or {})})
 
     def render(console: Console) -> None:
         t = Table(title="hardware profiles", caption="TF: peak 16-bit TFLOP/s (bf16, else fp16); "
-                  "intra/inter: GB/s inside a node / between nodes; all peaks: --format json",
+                  "intra/inter: GB/s inside a node / between nodes (a calibrated profile's are "
+                  "fitted); all peaks: --format json",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
         for k in ("name", "device", "GiB", "TF", "/node", "intra", "inter", "source"):
             t.add_column(k, no_wrap=k == "name",
@@ -211,7 +217,9 @@ def clusters_command(args: argparse.Namespace) -> int:
             peak = peaks.get("bf16", peaks.get("fp16", max(peaks.values(), default=0.0)))
             t.add_row(r["name"], r["device"], f"{r['memory_gib']:.0f}", f"{peak:g}",
                       str(r["gpus_per_node"]), f"{r['intra_node_gb_per_s']:g}",
-                      f"{r['inter_node_gb_per_s']:g}", "measured" if r["measured"] else "datasheet")
+                      f"{r['inter_node_gb_per_s']:g}",
+                      "calibrated" if r["calibrated"] else
+                      "measured" if r["measured"] else "datasheet")
         console.width = min(console.width, terminal_width())
         console.print(t)
 

@@ -6,6 +6,7 @@ Datasheet presets carry reasonable efficiency curves; `autoplan profile` writes 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -380,6 +381,23 @@ def _check_kernel(field: str, kernel: str) -> None:
                           f"KERNEL@DTYPE with DTYPE one of {', '.join(PEAK_DTYPES)}")
 
 
+def _calibration_factors(measured: dict[str, Any] | None) -> dict[str, Any]:
+    """`autoplan calibrate`'s fitted factors in a profile's `measured` section ({} if none)."""
+    calibration = (measured or {}).get("calibration")
+    if calibration is None:
+        return {}
+    if not isinstance(calibration, dict):
+        raise ConfigError("measured.calibration", f"got {show(calibration)}",
+                          "expected the mapping `autoplan calibrate` wrote")
+    factors = calibration.get("factors")
+    if factors is None:
+        return {}
+    if not isinstance(factors, dict):
+        raise ConfigError("measured.calibration.factors", f"got {show(factors)}",
+                          "expected the mapping of factors `autoplan calibrate` wrote")
+    return factors
+
+
 def _check_measured(measured: dict[str, Any]) -> None:
     """`measured` holds what `autoplan profile` writes, or only sections of MEASURED_ALONE_KEYS:
     its presence turns off the datasheet GEMM quantization (cost.compute.gemm_time_s), so a
@@ -389,6 +407,11 @@ def _check_measured(measured: dict[str, Any]) -> None:
         if key not in known:
             raise ConfigError(f"measured.{_key(key)}", "unknown key",
                               f"valid keys: {', '.join(known)}")
+    compute = _calibration_factors(measured).get("compute", 1.0)
+    if isinstance(compute, bool) or not isinstance(compute, (int, float)) or not (
+            math.isfinite(compute) and compute > 0):
+        raise ConfigError("measured.calibration.factors.compute", f"got {compute!r}",
+                          "expected the positive multiplier `autoplan calibrate` wrote")
     if measured and set(measured) <= set(MEASURED_ALONE_KEYS):
         return
     missing = [k for k in MEASURED_KEYS if k not in measured]
@@ -419,6 +442,14 @@ class ClusterProfile:
     def is_cpu(self) -> bool:
         """A CPU host, whose ranks time-share its `host.compute_slots` cores, not a GPU node."""
         return self.host.compute_slots is not None
+
+    @property
+    def calibrated_compute(self) -> float:
+        """The multiplier `autoplan calibrate` folded into device.peak_flops_per_s (its record,
+        measured.calibration.factors.compute); 1 for a profile it did not fit. The fitted peak
+        times the profile's efficiencies is the rate plans are priced at; MFU is stated against
+        the device's own peak, this divided back out (cost.estimate)."""
+        return float(_calibration_factors(self.measured).get("compute", 1.0))
 
     def __post_init__(self) -> None:
         if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:

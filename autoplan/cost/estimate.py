@@ -62,7 +62,8 @@ def estimate_table(
     # MFU against the peak of the plan's own precision, an fp8 run's against the fp8 peak, as
     # NVIDIA states it (DGX Cloud recipes, Llama 3.1 70B: 54.1% in BF16 at 14.72 s, 36% in FP8
     # at 11.01 s, which only the 1979 TFLOP/s FP8 peak gives): so no fp8 plan reads above 100%
-    peak = profile.device.peak(precision)
+    # (a calibrated profile's fitted peak divided back out: MFU against the device's own)
+    peak = profile.device.peak(precision) / profile.calibrated_compute
     per_sequence = (compute.model_flops_per_sequence(model) if model.moe is None and
                     model.mla is None else moe.model_flops_per_sequence(model))  # active params
     out["model_flops_per_step"] = r.gbs * per_sequence

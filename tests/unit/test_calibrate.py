@@ -71,6 +71,38 @@ def test_calibrate_cli_writes_a_loadable_profile(tmp_path, capsys) -> None:
     assert main(["calibrate", str(paths[0]), "--profile", "cpu-gloo", "--out", str(out)]) == 2
 
 
+def test_mfu_on_a_calibrated_profile_is_against_the_device_s_own_peak(tmp_path, capsys) -> None:
+    """calibrate folds its compute factor into the peak; MFU divided by that fitted peak rose
+    when the plan was priced slower (7.0% -> 15.9% in a user's test). MFU stays model FLOPs
+    over the device's own peak and the priced time, and `clusters` lists that peak."""
+    base = load_profile("cpu-gloo")
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", *map(str, _runs(tmp_path, apply_factors(
+        base, dict(identity(base), compute=0.4)))), "--profile", "cpu-gloo",
+                 "--out", str(out), "--trials", "60", "--format", "json"]) == 0
+    capsys.readouterr()
+    fitted = load_profile(out)
+    factor = fitted.calibrated_compute
+    assert factor == fitted.measured["calibration"]["factors"]["compute"] and factor < 0.8
+    assert fitted.device.peak("fp32") == pytest.approx(base.device.peak("fp32") * factor)
+    plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 2},
+                           "precision": "fp32", "parallel": {"dp": 2},
+                           "batch": {"micro_batch_size": 2, "global_batch_size": 16}})
+    before, after = (estimate_plan(plan, ClusterSpec(p, 2)) for p in (base, fitted))
+    assert after.step_time_s > before.step_time_s and after.mfu < before.mfu
+    assert after.mfu == pytest.approx(before.mfu * before.step_time_s / after.step_time_s)
+    # `clusters` lists the device's own peak and says the profile is calibrated
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "fitted.yaml").write_text(out.read_text())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOPLAN_PROFILES", str(profiles))
+        assert main(["clusters", "--format", "json"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "fitted")
+    assert row["calibrated"] and row["peak_tflops"]["fp32"] == pytest.approx(
+        base.device.peak("fp32") / 1e12)
+
+
 def test_bad_run_records(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"plan": {}, "measured": {"step_time_s": 1.0}}))
