@@ -4,6 +4,7 @@ and typed `--set key=value` edits, all validated by the strict plan loader."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         "order: a field given twice must get the same value; a mapping such as "
                         "parallel={tp: 2} replaces that section of --plan and merges with the "
                         "other fields --set gives in it, e.g. --set parallel.pp=4)")
-    parser.add_argument("--global-batch-size", type=count(), help="sequences per optimizer step")
+    parser.add_argument("--global-batch-size", type=count(),
+                        help="sequences per optimizer step (default: the plan's; without --plan, "
+                        "one micro-batch per data-parallel rank)")
     parser.add_argument("--micro-batch-size", type=count(), help="sequences per micro-batch")
 
 
@@ -61,6 +64,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         raw = read_yaml(args.plan, "--plan")
         if not isinstance(raw, dict):
             raise ConfigError("--plan", f"{show(args.plan)} is not a mapping of plan fields")
+        _check_plan_keys(args.plan, raw)
         data = raw
     else:
         if args.num_gpus is None:
@@ -113,8 +117,26 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     model = resolve_model(args, plan.model)
     if getattr(args, "seq_len", None):
         plan = plan.replace(model=model)
-    cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
-    return plan, model, cluster
+    profile = load_profile(plan.cluster.profile, "--cluster" if args.cluster else "cluster.profile")
+    return plan, model, ClusterSpec(profile, plan.cluster.num_gpus)
+
+
+def _check_plan_keys(path: str, raw: dict[str, Any]) -> None:
+    """A file that is no plan is named as what it is before any field it lacks is (a search's
+    top.yaml, a run record: both hold plans, under `plans:` and `plan:`), and unknown keys
+    before missing ones."""
+    if isinstance(raw.get("plans"), list):
+        raise ConfigError("--plan", f"{show(path)} is a list of {len(raw['plans'])} plans "
+                          "(a search's top.yaml)", "pass one plan: the plan.yaml beside it holds "
+                          "the winner")
+    if isinstance(raw.get("plan"), dict) and "measured" in raw:
+        raise ConfigError("--plan", f"{show(path)} is a run record, whose plan is under `plan:`",
+                          "pass the plan.yaml the run was started from")
+    valid = [f.name for f in dataclasses.fields(Plan)] + ["schema_version"]
+    for key in raw:
+        if key not in valid:
+            raise ConfigError(str(key) if isinstance(key, str) else show(key), "unknown key",
+                              f"valid keys: {', '.join(valid)}")
 
 
 FieldPath = tuple[Any, ...]
