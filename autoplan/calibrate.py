@@ -11,6 +11,7 @@ named. Peak memory can only raise the profile's reserved bytes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
@@ -31,7 +32,7 @@ from autoplan.hardware import (
     TimeTable,
     load_profile,
 )
-from autoplan.plan import Plan, plan_from_dict
+from autoplan.plan import Plan, plan_from_dict, plan_to_dict
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 MAX_STEP_TIME_S = 1e6
@@ -308,13 +309,30 @@ class Calibration:
     memory_errors_after: list[float]
     left: dict[str, str] = dataclasses.field(default_factory=dict)
     """Factors left at their start value (left_factors), with the reason."""
+    distinct_plans: int = 0
+    """How many different plans the runs trained: the fit's step errors are measured on the
+    runs it was fitted to, and say little of other plans when the factors outnumber these."""
+
+    @property
+    def fitted(self) -> list[str]:
+        return [name for name in FACTORS if name not in self.left]
+
+    @property
+    def at_bound(self) -> list[str]:
+        """Fitted multipliers the search ended on a bound of (FACTORS, x0.1 or x10): the fit
+        wanted further. op_overhead_s (seconds) and overlap (a share) end on theirs naturally:
+        no host cost, no or full overlap."""
+        return [name for name in self.fitted if name not in ("op_overhead_s", "overlap")
+                and any(math.isclose(self.factors[name], b, rel_tol=1e-3)
+                        for b in FACTORS[name][:2])]
 
     def summary(self) -> dict[str, Any]:
         def mape(errs: list[float]) -> float | None:
             return statistics.fmean(abs(e) for e in errs) if errs else None
 
-        return {"runs": len(self.step_errors_before), "factors": self.factors,
-                "factors_left": dict(self.left),
+        return {"runs": len(self.step_errors_before), "distinct_plans": self.distinct_plans,
+                "factors": self.factors, "factors_fitted": self.fitted,
+                "factors_at_bound": self.at_bound, "factors_left": dict(self.left),
                 "step_time_mape_before": mape(self.step_errors_before),
                 "step_time_mape_after": mape(self.step_errors_after),
                 "memory_mape_before": mape(self.memory_errors_before),
@@ -395,6 +413,13 @@ def _refine(factors: dict[str, float], loss: Any, space: dict[str, tuple[float, 
     return best
 
 
+def _plan_key(plan: Plan) -> str:
+    """A plan as trained, less what it was predicted at."""
+    data = plan_to_dict(plan)
+    data.pop("predicted", None)
+    return json.dumps(data, sort_keys=True, default=str)
+
+
 def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
               seed: int = 0) -> Calibration:
     """Fit the factors to the runs' step times and the reserved bytes to their peak memory."""
@@ -436,6 +461,7 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
             fitted, device=dataclasses.replace(fitted.device, reserved_bytes=reserved))
     return Calibration(
         profile=fitted, factors=best, left=left,
+        distinct_plans=len({_plan_key(r.plan) for r in runs}),
         step_errors_before=step_errors(runs, profile),
         step_errors_after=step_errors(runs, fitted),
         memory_errors_before=memory_errors(runs, profile),

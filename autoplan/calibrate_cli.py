@@ -4,13 +4,14 @@ prediction error shrank."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from autoplan import fsutil, resources
-from autoplan.calibrate import calibrate, check_runs, load_run, profile_file
+from autoplan.calibrate import Calibration, calibrate, check_runs, load_run, profile_file
 from autoplan.cli_common import add_format_argument, check_seed, count, emit
 from autoplan.errors import ConfigError
 from autoplan.hardware import check_out_and_name, load_profile
@@ -93,7 +94,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
                       f"{r['error_after']:+.1%}")
         console.print(t)
         console.print(f"mean absolute error {summary['step_time_mape_before']:.1%} -> "
-                      f"{summary['step_time_mape_after']:.1%}")
+                      f"{summary['step_time_mape_after']:.1%} (on the runs it was fitted to)")
         for name, why in summary["factors_left"].items():
             console.print(f"left {name} unchanged: {why}")
         if summary["memory_mape_before"] is not None:
@@ -102,4 +103,21 @@ def calibrate_command(args: argparse.Namespace) -> int:
         console.print(f"wrote {written}")
 
     emit(args, data, render)
+    warn_overfit(result)
     return 0
+
+
+def warn_overfit(result: Calibration, command: str = "calibrate") -> None:
+    """Say on stderr when the fit's after-error cannot be trusted beyond its runs: more
+    factors than different plans, or factors the search pressed against a bound."""
+    fitted, plans = result.fitted, result.distinct_plans
+    if len(fitted) > plans:
+        sys.stderr.write(
+            f"autoplan {command}: warning: {len(fitted)} factors fitted to "
+            f"{plans} different plan{'s' if plans != 1 else ''}: the error after is measured on "
+            "the runs it was fitted to and says little of other plans; fit runs of more plans "
+            "(different tp, pp, dp, micro-batch) before trusting it\n")
+    if result.at_bound:
+        sys.stderr.write(f"autoplan {command}: warning: {', '.join(result.at_bound)} ended on "
+                         "the bound of its range: the runs ask for more than the factor allows, "
+                         "a sign that something it does not model is at work\n")

@@ -192,11 +192,15 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
         if calib:
             s = calib.summary()
             console_out.print(f"cost model error {s['step_time_mape_before']:.1%} -> "
-                              f"{s['step_time_mape_after']:.1%} after calibration")
+                              f"{s['step_time_mape_after']:.1%} after calibration (on these "
+                              "trials, which it was fitted to)")
         if best:
             console_out.print(f"chosen: {_short(best.plan)}")
 
     emit(args, data, render)
+    if calib:
+        from autoplan.calibrate_cli import warn_overfit
+        warn_overfit(calib, "tune")
     if best is None:
         raise NoFeasiblePlanError("no trial completed; see the reasons in the table")
     return 0

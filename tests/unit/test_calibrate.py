@@ -103,6 +103,33 @@ def test_mfu_on_a_calibrated_profile_is_against_the_device_s_own_peak(tmp_path, 
         base.device.peak("fp32") / 1e12)
 
 
+def test_a_fit_with_more_factors_than_plans_says_its_error_is_in_sample(tmp_path, capsys) -> None:
+    """Two records of one plan fitted 8 factors and printed '20.2% -> 1.2%' with no word that
+    the after-error is measured on those very runs."""
+    base = load_profile("cpu-gloo")
+    paths = _runs(tmp_path, apply_factors(base, dict(identity(base), compute=0.5)))
+    twice = [paths[0], tmp_path / "again.json"]
+    twice[1].write_text(paths[0].read_text())
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", *map(str, twice), "--profile", "cpu-gloo", "--out", str(out),
+                 "--trials", "20", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["distinct_plans"] == 1 and len(data["factors_fitted"]) > 1
+    warning = [line for line in captured.err.splitlines() if "factors fitted to" in line]
+    assert warning == [f"autoplan calibrate: warning: {len(data['factors_fitted'])} factors "
+                       "fitted to 1 different plan: the error after is measured on the runs it "
+                       "was fitted to and says little of other plans; fit runs of more plans "
+                       "(different tp, pp, dp, micro-batch) before trusting it"]
+    # as many different plans as factors: no such warning
+    out2 = tmp_path / "fitted2.yaml"
+    assert main(["calibrate", *map(str, paths), "--profile", "cpu-gloo", "--out", str(out2),
+                 "--trials", "20", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["distinct_plans"] == len(PLANS)
+    assert "factors fitted to" not in captured.err
+
+
 def test_bad_run_records(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"plan": {}, "measured": {"step_time_s": 1.0}}))
