@@ -27,7 +27,9 @@ from autoplan.export.launch import (
     LaunchOptions,
     check_path_word,
 )
+from autoplan.export.nodes import split_warning, written_cluster
 from autoplan.export.registry import TARGET_NAMES, get_target
+from autoplan.hardware import MAX_GPUS_PER_NODE, ClusterSpec, load_profile
 from autoplan.plan import Plan
 from autoplan.yaml_io import dump_yaml
 
@@ -101,15 +103,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_import)
 
 
-def _gpus_per_node(args: argparse.Namespace, profile: str, world: int) -> int:
+def _gpus_per_node(args: argparse.Namespace, profile: str) -> int:
+    """GPUs in one node of the job written: --gpus-per-node, else the plan's profile's."""
     if args.gpus_per_node is not None:
-        if args.gpus_per_node < 1:
-            raise ConfigError("--gpus-per-node", f"got {args.gpus_per_node}", "expected >= 1")
+        if not 1 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:  # as a profile's gpus_per_node
+            raise ConfigError("--gpus-per-node", f"got {args.gpus_per_node}",
+                              f"expected 1 to {MAX_GPUS_PER_NODE} GPUs in one node")
         return int(args.gpus_per_node)
-    try:
-        from autoplan.hardware import load_profile
-    except ImportError:  # hardware profiles not available: a node of up to 8 GPUs
-        return min(8, world)
     try:
         return load_profile(profile, flag="cluster.profile").gpus_per_node
     except ConfigError as err:  # the plan's profile, not a flag the user gave
@@ -124,11 +124,15 @@ torchtitan 0.3's, its TOML 0.2.2's); slurm, kubernetes and torchrun launch autop
 runtime."""
 
 
-def price_for_target(plan, model, target: str, torchtitan_format: str = "toml") -> str:
-    """One line: the plan's step time and memory as the target's engine would run it."""
+def price_for_target(plan, model, target: str, torchtitan_format: str = "toml",
+                     cluster: ClusterSpec | None = None) -> str:
+    """One line: the plan's step time and memory as the target's engine would run it on
+    `cluster` (default: the plan's profile; an export passes nodes.written_cluster, the node
+    size it writes)."""
     from autoplan.cost.estimate import estimate_plan
 
-    est = estimate_plan(plan, model=model, runtime=target_runtime(target, torchtitan_format))
+    est = estimate_plan(plan, cluster, model=model,
+                        runtime=target_runtime(target, torchtitan_format))
     line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s +- {est.error_band:.0%}, "
             f"{est.memory['total'] / 2**30:.1f} GiB per GPU")
     if not est.feasible:  # memory it lacks, or a feature it lacks: the reasons say which
@@ -209,7 +213,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
     """The options as the targets read them: each one not given at its default."""
     return LaunchOptions(
         plan_path=args.plan,
-        gpus_per_node=_gpus_per_node(args, plan.cluster.profile, plan.world_size),
+        gpus_per_node=_gpus_per_node(args, plan.cluster.profile),
         checkpoint_dir=ExportOptions.checkpoint_dir if args.checkpoint_dir is None
         else args.checkpoint_dir,
         max_restarts=args.max_restarts,  # None: each target's own default
@@ -238,26 +242,28 @@ def target_runtime(target: str, torchtitan_format: str = "toml") -> str | None:
     return TARGET_RUNTIMES.get(key, TARGET_RUNTIMES.get(target))
 
 
-def _check_fits(path: str, plan, model, runtime: str | None) -> None:
+def _check_fits(path: str, plan, model, runtime: str | None, gpus_per_node: int) -> None:
     """Refuse (exit 3) to write what would run out of memory: a launcher's job of a plan that
     does not fit as autoplan's runtime holds it (the check `autoplan train`'s launcher makes,
     which the job's ranks, started by torchrun, do not make again), a framework's config of one
-    that does not fit as its engine (`runtime`) holds it (cost.estimate.memory_misses). A
-    profile this machine cannot load (another site's) is not checked here."""
+    that does not fit as its engine (`runtime`) holds it (cost.estimate.memory_misses), on
+    nodes of the `gpus_per_node` written (host memory is per node). A profile this machine
+    cannot load (another site's) is not checked here."""
     from autoplan.cost.estimate import memory_misses
-    from autoplan.hardware import ClusterSpec, load_profile
 
     try:
-        cluster = ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
+        cluster = written_cluster(plan, gpus_per_node)
     except ConfigError as err:  # another site's profile: written for the GPUs it names
         log.warning("memory not checked and the job written for GPUs: the plan's profile does "
                     "not load here (%s)", err.problem)
         return
     est, misses = memory_misses(plan, cluster, model, runtime)
     if misses:
+        resized = "" if gpus_per_node == load_profile(plan.cluster.profile).gpus_per_node \
+            else f" on nodes of {gpus_per_node} GPUs"
         search = "`autoplan search" + (f" --runtime {runtime}`" if runtime else "`")
         raise InfeasiblePlanError(
-            f"plan {path} does not fit {cluster.num_gpus} x {plan.cluster.profile} as "
+            f"plan {path} does not fit {cluster.num_gpus} x {plan.cluster.profile}{resized} as "
             f"{est.runtime} runs it: {'; '.join(misses)}; its ranks would run out of "
             f"memory: choose a plan that fits ({search}), or pass --no-memory-check to write "
             "it anyway")
@@ -276,7 +282,8 @@ def run_export(args: argparse.Namespace) -> int:
     opts = _launch_options(args, plan)
     files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
     if not args.no_memory_check:
-        _check_fits(args.plan, plan, model, target_runtime(args.to, opts.torchtitan_format))
+        _check_fits(args.plan, plan, model, target_runtime(args.to, opts.torchtitan_format),
+                    opts.gpus_per_node)
     names = list(files)
     if args.out is not None:
         wrapped = args.format in ("json", "yaml")
@@ -284,11 +291,18 @@ def run_export(args: argparse.Namespace) -> int:
             fsutil.check_not_input(path, args.plan, "the plan being exported")
 
     def done() -> int:  # after every file is written: a failed export prints only its error
-        try:
-            sys.stderr.write(price_for_target(plan, model, args.to, opts.torchtitan_format)
-                             + "\n")
+        try:  # priced on the nodes written, which --gpus-per-node may have changed
+            line = price_for_target(plan, model, args.to, opts.torchtitan_format,
+                                    written_cluster(plan, opts.gpus_per_node))
         except ConfigError as err:  # a profile of another machine: the export stands alone
             log.info("not priced: %s", err)
+            return 0
+        if args.gpus_per_node is not None:
+            warning = split_warning(plan, load_profile(plan.cluster.profile).gpus_per_node,
+                                    opts.gpus_per_node)
+            if warning:
+                log.warning("%s", warning)
+        sys.stderr.write(line + "\n")
         return 0
     if args.format in ("json", "yaml"):
         data = {"target": args.to, "files": files}
