@@ -249,6 +249,13 @@ def load_model(ref: str | dict[str, Any] | ModelSpec, field: str = "--model",
     """A preset name, a path to a YAML spec or config.json, or an inline mapping; `field` is
     where the reference was given (`--model`, or `model` in a plan), for errors; `seq_len`
     replaces the model's training sequence length (`--seq-len`)."""
+    if isinstance(ref, str) and ref not in PRESETS and Path(ref).is_dir():
+        # a Hugging Face model folder, as a user downloads one: its config.json
+        if not (Path(ref) / "config.json").is_file():
+            raise ConfigError(field, f"{show(ref, 100)} is a folder without a config.json",
+                              "give a preset, a model YAML, or a Hugging Face config.json "
+                              "or the folder that holds one")
+        return from_hf_config(str(Path(ref) / "config.json"), field, seq_len)
     if isinstance(ref, str) and ref not in PRESETS and ref.endswith(".json"):
         return from_hf_config(ref, field, seq_len)  # which says when it guessed the length
     model = _load(ref, field)
@@ -269,5 +276,6 @@ def _load(ref: str | dict[str, Any] | ModelSpec, field: str) -> ModelSpec:
         return from_dict(ModelSpec, check_schema_version(data, "model"), "model")
     raise ConfigError(
         field, f"unknown model {show(ref, 100)}",
-        f"choose a preset ({', '.join(PRESETS)}) or a path to a YAML spec or config.json",
+        f"choose a preset ({', '.join(PRESETS)}) or a path to a YAML spec, a config.json "
+        "or the folder that holds one",
     )

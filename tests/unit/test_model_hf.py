@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from autoplan.commands import main
+from autoplan.errors import ConfigError
 from autoplan.model_spec import load_model
 
 LONG_CONTEXT = {  # a small Llama-style model with Qwen's 32768-token window and no rope_scaling
@@ -71,3 +72,16 @@ def test_commands_warn_once_and_only_without_seq_len(tmp_path, caplog, capsys, c
     model = (out["plan"] if command == "estimate" else out["best"])["model"]
     planned = model["seq_len"] if isinstance(model, dict) else load_model(model).seq_len
     assert planned == (4096 if seq_len else 8192)
+
+
+def test_a_model_folder_reads_its_config_json(tmp_path) -> None:
+    """A Hugging Face user passes the folder they downloaded; it said 'unknown model'."""
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LONG_CONTEXT))
+    assert load_model(str(folder), seq_len=4096) == load_model(
+        str(folder / "config.json"), seq_len=4096)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="is a folder without a config.json"):
+        load_model(str(empty))
