@@ -244,12 +244,19 @@ def _is_file(ref: str) -> bool:
         return True
 
 
+def _is_dir(ref: str) -> bool:
+    try:
+        return Path(ref).is_dir()
+    except OSError:  # a name past NAME_MAX is no folder: the file reader says what it is
+        return False
+
+
 def load_model(ref: str | dict[str, Any] | ModelSpec, field: str = "--model",
                seq_len: int | None = None) -> ModelSpec:
     """A preset name, a path to a YAML spec or config.json, or an inline mapping; `field` is
     where the reference was given (`--model`, or `model` in a plan), for errors; `seq_len`
     replaces the model's training sequence length (`--seq-len`)."""
-    if isinstance(ref, str) and ref not in PRESETS and Path(ref).is_dir():
+    if isinstance(ref, str) and ref not in PRESETS and _is_dir(ref):
         # a Hugging Face model folder, as a user downloads one: its config.json
         if not (Path(ref) / "config.json").is_file():
             raise ConfigError(field, f"{show(ref, 100)} is a folder without a config.json",
