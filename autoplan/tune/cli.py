@@ -267,6 +267,12 @@ def _user_plan(path: str, model: ModelSpec, args: argparse.Namespace) -> Plan:
         if got != want:
             raise ConfigError("--plan", f"{path} has {name} {got}, but this tune has {flag} {want}",
                               f"give a plan for {flag} {want}, or tune with {flag} {got}")
+    # what `autoplan train` would refuse, refused before a trial is spent on it
+    from autoplan.runtime.validation import runtime_problems
+    problems = runtime_problems(plan, spec)
+    if problems:
+        raise ConfigError("--plan", f"{path} cannot train here: {'; '.join(problems)}",
+                          "fix the plan, or tune without it")
     return plan
 
 

@@ -130,6 +130,13 @@ def test_a_plan_for_this_request_is_run(tmp_path: Path, capsys, profile) -> None
     assert [r["source"] for r in rows].count("user") == 1
 
 
+def test_a_plan_train_would_refuse_is_refused_before_any_trial(tmp_path: Path, capsys) -> None:
+    """An fp8 plan on a CPU was shown in the dry run and spent a trial failing."""
+    plan = _plan_file(tmp_path, precision="fp8")
+    _fails(capsys, [*TUNE, "--plan", str(plan), "--dry-run"], 2,
+           f"--plan: {plan} cannot train here: ", "fp8", "fix the plan, or tune without it")
+
+
 def test_a_plan_that_cannot_be_read_names_the_flag(tmp_path: Path, capsys) -> None:
     _fails(capsys, [*TUNE, "--plan", str(tmp_path / "nope.yaml"), "--dry-run"], 2,
            "autoplan tune: error: --plan: no such file")
