@@ -76,11 +76,16 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
 
 def check_plan(plan: Plan, spec: ModelSpec, world_size: int | None = None) -> None:
     """Raise one ConfigError listing every problem once; world_size is the launched process
-    count."""
+    count. Its fix names --nproc only where the process count is one of the problems."""
     problems = runtime_problems(plan, spec)
+    fix = "fix the plan"
     if world_size is not None and world_size != plan.world_size:
         p = plan.parallel
+        nproc = f"pass --nproc {plan.world_size} (or leave it out: the plan's world size)"
+        count = f"{world_size} process{'es' if world_size > 1 else ''}"
+        fix = f"{nproc}, or re-plan for {count}" if not problems \
+            else f"fix the plan, and {nproc}"
         problems.insert(0, f"world size {world_size} != plan's dp*tp*pp*cp = {p.dp}*{p.tp}*"
                            f"{p.pp}*{p.cp} = {plan.world_size}")
     if problems:
-        raise ConfigError("plan", "; ".join(problems), "fix the plan or pass a matching --nproc")
+        raise ConfigError("plan", "; ".join(problems), fix)
