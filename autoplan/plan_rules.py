@@ -86,6 +86,22 @@ def optimizer_offload_stage() -> int | None:
     return min(stages, default=None)
 
 
+def _recompute_layers_message(t: Any, i: int) -> str:
+    """What is wrong with recompute.num_layers: no policy to apply it with, or more blocks
+    than the smallest stage holds (or both)."""
+    layers, most = _int(t, "recompute_layers", i), int(chunk_min(t)[i])
+    wrong, fixes = [], []
+    if col(t, "recompute")[i] == RC_NONE:
+        wrong.append("needs a policy other than none")
+        fixes.append("set recompute.policy (full or selective)")
+    if layers > most:
+        wrong.append(f"must be at most the blocks of the smallest pipeline stage ({most}: the "
+                     "runtime recomputes that many of every stage)")
+        fixes.append(f"lower it to {most} or less")
+    return (f"recompute.num_layers={layers} {' and '.join(wrong)}; {', '.join(fixes)}, "
+            "or set it null for every block")
+
+
 def _offload_stage_fix(params_offloaded: bool) -> str:
     """The fix for an optimizer offload at ZeRO-0 (offload-optimizer-needs-zero)."""
     if params_offloaded:
@@ -257,10 +273,7 @@ RULES: tuple[Rule, ...] = (
         lambda t, m: (col(t, "recompute_layers") >= 0)
         & (((col(t, "recompute") == RC_NONE) & (col(t, "recompute_layers") > 0))
            | (col(t, "recompute_layers") > chunk_min(t))),
-        lambda t, i, m: f"recompute.num_layers={_int(t, 'recompute_layers', i)} must be at most "
-        f"the blocks of the smallest pipeline stage ({int(chunk_min(t)[i])}: the runtime "
-        "recomputes that many of every stage) and needs a policy other than none; lower it, "
-        "or set it null for every block",
+        lambda t, i, m: _recompute_layers_message(t, i),
     ),
     Rule(
         "pp-le-layers",

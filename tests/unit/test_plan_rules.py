@@ -40,7 +40,11 @@ def test_base_plan_is_valid() -> None:
         ({"sequence_parallel": True, "parallel": {"dp": 32, "tp": 1, "pp": 2}}, "needs parallel.tp > 1"),
         ({"offload": {"params": True}}, "needs zero_stage=3"),
         ({"offload": {"optimizer": True}, "zero_stage": 0}, "needs zero_stage >= 1"),
-        ({"recompute": {"policy": "full", "num_layers": 17}}, "recompute.num_layers=17"),
+        ({"recompute": {"policy": "full", "num_layers": 17}}, "recompute.num_layers=17 must "
+         "be at most the blocks of the smallest pipeline stage (16: the runtime recomputes that "
+         "many of every stage); lower it to 16 or less, or set it null"),
+        ({"recompute": {"policy": "none", "num_layers": 2}}, "recompute.num_layers=2 needs a "
+         "policy other than none; set recompute.policy (full or selective), or set it null"),
         ({"parallel": {"dp": 4, "tp": 4, "pp": 2, "cp": 2}, "model": "llama-3-8b",
           "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 64}}, None),
         ({"pipeline": {"layers_per_stage": [10, 20]}}, "summing to 30"),
