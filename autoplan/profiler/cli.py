@@ -102,10 +102,11 @@ def _request(args: argparse.Namespace) -> _Request:
     check_base_device(base_ref, load_profile(base_ref, "--base"), here)
     base_path = resources.find(resources.PROFILES, base_ref) if resources.is_name(base_ref) \
         else Path(base_ref)
-    name = args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured")
+    # the name is how --cluster finds the profile again, whether or not --out places it
+    name = resources.safe_name(
+        args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured"), "--name")
     out = Path(args.out) if args.out is not None else (
-        resources.default_write_dir(resources.PROFILES)
-        / f"{resources.safe_name(name, '--name')}.yaml")
+        resources.default_write_dir(resources.PROFILES) / f"{name}.yaml")
     fsutil.check_file_target(out, force=args.force)  # before minutes of measuring
     # on CUDA one rank per GPU: refused here, not by a rank's set_device after the measuring
     most = torch.cuda.device_count() if use_cuda else 8

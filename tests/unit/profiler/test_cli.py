@@ -36,6 +36,16 @@ def test_more_ranks_than_gpus_is_refused_before_measuring(monkeypatch, tmp_path,
     assert not out.exists()
 
 
+def test_a_name_that_is_no_plain_file_name_is_refused_with_out_too(monkeypatch, tmp_path,
+                                                                     capsys) -> None:
+    """`--name "bad name/x" --out x.yaml` wrote a profile by a name --cluster cannot find."""
+    monkeypatch.setattr(cli, "_measure", lambda *_: pytest.fail("measured before refusing"))
+    out = tmp_path / "x.yaml"
+    assert main(["profile", "--name", "bad name/x", "--out", str(out)]) == 2
+    assert "--name: 'bad name/x' is not a plain file name" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def _measured() -> cli._Measured:
     """Made-up measurements, each distinct from cpu-gloo's figures."""
     rows = [[1024.0, 3e-4], [65536.0, 4e-4], [4194304.0, 5e-3]]
