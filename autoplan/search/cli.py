@@ -22,6 +22,7 @@ from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan_args import resolve_model
+from autoplan.search.batch_range import check_batch_range
 from autoplan.search.engine import (
     SAMPLERS,
     GpuType,
@@ -142,6 +143,7 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
             args.runtime, on_cpu=profile.is_cpu),
         global_batch_size_max=gbs_max if gbs_max != gbs else None,
         types=types if len(types) > 1 else ())
+    check_batch_range(req.space, req.gpu_counts, req.batch)  # before --out is locked
     if len(types) == 1:
         return dataclasses.replace(req, gpu_counts=types[0].gpu_counts, profile_ref=types[0].ref)
     precisions = {t.ref: s.space.precision for t, s in zip(types, type_requests(req),

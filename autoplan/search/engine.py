@@ -19,6 +19,7 @@ from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
+from autoplan.search.batch_range import check_batch_range
 from autoplan.search.ranking import rank
 from autoplan.search.scoring import Context, Scored, score_table
 from autoplan.search.space import MAX_ROWS, enumerate_space, joint_rows
@@ -271,8 +272,10 @@ def type_requests(req: SearchRequest) -> list[SearchRequest]:
 
 def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
     """Search the space and rank the result (never raises for an infeasible outcome). With
-    several GPU types each is searched alone and the rows ranked together."""
+    several GPU types each is searched alone and the rows ranked together. A batch range no
+    layout can take is refused (ConfigError) before any scoring."""
     t0 = time.perf_counter()
+    check_batch_range(req.space, req.gpu_counts, req.batch)  # every type's counts together
     subs = type_requests(req)
     clusters = tuple(r.profile_ref for r in subs)
     parts, total, samplers = [], 0, []

@@ -36,9 +36,10 @@ from autoplan.search_space import SearchSpace
 
 log = logging.getLogger(__name__)
 
-REASON_KEYS = ("world-size", *RULE_KEYS, "duplicate", "precision-unsupported",
+REASON_KEYS = ("world-size", "batch-range", *RULE_KEYS, "duplicate", "precision-unsupported",
                "runtime-unsupported", *MISS_KEYS)
-"""Every way a candidate can fail, in the order it is checked."""
+"""Every way a candidate can fail, in the order it is checked. batch-range: a sampled layout
+whose dp takes no size of the --global-batch-size range (the exhaustive search lists none)."""
 _UNEVEN_EXEMPT = RULE_KEYS.index("pp-vpp-divides-layers")
 
 

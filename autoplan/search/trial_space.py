@@ -69,7 +69,8 @@ def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
 
 
 def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
-    """The trial's layout; None when tp * pp * cp cannot fill the chosen GPU count."""
+    """The trial's layout; None when tp * pp * cp cannot fill the chosen GPU count. Its gbs
+    is None where a batch range holds no size for its dp (pick_batch)."""
     sp, par = req.space, req.space.parallel
     n = _pick(trial, "num_gpus", req.gpu_counts)
     tp, pp, cp = (_pick(trial, k, getattr(par, k)) for k in ("tp", "pp", "cp"))
@@ -111,17 +112,21 @@ def _batch_choices(space: SearchSpace, gpu_counts: tuple[int, ...], lo: int, hi:
     return sorted({g for d in dps.tolist() for g in batch_sizes(lo, hi, int(d))}) or [lo]
 
 
-def pick_batch(trial: Trial, req: SearchRequest, dp: int) -> int:
+def pick_batch(trial: Trial, req: SearchRequest, dp: int) -> int | None:
     """The trial's global batch size: the request's one size, or for a range the size of this
     layout's own list (space.batch_sizes(lo, hi, dp), the sizes the exhaustive search lists for
     it) nearest in log2 to the one the sampler suggests from the fixed list of all of them
-    (ties to the larger). Every trial gets a size its dp can take; the sampler's distribution
+    (ties to the larger). Every trial gets a size its dp can take, or None where the range
+    holds none for this dp (96..100 at dp 8: the exhaustive search lists no plan of that
+    layout, and `evaluate` rejects the trial as "batch-range"); the sampler's distribution
     stays the same from trial to trial, so TPE models neighbouring sizes."""
     lo, hi = req.batch
     if lo == hi:
         return lo
     wanted = _pick(trial, "gbs", _batch_choices(req.space, req.gpu_counts, lo, hi))
     own = batch_sizes(lo, hi, max(dp, 1))
+    if not own:
+        return None
     return min(own, key=lambda g: (abs(np.log2(g / wanted)), -g))
 
 
@@ -164,9 +169,12 @@ def variants(layout: dict[str, Any], req: SearchRequest) -> dict[str, np.ndarray
 
 def evaluate(layout: dict[str, Any] | None, req: SearchRequest) -> dict[str, Any]:
     """Score a layout's variants; the record stored on the trial (plain JSON values): the
-    fastest variant that fits, else the nearest miss, else the rule most variants break."""
+    fastest variant that fits, else the nearest miss, else the rule most variants break (or
+    world-size / batch-range for a layout with no GPU count or batch size to score)."""
     if layout is None:
         return {"rejected": "world-size", "layout": None}
+    if layout["gbs"] is None:  # the batch range holds no size for its dp (pick_batch)
+        return {"rejected": "batch-range", "layout": layout}
     table = variants(layout, req)
     scored = score_table(table, req.context())
     if scored.n == 0:
