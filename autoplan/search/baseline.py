@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import numpy as np
 import yaml
 
 from autoplan.display import sig
@@ -129,12 +130,7 @@ def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> l
         return []  # gains in tokens/s explain a throughput ranking, not a GPU-count one
     best = shown[0].row
     band = best.get("band") if isinstance(best.get("band"), float) else None
-    lines = []
-    other = next((s for s in shown[1:] if any(s.row[k] != best[k] for k in LAYOUT)), None)
-    if other is not None:
-        lines.append(f"why this plan: against the next different layout (#{other.rank}, "
-                     f"{layout_text(other.row)}, step {sig(other.row['step_s'])} s) "
-                     f"{gain_text(best['tokens_per_s'], other.row['tokens_per_s'], band)}")
+    lines = [next_layout_line(result, best, band)]
     try:
         # priced as the winner runs: its GPU type, GPU count and (from a range) global batch
         base = score_baseline(result, int(best["num_gpus"]), int(best["gbs"]) if "gbs" in best
@@ -153,6 +149,39 @@ def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> l
             lines.append(f"the {base.name} ({base.layout}) does not fit {here}: "
                          f"{'; '.join(base.reasons[:2])}")
     return lines
+
+
+def next_layout(result: SearchResult) -> tuple[int, int] | None:
+    """(rank from 1, scored row) of the best-ranked feasible plan whose layout (LAYOUT) differs
+    from the winner's, among every ranked plan rather than the --top shown (a GPU-count range
+    scored count by count ranks the rows it kept); None when every feasible plan shares the
+    winner's layout."""
+    order, c = result.order, result.scored.cols
+    if not len(order):
+        return None
+    differs = np.zeros(len(order), dtype=bool)
+    for k in LAYOUT:
+        differs |= c[k][order] != c[k][order[0]]
+    at = np.flatnonzero(differs)
+    return (int(at[0]) + 1, int(order[at[0]])) if len(at) else None
+
+
+def next_layout_line(result: SearchResult, best: dict[str, Any], band: float | None) -> str:
+    """The winner against the next different layout in the whole ranking, or the truth that
+    every feasible plan shares its layout."""
+    found = next_layout(result)
+    if found is None:
+        plans = len(result.order)
+        return (f"why this plan: the only feasible layout ({layout_text(best)}"
+                + (f"; its {plans:,} feasible plans differ in the other knobs)" if plans > 1
+                   else ")"))
+    rank, i = found
+    c = result.scored.cols
+    other = {k: int(c[k][i]) for k in ("dp", "tp", "pp", "cp")}
+    step, tokens = float(c["time_step"][i]), float(c["tokens_per_s"][i])
+    return (f"why this plan: against the next different layout (#{rank}, "
+            f"{layout_text(other)}, step {sig(step)} s) "
+            f"{gain_text(best['tokens_per_s'], tokens, band)}")
 
 
 def where_text(req: SearchRequest, best: dict[str, Any]) -> str:

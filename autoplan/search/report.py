@@ -173,9 +173,9 @@ def page(result: SearchResult, top: int, plt: Any) -> str:
     labels = [label.replace(f"zero{s.zeros[0]}", f"zero{zero_cell(s)}") for label, s in
               zip(rp.plan_labels(result, rows, [s.rank for s in shown]), shown, strict=True)]
     why = why_lines(result, {}, shown)
-    parts += ["<h2>Why this plan</h2>", "".join(f"<p>{esc(w)}</p>" for w in why) or
-              "<p>Only one layout is feasible.</p>",
-              "<h2>Ranked plans</h2>", ranked_html(result, shown),
+    if why:  # the same lines as under the terminal's table (a throughput or latency ranking)
+        parts += ["<h2>Why this plan</h2>", "".join(f"<p>{esc(w)}</p>" for w in why)]
+    parts += ["<h2>Ranked plans</h2>", ranked_html(result, shown),
               "<h2>Pareto front</h2>",
               f"<img alt='Pareto front' src='{rp.pareto_figure(plt, result)}'>",
               "<h2>Memory per GPU</h2>",
