@@ -291,7 +291,26 @@ def search_command(args: argparse.Namespace) -> int:
         emit(args, shown, table)
         if result.best is None:
             raise NoFeasiblePlanError(infeasible_line(data))
+    note = trials_note(args, req)
+    if note:  # last, so that a search that fails still says one line
+        sys.stderr.write(f"autoplan search: note: {note}\n")
     return 0
+
+
+def trials_note(args: argparse.Namespace, req: SearchRequest) -> str | None:
+    """Why --trials went unused when no --sampler was given and the space is small enough to
+    score whole (the default sampler is then exhaustive); None when it was used. With --storage
+    the search refuses the pair in one line of its own."""
+    if args.trials is None or args.sampler is not None or args.storage is not None:
+        return None
+    subs = type_requests(req)
+    whole = [sub.profile_ref for sub in subs if sub.pick_sampler() == "exhaustive"]
+    if not whole:
+        return None
+    where = f" for {', '.join(whole)}" if len(whole) < len(subs) else ""
+    return (f"--trials {args.trials} was ignored{where}: the space is small enough to score "
+            "every candidate (the exhaustive sampler); add --sampler tpe, nsga2 or random to "
+            f"sample {args.trials} trials")
 
 
 def report_dir(args: argparse.Namespace) -> str | None:
