@@ -173,6 +173,17 @@ def _model_args(m: ModelSpec) -> list[str]:
     return a
 
 
+def _rope_note(m: ModelSpec) -> list[str]:
+    """The RoPE base to set, as a comment: a model spec carries none (autoplan's runtime rotates
+    by theta 10000, runtime/models/layers.ROPE_THETA), so the script leaves Megatron's
+    --rotary-base at its default, 10000, rather than write one it does not know."""
+    if m.position != PositionKind.ROPE:
+        return []
+    return ["# RoPE base: autoplan's model spec has none, so Megatron's --rotary-base default "
+            "(10000, Llama 2's) applies;",
+            "# append --rotary-base THETA for this model's (Llama 3's is 500000)."]
+
+
 def _environment(plan: Plan) -> list[str]:
     """CUDA_DEVICE_MAX_CONNECTIONS as validate_args wants it: Megatron-FSDP asserts it is not 1
     (its user guide: unset it); tensor or context parallelism asserts it is 1 before Blackwell
@@ -214,6 +225,7 @@ class MegatronTarget(ExportTarget):
                 "`autoplan export --to megatron`.",
                 "# NullTokenizer adds one EOD token to --vocab-size, so the model has the plan's "
                 f"vocabulary ({model.vocab_size}).",
+                *_rope_note(model),
                 "# Append data, tokenizer and optimizer flags as arguments to this script:",
                 f"# bash {shlex.quote(opts.out) if opts.out else 'megatron_args.sh'} "
                 "--data-path ... --tokenizer-type ... (run from the Megatron-LM checkout"
