@@ -133,7 +133,7 @@ def price_for_target(plan, model, target: str, torchtitan_format: str = "toml",
 
     est = estimate_plan(plan, cluster, model=model,
                         runtime=target_runtime(target, torchtitan_format))
-    line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s +- {est.error_band:.0%}, "
+    line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s ± {est.error_band:.0%}, "
             f"{est.memory['total'] / 2**30:.1f} GiB per GPU")
     if not est.feasible:  # memory it lacks, or a feature it lacks: the reasons say which
         line += f"; {est.runtime} cannot run it as planned: {'; '.join(est.reasons)}"
