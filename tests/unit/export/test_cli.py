@@ -113,9 +113,14 @@ def test_imported_megatron_launch_can_be_estimated(tmp_path: Path, capsys):
         str(out),
     ]
     assert main(argv) == 0
-    capsys.readouterr()
+    # the plan records no engine: the import says how to price it as Megatron-LM runs it
+    assert (f"price it as megatron runs it: autoplan estimate --plan {out} --runtime megatron"
+            in capsys.readouterr().err)
     assert main(["estimate", "--plan", str(out), "--format", "json"]) == 0
-    assert "feasible" in json.loads(capsys.readouterr().out)
+    assert json.loads(capsys.readouterr().out)["runtime"].startswith("autoplan")
+    assert main(["estimate", "--plan", str(out), "--runtime", "megatron", "--format",
+                 "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runtime"] == "megatron"
 
 
 def test_import_set_edits_what_the_config_cannot_say(tmp_path: Path, capsys):
