@@ -233,9 +233,8 @@ def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
     # expert degrees only where some row has experts split (a dense model's are all 1)
     cols = [c for c in cols if c[0] not in EXPERT_KNOBS
             or any(int(s.row.get(c[0], 1)) > 1 for s in shown)]
-    if wide:
-        cols = [c for c in cols if (c[0] != "num_gpus" or multi)
-                and c[0] not in ("precision", "attention")]
+    if wide:  # every column, the knobs that tell rows apart (precision, attention) too
+        cols = [c for c in cols if c[0] != "num_gpus" or multi]
         return cols, [], []
     shared: list[str] = []
     keep: list[Cell] = []

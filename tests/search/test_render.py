@@ -99,6 +99,8 @@ def test_narrow_layout_hoists_shared_knobs_and_wide_keeps_every_column() -> None
     table, shared, dropped = ranked_table(shown, "t", ["throughput"], wide=True)
     assert shared == [] and dropped == []
     assert {"zero", "recompute", "dominant", "offload"} <= {c.header for c in table.columns}
+    # rows differing only in attention (eager vs flash) looked identical without these
+    assert {"precision", "attention"} <= {c.header for c in table.columns}
 
 
 def test_a_gpu_count_search_names_the_count_its_plans_share() -> None:
