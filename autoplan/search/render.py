@@ -145,6 +145,15 @@ def figure_cell(r: dict[str, Any], key: str, fmt: str) -> str:
     return format(v, fmt) if isinstance(v, float) and math.isfinite(v) else "-"
 
 
+def days_cell(r: dict[str, Any]) -> str:
+    """Days to train: one decimal, two significant digits below a tenth (a short run read
+    as "0.0" days)."""
+    v = r.get("days")
+    if isinstance(v, float) and math.isfinite(v) and 0 < v < 0.1:
+        return f"{v:.2g}"
+    return figure_cell(r, "days", ".1f")
+
+
 # (key, wide header, narrow header, right-aligned, cell)
 Cell = tuple[str, str, str, bool, Any]
 COLUMNS: list[Cell] = [
@@ -173,7 +182,7 @@ COLUMNS: list[Cell] = [
     ("dominant", "dominant", "biggest", False,
      lambda s, w: s.row["dominant"] if w else DOMINANT_SHORT.get(s.row["dominant"],
                                                                   s.row["dominant"])),
-    ("days", "days", "days", True, lambda s, w: figure_cell(s.row, "days", ".1f")),
+    ("days", "days", "days", True, lambda s, w: days_cell(s.row)),
     ("gpu_hours", "GPU-h", "GPU-h", True, lambda s, w: f"{s.row['gpu_hours']:,.0f}"),
     ("usd", "USD", "USD", True, lambda s, w: figure_cell(s.row, "usd", ",.0f")),
 ]

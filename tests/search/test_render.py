@@ -16,6 +16,7 @@ import yaml
 from autoplan.display import column, count, rounded, sig
 from autoplan.search.render import (
     collapse,
+    days_cell,
     legend,
     mem_cell,
     ranked_table,
@@ -207,3 +208,10 @@ def test_the_published_recipe_is_priced_in_the_winners_precision() -> None:
     assert bf16 is not None and fp8 is not None
     assert bf16.layout.endswith(" bf16") and fp8.layout.endswith(" fp8")
     assert fp8.step_s < bf16.step_s
+
+
+def test_a_short_run_s_days_keep_two_significant_digits() -> None:
+    """1e9 tokens on 16 A100s read 'days 0.0'."""
+    assert days_cell({"days": 0.0432}) == "0.043"
+    assert days_cell({"days": 12.34}) == "12.3"
+    assert days_cell({}) == "-"
