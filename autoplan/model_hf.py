@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import (
+    DEFAULT_ROPE_THETA,
+    MlpKind,
+    ModelSpec,
+    NormKind,
+    PositionKind,
+)
 from autoplan.yaml_io import load_json_text, show
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,9 @@ GATE_ACTIVATIONS = {
     "gelu_pytorch_tanh": MlpKind.GEGLU, "gelu_python": MlpKind.GEGLU,
 }
 """The gate's activation of a Llama-style MLP: SiLU is SwiGLU, any GELU is GeGLU (Gemma)."""
+ROPE_THETA_BY_DEFAULT = {"mixtral": 1e6, "gpt_oss": 150000.0}
+"""`rope_theta` when the file leaves it out, where the family's HF config class does not default
+to 10000 (MixtralConfig: 1e6; GptOssConfig: 150000)."""
 DEFAULT_SEQ_LEN = 8192
 """Training sequence length when the config does not state the pre-training context: Llama 3 /
 3.1 (Dubey et al. 2024, sec. 3.4), Gemma 2 (Gemma Team 2024, sec. 3) and Mistral 7B pre-train
@@ -105,6 +115,23 @@ def _warn_capped(path: str, longest: int) -> None:
                 "(pass --seq-len to change)", path, longest, DEFAULT_SEQ_LEN)
 
 
+def _rope_theta(cfg: dict[str, Any], where: str, kind: str) -> float:
+    """The RoPE base: `rope_theta` (GPT-NeoX's older files: `rotary_emb_base`; transformers 5:
+    `rope_parameters.rope_theta`), else the family's default. rope_scaling is not read."""
+    params = cfg.get("rope_parameters")
+    found = [(f"{where} {name}", value) for name, value in (
+        ("rope_theta", cfg.get("rope_theta")), ("rotary_emb_base", cfg.get("rotary_emb_base")),
+        ("rope_parameters.rope_theta",
+         params.get("rope_theta") if isinstance(params, dict) else None)) if value is not None]
+    if not found:
+        return ROPE_THETA_BY_DEFAULT.get(kind, DEFAULT_ROPE_THETA)
+    key, value = found[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ConfigError(key, f"got {show(value)}", "expected a positive number")
+    return float(value)
+
+
 def _gated_mlp(cfg: dict[str, Any], where: str) -> MlpKind:
     key = "hidden_activation" if cfg.get("hidden_activation") is not None else "hidden_act"
     act = cfg.get(key, "silu")
@@ -126,7 +153,7 @@ def _llama_like(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelS
         ffn_hidden_size=_int(cfg, where, "intermediate_size"),
         vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
         mlp=_gated_mlp(cfg, where), norm=NormKind.RMSNORM, position=PositionKind.ROPE,
-        bias=False,
+        bias=False, rope_theta=_rope_theta(cfg, where, kind),
         tie_embeddings=_bool(cfg, where, "tie_word_embeddings", TIED_BY_DEFAULT.get(kind, False)),
     )
 
@@ -154,7 +181,7 @@ def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
             num_heads=_int(cfg, where, "num_attention_heads"),
             ffn_hidden_size=_int(cfg, where, "intermediate_size"),
             vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
-            position=PositionKind.ROPE,
+            position=PositionKind.ROPE, rope_theta=_rope_theta(cfg, where, kind),
             tie_embeddings=_bool(cfg, where, "tie_word_embeddings", False),
         )
     return _llama_like(cfg, where, name, kind)

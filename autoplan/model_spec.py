@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ MAX_SIZE = {
 """Largest value of each size field. Far past any published model (Llama 3.1 405B: 126 layers,
 h 16384, ffn 53248, vocab 128256) yet small enough that the products the cost model forms
 (V*h and L*h*ffn in int64, s^2*h*L*B in float64) cannot overflow."""
+DEFAULT_ROPE_THETA = 10000.0
+"""RoPE base of Su et al. 2021 (RoFormer) and Llama 2, and Megatron's --rotary-base default."""
+MAX_ROPE_THETA = 1e9
+"""Largest rope_theta: past any published base (Llama 3: 5e5; Qwen2.5-1M: 1e7)."""
 
 class NormKind(str, enum.Enum):
     LAYERNORM = "layernorm"
@@ -92,6 +97,10 @@ class ModelSpec:
     RMSNorms, shares the embedding and the output head, and adds a cross-entropy loss on the
     last pipeline stage. Its parameters are counted apart from the main model's
     (cost.params.mtp_params). 0: none."""
+    rope_theta: float = DEFAULT_ROPE_THETA
+    """RoPE base: position p rotates pair i by p * theta^(-2i/d) (Su et al. 2021; HF
+    `rope_theta`, Megatron --rotary-base). Llama 2: 10000, Llama 3: 500000. Only with position
+    rope; no rope_scaling (Llama 3.1's "llama3", DeepSeek-V3's YaRN) is modelled."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isprintable() or not self.name.strip():
@@ -126,6 +135,8 @@ class ModelSpec:
                               f"choose fewer than num_layers={self.num_layers}, or drop moe")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
+        _check_rope_theta(self.rope_theta, self.position)
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
         assert self.num_kv_heads is not None
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
@@ -174,6 +185,24 @@ def _positive(field: str, value: Any) -> None:
         raise ConfigError(field, f"got {show(value)}", f"expected at most 2**{high.bit_length() - 1}")
 
 
+def _check_rope_theta(theta: Any, position: PositionKind) -> None:
+    if (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta)
+            or not 0.0 < theta <= MAX_ROPE_THETA):
+        raise ConfigError("model.rope_theta", f"got {show(theta)}",
+                          f"expected a number in (0, {MAX_ROPE_THETA:g}]")
+    if theta != DEFAULT_ROPE_THETA and position != PositionKind.ROPE:
+        raise ConfigError("model.rope_theta", f"{theta:g} with position="
+                          f"{getattr(position, 'value', position)}",
+                          "set position: rope, or drop rope_theta")
+
+
+def model_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved ModelSpec mapping (yaml_io.to_dict) without rope_theta at its default, so that
+    model files, plans, checkpoints and studies written before the field read back the same."""
+    return {k: v for k, v in data.items()
+            if not (k == "rope_theta" and v == DEFAULT_ROPE_THETA)}
+
+
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     # GPT-3 (Brown et al. 2020, Table 2.1): GPT-2 architecture, 2048 context, 50257 BPE tokens,
     # dense attention everywhere (we ignore the alternating sparse layers), tied embeddings.
@@ -184,12 +213,14 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 
 def _llama(
-    name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int
+    name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int,
+    rope_theta: float = DEFAULT_ROPE_THETA,
 ) -> ModelSpec:
     return ModelSpec(
         name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
         ffn_hidden_size=ffn, vocab_size=vocab, seq_len=seq, mlp=MlpKind.SWIGLU,
         norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=False, tie_embeddings=False,
+        rope_theta=rope_theta,
     )
 
 
@@ -207,17 +238,22 @@ PRESETS: dict[str, ModelSpec] = {
         # Table 2.1 lists d_model 5140 with 40 heads of 128; 5120 = 40 * 128 is the usual reading.
         _gpt3("gpt3-13b", 40, 5120, 40),
         _gpt3("gpt3-175b", 96, 12288, 96),
-        # Llama 2 (Touvron et al. 2023, Table 1 and the released params.json / config.json).
+        # Llama 2 (Touvron et al. 2023, Table 1 and the released params.json / config.json);
+        # config.json "rope_theta": 10000.0, the default.
         _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
         _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
         _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-        # Llama 3 / 3.1 (Dubey et al. 2024, Table 3); 8192-token pre-training sequences.
-        _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-        _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-        _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-        _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-        _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        # Llama 3 / 3.1 (Dubey et al. 2024, Table 3: "RoPE theta 500,000"; meta-llama/Meta-Llama-3-8B
+        # and Llama-3.1-8B config.json "rope_theta": 500000.0); 8192-token pre-training sequences.
+        # Llama 3.1's rope_scaling ("llama3", factor 8, for its 128K stage) is not modelled.
+        _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+        _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+        _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+        _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+        _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
         # Mistral 7B (Jiang et al. 2023, Table 1); sliding-window attention is not modelled.
+        # mistralai/Mistral-7B-v0.1 config.json "rope_theta": 10000.0 (v0.3's 1e6 is another
+        # model: vocabulary 32768).
         _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 8192),
         # Tiny models for CPU runs and tests: byte-level vocabulary.
         ModelSpec(

@@ -207,8 +207,9 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
 
     def moe(name: str, layers: int, hidden: int, heads: int, kv: int, vocab: int, seq: int,
             spec: MoESpec, ffn: int | None = None, head_dim: int | None = None,
-            bias: bool = False, mla: MLASpec | None = None, mtp_layers: int = 0) -> ModelSpec:
-        return ModelSpec(mtp_layers=mtp_layers,
+            bias: bool = False, mla: MLASpec | None = None, mtp_layers: int = 0,
+            rope_theta: float = 10000.0) -> ModelSpec:
+        return ModelSpec(mtp_layers=mtp_layers, rope_theta=rope_theta,
             name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
             ffn_hidden_size=ffn or spec.expert_ffn_hidden_size, vocab_size=vocab, seq_len=seq,
             mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=bias,
@@ -217,23 +218,25 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
     return [
         # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json: hidden 4096,
         # intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab 32000, 8 local experts,
-        # top-2; 46.7B total / 12.9B active (Jiang et al. 2024, "Mixtral of Experts" §2).
-        moe("mixtral-8x7b", 32, 4096, 32, 8, 32000, 4096, MoESpec(8, 2, 14336)),
+        # top-2, "rope_theta": 1e6; 46.7B total / 12.9B active (Jiang et al. 2024, "Mixtral of
+        # Experts" §2).
+        moe("mixtral-8x7b", 32, 4096, 32, 8, 32000, 4096, MoESpec(8, 2, 14336), rope_theta=1e6),
         # huggingface.co/mistralai/Mixtral-8x22B-v0.1/blob/main/config.json: hidden 6144,
-        # intermediate 16384, 56 layers, 48 heads, 8 KV heads, vocab 32768; 141B / 39B active
-        # (mistral.ai/news/mixtral-8x22b).
-        moe("mixtral-8x22b", 56, 6144, 48, 8, 32768, 4096, MoESpec(8, 2, 16384)),
+        # intermediate 16384, 56 layers, 48 heads, 8 KV heads, vocab 32768, "rope_theta": 1e6;
+        # 141B / 39B active (mistral.ai/news/mixtral-8x22b).
+        moe("mixtral-8x22b", 56, 6144, 48, 8, 32768, 4096, MoESpec(8, 2, 16384), rope_theta=1e6),
         # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: hidden 2048, 48 layers, 32
         # heads of 128, 4 KV heads, 128 experts of 768, top-8, vocab 151936, no dense layers
-        # (mlp_only_layers []); 30.5B / 3.3B active (model card: the count with both embedding
+        # (mlp_only_layers []), "rope_theta": 1000000; 30.5B / 3.3B active (model card: the count with both embedding
         # tables, 3.353B, cut to two digits). Pre-training context 4096
         # for most tokens (Qwen3 technical report §3.2, stage S1/S2).
         moe("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 4096, MoESpec(128, 8, 768),
-            ffn=6144, head_dim=128),
+            ffn=6144, head_dim=128, rope_theta=1e6),
         # huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json: hidden 4096, 94 layers,
-        # 64 heads of 128, 4 KV heads, 128 experts of 1536, top-8; 235B / 22B active.
+        # 64 heads of 128, 4 KV heads, 128 experts of 1536, top-8, "rope_theta": 1000000;
+        # 235B / 22B active.
         moe("qwen3-235b-a22b", 94, 4096, 64, 4, 151936, 4096, MoESpec(128, 8, 1536),
-            ffn=12288, head_dim=128),
+            ffn=12288, head_dim=128, rope_theta=1e6),
         # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json: hidden 7168, 61 layers
         # (first_k_dense_replace 3, dense intermediate 18432), 128 heads, MLA (q_lora_rank 1536,
         # kv_lora_rank 512, qk_rope 64, qk_nope 128, v 128), 256 routed experts of 2048 + 1
@@ -245,6 +248,7 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # pre-training sequences). head_dim 160 = (192 + 128) / 2, the attention core's width.
         # "num_nextn_predict_layers": 1, one multi-token-prediction module (report §2.2, D = 1;
         # README_WEIGHTS.md: 11.5B unique parameters besides the shared embedding and head).
+        # "rope_theta": 10000, the default (its YaRN rope_scaling, factor 40, is not modelled).
         moe("deepseek-v3", 61, 7168, 128, 128, 129280, 4096,
             MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3,
                     router_aux_free=True, route_groups=8, route_groups_per_token=4,
@@ -255,9 +259,10 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # heads of 64, 8 KV heads, 128 experts of 2880, top-4, attention and expert biases,
         # vocab 201088 (o200k_harmony); 116.8B / 5.13B active (gpt-oss model card, Table 1,
         # active counting the unembedding but not the embedding). Alternating sliding-window
-        # layers and attention sinks are not modelled.
+        # layers and attention sinks are not modelled. "rope_theta": 150000 (its YaRN
+        # rope_scaling, factor 32, is not modelled).
         moe("gpt-oss-120b", 36, 2880, 64, 8, 201088, 4096, MoESpec(128, 4, 2880),
-            head_dim=64, bias=True),
+            head_dim=64, bias=True, rope_theta=150000.0),
         # CPU tests: 4 blocks, the first dense, 8 experts of 128, top-2, byte vocabulary.
         moe("tiny-moe", 4, 64, 4, 4, 256, 64, MoESpec(8, 2, 128, first_dense_layers=1),
             ffn=128),

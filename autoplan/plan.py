@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import ModelSpec, load_model
+from autoplan.model_spec import ModelSpec, load_model, model_dict
 from autoplan.moe_spec import moe_dict
 from autoplan.yaml_io import (
     SCHEMA_VERSION,
@@ -340,6 +340,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 out["model"].pop(key, None)
         if out["model"].get("mtp_layers") == 0:  # models without MTP read as before
             out["model"].pop("mtp_layers")
+        out["model"] = model_dict(out["model"])  # rope_theta at its default reads as before
         if "moe" in out["model"]:  # routing fields at their defaults read as before
             out["model"]["moe"] = moe_dict(out["model"]["moe"])
     for key in ("ep", "etp"):  # plans without expert parallelism read as before

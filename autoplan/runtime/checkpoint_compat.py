@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import ModelSpec, model_dict
 from autoplan.moe_spec import moe_dict
 from autoplan.plan import Plan
 from autoplan.yaml_io import to_dict
@@ -32,7 +32,7 @@ _CAN = ("a different parallel layout (dp/tp/pp/cp, ZeRO, offload, recompute, pre
 
 
 def model_fields(spec: ModelSpec) -> dict[str, Any]:
-    out = to_dict(spec)
+    out = model_dict(to_dict(spec))  # rope_theta at its default: as saved before it
     if out.get("moe") is not None:  # routing fields at their defaults: as saved before them
         out["moe"] = moe_dict(out["moe"])
     return out

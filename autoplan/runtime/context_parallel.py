@@ -74,11 +74,12 @@ class ContextParallel:
     def positions(self, local_len: int, device: torch.device | None = None) -> torch.Tensor:
         return self.layout.positions(local_len, device)
 
-    def rope_cos_sin(self, local_len: int, head_dim: int, device: torch.device):
-        """RoPE tables of the whole sequence, rows taken at this rank's global positions."""
+    def rope_cos_sin(self, local_len: int, head_dim: int, device: torch.device, theta: float):
+        """RoPE tables (base theta) of the whole sequence, rows taken at this rank's global
+        positions."""
         from autoplan.runtime.models.layers import rope_cos_sin
 
-        cos, sin = rope_cos_sin(local_len * self.size, head_dim, device)
+        cos, sin = rope_cos_sin(local_len * self.size, head_dim, device, theta)
         pos = self.positions(local_len, device)
         return cos[pos], sin[pos]
 

@@ -76,6 +76,8 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     out = to_dict(fields)
     if req.targets.memory_slack == "median":  # the default, as before the flag: old studies resume
         out["targets"].pop("memory_slack", None)
+    if isinstance(out["model"], dict):  # no cost depends on the RoPE base: old studies resume
+        out["model"].pop("rope_theta", None)
     return json.dumps(out, sort_keys=True, default=str)
 
 

@@ -18,7 +18,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention as AttentionKind
 
-ROPE_THETA = 10000.0
 COMPUTE_DTYPES = {"fp32": torch.float32}
 """RuntimeTraits.attention_compute_dtype spellings as torch dtypes."""
 
@@ -30,11 +29,18 @@ def make_norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size, eps=1e-5, bias=spec.bias)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """cos/sin tables of shape (seq_len, head_dim/2), theta = 10000 (Su et al. 2021)."""
-    inv_freq = 1.0 / ROPE_THETA ** (
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """theta^(-2i/d) for i < d/2: the angle per position of each rotated pair (Su et al. 2021,
+    eq. 15; the model's rope_theta, Llama 3's 500000)."""
+    return 1.0 / theta ** (
         torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
     )
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device,
+                 theta: float) -> tuple[torch.Tensor, ...]:
+    """cos/sin tables of shape (seq_len, head_dim/2) at RoPE base `theta`."""
+    inv_freq = rope_inv_freq(head_dim, theta, device)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -56,6 +62,7 @@ class Attention(nn.Module):
         h, hd = spec.hidden_size, spec.head_dim
         self.head_dim = hd
         self.rope = spec.position == PositionKind.ROPE
+        self.rope_theta = spec.rope_theta
         self.wq = nn.Linear(h, spec.num_heads * hd, bias=spec.bias)
         self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
         self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
@@ -71,8 +78,8 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rope:
-            cos, sin = (rope_cos_sin(s, self.head_dim, x.device) if cp is None
-                        else cp.rope_cos_sin(s, self.head_dim, x.device))  # global positions
+            cos, sin = (rope_cos_sin(s, self.head_dim, x.device, self.rope_theta) if cp is None
+                        else cp.rope_cos_sin(s, self.head_dim, x.device, self.rope_theta))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, hd)
         out = self.core(q, k, v) if cp is None else cp.attention(q, k, v, self.core)

@@ -76,7 +76,7 @@ def test_rope_tables_are_taken_at_global_positions():
     from autoplan.runtime.models.layers import rope_cos_sin
 
     ctx = _NoGather(2, 1, None, None)
-    cos, sin = ctx.rope_cos_sin(16, 8, torch.device("cpu"))
-    full_cos, full_sin = rope_cos_sin(32, 8, torch.device("cpu"))
+    cos, sin = ctx.rope_cos_sin(16, 8, torch.device("cpu"), 500000.0)
+    full_cos, full_sin = rope_cos_sin(32, 8, torch.device("cpu"), 500000.0)
     pos = torch.cat([torch.arange(8, 16), torch.arange(16, 24)])  # chunks 1 and 2 of 4
     assert torch.equal(cos, full_cos[pos]) and torch.equal(sin, full_sin[pos])

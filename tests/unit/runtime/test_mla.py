@@ -11,12 +11,11 @@ import math
 import pytest
 
 from autoplan.cost import params
-from autoplan.model_spec import PRESETS
+from autoplan.model_spec import DEFAULT_ROPE_THETA, PRESETS
 from autoplan.moe_spec import MLASpec
 
 torch = pytest.importorskip("torch")
 
-from autoplan.runtime.models.layers import ROPE_THETA  # noqa: E402
 from autoplan.runtime.models.mla import LATENT_NORM_EPS, MultiHeadLatentAttention  # noqa: E402
 
 TINY = PRESETS["tiny-mla"]
@@ -31,7 +30,7 @@ def _rms(x, weight):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LATENT_NORM_EPS) * weight
 
 
-def _rotate(t, positions, theta=ROPE_THETA):
+def _rotate(t, positions, theta=DEFAULT_ROPE_THETA):
     """RoPE as complex multiplication of consecutive pairs (DeepSeek-V3's reference inference
     code, apply_rotary_emb): t (b, s, heads, d_R)."""
     d = t.shape[-1]
