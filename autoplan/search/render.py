@@ -374,7 +374,10 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
     width = terminal_width()
     console.width = max(width, 80)
     gpus = data["num_gpus"]
-    where = f"{gpus[0]}" if len(gpus) == 1 else f"{gpus[0]}..{gpus[-1]} ({len(gpus)} counts)"
+    # a short list reads as itself (2, 8: not "2..8", which reads as every count between)
+    where = (f"{gpus[0]}" if len(gpus) == 1
+             else f"{', '.join(map(str, gpus[:-1]))} or {gpus[-1]}" if len(gpus) <= 4
+             else f"{gpus[0]}..{gpus[-1]} ({len(gpus)} counts)")
     batches = data.get("global_batch_range")
     batch = f"{batches[0]}..{batches[1]}" if batches else f"{data['global_batch_size']}"
     console.print(
