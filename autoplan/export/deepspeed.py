@@ -26,7 +26,7 @@ from autoplan.export.base import (
     layout_reasons,
 )
 from autoplan.export.launch import check_path_word, continued, cuda_only_reasons, shell_join
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import ModelSpec, PositionKind
 from autoplan.plan import Plan, Precision, RecomputePolicy
 
 CONFIG_NAME = "ds_config.json"
@@ -170,6 +170,7 @@ class DeepSpeedTarget(ExportTarget):
                 f"# run from the Megatron-DeepSpeed checkout; the DeepSpeed config is {config}, "
                 "read from this script's folder.",
                 "# Append data, tokenizer and optimizer flags as arguments to this script.",
+                *megatron_deepspeed.rope_note(model),
             ]
             flags = megatron_deepspeed.launch_args(plan, model)
             env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1"] if plan.sequence_parallel else []
@@ -189,6 +190,10 @@ class DeepSpeedTarget(ExportTarget):
         return {CONFIG_NAME: text, "launch.sh": launch}
 
 
+def _theta(m: ModelSpec) -> str:
+    return f" (theta {m.rope_theta:g})" if m.position == PositionKind.ROPE else ""
+
+
 def model_comment(plan: Plan, model: ModelSpec) -> list[str]:
     """What the training script must build: the plan's fields DeepSpeed's config cannot hold."""
     m = model
@@ -200,7 +205,7 @@ def model_comment(plan: Plan, model: ModelSpec) -> list[str]:
     return [
         f"# the script builds model {m.name}: {m.num_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_heads} heads ({m.kv_heads} kv), ffn {m.ffn} ({m.mlp.value}),",
-        f"# {m.norm.value}, {m.position.value} positions, bias {str(m.bias).lower()}, tied "
+        f"# {m.norm.value}, {m.position.value} positions{_theta(m)}, bias {str(m.bias).lower()}, tied "
         f"embeddings {str(m.tie_embeddings).lower()}, vocab {m.vocab_size}, seq_len {m.seq_len},",
         last + ".",
     ]

@@ -52,6 +52,9 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         )
     if plan.offload.params:
         why.append("offload.params: Megatron has no parameter offload to host memory")
+    if model.position == PositionKind.ROPE and not model.rope_theta.is_integer():
+        why.append(f"model.rope_theta={model.rope_theta:g}: Megatron's --rotary-base takes an "
+                   "integer (type=int); round it")
     if plan.offload.optimizer and plan.zero_stage >= 1 \
             and plan.zero_stage not in MEGATRON_OFFLOAD_STAGES:
         # the rule the megatron runtime traits price and search by (one rule set); at ZeRO-0
@@ -165,23 +168,14 @@ def _model_args(m: ModelSpec) -> list[str]:
         "--position-embedding-type "
         + ("rope" if m.position == PositionKind.ROPE else "learned_absolute")
     )
+    if m.position == PositionKind.ROPE:  # the base, whatever Megatron's default (10000)
+        a.append(f"--rotary-base {int(m.rope_theta)}")
     if not m.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if not m.bias:
         a.append("--disable-bias-linear")
     a += ["--tokenizer-type NullTokenizer", f"--vocab-size {m.vocab_size - NULL_TOKENIZER_EXTRA}"]
     return a
-
-
-def _rope_note(m: ModelSpec) -> list[str]:
-    """The RoPE base to set, as a comment: a model spec carries none (autoplan's runtime rotates
-    by theta 10000, runtime/models/layers.ROPE_THETA), so the script leaves Megatron's
-    --rotary-base at its default, 10000, rather than write one it does not know."""
-    if m.position != PositionKind.ROPE:
-        return []
-    return ["# RoPE base: autoplan's model spec has none, so Megatron's --rotary-base default "
-            "(10000, Llama 2's) applies;",
-            "# append --rotary-base THETA for this model's (Llama 3's is 500000)."]
 
 
 def _environment(plan: Plan) -> list[str]:
@@ -225,7 +219,6 @@ class MegatronTarget(ExportTarget):
                 "`autoplan export --to megatron`.",
                 "# NullTokenizer adds one EOD token to --vocab-size, so the model has the plan's "
                 f"vocabulary ({model.vocab_size}).",
-                *_rope_note(model),
                 "# Append data, tokenizer and optimizer flags as arguments to this script:",
                 f"# bash {shlex.quote(opts.out) if opts.out else 'megatron_args.sh'} "
                 "--data-path ... --tokenizer-type ... (run from the Megatron-LM checkout"

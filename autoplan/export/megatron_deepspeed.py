@@ -113,6 +113,16 @@ def launch_args(plan: Plan, model: ModelSpec) -> list[str]:
     return a + ["--deepspeed", f"--zero-stage {plan.zero_stage}"]
 
 
+def rope_note(m: ModelSpec) -> list[str]:
+    """The RoPE base, as a comment: the fork's flag for it is not among the pinned ones this
+    export checks (tests/data/export/megatron_deepspeed_flags.yaml), so none is written."""
+    if m.position != PositionKind.ROPE:
+        return []
+    return [f"# RoPE base: model {m.name} rotates by theta {m.rope_theta:g}; no flag for it is "
+            "written (this fork's is not checked):",
+            "# make sure Megatron-DeepSpeed's rotary embedding uses that base."]
+
+
 def _model_args(m: ModelSpec) -> list[str]:
     a = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
          f"--ffn-hidden-size {m.ffn}", f"--num-attention-heads {m.num_heads}"]

@@ -71,6 +71,7 @@ READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS) | frozenset({
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
     "--num-query-groups", "--seq-length", "--vocab-size", "--tokenizer-type",
     "--make-vocab-size-divisible-by", "--normalization", "--position-embedding-type",
+    "--rotary-base",
     "--attention-dropout", "--hidden-dropout", "--micro-batch-size", "--global-batch-size",
     "--optimizer", "--optimizer-offload-fraction", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--recompute-modules", "--cp-comm-type", "--fp8-format",
@@ -230,6 +231,7 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "mlp": "swiglu" if swiglu else "gelu",
         "norm": NORMALIZATIONS[str(choice(f, "--normalization", NORMALIZATIONS, "LayerNorm"))],
         "position": _position(f),
+        **_rope_theta(f),
         "bias": not f.has("--disable-bias-linear"),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "dropout": hidden_drop,
@@ -248,6 +250,14 @@ def _position(f: Flags) -> str:
             "autoplan models learned_absolute or rope",
         )
     return "rope" if kind == "rope" else "learned"
+
+
+def _rope_theta(f: Flags) -> dict[str, Any]:
+    """rope_theta from --rotary-base (Megatron's default 10000) for a RoPE model; a learned-
+    position model ignores the flag, as Megatron's embedding does."""
+    if _position(f) != "rope":
+        return {}
+    return {"rope_theta": float(f.integer("--rotary-base", 10000) or 0)}
 
 
 def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:

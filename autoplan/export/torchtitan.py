@@ -34,6 +34,9 @@ FLAVORS = {
 }
 """torchtitan's Llama 3 flavors (torchtitan/models/llama3/__init__.py); 1B/3B exist from 0.3 and
 tie the output head to the embedding (enable_weight_tying=True), as Llama 3.2 does."""
+FLAVOR_ROPE_THETA = 500000.0
+"""The RoPE base of every Llama 3 flavor (torchtitan's rope theta 500000, Llama 3's): a model of
+a flavor's shape at another base is defined at its own shape (Python) or refused (TOML)."""
 TOML_FLAVORS = ("8B", "70B", "405B")
 PYTHON_REGISTRY = ("llama3_8b", "llama3_70b", "llama3_405b")
 """config_registry functions torchtitan 0.3 ships for Llama 3 (the others start from 8B's)."""
@@ -101,6 +104,8 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
     m = model
     if architecture_reasons(m):
         return None
+    if m.rope_theta != FLAVOR_ROPE_THETA:
+        return None
     return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size,
                         m.tie_embeddings))
 
@@ -120,8 +125,9 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
                        f"architecture, which this model departs from: {'; '.join(unlike)}")
         elif fmt == "toml" and (found is None or found[0] not in TOML_FLAVORS):
             why.append(f"model {model.name} matches no torchtitan 0.2.2 Llama 3 flavor (8B, 70B, "
-                       "405B), and its TOML cannot define one: use --torchtitan-format python, "
-                       "whose config defines a flavor of the model's shape")
+                       "405B, all at rope_theta 500000), and its TOML cannot define one: use "
+                       "--torchtitan-format python, whose config defines a flavor of the "
+                       "model's shape and base")
         if model.tie_embeddings and p.pp > 1:
             why.append("tie_embeddings with pp > 1: torchtitan 0.3 has no weight tying under "
                        "a pipeline (Decoder.Config.update_from_config); use pp 1")

@@ -57,6 +57,8 @@ class MoeFlavor:
     route_scale: float
     toml_bias_updates: bool
     """0.2.2 updates the expert bias (deepseek_v3) or leaves it at 0 (qwen3)."""
+    rope_theta: float
+    """The flavor's RoPE base (qwen3: 1e6, Qwen3's; deepseek_v3: 10000, DeepSeek-V3's)."""
 
 
 MOE_FLAVORS = (
@@ -64,18 +66,18 @@ MOE_FLAVORS = (
     # 128, vocab 151936, moe_inter_dim 768, 128 experts, top_k 8, no shared experts
     MoeFlavor("qwen3", "30B-A3B", "qwen3_30b_a3b",
               (48, 2048, 32, 4, 128, 151936, 128, 8, 768, 0, 0, 0, None),
-              False, None, 1.0, False),
+              False, None, 1.0, False, 1e6),
     # dim 4096, 94 layers, 64 heads, 4 KV heads, moe_inter_dim 1536, 128 experts, top_k 8
     MoeFlavor("qwen3", "235B-A22B", "qwen3_30b_a3b",
               (94, 4096, 64, 4, 128, 151936, 128, 8, 1536, 0, 0, 0, None),
-              False, None, 1.0, False),
+              False, None, 1.0, False, 1e6),
     # torchtitan/models/deepseek_v3/__init__.py 671B: dim 7168, 61 layers (3 dense of 18432),
     # 128 heads, vocab 129280, 256 experts of 2048 + 1 shared, top_k 8, MLA q_lora 1536,
     # kv_lora 512, rope 64, nope 128, v 128; sigmoid, 8 groups / 4, route_scale 2.5
     MoeFlavor("deepseek_v3", "671B", "deepseek_v3_671b",
               (61, 7168, 128, 128, None, 129280, 256, 8, 2048, 1, 3, 18432,
                (1536, 512, 64, 128, 128)),
-              True, (8, 4), 2.5, True),
+              True, (8, 4), 2.5, True, 10000.0),
 )
 """Flavors a model autoplan can describe may match. DeepSeek 16B/236B route with softmax and
 route_norm false (gates not renormalised), which autoplan's router does not run."""
@@ -130,6 +132,9 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     if moe.routed_scaling_factor != found.route_scale:
         why.append(f"model.moe.routed_scaling_factor={moe.routed_scaling_factor:g}: torchtitan's "
                    f"{found.flavor} scales gates by route_scale={found.route_scale:g}")
+    if model.rope_theta != found.rope_theta:
+        why.append(f"model.rope_theta={model.rope_theta:g}: torchtitan's {found.family} "
+                   f"{found.flavor} rotates by rope_theta={found.rope_theta:g}")
     if moe.capacity_factor is not None:
         why.append(f"model.moe.capacity_factor={moe.capacity_factor:g}: torchtitan's all-to-all "
                    "experts are dropless (no token capacity); set null")

@@ -136,8 +136,7 @@ def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -
     (torchtitan/models/llama3/__init__.py: `_build_llama3_layers`, its init tables, the tied 1B's
     skipped embedding init), registers it in `llama3_configs` under the model's name, and points
     the loss and the tokenizer at the model's vocabulary. Those helpers are private to torchtitan
-    0.3.0, which the header note says. RoPE: the model file carries no base, so torchtitan's
-    default (theta 10000, Llama 2's, no scaling) is written out for the user to change; the
+    0.3.0, which the header note says. RoPE at the model's rope_theta, no scaling; the
     attention is full causal attention, as autoplan plans it (no sliding window)."""
     m = model
     name = f"autoplan-{m.name}"
@@ -169,9 +168,8 @@ def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -
         "            n_heads=n_heads,",
         f"            n_kv_heads={m.kv_heads},",
         f"            hidden_dim={m.ffn},",
-        "            # RoPE base: autoplan's model file has none; 10000 is Llama 2's, set yours",
         f"            rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={m.seq_len}, "
-        "theta=10000.0),",
+        f"theta={m.rope_theta!r}),",
         "            attn_backend=attn_backend,",
         "            tp_gemm_backend=tp_gemm_backend,",
         "        ),",
@@ -187,8 +185,8 @@ def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -
         f"    # the base config's tokenizer is Llama 3's: put one of {m.vocab_size} tokens here",
         f"    config.hf_assets_path = {f'./assets/hf/{m.name}'!r}",
     ]
-    note = ("The model is defined below at its own shape with torchtitan 0.3.0's private "
-            "builders (llama3/__init__.py);\nset its RoPE theta and its tokenizer "
+    note = ("The model is defined below at its own shape and RoPE base with torchtitan "
+            "0.3.0's private builders\n(llama3/__init__.py); set its tokenizer "
             "(hf_assets_path) for your model.")
     return ModelLines(imports, preamble, body, note)
 

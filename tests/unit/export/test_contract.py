@@ -87,6 +87,8 @@ MODEL_FIELDS = {
     "mla",
     "mtp_layers",  # megatron writes --mtp-num-layers, torchtitan >= 0.3 num_mtp_layers for
     # deepseek_v3 (test_torchtitan_moe.py); the others refuse it (test_export_mtp.py)
+    "rope_theta",  # megatron writes --rotary-base, torchtitan its flavor's theta or refuses;
+    # deepspeed names it in a comment (test_rope_theta.py)
 }
 
 

@@ -343,18 +343,15 @@ def test_mtp_layers_sit_in_the_uneven_layout_megatron_core_validates(tmp_path: P
     assert back == p.replace(model=back.model) and back.model_spec().mtp_layers == 2
 
 
-def test_a_rope_model_is_told_the_base_megatron_would_use(tmp_path: Path):
-    """A model spec carries no RoPE base, so the script sets none and says so: Megatron's
-    --rotary-base default, 10000, is Llama 2's, not Llama 3's 500000. The base appended to the
-    script's arguments reaches Megatron; a learned-position model gets no such note."""
+def test_a_rope_model_sets_its_base(tmp_path: Path):
+    """--rotary-base is the model's rope_theta (llama-3-8b: 500000, not Megatron's default
+    10000, Llama 2's), parsed by Megatron's own flag table as an int; a learned-position model
+    gets none."""
     path = _script(tmp_path, "llama-uneven-vpp")  # llama-3-8b
-    text = path.read_text()
-    header = text[:text.index("MEGATRON_ARGS=(")]
-    assert "--position-embedding-type rope" in text
-    assert "--rotary-base default (10000" in header and "--rotary-base THETA" in header
-    assert "Llama 3's is 500000" in header
-    assert all(line.startswith("#") for line in header.splitlines() if "rotary" in line)
-    [call] = run_script(path, {"torchrun": ""}, "--rotary-base", "500000")
-    assert call[-2:] == ["--rotary-base", "500000"] and call.count("--rotary-base") == 1
+    [call] = run_script(path, {"torchrun": ""})
+    assert call.count("--rotary-base") == 1
+    assert call[call.index("--rotary-base") + 1] == "500000"
+    ns = megatron_parser().parse_args(call[call.index("pretrain_gpt.py") + 1:])
+    assert ns.position_embedding_type == "rope" and ns.rotary_base == 500000
     learned = _script(tmp_path, "dp-zero1").read_text()  # gpt3-1.3b
     assert "learned_absolute" in learned and "rotary" not in learned.lower()
