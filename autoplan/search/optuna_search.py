@@ -26,6 +26,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.cost.estimate import default_runtime
 from autoplan.errors import ConfigError
+from autoplan.hardware import ClusterProfile
+from autoplan.model_spec import ModelSpec
 from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
 from autoplan.search.local_moves import failed_since_last_complete, next_move
@@ -54,8 +56,30 @@ Callback = Callable[[optuna.Study, FrozenTrial], None]
 def content_hash(obj: Any) -> str:
     """SHA-256 of an object's canonical JSON (dataclasses and enums as YAML writes them, keys
     sorted): the same in every process, unlike Python's hash()."""
-    text = json.dumps(to_dict(obj), sort_keys=True, separators=(",", ":"), default=str)
+    return _sha256(to_dict(obj))
+
+
+def _sha256(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def profile_hash(profile: ClusterProfile) -> str:
+    """content_hash of a profile, an absent `efficiency.attention_head_dims` (a later field)
+    left out: a profile that files none hashes as before the field existed, so its studies
+    resume; one that files figures there prices differently and does not."""
+    data = to_dict(profile)
+    if data["efficiency"].get("attention_head_dims") is None:
+        data["efficiency"].pop("attention_head_dims", None)
+    return _sha256(data)
+
+
+def model_hash(model: ModelSpec) -> str:
+    """content_hash of a model without its RoPE base (a later field no cost depends on), so a
+    tune's study of a model resumes as before it."""
+    data = to_dict(model)
+    data.pop("rope_theta", None)
+    return _sha256(data)
 
 
 def _fingerprint(req: SearchRequest, sampler: str) -> str:
@@ -66,7 +90,7 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     runtime = req.runtime or default_runtime(req.profile)
     fields: dict[str, Any] = {
         "model": req.model, "gpu_counts": req.gpu_counts,
-        "profile_sha256": content_hash(req.profile),
+        "profile_sha256": profile_hash(req.profile),
         "global_batch_size": req.global_batch_size, "space": req.space.summary(),
         "targets": req.targets, "sampler": sampler, "seed": req.seed,
         "runtime": runtime.name, "runtime_sha256": content_hash(runtime),

@@ -209,10 +209,10 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
 def _request(args: argparse.Namespace) -> dict[str, Any]:
     """What this tune's trials answer, for its study's fingerprint (tune.study.fingerprint)."""
     from autoplan.plan_args import resolve_model
-    from autoplan.search.optuna_search import content_hash
+    from autoplan.search.optuna_search import model_hash
 
     model = resolve_model(args)
-    return {"model": model.name, "model_sha256": content_hash(model), "cluster": args.cluster,
+    return {"model": model.name, "model_sha256": model_hash(model), "cluster": args.cluster,
             "num_gpus": args.num_gpus, "global_batch_size": args.global_batch_size,
             "seq_len": model.seq_len}
 

@@ -1,0 +1,43 @@
+"""A stored study resumes across releases that add fields no figure of its own depends on: the
+profile and model hashes its fingerprint holds stay those of the release that made it."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.hardware import load_profile
+from autoplan.model_spec import PRESETS
+from autoplan.search.optuna_search import content_hash, model_hash, profile_hash
+
+# content_hash under 0211874, before efficiency.attention_head_dims and model.rope_theta existed
+BEFORE = {
+    "a100-sxm4-80gb": "1313e769e8b75faa1ee92c4f6e4933279bea471ce1d8018b85328bdee070c467",
+    "cpu-gloo": "acaa7e1f3b497358514f9bf414c78f65ad4af2cd5b39d6b6a407e15d7d39a1f3",
+    "tiny": "320f8bf0d707035f959e8f49072a0d26a276f484cd1ee3c13f2dcad818e9efdc",
+    "llama-2-7b": "00259ad9a21a41de82299f7689087a0bd640a1febddf3af0e1029d80d842eb76",
+    "llama-3-8b": "0c617b6fb71376a2a935bbce3de2064f0b5a7e1fbdf41e073e5483a28c6cfb75",
+}
+
+
+@pytest.mark.parametrize("name", ["a100-sxm4-80gb", "cpu-gloo"])
+def test_a_profile_without_head_dim_figures_hashes_as_before(name) -> None:
+    profile = load_profile(name)
+    assert profile.efficiency.attention_head_dims is None
+    assert profile_hash(profile) == BEFORE[name]
+    assert content_hash(profile) != BEFORE[name]  # the new field is what profile_hash drops
+
+
+def test_a_profile_that_files_head_dim_figures_hashes_anew() -> None:
+    """Its attention is priced differently: a study of its old figures must not resume."""
+    h100 = load_profile("h100-sxm-80gb")
+    assert h100.efficiency.attention_head_dims
+    assert profile_hash(h100) == content_hash(h100)
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama-2-7b", "llama-3-8b"])
+def test_a_model_hashes_as_before_whatever_its_rope_base(name) -> None:
+    """No step time depends on the RoPE base, and Llama 3's changed from 10000 to 500000."""
+    model = PRESETS[name]
+    assert model_hash(model) == BEFORE[name]
+    if model.position.value == "rope":
+        assert model_hash(model.replace(rope_theta=1e6)) == BEFORE[name]
