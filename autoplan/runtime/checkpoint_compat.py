@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import ModelSpec, model_dict
+from autoplan.model_spec import DEFAULT_ROPE_THETA, ModelSpec, model_dict
 from autoplan.moe_spec import moe_dict
 from autoplan.plan import Plan
 from autoplan.yaml_io import to_dict
@@ -83,7 +83,9 @@ def model_changes(meta: dict, spec: ModelSpec) -> list[str]:
     saved = meta.get("model")
     if not isinstance(saved, dict):
         return []
-    now = model_fields(spec)
+    # the RoPE base is left out at its default, as every checkpoint before the field was
+    saved = {"rope_theta": DEFAULT_ROPE_THETA, **saved}
+    now = {"rope_theta": DEFAULT_ROPE_THETA, **model_fields(spec)}
     return [f"model.{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
             if k != "name" and saved.get(k) != now.get(k)]
 
@@ -130,6 +132,13 @@ def check_resumable(found, plan: Plan, spec: ModelSpec) -> str | None:
     shapes = shape_problems(found.metadata, spec, plan.parallel.tp)
     if changed and not shapes and changed == [_dropout_change(found.meta, spec)]:
         _refuse_dropout(found, spec)
+    if changed and not shapes and all(c.startswith("model.rope_theta ") for c in changed):
+        saved = found.meta["model"].get("rope_theta", DEFAULT_ROPE_THETA)
+        raise ConfigError("--resume", f"{found.path} was trained at RoPE base {saved:g}, this "
+                          f"model's is {spec.rope_theta:g} (the presets of Llama 3, Mixtral, "
+                          "Qwen3 and gpt-oss took their published bases after it was saved)",
+                          f"resume with a model file that sets rope_theta: {saved:g}, "
+                          f"{_NEW_RUN}")
     if changed or shapes:
         what = ", ".join(changed) if changed else shapes[0]
         extra = f" ({shapes[0]})" if changed and shapes else ""
