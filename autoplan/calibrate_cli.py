@@ -77,7 +77,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     prof = to_dict(result.profile)
     prof["name"] = out.stem
     prof["measured"] = {**(prof.get("measured") or {}), "calibration": {
-        **summary, "base": base.name, "sources": [r.source for r in runs]}}
+        **summary, "base": base.name, "sources": [r.source for r in runs],
+        # the peak's multiplier from the device's own, over this fit and the base's (MFU)
+        "device_compute": base.calibrated_compute * summary["factors"]["compute"]}}
     written = save_yaml({"schema_version": 1, **prof}, out, overwrite=args.force)
     rows: list[dict[str, Any]] = [{"run": r.source, "measured_s": r.measured.step_time_s,
              "error_before": b, "error_after": a}

@@ -381,21 +381,28 @@ def _check_kernel(field: str, kernel: str) -> None:
                           f"KERNEL@DTYPE with DTYPE one of {', '.join(PEAK_DTYPES)}")
 
 
-def _calibration_factors(measured: dict[str, Any] | None) -> dict[str, Any]:
-    """`autoplan calibrate`'s fitted factors in a profile's `measured` section ({} if none)."""
+def _device_compute(measured: dict[str, Any] | None) -> float:
+    """The compute multiplier between a calibrated profile's peak and its device's own:
+    `autoplan calibrate`'s record (measured.calibration.device_compute, every fit in a chain;
+    factors.compute in records of one fit written before it); 1 without a record."""
     calibration = (measured or {}).get("calibration")
     if calibration is None:
-        return {}
+        return 1.0
     if not isinstance(calibration, dict):
         raise ConfigError("measured.calibration", f"got {show(calibration)}",
                           "expected the mapping `autoplan calibrate` wrote")
     factors = calibration.get("factors")
-    if factors is None:
-        return {}
-    if not isinstance(factors, dict):
+    if factors is not None and not isinstance(factors, dict):
         raise ConfigError("measured.calibration.factors", f"got {show(factors)}",
                           "expected the mapping of factors `autoplan calibrate` wrote")
-    return factors
+    field, value = (("device_compute", calibration["device_compute"])
+                    if "device_compute" in calibration
+                    else ("factors.compute", (factors or {}).get("compute", 1.0)))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ConfigError(f"measured.calibration.{field}", f"got {value!r}",
+                          "expected the positive multiplier `autoplan calibrate` wrote")
+    return float(value)
 
 
 def _check_measured(measured: dict[str, Any]) -> None:
@@ -407,11 +414,7 @@ def _check_measured(measured: dict[str, Any]) -> None:
         if key not in known:
             raise ConfigError(f"measured.{_key(key)}", "unknown key",
                               f"valid keys: {', '.join(known)}")
-    compute = _calibration_factors(measured).get("compute", 1.0)
-    if isinstance(compute, bool) or not isinstance(compute, (int, float)) or not (
-            math.isfinite(compute) and compute > 0):
-        raise ConfigError("measured.calibration.factors.compute", f"got {compute!r}",
-                          "expected the positive multiplier `autoplan calibrate` wrote")
+    _device_compute(measured)  # a calibration record's multiplier, checked
     if measured and set(measured) <= set(MEASURED_ALONE_KEYS):
         return
     missing = [k for k in MEASURED_KEYS if k not in measured]
@@ -445,11 +448,11 @@ class ClusterProfile:
 
     @property
     def calibrated_compute(self) -> float:
-        """The multiplier `autoplan calibrate` folded into device.peak_flops_per_s (its record,
-        measured.calibration.factors.compute); 1 for a profile it did not fit. The fitted peak
-        times the profile's efficiencies is the rate plans are priced at; MFU is stated against
-        the device's own peak, this divided back out (cost.estimate)."""
-        return float(_calibration_factors(self.measured).get("compute", 1.0))
+        """The multiplier `autoplan calibrate` folded into device.peak_flops_per_s, over every
+        fit of a chain (a calibrated profile calibrated again); 1 for a profile it did not fit.
+        The fitted peak times the profile's efficiencies is the rate plans are priced at; MFU is
+        stated against the device's own peak, this divided back out (cost.estimate)."""
+        return _device_compute(self.measured)
 
     def __post_init__(self) -> None:
         if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:

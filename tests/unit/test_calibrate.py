@@ -101,6 +101,16 @@ def test_mfu_on_a_calibrated_profile_is_against_the_device_s_own_peak(tmp_path, 
     row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "fitted")
     assert row["calibrated"] and row["peak_tflops"]["fp32"] == pytest.approx(
         base.device.peak("fp32") / 1e12)
+    # calibrated again from the calibrated profile: the multiplier spans both fits
+    again = tmp_path / "again.yaml"
+    assert main(["calibrate", *map(str, _runs(tmp_path, apply_factors(
+        base, dict(identity(base), compute=0.2)))), "--profile", str(out),
+                 "--out", str(again), "--trials", "60", "--format", "json"]) == 0
+    capsys.readouterr()
+    twice = load_profile(again)
+    assert twice.device.peak("fp32") / base.device.peak("fp32") == pytest.approx(
+        twice.calibrated_compute)
+    assert twice.calibrated_compute != twice.measured["calibration"]["factors"]["compute"]
 
 
 def test_a_fit_with_more_factors_than_plans_says_its_error_is_in_sample(tmp_path, capsys) -> None:
