@@ -25,7 +25,7 @@ from autoplan.export.shell_args import (
     parse_flags,
     unread_flags,
 )
-from autoplan.model_spec import PRESETS, ModelSpec, load_model
+from autoplan.model_spec import DEFAULT_ROPE_THETA, PRESETS, ModelSpec, load_model
 from autoplan.yaml_io import show
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,8 @@ def _rope_theta(f: Flags) -> dict[str, Any]:
     position model ignores the flag, as Megatron's embedding does."""
     if _position(f) != "rope":
         return {}
-    return {"rope_theta": float(f.integer("--rotary-base", 10000) or 0)}
+    theta = f.integer("--rotary-base")
+    return {"rope_theta": DEFAULT_ROPE_THETA if theta is None else float(theta)}
 
 
 def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
@@ -469,8 +470,16 @@ def megatron_plan_dict(
         model_ref = fields["name"] if preset == load_model(dict(fields)) else fields
     else:
         gqa = f.has("--group-query-attention")
-        check_model(f, load_model(model_ref), tp,
+        named = load_model(model_ref)
+        check_model(f, named, tp,
                     "--num-query-groups" if gqa else "--group-query-attention", query_groups(f))
+        built = _rope_theta(f).get("rope_theta")  # the base Megatron rotates by
+        if built is not None and built != named.rope_theta:
+            shown = (f"{built:g}" if f.has("--rotary-base")
+                     else f"absent: Megatron's default {built:g},")
+            raise ConfigError(f"{what} --rotary-base", f"{shown} but --model {named.name} has "
+                              f"{named.rope_theta:g}", "drop --model to read the model from "
+                              "the arguments, or give a model file at that base")
     layers = load_model(model_ref).num_layers
     fraction = f.number("--optimizer-offload-fraction", 1.0)
     if f.has("--optimizer-cpu-offload") and fraction != 1.0:

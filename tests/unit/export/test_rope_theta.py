@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.importers import import_megatron
 from autoplan.export.registry import get_target
@@ -49,6 +52,19 @@ def test_megatron_import_reads_the_default_base_when_absent(tmp_path: Path) -> N
     path.write_text(path.read_text().replace("  --rotary-base 500000\n", ""))
     back = import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=None)
     assert back.model_spec().rope_theta == 10000.0
+
+
+def test_megatron_import_with_a_model_refuses_another_base(tmp_path: Path) -> None:
+    """A script rotating at 10000 imported as --model llama-3-8b became a 500000 plan."""
+    path = _megatron(tmp_path, LLAMA3)
+    assert import_megatron(path, model="llama-3-8b", cluster="h100-sxm-80gb",
+                           num_gpus=None).model_spec().rope_theta == 500000.0
+    path.write_text(path.read_text().replace("  --rotary-base 500000\n", ""))
+    with pytest.raises(ConfigError) as err:
+        import_megatron(path, model="llama-3-8b", cluster="h100-sxm-80gb", num_gpus=None)
+    assert err.value.field.endswith("--rotary-base")
+    assert err.value.problem == ("absent: Megatron's default 10000, but --model llama-3-8b "
+                                 "has 500000")
 
 
 def test_megatron_refuses_a_base_it_cannot_take() -> None:
