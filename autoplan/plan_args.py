@@ -21,7 +21,8 @@ from autoplan.yaml_io import read_yaml, safe_load_text, show
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument("--model", required=required,
-                        help=f"preset ({', '.join(list(PRESETS)[:4])}, ...), model YAML or config.json")
+                        help=f"preset ({', '.join(list(PRESETS)[:4])}, ...), model YAML, "
+                        "config.json or its folder")
     parser.add_argument("--cluster", required=required,
                         help=f"hardware profile ({', '.join(available_profiles())}) or a path")
     parser.add_argument("--num-gpus", type=count(), required=required, help="GPUs in the job")

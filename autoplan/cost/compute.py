@@ -324,7 +324,9 @@ def _by_head_dim(tables: dict[int, AttentionFigures], kernel: str, head_dim: flo
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) figures at `head_dim`, from `at_full` (ATTENTION_HEAD_DIM's) and the
     narrower head dims `tables` files `kernel` at: linear in the width between the two filed
-    dims around it, the narrowest one's below it, ATTENTION_HEAD_DIM's at and above it."""
+    dims around it, the narrowest one's below it, ATTENTION_HEAD_DIM's at and above it. Linear
+    is an assumption, no measurement: FlashAttention compiles one kernel per head-dim bucket
+    (64, 96, 128, ...), so an 80-wide head runs a padded 96 kernel, which no paper here times."""
     points = {ATTENTION_HEAD_DIM: at_full}
     for dim, figures in tables.items():
         if kernel in figures.forward and kernel in figures.backward:

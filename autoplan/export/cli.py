@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -353,13 +354,10 @@ def run_import(args: argparse.Namespace) -> int:
         sys.stderr.write(f"wrote {args.out}\n")
         # the plan keeps no engine: estimate prices autoplan's own runtime unless told
         sys.stderr.write(f"price it as {args.source} runs it: autoplan estimate --plan "
-                         f"{args.out} --runtime {IMPORT_RUNTIMES[args.source]}\n")
+                         f"{shlex.quote(args.out)} --runtime {target_runtime(args.source)}\n")
     elif args.format == "json":
         sys.stdout.write(json.dumps(plan_to_dict(plan), indent=2) + "\n")
     else:
         sys.stdout.write(dump_yaml(plan_to_dict(plan)))
     return 0
 
-
-IMPORT_RUNTIMES = {"deepspeed": "deepspeed", "megatron": "megatron"}
-"""The runtime-traits preset each `import --from` engine is priced with."""

@@ -172,7 +172,7 @@ def next_layout_line(result: SearchResult, best: dict[str, Any], band: float | N
     found = next_layout(result)
     if found is None:
         plans = len(result.order)
-        return (f"why this plan: the only feasible layout ({layout_text(best)}"
+        return (f"why this plan: the only feasible layout found ({layout_text(best)}"
                 + (f"; its {plans:,} feasible plans differ in the other knobs)" if plans > 1
                    else ")"))
     rank, i = found

@@ -46,7 +46,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("search", help="search the plan space for the best plan",
                        description="Search parallelism, memory and batch knobs with the cost "
                        "model; rank the plans that fit and meet the targets.")
-    p.add_argument("--model", required=True, help="preset, model YAML or HF config.json")
+    p.add_argument("--model", required=True,
+                   help="preset, model YAML, HF config.json or the folder holding one")
     p.add_argument("--cluster", required=True,
                    help="hardware profile name or path, or several comma-separated GPU types "
                    "searched together (e.g. a100-sxm4-80gb,h100-sxm-80gb,h200-sxm-141gb)")

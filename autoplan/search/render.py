@@ -150,7 +150,7 @@ def days_cell(r: dict[str, Any]) -> str:
     as "0.0" days)."""
     v = r.get("days")
     if isinstance(v, float) and math.isfinite(v) and 0 < v < 0.1:
-        return f"{v:.2g}"
+        return sig(v, 2)
     return figure_cell(r, "days", ".1f")
 
 

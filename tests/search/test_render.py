@@ -213,5 +213,6 @@ def test_the_published_recipe_is_priced_in_the_winners_precision() -> None:
 def test_a_short_run_s_days_keep_two_significant_digits() -> None:
     """1e9 tokens on 16 A100s read 'days 0.0'."""
     assert days_cell({"days": 0.0432}) == "0.043"
+    assert days_cell({"days": 1e-5}) == "0.000010"  # no exponent
     assert days_cell({"days": 12.34}) == "12.3"
     assert days_cell({}) == "-"

@@ -65,7 +65,7 @@ def test_terminal_and_report_agree_past_the_top(gpt3, capsys, tmp_path: Path) ->
 def test_one_layout_is_said_as_it_is_in_both(capsys, tmp_path: Path) -> None:
     assert main([*TINY_ONE_GPU, "--report", str(tmp_path / "rep")]) == 0
     out = words(capsys.readouterr().out)
-    assert "why this plan: the only feasible layout (dp1 tp1 pp1;" in out
+    assert "why this plan: the only feasible layout found (dp1 tp1 pp1;" in out
     assert "next different layout" not in out
     assert why_in_report(tmp_path / "rep")[0] in out
 
