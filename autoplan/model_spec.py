@@ -243,8 +243,9 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
         _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
         _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-        # Llama 3 / 3.1 (Dubey et al. 2024, Table 3: "RoPE theta 500,000"; meta-llama/Meta-Llama-3-8B
-        # and Llama-3.1-8B config.json "rope_theta": 500000.0); 8192-token pre-training sequences.
+        # Llama 3 / 3.1 (Dubey et al. 2024, Table 3: "RoPE theta 500,000";
+        # meta-llama/Meta-Llama-3-8B and Llama-3.1-8B config.json "rope_theta": 500000.0);
+        # 8192-token pre-training sequences.
         # Llama 3.1's rope_scaling ("llama3", factor 8, for its 128K stage) is not modelled.
         _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
         _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),

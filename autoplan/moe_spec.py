@@ -227,8 +227,8 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         moe("mixtral-8x22b", 56, 6144, 48, 8, 32768, 4096, MoESpec(8, 2, 16384), rope_theta=1e6),
         # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: hidden 2048, 48 layers, 32
         # heads of 128, 4 KV heads, 128 experts of 768, top-8, vocab 151936, no dense layers
-        # (mlp_only_layers []), "rope_theta": 1000000; 30.5B / 3.3B active (model card: the count with both embedding
-        # tables, 3.353B, cut to two digits). Pre-training context 4096
+        # (mlp_only_layers []), "rope_theta": 1000000; 30.5B / 3.3B active (model card: the
+        # count with both embedding tables, 3.353B, cut to two digits). Pre-training context 4096
         # for most tokens (Qwen3 technical report §3.2, stage S1/S2).
         moe("qwen3-30b-a3b", 48, 2048, 32, 4, 151936, 4096, MoESpec(128, 8, 768),
             ffn=6144, head_dim=128, rope_theta=1e6),
