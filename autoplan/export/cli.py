@@ -28,7 +28,7 @@ from autoplan.export.launch import (
     LaunchOptions,
     check_path_word,
 )
-from autoplan.export.nodes import split_warning, written_cluster
+from autoplan.export.nodes import bigger_node_warning, split_warning, written_cluster
 from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.hardware import MAX_GPUS_PER_NODE, ClusterSpec, load_profile
 from autoplan.plan import Plan
@@ -299,10 +299,11 @@ def run_export(args: argparse.Namespace) -> int:
             log.info("not priced: %s", err)
             return 0
         if args.gpus_per_node is not None:
-            warning = split_warning(plan, load_profile(plan.cluster.profile).gpus_per_node,
-                                    opts.gpus_per_node)
-            if warning:
-                log.warning("%s", warning)
+            own = load_profile(plan.cluster.profile).gpus_per_node
+            for warning in (split_warning(plan, own, opts.gpus_per_node),
+                            bigger_node_warning(plan.cluster.profile, own, opts.gpus_per_node)):
+                if warning:
+                    log.warning("%s", warning)
         sys.stderr.write(line + "\n")
         return 0
     if args.format in ("json", "yaml"):

@@ -61,3 +61,16 @@ def split_warning(plan: Plan, profile_gpus_per_node: int, gpus_per_node: int) ->
             "inside a node, plan for "
             f"nodes of {gpus_per_node} GPUs (`autoplan search` on a profile with "
             f"gpus_per_node: {gpus_per_node})")
+
+
+def bigger_node_warning(profile: str, profile_gpus_per_node: int, gpus_per_node: int
+                        ) -> str | None:
+    """One line when the nodes written are larger than the profile's: priced with its
+    intra-node links across more GPUs and its host memory shared by more ranks than any node
+    it describes (nothing says such a node has either)."""
+    if gpus_per_node <= profile_gpus_per_node:
+        return None
+    return (f"--gpus-per-node {gpus_per_node}: nodes larger than {profile}'s "
+            f"{profile_gpus_per_node} GPUs, priced with its intra-node links across "
+            f"{gpus_per_node} GPUs and its host memory per node, which describe no such node; "
+            "measure one (`autoplan profile`) or give a profile of it to price it")

@@ -74,9 +74,14 @@ def test_no_warning_where_every_group_still_fits(tmp_path: Path, capsys, caplog,
     assert code == 0
     code, _, resized, warned = export(tmp_path, capsys, caplog, TP8, "--to", "megatron",
                                       "--gpus-per-node", gpus_per_node)
-    assert code == 0 and warned == []
-    if gpus_per_node == "8":  # the profile's own size: the same price
-        assert step_s(resized) == step_s(err)
+    assert code == 0 and not any("no longer fit" in w for w in warned)
+    if gpus_per_node == "8":  # the profile's own size: the same price, nothing to say
+        assert step_s(resized) == step_s(err) and warned == []
+    else:  # larger nodes than any the profile describes: said once
+        assert warned == [f"--gpus-per-node 16: nodes larger than {PROFILE}'s 8 GPUs, priced "
+                          "with its intra-node links across 16 GPUs and its host memory per "
+                          "node, which describe no such node; measure one (`autoplan profile`) "
+                          "or give a profile of it to price it"]
 
 
 def test_split_groups_names_each_model_parallel_group_a_node_size_splits() -> None:
