@@ -216,3 +216,12 @@ def test_a_short_run_s_days_keep_two_significant_digits() -> None:
     assert days_cell({"days": 1e-5}) == "0.000010"  # no exponent
     assert days_cell({"days": 12.34}) == "12.3"
     assert days_cell({}) == "-"
+
+
+def test_a_short_list_of_gpu_counts_reads_as_a_list() -> None:
+    """`--num-gpus 2,8` printed "on 2..8 (2 counts)", which reads as every count between."""
+    done = cli(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2,8",
+                "--global-batch-size", "16", "--space", "small-cpu", "--top", "2",
+                "--format", "table"], columns=200)
+    assert done.returncode == 0, done.stderr
+    assert "tiny on 2 or 8 x cpu-gloo" in done.stdout and "2..8" not in done.stdout
