@@ -162,18 +162,24 @@ def gpu_types(cluster: str, num_gpus: str, price: str | None) -> tuple[GpuType, 
     refs = [c.strip() for c in cluster.split(",") if c.strip()] if "," in cluster else [cluster]
     if not refs or len(set(refs)) != len(refs):
         raise ConfigError("--cluster", f"got {cluster[:80]!r}", "name each profile once")
-    prices = parse_prices(price, refs)
+    profiles = {ref: load_profile(ref) for ref in refs}
+    names = [p.name for p in profiles.values()]
+    # a profile given by path is priced by its path or, where no other shares it, its name
+    aliases = {**{p.name: ref for ref, p in profiles.items() if names.count(p.name) == 1},
+               **{ref: ref for ref in refs}}
+    prices = parse_prices(price, aliases)
     out = []
-    for ref in refs:
-        prof = load_profile(ref)
+    for ref, prof in profiles.items():
         if ref in prices:
             prof = dataclasses.replace(prof, price_per_gpu_hour=prices[ref])
         out.append(GpuType(ref, prof, parse_gpu_counts(num_gpus, prof.gpus_per_node)))
     return tuple(out)
 
 
-def parse_prices(text: str | None, refs: list[str]) -> dict[str, float]:
-    """--price NAME=USD,NAME=USD as {name: dollars per GPU-hour}; names must be in --cluster."""
+def parse_prices(text: str | None, refs: dict[str, str]) -> dict[str, float]:
+    """--price NAME=USD,NAME=USD as {--cluster reference: dollars per GPU-hour}; `refs` maps
+    each name a price may give (a reference as typed, or a file profile's own name) to the
+    --cluster reference it prices."""
     if not text:
         return {}
     out: dict[str, float] = {}
@@ -190,7 +196,7 @@ def parse_prices(text: str | None, refs: list[str]) -> dict[str, float]:
         if name not in refs:
             raise ConfigError("--price", f"{name!r} is not in --cluster",
                               f"price one of {', '.join(refs)}")
-        out[name] = usd
+        out[refs[name]] = usd
     return out
 
 

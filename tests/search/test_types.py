@@ -167,3 +167,19 @@ def test_auto_precision_across_types_is_what_every_type_has() -> None:
         req.types[1], GpuType("h200-sxm-141gb", h200, (64,))))
     assert {r.space.precision for r in type_requests(hoppers)} == {
         (Precision.BF16, Precision.FP8)}
+
+
+def test_a_profile_given_by_path_is_priced_by_its_name_too(tmp_path) -> None:
+    """`--cluster prof/noprice.yaml --price noprice=2` said "'noprice' is not in --cluster"."""
+    from autoplan.search.cli import gpu_types
+
+    raw = yaml.safe_load((Path(__file__).parents[2] / "profiles" / "a100-sxm4-80gb.yaml")
+                         .read_text())
+    path = tmp_path / "noprice.yaml"
+    path.write_text(yaml.safe_dump({**raw, "name": "noprice", "price_per_gpu_hour": None}))
+    for given in ("noprice", str(path)):
+        [a100, h100] = gpu_types(f"{path},h100-sxm-80gb", "8", f"{given}=2")
+        assert a100.profile.price_per_gpu_hour == 2.0
+        assert h100.profile.price_per_gpu_hour == load_profile("h100-sxm-80gb").price_per_gpu_hour
+    with pytest.raises(ConfigError, match="'nope' is not in --cluster"):
+        gpu_types(f"{path},h100-sxm-80gb", "8", "nope=2")
