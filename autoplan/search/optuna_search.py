@@ -75,10 +75,11 @@ def profile_hash(profile: ClusterProfile) -> str:
 
 
 def model_hash(model: ModelSpec) -> str:
-    """content_hash of a model without its RoPE base (a later field no cost depends on), so a
-    tune's study of a model resumes as before it."""
+    """content_hash of a model without its RoPE base and scaling (later fields no cost depends
+    on), so a tune's study of a model resumes as before them."""
     data = to_dict(model)
     data.pop("rope_theta", None)
+    data.pop("rope_scaling", None)
     return _sha256(data)
 
 
@@ -247,8 +248,18 @@ def claim_study(study: optuna.Study, kind: str, directions: list[str],
     if created:
         study.set_user_attr(KIND_ATTR, kind)
         return
-    name = study.study_name
     attrs = study.user_attrs if created is None else _wait_for_mark(study)
+    check_claim(study, kind, directions, attrs)
+    if KIND_ATTR not in attrs:
+        study.set_user_attr(KIND_ATTR, kind)
+
+
+def check_claim(study: optuna.Study, kind: str, directions: list[str],
+                attrs: dict[str, Any]) -> None:
+    """What claim_study refuses, judged on the study's attributes `attrs` without writing:
+    a study another kind made, one with trials nothing of autoplan's marked, one optimising
+    in other directions."""
+    name = study.study_name
     have = attrs.get(KIND_ATTR) or next(
         (k for k, attr in FINGERPRINT_ATTRS.items() if attr in attrs), None)
     if have is None and study.get_trials(deepcopy=False):
@@ -263,8 +274,6 @@ def claim_study(study: optuna.Study, kind: str, directions: list[str],
         raise ConfigError("--study", f"{name!r} optimises other objectives ({', '.join(got)}; "
                           f"this {kind} needs {', '.join(directions)})",
                           "use another --study name")
-    if KIND_ATTR not in attrs:
-        study.set_user_attr(KIND_ATTR, kind)
 
 
 def open_study(req: SearchRequest, sampler: str) -> optuna.Study:

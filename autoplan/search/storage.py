@@ -7,6 +7,7 @@ search (optuna_search.py) and tune (tune/study.py) share it.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,14 +30,9 @@ def open_storage(url: str | None) -> Any:
     if url is None:
         return optuna.storages.InMemoryStorage()
     if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
         path = url.removeprefix("journal:").removeprefix("//")
         check_journal(path)
-        try:
-            return JournalStorage(JournalFileBackend(path))
-        except ValueError as err:  # a damaged line further on (JSONDecodeError is one)
-            raise _damaged(path, err) from None
+        return _journal(path)
     check_not_in_memory(url)
     given, url = url, _with_driver(url)
     for attempt in range(STORAGE_ATTEMPTS):
@@ -55,6 +51,64 @@ def open_storage(url: str | None) -> Any:
             raise ConfigError("--storage", f"cannot open {shown_url(given)!r} ({_reason(err)})",
                               _storage_fix(err)) from None
     raise AssertionError("unreachable")
+
+
+def peek_storage(url: str) -> Any | None:
+    """The storage at `url` opened only to read, or None where it holds no study yet (a file
+    not there or empty, a database without Optuna's tables): nothing is created, migrated or
+    written, for what a run would check once it opened the storage (a tune's --dry-run)."""
+    if url.startswith("journal:"):
+        path = url.removeprefix("journal:").removeprefix("//")
+        check_journal(path)
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            return None  # the run would create it
+        return _journal(path)  # an existing journal is only read until a study is written to
+    check_not_in_memory(url)
+    return _peek_rdb(url)
+
+
+def _journal(path: str) -> Any:
+    """The journal storage at `path`, refused in one line when Optuna cannot replay it."""
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    try:
+        return JournalStorage(JournalFileBackend(path))
+    except (ValueError, KeyError, TypeError, AssertionError) as err:
+        # a damaged line further on (JSONDecodeError is one), or entries of JSON objects that
+        # are no operation Optuna knows or lack its fields (its replay asserts or looks up)
+        raise _damaged(path, err) from None
+
+
+def _peek_rdb(url: str) -> Any | None:
+    """An RDB storage read without creating its tables (SQLite opened read-only), or None
+    where there are none to read."""
+    import sqlite3
+    from urllib.parse import quote
+
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    given, url = url, _with_driver(url)
+    kwargs: dict[str, Any] = _server_kwargs(url)
+    try:
+        if url.startswith("sqlite"):
+            path = make_url(url).database or ""
+            if not os.path.isfile(path) or os.path.getsize(path) == 0:
+                return None  # the run would create it
+            uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
+            kwargs = {"creator": lambda: sqlite3.connect(uri, uri=True)}
+        engine = sqlalchemy.create_engine(url, **kwargs)
+        try:
+            if not sqlalchemy.inspect(engine).has_table("studies"):
+                return None
+        finally:
+            engine.dispose()
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, skip_table_creation=True)
+    except ConfigError:
+        raise
+    except Exception as err:  # sqlalchemy raises many kinds; Optuna a RuntimeError for old tables
+        raise ConfigError("--storage", f"cannot open {shown_url(given)!r} ({_reason(err)})",
+                          _storage_fix(err)) from None
 
 
 def _server_kwargs(url: str) -> dict[str, Any]:

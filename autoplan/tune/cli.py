@@ -166,11 +166,9 @@ def tune_command(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
           candidates: list[Any]) -> int:
-    from autoplan.tune.study import TuneConfig, run_tune
+    from autoplan.tune.study import run_tune
 
-    cfg = TuneConfig(steps=args.steps, budget_s=args.budget_s,
-                     trial_timeout_s=args.trial_timeout_s, prune_ratio=args.prune_ratio,
-                     storage=args.storage, study_name=args.study, request=_request(args))
+    cfg = _config(args)
     console = stderr_console()
     console.print(f"tune: {len(candidates)} plans, {args.steps} steps each, "
                   f"budget {args.budget_s:.0f} s")
@@ -204,6 +202,15 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
     if best is None:
         raise NoFeasiblePlanError("no trial completed; see the reasons in the table")
     return 0
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """The tune's TuneConfig (the dry run's too: it checks the study the tune would open)."""
+    from autoplan.tune.study import TuneConfig
+
+    return TuneConfig(steps=args.steps, budget_s=args.budget_s,
+                      trial_timeout_s=args.trial_timeout_s, prune_ratio=args.prune_ratio,
+                      storage=args.storage, study_name=args.study, request=_request(args))
 
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:
@@ -277,7 +284,12 @@ def _user_plan(path: str, model: ModelSpec, args: argparse.Namespace) -> Plan:
 
 
 def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
-    """Print the trials tune would run and their predicted seconds against the budget."""
+    """Print the trials tune would run and their predicted seconds against the budget, once
+    the --study the tune would resume passes its checks (read only: nothing is created)."""
+    from autoplan.tune.study import check_study, fingerprint
+
+    cfg = _config(args)
+    check_study(cfg, fingerprint(candidates, cfg))
     rows: list[dict[str, Any]] = [{"key": c.key, "source": c.source, "plan": _short(c.plan),
              "predicted_step_s": c.predicted_step_s,
              "predicted_trial_s": c.predicted_trial_s(args.steps)} for c in candidates]

@@ -27,8 +27,13 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict, plan_to_dict
-from autoplan.search.optuna_search import FINGERPRINT_ATTRS, claim_study, create_or_load
-from autoplan.search.storage import check_study_name, open_storage, shown_url
+from autoplan.search.optuna_search import (
+    FINGERPRINT_ATTRS,
+    check_claim,
+    claim_study,
+    create_or_load,
+)
+from autoplan.search.storage import check_study_name, open_storage, peek_storage, shown_url
 from autoplan.tune.pruner import SlowerThanBestPruner
 from autoplan.tune.runner import TrialOutcome, run_trial
 from autoplan.yaml_io import dump_yaml, write_text_atomic
@@ -145,6 +150,28 @@ def open_study(cfg: TuneConfig, fp: dict[str, Any] | None = None) -> optuna.Stud
     return study
 
 
+def check_study(cfg: TuneConfig, fp: dict[str, Any]) -> None:
+    """What open_study would refuse in `cfg`'s storage, found without creating or writing
+    anything (a tune's --dry-run): a search's study, one valued the other way, another tune's.
+    A storage or study not there yet passes: the tune would create it."""
+    check_study_name(cfg.study_name)
+    if cfg.storage is None or cfg.study_name is None:
+        return
+    with _opening_errors(cfg.storage):
+        storage = peek_storage(cfg.storage)
+        if storage is None:
+            return
+        try:
+            study = optuna.load_study(study_name=cfg.study_name, storage=storage)
+        except KeyError:  # no study of that name
+            return
+    attrs = study.user_attrs
+    check_claim(study, "tune", [DIRECTION], attrs)
+    have = attrs.get(FINGERPRINT_ATTR)
+    if have is not None:
+        _refuse_another_tune(study, have, fp)
+
+
 @contextmanager
 def _opening_errors(url: str | None) -> Iterator[None]:
     """A storage that fails as the study is created or loaded, as one --storage line."""
@@ -174,7 +201,12 @@ def _check_fingerprint(study: optuna.Study, fp: dict[str, Any]) -> None:
     if have is None:
         study.set_user_attr(FINGERPRINT_ATTR, text)
         return
-    if have == text:
+    _refuse_another_tune(study, have, fp)
+
+
+def _refuse_another_tune(study: optuna.Study, have: str, fp: dict[str, Any]) -> None:
+    """Refuse (naming what differs) a study whose stored fingerprint `have` is not `fp`'s."""
+    if have == _fingerprint_text(fp):
         return
     try:
         stored = json.loads(have)
