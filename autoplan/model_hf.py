@@ -16,10 +16,12 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.model_spec import (
     DEFAULT_ROPE_THETA,
+    LLAMA3_ROPE_TYPE,
     MlpKind,
     ModelSpec,
     NormKind,
     PositionKind,
+    RopeScaling,
 )
 from autoplan.yaml_io import load_json_text, show
 
@@ -117,7 +119,7 @@ def _warn_capped(path: str, longest: int) -> None:
 
 def _rope_theta(cfg: dict[str, Any], where: str, kind: str) -> float:
     """The RoPE base: `rope_theta` (GPT-NeoX's older files: `rotary_emb_base`; transformers 5:
-    `rope_parameters.rope_theta`), else the family's default. rope_scaling is not read."""
+    `rope_parameters.rope_theta`), else the family's default. rope_scaling: _rope_scaling."""
     params = cfg.get("rope_parameters")
     found = [(f"{where} {name}", value) for name, value in (
         ("rope_theta", cfg.get("rope_theta")), ("rotary_emb_base", cfg.get("rotary_emb_base")),
@@ -130,6 +132,42 @@ def _rope_theta(cfg: dict[str, Any], where: str, kind: str) -> float:
             math.isfinite(value) and value > 0):
         raise ConfigError(key, f"got {show(value)}", "expected a positive number")
     return float(value)
+
+
+def _rope_scaling(cfg: dict[str, Any], where: str) -> RopeScaling | None:
+    """Llama 3.1's scaling where the file states it (`rope_scaling` with rope_type, or the older
+    `type`, "llama3"; transformers 5: `rope_parameters`), else None. Other kinds (YaRN, linear,
+    dynamic, longrope) are not modelled: the model rotates without them, and a warning says so."""
+    key = "rope_scaling"
+    scaling = cfg.get(key)
+    if scaling is None and isinstance(cfg.get("rope_parameters"), dict):
+        key, scaling = "rope_parameters", cfg["rope_parameters"]
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"{where} {key}", f"got {show(scaling)}", "expected a JSON object or null")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind != LLAMA3_ROPE_TYPE:
+        _warn_unmodelled_scaling(where, key, show(kind))
+        return None
+    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [f for f in fields if scaling.get(f) is None]
+    if missing:
+        raise ConfigError(f"{where} {key}", f"rope_type llama3 without {', '.join(missing)}",
+                          "give all four of " + ", ".join(fields))
+    try:
+        return RopeScaling(**{f: scaling[f] for f in fields})
+    except ConfigError as err:  # say which file and key, not the ModelSpec field
+        raise ConfigError(f"{where} {key}.{err.field.rsplit('.', 1)[-1]}", err.problem,
+                          err.fix) from None
+
+
+@functools.cache
+def _warn_unmodelled_scaling(where: str, key: str, kind: str) -> None:
+    log.warning("%s: %s rope_type %s is not modelled; autoplan rotates without it "
+                "(Llama 3.1's \"llama3\" is)", where, key, kind)
 
 
 def _gated_mlp(cfg: dict[str, Any], where: str) -> MlpKind:
@@ -154,6 +192,7 @@ def _llama_like(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelS
         vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
         mlp=_gated_mlp(cfg, where), norm=NormKind.RMSNORM, position=PositionKind.ROPE,
         bias=False, rope_theta=_rope_theta(cfg, where, kind),
+        rope_scaling=_rope_scaling(cfg, where),
         tie_embeddings=_bool(cfg, where, "tie_word_embeddings", TIED_BY_DEFAULT.get(kind, False)),
     )
 
@@ -182,6 +221,7 @@ def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
             ffn_hidden_size=_int(cfg, where, "intermediate_size"),
             vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
             position=PositionKind.ROPE, rope_theta=_rope_theta(cfg, where, kind),
+            rope_scaling=_rope_scaling(cfg, where),
             tie_embeddings=_bool(cfg, where, "tie_word_embeddings", False),
         )
     return _llama_like(cfg, where, name, kind)

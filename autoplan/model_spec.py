@@ -39,6 +39,60 @@ DEFAULT_ROPE_THETA = 10000.0
 MAX_ROPE_THETA = 1e9
 """Largest rope_theta: past any published base (Llama 3: 5e5; Qwen2.5-1M: 1e7)."""
 
+LLAMA3_ROPE_TYPE = "llama3"
+"""The one RoPE scaling modelled: Llama 3.1's, by frequency band (HF rope_type "llama3")."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE scaling (HF `rope_scaling` with rope_type "llama3"; Meta's
+    llama-models `apply_scaling`; torchtitan's RoPEScalingArgs; Megatron --use-rope-scaling).
+    Each rotated pair's frequency f (wavelength 2*pi/f) is kept where the wavelength is shorter
+    than original_max_position_embeddings / high_freq_factor, divided by `factor` where it is
+    longer than original_max_position_embeddings / low_freq_factor, and blended linearly in
+    between: s = (original / wavelength - low) / (high - low), f' = (1 - s) f / factor + s f.
+    Llama 3.1 and 3.2 (config.json): factor 8 (3.2: 32), low 1, high 4, original 8192. It
+    changes only the rotation, so no cost: the cost model does not read it."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    rope_type: str = LLAMA3_ROPE_TYPE
+    """Only "llama3" (YaRN, linear and dynamic scaling are not modelled)."""
+
+    def __post_init__(self) -> None:
+        if self.rope_type != LLAMA3_ROPE_TYPE:
+            raise ConfigError("model.rope_scaling.rope_type", f"got {show(self.rope_type)}",
+                              f"autoplan models rope_type {LLAMA3_ROPE_TYPE!r} only (Llama 3.1's); "
+                              "drop rope_scaling to rotate without scaling")
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or not 0.0 < value <= 1e6):
+                raise ConfigError(f"model.rope_scaling.{name}", f"got {show(value)}",
+                                  "expected a number in (0, 1e6]")
+            object.__setattr__(self, name, float(value))
+        if self.factor < 1.0:
+            raise ConfigError("model.rope_scaling.factor", f"got {self.factor:g}",
+                              "expected at least 1 (it divides the low frequencies)")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError("model.rope_scaling.high_freq_factor",
+                              f"{self.high_freq_factor:g} is not above low_freq_factor="
+                              f"{self.low_freq_factor:g}",
+                              "the blend runs from low_freq_factor up to high_freq_factor "
+                              "(Llama 3.1: 1 and 4)")
+        value = self.original_max_position_embeddings
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**24:
+            raise ConfigError("model.rope_scaling.original_max_position_embeddings",
+                              f"got {show(value)}", "expected a positive integer up to 2**24")
+
+
+LLAMA31_ROPE_SCALING = RopeScaling()
+"""meta-llama/Llama-3.1-8B (and 70B, 405B) config.json rope_scaling: factor 8.0,
+low_freq_factor 1.0, high_freq_factor 4.0, original_max_position_embeddings 8192."""
+
+
 class NormKind(str, enum.Enum):
     LAYERNORM = "layernorm"
     RMSNORM = "rmsnorm"
@@ -100,7 +154,10 @@ class ModelSpec:
     rope_theta: float = DEFAULT_ROPE_THETA
     """RoPE base: position p rotates pair i by p * theta^(-2i/d) (Su et al. 2021; HF
     `rope_theta`, Megatron --rotary-base). Llama 2: 10000, Llama 3: 500000. Only with position
-    rope; no rope_scaling (Llama 3.1's "llama3", DeepSeek-V3's YaRN) is modelled."""
+    rope."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3.1's frequency scaling of the rotation (RopeScaling); None: none. YaRN (DeepSeek-V3,
+    gpt-oss) is not modelled: those models rotate without it. Only with position rope."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isprintable() or not self.name.strip():
@@ -137,6 +194,9 @@ class ModelSpec:
             raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
         _check_rope_theta(self.rope_theta, self.position)
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        if self.rope_scaling is not None and self.position != PositionKind.ROPE:
+            raise ConfigError("model.rope_scaling", f"set with position={self.position.value}",
+                              "set position: rope, or drop rope_scaling")
         assert self.num_kv_heads is not None
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
@@ -196,11 +256,17 @@ def _check_rope_theta(theta: Any, position: PositionKind) -> None:
                           "set position: rope, or drop rope_theta")
 
 
+OMITTED_AT_DEFAULT = {"rope_theta": DEFAULT_ROPE_THETA, "rope_scaling": None}
+"""ModelSpec fields added after files were first written, left out of a saved mapping at their
+defaults (model_dict)."""
+
+
 def model_dict(data: dict[str, Any]) -> dict[str, Any]:
-    """A saved ModelSpec mapping (yaml_io.to_dict) without rope_theta at its default, so that
-    model files, plans, checkpoints and studies written before the field read back the same."""
+    """A saved ModelSpec mapping (yaml_io.to_dict) without rope_theta and rope_scaling at their
+    defaults, so that model files, plans, checkpoints and studies written before those fields
+    read back the same."""
     return {k: v for k, v in data.items()
-            if not (k == "rope_theta" and v == DEFAULT_ROPE_THETA)}
+            if not (k in OMITTED_AT_DEFAULT and v == OMITTED_AT_DEFAULT[k])}
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -214,13 +280,13 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 def _llama(
     name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int,
-    rope_theta: float = DEFAULT_ROPE_THETA,
+    rope_theta: float = DEFAULT_ROPE_THETA, rope_scaling: RopeScaling | None = None,
 ) -> ModelSpec:
     return ModelSpec(
         name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
         ffn_hidden_size=ffn, vocab_size=vocab, seq_len=seq, mlp=MlpKind.SWIGLU,
         norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=False, tie_embeddings=False,
-        rope_theta=rope_theta,
+        rope_theta=rope_theta, rope_scaling=rope_scaling,
     )
 
 
@@ -245,13 +311,16 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
         # Llama 3 / 3.1 (Dubey et al. 2024, Table 3: "RoPE theta 500,000";
         # meta-llama/Meta-Llama-3-8B and Llama-3.1-8B config.json "rope_theta": 500000.0);
-        # 8192-token pre-training sequences.
-        # Llama 3.1's rope_scaling ("llama3", factor 8, for its 128K stage) is not modelled.
+        # 8192-token pre-training sequences. Llama 3.1 rotates with its rope_scaling (config.json
+        # "rope_type": "llama3", factor 8, low 1, high 4, original 8192); Llama 3 without.
         _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
         _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
-        _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
-        _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
-        _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
+        _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0,
+               LLAMA31_ROPE_SCALING),
+        _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0,
+               LLAMA31_ROPE_SCALING),
+        _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0,
+               LLAMA31_ROPE_SCALING),
         # Mistral 7B (Jiang et al. 2023, Table 1); sliding-window attention is not modelled.
         # mistralai/Mistral-7B-v0.1 config.json "rope_theta": 10000.0 (v0.3's 1e6 is another
         # model: vocabulary 32768).

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import DEFAULT_ROPE_THETA, ModelSpec, model_dict
+from autoplan.model_spec import OMITTED_AT_DEFAULT, ModelSpec, model_dict
 from autoplan.moe_spec import moe_dict
 from autoplan.plan import Plan
 from autoplan.yaml_io import to_dict
@@ -83,9 +83,9 @@ def model_changes(meta: dict, spec: ModelSpec) -> list[str]:
     saved = meta.get("model")
     if not isinstance(saved, dict):
         return []
-    # the RoPE base is left out at its default, as every checkpoint before the field was
-    saved = {"rope_theta": DEFAULT_ROPE_THETA, **saved}
-    now = {"rope_theta": DEFAULT_ROPE_THETA, **model_fields(spec)}
+    # the RoPE base and scaling are left out at their defaults, as every checkpoint before them
+    saved = {**OMITTED_AT_DEFAULT, **saved}
+    now = {**OMITTED_AT_DEFAULT, **model_fields(spec)}
     return [f"model.{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
             if k != "name" and saved.get(k) != now.get(k)]
 
@@ -132,13 +132,8 @@ def check_resumable(found, plan: Plan, spec: ModelSpec) -> str | None:
     shapes = shape_problems(found.metadata, spec, plan.parallel.tp)
     if changed and not shapes and changed == [_dropout_change(found.meta, spec)]:
         _refuse_dropout(found, spec)
-    if changed and not shapes and all(c.startswith("model.rope_theta ") for c in changed):
-        saved = found.meta["model"].get("rope_theta", DEFAULT_ROPE_THETA)
-        raise ConfigError("--resume", f"{found.path} was trained at RoPE base {saved:g}, this "
-                          f"model's is {spec.rope_theta:g} (the presets of Llama 3, Mixtral, "
-                          "Qwen3 and gpt-oss took their published bases after it was saved)",
-                          f"resume with a model file that sets rope_theta: {saved:g}, "
-                          f"{_NEW_RUN}")
+    if changed and not shapes and all(c.startswith(ROPE_CHANGES) for c in changed):
+        _refuse_rotation(found, spec)
     if changed or shapes:
         what = ", ".join(changed) if changed else shapes[0]
         extra = f" ({shapes[0]})" if changed and shapes else ""
@@ -183,6 +178,32 @@ def saved_optimizer(found) -> str | None:
 
 
 _NEW_RUN = "or start a new run in an empty --checkpoint-dir"
+ROPE_CHANGES = ("model.rope_theta ", "model.rope_scaling ")
+"""model_changes lines of the rotation alone: the weights fit, the positions mean otherwise."""
+
+
+def _rotation(theta: float, scaling: Any) -> str:
+    if not scaling:
+        return f"RoPE base {theta:g} without scaling"
+    return (f"RoPE base {theta:g} with Llama 3.1 scaling (factor {scaling['factor']:g}, "
+            f"low {scaling['low_freq_factor']:g}, high {scaling['high_freq_factor']:g}, "
+            f"original {scaling['original_max_position_embeddings']})")
+
+
+def _refuse_rotation(found, spec: ModelSpec) -> None:
+    """A checkpoint whose weights fit but whose model rotated positions otherwise: the presets
+    of Llama 3, Mixtral, Qwen3 and gpt-oss took their published bases, and Llama 3.1's its
+    scaling, after checkpoints of them had been saved."""
+    saved = {**OMITTED_AT_DEFAULT, **found.meta["model"]}
+    now = {**OMITTED_AT_DEFAULT, **model_fields(spec)}
+    fix = [f"rope_theta: {saved['rope_theta']:g}"] if saved["rope_theta"] != now["rope_theta"] else []
+    if saved["rope_scaling"] != now["rope_scaling"]:
+        fix.append("the saved rope_scaling" if saved["rope_scaling"] else "no rope_scaling")
+    raise ConfigError("--resume", f"{found.path} was trained at "
+                      f"{_rotation(saved['rope_theta'], saved['rope_scaling'])}, this model "
+                      f"rotates at {_rotation(now['rope_theta'], now['rope_scaling'])} (the "
+                      "presets took their published bases and scaling after it was saved)",
+                      f"resume with a model file that sets {' and '.join(fix)}, {_NEW_RUN}")
 
 
 def check_settings(found, run: RunSettings) -> str | None:

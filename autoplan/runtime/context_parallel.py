@@ -22,9 +22,13 @@ averaged over dp x cp by FSDP (data_parallel.fsdp_mesh), which makes it the glob
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from autoplan.model_spec import RopeScaling
 
 Core = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -74,12 +78,13 @@ class ContextParallel:
     def positions(self, local_len: int, device: torch.device | None = None) -> torch.Tensor:
         return self.layout.positions(local_len, device)
 
-    def rope_cos_sin(self, local_len: int, head_dim: int, device: torch.device, theta: float):
-        """RoPE tables (base theta) of the whole sequence, rows taken at this rank's global
-        positions."""
+    def rope_cos_sin(self, local_len: int, head_dim: int, device: torch.device, theta: float,
+                     scaling: RopeScaling | None = None):
+        """RoPE tables (base theta, the model's scaling) of the whole sequence, rows taken at
+        this rank's global positions."""
         from autoplan.runtime.models.layers import rope_cos_sin
 
-        cos, sin = rope_cos_sin(local_len * self.size, head_dim, device, theta)
+        cos, sin = rope_cos_sin(local_len * self.size, head_dim, device, theta, scaling)
         pos = self.positions(local_len, device)
         return cos[pos], sin[pos]
 

@@ -72,9 +72,10 @@ def test_hf_config_rope_theta(tmp_path) -> None:
     # transformers 5 writes it inside rope_parameters
     new = {**LLAMA_CFG, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
     assert _read(tmp_path, new).rope_theta == 1e6
-    # rope_scaling is not read, and does not change the base
+    # rope_scaling does not change the base (tests/unit/test_model_rope_scaling.py reads it)
     scaled = {**LLAMA_CFG, "rope_theta": 500000.0, "rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}}
     assert _read(tmp_path, scaled).rope_theta == 500000.0
 
 
@@ -162,8 +163,8 @@ def test_a_checkpoint_at_another_base_is_refused_with_the_base_to_resume_at(tmp_
     with pytest.raises(ConfigError) as err:
         check_resumable(found, plan, tiny.replace(rope_theta=5e5))
     assert str(err.value) == (
-        f"--resume: {tmp_path / 'step-00000005'} was trained at RoPE base 10000, this model's "
-        "is 500000 (the presets of Llama 3, Mixtral, Qwen3 and gpt-oss took their published "
-        "bases after it was saved); resume with a model file that sets rope_theta: 10000, or "
-        "start a new run in an empty --checkpoint-dir")
+        f"--resume: {tmp_path / 'step-00000005'} was trained at RoPE base 10000 without "
+        "scaling, this model rotates at RoPE base 500000 without scaling (the presets took "
+        "their published bases and scaling after it was saved); resume with a model file that "
+        "sets rope_theta: 10000, or start a new run in an empty --checkpoint-dir")
     assert tiny.position == PositionKind.ROPE

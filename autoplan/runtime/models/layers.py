@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 from torch.utils._python_dispatch import _disable_current_modes
 
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind, RopeScaling
 from autoplan.plan import Attention as AttentionKind
 
 COMPUTE_DTYPES = {"fp32": torch.float32}
@@ -29,18 +29,34 @@ def make_norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size, eps=1e-5, bias=spec.bias)
 
 
-def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device,
+                  scaling: RopeScaling | None = None) -> torch.Tensor:
     """theta^(-2i/d) for i < d/2: the angle per position of each rotated pair (Su et al. 2021,
-    eq. 15; the model's rope_theta, Llama 3's 500000)."""
-    return 1.0 / theta ** (
+    eq. 15; the model's rope_theta, Llama 3's 500000), then Llama 3.1's scaling where the model
+    has it (scale_llama3)."""
+    inv_freq = 1.0 / theta ** (
         torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
     )
+    return inv_freq if scaling is None else scale_llama3(inv_freq, scaling)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device,
-                 theta: float) -> tuple[torch.Tensor, ...]:
-    """cos/sin tables of shape (seq_len, head_dim/2) at RoPE base `theta`."""
-    inv_freq = rope_inv_freq(head_dim, theta, device)
+def scale_llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling (model_spec.RopeScaling; Meta's llama-models apply_scaling):
+    frequencies whose wavelength 2*pi/f is under original/high_freq_factor are kept, those over
+    original/low_freq_factor divided by `factor`, and those between blended linearly by
+    s = (original / wavelength - low) / (high - low): (1 - s) f / factor + s f."""
+    wavelength = 2.0 * math.pi / inv_freq
+    original = float(scaling.original_max_position_embeddings)
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    blend = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    # blend is 1 below original/high (kept) and 0 above original/low (divided by factor)
+    return (1.0 - blend) * inv_freq / scaling.factor + blend * inv_freq
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device, theta: float,
+                 scaling: RopeScaling | None = None) -> tuple[torch.Tensor, ...]:
+    """cos/sin tables of shape (seq_len, head_dim/2) at RoPE base `theta`, with `scaling`."""
+    inv_freq = rope_inv_freq(head_dim, theta, device, scaling)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -63,6 +79,7 @@ class Attention(nn.Module):
         self.head_dim = hd
         self.rope = spec.position == PositionKind.ROPE
         self.rope_theta = spec.rope_theta
+        self.rope_scaling = spec.rope_scaling
         self.wq = nn.Linear(h, spec.num_heads * hd, bias=spec.bias)
         self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
         self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
@@ -78,8 +95,10 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if self.rope:
-            cos, sin = (rope_cos_sin(s, self.head_dim, x.device, self.rope_theta) if cp is None
-                        else cp.rope_cos_sin(s, self.head_dim, x.device, self.rope_theta))
+            cos, sin = (
+                rope_cos_sin(s, self.head_dim, x.device, self.rope_theta, self.rope_scaling)
+                if cp is None else
+                cp.rope_cos_sin(s, self.head_dim, x.device, self.rope_theta, self.rope_scaling))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, hd)
         out = self.core(q, k, v) if cp is None else cp.attention(q, k, v, self.core)

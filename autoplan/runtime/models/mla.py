@@ -82,9 +82,9 @@ class MultiHeadLatentAttention(Attention):
         kv = self.wkv_b(self.kv_norm(c)).view(b, s, -1, m.qk_nope_head_dim + m.v_head_dim)
         k_nope, v = kv.split([m.qk_nope_head_dim, m.v_head_dim], dim=-1)
         k_rope = shared_key(k_rope).unsqueeze(2)  # (b, s, 1, d_R): one rotary key per token
-        d_r, theta = m.qk_rope_head_dim, self.rope_theta
-        cos, sin = (rope_cos_sin(s, d_r, x.device, theta) if cp is None
-                    else cp.rope_cos_sin(s, d_r, x.device, theta))  # global positions
+        d_r, theta, scaling = m.qk_rope_head_dim, self.rope_theta, self.rope_scaling
+        cos, sin = (rope_cos_sin(s, d_r, x.device, theta, scaling) if cp is None
+                    else cp.rope_cos_sin(s, d_r, x.device, theta, scaling))  # global positions
         q_rope, k_rope = apply_rope(q_rope, cos, sin), apply_rope(k_rope, cos, sin)
         heads = q.shape[2]
         q = torch.cat((q_nope, q_rope), dim=-1)
