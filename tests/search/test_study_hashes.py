@@ -16,6 +16,7 @@ BEFORE = {
     "tiny": "320f8bf0d707035f959e8f49072a0d26a276f484cd1ee3c13f2dcad818e9efdc",
     "llama-2-7b": "00259ad9a21a41de82299f7689087a0bd640a1febddf3af0e1029d80d842eb76",
     "llama-3-8b": "0c617b6fb71376a2a935bbce3de2064f0b5a7e1fbdf41e073e5483a28c6cfb75",
+    "llama-3.1-8b": "80b7197cc427253ecaa5432873dade0c2437091878ee331a8ef2fe76ca2bdcb8",
 }
 
 
@@ -34,10 +35,12 @@ def test_a_profile_that_files_head_dim_figures_hashes_anew() -> None:
     assert profile_hash(h100) == content_hash(h100)
 
 
-@pytest.mark.parametrize("name", ["tiny", "llama-2-7b", "llama-3-8b"])
+@pytest.mark.parametrize("name", ["tiny", "llama-2-7b", "llama-3-8b", "llama-3.1-8b"])
 def test_a_model_hashes_as_before_whatever_its_rope_base(name) -> None:
-    """No step time depends on the RoPE base, and Llama 3's changed from 10000 to 500000."""
+    """No step time depends on the RoPE base or scaling: Llama 3's base changed from 10000 to
+    500000, and Llama 3.1 took its scaling, after studies of them were stored."""
     model = PRESETS[name]
     assert model_hash(model) == BEFORE[name]
     if model.position.value == "rope":
         assert model_hash(model.replace(rope_theta=1e6)) == BEFORE[name]
+        assert model_hash(model.replace(rope_scaling=None)) == BEFORE[name]
