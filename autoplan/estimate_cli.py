@@ -24,6 +24,7 @@ from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_to_dict
 from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_from_args
 from autoplan.plan_rules import validate_plan
+from autoplan.search_space import device_precision
 
 GIB = 2**30
 log = logging.getLogger(__name__)
@@ -198,6 +199,8 @@ def clusters_command(args: argparse.Namespace) -> int:
                      "memory_gib": p.device.memory_bytes / GIB,
                      "peak_tflops": {k: v / own / 1e12
                                      for k, v in p.device.peak_flops_per_s.items()},
+                     # what plans on it train in unless told otherwise (fp32 on a CPU)
+                     "precision": device_precision(p.device.peak_flops_per_s, p.is_cpu),
                      "gpus_per_node": p.gpus_per_node,
                      "intra_node_gb_per_s": p.intra_node.bytes_per_s / 1e9,
                      "inter_node_gb_per_s": p.inter_node.bytes_per_s / 1e9,
@@ -205,17 +208,18 @@ def clusters_command(args: argparse.Namespace) -> int:
                      "calibrated": "calibration" in (p.measured or {})})
 
     def render(console: Console) -> None:
-        t = Table(title="hardware profiles", caption="TF: peak 16-bit TFLOP/s (bf16, else fp16); "
-                  "intra/inter: GB/s inside a node / between nodes (a calibrated profile's are "
-                  "fitted); all peaks: --format json",
+        t = Table(title="hardware profiles", caption="TF: peak TFLOP/s in the precision plans "
+                  "on it train in (bf16, else fp16; fp32 on a CPU); intra/inter: GB/s inside a "
+                  "node / between nodes (a calibrated profile's are fitted); all peaks: "
+                  "--format json",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
         for k in ("name", "device", "GiB", "TF", "/node", "intra", "inter", "source"):
             t.add_column(k, no_wrap=k == "name",
                          justify="left" if k in ("name", "device", "source") else "right")
         for r in rows:
-            peaks = r["peak_tflops"]
-            peak = peaks.get("bf16", peaks.get("fp16", max(peaks.values(), default=0.0)))
-            t.add_row(r["name"], r["device"], f"{r['memory_gib']:.0f}", f"{peak:g}",
+            peak = r["peak_tflops"].get(r["precision"])  # None: a profile without that peak
+            t.add_row(r["name"], r["device"], f"{r['memory_gib']:.0f}",
+                      "-" if peak is None else f"{peak:g}",
                       str(r["gpus_per_node"]), f"{r['intra_node_gb_per_s']:g}",
                       f"{r['inter_node_gb_per_s']:g}",
                       "calibrated" if r["calibrated"] else
