@@ -350,11 +350,14 @@ def counts_table(counts: dict[str, int], total: int) -> Table:
 def shown_rows(result: SearchResult, data: dict[str, Any], top: int) -> list[Shown]:
     """The rows of the table: the ranked plans --out keeps (summary.json and top.yaml), with
     equivalent ones sharing a row; never a plan ranked below them."""
-    rows = data["top"]
-    if "band" in result.scored.cols and not result.request.targets.multi:
-        bands = result.scored.cols["band"]
-        rows = [r | {"band": float(bands[i])} for r, i in zip(rows, result.order, strict=False)]
-    return collapse(rows, top)
+    return collapse([with_band(r) for r in data["top"]], top)
+
+
+def with_band(row: dict[str, Any]) -> dict[str, Any]:
+    """A summary row with its error band where step_cell reads it (ranking.frame's
+    `error_band`: a ranking by one objective and a Pareto front alike)."""
+    band = row.get("error_band")
+    return row | {"band": float(band)} if isinstance(band, (int, float)) else row
 
 
 def kept_text(data: dict[str, Any]) -> str:

@@ -18,7 +18,15 @@ from autoplan.errors import ConfigError
 from autoplan.search.engine import SearchRequest, SearchResult
 from autoplan.search.nearest import row_capacities
 from autoplan.search.output import scored_total, top_rows
-from autoplan.search.render import COLUMNS, HOISTABLE, Shown, collapse, legend, zero_cell
+from autoplan.search.render import (
+    COLUMNS,
+    HOISTABLE,
+    Shown,
+    collapse,
+    legend,
+    with_band,
+    zero_cell,
+)
 from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
@@ -68,11 +76,7 @@ def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray
     idx = top_rows(result, top)
     records = frame(result.scored, idx, req.space, req.targets, result.front,
                     row_capacities(req, result.scored)).to_dict("records")
-    bands = result.scored.cols.get("band")
-    for r, i in zip(records, idx, strict=True):
-        r["_row"] = int(i)
-        if bands is not None:
-            r["band"] = float(bands[i])
+    records = [with_band(r) | {"_row": int(i)} for r, i in zip(records, idx, strict=True)]
     shown = collapse(records, top)
     return shown, np.array([s.row["_row"] for s in shown], dtype=np.int64)
 
