@@ -29,8 +29,9 @@ from autoplan.export.megatron_import import (
     say_priced_whole,
     sequence_parallel,
 )
+from autoplan.export.megatron_neutral import check_positions
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags, unread_flags
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import ModelSpec, PositionKind
 
 SWITCHES = frozenset({
     "--deepspeed", "--no-pipeline-parallel", "--sequence-parallel", "--checkpoint-activations",
@@ -140,6 +141,7 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     check_model(f, model, tp, "--num-key-value-heads",
                 f.integer("--num-key-value-heads", f.integer("--num-attention-heads")),
                 fix="pass the --model the launch builds, or correct the launch")
+    check_positions(f, model.position == PositionKind.LEARNED, model.hidden_size)
     # training.py builds the optimizer from --optimizer (get_megatron_optimizer: adam or sgd)
     # and hands it to deepspeed.initialize, whose engine runs a client optimizer over the
     # JSON's "optimizer" section (engine._configure_optimizer)

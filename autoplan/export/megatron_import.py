@@ -17,6 +17,12 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.export.megatron import NULL_TOKENIZER_EXTRA
 from autoplan.export.megatron_moe import MOE_SWITCHES, expert_degrees, moe_fields
+from autoplan.export.megatron_neutral import (
+    NEUTRAL_SWITCHES,
+    POSITIONS,
+    check_positions,
+    neutral_flags,
+)
 from autoplan.export.megatron_te import ATTENTION_BACKENDS
 from autoplan.export.shell_args import (
     Flags,
@@ -25,7 +31,7 @@ from autoplan.export.shell_args import (
     parse_flags,
     unread_flags,
 )
-from autoplan.model_spec import DEFAULT_ROPE_THETA, PRESETS, ModelSpec, load_model
+from autoplan.model_spec import DEFAULT_ROPE_THETA, PRESETS, ModelSpec, PositionKind, load_model
 from autoplan.yaml_io import show
 
 log = logging.getLogger(__name__)
@@ -56,7 +62,7 @@ SWITCHES = frozenset(
         "--cpu-offloading",
         "--distribute-saved-activations",
     }
-) | MOE_SWITCHES
+) | MOE_SWITCHES | NEUTRAL_SWITCHES
 """store_true flags we read or may meet beside them (torchrun's); they take no value."""
 _TORCHRUN = ("nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port",
              "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "standalone",
@@ -66,10 +72,10 @@ LAUNCHER_FLAGS = frozenset(f"--{name}" for name in _TORCHRUN) | frozenset(
     f"--{name.replace('-', '_')}" for name in _TORCHRUN)
 """torchrun's flags (torch/distributed/run.py), which it takes with dashes or underscores and
 abbreviated (argparse's allow_abbrev): neither refused as a misspelling nor said skipped."""
-READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS) | frozenset({
+READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS - NEUTRAL_SWITCHES) | frozenset({
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
-    "--num-query-groups", "--seq-length", "--vocab-size", "--tokenizer-type",
+    "--num-query-groups", "--seq-length", POSITIONS, "--vocab-size", "--tokenizer-type",
     "--make-vocab-size-divisible-by", "--normalization", "--position-embedding-type",
     "--rotary-base",
     "--attention-dropout", "--hidden-dropout", "--micro-batch-size", "--global-batch-size",
@@ -480,7 +486,9 @@ def megatron_plan_dict(
             raise ConfigError(f"{what} --rotary-base", f"{shown} but --model {named.name} has "
                               f"{named.rope_theta:g}", "drop --model to read the model from "
                               "the arguments, or give a model file at that base")
-    layers = load_model(model_ref).num_layers
+    spec = load_model(model_ref)
+    layers = spec.num_layers
+    check_positions(f, spec.position == PositionKind.LEARNED, spec.hidden_size)
     fraction = f.number("--optimizer-offload-fraction", 1.0)
     if f.has("--optimizer-cpu-offload") and fraction != 1.0:
         raise ConfigError(
@@ -518,7 +526,8 @@ def unread_megatron_flags(text: str, what: str) -> list[str]:
     """The Megatron flags in `text` the importer skips (data, logging, ...); torchrun's are
     not Megatron's to say."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
-    unread = unread_flags(f, READ_FLAGS, LAUNCHER_FLAGS | UNREAD_NEIGHBOURS, "Megatron")
+    unread = unread_flags(f, READ_FLAGS | neutral_flags(f), LAUNCHER_FLAGS | UNREAD_NEIGHBOURS,
+                          "Megatron")
     return [name for name in unread if name not in LAUNCHER_FLAGS]
 
 
