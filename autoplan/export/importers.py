@@ -343,7 +343,9 @@ def import_deepspeed(
         raise ConfigError(what, "expected a JSON object")
     if model is None:
         raise ConfigError("--model", "missing", "a DeepSpeed config names no model; pass --model")
-    data = deepspeed_plan_dict(cfg, num_gpus, what, _degrees(assignments))
+    degrees = _degrees(assignments)
+    beside = _split_beside(Path(path), cfg, degrees, what)
+    data = deepspeed_plan_dict(cfg, num_gpus, what, degrees)
     data["model"] = model
     data["cluster"] = {
         "profile": cluster,
@@ -362,7 +364,43 @@ def import_deepspeed(
         log.warning("%s: activation_checkpointing read as full recompute of every block (the "
                     "script checkpoints each with deepspeed.checkpointing.checkpoint, as export "
                     "writes it); --set recompute.policy=none if it does not", what)
+    if num_gpus is None and not degrees and not beside and not _states_split(cfg):
+        log.warning("%s: the JSON records no tensor or pipeline parallelism and no --num-gpus "
+                    "was given: read as data parallelism over %d GPUs (train_batch_size / "
+                    "micro batch / accumulation); a run that also splits the model (Megatron-"
+                    "DeepSpeed, AutoTP) has more: import its launch script, or pass --num-gpus "
+                    "and --set parallel.tp=N / --set parallel.pp=N", what, plan.world_size)
     return plan
+
+
+def _states_split(cfg: dict[str, Any]) -> bool:
+    """Whether the JSON itself says the model split: tensor_parallel.autotp_size or
+    pipeline.stages (read by deepspeed_plan_dict)."""
+    tp, pipe = cfg.get("tensor_parallel"), cfg.get("pipeline")
+    return ((isinstance(tp, dict) and tp.get("autotp_size") not in (None, 0))
+            or (isinstance(pipe, dict) and pipe.get("stages", "auto") != "auto"))
+
+
+def _split_beside(config: Path, cfg: dict[str, Any], degrees: dict[str, int],
+                  what: str) -> bool:
+    """Refuse a JSON whose launch, written beside it by `export --to deepspeed`, splits the
+    model (tp or pp > 1), which the JSON cannot record, unless --set gives the launch's degrees:
+    it would import as data parallelism alone, over fewer GPUs than the launch runs. True when
+    such a launch says the degrees (of one: the JSON alone is the whole plan)."""
+    from autoplan.export.megatron_deepspeed_import import launch_beside
+
+    found = launch_beside(config)
+    if found is None:
+        return False
+    launch, tp, pp = found
+    given = (degrees.get("tp", 1), degrees.get("pp", 1))
+    if tp * pp > 1 and given != (tp, pp) and not _states_split(cfg):
+        problem = ("records no tensor or pipeline parallelism" if not degrees else
+                   f"read with --set as tp={given[0]} pp={given[1]}")
+        raise ConfigError(what, f"{problem}, but {launch}, beside it, runs it with tp={tp} "
+                          f"pp={pp}", f"import {launch} instead, or pass --set parallel.tp={tp} "
+                          f"--set parallel.pp={pp}")
+    return True
 
 
 def _launch_gpus(path: str | Path, num_gpus: int | None) -> None:

@@ -88,6 +88,24 @@ def files_read(launch: Path) -> list[Path]:
     return [launch, config_path(launch, ref)] if isinstance(ref, str) and ref else [launch]
 
 
+def launch_beside(config: Path) -> tuple[Path, int, int] | None:
+    """(launch, tp, pp) of the launch `export --to deepspeed` wrote beside the JSON `config`
+    (`--out X.json` writes X.launch.sh, stdout names them ds_config.json and launch.sh) where
+    it names `config` with --deepspeed_config; None when there is none, or it cannot be read."""
+    for launch in (config.with_name(f"{config.stem}.launch.sh"), config.with_name("launch.sh")):
+        try:
+            if not launch.is_file() or config.resolve() not in [
+                    p.resolve() for p in files_read(launch)[1:]]:
+                continue
+            f = Flags(parse_flags(expand_variables(launch.read_text(encoding="utf-8")),
+                                  SWITCHES), f"deepspeed launch {launch}")
+            return (launch, positive(f, "--tensor-model-parallel-size"),
+                    positive(f, "--pipeline-model-parallel-size"))
+        except (OSError, ValueError, ConfigError):  # UnicodeDecodeError is a ValueError
+            continue
+    return None
+
+
 def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
                      read_config: Callable[[Path, int, bool], dict[str, Any]],
                      model: ModelSpec) -> dict[str, Any]:
