@@ -32,7 +32,7 @@ from autoplan.search.engine import (
     run_search,
     type_requests,
 )
-from autoplan.search.space import parse_batch_sizes, parse_gpu_counts
+from autoplan.search.space import parse_batch_sizes, parse_gpu_counts, typed_range
 from autoplan.search.targets import MEMORY_SLACKS, OBJECTIVES, Targets
 from autoplan.search_space import load_space
 
@@ -143,7 +143,7 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         worker=args.worker, runtime=load_runtime(
             args.runtime, on_cpu=profile.is_cpu),
         global_batch_size_max=gbs_max if gbs_max != gbs else None,
-        types=types if len(types) > 1 else ())
+        types=types if len(types) > 1 else (), gpu_range=typed_range(str(args.num_gpus)))
     check_batch_range(req.space, req.gpu_counts, req.batch)  # before --out is locked
     if len(types) == 1:
         return dataclasses.replace(req, gpu_counts=types[0].gpu_counts, profile_ref=types[0].ref)

@@ -70,6 +70,9 @@ class SearchRequest:
     """With a value: the search picks the global batch size in [global_batch_size, this]."""
     types: tuple[GpuType, ...] = ()
     """Several GPU types searched in one run (`--cluster A,B,C`); the first is profile."""
+    gpu_range: tuple[int, int] | None = None
+    """--num-gpus typed as a range A..B (gpu_counts: the counts of it searched); None where
+    the counts were listed. For display only: the counts are what a study's fingerprint holds."""
 
     space_given: SearchSpace | None = None
     """The space as given, before `for_device` settled it (each GPU type settles its own)."""

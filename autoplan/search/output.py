@@ -70,6 +70,8 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "feasible": bool(len(result.order)), "model": req.model.name,
         "cluster": req.profile_ref, "num_gpus": list(req.gpu_counts),
+        # --num-gpus typed as A..B (num_gpus: the counts of it searched); absent for a list
+        **({"num_gpus_range": list(req.gpu_range)} if req.gpu_range else {}),
         # an `--objective gpus` search stops at the first count that meets the targets
         "num_gpus_scored": list(result.counts_scored or req.gpu_counts),
         "global_batch_size": req.global_batch_size}

@@ -372,15 +372,30 @@ def kept_text(data: dict[str, Any]) -> str:
             f"{KEEP_PER_COUNT:,} nearest misses)")
 
 
+LISTED_COUNTS = 12
+"""GPU counts a header writes out before it shortens the list to its first and last."""
+
+
+def counts_text(gpus: list[int], typed_range: Any = None) -> str:
+    """The GPU counts as the user asked: a list as the list ("8, 16 or 32": not "8..32",
+    which reads as every count between), a range of more than four counts as the range it
+    searched ("64..1024 (12 counts)"); a list past LISTED_COUNTS shortened with "..."."""
+    n = len(gpus)
+    if n == 1:
+        return f"{gpus[0]}"
+    if typed_range and n > 4:
+        return f"{gpus[0]}..{gpus[-1]} ({n} counts)"
+    if n > LISTED_COUNTS:
+        return f"{', '.join(map(str, gpus[:LISTED_COUNTS - 2]))}, ..., {gpus[-1]} ({n} counts)"
+    return f"{', '.join(map(str, gpus[:-1]))} or {gpus[-1]}"
+
+
 def render(console: Console, result: SearchResult, data: dict[str, Any], top: int,
            wide: bool = False) -> None:
     width = terminal_width()
     console.width = max(width, 80)
     gpus = data["num_gpus"]
-    # a short list reads as itself (2, 8: not "2..8", which reads as every count between)
-    where = (f"{gpus[0]}" if len(gpus) == 1
-             else f"{', '.join(map(str, gpus[:-1]))} or {gpus[-1]}" if len(gpus) <= 4
-             else f"{gpus[0]}..{gpus[-1]} ({len(gpus)} counts)")
+    where = counts_text(gpus, data.get("num_gpus_range"))
     batches = data.get("global_batch_range")
     batch = f"{batches[0]}..{batches[1]}" if batches else f"{data['global_batch_size']}"
     console.print(

@@ -23,6 +23,7 @@ from autoplan.search.render import (
     HOISTABLE,
     Shown,
     collapse,
+    counts_text,
     legend,
     with_band,
     zero_cell,
@@ -84,7 +85,7 @@ def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray
 def inputs_html(result: SearchResult) -> str:
     req, m, prof = result.request, result.request.model, result.request.profile
     counts = result.scored.counts
-    gpus = ", ".join(map(str, req.gpu_counts[:12])) + ("..." if len(req.gpu_counts) > 12 else "")
+    gpus = counts_text(list(req.gpu_counts), req.gpu_range)
     rows = [
         ["model", f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads "
                   f"({m.kv_heads} K/V), ffn {m.ffn}, vocab {m.vocab_size}, sequence {m.seq_len}"],

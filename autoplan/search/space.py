@@ -108,6 +108,15 @@ def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def typed_range(text: str) -> tuple[int, int] | None:
+    """--num-gpus as the user typed a range (A..B), None for one count or a list: the header
+    names a range as a range and a list as the list (parse_gpu_counts has checked the text)."""
+    if ".." not in text:
+        return None
+    lo, _, hi = text.partition("..")
+    return _integer(lo), _integer(hi)
+
+
 MAX_BATCH_SIZES = 64
 """Most global batch sizes one layout is crossed with under --global-batch-size A..B."""
 

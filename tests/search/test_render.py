@@ -225,3 +225,34 @@ def test_a_short_list_of_gpu_counts_reads_as_a_list() -> None:
                 "--format", "table"], columns=200)
     assert done.returncode == 0, done.stderr
     assert "tiny on 2 or 8 x cpu-gloo" in done.stdout and "2..8" not in done.stdout
+
+
+def test_gpu_counts_read_as_the_user_gave_them() -> None:
+    """`--num-gpus 8,16,32,64,128` printed "on 8..128 (5 counts)", which reads as every count
+    between; a typed range stays a range, a long list is shortened with its count."""
+    from autoplan.search.render import counts_text
+
+    assert counts_text([8, 16, 32, 64, 128]) == "8, 16, 32, 64 or 128"
+    assert counts_text([8, 16, 32, 64, 128], [8, 128]) == "8..128 (5 counts)"
+    assert counts_text([1, 2, 4, 8], [1, 8]) == "1, 2, 4 or 8"  # a few counts: the counts
+    assert counts_text(list(range(8, 8 * 15, 8))) == ("8, 16, 24, 32, 40, 48, 56, 64, 72, 80, "
+                                                      "..., 112 (14 counts)")
+    listed = cli(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus",
+                  "1,2,3,4,6", "--global-batch-size", "12", "--space", "small-cpu", "--top",
+                  "1", "--format", "json"])
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    assert data["num_gpus"] == [1, 2, 3, 4, 6] and "num_gpus_range" not in data
+    typed = cli(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1..32",
+                 "--global-batch-size", "32", "--space", "small-cpu", "--top", "1",
+                 "--format", "json"])
+    assert typed.returncode == 0, typed.stderr
+    assert json.loads(typed.stdout)["num_gpus_range"] == [1, 32]
+
+
+def test_a_typed_list_of_five_counts_prints_as_that_list() -> None:
+    done = cli(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1,2,3,4,6",
+                "--global-batch-size", "12", "--space", "small-cpu", "--top", "1",
+                "--format", "table"], columns=200)
+    assert done.returncode == 0, done.stderr
+    assert "tiny on 1, 2, 3, 4 or 6 x cpu-gloo" in done.stdout and "1..6" not in done.stdout
