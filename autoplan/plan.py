@@ -310,9 +310,25 @@ class Plan:
         return dataclasses.replace(self, **changes)
 
 
+PLAN_KEYS: tuple[str, ...] = (*(f.name for f in dataclasses.fields(Plan)), "schema_version")
+"""The keys a plan file may hold at its top: the Plan's fields and its schema_version. One
+list for the loader (plan_from_dict) and for estimate's --plan, which checks a file's keys
+before it adds the flags' fields (plan_args)."""
+
+
+def check_plan_keys(data: dict[Any, Any]) -> None:
+    """Refuse (exit 2) a top-level key that is no plan field, listing PLAN_KEYS."""
+    for key in data:
+        if key not in PLAN_KEYS:
+            shown = (key if isinstance(key, str) and key.isprintable() and key.strip()
+                     and len(key) <= 100 else show(key, 100))
+            raise ConfigError(str(shown), "unknown key", f"valid keys: {', '.join(PLAN_KEYS)}")
+
+
 def plan_from_dict(data: Any, where: str = "plan") -> Plan:
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {show(data)}", "expected a mapping of plan fields")
+    check_plan_keys(data)
     data = check_schema_version(data, "")
     model = data.get("model")
     if isinstance(model, dict):

@@ -4,7 +4,6 @@ and typed `--set key=value` edits, all validated by the strict plan loader."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +13,7 @@ from autoplan.cost.runtimes import RUNTIMES
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
-from autoplan.plan import Plan, plan_from_dict, plan_to_dict, put_field, set_field
+from autoplan.plan import Plan, check_plan_keys, plan_from_dict, plan_to_dict, put_field, set_field
 from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, safe_load_text, show
 
@@ -133,11 +132,7 @@ def _check_plan_keys(path: str, raw: dict[str, Any]) -> None:
     if isinstance(raw.get("plan"), dict) and "measured" in raw:
         raise ConfigError("--plan", f"{show(path)} is a run record, whose plan is under `plan:`",
                           "pass the plan.yaml the run was started from")
-    valid = [f.name for f in dataclasses.fields(Plan)] + ["schema_version"]
-    for key in raw:
-        if key not in valid:
-            raise ConfigError(str(key) if isinstance(key, str) else show(key), "unknown key",
-                              f"valid keys: {', '.join(valid)}")
+    check_plan_keys(raw)  # the loader's own list and message, before the flags add fields
 
 
 FieldPath = tuple[Any, ...]
