@@ -6,7 +6,7 @@ its model spec inlined, so the image needs autoplan but no copy of the plan. A h
 the image cannot find by name (a path, or a profile of this machine's user directory, such as
 `autoplan profile` writes) travels the same way, and the plan points at that copy. `--elastic`: a
 PyTorchJob with an elasticPolicy, or a JobSet whose torchrun takes `--nnodes=MIN:MAX`; either
-way `autoplan train --elastic` re-plans for the pods left. A CPU profile's plan requests a CPU
+way `autoplan train --elastic` re-plans for the pods left, on nodes of the size written. A CPU profile's plan requests a CPU
 per rank and no GPU, and trains on gloo.
 """
 
@@ -33,6 +33,7 @@ from autoplan.export.launch import (
     torchrun_argv,
     train_argv,
 )
+from autoplan.export.nodes import NODE_SIZE_ENV
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import ClusterRef, Plan, plan_to_dict
 from autoplan.yaml_io import dump_yaml, read_yaml
@@ -117,8 +118,9 @@ def _script(torchrun: list[str], opts: ExportOptions, payload: dict[str, str],
 
 def _env(payload: dict[str, str], opts: ExportOptions) -> list[dict[str, str]]:
     env = [{"name": name, "value": text} for name, text in payload.items()]
-    if opts.elastic:
-        env.append({"name": ELASTIC_ENV[0], "value": ELASTIC_ENV[1]})
+    if opts.elastic:  # and the node size `autoplan train --elastic` re-plans on
+        env += [{"name": ELASTIC_ENV[0], "value": ELASTIC_ENV[1]},
+                {"name": NODE_SIZE_ENV, "value": str(opts.gpus_per_node)}]
     return env
 
 

@@ -9,17 +9,29 @@ import dataclasses
 import numpy as np
 
 from autoplan.cost import comm
-from autoplan.hardware import ClusterSpec, load_profile
+from autoplan.hardware import ClusterProfile, ClusterSpec, load_profile
 from autoplan.plan import Plan
+
+NODE_SIZE_ENV = "AUTOPLAN_GPUS_PER_NODE"
+"""Set by an elastic export (slurm, kubernetes) to the GPUs per node it writes, so that
+`autoplan train --elastic` re-plans on the nodes the job runs on (runtime/elastic.py), as the
+export priced and memory-checked them, not on the profile's node size."""
+
+
+def profile_on_nodes(ref: str, gpus_per_node: int | None) -> ClusterProfile:
+    """Profile `ref` with nodes of `gpus_per_node` GPUs (None: its own); raises ConfigError
+    where it does not load here (another site's)."""
+    profile = load_profile(ref, flag="cluster.profile")
+    if gpus_per_node is not None and profile.gpus_per_node != gpus_per_node:
+        profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
+    return profile
 
 
 def written_cluster(plan: Plan, gpus_per_node: int) -> ClusterSpec:
     """The plan's profile on nodes of `gpus_per_node` GPUs, as the job is written; raises
     ConfigError where the profile does not load here (another site's)."""
-    profile = load_profile(plan.cluster.profile, flag="cluster.profile")
-    if profile.gpus_per_node != gpus_per_node:
-        profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
-    return ClusterSpec(profile, plan.cluster.num_gpus)
+    return ClusterSpec(profile_on_nodes(plan.cluster.profile, gpus_per_node),
+                       plan.cluster.num_gpus)
 
 
 def node_groups(plan: Plan) -> dict[str, tuple[int, int]]:

@@ -4,7 +4,7 @@ c10d rendezvous on the job's first node; nodes and GPUs per node come from the p
 hardware profile (a CPU profile's plan asks for CPUs: one per rank, no GPUs); torchrun restarts the worker group up to --max-restarts times and
 `autoplan train --resume` continues from the checkpoint directory. `--elastic`: torchrun
 `--nnodes=MIN:MAX`, a job SLURM keeps when a node fails, and `autoplan train --elastic`, which
-re-plans for the nodes left.
+re-plans for the nodes left, on nodes of the size written (--gpus-per-node).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from autoplan.export.launch import (
     torchrun_argv,
     train_argv,
 )
+from autoplan.export.nodes import NODE_SIZE_ENV
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -75,7 +76,7 @@ class SlurmTarget(ExportTarget):
                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                 f"mkdir -p {shell_join([opts.checkpoint_dir])}",
                 "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
-                *([f"export {ELASTIC_ENV[0]}={ELASTIC_ENV[1]}"] if opts.elastic else []),
+                *(elastic_env_lines(opts) if opts.elastic else []),
                 "",
                 continued(launch),
                 "",
@@ -90,6 +91,13 @@ def _device_directive(lay: Layout, cpu: bool) -> str:
     if cpu:
         return f"#SBATCH --cpus-per-task={lay.nproc_per_node}"
     return f"#SBATCH --gpus-per-node={lay.nproc_per_node}"
+
+
+def elastic_env_lines(opts: ExportOptions) -> list[str]:
+    """The elastic job's environment: torchrun's store setting (ELASTIC_ENV) and the node size
+    written, which `autoplan train --elastic` re-plans on (nodes.NODE_SIZE_ENV)."""
+    return [f"export {ELASTIC_ENV[0]}={ELASTIC_ENV[1]}",
+            f"export {NODE_SIZE_ENV}={opts.gpus_per_node}"]
 
 
 def _elastic_directives(opts: ExportOptions) -> list[str]:

@@ -10,8 +10,10 @@ itself happens inside the workers, which see WORLD_SIZE != the plan's world size
 `replan` is a pure function of the plan file and the ranks present: the same model, global
 batch, precision, hardware profile, objectives and runtime the plan was searched for (its
 `predicted` block names the runtime and objectives; a plan does not record its search space,
-so the space is a flag, by default search's own default). It takes the largest world size
-<= present with a feasible plan (the plan itself at its own size); ranks above it sit idle.
+so the space is a flag, by default search's own default), on nodes of the size the job runs
+(an export's --gpus-per-node, handed over in export.nodes.NODE_SIZE_ENV; else the profile's).
+It takes the largest world size <= present with a feasible plan (the plan itself at its own
+size); ranks above it sit idle.
 Rank 0 computes it and hands the YAML to the others through the job's store (worker.py), so
 every rank runs the same plan whatever the float round-off of its machine.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +54,8 @@ class Replan:
     """(world size, why no plan fits it) for every larger world tried first."""
     space: str = DEFAULT_SPACE
     runtime: str | None = None
+    gpus_per_node: int | None = None
+    """GPUs per node the re-plan priced (None: the profile's)."""
 
     @property
     def world_size(self) -> int:
@@ -80,14 +85,31 @@ def plan_runtime(plan: Plan) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _request(plan: Plan, world: int, space: str):
+def job_gpus_per_node() -> int | None:
+    """GPUs per node of the job as its export wrote them (NODE_SIZE_ENV), None where it does
+    not say (a job not written by an elastic export: the profile's node size)."""
+    from autoplan.export.nodes import NODE_SIZE_ENV
+    from autoplan.hardware import MAX_GPUS_PER_NODE
+
+    raw = os.environ.get(NODE_SIZE_ENV)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6
+            and 1 <= int(raw) <= MAX_GPUS_PER_NODE):
+        raise ConfigError(NODE_SIZE_ENV, f"got {raw[:40]!r}", f"expected 1 to "
+                          f"{MAX_GPUS_PER_NODE} GPUs in one node, as `autoplan export "
+                          "--gpus-per-node` writes it, or unset it for the profile's")
+    return int(raw)
+
+
+def _request(plan: Plan, world: int, space: str, gpus_per_node: int | None = None):
     from autoplan.cost.runtimes import load_runtime
-    from autoplan.hardware import load_profile
+    from autoplan.export.nodes import profile_on_nodes
     from autoplan.search.engine import SearchRequest
     from autoplan.search.targets import Targets
     from autoplan.search_space import load_space
 
-    profile = load_profile(plan.cluster.profile)
+    profile = profile_on_nodes(plan.cluster.profile, gpus_per_node)
     # the precision stays the plan's: a re-plan changes the layout, not the numerics
     searched = dataclasses.replace(load_space(space), precision=(plan.precision,))
     return SearchRequest(
@@ -103,23 +125,26 @@ def elastic_space(args) -> str:
     return getattr(args, "space", None) or DEFAULT_SPACE
 
 
-def search_world(plan: Plan, world: int, space: str = DEFAULT_SPACE):
-    """(best plan or None, one line on why nothing fits) for exactly `world` ranks."""
+def search_world(plan: Plan, world: int, space: str = DEFAULT_SPACE,
+                 gpus_per_node: int | None = None):
+    """(best plan or None, one line on why nothing fits) for exactly `world` ranks on nodes
+    of `gpus_per_node` GPUs (None: the profile's)."""
     import numpy as np
 
     from autoplan.search.cli import infeasible_line
     from autoplan.search.engine import run_search
     from autoplan.search.output import plans, summary
 
-    result = run_search(_request(plan, world, space))
+    result = run_search(_request(plan, world, space, gpus_per_node))
     if result.best is None:
         return None, infeasible_line(summary(result, 1))
     return plans(result, np.array([result.best]))[0], ""
 
 
 def replan(plan: Plan, present: int, *, space: str = DEFAULT_SPACE,
-           min_world: int = 1) -> Replan:
-    """The plan for the largest world in [min_world, present] that has a feasible one.
+           min_world: int = 1, gpus_per_node: int | None = None) -> Replan:
+    """The plan for the largest world in [min_world, present] that has a feasible one, on
+    nodes of `gpus_per_node` GPUs (None: the profile's).
 
     Raises NoFeasiblePlanError (exit 3) with the nearest miss at `present` when none has, and
     ConfigError (exit 2) for a present count below min_world."""
@@ -134,16 +159,19 @@ def replan(plan: Plan, present: int, *, space: str = DEFAULT_SPACE,
     skipped: list[tuple[int, str]] = []
     for world in range(present, min_world - 1, -1):
         if world == plan.world_size:  # the plan itself, valid for its own world
-            return Replan(plan, present, plan.world_size, tuple(skipped), space, runtime)
-        found, why = search_world(plan, world, space)
+            return Replan(plan, present, plan.world_size, tuple(skipped), space, runtime,
+                          gpus_per_node)
+        found, why = search_world(plan, world, space, gpus_per_node)
         if found is None:
             skipped.append((world, why))
             continue
-        return Replan(found, present, plan.world_size, tuple(skipped), space, runtime)
+        return Replan(found, present, plan.world_size, tuple(skipped), space, runtime,
+                      gpus_per_node)
     first = skipped[0][1] if skipped else "nothing to try"
+    nodes = "" if gpus_per_node is None else f" on {gpus_per_node}-GPU nodes"
     raise NoFeasiblePlanError(
         f"--elastic: no feasible plan for {min_world} to {present} GPUs of "
-        f"{plan.cluster.profile} (global batch {plan.batch.global_batch_size}, space "
+        f"{plan.cluster.profile}{nodes} (global batch {plan.batch.global_batch_size}, space "
         f"{space}); at {present}: {first}")
 
 
@@ -163,8 +191,9 @@ def describe(r: Replan, plan_name: str, saved: Path | None = None) -> str:
         f"mbs={p.batch.micro_batch_size} gbs={p.batch.global_batch_size} "
         f"schedule={p.pipeline.schedule.value} vpp={p.pipeline.vpp} "
         f"recompute={p.recompute.policy.value} precision={p.precision.value}")
+    nodes = "" if r.gpus_per_node is None else f", {r.gpus_per_node}-GPU nodes"
     lines.append("  predicted: " + prediction_line(p) + f" (space {r.space}, runtime "
-                 f"{r.runtime or 'autoplan'})")
+                 f"{r.runtime or 'autoplan'}{nodes})")
     if saved is not None:
         lines.append(f"  saved as {saved}")
     lines.append("  resuming from the newest complete checkpoint (DCP reshards it)")
@@ -235,7 +264,7 @@ def agree_on_plan(store, rank: int, present: int, args) -> Replan:
         try:
             original = load_plan(args.plan)
             r = replan(original, present, space=elastic_space(args),
-                       min_world=args.min_gpus or 1)
+                       min_world=args.min_gpus or 1, gpus_per_node=job_gpus_per_node())
             store.set(PLAN_KEY, to_text(r.plan).encode())
         except (ConfigError, NoFeasiblePlanError) as err:
             store.set(PLAN_KEY, f"{_ERROR}{type(err).__name__}:{err}".encode())
@@ -256,7 +285,7 @@ def agree_on_plan(store, rank: int, present: int, args) -> Replan:
     original = load_plan(args.plan)
     new = from_text(text)
     return Replan(new, present, original.world_size, space=elastic_space(args),
-                  runtime=plan_runtime(original))
+                  runtime=plan_runtime(original), gpus_per_node=job_gpus_per_node())
 
 
 def wait_idle(store, rank: int, r: Replan, stopped) -> None:
