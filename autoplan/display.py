@@ -32,6 +32,21 @@ def column(values: list[float], total: float, digits: int = 3) -> list[str]:
             else f"{v:.{decimals}f}" for v in values]
 
 
+def whole(value: float) -> str:
+    """A count or rate with thousands separators ("1,500,000"); from 1e15 on in exponent form
+    (3 significant figures), where the other digits of a float are noise."""
+    return f"{value:,.0f}" if abs(value) < 1e15 else f"{value:.3g}"
+
+
+def days(value: float) -> str:
+    """Days to train: one decimal; two significant digits below a tenth (a short run read as
+    "0.0"); three from a thousand on (a budget far past any cluster's reach printed every digit
+    of a float)."""
+    if 0 < value < 0.1:
+        return sig(value, 2)
+    return f"{value:.1f}" if value < 1000 else sig(value, 3)
+
+
 def count(n: float) -> str:
     """A parameter or token count in millions below a billion: 0.24M, 125M, 8.03B, 1.20T."""
     for scale, suffix in ((1e12, "T"), (1e9, "B")):

@@ -18,6 +18,7 @@ from typing import Any
 from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, check_seed, count, emit, stderr_console
 from autoplan.cost.runtimes import RUNTIMES, load_runtime
+from autoplan.display import days, whole
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS
@@ -434,7 +435,7 @@ def by_cluster_lines(rows: list[dict[str, Any]]) -> list[str]:
                 + f", dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']}, "
                 f"{r['tokens_per_s']:,.0f} tokens/s")
         if "days" in r:
-            text += f", {r['days']:.1f} days, {r['gpu_hours']:,.0f} GPU-hours"
+            text += f", {days(r['days'])} days, {whole(r['gpu_hours'])} GPU-hours"
         if "usd" in r:
             text += f", ${r['usd']:,.0f} at ${r['price_per_gpu_hour']:.2f}/GPU-hour"
         lines.append(text)

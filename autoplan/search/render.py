@@ -17,7 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from autoplan.display import sig, terminal_width
+from autoplan.display import days, sig, terminal_width, whole
 from autoplan.search.engine import SearchResult
 
 SHORT = {"interleaved-1f1b": "int", "zero-bubble": "zb", "1f1b": "1f1b", "gpipe": "gpipe"}
@@ -139,19 +139,16 @@ def tokens_cell(v: float, wide: bool) -> str:
     return f"{sig(v / 1e6, 3)}M" if v >= 1e6 else f"{sig(v / 1e3, 3)}k"
 
 
-def figure_cell(r: dict[str, Any], key: str, fmt: str) -> str:
-    """A figure only some searches have (days with a token budget, dollars with prices)."""
-    v = r.get(key)
-    return format(v, fmt) if isinstance(v, float) and math.isfinite(v) else "-"
+def usd_cell(r: dict[str, Any]) -> str:
+    """US dollars, "-" where the profile has no price."""
+    v = r.get("usd")
+    return whole(v) if isinstance(v, float) and math.isfinite(v) else "-"
 
 
 def days_cell(r: dict[str, Any]) -> str:
-    """Days to train: one decimal, two significant digits below a tenth (a short run read
-    as "0.0" days)."""
+    """Days to train (display.days); "-" where there is no figure."""
     v = r.get("days")
-    if isinstance(v, float) and math.isfinite(v) and 0 < v < 0.1:
-        return sig(v, 2)
-    return figure_cell(r, "days", ".1f")
+    return days(v) if isinstance(v, float) and math.isfinite(v) else "-"
 
 
 # (key, wide header, narrow header, right-aligned, cell)
@@ -183,8 +180,8 @@ COLUMNS: list[Cell] = [
      lambda s, w: s.row["dominant"] if w else DOMINANT_SHORT.get(s.row["dominant"],
                                                                   s.row["dominant"])),
     ("days", "days", "days", True, lambda s, w: days_cell(s.row)),
-    ("gpu_hours", "GPU-h", "GPU-h", True, lambda s, w: f"{s.row['gpu_hours']:,.0f}"),
-    ("usd", "USD", "USD", True, lambda s, w: figure_cell(s.row, "usd", ",.0f")),
+    ("gpu_hours", "GPU-h", "GPU-h", True, lambda s, w: whole(s.row["gpu_hours"])),
+    ("usd", "USD", "USD", True, lambda s, w: usd_cell(s.row)),
 ]
 HOISTABLE = ("cluster", "num_gpus", "gbs", "sp", "schedule", "zero", "offload", "recompute", "mbs",
              "precision", "attention", "cp", "ep", "etp", "dominant")

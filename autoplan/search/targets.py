@@ -13,6 +13,8 @@ import numpy as np
 
 from autoplan.cost.memory import total_at_p75
 from autoplan.cost.step_memory import node_host_bytes
+from autoplan.display import days as days_text
+from autoplan.display import whole
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
 
@@ -153,11 +155,11 @@ def miss_messages(row: Mapping[str, float], targets: Targets,
         out.append(f"takes {row['time_step']:.3g} s per step of at most "
                    f"{targets.max_step_time_s:g} s")
     if targets.min_tokens_per_s is not None and row["tokens_per_s"] < targets.min_tokens_per_s:
-        out.append(f"reaches {row['tokens_per_s']:,.0f} tokens/s of at least "
-                   f"{targets.min_tokens_per_s:,.0f}")
+        out.append(f"reaches {whole(row['tokens_per_s'])} tokens/s of at least "
+                   f"{whole(targets.min_tokens_per_s)}")
     if targets.deadline_days is not None and targets.train_tokens is not None:
         days = targets.train_tokens / row["tokens_per_s"] / SECONDS_PER_DAY
         if days > targets.deadline_days:
-            out.append(f"needs {days:.1f} days for {targets.train_tokens:.3g} tokens of at "
+            out.append(f"needs {days_text(days)} days for {targets.train_tokens:.3g} tokens of at "
                        f"most {targets.deadline_days:g}")
     return out

@@ -256,3 +256,20 @@ def test_a_typed_list_of_five_counts_prints_as_that_list() -> None:
                 "--format", "table"], columns=200)
     assert done.returncode == 0, done.stderr
     assert "tiny on 1, 2, 3, 4 or 6 x cpu-gloo" in done.stdout and "1..6" not in done.stdout
+
+
+def test_figures_past_any_clusters_reach_print_short() -> None:
+    """--train-tokens 1e30 printed "85938006903806640128.0" days in the table and the nearest
+    miss, and --min-tokens-per-s 1e30 every digit of the float."""
+    from autoplan.display import whole
+    from autoplan.search.render import usd_cell
+
+    assert days_cell({"days": 8.5938e19}) == "8.59e+19"
+    assert days_cell({"days": 123_456.7}) == "123,000" and days_cell({"days": 999.94}) == "999.9"
+    assert whole(1e30) == "1e+30" and whole(1_500_000.4) == "1,500,000"
+    assert usd_cell({"usd": 2.15e22}) == "2.15e+22" and usd_cell({"usd": float("nan")}) == "-"
+    done = cli(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "2",
+                "--global-batch-size", "16", "--space", "small-cpu", "--min-tokens-per-s",
+                "1e30", "--format", "json"])
+    assert done.returncode == 3
+    assert "tokens/s of at least 1e+30" in done.stderr and "000,000,000" not in done.stderr
