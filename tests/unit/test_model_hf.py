@@ -51,6 +51,7 @@ def test_a_given_seq_len_is_no_guess(tmp_path, caplog) -> None:
 
 def test_a_stated_window_is_no_guess(tmp_path, caplog) -> None:
     scaled = {**LONG_CONTEXT, "rope_scaling": {"rope_type": "llama3", "factor": 4.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                "original_max_position_embeddings": 4096}}
     with caplog.at_level(logging.WARNING):
         assert load_model(_config(tmp_path, scaled)).seq_len == 4096

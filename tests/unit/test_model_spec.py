@@ -133,8 +133,9 @@ LLAMA31_8B = {  # meta-llama/Llama-3.1-8B config.json
     "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
     "vocab_size": 128256, "max_position_embeddings": 131072, "hidden_act": "silu",
-    "rope_scaling": {"factor": 8.0, "original_max_position_embeddings": 8192,
-                     "rope_type": "llama3"}, "tie_word_embeddings": False,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "tie_word_embeddings": False,
 }
 
 
@@ -188,7 +189,9 @@ def test_encoder_models_are_refused_by_name(tmp_path, kind) -> None:
 
 def test_seq_len_is_the_training_context(tmp_path) -> None:
     # Llama 3.1: 131072-token window, 8192-token pre-training (rope_scaling says so)
-    assert load_model(_write(tmp_path, LLAMA31_8B)).seq_len == 8192
+    llama31 = load_model(_write(tmp_path, LLAMA31_8B))
+    assert llama31.seq_len == 8192
+    assert llama31.rope_scaling == load_model("llama-3.1-8b").rope_scaling is not None
     no_scaling = {k: v for k, v in LLAMA31_8B.items() if k != "rope_scaling"}
     assert load_model(_write(tmp_path, no_scaling)).seq_len == 8192  # the stated default
     assert load_model(_write(tmp_path, QWEN3_32B)).seq_len == 8192
