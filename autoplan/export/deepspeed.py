@@ -191,7 +191,9 @@ class DeepSpeedTarget(ExportTarget):
 
 
 def _theta(m: ModelSpec) -> str:
-    return f" (theta {m.rope_theta:g})" if m.position == PositionKind.ROPE else ""
+    if m.position != PositionKind.ROPE:
+        return ""
+    return f" (theta {m.rope_theta:g}{megatron_deepspeed.rope_scaling_words(m)})"
 
 
 def model_comment(plan: Plan, model: ModelSpec) -> list[str]:

@@ -24,7 +24,7 @@ from autoplan.export.launch import (
 )
 from autoplan.export.megatron_moe import moe_args, moe_reasons
 from autoplan.export.megatron_te import te_args, te_reasons
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind, RopeScaling
 from autoplan.plan import Plan, RecomputeMethod, RecomputePolicy, Schedule
 
 MEGATRON_OFFLOAD_STAGES = load_runtime("megatron").offload_zero_stages
@@ -67,6 +67,12 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         why.append(f"schedule {pipe.schedule.value}: Megatron runs 1F1B or interleaved 1F1B")
     if model.mlp == MlpKind.GEGLU:
         why.append("mlp geglu: Megatron's arguments gate the MLP with SiLU only (--swiglu)")
+    scaling = model.rope_scaling
+    if scaling is not None and _fixed_band(scaling) != MEGATRON_ROPE_BAND:
+        why.append(f"model.rope_scaling {_fixed_band(scaling)} (low_freq_factor, "
+                   "high_freq_factor, original_max_position_embeddings): Megatron-Core scales "
+                   f"with {MEGATRON_ROPE_BAND} fixed (RotaryEmbedding._apply_scaling); only "
+                   "the factor is a flag (--rope-scaling-factor)")
     rc = plan.recompute
     if rc.num_layers is not None and rc.policy != RecomputePolicy.FULL:
         why.append(
@@ -74,6 +80,18 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             "Megatron counts recomputed layers for full recompute only"
         )
     return why + te_reasons(plan, model) + moe_reasons(plan, model)
+
+
+MEGATRON_ROPE_BAND = (1.0, 4.0, 8192)
+"""Llama 3.1's frequency band, which Megatron-Core's RoPE scaling fixes (megatron/core/models/
+common/embeddings/rotary_pos_embedding.py RotaryEmbedding._apply_scaling: low_freq_factor 1,
+high_freq_factor 4, original_max_position_embeddings 8192; --use-rope-scaling turns it on and
+--rope-scaling-factor, default 8, sets the factor)."""
+
+
+def _fixed_band(scaling: RopeScaling) -> tuple[float, float, int]:
+    return (scaling.low_freq_factor, scaling.high_freq_factor,
+            scaling.original_max_position_embeddings)
 
 
 def layout_string(split: tuple[int, ...], mtp_layers: int = 0) -> str:
@@ -170,6 +188,8 @@ def _model_args(m: ModelSpec) -> list[str]:
     )
     if m.position == PositionKind.ROPE:  # the base, whatever Megatron's default (10000)
         a.append(f"--rotary-base {int(m.rope_theta)}")
+    if m.rope_scaling is not None:  # Llama 3.1's, in Megatron-Core's fixed band
+        a += ["--use-rope-scaling", f"--rope-scaling-factor {m.rope_scaling.factor!r}"]
     if not m.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if not m.bias:

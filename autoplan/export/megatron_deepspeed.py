@@ -118,9 +118,19 @@ def rope_note(m: ModelSpec) -> list[str]:
     export checks (tests/data/export/megatron_deepspeed_flags.yaml), so none is written."""
     if m.position != PositionKind.ROPE:
         return []
-    return [f"# RoPE base: model {m.name} rotates by theta {m.rope_theta:g}; no flag for it is "
-            "written (this fork's is not checked):",
+    return [f"# RoPE base: model {m.name} rotates by theta {m.rope_theta:g}"
+            f"{rope_scaling_words(m)}; no flag for it is written (this fork's is not checked):",
             "# make sure Megatron-DeepSpeed's rotary embedding uses that base."]
+
+
+def rope_scaling_words(m: ModelSpec) -> str:
+    """", scaled as Llama 3.1 (factor ..., ...)" for a model with rope_scaling, else ""."""
+    r = m.rope_scaling
+    if r is None:
+        return ""
+    return (f", scaled as Llama 3.1 (factor {r.factor:g}, low_freq_factor "
+            f"{r.low_freq_factor:g}, high_freq_factor {r.high_freq_factor:g}, "
+            f"original_max_position_embeddings {r.original_max_position_embeddings})")
 
 
 def _model_args(m: ModelSpec) -> list[str]:

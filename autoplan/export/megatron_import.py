@@ -31,7 +31,14 @@ from autoplan.export.shell_args import (
     parse_flags,
     unread_flags,
 )
-from autoplan.model_spec import DEFAULT_ROPE_THETA, PRESETS, ModelSpec, PositionKind, load_model
+from autoplan.model_spec import (
+    DEFAULT_ROPE_THETA,
+    PRESETS,
+    ModelSpec,
+    PositionKind,
+    RopeScaling,
+    load_model,
+)
 from autoplan.yaml_io import show
 
 log = logging.getLogger(__name__)
@@ -59,6 +66,7 @@ SWITCHES = frozenset(
         "--standalone",
         "--no-python",
         "--use-rotary-position-embeddings",
+        "--use-rope-scaling",
         "--cpu-offloading",
         "--distribute-saved-activations",
     }
@@ -77,7 +85,7 @@ READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS - NEUTRAL_SWITCHES) | frozenset({
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
     "--num-query-groups", "--seq-length", POSITIONS, "--vocab-size", "--tokenizer-type",
     "--make-vocab-size-divisible-by", "--normalization", "--position-embedding-type",
-    "--rotary-base",
+    "--rotary-base", "--rope-scaling-factor",
     "--attention-dropout", "--hidden-dropout", "--micro-batch-size", "--global-batch-size",
     "--optimizer", "--optimizer-offload-fraction", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--recompute-modules", "--cp-comm-type", "--fp8-format",
@@ -238,6 +246,7 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "norm": NORMALIZATIONS[str(choice(f, "--normalization", NORMALIZATIONS, "LayerNorm"))],
         "position": _position(f),
         **_rope_theta(f),
+        **_rope_scaling(f),
         "bias": not f.has("--disable-bias-linear"),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "dropout": hidden_drop,
@@ -265,6 +274,47 @@ def _rope_theta(f: Flags) -> dict[str, Any]:
         return {}
     theta = f.integer("--rotary-base")
     return {"rope_theta": DEFAULT_ROPE_THETA if theta is None else float(theta)}
+
+
+def _rope_scaling(f: Flags) -> dict[str, Any]:
+    """rope_scaling from --use-rope-scaling (Llama 3.1's, in the band Megatron-Core fixes,
+    RopeScaling's defaults) and --rope-scaling-factor (default 8); none without the switch, or
+    for a learned-position model, whose embedding Megatron does not rotate."""
+    built = _built_scaling(f)
+    return {} if built is None else {"rope_scaling": {"factor": built.factor}}
+
+
+def _check_rope(f: Flags, named: ModelSpec) -> None:
+    """--model must rotate as the launch does: at the base of --rotary-base (Megatron's default
+    10000 when absent) and with the scaling of --use-rope-scaling."""
+    built = _rope_theta(f).get("rope_theta")  # the base Megatron rotates by
+    if built is not None and built != named.rope_theta:
+        shown = (f"{built:g}" if f.has("--rotary-base")
+                 else f"absent: Megatron's default {built:g},")
+        raise ConfigError(f"{f.what} --rotary-base", f"{shown} but --model {named.name} has "
+                          f"{named.rope_theta:g}", "drop --model to read the model from "
+                          "the arguments, or give a model file at that base")
+    built_scaling = _built_scaling(f)
+    if built_scaling != named.rope_scaling:
+        def says(r: RopeScaling | None) -> str:
+            return "no scaling" if r is None else (
+                f"scaling factor {r.factor:g} (low {r.low_freq_factor:g}, high "
+                f"{r.high_freq_factor:g}, original {r.original_max_position_embeddings})")
+
+        raise ConfigError(f"{f.what} --use-rope-scaling", f"the launch rotates with "
+                          f"{says(built_scaling)}, --model {named.name} with "
+                          f"{says(named.rope_scaling)}", "drop --model to read the model from "
+                          "the arguments, or give a model file that scales as the launch does")
+
+
+def _built_scaling(f: Flags) -> RopeScaling | None:
+    """The RoPE scaling the launch builds (see _rope_scaling), its factor checked as a flag."""
+    if _position(f) != "rope" or not f.has("--use-rope-scaling"):
+        return None
+    try:
+        return RopeScaling(factor=f.number("--rope-scaling-factor", 8.0))
+    except ConfigError as err:
+        raise ConfigError(f"{f.what} --rope-scaling-factor", err.problem, err.fix) from None
 
 
 def _stages(f: Flags, layers: int, pp: int) -> dict[str, Any]:
@@ -479,13 +529,7 @@ def megatron_plan_dict(
         named = load_model(model_ref)
         check_model(f, named, tp,
                     "--num-query-groups" if gqa else "--group-query-attention", query_groups(f))
-        built = _rope_theta(f).get("rope_theta")  # the base Megatron rotates by
-        if built is not None and built != named.rope_theta:
-            shown = (f"{built:g}" if f.has("--rotary-base")
-                     else f"absent: Megatron's default {built:g},")
-            raise ConfigError(f"{what} --rotary-base", f"{shown} but --model {named.name} has "
-                              f"{named.rope_theta:g}", "drop --model to read the model from "
-                              "the arguments, or give a model file at that base")
+        _check_rope(f, named)
     spec = load_model(model_ref)
     layers = spec.num_layers
     check_positions(f, spec.position == PositionKind.LEARNED, spec.hidden_size)

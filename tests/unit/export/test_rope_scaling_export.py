@@ -1,0 +1,87 @@
+"""Llama 3.1's RoPE scaling (model.rope_scaling) in the exports: Megatron's --use-rope-scaling
+and --rope-scaling-factor, parsed by Megatron's own flag table and read back by the importer
+(a --model that scales otherwise is refused); DeepSpeed's launches name it in their comment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.errors import ConfigError
+from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.importers import import_megatron
+from autoplan.export.registry import get_target
+from autoplan.model_spec import PRESETS, RopeScaling
+from autoplan.plan import Parallel
+
+from .cases import plan
+from .consumers import megatron_parser, run_script
+
+OPTS = ExportOptions(gpus_per_node=8)
+LLAMA31 = PRESETS["llama-3.1-8b"]
+CLUSTER = "h100-sxm-80gb"
+
+
+def _megatron(tmp_path: Path, model) -> Path:
+    p = plan(model, 8, parallel=Parallel(dp=4, tp=2), sequence_parallel=True, zero_stage=1)
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(export_plan(get_target("megatron"), p, p.model_spec(),
+                                OPTS)["megatron_args.sh"])
+    return path
+
+
+@pytest.mark.parametrize("model", [LLAMA31, LLAMA31.replace(
+    name="llama-3.2-scaled", rope_scaling=RopeScaling(factor=32.0))], ids=["8", "32"])
+def test_megatron_writes_the_scaling_and_reads_it_back(tmp_path, model):
+    path = _megatron(tmp_path, model)
+    [call] = run_script(path, {"torchrun": ""})
+    ns = megatron_parser().parse_args(call[call.index("pretrain_gpt.py") + 1:])
+    assert ns.use_rope_scaling and ns.rope_scaling_factor == model.rope_scaling.factor
+    back = import_megatron(path, model=None, cluster=CLUSTER, num_gpus=None)
+    assert back.model_spec().rope_scaling == model.rope_scaling
+    assert back.model_spec() == model  # the preset's name comes back for llama-3.1-8b
+
+
+def test_an_unscaled_model_writes_no_scaling(tmp_path):
+    text = _megatron(tmp_path, PRESETS["llama-3-8b"]).read_text()
+    assert "--use-rope-scaling" not in text and "--rope-scaling-factor" not in text
+
+
+def test_a_model_that_scales_otherwise_than_the_launch_is_refused(tmp_path):
+    path = _megatron(tmp_path, LLAMA31)
+    with pytest.raises(ConfigError) as err:
+        import_megatron(path, model="llama-3-8b", cluster=CLUSTER, num_gpus=None)
+    assert err.value.field.endswith("--use-rope-scaling")
+    assert err.value.problem == ("the launch rotates with scaling factor 8 (low 1, high 4, "
+                                 "original 8192), --model llama-3-8b with no scaling")
+    path.write_text(path.read_text().replace("  --use-rope-scaling\n", ""))
+    with pytest.raises(ConfigError, match="the launch rotates with no scaling, --model "
+                                          "llama-3.1-8b with scaling factor 8"):
+        import_megatron(path, model="llama-3.1-8b", cluster=CLUSTER, num_gpus=None)
+    assert import_megatron(path, model="llama-3-8b", cluster=CLUSTER,
+                           num_gpus=None).model_spec().rope_scaling is None
+
+
+def test_a_factor_below_one_is_refused_naming_the_flag(tmp_path):
+    path = _megatron(tmp_path, LLAMA31)
+    path.write_text(path.read_text().replace("--rope-scaling-factor 8.0",
+                                             "--rope-scaling-factor 0.5"))
+    with pytest.raises(ConfigError, match="--rope-scaling-factor: got 0.5"):
+        import_megatron(path, model=None, cluster=CLUSTER, num_gpus=None)
+
+
+def test_megatron_refuses_a_band_megatron_core_does_not_scale_by():
+    model = LLAMA31.replace(rope_scaling=RopeScaling(high_freq_factor=8.0))
+    reasons = get_target("megatron").check(plan(model, 8), model, OPTS)
+    assert any(r.startswith("model.rope_scaling (1.0, 8.0, 8192)") and "(1.0, 4.0, 8192) "
+               "fixed" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("par", [Parallel(dp=16), Parallel(dp=8, tp=2)],
+                         ids=["plain", "megatron-deepspeed"])
+def test_deepspeed_names_the_scaling_in_its_comment(par):
+    p = plan("llama-3.1-8b", 16, parallel=par, sequence_parallel=par.tp > 1, zero_stage=1)
+    launch = export_plan(get_target("deepspeed"), p, p.model_spec(), OPTS)["launch.sh"]
+    assert ("scaled as Llama 3.1 (factor 8, low_freq_factor 1, high_freq_factor 4, "
+            "original_max_position_embeddings 8192)") in launch
