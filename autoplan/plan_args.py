@@ -12,7 +12,7 @@ from autoplan.cli_common import count
 from autoplan.cost.runtimes import RUNTIMES
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
-from autoplan.model_spec import PRESETS, ModelSpec, load_model
+from autoplan.model_spec import MAX_SIZE, PRESETS, ModelSpec, load_model
 from autoplan.plan import Plan, check_plan_keys, plan_from_dict, plan_to_dict, put_field, set_field
 from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, safe_load_text, show
@@ -50,8 +50,9 @@ def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
     if ref is None:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
     seq_len = getattr(args, "seq_len", None)
-    if seq_len is not None and seq_len <= 0:
-        raise ConfigError("--seq-len", f"got {seq_len}", "expected a positive integer")
+    if seq_len is not None and not 0 < seq_len <= MAX_SIZE["seq_len"]:
+        raise ConfigError("--seq-len", f"got {seq_len}",
+                          f"expected a positive integer up to {MAX_SIZE['seq_len']:,}")
     return load_model(ref, "--model" if args.model else "model", seq_len)  # else the plan's
 
 

@@ -129,3 +129,14 @@ def test_a_plan_file_s_unknown_profile_is_named_as_its_field(tmp_path, capsys) -
     assert "error: cluster.profile: unknown profile 'a100'" in capsys.readouterr().err
     assert main(["estimate", "--plan", plan, "--cluster", "a100x"]) == 2
     assert "error: --cluster: unknown profile 'a100x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["estimate", "search", "tune"])
+def test_a_seq_len_past_the_limit_names_the_flag(capsys, command) -> None:
+    """--seq-len 99999999 was refused as `model.seq_len`, a field the user never wrote."""
+    argv = [command, "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1",
+            "--global-batch-size", "1", "--seq-len", "99999999"]
+    assert main(argv + (["--dry-run"] if command == "tune" else [])) == 2
+    err = capsys.readouterr().err
+    assert f"autoplan {command}: error: --seq-len: got 99999999; expected a positive integer " \
+           "up to 16,777,216" in err, err
