@@ -195,7 +195,7 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
         if best:
             console_out.print(f"chosen: {_short(best.plan)}")
 
-    emit(args, data, render)
+    emit(args, _shown(args, data), render)
     if calib:
         from autoplan.calibrate_cli import warn_overfit
         warn_overfit(calib, "tune")
@@ -301,8 +301,17 @@ def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
                                     "predicted_trial_s"), "trials tune would run"))
         console.print(f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget")
 
-    emit(args, dry, render_dry)
+    emit(args, _shown(args, dry), render_dry)
     return 0
+
+
+def _shown(args: argparse.Namespace, data: dict[str, Any]) -> Any:
+    """What --format prints: YAML rounded for reading (4 significant figures), as search and
+    estimate print it; JSON with every digit."""
+    from autoplan.cli_common import resolve_format
+    from autoplan.display import rounded
+
+    return rounded(data) if resolve_format(args) == "yaml" else data
 
 
 def _trial_printer(console: Any, total: int) -> Any:
