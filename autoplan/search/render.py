@@ -387,6 +387,18 @@ def counts_text(gpus: list[int], typed_range: Any = None) -> str:
     return f"{', '.join(map(str, gpus[:-1]))} or {gpus[-1]}"
 
 
+def plans_text(n: int) -> str:
+    return f"{n} plan{'' if n == 1 else 's'}"
+
+
+def table_title(data: dict[str, Any], multi: bool, merged: bool) -> str:
+    """"Pareto front (5 plans; throughput vs cost)" or "top 10 plans by throughput"."""
+    if multi:
+        return f"Pareto front ({plans_text(data['pareto_size'])}; {' vs '.join(data['objectives'])})"
+    return (f"top {plans_text(len(data['top']))} by {data['objectives'][0]}"
+            + (" (equivalent plans share a row)" if merged else ""))
+
+
 def render(console: Console, result: SearchResult, data: dict[str, Any], top: int,
            wide: bool = False) -> None:
     width = terminal_width()
@@ -403,10 +415,7 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
     if data["top"]:
         shown = shown_rows(result, data, top)
         merged = sum(len(s.zeros) > 1 or len(s.splits) > 1 for s in shown)
-        title = (f"Pareto front ({data['pareto_size']} plans; {' vs '.join(data['objectives'])})"
-                 if result.request.targets.multi else f"top {len(data['top'])} plans by "
-                 f"{data['objectives'][0]}" + (" (equivalent plans share a row)" if merged
-                                               else ""))
+        title = table_title(data, result.request.targets.multi, merged > 0)
         table, shared, dropped = ranked_table(shown, title, data["objectives"], wide, width,
                                               len(gpus) == 1, not batches)
         if wide:

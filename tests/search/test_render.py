@@ -273,3 +273,16 @@ def test_figures_past_any_clusters_reach_print_short() -> None:
                 "1e30", "--format", "json"])
     assert done.returncode == 3
     assert "tokens/s of at least 1e+30" in done.stderr and "000,000,000" not in done.stderr
+
+
+def test_a_table_of_one_plan_says_plan() -> None:
+    """A one-plan front was titled "Pareto front (1 plans; ...)"."""
+    from autoplan.search.render import table_title
+
+    front = {"pareto_size": 1, "objectives": ["throughput", "cost"], "top": [{}]}
+    assert table_title(front, True, False) == "Pareto front (1 plan; throughput vs cost)"
+    assert table_title(front | {"pareto_size": 5}, True, False).startswith("Pareto front (5 plans")
+    ranked = {"objectives": ["latency"], "top": [{}]}
+    assert table_title(ranked, False, False) == "top 1 plan by latency"
+    assert table_title(ranked | {"top": [{}, {}]}, False, True) == \
+        "top 2 plans by latency (equivalent plans share a row)"
