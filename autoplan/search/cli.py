@@ -191,9 +191,12 @@ def parse_prices(text: str | None, refs: dict[str, str]) -> dict[str, float]:
             usd = float(value)
         except ValueError:
             usd = float("nan")
-        if not eq or not name or not (0 < usd < 1e6):
+        if not eq or not name or usd != usd:  # NaN: no number after the =
             raise ConfigError("--price", f"got {item[:80]!r}",
                               "write NAME=USD per GPU-hour, e.g. h100-sxm-80gb=2.99")
+        if not 0 < usd < 1e6:
+            raise ConfigError("--price", f"got {item[:80]!r}", "expected a price per GPU-hour "
+                              "above 0 and below 1,000,000 US dollars")
         if name not in refs:
             raise ConfigError("--price", f"{name!r} is not in --cluster",
                               f"price one of {', '.join(refs)}")

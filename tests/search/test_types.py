@@ -93,7 +93,10 @@ def test_price_override_changes_the_cheapest_type() -> None:
 
 
 @pytest.mark.parametrize("price,word", [("h100-sxm-80gb", "NAME=USD"),
-                                        ("h100-sxm-80gb=-1", "NAME=USD"),
+                                        ("h100-sxm-80gb=nan", "NAME=USD"),
+                                        ("h100-sxm-80gb=-1", "expected a price per GPU-hour "
+                                         "above 0 and below 1,000,000 US dollars"),
+                                        ("h100-sxm-80gb=inf", "above 0 and below 1,000,000"),
                                         ("v100-sxm2-32gb=1", "not in --cluster")])
 def test_bad_prices_are_one_line(price: str, word: str, capsys) -> None:
     code, _, err = run(JOB + ["--cluster", "a100-sxm4-80gb,h100-sxm-80gb", "--price", price],
