@@ -227,5 +227,8 @@ def clusters_command(args: argparse.Namespace) -> int:
         console.width = min(console.width, terminal_width())
         console.print(t)
 
-    emit(args, rows, render)
+    from autoplan.cli_common import resolve_format
+    from autoplan.display import rounded
+
+    emit(args, rounded(rows) if resolve_format(args) == "yaml" else rows, render)
     return 0

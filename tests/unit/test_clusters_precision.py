@@ -50,3 +50,13 @@ def test_an_fp32_plan_on_cpu_gloo_is_priced_at_the_peak_clusters_shows(capsys) -
     peak = shown["peak_tflops"][shown["precision"]] * 1e12
     flops_per_s = est.model_flops_per_step / est.step_time_s
     assert est.mfu == pytest.approx(flops_per_s / peak, rel=1e-9)
+
+
+def test_yaml_rounds_for_reading_and_json_keeps_every_digit(capsys) -> None:
+    import yaml
+
+    full = _rows(capsys)["a100-sxm4-80gb"]["memory_gib"]
+    assert main(["clusters", "--format", "yaml"]) == 0
+    rows = {r["name"]: r for r in yaml.safe_load(capsys.readouterr().out)}
+    assert full != float(f"{full:.4g}")  # 79.349609375 GiB
+    assert rows["a100-sxm4-80gb"]["memory_gib"] == float(f"{full:.4g}")
