@@ -21,7 +21,7 @@ from typing import Any
 from autoplan.export import torchtitan_moe
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons, stage_layers
 from autoplan.export.launch import check_path_word, cuda_only_reasons
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import LLAMA31_ROPE_SCALING, MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
 
 FLAVORS = {
@@ -37,6 +37,13 @@ tie the output head to the embedding (enable_weight_tying=True), as Llama 3.2 do
 FLAVOR_ROPE_THETA = 500000.0
 """The RoPE base of every Llama 3 flavor (torchtitan's rope theta 500000, Llama 3's): a model of
 a flavor's shape at another base is defined at its own shape (Python) or refused (TOML)."""
+FLAVOR_ROPE_SCALING = LLAMA31_ROPE_SCALING
+"""Every Llama 3 flavor (1B to 405B) rotates with Llama 3.1's RoPE scaling at factor 8, low 1,
+high 4, original 8192: torchtitan 0.2.2's TransformerModelArgs.rope_scaling_args defaults to
+RoPEScalingArgs() (models/llama3/model/args.py), which precompute_freqs_cis always applies;
+0.3.0's flavors pass ComplexRoPE.Config(scaling="llama") at those defaults
+(models/llama3/__init__.py), read from both wheels. A model without it (Llama 3, Llama 2) or
+with another (Llama 3.2's factor 32) is defined at its own rotation (Python) or refused (TOML)."""
 TOML_FLAVORS = ("8B", "70B", "405B")
 PYTHON_REGISTRY = ("llama3_8b", "llama3_70b", "llama3_405b")
 """config_registry functions torchtitan 0.3 ships for Llama 3 (the others start from 8B's)."""
@@ -104,7 +111,7 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
     m = model
     if architecture_reasons(m):
         return None
-    if m.rope_theta != FLAVOR_ROPE_THETA:
+    if m.rope_theta != FLAVOR_ROPE_THETA or m.rope_scaling != FLAVOR_ROPE_SCALING:
         return None
     return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size,
                         m.tie_embeddings))
@@ -125,9 +132,9 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
                        f"architecture, which this model departs from: {'; '.join(unlike)}")
         elif fmt == "toml" and (found is None or found[0] not in TOML_FLAVORS):
             why.append(f"model {model.name} matches no torchtitan 0.2.2 Llama 3 flavor (8B, 70B, "
-                       "405B, all at rope_theta 500000), and its TOML cannot define one: use "
-                       "--torchtitan-format python, whose config defines a flavor of the "
-                       "model's shape and base")
+                       "405B, all at rope_theta 500000 with Llama 3.1's RoPE scaling, factor "
+                       "8), and its TOML cannot define one: use --torchtitan-format python, "
+                       "whose config defines a flavor of the model's shape, base and scaling")
         if model.tie_embeddings and p.pp > 1:
             why.append("tie_embeddings with pp > 1: torchtitan 0.3 has no weight tying under "
                        "a pipeline (Decoder.Config.update_from_config); use pp 1")

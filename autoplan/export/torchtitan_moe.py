@@ -135,6 +135,9 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     if model.rope_theta != found.rope_theta:
         why.append(f"model.rope_theta={model.rope_theta:g}: torchtitan's {found.family} "
                    f"{found.flavor} rotates by rope_theta={found.rope_theta:g}")
+    if model.rope_scaling is not None:  # qwen3 flavors do not scale, deepseek_v3 scales by YaRN
+        why.append(f"model.rope_scaling (Llama 3.1's, factor {model.rope_scaling.factor:g}): "
+                   f"torchtitan's {found.family} {found.flavor} rotates without it")
     if moe.capacity_factor is not None:
         why.append(f"model.moe.capacity_factor={moe.capacity_factor:g}: torchtitan's all-to-all "
                    "experts are dropless (no token capacity); set null")

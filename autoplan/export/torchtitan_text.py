@@ -129,6 +129,18 @@ AC_CLASSES = {"full": "FullAC", "selective": "SelectiveAC"}
 CUSTOM_BUILDER = "_autoplan_model"
 
 
+def _rope_scaling_args(m: ModelSpec) -> str:
+    """ComplexRoPE.Config's Llama 3.1 scaling arguments (torchtitan 0.3.0 models/common/rope.py:
+    scaling="llama" with scaling_factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings), or nothing: its default is scaling="none"."""
+    s = m.rope_scaling
+    if s is None:
+        return ""
+    return (f', scaling="llama", scaling_factor={s.factor!r}, '
+            f"low_freq_factor={s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}, "
+            f"original_max_position_embeddings={s.original_max_position_embeddings}")
+
+
 def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -> ModelLines:
     """(imports, module-level lines, body lines) for a model of torchtitan's Llama 3 architecture
     whose shape has no registered flavor (Llama 2 13B, say): the module builds a Llama3Model
@@ -136,7 +148,7 @@ def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -
     (torchtitan/models/llama3/__init__.py: `_build_llama3_layers`, its init tables, the tied 1B's
     skipped embedding init), registers it in `llama3_configs` under the model's name, and points
     the loss and the tokenizer at the model's vocabulary. Those helpers are private to torchtitan
-    0.3.0, which the header note says. RoPE at the model's rope_theta, no scaling; the
+    0.3.0, which the header note says. RoPE at the model's rope_theta and scaling; the
     attention is full causal attention, as autoplan plans it (no sliding window)."""
     m = model
     name = f"autoplan-{m.name}"
@@ -169,7 +181,7 @@ def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -
         f"            n_kv_heads={m.kv_heads},",
         f"            hidden_dim={m.ffn},",
         f"            rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={m.seq_len}, "
-        f"theta={m.rope_theta!r}),",
+        f"theta={m.rope_theta!r}{_rope_scaling_args(m)}),",
         "            attn_backend=attn_backend,",
         "            tp_gemm_backend=tp_gemm_backend,",
         "        ),",

@@ -155,10 +155,10 @@ def test_attention_rotates_with_the_scaling() -> None:
 
 def test_context_parallel_tables_use_the_scaling() -> None:
     """cp ranks take their rows of the whole sequence's scaled table."""
+    from types import SimpleNamespace
+
     from autoplan.runtime.context_parallel import ContextParallel
     from autoplan.runtime.models.layers import rope_cos_sin
-
-    from types import SimpleNamespace
 
     scaling = RopeScaling(original_max_position_embeddings=16)
     mesh = SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 1)  # rank 1 of cp 2

@@ -54,7 +54,7 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
     ),
     "llama-uneven-pp": (
         plan(
-            "llama-3-8b",
+            "llama-3.1-8b",
             16,
             parallel=Parallel(dp=2, tp=2, pp=4),
             sequence_parallel=True,
@@ -67,7 +67,7 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
     ),
     "llama-cp-zb": (
         plan(
-            "llama-3-8b",
+            "llama-3.1-8b",
             32,
             parallel=Parallel(dp=2, tp=4, pp=2, cp=2),
             sequence_parallel=True,
@@ -94,7 +94,7 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
     ),
     "llama-uneven-vpp": (
         plan(
-            "llama-3-8b",
+            "llama-3.1-8b",
             16,
             parallel=Parallel(dp=2, tp=2, pp=4),
             sequence_parallel=True,
@@ -121,7 +121,7 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
     # the sole parallelism ("DDP has not supported > 1D parallelism"), so it refuses dp x tp
     "single-node-tp": (
         plan(
-            "llama-3-8b",
+            "llama-3.1-8b",
             4,
             parallel=Parallel(dp=2, tp=2),
             zero_stage=0,
@@ -132,7 +132,7 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
     ),
     "single-node-tp-fsdp": (
         plan(
-            "llama-3-8b",
+            "llama-3.1-8b",
             4,
             parallel=Parallel(dp=2, tp=2),
             sequence_parallel=True,
@@ -153,12 +153,12 @@ CASES: dict[str, tuple[Plan, tuple[str, ...]]] = {
     # degrees for ZeRO-2/3, Megatron's optimizer instances for ZeRO-1; torchtitan reduces in
     # float32 only, DeepSpeed has no HSDP
     "hsdp-zero3-reduce-fp32": (
-        plan("llama-3-8b", parallel=Parallel(dp=16, dp_shard=8), zero_stage=3,
+        plan("llama-3.1-8b", parallel=Parallel(dp=16, dp_shard=8), zero_stage=3,
              grad_reduce_dtype=ReduceDtype.FP32),
         (*LAUNCHERS, "torchtitan"),
     ),
     "hsdp-zero1-reduce-bf16": (
-        plan("llama-3-8b", parallel=Parallel(dp=16, dp_shard=8), zero_stage=1,
+        plan("llama-3.1-8b", parallel=Parallel(dp=16, dp_shard=8), zero_stage=1,
              grad_reduce_dtype=ReduceDtype.BF16),
         (*LAUNCHERS, "megatron"),
     ),

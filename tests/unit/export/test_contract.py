@@ -90,8 +90,9 @@ MODEL_FIELDS = {
     "rope_theta",  # megatron writes --rotary-base, torchtitan its flavor's theta or refuses;
     # deepspeed names it in a comment (test_rope_theta.py)
     "rope_scaling",  # megatron writes --use-rope-scaling --rope-scaling-factor and reads them
-    # back, deepspeed names it in a comment (test_rope_scaling_export.py); torchtitan does not
-    # write it yet: whether its Llama 3 flavors scale RoPE is not checked against torchtitan here
+    # back, deepspeed names it in a comment, torchtitan uses its (scaled) Llama 3 flavors only
+    # for a model that scales as they do and writes it into a defined flavor's ComplexRoPE
+    # (test_rope_scaling_export.py)
 }
 
 

@@ -135,17 +135,17 @@ def _torchtitan(p, fmt: str) -> str:
 
 def test_torchtitan_selective_is_op_level_and_every_nth_block():
     llama = dict(parallel=Parallel(dp=8), batch=Batch(1, 64), zero_stage=3)
-    sel = plan("llama-3-8b", 8, recompute=Recompute(policy=SEL), **llama)
+    sel = plan("llama-3.1-8b", 8, recompute=Recompute(policy=SEL), **llama)
     toml = _torchtitan(sel, "toml")
     assert 'mode = "selective"' in toml and 'selective_ac_option = "op"' in toml
     assert "SelectiveAC.Config()" in _torchtitan(sel, "python")
     # the first 8 of 32 layers (block method) cost what every 4th block does
-    nth = plan("llama-3-8b", 8, recompute=Recompute(policy=FULL, num_layers=8), **llama)
+    nth = plan("llama-3.1-8b", 8, recompute=Recompute(policy=FULL, num_layers=8), **llama)
     assert 'selective_ac_option = "4"' in _torchtitan(nth, "toml")
     for rc, why in ((Recompute(policy=FULL, num_layers=8), "every block or none"),
                     (Recompute(policy=SEL, modules=(M.MLP,)), "by module")):
         with pytest.raises(ConfigError, match=why):
-            _torchtitan(plan("llama-3-8b", 8, recompute=rc, **llama), "python")
+            _torchtitan(plan("llama-3.1-8b", 8, recompute=rc, **llama), "python")
 
 
 def test_deepspeed_refuses_groups_and_megatron_deepspeed_writes_them():

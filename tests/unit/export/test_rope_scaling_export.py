@@ -1,6 +1,7 @@
 """Llama 3.1's RoPE scaling (model.rope_scaling) in the exports: Megatron's --use-rope-scaling
 and --rope-scaling-factor, parsed by Megatron's own flag table and read back by the importer
-(a --model that scales otherwise is refused); DeepSpeed's launches name it in their comment."""
+(a --model that scales otherwise is refused); DeepSpeed's launches name it in their comment;
+torchtitan's Llama 3 flavors, which all scale, are used only for a model that scales as they do."""
 
 from __future__ import annotations
 
@@ -85,3 +86,63 @@ def test_deepspeed_names_the_scaling_in_its_comment(par):
     launch = export_plan(get_target("deepspeed"), p, p.model_spec(), OPTS)["launch.sh"]
     assert ("scaled as Llama 3.1 (factor 8, low_freq_factor 1, high_freq_factor 4, "
             "original_max_position_embeddings 8192)") in launch
+
+
+LLAMA3 = PRESETS["llama-3-8b"]
+TOML = ExportOptions(gpus_per_node=8, torchtitan_format="toml")
+PYTHON = ExportOptions(gpus_per_node=8, torchtitan_format="python")
+
+
+def _titan(model, opts: ExportOptions) -> str:
+    p = plan(model, 8, parallel=Parallel(dp=8), zero_stage=3)
+    return next(iter(export_plan(get_target("torchtitan"), p, p.model_spec(), opts).values()))
+
+
+def test_torchtitan_flavors_are_llama_31_models():
+    """torchtitan 0.2.2 and 0.3.0 rotate every Llama 3 flavor with Llama 3.1's scaling at
+    factor 8 (their RoPEScalingArgs / ComplexRoPE defaults): llama-3.1 presets are flavors,
+    llama-3 (no scaling) and a factor-32 model (Llama 3.2's) of the same shapes are not."""
+    from autoplan.export.torchtitan import flavor
+
+    assert flavor(LLAMA31) == ("8B", "llama3_8b")
+    assert flavor(PRESETS["llama-3.1-70b"]) == ("70B", "llama3_70b")
+    assert flavor(LLAMA3) is None and flavor(PRESETS["llama-3-70b"]) is None
+    assert flavor(LLAMA31.replace(rope_scaling=RopeScaling(factor=32.0))) is None
+
+
+def test_torchtitan_toml_refuses_a_model_its_flavor_would_scale():
+    with pytest.raises(ConfigError, match="with Llama 3.1's RoPE scaling, factor 8"):
+        _titan(LLAMA3, TOML)
+    assert 'flavor = "8B"' in _titan(LLAMA31, TOML)
+
+
+def test_torchtitan_python_defines_the_model_at_its_own_rotation():
+    """llama-3-8b gets a flavor of its own shape rotating without scaling (ComplexRoPE's
+    default); a scaled model of an unregistered shape passes its scaling to ComplexRoPE."""
+    unscaled = _titan(LLAMA3, PYTHON)
+    assert "max_seq_len=8192, theta=500000.0)," in unscaled and "scaling=" not in unscaled
+    assert 'model_registry("8B"' not in unscaled
+    odd = PRESETS["llama-2-13b"].replace(name="llama-2-13b-scaled", rope_theta=500000.0,
+                                         rope_scaling=RopeScaling(factor=4.0))
+    text = _titan(odd, PYTHON)
+    assert ('theta=500000.0, scaling="llama", scaling_factor=4.0, low_freq_factor=1.0, '
+            "high_freq_factor=4.0, original_max_position_embeddings=8192)") in text
+
+
+def test_torchtitan_python_scaling_arguments_are_complex_ropes():
+    """The keywords written are ComplexRoPE.Config's fields in torchtitan 0.3.0
+    (models/common/rope.py RoPE.Config), where the wheel is installed."""
+    rope = pytest.importorskip("torchtitan.models.common.rope")
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(rope.ComplexRoPE.Config)}
+    assert {"theta", "max_seq_len", "scaling", "scaling_factor", "low_freq_factor",
+            "high_freq_factor", "original_max_position_embeddings"} <= names
+
+
+def test_torchtitan_moe_flavors_refuse_llama_31_scaling():
+    qwen = PRESETS["qwen3-30b-a3b"]
+    p = plan(qwen, 8, parallel=Parallel(dp=8))
+    why = get_target("torchtitan").check(p, qwen.replace(rope_scaling=RopeScaling()), OPTS)
+    assert any("model.rope_scaling (Llama 3.1's, factor 8)" in r for r in why)
+    assert not any("rope_scaling" in r for r in get_target("torchtitan").check(p, qwen, OPTS))

@@ -75,13 +75,15 @@ def test_megatron_refuses_a_base_it_cannot_take() -> None:
 
 
 def test_torchtitan_uses_the_flavor_only_at_its_base() -> None:
-    """Llama 3's flavors rotate by 500000: llama-3-8b is the 8B flavor; the same shape at
-    10000 is defined at its own shape and base (Python) and refused by the TOML form."""
-    assert flavor(LLAMA3) == ("8B", "llama3_8b")
-    other = LLAMA3.replace(rope_theta=10000.0)
+    """Llama 3's flavors rotate by 500000 with Llama 3.1's scaling: llama-3.1-8b is the 8B
+    flavor; the same shape at 10000 is defined at its own shape and base (Python) and refused
+    by the TOML form."""
+    llama31 = PRESETS["llama-3.1-8b"]
+    assert flavor(llama31) == ("8B", "llama3_8b")
+    other = llama31.replace(rope_theta=10000.0)
     assert flavor(other) is None
     text = next(iter(_files("torchtitan", plan(other, 8)).values()))
-    assert "theta=10000.0)" in text and "RoPE theta" not in text
+    assert "theta=10000.0, scaling=" in text and "RoPE theta" not in text
     toml = get_target("torchtitan").check(plan(other, 8), other,
                                           ExportOptions(gpus_per_node=8, torchtitan_format="toml"))
     assert any("rope_theta 500000" in r for r in toml)

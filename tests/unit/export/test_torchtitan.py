@@ -255,7 +255,7 @@ def test_python_config_runs_against_torchtitan_0_3_0_names(case: str, monkeypatc
 )
 def test_refusals_name_the_reason(changes: dict, fmt: str, why: str):
     changes.setdefault("zero_stage", 2)
-    p = plan("llama-3-8b", 16, batch=Batch(1, 64), **changes)
+    p = plan("llama-3.1-8b", 16, batch=Batch(1, 64), **changes)
     with pytest.raises(ConfigError, match=why):
         _export(p, fmt)
 
@@ -267,7 +267,7 @@ def test_tied_embeddings_are_refused_under_a_pipeline():
 
     from autoplan.export.torchtitan import flavor
 
-    tied = dataclasses.replace(plan("llama-3-8b").model_spec(), name="llama-3.2-1b",
+    tied = dataclasses.replace(plan("llama-3.1-8b").model_spec(), name="llama-3.2-1b",
                                num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
                                ffn_hidden_size=8192, tie_embeddings=True, head_dim=64)
     assert flavor(tied) == ("1B", "llama3_1b")
@@ -336,7 +336,7 @@ ZB_SPLIT = (2, 4, 4, 4, 4, 4, 4, 6)
 
 def _zero_bubble(pp: int, vpp: int) -> Any:
     split = ZB_SPLIT if (pp, vpp) == (4, 2) else None
-    return plan("llama-3-8b", 8 * pp, parallel=Parallel(dp=2, tp=4, pp=pp), zero_stage=2,
+    return plan("llama-3.1-8b", 8 * pp, parallel=Parallel(dp=2, tp=4, pp=pp), zero_stage=2,
                 sequence_parallel=True, batch=Batch(1, 32),
                 pipeline=Pipeline(Schedule.ZERO_BUBBLE, vpp=vpp, layers_per_stage=split))
 
@@ -371,14 +371,14 @@ def test_toml_full_checkpointing_stops_early(recompute: Recompute, early_stop: b
     """The torchtitan runtime prices full recompute with torch's early stop
     (recompute_early_stop); 0.2.2 passes [activation_checkpoint] early_stop, default false, to
     its checkpoint wrapper."""
-    p = plan("llama-3-8b", 8, parallel=Parallel(dp=8), zero_stage=3, recompute=recompute,
+    p = plan("llama-3.1-8b", 8, parallel=Parallel(dp=8), zero_stage=3, recompute=recompute,
              batch=Batch(2, 64))
     ac = tomllib.loads(_export(p, "toml"))["activation_checkpoint"]
     assert set(ac) <= set(FIELDS["toml_0_2_2"]["activation_checkpoint"])
     assert ac.get("early_stop") is early_stop
 
 
-FP8 = plan("llama-3-8b", 8, parallel=Parallel(dp=8), zero_stage=3, precision=Precision.FP8,
+FP8 = plan("llama-3.1-8b", 8, parallel=Parallel(dp=8), zero_stage=3, precision=Precision.FP8,
            batch=Batch(1, 32))
 
 
@@ -422,7 +422,7 @@ def test_toml_quotes_model_names_beyond_the_basic_plane():
     characters outside the BMP are not, so they stay literal (UTF-8)."""
     from autoplan.model_spec import PRESETS
 
-    named = PRESETS["llama-3-8b"].replace(name='llama-3-8b-\U0001f680 "x"')
+    named = PRESETS["llama-3.1-8b"].replace(name='llama-3-8b-\U0001f680 "x"')
     p = plan(named, 8, parallel=Parallel(dp=8), zero_stage=3, batch=Batch(1, 32))
     doc = tomllib.loads(_export(p, "toml"))
     assert doc["job"]["description"] == 'autoplan plan for llama-3-8b-\U0001f680 "x"'

@@ -24,7 +24,7 @@ FORMATS = ("python", "toml")
 
 
 def _zero0(dp: int, tp: int = 1, pp: int = 1, cp: int = 1):
-    return plan("llama-3-8b", dp * tp * pp * cp, parallel=Parallel(dp=dp, tp=tp, pp=pp, cp=cp),
+    return plan("llama-3.1-8b", dp * tp * pp * cp, parallel=Parallel(dp=dp, tp=tp, pp=pp, cp=cp),
                 sequence_parallel=tp > 1, zero_stage=0, precision=Precision.FP32,
                 batch=Batch(1, 16))
 
@@ -62,7 +62,7 @@ def _grid():
              (Schedule.ZERO_BUBBLE, 1)]):
         if pp == 1 and sched[0] != Schedule.ONE_F_ONE_B:
             continue
-        yield plan("llama-3-8b", 8, parallel=Parallel(dp=dp, tp=tp, pp=pp, cp=cp),
+        yield plan("llama-3.1-8b", 8, parallel=Parallel(dp=dp, tp=tp, pp=pp, cp=cp),
                    sequence_parallel=tp > 1, zero_stage=zero, pipeline=Pipeline(*sched),
                    batch=Batch(1, 64))
 
@@ -95,7 +95,7 @@ def test_out_named_like_a_module_torchtitan_finds_first_is_refused(tmp_path: Pat
     """torchtitan 0.3.0 resolves --module llama3 to torchtitan.models.llama3.config_registry
     (config/manager.py), and a json.py or torch.py first on PYTHONPATH shadows the real one:
     the run line written would not run the exported config."""
-    path = save_plan(plan("llama-3-8b", zero_stage=3), tmp_path / "plan.yaml")
+    path = save_plan(plan("llama-3.1-8b", zero_stage=3), tmp_path / "plan.yaml")
     out = tmp_path / f"{name}.py"
     assert_refused(capsys, ["export", str(path), "--to", "torchtitan", "--out", str(out)],
                    f"--module {name}", f"{name}_job.py")

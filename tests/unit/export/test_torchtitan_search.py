@@ -45,7 +45,7 @@ def test_every_plan_a_torchtitan_search_offers_exports(tmp_path: Path, runtime: 
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     args = build_parser().parse_args(
-        ["search", "--model", "llama-3-8b", "--cluster", "h100-sxm-80gb", "--num-gpus", "8",
+        ["search", "--model", "llama-3.1-8b", "--cluster", "h100-sxm-80gb", "--num-gpus", "8",
          "--global-batch-size", "64", "--runtime", runtime, "--space", str(space)])
     res = run_search(build_request(args))
     offered = plans(res, np.flatnonzero(res.scored.feasible))
@@ -61,7 +61,7 @@ def test_every_plan_a_torchtitan_search_offers_exports(tmp_path: Path, runtime: 
 
 
 def _plan(**fields):
-    return plan_from_dict({"model": "llama-3-8b",
+    return plan_from_dict({"model": "llama-3.1-8b",
                            "cluster": {"profile": "h100-sxm-80gb", "num_gpus": 8},
                            "batch": {"micro_batch_size": 1, "global_batch_size": 64},
                            **fields})
