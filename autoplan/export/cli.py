@@ -8,6 +8,7 @@ with exit code 2 and nothing is written.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -212,8 +213,12 @@ def _check_words(args: argparse.Namespace) -> None:
 
 def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
     """The options as the targets read them: each one not given at its default."""
+    plan_file = Path(args.plan)
     return LaunchOptions(
-        plan_path=args.plan,
+        # as exported: absolute, so the script runs from any folder, and hashed, so a plan file
+        # replaced since is not trained under the exported job (launch.plan_check_lines)
+        plan_path=str(plan_file.resolve()),
+        plan_sha256=hashlib.sha256(plan_file.read_bytes()).hexdigest(),
         gpus_per_node=_gpus_per_node(args, plan.cluster.profile),
         checkpoint_dir=ExportOptions.checkpoint_dir if args.checkpoint_dir is None
         else args.checkpoint_dir,

@@ -69,6 +69,10 @@ class LaunchOptions(ExportOptions):
     """train --checkpoint-every: save every K steps (0: only on SIGTERM and at the end)."""
     keep_checkpoints: int | None = None
     """train --keep-checkpoints: keep the newest K (0: all); None leaves train's default."""
+    plan_sha256: str | None = None
+    """SHA-256 of the plan file as exported (and priced): the torchrun and SLURM scripts check
+    it before they launch, so a plan file replaced since (a `search --force`, an edit) is not
+    trained under the exported job's name. None: no check (a plan not read from a file)."""
 
 
 def launch_options(opts: ExportOptions) -> LaunchOptions:
@@ -189,6 +193,20 @@ def torchrun_argv(
         ]
     argv += [f"--max-restarts={max_restarts(opts)}", "--no-python"]
     return argv
+
+
+def plan_check_lines(opts: ExportOptions) -> list[str]:
+    """Script lines that stop the job (exit 2) unless the plan file is the one exported: its
+    SHA-256 (coreutils sha256sum) at the absolute path the job trains. Empty without a hash."""
+    run = launch_options(opts)
+    if run.plan_sha256 is None:
+        return []
+    why = (f"{run.plan_path} is missing or changed since autoplan export priced it; "
+           "export the plan again")
+    return [f"# the plan exported, as priced (sha256): {run.plan_sha256}",
+            f"echo {shell_join([f'{run.plan_sha256}  {run.plan_path}'])} "
+            f"| sha256sum --check --status 2>/dev/null \\",
+            f"  || {{ echo {shell_join([why])} >&2; exit 2; }}"]
 
 
 def shell_join(argv: list[str], *, keep: tuple[str, ...] = ()) -> str:

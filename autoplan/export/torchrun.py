@@ -13,6 +13,7 @@ from autoplan.export.launch import (
     check_train_run,
     continued,
     on_cpu,
+    plan_check_lines,
     runtime_reasons,
     shell_join,
     torchrun_argv,
@@ -50,6 +51,7 @@ class TorchrunTarget(ExportTarget):
                 ': "${RDZV_HOST:?set RDZV_HOST to the address of the first node}"',
             ]
         head.append("set -euo pipefail")
+        head += plan_check_lines(opts)
         lines = [shell_join([w], keep=("${",)) for w in argv]
         lines.append(shell_join(train_argv(opts, cpu=cpu)))
         return {"launch.sh": "\n".join(head) + "\n" + continued(lines) + "\n"}
