@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoplan.cost.estimate import default_runtime
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import OMITTED_AT_DEFAULT, ModelSpec
 from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
 from autoplan.search.local_moves import failed_since_last_complete, next_move
@@ -77,10 +77,13 @@ def profile_hash(profile: ClusterProfile) -> str:
 def model_hash(model: ModelSpec) -> str:
     """content_hash of a model without its RoPE base and scaling (later fields no cost depends
     on), so a tune's study of a model resumes as before them."""
-    data = to_dict(model)
-    data.pop("rope_theta", None)
-    data.pop("rope_scaling", None)
-    return _sha256(data)
+    return _sha256(_costed_model(to_dict(model)))
+
+
+def _costed_model(data: dict[str, Any]) -> dict[str, Any]:
+    """A model mapping without the fields no figure depends on that came after studies were
+    first stored (model_spec.OMITTED_AT_DEFAULT: the RoPE base and scaling)."""
+    return {k: v for k, v in data.items() if k not in OMITTED_AT_DEFAULT}
 
 
 def _fingerprint(req: SearchRequest, sampler: str) -> str:
@@ -101,8 +104,8 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     out = to_dict(fields)
     if req.targets.memory_slack == "median":  # the default, as before the flag: old studies resume
         out["targets"].pop("memory_slack", None)
-    if isinstance(out["model"], dict):  # no cost depends on the RoPE base: old studies resume
-        out["model"].pop("rope_theta", None)
+    if isinstance(out["model"], dict):  # no cost depends on RoPE: old studies resume
+        out["model"] = _costed_model(out["model"])
     return json.dumps(out, sort_keys=True, default=str)
 
 

@@ -44,3 +44,21 @@ def test_a_model_hashes_as_before_whatever_its_rope_base(name) -> None:
     if model.position.value == "rope":
         assert model_hash(model.replace(rope_theta=1e6)) == BEFORE[name]
         assert model_hash(model.replace(rope_scaling=None)) == BEFORE[name]
+
+
+def test_a_search_fingerprint_leaves_the_rotation_out() -> None:
+    """A search study of a llama-3.1 model stored before its preset took rope_scaling (or of
+    llama-3 before its base changed) resumes: the request's fingerprint holds the model without
+    them, as model_hash does."""
+    import dataclasses
+
+    from autoplan.search.optuna_search import _fingerprint
+    from tests.search.conftest import request
+
+    req = request(model="llama-3.1-8b")
+    scaled = req.model
+    assert scaled.rope_scaling is not None
+    before = dataclasses.replace(req, model=scaled.replace(rope_scaling=None, rope_theta=1e4))
+    assert _fingerprint(req, "tpe") == _fingerprint(before, "tpe")
+    assert "rope_scaling" not in _fingerprint(req, "tpe")
+    assert "rope_theta" not in _fingerprint(req, "tpe")
