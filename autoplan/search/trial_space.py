@@ -68,23 +68,12 @@ def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
     return trial.suggest_categorical(name, values)
 
 
-def degrees(values: tuple[int, ...], gpu_counts: tuple[int, ...]) -> list[int]:
-    """The degrees of a knob (tp, pp or cp) that divide one of the request's GPU counts: the
-    others fill none, and a trial spent on one is spent on nothing (pp 3 at 64 GPUs: more
-    than half of the default space's layouts there). All of them where none divides (the
-    trial is rejected as world-size then, as the exhaustive search rejects the whole space).
-    Fixed for a request, so a resumed study samples from the same lists."""
-    fit = [v for v in values if any(n % v == 0 for n in gpu_counts)]
-    return fit or list(values)
-
-
 def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     """The trial's layout; None when tp * pp * cp cannot fill the chosen GPU count. Its gbs
     is None where a batch range holds no size for its dp (pick_batch)."""
     sp, par = req.space, req.space.parallel
     n = _pick(trial, "num_gpus", req.gpu_counts)
-    tp, pp, cp = (_pick(trial, k, degrees(getattr(par, k), req.gpu_counts))
-                  for k in ("tp", "pp", "cp"))
+    tp, pp, cp = (_pick(trial, k, getattr(par, k)) for k in ("tp", "pp", "cp"))
     if n % (tp * pp * cp) or (par.dp is not None and n // (tp * pp * cp) not in par.dp):
         return None
     schedule = _pick(trial, "schedule", [s.value for s in sp.pipeline.schedule], pp > 1,

@@ -146,19 +146,3 @@ def test_a_study_is_resumed_only_under_the_runtime_that_priced_it(tmp_path) -> N
                            study="s"))
     with pytest.raises(ConfigError, match="different search"):
         run_search(moe_request(sampler="tpe", trials=4, seed=0, storage=url, study="s"))
-
-
-def test_a_trial_samples_only_degrees_that_divide_a_gpu_count(capsys) -> None:
-    """At --num-gpus 1 nineteen of twenty random trials of small-cpu sampled a tp, pp or cp
-    above 1 and were rejected (world-size), so the search ended with no plan; pp 3 at 64 GPUs
-    the same. A degree that divides no GPU count of the request is not sampled."""
-    from autoplan.search.trial_space import degrees
-
-    assert degrees((1, 2, 3, 4, 6, 8, 35, 64), (64,)) == [1, 2, 4, 8, 64]
-    assert degrees((1, 2, 3), (4, 6)) == [1, 2, 3]  # 3 divides 6
-    assert degrees((2, 4), (1,)) == [2, 4]  # none fills 1 GPU: rejected as before
-    assert main(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1",
-                 "--global-batch-size", "2", "--space", "small-cpu", "--sampler", "random",
-                 "--trials", "8", "--format", "json"]) == 0
-    counts = json.loads(capsys.readouterr().out)["counts"]
-    assert "world-size" not in counts and counts["feasible"] >= 1, counts
