@@ -137,17 +137,24 @@ def test_runtime_frequencies_follow_the_published_rule(scaling: RopeScaling) -> 
     assert ratio[0] == 1.0 and math.isclose(ratio[-1].item(), 1 / scaling.factor, rel_tol=1e-6)
 
 
-def test_attention_rotates_with_the_scaling() -> None:
-    """The same weights give other outputs once the model scales (tiny-llama: 64-token
-    sequences, so an original window of 64 puts its slow pairs in the scaled band)."""
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mla"])
+def test_attention_rotates_with_the_scaling(name: str) -> None:
+    """The same weights give other outputs once the model scales (64-token sequences, so an
+    original window of 64 puts the slow pairs in the scaled band); MLA rotates its rotary
+    query/key part with it too."""
     from autoplan.runtime.models.layers import Attention
 
-    spec = PRESETS["tiny-llama"].replace(rope_theta=500000.0)
+    spec = PRESETS[name].replace(rope_theta=500000.0)
     scaled = spec.replace(rope_scaling=RopeScaling(original_max_position_embeddings=64))
+    if spec.mla is not None:
+        from autoplan.runtime.models.mla import MultiHeadLatentAttention as Layer
+    else:
+        Layer = Attention
     torch.manual_seed(0)
-    base = Attention(spec)
-    other = Attention(scaled)
+    base = Layer(spec)
+    other = Layer(scaled)
     other.load_state_dict(base.state_dict())
+    assert other.rope_scaling == scaled.rope_scaling
     x = torch.randn(1, 16, spec.hidden_size)
     with torch.no_grad():
         assert not torch.allclose(base(x), other(x))
