@@ -383,10 +383,13 @@ def _states_split(cfg: dict[str, Any]) -> bool:
 
 def _split_beside(config: Path, cfg: dict[str, Any], degrees: dict[str, int],
                   what: str) -> bool:
-    """Refuse a JSON whose launch, written beside it by `export --to deepspeed`, splits the
-    model (tp or pp > 1), which the JSON cannot record, unless --set gives the launch's degrees:
-    it would import as data parallelism alone, over fewer GPUs than the launch runs. True when
-    such a launch says the degrees (of one: the JSON alone is the whole plan)."""
+    """Refuse a JSON whose launch, written beside it by `export --to deepspeed`, runs other
+    degrees than the import reads (the JSON records no Megatron tp or pp): a launch that splits
+    the model (tp or pp > 1) unless --set gives its degrees, else the JSON would import as data
+    parallelism over fewer GPUs than the launch runs; a data-parallel launch (tp = pp = 1)
+    when --set splits the model, else the plan would price a split the run never makes, on
+    more GPUs than it starts. True when such a launch says the degrees (of one: the JSON alone
+    is the whole plan)."""
     from autoplan.export.megatron_deepspeed_import import launch_beside
 
     found = launch_beside(config)
@@ -394,13 +397,17 @@ def _split_beside(config: Path, cfg: dict[str, Any], degrees: dict[str, int],
         return False
     launch, tp, pp = found
     given = (degrees.get("tp", 1), degrees.get("pp", 1))
-    if tp * pp > 1 and given != (tp, pp) and not _states_split(cfg):
-        problem = ("records no tensor or pipeline parallelism" if not degrees else
-                   f"read with --set as tp={given[0]} pp={given[1]}")
-        raise ConfigError(what, f"{problem}, but {launch}, beside it, runs it with tp={tp} "
-                          f"pp={pp}", f"import {launch} instead, or pass --set parallel.tp={tp} "
-                          f"--set parallel.pp={pp}")
-    return True
+    if given == (tp, pp) or _states_split(cfg):
+        return True
+    problem = ("records no tensor or pipeline parallelism" if not degrees else
+               f"read with --set as tp={given[0]} pp={given[1]}")
+    if tp * pp > 1:
+        fix = f"import {launch} instead, or pass --set parallel.tp={tp} --set parallel.pp={pp}"
+    else:
+        fix = (f"drop --set {' and --set '.join(f'parallel.{k}' for k in degrees)} (that run "
+               "splits nothing), or move the launch away if it is not this JSON's run")
+    raise ConfigError(what, f"{problem}, but {launch}, beside it, runs it with tp={tp} pp={pp}",
+                      fix)
 
 
 def _launch_gpus(path: str | Path, num_gpus: int | None) -> None:

@@ -117,3 +117,18 @@ def test_a_launch_beside_that_names_another_json_is_not_taken_for_this_ones(tmp_
         back = import_deepspeed(ds, model="llama-3-8b", cluster=CLUSTER, num_gpus=None)
     assert back.world_size == 8
     assert [r for r in caplog.records if UNSAID in r.getMessage()]
+
+
+def test_a_split_the_data_parallel_launch_beside_does_not_make_is_refused(tmp_path, capsys):
+    """--set parallel.tp=2 on the JSON of a data-parallel export was read as tp=2 over 32 GPUs
+    while the launch beside it starts 16 with no split: the contradiction is refused, as a
+    3D launch's is, and the launch's own degrees still import."""
+    ds = _export(tmp_path, PLAIN)
+    launch = ds.with_name("ds.launch.sh")
+    capsys.readouterr()
+    assert_refused(capsys, _import(ds, "--set", "parallel.tp=2"),
+                   f"{ds}: read with --set as tp=2 pp=1, but {launch}, beside it, runs it with "
+                   "tp=1 pp=1", "drop --set parallel.tp (that run splits nothing)")
+    back = import_deepspeed(ds, model="gpt3-1.3b", cluster=CLUSTER, num_gpus=None,
+                            assignments=["parallel.tp=1"])
+    assert back == PLAIN
