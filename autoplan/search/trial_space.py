@@ -15,6 +15,7 @@ while it may raise the tokens per second.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from functools import lru_cache
 from typing import Any
@@ -53,24 +54,50 @@ DTYPES = {**COLUMNS, **EXTRA_COLUMNS, **EXPERT_COLUMNS, **DATA_PARALLEL_COLUMNS,
           CHUNK_COLUMN: np.int64}
 
 
+class Unreachable(Exception):
+    """A trial's fixed choice that this layout does not offer: a local move (local_moves.
+    neighbours) keeps the other knobs' values while one moves, and an index or category fixed
+    for one layout (vpp's index among pp 4's depths) can lie past another's list (pp 3's)."""
+
+
 def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
           default: Any = None) -> Any:
     """Suggest a knob only where it matters; elsewhere use its no-op value if the space has it.
-    Ordinal knobs (degrees, sizes) are suggested as an index so TPE models neighbourhoods."""
+    Ordinal knobs (degrees, sizes) are suggested as an index so TPE models neighbourhoods. A
+    fixed choice outside the list raises Unreachable (Optuna hands it back, with a warning)."""
     values = list(values)
     if not relevant and default in values:
         return default
     if len(values) == 1:
         return values[0]
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        ordered = sorted(values)
-        return ordered[trial.suggest_int(name, 0, len(ordered) - 1)]
-    return trial.suggest_categorical(name, values)
+    with warnings.catch_warnings():  # Optuna's "Fixed parameter ... out of range": raised below
+        warnings.filterwarnings("ignore", message="Fixed parameter", category=UserWarning)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            ordered = sorted(values)
+            i = trial.suggest_int(name, 0, len(ordered) - 1)
+            if not 0 <= i < len(ordered):
+                raise Unreachable(name)
+            return ordered[i]
+        try:  # a fixed category outside the choices: Optuna raises ValueError (choices.index)
+            value = trial.suggest_categorical(name, values)
+        except ValueError:
+            raise Unreachable(name) from None
+    if value not in values:
+        raise Unreachable(name)
+    return value
 
 
 def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
-    """The trial's layout; None when tp * pp * cp cannot fill the chosen GPU count. Its gbs
-    is None where a batch range holds no size for its dp (pick_batch)."""
+    """The trial's layout; None when tp * pp * cp cannot fill the chosen GPU count, or when a
+    local move fixed a choice the layout does not offer (Unreachable). Its gbs is None where a
+    batch range holds no size for its dp (pick_batch)."""
+    try:
+        return _suggest_layout(trial, req)
+    except Unreachable:
+        return None
+
+
+def _suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     sp, par = req.space, req.space.parallel
     n = _pick(trial, "num_gpus", req.gpu_counts)
     tp, pp, cp = (_pick(trial, k, getattr(par, k)) for k in ("tp", "pp", "cp"))

@@ -146,3 +146,27 @@ def test_a_study_is_resumed_only_under_the_runtime_that_priced_it(tmp_path) -> N
                            study="s"))
     with pytest.raises(ConfigError, match="different search"):
         run_search(moe_request(sampler="tpe", trials=4, seed=0, storage=url, study="s"))
+
+
+def test_a_fixed_choice_the_layout_does_not_offer_rejects_the_trial() -> None:
+    """A local move keeps vpp's index while pp moves: an index past the new pp's depths (or a
+    category the space lacks) is no layout, not an IndexError (practitioner_search crashed on
+    Mixtral 8x22B with a fixed vpp index 6 of 3)."""
+    import optuna
+
+    from autoplan.search.trial_space import suggest_layout
+
+    req = request(SMALL_SPACE)
+    study = optuna.create_study()
+    offered = {"tp": 0, "pp": 1, "schedule": "interleaved-1f1b", "vpp": 1, "attention": "flash"}
+    study.enqueue_trial(offered, skip_if_exists=False)
+    trial = study.ask()
+    layout = suggest_layout(trial, req)
+    assert layout is not None and (layout["pp"], layout["vpp"]) == (2, 2)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    for fixed in ({**offered, "vpp": 99}, {**offered, "attention": "xformers"},
+                  {**offered, "tp": 7}):
+        study.enqueue_trial(fixed, skip_if_exists=False)
+        trial = study.ask()
+        assert suggest_layout(trial, req) is None, fixed
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
