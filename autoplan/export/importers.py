@@ -447,7 +447,11 @@ def import_megatron(
     num_gpus: int | None,
     assignments: Sequence[str] = (),
 ) -> Plan:
-    from autoplan.export.megatron_import import megatron_plan_dict, unread_megatron_flags
+    from autoplan.export.megatron_import import (
+        ignored_rope_flags,
+        megatron_plan_dict,
+        unread_megatron_flags,
+    )
 
     what = f"megatron arguments {path}"
     text = _read(path, "FILE")
@@ -462,6 +466,8 @@ def import_megatron(
     skipped = unread_megatron_flags(text, what)
     if skipped:  # said once the import succeeds: a refusal stays one line
         log.warning("%s: flags autoplan does not read, skipped: %s", what, " ".join(skipped))
+    for said in ignored_rope_flags(text, what):
+        log.warning("%s: %s", what, said)
     return plan
 
 

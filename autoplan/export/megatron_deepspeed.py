@@ -114,13 +114,20 @@ def launch_args(plan: Plan, model: ModelSpec) -> list[str]:
 
 
 def rope_note(m: ModelSpec) -> list[str]:
-    """The RoPE base, as a comment: the fork's flag for it is not among the pinned ones this
-    export checks (tests/data/export/megatron_deepspeed_flags.yaml), so none is written."""
+    """The RoPE base and Llama 3.1's scaling (model.rope_scaling), as a comment: no flag for
+    either is among the pinned ones this export checks (tests/data/export/
+    megatron_deepspeed_flags.yaml), so none is written."""
     if m.position != PositionKind.ROPE:
         return []
-    return [f"# RoPE base: model {m.name} rotates by theta {m.rope_theta:g}"
-            f"{rope_scaling_words(m)}; no flag for it is written (this fork's is not checked):",
-            "# make sure Megatron-DeepSpeed's rotary embedding uses that base."]
+    if m.rope_scaling is None:
+        return [f"# RoPE base: model {m.name} rotates by theta {m.rope_theta:g}; no flag for it "
+                "is written (this fork's is not checked):",
+                "# make sure Megatron-DeepSpeed's rotary embedding uses that base."]
+    return [f"# RoPE base and scaling: model {m.name} rotates by theta {m.rope_theta:g}"
+            f"{rope_scaling_words(m)}; no flag for either is written (this fork's are not "
+            "checked):",
+            "# make sure Megatron-DeepSpeed's rotary embedding uses that base and applies that "
+            "scaling."]
 
 
 def rope_scaling_words(m: ModelSpec) -> str:

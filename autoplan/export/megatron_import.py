@@ -566,6 +566,24 @@ def megatron_plan_dict(
     }
 
 
+def ignored_rope_flags(text: str, what: str) -> list[str]:
+    """Sentences on the RoPE flags in `text` Megatron ignores, read here as it reads them:
+    --rope-scaling-factor without --use-rope-scaling (RotaryEmbedding scales only under the
+    switch: the model rotates unscaled), and any of them on a learned-position model (no
+    rotary embedding is built)."""
+    f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
+    given = [flag for flag in ("--rotary-base", "--use-rope-scaling", "--rope-scaling-factor")
+             if flag in f.flags]
+    if _position(f) != "rope":
+        return [f"{' '.join(given)} ignored, as Megatron ignores them: learned positions "
+                "rotate nothing (--position-embedding-type rope rotates)"] if given else []
+    if "--rope-scaling-factor" in f.flags and not f.has("--use-rope-scaling"):
+        return [f"--rope-scaling-factor {f.text('--rope-scaling-factor')} without "
+                "--use-rope-scaling ignored, as Megatron ignores it: the model rotates "
+                "unscaled (add --use-rope-scaling if the run scales)"]
+    return []
+
+
 def unread_megatron_flags(text: str, what: str) -> list[str]:
     """The Megatron flags in `text` the importer skips (data, logging, ...); torchrun's are
     not Megatron's to say."""

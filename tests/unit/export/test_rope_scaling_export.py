@@ -146,3 +146,49 @@ def test_torchtitan_moe_flavors_refuse_llama_31_scaling():
     why = get_target("torchtitan").check(p, qwen.replace(rope_scaling=RopeScaling()), OPTS)
     assert any("model.rope_scaling (Llama 3.1's, factor 8)" in r for r in why)
     assert not any("rope_scaling" in r for r in get_target("torchtitan").check(p, qwen, OPTS))
+
+
+def test_a_factor_without_the_switch_is_said_ignored(tmp_path, caplog):
+    """Megatron scales only under --use-rope-scaling: a factor alone was read silently as an
+    unscaled model; it still is (as Megatron runs it), and the import says the factor is
+    ignored, as it says other flags Megatron ignores."""
+    import logging
+
+    path = _megatron(tmp_path, LLAMA31)
+    path.write_text(path.read_text().replace("  --use-rope-scaling\n", ""))
+    with caplog.at_level(logging.WARNING):
+        back = import_megatron(path, model=None, cluster=CLUSTER, num_gpus=None)
+    assert back.model_spec().rope_scaling is None
+    said = [r.getMessage() for r in caplog.records if "--rope-scaling-factor" in r.getMessage()]
+    assert said == [f"megatron arguments {path}: --rope-scaling-factor 8.0 without "
+                    "--use-rope-scaling ignored, as Megatron ignores it: the model rotates "
+                    "unscaled (add --use-rope-scaling if the run scales)"]
+    caplog.clear()
+    path = _megatron(tmp_path, LLAMA31)  # with the switch: read, nothing said
+    with caplog.at_level(logging.WARNING):
+        import_megatron(path, model=None, cluster=CLUSTER, num_gpus=None)
+    assert not [r for r in caplog.records if "ignored" in r.getMessage()]
+
+
+def test_megatron_deepspeed_names_the_scaling_it_must_apply():
+    """Its comment said to use "that base" only, the scaling left out of what to check."""
+    p = plan("llama-3.1-8b", 16, parallel=Parallel(dp=8, tp=2), sequence_parallel=True,
+             zero_stage=1)
+    launch = export_plan(get_target("deepspeed"), p, p.model_spec(), OPTS)["launch.sh"]
+    assert ("# make sure Megatron-DeepSpeed's rotary embedding uses that base and applies that "
+            "scaling.") in launch
+    unscaled = plan("llama-3-8b", 16, parallel=Parallel(dp=8, tp=2), sequence_parallel=True,
+                    zero_stage=1)
+    launch = export_plan(get_target("deepspeed"), unscaled, unscaled.model_spec(),
+                         OPTS)["launch.sh"]
+    assert "scaling" not in launch and "uses that base." in launch
+
+
+def test_rope_flags_on_a_learned_position_model_are_said_ignored():
+    from autoplan.export.megatron_import import ignored_rope_flags
+
+    said = ignored_rope_flags("--position-embedding-type learned_absolute --rotary-base 500000 "
+                              "--rope-scaling-factor 8", "args")
+    assert said == ["--rotary-base --rope-scaling-factor ignored, as Megatron ignores them: "
+                    "learned positions rotate nothing (--position-embedding-type rope rotates)"]
+    assert ignored_rope_flags("--position-embedding-type learned_absolute", "args") == []
