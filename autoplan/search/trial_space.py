@@ -60,6 +60,12 @@ class Unreachable(Exception):
     for one layout (vpp's index among pp 4's depths) can lie past another's list (pp 3's)."""
 
 
+def _pick_degree(trial: Trial, knob: str, values: tuple[int, ...],
+                 gpu_counts: tuple[int, ...]) -> int:
+    fit = degrees(values, gpu_counts)
+    return _pick(trial, degree_param(knob, values, fit), fit)
+
+
 def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
           default: Any = None) -> Any:
     """Suggest a knob only where it matters; elsewhere use its no-op value if the space has it.
@@ -87,6 +93,25 @@ def _pick(trial: Trial, name: str, values: Any, relevant: bool = True,
     return value
 
 
+def degrees(values: tuple[int, ...], gpu_counts: tuple[int, ...]) -> list[int]:
+    """The degrees of a knob (tp, pp or cp) that divide one of the request's GPU counts: the
+    others fill none, and a trial spent on one is spent on nothing (pp 3 at 64 GPUs: more
+    than half of the default space's layouts there; at 1 GPU every degree above 1). All of
+    them where none divides (the trial is rejected as world-size then, as the exhaustive
+    search rejects the whole space)."""
+    fit = [v for v in values if any(n % v == 0 for n in gpu_counts)]
+    return fit or list(values)
+
+
+def degree_param(knob: str, values: tuple[int, ...], fit: list[int]) -> str:
+    """The Optuna parameter a knob's degree is suggested as: its name where the request keeps
+    every degree of the space, else `knob@fit`. A trial stores an index into the list, so a
+    study stored before the filter (indexes into the whole list) resumes with its trials
+    meaning what they meant: the filtered list is another parameter, and local moves keep
+    each index within its own list."""
+    return knob if len(fit) == len(values) else f"{knob}@fit"
+
+
 def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     """The trial's layout; None when tp * pp * cp cannot fill the chosen GPU count, or when a
     local move fixed a choice the layout does not offer (Unreachable). Its gbs is None where a
@@ -100,7 +125,8 @@ def suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
 def _suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     sp, par = req.space, req.space.parallel
     n = _pick(trial, "num_gpus", req.gpu_counts)
-    tp, pp, cp = (_pick(trial, k, getattr(par, k)) for k in ("tp", "pp", "cp"))
+    tp, pp, cp = (_pick_degree(trial, k, getattr(par, k), req.gpu_counts)
+                  for k in ("tp", "pp", "cp"))
     if n % (tp * pp * cp) or (par.dp is not None and n // (tp * pp * cp) not in par.dp):
         return None
     schedule = _pick(trial, "schedule", [s.value for s in sp.pipeline.schedule], pp > 1,

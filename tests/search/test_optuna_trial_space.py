@@ -170,3 +170,41 @@ def test_a_fixed_choice_the_layout_does_not_offer_rejects_the_trial() -> None:
         trial = study.ask()
         assert suggest_layout(trial, req) is None, fixed
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def test_a_trial_samples_only_degrees_that_divide_a_gpu_count(capsys) -> None:
+    """At --num-gpus 1 nineteen of twenty random trials of small-cpu sampled a tp, pp or cp
+    above 1 and were rejected (world-size), so the search ended with no plan; pp 3 at 64 GPUs
+    the same. A degree that divides no GPU count of the request is not sampled."""
+    from autoplan.search.trial_space import degrees
+
+    assert degrees((1, 2, 3, 4, 6, 8, 35, 64), (64,)) == [1, 2, 4, 8, 64]
+    assert degrees((1, 2, 3), (4, 6)) == [1, 2, 3]  # 3 divides 6
+    assert degrees((2, 4), (1,)) == [2, 4]  # none fills 1 GPU: rejected as before
+    assert main(["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1",
+                 "--global-batch-size", "2", "--space", "small-cpu", "--sampler", "random",
+                 "--trials", "8", "--format", "json"]) == 0
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert "world-size" not in counts and counts["feasible"] >= 1, counts
+
+
+def test_a_filtered_degree_list_is_another_parameter() -> None:
+    """A trial stores an index into its degree list: where the request drops degrees the
+    index is suggested under another name, so a study stored before (indexes into the whole
+    list) keeps meaning what it meant; where it drops none the name, and the study, are as
+    before."""
+    import optuna
+
+    from autoplan.search.trial_space import suggest_layout
+
+    whole = request(SMALL_SPACE, gpus=(4,))  # tp, pp in 1, 2, 4: all divide 4
+    odd = request({**SMALL_SPACE, "parallel": {**SMALL_SPACE["parallel"], "tp": [1, 3, 4]}},
+                  gpus=(4,))
+    names = []
+    for req in (whole, odd):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        trial = study.ask()
+        suggest_layout(trial, req)
+        names.append(set(trial.params))
+    assert {"tp", "pp"} <= names[0] and "tp@fit" not in names[0]
+    assert "tp@fit" in names[1] and "tp" not in names[1] and "pp" in names[1]
