@@ -20,6 +20,7 @@ from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, count
 from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.job_inputs import PLAN_FILE_TARGETS, named_files
 from autoplan.export.launch import (
     CHECKPOINT_EVERY,
     ELASTIC_TARGETS,
@@ -47,7 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace existing output files")
     p.add_argument("--gpus-per-node", type=count(), help="default: the plan's hardware profile")
     p.add_argument("--checkpoint-dir", help=f"{_LAUNCHERS}: `autoplan train --checkpoint-dir` "
-                   f"(default {ExportOptions.checkpoint_dir})")
+                   f"(default {ExportOptions.checkpoint_dir}; torchrun/slurm write it absolute, "
+                   "from where export runs; kubernetes: a path in the pod)")
+    p.add_argument("--data", metavar="PATH",
+                   help=f"{_LAUNCHERS}: `autoplan train --data`, the text the job trains on "
+                        "(default: synthetic tokens); torchrun/slurm: checked here and written "
+                        "absolute; kubernetes: an absolute path inside the pod")
     p.add_argument("--max-restarts", type=count(low=0, high=MAX_RESTARTS),
                    help=f"{_LAUNCHERS}, megatron: torchrun --max-restarts (default {RESTARTS}; "
                         "megatron: torchrun's, 0)")
@@ -151,7 +157,7 @@ OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
                   "--kind": ("kubernetes",), "--torchtitan-format": ("torchtitan",),
                   "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
                   "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS,
-                  "--checkpoint-dir": LAUNCH_TARGETS,
+                  "--checkpoint-dir": LAUNCH_TARGETS, "--data": LAUNCH_TARGETS,
                   "--job-name": (*LAUNCH_TARGETS, "megatron"),
                   "--max-restarts": (*LAUNCH_TARGETS, "megatron"),
                   "--min-nodes": ELASTIC_TARGETS}
@@ -207,21 +213,36 @@ def _check_words(args: argparse.Namespace) -> None:
                               "reference without spaces, e.g. registry.example/autoplan:1.0, "
                               f"or leave --image out for {ExportOptions.image}")
         check_path_word("--image", args.image)
-    if args.checkpoint_dir is not None:
-        check_path_word("--checkpoint-dir", args.checkpoint_dir)  # torchrun's train line too
+    for flag, value in (("--checkpoint-dir", args.checkpoint_dir), ("--data", args.data)):
+        if value is not None:  # torchrun's train line too; before '' is made the folder here
+            check_path_word(flag, value)
 
 
 def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
-    """The options as the targets read them: each one not given at its default."""
+    """The options as the targets read them: each one not given at its default. A job that
+    reads files where they lie (torchrun, slurm) gets them pinned: absolute paths (it runs from
+    any folder), hashes of the plan and the files it names, the plan's folder to run in when
+    it names one by a relative path (job_inputs.named_files refuses one that resolves
+    otherwise from there)."""
     plan_file = Path(args.plan)
+    in_place = args.to in PLAN_FILE_TARGETS
+    named, workdir = named_files(plan, plan_file) if in_place else ((), None)
+    checkpoint_dir = (ExportOptions.checkpoint_dir if args.checkpoint_dir is None
+                      else args.checkpoint_dir)
+    data = args.data
+    if in_place:
+        checkpoint_dir = os.path.abspath(checkpoint_dir)
+        data = None if data is None else os.path.abspath(data)
     return LaunchOptions(
         # as exported: absolute, so the script runs from any folder, and hashed, so a plan file
         # replaced since is not trained under the exported job (launch.plan_check_lines)
         plan_path=str(plan_file.resolve()),
         plan_sha256=hashlib.sha256(plan_file.read_bytes()).hexdigest(),
+        named_files=named,
+        workdir=workdir,
+        data=data,
         gpus_per_node=_gpus_per_node(args, plan.cluster.profile),
-        checkpoint_dir=ExportOptions.checkpoint_dir if args.checkpoint_dir is None
-        else args.checkpoint_dir,
+        checkpoint_dir=checkpoint_dir,
         max_restarts=args.max_restarts,  # None: each target's own default
         job_name=ExportOptions.job_name if args.job_name is None else args.job_name,
         image=args.image or ExportOptions.image,

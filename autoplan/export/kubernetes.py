@@ -25,7 +25,9 @@ from autoplan.export.launch import (
     ELASTIC_ENV,
     check_min_nodes,
     check_path_word,
+    check_train_data,
     check_train_run,
+    data_lines,
     max_restarts,
     on_cpu,
     runtime_reasons,
@@ -258,6 +260,7 @@ class KubernetesTarget(ExportTarget):
         check_path_word("--checkpoint-dir", opts.checkpoint_dir)
         check_path_word("--image", opts.image)
         check_train_run(opts)
+        check_train_data(opts, model, in_pod=True)
         why = layout_reasons(plan, opts.gpus_per_node)
         lay = None if why else layout(plan, opts.gpus_per_node)
         check_min_nodes(opts, lay)
@@ -287,6 +290,8 @@ class KubernetesTarget(ExportTarget):
             f"# {manifest['kind']} written by `autoplan export --to kubernetes`: "
             f"{lay.num_nodes} node(s) x {lay.nproc_per_node} {'CPU' if cpu else 'GPU'}(s).\n"
             f"# Checkpoints go to {opts.checkpoint_dir}: mount persistent storage there.\n"
+            + "".join(line + "\n" for line in data_lines(
+                opts, "inside its pod: mount it there (a volume) or build it into the image"))
         )
         body = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False, width=100)
         return {f"{opts.job_name}-{opts.k8s_kind}.yaml": header + body}

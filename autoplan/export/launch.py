@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
+from autoplan.export.job_inputs import NamedFile, check_data
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -73,6 +74,16 @@ class LaunchOptions(ExportOptions):
     """SHA-256 of the plan file as exported (and priced): the torchrun and SLURM scripts check
     it before they launch, so a plan file replaced since (a `search --force`, an edit) is not
     trained under the exported job's name. None: no check (a plan not read from a file)."""
+    named_files: tuple[NamedFile, ...] = ()
+    """The model and profile files the plan names by path, hashed as exported: checked with the
+    plan (job_inputs.named_files)."""
+    workdir: str | None = None
+    """The folder the torchrun and SLURM jobs run in: the plan's, when the plan names a file by
+    a relative path (which load_plan resolves against the working directory); None: wherever
+    the script is started."""
+    data: str | None = None
+    """train --data: the text the job trains on (a path as the job's ranks see it); None:
+    synthetic tokens."""
 
 
 def launch_options(opts: ExportOptions) -> LaunchOptions:
@@ -92,6 +103,15 @@ def check_train_run(opts: ExportOptions) -> None:
         if value is not None and value < 0:
             raise ConfigError(flag, f"got {value}", "expected 0 or more (see autoplan train "
                               "--help)")
+
+
+def check_train_data(opts: ExportOptions, model: ModelSpec, *, in_pod: bool = False) -> None:
+    """Refuse a --data `autoplan train` would refuse (job_inputs.check_data); `in_pod`: a path
+    in a Kubernetes pod, which this machine cannot read."""
+    data = launch_options(opts).data
+    if data is not None:
+        check_path_word("--data", data)
+        check_data(data, model, in_pod=in_pod)
 
 
 def on_cpu(plan: Plan) -> bool:
@@ -143,10 +163,10 @@ def check_min_nodes(opts: ExportOptions, lay: Layout | None = None) -> None:
 
 def train_argv(opts: ExportOptions, plan_path: str | None = None,
                lay: Layout | None = None, *, cpu: bool = False) -> list[str]:
-    """`autoplan train PLAN --steps N --checkpoint-dir D --checkpoint-every K --resume` (resume
-    picks up after a restart); `--keep-checkpoints` when given; a CPU plan: `--backend gloo`
-    (train's auto picks NCCL wherever CUDA is visible); elastic: `--elastic --min-gpus N` as
-    well (`lay` gives N)."""
+    """`autoplan train PLAN --steps N [--data D] --checkpoint-dir D --checkpoint-every K
+    --resume` (resume picks up after a restart); `--keep-checkpoints` when given; a CPU plan:
+    `--backend gloo` (train's auto picks NCCL wherever CUDA is visible); elastic: `--elastic
+    --min-gpus N` as well (`lay` gives N)."""
     run = launch_options(opts)
     argv = [
         "autoplan",
@@ -154,6 +174,7 @@ def train_argv(opts: ExportOptions, plan_path: str | None = None,
         plan_path or opts.plan_path,
         "--steps",
         str(run.steps),
+        *(["--data", run.data] if run.data is not None else []),
         "--checkpoint-dir",
         opts.checkpoint_dir,
         "--checkpoint-every",
@@ -196,17 +217,41 @@ def torchrun_argv(
 
 
 def plan_check_lines(opts: ExportOptions) -> list[str]:
-    """Script lines that stop the job (exit 2) unless the plan file is the one exported: its
-    SHA-256 (coreutils sha256sum) at the absolute path the job trains. Empty without a hash."""
+    """Script lines that stop the job (exit 2) unless the plan file is the one exported, and
+    each model or profile file it names the one read: their SHA-256 (coreutils sha256sum) at
+    the absolute paths the job reads; then, where the plan names a file by a relative path,
+    `cd` to the plan's folder, which the export checked it resolves the same from. Empty
+    without a hash."""
     run = launch_options(opts)
     if run.plan_sha256 is None:
         return []
-    why = (f"{run.plan_path} is missing or changed since autoplan export priced it; "
-           "export the plan again")
-    return [f"# the plan exported, as priced (sha256): {run.plan_sha256}",
-            f"echo {shell_join([f'{run.plan_sha256}  {run.plan_path}'])} "
-            f"| sha256sum --check --status 2>/dev/null \\",
+    lines = [f"# the plan exported, as priced (sha256): {run.plan_sha256}",
+             *_check(run.plan_sha256, run.plan_path, run.plan_path)]
+    for named in run.named_files:
+        lines += [f"# its {named.field}, as priced (sha256): {named.sha256}",
+                  *_check(named.sha256, named.path, f"{named.path} (the plan's {named.field})")]
+    if run.workdir is not None:
+        lines += ["# the plan names a file by a relative path: run in its folder, where that "
+                  "path was checked",
+                  f"cd {shell_join([run.workdir])}"]
+    return lines
+
+
+def _check(sha256: str, path: str, what: str) -> list[str]:
+    why = f"{what} is missing or changed since autoplan export priced it; export the plan again"
+    listed = shell_join([f"{sha256}  {path}"])  # a line of sha256sum's own output
+    return [f"echo {listed} | sha256sum --check --status 2>/dev/null \\",
             f"  || {{ echo {shell_join([why])} >&2; exit 2; }}"]
+
+
+def data_lines(opts: ExportOptions, where: str) -> list[str]:
+    """A comment on what the job trains on: --data's text, read by every rank (`where` says
+    where it must lie), or synthetic tokens when no --data was given."""
+    run = launch_options(opts)
+    if run.data is None:
+        return ["# no --data: `autoplan train` trains on synthetic tokens (export --data PATH "
+                "for a text corpus)."]
+    return [f"# data: {run.data} (byte-level text), read by every rank {where}."]
 
 
 def shell_join(argv: list[str], *, keep: tuple[str, ...] = ()) -> str:

@@ -15,8 +15,10 @@ from autoplan.export.launch import (
     check_job_name,
     check_min_nodes,
     check_path_word,
+    check_train_data,
     check_train_run,
     continued,
+    data_lines,
     on_cpu,
     plan_check_lines,
     runtime_reasons,
@@ -38,6 +40,7 @@ class SlurmTarget(ExportTarget):
         check_path_word("--checkpoint-dir", opts.checkpoint_dir)
         check_path_word("PLAN", opts.plan_path)
         check_train_run(opts)
+        check_train_data(opts, model)
         why = layout_reasons(plan, opts.gpus_per_node)
         check_min_nodes(opts, None if why else layout(plan, opts.gpus_per_node))
         return why + runtime_reasons(plan, model)
@@ -70,6 +73,7 @@ class SlurmTarget(ExportTarget):
                 f"# per {unit}; plan: dp={plan.parallel.dp} tp={plan.parallel.tp} "
                 f"pp={plan.parallel.pp} cp={plan.parallel.cp} on {lay.num_nodes} x "
                 f"{lay.nproc_per_node} {unit}s.",
+                *data_lines(opts, "on every node: keep it on storage they all read"),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
                 *plan_check_lines(opts),

@@ -10,8 +10,10 @@ from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_rea
 from autoplan.export.launch import (
     check_job_name,
     check_min_nodes,
+    check_train_data,
     check_train_run,
     continued,
+    data_lines,
     on_cpu,
     plan_check_lines,
     runtime_reasons,
@@ -30,6 +32,7 @@ class TorchrunTarget(ExportTarget):
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
         check_job_name(opts.job_name)  # --rdzv-id: inside "..." next to ${RDZV_HOST}
         check_train_run(opts)
+        check_train_data(opts, model)
         check_min_nodes(opts)  # --elastic itself is refused by the CLI (ELASTIC_TARGETS)
         return layout_reasons(plan, opts.gpus_per_node) + runtime_reasons(plan, model)
 
@@ -43,11 +46,13 @@ class TorchrunTarget(ExportTarget):
         if lay.num_nodes == 1:
             argv = torchrun_argv(lay, opts, rdzv_host=None, rdzv_id=None)
             head.append(f"# One node, {lay.nproc_per_node} {'CPU ' if cpu else ''}processes.")
+            head += data_lines(opts, "of this node")
         else:
             argv = torchrun_argv(lay, opts, rdzv_host="${RDZV_HOST}", rdzv_id=opts.job_name)
             head += [
                 f"# Run this same command on each of the {lay.num_nodes} nodes;",
                 "# RDZV_HOST is the address of the first node (the c10d rendezvous host).",
+                *data_lines(opts, "on every node: keep it on storage they all read"),
                 ': "${RDZV_HOST:?set RDZV_HOST to the address of the first node}"',
             ]
         head.append("set -euo pipefail")

@@ -10,6 +10,7 @@ never names the plan, a folder or nothing; every reason is said once.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -198,7 +199,7 @@ def test_launchers_keep_their_defaults(tmp_path: Path, capsys) -> None:
     code, text, _ = run(capsys, tmp_path, CASES["dp-zero1"][0], "--to", "slurm")
     assert code == 0
     assert "#SBATCH --job-name=autoplan" in text and "--max-restarts=3" in text
-    assert "--checkpoint-dir checkpoints" in text
+    assert f"--checkpoint-dir {os.path.abspath('checkpoints')}" in text
 
 
 # 4. tools that need CUDA refuse a CPU profile's plan -------------------------------------------

@@ -111,7 +111,10 @@ def test_steps_and_checkpoint_cadence_reach_autoplan_train(tmp_path: Path, targe
                             "--checkpoint-every", "250", "--keep-checkpoints", "2",
                             "--checkpoint-dir", "ck")
     assert (train.steps, train.checkpoint_every, train.keep_checkpoints) == (5000, 250, 2)
-    assert train.resume and train.checkpoint_dir == "ck" and not train.elastic
+    # a job reading files where they lie gets the folder absolute, as export resolved it; a
+    # pod's is a path in the pod
+    ck = "ck" if target.startswith("kubernetes") else os.path.abspath("ck")
+    assert train.resume and train.checkpoint_dir == ck and not train.elastic
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -139,7 +142,8 @@ def test_exact_train_command_words(tmp_path: Path):
     text = _export(tmp_path, CASES["dp-zero1"][0], "torchrun", "--steps", "7",
                    "--checkpoint-every", "3")
     assert text.rstrip().endswith(
-        f"autoplan train {tmp_path / 'plan.yaml'} --steps 7 --checkpoint-dir checkpoints "
+        f"autoplan train {tmp_path / 'plan.yaml'} --steps 7 --checkpoint-dir "
+        f"{os.path.abspath('checkpoints')} "
         "--checkpoint-every 3 --resume")
 
 

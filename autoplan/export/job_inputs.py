@@ -1,0 +1,142 @@
+"""What a launcher export's job reads from disk besides its own script: the plan, the model and
+profile files the plan names, and the training text (`--data`).
+
+The torchrun and SLURM jobs read them where they lie, so the export pins each one: absolute
+paths, SHA-256 checks in the script, and the plan's relative paths resolved from the plan's
+folder (load_plan resolves them against the working directory). Kubernetes carries the plan,
+its model and profile inside the manifest (kubernetes.py); only its --data lies in the pod.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoplan import resources
+from autoplan.errors import ConfigError
+from autoplan.model_spec import PRESETS, ModelSpec
+from autoplan.plan import Plan
+
+PLAN_FILE_TARGETS = ("torchrun", "slurm")
+"""Targets whose job reads the plan file where it lies (Kubernetes carries it in the manifest)."""
+BYTE_VOCAB = 256
+"""autoplan.runtime.data.BYTE_VOCAB: token ids byte-level text needs (a test holds the two
+together; the runtime module imports torch, which export does not)."""
+
+
+@dataclass(frozen=True)
+class NamedFile:
+    """A file the plan names by path, as the export read (and priced) it."""
+
+    field: str
+    """The plan field that names it: model or cluster.profile."""
+    path: str
+    """Absolute path of the file read (a model folder's config.json)."""
+    sha256: str
+
+
+def _file_of(field: str, ref: str) -> Path | None:
+    """The file `ref` names in `field` as load_model / load_profile read it; None for a name
+    (a model preset, a profile name)."""
+    if field == "model":
+        if ref in PRESETS:
+            return None
+        path = Path(ref)
+        return path / "config.json" if path.is_dir() else path
+    return None if resources.is_name(ref) else Path(ref)
+
+
+def _refs(plan: Plan) -> list[tuple[str, str]]:
+    refs = [("cluster.profile", plan.cluster.profile)]
+    if isinstance(plan.model, str):  # an inline model is the plan's own text
+        refs.insert(0, ("model", plan.model))
+    return refs
+
+
+def named_files(plan: Plan, plan_file: str | Path) -> tuple[tuple[NamedFile, ...], str | None]:
+    """The files `plan` (read from `plan_file`) names by path, hashed, and the folder its job
+    must run in: the plan's own when it names one by a relative path, else None.
+
+    A relative path is read here against the working directory (load_plan's) and by the job
+    against the plan's folder: refused (exit 2) unless both name the same file. A file that
+    does not exist here (another site's profile) is not hashed."""
+    folder = Path(plan_file).resolve().parent
+    pinned: list[NamedFile] = []
+    relative = False
+    for field, ref in _refs(plan):
+        file = _file_of(field, ref)
+        if file is None:
+            continue
+        here = file.resolve()
+        if not file.is_absolute():
+            relative = True
+            there = (folder / file).resolve()
+            if here != there and not _same_file(here, there):
+                _refuse_relative(field, ref, here, there, folder)
+        if here.is_file():
+            pinned.append(NamedFile(field, str(here), _sha256(here)))
+    return tuple(pinned), (str(folder) if relative else None)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them missing
+        return not a.exists() and not b.exists()
+
+
+def _refuse_relative(field: str, ref: str, here: Path, there: Path, folder: Path) -> None:
+    gone = "" if there.exists() else " (missing)"
+    raise ConfigError(
+        field, f"{ref!r} is a relative path: {here} from here, but {there}{gone} from "
+        f"{folder}, the plan's folder, where the exported job resolves it",
+        f"write it in the plan as {here} (absolute) or relative to the plan's folder")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_data(data: str, model: ModelSpec, *, in_pod: bool = False) -> None:
+    """Refuse a --data that `autoplan train` would refuse, as far as the export can tell
+    without reading the text (runtime.data: check_byte_vocab, _text_files, _too_short, by
+    size): a model without a token per byte, a path that is no file or folder of files, too
+    few bytes for one window. `in_pod`: a path inside a Kubernetes pod, not on this machine:
+    only that it is absolute (a relative one would resolve against the image's working
+    directory)."""
+    if model.vocab_size < BYTE_VOCAB:
+        raise ConfigError("--data", f"the model's vocab_size {model.vocab_size} < 256",
+                          "byte-level text needs 256")
+    if in_pod:
+        if not data.startswith("/"):
+            raise ConfigError("--data", f"{data[:80]!r} is relative, and the pods would resolve "
+                              "it against the image's working directory",
+                              "give the absolute path the pods read it at, e.g. /data/corpus "
+                              "on a mounted volume or inside the image")
+        return
+    path = Path(data)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        if not files:
+            raise ConfigError("--data", f"the folder {data!r} holds no files (its subfolders "
+                              "searched too)", "put text files in it, or pass one text file")
+    else:
+        what = "is not a regular file or folder" if path.exists() else "does not exist"
+        raise ConfigError("--data", f"{data!r} {what}", "pass a text file or a folder of them")
+    for f in files:
+        if not os.access(f, os.R_OK):
+            raise ConfigError("--data", f"cannot read {f}",
+                              "fix its permissions or move it out of the data folder")
+    size = sum(f.stat().st_size for f in files)
+    if (size - 1) // model.seq_len < 1:
+        raise ConfigError("--data", f"{data} holds {size} bytes",
+                          f"need at least {model.seq_len + 1} (one window of seq_len + 1 "
+                          "tokens)")
