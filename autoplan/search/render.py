@@ -437,11 +437,27 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
     near = data.get("nearest")
     if near:
         p = near["plan"]
-        knobs = " ".join(f"{k}={v}" for k, v in p["parallel"].items())
+        knobs = miss_knobs(p)
         if "," in data["cluster"]:  # several GPU types: name the one the miss is on
             knobs = f"{p['cluster']['num_gpus']} x {p['cluster']['profile']} {knobs}"
-        console.print(f"[red]no feasible plan.[/] nearest: {knobs} zero={p['zero_stage']} "
-                      f"recompute={p['recompute']['policy']} "
-                      f"mbs={p['batch']['micro_batch_size']}, which")
+        console.print(f"[red]no feasible plan.[/] nearest: {knobs}, which")
         for m in near["misses"]:
             console.print(f"  - {m}", markup=False)
+
+
+def miss_knobs(p: dict[str, Any]) -> str:
+    """A plan (plan_to_dict's) as one run of words naming every knob its memory turns on, so
+    `estimate --set ...` with them prices the same figure: the degrees, ZeRO stage, what is
+    offloaded, recompute (Recompute.label's words) and the micro-batch."""
+    degrees = " ".join(f"{k}={v}" for k, v in p["parallel"].items())
+    offload = "+".join(k for k in ("optimizer", "params") if p["offload"].get(k)) or "none"
+    rc = p["recompute"]
+    recompute = rc["policy"]
+    if rc.get("modules"):
+        recompute += f"({'+'.join(rc['modules'])})"
+    elif rc.get("method") == "uniform":
+        recompute += f"-uniform:{rc['num_layers']}"
+    elif rc.get("num_layers") is not None:  # Megatron's block method: the first N per stage
+        recompute += f"-block:{rc['num_layers']}"
+    return (f"{degrees} zero={p['zero_stage']} offload={offload} recompute={recompute} "
+            f"mbs={p['batch']['micro_batch_size']}")

@@ -286,3 +286,28 @@ def test_a_table_of_one_plan_says_plan() -> None:
     assert table_title(ranked, False, False) == "top 1 plan by latency"
     assert table_title(ranked | {"top": [{}, {}]}, False, True) == \
         "top 2 plans by latency (equivalent plans share a row)"
+
+
+def test_the_nearest_miss_names_every_knob_its_memory_turns_on() -> None:
+    """llama-3.1-405b on 8 x A100-40GB misses by 64.7 GiB with ZeRO-3 and its parameters
+    offloaded: the line named neither the offload nor how to price that figure again."""
+    done = cli(["search", "--model", "llama-3.1-405b", "--cluster", "a100-sxm4-40gb",
+                "--num-gpus", "8", "--global-batch-size", "8", "--format", "table"], columns=200)
+    assert done.returncode == 3, done.stderr
+    assert ("no feasible plan. nearest: dp=8 tp=1 pp=1 cp=1 zero=3 offload=params "
+            "recompute=full mbs=1, which") in done.stdout
+
+
+def test_miss_knobs_say_the_recompute_and_offload_as_set() -> None:
+    from autoplan.search.render import miss_knobs
+
+    plan = {"parallel": {"dp": 2, "tp": 4}, "zero_stage": 1, "batch": {"micro_batch_size": 2},
+            "offload": {"optimizer": True, "params": True},
+            "recompute": {"policy": "full", "num_layers": 3, "method": "uniform"}}
+    assert miss_knobs(plan) == ("dp=2 tp=4 zero=1 offload=optimizer+params "
+                                "recompute=full-uniform:3 mbs=2")
+    plan |= {"offload": {"optimizer": False, "params": False},
+             "recompute": {"policy": "full", "num_layers": 2}}
+    assert "offload=none recompute=full-block:2 mbs" in miss_knobs(plan)
+    plan["recompute"] = {"policy": "selective", "num_layers": None, "modules": ["core_attn"]}
+    assert "recompute=selective(core_attn) mbs" in miss_knobs(plan)
