@@ -229,7 +229,7 @@ def plan_check_lines(opts: ExportOptions) -> list[str]:
              *_check(run.plan_sha256, run.plan_path, run.plan_path)]
     for named in run.named_files:
         lines += [f"# its {named.field}, as priced (sha256): {named.sha256}",
-                  *_check(named.sha256, named.path, f"{named.path} (the plan's {named.field})")]
+                  *_check(named.sha256, named.path, f"{named.path} ({named.field} of the plan)")]
     if run.workdir is not None:
         lines += ["# the plan names a file by a relative path: run in its folder, where that "
                   "path was checked",

@@ -116,7 +116,7 @@ def test_a_file_the_plan_names_edited_since_export_stops_the_job(tmp_path, monke
         fh.write("# edited\n")
     done = _run(script, tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"{tmp_path / edited} (the plan's {field}) is missing or "
+    assert done.stderr.strip() == (f"{tmp_path / edited} ({field} of the plan) is missing or "
                                    "changed since autoplan export priced it; export the plan "
                                    "again")
     assert "rank read" not in done.stdout
