@@ -1,6 +1,6 @@
 """The machine a run actually trains on (device, backend, memory), for the summary, the run
-record and the launcher's host check, and a warning when the plan's profile describes another
-device (calibrate.py decides what counts as the same device)."""
+record and the launcher's host check, the host's load while it trained, and a warning when the
+plan's profile describes another device (calibrate.py decides what counts as the same device)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,22 @@ def machine_info(device: torch.device, backend: str) -> dict[str, Any]:
     """`device`: `cpu` or the GPU's name as torch gives it; `backend`: the process group's."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"device": name, "device_type": device.type, "backend": backend}
+
+
+def load_average() -> list[float] | None:
+    """The host's load averages over 1, 5 and 15 minutes (os.getloadavg), None where the OS
+    has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def host_load(start: list[float] | None, end: list[float] | None) -> dict[str, Any]:
+    """The load a run shared the host with, for the summary and the run record: the load
+    averages when it started and when it ended (its own ranks count in them) and the CPUs
+    they are shared by, so a step measured on a busy machine can be told apart."""
+    return {"cpu_count": os.cpu_count(), "load_avg_start": start, "load_avg_end": end}
 
 
 def local_device() -> str:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from autoplan.runtime.summary_notes import band_note, diverged, unmeasured
+
 log = logging.getLogger(__name__)
 
 
@@ -112,10 +114,12 @@ class MetricsSink:
     """Rank 0 only: prints a live line per step and appends JSONL records.
 
     `resumed_step`: the run continues after that step (a resume or a torchrun restart), so the
-    file keeps only the records up to it and every step appears exactly once."""
+    file keeps only the records up to it and every step appears exactly once. A file whose
+    records end before `resumed_step` (steps trained without it) is warned about when
+    `warn_gap` (once per launch: a torchrun restart finds the same gap and says nothing)."""
 
     def __init__(self, metrics_file: str | None, live: bool = True,
-                 resumed_step: int = 0) -> None:
+                 resumed_step: int = 0, warn_gap: bool = True) -> None:
         self.path = Path(metrics_file) if metrics_file else None
         self.live = live
         self.history: list[StepMetrics] = []
@@ -124,6 +128,9 @@ class MetricsSink:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
                 truncate_after(self.path, resumed_step)
+                gap = metrics_gap(self.path, last_recorded_step(self.path), resumed_step)
+                if gap and warn_gap:
+                    log.warning("%s", gap)
         self._console = None
         if live:
             from rich.console import Console
@@ -225,6 +232,37 @@ def truncate_after(path: Path, step: int) -> int:
     return len(kept)
 
 
+def last_recorded_step(path: str | Path | None) -> int | None:
+    """The step of the last whole record in a metrics file (None without a file or a record)."""
+    if path is None:
+        return None
+    last = None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a kill
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                    last = rec["step"]
+    except OSError:
+        return None
+    return last
+
+
+def metrics_gap(path: Path, last: int | None, resumed_step: int) -> str | None:
+    """The warning when a metrics file whose records end at step `last` is continued by a run
+    resuming at `resumed_step`: the steps between were trained without it (a resume without
+    --metrics-file). None when nothing is missing; a file without records is a new file."""
+    if last is None or last >= resumed_step:
+        return None
+    missing = (f"step {resumed_step} is" if last + 1 == resumed_step
+               else f"steps {last + 1}-{resumed_step} are")
+    return (f"--metrics-file {path} ends at step {last} but the run resumes at step "
+            f"{resumed_step}; {missing} not in it")
+
+
 def predicted(plan: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The cost model's estimate for `plan` (and the runtime it priced, with its error band),
     or (None, why it is missing)."""
@@ -264,8 +302,10 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "memory_rank": peak[1] if peak is not None and history else (0 if history else None),
     }
     pred, note = predicted(plan)
-    notes = [n for n in (device_mismatch, note, _unmeasured(history, warmup, resumed_step),
-                         _diverged(history)) if n]
+    off = None if device_mismatch or pred is None else band_note(
+        step_time, pred["step_time_s"], pred["error_band"], machine)
+    notes = [n for n in (device_mismatch, note, off, unmeasured(history, warmup, resumed_step),
+                         diverged(history)) if n]
     final = history[-1].loss if history else None
     return {
         "steps": history[-1].step if history else resumed_step,
@@ -282,32 +322,11 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
     }
 
 
-def _diverged(history: list[StepMetrics]) -> str | None:
-    """The first step whose loss is not finite (NaN or inf), in words; None when none.
-    fp16 overflow steps are skipped, not diverged: their loss is finite."""
-    first = next((m for m in history if not math.isfinite(m.loss)), None)
-    if first is None:
-        return None
-    return (f"the loss is not finite from step {first.step} on (the run diverged: the final "
-            "loss is null; a lower --lr or --max-grad-norm may keep it finite; step times and "
-            "memory are still measured)")
-
-
-def _unmeasured(history: list[StepMetrics], warmup: int, resumed_step: int = 0) -> str | None:
-    """Why a run has no step time, and the --steps (a total, counted from step 0) that gives
-    it one step after the warm-up."""
-    if not history or len(history) > warmup:
-        return None
-    n = len(history)
-    after = f" after resuming at step {resumed_step}" if resumed_step else ""
-    return (f"step time not measured: the run had no step after its {warmup} warm-up "
-            f"step{'s' if warmup > 1 else ''} (this run trained {n} step{'s' if n > 1 else ''}"
-            f"{after}: --steps {resumed_step + warmup + 1} or more measures one)")
-
-
 def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
     """The run record `autoplan calibrate` reads (calibrate.load_run; the format tune writes):
-    the plan as run, the profile it was predicted with, measured and predicted numbers."""
+    the plan as run, the profile it was predicted with, measured and predicted numbers, the
+    summary's note under predicted (a step time outside the error band, a device mismatch)
+    and the host's load under machine (machine.host_load)."""
     from autoplan.plan import plan_to_dict
 
     m = summary["measured"]
@@ -322,7 +341,9 @@ def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
                      "tokens_per_s": m.get("tokens_per_s"),
                      "steps": summary.get("steps_this_run")},
         "predicted": {"step_time_s": pred.get("step_time_s"),
-                      "memory_total_bytes": pred.get("memory_bytes")},
+                      "memory_total_bytes": pred.get("memory_bytes"),
+                      "error_band": pred.get("error_band"),
+                      "note": summary.get("note")},
         "machine": {"torch": torch.__version__, "world_size": plan.world_size,
                     **(summary.get("machine") or {})},
     }
