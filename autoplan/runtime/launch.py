@@ -25,6 +25,7 @@ from pathlib import Path
 
 from autoplan.errors import AutoplanError, ConfigError, InfeasiblePlanError, RuntimeLaunchError
 from autoplan.runtime.rank_errors import read_rank_error
+from autoplan.runtime.rank_failures import read_failure
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +307,14 @@ def launch_and_report(args: argparse.Namespace) -> int:
         if outcome.returncode == 0 and os.path.exists(summary_file):
             summary = json.loads(Path(summary_file).read_text())
         refusal = read_rank_error(tmp) if summary is None else None
+        failure = read_failure(tmp) if summary is None else None
     if outcome.signal is not None:
         raise TrainingInterrupted(outcome.signal, _interrupted(outcome, summary, args))
     if refusal is not None:
         raise refusal
+    if summary is None and failure is not None:
+        raise RuntimeLaunchError(f"{failure.describe()}, and no restart is left (--max-restarts "
+                                 f"{restarts}); {_saved(args)}")
     if summary is None:
         raise RuntimeLaunchError(f"torchrun exited with code {outcome.returncode}; see the "
                                  "rank logs above")
@@ -320,10 +325,12 @@ def launch_and_report(args: argparse.Namespace) -> int:
 
 
 def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str:
+    from autoplan.runtime.metrics import last_recorded_step
+
     name = signal.Signals(outcome.signal).name
     if outcome.killed or summary is None:
         how = "killed torchrun and the ranks" if outcome.killed else "the ranks stopped"
-        last = _last_recorded_step(args.metrics_file)
+        last = last_recorded_step(args.metrics_file)
         ran = (f"; the last step recorded in --metrics-file was {last}" if last is not None
                else "" if args.metrics_file is None else "; --metrics-file recorded no step")
         return f"stopped by {name}: {how} without a summary{ran}; {_saved(args)}"
@@ -346,22 +353,3 @@ def _saved(args: argparse.Namespace) -> str:
     if found is None:
         return f"no whole checkpoint in {args.checkpoint_dir}: nothing to resume"
     return f"--resume continues from {found.path.name} (step {found.step})"
-
-
-def _last_recorded_step(metrics_file: str | None) -> int | None:
-    """The step of the last whole record in --metrics-file (None without one)."""
-    if metrics_file is None:
-        return None
-    last = None
-    try:
-        with open(metrics_file, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by the kill
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                    last = rec["step"]
-    except OSError:
-        return None
-    return last

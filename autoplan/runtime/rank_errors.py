@@ -17,19 +17,27 @@ from autoplan.errors import AutoplanError
 
 def quiet_torchrun(argv: list[str]) -> int:
     """torchrun's main on argv[1:]; when it fails because a rank refused (a file in the folder
-    argv[0], rank_error_file), exit 1 without torchrun's traceback and failure log."""
+    argv[0], rank_error_file), exit 1 without torchrun's traceback and failure log. Its agent
+    records every failed attempt there (rank_failures.FailureRecorder), and a last attempt
+    that failed because a rank was killed by a signal also exits 1 without the traceback: the
+    launcher names the rank (rank_failures.read_failure)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
+
+    from autoplan.runtime.rank_failures import FailureRecorder, read_failure
 
     folder = argv[0]
     for name in ("torch.distributed.elastic.multiprocessing.api",
                  "torch.distributed.elastic.agent.server.api"):
         logging.getLogger(name).addFilter(lambda _record: read_rank_error(folder) is None)
+    FailureRecorder(folder).install()
     try:
         main(argv[1:])
     except ChildFailedError:
         if read_rank_error(folder) is None:
-            raise
+            failure = read_failure(folder)
+            if failure is None or not failure.signalled:
+                raise
         return 1
     return 0
 

@@ -4,7 +4,9 @@ Runs under torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR/POR
 gets SIGTERM or SIGINT, sees the CLI's stop file, or finds the CLI gone, finishes its step; all
 ranks agree through the step's loss all-reduce, save a checkpoint and leave quietly. After a
 torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) ranks resume from the newest intact
-checkpoint, and the metrics file drops the records past it. With --elastic, rank 0 re-plans
+checkpoint, and the metrics file drops the records past it; ranks whose collective failed
+because another rank died leave without a traceback and rank 0 of the next attempt says which
+rank died and the step it resumes from (rank_failures.py). With --elastic, rank 0 re-plans
 for the WORLD_SIZE present (elastic.py) and every rank runs that plan; ranks it leaves out wait
 idle, and the others always resume from the newest checkpoint (DCP reshards it).
 """
@@ -27,7 +29,7 @@ from autoplan.errors import ConfigError
 from autoplan.runtime.mesh import ParallelDims, build_mesh, dp_rank, pg_timeout
 from autoplan.runtime.supervise import pid_alive
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("autoplan.runtime.worker")  # its name under `python -m` too, not __main__
 
 
 def _setup_logging(rank: int) -> None:
@@ -85,9 +87,9 @@ class _StopFlag:
             signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if not self.signalled:
-            log.warning("%s: finishing this step, then checkpointing",
-                        signal.Signals(signum).name)
+        # nothing logged here (a handler that logs can deadlock on logging's lock), nor said
+        # before the step ends: torchrun SIGTERMs the ranks left after one died, and those
+        # never finish their step (rank_failures.py says what happened)
         self.signalled = True
 
     @property
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> dict | None:
     from autoplan.runtime.checkpoint_compat import RunSettings, checkpoint_meta
     from autoplan.runtime.data import local_batch, make_source
     from autoplan.runtime.launch import preflight
-    from autoplan.runtime.machine import device_mismatch, machine_info
+    from autoplan.runtime.machine import device_mismatch, host_load, load_average, machine_info
     from autoplan.runtime.metrics import (
         MetricsSink,
         StepMetrics,
@@ -115,9 +117,11 @@ def run(args: argparse.Namespace) -> dict | None:
     )
     from autoplan.runtime.optim import OptimConfig
     from autoplan.runtime.parallelize import RuntimeOptions, parallelize
+    from autoplan.runtime.train_args import under_restart
     from autoplan.runtime.trainer import Trainer
 
     rank, present = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    load_start = load_average()  # before this rank's start-up adds to it
     _setup_logging(rank)
     stop = _StopFlag(args.stop_file, args.launcher_pid)  # before the slow start-up
     store = _job_store(rank, present, args.pg_timeout_s, args.elastic)
@@ -159,8 +163,13 @@ def run(args: argparse.Namespace) -> dict | None:
     if ckpt is not None:
         _resume(ckpt, trainer, plan, spec, settings, args)
     resumed = trainer.step
-    sink = MetricsSink(args.metrics_file, live=True, resumed_step=resumed) \
-        if rank == 0 else None
+    if rank == 0 and under_restart():
+        from autoplan.runtime.rank_failures import restart_line
+
+        folder = os.path.dirname(args.summary_file) if args.summary_file else None
+        log.warning("%s", restart_line(folder, resumed, args.checkpoint_dir))
+    sink = MetricsSink(args.metrics_file, live=True, resumed_step=resumed,
+                       warn_gap=not under_restart()) if rank == 0 else None
     meta = {"plan": os.path.basename(args.plan), **checkpoint_meta(plan, spec, world, settings)}
     gbs = plan.batch.global_batch_size
     tokens_per_step = gbs * spec.seq_len
@@ -187,6 +196,7 @@ def run(args: argparse.Namespace) -> dict | None:
                 log.warning("stopped after step %d", res.step)
             break
     largest = job_peak(peak.bytes)  # every rank: the cost model prices the largest
+    machine = {**machine, **host_load(load_start, load_average())}
     summary = summarize(sink.history, plan, resumed_step=resumed, peak=largest,
                         machine=machine, device_mismatch=mismatch) if sink is not None else None
     del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
@@ -230,11 +240,23 @@ def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> No
 
 
 def run_and_report(args: argparse.Namespace) -> int:
-    """In place under a launcher: rank 0 prints the summary (or writes --summary-file)."""
+    """In place under a launcher: rank 0 prints the summary (or writes --summary-file). A rank
+    whose collective failed because another rank died leaves without a traceback (exit 1)."""
     from autoplan.cli_common import emit
+    from autoplan.errors import AutoplanError
     from autoplan.runtime.metrics import render_summary
+    from autoplan.runtime.rank_failures import leave_after_peer, peer_loss
 
-    summary = run(args)
+    try:
+        summary = run(args)
+    except (AutoplanError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # dcp's CheckpointException is no Exception
+        phrase = peer_loss(err)
+        if phrase is None:
+            raise
+        folder = os.path.dirname(args.summary_file) if args.summary_file else None
+        return leave_after_peer(folder, int(os.environ.get("RANK", "0") or 0), phrase)
     if summary is not None:
         if args.run_record and not args.summary_file:  # under a scheduler: no CLI to write it
             from autoplan.plan import load_plan
@@ -267,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         if not _tell_launcher(args, err):
             print(f"autoplan: error: {err}", file=sys.stderr)
         return err.exit_code
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # a real error (a peer's death run_and_report handled)
+        sys.excepthook(type(err), err, err.__traceback__)  # as Python prints it ([rankN]: ...),
+        return 1  # then os._exit: teardown can hang after gloo, and torchrun's SIGTERM to
+        # the hung rank would read as the cause (rank_failures.read_failure)
 
 
 def _tell_launcher(args: argparse.Namespace, err) -> bool:
