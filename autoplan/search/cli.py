@@ -379,17 +379,18 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
 
 
 def infeasible_line(data: dict[str, Any]) -> str:
-    """One line: the candidates by reason, then the nearest miss and what it misses."""
+    """One line: the candidates by reason, then the nearest miss (render.miss_knobs) and what
+    it misses."""
     counts = ", ".join(f"{k} {v:,}" for k, v in data["counts"].items() if k != "feasible")
     line = f"no feasible plan among {data['candidates']:,} candidates ({counts})"
     near = data.get("nearest")
     if near:
         p = near["plan"]
-        where = ""
-        if p is not None:
-            par = p["parallel"]
-            where = (f" dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']} "
-                     f"mbs={p['batch']['micro_batch_size']}")
+        from autoplan.search.render import miss_knobs
+
+        # every knob its memory turns on (ZeRO, offload, recompute too), so `estimate --set`
+        # with them prices the same figure
+        where = "" if p is None else " " + miss_knobs(p)
         line += f"; nearest ({near['reason']}){where}: {'; '.join(near['misses'])}"
     return line
 

@@ -1,0 +1,24 @@
+"""search's exit-3 line names every knob of the nearest miss that its memory depends on, so
+`estimate --set ...` with them prices the figure it prints (a user test could not reproduce
+"needs 64.7 GiB": ZeRO-3 and offload were not named)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autoplan.plan import Offload, Recompute, RecomputePolicy, plan_from_dict, plan_to_dict
+from autoplan.search.cli import infeasible_line
+
+
+def test_the_nearest_miss_names_zero_offload_and_recompute() -> None:
+    plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 8},
+                           "parallel": {"dp": 8}, "zero_stage": 3,
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 8}})
+    plan = dataclasses.replace(plan, offload=Offload(optimizer=True, params=True),
+                               recompute=Recompute(policy=RecomputePolicy.FULL))
+    data = {"counts": {"out-of-memory": 3, "feasible": 0}, "candidates": 3,
+            "nearest": {"reason": "out-of-memory", "plan": plan_to_dict(plan),
+                        "misses": ["needs 64.7 GiB of 40 GiB per GPU"]}}
+    line = infeasible_line(data)
+    assert ("nearest (out-of-memory) dp=8 tp=1 pp=1 cp=1" in line
+            and "zero=3 offload=optimizer+params recompute=full mbs=1: needs 64.7 GiB" in line)
