@@ -124,7 +124,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         for k, cell in zip(MEMORY_PARTS, gib[:-1], strict=True):
             mem.add_row(k, cell, f"{est.memory[k] / est.memory['total']:.0%}")
         mem.add_row("[bold]total[/]", f"[bold]{gib[-1]}[/]",
-                    f"of {est.memory['capacity'] / GIB:.0f} GiB")
+                    f"of {est.memory['capacity'] / GIB:.1f} GiB")
         if est.memory["host_total"]:
             mem.add_row("host (offload)", f"{est.memory['host_total'] / GIB:.2f}", "")
         tim = Table(title=f"time per step{note}")

@@ -146,7 +146,7 @@ def miss_messages(row: Mapping[str, float], targets: Targets,
     need = float(device_need({k: np.asarray(v) for k, v in row.items()}, targets))
     if need > memory_bytes:
         at = " at the allocator's 75th-percentile slack" if targets.memory_slack == "p75" else ""
-        out.append(f"needs {need / GIB:.1f} GiB of {memory_bytes / GIB:.0f} GiB per GPU{at}")
+        out.append(f"needs {need / GIB:.1f} GiB of {memory_bytes / GIB:.1f} GiB per GPU{at}")
     host = float(node_host_bytes(profile, row["mem_total"], row["mem_host"], row["num_gpus"]))
     if host > host_bytes:
         out.append(f"needs {host / GIB:.1f} GiB of host memory of {host_bytes / GIB:.0f} GiB "

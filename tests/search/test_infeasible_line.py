@@ -18,7 +18,7 @@ def test_the_nearest_miss_names_zero_offload_and_recompute() -> None:
                                recompute=Recompute(policy=RecomputePolicy.FULL))
     data = {"counts": {"out-of-memory": 3, "feasible": 0}, "candidates": 3,
             "nearest": {"reason": "out-of-memory", "plan": plan_to_dict(plan),
-                        "misses": ["needs 64.7 GiB of 40 GiB per GPU"]}}
+                        "misses": ["needs 64.7 GiB of 39.6 GiB per GPU"]}}
     line = infeasible_line(data)
     assert ("nearest (out-of-memory) dp=8 tp=1 pp=1 cp=1" in line
             and "zero=3 offload=optimizer+params recompute=full mbs=1: needs 64.7 GiB" in line)

@@ -68,7 +68,7 @@ def test_nearest_miss_of_several_types_is_judged_on_its_own_type(tmp_path: Path,
     h200 = load_profile("h200-sxm-141gb").device.memory_bytes / GIB
     first = near["misses"][0]
     assert first.startswith("on 1 x h200-sxm-141gb, needs ")
-    assert first.endswith(f" GiB of {h200:.0f} GiB per GPU") and h200 > 139
+    assert first.endswith(f" GiB of {h200:.1f} GiB per GPU") and h200 > 139
     assert "of 40 GiB" not in err and "on 1 x h200-sxm-141gb, needs" in err
     needs = float(first.split("needs ")[1].split(" GiB")[0])
     assert needs > h200  # it misses the H200's own memory, not only the A100's

@@ -73,7 +73,7 @@ def test_an_out_holding_results_needs_force(tmp_path: Path, capsys) -> None:
 def test_nothing_feasible_names_the_nearest_miss(capsys) -> None:
     _fails(capsys, ["tune", "--model", "gpt3-1.3b", "--cluster", "cpu-gloo", "--num-gpus", "1",
                     "--global-batch-size", "2", "--dry-run"], 3,
-           "no feasible plan among", "nearest (out-of-memory)", "GiB of 4 GiB per GPU")
+           "no feasible plan among", "nearest (out-of-memory)", "GiB of 4.0 GiB per GPU")
 
 
 def test_result_files_are_written_whole_or_not_at_all(tmp_path: Path) -> None:
