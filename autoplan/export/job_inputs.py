@@ -70,13 +70,15 @@ def named_files(plan: Plan, plan_file: str | Path) -> tuple[tuple[NamedFile, ...
         if file is None:
             continue
         here = file.resolve()
-        if not file.is_absolute():
+        opened = file  # the path the job opens: through any symlink, so a link repointed
+        if not file.is_absolute():  # after the export fails the check (review)
             relative = True
-            there = (folder / file).resolve()
+            opened = folder / file
+            there = opened.resolve()
             if here != there and not _same_file(here, there):
                 _refuse_relative(field, ref, here, there, folder)
         if here.is_file():
-            pinned.append(NamedFile(field, str(here), _sha256(here)))
+            pinned.append(NamedFile(field, str(opened), _sha256(here)))
     return tuple(pinned), (str(folder) if relative else None)
 
 

@@ -122,6 +122,25 @@ def test_a_file_the_plan_names_edited_since_export_stops_the_job(tmp_path, monke
     assert "rank read" not in done.stdout
 
 
+@pytest.mark.parametrize("target", list(SCRIPTS))
+def test_a_model_symlink_repointed_since_export_stops_the_job(tmp_path, monkeypatch, target):
+    """The job opens model.yaml through the link: a link pointed at another model after the
+    export must fail the check, though the file it pointed at is unchanged (review)."""
+    _plan_beside_its_files(tmp_path)
+    (tmp_path / "model.yaml").rename(tmp_path / "model-v1.yaml")
+    (tmp_path / "model.yaml").symlink_to("model-v1.yaml")
+    monkeypatch.chdir(tmp_path)
+    script = _export(tmp_path, target)
+    assert _run(script, tmp_path).returncode == 0
+    (tmp_path / "model-v2.yaml").write_text(
+        dump_yaml(to_dict(TINY.replace(name="mine", num_layers=2))))
+    (tmp_path / "model.yaml").unlink()
+    (tmp_path / "model.yaml").symlink_to("model-v2.yaml")
+    done = _run(script, tmp_path)
+    assert done.returncode == 2 and "(model of the plan) is missing or changed" in done.stderr
+    assert "rank read" not in done.stdout
+
+
 def test_absolute_paths_are_hashed_without_moving_the_job(tmp_path, monkeypatch):
     """A plan naming its files absolutely needs no folder of its own: the script does not cd,
     and the files are still checked."""
