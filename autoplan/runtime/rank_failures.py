@@ -31,6 +31,18 @@ PEER_LOST_EXIT = 1
 def peer_loss(err: BaseException) -> str | None:
     """Which PEER_LOSS phrase a collective's error carries (its causes and a distributed
     checkpoint's per-rank failures included), or None for any other error."""
+    found = _peer_loss_line(err)
+    return None if found is None else found[0]
+
+
+def peer_loss_line(err: BaseException) -> str:
+    """The line of the collective's error that carries its PEER_LOSS phrase ('' if none): the
+    gloo message, with the address and operation, kept for the launcher (leave_after_peer)."""
+    found = _peer_loss_line(err)
+    return "" if found is None else found[1]
+
+
+def _peer_loss_line(err: BaseException) -> tuple[str, str] | None:
     todo, seen = [err], set()
     while todo and len(seen) < 32:
         exc = todo.pop()
@@ -38,9 +50,10 @@ def peer_loss(err: BaseException) -> str | None:
             continue
         seen.add(id(exc))
         if isinstance(exc, RuntimeError):
-            found = next((phrase for phrase in PEER_LOSS if phrase in str(exc)), None)
+            text = str(exc)
+            found = next((phrase for phrase in PEER_LOSS if phrase in text), None)
             if found:
-                return found
+                return found, next(line for line in text.splitlines() if found in line)
         failures = getattr(exc, "failures", None)  # dcp's CheckpointException: rank -> (exc, tb)
         if isinstance(failures, dict):
             todo += [pair[0] for pair in failures.values()
@@ -63,12 +76,17 @@ def _failures_file(folder: str, attempt_no: int) -> Path:
     return Path(folder, f"failures.attempt{attempt_no}.json")
 
 
-def leave_after_peer(folder: str | None, rank: int, phrase: str) -> int:
+def leave_after_peer(folder: str | None, rank: int, phrase: str, error: str = "") -> int:
     """This rank's collective failed because a peer is gone: mark it for the launcher (in
-    `folder`, `autoplan train`'s) or say it in one line; returns the exit code."""
+    `folder`, `autoplan train`'s; the marker keeps the error's line that carries the phrase,
+    which the launcher quotes when no rank died: a connection reset between live hosts) or
+    say it in one line;
+    returns the exit code."""
     if folder is not None:
         try:
-            _peer_lost_file(folder, attempt(), rank).write_text(phrase, encoding="utf-8")
+            lines = [line for line in error.splitlines() if phrase in line]
+            _peer_lost_file(folder, attempt(), rank).write_text(
+                (lines[0] if lines else phrase)[:500], encoding="utf-8")
             return PEER_LOST_EXIT
         except OSError:
             pass
@@ -84,9 +102,14 @@ class RankFailure:
 
     attempt: int
     died: dict[int, int]
+    peer_error: str = ""
+    """Where no rank died: the first line of a collective's error a rank left on (every rank
+    failed its collective, e.g. a connection reset between live hosts)."""
 
     def describe(self) -> str:
         if not self.died:
+            if self.peer_error:
+                return f"no rank died, a collective failed: {self.peer_error}"
             return "a rank failed"
         return "; ".join(_death(rank, code) for rank, code in sorted(self.died.items()))
 
@@ -126,7 +149,16 @@ def read_failure(folder: str, attempt_no: int | None = None) -> RankFailure | No
     # torchrun SIGTERMs the ranks still running once one failed (a rank's own SIGTERM stops
     # it cleanly: worker._StopFlag): those are not why it failed, and name no cause alone
     first = {rank: code for rank, code in died.items() if code != -signal.SIGTERM}
-    return RankFailure(attempt_no, first)
+    error = ""
+    if not first:
+        for rank in sorted(codes):
+            try:
+                error = _peer_lost_file(folder, attempt_no, rank).read_text(encoding="utf-8")
+            except OSError:
+                continue
+            if error:
+                break
+    return RankFailure(attempt_no, first, error.strip())
 
 
 def restart_line(folder: str | None, resumed_step: int, checkpoint_dir: str | None) -> str:
@@ -174,14 +206,22 @@ class FailureRecorder:
         recorder = self
 
         class RecordingAgent(base):  # type: ignore[misc, valid-type]
-            def _monitor_workers(self, worker_group):
-                spec = worker_group.spec
-                left = getattr(self, "_remaining_restarts", 0)
-                recorder.attempt = spec.max_restarts - left  # as its workers count it
-                result = super()._monitor_workers(worker_group)
-                if result.is_failed():
-                    recorder.record({rank: failure.exitcode
-                                     for rank, failure in result.failures.items()})
+            def _monitor_workers(self, *args: Any, **kwargs: Any) -> Any:
+                # torch's own call first; recording is best effort, so a torch whose agent
+                # differs (another signature or result) loses the one line, never the run
+                try:
+                    spec = (args[0] if args else kwargs["worker_group"]).spec
+                    left = getattr(self, "_remaining_restarts", 0)
+                    recorder.attempt = spec.max_restarts - left  # as its workers count it
+                except (AttributeError, KeyError, IndexError, TypeError):
+                    pass
+                result = super()._monitor_workers(*args, **kwargs)
+                try:
+                    if result.is_failed():
+                        recorder.record({rank: failure.exitcode
+                                         for rank, failure in result.failures.items()})
+                except (AttributeError, TypeError, ValueError):
+                    pass
                 return result
 
         return RecordingAgent

@@ -245,7 +245,7 @@ def run_and_report(args: argparse.Namespace) -> int:
     from autoplan.cli_common import emit
     from autoplan.errors import AutoplanError
     from autoplan.runtime.metrics import render_summary
-    from autoplan.runtime.rank_failures import leave_after_peer, peer_loss
+    from autoplan.runtime.rank_failures import leave_after_peer, peer_loss, peer_loss_line
 
     try:
         summary = run(args)
@@ -256,7 +256,8 @@ def run_and_report(args: argparse.Namespace) -> int:
         if phrase is None:
             raise
         folder = os.path.dirname(args.summary_file) if args.summary_file else None
-        return leave_after_peer(folder, int(os.environ.get("RANK", "0") or 0), phrase)
+        return leave_after_peer(folder, int(os.environ.get("RANK", "0") or 0), phrase,
+                                peer_loss_line(err))
     if summary is not None:
         if args.run_record and not args.summary_file:  # under a scheduler: no CLI to write it
             from autoplan.plan import load_plan

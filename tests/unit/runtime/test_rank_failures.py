@@ -72,10 +72,15 @@ def test_the_rank_that_died_is_the_one_that_did_not_leave_after_a_peer(tmp_path,
     failure = read_failure(str(tmp_path))
     assert failure is not None and failure.attempt == 1 and not failure.signalled
     assert failure.describe() == "rank 1 exited with code 1 (its error is above)"
-    # only torchrun's own SIGTERMs: no cause named, and nothing claims a signal killed it
+    # only torchrun's own SIGTERMs: no rank died, the collective's error is what is said, and
+    # nothing claims a signal killed it
     _recorded(tmp_path, 2, {0: -15, 1: 1}, left=(1,))
     failure = read_failure(str(tmp_path))
-    assert failure is not None and failure.describe() == "a rank failed" and not failure.signalled
+    assert failure is not None and not failure.signalled
+    assert failure.describe() == "no rank died, a collective failed: Connection reset by peer"
+    (tmp_path / "peer_lost.attempt2.rank1").unlink()  # no marker text at all
+    _recorded(tmp_path, 2, {0: -15}, left=())
+    assert read_failure(str(tmp_path)).describe() == "a rank failed"
     assert read_failure(str(tmp_path / "nothing-here")) is None
 
 
@@ -91,6 +96,28 @@ def test_rank_0_says_who_died_and_where_every_rank_resumes(tmp_path, monkeypatch
     # another launcher (no folder): no record, still one line
     assert restart_line(None, 0, None) == (
         "restart 1 of 2: a rank failed; every rank starts over at step 0 (no --checkpoint-dir)")
+
+
+def test_a_connection_reset_between_live_ranks_is_quoted(tmp_path, monkeypatch):
+    """Every rank's collective failed and none died (a network reset between live hosts): the
+    gloo line, address and operation, reaches the launcher instead of 'a rank failed'
+    (review)."""
+    from autoplan.runtime.rank_failures import peer_loss_line
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    wrapped = RuntimeError("pipeline stage failed\n" + GLOO_RESET)
+    assert peer_loss_line(wrapped) == GLOO_RESET
+    for rank in (0, 1):
+        leave_after_peer(str(tmp_path), rank, "Connection reset by peer", f"x\n{GLOO_RESET}")
+    _recorded_codes_only(tmp_path, 0, {0: 1, 1: 1})
+    failure = read_failure(str(tmp_path))
+    assert failure is not None and failure.died == {}
+    assert failure.describe() == f"no rank died, a collective failed: {GLOO_RESET}"
+
+
+def _recorded_codes_only(folder: Path, attempt: int, codes: dict[int, int]) -> None:
+    (folder / f"failures.attempt{attempt}.json").write_text(json.dumps(
+        {"exit_codes": {str(r): c for r, c in codes.items()}}))
 
 
 def test_a_surviving_rank_marks_itself_or_says_one_line(tmp_path, monkeypatch, capsys):
