@@ -4,8 +4,12 @@ A run record is what `autoplan train` writes at the end of a run: the plan as ru
 it was predicted with, and measured step time and peak memory. The fit searches a handful of
 multipliers (compute peak, memory bandwidth, link bandwidth and latency, per-operator dispatch,
 overlap) with Optuna's TPE sampler, seeded, starting from the unchanged profile so the fit never
-ends worse than it began; multipliers no run's prediction changes with are left as they were, and
-named. Peak memory can only raise the profile's reserved bytes.
+ends worse than it began on its runs. It fits no more factors than the runs have different
+plans (one plan's runs tell one number, its measured / predicted ratio): those that govern most
+of the runs' predicted step time (factor_shares); the rest, and those no run's prediction
+changes with, are left as they were, and named. With three or more different plans each plan is
+also predicted by a fit to the others alone (leave-one-plan-out), the error to expect on a plan
+the fit has not seen. Peak memory can only raise the profile's reserved bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from autoplan import resources
 from autoplan.cost.estimate import estimate_plan
@@ -286,6 +292,42 @@ def step_errors(runs: list[RunRecord], profile: ClusterProfile) -> list[float]:
     return out
 
 
+class StepPricer:
+    """step_errors of fixed runs under any profile, with what no factor changes (each run's
+    model, plan row and runtime traits) done once and the runs of one model, precision and
+    attention priced as one table (estimate_table, as estimate_plan prices one): a fit prices
+    the runs hundreds of times."""
+
+    def __init__(self, runs: list[RunRecord], profile: ClusterProfile) -> None:
+        from autoplan.cost.estimate import default_runtime
+        from autoplan.plan_table import plan_to_row
+
+        self.traits = default_runtime(profile)  # a factor never makes a CPU profile a GPU's
+        rows: list[Any] = []
+        groups: dict[tuple, list[int]] = {}  # (model, precision, attention, columns) -> runs
+        for i, run in enumerate(runs):
+            model = run.plan.model_spec()
+            rows.append(plan_to_row(run.plan, model))
+            precision = run.plan.precision.value
+            if precision not in profile.device.peak_flops_per_s:  # as estimate_plan falls back
+                precision = next(iter(profile.device.peak_flops_per_s))
+            key = (model, precision, run.plan.attention.value, tuple(sorted(rows[-1])))
+            groups.setdefault(key, []).append(i)
+        self.tables = [(model, precision, attention, np.array(where), {
+            col: np.concatenate([np.atleast_1d(rows[i][col]) for i in where]) for col in cols})
+            for (model, precision, attention, cols), where in groups.items()]
+        self.measured_s = np.array([run.measured.step_time_s for run in runs], dtype=float)
+
+    def __call__(self, profile: ClusterProfile) -> list[float]:
+        from autoplan.cost.estimate import estimate_table
+
+        predicted = np.empty_like(self.measured_s)
+        for model, precision, attention, where, table in self.tables:
+            predicted[where] = estimate_table(table, model, profile, precision, attention,
+                                              self.traits)["time_step"]
+        return [float(e) for e in predicted / self.measured_s - 1.0]
+
+
 def memory_errors(runs: list[RunRecord], profile: ClusterProfile) -> list[float]:
     out = []
     for run in runs:
@@ -310,12 +352,23 @@ class Calibration:
     left: dict[str, str] = dataclasses.field(default_factory=dict)
     """Factors left at their start value (left_factors), with the reason."""
     distinct_plans: int = 0
-    """How many different plans the runs trained: the fit's step errors are measured on the
-    runs it was fitted to, and say little of other plans when the factors outnumber these."""
+    """How many different plans the runs trained: the most factors the fit may set (one plan's
+    runs tell one measured / predicted ratio, which any one factor can match)."""
+    shares: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Share of the runs' predicted step time each felt factor governs (factor_shares): the
+    order in which factors are fitted when the plans are fewer than they."""
+    step_errors_held_out: list[float] | None = None
+    """Each run's step error under a fit to the other plans' runs alone (leave-one-plan-out,
+    held_out_errors); None under MIN_HELD_OUT_PLANS different plans, or when not asked for."""
 
     @property
     def fitted(self) -> list[str]:
         return [name for name in FACTORS if name not in self.left]
+
+    @property
+    def unidentified(self) -> list[str]:
+        """Factors some run feels but left at their start: the runs' plans were fewer (_fit)."""
+        return [name for name in FACTORS if name in self.shares and name in self.left]
 
     @property
     def at_bound(self) -> list[str]:
@@ -333,8 +386,11 @@ class Calibration:
         return {"runs": len(self.step_errors_before), "distinct_plans": self.distinct_plans,
                 "factors": self.factors, "factors_fitted": self.fitted,
                 "factors_at_bound": self.at_bound, "factors_left": dict(self.left),
+                "factors_unidentified": self.unidentified,
+                "factor_shares": dict(self.shares),
                 "step_time_mape_before": mape(self.step_errors_before),
                 "step_time_mape_after": mape(self.step_errors_after),
+                "step_time_mape_held_out": mape(self.step_errors_held_out or []),
                 "memory_mape_before": mape(self.memory_errors_before),
                 "memory_mape_after": mape(self.memory_errors_after)}
 
@@ -367,12 +423,12 @@ def left_factors(runs: list[RunRecord], profile: ClusterProfile) -> dict[str, st
     priced from measured collective tables never use the link bandwidth or latency). A factor
     no run can feel would otherwise be written at whatever value the sampler last drew."""
     left, space = _profile_lacks(profile), active_factors(profile)
-    rng, start = random.Random(0), identity(profile)
+    rng, start, price = random.Random(0), identity(profile), StepPricer(runs, profile)
     settings = [start] + [
         {**start, **{k: _draw(rng, *bounds) for k, bounds in space.items()}}
         for _ in range(PROBES - 1)]
     for name, (lo, hi, _) in space.items():
-        if not any(_changes(runs, profile, setting, name, (lo, hi))
+        if not any(_changes(price, profile, setting, name, (lo, hi))
                    for setting in settings):
             left[name] = UNFELT
     return left
@@ -382,11 +438,11 @@ def _draw(rng: random.Random, lo: float, hi: float, log: bool) -> float:
     return math.exp(rng.uniform(math.log(lo), math.log(hi))) if log else rng.uniform(lo, hi)
 
 
-def _changes(runs: list[RunRecord], profile: ClusterProfile, setting: dict[str, float],
+def _changes(price: StepPricer, profile: ClusterProfile, setting: dict[str, float],
              name: str, values: tuple[float, float]) -> bool:
     """Whether moving `name` from `setting` to either end of its range moves a prediction."""
     def errors(value: float) -> list[float]:  # predicted / measured - 1
-        return step_errors(runs, apply_factors(profile, {**setting, name: value}))
+        return price(apply_factors(profile, {**setting, name: value}))
 
     here = errors(setting[name])
     return any(not math.isclose(1.0 + a, 1.0 + b, rel_tol=1e-9)
@@ -420,34 +476,107 @@ def _plan_key(plan: Plan) -> str:
     return json.dumps(data, sort_keys=True, default=str)
 
 
-def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
-              seed: int = 0) -> Calibration:
-    """Fit the factors to the runs' step times and the reserved bytes to their peak memory."""
+SHARE_STEP = 1.1
+"""Factor by which factor_shares moves a multiplier each way from its start."""
+
+
+def factor_shares(runs: list[RunRecord], profile: ClusterProfile,
+                  names: list[str]) -> dict[str, float]:
+    """The share of the runs' predicted step time T each of `names` governs at the start
+    profile, averaged over the runs: |d ln T / d ln f| for a multiplier (a part priced at x / f
+    moves T by its share of it), and the fall of ln T from no overlap to full for `overlap` (the
+    exposed communication it can hide)."""
+    start, price = identity(profile), StepPricer(runs, profile)
+
+    def log_times(name: str, value: float) -> list[float]:  # ln T, less ln measured
+        return [math.log1p(e) for e in price(apply_factors(profile, {**start, name: value}))]
+
+    shares = {}
+    for name in names:
+        if FACTORS[name][2]:
+            up, down = (log_times(name, start[name] * s) for s in (SHARE_STEP, 1 / SHARE_STEP))
+            spread = 2 * math.log(SHARE_STEP)
+        else:
+            up, down, spread = log_times(name, 0.0), log_times(name, 1.0), 1.0
+        shares[name] = statistics.fmean(abs(a - b) / spread for a, b in zip(up, down,
+                                                                             strict=True))
+    return shares
+
+
+def _few_plans(plans: int, share: float) -> str:
+    """Why a felt factor was left: the runs' plans identify fewer factors than they feel."""
+    many = plans != 1
+    return (f"{plans} different plan{'s' if many else ''} identif{'y' if many else 'ies'} "
+            f"{plans} factor{'s' if many else ''}, and this one governs {share:.0%} of the "
+            "predicted step time, less than those fitted")
+
+
+def _fit(runs: list[RunRecord], profile: ClusterProfile, trials: int, seed: int
+         ) -> tuple[dict[str, float], dict[str, str], dict[str, float]]:
+    """The fitted factors, those left with the reason, and the felt factors' shares: of the
+    factors some run feels, the `plans` that govern the largest share of the runs' predicted
+    step time are fitted (ties in FACTORS order), the others left at their start."""
     import optuna
 
-    if not runs:
-        raise ConfigError("RUNS", "no run records given", "pass one or more run record files")
     left = left_factors(runs, profile)
+    felt = [k for k in FACTORS if k not in left]
+    plans = len({_plan_key(r.plan) for r in runs})
+    shares = factor_shares(runs, profile, felt)
+    ranked = sorted(felt, key=lambda name: -shares[name])  # stable: FACTORS order breaks ties
+    left.update({name: _few_plans(plans, shares[name]) for name in ranked[plans:]})
     space = {k: v for k, v in FACTORS.items() if k not in left}
-    start = {k: v for k, v in identity(profile).items() if k in space}
+    price = StepPricer(runs, profile)
 
     def full(f: dict[str, float]) -> dict[str, float]:
         return {**identity(profile), **f}
 
-    def objective(trial: optuna.Trial) -> float:
-        f = {name: trial.suggest_float(name, lo, hi, log=log)
-             for name, (lo, hi, log) in space.items()}
-        return _log_error(step_errors(runs, apply_factors(profile, full(f))))
+    def loss(f: dict[str, float]) -> float:
+        return _log_error(price(apply_factors(profile, full(f))))
 
-    best = identity(profile)
-    if space:  # else nothing a run can feel: the profile's factors stand
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(direction="minimize",
-                                    sampler=optuna.samplers.TPESampler(seed=seed))
-        study.enqueue_trial(start)
-        study.optimize(objective, n_trials=trials)
-        best = full(_refine(dict(study.best_params), lambda f: _log_error(
-            step_errors(runs, apply_factors(profile, full(f)))), space))
+    def objective(trial: optuna.Trial) -> float:
+        return loss({name: trial.suggest_float(name, lo, hi, log=log)
+                     for name, (lo, hi, log) in space.items()})
+
+    if not space:  # nothing a run can feel: the profile's factors stand
+        return identity(profile), left, shares
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize",
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+    study.enqueue_trial({k: v for k, v in identity(profile).items() if k in space})
+    study.optimize(objective, n_trials=trials)
+    return full(_refine(dict(study.best_params), loss, space)), left, shares
+
+
+MIN_HELD_OUT_PLANS = 3
+"""Different plans a held-out error needs: with two, each is predicted from one plan's runs,
+a one-factor fit that says more of that plan than of the fit."""
+
+
+def held_out_errors(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
+                    seed: int = 0) -> list[float] | None:
+    """Leave one plan out: each run's step error under the fit (the same rule, so one factor
+    fewer at most) to the runs of every other plan; None under MIN_HELD_OUT_PLANS plans."""
+    keys = [_plan_key(r.plan) for r in runs]
+    if len(set(keys)) < MIN_HELD_OUT_PLANS:
+        return None
+    errors: list[float] = [0.0] * len(runs)
+    for key in dict.fromkeys(keys):
+        factors, _, _ = _fit([r for r, k in zip(runs, keys, strict=True) if k != key],
+                             profile, trials, seed)
+        out = [i for i, k in enumerate(keys) if k == key]
+        for i, error in zip(out, step_errors([runs[i] for i in out],
+                                             apply_factors(profile, factors)), strict=True):
+            errors[i] = error
+    return errors
+
+
+def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
+              seed: int = 0, held_out: bool = False) -> Calibration:
+    """Fit the factors to the runs' step times and the reserved bytes to their peak memory;
+    with `held_out`, also each run's leave-one-plan-out error (held_out_errors)."""
+    if not runs:
+        raise ConfigError("RUNS", "no run records given", "pass one or more run record files")
+    best, left, shares = _fit(runs, profile, trials, seed)
     fitted = apply_factors(profile, best)
     if any(r.measured.peak_memory_bytes for r in runs):
         # raise the fixed reserve by the largest shortfall, never lower it: memory predictions
@@ -460,9 +589,10 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
         fitted = dataclasses.replace(
             fitted, device=dataclasses.replace(fitted.device, reserved_bytes=reserved))
     return Calibration(
-        profile=fitted, factors=best, left=left,
+        profile=fitted, factors=best, left=left, shares=shares,
         distinct_plans=len({_plan_key(r.plan) for r in runs}),
         step_errors_before=step_errors(runs, profile),
         step_errors_after=step_errors(runs, fitted),
         memory_errors_before=memory_errors(runs, profile),
-        memory_errors_after=memory_errors(runs, fitted))
+        memory_errors_after=memory_errors(runs, fitted),
+        step_errors_held_out=held_out_errors(runs, profile, trials, seed) if held_out else None)

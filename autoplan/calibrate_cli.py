@@ -11,7 +11,14 @@ from typing import Any
 from rich.table import Table
 
 from autoplan import fsutil, resources
-from autoplan.calibrate import Calibration, calibrate, check_runs, load_run, profile_file
+from autoplan.calibrate import (
+    MIN_HELD_OUT_PLANS,
+    Calibration,
+    calibrate,
+    check_runs,
+    load_run,
+    profile_file,
+)
 from autoplan.cli_common import add_format_argument, check_seed, count, emit
 from autoplan.errors import ConfigError
 from autoplan.hardware import check_out_and_name, load_profile
@@ -25,7 +32,9 @@ trials before it: past this it runs for hours); a larger count is a typo."""
 def register(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="fit a profile's efficiency factors to measured runs",
                        description="Fit compute, bandwidth, latency, dispatch and overlap "
-                       "factors of a profile to run records written by `autoplan train`.")
+                       "factors of a profile to run records written by `autoplan train`: no "
+                       "more factors than the runs have different plans, and with three or "
+                       "more, each plan also predicted by a fit to the others (held out).")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run record files (YAML or JSON)")
     p.add_argument("--profile", required=True, help="profile to start from: a name (your "
                    "profile directory, then the built-in ones) or a path")
@@ -72,7 +81,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.profile)
     check_out(out, args)
     check_runs(runs, args.profile, base)
-    result = calibrate(runs, base, trials=args.trials, seed=args.seed)
+    result = calibrate(runs, base, trials=args.trials, seed=args.seed, held_out=True)
     summary = result.summary()
     prof = to_dict(result.profile)
     prof["name"] = out.stem
@@ -81,24 +90,31 @@ def calibrate_command(args: argparse.Namespace) -> int:
         # the peak's multiplier from the device's own, over this fit and the base's (MFU)
         "device_compute": base.calibrated_compute * summary["factors"]["compute"]}}
     written = save_yaml({"schema_version": 1, **prof}, out, overwrite=args.force)
+    held = result.step_errors_held_out
+    held_out: list[float | None] = list(held) if held else [None] * len(runs)
     rows: list[dict[str, Any]] = [{"run": r.source, "measured_s": r.measured.step_time_s,
-             "error_before": b, "error_after": a}
-            for r, b, a in zip(runs, result.step_errors_before, result.step_errors_after,
-                               strict=True)]
+             "error_before": b, "error_after": a, "error_held_out": h}
+            for r, b, a, h in zip(runs, result.step_errors_before, result.step_errors_after,
+                                  held_out, strict=True)]
     data = {"profile": str(written), **summary, "per_run": rows}
 
     def render(console: Any) -> None:
         t = Table(title=f"step time: predicted vs measured ({len(runs)} runs)")
-        for c in ("run", "measured s", "error before", "error after"):
+        cols = ("run", "measured s", "error before", "error after") + (
+            ("held out",) if held else ())
+        for c in cols:
             t.add_column(c, justify="left" if c == "run" else "right")
         for r in rows:
             t.add_row(Path(r["run"]).name, f"{r['measured_s']:.4g}", f"{r['error_before']:+.1%}",
-                      f"{r['error_after']:+.1%}")
+                      f"{r['error_after']:+.1%}",
+                      *((f"{r['error_held_out']:+.1%}",) if held else ()))
         console.print(t)
-        console.print(f"mean absolute error {summary['step_time_mape_before']:.1%} -> "
-                      f"{summary['step_time_mape_after']:.1%} (on the runs it was fitted to)")
+        console.print(error_line(summary, "the runs"))
+        if summary["factors_unidentified"]:
+            console.print(fitted_line(summary))
         for name, why in summary["factors_left"].items():
-            console.print(f"left {name} unchanged: {why}")
+            if name not in summary["factors_unidentified"]:
+                console.print(f"left {name} unchanged: {why}")
         if summary["memory_mape_before"] is not None:
             console.print(f"peak memory error {summary['memory_mape_before']:.1%} -> "
                           f"{summary['memory_mape_after']:.1%}")
@@ -109,16 +125,51 @@ def calibrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def error_line(summary: dict[str, Any], runs: str) -> str:
+    """The step-time error before and after the fit: on `runs` it was fitted to, and held out
+    (each plan predicted by a fit to the others) where the plans allow it."""
+    line = (f"mean absolute error {summary['step_time_mape_before']:.1%} -> "
+            f"{summary['step_time_mape_after']:.1%} on {runs} it was fitted to")
+    if summary["step_time_mape_held_out"] is None:
+        return (f"{line} (held out: needs {MIN_HELD_OUT_PLANS} different plans, these are "
+                f"{summary['distinct_plans']})")
+    return (f"{line}, {summary['step_time_mape_held_out']:.1%} on each plan left out of the "
+            "fit (leave-one-plan-out)")
+
+
+def fitted_line(summary: dict[str, Any]) -> str:
+    """Which factors the fit set when the runs feel more than their plans can identify, and the
+    share of the predicted step time each governs."""
+    plans, shares = summary["distinct_plans"], summary["factor_shares"]
+
+    def named(names: list[str]) -> str:
+        return ", ".join(f"{name} ({shares[name]:.0%})"
+                         for name in sorted(names, key=lambda n: -shares[n]))
+
+    many = plans != 1
+    return (f"{plans} different plan{'s' if many else ''} identif{'y' if many else 'ies'} "
+            f"{plans} factor{'s' if many else ''}: fitted the {plans if many else 'one'} that "
+            f"govern{'' if many else 's'} most of the predicted step time, "
+            f"{named(summary['factors_fitted'])}; left "
+            f"{named(summary['factors_unidentified'])} for runs of more plans (other tp, pp, "
+            "dp, micro-batch)")
+
+
 def warn_overfit(result: Calibration, command: str = "calibrate") -> None:
-    """Say on stderr when the fit's after-error cannot be trusted beyond its runs: more
-    factors than different plans, or factors the search pressed against a bound."""
-    fitted, plans = result.fitted, result.distinct_plans
-    if len(fitted) > plans:
+    """Say on stderr what the fit's after-error cannot show: that no plan was held out, that
+    the held-out error is above the error before the fit, or that factors ended on a bound."""
+    s = result.summary()
+    held, before = s["step_time_mape_held_out"], s["step_time_mape_before"]
+    if held is None:
         sys.stderr.write(
-            f"autoplan {command}: warning: {len(fitted)} factors fitted to "
-            f"{plans} different plan{'s' if plans != 1 else ''}: the error after is measured on "
-            "the runs it was fitted to and says little of other plans; fit runs of more plans "
-            "(different tp, pp, dp, micro-batch) before trusting it\n")
+            f"autoplan {command}: warning: the error after is measured on the runs it was "
+            f"fitted to alone, and says little of other plans: with {MIN_HELD_OUT_PLANS} or "
+            "more different plans each is also predicted by a fit to the others\n")
+    elif held > before:
+        sys.stderr.write(
+            f"autoplan {command}: warning: the held-out error ({held:.1%}) is above the error "
+            f"before the fit ({before:.1%}): the fit does not carry to plans it has not seen; "
+            "keep the profile you started from, or fit runs of more plans\n")
     if result.at_bound:
         sys.stderr.write(f"autoplan {command}: warning: {', '.join(result.at_bound)} ended on "
                          "the bound of its range: the runs ask for more than the factor allows, "

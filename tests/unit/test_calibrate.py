@@ -113,31 +113,43 @@ def test_mfu_on_a_calibrated_profile_is_against_the_device_s_own_peak(tmp_path, 
     assert twice.calibrated_compute != twice.measured["calibration"]["factors"]["compute"]
 
 
-def test_a_fit_with_more_factors_than_plans_says_its_error_is_in_sample(tmp_path, capsys) -> None:
-    """Two records of one plan fitted 8 factors and printed '20.2% -> 1.2%' with no word that
-    the after-error is measured on those very runs."""
+def test_one_plan_fits_one_factor_the_one_that_governs_most_of_its_step(tmp_path,
+                                                                         capsys) -> None:
+    """One run record fitted 6 factors (compute 0.131, memory_bandwidth 9.51, ...), printed
+    '36.3% -> 0.0%' and wrote a profile that priced other plans worse than the one it started
+    from. One plan's runs tell one ratio, measured / predicted: the fit sets one factor, the one
+    that governs the largest share of the predicted step time, and leaves every other."""
     base = load_profile("cpu-gloo")
     paths = _runs(tmp_path, apply_factors(base, dict(identity(base), compute=0.5)))
-    twice = [paths[0], tmp_path / "again.json"]
+    twice = [paths[0], tmp_path / "again.json"]  # two records of one plan: one plan
     twice[1].write_text(paths[0].read_text())
     out = tmp_path / "fitted.yaml"
     assert main(["calibrate", *map(str, twice), "--profile", "cpu-gloo", "--out", str(out),
                  "--trials", "20", "--format", "json"]) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
-    assert data["distinct_plans"] == 1 and len(data["factors_fitted"]) > 1
-    warning = [line for line in captured.err.splitlines() if "factors fitted to" in line]
-    assert warning == [f"autoplan calibrate: warning: {len(data['factors_fitted'])} factors "
-                       "fitted to 1 different plan: the error after is measured on the runs it "
-                       "was fitted to and says little of other plans; fit runs of more plans "
-                       "(different tp, pp, dp, micro-batch) before trusting it"]
-    # as many different plans as factors: no such warning
+    shares = data["factor_shares"]
+    assert data["distinct_plans"] == 1 and len(shares) > 1
+    assert data["factors_fitted"] == [max(shares, key=shares.get)]
+    assert sorted(data["factors_unidentified"]) == sorted(set(shares) - {
+        data["factors_fitted"][0]})
+    start = identity(base)
+    assert all(data["factors"][name] == start[name] for name in data["factors_unidentified"])
+    assert data["step_time_mape_after"] < 0.01 and data["step_time_mape_held_out"] is None
+    assert [r["error_held_out"] for r in data["per_run"]] == [None, None]
+    assert [line for line in captured.err.splitlines() if "fitted to alone" in line] == [
+        "autoplan calibrate: warning: the error after is measured on the runs it was fitted to "
+        "alone, and says little of other plans: with 3 or more different plans each is also "
+        "predicted by a fit to the others"]
+    # as many different plans as factors: all fitted, and each plan held out once
     out2 = tmp_path / "fitted2.yaml"
     assert main(["calibrate", *map(str, paths), "--profile", "cpu-gloo", "--out", str(out2),
                  "--trials", "20", "--format", "json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["distinct_plans"] == len(PLANS)
-    assert "factors fitted to" not in captured.err
+    data = json.loads(captured.out)
+    assert data["distinct_plans"] == len(PLANS) and data["factors_unidentified"] == []
+    assert data["step_time_mape_held_out"] is not None
+    assert "fitted to alone" not in captured.err
 
 
 def test_bad_run_records(tmp_path) -> None:

@@ -80,7 +80,9 @@ def test_the_cli_says_which_factors_it_left_and_writes_them_unchanged(tmp_path, 
     assert main(["calibrate", *map(str, paths), "--profile", "cpu-gloo", "--out", str(out),
                  "--trials", "20", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["factors_left"] == {name: UNFELT for name in LINKS}
+    assert {name: data["factors_left"][name] for name in LINKS} == {name: UNFELT for name in LINKS}
+    # the rest left are those 4 plans cannot identify: felt, so named apart
+    assert set(data["factors_left"]) - set(LINKS) == set(data["factors_unidentified"])
     fitted, base = load_profile(out), load_profile("cpu-gloo")
     assert (fitted.intra_node, fitted.inter_node) == (base.intra_node, base.inter_node)
     assert main(["calibrate", *map(str, paths), "--profile", "cpu-gloo", "--out",
