@@ -184,14 +184,22 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
         _write_out(out, data, table_rows, best.plan if best else None, args.force)
 
     def render(console_out: Any) -> None:
-        cols = ("source", "plan", "status", "predicted_step_s", "predicted_after_s",
-                "measured_step_s", "measured_tokens_per_s", "reason")
-        console_out.print(_table(table_rows, cols, "tune: predicted and measured step time"))
+        console_out.print(_table(table_rows, TRIAL_COLUMNS,
+                                 "tune: predicted and measured step time"))
+        console_out.print(LEGEND[calib is not None])
+        if any(r.get("partial_step_s") for r in table_rows):
+            console_out.print(f"{PARTIAL}: a pruned trial's median step before it was stopped "
+                              "(calibration leaves it out)")
+        for r in table_rows:
+            if r.get("reason"):
+                console_out.print(f"{_cell(r, 'source')}: {r['reason']}", markup=False)
         if calib:
+            from autoplan.calibrate_cli import error_line, fitted_line
+
             s = calib.summary()
-            console_out.print(f"cost model error {s['step_time_mape_before']:.1%} -> "
-                              f"{s['step_time_mape_after']:.1%} after calibration (on these "
-                              "trials, which it was fitted to)")
+            console_out.print(error_line(s, "the trials"))
+            if s["factors_unidentified"]:
+                console_out.print(fitted_line(s))
         if best:
             console_out.print(f"chosen: {_short(best.plan)}")
 
@@ -200,7 +208,7 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
         from autoplan.calibrate_cli import warn_overfit
         warn_overfit(calib, "tune")
     if best is None:
-        raise NoFeasiblePlanError("no trial completed; see the reasons in the table")
+        raise NoFeasiblePlanError("no trial completed; see the reasons under the table")
     return 0
 
 
@@ -297,8 +305,10 @@ def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
     dry = {"trials": rows, "predicted_total_s": total, "budget_s": args.budget_s}
 
     def render_dry(console: Any) -> None:
-        console.print(_table(rows, ("source", "plan", "predicted_step_s",
-                                    "predicted_trial_s"), "trials tune would run"))
+        console.print(_table(rows, (("source", "source"), ("plan", "plan"),
+                                    ("predicted_step_s", "step s"),
+                                    ("predicted_trial_s", "trial s")),
+                             "trials tune would run"))
         console.print(f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget")
 
     emit(args, _shown(args, dry), render_dry)
@@ -347,19 +357,23 @@ def _calibrate(trials: list[dict[str, Any]], by_key: dict[str, Any], cluster: st
         write_text_atomic(path, json_text(rec), overwrite=True)
         paths.append(path)
     runs: list[RunRecord] = [load_run(p) for p in paths]
-    return calibrate(runs, load_profile(cluster), trials=150)
+    return calibrate(runs, load_profile(cluster), trials=150, held_out=True)
 
 
 def _trial_rows(trials: list[dict[str, Any]], by_key: dict[str, Any], calib: Any
                 ) -> list[dict[str, Any]]:
     """One row per trial: where its plan came from, the plan, the trial's fields and, once
-    calibrated, what the calibrated model predicts for it."""
+    calibrated, what the calibrated profile predicts for it (run or not)."""
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.hardware import ClusterSpec
+
     rows = []
-    errors_after = iter(calib.step_errors_after if calib else [])
     for t in trials:
-        row = {"source": by_key[t["key"]].source, "plan": _short(by_key[t["key"]].plan), **t}
-        if t["status"] == "complete" and calib:
-            row["predicted_after_s"] = t["measured_step_s"] * (1 + next(errors_after))
+        plan = by_key[t["key"]].plan
+        row = {"source": by_key[t["key"]].source, "plan": _short(plan), **t}
+        if calib:
+            row["predicted_after_s"] = estimate_plan(
+                plan, ClusterSpec(calib.profile, plan.cluster.num_gpus)).step_time_s
         rows.append(row)
     return rows
 
@@ -374,13 +388,49 @@ def _short(plan: Plan) -> str:
             + (" eager" if plan.attention.value == "eager" else ""))
 
 
-def _table(rows: list[dict[str, Any]], cols: tuple[str, ...], title: str) -> Table:
+TRIAL_COLUMNS = (("source", "source"), ("plan", "plan"), ("status", "status"),
+                 ("predicted_step_s", "pred. s"), ("predicted_after_s", "calib. s"),
+                 ("measured_step_s", "meas. s"), ("measured_tokens_per_s", "tokens/s"))
+"""(row key, header) of the tune's table, short enough for an 80-column terminal with the two
+predictions told apart (LEGEND); each trial's reason follows the table."""
+LEGEND = {False: "pred. s: the step time the profile predicts; meas. s: the median measured "
+                 "step",
+          True: "pred. s, calib. s: the step time predicted by the profile, and by the profile "
+                "calibrated on these trials; meas. s: the median measured step"}
+"""The table's legend, without and with a calibration."""
+PARTIAL = "~"
+"""Marks a pruned trial's partial figure in the measured columns."""
+PARTIAL_OF = {"measured_step_s": "partial_step_s",
+              "measured_tokens_per_s": "partial_tokens_per_s"}
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    """A table cell: seconds to 3 significant figures, tokens/s whole, `-` for no figure, and
+    a pruned trial's partial measurement marked with PARTIAL."""
+    from autoplan.display import sig, whole
+
+    value, mark = row.get(key), ""
+    if value is None and row.get(PARTIAL_OF.get(key, "")) is not None:
+        value, mark = row[PARTIAL_OF[key]], PARTIAL
+    if value is None:
+        return "-" if key.endswith(("_s", "_per_s")) else ""
+    if key == "source":
+        return str(value).removeprefix("model ")  # "rank 3" or "user"
+    if isinstance(value, float):
+        return mark + (whole(value) if key.endswith("_per_s") else sig(value))
+    return str(value)
+
+
+def _table(rows: list[dict[str, Any]], cols: tuple[tuple[str, str], ...], title: str) -> Table:
+    """The rows under `cols` (those no row has a figure for left out); only the plan wraps."""
+    cols = tuple((key, header) for key, header in cols
+                 if any(r.get(key) is not None for r in rows))
     t = Table(title=title)
-    for c in cols:
-        t.add_column(c)
+    for key, header in cols:
+        t.add_column(header, justify="right" if key.endswith("_s") else "left",
+                     no_wrap=key != "plan", min_width=len(header))
     for r in rows:
-        t.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, ""))
-                    for c in cols])
+        t.add_row(*[_cell(r, key) for key, _ in cols])
     return t
 
 

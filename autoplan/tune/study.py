@@ -308,12 +308,17 @@ def run_tune(
             result.trials.append({"key": key, "status": "not run", "reason": "budget exhausted"})
             continue
         complete = t.state == TrialState.COMPLETE
+        partial = partial_step_s(t) if t.state == TrialState.PRUNED else None
         result.trials.append({
             "key": key, "status": {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
                                    TrialState.FAIL: "failed"}.get(t.state, "interrupted"),
             "reason": t.user_attrs.get("reason", ""),
             "measured_step_s": t.user_attrs.get("measured_step_s") if complete else None,
             "measured_tokens_per_s": t.value if complete else None,
+            # a pruned trial's median step so far (its line on stderr): not a measurement
+            # calibrate may use, shown apart
+            "partial_step_s": partial,
+            "partial_tokens_per_s": by_key[key].tokens_per_step / partial if partial else None,
             "predicted_step_s": by_key[key].predicted_step_s,
             "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
             "steps_run": len(t.user_attrs.get("step_times_s", [])),
@@ -324,6 +329,13 @@ def run_tune(
     if done:
         result.best_key = max(done, key=lambda r: r["measured_tokens_per_s"])["key"]
     return result
+
+
+def partial_step_s(trial: Any) -> float | None:
+    """The median step time a trial reported before it stopped, as TrialOutcome takes it
+    (warm-up steps left out); None when it reported none."""
+    times = trial.user_attrs.get("step_times_s") or []
+    return TrialOutcome(status="pruned", step_times_s=list(times)).step_time_s
 
 
 def run_record(cand: Candidate, trial: dict[str, Any], profile: str, device: str
