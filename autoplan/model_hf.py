@@ -2,7 +2,8 @@
 
 Decoder-only families only: Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma 2, GPT-2, GPT-NeoX. Every
 value is type-checked (no truthiness), encoder models are refused, and the training sequence
-length is the model's pre-training context, not its longest supported window.
+length is the model's pre-training context, not its longest supported window. Sliding-window
+attention and logit soft-capping are not modelled: reading them warns, saying which way it leans.
 """
 
 from __future__ import annotations
@@ -50,6 +51,22 @@ GATE_ACTIVATIONS = {
 ROPE_THETA_BY_DEFAULT = {"mixtral": 1e6, "gpt_oss": 150000.0}
 """`rope_theta` when the file leaves it out, where the family's HF config class does not default
 to 10000 (MixtralConfig: 1e6; GptOssConfig: 150000)."""
+SLIDING_WINDOW_BY_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gpt_oss": 128}
+"""`sliding_window` when the file leaves it out, as each family's HF config class sets it
+(MistralConfig, Gemma2Config: 4096; GptOssConfig: 128; the others: none). A JSON null is none."""
+ALTERNATING_WINDOW = ("gemma2", "gpt_oss")
+"""Families whose layers alternate sliding and full attention, the first one sliding, where the
+file gives no `layer_types` (Gemma2Config, GptOssConfig: sliding when (i + 1) % 2)."""
+GATED_WINDOW = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+"""Families whose window applies only with `use_sliding_window` (default false), and then to
+the layers from `max_window_layers` on (Qwen2Config: the window is None unless it is set)."""
+MAX_WINDOW_LAYERS = 28
+"""Qwen2Config's (and Qwen3's, and their MoE's) `max_window_layers` default."""
+SOFTCAPPING = ("attn_logit_softcapping", "final_logit_softcapping")
+SOFTCAPPING_BY_DEFAULT = {"gemma2": {"attn_logit_softcapping": 50.0,
+                                     "final_logit_softcapping": 30.0}}
+"""Gemma2Config's tanh caps on the attention scores and the output logits, where the file
+leaves them out (a JSON null turns one off)."""
 DEFAULT_SEQ_LEN = 8192
 """Training sequence length when the config does not state the pre-training context: Llama 3 /
 3.1 (Dubey et al. 2024, sec. 3.4), Gemma 2 (Gemma Team 2024, sec. 3) and Mistral 7B pre-train
@@ -170,6 +187,70 @@ def _warn_unmodelled_scaling(where: str, key: str, kind: str) -> None:
                 "(Llama 3.1's \"llama3\" is)", where, key, kind)
 
 
+def _sliding_layers(cfg: dict[str, Any], where: str, kind: str, num_layers: int
+                    ) -> tuple[int | None, int]:
+    """The attention window transformers applies and on how many of the layers: the file's
+    `layer_types` where it gives them (Mistral's ignore them), else the family's pattern
+    (ALTERNATING_WINDOW, GATED_WINDOW, every layer); (None, 0) where none slides."""
+    if kind in GATED_WINDOW and not _bool(cfg, where, "use_sliding_window", False):
+        return None, 0
+    window = cfg.get("sliding_window", SLIDING_WINDOW_BY_DEFAULT.get(kind))
+    if window is None:
+        return None, 0
+    window = _int({"sliding_window": window}, where, "sliding_window")
+    types = cfg.get("layer_types")
+    if kind != "mistral" and isinstance(types, list):
+        return window, sum(t == "sliding_attention" for t in types)
+    if kind in GATED_WINDOW:
+        first = cfg.get("max_window_layers", MAX_WINDOW_LAYERS)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ConfigError(f"{where} max_window_layers", f"got {show(first)}",
+                              "expected a non-negative integer")
+        return window, max(0, num_layers - first)
+    return window, (num_layers + 1) // 2 if kind in ALTERNATING_WINDOW else num_layers
+
+
+def _softcaps(cfg: dict[str, Any], where: str, kind: str) -> dict[str, float]:
+    """The logit soft-caps the model applies (SOFTCAPPING; Gemma 2's by default)."""
+    caps = {}
+    for key in SOFTCAPPING:
+        value = cfg.get(key, SOFTCAPPING_BY_DEFAULT.get(kind, {}).get(key))
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise ConfigError(f"{where} {key}", f"got {show(value)}",
+                              "expected a positive number, or null")
+        caps[key] = float(value)
+    return caps
+
+
+def unmodelled_attention(cfg: dict[str, Any], where: str, kind: str, spec: ModelSpec
+                         ) -> str | None:
+    """What the config's attention does that autoplan neither prices nor trains, and which way
+    the estimate leans for it; None when nothing. A window no shorter than the training
+    sequence changes nothing (every token already sees every earlier one)."""
+    notes = []
+    window, sliding = _sliding_layers(cfg, where, kind, spec.num_layers)
+    if window is not None and sliding and spec.seq_len > window:
+        notes.append(f"sliding_window {window} on {sliding} of {spec.num_layers} layers (priced "
+                     f"as full causal attention over all {spec.seq_len} tokens: attention time, "
+                     "and its memory under eager attention, lean high)")
+    caps = _softcaps(cfg, where, kind)
+    if caps:
+        notes.append(f"{' and '.join(f'{k} {v:g}' for k, v in caps.items())} (priced without "
+                     "the tanh caps: step time leans slightly low)")
+    if not notes:
+        return None
+    return f"not modelled: {'; '.join(notes)}; `autoplan train` runs without them too"
+
+
+@functools.cache
+def _warn_unmodelled(path: str, note: str) -> None:
+    """Say once per file and process what the config's attention does that is not modelled."""
+    log.warning("%s: %s", path, note)
+
+
 def _gated_mlp(cfg: dict[str, Any], where: str) -> MlpKind:
     key = "hidden_activation" if cfg.get("hidden_activation") is not None else "hidden_act"
     act = cfg.get(key, "silu")
@@ -263,8 +344,12 @@ def from_hf_config(path: str | Path, field: str = "--model",
             raise ConfigError(f"{where} {err.field}", err.problem, err.fix) from None
         raise
     if seq_len is not None:
-        return spec.replace(seq_len=seq_len)
-    longest = _capped_context(cfg, kind)
-    if longest is not None:
-        _warn_capped(str(p), longest)
+        spec = spec.replace(seq_len=seq_len)
+    else:
+        longest = _capped_context(cfg, kind)
+        if longest is not None:
+            _warn_capped(str(p), longest)
+    note = unmodelled_attention(cfg, where, kind, spec)
+    if note is not None:
+        _warn_unmodelled(str(p), note)
     return spec
