@@ -34,8 +34,9 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", help="plan YAML (default: plain data parallel over all GPUs)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="edit a plan field, e.g. --set parallel.tp=8 (repeatable, in any "
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="edit plan fields, e.g. --set parallel.tp=8 zero_stage=1 (several "
+                        "after one --set, or --set repeated, in any "
                         "order: a field given twice must get the same value; a mapping such as "
                         "parallel={tp: 2} replaces that section of --plan and merges with the "
                         "other fields --set gives in it, e.g. --set parallel.pp=4)")

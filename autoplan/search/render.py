@@ -437,27 +437,54 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
     near = data.get("nearest")
     if near:
         p = near["plan"]
-        knobs = miss_knobs(p)
+        where = ""
         if "," in data["cluster"]:  # several GPU types: name the one the miss is on
-            knobs = f"{p['cluster']['num_gpus']} x {p['cluster']['profile']} {knobs}"
-        console.print(f"[red]no feasible plan.[/] nearest: {knobs}, which")
+            where = f" on {p['cluster']['num_gpus']} x {p['cluster']['profile']}"
+        console.print(f"[red]no feasible plan.[/] nearest{where} (as estimate --set): "
+                      f"{miss_knobs(p)}, which")
         for m in near["misses"]:
             console.print(f"  - {m}", markup=False)
 
 
 def miss_knobs(p: dict[str, Any]) -> str:
-    """A plan (plan_to_dict's) as one run of words naming every knob its memory turns on, so
-    `estimate --set ...` with them prices the same figure: the degrees, ZeRO stage, what is
-    offloaded, recompute (Recompute.label's words) and the micro-batch."""
-    degrees = " ".join(f"{k}={v}" for k, v in p["parallel"].items())
-    offload = "+".join(k for k in ("optimizer", "params") if p["offload"].get(k)) or "none"
-    rc = p["recompute"]
-    recompute = rc["policy"]
-    if rc.get("modules"):
-        recompute += f"({'+'.join(rc['modules'])})"
-    elif rc.get("method") == "uniform":
-        recompute += f"-uniform:{rc['num_layers']}"
-    elif rc.get("num_layers") is not None:  # Megatron's block method: the first N per stage
-        recompute += f"-block:{rc['num_layers']}"
-    return (f"{degrees} zero={p['zero_stage']} offload={offload} recompute={recompute} "
-            f"mbs={p['batch']['micro_batch_size']}")
+    """A plan (plan_to_dict's) as `estimate --set` assignments, so `estimate --model M
+    --cluster C --num-gpus N --global-batch-size G --set ...` with them prices the same figure:
+    the parallel degrees and the micro-batch always, then every other field the plan sets away
+    from a plan's default (ZeRO stage, offload, recompute, sequence parallelism, pipeline
+    schedule and vpp, attention, precision, gradient reduce dtype)."""
+    import shlex
+
+    from autoplan.plan import Batch, Plan, plan_from_dict, plan_to_dict
+
+    plan = plan_from_dict(dict(p))
+    default = plan_to_dict(Plan(model=plan.model, cluster=plan.cluster,
+                                batch=Batch(micro_batch_size=1, global_batch_size=1)))
+    given = flat_fields(plan_to_dict(plan))
+    default_fields = flat_fields(default)
+    always = [k for k in given if k.startswith("parallel.")] + ["batch.micro_batch_size"]
+    rest = [k for k in given if k not in always and k != "batch.global_batch_size"
+            and not k.startswith(("model", "cluster.", "predicted", "schema_version"))
+            and given[k] != default_fields.get(k)]
+    return " ".join(shlex.quote(f"{k}={set_value(given[k])}") for k in [*always, *rest])
+
+
+def flat_fields(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A plan mapping's leaves by dotted key (`pipeline.vpp`), as `--set` names them."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key not in ("model", "predicted"):
+            out |= flat_fields(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def set_value(value: Any) -> str:
+    """A field's value as `--set` reads it (YAML): true/false, null, [a,b], or the text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(set_value(v) for v in value) + "]"
+    return str(value)

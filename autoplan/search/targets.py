@@ -149,7 +149,7 @@ def miss_messages(row: Mapping[str, float], targets: Targets,
         out.append(f"needs {need / GIB:.1f} GiB of {memory_bytes / GIB:.1f} GiB per GPU{at}")
     host = float(node_host_bytes(profile, row["mem_total"], row["mem_host"], row["num_gpus"]))
     if host > host_bytes:
-        out.append(f"needs {host / GIB:.1f} GiB of host memory of {host_bytes / GIB:.0f} GiB "
+        out.append(f"needs {host / GIB:.1f} GiB of host memory of {host_bytes / GIB:.1f} GiB "
                    "per node")
     if targets.max_step_time_s is not None and row["time_step"] > targets.max_step_time_s:
         out.append(f"takes {row['time_step']:.3g} s per step of at most "

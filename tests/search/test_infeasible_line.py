@@ -20,5 +20,6 @@ def test_the_nearest_miss_names_zero_offload_and_recompute() -> None:
             "nearest": {"reason": "out-of-memory", "plan": plan_to_dict(plan),
                         "misses": ["needs 64.7 GiB of 39.6 GiB per GPU"]}}
     line = infeasible_line(data)
-    assert ("nearest (out-of-memory) dp=8 tp=1 pp=1 cp=1" in line
-            and "zero=3 offload=optimizer+params recompute=full mbs=1: needs 64.7 GiB" in line)
+    assert ("nearest (out-of-memory) parallel.dp=8 parallel.tp=1 parallel.pp=1 parallel.cp=1 "
+            "batch.micro_batch_size=1 zero_stage=3 offload.optimizer=true offload.params=true "
+            "recompute.policy=full: needs 64.7 GiB") in line

@@ -73,7 +73,8 @@ def test_nearest_miss_of_several_types_is_judged_on_its_own_type(tmp_path: Path,
     needs = float(first.split("needs ")[1].split(" GiB")[0])
     assert needs > h200  # it misses the H200's own memory, not only the A100's
     code, table, _ = run(job + ["--format", "table"], capsys)
-    assert code == 3 and "nearest: 1 x h200-sxm-141gb dp=1 tp=1" in table.replace("\n", " ")
+    assert code == 3 and ("nearest on 1 x h200-sxm-141gb (as estimate --set): parallel.dp=1 "
+                         "parallel.tp=1") in " ".join(table.split())
 
 
 def test_the_recipe_is_priced_on_the_winners_gpu_type(tmp_path: Path) -> None:

@@ -288,26 +288,42 @@ def test_a_table_of_one_plan_says_plan() -> None:
         "top 2 plans by latency (equivalent plans share a row)"
 
 
-def test_the_nearest_miss_names_every_knob_its_memory_turns_on() -> None:
+def test_the_nearest_miss_prices_again_under_estimate_set() -> None:
     """llama-3.1-405b on 8 x A100-40GB misses by 64.7 GiB with ZeRO-3 and its parameters
-    offloaded: the line named neither the offload nor how to price that figure again."""
-    done = cli(["search", "--model", "llama-3.1-405b", "--cluster", "a100-sxm4-40gb",
-                "--num-gpus", "8", "--global-batch-size", "8", "--format", "table"], columns=200)
+    offloaded: the line named neither the offload nor how to price that figure again. Its
+    words are `estimate --set` assignments, and estimate with them prints the same need."""
+    job = ["--model", "llama-3.1-405b", "--cluster", "a100-sxm4-40gb", "--num-gpus", "8",
+           "--global-batch-size", "8"]
+    done = cli(["search", *job, "--format", "table"], columns=400)
     assert done.returncode == 3, done.stderr
-    assert ("no feasible plan. nearest: dp=8 tp=1 pp=1 cp=1 zero=3 offload=params "
-            "recompute=full mbs=1, which") in done.stdout
+    line = next(x for x in done.stdout.splitlines() if "no feasible plan." in x)
+    sets = line.split("nearest (as estimate --set): ")[1].split(", which")[0]
+    assert sets == ("parallel.dp=8 parallel.tp=1 parallel.pp=1 parallel.cp=1 "
+                    "batch.micro_batch_size=1 zero_stage=3 offload.params=true "
+                    "recompute.policy=full")
+    need = re.search(r"needs (\d+\.\d) GiB of 39.6 GiB per GPU", done.stdout)
+    assert need is not None, done.stdout
+    again = cli(["estimate", *job, "--set", *sets.split(), "--format", "json"])
+    assert f"needs {need.group(1)} GiB per GPU of 39.6 GiB" in again.stdout, again.stdout
 
 
-def test_miss_knobs_say_the_recompute_and_offload_as_set() -> None:
+def test_miss_knobs_name_every_field_away_from_the_default_as_set_keys() -> None:
     from autoplan.search.render import miss_knobs
 
-    plan = {"parallel": {"dp": 2, "tp": 4}, "zero_stage": 1, "batch": {"micro_batch_size": 2},
-            "offload": {"optimizer": True, "params": True},
-            "recompute": {"policy": "full", "num_layers": 3, "method": "uniform"}}
-    assert miss_knobs(plan) == ("dp=2 tp=4 zero=1 offload=optimizer+params "
-                                "recompute=full-uniform:3 mbs=2")
-    plan |= {"offload": {"optimizer": False, "params": False},
-             "recompute": {"policy": "full", "num_layers": 2}}
-    assert "offload=none recompute=full-block:2 mbs" in miss_knobs(plan)
-    plan["recompute"] = {"policy": "selective", "num_layers": None, "modules": ["core_attn"]}
-    assert "recompute=selective(core_attn) mbs" in miss_knobs(plan)
+    base = {"model": "llama-3-8b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 8},
+            "batch": {"micro_batch_size": 2, "global_batch_size": 8}}
+    plan = base | {"parallel": {"dp": 2, "tp": 4}, "zero_stage": 1,
+                   "offload": {"optimizer": True, "params": True},
+                   "recompute": {"policy": "full", "num_layers": 3, "method": "uniform"}}
+    assert miss_knobs(plan) == (
+        "parallel.dp=2 parallel.tp=4 parallel.pp=1 parallel.cp=1 batch.micro_batch_size=2 "
+        "zero_stage=1 offload.optimizer=true offload.params=true recompute.policy=full "
+        "recompute.num_layers=3 recompute.method=uniform")
+    plan = base | {"parallel": {"dp": 1, "tp": 4, "pp": 2}, "sequence_parallel": True,
+                   "pipeline": {"schedule": "interleaved-1f1b", "vpp": 2}, "precision": "fp32",
+                   "attention": "eager",
+                   "recompute": {"policy": "selective", "modules": ["core_attn", "mlp"]}}
+    assert miss_knobs(plan).endswith(
+        "batch.micro_batch_size=2 sequence_parallel=true pipeline.schedule=interleaved-1f1b "
+        "pipeline.vpp=2 recompute.policy=selective 'recompute.modules=[core_attn,mlp]' "
+        "precision=fp32 attention=eager")
