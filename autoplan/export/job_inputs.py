@@ -2,8 +2,8 @@
 profile files the plan names, and the training text (`--data`).
 
 The torchrun and SLURM jobs read them where they lie, so the export pins each one: absolute
-paths, SHA-256 checks in the script, and the plan's relative paths resolved from the plan's
-folder (load_plan resolves them against the working directory). Kubernetes carries the plan,
+paths, SHA-256 checks in the script (check_lines), and the plan's relative paths resolved from
+the plan's folder (load_plan resolves them against the working directory). Kubernetes carries the plan,
 its model and profile inside the manifest (kubernetes.py); only its --data lies in the pod.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +97,44 @@ def _refuse_relative(field: str, ref: str, here: Path, there: Path, folder: Path
         field, f"{ref!r} is a relative path: {here} from here, but {there}{gone} from "
         f"{folder}, the plan's folder, where the exported job resolves it",
         f"write it in the plan as {here} (absolute) or relative to the plan's folder")
+
+
+def check_lines(plan_path: str, plan_sha256: str | None, named: Sequence[NamedFile],
+                workdir: str | None) -> list[str]:
+    """Script lines that stop the job (exit 2) unless the plan file is the one exported, and
+    each file it names (`named`) the one read: their SHA-256 (coreutils sha256sum, reading the
+    file on its stdin) at the absolute paths the job reads; then, where the plan names a file
+    by a relative path, `cd` to the plan's folder (`workdir`), which named_files checked it
+    resolves the same from. Empty without a hash (a plan not read from a file).
+
+    Every path is one shlex-quoted word, whatever it holds: sha256sum --check's own input
+    would need a line break in a name escaped, and failed every plan in such a folder."""
+    if plan_sha256 is None:
+        return []
+    lines = [f"# the plan exported, as priced (sha256): {plan_sha256}",
+             *_check(plan_sha256, plan_path, _shown(plan_path))]
+    for file in named:
+        lines += [f"# its {file.field}, as priced (sha256): {file.sha256}",
+                  *_check(file.sha256, file.path, f"{_shown(file.path)} ({file.field} of the "
+                          "plan)")]
+    if workdir is not None:
+        lines += ["# the plan names a file by a relative path: run in its folder, where that "
+                  "path was checked",
+                  f"cd {shlex.quote(workdir)}"]
+    return lines
+
+
+def _check(sha256: str, path: str, what: str) -> list[str]:
+    why = f"{what} is missing or changed since autoplan export priced it; export the plan again"
+    # 2>/dev/null first: it also quiets bash's own line for a file the < cannot open
+    return [f'[ "$(sha256sum 2>/dev/null < {shlex.quote(path)})" = "{sha256}  -" ] \\',
+            f"  || {{ echo {shlex.quote(why)} >&2; exit 2; }}"]
+
+
+def _shown(path: str) -> str:
+    """`path` for a one-line message: as it is, or quoted with its control characters
+    escaped (repr) where it holds any."""
+    return path if path.isprintable() else repr(path)
 
 
 def _sha256(path: Path) -> str:

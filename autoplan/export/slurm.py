@@ -9,18 +9,19 @@ re-plans for the nodes left, on nodes of the size written (--gpus-per-node).
 
 from __future__ import annotations
 
+from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
+from autoplan.export.job_inputs import check_lines
 from autoplan.export.launch import (
     ELASTIC_ENV,
     check_job_name,
     check_min_nodes,
-    check_path_word,
     check_train_data,
     check_train_run,
     continued,
     data_lines,
+    launch_options,
     on_cpu,
-    plan_check_lines,
     runtime_reasons,
     shell_join,
     torchrun_argv,
@@ -37,8 +38,7 @@ class SlurmTarget(ExportTarget):
 
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
         check_job_name(opts.job_name)  # it names the job, its log and the script file
-        check_path_word("--checkpoint-dir", opts.checkpoint_dir)
-        check_path_word("PLAN", opts.plan_path)
+        _check_sbatch_paths(opts)
         check_train_run(opts)
         check_train_data(opts, model)
         why = layout_reasons(plan, opts.gpus_per_node)
@@ -48,6 +48,7 @@ class SlurmTarget(ExportTarget):
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
         cpu = on_cpu(plan)
+        run = launch_options(opts)
         unit = "CPU" if cpu else "GPU"
         argv = torchrun_argv(lay, opts, rdzv_host="$head_node", rdzv_id="$SLURM_JOB_ID")
         # srun --kill-on-bad-exit=0: one node's torchrun ending does not end the others'
@@ -76,7 +77,7 @@ class SlurmTarget(ExportTarget):
                 *data_lines(opts, "on every node: keep it on storage they all read"),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
-                *plan_check_lines(opts),
+                *check_lines(run.plan_path, run.plan_sha256, run.named_files, run.workdir),
                 "",
                 "# The first node hosts the c10d rendezvous.",
                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -89,6 +90,20 @@ class SlurmTarget(ExportTarget):
             ]
         )
         return {f"{opts.job_name}.sbatch": text}
+
+
+def _check_sbatch_paths(opts: ExportOptions) -> None:
+    """The paths the script writes are quoted words, a line break inside one included (the
+    plan's folder may hold one: job_inputs.check_lines); but sbatch refuses a script holding
+    a carriage return before a line break, as DOS line breaks."""
+    run = launch_options(opts)
+    written = [("PLAN", run.plan_path), ("--checkpoint-dir", run.checkpoint_dir),
+               *((named.field, named.path) for named in run.named_files)]
+    for field, path in written:
+        if "\r\n" in path:
+            raise ConfigError(field, f"{path!r} holds a carriage return and a line break, "
+                              "which sbatch refuses in a script (DOS line breaks)",
+                              "rename the folder or file, or export --to torchrun")
 
 
 def _device_directive(lay: Layout, cpu: bool) -> str:

@@ -7,6 +7,7 @@ the first node, whose address the script reads from RDZV_HOST. A CPU profile's p
 from __future__ import annotations
 
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons
+from autoplan.export.job_inputs import check_lines
 from autoplan.export.launch import (
     check_job_name,
     check_min_nodes,
@@ -14,8 +15,8 @@ from autoplan.export.launch import (
     check_train_run,
     continued,
     data_lines,
+    launch_options,
     on_cpu,
-    plan_check_lines,
     runtime_reasons,
     shell_join,
     torchrun_argv,
@@ -56,7 +57,8 @@ class TorchrunTarget(ExportTarget):
                 ': "${RDZV_HOST:?set RDZV_HOST to the address of the first node}"',
             ]
         head.append("set -euo pipefail")
-        head += plan_check_lines(opts)
+        run = launch_options(opts)
+        head += check_lines(run.plan_path, run.plan_sha256, run.named_files, run.workdir)
         lines = [shell_join([w], keep=("${",)) for w in argv]
         lines.append(shell_join(train_argv(opts, cpu=cpu)))
         return {"launch.sh": "\n".join(head) + "\n" + continued(lines) + "\n"}
