@@ -20,12 +20,10 @@ from autoplan import resources
 from autoplan.errors import ConfigError
 from autoplan.model_spec import PRESETS, ModelSpec
 from autoplan.plan import Plan
+from autoplan.runtime.data_files import check_byte_vocab, corpus_files
 
 PLAN_FILE_TARGETS = ("torchrun", "slurm")
 """Targets whose job reads the plan file where it lies (Kubernetes carries it in the manifest)."""
-BYTE_VOCAB = 256
-"""autoplan.runtime.data.BYTE_VOCAB: token ids byte-level text needs (a test holds the two
-together; the runtime module imports torch, which export does not)."""
 
 
 @dataclass(frozen=True)
@@ -146,15 +144,11 @@ def _sha256(path: Path) -> str:
 
 
 def check_data(data: str, model: ModelSpec, *, in_pod: bool = False) -> None:
-    """Refuse a --data that `autoplan train` would refuse, as far as the export can tell
-    without reading the text (runtime.data: check_byte_vocab, _text_files, _too_short, by
-    size): a model without a token per byte, a path that is no file or folder of files, too
-    few bytes for one window. `in_pod`: a path inside a Kubernetes pod, not on this machine:
-    only that it is absolute (a relative one would resolve against the image's working
-    directory)."""
-    if model.vocab_size < BYTE_VOCAB:
-        raise ConfigError("--data", f"the model's vocab_size {model.vocab_size} < 256",
-                          "byte-level text needs 256")
+    """Refuse a --data that `autoplan train` would refuse, by train's own checks
+    (runtime.data_files) short of reading the text: each file opened and sized, not read.
+    `in_pod`: a path inside a Kubernetes pod, not on this machine: only that it is absolute
+    (a relative one would resolve against the image's working directory)."""
+    check_byte_vocab(model.vocab_size)
     if in_pod:
         if not data.startswith("/"):
             raise ConfigError("--data", f"{data[:80]!r} is relative, and the pods would resolve "
@@ -162,23 +156,10 @@ def check_data(data: str, model: ModelSpec, *, in_pod: bool = False) -> None:
                               "give the absolute path the pods read it at, e.g. /data/corpus "
                               "on a mounted volume or inside the image")
         return
-    path = Path(data)
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        if not files:
-            raise ConfigError("--data", f"the folder {data!r} holds no files (its subfolders "
-                              "searched too)", "put text files in it, or pass one text file")
-    else:
-        what = "is not a regular file or folder" if path.exists() else "does not exist"
-        raise ConfigError("--data", f"{data!r} {what}", "pass a text file or a folder of them")
-    for f in files:
-        if not os.access(f, os.R_OK):
-            raise ConfigError("--data", f"cannot read {f}",
-                              "fix its permissions or move it out of the data folder")
-    size = sum(f.stat().st_size for f in files)
-    if (size - 1) // model.seq_len < 1:
-        raise ConfigError("--data", f"{data} holds {size} bytes",
-                          f"need at least {model.seq_len + 1} (one window of seq_len + 1 "
-                          "tokens)")
+    corpus_files(data, model.seq_len, _opened_size)
+
+
+def _opened_size(path: Path) -> int:
+    """The file's size in bytes, opened as train opens it (an OSError where it cannot be)."""
+    with open(path, "rb") as fh:
+        return os.fstat(fh.fileno()).st_size

@@ -18,11 +18,9 @@ from typing import Protocol
 
 import torch
 
-from autoplan.errors import ConfigError
+from autoplan.runtime.data_files import check_byte_vocab, corpus_files
 
 log = logging.getLogger(__name__)
-
-BYTE_VOCAB = 256
 
 
 class TokenSource(Protocol):
@@ -55,20 +53,19 @@ class ByteText:
 
     def __init__(self, path: str | Path, seq_len: int, seed: int = 0) -> None:
         self.seq_len, self.seed = seq_len, seed
-        root = Path(path)
-        files = _text_files(root)
-        digest, listing, chunks = hashlib.sha256(), [], []
-        for f in files:  # hashed as read: the fingerprint costs no second pass
-            chunk = _read(f)
+        digest, chunks = hashlib.sha256(), []
+
+        def take(f: Path) -> int:  # hashed as read: the fingerprint costs no second pass
+            chunk = f.read_bytes()
             digest.update(chunk)
-            listing.append([_name(root, f), len(chunk)])
             chunks.append(chunk)
+            return len(chunk)
+
+        files = corpus_files(path, seq_len, take)  # refuses less than one window
         data = bytearray().join(chunks)
-        del chunks
-        self.fingerprint = _fingerprint(listing, digest)
+        chunks.clear()  # one copy of the corpus in memory, not two
+        self.fingerprint = _fingerprint(Path(path), files, digest)
         self.num_windows = (len(data) - 1) // seq_len
-        if self.num_windows < 1:  # before frombuffer, which refuses an empty buffer
-            raise _too_short(path, len(data), seq_len)
         self.tokens = torch.frombuffer(data, dtype=torch.uint8)
         self._perms: dict[int, torch.Tensor] = {}
         log.info("data: %d bytes from %d file(s), %d windows", len(data), len(files),
@@ -92,63 +89,26 @@ _CHUNK = 1 << 20
 def scan_corpus(path: str | Path, seq_len: int) -> dict:
     """What ByteText(path, seq_len) would check and fingerprint, read in 1 MiB chunks (the
     launcher's early check holds no copy of the corpus)."""
-    root = Path(path)
-    digest, listing, total = hashlib.sha256(), [], 0
-    for f in _text_files(root):
+    digest = hashlib.sha256()
+
+    def hashed(f: Path) -> int:
         size = 0
-        try:
-            with open(f, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except OSError as err:
-            raise _unreadable(f, err) from None
-        listing.append([_name(root, f), size])
-        total += size
-    if (total - 1) // seq_len < 1:
-        raise _too_short(path, total, seq_len)
-    return _fingerprint(listing, digest)
+        with open(f, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        return size
+
+    return _fingerprint(Path(path), corpus_files(path, seq_len, hashed), digest)
 
 
-def _fingerprint(listing: list, digest) -> dict:
+def _fingerprint(root: Path, files: list[tuple[Path, int]], digest) -> dict:
     """What a checkpoint records of the corpus (checkpoint_compat.RunSettings.data_fingerprint):
     every file in reading order with its size, and the SHA-256 of their bytes in that order."""
-    return {"files": listing, "bytes": sum(size for _, size in listing),
+    listing = [[f.name if f == root else f.relative_to(root).as_posix(), size]
+               for f, size in files]
+    return {"files": listing, "bytes": sum(size for _, size in files),
             "sha256": digest.hexdigest()}
-
-
-def _name(root: Path, f: Path) -> str:
-    return f.name if f == root else f.relative_to(root).as_posix()
-
-
-def _too_short(path: str | Path, size: int, seq_len: int) -> ConfigError:
-    return ConfigError("--data", f"{path} holds {size} bytes",
-                       f"need at least {seq_len + 1} (one window of seq_len + 1 tokens)")
-
-
-def _unreadable(path: Path, err: OSError) -> ConfigError:
-    return ConfigError("--data", f"cannot read {path} ({err.strerror or err})",
-                       "fix its permissions or move it out of the data folder")
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as err:  # no permission, a device file, a file gone since it was listed
-        raise _unreadable(path, err) from None
-
-
-def _text_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        if files:
-            return files
-        raise ConfigError("--data", f"the folder {str(path)!r} holds no files (its subfolders "
-                          "searched too)", "put text files in it, or pass one text file")
-    what = "is not a regular file or folder" if path.exists() else "does not exist"
-    raise ConfigError("--data", f"{str(path)!r} {what}", "pass a text file or a folder of them")
 
 
 def make_source(data: str | None, vocab_size: int, seq_len: int, seed: int) -> TokenSource:
@@ -156,14 +116,6 @@ def make_source(data: str | None, vocab_size: int, seq_len: int, seed: int) -> T
         return SyntheticTokens(vocab_size, seq_len, seed)
     check_byte_vocab(vocab_size)
     return ByteText(data, seq_len, seed)
-
-
-def check_byte_vocab(vocab_size: int) -> None:
-    """Byte-level text needs a token id for each of the 256 byte values."""
-    if vocab_size < BYTE_VOCAB:
-        raise ConfigError(
-            "--data", f"the model's vocab_size {vocab_size} < 256", "byte-level text needs 256"
-        )
 
 
 def local_batch(

@@ -19,7 +19,7 @@ import yaml
 from autoplan import resources
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.export.job_inputs import BYTE_VOCAB, check_data
+from autoplan.export.job_inputs import check_data
 from autoplan.model_spec import PRESETS
 from autoplan.plan import Batch, ClusterRef, Parallel, Plan, save_plan
 from autoplan.yaml_io import dump_yaml, read_yaml, to_dict
@@ -209,42 +209,42 @@ def test_a_data_path_the_job_could_not_read_is_refused(tmp_path, monkeypatch, ca
     assert_refused(capsys, ["export", "plan.yaml", *argv], needle)
 
 
-def _corpus(tmp_path: Path, case: str) -> Path:
-    path = tmp_path / case
-    if case == "missing":
-        return path
+def _corpus(tmp_path: Path, case: str) -> str:
+    path = tmp_path / case.removesuffix("/")
+    if case.startswith("missing"):
+        return str(path) + ("/" if case.endswith("/") else "")
     if case == "empty-folder":
         path.mkdir()
-        return path
+        return str(path)
     if case == "folder":
         (path / "sub").mkdir(parents=True)
         (path / "sub" / "a.txt").write_bytes(b"x" * 40)
         (path / "b.txt").write_bytes(b"y" * 40)
-        return path
+        return str(path)
     path.write_bytes(b"z" * (TINY.seq_len + (1 if case == "one-window" else 0)))
-    return path
+    return str(path)
 
 
-@pytest.mark.parametrize("case", ["missing", "empty-folder", "folder", "one-window",
+@pytest.mark.parametrize("case", ["missing", "missing/", "empty-folder", "folder", "one-window",
                                   "too-short"])
 def test_export_refuses_the_data_train_refuses(tmp_path, case):
     """The export's check (no torch, sizes only) and train's own (runtime.data, which reads
-    the text) agree on every kind of path: the one fact written on both sides."""
-    from autoplan.runtime.data import BYTE_VOCAB as TRAIN_BYTE_VOCAB
+    the text) refuse every kind of path alike: one function (runtime.data_files.corpus_files)
+    behind both; a path given with a trailing slash was quoted as given by one, as a Path by
+    the other."""
     from autoplan.runtime.data import check_byte_vocab, scan_corpus
 
-    assert BYTE_VOCAB == TRAIN_BYTE_VOCAB
     path = _corpus(tmp_path, case)
     refusals = []
-    for check in (lambda: check_data(str(path), TINY),
+    for check in (lambda: check_data(path, TINY),
                   lambda: (check_byte_vocab(TINY.vocab_size), scan_corpus(path, TINY.seq_len))):
         try:
             check()
             refusals.append(None)
         except ConfigError as err:
-            refusals.append((err.field, err.problem))
+            refusals.append((err.field, err.problem, err.fix))
     assert refusals[0] == refusals[1]
     assert (refusals[0] is None) == (case in ("folder", "one-window"))
     small = TINY.replace(vocab_size=128)
     with pytest.raises(ConfigError, match="vocab_size 128 < 256"):
-        check_data(str(path), small)
+        check_data(path, small)
