@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from autoplan.runtime.summary_notes import band_note, diverged, unmeasured
+from autoplan.runtime.summary_notes import band_note, diverged, joined, unmeasured
 
 log = logging.getLogger(__name__)
 
@@ -301,11 +301,10 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
                          else max((m.peak_memory_bytes for m in history), default=None)),
         "memory_rank": peak[1] if peak is not None and history else (0 if history else None),
     }
-    pred, note = predicted(plan)
+    pred, missing = predicted(plan)
     off = None if device_mismatch or pred is None else band_note(
         step_time, pred["step_time_s"], pred["error_band"], machine)
-    notes = [n for n in (device_mismatch, note, off, unmeasured(history, warmup, resumed_step),
-                         diverged(history)) if n]
+    on_prediction = joined(device_mismatch, missing, off)
     final = history[-1].loss if history else None
     return {
         "steps": history[-1].step if history else resumed_step,
@@ -318,15 +317,19 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "predicted": pred,
         "machine": machine or {},
         "device_mismatch": device_mismatch,
-        "note": "; ".join(notes) or None,
+        "note": joined(on_prediction, unmeasured(history, warmup, resumed_step),
+                       diverged(history)),
+        # the run record's predicted.note: a diverged loss says nothing of the prediction
+        "prediction_note": on_prediction,
     }
 
 
 def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
     """The run record `autoplan calibrate` reads (calibrate.load_run; the format tune writes):
-    the plan as run, the profile it was predicted with, measured and predicted numbers, the
-    summary's note under predicted (a step time outside the error band, a device mismatch)
-    and the host's load under machine (machine.host_load)."""
+    the plan as run, the profile it was predicted with, measured and predicted numbers, what
+    of the summary's note concerns the prediction under predicted (a step time outside the
+    error band, a device mismatch, no cost model) and the host's load under machine
+    (machine.host_load)."""
     from autoplan.plan import plan_to_dict
 
     m = summary["measured"]
@@ -343,7 +346,7 @@ def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
         "predicted": {"step_time_s": pred.get("step_time_s"),
                       "memory_total_bytes": pred.get("memory_bytes"),
                       "error_band": pred.get("error_band"),
-                      "note": summary.get("note")},
+                      "note": summary.get("prediction_note")},
         "machine": {"torch": torch.__version__, "world_size": plan.world_size,
                     **(summary.get("machine") or {})},
     }

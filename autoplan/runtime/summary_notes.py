@@ -1,6 +1,7 @@
 """The notes the end-of-run summary adds (metrics.summarize): a measured step time outside the
-prediction's error band, with the host's load; no step measured after the warm-up; a loss that
-stopped being finite. Each a line of words, or None when there is nothing to say."""
+prediction's error band, with the host's load (a note on the prediction, which the run record
+keeps); no step measured after the warm-up; a loss that stopped being finite. Each a line of
+words, or None when there is nothing to say."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def band_note(measured_s: float | None, predicted_s: float | None, band: float |
             f"({low:.4g}-{high:.4g} s)")
     load = load_words(machine or {})
     return f"{note}; {load}" if load else note
+
+
+def joined(*notes: str | None) -> str | None:
+    """The notes given, in order, as one line ("; " between them); None when none is."""
+    return "; ".join(n for n in notes if n) or None
 
 
 def load_words(machine: dict[str, Any]) -> str | None:

@@ -120,3 +120,21 @@ def test_a_metrics_file_that_stops_before_the_resumed_step_is_warned_once(tmp_pa
         MetricsSink(str(tmp_path / "new.jsonl"), live=False, resumed_step=60)  # a new file
         assert _gap_warnings(caplog) == []
     assert path.read_text() == _records(range(1, 41))
+
+
+def test_the_run_records_predicted_note_holds_only_what_concerns_the_prediction(predicted_50ms):
+    """predicted.note held the whole summary note: a diverged loss or an unmeasured step
+    time, which say nothing of the prediction, read as notes on it (review)."""
+    plan = make_plan()
+    history = _history(0.1)
+    history[-1] = StepMetrics(3, float("nan"), 0.1, 1e4, 1 << 20, None)
+    summary = summarize(history, plan)
+    band = band_note(0.1, 0.05, 0.25)
+    assert band is not None and summary["note"].startswith(f"{band}; the loss is not finite")
+    assert run_record(summary, plan)["predicted"]["note"] == band
+    mismatch = summarize(history, plan, device_mismatch="another device")
+    assert mismatch["note"].startswith("another device; the loss is not finite")
+    assert run_record(mismatch, plan)["predicted"]["note"] == "another device"
+    unmeasured = summarize(_history(0.1)[:1], plan)  # only the warm-up step: no step time
+    assert "step time not measured" in unmeasured["note"]
+    assert run_record(unmeasured, plan)["predicted"]["note"] is None
