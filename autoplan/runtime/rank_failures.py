@@ -2,8 +2,9 @@
 
 When one rank dies, every other rank fails in its next collective (gloo: "Connection closed by
 peer"). Such a rank leaves without a traceback (peer_loss, leave_after_peer): under `autoplan
-train` it marks itself in the launcher's folder, under another launcher it says so in one line;
-either way it exits 1 and torchrun restarts the job. Under `autoplan train` the torchrun agent
+train` it marks itself in the launcher's folder, under another launcher it says so in one line
+(and whether a restart is left); either way it exits 1 and torchrun restarts the job while
+--max-restarts allows. Under `autoplan train` the torchrun agent
 records each failed attempt's exit codes (FailureRecorder); rank 0 of the restarted attempt
 names the rank that died, how, and the step every rank resumes from (restart_line), and the
 launcher says it when no restart is left (read_failure). Any other error (a bug, bad input) keeps
@@ -91,8 +92,22 @@ def leave_after_peer(folder: str | None, rank: int, phrase: str, error: str = ""
         except OSError:
             pass
     print(f"[rank{rank}] autoplan: a collective failed ({phrase}): another rank is gone; "
-          f"exiting {PEER_LOST_EXIT} for the launcher to restart the job", file=sys.stderr)
+          f"exiting {PEER_LOST_EXIT}{_what_follows()}", file=sys.stderr)
     return PEER_LOST_EXIT
+
+
+def _what_follows() -> str:
+    """What torchrun does after this attempt fails, as its environment tells the worker
+    (TORCHELASTIC_MAX_RESTARTS, and the attempt): restart the job while a restart is left,
+    else end it; '' outside torchrun, where nothing can be promised."""
+    limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
+    if not limit.isdigit():
+        return ""
+    left = int(limit) - attempt()
+    if left > 0:
+        return (f" for the launcher to restart the job ({left} of --max-restarts {limit} "
+                "left)")
+    return f"; no restart is left (--max-restarts {limit}), so the job ends"
 
 
 @dataclass(frozen=True)

@@ -83,13 +83,14 @@ def test_a_rank_that_raises_keeps_its_traceback_and_torchruns_report(tmp_path):
 
 
 def test_under_another_launcher_the_surviving_rank_says_one_line(tmp_path):
+    """torchrun --max-restarts 0: the line says no restart follows (it promised one)."""
     proc = _torchrun(tmp_path, "kill", quiet=False)
     assert proc.returncode != 0
     ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank0]")]
     assert len(ours) == 1, proc.stderr[-3000:]  # its traceback would be "[rank0]: ..." lines
     assert re.fullmatch(r"\[rank0\] autoplan: a collective failed \(Connection (closed|reset) "
-                        r"by peer\): another rank is gone; exiting 1 for the launcher to "
-                        r"restart the job", ours[0]), ours
+                        r"by peer\): another rank is gone; exiting 1; no restart is left "
+                        r"\(--max-restarts 0\), so the job ends", ours[0]), ours
 
 
 def test_a_rank_killed_with_no_restart_left_is_one_error_line(tmp_path):

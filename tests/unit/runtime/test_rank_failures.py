@@ -130,6 +130,28 @@ def test_a_surviving_rank_marks_itself_or_says_one_line(tmp_path, monkeypatch, c
                                                    "(Connection closed by peer)")
 
 
+@pytest.mark.parametrize("limit, count, then", [
+    ("3", "1", "exiting 1 for the launcher to restart the job (2 of --max-restarts 3 left)"),
+    ("2", "1", "exiting 1 for the launcher to restart the job (1 of --max-restarts 2 left)"),
+    ("0", "0", "exiting 1; no restart is left (--max-restarts 0), so the job ends"),
+    ("2", "2", "exiting 1; no restart is left (--max-restarts 2), so the job ends"),
+    (None, None, "exiting 1"),  # not under torchrun: nothing to promise
+])
+def test_the_line_promises_a_restart_only_when_one_is_left(monkeypatch, capsys, limit, count,
+                                                           then):
+    """Under --max-restarts 0 the line said 'for the launcher to restart the job', and none
+    came (review)."""
+    for name, value in (("TORCHELASTIC_MAX_RESTARTS", limit),
+                        ("TORCHELASTIC_RESTART_COUNT", count)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert leave_after_peer(None, 1, "Connection closed by peer") == 1
+    assert capsys.readouterr().err == ("[rank1] autoplan: a collective failed (Connection "
+                                       f"closed by peer): another rank is gone; {then}\n")
+
+
 def _log(msg: str, *args) -> logging.LogRecord:
     return logging.LogRecord("torch.distributed.elastic.multiprocessing.api", logging.ERROR,
                              __file__, 1, msg, args, None)
