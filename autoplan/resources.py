@@ -69,6 +69,15 @@ def is_name(ref: str | os.PathLike[str]) -> bool:
     return not Path(text).suffix and os.sep not in text and "/" not in text
 
 
+def plan_profile_ref(ref: str) -> str:
+    """The profile as a plan names it: a profile name as given, a path made absolute, so the
+    plan loads from wherever it is trained, estimated or exported (a path as typed holds only
+    from the directory the command ran in). Search and import write plans with it."""
+    if is_name(ref):
+        return ref
+    return str(Path(ref).expanduser().resolve())
+
+
 def names(kind: Kind) -> list[str]:
     """Every name of `kind`, the user's and the built-in ones, sorted."""
     found = {p.stem for d in search_dirs(kind) if d.is_dir() for p in d.glob("*.yaml")

@@ -8,6 +8,7 @@ with exit code 2 and nothing is written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -355,6 +356,19 @@ def run_export(args: argparse.Namespace) -> int:
     return done()
 
 
+def portable(plan: Plan) -> Plan:
+    """The imported plan as search writes one: a model file's spec inline and a profile path
+    made absolute, so the plan reads the same from any folder (a path as typed held only
+    from the one the import ran in; an export that cds into the plan's folder refused it)."""
+    from autoplan.model_spec import PRESETS
+    from autoplan.resources import plan_profile_ref
+
+    model = plan.model if isinstance(plan.model, str) and plan.model in PRESETS \
+        else plan.model_spec()
+    return plan.replace(model=model, cluster=dataclasses.replace(
+        plan.cluster, profile=plan_profile_ref(plan.cluster.profile)))
+
+
 def run_import(args: argparse.Namespace) -> int:
     from autoplan.export.importers import IMPORTERS, files_read
     from autoplan.plan import load_plan, plan_to_dict
@@ -372,6 +386,7 @@ def run_import(args: argparse.Namespace) -> int:
         num_gpus=args.num_gpus,
         assignments=args.set,
     )
+    plan = portable(plan)
     if args.out is not None:  # JSON when asked (it is YAML too: load_plan reads either)
         text = (json.dumps(plan_to_dict(plan), indent=2) + "\n" if args.format == "json"
                 else dump_yaml(plan_to_dict(plan)))

@@ -7,7 +7,6 @@ pandas appears only here, for the final table and the CSV.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,20 +68,11 @@ def nearest(scored: Scored) -> int | None:
     return int(np.argmin(memory))
 
 
-def plan_profile_ref(ref: str) -> str:
-    """The profile as a plan names it: a profile name as given, a path made absolute, so the
-    plan loads from wherever it is trained, estimated or exported (a path as typed holds only
-    from the directory the search ran in)."""
-    if resources.is_name(ref):
-        return ref
-    return str(Path(ref).expanduser().resolve())
-
-
 def row_plan(scored: Scored, i: int, model: ModelSpec, model_ref: str | ModelSpec,
              profile_ref: str, space: SearchSpace, targets: Targets) -> Plan:
     """Row i as a Plan carrying its prediction."""
     c = scored.cols
-    plan = row_to_plan(c, i, model_ref, ClusterRef(plan_profile_ref(profile_ref),
+    plan = row_to_plan(c, i, model_ref, ClusterRef(resources.plan_profile_ref(profile_ref),
                                                     int(c["num_gpus"][i])),
                        space.precision[int(c["precision"][i])])
     plan = plan.replace(attention=space.attention[int(c["attention"][i])])
