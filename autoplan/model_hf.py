@@ -18,6 +18,8 @@ from autoplan.errors import ConfigError
 from autoplan.model_spec import (
     DEFAULT_ROPE_THETA,
     LLAMA3_ROPE_TYPE,
+    ROPE_FIELDS,
+    YARN_ROPE_TYPE,
     MlpKind,
     ModelSpec,
     NormKind,
@@ -152,9 +154,10 @@ def _rope_theta(cfg: dict[str, Any], where: str, kind: str) -> float:
 
 
 def _rope_scaling(cfg: dict[str, Any], where: str) -> RopeScaling | None:
-    """Llama 3.1's scaling where the file states it (`rope_scaling` with rope_type, or the older
-    `type`, "llama3"; transformers 5: `rope_parameters`), else None. Other kinds (YaRN, linear,
-    dynamic, longrope) are not modelled: the model rotates without them, and a warning says so."""
+    """The scaling the file states (`rope_scaling` with rope_type, or the older `type`;
+    transformers 5: `rope_parameters`): Llama 3.1's "llama3" or YaRN's "yarn", else None. Other
+    kinds (linear, dynamic, longrope) are not modelled: the model rotates without them, and a
+    warning says so."""
     key = "rope_scaling"
     scaling = cfg.get(key)
     if scaling is None and isinstance(cfg.get("rope_parameters"), dict):
@@ -166,25 +169,45 @@ def _rope_scaling(cfg: dict[str, Any], where: str) -> RopeScaling | None:
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         return None
-    if kind != LLAMA3_ROPE_TYPE:
+    if kind not in (LLAMA3_ROPE_TYPE, YARN_ROPE_TYPE):
         _warn_unmodelled_scaling(where, key, show(kind))
         return None
-    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    missing = [f for f in fields if scaling.get(f) is None]
+    fields = _yarn_fields(cfg, scaling) if kind == YARN_ROPE_TYPE else _llama3_fields(scaling)
+    required = ROPE_FIELDS[kind] if kind == LLAMA3_ROPE_TYPE else ROPE_FIELDS[kind][:2]
+    missing = [f for f in required if fields.get(f) is None]
     if missing:
-        raise ConfigError(f"{where} {key}", f"rope_type llama3 without {', '.join(missing)}",
-                          "give all four of " + ", ".join(fields))
+        raise ConfigError(f"{where} {key}", f"rope_type {kind} without {', '.join(missing)}",
+                          f"give all {len(required)} of " + ", ".join(required))
     try:
-        return RopeScaling(**{f: scaling[f] for f in fields})
+        return RopeScaling(rope_type=kind, **fields)
     except ConfigError as err:  # say which file and key, not the ModelSpec field
         raise ConfigError(f"{where} {key}.{err.field.rsplit('.', 1)[-1]}", err.problem,
                           err.fix) from None
 
 
+def _llama3_fields(scaling: dict[str, Any]) -> dict[str, Any]:
+    """All four are required (transformers' _validate_llama3_parameters)."""
+    return {f: scaling.get(f) for f in ROPE_FIELDS[LLAMA3_ROPE_TYPE]}
+
+
+def _yarn_fields(cfg: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]:
+    """YaRN's fields as transformers reads them (_compute_yarn_parameters and
+    standardize_rope_params): the original window defaults to max_position_embeddings, an
+    absent or 0 beta to 32 / 1 (`beta_fast or 32`), an mscale of 0 counts as none
+    (`if mscale and mscale_all_dim`), truncate to true."""
+    out = {f: scaling.get(f) for f in ROPE_FIELDS[YARN_ROPE_TYPE]}
+    if out["original_max_position_embeddings"] is None:
+        out["original_max_position_embeddings"] = cfg.get("max_position_embeddings")
+    for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if out[name] == 0 and not isinstance(out[name], bool):
+            out[name] = None
+    return out
+
+
 @functools.cache
 def _warn_unmodelled_scaling(where: str, key: str, kind: str) -> None:
     log.warning("%s: %s rope_type %s is not modelled; autoplan rotates without it "
-                "(Llama 3.1's \"llama3\" is)", where, key, kind)
+                "(Llama 3.1's \"llama3\" and YaRN's \"yarn\" are)", where, key, kind)
 
 
 def _sliding_layers(cfg: dict[str, Any], where: str, kind: str, num_layers: int

@@ -203,13 +203,21 @@ class MLASpec:
 def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports this module
     """Built-in MoE models, each read from its Hugging Face config.json (cited per entry), and
     the tiny MoE and MLA models of the CPU tests."""
-    from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+    from autoplan.model_spec import (
+        DEEPSEEK_V3_ROPE_SCALING,
+        GPT_OSS_ROPE_SCALING,
+        MlpKind,
+        ModelSpec,
+        NormKind,
+        PositionKind,
+        RopeScaling,
+    )
 
     def moe(name: str, layers: int, hidden: int, heads: int, kv: int, vocab: int, seq: int,
             spec: MoESpec, ffn: int | None = None, head_dim: int | None = None,
             bias: bool = False, mla: MLASpec | None = None, mtp_layers: int = 0,
-            rope_theta: float = 10000.0) -> ModelSpec:
-        return ModelSpec(mtp_layers=mtp_layers, rope_theta=rope_theta,
+            rope_theta: float = 10000.0, rope_scaling: RopeScaling | None = None) -> ModelSpec:
+        return ModelSpec(mtp_layers=mtp_layers, rope_theta=rope_theta, rope_scaling=rope_scaling,
             name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
             ffn_hidden_size=ffn or spec.expert_ffn_hidden_size, vocab_size=vocab, seq_len=seq,
             mlp=MlpKind.SWIGLU, norm=NormKind.RMSNORM, position=PositionKind.ROPE, bias=bias,
@@ -248,21 +256,24 @@ def moe_presets() -> list:  # list[ModelSpec]; imported late: model_spec imports
         # pre-training sequences). head_dim 160 = (192 + 128) / 2, the attention core's width.
         # "num_nextn_predict_layers": 1, one multi-token-prediction module (report §2.2, D = 1;
         # README_WEIGHTS.md: 11.5B unique parameters besides the shared embedding and head).
-        # "rope_theta": 10000, the default (its YaRN rope_scaling, factor 40, is not modelled).
+        # "rope_theta": 10000, the default; rope_scaling YaRN (type yarn, factor 40, original
+        # 4096, beta_fast 32, beta_slow 1, mscale = mscale_all_dim = 1: the softmax scale times
+        # 1.874, cos/sin unscaled), as the released model and torchtitan's 671B flavor rotate.
         moe("deepseek-v3", 61, 7168, 128, 128, 129280, 4096,
             MoESpec(256, 8, 2048, num_shared_experts=1, first_dense_layers=3,
                     router_aux_free=True, route_groups=8, route_groups_per_token=4,
                     routed_scaling_factor=2.5),
             ffn=18432, head_dim=160, mla=MLASpec(512, 64, 128, 128, q_lora_rank=1536),
-            mtp_layers=1),
+            mtp_layers=1, rope_scaling=DEEPSEEK_V3_ROPE_SCALING),
         # huggingface.co/openai/gpt-oss-120b/blob/main/config.json: hidden 2880, 36 layers, 64
         # heads of 64, 8 KV heads, 128 experts of 2880, top-4, attention and expert biases,
         # vocab 201088 (o200k_harmony); 116.8B / 5.13B active (gpt-oss model card, Table 1,
         # active counting the unembedding but not the embedding). Alternating sliding-window
-        # layers and attention sinks are not modelled. "rope_theta": 150000 (its YaRN
-        # rope_scaling, factor 32, is not modelled).
+        # layers and attention sinks are not modelled. "rope_theta": 150000; rope_scaling YaRN
+        # (rope_type yarn, factor 32, original 4096, beta_fast 32, beta_slow 1, truncate false:
+        # cos/sin times 0.1 ln 32 + 1 = 1.347, HF's convention).
         moe("gpt-oss-120b", 36, 2880, 64, 8, 201088, 4096, MoESpec(128, 4, 2880),
-            head_dim=64, bias=True, rope_theta=150000.0),
+            head_dim=64, bias=True, rope_theta=150000.0, rope_scaling=GPT_OSS_ROPE_SCALING),
         # CPU tests: 4 blocks, the first dense, 8 experts of 128, top-2, byte vocabulary.
         moe("tiny-moe", 4, 64, 4, 4, 256, 64, MoESpec(8, 2, 128, first_dense_layers=1),
             ffn=128),

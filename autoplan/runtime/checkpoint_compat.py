@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import OMITTED_AT_DEFAULT, ModelSpec, model_dict
+from autoplan.model_spec import OMITTED_AT_DEFAULT, YARN_ROPE_TYPE, ModelSpec, model_dict
 from autoplan.moe_spec import moe_dict
 from autoplan.plan import Plan
 from autoplan.yaml_io import to_dict
@@ -185,6 +185,10 @@ ROPE_CHANGES = ("model.rope_theta ", "model.rope_scaling ")
 def _rotation(theta: float, scaling: Any) -> str:
     if not scaling:
         return f"RoPE base {theta:g} without scaling"
+    if scaling.get("rope_type") == YARN_ROPE_TYPE:  # the fields the model gives, in file order
+        given = ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else format(v, 'g')}"
+                          for k, v in scaling.items() if k != "rope_type" and v is not None)
+        return f"RoPE base {theta:g} with YaRN scaling ({given})"
     return (f"RoPE base {theta:g} with Llama 3.1 scaling (factor {scaling['factor']:g}, "
             f"low {scaling['low_freq_factor']:g}, high {scaling['high_freq_factor']:g}, "
             f"original {scaling['original_max_position_embeddings']})")
@@ -192,8 +196,9 @@ def _rotation(theta: float, scaling: Any) -> str:
 
 def _refuse_rotation(found, spec: ModelSpec) -> None:
     """A checkpoint whose weights fit but whose model rotated positions otherwise: the presets
-    of Llama 3, Mixtral, Qwen3 and gpt-oss took their published bases, and Llama 3.1's its
-    scaling, after checkpoints of them had been saved."""
+    of Llama 3, Mixtral, Qwen3 and gpt-oss took their published bases, Llama 3.1's its
+    scaling, and DeepSeek-V3's and gpt-oss's their YaRN, after checkpoints of them had been
+    saved."""
     saved = {**OMITTED_AT_DEFAULT, **found.meta["model"]}
     now = {**OMITTED_AT_DEFAULT, **model_fields(spec)}
     fix = [f"rope_theta: {saved['rope_theta']:g}"] if saved["rope_theta"] != now["rope_theta"] else []

@@ -80,8 +80,8 @@ class ContextParallel:
 
     def rope_cos_sin(self, local_len: int, head_dim: int, device: torch.device, theta: float,
                      scaling: RopeScaling | None = None):
-        """RoPE tables (base theta, the model's scaling) of the whole sequence, rows taken at
-        this rank's global positions."""
+        """RoPE tables (base theta, the model's scaling: Llama 3.1's or YaRN's, its cos/sin
+        factor included) of the whole sequence, rows taken at this rank's global positions."""
         from autoplan.runtime.models.layers import rope_cos_sin
 
         cos, sin = rope_cos_sin(local_len * self.size, head_dim, device, theta, scaling)

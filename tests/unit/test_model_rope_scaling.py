@@ -40,7 +40,7 @@ def test_llama_31_presets_scale_and_llama_3_does_not(name: str, scaled: bool) ->
 @pytest.mark.parametrize(("field", "value"), [
     ("factor", 0.5), ("factor", math.nan), ("factor", True), ("low_freq_factor", 0),
     ("high_freq_factor", 1.0), ("original_max_position_embeddings", 0),
-    ("original_max_position_embeddings", 8192.5), ("rope_type", "yarn"),
+    ("original_max_position_embeddings", 8192.5), ("rope_type", "linear"),
 ])
 def test_bad_scaling_is_one_line_naming_the_field(field: str, value) -> None:
     with pytest.raises(ConfigError) as err:
@@ -87,11 +87,11 @@ def test_hf_llama3_scaling_is_read(tmp_path) -> None:
 
 
 def test_hf_unmodelled_scaling_warns_and_rotates_without(tmp_path, caplog) -> None:
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    dynamic = {"rope_type": "dynamic", "factor": 4.0}  # YaRN is read: test_model_rope_yarn.py
     with caplog.at_level(logging.WARNING, logger="autoplan.model_hf"):
-        spec = _read(tmp_path, {**LLAMA_CFG, "rope_scaling": yarn})
+        spec = _read(tmp_path, {**LLAMA_CFG, "rope_scaling": dynamic})
     assert spec.rope_scaling is None
-    assert "rope_type 'yarn' is not modelled" in caplog.text
+    assert "rope_type 'dynamic' is not modelled" in caplog.text
 
 
 @pytest.mark.parametrize("scaling", [

@@ -142,7 +142,8 @@ DEEPSEEK_V3 = {  # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
     "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
     "v_head_dim": 128, "topk_method": "noaux_tc", "vocab_size": 129280, "hidden_act": "silu",
     "max_position_embeddings": 163840, "tie_word_embeddings": False,
-    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
 }
 QWEN3_MOE = {  # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
     "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
@@ -157,7 +158,8 @@ GPT_OSS = {  # huggingface.co/openai/gpt-oss-120b/blob/main/config.json
     "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088,
     "attention_bias": True, "hidden_act": "silu", "tie_word_embeddings": False,
     "max_position_embeddings": 131072,
-    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "original_max_position_embeddings": 4096, "truncate": False},
 }
 
 
@@ -169,6 +171,7 @@ def test_hf_import_matches_the_preset(tmp_path, cfg, preset):
     got = load_model(_write(tmp_path, cfg))
     want = PRESETS[preset]
     assert got.moe == want.moe and got.mla == want.mla
+    assert got.rope_scaling == want.rope_scaling  # DeepSeek-V3's and gpt-oss's YaRN
     assert total_params(got) == pytest.approx(total_params(want), rel=1e-3)
     assert active_params(got) == pytest.approx(active_params(want), rel=1e-3)
 

@@ -15,7 +15,14 @@ from torch import nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 from torch.utils._python_dispatch import _disable_current_modes
 
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind, RopeScaling
+from autoplan.model_spec import (
+    YARN_ROPE_TYPE,
+    MlpKind,
+    ModelSpec,
+    NormKind,
+    PositionKind,
+    RopeScaling,
+)
 from autoplan.plan import Attention as AttentionKind
 
 COMPUTE_DTYPES = {"fp32": torch.float32}
@@ -32,12 +39,16 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device,
                   scaling: RopeScaling | None = None) -> torch.Tensor:
     """theta^(-2i/d) for i < d/2: the angle per position of each rotated pair (Su et al. 2021,
-    eq. 15; the model's rope_theta, Llama 3's 500000), then Llama 3.1's scaling where the model
-    has it (scale_llama3)."""
+    eq. 15; the model's rope_theta, Llama 3's 500000), then the model's scaling where it has
+    one (scale_llama3, scale_yarn)."""
     inv_freq = 1.0 / theta ** (
         torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
     )
-    return inv_freq if scaling is None else scale_llama3(inv_freq, scaling)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == YARN_ROPE_TYPE:
+        return scale_yarn(inv_freq, head_dim, theta, scaling)
+    return scale_llama3(inv_freq, scaling)
 
 
 def scale_llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
@@ -53,11 +64,43 @@ def scale_llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
     return (1.0 - blend) * inv_freq / scaling.factor + blend * inv_freq
 
 
+def scale_yarn(inv_freq: torch.Tensor, head_dim: int, theta: float,
+               scaling: RopeScaling) -> torch.Tensor:
+    """YaRN's frequencies ("NTK-by-parts", Peng et al. 2023 §3.2; model_spec.RopeScaling): pair
+    i is divided by `factor` by a ramp over i from the pair that turns beta_fast times in the
+    original window (kept below it) to the one that turns beta_slow times (divided past it).
+    As HF transformers' _compute_yarn_parameters (find_correction_range, linear_ramp_factor,
+    truncate), DeepSeek-V3's inference/model.py and torchtitan's deepseek_v3
+    precompute_freqs_cis (0.2.2; 0.3.0 models/common/rope.py _yarn_inv_freq) compute it; the
+    magnitude conventions are RopeScaling.attention_scaling and softmax_gain."""
+    assert scaling.factor is not None and scaling.original_max_position_embeddings is not None
+    assert scaling.beta_fast is not None and scaling.beta_slow is not None
+
+    def pair_turning(rotations: float) -> float:  # the pair that turns `rotations` times
+        return (head_dim * math.log(scaling.original_max_position_embeddings
+                                    / (rotations * 2 * math.pi)) / (2 * math.log(theta)))
+
+    low, high = pair_turning(scaling.beta_fast), pair_turning(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as the references: no division by zero
+    pairs = torch.arange(head_dim // 2, dtype=torch.float32, device=inv_freq.device)
+    ramp = ((pairs - low) / (high - low)).clamp(0.0, 1.0)  # 0: kept, 1: divided by factor
+    return inv_freq / scaling.factor * ramp + inv_freq * (1.0 - ramp)
+
+
 def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device, theta: float,
                  scaling: RopeScaling | None = None) -> tuple[torch.Tensor, ...]:
-    """cos/sin tables of shape (seq_len, head_dim/2) at RoPE base `theta`, with `scaling`."""
+    """cos/sin tables of shape (seq_len, head_dim/2) at RoPE base `theta`, with `scaling`; YaRN
+    multiplies both by its attention_scaling (HF's cos * attention_scaling; 1 for DeepSeek-V3,
+    whose temperature is in the softmax scale: Attention.softmax_gain)."""
     inv_freq = rope_inv_freq(head_dim, theta, device, scaling)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    gain = 1.0 if scaling is None else scaling.attention_scaling
+    if gain != 1.0:
+        return angles.cos() * gain, angles.sin() * gain
     return angles.cos(), angles.sin()
 
 
@@ -80,6 +123,8 @@ class Attention(nn.Module):
         self.rope = spec.position == PositionKind.ROPE
         self.rope_theta = spec.rope_theta
         self.rope_scaling = spec.rope_scaling
+        # YaRN with mscale_all_dim (DeepSeek's MLA): the softmax scale times mscale^2
+        self.softmax_gain = 1.0 if spec.rope_scaling is None else spec.rope_scaling.softmax_gain
         self.wq = nn.Linear(h, spec.num_heads * hd, bias=spec.bias)
         self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
         self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
@@ -111,7 +156,10 @@ class Attention(nn.Module):
         The fused path never hands SDPA a dense mask, so CUDA runs the flash kernel for both
         (FlashAttention-2 aligns causal masks lower right, torch's CausalBias dispatches to it).
         With `compute_dtype` set (autoplan-cpu's attention_compute_dtype), q, k and v are cast
-        to it for the kernel and the output back to q's dtype."""
+        to it for the kernel and the output back to q's dtype. YaRN's softmax_gain multiplies
+        q, so every kernel's scale (and context parallelism's chunks) becomes gain / sqrt(d)."""
+        if self.softmax_gain != 1.0:
+            q = q * self.softmax_gain
         out_dtype, up = q.dtype, self.compute_dtype
         cast = up is not None and out_dtype != up
         if cast:  # before the GQA repeat: fewer bytes

@@ -42,7 +42,11 @@ class MultiHeadLatentAttention(Attention):
         c, k_R   = split(W_DKV x)            c: d_c (the latent), k_R: d_R (one per token)
         k_C, v   = split(W_UKV RMSNorm(c))   a x d_h and a x d_v
         k        = [k_C, RoPE(k_R)],  q = [q_C, RoPE(q_R)]  per head
-        out      = W_O softmax(q k^T / sqrt(d_h + d_R)) v
+        out      = W_O softmax(g q k^T / sqrt(d_h + d_R)) v
+
+    g is 1, or with YaRN scaling YaRN's mscale^2 (Attention.softmax_gain; DeepSeek-V3: 1.874 at
+    factor 40, as its reference and torchtitan's deepseek_v3 scale the softmax), and the rotary
+    tables are the model's (scaled by YaRN's frequencies; rope_cos_sin).
 
     Every head's output of wkv_b (and of wq_b) is contiguous, so a column split keeps whole
     heads. Subclasses Attention for its attention core: Attention.__init__ sets the kernel's
