@@ -236,7 +236,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         data = None if data is None else os.path.abspath(data)
     return LaunchOptions(
         # as exported: absolute, so the script runs from any folder, and hashed, so a plan file
-        # replaced since is not trained under the exported job (launch.plan_check_lines)
+        # replaced since is not trained under the exported job (job_inputs.check_lines)
         plan_path=str(plan_file.resolve()),
         plan_sha256=hashlib.sha256(plan_file.read_bytes()).hexdigest(),
         named_files=named,

@@ -216,34 +216,6 @@ def torchrun_argv(
     return argv
 
 
-def plan_check_lines(opts: ExportOptions) -> list[str]:
-    """Script lines that stop the job (exit 2) unless the plan file is the one exported, and
-    each model or profile file it names the one read: their SHA-256 (coreutils sha256sum) at
-    the absolute paths the job reads; then, where the plan names a file by a relative path,
-    `cd` to the plan's folder, which the export checked it resolves the same from. Empty
-    without a hash."""
-    run = launch_options(opts)
-    if run.plan_sha256 is None:
-        return []
-    lines = [f"# the plan exported, as priced (sha256): {run.plan_sha256}",
-             *_check(run.plan_sha256, run.plan_path, run.plan_path)]
-    for named in run.named_files:
-        lines += [f"# its {named.field}, as priced (sha256): {named.sha256}",
-                  *_check(named.sha256, named.path, f"{named.path} ({named.field} of the plan)")]
-    if run.workdir is not None:
-        lines += ["# the plan names a file by a relative path: run in its folder, where that "
-                  "path was checked",
-                  f"cd {shell_join([run.workdir])}"]
-    return lines
-
-
-def _check(sha256: str, path: str, what: str) -> list[str]:
-    why = f"{what} is missing or changed since autoplan export priced it; export the plan again"
-    listed = shell_join([f"{sha256}  {path}"])  # a line of sha256sum's own output
-    return [f"echo {listed} | sha256sum --check --status 2>/dev/null \\",
-            f"  || {{ echo {shell_join([why])} >&2; exit 2; }}"]
-
-
 def data_lines(opts: ExportOptions, where: str) -> list[str]:
     """A comment on what the job trains on: --data's text, read by every rank (`where` says
     where it must lie), or synthetic tokens when no --data was given."""
