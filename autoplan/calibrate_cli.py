@@ -56,7 +56,8 @@ def default_out(profile_ref: str) -> Path:
     try:
         stem = resources.safe_name(stem, "--profile")
     except ConfigError as err:
-        raise ConfigError(err.field, err.problem, "give --out PATH for the fitted profile") from None
+        raise ConfigError(err.field, err.problem,
+                          "give --out PATH for the fitted profile") from None
     return resources.user_dir(resources.PROFILES) / f"{stem}-calibrated.yaml"
 
 

@@ -1,0 +1,132 @@
+"""Run records, as `autoplan train --run-record` writes them (runtime/metrics.run_record) and
+`autoplan tune` does (tune/study.run_record): load_run reads one strictly, naming the file in
+every error, since calibrate reads many; plan_key tells runs of different plans apart."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import ConfigError
+from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+
+MAX_STEP_TIME_S = 1e6
+"""Longest measured step a run record may hold (11.6 days): far past it predicted / measured
+rounds to 0 and the log error of the fit is undefined."""
+MIN_STEP_TIME_S = 1e-9
+"""Shortest measured step (a nanosecond): far below it predicted / measured overflows."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    step_time_s: float
+    """Median seconds per optimizer step after warm-up."""
+    peak_memory_bytes: float | None = None
+    """Peak memory of the busiest rank (device memory on a GPU, RSS growth on CPU)."""
+    tokens_per_s: float | None = None
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.step_time_s > 0:
+            raise ConfigError("measured.step_time_s", f"got {self.step_time_s}",
+                              "expected a positive number of seconds")
+        if not MIN_STEP_TIME_S <= self.step_time_s <= MAX_STEP_TIME_S:
+            raise ConfigError("measured.step_time_s", f"got {self.step_time_s:g}",
+                              f"expected seconds per step from {MIN_STEP_TIME_S:g} to "
+                              f"{MAX_STEP_TIME_S:g}")
+        if self.peak_memory_bytes is not None and not self.peak_memory_bytes > 0:
+            raise ConfigError("measured.peak_memory_bytes", f"got {self.peak_memory_bytes}",
+                              "expected a positive number of bytes, or leave it out")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    plan: Plan
+    measured: Measured
+    profile: str | None = None
+    """Profile the run was predicted with (name or path)."""
+    source: str = ""
+    device: str | None = None
+    """The device the run trained on (machine.device: `cpu` or the GPU's name, as torch
+    names it); None in records written before train recorded it."""
+
+
+def load_run(path: str | Path) -> RunRecord:
+    data = read_yaml(path, f"RUN {path}")  # JSON is YAML, so both load
+    if not isinstance(data, dict):
+        raise ConfigError(f"RUN {path}", "expected a mapping with plan and measured")
+    data = check_schema_version(data, "run")
+    for key in ("plan", "measured"):
+        if key not in data:
+            raise ConfigError(f"RUN {path}: {key}", "missing", "pass a run record written by "
+                              "`autoplan train --run-record FILE`")
+    known = {"plan", "measured", "profile", "predicted", "metrics", "machine"}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"RUN {path}: {sorted(unknown)[0]}", "unknown key",
+                          f"valid keys: {', '.join(sorted(known))}")
+    _check_measured_step(path, data["measured"])
+    try:
+        measured = from_dict(Measured, {k: v for k, v in data["measured"].items()
+                                        if k in {f.name for f in dataclasses.fields(Measured)}}
+                             if isinstance(data["measured"], dict) else data["measured"],
+                             "measured")
+    except ConfigError as err:  # name the run: calibrate reads many
+        raise ConfigError(f"RUN {path}: {err.field}", err.problem, err.fix) from None
+    profile = data.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise ConfigError(f"RUN {path}: profile", f"got {show(profile)}",
+                          "expected the name or path of the profile the run was predicted with")
+    return RunRecord(plan=_run_plan(path, data["plan"]), measured=measured,
+                     profile=profile, source=str(path), device=_recorded_device(path, data))
+
+
+def _run_plan(path: str | Path, data: Any) -> Plan:
+    """The run's plan with its model loaded and the plan rules applied now, each mistake
+    named with the run (calibrate reads many) before any study runs."""
+    from autoplan.plan_rules import validate_plan
+
+    try:
+        plan = plan_from_dict(data)
+        problems = validate_plan(plan, plan.model_spec())  # the plan's own GPU count
+    except ConfigError as err:
+        field = err.field if err.field.startswith("plan") else (
+            f"plan.{err.field}" if err.field else "plan")
+        raise ConfigError(f"RUN {path}: {field}", err.problem, err.fix) from None
+    if problems:
+        raise ConfigError(f"RUN {path}: plan", "; ".join(problems),
+                          "pass run records of plans `autoplan train` ran")
+    return plan
+
+
+def _check_measured_step(path: str | Path, measured: Any) -> None:
+    """A run with no step after its warm-up has no step time (train writes null)."""
+    if isinstance(measured, dict) and "step_time_s" in measured \
+            and measured["step_time_s"] is None:
+        raise ConfigError(f"RUN {path}: measured.step_time_s", "null: the run had no step "
+                          "after its warm-up step, so nothing was measured",
+                          "calibrate with runs that train two steps or more (`autoplan "
+                          "train --steps` counts from step 0, a resumed step included)")
+
+
+def _recorded_device(path: str | Path, data: dict) -> str | None:
+    machine = data.get("machine")
+    if not isinstance(machine, dict) or machine.get("device") is None:
+        return None
+    device = machine["device"]
+    if not isinstance(device, str) or not device.strip():
+        raise ConfigError(f"RUN {path}: machine.device", f"got {show(device)}",
+                          "expected the device the run trained on (cpu or a GPU's name)")
+    return device
+
+
+def plan_key(plan: Plan) -> str:
+    """A plan as trained, less what it was predicted at: runs with equal keys trained one plan,
+    and one plan's runs tell the fit one number (its measured / predicted ratio)."""
+    data = plan_to_dict(plan)
+    data.pop("predicted", None)
+    return json.dumps(data, sort_keys=True, default=str)
