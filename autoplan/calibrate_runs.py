@@ -5,13 +5,12 @@ every error, since calibrate reads many; plan_key tells runs of different plans 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.plan import Plan, plan_from_dict, plan_identity
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 MAX_STEP_TIME_S = 1e6
@@ -127,6 +126,4 @@ def _recorded_device(path: str | Path, data: dict) -> str | None:
 def plan_key(plan: Plan) -> str:
     """A plan as trained, less what it was predicted at: runs with equal keys trained one plan,
     and one plan's runs tell the fit one number (its measured / predicted ratio)."""
-    data = plan_to_dict(plan)
-    data.pop("predicted", None)
-    return json.dumps(data, sort_keys=True, default=str)
+    return plan_identity(plan)

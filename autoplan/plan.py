@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -367,6 +368,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     if out.get("grad_reduce_dtype") is None:  # the runtime's default reads as before
         out.pop("grad_reduce_dtype", None)
     return out
+
+
+def plan_identity(plan: Plan) -> str:
+    """A plan as trained, less what it was predicted at, as canonical JSON: plans with equal
+    identities train the same way (calibrate counts distinct plans by it; tune keys trials by
+    its hash)."""
+    return json.dumps(plan_to_dict(plan.replace(predicted=None)), sort_keys=True, default=str)
 
 
 def load_plan(path: str | Path) -> Plan:

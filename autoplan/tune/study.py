@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.plan import Plan, plan_from_dict, plan_identity, plan_to_dict
 from autoplan.search.optuna_search import (
     FINGERPRINT_ATTRS,
     check_claim,
@@ -49,8 +49,9 @@ class TrialFailed(Exception):
 
 
 def plan_key(plan: Plan) -> str:
-    text = json.dumps(plan_to_dict(plan.replace(predicted=None)), sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    """A short name of the plan as trained (plan.plan_identity's hash): trials of one plan
+    share it."""
+    return hashlib.sha1(plan_identity(plan).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
