@@ -349,6 +349,8 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str
 
     `path` absent or empty: one rename. `path` holding only files named in `names` (an earlier
     result): the old folder is renamed aside, the new one into place, the old one removed.
+    `path` the working directory (or a folder above it) or a mount point: filled file by file
+    as below, so the folder stays the one the shell is in.
     `path` holding other files too, or in a folder that cannot be written: each new file
     replaces its namesake by os.replace and the other files stay (the set is not atomic then,
     each file is). `stale`: files an earlier result of the same command may have left that
@@ -372,8 +374,8 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool, names: Iterable[str
 
 
 def _commit(tmp: Path, p: Path, names: tuple[str, ...], stale: tuple[str, ...] = ()) -> None:
-    if tmp.parent == p:  # staged inside: only the parent is read-only
-        _replace_each(tmp, p, stale)
+    if tmp.parent == p or _in_use(p):  # staged inside (only the parent is read-only), or a
+        _replace_each(tmp, p, stale)     # folder whose identity someone holds: fill it
         return
     if not p.exists() or not any(p.iterdir()):
         try:
@@ -393,6 +395,20 @@ def _commit(tmp: Path, p: Path, names: tuple[str, ...], stale: tuple[str, ...] =
         shutil.rmtree(old, ignore_errors=True)
         return
     _replace_each(tmp, p, stale)
+
+
+def _in_use(p: Path) -> bool:
+    """Whether the folder `p` must stay the folder it is rather than be replaced by a renamed
+    one: it is this process's working directory or holds it (`search --out .` replaced the
+    shell's folder with a new one, leaving the shell in a deleted folder), or a mount point,
+    which a rename cannot replace."""
+    if not p.is_dir():
+        return False
+    try:
+        here, target = Path.cwd().resolve(), p.resolve()
+    except OSError:  # the working directory was removed under us
+        return os.path.ismount(p)
+    return here == target or target in here.parents or os.path.ismount(p)
 
 
 def _replace_each(tmp: Path, p: Path, stale: tuple[str, ...]) -> None:

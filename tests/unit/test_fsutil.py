@@ -127,6 +127,28 @@ def test_out_dot_and_a_folder_whose_parent_is_read_only(tmp_path: Path, monkeypa
     assert (work / "a").read_text() == "2"
 
 
+@pytest.mark.parametrize("where", [".", "absolute"])
+def test_the_working_folder_is_filled_not_replaced(tmp_path: Path, monkeypatch,
+                                                   where: str) -> None:
+    """`search --out .` in an empty folder renamed a new folder over it: the shell was left in
+    a deleted folder ("getcwd: cannot access parent directories"). A folder that is or holds
+    the working directory keeps its identity (inode), empty or holding an earlier result."""
+    outer = tmp_path / "outer"
+    work = outer / "empty"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    inode = work.stat().st_ino
+    for force in (False, True):
+        if force:  # an earlier result, which force replaces
+            assert sorted(x.name for x in work.iterdir()) == ["a"]
+        with fsutil.atomic_dir("." if where == "." else str(work), force=force,
+                               names=("a",)) as d:
+            (d / "a").write_text(str(force))
+        assert work.stat().st_ino == inode and Path.cwd().exists()
+        assert (work / "a").read_text() == str(force)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["outer"]  # no staging left
+
+
 def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path) -> None:
     # the CLI fuzzer's case: --out of 300 characters raised ENAMETOOLONG from Path.is_dir
     import pytest
