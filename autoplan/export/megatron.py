@@ -22,9 +22,16 @@ from autoplan.export.launch import (
     cuda_only_reasons,
     shell_join,
 )
-from autoplan.export.megatron_moe import moe_args, moe_reasons
+from autoplan.export.megatron_moe import moe_args, moe_reasons, yarn_args, yarn_reasons
 from autoplan.export.megatron_te import te_args, te_reasons
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind, RopeScaling
+from autoplan.model_spec import (
+    LLAMA3_ROPE_TYPE,
+    MlpKind,
+    ModelSpec,
+    NormKind,
+    PositionKind,
+    RopeScaling,
+)
 from autoplan.plan import Plan, RecomputeMethod, RecomputePolicy, Schedule
 
 MEGATRON_OFFLOAD_STAGES = load_runtime("megatron").offload_zero_stages
@@ -68,7 +75,8 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
     if model.mlp == MlpKind.GEGLU:
         why.append("mlp geglu: Megatron's arguments gate the MLP with SiLU only (--swiglu)")
     scaling = model.rope_scaling
-    if scaling is not None and _fixed_band(scaling) != MEGATRON_ROPE_BAND:
+    if (scaling is not None and scaling.rope_type == LLAMA3_ROPE_TYPE
+            and _fixed_band(scaling) != MEGATRON_ROPE_BAND):
         why.append(f"model.rope_scaling {_fixed_band(scaling)} (low_freq_factor, "
                    "high_freq_factor, original_max_position_embeddings): Megatron-Core scales "
                    f"with {MEGATRON_ROPE_BAND} fixed (RotaryEmbedding._apply_scaling); only "
@@ -79,7 +87,7 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             f"recompute.num_layers={rc.num_layers} with policy {rc.policy.value}: "
             "Megatron counts recomputed layers for full recompute only"
         )
-    return why + te_reasons(plan, model) + moe_reasons(plan, model)
+    return why + yarn_reasons(model) + te_reasons(plan, model) + moe_reasons(plan, model)
 
 
 MEGATRON_ROPE_BAND = (1.0, 4.0, 8192)
@@ -89,7 +97,7 @@ high_freq_factor 4, original_max_position_embeddings 8192; --use-rope-scaling tu
 --rope-scaling-factor, default 8, sets the factor)."""
 
 
-def _fixed_band(scaling: RopeScaling) -> tuple[float, float, int]:
+def _fixed_band(scaling: RopeScaling) -> tuple[float | None, float | None, int | None]:
     return (scaling.low_freq_factor, scaling.high_freq_factor,
             scaling.original_max_position_embeddings)
 
@@ -188,8 +196,10 @@ def _model_args(m: ModelSpec) -> list[str]:
     )
     if m.position == PositionKind.ROPE:  # the base, whatever Megatron's default (10000)
         a.append(f"--rotary-base {int(m.rope_theta)}")
-    if m.rope_scaling is not None:  # Llama 3.1's, in Megatron-Core's fixed band
+    if m.rope_scaling is not None and m.rope_scaling.rope_type == LLAMA3_ROPE_TYPE:
+        # Llama 3.1's, in Megatron-Core's fixed band
         a += ["--use-rope-scaling", f"--rope-scaling-factor {m.rope_scaling.factor!r}"]
+    a += yarn_args(m)  # YaRN: MLA's --rope-type yarn and its flags (megatron_moe)
     if not m.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if not m.bias:

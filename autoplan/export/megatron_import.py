@@ -16,7 +16,13 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.export.megatron import NULL_TOKENIZER_EXTRA
-from autoplan.export.megatron_moe import MOE_SWITCHES, expert_degrees, moe_fields
+from autoplan.export.megatron_moe import (
+    MLA_YARN_FLAGS,
+    MOE_SWITCHES,
+    expert_degrees,
+    moe_fields,
+    yarn_scaling,
+)
 from autoplan.export.megatron_neutral import (
     NEUTRAL_SWITCHES,
     POSITIONS,
@@ -34,12 +40,13 @@ from autoplan.export.shell_args import (
 from autoplan.model_spec import (
     DEFAULT_ROPE_THETA,
     PRESETS,
+    YARN_ROPE_TYPE,
     ModelSpec,
     PositionKind,
     RopeScaling,
     load_model,
 )
-from autoplan.yaml_io import show
+from autoplan.yaml_io import show, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +107,7 @@ READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS - NEUTRAL_SWITCHES) | frozenset({
     "--moe-router-group-topk", "--moe-router-topk-scaling-factor", "--moe-token-dispatcher-type",
     "--moe-flex-dispatcher-backend", "--expert-model-parallel-size",
     "--expert-tensor-parallel-size", "--mtp-num-layers", "--q-lora-rank", "--kv-lora-rank",
-    "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+    "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", *MLA_YARN_FLAGS,
 })
 """Megatron-LM flags the importer reads: an unknown flag that misspells one of them is refused
 (shell_args.unread_flags), where reading on would take that flag's default."""
@@ -278,10 +285,15 @@ def _rope_theta(f: Flags) -> dict[str, Any]:
 
 def _rope_scaling(f: Flags) -> dict[str, Any]:
     """rope_scaling from --use-rope-scaling (Llama 3.1's, in the band Megatron-Core fixes,
-    RopeScaling's defaults) and --rope-scaling-factor (default 8); none without the switch, or
-    for a learned-position model, whose embedding Megatron does not rotate."""
+    RopeScaling's defaults) and --rope-scaling-factor (default 8), or MLA's YaRN
+    (megatron_moe.yarn_scaling); none without them, or for a learned-position model, whose
+    embedding Megatron does not rotate."""
     built = _built_scaling(f)
-    return {} if built is None else {"rope_scaling": {"factor": built.factor}}
+    if built is None:
+        return {}
+    if built.rope_type == YARN_ROPE_TYPE:
+        return {"rope_scaling": {k: v for k, v in to_dict(built).items() if v is not None}}
+    return {"rope_scaling": {"factor": built.factor}}
 
 
 def _check_rope(f: Flags, named: ModelSpec) -> None:
@@ -297,6 +309,9 @@ def _check_rope(f: Flags, named: ModelSpec) -> None:
     built_scaling = _built_scaling(f)
     if built_scaling != named.rope_scaling:
         def says(r: RopeScaling | None) -> str:
+            if r is not None and r.rope_type == YARN_ROPE_TYPE:
+                return (f"YaRN factor {r.factor:g} (cos/sin x{r.attention_scaling:.4g}, softmax "
+                        f"x{r.softmax_gain:.4g}, original {r.original_max_position_embeddings})")
             return "no scaling" if r is None else (
                 f"scaling factor {r.factor:g} (low {r.low_freq_factor:g}, high "
                 f"{r.high_freq_factor:g}, original {r.original_max_position_embeddings})")
@@ -309,8 +324,11 @@ def _check_rope(f: Flags, named: ModelSpec) -> None:
 
 def _built_scaling(f: Flags) -> RopeScaling | None:
     """The RoPE scaling the launch builds (see _rope_scaling), its factor checked as a flag."""
-    if _position(f) != "rope" or not f.has("--use-rope-scaling"):
+    if _position(f) != "rope":
         return None
+    yarn = yarn_scaling(f)
+    if yarn is not None or not f.has("--use-rope-scaling"):
+        return yarn
     try:
         return RopeScaling(factor=f.number("--rope-scaling-factor", 8.0))
     except ConfigError as err:

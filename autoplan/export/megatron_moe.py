@@ -9,11 +9,12 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import YARN_ROPE_TYPE, ModelSpec, RopeScaling, yarn_mscale
 from autoplan.plan import Plan
 from autoplan.yaml_io import show
 
@@ -244,3 +245,100 @@ def _tell_dispatcher_runtime(f: Any, dispatcher: str) -> None:
         return
     log.warning("%s: MoE tokens dispatched by %s%s: estimate the plan with --runtime %s (the "
                 "megatron runtime prices alltoall)", f.what, dispatcher, given, runtime)
+
+
+MLA_YARN_FIXED: dict[str, Any] = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                  "truncate": True}
+"""YaRN fields Megatron-LM's MLA takes fixed: MLATransformerConfig's defaults (megatron-core
+0.16.1 transformer/transformer_config.py: original_max_position_embeddings 4096, beta_fast 32,
+beta_slow 1; MultiLatentAttention builds YarnRotaryEmbedding without
+correction_range_round_to_int, default True), for which arguments.py at 000c4ac has no flag.
+Its flags: --rope-type (rope or yarn; MLA's default yarn), --rotary-scaling-factor (default 1:
+no scaling), --mscale (1) and --mscale-all-dim (0), _add_mla_args."""
+MLA_YARN_FLAGS = ("--rope-type", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim")
+
+
+def megatron_mscales(s: RopeScaling) -> tuple[float, float] | None:
+    """(--mscale, --mscale-all-dim) under which Megatron-Core's MLA scales as `s` does: the
+    softmax scale by _yarn_get_mscale(factor, mscale_all_dim)^2 (transformer/
+    multi_latent_attention.py) and cos/sin by _yarn_get_mscale(factor, mscale) /
+    _yarn_get_mscale(factor, mscale_all_dim) (_yarn_get_concentration_factor); None where no
+    pair does (an attention_factor no positive mscale reaches)."""
+    assert s.factor is not None
+    all_dim = s.mscale_all_dim or 0.0
+    if s.mscale and s.mscale_all_dim:
+        mscale = s.mscale
+    elif s.factor <= 1.0:
+        mscale = 1.0
+    else:  # solve 0.1 mscale ln(factor) + 1 = attention_scaling * yarn_mscale(factor, all_dim)
+        target = s.attention_scaling * yarn_mscale(s.factor, all_dim)
+        mscale = round((target - 1.0) / (0.1 * math.log(s.factor)), 12)
+    ok = (mscale > 0 and math.isclose(yarn_mscale(s.factor, all_dim) ** 2, s.softmax_gain)
+          and math.isclose(yarn_mscale(s.factor, mscale) / yarn_mscale(s.factor, all_dim),
+                           s.attention_scaling))
+    return (mscale, all_dim) if ok else None
+
+
+def yarn_reasons(model: ModelSpec) -> list[str]:
+    """What of a model's YaRN Megatron-LM cannot run: YaRN without MLA (arguments.py
+    core_transformer_config_from_args asserts 'Common attention only support rope_type="rope"';
+    --position-embedding-type has no yarn), or fields MLA fixes otherwise."""
+    s = model.rope_scaling
+    if s is None or s.rope_type != YARN_ROPE_TYPE:
+        return []
+    if model.mla is None:
+        return ["model.rope_scaling yarn without multi-latent attention: Megatron-LM's arguments "
+                "build YaRN for MLA only (common attention rotates by rope_type rope); drop "
+                "rope_scaling to train it unscaled, or use another target"]
+    fixed = {k: getattr(s, k) for k in MLA_YARN_FIXED}
+    why = []
+    if fixed != MLA_YARN_FIXED:
+        why.append(f"model.rope_scaling {_shown(fixed)}: Megatron-Core's MLA fixes YaRN's "
+                   f"{_shown(MLA_YARN_FIXED)} (MLATransformerConfig's defaults, no flag); only "
+                   "the factor and the mscales are flags")
+    if megatron_mscales(s) is None:
+        why.append(f"model.rope_scaling (cos/sin x{s.attention_scaling:.4g}, softmax "
+                   f"x{s.softmax_gain:.4g}): no --mscale / --mscale-all-dim pair scales "
+                   "Megatron-Core's MLA so")
+    return why
+
+
+def _shown(fields: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else format(v, 'g')}"
+                     for k, v in fields.items())
+
+
+def yarn_args(model: ModelSpec) -> list[str]:
+    """--rope-type yarn, the factor and the mscales, for an MLA model with YaRN that
+    yarn_reasons accepts; [] otherwise (MLA's default --rotary-scaling-factor 1 rotates
+    unscaled)."""
+    s = model.rope_scaling
+    if model.mla is None or s is None or s.rope_type != YARN_ROPE_TYPE:
+        return []
+    scales = megatron_mscales(s)
+    assert scales is not None
+    return ["--rope-type yarn", f"--rotary-scaling-factor {s.factor!r}",
+            f"--mscale {scales[0]!r}", f"--mscale-all-dim {scales[1]!r}"]
+
+
+def yarn_scaling(f: Any) -> RopeScaling | None:
+    """The YaRN an MLA launch rotates with (--rope-type yarn or absent, --rotary-scaling-factor
+    above 1), MLA_YARN_FIXED's fields with it; None otherwise. The mscales read back as HF
+    spells them: both (DeepSeek's), an attention_factor (--mscale alone), or neither."""
+    if not f.has("--multi-latent-attention") or f.text("--rope-type", "yarn") != "yarn":
+        return None
+    factor = f.number("--rotary-scaling-factor", 1.0)
+    if factor == 1.0:
+        return None
+    mscale, all_dim = f.number("--mscale", 1.0), f.number("--mscale-all-dim", 0.0)
+    fields: dict[str, Any] = {}
+    if all_dim:
+        fields = {"mscale": mscale, "mscale_all_dim": all_dim}
+    elif mscale != 1.0 and factor > 1.0:
+        fields = {"attention_factor": yarn_mscale(factor, mscale)}
+    try:
+        return RopeScaling(rope_type=YARN_ROPE_TYPE, factor=factor, **MLA_YARN_FIXED, **fields)
+    except ConfigError as err:
+        flag = {"factor": "--rotary-scaling-factor", "mscale": "--mscale",
+                "mscale_all_dim": "--mscale-all-dim"}.get(err.field.rsplit(".", 1)[-1], "--mscale")
+        raise ConfigError(f"{f.what} {flag}", err.problem, err.fix) from None

@@ -21,7 +21,14 @@ from typing import Any
 from autoplan.export import torchtitan_moe
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons, stage_layers
 from autoplan.export.launch import check_path_word, cuda_only_reasons
-from autoplan.model_spec import LLAMA31_ROPE_SCALING, MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import (
+    LLAMA31_ROPE_SCALING,
+    YARN_ROPE_TYPE,
+    MlpKind,
+    ModelSpec,
+    NormKind,
+    PositionKind,
+)
 from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
 
 FLAVORS = {
@@ -106,6 +113,21 @@ def architecture_reasons(model: ModelSpec) -> list[str]:
     return why
 
 
+def yarn_reasons(model: ModelSpec) -> list[str]:
+    """YaRN a dense torchtitan model cannot run: its ComplexRoPE applies YaRN's frequencies
+    only (a pure rotation, 0.3.0 models/common/rope.py) and its Llama 3 attention keeps
+    1/sqrt(d), so a YaRN that scales cos/sin (HF's attention_factor: gpt-oss's 1.347) or the
+    softmax (mscale_all_dim) would train another model."""
+    s = model.rope_scaling
+    if s is None or s.rope_type != YARN_ROPE_TYPE or (
+            s.attention_scaling == 1.0 and s.softmax_gain == 1.0):
+        return []
+    return [f"model.rope_scaling yarn scales cos/sin by {s.attention_scaling:.4g} and the "
+            f"softmax by {s.softmax_gain:.4g}: torchtitan's Llama 3 rotates by YaRN's "
+            "frequencies alone (ComplexRoPE); set attention_factor: 1.0 to train it so, or "
+            "export to another target"]
+
+
 def flavor(model: ModelSpec) -> tuple[str, str] | None:
     """torchtitan's registered Llama 3 flavor of the model's shape, if there is one."""
     m = model
@@ -130,6 +152,8 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
         if unlike:
             why.append(f"model {model.name}: torchtitan builds dense models with its Llama 3 "
                        f"architecture, which this model departs from: {'; '.join(unlike)}")
+        elif yarn_reasons(model):
+            why += yarn_reasons(model)
         elif fmt == "toml" and (found is None or found[0] not in TOML_FLAVORS):
             why.append(f"model {model.name} matches no torchtitan 0.2.2 Llama 3 flavor (8B, 70B, "
                        "405B, all at rope_theta 500000 with Llama 3.1's RoPE scaling, factor "

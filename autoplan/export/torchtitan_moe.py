@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.export.torchtitan_text import Converters, ModelLines, registry_call
-from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import (
+    DEEPSEEK_V3_ROPE_SCALING,
+    YARN_ROPE_TYPE,
+    MlpKind,
+    ModelSpec,
+    NormKind,
+    PositionKind,
+    RopeScaling,
+)
 from autoplan.plan import Plan, Precision
 
 DEFAULT_BALANCE = 1e-3
@@ -59,6 +67,8 @@ class MoeFlavor:
     """0.2.2 updates the expert bias (deepseek_v3) or leaves it at 0 (qwen3)."""
     rope_theta: float
     """The flavor's RoPE base (qwen3: 1e6, Qwen3's; deepseek_v3: 10000, DeepSeek-V3's)."""
+    yarn: bool = False
+    """The flavor rotates with DeepSeek-V3's YaRN (flavor_rope_scaling); qwen3's unscaled."""
 
 
 MOE_FLAVORS = (
@@ -77,7 +87,7 @@ MOE_FLAVORS = (
     MoeFlavor("deepseek_v3", "671B", "deepseek_v3_671b",
               (61, 7168, 128, 128, None, 129280, 256, 8, 2048, 1, 3, 18432,
                (1536, 512, 64, 128, 128)),
-              True, (8, 4), 2.5, True, 10000.0),
+              True, (8, 4), 2.5, True, 10000.0, yarn=True),
 )
 """Flavors a model autoplan can describe may match. DeepSeek 16B/236B route with softmax and
 route_norm false (gates not renormalised), which autoplan's router does not run."""
@@ -135,9 +145,7 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     if model.rope_theta != found.rope_theta:
         why.append(f"model.rope_theta={model.rope_theta:g}: torchtitan's {found.family} "
                    f"{found.flavor} rotates by rope_theta={found.rope_theta:g}")
-    if model.rope_scaling is not None:  # qwen3 flavors do not scale, deepseek_v3 scales by YaRN
-        why.append(f"model.rope_scaling (Llama 3.1's, factor {model.rope_scaling.factor:g}): "
-                   f"torchtitan's {found.family} {found.flavor} rotates without it")
+    why += _rope_reasons(model, found, fmt)
     if moe.capacity_factor is not None:
         why.append(f"model.moe.capacity_factor={moe.capacity_factor:g}: torchtitan's all-to-all "
                    "experts are dropless (no token capacity); set null")
@@ -165,6 +173,63 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
                    "attention, which its context parallelism refuses (use --torchtitan-format "
                    "python)")
     return why
+
+
+FLAVOR_YARN_WINDOW = 4096
+"""deepseek_v3's original_seq_len (0.2.2 DeepSeekV3ModelArgs; 0.3.0 the flavors' ComplexRoPE)."""
+
+
+def flavor_rope_scaling(found: MoeFlavor, model: ModelSpec, fmt: str) -> RopeScaling | None:
+    """The rotation torchtitan trains `model` with as `found`: deepseek_v3's is DeepSeek-V3's
+    YaRN (0.3.0 models/deepseek_v3/__init__.py: ComplexRoPE scaling "yarn", rope_factor 40,
+    beta_fast 32, beta_slow 1, original_seq_len 4096, truncate True, and the attention's
+    mscale 1.0 multiplying its softmax scale by (0.1 ln 40 + 1)^2, cos/sin unscaled); 0.2.2
+    applies it (frequencies and softmax scale alike) only when training.seq_len exceeds
+    original_seq_len (model/model.py precompute_freqs_cis `if seqlen > args.original_seq_len`,
+    Attention `if model_args.max_seq_len > model_args.original_seq_len`), so a 4096-token TOML
+    job trains unscaled. qwen3 rotates unscaled."""
+    if not found.yarn or (fmt == "toml" and model.seq_len <= FLAVOR_YARN_WINDOW):
+        return None
+    return DEEPSEEK_V3_ROPE_SCALING
+
+
+def same_rotation(a: RopeScaling | None, b: RopeScaling | None) -> bool:
+    """Two scalings that rotate and scale attention alike (YaRN's mscales compared by their
+    effect: HF's mscale = mscale_all_dim = 1 is torchtitan's attention mscale 1.0)."""
+    def effect(s: RopeScaling | None) -> tuple | None:
+        if s is None or s.rope_type != YARN_ROPE_TYPE:
+            return None if s is None else (s,)
+        return (s.factor, s.original_max_position_embeddings, s.beta_fast, s.beta_slow,
+                s.truncate, round(s.attention_scaling, 12), round(s.softmax_gain, 12))
+    return effect(a) == effect(b)
+
+
+def rotation_words(s: RopeScaling | None) -> str:
+    if s is None:
+        return "unscaled"
+    if s.rope_type != YARN_ROPE_TYPE:
+        return f"with Llama 3.1's scaling, factor {s.factor:g}"
+    return (f"with YaRN, factor {s.factor:g} (original {s.original_max_position_embeddings}, "
+            f"beta {s.beta_fast:g}/{s.beta_slow:g}, cos/sin x{s.attention_scaling:.4g}, softmax "
+            f"x{s.softmax_gain:.4g})")
+
+
+def _rope_reasons(model: ModelSpec, found: MoeFlavor, fmt: str) -> list[str]:
+    want = flavor_rope_scaling(found, model, fmt)
+    if same_rotation(model.rope_scaling, want):
+        return []
+    where = f"torchtitan's {found.family} {found.flavor}"
+    if found.yarn and fmt == "toml" and same_rotation(model.rope_scaling,
+                                                      DEEPSEEK_V3_ROPE_SCALING):
+        return [f"model.rope_scaling (DeepSeek-V3's YaRN) at seq_len {model.seq_len}: torchtitan "
+                f"<= 0.2.2's {found.family} {found.flavor} applies its YaRN only past "
+                f"original_seq_len {FLAVOR_YARN_WINDOW}, so it would train this model unscaled; "
+                "use --torchtitan-format python (0.3.0 always scales), a longer seq_len, or "
+                "drop rope_scaling"]
+    when = (f" at seq_len {model.seq_len} (<= 0.2.2 scales past {FLAVOR_YARN_WINDOW} only)"
+            if found.yarn and fmt == "toml" else "")
+    return [f"model.rope_scaling: the model rotates {rotation_words(model.rope_scaling)}, {where} "
+            f"{rotation_words(want)}{when}; export to megatron"]
 
 
 def _mtp_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:

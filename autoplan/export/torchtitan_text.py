@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from autoplan.export.base import Layout
-from autoplan.model_spec import ModelSpec
+from autoplan.model_spec import YARN_ROPE_TYPE, ModelSpec
 from autoplan.plan import Plan
 
 MODULE = "autoplan_torchtitan"
@@ -130,12 +130,19 @@ CUSTOM_BUILDER = "_autoplan_model"
 
 
 def _rope_scaling_args(m: ModelSpec) -> str:
-    """ComplexRoPE.Config's Llama 3.1 scaling arguments (torchtitan 0.3.0 models/common/rope.py:
+    """ComplexRoPE.Config's scaling arguments (torchtitan 0.3.0 models/common/rope.py):
     scaling="llama" with scaling_factor, low_freq_factor, high_freq_factor,
-    original_max_position_embeddings), or nothing: its default is scaling="none"."""
+    original_max_position_embeddings; scaling="yarn" with rope_factor, beta_fast, beta_slow,
+    original_seq_len, truncate (_yarn_inv_freq: a pure rotation, so only a YaRN that scales
+    neither cos/sin nor the softmax passes torchtitan.yarn_reasons); or nothing: its default
+    is scaling="none"."""
     s = m.rope_scaling
     if s is None:
         return ""
+    if s.rope_type == YARN_ROPE_TYPE:
+        return (f', scaling="yarn", rope_factor={s.factor!r}, beta_fast={s.beta_fast!r}, '
+                f"beta_slow={s.beta_slow!r}, "
+                f"original_seq_len={s.original_max_position_embeddings}, truncate={s.truncate}")
     return (f', scaling="llama", scaling_factor={s.factor!r}, '
             f"low_freq_factor={s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}, "
             f"original_max_position_embeddings={s.original_max_position_embeddings}")

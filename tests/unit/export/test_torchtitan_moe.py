@@ -96,6 +96,9 @@ def _replace_moe(m: ModelSpec, **kw) -> ModelSpec:
 
 
 QWEN, DSV3 = PRESETS["qwen3-30b-a3b"], PRESETS["deepseek-v3"]
+DSV3_TOML = DSV3.replace(mtp_layers=0, seq_len=8192)
+"""DeepSeek-V3 as torchtitan 0.2.2's TOML trains it: no MTP, and past original_seq_len 4096,
+where its flavor applies the YaRN the model rotates with (at 4096 it would not)."""
 PERTURBED = {
     "layers": QWEN.replace(num_layers=47),
     "hidden": QWEN.replace(hidden_size=2560),
@@ -150,7 +153,7 @@ def test_toml_qwen3_ep_plan_has_torchtitan_0_2_2_fields():
 
 
 def test_toml_deepseek_v3_without_mtp():
-    p = _plan(DSV3.replace(mtp_layers=0), 64, dp=64, ep=64)
+    p = _plan(DSV3_TOML, 64, dp=64, ep=64)
     doc = tomllib.loads(_export(p, "toml"))
     assert doc["model"] == {"name": "deepseek_v3", "flavor": "671B"}
     assert doc["parallelism"]["expert_parallel_degree"] == 64
@@ -263,11 +266,11 @@ REFUSALS = [
      "python", "model.moe.route_groups=4"),
     (_plan(DSV3, 64, dp=64, ep=64), "toml", "model.mtp_layers=1"),
     (_plan(DSV3, 64, dp=32, pp=2, ep=32), "python", "model.mtp_layers=1 with pp=2"),
-    (_plan(_replace_moe(DSV3.replace(mtp_layers=0), router_bias_update_rate=0.01), 64, dp=64,
+    (_plan(_replace_moe(DSV3_TOML, router_bias_update_rate=0.01), 64, dp=64,
            ep=64), "toml", "model.moe.router_bias_update_rate=0.01"),
     (_plan("qwen3-30b-a3b", 32, dp=16, pp=2, ep=8,
            pipeline=Pipeline(Schedule.ONE_F_ONE_B)), "toml", "pp=2"),
-    (_plan(DSV3.replace(mtp_layers=0), 64, dp=32, cp=2, ep=32), "toml", "cp=2"),
+    (_plan(DSV3_TOML, 64, dp=32, cp=2, ep=32), "toml", "cp=2"),
     (_plan("qwen3-30b-a3b", 32, dp=16, tp=2, ep=8, etp=2), "python", "parallel.etp=2 with ep=8"),
     (_plan("qwen3-30b-a3b", 16, dp=8, tp=2, ep=1, etp=1), "python", "parallel.etp=1 with ep=1"),
     (_plan("qwen3-30b-a3b", 16, dp=16, dp_shard=2, ep=8), "python", "parallel.ep=8 etp=1"),
@@ -311,7 +314,7 @@ def test_real_torchtitan_parses_the_moe_export(fmt: str, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["python", "toml"])
 def test_deepseek_v3_pipeline_names_every_block_once(fmt: str):
-    p = _plan(DSV3.replace(mtp_layers=0), 128, dp=32, pp=4, ep=32,
+    p = _plan(DSV3_TOML, 128, dp=32, pp=4, ep=32,
               pipeline=Pipeline(Schedule.ONE_F_ONE_B, 1, (16, 15, 15, 15)))
     text = _export(p, fmt)
     if fmt == "toml":
