@@ -386,11 +386,11 @@ def infeasible_line(data: dict[str, Any]) -> str:
     near = data.get("nearest")
     if near:
         p = near["plan"]
-        from autoplan.search.render import miss_knobs
+        from autoplan.search.render import miss_knobs, miss_where
 
-        # every knob its memory turns on (ZeRO, offload, recompute too), so `estimate --set`
-        # with them prices the same figure
-        where = "" if p is None else " " + miss_knobs(p)
+        # every field away from the default, so `estimate --set` with them prices the figure
+        where = ("" if p is None else
+                 f"{miss_where(data, p)} (as estimate --set) {miss_knobs(p)}")
         line += f"; nearest ({near['reason']}){where}: {'; '.join(near['misses'])}"
     return line
 

@@ -437,21 +437,28 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
     near = data.get("nearest")
     if near:
         p = near["plan"]
-        where = ""
-        if "," in data["cluster"]:  # several GPU types: name the one the miss is on
-            where = f" on {p['cluster']['num_gpus']} x {p['cluster']['profile']}"
-        console.print(f"[red]no feasible plan.[/] nearest{where} (as estimate --set): "
-                      f"{miss_knobs(p)}, which")
+        # one line however narrow the terminal: the assignments are pasted into a shell
+        console.print(f"[red]no feasible plan.[/] nearest{miss_where(data, p)} (as estimate "
+                      f"--set): {miss_knobs(p)}, which", soft_wrap=True)
         for m in near["misses"]:
             console.print(f"  - {m}", markup=False)
+
+
+def miss_where(data: dict[str, Any], p: dict[str, Any]) -> str:
+    """' on N x PROFILE' where the search had several GPU types or counts (estimate takes
+    one of each), else ''."""
+    if "," in data.get("cluster", "") or len(data.get("num_gpus") or ()) > 1:
+        return f" on {p['cluster']['num_gpus']} x {p['cluster']['profile']}"
+    return ""
 
 
 def miss_knobs(p: dict[str, Any]) -> str:
     """A plan (plan_to_dict's) as `estimate --set` assignments, so `estimate --model M
     --cluster C --num-gpus N --global-batch-size G --set ...` with them prices the same figure:
-    the parallel degrees and the micro-batch always, then every other field the plan sets away
-    from a plan's default (ZeRO stage, offload, recompute, sequence parallelism, pipeline
-    schedule and vpp, attention, precision, gradient reduce dtype)."""
+    the parallel degrees, the batch and the precision always (estimate's default precision is
+    the device's, not a plan's bf16), then every other field the plan sets away from a plan's
+    default (ZeRO stage, offload, recompute, sequence parallelism, pipeline schedule and vpp,
+    attention, gradient reduce dtype)."""
     import shlex
 
     from autoplan.plan import Batch, Plan, plan_from_dict, plan_to_dict
@@ -461,8 +468,9 @@ def miss_knobs(p: dict[str, Any]) -> str:
                                 batch=Batch(micro_batch_size=1, global_batch_size=1)))
     given = flat_fields(plan_to_dict(plan))
     default_fields = flat_fields(default)
-    always = [k for k in given if k.startswith("parallel.")] + ["batch.micro_batch_size"]
-    rest = [k for k in given if k not in always and k != "batch.global_batch_size"
+    always = [k for k in given if k.startswith("parallel.")] + [
+        "batch.micro_batch_size", "batch.global_batch_size", "precision"]
+    rest = [k for k in given if k not in always
             and not k.startswith(("model", "cluster.", "predicted", "schema_version"))
             and given[k] != default_fields.get(k)]
     return " ".join(shlex.quote(f"{k}={set_value(given[k])}") for k in [*always, *rest])

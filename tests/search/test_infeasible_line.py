@@ -20,6 +20,7 @@ def test_the_nearest_miss_names_zero_offload_and_recompute() -> None:
             "nearest": {"reason": "out-of-memory", "plan": plan_to_dict(plan),
                         "misses": ["needs 64.7 GiB of 39.6 GiB per GPU"]}}
     line = infeasible_line(data)
-    assert ("nearest (out-of-memory) parallel.dp=8 parallel.tp=1 parallel.pp=1 parallel.cp=1 "
-            "batch.micro_batch_size=1 zero_stage=3 offload.optimizer=true offload.params=true "
+    assert ("nearest (out-of-memory) (as estimate --set) parallel.dp=8 parallel.tp=1 "
+            "parallel.pp=1 parallel.cp=1 batch.micro_batch_size=1 batch.global_batch_size=8 "
+            "precision=bf16 zero_stage=3 offload.optimizer=true offload.params=true "
             "recompute.policy=full: needs 64.7 GiB") in line

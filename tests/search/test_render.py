@@ -294,13 +294,13 @@ def test_the_nearest_miss_prices_again_under_estimate_set() -> None:
     words are `estimate --set` assignments, and estimate with them prints the same need."""
     job = ["--model", "llama-3.1-405b", "--cluster", "a100-sxm4-40gb", "--num-gpus", "8",
            "--global-batch-size", "8"]
-    done = cli(["search", *job, "--format", "table"], columns=400)
+    done = cli(["search", *job, "--format", "table"], columns=80)  # one line however narrow
     assert done.returncode == 3, done.stderr
     line = next(x for x in done.stdout.splitlines() if "no feasible plan." in x)
     sets = line.split("nearest (as estimate --set): ")[1].split(", which")[0]
     assert sets == ("parallel.dp=8 parallel.tp=1 parallel.pp=1 parallel.cp=1 "
-                    "batch.micro_batch_size=1 zero_stage=3 offload.params=true "
-                    "recompute.policy=full")
+                    "batch.micro_batch_size=1 batch.global_batch_size=8 precision=bf16 "
+                    "zero_stage=3 offload.params=true recompute.policy=full")
     need = re.search(r"needs (\d+\.\d) GiB of 39.6 GiB per GPU", done.stdout)
     assert need is not None, done.stdout
     again = cli(["estimate", *job, "--set", *sets.split(), "--format", "json"])
@@ -317,13 +317,23 @@ def test_miss_knobs_name_every_field_away_from_the_default_as_set_keys() -> None
                    "recompute": {"policy": "full", "num_layers": 3, "method": "uniform"}}
     assert miss_knobs(plan) == (
         "parallel.dp=2 parallel.tp=4 parallel.pp=1 parallel.cp=1 batch.micro_batch_size=2 "
-        "zero_stage=1 offload.optimizer=true offload.params=true recompute.policy=full "
-        "recompute.num_layers=3 recompute.method=uniform")
+        "batch.global_batch_size=8 precision=bf16 zero_stage=1 offload.optimizer=true "
+        "offload.params=true recompute.policy=full recompute.num_layers=3 "
+        "recompute.method=uniform")
     plan = base | {"parallel": {"dp": 1, "tp": 4, "pp": 2}, "sequence_parallel": True,
                    "pipeline": {"schedule": "interleaved-1f1b", "vpp": 2}, "precision": "fp32",
                    "attention": "eager",
                    "recompute": {"policy": "selective", "modules": ["core_attn", "mlp"]}}
     assert miss_knobs(plan).endswith(
-        "batch.micro_batch_size=2 sequence_parallel=true pipeline.schedule=interleaved-1f1b "
-        "pipeline.vpp=2 recompute.policy=selective 'recompute.modules=[core_attn,mlp]' "
-        "precision=fp32 attention=eager")
+        "batch.micro_batch_size=2 batch.global_batch_size=8 precision=fp32 "
+        "sequence_parallel=true pipeline.schedule=interleaved-1f1b pipeline.vpp=2 "
+        "recompute.policy=selective 'recompute.modules=[core_attn,mlp]' attention=eager")
+
+
+def test_the_nearest_miss_of_several_gpu_counts_names_its_count() -> None:
+    """estimate takes one GPU count: with --num-gpus 8,16 the miss says which one it is on."""
+    done = cli(["search", "--model", "llama-3.1-405b", "--cluster", "a100-sxm4-40gb",
+                "--num-gpus", "8,16", "--global-batch-size", "16", "--format", "table"])
+    assert done.returncode == 3, done.stderr
+    assert "nearest on 16 x a100-sxm4-40gb (as estimate --set): parallel.dp=16 " in done.stdout
+    assert "nearest (out-of-memory) on 16 x a100-sxm4-40gb (as estimate --set) " in done.stderr
