@@ -370,6 +370,15 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def plan_model_ref(ref: Any, spec: ModelSpec) -> str | ModelSpec:
+    """The model as a written plan names it: a preset name as given (when `spec` is that
+    preset, not one at another --seq-len), anything else inline (a model file, a Hugging Face
+    folder), so the plan reads the same from any folder. Search and import write plans so."""
+    from autoplan.model_spec import PRESETS
+
+    return ref if isinstance(ref, str) and PRESETS.get(ref) == spec else spec
+
+
 def plan_identity(plan: Plan) -> str:
     """A plan as trained, less what it was predicted at, as canonical JSON: plans with equal
     identities train the same way (calibrate counts distinct plans by it; tune keys trials by

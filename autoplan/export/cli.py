@@ -34,7 +34,7 @@ from autoplan.export.launch import (
 from autoplan.export.nodes import bigger_node_warning, split_warning, written_cluster
 from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.hardware import MAX_GPUS_PER_NODE, ClusterSpec, load_profile
-from autoplan.plan import Plan
+from autoplan.plan import Plan, plan_model_ref
 from autoplan.yaml_io import dump_yaml
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="edit a plan field the config cannot say, e.g. --set parallel.pp=4",
+        help="edit a plan field the config cannot say, e.g. --set parallel.pp=4 (one per "
+        "--set; repeat --set for more)",
     )
     q.add_argument("--out", help="write the plan YAML here instead of stdout")
     q.add_argument("--force", action="store_true", help="replace an existing --out file")
@@ -360,13 +361,10 @@ def portable(plan: Plan) -> Plan:
     """The imported plan as search writes one: a model file's spec inline and a profile path
     made absolute, so the plan reads the same from any folder (a path as typed held only
     from the one the import ran in; an export that cds into the plan's folder refused it)."""
-    from autoplan.model_spec import PRESETS
     from autoplan.resources import plan_profile_ref
 
-    model = plan.model if isinstance(plan.model, str) and plan.model in PRESETS \
-        else plan.model_spec()
-    return plan.replace(model=model, cluster=dataclasses.replace(
-        plan.cluster, profile=plan_profile_ref(plan.cluster.profile)))
+    cluster = dataclasses.replace(plan.cluster, profile=plan_profile_ref(plan.cluster.profile))
+    return plan.replace(model=plan_model_ref(plan.model, plan.model_spec()), cluster=cluster)
 
 
 def run_import(args: argparse.Namespace) -> int:

@@ -3,8 +3,9 @@ profile files the plan names, and the training text (`--data`).
 
 The torchrun and SLURM jobs read them where they lie, so the export pins each one: absolute
 paths, SHA-256 checks in the script (check_lines), and the plan's relative paths resolved from
-the plan's folder (load_plan resolves them against the working directory). Kubernetes carries the plan,
-its model and profile inside the manifest (kubernetes.py); only its --data lies in the pod.
+the plan's folder (load_plan resolves them against the working directory). Kubernetes carries
+the plan, its model and profile inside the manifest (kubernetes.py); only its --data lies in
+the pod.
 """
 
 from __future__ import annotations

@@ -34,11 +34,11 @@ def corpus_files(path: str | Path, seq_len: int,
         try:
             sized.append((f, size_of(f)))
         except OSError as err:  # no permission, a device file, a file gone since it was listed
-            raise ConfigError("--data", f"cannot read {f} ({err.strerror or err})",
+            raise ConfigError("--data", f"cannot read {str(f)!r} ({err.strerror or err})",
                               "fix its permissions or move it out of the data folder") from None
     total = sum(size for _, size in sized)
     if (total - 1) // seq_len < 1:
-        raise ConfigError("--data", f"{path} holds {total} bytes",
+        raise ConfigError("--data", f"{str(path)!r} holds {total} bytes",
                           f"need at least {seq_len + 1} (one window of seq_len + 1 tokens)")
     return sized
 

@@ -1,6 +1,7 @@
 """The machine a run actually trains on (device, backend, memory), for the summary, the run
 record and the launcher's host check, the host's load while it trained, and a warning when the
-plan's profile describes another device (calibrate_devices.py decides what counts as the same device)."""
+plan's profile describes another device (calibrate_devices.py decides what counts as the same
+device)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.display import days, whole
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
-from autoplan.model_spec import PRESETS
+from autoplan.plan import plan_model_ref
 from autoplan.plan_args import resolve_model
 from autoplan.search.batch_range import check_batch_range
 from autoplan.search.engine import (
@@ -100,7 +100,7 @@ def register(sub: Any) -> None:
 
 def build_request(args: argparse.Namespace) -> SearchRequest:
     model = resolve_model(args)
-    model_ref: Any = args.model if args.model in PRESETS and not args.seq_len else model
+    model_ref = plan_model_ref(args.model, model)
     types = gpu_types(args.cluster, args.num_gpus, getattr(args, "price", None))
     profile = types[0].profile
     gbs, gbs_max = parse_batch_sizes(str(args.global_batch_size))

@@ -48,7 +48,7 @@ class TrialFailed(Exception):
     """A trial's run failed; the reason is kept on the trial and the tune carries on."""
 
 
-def plan_key(plan: Plan) -> str:
+def trial_key(plan: Plan) -> str:
     """A short name of the plan as trained (plan.plan_identity's hash): trials of one plan
     share it."""
     return hashlib.sha1(plan_identity(plan).encode()).hexdigest()[:12]
@@ -89,7 +89,7 @@ class Candidate:
 def make_candidates(plans: list[tuple[Plan, str]]) -> list[Candidate]:
     out, seen = [], set()
     for plan, source in plans:
-        key = plan_key(plan)
+        key = trial_key(plan)
         if key in seen:
             continue
         seen.add(key)

@@ -8,7 +8,7 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.plan import load_plan
-from autoplan.tune.study import plan_key
+from autoplan.tune.study import trial_key
 
 pytestmark = pytest.mark.dist
 
@@ -25,7 +25,7 @@ def test_tune_runs_real_plans_prunes_and_resumes(tmp_path, capsys) -> None:
     done = [t for t in first["trials"] if t["status"] == "complete"]
     best = min(done, key=lambda t: t["measured_step_s"])
     chosen = load_plan(tmp_path / "out" / "plan.yaml")
-    assert plan_key(chosen) == best["key"]  # the measured best of the completed trials
+    assert trial_key(chosen) == best["key"]  # the measured best of the completed trials
     # rerun: every trial is already decided in the study, nothing runs again
     assert main(argv + ["--force"]) == 0
     again = json.loads(capsys.readouterr().out)

@@ -67,7 +67,7 @@ REFUSED = [  # each once trained first, or crashed in the ranks, or named the wr
     (["--run-record", "{dir}"], "--run-record: '{dir}' is a folder"),
     (["--metrics-file", "/proc/autoplan-no-such/m.jsonl"],
      "--metrics-file: cannot create anything in '/proc'"),
-    (["--data", "{empty}"], "--data: {empty} holds 0 bytes"),
+    (["--data", "{empty}"], "--data: '{empty}' holds 0 bytes"),
 ]
 
 
