@@ -325,3 +325,16 @@ def test_a_checkpoint_saved_before_the_preset_took_yarn_is_refused_naming_both(t
         "mscale_all_dim 1, truncate true) (the presets took their published bases and scaling "
         "after it was saved); resume with a model file that sets no rope_scaling, or start a "
         "new run in an empty --checkpoint-dir")
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-120b"])
+def test_stored_studies_of_the_yarn_presets_resume(name: str) -> None:
+    """No step time depends on the rotation: a search or tune study of deepseek-v3 or gpt-oss
+    stored before their presets took YaRN hashes the model as now (model_hash and the search
+    fingerprint leave rope_scaling out, model_spec.OMITTED_AT_DEFAULT)."""
+    from autoplan.search.optuna_search import model_hash
+
+    model = PRESETS[name]
+    assert model.rope_scaling is not None
+    assert model_hash(model) == model_hash(model.replace(rope_scaling=None))
+    assert model_hash(model) != model_hash(model.replace(num_layers=model.num_layers - 1))
