@@ -80,9 +80,11 @@ class SearchRequest:
     def __post_init__(self) -> None:
         if self.space_given is None:
             object.__setattr__(self, "space_given", self.space)
-        # `precision: auto` settled for this device (fp16 on V100, bf16 on A100 and later)
+        # `precision: auto` settled for this device (fp16 on V100, bf16 on A100 and later), or
+        # for every GPU type of a multi-type search alike (shared_precision)
         cpu = self.profile.is_cpu
-        object.__setattr__(self, "space", self.space.for_device(
+        space = shared_precision(self.space, self.types) if self.types else self.space
+        object.__setattr__(self, "space", space.for_device(
             self.profile.device.peak_flops_per_s, cpu).for_model(self.model.seq_len))
 
     @property
@@ -254,19 +256,35 @@ def with_cluster(scored: Scored, k: int, ref: str, price: float | None, clusters
     return Scored(cols, scored.counts, scored.runtime, clusters)
 
 
+def shared_precision(space: SearchSpace, types: tuple[GpuType, ...]) -> SearchSpace:
+    """`precision: auto` settled alike for every GPU type of a multi-type search: the formats
+    any type picks for itself (in Precision's order), where each type either picks a format
+    or lacks its tensor cores. Rows of one precision code then mean one format in every type,
+    so they rank in one table, and an H100 keeps fp8 beside an A100's bf16 (the A100 counts
+    its fp8 rows precision-unsupported): with the intersection, listing an A100 took fp8 from
+    every type and the cheapest plan overall cost a third more than the H100's own. Types
+    whose picks another type could run but would not pick (V100's fp16 beside an A100's bf16)
+    keep their own, and search refuses the mix (search.cli.build_request)."""
+    from autoplan.plan import Precision
+
+    if space.precision or len(types) < 2:
+        return space
+    own = [space.for_device(t.profile.device.peak_flops_per_s, t.profile.is_cpu).precision
+           for t in types]
+    union = tuple(p for p in Precision if any(p in o for o in own))
+    if all(p in o or p.value not in t.profile.device.peak_flops_per_s
+           for t, o in zip(types, own, strict=True) for p in union):
+        return dataclasses.replace(space, precision=union)
+    return space
+
+
 def type_requests(req: SearchRequest) -> list[SearchRequest]:
-    """One request per GPU type, each with its own profile, counts and device precision, and
-    with --study its own study, "STUDY/TYPE" (each type's trials answer its own request)."""
+    """One request per GPU type, each with its own profile and counts, the precisions of
+    shared_precision, and with --study its own study, "STUDY/TYPE" (each type's trials answer
+    its own request)."""
     if not req.types:
         return [req]
-    given = req.space_given or req.space
-    if not given.precision:  # `auto`: the formats every type has (fp8 only if all have it)
-        own = [given.for_device(t.profile.device.peak_flops_per_s,
-                                t.profile.is_cpu).precision
-               for t in req.types]
-        common = tuple(p for p in own[0] if all(p in o for o in own[1:]))
-        if common:
-            given = dataclasses.replace(given, precision=common)
+    given = shared_precision(req.space_given or req.space, req.types)
     return [dataclasses.replace(req, profile=t.profile, profile_ref=t.ref,
                                 gpu_counts=t.gpu_counts, types=(), space=given,
                                 study=f"{req.study}/{t.ref}" if req.study else None)

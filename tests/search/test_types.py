@@ -150,7 +150,10 @@ def test_auto_precision_per_device() -> None:
                     "cpu-gloo": (Precision.FP32,)}
 
 
-def test_auto_precision_across_types_is_what_every_type_has() -> None:
+def test_auto_precision_across_types_keeps_each_types_own_formats() -> None:
+    """Listing an A100 beside an H100 took fp8 from both (the intersection): the cheapest plan
+    overall cost a third more than the H100's own. Every type now searches the formats any of
+    them picks, codes alike across types; the A100 cannot run fp8 (precision-unsupported)."""
     import dataclasses
 
     from autoplan.model_spec import load_model
@@ -163,8 +166,10 @@ def test_auto_precision_across_types_is_what_every_type_has() -> None:
                         gpu_counts=(64,), global_batch_size=512,
                         types=(GpuType("a100-sxm4-80gb", a100, (64,)),
                                GpuType("h100-sxm-80gb", h100, (64,))))
-    # fp8 is the H100's alone: both search bf16, so their rows rank in one table
-    assert [r.space.precision for r in type_requests(req)] == [(Precision.BF16,)] * 2
+    both = (Precision.BF16, Precision.FP8)
+    assert [r.space.precision for r in type_requests(req)] == [both] * 2
+    assert req.space.precision == both  # the codes the ranked rows are read back with
+    assert "fp8" not in a100.device.peak_flops_per_s
     h200 = load_profile("h200-sxm-141gb")
     hoppers = dataclasses.replace(req, profile=h100, types=(
         req.types[1], GpuType("h200-sxm-141gb", h200, (64,))))
