@@ -122,6 +122,13 @@ def gain_text(best: float, other: float, band: float | None) -> str:
     return text
 
 
+def verdict(reasons: tuple[str, ...]) -> str:
+    """Why a recipe is out, in two words: memory is the one reason it "does not fit"; a plan
+    or runtime rule (fp8 with tp under autoplan's own runtime) means it "cannot run" here."""
+    memory = any(r.startswith(("needs ", "offloaded states need")) for r in reasons)
+    return "does not fit" if memory else "cannot run"
+
+
 def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> list[str]:
     """The "why this plan" lines under the ranked table (single objective only)."""
     objectives = result.request.targets.objectives
@@ -146,7 +153,7 @@ def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> l
                          f"{sig(base.step_s)} s, MFU {base.mfu:.1%} {here}: "
                          f"{gain_text(best['tokens_per_s'], base.tokens_per_s, band)}")
         else:
-            lines.append(f"the {base.name} ({base.layout}) does not fit {here}: "
+            lines.append(f"the {base.name} ({base.layout}) {verdict(base.reasons)} {here}: "
                          f"{'; '.join(base.reasons[:2])}")
     return lines
 

@@ -210,6 +210,24 @@ def test_the_published_recipe_is_priced_in_the_winners_precision() -> None:
     assert fp8.step_s < bf16.step_s
 
 
+def test_a_recipe_a_runtime_rule_refuses_cannot_run_rather_than_does_not_fit() -> None:
+    """NeMo's Llama 3 70B recipe in fp8 at tp 4 was said not to "fit" 64 H100s, when autoplan's
+    runtime refuses fp8 with tensor parallelism; memory alone does not fit."""
+    from types import SimpleNamespace
+
+    from autoplan.search.baseline import score_baseline, verdict
+
+    from .conftest import request
+
+    req = request("default", model="llama-3.1-70b", cluster="h100-sxm-80gb", gpus=(64,),
+                  gbs=128)
+    fp8 = score_baseline(SimpleNamespace(request=req), 64, precision="fp8")
+    assert fp8 is not None and not fp8.feasible
+    assert verdict(fp8.reasons) == "cannot run", fp8.reasons
+    assert verdict(("needs 425.2 GiB per GPU of 79.2 GiB (short by 346.0 GiB)",)) == \
+        "does not fit"
+
+
 def test_a_short_run_s_days_keep_two_significant_digits() -> None:
     """1e9 tokens on 16 A100s read 'days 0.0'."""
     assert days_cell({"days": 0.0432}) == "0.043"
