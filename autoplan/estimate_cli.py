@@ -137,7 +137,8 @@ def estimate_command(args: argparse.Namespace) -> int:
         tim.add_row("[bold]step[/]", f"[bold]{secs[-1]}[/]", f"± {est.error_band:.0%}")
         console.print(mem, tim)
         line = ("[red](infeasible plan)[/] " if not est.feasible else "") + (
-                f"tokens/s {est.tokens_per_s:,.0f}   MFU {est.mfu:.1%}   HFU {est.hfu:.1%}   "
+                f"tokens/s {est.tokens_per_s:,.0f}   MFU {est.mfu:.1%}   HFU {est.hfu:.1%}"
+                f"{' (of the fp8 peak)' if plan.precision.value == 'fp8' else ''}   "
                 f"biggest cost: {est.dominant} ({est.time[est.dominant] / est.time['step']:.0%})")
         if est.days_to_train is not None:
             line += f"   days to train: {est.days_to_train:.1f}"

@@ -312,6 +312,9 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
     if seen("mem", "mem GiB", "GiB") and any(r.get("mem_tight_gib", 0.0) > 0 for r in rows):
         parts.append("GiB! = tight: fits with the allocator slack priced (its median in "
                      "published OOM messages), not with its 75th percentile")
+    if seen("MFU") and any(r.get("precision") == "fp8" for r in rows):
+        parts.append("MFU = against the dense peak of the row's precision (fp8's, twice "
+                     "bf16's, for an fp8 row)")
     if seen("step s") and any("band" in r for r in rows):
         parts.append("± = the cost model's error band for that prediction")
     return "legend: " + "; ".join(parts) if parts else ""

@@ -84,6 +84,13 @@ def test_a_tight_plan_is_marked_and_the_legend_says_why() -> None:
     assert "tight" not in legend(collapse([roomy], 10), wide=False)
 
 
+def test_the_legend_says_an_fp8_rows_mfu_is_against_the_fp8_peak() -> None:
+    """An fp8 plan at 1.49x a bf16 plan's tokens/s showed the lower MFU (34.8% against 46.8%),
+    against the fp8 peak, and nothing said which peak."""
+    assert "fp8's, twice bf16's" in legend(collapse([row(precision="fp8")], 10), wide=False)
+    assert "fp8's" not in legend(collapse([row()], 10), wide=False)
+
+
 def test_cost_without_a_token_budget_says_what_its_figures_count() -> None:
     """--objective cost without --train-tokens prices GPU-hours (and dollars) per 1e9 tokens
     (targets.COST_TOKENS_DEFAULT): the legend says so; with a budget (days shown) it does not."""

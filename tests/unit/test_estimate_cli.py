@@ -158,3 +158,14 @@ def test_a_plan_that_fits_only_at_the_median_allocator_slack_is_called_tight(cap
     assert "tight:" in table and "75th percentile" in table
     assert main([*GPT3_TIGHT, "--set", "recompute.policy=full", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["memory"]["tight_by"] == 0.0
+
+
+def test_an_fp8_plans_mfu_names_its_peak(capsys, monkeypatch) -> None:
+    """MFU is against the plan precision's dense peak; for fp8 (twice bf16's) the line says so."""
+    monkeypatch.setenv("COLUMNS", "200")
+    job = ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-sxm-80gb", "--num-gpus",
+           "8", "--global-batch-size", "64", "--format", "table"]
+    main([*job, "--set", "precision=fp8"])
+    assert "(of the fp8 peak)" in capsys.readouterr().out
+    main(job)
+    assert "fp8 peak" not in capsys.readouterr().out
