@@ -100,7 +100,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     data = {"profile": str(written), **summary, "per_run": rows}
 
     def render(console: Any) -> None:
-        t = Table(title=f"step time: predicted vs measured ({len(runs)} runs)")
+        t = Table(title=f"step time: predicted vs measured ({len(runs)} "
+                      f"run{'' if len(runs) == 1 else 's'})")
         cols = ("run", "measured s", "error before", "error after") + (
             ("held out",) if held else ())
         for c in cols:

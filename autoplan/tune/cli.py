@@ -302,14 +302,23 @@ def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
              "predicted_step_s": c.predicted_step_s,
              "predicted_trial_s": c.predicted_trial_s(args.steps)} for c in candidates]
     total = sum(r["predicted_trial_s"] for r in rows)
-    dry = {"trials": rows, "predicted_total_s": total, "budget_s": args.budget_s}
+    spent, fit = 0.0, 0  # tune runs them best predicted first until the budget is spent
+    for r in rows:
+        spent += r["predicted_trial_s"]
+        fit += spent <= args.budget_s
+    dry = {"trials": rows, "predicted_total_s": total, "budget_s": args.budget_s,
+           "predicted_within_budget": fit}
 
     def render_dry(console: Any) -> None:
         console.print(_table(rows, (("source", "source"), ("plan", "plan"),
                                     ("predicted_step_s", "step s"),
                                     ("predicted_trial_s", "trial s")),
                              "trials tune would run"))
-        console.print(f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget")
+        line = f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget"
+        if total > args.budget_s:
+            line += (f": about {fit} of {len(rows)} trials fit; tune runs them best predicted "
+                     "first and reports the rest as not run (raise --budget-s to run all)")
+        console.print(line)
 
     emit(args, _shown(args, dry), render_dry)
     return 0

@@ -251,3 +251,16 @@ def test_a_tune_run_record_says_what_it_trained_on(tmp_path: Path) -> None:
     check_runs([run], "cpu-gloo", load_profile("cpu-gloo"))
     with pytest.raises(ConfigError, match="machine.device"):
         check_runs([run], "a100-sxm4-80gb", load_profile("a100-sxm4-80gb"))
+
+
+def test_a_dry_run_over_budget_says_how_many_trials_fit(capsys) -> None:
+    """`--budget-s 1` printed "predicted total 28 s of a 1 s budget" and nothing on what then
+    happens: tune runs the best predicted first until the budget is spent."""
+    assert main([*TUNE, "--dry-run", "--format", "json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    times = [r["predicted_trial_s"] for r in dry["trials"]]
+    budget = times[0] + 0.5 * times[1]  # the first fits, the second does not
+    assert main([*TUNE, "--dry-run", "--budget-s", str(budget), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted_within_budget"] == 1
+    assert main([*TUNE, "--dry-run", "--budget-s", str(budget), "--format", "table"]) == 0
+    assert f"about 1 of {len(times)} trials fit" in " ".join(capsys.readouterr().out.split())
