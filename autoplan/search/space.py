@@ -366,8 +366,13 @@ def _per_tp(space: SearchSpace, model: ModelSpec, tp: int, group: int | None = N
 def joint_rows(space: SearchSpace, model: ModelSpec, gpu_counts: tuple[int, ...],
                batch: tuple[int, int]) -> int:
     """Candidates the exhaustive search would list (valid layouts only), counted without
-    listing them: the sampler choice and the size check use it."""
+    listing them: the sampler choice and the size check use it. With one global batch size a
+    layout whose dp does not divide it is counted by rule, never listed (enumerate_space), so
+    it is not counted here either: counting it sent 64..1024 GPUs of a 70B model at batch 512
+    to TPE (768 GPUs "held" 7.2M candidates against a max_enumerate of 5M; it lists 3.4M)."""
     lay, _ = layouts(space, gpu_counts)
+    if batch[0] == batch[1]:
+        lay = lay[:, batch[0] % lay[1] == 0]
     shapes = {p: len(pipeline_shapes(space, model, p)) for p in space.parallel.pp}
     per = np.array([shapes[int(p)] * _per_tp(space, model, int(t), int(d * t * c))
                     for d, t, p, c in zip(*lay[1:], strict=True)], dtype=np.int64)
