@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autoplan.errors import ConfigError
 from autoplan.export import torchtitan_moe
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons, stage_layers
 from autoplan.export.launch import check_path_word, cuda_only_reasons
@@ -317,22 +318,24 @@ def _module_clash(name: str) -> str | None:
     return None
 
 
-def _out_reasons(opts: ExportOptions) -> list[str]:
+def check_out_name(opts: ExportOptions) -> None:
     """torchtitan imports the Python config as a module: its --out must be NAME.py, NAME an
-    identifier (`--module NAME`) that names no module torchtitan finds first."""
+    identifier (`--module NAME`) that names no module torchtitan finds first. A file name,
+    not the plan, is wrong: refused as --out (exit 2) before the plan is judged."""
     if opts.out is None or opts.torchtitan_format != "python":
-        return []
+        return
     path = Path(opts.out)
     if path.suffix != ".py" or not path.stem.isidentifier():
         fixed = "".join(ch if ch.isalnum() else "_" for ch in path.stem) or "job"
-        return [f"--out {opts.out!r}: torchtitan imports the config as a module, so it must be "
-                f"NAME.py with NAME a Python identifier, e.g. {path.with_name(fixed + '.py')}"]
+        raise ConfigError("--out", f"got {opts.out!r}: torchtitan imports the config as a "
+                          "module, so it must be NAME.py with NAME a Python identifier",
+                          f"name it e.g. {path.with_name(fixed + '.py')}, or export "
+                          "--torchtitan-format toml")
     clash = _module_clash(path.stem)
     if clash is not None:
-        return [f"--out {opts.out!r}: torchtitan imports the config as --module {path.stem}, "
-                f"which clashes with {clash}; name it otherwise, e.g. "
-                f"{path.with_name(path.stem + '_job.py')}"]
-    return []
+        raise ConfigError("--out", f"got {opts.out!r}: torchtitan imports the config as "
+                          f"--module {path.stem}, which clashes with {clash}",
+                          f"name it otherwise, e.g. {path.with_name(path.stem + '_job.py')}")
 
 
 class TorchtitanTarget(ExportTarget):
@@ -342,13 +345,13 @@ class TorchtitanTarget(ExportTarget):
     def check(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> list[str]:
         if opts.out is not None:  # named in the file's run instructions, a comment line
             check_path_word("--out", opts.out)
+            check_out_name(opts)
         why = layout_reasons(plan, opts.gpus_per_node) + cuda_only_reasons(plan, CUDA_ONLY)
         if opts.torchtitan_format not in ("python", "toml"):
             why.append(f"--torchtitan-format {opts.torchtitan_format!r}: choose python or toml")
             return why
         fmt = opts.torchtitan_format
-        return why + _reasons(plan, model, fmt) + runtime_reasons(plan, model, fmt) \
-            + _out_reasons(opts)
+        return why + _reasons(plan, model, fmt) + runtime_reasons(plan, model, fmt)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         from autoplan.export import torchtitan_text

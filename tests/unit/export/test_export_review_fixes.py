@@ -213,7 +213,7 @@ def test_launchers_keep_their_defaults(tmp_path: Path, capsys) -> None:
 ])
 def test_a_cpu_plan_is_refused_where_the_tool_needs_a_gpu(tmp_path: Path, capsys, target: str,
                                                           p: Plan, tool: str) -> None:
-    out = tmp_path / "job.out"
+    out = tmp_path / ("job.py" if target == "torchtitan" else "job.out")  # a name it takes
     code, _, err = run(capsys, tmp_path, p, "--to", target, "--out", str(out))
     refused(code, err)
     assert "cluster.profile cpu-gloo is a CPU host: " + tool in err

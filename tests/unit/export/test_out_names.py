@@ -70,3 +70,14 @@ def test_torchtitan_is_priced_as_the_release_its_format_runs(tmp_path: Path, cap
     out = tmp_path / ("job.py" if fmt == "python" else "job.toml")
     assert export(tmp_path, titan_case(), "torchtitan", out, "--torchtitan-format", fmt) == 0
     assert f"priced for {runtime}:" in capsys.readouterr().err
+
+
+def test_a_torchtitan_file_name_is_refused_as_out_not_as_the_plan(tmp_path: Path,
+                                                                  capsys) -> None:
+    """`--out x.out` was listed among the plan's reasons, ending "change the plan or pick
+    another target": the file name is what is wrong."""
+    out = tmp_path / "a_torchtitan.out"
+    assert export(tmp_path, titan_case(), "torchtitan", out) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autoplan export: error: --out: got ") and len(err.splitlines()) == 1
+    assert "cannot express this plan" not in err and "a_torchtitan.py" in err
