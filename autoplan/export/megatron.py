@@ -249,9 +249,12 @@ class MegatronTarget(ExportTarget):
                 "`autoplan export --to megatron`.",
                 "# NullTokenizer adds one EOD token to --vocab-size, so the model has the plan's "
                 f"vocabulary ({model.vocab_size}).",
-                "# Append data, tokenizer and optimizer flags as arguments to this script:",
+                "# Append data and optimizer flags as arguments to this script; a real "
+                "tokenizer's flags replace",
+                "# NullTokenizer (its vocabulary then decides the model's, not --vocab-size):",
                 f"# bash {shlex.quote(opts.out) if opts.out else 'megatron_args.sh'} "
-                "--data-path ... --tokenizer-type ... (run from the Megatron-LM checkout"
+                "--data-path ... [--tokenizer-type ... --tokenizer-model ...] (run from the "
+                "Megatron-LM checkout"
                 + (" on every node, RDZV_HOST set to the first node)" if lay.num_nodes > 1
                    else ")"),
                 "set -euo pipefail",
