@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,13 @@ def check_target(out: str | Path, force: bool, names: tuple[str, ...] = OUT_FILE
     fsutil.check_dir_target(out, force=force, names=names, field="--out")
 
 
+LARGE_CSV_ROWS = 500_000
+"""Rows from which write_out says it is writing trials.csv.gz: a 3.6M-row CSV took minutes after
+search said it was done, in silence (pandas' float formatting, then gzip). Level 3 compresses it
+3x faster than gzip's default 9 (4.8 s against 12.1 s on 330 MB of a 64-GPU 70B search's CSV,
+54 MB against 44)."""
+
+
 def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
               summary_data: dict[str, Any], extra: dict[str, Any] | None = None,
               also: Callable[[Path], None] | None = None,
@@ -133,10 +141,14 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
         top_plans = [plan_to_dict(p) for p in plans(result, top_rows(result, top))]
         fsutil.write_text(tmp / "top.yaml", dump_yaml({"schema_version": 1, "plans": top_plans}))
         everything = np.concatenate([result.order, np.flatnonzero(~result.scored.feasible)])
+        if len(everything) >= LARGE_CSV_ROWS:  # a minute or more after "done": say why
+            sys.stderr.write(f"search: writing {len(everything):,} rows to trials.csv.gz\n")
+            sys.stderr.flush()
         csv = frame(result.scored, everything, req.space, req.targets, result.front,
                     row_capacities(req, result.scored)).to_csv(
             index_label="row")
-        fsutil.write_bytes(tmp / "trials.csv.gz", gzip.compress(csv.encode("utf-8"), mtime=0))
+        fsutil.write_bytes(tmp / "trials.csv.gz",
+                           gzip.compress(csv.encode("utf-8"), compresslevel=3, mtime=0))
         fsutil.write_text(tmp / "summary.json", json_text(summary_data | (extra or {})) + "\n")
         if also is not None:
             also(tmp)

@@ -63,6 +63,24 @@ def test_out_dir_files_load_and_refuse_overwrite(tmp_path: Path, capsys) -> None
     assert code == 0 and not list(tmp_path.glob(".res.*"))
 
 
+def test_a_large_trials_csv_says_it_is_being_written(tmp_path: Path, capsys,
+                                                     monkeypatch) -> None:
+    """A 3.6M-row trials.csv.gz took minutes after "done", in silence; from LARGE_CSV_ROWS rows
+    search says what it is writing (and the CSV still reads back whole)."""
+    import gzip
+
+    from autoplan.search import output
+
+    monkeypatch.setattr(output, "LARGE_CSV_ROWS", 1)
+    code, _, err = run(SMALL + ["--out", str(tmp_path / "r"), "--format", "json"], capsys)
+    assert code == 0
+    rows = len(gzip.decompress((tmp_path / "r" / "trials.csv.gz").read_bytes()).splitlines())
+    assert f"search: writing {rows - 1:,} rows to trials.csv.gz" in err
+    monkeypatch.setattr(output, "LARGE_CSV_ROWS", rows)
+    code, _, err = run(SMALL + ["--out", str(tmp_path / "s"), "--format", "json"], capsys)
+    assert code == 0 and "writing" not in err
+
+
 def test_infeasible_exits_3_with_shortfall(capsys) -> None:
     code, out, err = run(["search", "--model", "gpt3-13b", "--cluster", "cpu-gloo",
                           "--num-gpus", "4", "--global-batch-size", "8", "--space", "small-cpu",
