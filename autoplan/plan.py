@@ -26,6 +26,7 @@ from autoplan.yaml_io import (
     save_yaml,
     show,
     to_dict,
+    unknown_key_fix,
 )
 
 
@@ -323,7 +324,7 @@ def check_plan_keys(data: dict[Any, Any]) -> None:
         if key not in PLAN_KEYS:
             shown = (key if isinstance(key, str) and key.isprintable() and key.strip()
                      and len(key) <= 100 else show(key, 100))
-            raise ConfigError(str(shown), "unknown key", f"valid keys: {', '.join(PLAN_KEYS)}")
+            raise ConfigError(str(shown), "unknown key", unknown_key_fix(key, PLAN_KEYS))
 
 
 def plan_from_dict(data: Any, where: str = "plan") -> Plan:

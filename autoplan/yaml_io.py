@@ -1,13 +1,14 @@
 """Strict YAML <-> frozen dataclass conversion.
 
-Unknown keys are errors that list the valid ones, enums load by their YAML spelling, numbers are
-type-checked, and every save reloads the file and compares it with what was meant to be written.
-Files are written atomically and never silently overwritten.
+Unknown keys are errors that name the key a typo meant and list the valid ones, enums load by
+their YAML spelling, numbers are type-checked, and every save reloads the file and compares it
+with what was meant to be written. Files are written atomically and never silently overwritten.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import json
 import math
@@ -17,6 +18,7 @@ import reprlib
 import tempfile
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +47,34 @@ def show(value: Any, limit: int = 200) -> str:
     """repr() of a value for an error message, cut to about `limit` characters."""
     text = _SHOWN.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+EQUALLY_CLOSE = 0.05
+"""did_you_mean names a second match only this near the best one's difflib ratio: --batch-size
+gets both --micro-batch-size and --global-batch-size, --step only --steps (not --seed)."""
+
+
+def did_you_mean(name: Any, known: Iterable[str], n: int = 1, quote: bool = True) -> str | None:
+    """'did you mean 'x'?' naming the entries of `known` that `name` likely misspells
+    (difflib.get_close_matches, ratio 0.6 or more; at most `n`, and past the best only those
+    EQUALLY_CLOSE to it), or None when none is close. `quote`: each shown as repr (YAML keys),
+    else as is (command-line flags)."""
+    if not isinstance(name, str):
+        return None
+    close = difflib.get_close_matches(name, list(known), n)
+    if not close:
+        return None
+    ratios = [difflib.SequenceMatcher(None, name, c).ratio() for c in close]
+    shown = [c for c, r in zip(close, ratios, strict=True) if r >= ratios[0] - EQUALLY_CLOSE]
+    return f"did you mean {' or '.join(repr(c) if quote else c for c in shown)}?"
+
+
+def unknown_key_fix(key: Any, known: Iterable[str]) -> str:
+    """The fix of an unknown key's error: the key it likely misspells, then every valid key."""
+    known = list(known)
+    valid = f"valid keys: {', '.join(known)}"
+    hint = did_you_mean(key, known)
+    return f"{hint} {valid}" if hint else valid
 
 
 class _Refused(Exception):
@@ -292,7 +322,7 @@ def from_dict(cls: type[T], data: Any, where: str) -> T:
             raise ConfigError(
                 f"{where}.{shown}" if where else str(shown),
                 "unknown key",
-                f"valid keys: {', '.join(fields)}",
+                unknown_key_fix(key, fields),
             )
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():

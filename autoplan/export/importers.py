@@ -7,7 +7,6 @@ it with the same rules as every other plan. Settings autoplan cannot represent a
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from autoplan.errors import ConfigError
 from autoplan.export.deepspeed_keys import DEEPSPEED_ADAM, SECTION_KEYS
 from autoplan.export.megatron_import import refuse_non_adam, say_priced_whole
 from autoplan.plan import Plan, plan_from_dict
-from autoplan.yaml_io import load_json_text, show
+from autoplan.yaml_io import did_you_mean, load_json_text, show
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +76,7 @@ def _section(cfg: dict[str, Any], key: str, what: str, parent: str = "") -> dict
     known = SECTION_KEYS.get(parent + key, frozenset(value))
     for name in value:
         if name not in known:
-            close = difflib.get_close_matches(name, known, 1)
-            fix = (f"did you mean {close[0]!r}?" if close
-                   else f"expected one of {', '.join(sorted(known))}")
+            fix = did_you_mean(name, known) or f"expected one of {', '.join(sorted(known))}"
             raise ConfigError(f"{what} {parent}{key}.{name}", "not a DeepSpeed key "
                               "(DeepSpeed refuses it)", fix)
     return value
