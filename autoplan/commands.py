@@ -13,6 +13,7 @@ import errno
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -22,6 +23,7 @@ from typing import Any, NoReturn
 
 from autoplan import __version__
 from autoplan.errors import AutoplanError
+from autoplan.yaml_io import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,51 @@ not built yet) is skipped."""
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse's own code)
+    """argparse with one-line errors (exit 2, argparse's own code) that name the help of the
+    (sub-)command given the bad input and the flags an unknown one likely misspells, and without
+    abbreviated flags: `train --step 5` is refused, not read as --steps (allow_abbrev)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._given: list[str] = []
+
+    def parse_known_args(  # type: ignore[override]  # argparse overloads it by namespace
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Refuse what this parser does not know here, where its flags are at hand: argparse
+        hands a sub-command's parser its arguments and would refuse the unknown ones later,
+        from the top parser, naming 'autoplan --help' and none of the sub-command's flags."""
+        self._given = list(sys.argv[1:] if args is None else args)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self._refuse(f"unrecognized arguments: {' '.join(extras)}", self._unknown(extras))
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            unknown = self._unknown(self._given)  # --globl-batch-size leaves one missing
+            if unknown:
+                message += f"; unrecognized arguments: {' '.join(unknown)}"
+            self._refuse(message, unknown)
+        self._refuse(message, [])
+
+    def _refuse(self, message: str, unknown: list[str]) -> NoReturn:
+        """Exit 2 with `message`, a did-you-mean for each of the `unknown` flags close to one of
+        ours (named when several are unknown), and where the help is; on one line."""
+        flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        for flag in unknown:
+            hint = did_you_mean(flag, flags, 2, quote=False)
+            if hint:
+                message += f"; {flag}: {hint}" if len(unknown) > 1 else f"; {hint}"
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
         self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+    def _unknown(self, args: list[str]) -> list[str]:
+        """The flags among `args` this parser does not define (`--flag=value` as --flag)."""
+        known = {o for a in self._actions for o in a.option_strings}
+        names = (a.split("=", 1)[0] for a in args if re.match(r"-+[A-Za-z]", a))
+        return [name for name in names if name not in known]
 
 
 def build_parser() -> argparse.ArgumentParser:
