@@ -15,15 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import (
-    DEFAULT_ROPE_THETA,
+from autoplan.model_spec import DEFAULT_ROPE_THETA, MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.rope_scaling import (
     LLAMA3_ROPE_TYPE,
+    REQUIRED_FIELDS,
     ROPE_FIELDS,
     YARN_ROPE_TYPE,
-    MlpKind,
-    ModelSpec,
-    NormKind,
-    PositionKind,
     RopeScaling,
 )
 from autoplan.yaml_io import load_json_text, show
@@ -173,20 +170,20 @@ def _rope_scaling(cfg: dict[str, Any], where: str) -> RopeScaling | None:
         _warn_unmodelled_scaling(where, key, show(kind))
         return None
     fields = _yarn_fields(cfg, scaling) if kind == YARN_ROPE_TYPE else _llama3_fields(scaling)
-    required = ROPE_FIELDS[kind] if kind == LLAMA3_ROPE_TYPE else ROPE_FIELDS[kind][:2]
+    required = REQUIRED_FIELDS[kind]
     missing = [f for f in required if fields.get(f) is None]
     if missing:
         raise ConfigError(f"{where} {key}", f"rope_type {kind} without {', '.join(missing)}",
                           f"give all {len(required)} of " + ", ".join(required))
-    try:
-        return RopeScaling(rope_type=kind, **fields)
+    try:  # an absent (or null) optional field takes RopeScaling's default, as transformers'
+        return RopeScaling(rope_type=kind, **{k: v for k, v in fields.items() if v is not None})
     except ConfigError as err:  # say which file and key, not the ModelSpec field
         raise ConfigError(f"{where} {key}.{err.field.rsplit('.', 1)[-1]}", err.problem,
                           err.fix) from None
 
 
 def _llama3_fields(scaling: dict[str, Any]) -> dict[str, Any]:
-    """All four are required (transformers' _validate_llama3_parameters)."""
+    """All four, REQUIRED_FIELDS (transformers' _validate_llama3_parameters)."""
     return {f: scaling.get(f) for f in ROPE_FIELDS[LLAMA3_ROPE_TYPE]}
 
 

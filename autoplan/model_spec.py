@@ -15,6 +15,16 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.moe_spec import MLASpec, MoESpec, moe_presets
+
+# RoPE scaling lives in autoplan.rope_scaling; its names stay importable from here (as X as X)
+from autoplan.rope_scaling import DEEPSEEK_V3_ROPE_SCALING as DEEPSEEK_V3_ROPE_SCALING
+from autoplan.rope_scaling import GPT_OSS_ROPE_SCALING as GPT_OSS_ROPE_SCALING
+from autoplan.rope_scaling import LLAMA3_ROPE_TYPE as LLAMA3_ROPE_TYPE
+from autoplan.rope_scaling import LLAMA31_ROPE_SCALING as LLAMA31_ROPE_SCALING
+from autoplan.rope_scaling import ROPE_FIELDS as ROPE_FIELDS
+from autoplan.rope_scaling import YARN_ROPE_TYPE as YARN_ROPE_TYPE
+from autoplan.rope_scaling import RopeScaling as RopeScaling
+from autoplan.rope_scaling import yarn_mscale as yarn_mscale
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
 
 
@@ -38,173 +48,6 @@ DEFAULT_ROPE_THETA = 10000.0
 """RoPE base of Su et al. 2021 (RoFormer) and Llama 2, and Megatron's --rotary-base default."""
 MAX_ROPE_THETA = 1e9
 """Largest rope_theta: past any published base (Llama 3: 5e5; Qwen2.5-1M: 1e7)."""
-
-LLAMA3_ROPE_TYPE = "llama3"
-"""Llama 3.1's RoPE scaling, by frequency band (HF rope_type "llama3")."""
-YARN_ROPE_TYPE = "yarn"
-"""YaRN (Peng et al. 2023, arXiv 2309.00071): DeepSeek-V3's and gpt-oss's (HF rope_type "yarn")."""
-ROPE_FIELDS = {
-    LLAMA3_ROPE_TYPE: ("factor", "low_freq_factor", "high_freq_factor",
-                       "original_max_position_embeddings"),
-    YARN_ROPE_TYPE: ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-                     "mscale", "mscale_all_dim", "attention_factor", "truncate"),
-}
-"""The fields each rope_type takes (a file gives rope_type and only these)."""
-_DEFAULTS = {
-    LLAMA3_ROPE_TYPE: {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                       "original_max_position_embeddings": 8192},
-    YARN_ROPE_TYPE: {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True},
-}
-"""Llama 3.1's values (llama3), HF _compute_yarn_parameters' defaults (yarn: `beta_fast or 32`,
-`beta_slow or 1`, truncate True); yarn's factor and original window have none."""
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature 0.1 * mscale * ln(factor) + 1, 1 at factor <= 1 (YaRN eq. 21;
-    HF transformers' yarn_get_mscale, DeepSeek-V3 inference/model.py, Megatron-Core
-    _yarn_get_mscale)."""
-    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """How a rotary model scales its frequencies past its pre-training window; `rope_type`
-    says which of two kinds, and a file gives only that kind's fields (ROPE_FIELDS): another
-    kind's field is refused, and a saved mapping leaves the unused ones (None) out (model_dict).
-    One class with a discriminating rope_type, not a class per kind, because the loader builds
-    a field's dataclass from its annotation: one class keeps every error one line that names
-    the field, and Llama 3.1 files written before YaRN existed read (and save) unchanged.
-
-    llama3 (Llama 3.1; HF rope_type "llama3"; Meta's llama-models `apply_scaling`; torchtitan's
-    RoPEScalingArgs; Megatron --use-rope-scaling): each pair's frequency f (wavelength 2*pi/f)
-    is kept where the wavelength is shorter than original_max_position_embeddings /
-    high_freq_factor, divided by `factor` where longer than original / low_freq_factor, and
-    blended linearly between: s = (original / wavelength - low) / (high - low),
-    f' = (1 - s) f / factor + s f. Llama 3.1 and 3.2: factor 8 (3.2: 32), low 1, high 4, 8192.
-
-    yarn (HF transformers `_compute_yarn_parameters`; DeepSeek-V3 inference/model.py
-    `precompute_freqs_cis`): pair i's frequency is divided by `factor` by a linear ramp over
-    the pair indices whose wavelength turns between beta_fast and beta_slow times in the
-    original window (0 below the first: kept; 1 past the last: divided); `truncate` floors and
-    ceils the ramp's ends (DeepSeek, HF's default) or keeps them fractional (gpt-oss). Two
-    magnitude conventions follow HF: cos and sin are multiplied by `attention_scaling`
-    (attention_factor, else yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
-    where both are given, else yarn_mscale(factor): gpt-oss's 1.347), and with mscale_all_dim
-    the softmax scale by `softmax_gain` = yarn_mscale(factor, mscale_all_dim)^2 (DeepSeek's MLA:
-    its reference and torchtitan's deepseek_v3 multiply the softmax scale by mscale^2 and leave
-    cos/sin unscaled, which is this rule where mscale == mscale_all_dim). DeepSeek-V3: factor 40,
-    original 4096, beta 32/1, mscale = mscale_all_dim = 1; gpt-oss: factor 32, original 4096,
-    truncate false. Either kind changes only the rotation and the attention's scale, no cost:
-    the cost model does not read it."""
-
-    factor: float | None = None
-    low_freq_factor: float | None = None
-    high_freq_factor: float | None = None
-    original_max_position_embeddings: int | None = None
-    rope_type: str = LLAMA3_ROPE_TYPE
-    """llama3 (the default, as files before yarn) or yarn."""
-    beta_fast: float | None = None
-    beta_slow: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    attention_factor: float | None = None
-    truncate: bool | None = None
-
-    def __post_init__(self) -> None:
-        kind = self.rope_type
-        if kind not in ROPE_FIELDS:
-            raise ConfigError("model.rope_scaling.rope_type", f"got {show(kind)}",
-                              f"choose {LLAMA3_ROPE_TYPE} (Llama 3.1's) or {YARN_ROPE_TYPE} "
-                              "(DeepSeek-V3's, gpt-oss's), or drop rope_scaling to rotate "
-                              "without scaling")
-        own = ROPE_FIELDS[kind]
-        for name in sorted(set().union(*ROPE_FIELDS.values()) - set(own)):
-            if getattr(self, name) is not None:
-                raise ConfigError(f"model.rope_scaling.{name}", f"given with rope_type {kind}",
-                                  f"drop it: rope_type {kind} takes {', '.join(own)}")
-        for name, value in _DEFAULTS[kind].items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
-        for name in ("factor", "original_max_position_embeddings"):
-            if getattr(self, name) is None:
-                raise ConfigError(f"model.rope_scaling.{name}", f"missing with rope_type {kind}",
-                                  f"add '{name}:' (DeepSeek-V3: factor 40, original 4096)")
-        self._check_numbers(own)
-        window = self.original_max_position_embeddings
-        if isinstance(window, bool) or not isinstance(window, int) or not 0 < window <= 2**24:
-            raise ConfigError("model.rope_scaling.original_max_position_embeddings",
-                              f"got {show(window)}", "expected a positive integer up to 2**24")
-        if self.truncate is not None and not isinstance(self.truncate, bool):
-            raise ConfigError("model.rope_scaling.truncate", f"got {show(self.truncate)}",
-                              "expected true or false")
-
-    def _check_numbers(self, own: tuple[str, ...]) -> None:
-        for name in own:
-            value = getattr(self, name)
-            if value is None or name in ("original_max_position_embeddings", "truncate"):
-                continue
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or not 0.0 < value <= 1e6):
-                raise ConfigError(f"model.rope_scaling.{name}", f"got {show(value)}",
-                                  "expected a number in (0, 1e6]")
-            object.__setattr__(self, name, float(value))
-        assert self.factor is not None
-        if self.factor < 1.0:
-            raise ConfigError("model.rope_scaling.factor", f"got {self.factor:g}",
-                              "expected at least 1 (it divides the low frequencies)")
-        if self.rope_type == LLAMA3_ROPE_TYPE:
-            assert self.high_freq_factor is not None and self.low_freq_factor is not None
-            if self.high_freq_factor <= self.low_freq_factor:
-                raise ConfigError("model.rope_scaling.high_freq_factor",
-                                  f"{self.high_freq_factor:g} is not above low_freq_factor="
-                                  f"{self.low_freq_factor:g}",
-                                  "the blend runs from low_freq_factor up to high_freq_factor "
-                                  "(Llama 3.1: 1 and 4)")
-        elif self.beta_fast is not None and self.beta_slow is not None and (
-                self.beta_fast <= self.beta_slow):
-            raise ConfigError("model.rope_scaling.beta_fast", f"{self.beta_fast:g} is not above "
-                              f"beta_slow={self.beta_slow:g}",
-                              "the ramp runs from beta_fast turns down to beta_slow (32 and 1)")
-
-    @property
-    def attention_scaling(self) -> float:
-        """What YaRN multiplies cos and sin by (HF `_compute_yarn_parameters`' attention_factor;
-        Megatron-Core's concentration factor); 1 for llama3."""
-        if self.rope_type != YARN_ROPE_TYPE:
-            return 1.0
-        assert self.factor is not None
-        if self.attention_factor is not None:
-            return self.attention_factor
-        if self.mscale and self.mscale_all_dim:
-            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor,
-                                                                        self.mscale_all_dim)
-        return yarn_mscale(self.factor)
-
-    @property
-    def softmax_gain(self) -> float:
-        """What YaRN multiplies the softmax scale 1/sqrt(d) by: yarn_mscale(factor,
-        mscale_all_dim)^2 where mscale_all_dim is given (HF `yarn_apply_mscale`; DeepSeek-V3's
-        MLA), else 1."""
-        if self.rope_type != YARN_ROPE_TYPE or not self.mscale_all_dim:
-            return 1.0
-        assert self.factor is not None
-        return yarn_mscale(self.factor, self.mscale_all_dim) ** 2
-
-
-LLAMA31_ROPE_SCALING = RopeScaling()
-"""meta-llama/Llama-3.1-8B (and 70B, 405B) config.json rope_scaling: factor 8.0,
-low_freq_factor 1.0, high_freq_factor 4.0, original_max_position_embeddings 8192."""
-DEEPSEEK_V3_ROPE_SCALING = RopeScaling(rope_type=YARN_ROPE_TYPE, factor=40.0,
-                                       original_max_position_embeddings=4096, beta_fast=32.0,
-                                       beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
-"""deepseek-ai/DeepSeek-V3 config.json rope_scaling: type yarn, factor 40, original 4096,
-beta_fast 32, beta_slow 1, mscale 1.0, mscale_all_dim 1.0 (truncate: HF's default, true)."""
-GPT_OSS_ROPE_SCALING = RopeScaling(rope_type=YARN_ROPE_TYPE, factor=32.0,
-                                   original_max_position_embeddings=4096, beta_fast=32.0,
-                                   beta_slow=1.0, truncate=False)
-"""openai/gpt-oss-120b config.json rope_scaling: rope_type yarn, factor 32, beta_fast 32,
-beta_slow 1, original_max_position_embeddings 4096, truncate false."""
-
 
 class NormKind(str, enum.Enum):
     LAYERNORM = "layernorm"

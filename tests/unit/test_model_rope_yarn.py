@@ -73,8 +73,14 @@ def test_bad_yarn_is_one_line_naming_the_field(change: dict, field: str) -> None
 
 
 def test_a_llama3_file_refuses_yarn_fields() -> None:
-    with pytest.raises(ConfigError, match="beta_fast: given with rope_type llama3; drop it"):
-        from_dict(RopeScaling, {"factor": 8.0, "beta_fast": 32.0}, "model.rope_scaling")
+    """A YaRN block that leaves out rope_type (llama3 by default) is told to set it."""
+    with pytest.raises(ConfigError, match="beta_fast: given with rope_type llama3; set "
+                                          "rope_type: yarn \\(its field\\), or drop it"):
+        from_dict(RopeScaling, {"factor": 40.0, "original_max_position_embeddings": 4096,
+                                "beta_fast": 32.0}, "model.rope_scaling")
+    with pytest.raises(ConfigError, match="low_freq_factor: given with rope_type yarn; set "
+                                          "rope_type: llama3 \\(its field\\), or drop it"):
+        from_dict(RopeScaling, {**YARN, "low_freq_factor": 1.0}, "model.rope_scaling")
 
 
 def test_a_file_holds_only_its_kinds_fields(tmp_path) -> None:
