@@ -46,6 +46,7 @@ from autoplan.model_spec import (
     RopeScaling,
     load_model,
 )
+from autoplan.rope_scaling import same_rotation, scaling_words
 from autoplan.yaml_io import show, to_dict
 
 log = logging.getLogger(__name__)
@@ -298,7 +299,8 @@ def _rope_scaling(f: Flags) -> dict[str, Any]:
 
 def _check_rope(f: Flags, named: ModelSpec) -> None:
     """--model must rotate as the launch does: at the base of --rotary-base (Megatron's default
-    10000 when absent) and with the scaling of --use-rope-scaling."""
+    10000 when absent) and with the scaling of --use-rope-scaling or MLA's YaRN flags, compared
+    by effect (rope_scaling.same_rotation: a file may spell YaRN's mscales otherwise)."""
     built = _rope_theta(f).get("rope_theta")  # the base Megatron rotates by
     if built is not None and built != named.rope_theta:
         shown = (f"{built:g}" if f.has("--rotary-base")
@@ -307,28 +309,23 @@ def _check_rope(f: Flags, named: ModelSpec) -> None:
                           f"{named.rope_theta:g}", "drop --model to read the model from "
                           "the arguments, or give a model file at that base")
     built_scaling = _built_scaling(f)
-    if built_scaling != named.rope_scaling:
-        def says(r: RopeScaling | None) -> str:
-            if r is not None and r.rope_type == YARN_ROPE_TYPE:
-                return (f"YaRN factor {r.factor:g} (cos/sin x{r.attention_scaling:.4g}, softmax "
-                        f"x{r.softmax_gain:.4g}, original {r.original_max_position_embeddings})")
-            return "no scaling" if r is None else (
-                f"scaling factor {r.factor:g} (low {r.low_freq_factor:g}, high "
-                f"{r.high_freq_factor:g}, original {r.original_max_position_embeddings})")
-
-        raise ConfigError(f"{f.what} --use-rope-scaling", f"the launch rotates with "
-                          f"{says(built_scaling)}, --model {named.name} with "
-                          f"{says(named.rope_scaling)}", "drop --model to read the model from "
-                          "the arguments, or give a model file that scales as the launch does")
+    if not same_rotation(built_scaling, named.rope_scaling):  # by effect, not by spelling
+        yarn = YARN_ROPE_TYPE in (getattr(built_scaling, "rope_type", None),
+                                  getattr(named.rope_scaling, "rope_type", None))
+        flag = "--rotary-scaling-factor" if yarn else "--use-rope-scaling"
+        raise ConfigError(f"{f.what} {flag}", f"the launch rotates with "
+                          f"{scaling_words(built_scaling)}, --model {named.name} with "
+                          f"{scaling_words(named.rope_scaling)}", "drop --model to read the "
+                          "model from the arguments, or give a model file that scales as the "
+                          "launch does")
 
 
 def _built_scaling(f: Flags) -> RopeScaling | None:
     """The RoPE scaling the launch builds (see _rope_scaling), its factor checked as a flag."""
     if _position(f) != "rope":
         return None
-    yarn = yarn_scaling(f)
-    if yarn is not None or not f.has("--use-rope-scaling"):
-        return yarn
+    if f.has("--multi-latent-attention") or not f.has("--use-rope-scaling"):
+        return yarn_scaling(f)  # MLA builds its own rotary embedding (ignored_rope_flags)
     try:
         return RopeScaling(factor=f.number("--rope-scaling-factor", 8.0))
     except ConfigError as err:
@@ -587,14 +584,18 @@ def megatron_plan_dict(
 def ignored_rope_flags(text: str, what: str) -> list[str]:
     """Sentences on the RoPE flags in `text` Megatron ignores, read here as it reads them:
     --rope-scaling-factor without --use-rope-scaling (RotaryEmbedding scales only under the
-    switch: the model rotates unscaled), and any of them on a learned-position model (no
-    rotary embedding is built)."""
+    switch: the model rotates unscaled), --use-rope-scaling with multi-latent attention, and
+    any of them on a learned-position model (no rotary embedding is built)."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
     given = [flag for flag in ("--rotary-base", "--use-rope-scaling", "--rope-scaling-factor")
              if flag in f.flags]
     if _position(f) != "rope":
         return [f"{' '.join(given)} ignored, as Megatron ignores them: learned positions "
                 "rotate nothing (--position-embedding-type rope rotates)"] if given else []
+    if f.has("--use-rope-scaling") and f.has("--multi-latent-attention"):
+        return ["--use-rope-scaling ignored, as Megatron-Core ignores it with "
+                "--multi-latent-attention (GPTModel scales its rotary embedding only without "
+                "MLA; MLA's own rotates by --rope-type and --rotary-scaling-factor)"]
     if "--rope-scaling-factor" in f.flags and not f.has("--use-rope-scaling"):
         return [f"--rope-scaling-factor {f.text('--rope-scaling-factor')} without "
                 "--use-rope-scaling ignored, as Megatron ignores it: the model rotates "

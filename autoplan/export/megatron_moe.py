@@ -266,7 +266,7 @@ def megatron_mscales(s: RopeScaling) -> tuple[float, float] | None:
     pair does (an attention_factor no positive mscale reaches)."""
     assert s.factor is not None
     all_dim = s.mscale_all_dim or 0.0
-    if s.mscale and s.mscale_all_dim:
+    if s.mscale and s.mscale_all_dim and s.attention_factor is None:  # HF's ratio: as given
         mscale = s.mscale
     elif s.factor <= 1.0:
         mscale = 1.0

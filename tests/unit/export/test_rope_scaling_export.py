@@ -54,11 +54,13 @@ def test_a_model_that_scales_otherwise_than_the_launch_is_refused(tmp_path):
     with pytest.raises(ConfigError) as err:
         import_megatron(path, model="llama-3-8b", cluster=CLUSTER, num_gpus=None)
     assert err.value.field.endswith("--use-rope-scaling")
-    assert err.value.problem == ("the launch rotates with scaling factor 8 (low 1, high 4, "
-                                 "original 8192), --model llama-3-8b with no scaling")
+    assert err.value.problem == (
+        "the launch rotates with Llama 3.1's scaling (factor 8, low_freq_factor 1, "
+        "high_freq_factor 4, original_max_position_embeddings 8192), --model llama-3-8b with "
+        "no scaling")
     path.write_text(path.read_text().replace("  --use-rope-scaling\n", ""))
     with pytest.raises(ConfigError, match="the launch rotates with no scaling, --model "
-                                          "llama-3.1-8b with scaling factor 8"):
+                                          "llama-3.1-8b with Llama 3.1's scaling \\(factor 8"):
         import_megatron(path, model="llama-3.1-8b", cluster=CLUSTER, num_gpus=None)
     assert import_megatron(path, model="llama-3-8b", cluster=CLUSTER,
                            num_gpus=None).model_spec().rope_scaling is None

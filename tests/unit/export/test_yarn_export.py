@@ -10,14 +10,16 @@ import logging
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.importers import import_megatron
 from autoplan.export.megatron_moe import megatron_mscales
 from autoplan.export.registry import get_target
-from autoplan.model_spec import DEEPSEEK_V3_ROPE_SCALING, PRESETS, RopeScaling
+from autoplan.model_spec import DEEPSEEK_V3_ROPE_SCALING, PRESETS, RopeScaling, model_dict
 from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+from autoplan.yaml_io import to_dict
 
 from .consumers import megatron_parser, run_script
 
@@ -101,8 +103,44 @@ def test_a_model_that_rotates_otherwise_than_the_launch_is_refused(tmp_path):
     assert "--rope-type" not in path.read_text()  # MLA's default factor 1 rotates unscaled
     with pytest.raises(ConfigError) as err:
         import_megatron(path, model="deepseek-v3", cluster="h100-sxm-80gb", num_gpus=None)
-    assert err.value.problem == ("the launch rotates with no scaling, --model deepseek-v3 with "
-                                 "YaRN factor 40 (cos/sin x1, softmax x1.874, original 4096)")
+    assert err.value.field.endswith(" --rotary-scaling-factor")  # the flag YaRN needs
+    assert err.value.problem == (
+        "the launch rotates with no scaling, --model deepseek-v3 with YaRN scaling (factor 40, "
+        "original_max_position_embeddings 4096, beta_fast 32, beta_slow 1, truncate true; "
+        "cos/sin x1, softmax x1.874)")
+
+
+@pytest.mark.parametrize("scaling", [
+    RopeScaling(rope_type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                mscale_all_dim=0.707),
+    RopeScaling(rope_type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                mscale=0.5),  # HF ignores an mscale alone
+    RopeScaling(rope_type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                attention_factor=1.2, mscale=1.0, mscale_all_dim=1.0),
+    RopeScaling(rope_type="yarn", factor=1.0, original_max_position_embeddings=4096),
+], ids=["all-dim-only", "mscale-alone", "factor-and-mscales", "factor-1"])
+def test_a_launch_imports_against_the_model_file_it_was_exported_from(tmp_path, scaling):
+    """A file may spell YaRN's mscales otherwise than the importer's normal form (or scale by
+    factor 1, no scaling): the launch is compared with it by effect, not refused."""
+    model = DSV3.replace(name="ds-x", rope_scaling=scaling)
+    path = _megatron(tmp_path, model)
+    model_file = tmp_path / "ds-x.yaml"
+    model_file.write_text(yaml.safe_dump(model_dict(to_dict(model))))
+    back = import_megatron(path, model=str(model_file), cluster="h100-sxm-80gb", num_gpus=None)
+    assert back.model_spec().rope_scaling == scaling
+
+
+def test_use_rope_scaling_on_an_mla_launch_is_read_as_megatron_runs_it(tmp_path, caplog):
+    """Megatron-Core's MLA builds its own rotary embedding: --use-rope-scaling changes nothing
+    (GPTModel scales only without MLA), so the model reads unscaled and the import says so."""
+    path = _megatron(tmp_path, DSV3.replace(name="ds-plain", rope_scaling=None))
+    path.write_text(path.read_text().replace("  --rotary-base", "  --use-rope-scaling\n"
+                                             "  --rotary-base"))
+    assert "--use-rope-scaling" in path.read_text()
+    with caplog.at_level(logging.WARNING):
+        back = import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=None)
+    assert back.model_spec().rope_scaling is None
+    assert any("--use-rope-scaling ignored" in r.getMessage() for r in caplog.records)
 
 
 def test_yarn_flags_are_read_not_said_unread(tmp_path, caplog):
