@@ -22,7 +22,7 @@ from autoplan.export.launch import (
     cuda_only_reasons,
     shell_join,
 )
-from autoplan.export.megatron_moe import moe_args, moe_reasons, yarn_args, yarn_reasons
+from autoplan.export.megatron_moe import moe_args, moe_reasons, rope_reasons, yarn_args
 from autoplan.export.megatron_te import te_args, te_reasons
 from autoplan.model_spec import (
     LLAMA3_ROPE_TYPE,
@@ -87,7 +87,7 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
             f"recompute.num_layers={rc.num_layers} with policy {rc.policy.value}: "
             "Megatron counts recomputed layers for full recompute only"
         )
-    return why + yarn_reasons(model) + te_reasons(plan, model) + moe_reasons(plan, model)
+    return why + rope_reasons(model) + te_reasons(plan, model) + moe_reasons(plan, model)
 
 
 MEGATRON_ROPE_BAND = (1.0, 4.0, 8192)

@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import YARN_ROPE_TYPE, ModelSpec, RopeScaling, yarn_mscale
+from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
+from autoplan.rope_scaling import YARN_ROPE_TYPE, RopeScaling, field_words, yarn_mscale
 from autoplan.yaml_io import show
 
 log = logging.getLogger(__name__)
@@ -247,8 +248,8 @@ def _tell_dispatcher_runtime(f: Any, dispatcher: str) -> None:
                 "megatron runtime prices alltoall)", f.what, dispatcher, given, runtime)
 
 
-MLA_YARN_FIXED: dict[str, Any] = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
-                  "truncate": True}
+MLA_YARN_FIXED: dict[str, Any] = {"original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                                  "beta_slow": 1.0, "truncate": True}
 """YaRN fields Megatron-LM's MLA takes fixed: MLATransformerConfig's defaults (megatron-core
 0.16.1 transformer/transformer_config.py: original_max_position_embeddings 4096, beta_fast 32,
 beta_slow 1; MultiLatentAttention builds YarnRotaryEmbedding without
@@ -279,23 +280,33 @@ def megatron_mscales(s: RopeScaling) -> tuple[float, float] | None:
     return (mscale, all_dim) if ok else None
 
 
-def yarn_reasons(model: ModelSpec) -> list[str]:
-    """What of a model's YaRN Megatron-LM cannot run: YaRN without MLA (arguments.py
+def rope_reasons(model: ModelSpec) -> list[str]:
+    """What of a model's RoPE scaling Megatron-LM cannot run: YaRN without MLA (arguments.py
     core_transformer_config_from_args asserts 'Common attention only support rope_type="rope"';
-    --position-embedding-type has no yarn), or fields MLA fixes otherwise."""
+    --position-embedding-type has no yarn), YaRN fields MLA fixes otherwise, and Llama 3.1's
+    scaling with MLA (megatron-core 0.16.1 GPTModel builds the RotaryEmbedding that
+    --use-rope-scaling scales only `if position_embedding_type == 'rope' and not
+    multi_latent_attention`; MLA builds its own, unscaled under --rope-type rope)."""
     s = model.rope_scaling
-    if s is None or s.rope_type != YARN_ROPE_TYPE:
+    if s is None:
         return []
+    if s.rope_type != YARN_ROPE_TYPE:
+        return [] if model.mla is None else [
+            f"model.rope_scaling: {s.describe()} with multi-latent attention: Megatron-Core's "
+            "MLA builds its own rotary embedding and ignores --use-rope-scaling, so it would "
+            "train unscaled; drop rope_scaling, or use YaRN (rope_type: yarn, MLA's "
+            "--rope-type yarn)"]
     if model.mla is None:
         return ["model.rope_scaling yarn without multi-latent attention: Megatron-LM's arguments "
-                "build YaRN for MLA only (common attention rotates by rope_type rope); drop "
+                "build YaRN for MLA only (common attention rotates by rope_type rope; "
+                "Megatron-Bridge's position_embedding_type yarn is the route to it); drop "
                 "rope_scaling to train it unscaled, or use another target"]
     fixed = {k: getattr(s, k) for k in MLA_YARN_FIXED}
     why = []
     if fixed != MLA_YARN_FIXED:
-        why.append(f"model.rope_scaling {_shown(fixed)}: Megatron-Core's MLA fixes YaRN's "
-                   f"{_shown(MLA_YARN_FIXED)} (MLATransformerConfig's defaults, no flag); only "
-                   "the factor and the mscales are flags")
+        why.append(f"model.rope_scaling {field_words(fixed)}: Megatron-Core's MLA fixes YaRN's "
+                   f"{field_words(MLA_YARN_FIXED)} (MLATransformerConfig's defaults, no flag); "
+                   "only the factor and the mscales are flags")
     if megatron_mscales(s) is None:
         why.append(f"model.rope_scaling (cos/sin x{s.attention_scaling:.4g}, softmax "
                    f"x{s.softmax_gain:.4g}): no --mscale / --mscale-all-dim pair scales "
@@ -303,14 +314,9 @@ def yarn_reasons(model: ModelSpec) -> list[str]:
     return why
 
 
-def _shown(fields: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else format(v, 'g')}"
-                     for k, v in fields.items())
-
-
 def yarn_args(model: ModelSpec) -> list[str]:
     """--rope-type yarn, the factor and the mscales, for an MLA model with YaRN that
-    yarn_reasons accepts; [] otherwise (MLA's default --rotary-scaling-factor 1 rotates
+    rope_reasons accepts; [] otherwise (MLA's default --rotary-scaling-factor 1 rotates
     unscaled)."""
     s = model.rope_scaling
     if model.mla is None or s is None or s.rope_type != YARN_ROPE_TYPE:
@@ -325,12 +331,15 @@ def yarn_scaling(f: Any) -> RopeScaling | None:
     """The YaRN an MLA launch rotates with (--rope-type yarn or absent, --rotary-scaling-factor
     above 1), MLA_YARN_FIXED's fields with it; None otherwise. The mscales read back as HF
     spells them: both (DeepSeek's), an attention_factor (--mscale alone), or neither."""
-    if not f.has("--multi-latent-attention") or f.text("--rope-type", "yarn") != "yarn":
+    if not f.has("--multi-latent-attention"):
         return None
     factor = f.number("--rotary-scaling-factor", 1.0)
+    mscale, all_dim = f.number("--mscale", 1.0), f.number("--mscale-all-dim", 0.0)
+    if f.text("--rope-type", "yarn") != "yarn":
+        _refuse_unrotated_gain(f, factor, all_dim)
+        return None
     if factor == 1.0:
         return None
-    mscale, all_dim = f.number("--mscale", 1.0), f.number("--mscale-all-dim", 0.0)
     fields: dict[str, Any] = {}
     if all_dim:
         fields = {"mscale": mscale, "mscale_all_dim": all_dim}
@@ -342,3 +351,16 @@ def yarn_scaling(f: Any) -> RopeScaling | None:
         flag = {"factor": "--rotary-scaling-factor", "mscale": "--mscale",
                 "mscale_all_dim": "--mscale-all-dim"}.get(err.field.rsplit(".", 1)[-1], "--mscale")
         raise ConfigError(f"{f.what} {flag}", err.problem, err.fix) from None
+
+
+def _refuse_unrotated_gain(f: Any, factor: float, all_dim: float) -> None:
+    """--rope-type rope still scales MLA's softmax: megatron-core 0.16.1 MultiLatentAttention
+    sets softmax_scale = _yarn_get_mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(d)
+    whatever the rope_type, a gain no unscaled rotation of autoplan's has."""
+    gain = yarn_mscale(factor, all_dim) ** 2  # 1 at --mscale-all-dim 0 (its default)
+    if gain != 1.0:
+        raise ConfigError(f"{f.what} --mscale-all-dim", f"{all_dim:g} with --rope-type rope "
+                          f"and --rotary-scaling-factor {factor:g}: Megatron-Core's MLA still "
+                          f"multiplies the softmax scale by {gain:.4g} while rotating unscaled, "
+                          "which autoplan does not model", "drop --mscale-all-dim to train "
+                          "unscaled, or use --rope-type yarn to train with YaRN")

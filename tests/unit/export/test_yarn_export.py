@@ -91,6 +91,10 @@ def test_megatron_mscales_carry_hfs_default_magnitudes(tmp_path):
     (DSV3.replace(rope_scaling=RopeScaling(
         rope_type="yarn", factor=40.0, original_max_position_embeddings=4096, truncate=False)),
      "truncate false: Megatron-Core's MLA fixes"),
+    (DSV3.replace(rope_scaling=RopeScaling()),  # MLA builds its own, unscaled rotary embedding
+     "model.rope_scaling: Llama 3.1's scaling (factor 8, low_freq_factor 1, high_freq_factor 4, "
+     "original_max_position_embeddings 8192) with multi-latent attention: Megatron-Core's MLA "
+     "builds its own rotary embedding and ignores --use-rope-scaling"),
 ])
 def test_megatron_refuses_yarn_it_cannot_build(model, said):
     p = _plan(model, 8, dp=8) if model.mla is None else _plan(model)
@@ -141,6 +145,23 @@ def test_use_rope_scaling_on_an_mla_launch_is_read_as_megatron_runs_it(tmp_path,
         back = import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=None)
     assert back.model_spec().rope_scaling is None
     assert any("--use-rope-scaling ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_rope_type_rope_with_an_mla_softmax_gain_is_refused_on_import(tmp_path):
+    """Megatron-Core's MLA multiplies the softmax scale by _yarn_get_mscale(factor,
+    mscale_all_dim)^2 whatever --rope-type says: with rope it rotates unscaled yet scales the
+    softmax by 1.874, which no model of autoplan's does; without --mscale-all-dim it is plain."""
+    path = _megatron(tmp_path, DSV3)
+    text = path.read_text().replace("--rope-type yarn", "--rope-type rope")
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=None)
+    assert err.value.field.endswith(" --mscale-all-dim") and "\n" not in str(err.value)
+    assert "multiplies the softmax scale by 1.874 while rotating unscaled" in err.value.problem
+    assert "drop --mscale-all-dim" in err.value.fix
+    path.write_text(text.replace("--mscale-all-dim 1.0", "--mscale-all-dim 0.0"))
+    back = import_megatron(path, model=None, cluster="h100-sxm-80gb", num_gpus=None)
+    assert back.model_spec().rope_scaling is None
 
 
 def test_yarn_flags_are_read_not_said_unread(tmp_path, caplog):
