@@ -116,11 +116,12 @@ def test_a_gpu_count_past_the_limit_is_refused(count: str, capsys) -> None:
 
 def test_a_space_too_large_to_list_is_refused_before_allocating(tmp_path: Path,
                                                                 capsys) -> None:
-    # 4 * 4 * 512 micro-batch sizes * 2^20 GPU counts... ~1e11 rows: 800 GB of candidates
+    # 4 * 4 * 4096 micro-batch sizes * 4,096 GPU counts... ~1e11 rows: 800 GB of candidates
+    # (a batch range: at one batch size only the layouts whose dp divides it are listed)
     big = space(tmp_path, "big", parallel={"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8], "cp": [1]},
                 micro_batch_size=list(range(1, 4097)), zero_stage=[0, 1, 2, 3],
                 precision="fp32", max_enumerate=10**15)
-    code, _, err = run(TINY + ["--num-gpus", "8..32768", "--global-batch-size", "16",
+    code, _, err = run(TINY + ["--num-gpus", "8..32768", "--global-batch-size", "16..32",
                                "--space", big], capsys)
     assert code == 2 and "max_enumerate" in err and "20,000,000" in err, err
 
