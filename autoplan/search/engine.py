@@ -23,7 +23,7 @@ from autoplan.search.batch_range import check_batch_range
 from autoplan.search.ranking import rank
 from autoplan.search.scoring import Context, Scored, score_table
 from autoplan.search.space import MAX_ROWS, enumerate_space, joint_rows
-from autoplan.search.targets import Targets, objective_matrix
+from autoplan.search.targets import MISS_KEYS, Targets, objective_matrix
 from autoplan.search_space import SearchSpace
 
 if TYPE_CHECKING:
@@ -291,6 +291,30 @@ def type_requests(req: SearchRequest) -> list[SearchRequest]:
             for t in req.types]
 
 
+SAMPLER_NAMES = {"tpe": "TPE", "nsga2": "NSGA-II", "random": "random sampling"}
+
+
+def sampling_note(req: SearchRequest, sampler: str, scored: Scored, trials: int) -> str | None:
+    """What to do when most trials of a sampled search broke a plan rule before any estimate:
+    the few scored are too few to say nothing fits, so the infeasible outcome says how many
+    were scored and how to score more (a range of 121 GPU counts once ended on "no feasible
+    plan" with 1 of 300 trials scored). None for the exhaustive search, which scores or counts
+    every candidate, where most trials were scored, and where none was: nearest.nearest_miss
+    then judges a sample of the space, and says to raise --trials only where that sample holds
+    a valid candidate (a rule every candidate breaks is not cured by more trials)."""
+    if sampler not in SAMPLER_NAMES:
+        return None
+    c = scored.counts
+    done = c.get("feasible", 0) + sum(c.get(k, 0) for k in MISS_KEYS)
+    rejected = sum(v for k, v in c.items() if k not in (*MISS_KEYS, "feasible", "duplicate"))
+    if done == 0 or 2 * rejected <= trials:
+        return None
+    narrow = "narrow --num-gpus" if len(req.gpu_counts) > 1 else "narrow the space"
+    return (f"{SAMPLER_NAMES[sampler]} scored {done:,} of {trials:,} trials ({rejected:,} broke "
+            f"a plan rule before any estimate), too few to say nothing fits: raise --trials or "
+            f"{narrow}")
+
+
 def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
     """Search the space and rank the result (never raises for an infeasible outcome). With
     several GPU types each is searched alone and the rows ranked together. A batch range no
@@ -299,13 +323,16 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
     check_batch_range(req.space, req.gpu_counts, req.batch)  # every type's counts together
     subs = type_requests(req)
     clusters = tuple(r.profile_ref for r in subs)
-    parts, total, samplers = [], 0, []
+    parts, total, samplers, notes = [], 0, [], []
     counts: set[int] = set()
     for k, sub in enumerate(subs):
         sampler, part, seen, done = _score_one(sub, progress)
         samplers.append(sampler)
         total += seen
         counts.update(done)
+        note = sampling_note(sub, sampler, part, seen)
+        if note:
+            notes.append(note + (f" for {sub.profile_ref}" if len(subs) > 1 else ""))
         parts.append(with_cluster(part, k, sub.profile_ref, sub.profile.price_per_gpu_hour,
                                   clusters, req.targets))
     scored = parts[0] if len(parts) == 1 else merge_scored(parts)
@@ -317,6 +344,8 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
         from autoplan.search.nearest import nearest_miss
 
         miss = nearest_miss(req, scored)
+        if notes:  # last, so that the exit-3 line ends on what to do
+            miss = dataclasses.replace(miss, misses=[*miss.misses, *notes])
     return SearchResult(req, sampler, scored, order, front, total,
                         time.perf_counter() - t0, miss.row if miss else None, miss,
                         tuple(sorted(counts)))
