@@ -11,7 +11,13 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, plan_from_dict, plan_identity
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+from autoplan.yaml_io import (
+    check_schema_version,
+    from_dict,
+    read_yaml,
+    show,
+    unknown_key_fix,
+)
 
 MAX_STEP_TIME_S = 1e6
 """Longest measured step a run record may hold (11.6 days): far past it predicted / measured
@@ -67,7 +73,7 @@ def load_run(path: str | Path) -> RunRecord:
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"RUN {path}: {sorted(unknown)[0]}", "unknown key",
-                          f"valid keys: {', '.join(sorted(known))}")
+                          unknown_key_fix(sorted(unknown)[0], sorted(known)))
     _check_measured_step(path, data["measured"])
     try:
         measured = from_dict(Measured, {k: v for k, v in data["measured"].items()

@@ -15,7 +15,7 @@ import numpy as np
 
 from autoplan import resources
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show, unknown_key_fix
 
 PROFILES_DIR = resources.package_dir(resources.PROFILES)
 """The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
@@ -413,7 +413,7 @@ def _check_measured(measured: dict[str, Any]) -> None:
     for key in measured:
         if key not in known:
             raise ConfigError(f"measured.{_key(key)}", "unknown key",
-                              f"valid keys: {', '.join(known)}")
+                              unknown_key_fix(key, known))
     _device_compute(measured)  # a calibration record's multiplier, checked
     if measured and set(measured) <= set(MEASURED_ALONE_KEYS):
         return

@@ -99,19 +99,11 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (`python -m autoplan.runtime.cli train ...`) until commands.py wires it."""
-    import sys
+    """`python -m autoplan.runtime.cli train ...`: the `autoplan` command itself (its parser,
+    one-line errors and exit codes)."""
+    from autoplan.commands import main as autoplan_main
 
-    from autoplan.errors import AutoplanError
-
-    parser = argparse.ArgumentParser(prog="autoplan")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except AutoplanError as err:
-        print(f"autoplan: error: {err}", file=sys.stderr)
-        return err.exit_code
+    return autoplan_main(argv)
 
 
 if __name__ == "__main__":

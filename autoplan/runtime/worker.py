@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     from autoplan.errors import AutoplanError
     from autoplan.runtime.cli import add_train_arguments
 
-    parser = argparse.ArgumentParser(prog="autoplan-train-worker")
+    parser = argparse.ArgumentParser(prog="autoplan-train-worker", allow_abbrev=False)
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     if args.summary_file:  # under `autoplan train`: the launcher reads only this attempt's refusals
