@@ -11,7 +11,7 @@ Data, tokenizer files and optimizer hyper-parameters are the user's, appended to
 from __future__ import annotations
 
 from autoplan.export.base import stage_layers
-from autoplan.model_spec import YARN_ROPE_TYPE, MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import (
     Attention,
     Plan,
@@ -131,19 +131,9 @@ def rope_note(m: ModelSpec) -> list[str]:
 
 
 def rope_scaling_words(m: ModelSpec) -> str:
-    """", scaled as Llama 3.1 (factor ..., ...)" or ", scaled by YaRN (factor ..., ...)" for a
-    model with rope_scaling, else ""."""
-    r = m.rope_scaling
-    if r is None:
-        return ""
-    if r.rope_type == YARN_ROPE_TYPE:
-        return (f", scaled by YaRN (factor {r.factor:g}, original_max_position_embeddings "
-                f"{r.original_max_position_embeddings}, beta_fast {r.beta_fast:g}, beta_slow "
-                f"{r.beta_slow:g}, truncate {str(r.truncate).lower()}; cos/sin times "
-                f"{r.attention_scaling:.4g}, softmax scale times {r.softmax_gain:.4g})")
-    return (f", scaled as Llama 3.1 (factor {r.factor:g}, low_freq_factor "
-            f"{r.low_freq_factor:g}, high_freq_factor {r.high_freq_factor:g}, "
-            f"original_max_position_embeddings {r.original_max_position_embeddings})")
+    """" with Llama 3.1's scaling (factor ..., ...)" or " with YaRN scaling (...)"
+    (RopeScaling.describe) for a model with rope_scaling, else ""."""
+    return "" if m.rope_scaling is None else f" with {m.rope_scaling.describe()}"
 
 
 def _model_args(m: ModelSpec) -> list[str]:

@@ -22,15 +22,9 @@ from autoplan.errors import ConfigError
 from autoplan.export import torchtitan_moe
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons, stage_layers
 from autoplan.export.launch import check_path_word, cuda_only_reasons
-from autoplan.model_spec import (
-    LLAMA31_ROPE_SCALING,
-    YARN_ROPE_TYPE,
-    MlpKind,
-    ModelSpec,
-    NormKind,
-    PositionKind,
-)
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
+from autoplan.rope_scaling import LLAMA31_ROPE_SCALING, YARN_ROPE_TYPE, same_rotation
 
 FLAVORS = {
     # (layers, hidden, heads, kv_heads, ffn, vocab, tied) -> (flavor, config_registry function)
@@ -123,10 +117,10 @@ def yarn_reasons(model: ModelSpec) -> list[str]:
     if s is None or s.rope_type != YARN_ROPE_TYPE or (
             s.attention_scaling == 1.0 and s.softmax_gain == 1.0):
         return []
-    return [f"model.rope_scaling yarn scales cos/sin by {s.attention_scaling:.4g} and the "
-            f"softmax by {s.softmax_gain:.4g}: torchtitan's Llama 3 rotates by YaRN's "
-            "frequencies alone (ComplexRoPE); set attention_factor: 1.0 to train it so, or "
-            "export to another target"]
+    return [f"model.rope_scaling: the model rotates with {s.describe()}, torchtitan's Llama 3 "
+            f"by YaRN's frequencies alone (ComplexRoPE: cos/sin x1, softmax x1); set "
+            "attention_factor: 1.0 and drop mscale_all_dim to train it so, or export to "
+            "another target"]
 
 
 def flavor(model: ModelSpec) -> tuple[str, str] | None:
@@ -134,7 +128,8 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
     m = model
     if architecture_reasons(m):
         return None
-    if m.rope_theta != FLAVOR_ROPE_THETA or m.rope_scaling != FLAVOR_ROPE_SCALING:
+    if m.rope_theta != FLAVOR_ROPE_THETA or not same_rotation(m.rope_scaling,
+                                                               FLAVOR_ROPE_SCALING):
         return None
     return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size,
                         m.tie_embeddings))
@@ -149,12 +144,12 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
             why.append(f"model.mtp_layers={model.mtp_layers}: the Llama 3 model this export "
                        "writes has no multi-token-prediction module; export to megatron "
                        "(--mtp-num-layers)")
-        found, unlike = flavor(model), architecture_reasons(model)
+        found, unlike, yarn = flavor(model), architecture_reasons(model), yarn_reasons(model)
         if unlike:
             why.append(f"model {model.name}: torchtitan builds dense models with its Llama 3 "
                        f"architecture, which this model departs from: {'; '.join(unlike)}")
-        elif yarn_reasons(model):
-            why += yarn_reasons(model)
+        elif yarn:
+            why += yarn
         elif fmt == "toml" and (found is None or found[0] not in TOML_FLAVORS):
             why.append(f"model {model.name} matches no torchtitan 0.2.2 Llama 3 flavor (8B, 70B, "
                        "405B, all at rope_theta 500000 with Llama 3.1's RoPE scaling, factor "

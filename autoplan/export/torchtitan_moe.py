@@ -30,16 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.export.torchtitan_text import Converters, ModelLines, registry_call
-from autoplan.model_spec import (
-    DEEPSEEK_V3_ROPE_SCALING,
-    YARN_ROPE_TYPE,
-    MlpKind,
-    ModelSpec,
-    NormKind,
-    PositionKind,
-    RopeScaling,
-)
+from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Plan, Precision
+from autoplan.rope_scaling import (
+    DEEPSEEK_V3_ROPE_SCALING,
+    RopeScaling,
+    same_rotation,
+    scaling_words,
+)
 
 DEFAULT_BALANCE = 1e-3
 """torchtitan's MoE load_balance_coeff default (models/moe/moe.py MoEArgs, 0.2.2;
@@ -193,27 +191,6 @@ def flavor_rope_scaling(found: MoeFlavor, model: ModelSpec, fmt: str) -> RopeSca
     return DEEPSEEK_V3_ROPE_SCALING
 
 
-def same_rotation(a: RopeScaling | None, b: RopeScaling | None) -> bool:
-    """Two scalings that rotate and scale attention alike (YaRN's mscales compared by their
-    effect: HF's mscale = mscale_all_dim = 1 is torchtitan's attention mscale 1.0)."""
-    def effect(s: RopeScaling | None) -> tuple | None:
-        if s is None or s.rope_type != YARN_ROPE_TYPE:
-            return None if s is None else (s,)
-        return (s.factor, s.original_max_position_embeddings, s.beta_fast, s.beta_slow,
-                s.truncate, round(s.attention_scaling, 12), round(s.softmax_gain, 12))
-    return effect(a) == effect(b)
-
-
-def rotation_words(s: RopeScaling | None) -> str:
-    if s is None:
-        return "unscaled"
-    if s.rope_type != YARN_ROPE_TYPE:
-        return f"with Llama 3.1's scaling, factor {s.factor:g}"
-    return (f"with YaRN, factor {s.factor:g} (original {s.original_max_position_embeddings}, "
-            f"beta {s.beta_fast:g}/{s.beta_slow:g}, cos/sin x{s.attention_scaling:.4g}, softmax "
-            f"x{s.softmax_gain:.4g})")
-
-
 def _rope_reasons(model: ModelSpec, found: MoeFlavor, fmt: str) -> list[str]:
     want = flavor_rope_scaling(found, model, fmt)
     if same_rotation(model.rope_scaling, want):
@@ -228,8 +205,8 @@ def _rope_reasons(model: ModelSpec, found: MoeFlavor, fmt: str) -> list[str]:
                 "drop rope_scaling"]
     when = (f" at seq_len {model.seq_len} (<= 0.2.2 scales past {FLAVOR_YARN_WINDOW} only)"
             if found.yarn and fmt == "toml" else "")
-    return [f"model.rope_scaling: the model rotates {rotation_words(model.rope_scaling)}, {where} "
-            f"{rotation_words(want)}{when}; export to megatron"]
+    return [f"model.rope_scaling: the model rotates with {scaling_words(model.rope_scaling)}, "
+            f"{where} with {scaling_words(want)}{when}; export to megatron"]
 
 
 def _mtp_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import OMITTED_AT_DEFAULT, YARN_ROPE_TYPE, ModelSpec, model_dict
+from autoplan.model_spec import OMITTED_AT_DEFAULT, ModelSpec, model_dict
 from autoplan.moe_spec import moe_dict
 from autoplan.plan import Plan
-from autoplan.yaml_io import to_dict
+from autoplan.rope_scaling import RopeScaling, same_rotation
+from autoplan.yaml_io import from_dict, show, to_dict
 
 VOCAB_FQNS = ("embed.tok.weight", "output.weight")
 """Tensors whose first dimension is the (padded) vocabulary."""
@@ -79,7 +80,8 @@ def checkpoint_meta(plan: Plan, spec: ModelSpec, world_size: int,
 
 
 def model_changes(meta: dict, spec: ModelSpec) -> list[str]:
-    """`model.FIELD saved -> now` for every model field that differs (the name aside)."""
+    """`model.FIELD saved -> now` for every model field that differs (the name aside; a
+    rope_scaling that rotates alike however spelt does not: _same_rotation)."""
     saved = meta.get("model")
     if not isinstance(saved, dict):
         return []
@@ -87,7 +89,8 @@ def model_changes(meta: dict, spec: ModelSpec) -> list[str]:
     saved = {**OMITTED_AT_DEFAULT, **saved}
     now = {**OMITTED_AT_DEFAULT, **model_fields(spec)}
     return [f"model.{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-            if k != "name" and saved.get(k) != now.get(k)]
+            if k != "name" and saved.get(k) != now.get(k) and not (
+                k == "rope_scaling" and _same_rotation(saved.get(k), now.get(k)))]
 
 
 def layout_changes(meta: dict, plan: Plan) -> list[str]:
@@ -183,15 +186,32 @@ ROPE_CHANGES = ("model.rope_theta ", "model.rope_scaling ")
 
 
 def _rotation(theta: float, scaling: Any) -> str:
-    if not scaling:
+    read = _read_scaling(scaling)
+    if read is None:
         return f"RoPE base {theta:g} without scaling"
-    if scaling.get("rope_type") == YARN_ROPE_TYPE:  # the fields the model gives, in file order
-        given = ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else format(v, 'g')}"
-                          for k, v in scaling.items() if k != "rope_type" and v is not None)
-        return f"RoPE base {theta:g} with YaRN scaling ({given})"
-    return (f"RoPE base {theta:g} with Llama 3.1 scaling (factor {scaling['factor']:g}, "
-            f"low {scaling['low_freq_factor']:g}, high {scaling['high_freq_factor']:g}, "
-            f"original {scaling['original_max_position_embeddings']})")
+    if isinstance(read, RopeScaling):
+        return f"RoPE base {theta:g} with {read.describe()}"
+    return f"RoPE base {theta:g} with scaling {show(scaling, 120)}"
+
+
+def _read_scaling(saved: Any) -> Any:
+    """A rope_scaling as meta.json saved it (a mapping, or None: none) read as a RopeScaling;
+    the value itself where it does not read as one."""
+    if not saved:
+        return None
+    try:
+        return from_dict(RopeScaling, saved, "model.rope_scaling")
+    except ConfigError:
+        return saved
+
+
+def _same_rotation(saved: Any, now: Any) -> bool:
+    """Two saved rope_scaling values that rotate alike (rope_scaling.same_rotation: by effect,
+    however the mscales are spelt); compared as written where either does not read."""
+    a, b = _read_scaling(saved), _read_scaling(now)
+    if all(x is None or isinstance(x, RopeScaling) for x in (a, b)):
+        return same_rotation(a, b)
+    return bool(saved == now)
 
 
 def _refuse_rotation(found, spec: ModelSpec) -> None:
@@ -202,7 +222,7 @@ def _refuse_rotation(found, spec: ModelSpec) -> None:
     saved = {**OMITTED_AT_DEFAULT, **found.meta["model"]}
     now = {**OMITTED_AT_DEFAULT, **model_fields(spec)}
     fix = [f"rope_theta: {saved['rope_theta']:g}"] if saved["rope_theta"] != now["rope_theta"] else []
-    if saved["rope_scaling"] != now["rope_scaling"]:
+    if not _same_rotation(saved["rope_scaling"], now["rope_scaling"]):
         fix.append("the saved rope_scaling" if saved["rope_scaling"] else "no rope_scaling")
     raise ConfigError("--resume", f"{found.path} was trained at "
                       f"{_rotation(saved['rope_theta'], saved['rope_scaling'])}, this model "

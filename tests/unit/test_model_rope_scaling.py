@@ -207,7 +207,8 @@ def test_a_checkpoint_saved_without_the_scaling_is_refused_naming_it(tmp_path) -
         check_resumable(found, plan, now)
     assert str(err.value) == (
         f"--resume: {tmp_path / 'step-00000003'} was trained at RoPE base 500000 without "
-        "scaling, this model rotates at RoPE base 500000 with Llama 3.1 scaling (factor 8, "
-        "low 1, high 4, original 8192) (the presets took their published bases and scaling "
+        "scaling, this model rotates at RoPE base 500000 with Llama 3.1's scaling (factor 8, "
+        "low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192) (the "
+        "presets took their published bases and scaling "
         "after it was saved); resume with a model file that sets no rope_scaling, or start a "
         "new run in an empty --checkpoint-dir")

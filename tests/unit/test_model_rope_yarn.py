@@ -327,10 +327,26 @@ def test_a_checkpoint_saved_before_the_preset_took_yarn_is_refused_naming_both(t
     assert str(err.value) == (
         f"--resume: {tmp_path / 'step-00000003'} was trained at RoPE base 10000 without "
         "scaling, this model rotates at RoPE base 10000 with YaRN scaling (factor 40, "
-        "original_max_position_embeddings 4096, beta_fast 32, beta_slow 1, mscale 1, "
-        "mscale_all_dim 1, truncate true) (the presets took their published bases and scaling "
+        "original_max_position_embeddings 4096, beta_fast 32, beta_slow 1, truncate true; "
+        "cos/sin x1, softmax x1.874) (the presets took their published bases and scaling "
         "after it was saved); resume with a model file that sets no rope_scaling, or start a "
         "new run in an empty --checkpoint-dir")
+
+
+def test_a_checkpoint_resumes_under_a_yarn_spelt_otherwise() -> None:
+    """meta.json's rope_scaling and the model's are compared by effect: DeepSeek-V3's
+    mscale = mscale_all_dim = 1 saved, attention_factor 1 with mscale_all_dim 1 now (the same
+    rotation and softmax scale) is no change; another softmax scale is."""
+    from autoplan.runtime.checkpoint_compat import model_changes, model_fields
+
+    saved = {"model": model_fields(PRESETS["tiny-mla"].replace(
+        rope_scaling=DEEPSEEK_V3_ROPE_SCALING))}
+    same = RopeScaling(**YARN, attention_factor=1.0, mscale_all_dim=1.0)
+    assert model_fields(PRESETS["tiny-mla"].replace(rope_scaling=same)) != saved["model"]
+    assert model_changes(saved, PRESETS["tiny-mla"].replace(rope_scaling=same)) == []
+    other = RopeScaling(**YARN, mscale_all_dim=0.707)
+    assert [c.split(" ")[0] for c in model_changes(
+        saved, PRESETS["tiny-mla"].replace(rope_scaling=other))] == ["model.rope_scaling"]
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-120b"])

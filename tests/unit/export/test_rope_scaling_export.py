@@ -86,7 +86,7 @@ def test_megatron_refuses_a_band_megatron_core_does_not_scale_by():
 def test_deepspeed_names_the_scaling_in_its_comment(par):
     p = plan("llama-3.1-8b", 16, parallel=par, sequence_parallel=par.tp > 1, zero_stage=1)
     launch = export_plan(get_target("deepspeed"), p, p.model_spec(), OPTS)["launch.sh"]
-    assert ("scaled as Llama 3.1 (factor 8, low_freq_factor 1, high_freq_factor 4, "
+    assert ("with Llama 3.1's scaling (factor 8, low_freq_factor 1, high_freq_factor 4, "
             "original_max_position_embeddings 8192)") in launch
 
 
@@ -146,8 +146,9 @@ def test_torchtitan_moe_flavors_refuse_llama_31_scaling():
     qwen = PRESETS["qwen3-30b-a3b"]
     p = plan(qwen, 8, parallel=Parallel(dp=8))
     why = get_target("torchtitan").check(p, qwen.replace(rope_scaling=RopeScaling()), OPTS)
-    assert ("model.rope_scaling: the model rotates with Llama 3.1's scaling, factor 8, "
-            "torchtitan's qwen3 30B-A3B unscaled; export to megatron") in why
+    assert ("model.rope_scaling: the model rotates with Llama 3.1's scaling (factor 8, "
+            "low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192), "
+            "torchtitan's qwen3 30B-A3B with no scaling; export to megatron") in why
     assert not any("rope_scaling" in r for r in get_target("torchtitan").check(p, qwen, OPTS))
 
 

@@ -199,9 +199,10 @@ def test_torchtitan_deepseek_v3_is_the_flavor_where_it_applies_yarn():
 @pytest.mark.parametrize("scaling", [None, HF_DEFAULT], ids=["unscaled", "hf-default"])
 def test_torchtitan_refuses_a_deepseek_v3_that_rotates_unlike_the_flavor(scaling):
     model = DSV3.replace(rope_scaling=scaling)
-    with pytest.raises(ConfigError, match="torchtitan's deepseek_v3 671B with YaRN, factor 40 "
-                                          r"\(original 4096, beta 32/1, cos/sin x1, softmax "
-                                          r"x1.874\); export to megatron"):
+    with pytest.raises(ConfigError, match="torchtitan's deepseek_v3 671B with YaRN scaling "
+                                          r"\(factor 40, original_max_position_embeddings 4096, "
+                                          "beta_fast 32, beta_slow 1, truncate true; cos/sin "
+                                          r"x1, softmax x1.874\); export to megatron"):
         _titan(model, "python")
 
 
@@ -214,7 +215,9 @@ def test_torchtitan_python_writes_a_dense_yarn_that_only_rotates():
     text = _titan(base.replace(rope_scaling=rotating), "python", dp=64)
     assert ('theta=10000.0, scaling="yarn", rope_factor=4.0, beta_fast=32.0, beta_slow=1.0, '
             "original_seq_len=4096, truncate=False)") in text
-    with pytest.raises(ConfigError, match="model.rope_scaling yarn scales cos/sin by 1.139"):
+    with pytest.raises(ConfigError, match=r"model.rope_scaling: the model rotates with YaRN "
+                                          r"scaling \(factor 4, .*; cos/sin x1.139, softmax x1\), "
+                                          "torchtitan's Llama 3 by YaRN's frequencies alone"):
         _titan(base.replace(rope_scaling=RopeScaling(
             rope_type="yarn", factor=4.0, original_max_position_embeddings=4096)), "python",
                dp=64)
@@ -234,6 +237,6 @@ def test_deepspeed_names_yarn_in_its_comment():
     p = _plan(model, 16, dp=8, tp=2)
     p = p.replace(sequence_parallel=True)
     launch = export_plan(get_target("deepspeed"), p, model, OPTS)["launch.sh"]
-    assert ("scaled by YaRN (factor 40, original_max_position_embeddings 4096, beta_fast 32, "
-            "beta_slow 1, truncate true; cos/sin times 1.369, softmax scale times 1)") in launch
+    assert ("with YaRN scaling (factor 40, original_max_position_embeddings 4096, beta_fast 32, "
+            "beta_slow 1, truncate true; cos/sin x1.369, softmax x1)") in launch
     assert "applies that scaling." in launch
