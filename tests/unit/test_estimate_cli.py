@@ -169,3 +169,12 @@ def test_an_fp8_plans_mfu_names_its_peak(capsys, monkeypatch) -> None:
     assert "(of the fp8 peak)" in capsys.readouterr().out
     main(job)
     assert "fp8 peak" not in capsys.readouterr().out
+
+
+def test_the_clusters_table_prints_three_significant_digits() -> None:
+    """A measured profile's 0.941905 GB/s and 0.144557 TFLOP/s widened the table until the
+    device names were cut at 80 columns."""
+    from autoplan.estimate_cli import three
+
+    assert [three(x) for x in (0.941905, 0.144557, 25.0, 312.0, 6.25, 912.4)] == [
+        "0.942", "0.145", "25", "312", "6.25", "912"]
