@@ -59,7 +59,8 @@ def test_the_two_magnitude_conventions() -> None:
 @pytest.mark.parametrize(("change", "field"), [
     ({"factor": 0.5}, "factor"), ({"beta_fast": 0}, "beta_fast"),
     ({"beta_fast": 1.0}, "beta_fast"),  # not above beta_slow
-    ({"mscale_all_dim": math.inf}, "mscale_all_dim"), ({"attention_factor": -1}, "attention_factor"),
+    ({"mscale_all_dim": math.inf}, "mscale_all_dim"),
+    ({"attention_factor": -1}, "attention_factor"),
     ({"truncate": "no"}, "truncate"), ({"low_freq_factor": 1.0}, "low_freq_factor"),
     ({"factor": None}, "factor"), ({"original_max_position_embeddings": None},
                                    "original_max_position_embeddings"),
@@ -248,6 +249,29 @@ def test_deepseek_v3_softmax_scale_is_torchtitans() -> None:
     layer.eager = True
     torch.testing.assert_close(layer.core(q, k, v), want, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(plain.core(q, k, v), want)
+
+
+def test_the_softmax_gain_is_the_kernels_scale_not_a_product_with_q(monkeypatch) -> None:
+    """SDPA gets scale = gain / sqrt(d) and q as it came (q * gain would round q once more in
+    bf16 and cost an op); torchtitan's deepseek_v3 passes scale= too."""
+    import torch.nn.functional as F
+
+    from autoplan.runtime.models.mla import MultiHeadLatentAttention
+
+    layer = MultiHeadLatentAttention(PRESETS["tiny-mla"].replace(
+        rope_scaling=DEEPSEEK_V3_ROPE_SCALING))
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q, kw.get("scale")))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q = torch.randn(1, 4, 8, 24, dtype=torch.bfloat16)
+    layer.core(q, q.clone(), q.clone())
+    [(given, scale)] = seen
+    assert torch.equal(given, q) and scale == pytest.approx(layer.softmax_gain / math.sqrt(24))
 
 
 def test_gpt_oss_cos_sin_carry_the_attention_factor() -> None:

@@ -156,10 +156,10 @@ class Attention(nn.Module):
         The fused path never hands SDPA a dense mask, so CUDA runs the flash kernel for both
         (FlashAttention-2 aligns causal masks lower right, torch's CausalBias dispatches to it).
         With `compute_dtype` set (autoplan-cpu's attention_compute_dtype), q, k and v are cast
-        to it for the kernel and the output back to q's dtype. YaRN's softmax_gain multiplies
-        q, so every kernel's scale (and context parallelism's chunks) becomes gain / sqrt(d)."""
-        if self.softmax_gain != 1.0:
-            q = q * self.softmax_gain
+        to it for the kernel and the output back to q's dtype. YaRN's softmax_gain is the
+        kernel's scale, gain / sqrt(d) (as torchtitan passes scale=; context parallelism's
+        chunks run this core), not a product with q that would round q once more in bf16."""
+        scale = None if self.softmax_gain == 1.0 else self.softmax_gain / math.sqrt(q.shape[-1])
         out_dtype, up = q.dtype, self.compute_dtype
         cast = up is not None and out_dtype != up
         if cast:  # before the GQA repeat: fewer bytes
@@ -169,13 +169,13 @@ class Attention(nn.Module):
             k = k.repeat_interleave(n_rep, dim=1)
             v = v.repeat_interleave(n_rep, dim=1)
         if self.eager:
-            return eager_attention(q, k, v)
+            return eager_attention(q, k, v, scale)
         q_len, kv_len = q.shape[-2], k.shape[-2]
         if q_len == kv_len:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         else:
-            out = F.scaled_dot_product_attention(q, k, v,
-                                                 attn_mask=lower_right_causal(q_len, kv_len))
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=lower_right_causal(q_len, kv_len), scale=scale)
         return out.to(out_dtype) if cast else out
 
 
@@ -188,13 +188,17 @@ def lower_right_causal(q_len: int, kv_len: int) -> CausalBias:
         return causal_lower_right(q_len, kv_len)
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    scale: float | None = None) -> torch.Tensor:
     """Unfused causal softmax(q k^T / sqrt(d) + mask) v (Vaswani et al. 2017, eq. 1), as
     Megatron-LM ran before FlashAttention: the (b, heads, s, s) probabilities are materialised
     and kept for backward (the 2as^2b bytes of the cost model's eager attention core). The
-    queries are the keys' last q_len positions (lower-right causal, as Attention.core)."""
+    queries are the keys' last q_len positions (lower-right causal, as Attention.core).
+    `scale` replaces 1/sqrt(d), as SDPA's does (YaRN's softmax gain)."""
     q_len, kv_len = q.shape[-2], k.shape[-2]
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (b, heads, s_q, s_k)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale  # (b, heads, s_q, s_k)
     mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return probs @ v

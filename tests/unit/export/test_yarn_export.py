@@ -21,7 +21,7 @@ from autoplan.model_spec import DEEPSEEK_V3_ROPE_SCALING, PRESETS, RopeScaling, 
 from autoplan.plan import Batch, ClusterRef, Parallel, Plan
 from autoplan.yaml_io import to_dict
 
-from .consumers import megatron_parser, run_script
+from .consumers import DATA, megatron_parser, run_script
 
 DSV3 = PRESETS["deepseek-v3"]
 OPTS = ExportOptions(gpus_per_node=8)
@@ -221,6 +221,26 @@ def test_torchtitan_python_writes_a_dense_yarn_that_only_rotates():
         _titan(base.replace(rope_scaling=RopeScaling(
             rope_type="yarn", factor=4.0, original_max_position_embeddings=4096)), "python",
                dp=64)
+
+
+def test_torchtitan_yarn_keywords_are_complex_ropes_pinned_fields():
+    """Every keyword of the ComplexRoPE.Config call the Python config writes for a dense YaRN is
+    a field of torchtitan 0.3.0's RoPE.Config (tests/data/export/torchtitan_fields.yaml, read
+    from the wheel), checked without torchtitan installed."""
+    import ast
+
+    fields = yaml.safe_load((DATA / "torchtitan_fields.yaml").read_text())
+    known = set(fields["python_custom_llama3"]["ComplexRoPE"])
+    model = PRESETS["llama-2-13b"].replace(name="llama-2-13b-yarn", rope_scaling=RopeScaling(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=4096,
+        attention_factor=1.0))
+    calls = [node for node in ast.walk(ast.parse(_titan(model, "python", dp=64)))
+             if isinstance(node, ast.Call) and ast.unparse(node.func) == "ComplexRoPE.Config"]
+    [call] = calls
+    written = {kw.arg for kw in call.keywords}
+    assert {"scaling", "rope_factor", "beta_fast", "beta_slow", "original_seq_len",
+            "truncate"} <= written
+    assert written <= known, written - known
 
 
 def test_torchtitan_yarn_keywords_are_complex_ropes():
