@@ -68,8 +68,9 @@ def _absolute(path: str | os.PathLike[str]) -> Path:
 
 def staging_folder(path: Path) -> Path:
     """Where the temporary sibling of output directory `path` goes: beside it, or inside it
-    when `path` exists and only it (not its parent) can be written."""
-    if path.is_dir() and not _writable(path.parent):
+    when `path` exists and only it (not its parent) can be written, or is a mount point (its
+    parent is another file system, which no rename crosses)."""
+    if path.is_dir() and (not _writable(path.parent) or os.path.ismount(path)):
         return path
     return path.parent
 
@@ -399,16 +400,17 @@ def _commit(tmp: Path, p: Path, names: tuple[str, ...], stale: tuple[str, ...] =
 
 def _in_use(p: Path) -> bool:
     """Whether the folder `p` must stay the folder it is rather than be replaced by a renamed
-    one: it is this process's working directory or holds it (`search --out .` replaced the
-    shell's folder with a new one, leaving the shell in a deleted folder), or a mount point,
-    which a rename cannot replace."""
+    one: it is this process's working directory (`search --out .` replaced the shell's folder
+    with a new one, leaving the shell in a deleted folder), or a mount point, which a rename
+    cannot replace (staged inside it: staging_folder). A folder above the working directory
+    holds it, so it is never empty nor only a result, and is filled file by file anyway."""
     if not p.is_dir():
         return False
     try:
         here, target = Path.cwd().resolve(), p.resolve()
     except OSError:  # the working directory was removed under us
         return os.path.ismount(p)
-    return here == target or target in here.parents or os.path.ismount(p)
+    return here == target or os.path.ismount(p)
 
 
 def _replace_each(tmp: Path, p: Path, stale: tuple[str, ...]) -> None:

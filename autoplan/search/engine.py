@@ -239,7 +239,8 @@ def _score_one(req: SearchRequest, progress: Progress | None
         from autoplan.search.optuna_search import run_optuna
 
         scored, total = run_optuna(req, sampler, progress)
-        counts = tuple(sorted(req.gpu_counts))  # each trial may draw any count
+        # the counts its trials scored (a sampled range scores some of the counts asked for)
+        counts = tuple(int(n) for n in np.unique(scored.cols["num_gpus"])) if scored.n else ()
     return sampler, scored, total, counts
 
 
@@ -306,7 +307,9 @@ def sampling_note(req: SearchRequest, sampler: str, scored: Scored, trials: int)
         return None
     c = scored.counts
     done = c.get("feasible", 0) + sum(c.get(k, 0) for k in MISS_KEYS)
-    rejected = sum(v for k, v in c.items() if k not in (*MISS_KEYS, "feasible", "duplicate"))
+    # a format one GPU type of several lacks (an A100's fp8 rows) is no rule more trials cure
+    rejected = sum(v for k, v in c.items()
+                   if k not in (*MISS_KEYS, "feasible", "duplicate", "precision-unsupported"))
     if done == 0 or 2 * rejected <= trials:
         return None
     narrow = "narrow --num-gpus" if len(req.gpu_counts) > 1 else "narrow the space"

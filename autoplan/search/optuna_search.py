@@ -155,10 +155,18 @@ def _shown(key: str, value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _mismatch(name: str | None, changes: list[str]) -> ConfigError:
+def _mismatch(name: str | None, changes: list[str], auto_precision: bool = False
+              ) -> ConfigError:
     shown = "; ".join(changes[:3]) + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
-    return ConfigError("--study", f"{name!r} was created by a different search ({shown})",
-                       "rerun that exact command, or use another --study name")
+    fix = "rerun that exact command, or use another --study name"
+    was = next((c.split(" -> ")[0].removeprefix("space.precision ") for c in changes
+                if c.startswith("space.precision ")), None)
+    if auto_precision and was is not None:
+        # the same command settles `precision: auto` otherwise than when the study was made
+        # (several GPU types once searched only the formats every type has)
+        fix = (f"precision: auto now settles as shown; to resume, give a space that lists "
+               f"the study's precision ({was}), or use another --study name")
+    return ConfigError("--study", f"{name!r} was created by a different search ({shown})", fix)
 
 
 def _directions(req: SearchRequest) -> list[Any]:
@@ -302,7 +310,8 @@ def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
         return study
     changes = request_changes(have, fp)
     if changes:
-        raise _mismatch(req.study, changes)
+        raise _mismatch(req.study, changes, auto_precision=not (req.space_given
+                                                                or req.space).precision)
     return study
 
 

@@ -126,3 +126,30 @@ def test_no_such_note_where_most_trials_were_scored(space_file, capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["sampler"] == "tpe" and data["scored"] * 2 >= 12
     assert not any("raise --trials" in m for m in data["nearest"]["misses"])
+
+
+def test_a_sampled_range_lists_the_counts_its_trials_scored() -> None:
+    """num_gpus_scored said every count of a sampled range was scored (57 counts for 4 in the
+    trials): it lists the counts the trials scored."""
+    from autoplan.search.output import summary
+
+    result = run_search(range_request(300, trials=20))
+    assert result.sampler == "tpe"
+    scored = sorted({int(n) for n in result.scored.cols["num_gpus"]})
+    assert summary(result, top=3)["num_gpus_scored"] == scored
+    assert len(scored) < len(COUNTS)
+
+
+def test_fp8_rows_a_gpu_type_lacks_are_not_rules_more_trials_cure() -> None:
+    """With several GPU types an A100 draws fp8 rows it counts precision-unsupported; those
+    alone do not make the infeasible line say to raise --trials."""
+    from types import SimpleNamespace
+
+    from autoplan.search.engine import sampling_note
+
+    req = range_request(300)
+    miss = {"out-of-memory": 2}
+    rule = SimpleNamespace(counts={**miss, "world-size": 8})
+    unsupported = SimpleNamespace(counts={**miss, "precision-unsupported": 8})
+    assert "raise --trials" in (sampling_note(req, "tpe", rule, 10) or "")  # type: ignore[arg-type]
+    assert sampling_note(req, "tpe", unsupported, 10) is None  # type: ignore[arg-type]

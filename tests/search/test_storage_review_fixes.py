@@ -362,3 +362,27 @@ def test_the_table_shows_the_plans_out_keeps(capsys):
     table = capsys.readouterr().out
     ranks = [int(m) for m in re.findall(r"^\s*(\d+)\s+\d+\s+\d+\s+\d+\s", table, re.M)]
     assert ranks and max(ranks) <= 10 and "top 10 plans" in table
+
+
+def test_a_study_whose_auto_precision_settled_otherwise_says_how_to_resume(tmp_path):
+    """A100+H100 studies stored when several types searched only the formats every type has
+    (bf16) no longer matched `precision: auto` (bf16 and fp8), and the fix said to rerun the
+    exact command the user had just rerun: it names the space precision that resumes them."""
+    import json as _json
+
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    auto = request("default", gbs=16, sampler="tpe", trials=5, storage=db, study="r")
+    study = open_study(auto, "tpe")
+    attr = FINGERPRINT_ATTRS["search"]
+    stored = _json.loads(study.user_attrs[attr])
+    stored["space"]["precision"] = ["bf16"]  # as the old rule settled it
+    study.set_user_attr(attr, _json.dumps(stored, sort_keys=True))
+    with pytest.raises(ConfigError) as err:
+        open_study(auto, "tpe")
+    assert 'space.precision ["bf16"] ->' in str(err.value)
+    assert "lists the study's precision ([\"bf16\"])" in str(err.value)
+    fixed = request("small-cpu", gbs=16, sampler="tpe", trials=5, storage=db, study="s")
+    open_study(fixed, "tpe")
+    with pytest.raises(ConfigError) as err:  # a space that lists its precision: as before
+        open_study(dataclasses.replace(fixed, seed=3), "tpe")
+    assert "rerun that exact command" in str(err.value)

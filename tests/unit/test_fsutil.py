@@ -149,6 +149,20 @@ def test_the_working_folder_is_filled_not_replaced(tmp_path: Path, monkeypatch,
     assert sorted(x.name for x in tmp_path.iterdir()) == ["outer"]  # no staging left
 
 
+def test_a_mount_point_is_staged_inside_and_filled(tmp_path: Path, monkeypatch) -> None:
+    """A mount point was staged in its parent, another file system: os.replace failed with
+    EXDEV (before: the rename over it failed with EBUSY), a traceback either way."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == mount or real(p))
+    inode = mount.stat().st_ino
+    with fsutil.atomic_dir(mount, force=False, names=("a",)) as d:
+        assert d.parent == mount
+        (d / "a").write_text("1")
+    assert mount.stat().st_ino == inode and sorted(x.name for x in mount.iterdir()) == ["a"]
+
+
 def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path) -> None:
     # the CLI fuzzer's case: --out of 300 characters raised ENAMETOOLONG from Path.is_dir
     import pytest
