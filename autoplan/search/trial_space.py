@@ -1,16 +1,16 @@
 """What one Optuna trial chooses and how it is scored.
 
-A trial picks the *layout* of a plan: tp, pp, cp, the GPU count nearest the one it draws that
-they fill (dp = count / (tp * pp * cp)), schedule, vpp, layer split, micro-batch size, the
-global batch size when the request gives a range (and precision/attention when the space lists
-several). The knobs that change neither the GPU count nor the tokens of a step (sequence
-parallelism, ZeRO stage, offload, recompute policy and layers, the HSDP shard group and the
-gradient reduce dtype, and for a MoE model the expert-parallel degrees ep and etp) are then
-settled inside the trial by scoring all their valid combinations in one vectorised pass and keeping the fastest that fits: at a fixed GPU
-count and batch every objective (throughput, latency, cost) prefers the shorter step, so this
-inner choice is exact, and the sampler spends its trials on the structure that matters. The
-batch is a sampled knob rather than an inner one because a larger batch lengthens the step
-while it may raise the tokens per second.
+A trial picks the *layout* of a plan: tp, pp, cp, the GPU count nearest the one it draws that they
+fill (dp = count / (tp * pp * cp)), schedule, vpp, layer split, micro-batch size, the global batch
+size when the request gives a range (and precision/attention when the space lists several; precision
+among the formats the trial's device runs). The knobs that change neither the GPU count nor the
+tokens of a step (sequence parallelism, ZeRO stage, offload, recompute policy and layers, the HSDP
+shard group and the gradient reduce dtype, and for a MoE model the expert-parallel degrees ep and
+etp) are then settled inside the trial by scoring all their valid combinations in one vectorised
+pass and keeping the fastest that fits: at a fixed GPU count and batch every objective (throughput,
+latency, cost) prefers the shorter step, so this inner choice is exact, and the sampler spends its
+trials on the structure that matters. The batch is a sampled knob rather than an inner one because a
+larger batch lengthens the step while it may raise the tokens per second.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from optuna.trial import Trial
 
-from autoplan.plan import Schedule
+from autoplan.plan import Precision, Schedule
 from autoplan.plan_table import (
     CHUNK_COLUMN,
     COLUMNS,
@@ -142,7 +142,7 @@ def _suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
         "num_gpus": n, "dp": n // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
         "schedule": code, "split": list(Split).index(Split(split)),
         "mbs": _pick(trial, "mbs", sp.micro_batch_size),
-        "precision": sp.precision.index(_pick(trial, "precision", sp.precision)),
+        "precision": pick_precision(trial, req),
         "attention": sp.attention.index(_pick(trial, "attention", sp.attention)),
         "gbs": pick_batch(trial, req, n // (tp * pp * cp)),
     }
@@ -155,6 +155,34 @@ def _suggest_layout(trial: Trial, req: SearchRequest) -> dict[str, Any] | None:
     (layout["layers_first"], layout["layers_max"], layout["layers_last"],
      layout[CHUNK_COLUMN]) = cols
     return layout
+
+
+PRECISION_PARAM = "precision@device"
+"""The Optuna parameter of the precision where the trial's device runs only some of the space's
+formats (device_precisions: an A100 among a multi-type search's bf16 and fp8, or among a
+space's bf16, fp16 and fp8). Studies stored before drew `precision` among all of them, and
+Optuna refuses a categorical whose choices change under one name: a new name keeps their trials
+meaning what they meant (as COUNT_PARAM), and a device that runs every format of the space (an
+H100, every single-type search of `precision: auto`) keeps `precision`."""
+
+
+def device_precisions(req: SearchRequest) -> list[Precision]:
+    """The space's formats the request's device runs, in the space's order: those its profile
+    has a peak for (scoring._estimate_groups counts the others precision-unsupported). An A100
+    of a multi-type search drew fp8 in about half its trials and could score none of them. All
+    of them where it runs none (every trial is then precision-unsupported, as the exhaustive
+    search's rows are, and nearest.nearest_miss names the format)."""
+    peaks = req.profile.device.peak_flops_per_s
+    return [p for p in req.space.precision if p.value in peaks] or list(req.space.precision)
+
+
+def pick_precision(trial: Trial, req: SearchRequest) -> int:
+    """The trial's precision as an index into the space's formats (one code means one format in
+    every GPU type: engine.shared_precision), drawn among those the device runs; not drawn
+    where it runs one (or the space lists one)."""
+    runs = device_precisions(req)
+    name = "precision" if len(runs) == len(req.space.precision) else PRECISION_PARAM
+    return req.space.precision.index(_pick(trial, name, runs))
 
 
 COUNT_PARAM = "num_gpus@fill"
