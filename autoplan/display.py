@@ -93,3 +93,10 @@ def tight_words(memory: dict[str, float]) -> str:
             f"allocates, the median of 30 published OOM messages) but at their 75th percentile "
             f"({mem.FRAGMENTATION_P75:.2%}) needs {memory['tight_by'] / gib:.1f} GiB more than "
             f"the {memory['capacity'] / gib:.1f} GiB per GPU: it may not fit")
+
+
+def unvalidated_words(mfu: float, ceiling: Any) -> str:
+    """Why a predicted MFU above every validated run of its kind on its GPU
+    (error_band.MfuCeiling) is a claim no measurement backs, in one sentence."""
+    return (f"MFU {mfu:.1%} is above all {ceiling.describe()}: no published run of its kind "
+            f"backs it, so measure it (autoplan tune) before relying on it")

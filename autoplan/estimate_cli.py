@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import sys
@@ -17,7 +18,14 @@ from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
 from autoplan.cost.runtimes import RUNTIMES
-from autoplan.display import bias_words, column, count, terminal_width, tight_words
+from autoplan.display import (
+    bias_words,
+    column,
+    count,
+    terminal_width,
+    tight_words,
+    unvalidated_words,
+)
 from autoplan.errors import ConfigError
 from autoplan.hardware import available_profiles, load_profile
 from autoplan.model_spec import PRESETS
@@ -98,6 +106,8 @@ def estimate_command(args: argparse.Namespace) -> int:
         "num_params": est.num_params, "model": model.name,
         "plan": plan_to_dict(plan.replace(predicted=None)),
         "runtime": est.runtime, "error_band": est.error_band, "error_bias": est.error_bias,
+        "mfu_ceiling": None if est.mfu_ceiling is None else dataclasses.asdict(est.mfu_ceiling),
+        "above_validated": est.above_validated,
     }
 
     def render(console: Console) -> None:
@@ -146,6 +156,8 @@ def estimate_command(args: argparse.Namespace) -> int:
         console.print(f"priced for runtime {est.runtime}: step {est.time['step']:.3g} s "
                       f"± {est.error_band:.0%} (validation error of runs of this kind"
                       f"{bias_words(est.error_bias)})", markup=False)
+        if est.above_validated:
+            console.print(f"[yellow]unvalidated:[/] {unvalidated_words(est.mfu, est.mfu_ceiling)}")
         if est.feasible:
             console.print("[green]feasible[/]")
             if est.memory["tight_by"] > 0:

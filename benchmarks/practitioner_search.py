@@ -211,6 +211,10 @@ def score_scenario(entry: dict[str, Any]) -> Outcome:
         "ours_mem_gib": float(pred["memory_bytes"]["total"]) / 2**30,
         "estimate_agrees": bool(ours.feasible
                                 and np.isclose(ours.step_time_s, pred["step_time_s"])),
+        # what `estimate` and `search` tell the user of it: above every validated run of its
+        # kind on its GPU ("unvalidated"), against which ceiling (None: no validated range)
+        "above_validated": ours.above_validated,
+        "mfu_ceiling": None if ours.mfu_ceiling is None else ours.mfu_ceiling.describe(),
         "speedup": theirs.step_time_s / float(pred["step_time_s"]),
         "at_least_as_fast": float(pred["step_time_s"]) <= theirs.step_time_s * (1 + 1e-9),
         "exports": export_check(winner, runtime, cluster.profile.gpus_per_node),
@@ -276,11 +280,16 @@ def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(f"winners above {MFU_FLAG:.0%} MFU on A100/H100: {len(high)} (beside each: "
                   "their plan's MFU as measured, the cost model's FLOPs over the published step, "
                   "and the winner's MFU over it)", markup=False)
+    console.print(f"  of them the tool itself marks unvalidated (above every validated run of "
+                  f"their kind on their GPU): {sum(bool(r.get('above_validated')) for r in high)}",
+                  markup=False)
     for r in high:
+        mark = ("unvalidated, above " if r.get("above_validated") else "within ") + (
+            r.get("mfu_ceiling") or "no validated range")
         console.print(f"  {r['id']} ({r['runtime']}, {r['device']}): {r['ours_mfu']:.1%} with "
                       f"{r['winner_knobs']} (their plan: {r['theirs']}, measured "
                       f"{r['theirs_measured_mfu']:.1%}: "
-                      f"{r['ours_mfu'] / r['theirs_measured_mfu']:.2f}x)", markup=False)
+                      f"{r['ours_mfu'] / r['theirs_measured_mfu']:.2f}x); {mark}", markup=False)
         console.print("    " + " -> ".join(
             f"{w['step']} {w['mfu']:.1%}" + ("" if w["feasible"] else " (does not fit)")
             for w in r.get("walk", [])), markup=False)

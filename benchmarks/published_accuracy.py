@@ -144,6 +144,7 @@ def score(data_path: Path) -> list[dict]:
             "group": f"{run['model']['params']}B on {run['cluster']['gpus']} x {run['cluster']['gpu']}",
             "tokens": plan.batch.global_batch_size * model.seq_len,
             "kind": _kind(plan), "scale": _scale(plan, cluster),
+            "device": cluster.profile.device.name, "precision": plan.precision.value,
         })
     return rows
 
@@ -207,7 +208,9 @@ def practitioner_rows() -> list[dict]:
                      # models (the same work per token only at the same length)
                      "group": f"{model.name} on {cluster.num_gpus} x {cluster.profile.name}",
                      "tokens": plan.batch.global_batch_size * model.seq_len,
-                     "kind": _kind(plan), "scale": _scale(plan, cluster)})
+                     "kind": _kind(plan), "scale": _scale(plan, cluster),
+                     "device": cluster.profile.device.name, "precision": plan.precision.value,
+                     "mfu": row["predicted_mfu"]})
     return rows
 
 
@@ -358,6 +361,26 @@ def _rounded(band: float) -> float | None:
     return None if math.isnan(band) else round(band, 4)
 
 
+def mfu_ceilings(rows: list[dict]) -> list[dict]:
+    """Per runtime family, GPU model (error_band.device_class) and kind of parallelism (and per
+    family and GPU over every dense kind, error_band.DENSE), the highest MFU the validated 16-bit
+    runs measured: the predicted MFU scaled by predicted / measured step time, so it counts
+    the model FLOPs as `estimate` does whatever FLOPs convention the source used."""
+    from autoplan.cost.error_band import DENSE, SIXTEEN_BIT, device_class, family
+
+    best: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
+    for r in rows:
+        device = device_class(r["device"])
+        if device is None or r["precision"] not in SIXTEEN_BIT:
+            continue
+        measured = r["mfu"] * (1.0 + r["error"])
+        kinds = (r["kind"],) if r["kind"] == "moe" else (r["kind"], DENSE)
+        for kind in kinds:
+            best.setdefault((family(r["runtime"]), device, kind), []).append((measured, r["id"]))
+    return [{"family": f, "device": d, "kind": k, "mfu": round(max(v)[0], 4),
+             "run": max(v)[1], "runs": len(v)} for (f, d, k), v in sorted(best.items())]
+
+
 def write_bands(rows: list[dict], path: Path) -> None:
     b = bands(rows)
     data = {
@@ -365,7 +388,9 @@ def write_bands(rows: list[dict], path: Path) -> None:
         "note": "One-sided 95% upper bound on the RMS relative step-time error of published "
                 "measured runs by runtime family, kind of parallelism and scale (band_of), and "
                 "the mean of measured / predicted - 1 over them (bias_of: + when they ran "
-                "longer than priced); "
+                "longer than priced); mfu_ceilings: per runtime family, GPU model and kind, "
+                "the highest MFU those runs measured (16-bit runs; estimate and search say "
+                "when a plan is predicted above it); "
                 "written by benchmarks/published_accuracy.py "
                 "--write-bands from tests/data/published/published-open.yaml, "
                 "benchmarks/data/practitioner.yaml and the sweeps "
@@ -377,6 +402,7 @@ def write_bands(rows: list[dict], path: Path) -> None:
         "groups": [{"family": f, "kind": k, "scale": s, "band": _rounded(v),
                     "bias": _rounded(m), "runs": n}
                    for (f, k, s), (v, n, m, _) in sorted(b["groups"].items())],
+        "mfu_ceilings": mfu_ceilings(rows),
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text("# Generated: python benchmarks/published_accuracy.py --write-bands\n"

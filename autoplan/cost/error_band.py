@@ -14,6 +14,8 @@ stated default band and no bias.
 from __future__ import annotations
 
 import functools
+import re
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -110,3 +112,91 @@ def band_and_bias_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: 
     kind = np.broadcast_to(kind_of(r.tp, r.pp, r.cp, moe), shape)
     scale = np.broadcast_to(scale_of(r.world, profile.gpus_per_node), shape)
     return _cells("band", fam)[kind, scale], _cells("bias", fam)[kind, scale]
+
+
+SIXTEEN_BIT = ("bf16", "fp16")
+"""The precisions the validated runs trained in (every scored published run): MFU ceilings are
+theirs, so only a plan in one of them is held against one."""
+
+
+def device_class(name: str) -> str | None:
+    """The GPU model a device name names ("A100" in "A100-SXM4-80GB" and in torch's "NVIDIA
+    A100-SXM4-80GB"; "H100" in "NVIDIA H100 80GB HBM3"): the first word-initial token of one or
+    two capitals and three digits (an optional trailing capital: "MI300X"), or None (a CPU).
+    Runs on one model of GPU share its peak and its balance of compute to bandwidth, so their
+    MFUs compare; the memory size and the form factor do not change the class."""
+    m = re.search(r"(?<![A-Za-z0-9])([A-Z]{1,2}\d{3}[A-Z]?)(?![a-z0-9])", name)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class MfuCeiling:
+    """The highest MFU measured among the validated runs of one runtime family on one GPU model
+    and of one kind of parallelism (KINDS, or DENSE: every dense kind): measured step time
+    against the cost model's own model-FLOPs count, as the MFU `estimate` prints
+    (published_accuracy --write-bands)."""
+
+    family: str
+    device: str
+    kind: str
+    mfu: float
+    run: str
+    """The run that measured it."""
+    runs: int
+    """Validated runs behind it."""
+
+    def describe(self) -> str:
+        """"validated megatron runs of pipeline layouts on A100 (22: highest measured 56.3%,
+        korthikanti-1t-sp-selective)"."""
+        return (f"validated {self.family} runs of {KIND_WORDS[self.kind]} on {self.device} "
+                f"({self.runs}: highest measured {self.mfu:.1%}, {self.run})")
+
+
+DENSE = "dense"
+"""The ceiling key of every dense kind together: a dense plan's fallback where its own kind has
+no validated runs on its GPU (a MoE plan has none: a MoE run's MFU, long-context attention
+counted, says nothing of a dense layout's, and the reverse)."""
+KIND_WORDS = {"dp": "data-parallel layouts", "tp": "tensor/context-parallel layouts",
+              "3d": "pipeline layouts", "moe": "mixture-of-experts models",
+              DENSE: "dense models"}
+
+
+@functools.cache
+def _ceilings() -> dict[tuple[str, str, str], MfuCeiling]:
+    out = {}
+    for c in _bands().get("mfu_ceilings") or []:
+        if c.get("runs", 0) < MIN_RUNS:  # one or two runs are no validated range
+            continue
+        ceiling = MfuCeiling(str(c["family"]), str(c["device"]), str(c["kind"]),
+                             float(c["mfu"]), str(c["run"]), int(c["runs"]))
+        out[(ceiling.family, ceiling.device, ceiling.kind)] = ceiling
+    return out
+
+
+def mfu_ceiling(runtime: str, kind: int, profile: ClusterProfile, precision: str
+                ) -> MfuCeiling | None:
+    """The validated runs' highest MFU a plan of this runtime, kind (an index into KINDS) and
+    precision on this profile's GPU is held against: its runtime family's runs of its kind on
+    its GPU model, else (a dense plan) of any dense kind on it, each from at least MIN_RUNS runs;
+    None for a GPU model without them, a CPU, or a precision the validated runs did not train
+    in. Nothing caps a
+    prediction with it: a plan above it is one no published run of its kind has reached, which
+    estimate and search say."""
+    device = device_class(profile.device.name)
+    if device is None or precision not in SIXTEEN_BIT or profile.is_cpu:
+        return None
+    table = _ceilings()
+    fam = family(runtime)
+    own = table.get((fam, device, KINDS[kind]))
+    return own if own is not None or KINDS[kind] == "moe" else table.get((fam, device, DENSE))
+
+
+def mfu_ceiling_of_table(runtime: str, r: Rows, profile: ClusterProfile, precision: str,
+                         moe: bool = False) -> np.ndarray:
+    """Every row's MFU ceiling (mfu_ceiling; NaN where none applies)."""
+    kind = np.broadcast_to(kind_of(r.tp, r.pp, r.cp, moe), np.shape(r.world))
+    values = np.full(len(KINDS), np.nan)
+    for k in range(len(KINDS)):
+        c = mfu_ceiling(runtime, k, profile, precision)
+        values[k] = np.nan if c is None else c.mfu
+    return values[kind]

@@ -130,10 +130,42 @@ def verdict(reasons: tuple[str, ...]) -> str:
 
 
 def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> list[str]:
-    """The "why this plan" lines under the ranked table (single objective only)."""
+    """The lines under the ranked table: why the winner wins (a single throughput or latency
+    objective), and under any objective whether its predicted MFU is one no validated run of
+    its kind reached on its GPU."""
+    if not shown:
+        return []
+    unvalidated = unvalidated_line(result, shown[0].row)
+    return gain_lines(result, shown) + ([unvalidated] if unvalidated else [])
+
+
+def unvalidated_line(result: SearchResult, best: dict[str, Any]) -> str | None:
+    """"unvalidated: MFU 64.3% is above all validated megatron runs ..." where the row's
+    predicted MFU lies above its mfu_ceiling (ranking.frame; error_band.mfu_ceiling), else
+    None. The ranking is the cost model's as it stands: nothing caps a row's MFU."""
+    from autoplan.cost.error_band import kind_of, mfu_ceiling
+    from autoplan.cost.estimate import default_runtime
+    from autoplan.display import unvalidated_words
+
+    ceiling_mfu = best.get("mfu_ceiling")
+    if not isinstance(ceiling_mfu, float) or not best["mfu"] > ceiling_mfu:  # NaN: none
+        return None
+    req = result.request
+    profile = next((t.profile for t in req.types if t.ref == best.get("cluster")), req.profile)
+    traits = req.runtime or default_runtime(profile)
+    kind = int(kind_of(int(best["tp"]), int(best["pp"]), int(best["cp"]),
+                       req.model.moe is not None))
+    ceiling = mfu_ceiling(traits.base or traits.name, kind, profile, str(best["precision"]))
+    if ceiling is None:
+        return None
+    return "unvalidated: the winner's " + unvalidated_words(float(best["mfu"]), ceiling)
+
+
+def gain_lines(result: SearchResult, shown: list[Any]) -> list[str]:
+    """Why the winner wins, against the next different layout and the published recipe
+    (single throughput or latency objective only)."""
     objectives = result.request.targets.objectives
-    if result.request.targets.multi or not shown or objectives[0] not in ("throughput",
-                                                                          "latency"):
+    if result.request.targets.multi or objectives[0] not in ("throughput", "latency"):
         return []  # gains in tokens/s explain a throughput ranking, not a GPU-count one
     best = shown[0].row
     band = best.get("band") if isinstance(best.get("band"), float) else None

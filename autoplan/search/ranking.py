@@ -150,6 +150,8 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
     }
     if "band" in c:  # the step time is step_s * (1 +- error_band) (cost/error_band.py)
         data["error_band"] = c["band"][rows]
+    if "mfu_ceiling" in c:  # the validated runs' highest MFU (NaN: none; error_band.py)
+        data["mfu_ceiling"] = c["mfu_ceiling"][rows]
     if capacity is not None and "mem_allocator" in c:
         data["mem_tight_gib"] = memory.tight_by_bytes(
             c["mem_total"][rows], c["mem_allocator"][rows], capacity[rows]) / GIB

@@ -128,6 +128,18 @@ def mem_cell(r: dict[str, Any]) -> str:
     return f"{r['mem_gib']:.1f}" + ("!" if r.get("mem_tight_gib", 0.0) > 0 else "")
 
 
+def above_validated(r: dict[str, Any]) -> bool:
+    """Whether the row's predicted MFU lies above every validated run of its kind on its GPU
+    (ranking.frame's mfu_ceiling; NaN or absent: no validated range to hold it against)."""
+    ceiling = r.get("mfu_ceiling")
+    return isinstance(ceiling, float) and r["mfu"] > ceiling
+
+
+def mfu_cell(r: dict[str, Any]) -> str:
+    """MFU, with "?" where no validated run of the plan's kind reached it on its GPU."""
+    return f"{r['mfu']:.1%}" + ("?" if above_validated(r) else "")
+
+
 def step_cell(r: dict[str, Any]) -> str:
     band = r.get("band")
     return sig(r["step_s"]) + (f" ±{band:.0%}" if isinstance(band, float) else "")
@@ -175,7 +187,7 @@ COLUMNS: list[Cell] = [
     ("mem", "mem GiB", "GiB", True, lambda s, w: mem_cell(s.row)),
     ("step", "step s", "step s", True, lambda s, w: step_cell(s.row)),
     ("tokens", "tokens/s", "tok/s", True, lambda s, w: tokens_cell(s.row["tokens_per_s"], w)),
-    ("mfu", "MFU", "MFU", True, lambda s, w: f"{s.row['mfu']:.1%}"),
+    ("mfu", "MFU", "MFU", True, lambda s, w: mfu_cell(s.row)),
     ("dominant", "dominant", "biggest", False,
      lambda s, w: s.row["dominant"] if w else DOMINANT_SHORT.get(s.row["dominant"],
                                                                   s.row["dominant"])),
@@ -317,6 +329,9 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
                      "bf16's, for an fp8 row)")
     if seen("step s") and any("band" in r for r in rows):
         parts.append("± = the cost model's error band for that prediction")
+    if seen("MFU") and any(above_validated(r) for r in rows):
+        parts.append("MFU? = above every validated run of the plan's kind on its GPU: no "
+                     "published run backs it")
     return "legend: " + "; ".join(parts) if parts else ""
 
 
