@@ -141,8 +141,9 @@ def test_a_sampled_range_lists_the_counts_its_trials_scored() -> None:
 
 
 def test_fp8_rows_a_gpu_type_lacks_are_not_rules_more_trials_cure() -> None:
-    """With several GPU types an A100 draws fp8 rows it counts precision-unsupported; those
-    alone do not make the infeasible line say to raise --trials."""
+    """An A100's fp8 trials counted precision-unsupported (a study stored before a trial drew
+    only the formats its device runs: trial_space.pick_precision) do not alone make the
+    infeasible line say to raise --trials."""
     from types import SimpleNamespace
 
     from autoplan.search.engine import sampling_note
