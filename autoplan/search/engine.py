@@ -261,8 +261,9 @@ def shared_precision(space: SearchSpace, types: tuple[GpuType, ...]) -> SearchSp
     """`precision: auto` settled alike for every GPU type of a multi-type search: the formats
     any type picks for itself (in Precision's order), where each type either picks a format
     or lacks its tensor cores. Rows of one precision code then mean one format in every type,
-    so they rank in one table, and an H100 keeps fp8 beside an A100's bf16 (the A100 counts
-    its fp8 rows precision-unsupported): with the intersection, listing an A100 took fp8 from
+    so they rank in one table, and an H100 keeps fp8 beside an A100's bf16 (the exhaustive
+    search counts the A100's fp8 rows precision-unsupported; a sampled trial draws only the
+    formats its device runs, trial_space.pick_precision): with the intersection, listing an A100 took fp8 from
     every type and the cheapest plan overall cost a third more than the H100's own. Types
     whose picks another type could run but would not pick (V100's fp16 beside an A100's bf16)
     keep their own, and search refuses the mix (search.cli.build_request)."""
