@@ -1,7 +1,7 @@
 """Can a checkpoint continue under this plan? What changed, and what DCP can and cannot reshard.
 
-A different parallel layout (dp, tp, pp, cp, vpp, ZeRO, offload, recompute, precision) resumes:
-DCP reshards every tensor by its layout-independent FQN, and the vocabulary's padding rows
+A different parallel layout (dp, tp, pp, cp, ep, etp, vpp, ZeRO, offload, recompute, precision)
+resumes: DCP reshards every tensor by its layout-independent FQN, and the vocabulary's padding rows
 (a multiple of 128*tp, cost/params.py) are re-padded on load. A different model shape cannot:
 the saved tensors do not fit. Neither can another optimizer (its state has other keys), nor
 another global batch, data or seed: step t reads samples [(t-1)B, t*B) of the (data, seed)
@@ -27,7 +27,7 @@ from autoplan.yaml_io import from_dict, show, to_dict
 
 VOCAB_FQNS = ("embed.tok.weight", "output.weight")
 """Tensors whose first dimension is the (padded) vocabulary."""
-_CAN = ("a different parallel layout (dp/tp/pp/cp, ZeRO, offload, recompute, precision) "
+_CAN = ("a different parallel layout (dp/tp/pp/cp/ep, ZeRO, offload, recompute, precision) "
         "resumes, DCP reshards it; a different model shape cannot: train it with a new "
         "--checkpoint-dir")
 
@@ -40,8 +40,11 @@ def model_fields(spec: ModelSpec) -> dict[str, Any]:
 
 
 def layout_fields(plan: Plan) -> dict[str, Any]:
+    """Every degree of the layout (the expert ones and HSDP's shard group too) with the ZeRO
+    stage and precision: what layout_changes names when a resume reshards."""
     p = plan.parallel
-    return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp, "vpp": plan.pipeline.vpp,
+    return {"dp": p.dp, "dp_shard": p.dp_shard, "tp": p.tp, "pp": p.pp, "cp": p.cp,
+            "ep": p.ep, "etp": p.etp, "vpp": plan.pipeline.vpp,
             "zero_stage": plan.zero_stage, "precision": plan.precision.value}
 
 
@@ -94,11 +97,13 @@ def model_changes(meta: dict, spec: ModelSpec) -> list[str]:
 
 
 def layout_changes(meta: dict, plan: Plan) -> list[str]:
+    """`FIELD saved -> now` for every layout field that differs. A field the checkpoint does
+    not record (ep, etp and dp_shard before they were saved) is not guessed at."""
     saved = meta.get("layout")
     if not isinstance(saved, dict):
         return []
     now = layout_fields(plan)
-    return [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in now.items() if saved.get(k) != v]
+    return [f"{k} {saved[k]!r} -> {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
 
 
 def expected_shapes(spec: ModelSpec, tp: int) -> dict[str, tuple[int, ...]]:
