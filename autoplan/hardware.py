@@ -15,7 +15,14 @@ import numpy as np
 
 from autoplan import resources
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show, unknown_key_fix
+from autoplan.yaml_io import (
+    check_schema_version,
+    from_dict,
+    name_hint,
+    read_yaml,
+    show,
+    unknown_key_fix,
+)
 
 PROFILES_DIR = resources.package_dir(resources.PROFILES)
 """The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
@@ -522,9 +529,12 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
     if resources.is_name(ref):
         named = resources.find(resources.PROFILES, str(ref))
         if named is None:
+            known = available_profiles()
+            hint = name_hint(str(ref), known)
             raise ConfigError(
                 flag, f"unknown profile {show(str(ref))}",
-                f"choose one of {', '.join(available_profiles())} or a path to a profile YAML",
+                (f"{hint} " if hint else "")
+                + f"choose one of {', '.join(known)} or a path to a profile YAML",
             )
         path = named
     # errors name the file: a user's profile may shadow a built-in name, a search read several

@@ -25,7 +25,7 @@ from autoplan.rope_scaling import ROPE_FIELDS as ROPE_FIELDS
 from autoplan.rope_scaling import YARN_ROPE_TYPE as YARN_ROPE_TYPE
 from autoplan.rope_scaling import RopeScaling as RopeScaling
 from autoplan.rope_scaling import yarn_mscale as yarn_mscale
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+from autoplan.yaml_io import check_schema_version, from_dict, name_hint, read_yaml, show
 
 
 class MlpKind(str, enum.Enum):
@@ -350,8 +350,10 @@ def _load(ref: str | dict[str, Any] | ModelSpec, field: str) -> ModelSpec:
         if not isinstance(data, dict):
             raise ConfigError(f"{field} {ref}", "expected a mapping of model fields")
         return from_dict(ModelSpec, check_schema_version(data, "model"), "model")
+    hint = name_hint(ref, PRESETS)
     raise ConfigError(
         field, f"unknown model {show(ref, 100)}",
-        f"choose a preset ({', '.join(PRESETS)}) or a path to a YAML spec, a config.json "
+        (f"{hint} " if hint else "")
+        + f"choose a preset ({', '.join(PRESETS)}) or a path to a YAML spec, a config.json "
         "or the folder that holds one",
     )

@@ -56,17 +56,47 @@ gets both --micro-batch-size and --global-batch-size, --step only --steps (not -
 
 def did_you_mean(name: Any, known: Iterable[str], n: int = 1, quote: bool = True) -> str | None:
     """'did you mean 'x'?' naming the entries of `known` that `name` likely misspells
-    (difflib.get_close_matches, ratio 0.6 or more; at most `n`, and past the best only those
-    EQUALLY_CLOSE to it), or None when none is close. `quote`: each shown as repr (YAML keys),
-    else as is (command-line flags)."""
+    (close_matches), or None when none is close. `quote`: each shown as repr (YAML keys), else
+    as is (command-line flags)."""
     if not isinstance(name, str):
         return None
-    close = difflib.get_close_matches(name, list(known), n)
+    close = close_matches(name, known, n)
     if not close:
         return None
+    return f"did you mean {' or '.join(repr(c) if quote else c for c in close)}?"
+
+
+def close_matches(name: str, known: Iterable[str], n: int = 1) -> list[str]:
+    """The entries of `known` that `name` likely misspells: difflib.get_close_matches (ratio 0.6
+    or more), at most `n`, and past the best only those EQUALLY_CLOSE to it."""
+    close = difflib.get_close_matches(name, list(known), n)
     ratios = [difflib.SequenceMatcher(None, name, c).ratio() for c in close]
-    shown = [c for c, r in zip(close, ratios, strict=True) if r >= ratios[0] - EQUALLY_CLOSE]
-    return f"did you mean {' or '.join(repr(c) if quote else c for c in shown)}?"
+    return [c for c, r in zip(close, ratios, strict=True) if r >= ratios[0] - EQUALLY_CLOSE]
+
+
+NAMES_SHOWN = 3
+"""name_hint names at most this many presets or profiles (`a100` holds three profile names)."""
+
+
+def name_hint(name: Any, known: Iterable[str]) -> str | None:
+    """'did you mean ...?' for an unknown preset or profile name: the names equal to it but for
+    case (`llama-3-8B`), else the few that hold it (`h100`: h100-sxm-80gb, h100-96gb-500w),
+    else the close ones (close_matches), compared without case; None when none is near or when
+    more than NAMES_SHOWN hold it."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    known = list(known)
+    folded = name.strip().casefold()
+    same = [k for k in known if k.casefold() == folded]
+    held = [k for k in known if len(folded) >= 3 and folded in k.casefold()]
+    for picks in (same, held):
+        if 0 < len(picks) <= NAMES_SHOWN:
+            return f"did you mean {' or '.join(map(repr, picks))}?"
+    if held:  # `gpt3` is in eight presets: which one is meant, the list that follows shows
+        return None
+    by_folded = {k.casefold(): k for k in known}
+    close = close_matches(folded, by_folded, NAMES_SHOWN)
+    return f"did you mean {' or '.join(repr(by_folded[c]) for c in close)}?" if close else None
 
 
 def unknown_key_fix(key: Any, known: Iterable[str]) -> str:

@@ -34,6 +34,7 @@ from autoplan.export.launch import (
 from autoplan.export.nodes import bigger_node_warning, split_warning, written_cluster
 from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.hardware import MAX_GPUS_PER_NODE, ClusterSpec, load_profile
+from autoplan.model_spec import PRESETS, load_model
 from autoplan.plan import Plan, plan_model_ref
 from autoplan.yaml_io import dump_yaml
 
@@ -372,6 +373,8 @@ def run_import(args: argparse.Namespace) -> int:
     from autoplan.plan import load_plan, plan_to_dict
 
     _check_out(args.out)
+    if args.model is not None and args.model not in PRESETS and not os.path.exists(args.model):
+        load_model(args.model)  # an unknown name: refused as --model (not the plan's model:)
     if args.out is not None:
         fsutil.check_file_target(args.out, force=args.force, field="--out")
         fsutil.check_not_input(Path(args.out), args.file, "the file being imported")
