@@ -16,6 +16,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, count
@@ -36,6 +37,7 @@ from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.hardware import MAX_GPUS_PER_NODE, ClusterSpec, load_profile
 from autoplan.model_spec import PRESETS, load_model
 from autoplan.plan import Plan, plan_model_ref
+from autoplan.plan_args import apply_sets
 from autoplan.yaml_io import dump_yaml
 
 log = logging.getLogger(__name__)
@@ -102,16 +104,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--num-gpus", type=count(), help="GPUs in the job (default: from the config)")
     q.add_argument(
         "--set",
-        action="append",
+        action=_Assignments,
+        nargs="+",
         default=[],
         metavar="KEY=VALUE",
-        help="edit a plan field the config cannot say, e.g. --set parallel.pp=4 (one per "
-        "--set; repeat --set for more)",
+        help="edit plan fields the config cannot say, e.g. --set parallel.tp=2 parallel.pp=4 "
+        "(several after one --set, or --set repeated, as estimate takes them: a field given "
+        "twice must get the same value)",
     )
     q.add_argument("--out", help="write the plan YAML here instead of stdout")
     q.add_argument("--force", action="store_true", help="replace an existing --out file")
     add_format_argument(q, "json: the plan as JSON (default: the plan YAML)")
     q.set_defaults(func=run_import)
+
+
+class _Assignments(argparse.Action):
+    """`--set` as estimate takes it (plan_args: several after one --set, or --set repeated).
+    FILE typed after the assignments would be taken for one: refused naming the fix, where
+    argparse would say only that FILE is missing."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        stray = [v for v in values if "=" not in v]
+        if stray and getattr(namespace, "file", None) is None:
+            raise argparse.ArgumentError(self, f"got {stray[0]!r}, which is no KEY=VALUE: give "
+                                         "FILE before --set")
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *values])
 
 
 def _gpus_per_node(args: argparse.Namespace, profile: str) -> int:
@@ -373,6 +391,7 @@ def run_import(args: argparse.Namespace) -> int:
     from autoplan.plan import load_plan, plan_to_dict
 
     _check_out(args.out)
+    apply_sets({}, args.set)  # a field given twice is refused first, as estimate refuses it
     if args.model is not None and args.model not in PRESETS and not os.path.exists(args.model):
         load_model(args.model)  # an unknown name: refused as --model (not the plan's model:)
     if args.out is not None:
