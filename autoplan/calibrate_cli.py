@@ -141,20 +141,28 @@ def error_line(summary: dict[str, Any], runs: str) -> str:
 
 def fitted_line(summary: dict[str, Any]) -> str:
     """Which factors the fit set when the runs feel more than their plans can identify, and the
-    share of the predicted step time each governs."""
+    share of the predicted step time each governs: the multipliers' shares split it (they add
+    up to 100% at most); overlap's, the communication it could hide, lies inside theirs and is
+    said apart (calibrate_identify.factor_shares)."""
     plans, shares = summary["distinct_plans"], summary["factor_shares"]
 
     def named(names: list[str]) -> str:
-        return ", ".join(f"{name} ({shares[name]:.0%})"
-                         for name in sorted(names, key=lambda n: -shares[n]))
+        return ", ".join(f"{name} (could hide {shares[name]:.0%})" if name == "overlap"
+                         else f"{name} ({shares[name]:.0%})"
+                         for name in sorted(names, key=lambda n: (n == "overlap", -shares[n])))
 
     many = plans != 1
+    split = sum(share for name, share in shares.items() if name != "overlap")
+    legend = (f"; a factor's % is its share of the predicted step time (the shares add up to "
+              f"{split:.0%})")
+    if "overlap" in shares:
+        legend += ", overlap's the part of the communication's share it could hide"
     return (f"{plans} different plan{'s' if many else ''} identif{'y' if many else 'ies'} "
             f"{plans} factor{'s' if many else ''}: fitted the {plans if many else 'one'} that "
             f"govern{'' if many else 's'} most of the predicted step time, "
             f"{named(summary['factors_fitted'])}; left "
             f"{named(summary['factors_unidentified'])} for runs of more plans (other tp, pp, "
-            "dp, micro-batch)")
+            f"dp, micro-batch){legend}")
 
 
 def warn_overfit(result: Calibration, command: str = "calibrate") -> None:

@@ -66,7 +66,12 @@ def factor_shares(runs: list[RunRecord], profile: ClusterProfile,
     """The share of the runs' predicted step time T each of `names` governs at the start
     profile, averaged over the runs: |d ln T / d ln f| for a multiplier (a part priced at x / f
     moves T by its share of it), and the fall of ln T from no overlap to full for `overlap` (the
-    exposed communication it can hide)."""
+    exposed communication it can hide).
+
+    The multipliers' shares split T: each part of it is priced by one of them, so they add up
+    to 100% (less where a part is priced by none). Overlap's is no part of its own: the
+    communication it hides is inside the shares of the factors that price it (collective
+    tables, links), so it is said apart (share_words) and never added to them."""
     start, price = identity(profile), StepPricer(runs, profile)
 
     def log_times(name: str, value: float) -> list[float]:  # ln T, less ln measured
@@ -84,12 +89,20 @@ def factor_shares(runs: list[RunRecord], profile: ClusterProfile,
     return shares
 
 
-def _few_plans(plans: int, share: float) -> str:
+def share_words(name: str, share: float) -> str:
+    """What `share` (factor_shares') is for factor `name`, in words: a part of the predicted
+    step time, or for overlap the part of it that full overlap would hide."""
+    if name == "overlap":
+        return f"could hide {share:.0%} of the predicted step time"
+    return f"governs {share:.0%} of the predicted step time"
+
+
+def _few_plans(plans: int, name: str, share: float) -> str:
     """Why a felt factor was left: the runs' plans identify fewer factors than they feel."""
     many = plans != 1
     return (f"{plans} different plan{'s' if many else ''} identif{'y' if many else 'ies'} "
-            f"{plans} factor{'s' if many else ''}, and this one governs {share:.0%} of the "
-            "predicted step time, less than those fitted")
+            f"{plans} factor{'s' if many else ''}, and this one {share_words(name, share)}, "
+            "less than those fitted")
 
 
 def chosen_factors(runs: list[RunRecord], profile: ClusterProfile
@@ -103,5 +116,5 @@ def chosen_factors(runs: list[RunRecord], profile: ClusterProfile
     plans = len({plan_key(r.plan) for r in runs})
     shares = factor_shares(runs, profile, felt)
     ranked = sorted(felt, key=lambda name: -shares[name])  # stable: FACTORS order breaks ties
-    left.update({name: _few_plans(plans, shares[name]) for name in ranked[plans:]})
+    left.update({name: _few_plans(plans, name, shares[name]) for name in ranked[plans:]})
     return left, shares
