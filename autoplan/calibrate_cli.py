@@ -111,6 +111,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
                       f"{r['error_after']:+.1%}",
                       *((f"{r['error_held_out']:+.1%}",) if held else ()))
         console.print(t)
+        console.print(ERROR_LEGEND)
         console.print(error_line(summary, "the runs"))
         if summary["factors_unidentified"]:
             console.print(fitted_line(summary))
@@ -125,6 +126,12 @@ def calibrate_command(args: argparse.Namespace) -> int:
     emit(args, data, render)
     warn_overfit(result)
     return 0
+
+
+ERROR_LEGEND = ("errors are predicted / measured - 1: -20% is a step predicted 20% shorter than "
+                "it ran (`train` shows that miss as measured / predicted 1.25x, 25% slower)")
+"""What the sign of calibrate's errors means: the fit's residual (calibrate_pricing.step_errors),
+against `train`'s measured / predicted ratio for the same miss."""
 
 
 def error_line(summary: dict[str, Any], runs: str) -> str:
