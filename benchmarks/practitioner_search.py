@@ -32,7 +32,7 @@ from autoplan import fsutil
 from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
-from autoplan.export.registry import get_target
+from autoplan.export.registry import RUNTIME_TARGETS, get_target
 from autoplan.plan import Plan, save_plan
 from autoplan.search.engine import SearchRequest, SearchResult, run_search
 from autoplan.search.output import plans
@@ -41,11 +41,8 @@ from autoplan.search_space import load_space
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from practitioner import DEFAULT_DATA, build, load_data, plan_summary, row_runtime  # noqa: E402
 
-EXPORT_TARGET = {"megatron": "megatron", "megatron-deepep": "megatron", "nemo": "megatron",
-                 "torchtitan": "torchtitan", "torchtitan-0.3": "torchtitan",
-                 "deepspeed": "deepspeed"}
-"""The `autoplan export --to` target of each practitioner runtime (NeMo and Megatron-Core with
-the DeepEP dispatcher run Megatron-Core)."""
+EXPORT_TARGET = RUNTIME_TARGETS
+"""The `autoplan export --to` target of each practitioner runtime (export.registry)."""
 EXPORT_FILE = {"megatron": "megatron_args.sh", "torchtitan": "autoplan_job.py",
                "deepspeed": "ds_config.json"}
 """The primary file each target writes (torchtitan imports its config as a Python module)."""

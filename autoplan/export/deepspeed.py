@@ -26,6 +26,7 @@ from autoplan.export.base import (
     layout_reasons,
 )
 from autoplan.export.launch import check_path_word, continued, cuda_only_reasons, shell_join
+from autoplan.export.megatron_moe import megatron_hint
 from autoplan.model_spec import ModelSpec, PositionKind
 from autoplan.plan import Plan, Precision, RecomputePolicy
 
@@ -50,11 +51,11 @@ def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
         why.append(
             f"model {model.name} has experts or latent attention: DeepSpeed-MoE is model code "
             "(deepspeed.moe.layer.MoE with its own ep_size) that ds_config.json cannot state; "
-            "export to megatron"
+            + megatron_hint(model)
         )
     if model.mtp_layers:
         why.append(f"model.mtp_layers={model.mtp_layers}: DeepSpeed has no multi-token-"
-                   "prediction module; export to megatron (--mtp-num-layers)")
+                   "prediction module; " + megatron_hint(model, "--mtp-num-layers"))
     if p.cp > 1:
         why.append(
             f"cp={p.cp}: DeepSpeed's sequence parallelism (Ulysses) is an all-to-all head split, "

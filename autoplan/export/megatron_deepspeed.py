@@ -11,6 +11,7 @@ Data, tokenizer files and optimizer hyper-parameters are the user's, appended to
 from __future__ import annotations
 
 from autoplan.export.base import stage_layers
+from autoplan.export.megatron_moe import megatron_hint
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import (
     Attention,
@@ -40,10 +41,10 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
     if model.moe is not None or model.mla is not None:
         why.append(f"model {model.name} has experts or latent attention: Megatron-DeepSpeed's "
                    "MoE is DeepSpeed-MoE (--num-experts), not the layers the plan was costed "
-                   "for; export to megatron")
+                   "for; " + megatron_hint(model))
     if model.mtp_layers:
         why.append(f"model.mtp_layers={model.mtp_layers}: Megatron-DeepSpeed has no "
-                   "multi-token-prediction module; export to megatron (--mtp-num-layers)")
+                   "multi-token-prediction module; " + megatron_hint(model, "--mtp-num-layers"))
     if p.cp > 1:
         why.append(f"cp={p.cp}: Megatron-DeepSpeed has no ring context parallelism; its "
                    "--ds-sequence-parallel-size is DeepSpeed-Ulysses, an all-to-all head split")

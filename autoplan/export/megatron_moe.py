@@ -280,6 +280,18 @@ def megatron_mscales(s: RopeScaling) -> tuple[float, float] | None:
     return (mscale, all_dim) if ok else None
 
 
+def megatron_hint(model: ModelSpec, flags: str = "") -> str:
+    """The other targets' pointer to megatron: "export to megatron" (with its `flags`) where
+    Megatron-LM runs the model's rotation, else why megatron refuses the model too: gpt-oss's
+    YaRN without MLA was refused by every target, each sending the user to megatron, which
+    refused it as well (rope_reasons, the one model-level refusal of the megatron export)."""
+    why = rope_reasons(model)
+    if not why:
+        return "export to megatron" + (f" ({flags})" if flags else "")
+    return (f"megatron refuses model {model.name} too ({why[0].split(':')[0]}): no target "
+            "writes it as it stands")
+
+
 def rope_reasons(model: ModelSpec) -> list[str]:
     """What of a model's RoPE scaling Megatron-LM cannot run: YaRN without MLA (arguments.py
     core_transformer_config_from_args asserts 'Common attention only support rope_type="rope"';

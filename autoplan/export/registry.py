@@ -35,3 +35,14 @@ def get_target(name: str) -> ExportTarget:
     if name not in known:
         raise ConfigError("--to", f"unknown target {name!r}", f"choose one of {', '.join(known)}")
     return known[name]
+
+
+RUNTIME_TARGETS = {"megatron": "megatron", "megatron-deepep": "megatron",
+                   "megatron-allgather": "megatron", "nemo": "megatron",
+                   "torchtitan": "torchtitan", "torchtitan-0.3": "torchtitan",
+                   "deepspeed": "deepspeed"}
+"""The `--to` target that writes the job each runtime preset prices (NeMo and Megatron-Core with
+the DeepEP or all-gather dispatcher run Megatron-Core; torchtitan 0.2.2 and 0.3 are one target
+in two formats, export.torchtitan.RUNTIMES). autoplan's own runtimes run through `autoplan
+train` (any launcher); Megatron-LM's 2021/2022 releases have no target of their own (the
+megatron target writes today's flags)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autoplan.export.megatron_moe import megatron_hint
 from autoplan.export.torchtitan_text import Converters, ModelLines, registry_call
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Plan, Precision
@@ -122,7 +123,7 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     if found is None:
         return [f"model {model.name} matches no torchtitan MoE flavor (qwen3 30B-A3B, "
                 "235B-A22B; deepseek_v3 671B: same layers, widths, experts, top-k, shared and "
-                "dense layers, MLA ranks and vocab); export to megatron"]
+                "dense layers, MLA ranks and vocab); " + megatron_hint(model)]
     moe, p, why = model.moe, plan.parallel, []
     assert moe is not None
     if moe.router_aux_free != found.sigmoid:
@@ -206,7 +207,7 @@ def _rope_reasons(model: ModelSpec, found: MoeFlavor, fmt: str) -> list[str]:
     when = (f" at seq_len {model.seq_len} (<= 0.2.2 scales past {FLAVOR_YARN_WINDOW} only)"
             if found.yarn and fmt == "toml" else "")
     return [f"model.rope_scaling: the model rotates with {scaling_words(model.rope_scaling)}, "
-            f"{where} with {scaling_words(want)}{when}; export to megatron"]
+            f"{where} with {scaling_words(want)}{when}; {megatron_hint(model)}"]
 
 
 def _mtp_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
@@ -218,7 +219,7 @@ def _mtp_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
                 "(use --torchtitan-format python, or export to megatron)"]
     if p.pp > 1 or p.cp > 1:
         return [f"model.mtp_layers={n} with pp={p.pp} cp={p.cp}: torchtitan's MTP runs with "
-                "pp 1 and cp 1 only (MTPDecoder.Config); export to megatron"]
+                "pp 1 and cp 1 only (MTPDecoder.Config); " + megatron_hint(model)]
     return []
 
 

@@ -132,11 +132,13 @@ def verdict(reasons: tuple[str, ...]) -> str:
 def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> list[str]:
     """The lines under the ranked table: why the winner wins (a single throughput or latency
     objective), and under any objective whether its predicted MFU is one no validated run of
-    its kind reached on its GPU."""
+    its kind reached on its GPU and whether the runtime's export target refuses it."""
+    from autoplan.search.exportable import export_line
+
     if not shown:
         return []
-    unvalidated = unvalidated_line(result, shown[0].row)
-    return gain_lines(result, shown) + ([unvalidated] if unvalidated else [])
+    extra = [unvalidated_line(result, shown[0].row), export_line(result)]
+    return gain_lines(result, shown) + [line for line in extra if line]
 
 
 def unvalidated_line(result: SearchResult, best: dict[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ from autoplan.cli_common import finite, json_text
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, load_plan, plan_to_dict
 from autoplan.search.engine import SearchResult
+from autoplan.search.exportable import export_refusals
 from autoplan.search.nearest import row_capacities
 from autoplan.search.ranking import frame, row_plan
 from autoplan.search.targets import MISS_KEYS, Targets
@@ -93,6 +94,9 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     }
     if result.best is not None:
         out["best"] = plan_to_dict(plans(result, np.array([result.best]))[0])
+    exportable = export_refusals(result)
+    if exportable is not None:  # the runtime's --to target: [] where it writes the winner
+        out["export"] = exportable
     if req.targets.multi:
         out["pareto_size"] = int(result.front.sum())
     near = nearest_info(result)
