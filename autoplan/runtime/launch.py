@@ -265,7 +265,9 @@ def torchrun_command(nproc: int, max_restarts: int, argv: list[str],
 
 
 def launch_and_report(args: argparse.Namespace) -> int:
-    """Validate, run torchrun, and print the summary rank 0 wrote (table, json or yaml)."""
+    """Validate, run torchrun, and print the summary rank 0 wrote (table, json or yaml); after
+    a Ctrl-C or SIGTERM too, where the ranks stopped cleanly (stopped_early names the signal),
+    before the exit code says it. Killed ranks write no summary: then only the error line."""
     from autoplan.cli_common import emit
     from autoplan.plan import load_plan
     from autoplan.runtime.checkpoint_files import clean_temporaries
@@ -309,6 +311,9 @@ def launch_and_report(args: argparse.Namespace) -> int:
         refusal = read_rank_error(tmp) if summary is None else None
         failure = read_failure(tmp) if summary is None else None
     if outcome.signal is not None:
+        if summary is not None:  # the ranks stopped cleanly: what they trained, said as usual
+            summary["stopped_early"] = signal.Signals(outcome.signal).name
+            emit(args, summary, lambda console: render_summary(console, summary))
         raise TrainingInterrupted(outcome.signal, _interrupted(outcome, summary, args))
     if refusal is not None:
         raise refusal

@@ -279,17 +279,27 @@ def predicted(plan: Any) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"cost model unavailable ({type(err).__name__}: {err})"
 
 
+RESUMED_BY = ("--resume", "restart", "elastic")
+"""What loaded the checkpoint a run continued from (the summary's resumed_by): the --resume flag,
+a torchrun restart after a rank failed, or an --elastic start (a world-size change, or an
+elastic job's first launch)."""
+
+
 def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
               resumed_step: int = 0, peak: tuple[int, int] | None = None,
               machine: dict[str, Any] | None = None,
-              device_mismatch: str | None = None) -> dict[str, Any]:
+              device_mismatch: str | None = None, *, resumed_by: str | None = None,
+              restarts: int = 0, stopped_early: str | None = None) -> dict[str, Any]:
     """Measured medians over this run's steps after `warmup` (None when it had none: a
     warm-up step is no measurement), and the prediction for the plan. `steps` counts the
-    run's steps including those before a resume (`resumed_from`). `peak`: (bytes, rank) of
-    the largest rank's training peak (job_peak); without it, this rank's step peaks.
-    `device_mismatch`: machine.device_mismatch's line when the plan's profile describes
-    another device, which makes measured and predicted incomparable (noted, and the table
-    shows no ratios)."""
+    run's steps including those before `resumed_from`, the checkpoint step its history starts
+    after, which `resumed_by` (RESUMED_BY; None: nothing was loaded) loaded; `restarts`: the
+    torchrun restarts before it. `peak`: (bytes, rank) of the largest rank's training peak
+    (job_peak); without it, this rank's step peaks. `device_mismatch`: machine.device_mismatch's
+    line when the plan's profile describes another device, which makes measured and predicted
+    incomparable (noted, and the table shows no ratios). `stopped_early`: why the run stopped
+    before --steps (a signal's name), None when it did not."""
+    assert resumed_by is None or resumed_by in RESUMED_BY, resumed_by
     steady = history[warmup:]
     step_time = statistics.median(m.step_time_s for m in steady) if steady else None
     measured = {
@@ -302,14 +312,14 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "memory_rank": peak[1] if peak is not None and history else (0 if history else None),
     }
     pred, missing = predicted(plan)
-    off = None if device_mismatch or pred is None else band_note(
-        step_time, pred["step_time_s"], pred["error_band"], machine)
-    on_prediction = joined(device_mismatch, missing, off)
     final = history[-1].loss if history else None
     return {
         "steps": history[-1].step if history else resumed_step,
         "steps_this_run": len(history),
         "resumed_from": resumed_step,
+        "resumed_by": resumed_by,
+        "restarts": restarts,
+        "stopped_early": stopped_early,
         "final_step": history[-1].step if history else None,
         "final_loss": final if final is not None and math.isfinite(final) else None,
         "skipped_steps": sum(m.skipped for m in history),
@@ -317,11 +327,28 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "predicted": pred,
         "machine": machine or {},
         "device_mismatch": device_mismatch,
-        "note": joined(on_prediction, unmeasured(history, warmup, resumed_step),
-                       diverged(history)),
-        # the run record's predicted.note: a diverged loss says nothing of the prediction
-        "prediction_note": on_prediction,
+        "note": joined(_on_prediction(step_time, pred, missing, machine, device_mismatch),
+                       unmeasured(history, warmup, resumed_step), diverged(history)),
     }
+
+
+def _on_prediction(step_time: float | None, pred: dict[str, Any] | None, missing: str | None,
+                   machine: dict[str, Any] | None, device_mismatch: str | None) -> str | None:
+    """What of the summary's note concerns the prediction: the device mismatch, why there is
+    none, or a step time outside its error band (a diverged loss says nothing of it)."""
+    off = None if device_mismatch or pred is None else band_note(
+        step_time, pred["step_time_s"], pred["error_band"], machine)
+    return joined(device_mismatch, missing, off)
+
+
+def prediction_note(summary: dict[str, Any], plan: Any) -> str | None:
+    """The run record's predicted.note: the part of the summary's note on the prediction,
+    rebuilt from the summary (and, where it holds no prediction, from the cost model's reason
+    for `plan`), so the summary says it once, in `note`."""
+    pred = summary.get("predicted")
+    missing = None if pred else predicted(plan)[1]
+    return _on_prediction((summary.get("measured") or {}).get("step_time_s"), pred, missing,
+                          summary.get("machine"), summary.get("device_mismatch"))
 
 
 def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
@@ -346,7 +373,7 @@ def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
         "predicted": {"step_time_s": pred.get("step_time_s"),
                       "memory_total_bytes": pred.get("memory_bytes"),
                       "error_band": pred.get("error_band"),
-                      "note": summary.get("prediction_note")},
+                      "note": prediction_note(summary, plan)},
         "machine": {"torch": torch.__version__, "world_size": plan.world_size,
                     **(summary.get("machine") or {})},
     }
@@ -409,5 +436,14 @@ def render_summary(console, summary: dict[str, Any]) -> None:
         table.add_row(name, f.format(m) if m is not None else "-",
                       f.format(p) if p is not None else "-", ratio)
     console.print(table)
+    restarts = summary.get("restarts") or 0
+    if restarts:
+        console.print(f"restarts: {restarts} (torchrun restarted the ranks after a failure; "
+                      f"measured over the steps after checkpoint step {summary['resumed_from']},"
+                      " which the last restart resumed from)")
+    if summary.get("stopped_early"):
+        step = summary.get("final_step")
+        when = f"after step {step}" if step is not None else "before its first step"
+        console.print(f"stopped early by {summary['stopped_early']} {when}")
     if summary.get("note"):
         console.print(f"note: {summary['note']}")

@@ -77,11 +77,17 @@ def _init_process_group(backend: str, rank: int, world: int, timeout_s: float,
                             world_size=world, timeout=timeout)
 
 
+STOP_FILE_REASON = "the launcher's stop file"
+"""The summary's stopped_early when `autoplan train` asked the ranks to stop (it got a signal,
+and replaces this with the signal's name)."""
+
+
 class _StopFlag:
-    """Whether this rank wants the job to stop after the current step."""
+    """Whether this rank wants the job to stop after the current step, and why (`reason`)."""
 
     def __init__(self, stop_file: str | None = None, launcher_pid: int | None = None) -> None:
-        self.signalled = False
+        self.signum: int | None = None
+        self.reason: str | None = None
         self.stop_file, self.launcher_pid = stop_file, launcher_pid
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._handle)
@@ -90,15 +96,23 @@ class _StopFlag:
         # nothing logged here (a handler that logs can deadlock on logging's lock), nor said
         # before the step ends: torchrun SIGTERMs the ranks left after one died, and those
         # never finish their step (rank_failures.py says what happened)
-        self.signalled = True
+        if self.signum is None:
+            self.signum = signum
 
     @property
     def set(self) -> bool:
-        if self.signalled:
-            return True
+        if self.reason is None:
+            self.reason = self._why()
+        return self.reason is not None
+
+    def _why(self) -> str | None:
+        if self.signum is not None:
+            return signal.Signals(self.signum).name
         if self.stop_file and os.path.exists(self.stop_file):
-            return True
-        return self.launcher_pid is not None and not pid_alive(self.launcher_pid)
+            return STOP_FILE_REASON
+        if self.launcher_pid is not None and not pid_alive(self.launcher_pid):
+            return "the launcher's exit"
+        return None
 
 
 def run(args: argparse.Namespace) -> dict | None:
@@ -117,6 +131,7 @@ def run(args: argparse.Namespace) -> dict | None:
     )
     from autoplan.runtime.optim import OptimConfig
     from autoplan.runtime.parallelize import RuntimeOptions, parallelize
+    from autoplan.runtime.rank_failures import attempt
     from autoplan.runtime.train_args import under_restart
     from autoplan.runtime.trainer import Trainer
 
@@ -160,8 +175,7 @@ def run(args: argparse.Namespace) -> dict | None:
     ckpt = Checkpointer(args.checkpoint_dir, pm.parts, trainer.optimizers,
                         tied=pm.tie_embeddings, loss_scaler=pm.loss_scaler,
                         keep=args.keep_checkpoints) if args.checkpoint_dir else None
-    if ckpt is not None:
-        _resume(ckpt, trainer, plan, spec, settings, args)
+    resumed_by = _resume(ckpt, trainer, plan, spec, settings, args) if ckpt is not None else None
     resumed = trainer.step
     if rank == 0 and under_restart():
         from autoplan.runtime.rank_failures import restart_line
@@ -175,6 +189,7 @@ def run(args: argparse.Namespace) -> dict | None:
     tokens_per_step = gbs * spec.seq_len
     my_dp = dp_rank(mesh, dims)
     peak = TrainingPeak(device)
+    stopped_early = None
     while trainer.step < args.steps:
         peak.start_step()
         t0 = time.perf_counter()
@@ -192,13 +207,16 @@ def run(args: argparse.Namespace) -> dict | None:
             ckpt.save(res.step, {**meta, "consumed_samples": res.step * gbs})
             peak.saved()
         if res.stop_requested:
+            stopped_early = stop.reason or "another rank"  # the ranks agree in the step
             if rank == 0:
                 log.warning("stopped after step %d", res.step)
             break
     largest = job_peak(peak.bytes)  # every rank: the cost model prices the largest
     machine = {**machine, **host_load(load_start, load_average())}
     summary = summarize(sink.history, plan, resumed_step=resumed, peak=largest,
-                        machine=machine, device_mismatch=mismatch) if sink is not None else None
+                        machine=machine, device_mismatch=mismatch, resumed_by=resumed_by,
+                        restarts=attempt(), stopped_early=stopped_early
+                        ) if sink is not None else None
     del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
     dist.barrier()
     if chosen is not None and rank == 0:
@@ -209,13 +227,15 @@ def run(args: argparse.Namespace) -> dict | None:
     return summary
 
 
-def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> None:
+def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> str | None:
     """With --resume, after a torchrun restart or under --elastic: continue from the newest
     checkpoint, with this run's lr and weight decay (the loaded optimizer state brings the
     saving run's). A restart or an elastic start may find none and start at step 0; --resume
     may not, nor resume a checkpoint at --steps (the launcher refused both already: a job
     started by a scheduler fails here). Under --elastic a world change restarts workers
-    without counting a restart, so there only the launcher decides."""
+    without counting a restart, so there only the launcher decides. Returns what loaded a
+    checkpoint (metrics.RESUMED_BY: a restart before --elastic before --resume), None when
+    none was."""
     from autoplan.runtime.checkpoint_compat import check_steps
     from autoplan.runtime.launch import check_fresh_start
     from autoplan.runtime.optim import set_hyperparameters
@@ -223,7 +243,7 @@ def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> No
 
     restarted = under_restart()
     if not (args.resume or restarted or args.elastic):
-        return
+        return None
     step = ckpt.load_newest(plan, spec, settings)
     asked = args.resume and not restarted and not args.elastic
     if step is None:
@@ -232,11 +252,12 @@ def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> No
             if dist.get_rank() == 0:
                 log.warning("--resume: no checkpoint in %s; starting at step 0",
                             args.checkpoint_dir)
-        return
+        return None
     if asked:
         check_steps(step, args.steps)
     trainer.step = step
     set_hyperparameters(trainer.optimizers, trainer.optim_cfg)
+    return "restart" if restarted else "elastic" if args.elastic else "--resume"
 
 
 def run_and_report(args: argparse.Namespace) -> int:
