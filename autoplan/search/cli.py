@@ -18,7 +18,7 @@ from typing import Any
 from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, check_seed, count, emit, stderr_console
 from autoplan.cost.runtimes import RUNTIMES, load_runtime
-from autoplan.display import days, whole
+from autoplan.display import days, sig, whole
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
 from autoplan.plan import plan_model_ref
@@ -296,8 +296,8 @@ def search_command(args: argparse.Namespace) -> int:
         shown = rounded(data) if resolve_format(args) == "yaml" else data  # JSON: every digit
         def table(console: Any) -> None:
             render(console, result, view, args.top, wide=getattr(args, "wide", False))
-            for line in by_cluster_lines(data.get("by_cluster", [])):
-                console.print(line, markup=False)
+            for line in by_cluster_lines(data.get("by_cluster", []), data["objectives"]):
+                console.print(line, markup=False, soft_wrap=True)  # one line each, for grep
 
         emit(args, shown, table)
         if result.best is None:
@@ -396,7 +396,9 @@ def infeasible_line(data: dict[str, Any]) -> str:
 
 
 def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
-    """The best plan of each GPU type by the (first) objective, then the best overall."""
+    """The best plan of each GPU type by the (first) objective, then the best overall, with the
+    figures of every objective: tokens/s, step seconds, and with --train-tokens or a cost
+    objective GPU-hours and dollars (for `cost_tokens`: the budget, else 1e9 tokens)."""
     import numpy as np
 
     sc, req = result.scored, result.request
@@ -412,10 +414,13 @@ def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
         if i is not None:
             tps = float(c["tokens_per_s"][i])
             row |= {"num_gpus": int(c["num_gpus"][i]), "tokens_per_s": tps,
+                    "step_s": float(c["time_step"][i]),
                     "parallel": {k: int(c[k][i]) for k in ("dp", "tp", "pp", "cp")}}
             if t.train_tokens is not None:
-                hours = float(c["num_gpus"][i]) * t.train_tokens / tps / 3600.0
-                row |= {"days": t.train_tokens / tps / 86400.0, "gpu_hours": hours}
+                row["days"] = t.train_tokens / tps / 86400.0
+            if t.train_tokens is not None or "cost" in t.objectives:
+                hours = float(c["num_gpus"][i]) * t.cost_tokens / tps / 3600.0
+                row |= {"gpu_hours": hours, "cost_tokens": t.cost_tokens}
                 price = float(c.get("price_per_gpu_hour", np.full(sc.n, np.nan))[i])
                 if np.isfinite(price):
                     row |= {"usd": hours * price, "price_per_gpu_hour": price}
@@ -423,24 +428,46 @@ def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
     return out
 
 
-def by_cluster_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """`best per GPU type` lines under the table of a multi-type search."""
+def by_cluster_lines(rows: list[dict[str, Any]], objectives: list[str]) -> list[str]:
+    """`best per GPU type` lines under the table of a multi-type search: each plan's figure of
+    the first objective first (cost: dollars and GPU-hours, or GPU-hours where unpriced;
+    latency: the step time; throughput: tokens/s; gpus: the count, which leads every line)."""
     if not rows:
         return []
-    lines = ["best per GPU type (by the first objective):"]
+    first = objectives[0] if objectives else "throughput"
+    which = f"{first}, the first objective" if len(objectives) > 1 else first
+    lines = [f"best per GPU type (by {which}):"]
     for r in rows:
         label = "overall" if r["which"] == "overall" else r["cluster"]
         if not r["feasible"]:
             lines.append(f"  {label}: no feasible plan")
             continue
         par = r["parallel"]
-        text = (f"  {label}: {r['num_gpus']} GPUs" + (f" of {r['cluster']}" if label == "overall"
-                                                       else "")
-                + f", dp={par['dp']} tp={par['tp']} pp={par['pp']} cp={par['cp']}, "
-                f"{r['tokens_per_s']:,.0f} tokens/s")
-        if "days" in r:
-            text += f", {days(r['days'])} days, {whole(r['gpu_hours'])} GPU-hours"
-        if "usd" in r:
-            text += f", ${r['usd']:,.0f} at ${r['price_per_gpu_hour']:.2f}/GPU-hour"
-        lines.append(text)
+        of = f" of {r['cluster']}" if label == "overall" else ""
+        lines.append(f"  {label}: {r['num_gpus']} GPUs{of}, dp={par['dp']} tp={par['tp']} "
+                     f"pp={par['pp']} cp={par['cp']}, " + ", ".join(_figures(r, first)))
     return lines
+
+
+def _figures(r: dict[str, Any], first: str) -> list[str]:
+    """A by_cluster row's figures, the first objective's first."""
+    rate = [f"{r['tokens_per_s']:,.0f} tokens/s"]
+    step = [f"step {sig(r['step_s'])} s"]
+    train = [f"{days(r['days'])} days"] if "days" in r else []
+    cost = []
+    if "gpu_hours" in r:  # for the budget (days shown), else per 1e9 tokens
+        budget = f"{r['cost_tokens']:.3g}".replace("e+0", "e").replace("e+", "e")
+        per = "" if "days" in r else f" per {budget} tokens"
+        hours = f"{_amount(r['gpu_hours'])} GPU-h"
+        cost = [f"${_amount(r['usd'])}{per} ({hours} at ${r['price_per_gpu_hour']:.2f}/GPU-h)"
+                if "usd" in r else f"{hours}{per}"]
+    if first == "cost":
+        return cost + train + rate
+    if first == "latency":
+        return step + rate + train + cost
+    return rate + train + cost
+
+
+def _amount(value: float) -> str:
+    """Dollars or GPU-hours: whole from 100 on, else 3 significant figures ($0.734, not $1)."""
+    return whole(value) if abs(value) >= 100 else sig(value)

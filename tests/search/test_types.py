@@ -191,3 +191,56 @@ def test_a_profile_given_by_path_is_priced_by_its_name_too(tmp_path) -> None:
         assert h100.profile.price_per_gpu_hour == load_profile("h100-sxm-80gb").price_per_gpu_hour
     with pytest.raises(ConfigError, match="'nope' is not in --cluster"):
         gpu_types(f"{path},h100-sxm-80gb", "8", "nope=2")
+
+
+def test_a_cost_search_prints_each_types_dollars_not_its_tokens_per_s(tmp_path, capsys) -> None:
+    """`--objective cost` without --train-tokens (user test 34, finding 8): the lines under the
+    table showed tokens/s alone; they lead with the dollars and GPU-hours per 1e9 tokens the
+    plans were ranked by."""
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SMALL), encoding="utf-8")
+    job = ["search", "--model", "gpt3-13b", "--num-gpus", "32", "--global-batch-size", "1024",
+           "--objective", "cost", "--cluster", "h100-sxm-80gb,a100-sxm4-80gb",
+           "--space", str(space)]
+    code, text, err = run(job + ["--format", "table"], capsys)
+    assert code == 0, err
+    lines = text[text.index("best per GPU type (by cost):"):].splitlines()[1:4]
+    code, out, _ = run(job + ["--format", "json"], capsys)
+    rows = json.loads(out)["by_cluster"]
+    for line, r in zip(lines, rows, strict=True):
+        hours = r["num_gpus"] * 1e9 / r["tokens_per_s"] / 3600
+        assert r["gpu_hours"] == pytest.approx(hours) and r["cost_tokens"] == 1e9
+        assert r["usd"] == pytest.approx(hours * load_profile(r["cluster"]).price_per_gpu_hour)
+        figures = line.split("cp=1, ", 1)[1]  # the first figure is the objective's
+        assert figures.startswith(f"${r['usd']:,.0f} per 1e9 tokens ({r['gpu_hours']:,.0f} GPU-h"
+                                  if r["usd"] >= 100 else f"${r['usd']:.3g} per 1e9 tokens")
+    assert min(rows[:2], key=lambda r: r["usd"])["cluster"] == rows[2]["cluster"]
+
+
+BY_TYPE = {"cluster": "h100-sxm-80gb", "which": "h100-sxm-80gb", "feasible": True,
+           "num_gpus": 64, "tokens_per_s": 95001.0, "step_s": 1.2345,
+           "parallel": {"dp": 8, "tp": 8, "pp": 1, "cp": 1}}
+
+
+@pytest.mark.parametrize("objectives,row,figures", [
+    (["latency"], {}, "step 1.23 s, 95,001 tokens/s"),
+    (["throughput"], {}, "95,001 tokens/s"),
+    (["gpus"], {}, "95,001 tokens/s"),  # the count leads every line
+    (["cost"], {"gpu_hours": 187.1, "cost_tokens": 1e9},  # a profile without a price
+     "187 GPU-h per 1e9 tokens, 95,001 tokens/s"),
+    (["cost"], {"gpu_hours": 0.5, "cost_tokens": 1e9, "usd": 0.734, "price_per_gpu_hour": 1.468},
+     "$0.734 per 1e9 tokens (0.500 GPU-h at $1.47/GPU-h), 95,001 tokens/s"),
+    (["cost"], {"gpu_hours": 7363.0, "cost_tokens": 3e11, "usd": 22089.0, "days": 9.61,
+                "price_per_gpu_hour": 3.0},
+     "$22,089 (7,363 GPU-h at $3.00/GPU-h), 9.6 days, 95,001 tokens/s"),
+    (["latency", "cost"], {"gpu_hours": 187.1, "cost_tokens": 1e9},
+     "step 1.23 s, 95,001 tokens/s, 187 GPU-h per 1e9 tokens"),
+])
+def test_the_per_type_line_leads_with_the_first_objectives_figure(
+        objectives: list[str], row: dict[str, Any], figures: str) -> None:
+    from autoplan.search.cli import by_cluster_lines
+
+    header, line = by_cluster_lines([BY_TYPE | row], objectives)
+    assert header == f"best per GPU type (by {objectives[0]}" + (
+        ", the first objective):" if len(objectives) > 1 else "):")
+    assert line == f"  h100-sxm-80gb: 64 GPUs, dp=8 tp=8 pp=1 cp=1, {figures}"
