@@ -78,7 +78,8 @@ def register(sub: Any) -> None:
                    help="default: exhaustive when the space is enumerable, else tpe")
     p.add_argument("--trials", type=count(high=MAX_TRIALS), default=None,
                    help=f"Optuna trials (default {DEFAULT_TRIALS}; not with --sampler "
-                        "exhaustive, which scores every candidate)")
+                        "exhaustive, which scores every candidate); with --storage, the study's "
+                        "total: a resumed study samples only the trials it lacks")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--storage", help="Optuna storage: sqlite:///x.db, an RDB URL or journal:PATH")
     p.add_argument("--study", help="study name in --storage (created or resumed); with "
@@ -283,9 +284,11 @@ def search_command(args: argparse.Namespace) -> int:
             from autoplan.search.report import _pyplot
 
             _pyplot()  # matplotlib missing: refused now, not after the search
+        before = stored_trials(req)
         with progress_bar() as progress:
             result = run_search(req, progress)
-        data = write_results(args, result, report, together)
+        studies = study_counts(req, before, stored_trials(req))
+        data = write_results(args, result, report, together, studies)
         from autoplan.cli_common import resolve_format
         from autoplan.display import rounded
         from autoplan.search.render import render
@@ -295,6 +298,8 @@ def search_command(args: argparse.Namespace) -> int:
             else {k: v for k, v in data.items() if k != "nearest"}
         shown = rounded(data) if resolve_format(args) == "yaml" else data  # JSON: every digit
         def table(console: Any) -> None:
+            for line in resumed_lines(studies):  # above the sampled search's header line
+                console.print(line, markup=False, soft_wrap=True)
             render(console, result, view, args.top, wide=getattr(args, "wide", False))
             for line in by_cluster_lines(data.get("by_cluster", []), data["objectives"]):
                 console.print(line, markup=False, soft_wrap=True)  # one line each, for grep
@@ -306,6 +311,56 @@ def search_command(args: argparse.Namespace) -> int:
     if note:  # last, so that a search that fails still says one line
         sys.stderr.write(f"autoplan search: note: {note}\n")
     return 0
+
+
+def stored_trials(req: SearchRequest) -> dict[str, int]:
+    """The complete trials each study of a stored search holds now (0 for one not there yet):
+    --study, or STUDY/TYPE per GPU type; {} without --storage. Only read: nothing is created."""
+    if req.storage is None or req.study is None:
+        return {}
+    from optuna.trial import TrialState
+
+    from autoplan.search.storage import journal_errors, peek_storage, storage_errors
+
+    out = dict.fromkeys((str(sub.study) for sub in type_requests(req)), 0)
+    with journal_errors(req.storage), storage_errors(req.storage):
+        storage = peek_storage(req.storage)
+        if storage is None:  # no file or no tables yet: the search creates them
+            return out
+        for name in out:
+            try:
+                study_id = storage.get_study_id_from_name(name)
+            except KeyError:  # the search creates it
+                continue
+            out[name] = len(storage.get_all_trials(study_id, deepcopy=False,
+                                                   states=(TrialState.COMPLETE,)))
+    return out
+
+
+def study_counts(req: SearchRequest, before: dict[str, int], after: dict[str, int]
+                 ) -> list[dict[str, Any]]:
+    """summary `studies`: per study, the complete trials it held when this search began
+    (`stored`), those added since (`new`: by this process and any worker sharing the study),
+    and --trials, the total a study is sampled up to (`trials`)."""
+    return [{"study": name, "stored": n, "new": max(after.get(name, n) - n, 0),
+             "trials": req.trials} for name, n in before.items()]
+
+
+def resumed_lines(studies: list[dict[str, Any]]) -> list[str]:
+    """What a search that resumed a stored study did: the trials it found, those it added, and
+    that --trials counts the study's total (rerun with the same --trials, it adds none)."""
+    lines = []
+    for s in studies:
+        if not s["stored"]:
+            continue  # a new study: the header line's count is all its trials
+        head = f"resumed study {s['study']}: {s['stored']:,} trials stored"
+        if s["new"]:
+            lines.append(f"{head}, {s['new']:,} new (--trials {s['trials']:,} is the study's "
+                         "total)")
+        else:
+            lines.append(f"{head}, none new (--trials {s['trials']:,} is the study's total): "
+                         f"raise --trials above {s['stored']:,} to sample more")
+    return lines
 
 
 def trials_note(args: argparse.Namespace, req: SearchRequest) -> str | None:
@@ -340,12 +395,15 @@ def report_files() -> tuple[str, ...]:
 
 
 def write_results(args: argparse.Namespace, result: SearchResult, report: str | None,
-                  together: bool) -> dict[str, Any]:
+                  together: bool, studies: list[dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
     """The summary object; --out and --report written whole (nothing when nothing is
     feasible). A report that goes into --out is part of the same atomic directory."""
     from autoplan.search.output import OUT_FILES, summary, write_out
 
     data = summary(result, args.top)
+    if studies:
+        data["studies"] = studies
     if result.request.types:
         data["by_cluster"] = best_by_cluster(result)
     if result.best is None:
