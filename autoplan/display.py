@@ -96,7 +96,7 @@ def tight_words(memory: dict[str, float]) -> str:
 
 
 def unvalidated_words(mfu: float, ceiling: Any) -> str:
-    """Why a predicted MFU above every validated run of its kind on its GPU
-    (error_band.MfuCeiling) is a claim no measurement backs, in one sentence."""
-    return (f"MFU {mfu:.1%} is above all {ceiling.describe()}: no published run of its kind "
-            f"backs it, so measure it (autoplan tune) before relying on it")
+    """Why a predicted MFU above what the validated runs of its kind on its GPU were predicted
+    at (error_band.MfuCeiling) is an extrapolation, in one sentence."""
+    return (f"MFU {mfu:.1%} is above {ceiling.describe()}: the validation does not reach it, "
+            f"so measure it (autoplan tune) before relying on it")

@@ -145,6 +145,7 @@ def score(data_path: Path) -> list[dict]:
             "tokens": plan.batch.global_batch_size * model.seq_len,
             "kind": _kind(plan), "scale": _scale(plan, cluster),
             "device": cluster.profile.device.name, "precision": plan.precision.value,
+            "seq_len": model.seq_len,
         })
     return rows
 
@@ -210,7 +211,7 @@ def practitioner_rows() -> list[dict]:
                      "tokens": plan.batch.global_batch_size * model.seq_len,
                      "kind": _kind(plan), "scale": _scale(plan, cluster),
                      "device": cluster.profile.device.name, "precision": plan.precision.value,
-                     "mfu": row["predicted_mfu"]})
+                     "mfu": row["predicted_mfu"], "seq_len": model.seq_len})
     return rows
 
 
@@ -362,23 +363,29 @@ def _rounded(band: float) -> float | None:
 
 
 def mfu_ceilings(rows: list[dict]) -> list[dict]:
-    """Per runtime family, GPU model (error_band.device_class) and kind of parallelism (and per
-    family and GPU over every dense kind, error_band.DENSE), the highest MFU the validated 16-bit
-    runs measured: the predicted MFU scaled by predicted / measured step time, so it counts
-    the model FLOPs as `estimate` does whatever FLOPs convention the source used."""
-    from autoplan.cost.error_band import DENSE, SIXTEEN_BIT, device_class, family
+    """Per runtime family, GPU model (error_band.device_class), kind of parallelism (and every
+    dense kind together, error_band.DENSE) and context class, the highest MFU the cost model
+    predicts for the validated 16-bit runs, with the run and the MFU it measured (predicted
+    MFU x predicted / measured step: the cost model's FLOP count whatever convention the
+    source used). Predicted against predicted: the model leans optimistic, so a plan of a kind
+    the runs validate would read above their measured best."""
+    from autoplan.cost.error_band import DENSE, SIXTEEN_BIT, context_class, device_class, family
 
-    best: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
+    best: dict[tuple[str, str, str, str], list[tuple[float, str, float]]] = {}
     for r in rows:
         device = device_class(r["device"])
         if device is None or r["precision"] not in SIXTEEN_BIT:
             continue
-        measured = r["mfu"] * (1.0 + r["error"])
+        entry = (r["mfu"], r["id"], r["mfu"] * (1.0 + r["error"]))
         kinds = (r["kind"],) if r["kind"] == "moe" else (r["kind"], DENSE)
         for kind in kinds:
-            best.setdefault((family(r["runtime"]), device, kind), []).append((measured, r["id"]))
-    return [{"family": f, "device": d, "kind": k, "mfu": round(max(v)[0], 4),
-             "run": max(v)[1], "runs": len(v)} for (f, d, k), v in sorted(best.items())]
+            key = (family(r["runtime"]), device, kind, context_class(r["seq_len"]))
+            best.setdefault(key, []).append(entry)
+    # rounded up: the run behind a ceiling is never above it
+    return [{"family": f, "device": d, "kind": k, "context": ctx,
+             "mfu": math.ceil(top[0] * 1e4) / 1e4, "run": top[1], "measured": round(top[2], 4),
+             "runs": len(v)}
+            for (f, d, k, ctx), v in sorted(best.items()) for top in [max(v)]]
 
 
 def write_bands(rows: list[dict], path: Path) -> None:
@@ -388,9 +395,10 @@ def write_bands(rows: list[dict], path: Path) -> None:
         "note": "One-sided 95% upper bound on the RMS relative step-time error of published "
                 "measured runs by runtime family, kind of parallelism and scale (band_of), and "
                 "the mean of measured / predicted - 1 over them (bias_of: + when they ran "
-                "longer than priced); mfu_ceilings: per runtime family, GPU model and kind, "
-                "the highest MFU those runs measured (16-bit runs; estimate and search say "
-                "when a plan is predicted above it); "
+                "longer than priced); mfu_ceilings: per runtime family, GPU model, kind and "
+                "context class, the highest MFU predicted for those runs (16-bit), with the "
+                "run and what it measured; estimate and search say when a plan is predicted "
+                "above it; "
                 "written by benchmarks/published_accuracy.py "
                 "--write-bands from tests/data/published/published-open.yaml, "
                 "benchmarks/data/practitioner.yaml and the sweeps "

@@ -117,86 +117,110 @@ def band_and_bias_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: 
 SIXTEEN_BIT = ("bf16", "fp16")
 """The precisions the validated runs trained in (every scored published run): MFU ceilings are
 theirs, so only a plan in one of them is held against one."""
+LONG_CONTEXT = 32768
+"""Sequence length from which a run or plan is of the long-context class: MFU counts attention's
+FLOPs, which grow with the sequence (the Model Zoo's Qwen3 at 128K made 72% where its 4K-16K
+runs made under 50%), so long runs set no ceiling for short plans, nor the reverse."""
+
+
+def context_class(seq_len: int) -> str:
+    return "long" if seq_len >= LONG_CONTEXT else "short"
 
 
 def device_class(name: str) -> str | None:
     """The GPU model a device name names ("A100" in "A100-SXM4-80GB" and in torch's "NVIDIA
     A100-SXM4-80GB"; "H100" in "NVIDIA H100 80GB HBM3"): the first word-initial token of one or
     two capitals and three digits (an optional trailing capital: "MI300X"), or None (a CPU).
-    Runs on one model of GPU share its peak and its balance of compute to bandwidth, so their
-    MFUs compare; the memory size and the form factor do not change the class."""
+    Runs on one model of GPU share its tensor-core peak, against which MFU is counted; memory
+    size, bandwidth and form factor (A100 40GB or 80GB, H100 SXM or PCIe) are not told apart."""
     m = re.search(r"(?<![A-Za-z0-9])([A-Z]{1,2}\d{3}[A-Z]?)(?![a-z0-9])", name)
     return m.group(1) if m else None
 
 
 @dataclass(frozen=True)
 class MfuCeiling:
-    """The highest MFU measured among the validated runs of one runtime family on one GPU model
-    and of one kind of parallelism (KINDS, or DENSE: every dense kind): measured step time
-    against the cost model's own model-FLOPs count, as the MFU `estimate` prints
-    (published_accuracy --write-bands)."""
+    """The validated runs of one runtime family on one GPU model, of one kind of parallelism
+    (KINDS, or DENSE: every dense kind) and one context class: the highest MFU the cost model
+    predicts for any of them (the run, and the MFU it measured: predicted MFU x predicted /
+    measured step, the cost model's own FLOP count), from published_accuracy --write-bands.
+    A plan predicted above it lies outside the range the validation covers: the model
+    extrapolates there."""
 
     family: str
     device: str
     kind: str
+    context: str
     mfu: float
+    """The highest predicted MFU among the runs."""
     run: str
-    """The run that measured it."""
+    """The run predicted at it."""
+    measured: float
+    """That run's MFU as measured."""
     runs: int
     """Validated runs behind it."""
 
     def describe(self) -> str:
-        """"validated megatron runs of pipeline layouts on A100 (22: highest measured 56.3%,
-        korthikanti-1t-sp-selective)"."""
-        return (f"validated {self.family} runs of {KIND_WORDS[self.kind]} on {self.device} "
-                f"({self.runs}: highest measured {self.mfu:.1%}, {self.run})")
+        """"the 22 validated megatron runs of pipeline layouts on A100 (highest predicted
+        58.1%: korthikanti-530b-sp-selective, measured 56.0%)"."""
+        long = " at 32K+ tokens" if self.context == "long" else ""
+        return (f"the {self.runs} validated {self.family} runs of {KIND_WORDS[self.kind]}{long} "
+                f"on {self.device} (highest predicted {self.mfu:.1%}: {self.run}, measured "
+                f"{self.measured:.1%})")
 
 
 DENSE = "dense"
 """The ceiling key of every dense kind together: a dense plan's fallback where its own kind has
-no validated runs on its GPU (a MoE plan has none: a MoE run's MFU, long-context attention
-counted, says nothing of a dense layout's, and the reverse)."""
+too few validated runs on its GPU (a MoE plan has none: a MoE layer's grouped GEMMs and
+all-to-all say nothing of a dense layout's MFU, and the reverse)."""
 KIND_WORDS = {"dp": "data-parallel layouts", "tp": "tensor/context-parallel layouts",
               "3d": "pipeline layouts", "moe": "mixture-of-experts models",
               DENSE: "dense models"}
 
 
 @functools.cache
-def _ceilings() -> dict[tuple[str, str, str], MfuCeiling]:
+def _ceilings() -> dict[tuple[str, str, str, str], MfuCeiling]:
     out = {}
     for c in _bands().get("mfu_ceilings") or []:
         if c.get("runs", 0) < MIN_RUNS:  # one or two runs are no validated range
             continue
         ceiling = MfuCeiling(str(c["family"]), str(c["device"]), str(c["kind"]),
-                             float(c["mfu"]), str(c["run"]), int(c["runs"]))
-        out[(ceiling.family, ceiling.device, ceiling.kind)] = ceiling
+                             str(c["context"]), float(c["mfu"]), str(c["run"]),
+                             float(c["measured"]), int(c["runs"]))
+        out[(ceiling.family, ceiling.device, ceiling.kind, ceiling.context)] = ceiling
     return out
 
 
-def mfu_ceiling(runtime: str, kind: int, profile: ClusterProfile, precision: str
-                ) -> MfuCeiling | None:
-    """The validated runs' highest MFU a plan of this runtime, kind (an index into KINDS) and
-    precision on this profile's GPU is held against: its runtime family's runs of its kind on
-    its GPU model, else (a dense plan) of any dense kind on it, each from at least MIN_RUNS runs;
-    None for a GPU model without them, a CPU, or a precision the validated runs did not train
-    in. Nothing caps a
-    prediction with it: a plan above it is one no published run of its kind has reached, which
-    estimate and search say."""
+def mfu_ceiling(runtime: str, kind: int, profile: ClusterProfile, precision: str,
+                seq_len: int) -> MfuCeiling | None:
+    """The validated range a plan of this runtime, kind (an index into KINDS), precision and
+    sequence length on this profile's GPU is held against: its runtime family's runs of its
+    kind and context class on its GPU model, else (a dense plan) of any dense kind, each from
+    at least MIN_RUNS runs; None for a GPU model without them, a CPU, or a precision the
+    validated runs did not train in. Nothing caps a prediction with it: a plan above it is one
+    the validation does not reach, which estimate and search say."""
     device = device_class(profile.device.name)
     if device is None or precision not in SIXTEEN_BIT or profile.is_cpu:
         return None
-    table = _ceilings()
-    fam = family(runtime)
-    own = table.get((fam, device, KINDS[kind]))
-    return own if own is not None or KINDS[kind] == "moe" else table.get((fam, device, DENSE))
+    table, fam, ctx = _ceilings(), family(runtime), context_class(seq_len)
+    own = table.get((fam, device, KINDS[kind], ctx))
+    return own if own is not None or KINDS[kind] == "moe" else table.get(
+        (fam, device, DENSE, ctx))
 
 
-def mfu_ceiling_of_table(runtime: str, r: Rows, profile: ClusterProfile, precision: str,
-                         moe: bool = False) -> np.ndarray:
-    """Every row's MFU ceiling (mfu_ceiling; NaN where none applies)."""
-    kind = np.broadcast_to(kind_of(r.tp, r.pp, r.cp, moe), np.shape(r.world))
+def mfu_ceiling_array(runtime: str, tp: Any, pp: Any, cp: Any, profile: ClusterProfile,
+                      precision: str, moe: bool, seq_len: int) -> np.ndarray:
+    """Every row's ceiling MFU (mfu_ceiling; NaN where none applies)."""
+    kind = np.broadcast_to(kind_of(tp, pp, cp, moe), np.broadcast(tp, pp, cp).shape)
     values = np.full(len(KINDS), np.nan)
     for k in range(len(KINDS)):
-        c = mfu_ceiling(runtime, k, profile, precision)
+        c = mfu_ceiling(runtime, k, profile, precision, seq_len)
         values[k] = np.nan if c is None else c.mfu
     return values[kind]
+
+
+def above_ceiling(mfu: Any, ceiling: Any) -> Any:
+    """Whether each MFU lies above its ceiling by more than half the 0.1% it is printed to (a
+    plan printed at the ceiling's own figure is not above it; NaN ceiling: never)."""
+    ceiling = np.asarray(ceiling, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(ceiling), False, np.asarray(mfu) > ceiling + 0.0005)

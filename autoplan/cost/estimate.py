@@ -16,10 +16,11 @@ import numpy as np
 from autoplan.cost import compute, memory, moe, runtime_rules
 from autoplan.cost.error_band import (
     MfuCeiling,
+    above_ceiling,
     band_and_bias_of_table,
     kind_of,
     mfu_ceiling,
-    mfu_ceiling_of_table,
+    mfu_ceiling_array,
 )
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
@@ -58,7 +59,7 @@ def estimate_table(
     mem_total / mem_host (bytes per GPU), time_<part> and time_step (seconds), tokens_per_s,
     model_flops_per_step, mfu, hfu, fits, band (the relative error band), bias (how much
     longer than priced the runs behind the band took, on average) and mfu_ceiling (the highest
-    MFU validated runs of the row's kind measured on this GPU; NaN where none applies)."""
+    MFU predicted for the validated runs of the row's kind on this GPU; NaN where none)."""
     traits = load_runtime(runtime, on_cpu=profile.is_cpu)  # `autoplan` is the device's own
     eager = attention == "eager"
     r = rows_of(table, model, precision, traits)
@@ -81,8 +82,8 @@ def estimate_table(
     # a file customising a preset keeps the preset's validated runs (RuntimeTraits.base)
     out["band"], out["bias"] = band_and_bias_of_table(traits.base or traits.name, r, profile,
                                                       model.moe is not None)
-    out["mfu_ceiling"] = mfu_ceiling_of_table(traits.base or traits.name, r, profile, precision,
-                                              model.moe is not None)
+    out["mfu_ceiling"] = mfu_ceiling_array(traits.base or traits.name, r.tp, r.pp, r.cp, profile,
+                                           precision, model.moe is not None, model.seq_len)
     return out
 
 
@@ -111,14 +112,16 @@ class CostEstimate:
     """How much longer than priced the validated runs behind the band took, on average (mean
     measured / predicted - 1): which way the band leans. Not applied to step_time_s."""
     mfu_ceiling: MfuCeiling | None = None
-    """The highest MFU validated runs of this plan's runtime family and kind measured on its
-    GPU model (error_band.mfu_ceiling; None where there are too few): a plan predicted above it
-    has no published run of its kind to back its MFU. Nothing caps the prediction with it."""
+    """The highest MFU the cost model predicts for the validated runs of this plan's runtime
+    family, kind and context class on its GPU model (error_band.mfu_ceiling; None where there
+    are too few): a plan predicted above it lies outside what the validation covers. Nothing
+    caps the prediction with it."""
 
     @property
     def above_validated(self) -> bool:
-        """Whether the predicted MFU lies above every validated run of its kind on this GPU."""
-        return self.mfu_ceiling is not None and self.mfu > self.mfu_ceiling.mfu
+        """Whether the predicted MFU lies above every validated run's of its kind on this GPU."""
+        return self.mfu_ceiling is not None and bool(above_ceiling(self.mfu,
+                                                                   self.mfu_ceiling.mfu))
 
     @property
     def step_time_s(self) -> float:
@@ -195,7 +198,7 @@ def estimate_plan(
         mfu_ceiling=mfu_ceiling(traits.base or traits.name,
                                 int(kind_of(plan.parallel.tp, plan.parallel.pp, plan.parallel.cp,
                                             model.moe is not None)),
-                                cluster.profile, precision),
+                                cluster.profile, precision, model.seq_len),
     )
 
 

@@ -130,42 +130,50 @@ def verdict(reasons: tuple[str, ...]) -> str:
 
 
 def why_lines(result: SearchResult, data: dict[str, Any], shown: list[Any]) -> list[str]:
-    """The lines under the ranked table: why the winner wins (a single throughput or latency
-    objective), and under any objective whether its predicted MFU is one no validated run of
-    its kind reached on its GPU and whether the runtime's export target refuses it."""
+    """The "why this plan" lines under the ranked table: what the winner gains against the next
+    different layout and the published recipe (a single throughput or latency objective)."""
+    return gain_lines(result, shown) if shown else []
+
+
+def note_lines(result: SearchResult, shown: list[Any]) -> list[str]:
+    """Notes on the first plan shown, under any objective: its predicted MFU above what the
+    validated runs of its kind on its GPU were predicted at, and the runtime's export target
+    refusing it."""
     from autoplan.search.exportable import export_line
 
     if not shown:
         return []
-    extra = [unvalidated_line(result, shown[0].row), export_line(result)]
-    return gain_lines(result, shown) + [line for line in extra if line]
+    lines = [unvalidated_line(result, shown[0].row), export_line(result)]
+    return [line for line in lines if line]
 
 
 def unvalidated_line(result: SearchResult, best: dict[str, Any]) -> str | None:
-    """"unvalidated: MFU 64.3% is above all validated megatron runs ..." where the row's
-    predicted MFU lies above its mfu_ceiling (ranking.frame; error_band.mfu_ceiling), else
-    None. The ranking is the cost model's as it stands: nothing caps a row's MFU."""
+    """"unvalidated: the winner's MFU 64.3% is above the 22 validated megatron runs ..." where
+    the row lies above its MFU ceiling (ranking.frame's above_validated; error_band.
+    mfu_ceiling), else None; "plan #1's" where several objectives rank the plans. The ranking
+    is the cost model's as it stands: nothing caps a row's MFU."""
     from autoplan.cost.error_band import kind_of, mfu_ceiling
     from autoplan.cost.estimate import default_runtime
     from autoplan.display import unvalidated_words
 
-    ceiling_mfu = best.get("mfu_ceiling")
-    if not isinstance(ceiling_mfu, float) or not best["mfu"] > ceiling_mfu:  # NaN: none
+    if not best.get("above_validated"):
         return None
     req = result.request
     profile = next((t.profile for t in req.types if t.ref == best.get("cluster")), req.profile)
     traits = req.runtime or default_runtime(profile)
     kind = int(kind_of(int(best["tp"]), int(best["pp"]), int(best["cp"]),
                        req.model.moe is not None))
-    ceiling = mfu_ceiling(traits.base or traits.name, kind, profile, str(best["precision"]))
+    ceiling = mfu_ceiling(traits.base or traits.name, kind, profile, str(best["precision"]),
+                          req.model.seq_len)
     if ceiling is None:
         return None
-    return "unvalidated: the winner's " + unvalidated_words(float(best["mfu"]), ceiling)
+    whose = "plan #1's" if req.targets.multi else "the winner's"
+    return f"unvalidated: {whose} " + unvalidated_words(float(best["mfu"]), ceiling)
 
 
 def gain_lines(result: SearchResult, shown: list[Any]) -> list[str]:
     """Why the winner wins, against the next different layout and the published recipe
-    (single throughput or latency objective only)."""
+    (single throughput or latency objective only; `shown` not empty)."""
     objectives = result.request.targets.objectives
     if result.request.targets.multi or objectives[0] not in ("throughput", "latency"):
         return []  # gains in tokens/s explain a throughput ranking, not a GPU-count one

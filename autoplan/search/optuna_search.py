@@ -24,6 +24,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autoplan.cost.error_band import mfu_ceiling_array
 from autoplan.cost.estimate import default_runtime
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
@@ -419,7 +420,21 @@ def collect(study: optuna.Study, req: SearchRequest) -> Scored:
         cols[k] = cols[k].astype(dt)
     for k, dt in EXPERT_COLUMNS.items():  # records stored before ep was searched have none
         cols[k] = cols[k].astype(dt) if k in cols else np.ones(len(records), dtype=dt)
+    cols["mfu_ceiling"] = ceiling_column(req, cols)  # never stored (trial_space.evaluate)
     return Scored(cols, counts, runtime)
+
+
+def ceiling_column(req: SearchRequest, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Each row's MFU ceiling (error_band.mfu_ceiling_array) from its layout and precision, as
+    estimate_table gives it to the rows it scores."""
+    traits = req.runtime or default_runtime(req.profile)
+    out = np.full(len(cols["tp"]), np.nan)
+    for code in np.unique(cols["precision"]):
+        at = cols["precision"] == code
+        out[at] = mfu_ceiling_array(traits.base or traits.name, cols["tp"][at], cols["pp"][at],
+                                    cols["cp"][at], req.profile, req.space.precision[code].value,
+                                    req.model.moe is not None, req.model.seq_len)
+    return out
 
 
 def _empty(counts: dict[str, int], runtime: str) -> Scored:

@@ -13,6 +13,7 @@ import numpy as np
 
 from autoplan import resources
 from autoplan.cost import memory
+from autoplan.cost.error_band import above_ceiling
 from autoplan.cost.estimate import TIME_PARTS, row_estimate
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import ClusterRef, Pipeline, Plan
@@ -150,8 +151,9 @@ def frame(scored: Scored, rows: np.ndarray, space: SearchSpace, targets: Targets
     }
     if "band" in c:  # the step time is step_s * (1 +- error_band) (cost/error_band.py)
         data["error_band"] = c["band"][rows]
-    if "mfu_ceiling" in c:  # the validated runs' highest MFU (NaN: none; error_band.py)
+    if "mfu_ceiling" in c:  # the validated runs' highest predicted MFU (NaN: none)
         data["mfu_ceiling"] = c["mfu_ceiling"][rows]
+        data["above_validated"] = above_ceiling(c["mfu"][rows], c["mfu_ceiling"][rows])
     if capacity is not None and "mem_allocator" in c:
         data["mem_tight_gib"] = memory.tight_by_bytes(
             c["mem_total"][rows], c["mem_allocator"][rows], capacity[rows]) / GIB

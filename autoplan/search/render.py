@@ -129,14 +129,13 @@ def mem_cell(r: dict[str, Any]) -> str:
 
 
 def above_validated(r: dict[str, Any]) -> bool:
-    """Whether the row's predicted MFU lies above every validated run of its kind on its GPU
-    (ranking.frame's mfu_ceiling; NaN or absent: no validated range to hold it against)."""
-    ceiling = r.get("mfu_ceiling")
-    return isinstance(ceiling, float) and r["mfu"] > ceiling
+    """Whether the row's predicted MFU lies above every validated run's of its kind on its GPU
+    (ranking.frame's above_validated; absent: no validated range to hold it against)."""
+    return bool(r.get("above_validated", False))
 
 
 def mfu_cell(r: dict[str, Any]) -> str:
-    """MFU, with "?" where no validated run of the plan's kind reached it on its GPU."""
+    """MFU, with "?" where it lies above what the validated runs of its kind were predicted."""
     return f"{r['mfu']:.1%}" + ("?" if above_validated(r) else "")
 
 
@@ -330,8 +329,8 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
     if seen("step s") and any("band" in r for r in rows):
         parts.append("± = the cost model's error band for that prediction")
     if seen("MFU") and any(above_validated(r) for r in rows):
-        parts.append("MFU? = above every validated run of the plan's kind on its GPU: no "
-                     "published run backs it")
+        parts.append("MFU? = above the MFU predicted for every validated run of the plan's "
+                     "kind on its GPU: the validation does not reach it")
     return "legend: " + "; ".join(parts) if parts else ""
 
 
@@ -447,9 +446,9 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
             line += f"{'; ' if line else ''}--wide adds: {', '.join(names[d] for d in dropped)}"
         if line:
             console.print(line, markup=False, style="dim")
-        from autoplan.search.baseline import why_lines
+        from autoplan.search.baseline import note_lines, why_lines
 
-        for why in why_lines(result, data, shown):
+        for why in why_lines(result, data, shown) + note_lines(result, shown):
             console.print(why, markup=False)
     console.print(counts_table(data["counts"], data["candidates"]))
     near = data.get("nearest")

@@ -163,7 +163,7 @@ def rejected_html(result: SearchResult) -> str:
 
 def page(result: SearchResult, top: int, plt: Any) -> str:
     from autoplan.search import report_plots as rp
-    from autoplan.search.baseline import why_lines
+    from autoplan.search.baseline import note_lines, why_lines
 
     req = result.request
     title = (f"{req.model.name} on {req.profile_ref}, global batch {batch_text(req)}: "
@@ -180,6 +180,9 @@ def page(result: SearchResult, top: int, plt: Any) -> str:
     why = why_lines(result, {}, shown)
     if why:  # the same lines as under the terminal's table (a throughput or latency ranking)
         parts += ["<h2>Why this plan</h2>", "".join(f"<p>{esc(w)}</p>" for w in why)]
+    notes = note_lines(result, shown)
+    if notes:  # under any ranking: an unvalidated MFU, an export target that refuses it
+        parts += ["<h2>Notes on plan #1</h2>", "".join(f"<p>{esc(n)}</p>" for n in notes)]
     parts += ["<h2>Ranked plans</h2>", ranked_html(result, shown),
               "<h2>Pareto front</h2>",
               f"<img alt='Pareto front' src='{rp.pareto_figure(plt, result)}'>",

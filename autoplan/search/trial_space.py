@@ -293,7 +293,10 @@ def evaluate(layout: dict[str, Any] | None, req: SearchRequest) -> dict[str, Any
                                     c["time_step"][feasible]))[0]]
     else:
         best = nearest(scored)
-    rec: dict[str, Any] = {k: np.asarray(v)[best].tolist() for k, v in c.items()}
+    # the MFU ceiling is derived from error_bands.yaml when the study is read (optuna_search.
+    # collect): a stored study shows the current bands' ceilings, and its records hold no NaN
+    rec: dict[str, Any] = {k: np.asarray(v)[best].tolist() for k, v in c.items()
+                           if k != "mfu_ceiling"}
     rec["layout"] = layout
     rec["variants"] = len(table)
     return rec
