@@ -194,25 +194,37 @@ BigScience's BLOOM layout search and Hugging Face's nanotron layout sweep."""
 def practitioner_rows() -> list[dict]:
     """The scored configurations of the practitioner set and of SWEEPS in this script's row
     shape."""
-    rows = []
-    entries = [e for path in (practitioner.DEFAULT_DATA, *SWEEPS)
-               for e in practitioner.load_data(path)]
-    for entry in entries:
-        if not entry.get("scored", True):
-            continue
-        row = practitioner.score_entry(entry)
-        if row["error"] is None:
-            continue
-        plan, model, cluster = practitioner.build(entry)
-        rows.append({**row, "source": practitioner.source_id(entry), "reason": row["first_reason"],
-                     # an inline model by its own name: sequence lengths apart are other
-                     # models (the same work per token only at the same length)
-                     "group": f"{model.name} on {cluster.num_gpus} x {cluster.profile.name}",
-                     "tokens": plan.batch.global_batch_size * model.seq_len,
-                     "kind": _kind(plan), "scale": _scale(plan, cluster),
-                     "device": cluster.profile.device.name, "precision": plan.precision.value,
-                     "mfu": row["predicted_mfu"], "seq_len": model.seq_len})
-    return rows
+    return [row for entry in _entries() if entry.get("scored", True)
+            for row in _row(entry)]
+
+
+def fp8_rows() -> list[dict]:
+    """The practitioner set's fp8 runs (unscored: the acceptance counts runs as the 16-bit
+    ones; every fp8 run, torch.compile'd ones too, is what `estimate` prices an fp8 plan of
+    its runtime against): their residuals give fp8 plans a band of their own."""
+    return [row for entry in _entries() if entry["plan"].get("precision") == "fp8"
+            for row in _row(entry)]
+
+
+def _entries() -> list[dict]:
+    return [e for path in (practitioner.DEFAULT_DATA, *SWEEPS)
+            for e in practitioner.load_data(path)]
+
+
+def _row(entry: dict) -> list[dict]:
+    """[the entry in this script's row shape], or [] where it has no measured step."""
+    row = practitioner.score_entry(entry)
+    if row["error"] is None:
+        return []
+    plan, model, cluster = practitioner.build(entry)
+    return [{**row, "source": practitioner.source_id(entry), "reason": row["first_reason"],
+             # an inline model by its own name: sequence lengths apart are other
+             # models (the same work per token only at the same length)
+             "group": f"{model.name} on {cluster.num_gpus} x {cluster.profile.name}",
+             "tokens": plan.batch.global_batch_size * model.seq_len,
+             "kind": _kind(plan), "scale": _scale(plan, cluster),
+             "device": cluster.profile.device.name, "precision": plan.precision.value,
+             "mfu": row["predicted_mfu"], "seq_len": model.seq_len}]
 
 
 def rms(errors: list[float]) -> float:
@@ -362,43 +374,65 @@ def _rounded(band: float) -> float | None:
     return None if math.isnan(band) else round(band, 4)
 
 
+def fp8_bands(rows: list[dict]) -> list[dict]:
+    """Per runtime family and class (dense or MoE), the band and bias of its fp8 runs' residuals
+    (band_of, bias_of), as `bands` gives 16-bit runs theirs by kind and scale: fp8 runs are
+    too few to split further."""
+    from autoplan.cost.error_band import family
+
+    groups: dict = defaultdict(list)
+    for r in rows:
+        groups[(family(r["runtime"]), "moe" if r["kind"] == "moe" else "dense")].append(
+            r["error"])
+    return [{"family": f, "class": c, "band": _rounded(band_of(e)), "bias": _rounded(bias_of(e)),
+             "runs": len(e)} for (f, c), e in sorted(groups.items())]
+
+
 def mfu_ceilings(rows: list[dict]) -> list[dict]:
     """Per runtime family, GPU model (error_band.device_class), kind of parallelism (and every
-    dense kind together, error_band.DENSE) and context class, the highest MFU the cost model
-    predicts for the validated 16-bit runs, with the run and the MFU it measured (predicted
-    MFU x predicted / measured step: the cost model's FLOP count whatever convention the
-    source used). Predicted against predicted: the model leans optimistic, so a plan of a kind
-    the runs validate would read above their measured best."""
-    from autoplan.cost.error_band import DENSE, SIXTEEN_BIT, context_class, device_class, family
+    dense kind together, error_band.DENSE), context class and precision class (16-bit, fp8),
+    the highest MFU the cost model predicts for the runs, with the run and the MFU it
+    measured (predicted MFU x predicted / measured step: the cost model's FLOP count whatever
+    convention the source used; an fp8 run's against the fp8 peak). Predicted against
+    predicted: the model leans optimistic, so a plan of a kind the runs validate would read
+    above their measured best."""
+    from autoplan.cost.error_band import (
+        DENSE,
+        context_class,
+        device_class,
+        family,
+        precision_class,
+    )
 
-    best: dict[tuple[str, str, str, str], list[tuple[float, str, float]]] = {}
+    best: dict[tuple[str, ...], list[tuple[float, str, float]]] = {}
     for r in rows:
-        device = device_class(r["device"])
-        if device is None or r["precision"] not in SIXTEEN_BIT:
+        device, prec = device_class(r["device"]), precision_class(r["precision"])
+        if device is None or prec is None:
             continue
         entry = (r["mfu"], r["id"], r["mfu"] * (1.0 + r["error"]))
         kinds = (r["kind"],) if r["kind"] == "moe" else (r["kind"], DENSE)
         for kind in kinds:
-            key = (family(r["runtime"]), device, kind, context_class(r["seq_len"]))
+            key = (family(r["runtime"]), device, kind, context_class(r["seq_len"]), prec)
             best.setdefault(key, []).append(entry)
     # rounded up: the run behind a ceiling is never above it
-    return [{"family": f, "device": d, "kind": k, "context": ctx,
+    return [{"family": f, "device": d, "kind": k, "context": ctx, "precision": prec,
              "mfu": math.ceil(top[0] * 1e4) / 1e4, "run": top[1], "measured": round(top[2], 4),
              "runs": len(v)}
-            for (f, d, k, ctx), v in sorted(best.items()) for top in [max(v)]]
+            for (f, d, k, ctx, prec), v in sorted(best.items()) for top in [max(v)]]
 
 
-def write_bands(rows: list[dict], path: Path) -> None:
+def write_bands(rows: list[dict], path: Path, fp8: list[dict]) -> None:
     b = bands(rows)
     data = {
         "schema_version": 1,
         "note": "One-sided 95% upper bound on the RMS relative step-time error of published "
                 "measured runs by runtime family, kind of parallelism and scale (band_of), and "
                 "the mean of measured / predicted - 1 over them (bias_of: + when they ran "
-                "longer than priced); mfu_ceilings: per runtime family, GPU model, kind and "
-                "context class, the highest MFU predicted for those runs (16-bit), with the "
-                "run and what it measured; estimate and search say when a plan is predicted "
-                "above it; "
+                "longer than priced); fp8: the same for fp8 plans, from the practitioner set's fp8 "
+                "runs, per family and dense or MoE; mfu_ceilings: per runtime family, GPU "
+                "model, kind, context and precision class, the highest MFU predicted for those "
+                "runs, with the run and what it measured; estimate and search say when a plan "
+                "is predicted above it; "
                 "written by benchmarks/published_accuracy.py "
                 "--write-bands from tests/data/published/published-open.yaml, "
                 "benchmarks/data/practitioner.yaml and the sweeps "
@@ -410,7 +444,8 @@ def write_bands(rows: list[dict], path: Path) -> None:
         "groups": [{"family": f, "kind": k, "scale": s, "band": _rounded(v),
                     "bias": _rounded(m), "runs": n}
                    for (f, k, s), (v, n, m, _) in sorted(b["groups"].items())],
-        "mfu_ceilings": mfu_ceilings(rows),
+        "fp8": fp8_bands(fp8),
+        "mfu_ceilings": mfu_ceilings(rows + fp8),
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text("# Generated: python benchmarks/published_accuracy.py --write-bands\n"
@@ -490,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     every = rows + ([] if args.no_practitioner else practitioner_rows())
     loso, picks = leave_one_source_out(every), first_choice(every)
     if args.write_bands:
-        write_bands(every, BANDS)
+        write_bands(every, BANDS, [] if args.no_practitioner else fp8_rows())
     if args.format == "json":
         print(json.dumps({"runs": rows, "mape": mape(rows), "not_scored": skipped,
                           "all_runs": every, "leave_one_source_out": loso,

@@ -102,21 +102,47 @@ def _cells(field: str, fam: str) -> np.ndarray:
     return cells
 
 
-def band_and_bias_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False
-                           ) -> tuple[np.ndarray, np.ndarray]:
+def fp8_band_and_bias(runtime: str, moe: bool) -> tuple[float, float]:
+    """(band, bias) of an fp8 plan: its runtime family's fp8 runs of its class (dense or MoE)
+    where at least MIN_RUNS, else the widest such group of its class in any family (an fp8
+    plan never takes a 16-bit band: NVIDIA's Llama 3.1 70B layout missed by 19% in fp8 and 7%
+    in bf16), else the stated default and no bias."""
+    data = _bands()
+    cls = "moe" if moe else "dense"
+    groups = [g for g in data.get("fp8") or [] if g.get("class") == cls
+              and g.get("runs", 0) >= MIN_RUNS and g.get("band") is not None]
+    own = next((g for g in groups if g["family"] == family(runtime)), None)
+    chosen = own or max(groups, key=lambda g: float(g["band"]), default=None)
+    if chosen is None:
+        return float(data.get("default", 0.25)), 0.0
+    return float(chosen["band"]), float(chosen.get("bias") or 0.0)
+
+
+def band_and_bias_of_table(runtime: str, r: Rows, profile: ClusterProfile, moe: bool = False,
+                           precision: str = "bf16") -> tuple[np.ndarray, np.ndarray]:
     """Every row's relative step-time error band and the bias of the runs behind it (how much
     longer than priced they took, on average: mean measured / predicted - 1; 0 where no group
-    or family has runs), by the row's kind and scale (`moe`: the model has experts)."""
+    or family has runs), by the row's kind and scale (`moe`: the model has experts); an fp8
+    table's from the fp8 runs (fp8_band_and_bias)."""
     fam = family(runtime)
     shape = np.shape(r.world)
+    if precision_class(precision) == "fp8":
+        band, bias = fp8_band_and_bias(runtime, moe)
+        return np.full(shape, band), np.full(shape, bias)
     kind = np.broadcast_to(kind_of(r.tp, r.pp, r.cp, moe), shape)
     scale = np.broadcast_to(scale_of(r.world, profile.gpus_per_node), shape)
     return _cells("band", fam)[kind, scale], _cells("bias", fam)[kind, scale]
 
 
 SIXTEEN_BIT = ("bf16", "fp16")
-"""The precisions the validated runs trained in (every scored published run): MFU ceilings are
-theirs, so only a plan in one of them is held against one."""
+"""The precisions of every scored published run: bands by kind and scale are theirs."""
+
+
+def precision_class(precision: str) -> str | None:
+    """"16-bit" (bf16, fp16), "fp8", or None (fp32: no validated run trained in it). An fp8
+    plan's MFU counts against the fp8 peak and its kernels are other ones (scaled GEMMs, casts):
+    it takes the fp8 runs' band and ceilings, not the 16-bit runs'."""
+    return "16-bit" if precision in SIXTEEN_BIT else "fp8" if precision == "fp8" else None
 LONG_CONTEXT = 32768
 """Sequence length from which a run or plan is of the long-context class: MFU counts attention's
 FLOPs, which grow with the sequence (the Model Zoo's Qwen3 at 128K made 72% where its 4K-16K
@@ -150,6 +176,8 @@ class MfuCeiling:
     device: str
     kind: str
     context: str
+    precision: str
+    """precision_class: "16-bit" or "fp8"."""
     mfu: float
     """The highest predicted MFU among the runs."""
     run: str
@@ -163,8 +191,9 @@ class MfuCeiling:
         """"the 22 validated megatron runs of pipeline layouts on A100 (highest predicted
         58.1%: korthikanti-530b-sp-selective, measured 56.0%)"."""
         long = " at 32K+ tokens" if self.context == "long" else ""
+        fp8 = " in fp8" if self.precision == "fp8" else ""
         return (f"the {self.runs} validated {self.family} runs of {KIND_WORDS[self.kind]}{long} "
-                f"on {self.device} (highest predicted {self.mfu:.1%}: {self.run}, measured "
+                f"on {self.device}{fp8} (highest predicted {self.mfu:.1%}: {self.run}, measured "
                 f"{self.measured:.1%})")
 
 
@@ -178,15 +207,16 @@ KIND_WORDS = {"dp": "data-parallel layouts", "tp": "tensor/context-parallel layo
 
 
 @functools.cache
-def _ceilings() -> dict[tuple[str, str, str, str], MfuCeiling]:
+def _ceilings() -> dict[tuple[str, str, str, str, str], MfuCeiling]:
     out = {}
     for c in _bands().get("mfu_ceilings") or []:
         if c.get("runs", 0) < MIN_RUNS:  # one or two runs are no validated range
             continue
         ceiling = MfuCeiling(str(c["family"]), str(c["device"]), str(c["kind"]),
-                             str(c["context"]), float(c["mfu"]), str(c["run"]),
-                             float(c["measured"]), int(c["runs"]))
-        out[(ceiling.family, ceiling.device, ceiling.kind, ceiling.context)] = ceiling
+                             str(c["context"]), str(c["precision"]), float(c["mfu"]),
+                             str(c["run"]), float(c["measured"]), int(c["runs"]))
+        key = (ceiling.family, ceiling.device, ceiling.kind, ceiling.context, ceiling.precision)
+        out[key] = ceiling
     return out
 
 
@@ -194,17 +224,17 @@ def mfu_ceiling(runtime: str, kind: int, profile: ClusterProfile, precision: str
                 seq_len: int) -> MfuCeiling | None:
     """The validated range a plan of this runtime, kind (an index into KINDS), precision and
     sequence length on this profile's GPU is held against: its runtime family's runs of its
-    kind and context class on its GPU model, else (a dense plan) of any dense kind, each from
-    at least MIN_RUNS runs; None for a GPU model without them, a CPU, or a precision the
-    validated runs did not train in. Nothing caps a prediction with it: a plan above it is one
+    kind, context and precision class on its GPU model, else (a dense plan) of any dense
+    kind, each from at least MIN_RUNS runs; None for a GPU model without them, a CPU, or
+    fp32. Nothing caps a prediction with it: a plan above it is one
     the validation does not reach, which estimate and search say."""
-    device = device_class(profile.device.name)
-    if device is None or precision not in SIXTEEN_BIT or profile.is_cpu:
+    device, prec = device_class(profile.device.name), precision_class(precision)
+    if device is None or prec is None or profile.is_cpu:
         return None
     table, fam, ctx = _ceilings(), family(runtime), context_class(seq_len)
-    own = table.get((fam, device, KINDS[kind], ctx))
+    own = table.get((fam, device, KINDS[kind], ctx, prec))
     return own if own is not None or KINDS[kind] == "moe" else table.get(
-        (fam, device, DENSE, ctx))
+        (fam, device, DENSE, ctx, prec))
 
 
 def mfu_ceiling_array(runtime: str, tp: Any, pp: Any, cp: Any, profile: ClusterProfile,

@@ -81,7 +81,7 @@ def estimate_table(
         out["time_step"] * r.world * peak)
     # a file customising a preset keeps the preset's validated runs (RuntimeTraits.base)
     out["band"], out["bias"] = band_and_bias_of_table(traits.base or traits.name, r, profile,
-                                                      model.moe is not None)
+                                                      model.moe is not None, precision)
     out["mfu_ceiling"] = mfu_ceiling_array(traits.base or traits.name, r.tp, r.pp, r.cp, profile,
                                            precision, model.moe is not None, model.seq_len)
     return out
