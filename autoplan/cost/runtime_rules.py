@@ -352,6 +352,11 @@ RULES: tuple[RuntimeRule, ...] = (
                 lambda t, rt, m: (f"runtime {rt.name} shards the norms over tp whenever tp > 1 "
                                   f"(sequence parallelism; got tp={_v(t, 'tp')}, "
                                   "sequence_parallel false): set sequence_parallel true")),
+    RuntimeRule(lambda t, rt, m: np.asarray(t["sp"], dtype=bool) & (not rt.has_sequence_parallel)
+                if "sp" in t else np.zeros(np.shape(t["pp"]), dtype=bool),
+                lambda t, rt, m: (f"runtime {rt.name} has no sequence parallelism (Megatron-LM "
+                                  "added it in 2022, Korthikanti et al.): set sequence_parallel "
+                                  "false, or price it as megatron-2022 or later")),
     RuntimeRule(_modules, _modules_message),
     RuntimeRule(_split, lambda t, rt, m: (
         f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),

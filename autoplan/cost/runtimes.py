@@ -444,6 +444,10 @@ class RuntimeTraits:
     """Where recompute is not partial, every n-th block may be checkpointed (torchtitan's
     selective_ac_option). False: every block or none (llm-foundry's activation_checkpointing_fn
     of 2023 wraps every block)."""
+    has_sequence_parallel: bool = True
+    """The runtime shards the norms and the residual stream over tp (Megatron-LM's
+    --sequence-parallel, in its 2022 release: Korthikanti et al. 2022). False: a plan with
+    sequence_parallel true is not what it runs (Megatron-LM's 2021 code, the SC21 runs')."""
     sequence_parallel_with_tp: bool = False
     """Tensor parallelism always comes with sequence parallelism: the norms and the residual
     stream are sharded over tp whenever tp > 1 (torchtitan <= 0.2.2: its Llama 3
@@ -750,6 +754,10 @@ _MEGATRON_2021: dict[str, Any] = {
                    "all-reduces in line with the GEMMs, no overlap; fused LayerNorm",
     "selective": "attention-core", "zero_stages": [0, 1], "offload": [],
     "hsdp_zero_stages": [],  # no distributed optimizer instances in the 2021-22 code
+    # sequence parallelism and selective recompute came with the 2022 release (Korthikanti et
+    # al. 2022: --sequence-parallel, --recompute-granularity selective); the SC21 code
+    # checkpoints whole layers (--checkpoint-activations) or none
+    "has_sequence_parallel": False, "recompute_policies": ["none", "full"],
     "recompute_modules": [],
     "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
     "overlap_param_gather": False, "pipeline_scatter_gather": True,
@@ -832,6 +840,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                        "parallel input-gradient all-reduce (reduce-scatter under sequence "
                        "parallelism) run beside the weight-gradient GEMM",
         "tp_comm_overlap_method": "async-dgrad",
+        "has_sequence_parallel": True, "recompute_policies": ["none", "selective", "full"],
     },
     "nemo": {
         **_MEGATRON_CORE, "transformer_engine": True, "chunked_dp_sync": True,

@@ -862,6 +862,22 @@ def test_the_2022_megatron_release_overlaps_its_input_gradient_all_reduce() -> N
     assert old.time["tp_comm"] * (1 - 2 / 6) <= new.time["tp_comm"] < old.time["tp_comm"]
 
 
+def test_the_2021_megatron_code_has_neither_sequence_parallelism_nor_selective_recompute(
+) -> None:
+    """Both came with Megatron-LM's 2022 release (Korthikanti et al. 2022); the user test of
+    session 34 priced GPT-3 175B under megatron-2021 with both, without a word."""
+    plan = {"model": "gpt3-175b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 64},
+            "parallel": {"dp": 1, "tp": 8, "pp": 8}, "sequence_parallel": True,
+            "recompute": {"policy": "selective"},
+            "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+    old = _refusals(plan, "megatron-2021")
+    assert any("no sequence parallelism" in r and "megatron-2022" in r for r in old)
+    assert any("no selective recompute" in r for r in old)
+    assert _refusals(plan, "megatron-2022") == []
+    full = {**plan, "sequence_parallel": False, "recompute": {"policy": "full"}}
+    assert _refusals(full, "megatron-2021") == []
+
+
 def _refusals(plan: dict, runtime: str) -> list[str]:
     from autoplan.cost.runtime_rules import refusals
 
