@@ -143,7 +143,10 @@ def classify(case: Case, outcome: Outcome) -> tuple[str, list[str]]:
     elif outcome.code not in EXIT_CODES:
         problems.append(f"exit code {outcome.code}")
     if outcome.code not in (0, None):
-        lines = outcome.stderr.rstrip("\n").split("\n")
+        # the error is one line; a warning logged before it (an HF config's unmodelled sliding
+        # window, read before the plan was found wrong) is a diagnostic of its own, not the error
+        lines = [line for line in outcome.stderr.rstrip("\n").split("\n")
+                 if not line.startswith("WARNING autoplan.")] or [""]
         # exit 3 may print its verdict as data on stdout and say nothing more
         if outcome.code == 3 and lines == [""]:
             lines = ["(verdict on stdout)"]
