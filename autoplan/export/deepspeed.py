@@ -90,14 +90,15 @@ def hsdp_reasons(plan: Plan) -> list[str]:
             "set dp_shard: null"]
 
 
-def fp8_reasons(plan: Plan) -> list[str]:
+def fp8_reasons(plan: Plan, model: ModelSpec) -> list[str]:
     """DeepSpeed's config has no fp8 training (deepspeed 0.19.8 runtime/config.py reads bf16 and
     fp16 sections only; FP8 GEMMs are model code, Transformer Engine layers), and neither has
     the Megatron-DeepSpeed launch this export writes (--bf16 or --fp16)."""
     if plan.precision != Precision.FP8:
         return []
     return ["precision fp8: DeepSpeed's config and the Megatron-DeepSpeed launch this export "
-            "writes have no fp8 training (bf16 and fp16 only); use bf16, or export to megatron"]
+            "writes have no fp8 training (bf16 and fp16 only); use bf16, or "
+            + megatron_hint(model)]
 
 
 def bf16_optimizer(plan: Plan) -> bool:
@@ -154,7 +155,7 @@ class DeepSpeedTarget(ExportTarget):
         three_d = megatron_deepspeed.runs_3d(plan)
         own = megatron_deepspeed.reasons(plan, model) if three_d else _reasons(plan, model)
         return layout_reasons(plan, opts.gpus_per_node) + own + hsdp_reasons(plan) \
-            + fp8_reasons(plan) + cuda_only_reasons(plan, CUDA_ONLY_3D if three_d else CUDA_ONLY)
+            + fp8_reasons(plan, model) + cuda_only_reasons(plan, CUDA_ONLY_3D if three_d else CUDA_ONLY)
 
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         config = Path(opts.out).name if opts.out else CONFIG_NAME  # the --out name (#16 item 7)

@@ -60,7 +60,7 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
     if rc.modules is not None and rc.modules != (RecomputeModule.CORE_ATTN,):
         why.append(f"recompute.modules={[m.value for m in rc.modules]}: Megatron-DeepSpeed's "
                    "selective recompute is the attention core only (no --recompute-modules); "
-                   "use modules [core_attn] or export to megatron")
+                   "use modules [core_attn] or " + megatron_hint(model))
     return why
 
 

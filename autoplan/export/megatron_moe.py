@@ -288,8 +288,9 @@ def megatron_hint(model: ModelSpec, flags: str = "") -> str:
     why = rope_reasons(model)
     if not why:
         return "export to megatron" + (f" ({flags})" if flags else "")
-    return (f"megatron refuses model {model.name} too ({why[0].split(':')[0]}): no target "
-            "writes it as it stands")
+    return (f"megatron refuses model {model.name} too ({why[0].split(':')[0]}): no framework "
+            "target writes it as it stands; autoplan's own runtime trains it (--to torchrun, "
+            "slurm or kubernetes)")
 
 
 def rope_reasons(model: ModelSpec) -> list[str]:

@@ -22,6 +22,7 @@ from autoplan.errors import ConfigError
 from autoplan.export import torchtitan_moe
 from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_reasons, stage_layers
 from autoplan.export.launch import check_path_word, cuda_only_reasons
+from autoplan.export.megatron_moe import megatron_hint
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import Attention, Plan, Precision, RecomputeMethod, RecomputePolicy, Schedule
 from autoplan.rope_scaling import LLAMA31_ROPE_SCALING, YARN_ROPE_TYPE, same_rotation
@@ -142,8 +143,8 @@ def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     else:
         if model.mtp_layers:
             why.append(f"model.mtp_layers={model.mtp_layers}: the Llama 3 model this export "
-                       "writes has no multi-token-prediction module; export to megatron "
-                       "(--mtp-num-layers)")
+                       "writes has no multi-token-prediction module; "
+                       + megatron_hint(model, "--mtp-num-layers"))
         found, unlike, yarn = flavor(model), architecture_reasons(model), yarn_reasons(model)
         if unlike:
             why.append(f"model {model.name}: torchtitan builds dense models with its Llama 3 "

@@ -216,7 +216,7 @@ def _mtp_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
         return []
     if fmt == "toml":
         return [f"model.mtp_layers={n}: torchtitan <= 0.2.2 has no multi-token prediction "
-                "(use --torchtitan-format python, or export to megatron)"]
+                "(use --torchtitan-format python, or " + megatron_hint(model) + ")"]
     if p.pp > 1 or p.cp > 1:
         return [f"model.mtp_layers={n} with pp={p.pp} cp={p.cp}: torchtitan's MTP runs with "
                 "pp 1 and cp 1 only (MTPDecoder.Config); " + megatron_hint(model)]

@@ -23,7 +23,8 @@ def band_note(measured_s: float | None, predicted_s: float | None, band: float |
     if abs(ratio - 1) <= band:
         return None
     how = f"{ratio - 1:.0%} slower" if ratio > 1 else f"{1 - ratio:.0%} faster"
-    low, high = predicted_s * (1 - band), predicted_s * (1 + band)
+    # a band past 100% (fp8 MoE runs) has no lower end above zero
+    low, high = predicted_s * max(0.0, 1 - band), predicted_s * (1 + band)
     note = (f"the measured step time {measured_s:.4g} s is {ratio:.2f}x the predicted "
             f"{predicted_s:.4g} s ({how}), outside the prediction's ±{band:.0%} error band "
             f"({low:.4g}-{high:.4g} s)")

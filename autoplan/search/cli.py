@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -36,6 +37,8 @@ from autoplan.search.engine import (
 from autoplan.search.space import parse_batch_sizes, parse_gpu_counts, typed_range
 from autoplan.search.targets import MEMORY_SLACKS, OBJECTIVES, Targets
 from autoplan.search_space import load_space
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TRIALS = 300
 MAX_TRIALS = 100_000
@@ -313,9 +316,12 @@ def search_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def stored_trials(req: SearchRequest) -> dict[str, int]:
+def stored_trials(req: SearchRequest) -> dict[str, int] | None:
     """The complete trials each study of a stored search holds now (0 for one not there yet):
-    --study, or STUDY/TYPE per GPU type; {} without --storage. Only read: nothing is created."""
+    --study, or STUDY/TYPE per GPU type; {} without --storage. Only read: nothing is created.
+    None where the read fails: a SQLite file another worker is writing has a hot journal that
+    a read-only connection cannot roll back ("attempt to write a readonly database"), and the
+    search itself, not this count, is what reports a storage it cannot open."""
     if req.storage is None or req.study is None:
         return {}
     from optuna.trial import TrialState
@@ -323,25 +329,32 @@ def stored_trials(req: SearchRequest) -> dict[str, int]:
     from autoplan.search.storage import journal_errors, peek_storage, storage_errors
 
     out = dict.fromkeys((str(sub.study) for sub in type_requests(req)), 0)
-    with journal_errors(req.storage), storage_errors(req.storage):
-        storage = peek_storage(req.storage)
-        if storage is None:  # no file or no tables yet: the search creates them
-            return out
-        for name in out:
-            try:
-                study_id = storage.get_study_id_from_name(name)
-            except KeyError:  # the search creates it
-                continue
-            out[name] = len(storage.get_all_trials(study_id, deepcopy=False,
-                                                   states=(TrialState.COMPLETE,)))
+    try:
+        with journal_errors(req.storage), storage_errors(req.storage):
+            storage = peek_storage(req.storage)
+            if storage is None:  # no file or no tables yet: the search creates them
+                return out
+            for name in out:
+                try:
+                    study_id = storage.get_study_id_from_name(name)
+                except KeyError:  # the search creates it
+                    continue
+                out[name] = len(storage.get_all_trials(study_id, deepcopy=False,
+                                                       states=(TrialState.COMPLETE,)))
+    except ConfigError as err:
+        log.info("study counts not read: %s", err)
+        return None
     return out
 
 
-def study_counts(req: SearchRequest, before: dict[str, int], after: dict[str, int]
-                 ) -> list[dict[str, Any]]:
+def study_counts(req: SearchRequest, before: dict[str, int] | None,
+                 after: dict[str, int] | None) -> list[dict[str, Any]]:
     """summary `studies`: per study, the complete trials it held when this search began
     (`stored`), those added since (`new`: by this process and any worker sharing the study),
-    and --trials, the total a study is sampled up to (`trials`)."""
+    and --trials, the total a study is sampled up to (`trials`); [] where either count could
+    not be read (stored_trials)."""
+    if before is None or after is None:
+        return []
     return [{"study": name, "stored": n, "new": max(after.get(name, n) - n, 0),
              "trials": req.trials} for name, n in before.items()]
 

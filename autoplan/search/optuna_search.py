@@ -24,8 +24,9 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoplan.cost.error_band import mfu_ceiling_array
+from autoplan.cost.error_band import band_and_bias_of_table, mfu_ceiling_array
 from autoplan.cost.estimate import default_runtime
+from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import OMITTED_AT_DEFAULT, ModelSpec
@@ -75,6 +76,22 @@ def profile_hash(profile: ClusterProfile) -> str:
     return _sha256(data)
 
 
+RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel",)
+"""RuntimeTraits fields added after studies were stored, left out of runtime_hash at their
+default: a runtime they leave as it was hashes as before them, so its studies resume; one they
+change (megatron-2021 without sequence parallelism) prices otherwise and does not."""
+
+
+def runtime_hash(traits: RuntimeTraits) -> str:
+    """content_hash of runtime traits, RUNTIME_OMITTED_AT_DEFAULT fields at their default left
+    out."""
+    data = to_dict(traits)
+    for name in RUNTIME_OMITTED_AT_DEFAULT:
+        if data.get(name) == RuntimeTraits.__dataclass_fields__[name].default:
+            data.pop(name, None)
+    return _sha256(data)
+
+
 def model_hash(model: ModelSpec) -> str:
     """content_hash of a model without its RoPE base and scaling (later fields no cost depends
     on), so a tune's study of a model resumes as before them."""
@@ -98,7 +115,7 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
         "profile_sha256": profile_hash(req.profile),
         "global_batch_size": req.global_batch_size, "space": req.space.summary(),
         "targets": req.targets, "sampler": sampler, "seed": req.seed,
-        "runtime": runtime.name, "runtime_sha256": content_hash(runtime),
+        "runtime": runtime.name, "runtime_sha256": runtime_hash(runtime),
     }
     if req.global_batch_size_max is not None:
         fields["global_batch_size_max"] = req.global_batch_size_max
@@ -420,21 +437,36 @@ def collect(study: optuna.Study, req: SearchRequest) -> Scored:
         cols[k] = cols[k].astype(dt)
     for k, dt in EXPERT_COLUMNS.items():  # records stored before ep was searched have none
         cols[k] = cols[k].astype(dt) if k in cols else np.ones(len(records), dtype=dt)
-    cols["mfu_ceiling"] = ceiling_column(req, cols)  # never stored (trial_space.evaluate)
+    validation_columns(req, cols)
     return Scored(cols, counts, runtime)
 
 
-def ceiling_column(req: SearchRequest, cols: dict[str, np.ndarray]) -> np.ndarray:
-    """Each row's MFU ceiling (error_band.mfu_ceiling_array) from its layout and precision, as
-    estimate_table gives it to the rows it scores."""
+def validation_columns(req: SearchRequest, cols: dict[str, np.ndarray]) -> None:
+    """Each row's error band, bias and MFU ceiling from its layout and precision and today's
+    error_bands.yaml, as estimate_table gives them to the rows it scores: a record stores the
+    band it was scored with (and no ceiling, trial_space.evaluate), so a study resumed after
+    the bands were regenerated would rank rows under two sets of them."""
     traits = req.runtime or default_runtime(req.profile)
-    out = np.full(len(cols["tp"]), np.nan)
+    name, moe = traits.base or traits.name, req.model.moe is not None
+    n = len(cols["tp"])
+    band, bias, ceiling = np.zeros(n), np.zeros(n), np.full(n, np.nan)
     for code in np.unique(cols["precision"]):
         at = cols["precision"] == code
-        out[at] = mfu_ceiling_array(traits.base or traits.name, cols["tp"][at], cols["pp"][at],
-                                    cols["cp"][at], req.profile, req.space.precision[code].value,
-                                    req.model.moe is not None, req.model.seq_len)
-    return out
+        precision = req.space.precision[code].value
+        tp, pp, cp = cols["tp"][at], cols["pp"][at], cols["cp"][at]
+        rows = _Layout(tp, pp, cp, cols["num_gpus"][at])
+        band[at], bias[at] = band_and_bias_of_table(name, rows, req.profile, moe,  # type: ignore[arg-type]
+                                                    precision)
+        ceiling[at] = mfu_ceiling_array(name, tp, pp, cp, req.profile, precision, moe,
+                                        req.model.seq_len)
+    cols["band"], cols["bias"], cols["mfu_ceiling"] = band, bias, ceiling
+
+
+class _Layout:
+    """The columns band_and_bias_of_table reads of a Rows (tp, pp, cp, world)."""
+
+    def __init__(self, tp: np.ndarray, pp: np.ndarray, cp: np.ndarray, world: np.ndarray):
+        self.tp, self.pp, self.cp, self.world = tp, pp, cp, world
 
 
 def _empty(counts: dict[str, int], runtime: str) -> Scored:

@@ -83,3 +83,23 @@ def test_a_cpu_search_has_no_ceiling_to_hold_rows_against(capsys) -> None:
     assert main([*argv, "--format", "table"]) == 0
     out = capsys.readouterr().out
     assert "unvalidated" not in out and "MFU?" not in out
+
+
+def test_a_resumed_study_ranks_under_todays_bands(tmp_path, capsys, monkeypatch) -> None:
+    """Records store the band they were scored with; a study resumed after error_bands.yaml
+    changed ranked rows under two sets of bands (review of 69a97a3): collect derives every
+    row's band from today's file."""
+    from autoplan.cost import error_band
+
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    argv = [*GPT3, "--sampler", "tpe", "--seed", "2", "--storage", db, "--study", "b",
+            "--format", "json"]
+    assert main([*argv, "--trials", "6"]) == 0
+    first = json.loads(capsys.readouterr().out)["top"][0]["error_band"]
+    bands = error_band._bands()
+    changed = {**bands, "groups": [{**g, "band": 0.77} for g in bands["groups"]],
+               "families": {k: {**v, "band": 0.77} for k, v in bands["families"].items()}}
+    monkeypatch.setattr(error_band, "_bands", lambda: changed)
+    assert main([*argv, "--trials", "12"]) == 0
+    rows = json.loads(capsys.readouterr().out)["top"]
+    assert first != 0.77 and {r["error_band"] for r in rows} == {0.77}

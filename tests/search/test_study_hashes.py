@@ -62,3 +62,32 @@ def test_a_search_fingerprint_leaves_the_rotation_out() -> None:
     assert _fingerprint(req, "tpe") == _fingerprint(before, "tpe")
     assert "rope_scaling" not in _fingerprint(req, "tpe")
     assert "rope_theta" not in _fingerprint(req, "tpe")
+
+
+# runtime traits' content_hash under c1a2151, before RuntimeTraits.has_sequence_parallel existed
+RUNTIMES_BEFORE = {
+    "torchtitan": "1c130d5b0bec", "megatron": "50fd95f2605e", "autoplan-cuda": "a4b548bb6aa2",
+    "autoplan-cpu": "cf3681bd585c",
+}
+
+
+@pytest.mark.parametrize("name", ["torchtitan", "megatron", "autoplan-cuda", "autoplan-cpu"])
+def test_runtime_traits_that_keep_a_later_field_at_its_default_hash_as_before(name) -> None:
+    """has_sequence_parallel (session 34) changed every runtime's content hash, so no stored
+    study resumed; runtime_hash leaves it out at its default (review of 759a233)."""
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.search.optuna_search import RUNTIME_OMITTED_AT_DEFAULT, runtime_hash
+
+    traits = load_runtime(name)
+    assert all(getattr(traits, f) for f in RUNTIME_OMITTED_AT_DEFAULT)
+    assert runtime_hash(traits) != content_hash(traits)  # the field is what it drops
+    assert runtime_hash(traits).startswith(RUNTIMES_BEFORE[name])
+
+
+def test_a_runtime_the_later_field_changes_hashes_anew() -> None:
+    """megatron-2021 now refuses sequence parallelism: its studies must not resume."""
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.search.optuna_search import runtime_hash
+
+    old = load_runtime("megatron-2021")
+    assert not old.has_sequence_parallel and runtime_hash(old) == content_hash(old)

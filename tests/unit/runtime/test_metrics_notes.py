@@ -138,3 +138,12 @@ def test_the_run_records_predicted_note_holds_only_what_concerns_the_prediction(
     unmeasured = summarize(_history(0.1)[:1], plan)  # only the warm-up step: no step time
     assert "step time not measured" in unmeasured["note"]
     assert run_record(unmeasured, plan)["predicted"]["note"] is None
+
+
+def test_a_band_past_100_percent_has_no_negative_low_end() -> None:
+    """fp8 MoE plans carry a +-131% band (their validation runs missed by up to 80%): the range
+    a note prints starts at zero, not at a negative step time."""
+    from autoplan.runtime.summary_notes import band_note
+
+    note = band_note(3.0, 1.0, 1.3061)
+    assert note is not None and "(0-2.306 s)" in note and "-0.3" not in note
