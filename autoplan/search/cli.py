@@ -319,9 +319,10 @@ def search_command(args: argparse.Namespace) -> int:
 def stored_trials(req: SearchRequest) -> dict[str, int] | None:
     """The complete trials each study of a stored search holds now (0 for one not there yet):
     --study, or STUDY/TYPE per GPU type; {} without --storage. Only read: nothing is created.
-    None where the read fails: a SQLite file another worker is writing has a hot journal that
-    a read-only connection cannot roll back ("attempt to write a readonly database"), and the
-    search itself, not this count, is what reports a storage it cannot open."""
+    None where reading a file storage fails: a SQLite file another worker is writing has a hot
+    journal that a read-only connection cannot roll back ("attempt to write a readonly
+    database"), and the search itself, not this count, reports a file it cannot open. A
+    database server's refusal (a wrong password) is raised here, once, before any search."""
     if req.storage is None or req.study is None:
         return {}
     from optuna.trial import TrialState
@@ -342,6 +343,8 @@ def stored_trials(req: SearchRequest) -> dict[str, int] | None:
                 out[name] = len(storage.get_all_trials(study_id, deepcopy=False,
                                                        states=(TrialState.COMPLETE,)))
     except ConfigError as err:
+        if not req.storage.startswith(("sqlite", "journal:")):
+            raise  # a server refusing the URL (a wrong password): said once, here
         log.info("study counts not read: %s", err)
         return None
     return out
