@@ -22,7 +22,7 @@ from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.display import days, sig, whole
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
-from autoplan.plan import plan_model_ref
+from autoplan.plan import Precision, plan_model_ref
 from autoplan.plan_args import resolve_model
 from autoplan.search.batch_range import check_batch_range
 from autoplan.search.engine import (
@@ -36,7 +36,7 @@ from autoplan.search.engine import (
 )
 from autoplan.search.space import parse_batch_sizes, parse_gpu_counts, typed_range
 from autoplan.search.targets import MEMORY_SLACKS, OBJECTIVES, Targets
-from autoplan.search_space import load_space
+from autoplan.search_space import SearchSpace, load_space
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,10 @@ def register(sub: Any) -> None:
                    "two and dp times a power of two inside it)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--space", default="default", help="search space name or YAML path")
+    p.add_argument("--precision", metavar="LIST",
+                   help="training precisions to search, comma-separated (bf16, fp16, fp32, "
+                        "fp8) or auto; replaces the space's precision list (default: the "
+                        "space's, auto in the shipped ones: bf16, and fp8 where the GPU has it)")
     p.add_argument("--runtime", help="price plans as this runtime runs them and keep to what it "
                    f"can run: {', '.join(('autoplan', *RUNTIMES))} or a traits YAML "
                    "(default: autoplan's own runtime on the profile's device)")
@@ -140,7 +144,8 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
                               f"give --price {unpriced[0]}=USD to compare cost across types")
     req = SearchRequest(
         model=model, model_ref=model_ref, profile=profile,
-        profile_ref=",".join(t.ref for t in types), space=load_space(args.space),
+        profile_ref=",".join(t.ref for t in types),
+        space=with_precisions(load_space(args.space), getattr(args, "precision", None)),
         gpu_counts=tuple(sorted({n for t in types for n in t.gpu_counts})),
         global_batch_size=gbs, targets=targets, sampler=args.sampler,
         trials=DEFAULT_TRIALS if args.trials is None else args.trials, seed=args.seed,
@@ -157,8 +162,33 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
     if len(set(precisions.values())) > 1:
         raise ConfigError("--cluster", "the GPU types train in different precisions (" + ", ".join(
             f"{k} {'/'.join(p.value for p in v)}" for k, v in precisions.items()) + ")",
-            "search them one at a time, or list one precision in the space")
+            "search them one at a time, or give --precision" + _common_format(types))
     return req
+
+
+def _common_format(types: tuple[GpuType, ...]) -> str:
+    """' NAME' for --precision's fix: the narrowest format every type has a peak for."""
+    common = [p.value for p in (Precision.BF16, Precision.FP16, Precision.FP32)
+              if all(p.value in t.profile.device.peak_flops_per_s for t in types)]
+    return f" {common[0]} (every type runs it)" if common else ""
+
+
+def with_precisions(space: SearchSpace, text: str | None) -> SearchSpace:
+    """The space with --precision's list in place of its own (`auto`: each device's own, as
+    SearchSpace.for_device settles it)."""
+    if text is None:
+        return space
+    names = [n.strip() for n in text.split(",")]
+    if names == ["auto"]:
+        return dataclasses.replace(space, precision=())
+    known = [p.value for p in Precision]
+    for name in names:
+        if name not in known:
+            raise ConfigError("--precision", f"got {name!r} in {text!r}",
+                              f"list some of {', '.join(known)} (comma-separated), or auto")
+    if len(set(names)) != len(names):
+        raise ConfigError("--precision", f"got {text!r} with repeats", "list each once")
+    return dataclasses.replace(space, precision=tuple(Precision(n) for n in names))
 
 
 def gpu_types(cluster: str, num_gpus: str, price: str | None) -> tuple[GpuType, ...]:

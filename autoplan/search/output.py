@@ -81,7 +81,9 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
     if hi != lo:  # the search picked the batch in [lo, hi]; each plan names its own
         out["global_batch_range"] = [lo, hi]
     out |= {
-        "space": req.space.name, "runtime": sc.runtime,
+        "space": req.space.name,
+        # what was searched: the space's list or --precision, `auto` settled for the device
+        "precisions": [p.value for p in req.space.precision], "runtime": sc.runtime,
         "sampler": result.sampler, "objectives": list(req.targets.objectives),
         "targets": to_dict(req.targets), "seed": req.seed,
         # over every candidate scored (counts), not only the rows a GPU-count range kept
