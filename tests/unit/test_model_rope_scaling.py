@@ -181,15 +181,9 @@ def test_context_parallel_tables_use_the_scaling() -> None:
 def test_a_checkpoint_saved_without_the_scaling_is_refused_naming_it(tmp_path) -> None:
     """A llama-3.1 run saved before the preset took its scaling: the weights fit, so the
     refusal names both rotations and how to resume, not 'a different model'."""
-    from types import SimpleNamespace
-
     from autoplan.plan import plan_from_dict
-    from autoplan.runtime.checkpoint_compat import (
-        check_resumable,
-        expected_shapes,
-        model_changes,
-        model_fields,
-    )
+    from autoplan.runtime.checkpoint_compat import check_resumable, model_changes, model_fields
+    from tests.unit.fake_checkpoint import saved_as
 
     before = PRESETS["tiny-llama"].replace(rope_theta=500000.0)
     now = before.replace(rope_scaling=LLAMA31_ROPE_SCALING)
@@ -200,9 +194,8 @@ def test_a_checkpoint_saved_without_the_scaling_is_refused_naming_it(tmp_path) -
     plan = plan_from_dict({"model": "tiny-llama",
                            "cluster": {"profile": "cpu-gloo", "num_gpus": 1},
                            "batch": {"micro_batch_size": 1, "global_batch_size": 1}})
-    metadata = SimpleNamespace(state_dict_metadata={
-        f"model.{k}": SimpleNamespace(size=v) for k, v in expected_shapes(before, 1).items()})
-    found = SimpleNamespace(meta=old, metadata=metadata, path=tmp_path / "step-00000003", step=3)
+    found = saved_as(before, tmp_path)
+    assert found.meta == old
     with pytest.raises(ConfigError) as err:
         check_resumable(found, plan, now)
     assert str(err.value) == (

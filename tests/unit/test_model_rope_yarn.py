@@ -326,15 +326,9 @@ def test_context_parallel_tables_use_yarn() -> None:
 def test_a_checkpoint_saved_before_the_preset_took_yarn_is_refused_naming_both(tmp_path) -> None:
     """A deepseek-v3 run saved before the preset took its YaRN: the weights fit, so the refusal
     names both rotations and how to resume (tiny-mla stands in: its shapes are small)."""
-    from types import SimpleNamespace
-
     from autoplan.plan import plan_from_dict
-    from autoplan.runtime.checkpoint_compat import (
-        check_resumable,
-        expected_shapes,
-        model_changes,
-        model_fields,
-    )
+    from autoplan.runtime.checkpoint_compat import check_resumable, model_changes, model_fields
+    from tests.unit.fake_checkpoint import saved_as
 
     before = PRESETS["tiny-mla"]
     now = before.replace(rope_scaling=DEEPSEEK_V3_ROPE_SCALING)
@@ -343,9 +337,8 @@ def test_a_checkpoint_saved_before_the_preset_took_yarn_is_refused_naming_both(t
     assert model_changes({"model": model_fields(now)}, now) == []  # saved with it: resumes
     plan = plan_from_dict({"model": "tiny-mla", "cluster": {"profile": "cpu-gloo", "num_gpus": 1},
                            "batch": {"micro_batch_size": 1, "global_batch_size": 1}})
-    metadata = SimpleNamespace(state_dict_metadata={
-        f"model.{k}": SimpleNamespace(size=v) for k, v in expected_shapes(before, 1).items()})
-    found = SimpleNamespace(meta=old, metadata=metadata, path=tmp_path / "step-00000003", step=3)
+    found = saved_as(before, tmp_path)
+    assert found.meta == old
     with pytest.raises(ConfigError) as err:
         check_resumable(found, plan, now)
     assert str(err.value) == (
