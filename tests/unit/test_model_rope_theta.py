@@ -142,23 +142,15 @@ def test_a_checkpoint_at_another_base_is_refused_with_the_base_to_resume_at(tmp_
     """A run of the llama-3 presets saved before they took 500000 trained at 10000: its weights
     fit, so the refusal names the base and how to resume at it, not 'a different shape'."""
     pytest.importorskip("torch")
-    from types import SimpleNamespace
-
     from autoplan.plan import plan_from_dict
-    from autoplan.runtime.checkpoint_compat import (
-        check_resumable,
-        expected_shapes,
-        model_fields,
-    )
+    from autoplan.runtime.checkpoint_compat import check_resumable
+    from tests.unit.fake_checkpoint import saved_as
 
     tiny = PRESETS["tiny-llama"]
     plan = plan_from_dict({"model": "tiny-llama",
                            "cluster": {"profile": "cpu-gloo", "num_gpus": 1},
                            "batch": {"micro_batch_size": 1, "global_batch_size": 1}})
-    metadata = SimpleNamespace(state_dict_metadata={
-        f"model.{k}": SimpleNamespace(size=v) for k, v in expected_shapes(tiny, 1).items()})
-    found = SimpleNamespace(meta={"model": model_fields(tiny)}, metadata=metadata,
-                            path=tmp_path / "step-00000005", step=5)
+    found = saved_as(tiny, tmp_path, step=5)
     assert check_resumable(found, plan, tiny) is None
     with pytest.raises(ConfigError) as err:
         check_resumable(found, plan, tiny.replace(rope_theta=5e5))
