@@ -211,8 +211,9 @@ class SearchSpace:
     precision: tuple[Precision, ...] = ()
     """Training precisions (bf16 | fp16 | fp32 | fp8); empty (`auto` in YAML): the device's own
     16-bit format, bf16 where it has one, else fp16 (V100), fp32 on CPU (`for_device`)."""
-    attention: tuple[Attention, ...] = (Attention.FLASH,)
-    """Attention kernels (flash | eager)."""
+    attention: tuple[Attention, ...] = ()
+    """Attention kernels (flash | eager); empty (`auto` in YAML): flash where the runtime runs
+    a fused kernel on the device, else eager (`for_runtime`)."""
     grad_reduce_dtype: tuple[ReduceDtype | None, ...] = (None,)
     """Gradient reduce dtypes (Plan.grad_reduce_dtype): null is the runtime's default, fp32,
     bf16 (bf16/fp8 plans only; others count as precision-unsupported)."""
@@ -230,7 +231,8 @@ class SearchSpace:
                       example=", e.g. [1, 2, 4]")
         if self.precision:  # empty: auto, settled per device by for_device
             _check_values("precision", self.precision)
-        _check_values("attention", self.attention)
+        if self.attention:  # empty: auto, settled per runtime and device by for_runtime
+            _check_values("attention", self.attention)
         _check_values("grad_reduce_dtype", self.grad_reduce_dtype)
         if self.min_tokens_per_cp_rank < 0:
             raise ConfigError("min_tokens_per_cp_rank", f"got {self.min_tokens_per_cp_rank}",
@@ -251,7 +253,7 @@ class SearchSpace:
             "offload_optimizer": len(self.offload.optimizer),
             "offload_params": len(self.offload.params), "recompute": rc_pairs,
             "mbs": len(self.micro_batch_size), "precision": max(len(self.precision), 1),
-            "attention": len(self.attention), "dp_shard": len(self.parallel.dp_shard),
+            "attention": max(len(self.attention), 1), "dp_shard": len(self.parallel.dp_shard),
             "grad_reduce_dtype": len(self.grad_reduce_dtype),
         }
 
@@ -268,7 +270,7 @@ class SearchSpace:
                      for v in self.pipeline.listed_vpp())
         sps = sum(len(sp_values(self, tp)) for tp in self.parallel.tp)
         rest = len(memory_triples(self)) * len(recompute_pairs(self)) \
-            * len(self.micro_batch_size) * max(len(self.precision), 1) * len(self.attention) \
+            * len(self.micro_batch_size) * max(len(self.precision), 1) * max(len(self.attention), 1) \
             * len(self.parallel.dp_shard) * len(self.grad_reduce_dtype)
         return shapes * sps * len(self.parallel.cp) * rest * num_gpu_counts
 
@@ -298,6 +300,17 @@ class SearchSpace:
         pick = device_precision(peak_flops_per_s, cpu)
         fp8 = () if cpu or pick != "bf16" or "fp8" not in peak_flops_per_s else (Precision.FP8,)
         return dataclasses.replace(self, precision=(Precision(pick), *fp8))
+
+    def for_runtime(self, fused: list[bool]) -> SearchSpace:
+        """The space with `attention: auto` settled: flash where the runtime runs a fused
+        kernel on the device (`fused`, one per GPU type searched:
+        runtime_rules.fused_attention_on), eager where it does not; both when the types
+        differ, each type's runtime rules refusing the other's."""
+        if self.attention:
+            return self
+        kinds = tuple(k for k, on in ((Attention.FLASH, any(fused)),
+                                      (Attention.EAGER, not all(fused))) if on)
+        return dataclasses.replace(self, attention=kinds)
 
     def summary(self) -> dict[str, Any]:
         out = {k: _enum_values(v) if isinstance(v, tuple) else v
@@ -380,6 +393,11 @@ def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
     elif data.get("precision") == []:
         raise ConfigError(f"{where}: precision", "got an empty list",
                           "list at least one of bf16, fp16, fp32, fp8, or write auto")
+    if data.get("attention") in ("auto", ["auto"]):
+        data = {**data, "attention": []}
+    elif data.get("attention") == []:
+        raise ConfigError(f"{where}: attention", "got an empty list",
+                          "list flash, eager or both, or write auto")
     try:
         return from_dict(SearchSpace, _listify(SearchSpace, data), "")
     except ConfigError as err:

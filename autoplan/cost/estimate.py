@@ -36,7 +36,7 @@ from autoplan.cost.step_time import (
     recompute_flops_per_step,
     time_by_part,
 )
-from autoplan.hardware import ClusterProfile, ClusterSpec, load_profile
+from autoplan.hardware import ClusterProfile, ClusterSpec, DeviceSpec, load_profile
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 from autoplan.plan_table import Table, plan_to_row
@@ -161,7 +161,7 @@ def estimate_plan(
     cluster = cluster or ClusterSpec(load_profile(plan.cluster.profile), plan.cluster.num_gpus)
     reasons = validate_plan(plan, model, cluster)
     traits = load_runtime(runtime, on_cpu=cluster.profile.is_cpu)  # as estimate_table
-    reasons += runtime_refusals(plan, traits, model)  # the model already loaded
+    reasons += runtime_refusals(plan, traits, model, cluster.profile.device)
     precision = plan.precision.value
     if precision not in cluster.profile.device.peak_flops_per_s:
         precision = next(iter(cluster.profile.device.peak_flops_per_s))  # reason already given
@@ -218,13 +218,14 @@ def memory_misses(plan: Plan, cluster: ClusterSpec, model: ModelSpec,
     framework's config as its engine does)."""
     est = estimate_plan(plan, cluster, model, runtime=runtime)
     traits = load_runtime(runtime, on_cpu=cluster.profile.is_cpu)
-    other = set(runtime_refusals(plan, traits, model))  # worded as estimate_plan worded them
+    # worded as estimate_plan worded them
+    other = set(runtime_refusals(plan, traits, model, cluster.profile.device))
     return est, [r for r in est.reasons if r not in other]
 
 
-def runtime_refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None
-                     ) -> list[str]:
+def runtime_refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None,
+                     device: DeviceSpec | None = None) -> list[str]:
     """What of the plan the runtime cannot run (its schedules, ZeRO stages, offload, partial
-    recompute, HSDP and reduce dtypes: autoplan.cost.runtime_rules); `model`: the plan's, where
-    the caller has loaded it."""
-    return runtime_rules.refusals(plan, traits, model)
+    recompute, HSDP and reduce dtypes: autoplan.cost.runtime_rules), on `device` where given;
+    `model`: the plan's, where the caller has loaded it."""
+    return runtime_rules.refusals(plan, traits, model, device)

@@ -15,6 +15,7 @@ import numpy as np
 
 from autoplan.cost.rows import microbatches
 from autoplan.cost.runtimes import RuntimeTraits
+from autoplan.hardware import DeviceSpec
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, Precision, ReduceDtype
 from autoplan.plan_table import (
@@ -360,15 +361,64 @@ RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(_modules, _modules_message),
     RuntimeRule(_split, lambda t, rt, m: (
         f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),
+    RuntimeRule(lambda t, rt, m: ~eager_col(t, t["pp"]) & (not rt.fused_attention),
+                lambda t, rt, m: (f"runtime {rt.name} computes attention unfused only "
+                                  "(Megatron-LM took FlashAttention in 2023, after its 2021 and "
+                                  "2022 releases): set attention eager, or price it as megatron")),
 )
 
 
-def lacking(t: Table, traits: RuntimeTraits, model: ModelSpec) -> np.ndarray:
+def pre_ampere(device: DeviceSpec) -> bool:
+    """An NVIDIA GPU older than Ampere (compute capability below 8.0: V100, T4): its profile
+    lists no bf16 peak, as bf16 tensor cores came with Ampere (V100 datasheet: fp16 and fp32;
+    A100 and later: bf16). A CPU profile lists one and is not pre-Ampere."""
+    return "bf16" not in device.peak_flops_per_s
+
+
+def fused_attention_on(rt: RuntimeTraits, dev: DeviceSpec) -> bool:
+    """Whether the runtime runs a fused attention kernel on the device: not where it has none
+    (RuntimeTraits.fused_attention), nor under Transformer Engine on a GPU older than Ampere.
+    TE's fused backends (cuDNN's FusedAttention and FlashAttention-2) need compute capability
+    8.0 or later (FlashAttention-2's README: Ampere, Ada or Hopper; TE's get_attention_backend
+    checks the same) and TE computes attention unfused below it, which `attention: flash` does
+    not price. PyTorch's SDPA (autoplan's runtime, torchtitan) falls back to its
+    memory-efficient kernel there, still fused."""
+    return rt.fused_attention and not (rt.transformer_engine and pre_ampere(dev))
+
+
+def _te_pre_ampere(t: Table, rt: RuntimeTraits, m: ModelSpec, dev: DeviceSpec) -> Any:
+    """Flash-attention rows under Transformer Engine on a GPU older than Ampere (a runtime
+    without fused attention anywhere is refused by RULES, on every device)."""
+    return (~eager_col(t, t["pp"])) & (rt.fused_attention and not fused_attention_on(rt, dev))
+
+
+@dataclass(frozen=True)
+class DeviceRule:
+    breaks: Callable[[Table, RuntimeTraits, ModelSpec, DeviceSpec], Any]
+    """Rows the runtime cannot run on the device."""
+    message: Callable[[RuntimeTraits, DeviceSpec], str]
+    """Why."""
+
+
+DEVICE_RULES: tuple[DeviceRule, ...] = (
+    DeviceRule(_te_pre_ampere, lambda rt, dev: (
+        f"runtime {rt.name}: attention flash on {dev.name}, older than Ampere (no bf16 tensor "
+        "cores): Transformer Engine's fused attention needs compute capability 8.0 or later "
+        "and computes attention unfused there; set attention eager")),
+)
+
+
+def lacking(t: Table, traits: RuntimeTraits, model: ModelSpec,
+            device: DeviceSpec | None = None) -> np.ndarray:
     """Rows of a plan table that break any of the runtime's rules (for autoplan's own runtime
-    also plan_rules.RUNTIME_RULES, what `autoplan train` refuses)."""
+    also plan_rules.RUNTIME_RULES, what `autoplan train` refuses), and with `device` its rules
+    for that GPU."""
     bad = np.zeros(np.shape(t["pp"]), dtype=bool)
     for rule in RULES:
         bad |= np.asarray(rule.breaks(t, traits, model), dtype=bool)
+    if device is not None:
+        for device_rule in DEVICE_RULES:
+            bad |= np.asarray(device_rule.breaks(t, traits, model, device), dtype=bool)
     if traits.own_runtime_rules:
         from autoplan.plan_rules import RUNTIME_RULES, violations_of
 
@@ -376,12 +426,17 @@ def lacking(t: Table, traits: RuntimeTraits, model: ModelSpec) -> np.ndarray:
     return bad
 
 
-def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None) -> list[str]:
-    """What of one plan the runtime cannot run, a line per rule it breaks."""
+def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None,
+             device: DeviceSpec | None = None) -> list[str]:
+    """What of one plan the runtime cannot run (on `device`, where given), a line per rule it
+    breaks."""
     model = model or plan.model_spec()
     row = plan_to_row(plan, model)
     out = [rule.message(row, traits, model) for rule in RULES
            if bool(np.asarray(rule.breaks(row, traits, model))[0])]
+    if device is not None:
+        out += [rule.message(traits, device) for rule in DEVICE_RULES
+                if bool(np.asarray(rule.breaks(row, traits, model, device))[0])]
     if traits.own_runtime_rules:
         from autoplan.plan_rules import runtime_limits
 

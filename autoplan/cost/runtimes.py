@@ -448,6 +448,11 @@ class RuntimeTraits:
     """The runtime shards the norms and the residual stream over tp (Megatron-LM's
     --sequence-parallel, in its 2022 release: Korthikanti et al. 2022). False: a plan with
     sequence_parallel true is not what it runs (Megatron-LM's 2021 code, the SC21 runs')."""
+    fused_attention: bool = True
+    """The runtime runs a fused attention kernel (FlashAttention, cuDNN's, PyTorch's SDPA) for
+    a plan's `attention: flash`. False: it computes attention unfused only (Megatron-LM before
+    2023: its --use-flash-attn came after the 2021 and 2022 releases), so such a plan is not
+    what it runs."""
     sequence_parallel_with_tp: bool = False
     """Tensor parallelism always comes with sequence parallelism: the norms and the residual
     stream are sharded over tp whenever tp > 1 (torchtitan <= 0.2.2: its Llama 3
@@ -758,7 +763,7 @@ _MEGATRON_2021: dict[str, Any] = {
     # al. 2022: --sequence-parallel, --recompute-granularity selective); the SC21 code
     # checkpoints whole layers (--checkpoint-activations) or none
     "has_sequence_parallel": False, "recompute_policies": ["none", "full"],
-    "recompute_modules": [],
+    "recompute_modules": [], "fused_attention": False,
     "schedules": ["1f1b", "interleaved-1f1b"], "overlap_dp_comm": False,
     "overlap_param_gather": False, "pipeline_scatter_gather": True,
 }

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoplan.cost.estimate import default_runtime
+from autoplan.cost.runtime_rules import fused_attention_on
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
@@ -84,8 +86,12 @@ class SearchRequest:
         # for every GPU type of a multi-type search alike (shared_precision)
         cpu = self.profile.is_cpu
         space = shared_precision(self.space, self.types) if self.types else self.space
-        object.__setattr__(self, "space", space.for_device(
-            self.profile.device.peak_flops_per_s, cpu).for_model(self.model.seq_len))
+        space = space.for_device(self.profile.device.peak_flops_per_s, cpu)
+        # `attention: auto`: flash where the runtime runs a fused kernel on each type's device
+        runtime = self.runtime or default_runtime(self.profile)
+        fused = [fused_attention_on(runtime, p.device)
+                 for p in ([t.profile for t in self.types] or [self.profile])]
+        object.__setattr__(self, "space", space.for_runtime(fused).for_model(self.model.seq_len))
 
     @property
     def batch(self) -> tuple[int, int]:

@@ -13,18 +13,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoplan.cost import runtime_rules
+from autoplan.cost.estimate import default_runtime
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
 from autoplan.plan import ClusterRef, Plan, ReduceDtype
 from autoplan.plan_rules import BF16_REDUCE_PRECISIONS, RULES, violations
 from autoplan.plan_table import REDUCE_DTYPES, row_to_plan
 from autoplan.search.ranking import nearest
-from autoplan.search.scoring import Scored, score_table
+from autoplan.search.scoring import Scored, add_kernel_columns, runtime_lacks, score_table
 from autoplan.search.space import enumerate_space, layouts
 from autoplan.search.targets import MISS_KEYS, miss_messages
 
 if TYPE_CHECKING:
     from autoplan.search.engine import SearchRequest
+    from autoplan.search_space import SearchSpace
 
 SAMPLE = 20_000
 """Candidates drawn from the space to find the nearest miss when nothing was scored."""
@@ -121,12 +124,14 @@ def _rule_miss(req: SearchRequest) -> Miss:
     peaks = req.profile.device.peak_flops_per_s
     lacking = np.array([p.value not in peaks for p in req.space.precision])[t["precision"]]
     reduce_bf16 = _bf16_reduce_without_bf16(req, t)
-    problems = bad.sum(axis=1) + lacking + reduce_bf16
+    unrun = runtime_lacks(with_kernel_columns(t, req.space), req.context())
+    problems = bad.sum(axis=1) + lacking + reduce_bf16 + unrun
     i = int(np.argmin(problems))
     if problems[i] == 0:
         return _valid_sample_miss(req, t)
     misses = [RULES[j].message(t, i, req.model) for j in np.flatnonzero(bad[i])]
-    reason = RULES[int(np.argmax(bad[i]))].key if bad[i].any() else "precision-unsupported"
+    reason = (RULES[int(np.argmax(bad[i]))].key if bad[i].any() else "precision-unsupported"
+              if lacking[i] or reduce_bf16[i] else "runtime-unsupported")
     name = req.space.precision[int(t["precision"][i])].value
     if lacking[i]:
         misses.append(f"precision={name} is not supported by {req.profile.device.name} (it has "
@@ -135,7 +140,18 @@ def _rule_miss(req: SearchRequest) -> Miss:
         misses.append(f"grad_reduce_dtype=bf16 needs a bf16 or fp8 plan, and this one trains in "
                       f"{name} on {req.profile.device.name}; add null or fp32 to the space's "
                       "grad_reduce_dtype")
-    return Miss(reason, misses, plan=_plan(req, t, i))
+    plan = _plan(req, t, i)
+    if unrun[i] and plan is not None:  # in the words `estimate` gives them
+        misses += runtime_rules.refusals(plan, req.runtime or default_runtime(req.profile),
+                                         req.model, req.profile.device)
+    return Miss(reason, misses, plan=plan)
+
+
+def with_kernel_columns(t: dict[str, np.ndarray], space: SearchSpace) -> dict[str, np.ndarray]:
+    """`t` and the kernel columns the runtime rules read (scoring.add_kernel_columns)."""
+    out = dict(t)
+    add_kernel_columns(out, space)
+    return out
 
 
 def _bf16_reduce_without_bf16(req: SearchRequest, t: dict[str, np.ndarray]) -> np.ndarray:

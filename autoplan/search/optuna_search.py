@@ -76,7 +76,7 @@ def profile_hash(profile: ClusterProfile) -> str:
     return _sha256(data)
 
 
-RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel",)
+RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel", "fused_attention")
 """RuntimeTraits fields added after studies were stored, left out of runtime_hash at their
 default: a runtime they leave as it was hashes as before them, so its studies resume; one they
 change (megatron-2021 without sequence parallelism) prices otherwise and does not."""

@@ -146,11 +146,25 @@ def _estimate_groups(t: dict[str, np.ndarray], ctx: Context) -> tuple[dict[str, 
     return out, unsupported
 
 
+def add_kernel_columns(t: dict[str, np.ndarray], space: SearchSpace) -> None:
+    """The columns the runtime rules that turn on precision and kernels read, from the space's
+    codes: plan_table's FP8_COLUMN, DTYPE_COLUMN and EAGER_COLUMN."""
+    if Precision.FP8 in space.precision:
+        t[FP8_COLUMN] = t["precision"] == space.precision.index(Precision.FP8)
+    if space.precision:
+        t[DTYPE_COLUMN] = np.array([PRECISIONS.index(p) for p in space.precision],
+                                   dtype=np.int64)[t["precision"]]
+    if space.attention:
+        t[EAGER_COLUMN] = np.array([a is Attention.EAGER
+                                    for a in space.attention])[t["attention"]]
+
+
 def runtime_lacks(t: dict[str, np.ndarray], ctx: Context) -> np.ndarray:
     """Rows whose pipeline schedule, ZeRO stage, offload, HSDP or reduce dtype the runtime
     cannot run (so `search --runtime megatron` keeps to plans Megatron runs, and its winner
     exports): autoplan.cost.runtime_rules, the rules `estimate` names for one plan."""
-    return runtime_rules.lacking(t, ctx.runtime or default_runtime(ctx.profile), ctx.model)
+    return runtime_rules.lacking(t, ctx.runtime or default_runtime(ctx.profile), ctx.model,
+                                 ctx.profile.device)
 
 
 def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool = True,
@@ -167,15 +181,7 @@ def score_table(table: Mapping[str, np.ndarray], ctx: Context, *, dedupe: bool =
         counts["duplicate"] += int(dup.sum())
         keep &= ~dup
     t = {k: v[keep] for k, v in t.items()} if not keep.all() else t
-    if Precision.FP8 in ctx.space.precision:  # the runtime rules that turn on precision
-        t[FP8_COLUMN] = t["precision"] == ctx.space.precision.index(Precision.FP8)
-    # ... and on the kernels (plan_table.DTYPE_COLUMN, EAGER_COLUMN)
-    if ctx.space.precision:
-        t[DTYPE_COLUMN] = np.array([PRECISIONS.index(p) for p in ctx.space.precision],
-                                   dtype=np.int64)[t["precision"]]
-    if ctx.space.attention:
-        t[EAGER_COLUMN] = np.array([a is Attention.EAGER
-                                    for a in ctx.space.attention])[t["attention"]]
+    add_kernel_columns(t, ctx.space)
     lacking = runtime_lacks(t, ctx)
     counts["runtime-unsupported"] += int(lacking.sum())
     if lacking.any():

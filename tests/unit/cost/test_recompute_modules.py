@@ -118,7 +118,8 @@ def test_search_table_prices_modules_and_uniform_as_one_plan_is_priced():
     names = recompute_names(c, np.array(picks))  # as the tables show them (no rich markup)
     assert list(names) == ["selective(core_attn)", "selective(layernorm)",
                            "selective(core_attn+layernorm)", "full-uniform"]
-    space = load_space("recompute-modules").for_device({"bf16": 1.0}, cpu=False)
+    space = load_space("recompute-modules").for_device({"bf16": 1.0}, cpu=False).for_runtime(
+        [True])  # as the search settled it: autoplan's runtime runs SDPA's fused kernel
     for i in picks:
         plan = row_plan(result.scored, i, req.model, "llama-3-8b", "a100-sxm4-40gb", space,
                         req.targets)
@@ -190,9 +191,9 @@ def test_moe_act_needs_experts_and_a_runtime_that_names_it():
                             runtime="torchtitan")
     assert not refused.feasible
     assert any("cannot recompute moe_act by module" in r for r in refused.reasons)
-    assert estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.CORE_ATTN,))),
-                         runtime="megatron-2022").reasons[-1].startswith(
-        "runtime megatron-2022 cannot recompute core_attn")
+    assert any(r.startswith("runtime megatron-2022 cannot recompute core_attn") for r in
+               estimate_plan(_gpt_oss(Recompute(policy=SEL, modules=(M.CORE_ATTN,))),
+                             runtime="megatron-2022").reasons)
 
 
 def test_moe_frees_the_whole_moe_layer_and_re_runs_it():

@@ -868,7 +868,7 @@ def test_the_2021_megatron_code_has_neither_sequence_parallelism_nor_selective_r
     session 34 priced GPT-3 175B under megatron-2021 with both, without a word."""
     plan = {"model": "gpt3-175b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 64},
             "parallel": {"dp": 1, "tp": 8, "pp": 8}, "sequence_parallel": True,
-            "recompute": {"policy": "selective"},
+            "recompute": {"policy": "selective"}, "attention": "eager",
             "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
     old = _refusals(plan, "megatron-2021")
     assert any("no sequence parallelism" in r and "megatron-2022" in r for r in old)
@@ -876,6 +876,53 @@ def test_the_2021_megatron_code_has_neither_sequence_parallelism_nor_selective_r
     assert _refusals(plan, "megatron-2022") == []
     full = {**plan, "sequence_parallel": False, "recompute": {"policy": "full"}}
     assert _refusals(full, "megatron-2021") == []
+
+
+def test_megatron_before_2023_computes_attention_unfused_only() -> None:
+    """Megatron-LM took FlashAttention (--use-flash-attn) in 2023: a 2021 or 2022 plan with
+    attention flash is not what that code runs; today's megatron runs it."""
+    plan = {"model": "gpt3-175b", "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 64},
+            "parallel": {"dp": 1, "tp": 8, "pp": 8}, "recompute": {"policy": "full"},
+            "attention": "flash", "batch": {"micro_batch_size": 1, "global_batch_size": 64}}
+    for name in ("megatron-2021", "megatron-2022"):
+        assert _refusals(plan, name) == [
+            f"runtime {name} computes attention unfused only (Megatron-LM took FlashAttention "
+            "in 2023, after its 2021 and 2022 releases): set attention eager, or price it as "
+            "megatron"]
+        assert _refusals({**plan, "attention": "eager"}, name) == []
+    assert _refusals(plan, "megatron") == []
+
+
+@pytest.mark.parametrize(("runtime", "refused"), [
+    ("megatron", True), ("nemo", True),  # Transformer Engine: no fused attention below sm80
+    ("torchtitan", False), ("autoplan", False),  # SDPA's memory-efficient kernel runs there
+])
+def test_transformer_engine_refuses_flash_attention_before_ampere(runtime: str,
+                                                                  refused: bool) -> None:
+    """On a V100 (sm70) TE's cuDNN and FlashAttention-2 backends do not run and it computes
+    attention unfused: `attention: flash` under TE is refused there, with eager as the fix; on
+    an A100 it runs. The same plan priced without the device is not refused."""
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.hardware import load_profile
+
+    v100 = {"model": "gpt3-1.3b", "cluster": {"profile": "v100-sxm2-32gb", "num_gpus": 8},
+            "parallel": {"dp": 8}, "zero_stage": 3, "precision": "fp16", "attention": "flash",
+            "batch": {"micro_batch_size": 1, "global_batch_size": 8}}
+    why = [r for r in estimate_plan(plan_from_dict(v100), runtime=runtime).reasons
+           if "older than Ampere" in r]
+    assert bool(why) is refused
+    if refused:
+        assert why == [f"runtime {runtime}: attention flash on V100-SXM2-32GB, older than Ampere "
+                       "(no bf16 tensor cores): Transformer Engine's fused attention needs "
+                       "compute capability 8.0 or later and computes attention unfused there; "
+                       "set attention eager"]
+    eager = estimate_plan(plan_from_dict({**v100, "attention": "eager"}), runtime=runtime)
+    assert not [r for r in eager.reasons if "attention" in r]
+    a100 = {**v100, "cluster": {"profile": "a100-sxm4-80gb", "num_gpus": 8}, "precision": "bf16"}
+    assert not [r for r in estimate_plan(plan_from_dict(a100), runtime=runtime).reasons
+                if "attention" in r]
+    assert _refusals(v100, runtime) == []  # no device given: the device rules are not read
+    assert not load_profile("v100-sxm2-32gb").device.peak_flops_per_s.get("bf16")
 
 
 def _refusals(plan: dict, runtime: str) -> list[str]:

@@ -16,6 +16,7 @@ from autoplan.export.importers import import_megatron
 from autoplan.export.megatron_import import flag_values
 from autoplan.export.registry import get_target
 from autoplan.plan import (
+    Attention,
     Batch,
     Parallel,
     Recompute,
@@ -173,10 +174,13 @@ def test_megatron_runtimes_refuse_a_layer_count_on_selective_as_its_export_does(
     partial_sel = _plan(Recompute(policy=SEL, num_layers=2))
     for name in ("megatron", "megatron-2022", "nemo", "megatron-deepep", "megatron-allgather"):
         assert not load_runtime(name).partial_selective
-        est = estimate_plan(partial_sel, runtime=name)
+        # Megatron-LM's 2022 code computes attention unfused only
+        kernel = Attention.EAGER if name == "megatron-2022" else Attention.FLASH
+        est = estimate_plan(partial_sel.replace(attention=kernel), runtime=name)
         assert not est.feasible
         assert any("full recompute only" in r for r in est.reasons), est.reasons
-        assert estimate_plan(_plan(Recompute(policy=FULL, num_layers=2)), runtime=name).feasible
+        assert estimate_plan(_plan(Recompute(policy=FULL, num_layers=2)).replace(
+            attention=kernel), runtime=name).feasible
     assert estimate_plan(partial_sel, runtime="autoplan-cuda").feasible
     with pytest.raises(ConfigError, match="full recompute only"):
         export_plan(get_target("megatron"), partial_sel, partial_sel.model_spec(), OPTS)

@@ -1,0 +1,63 @@
+"""`attention: auto` (the shipped spaces): flash where the runtime runs a fused kernel on the
+GPU, eager where it does not (Transformer Engine before Ampere, Megatron-LM before 2023), so a
+search under such a runtime finds its plans instead of refusing every candidate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoplan.commands import main
+from autoplan.errors import ConfigError
+from autoplan.plan import Attention
+from autoplan.search_space import load_space, space_from_dict
+
+JOB = ["search", "--model", "gpt3-1.3b", "--num-gpus", "8", "--global-batch-size", "64",
+       "--top", "3", "--format", "json"]
+
+
+def _attention(capsys, cluster: str, runtime: str, *extra: str) -> set[str]:
+    code = main([*JOB, "--cluster", cluster, "--runtime", runtime, *extra])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return {r["attention"] for r in json.loads(out.out)["top"]}
+
+
+@pytest.mark.parametrize(("cluster", "runtime", "kind"), [
+    ("v100-sxm2-32gb", "megatron", "eager"),  # TE: no fused attention below sm80
+    ("a100-sxm4-80gb", "megatron", "flash"),
+    ("v100-sxm2-32gb", "autoplan", "flash"),  # SDPA's memory-efficient kernel runs there
+    ("a100-sxm4-80gb", "megatron-2021", "eager"),  # no fused attention in 2021
+])
+def test_auto_settles_per_runtime_and_device(cluster: str, runtime: str, kind: str,
+                                             capsys) -> None:
+    assert _attention(capsys, cluster, runtime) == {kind}
+
+
+def test_types_that_differ_search_both_and_each_keeps_what_it_runs(capsys) -> None:
+    """A V100 beside an A100 under Megatron: the space holds both kernels, the V100's flash
+    rows are refused by its runtime rule, and its best plan is the one it finds alone."""
+    from autoplan.commands import build_parser
+    from autoplan.search.cli import build_request
+
+    both = ["--cluster", "v100-sxm2-32gb,a100-sxm4-80gb", "--runtime", "megatron",
+            "--precision", "fp16"]
+    assert build_request(build_parser().parse_args([*JOB, *both])).space.attention == (
+        Attention.FLASH, Attention.EAGER)
+    assert main([*JOB, *both]) == 0
+    v100 = next(r for r in json.loads(capsys.readouterr().out)["by_cluster"]
+                if r["which"] == "v100-sxm2-32gb")
+    assert main([*JOB, "--cluster", "v100-sxm2-32gb", "--runtime", "megatron"]) == 0
+    alone = json.loads(capsys.readouterr().out)["top"][0]
+    assert v100["feasible"] and alone["attention"] == "eager"
+    assert v100["step_s"] == pytest.approx(alone["step_s"], rel=1e-12)
+
+
+def test_auto_is_the_shipped_spaces_and_an_empty_list_is_refused() -> None:
+    assert load_space("default").attention == ()
+    assert space_from_dict({"schema_version": 1, "name": "s", "attention": "auto"}).attention == ()
+    with pytest.raises(ConfigError) as err:
+        space_from_dict({"schema_version": 1, "name": "s", "attention": []})
+    assert str(err.value) == ("space: attention: got an empty list; list flash, eager or both, "
+                              "or write auto")
