@@ -97,6 +97,10 @@ def register(sub: Any) -> None:
     p.add_argument("--out", help="directory for plan.yaml, top.yaml, trials.csv.gz, "
                    "summary.json")
     p.add_argument("--force", action="store_true", help="replace files in --out")
+    p.add_argument("--all-trials", action="store_true",
+                   help="trials.csv.gz in --out holds every scored candidate (default: the "
+                        "best 2,000 by each objective, the Pareto front and the 2,000 nearest "
+                        "misses)")
     p.add_argument("--report", nargs="?", const="", default=None, metavar="DIR",
                    help="write report.html, one page with its plots inline (default DIR: "
                    "--out)")
@@ -121,6 +125,9 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
             "--worker", args.worker)
         raise ConfigError(flag, f"got {value!r} without --storage",
                           "workers share a study through --storage: give --storage and --study")
+    if getattr(args, "all_trials", False) and not getattr(args, "out", None):
+        raise ConfigError("--all-trials", "given without --out",
+                          "it sets what trials.csv.gz in --out holds: give --out DIR too")
     if args.storage is not None:
         check_storage(args.storage)
     if args.study is not None:
@@ -468,13 +475,15 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
                                field="--report") as tmp:
             add_report(tmp)
             if args.out:
-                write_out(result, args.out, args.top, args.force, data, stale=report_files())
+                write_out(result, args.out, args.top, args.force, data, stale=report_files(),
+                          all_trials=getattr(args, "all_trials", False))
     elif args.out:
         # with --force, --out holds this search alone: an older run's report.html goes too
         write_out(result, args.out, args.top, args.force, data,
                   also=add_report if together else None,
                   names=OUT_FILES + (report_files() if together else ()),
-                  stale=() if together else report_files())
+                  stale=() if together else report_files(),
+                  all_trials=getattr(args, "all_trials", False))
     for folder, names in ((args.out, OUT_FILES), (report, report_files())):
         if folder:
             for name in names:

@@ -163,8 +163,10 @@ def _one_pass(req: SearchRequest, counts: tuple[int, ...]) -> tuple[Scored, int]
     return scored, enum.total
 
 
-def _kept(scored: Scored, targets: Targets) -> np.ndarray:
-    """Rows of one count's table that can still matter once every count is merged."""
+def kept_rows(scored: Scored, targets: Targets) -> np.ndarray:
+    """Rows of a table that can still matter: the best KEEP_PER_COUNT by the ranking and by
+    each objective, the Pareto front and the KEEP_PER_COUNT nearest misses (what a range keeps
+    of each count once every count is merged, and what trials.csv.gz holds by default)."""
     order, front = rank(scored, targets)
     keep = [order[:KEEP_PER_COUNT], np.flatnonzero(front)]
     obj = scored.cols["objectives"]
@@ -223,7 +225,7 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None
         total += seen
         done.append(n)
         parts.append(part)
-        kept.append(_kept(part, req.targets))
+        kept.append(kept_rows(part, req.targets))
         if smallest_first and part.feasible.any():
             log.info("%d GPUs meet every target; larger counts not scored", n)
             step("GPU counts", k + 1, len(counts))  # the progress ends on the counts scored

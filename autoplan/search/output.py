@@ -20,18 +20,21 @@ from autoplan import fsutil
 from autoplan.cli_common import finite, json_text
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, load_plan, plan_to_dict
-from autoplan.search.engine import SearchResult
+from autoplan.search.engine import SearchResult, kept_rows
 from autoplan.search.exportable import export_refusals
 from autoplan.search.nearest import row_capacities
 from autoplan.search.ranking import frame, row_plan
+from autoplan.search.scoring import Scored
 from autoplan.search.targets import MISS_KEYS, Targets
 from autoplan.yaml_io import dump_yaml, to_dict
 
 log = logging.getLogger(__name__)
 OUT_FILES = ("plan.yaml", "top.yaml", "trials.csv.gz", "summary.json")
-"""trials.csv.gz: every scored candidate, gzip-compressed (pandas.read_csv and zcat read it);
-the main job's 145,593 rows are ~45 MB as plain CSV. A GPU-count range scored count by count
-keeps only each count's best and nearest rows (engine.KEEP_PER_COUNT): summary.json `kept`."""
+"""trials.csv.gz: the scored candidates that can matter (engine.kept_rows: the best 2,000 by the
+ranking and by each objective, the Pareto front, the 2,000 nearest misses), gzip-compressed
+(pandas.read_csv and zcat read it); with --all-trials every scored candidate (a 16-GPU
+Qwen3-30B-A3B search scored 1.3M: 99.5 MB, and its write doubled the search's time).
+summary.json `trials_csv_rows` counts what it holds."""
 
 
 def plans(result: SearchResult, rows: np.ndarray) -> list[Plan]:
@@ -126,10 +129,28 @@ search said it was done, in silence (pandas' float formatting, then gzip). Level
 54 MB against 44)."""
 
 
+def csv_kept(result: SearchResult) -> np.ndarray:
+    """The rows trials.csv.gz holds without --all-trials: engine.kept_rows of each GPU count
+    (and type), as a range scored count by count keeps them, so the file holds the same rows
+    whether the counts were scored together or apart."""
+    sc = result.scored
+    cols = sc.cols
+    groups = np.asarray(cols["num_gpus"], dtype=np.int64) * 1024 + (
+        np.asarray(cols["cluster"], dtype=np.int64) if "cluster" in cols else 0)
+    keep = []
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        part = Scored({k: np.asarray(v)[idx] for k, v in cols.items()}, sc.counts, sc.runtime,
+                      sc.clusters)
+        keep.append(idx[kept_rows(part, result.request.targets)])
+    return np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
+
+
 def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
               summary_data: dict[str, Any], extra: dict[str, Any] | None = None,
               also: Callable[[Path], None] | None = None,
-              names: tuple[str, ...] = OUT_FILES, stale: tuple[str, ...] = ()) -> Path:
+              names: tuple[str, ...] = OUT_FILES, stale: tuple[str, ...] = (),
+              all_trials: bool = False) -> Path:
     """Write the result directory atomically (all files or none): built as a temporary
     sibling, renamed into place (fsutil.atomic_dir). `also(tmp)` adds files to the same
     directory before it is renamed (the report, when it goes into --out). `stale`: files of
@@ -147,6 +168,8 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
         top_plans = [plan_to_dict(p) for p in plans(result, top_rows(result, top))]
         fsutil.write_text(tmp / "top.yaml", dump_yaml({"schema_version": 1, "plans": top_plans}))
         everything = np.concatenate([result.order, np.flatnonzero(~result.scored.feasible)])
+        if not all_trials:  # ranked order first, as before
+            everything = everything[np.isin(everything, csv_kept(result))]
         if len(everything) >= LARGE_CSV_ROWS:  # a minute or more after "done": say why
             sys.stderr.write(f"search: writing {len(everything):,} rows to trials.csv.gz\n")
             sys.stderr.flush()
@@ -155,7 +178,8 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
             index_label="row")
         fsutil.write_bytes(tmp / "trials.csv.gz",
                            gzip.compress(csv.encode("utf-8"), compresslevel=3, mtime=0))
-        fsutil.write_text(tmp / "summary.json", json_text(summary_data | (extra or {})) + "\n")
+        fsutil.write_text(tmp / "summary.json", json_text(
+            summary_data | (extra or {}) | {"trials_csv_rows": len(everything)}) + "\n")
         if also is not None:
             also(tmp)
     return Path(out)
