@@ -328,7 +328,8 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "machine": machine or {},
         "device_mismatch": device_mismatch,
         "note": joined(_on_prediction(step_time, pred, missing, machine, device_mismatch),
-                       unmeasured(history, warmup, resumed_step), diverged(history)),
+                       unmeasured(history, warmup, resumed_step, stopped_early),
+                       diverged(history)),
     }
 
 

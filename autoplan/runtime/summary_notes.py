@@ -60,13 +60,20 @@ def diverged(history: list[StepMetrics]) -> str | None:
             "memory are still measured)")
 
 
-def unmeasured(history: list[StepMetrics], warmup: int, resumed_step: int = 0) -> str | None:
+def unmeasured(history: list[StepMetrics], warmup: int, resumed_step: int = 0,
+               stopped_early: str | None = None) -> str | None:
     """Why a run has no step time, and the --steps (a total, counted from step 0) that gives
-    it one step after the warm-up."""
+    it one step after the warm-up; or, where a signal stopped it (`stopped_early`), that
+    resuming it measures one (its --steps was long enough)."""
     if not history or len(history) > warmup:
         return None
     n = len(history)
     after = f" after resuming at step {resumed_step}" if resumed_step else ""
+    trained = f"this run trained {n} step{'s' if n > 1 else ''}{after}"
+    if stopped_early:
+        return (f"step time not measured: the run was stopped within its {warmup} warm-up "
+                f"step{'s' if warmup > 1 else ''} ({trained}); resume it (--resume) to measure "
+                "one")
     return (f"step time not measured: the run had no step after its {warmup} warm-up "
-            f"step{'s' if warmup > 1 else ''} (this run trained {n} step{'s' if n > 1 else ''}"
-            f"{after}: --steps {resumed_step + warmup + 1} or more measures one)")
+            f"step{'s' if warmup > 1 else ''} ({trained}: --steps "
+            f"{resumed_step + warmup + 1} or more measures one)")

@@ -69,6 +69,18 @@ def test_an_unmeasured_run_is_told_the_steps_that_measure_one(resumed, steps, ne
     assert again["measured"]["step_time_s"] == 0.07 and "warm-up" not in (again["note"] or "")
 
 
+def test_a_run_stopped_within_its_warm_up_is_told_to_resume_not_to_raise_steps():
+    """Ctrl-C after step 1 of --steps 200 said "--steps 2 or more measures one" (user test
+    35): the steps were enough, the signal stopped it."""
+    sink = MetricsSink(None, live=False)
+    sink.record(StepMetrics(1, 5.0, 0.05, 1e4, 1 << 20, 0.5))
+    summary = summarize(sink.history, make_plan(), stopped_early="the launcher's stop file")
+    assert summary["note"] == (
+        "step time not measured: the run was stopped within its 1 warm-up step (this run "
+        "trained 1 step); resume it (--resume) to measure one")
+    assert "--steps 2 or more measures one" in summarize(sink.history, make_plan())["note"]
+
+
 def test_a_taken_run_record_path_gets_numbered_siblings(tmp_path, caplog):
     plan = make_plan()
     sink = MetricsSink(None, live=False)
