@@ -18,6 +18,7 @@ from autoplan.errors import ConfigError
 from autoplan.search.engine import SearchRequest, SearchResult
 from autoplan.search.nearest import row_capacities
 from autoplan.search.output import scored_total, top_rows
+from autoplan.search.ranking import frame
 from autoplan.search.render import (
     COLUMNS,
     HOISTABLE,
@@ -134,6 +135,27 @@ def ranked_html(result: SearchResult, shown: list[Shown]) -> str:
             + f"<p class=note>{esc(legend(shown, wide=True, headers={c[1] for c in cols}))}</p>")
 
 
+REJECTED_ALWAYS = ("dp", "tp", "pp", "cp", "vpp", "zero", "mbs")
+"""Knobs every rejected plan names; the others only where the rows shown differ in them."""
+REJECTED_IF_DIFFERENT = ("num_gpus", "cluster", "ep", "etp", "dp_shard", "sp", "schedule",
+                         "split", "recompute", "recompute_layers", "offload_optimizer",
+                         "offload_params", "precision", "attention", "grad_reduce", "gbs")
+
+
+def rejected_words(result: SearchResult, rows: np.ndarray) -> list[str]:
+    """Each row's plan in a few words: the layout, and every other knob in which the rows
+    differ (eight rows of one layout that missed by ep or precision read alike: user test
+    35)."""
+    req = result.request
+    df = frame(result.scored, rows, req.space, req.targets)
+    names = [k for k in REJECTED_ALWAYS if k in df] + [
+        k for k in REJECTED_IF_DIFFERENT if k in df and df[k].astype(str).nunique() > 1]
+    if "recompute_layers" in df:  # -1: every layer of the stage
+        df["recompute_layers"] = df["recompute_layers"].map(lambda n: "all" if n < 0 else n)
+    return [" ".join(f"{k}{r[k]}" if k in REJECTED_ALWAYS else f"{k}={r[k]}" for k in names)
+            for _, r in df.iterrows()]
+
+
 def rejected_html(result: SearchResult) -> str:
     """Counts by first reason, then the fastest scored plans that missed, with what they miss."""
     counts = {k: v for k, v in result.scored.counts.items() if v}
@@ -150,11 +172,10 @@ def rejected_html(result: SearchResult) -> str:
         # each row's own GPU type; what it must fit (the p75 slack under --memory-slack p75)
         cap = row_capacities(result.request, result.scored) / GIB
         need = device_need(c, result.request.targets) / GIB
-        rows = [[f"dp{c['dp'][i]} tp{c['tp'][i]} pp{c['pp'][i]} cp{c['cp'][i]} "
-                 f"vpp{c['vpp'][i]} zero{c['zero_stage'][i]} mbs{c['mbs'][i]}",
-                 f"{c['tokens_per_s'][i]:,.0f}", f"{need[i]:.1f} of {cap[i]:.0f}",
+        words = rejected_words(result, fastest)
+        rows = [[words[k], f"{c['tokens_per_s'][i]:,.0f}", f"{need[i]:.1f} of {cap[i]:.0f}",
                  MISS_KEYS[int(c["reason"][i])] if c["reason"][i] >= 0 else "?"]
-                for i in fastest]
+                for k, i in enumerate(fastest)]
         out += ("<p>The fastest plans that were scored and rejected (they would have ranked "
                 "first):</p>" + table_html(["plan", "tokens/s", "GiB per GPU", "rejected for"],
                                            rows, left={0, 3}))

@@ -79,3 +79,28 @@ def test_out_compresses_trials_and_says_what_it_wrote(tmp_path, capsys) -> None:
         assert fh.readline().startswith("row,num_gpus,dp,tp")
     trials = pd.read_csv(out / "trials.csv.gz")
     assert len(trials) > 100 and (trials["status"] == "feasible").any()
+
+
+def test_rejected_plans_name_the_knobs_they_differ_in() -> None:
+    """Eight rejected rows of one layout read alike (`dp16 tp1 ... mbs8` eight times, user test
+    35): each now names the knobs the rows shown differ in, and two rows never read the same
+    unless they are the same plan."""
+    from autoplan.search.ranking import frame
+    from autoplan.search.report import REJECTED_ALWAYS, rejected_words
+
+    result = run_search(request("default", model="gpt3-350m", cluster="cpu-gloo", gpus=(4,),
+                                gbs=16))  # most of its candidates miss the CPU's memory
+    c = result.scored.cols
+    missed = np.flatnonzero(~result.scored.feasible)
+    assert len(missed) >= 8
+    rows = missed[np.argsort(-c["tokens_per_s"][missed], kind="stable")][:8]
+    words = rejected_words(result, rows)
+    df = frame(result.scored, rows, result.request.space, result.request.targets)
+    knobs = [k for k in ("dp", "tp", "pp", "cp", "vpp", "zero", "mbs", "sp", "schedule",
+                         "recompute", "recompute_layers", "offload_optimizer", "precision",
+                         "attention") if k in df]
+    distinct = df[knobs].astype(str).drop_duplicates()
+    assert len(set(words)) == len(distinct)
+    assert all(w.split()[:len(REJECTED_ALWAYS)] == [f"{k}{df.iloc[j][k]}"
+                                                    for k in REJECTED_ALWAYS]
+               for j, w in enumerate(words))
