@@ -105,7 +105,8 @@ def estimate_command(args: argparse.Namespace) -> int:
         # without the file's `predicted` block: this estimate is the prediction now
         "num_params": est.num_params, "model": model.name,
         "plan": plan_to_dict(plan.replace(predicted=None)),
-        "runtime": est.runtime, "error_band": est.error_band, "error_bias": est.error_bias,
+        "runtime": est.runtime, "profile": plan.cluster.profile,  # a name, or the file read
+        "error_band": est.error_band, "error_bias": est.error_bias,
         "mfu_ceiling": None if est.mfu_ceiling is None else dataclasses.asdict(est.mfu_ceiling),
         "above_validated": est.above_validated,
     }
@@ -153,7 +154,8 @@ def estimate_command(args: argparse.Namespace) -> int:
         if est.days_to_train is not None:
             line += f"   days to train: {est.days_to_train:.1f}"
         console.print(line)
-        console.print(f"priced for runtime {est.runtime}: step {est.time['step']:.3g} s "
+        console.print(f"priced for runtime {est.runtime} on profile {plan.cluster.profile}: "
+                      f"step {est.time['step']:.3g} s "
                       f"± {est.error_band:.0%} (validation error of runs of this kind"
                       f"{bias_words(est.error_bias)})", markup=False)
         if est.above_validated:

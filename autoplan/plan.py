@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan import resources
 from autoplan.errors import ConfigError
-from autoplan.model_spec import ModelSpec, load_model, model_dict
+from autoplan.model_spec import PRESETS, ModelSpec, load_model, model_dict
 from autoplan.moe_spec import moe_dict
 from autoplan.yaml_io import (
     SCHEMA_VERSION,
@@ -375,8 +376,6 @@ def plan_model_ref(ref: Any, spec: ModelSpec) -> str | ModelSpec:
     """The model as a written plan names it: a preset name as given (when `spec` is that
     preset, not one at another --seq-len), anything else inline (a model file, a Hugging Face
     folder), so the plan reads the same from any folder. Search and import write plans so."""
-    from autoplan.model_spec import PRESETS
-
     return ref if isinstance(ref, str) and PRESETS.get(ref) == spec else spec
 
 
@@ -387,17 +386,61 @@ def plan_identity(plan: Plan) -> str:
     return json.dumps(plan_to_dict(plan.replace(predicted=None)), sort_keys=True, default=str)
 
 
+def plan_file_paths(data: dict[str, Any], plan_file: str | Path) -> dict[str, Any]:
+    """`data`, a plan file's mapping, with the files it names by a relative path (`model`,
+    `cluster.profile`) made absolute from the plan's folder: one rule for every command that
+    reads a plan file (estimate --plan, train, export, the job export writes), whatever folder
+    it runs in. Names (a model preset, a profile name) and absolute paths stay as written; a
+    bare word that is no preset is a path only where the plan's folder holds it. What is no
+    string is left for the strict loader to name."""
+    folder = Path(plan_file).resolve().parent
+    out = dict(data)
+    model = out.get("model")
+    if isinstance(model, str) and model and model not in PRESETS:
+        path = Path(model)
+        if not path.is_absolute() and not model.startswith("~") and (
+                not resources.is_name(model) or _exists(folder / path)):
+            out["model"] = _from(folder, path)
+    cluster = out.get("cluster")
+    if isinstance(cluster, dict) and isinstance(cluster.get("profile"), str):
+        ref = cluster["profile"]
+        if ref and not resources.is_name(ref) and not Path(ref).is_absolute() \
+                and not ref.startswith("~"):
+            out["cluster"] = {**cluster, "profile": _from(folder, Path(ref))}
+    return out
+
+
+def _from(folder: Path, path: Path) -> str:
+    """`path` read from `folder` (resolved, so each leading `..` is its parent, as the system
+    reads it), as one absolute path to show in messages."""
+    parts = path.parts
+    while parts and parts[0] in ("..", "."):
+        folder = folder.parent if parts[0] == ".." else folder
+        parts = parts[1:]
+    return str(folder.joinpath(*parts))
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name past NAME_MAX is no file
+        return False
+
+
 def load_plan(path: str | Path) -> Plan:
+    """The plan in the file at `path`; its relative paths are read from its folder
+    (plan_file_paths)."""
     data = read_yaml(path, "PLAN")
     if not isinstance(data, dict):
         raise ConfigError(f"PLAN {path}", "expected a mapping of plan fields")
-    return plan_from_dict(data)
+    return plan_from_dict(plan_file_paths(data, path))
 
 
 def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> Path:
     data = plan_to_dict(plan)
     written = save_yaml(data, path, overwrite=overwrite)
-    if load_plan(written) != plan:  # every save reloads and compares
+    # every save reloads and compares: a relative path as load_plan reads it, from the folder
+    if load_plan(written) != plan_from_dict(plan_file_paths(data, written)):
         raise AssertionError(f"plan written to {written} does not reload equal")
     return written
 

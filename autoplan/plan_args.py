@@ -13,7 +13,15 @@ from autoplan.cost.runtimes import RUNTIMES
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import MAX_SIZE, PRESETS, ModelSpec, load_model
-from autoplan.plan import Plan, check_plan_keys, plan_from_dict, plan_to_dict, put_field, set_field
+from autoplan.plan import (
+    Plan,
+    check_plan_keys,
+    plan_file_paths,
+    plan_from_dict,
+    plan_to_dict,
+    put_field,
+    set_field,
+)
 from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, safe_load_text, show
 
@@ -67,7 +75,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         if not isinstance(raw, dict):
             raise ConfigError("--plan", f"{show(args.plan)} is not a mapping of plan fields")
         _check_plan_keys(args.plan, raw)
-        data = raw
+        data = plan_file_paths(raw, args.plan)  # its paths from its folder, as train reads it
     else:
         if args.num_gpus is None:
             raise ConfigError("--num-gpus", "missing", "give --num-gpus or --plan")
