@@ -6,7 +6,10 @@ Datasheet presets carry reasonable efficiency curves; `autoplan profile` writes 
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,8 @@ from autoplan.yaml_io import (
     show,
     unknown_key_fix,
 )
+
+log = logging.getLogger(__name__)
 
 PROFILES_DIR = resources.package_dir(resources.PROFILES)
 """The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
@@ -530,7 +535,7 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
         named = resources.find(resources.PROFILES, str(ref))
         if named is None:
             known = available_profiles()
-            hint = name_hint(str(ref), known)
+            hint = _named_inside(str(ref)) or name_hint(str(ref), known)
             raise ConfigError(
                 flag, f"unknown profile {show(str(ref))}",
                 (f"{hint} " if hint else "")
@@ -539,7 +544,40 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
         path = named
     # errors name the file: a user's profile may shadow a built-in name, a search read several
     where = f"profile {ref} ({path})" if resources.is_name(ref) else f"profile {str(path)!r}"
-    return profile_from_dict(read_yaml(path, flag), where)
+    profile = profile_from_dict(read_yaml(path, flag), where)
+    if resources.is_name(ref) and profile.name != str(ref):
+        _warn_inner_name(str(ref), str(path), profile.name)
+    return profile
+
+
+_NAME_LINE = re.compile(r"^name:[ \t]*(['\"]?)([^'\"#\s]+)\1[ \t]*(?:#.*)?$", re.MULTILINE)
+"""A profile file's top-level `name:` line, read without parsing the file (a hint only)."""
+
+
+def _named_inside(name: str) -> str | None:
+    """'did you mean ...?' for an unknown profile name that a profile file gives as its own
+    `name:`: profiles are found by file name (`--cluster my-h100` reads my-h100.yaml), not by
+    the name inside, so a user who named the profile in the file looked it up by that."""
+    for folder in resources.search_dirs(resources.PROFILES):
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")[:100_000]
+            except OSError:
+                continue
+            found = _NAME_LINE.search(text)
+            if found and found.group(2) == name and resources.find(
+                    resources.PROFILES, path.stem) == path:
+                return (f"did you mean {path.stem!r}? {path} says name: {name}, but a profile "
+                        "is found by its file name;")
+    return None
+
+
+@functools.cache
+def _warn_inner_name(ref: str, path: str, inner: str) -> None:
+    """Say once per file that its `name:` is not the name it is found by."""
+    log.warning("profile %s (%s) says name: %s; a profile is found by its file name, so "
+                "--cluster takes %s, not %s: rename the file %s.yaml, or set name: %s in it",
+                ref, path, inner, ref, inner, inner, ref)
 
 
 def cluster(ref: str | Path, num_gpus: int) -> ClusterSpec:

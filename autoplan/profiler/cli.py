@@ -22,7 +22,8 @@ def register(sub: Any) -> None:
                        "host paths on this machine and write a profile the cost model reads.")
     p.add_argument("--out", help="output path (default NAME.yaml in the checkout's profiles/ "
                    "when run inside it, else in $AUTOPLAN_PROFILES or ~/.config/autoplan/profiles)")
-    p.add_argument("--name", help="profile name (default: cpu-measured or the GPU's name)")
+    p.add_argument("--name", help="profile name, which `--cluster` finds it by: its file name "
+                   "(default: --out's file name, else cpu-measured or <datasheet profile>-measured)")
     p.add_argument("--base", help="profile whose unmeasured fields are kept (default: cpu-gloo "
                    "on CPU, the matching datasheet profile on a GPU)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -102,9 +103,7 @@ def _request(args: argparse.Namespace) -> _Request:
     check_base_device(base_ref, load_profile(base_ref, "--base"), here)
     base_path = resources.find(resources.PROFILES, base_ref) if resources.is_name(base_ref) \
         else Path(base_ref)
-    # the name is how --cluster finds the profile again, whether or not --out places it
-    name = resources.safe_name(
-        args.name or ("cpu-measured" if not use_cuda else f"{default_base}-measured"), "--name")
+    name = profile_name(args, "cpu-measured" if not use_cuda else f"{default_base}-measured")
     out = Path(args.out) if args.out is not None else (
         resources.default_write_dir(resources.PROFILES) / f"{name}.yaml")
     fsutil.check_file_target(out, force=args.force)  # before minutes of measuring
@@ -120,6 +119,22 @@ def _request(args: argparse.Namespace) -> _Request:
         device=torch.device("cuda", 0) if use_cuda else torch.device("cpu"),
         precision=precision, base=base, name=name, out=out,
         groups=[g for g in (2, 4, 8) if g <= max_ranks], quick=args.quick)
+
+
+def profile_name(args: argparse.Namespace, default: str) -> str:
+    """The name written into the profile: the one `--cluster` finds it by, its file name.
+    --out X.yaml writes `name: X`; --name names the file written in the profile folder, and
+    with an --out of another file name is refused (the name inside would find nothing)."""
+    name = resources.safe_name(args.name, "--name") if args.name else None
+    if args.out is None:
+        return name or default
+    stem = Path(args.out).stem
+    if name is not None and name != stem:
+        raise ConfigError("--name", f"{name!r} differs from --out's file name {stem!r}, the name "
+                          f"`--cluster` finds the profile by",
+                          f"leave --name out (the profile is named {stem}), or write --out "
+                          f"{Path(args.out).with_name(name + Path(args.out).suffix)}")
+    return stem
 
 
 def check_base_device(base_ref: str, base: ClusterProfile, here: str) -> None:

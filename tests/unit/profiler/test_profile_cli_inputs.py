@@ -61,9 +61,11 @@ def test_a_base_of_another_device_on_a_gpu_is_refused(monkeypatch, no_measuring,
                                            ("NVIDIA A100-SXM4-40GB", "a100-sxm4-80gb")])
 def test_the_default_base_matches_the_gpu(monkeypatch, tmp_path, gpu, base) -> None:
     _on_gpu(monkeypatch, gpu)
-    args = build_parser().parse_args(["profile", "--out", str(tmp_path / "p.yaml")])
-    req = cli._request(args)
+    monkeypatch.setenv("AUTOPLAN_PROFILES", str(tmp_path))  # without --out: written there
+    monkeypatch.chdir(tmp_path)
+    req = cli._request(build_parser().parse_args(["profile"]))
     assert req.base["name"] == base and req.name == f"{base}-measured"
+    assert req.out == tmp_path / f"{base}-measured.yaml"
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
