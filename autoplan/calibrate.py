@@ -24,10 +24,14 @@ from typing import Any
 from autoplan.calibrate_devices import check_runs, device_model, device_token, profile_file
 from autoplan.calibrate_factors import (
     FACTORS,
+    FAR,
     HOST_OVERHEADS,
     active_factors,
     apply_factors,
+    fitted_values,
     identity,
+    moved_far,
+    ratio,
 )
 from autoplan.calibrate_identify import (
     PROBES,
@@ -51,7 +55,7 @@ from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, ClusterSpec
 
 __all__ = [
-    "FACTORS", "HOST_OVERHEADS", "MAX_STEP_TIME_S", "MIN_HELD_OUT_PLANS", "MIN_STEP_TIME_S",
+    "FACTORS", "FAR", "HOST_OVERHEADS", "MAX_STEP_TIME_S", "MIN_HELD_OUT_PLANS", "MIN_STEP_TIME_S",
     "PROBES", "SHARE_STEP", "UNFELT", "Calibration", "Measured", "RunRecord", "StepPricer",
     "active_factors", "apply_factors", "calibrate", "check_runs", "device_model", "device_token",
     "factor_shares", "held_out_errors", "identity", "left_factors", "load_run", "memory_errors",
@@ -82,6 +86,12 @@ class Calibration:
     step_errors_held_out: list[float] | None = None
     """Each run's step error under a fit to the other plans' runs alone (leave-one-plan-out,
     held_out_errors); None under MIN_HELD_OUT_PLANS different plans, or when not asked for."""
+    ratios: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    """Each factor as the ratio of the field it moves, after / before (None: moved from 0;
+    factor_ratios): `factors` holds op_overhead_s and overlap as the values fitted."""
+    values: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """The field each fitted factor moved (and the reserved bytes the memory fit raised):
+    its name, value before and after, and ratio (calibrate_factors.fitted_values)."""
 
     @property
     def fitted(self) -> list[str]:
@@ -107,8 +117,11 @@ class Calibration:
             return statistics.fmean(abs(e) for e in errs) if errs else None
 
         return {"runs": len(self.step_errors_before), "distinct_plans": self.distinct_plans,
-                "factors": self.factors, "factors_fitted": self.fitted,
-                "factors_at_bound": self.at_bound, "factors_left": dict(self.left),
+                # every factor as a ratio after / before; the fitted fields' values apart
+                "factors": dict(self.ratios),
+                "values": dict(self.values), "factors_fitted": self.fitted,
+                "factors_at_bound": self.at_bound, "factors_moved_far": moved_far(self.values),
+                "factors_left": dict(self.left),
                 "factors_unidentified": self.unidentified,
                 "factor_shares": dict(self.shares),
                 "step_time_mape_before": mape(self.step_errors_before),
@@ -191,6 +204,23 @@ def held_out_errors(runs: list[RunRecord], profile: ClusterProfile, trials: int 
     return errors
 
 
+def factor_ratios(profile: ClusterProfile, factors: dict[str, float]) -> dict[str, float | None]:
+    """Every factor as after / before of the field it moves: the multipliers as they are,
+    op_overhead_s and overlap (fitted as values) divided by the profile's own."""
+    eff = profile.efficiency
+    own = {"op_overhead_s": eff.op_overhead_s, "overlap": eff.overlap}
+    return {name: ratio(own[name], value) if name in own else value
+            for name, value in factors.items()}
+
+
+def _shown_precision(runs: list[RunRecord], profile: ClusterProfile) -> str:
+    """The peak calibrate shows compute's fit on: the runs' most common precision, where the
+    profile has a peak for it (every peak moves alike)."""
+    peaks = profile.device.peak_flops_per_s
+    trained = [r.plan.precision.value for r in runs if r.plan.precision.value in peaks]
+    return statistics.mode(trained) if trained else next(iter(peaks))
+
+
 def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
               seed: int = 0, held_out: bool = False) -> Calibration:
     """Fit the factors to the runs' step times and the reserved bytes to their peak memory;
@@ -209,8 +239,11 @@ def calibrate(runs: list[RunRecord], profile: ClusterProfile, trials: int = 300,
         reserved = int(fitted.device.reserved_bytes + max(0.0, residual))
         fitted = dataclasses.replace(
             fitted, device=dataclasses.replace(fitted.device, reserved_bytes=reserved))
+    names = [name for name in FACTORS if name not in left]
     return Calibration(
         profile=fitted, factors=best, left=left, shares=shares,
+        ratios=factor_ratios(profile, best),
+        values=fitted_values(profile, fitted, names, _shown_precision(runs, profile)),
         distinct_plans=len({plan_key(r.plan) for r in runs}),
         step_errors_before=step_errors(runs, profile),
         step_errors_after=step_errors(runs, fitted),

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from autoplan import fsutil, resources
 from autoplan.calibrate import (
+    FAR,
     MIN_HELD_OUT_PLANS,
     Calibration,
     calibrate,
@@ -86,6 +87,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     summary = result.summary()
     prof = to_dict(result.profile)
     prof["name"] = out.stem
+    prof["description"] = calibrated_description(base.description, args.profile, summary)
     prof["measured"] = {**(prof.get("measured") or {}), "calibration": {
         **summary, "base": base.name, "sources": [r.source for r in runs],
         # the peak's multiplier from the device's own, over this fit and the base's (MFU)
@@ -111,6 +113,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
                       f"{r['error_after']:+.1%}",
                       *((f"{r['error_held_out']:+.1%}",) if held else ()))
         console.print(t)
+        if summary["values"]:
+            console.print(values_table(summary["values"]))
         console.print(ERROR_LEGEND)
         console.print(error_line(summary, "the runs"))
         if summary["factors_unidentified"]:
@@ -126,6 +130,47 @@ def calibrate_command(args: argparse.Namespace) -> int:
     emit(args, data, render)
     warn_overfit(result)
     return 0
+
+
+def values_table(values: dict[str, dict[str, Any]]) -> Table:
+    """Each fitted field, before -> after, and the ratio (calibrate_factors.fitted_values)."""
+    t = Table(title="fitted values (the profile written)")
+    for c in ("factor", "field", "before", "after", "after / before"):
+        t.add_column(c, justify="left" if c in ("factor", "field") else "right")
+    for name, v in values.items():
+        r = v["ratio"]
+        t.add_row(name, v["field"], f"{v['before']:.4g}", f"{v['after']:.4g}",
+                  "from 0" if r is None else f"x{r:.3g}")
+    return t
+
+
+def far_line(summary: dict[str, Any]) -> str:
+    """The fields the fit moved by more than FAR either way: what it says of them."""
+    values = summary["values"]
+    moved = ", ".join(f"{values[n]['field']} {values[n]['before']:.3g} -> "
+                      f"{values[n]['after']:.3g} (x{values[n]['ratio']:.3g})"
+                      for n in summary["factors_moved_far"])
+    one = len(summary["factors_moved_far"]) == 1
+    return (f"the fit moved {moved}, more than {FAR:g}x: the runs may not constrain "
+            f"{'it' if one else 'them'} (the fit may have moved {'it' if one else 'them'} to "
+            "absorb what it does not price); check against the measured value before trusting "
+            "plans priced with the fitted profile")
+
+
+def calibrated_description(before: str, base_ref: str, summary: dict[str, Any]) -> str:
+    """The base profile's description and what this fit changed, replacing an earlier fit's
+    sentence (the record under measured.calibration keeps the details)."""
+    own = before.split(CALIBRATED)[0].strip()
+    moved = ", ".join(f"{name} x{v['ratio']:.3g}" if v["ratio"] is not None
+                      else f"{name} from 0" for name, v in summary["values"].items())
+    plans = summary["distinct_plans"]
+    fit = (f"{CALIBRATED} from {base_ref} to {summary['runs']} run(s) of {plans} plan"
+           f"{'' if plans == 1 else 's'}: {moved or 'nothing moved'} (measured.calibration).")
+    return f"{own} {fit}" if own else fit
+
+
+CALIBRATED = "Calibrated by `autoplan calibrate`"
+"""How a calibrated profile's description starts its fit's sentence."""
 
 
 ERROR_LEGEND = ("errors are predicted / measured - 1: -20% is a step predicted 20% shorter than "
@@ -187,6 +232,8 @@ def warn_overfit(result: Calibration, command: str = "calibrate") -> None:
             f"autoplan {command}: warning: the held-out error ({held:.1%}) is above the error "
             f"before the fit ({before:.1%}): the fit does not carry to plans it has not seen; "
             "keep the profile you started from, or fit runs of more plans\n")
+    if s["factors_moved_far"]:
+        sys.stderr.write(f"autoplan {command}: warning: {far_line(s)}\n")
     if result.at_bound:
         sys.stderr.write(f"autoplan {command}: warning: {', '.join(result.at_bound)} ended on "
                          "the bound of its range: the runs ask for more than the factor allows, "

@@ -77,3 +77,78 @@ def profile_lacks(profile: ClusterProfile) -> dict[str, str]:
     if not any(getattr(profile.efficiency, name) for name in HOST_OVERHEADS):
         out["host_overheads"] = "the profile has no measured host overheads"
     return out
+
+
+FAR = 10.0
+"""A fitted field moved by more than this factor either way is flagged (calibrate_cli): the
+multipliers' own range ends there, and a measured value rarely errs by as much."""
+
+
+def _collective_field(profile: ClusterProfile) -> tuple[str, float] | None:
+    """One time of the measured collective tables, all of which collective_tables scales: the
+    first kind's smallest group at its largest message."""
+    for kind, by_group in vars(profile.collectives or CollectiveTimes()).items():
+        if by_group:
+            group = min(by_group)
+            table = by_group[group]
+            size = table.x[-1]
+            shown = f"{size / 2**20:.3g} MiB" if size >= 2**20 else f"{size:.0f} B"
+            return f"collectives.{kind}[{group}] {shown}", table.y[-1]
+    return None
+
+
+def factor_fields(profile: ClusterProfile, precision: str) -> dict[str, tuple[str, float]]:
+    """The field of `profile` each factor moves, as one representative (name, value): the
+    peak in `precision` for compute (every peak moves alike), the GPU links' intra-node figure
+    (inter-node moves alike), the first host overhead measured."""
+    dev, eff = profile.device, profile.efficiency
+    fields = {
+        "compute": (f"device.peak_flops_per_s.{precision}", dev.peak_flops_per_s[precision]),
+        "memory_bandwidth": ("device.hbm_bytes_per_s", dev.hbm_bytes_per_s),
+        "link_bandwidth": ("intra_node.bytes_per_s", profile.intra_node.bytes_per_s),
+        "link_latency": ("intra_node.latency_s", profile.intra_node.latency_s),
+        "op_overhead_s": ("efficiency.op_overhead_s", eff.op_overhead_s),
+        "overlap": ("efficiency.overlap", eff.overlap),
+    }
+    host = next((name for name in HOST_OVERHEADS if getattr(eff, name)), None)
+    if host is not None:
+        fields["host_overheads"] = (f"efficiency.{host}", getattr(eff, host))
+    collective = _collective_field(profile)
+    if collective is not None:
+        fields["collective_tables"] = collective
+    return fields
+
+
+def ratio(before: float, after: float) -> float | None:
+    """after / before: 1 for a value left as it was, None where it moved from 0 (overlap)."""
+    if after == before:
+        return 1.0
+    return after / before if before else None
+
+
+def fitted_values(before: ClusterProfile, after: ClusterProfile, names: list[str],
+                  precision: str) -> dict[str, dict[str, object]]:
+    """For each factor of `names` (those fitted), the field it moved: its name, its value
+    before and after, and their ratio; and device.reserved_bytes where the memory fit raised
+    it. `precision`: the peak shown for compute."""
+    was, now = factor_fields(before, precision), factor_fields(after, precision)
+    out: dict[str, dict[str, object]] = {}
+    for name in names:
+        if name in was:
+            (field, a), (_, b) = was[name], now[name]
+            out[name] = {"field": field, "before": a, "after": b, "ratio": ratio(a, b)}
+    a, b = before.device.reserved_bytes, after.device.reserved_bytes
+    if a != b:
+        out["reserved_bytes"] = {"field": "device.reserved_bytes", "before": a, "after": b,
+                                 "ratio": ratio(a, b)}
+    return out
+
+
+def moved_far(values: dict[str, dict[str, object]]) -> list[str]:
+    """The fields of fitted_values that moved by more than FAR either way."""
+    far = []
+    for name, v in values.items():
+        r = v["ratio"]
+        if isinstance(r, float) and r > 0 and max(r, 1 / r) > FAR:
+            far.append(name)
+    return far

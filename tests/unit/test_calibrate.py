@@ -133,8 +133,9 @@ def test_one_plan_fits_one_factor_the_one_that_governs_most_of_its_step(tmp_path
     assert data["factors_fitted"] == [max(shares, key=shares.get)]
     assert sorted(data["factors_unidentified"]) == sorted(set(shares) - {
         data["factors_fitted"][0]})
-    start = identity(base)
-    assert all(data["factors"][name] == start[name] for name in data["factors_unidentified"])
+    # factors are ratios after / before: 1 for each left as it was; values only the fitted
+    assert all(data["factors"][name] == 1.0 for name in data["factors_unidentified"])
+    assert set(data["values"]) - {"reserved_bytes"} == set(data["factors_fitted"])
     assert data["step_time_mape_after"] < 0.01 and data["step_time_mape_held_out"] is None
     assert [r["error_held_out"] for r in data["per_run"]] == [None, None]
     assert [line for line in captured.err.splitlines() if "fitted to alone" in line] == [
