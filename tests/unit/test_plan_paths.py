@@ -93,7 +93,7 @@ def test_a_missing_relative_file_is_named_where_it_was_looked_for(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     where = argv[:2] if argv[0] == "estimate" else argv[:1]
     assert_refused(capsys, [*where, "plans/plan.yaml", *argv[len(where):]],
-                   f"cluster.profile: ", str(tmp_path / "plans" / "gone.yaml"))
+                   "cluster.profile: ", str(tmp_path / "plans" / "gone.yaml"))
 
 
 def test_a_flag_path_is_read_from_the_working_folder(tmp_path, monkeypatch, capsys) -> None:
