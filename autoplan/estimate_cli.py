@@ -17,7 +17,7 @@ from autoplan import resources
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
-from autoplan.cost.runtimes import RUNTIMES
+from autoplan.cost.runtimes import RUNTIMES, RuntimeTraits
 from autoplan.display import (
     bias_words,
     column,
@@ -33,6 +33,7 @@ from autoplan.plan import plan_to_dict
 from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_from_args
 from autoplan.plan_rules import validate_plan
 from autoplan.search_space import device_precision
+from autoplan.yaml_io import read_yaml
 
 GIB = 2**30
 log = logging.getLogger(__name__)
@@ -204,22 +205,54 @@ def three(value: float) -> str:
     return f"{float(f'{value:.3g}'):g}"
 
 
+OTHER_FILES = (
+    ("a plan", frozenset({"model", "cluster", "batch", "parallel"})),
+    ("a model spec", frozenset({"num_layers", "hidden_size", "num_heads", "vocab_size"})),
+    ("runtime traits, for --runtime",
+     frozenset(f.name for f in dataclasses.fields(RuntimeTraits)) - {"name", "description"}),
+)
+"""The other YAML files autoplan reads, by keys no profile holds (in this order: a plan's
+`offload:` is a traits key too)."""
+
+
+def not_a_profile(path: Any) -> str | None:
+    """What a YAML file in a profile folder is when it is no profile (no `device:`) but one
+    of the other files autoplan reads (OTHER_FILES: a runtime-traits file has `base:` or a
+    traits key); None for anything else, a broken profile, which is said as one."""
+    try:
+        data = read_yaml(path, "profile")
+    except ConfigError:
+        return None
+    if not isinstance(data, dict) or "device" in data:
+        return None
+    return next((what for what, keys in OTHER_FILES if not keys.isdisjoint(data)), None)
+
+
 def clusters_command(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
+    others: list[str] = []
     for name in available_profiles():
         try:
             p = load_profile(name, "profile")
         except ConfigError as err:  # one broken file in $AUTOPLAN_PROFILES hides no others
             where = resources.find(resources.PROFILES, name)
+            what = not_a_profile(where) if where is not None else None
+            if what is not None:  # a traits file or plan kept beside the profiles
+                others.append(f"{where.name} ({what})" if where else name)
+                continue
             sys.stderr.write(f"autoplan clusters: warning: skipped {where or name}: {err}\n")
             continue
         # a calibrated profile's peaks carry its fitted compute factor: the device's own
-        # (what MFU is stated against) is that divided back out
+        # (what MFU is stated against) is that divided back out; plans are priced at the
+        # fitted peak (priced_peak_tflops), which the table shows
         own = p.calibrated_compute
         rows.append({"name": name, "device": p.device.name,
                      "memory_gib": p.device.memory_bytes / GIB,
                      "peak_tflops": {k: v / own / 1e12
                                      for k, v in p.device.peak_flops_per_s.items()},
+                     "priced_peak_tflops": {k: v / 1e12
+                                            for k, v in p.device.peak_flops_per_s.items()},
+                     "calibrated_compute": own,
                      # what plans on it train in unless told otherwise (fp32 on a CPU)
                      "precision": device_precision(p.device.peak_flops_per_s, p.is_cpu),
                      "gpus_per_node": p.gpus_per_node,
@@ -230,15 +263,19 @@ def clusters_command(args: argparse.Namespace) -> int:
 
     def render(console: Console) -> None:
         t = Table(title="hardware profiles", caption="TF: peak TFLOP/s in the precision plans "
-                  "on it train in (bf16, else fp16; fp32 on a CPU); intra/inter: GB/s inside a "
-                  "node / between nodes (a calibrated profile's are fitted); all peaks: "
-                  "--format json",
+                  "on it train in (bf16, else fp16; fp32 on a CPU), as plans are priced at it; "
+                  "intra/inter: GB/s inside a node / between nodes; a calibrated profile's are "
+                  "fitted (its device's own peak, which MFU is stated against: --format json "
+                  "peak_tflops)",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+        # a device name wraps at its spaces, never inside a word (A100-SXM4-80GB)
+        word = max((len(w) for r in rows for w in r["device"].split()), default=0)
         for k in ("name", "device", "GiB", "TF", "/node", "intra", "inter", "source"):
-            t.add_column(k, no_wrap=k == "name",
+            t.add_column(k, no_wrap=k == "name", min_width=min(word, 20) if k == "device"
+                         else None,
                          justify="left" if k in ("name", "device", "source") else "right")
         for r in rows:
-            peak = r["peak_tflops"].get(r["precision"])  # None: a profile without that peak
+            peak = r["priced_peak_tflops"].get(r["precision"])  # None: no peak of that dtype
             t.add_row(r["name"], r["device"], f"{r['memory_gib']:.0f}",
                       "-" if peak is None else three(peak),
                       str(r["gpus_per_node"]), three(r["intra_node_gb_per_s"]),
@@ -251,5 +288,9 @@ def clusters_command(args: argparse.Namespace) -> int:
     from autoplan.cli_common import resolve_format
     from autoplan.display import rounded
 
+    if others:
+        sys.stderr.write(f"autoplan clusters: skipped {len(others)} file(s) of "
+                         f"{resources.user_dir(resources.PROFILES)} that are no profiles: "
+                         f"{', '.join(others)}\n")
     emit(args, rounded(rows) if resolve_format(args) == "yaml" else rows, render)
     return 0
