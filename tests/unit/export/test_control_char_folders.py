@@ -85,7 +85,8 @@ def test_a_plan_in_a_folder_named_with_a_control_character_trains(tmp_path, monk
     train = call["argv"][call["argv"].index("train"):]
     assert train[1] == str(plan)
     assert train[train.index("--checkpoint-dir") + 1] == str(folder / "checkpoints")
-    assert call["cwd"] == str(folder)  # where the plan's relative paths were checked
+    # the plan's relative paths are read from its folder (load_plan): the job need not cd
+    assert call["cwd"] == str(tmp_path / "elsewhere")
 
 
 @pytest.mark.parametrize("target", list(SCRIPTS))
