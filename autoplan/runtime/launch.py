@@ -313,7 +313,8 @@ def launch_and_report(args: argparse.Namespace) -> int:
     if outcome.signal is not None:
         if summary is not None:  # the ranks stopped cleanly: what they trained, said as usual
             summary["stopped_early"] = signal.Signals(outcome.signal).name
-            emit(args, with_profile(summary, plan), lambda console: render(console, summary))
+            emit(args, with_profile(summary, plan),
+                 lambda console: render(console, summary, plan.cluster.profile))
         raise TrainingInterrupted(outcome.signal, _interrupted(outcome, summary, args))
     if refusal is not None:
         raise refusal
@@ -323,28 +324,30 @@ def launch_and_report(args: argparse.Namespace) -> int:
     if summary is None:
         raise RuntimeLaunchError(f"torchrun exited with code {outcome.returncode}; see the "
                                  "rank logs above")
-    emit(args, with_profile(summary, plan), lambda console: render(console, summary))
+    emit(args, with_profile(summary, plan),
+         lambda console: render(console, summary, plan.cluster.profile))
     if args.run_record:  # after the summary: a path taken meanwhile costs no result
         write_run_record(args.run_record, summary, plan)
     return 0
 
 
 def with_profile(summary: dict, plan) -> dict:
-    """The summary with the profile its prediction was priced on (`profile`: a name, or the
-    file read), as the run record names it: a user's edited copy of a shipped profile prices
-    the same device otherwise unsaid."""
-    summary["profile"] = plan.cluster.profile
+    """The summary with the profile its prediction was priced on beside the runtime
+    (`predicted.profile`: a name, or the file read), as the run record names it: a user's
+    edited copy of a shipped profile priced the same device unsaid."""
+    if isinstance(summary.get("predicted"), dict):
+        summary["predicted"]["profile"] = plan.cluster.profile
     return summary
 
 
-def render(console, summary: dict) -> None:
+def render(console, summary: dict, profile: str) -> None:
     """The summary's table, then the runtime and profile the prediction was priced for."""
     from autoplan.runtime.metrics import render_summary
 
     render_summary(console, summary)
     runtime = (summary.get("predicted") or {}).get("runtime")
-    console.print(f"predicted for runtime {runtime} on profile {summary['profile']}" if runtime
-                  else f"profile {summary['profile']}", markup=False)
+    console.print(f"predicted for runtime {runtime} on profile {profile}" if runtime
+                  else f"profile {profile} (no prediction)", markup=False)
 
 
 def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str:

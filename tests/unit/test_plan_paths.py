@@ -119,7 +119,7 @@ def test_a_plan_with_relative_paths_saves_as_written_and_reloads(tmp_path) -> No
 def test_train_runs_a_plan_naming_its_profile_beside_it_and_names_that_profile(
         tmp_path) -> None:
     """train read the plan's `site.yaml` from the working folder; its summary now names the
-    profile its prediction was priced on (`profile`), as estimate does."""
+    profile its prediction was priced on (`predicted.profile`), as estimate does."""
     plan = _site(tmp_path / "plans")
     plan.write_text(plan.read_text().replace("num_gpus: 2", "num_gpus: 1")
                     .replace("dp: 2", "dp: 1").replace("global_batch_size: 2",
@@ -132,5 +132,35 @@ def test_train_runs_a_plan_naming_its_profile_beside_it_and_names_that_profile(
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["profile"] == str(tmp_path / "plans" / "site.yaml")
+    assert summary["predicted"]["profile"] == str(tmp_path / "plans" / "site.yaml")
     assert summary["predicted"]["runtime"] == "autoplan-cpu"
+
+
+@pytest.mark.parametrize("predicted", [True, False])
+def test_the_train_table_names_the_profile_it_priced(monkeypatch, predicted) -> None:
+    import io
+
+    from rich.console import Console
+
+    from autoplan.runtime import metrics
+    from autoplan.runtime.launch import render, with_profile
+    from autoplan.runtime.metrics import StepMetrics, summarize
+    from tests.dist.parity import make_plan
+
+    pred = {"step_time_s": 0.05, "tokens_per_s": 1e4, "memory_bytes": 1e6,
+            "runtime": "autoplan-cpu", "error_band": 0.25}
+    monkeypatch.setattr(metrics, "predicted",
+                        lambda plan: (dict(pred), None) if predicted else (None, "no model"))
+    plan = make_plan()
+    plan = plan.replace(cluster=ClusterRef("/site/my-h100.yaml", plan.cluster.num_gpus))
+    summary = with_profile(summarize([StepMetrics(s, 5.0, 0.1, 1e4, 1 << 20, 0.5)
+                                      for s in (1, 2)], plan), plan)
+    console = Console(file=io.StringIO(), width=200)
+    render(console, summary, plan.cluster.profile)
+    last = console.file.getvalue().splitlines()[-1]
+    if predicted:
+        assert summary["predicted"]["profile"] == "/site/my-h100.yaml"
+        assert last == "predicted for runtime autoplan-cpu on profile /site/my-h100.yaml"
+    else:
+        assert summary["predicted"] is None
+        assert last == "profile /site/my-h100.yaml (no prediction)"

@@ -154,9 +154,9 @@ def test_a_profile_path_that_does_not_resolve_is_refused(tmp_path, capsys, no_la
     """It logged INFO, skipped the memory check and printed "predicted": null."""
     monkeypatch.chdir(tmp_path)
     plan = _plan_on(tmp_path, "profs/my.yaml")
-    assert_refused(capsys, ["train", plan, "--steps", "2", *memory_check],
-                   "cluster.profile: 'profs/my.yaml' cannot be loaded: no such file from "
-                   f"{tmp_path}", "give a path that exists from here, or a profile name")
+    assert_refused(capsys, ["train", plan, "--steps", "2", *memory_check],  # the plan's folder's
+                   f"cluster.profile: '{tmp_path / 'profs' / 'my.yaml'}' cannot be loaded: no "
+                   "such file", "give a path that exists from here, or a profile name")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
 
 
