@@ -88,6 +88,12 @@ class ModelSpec:
     """learned: a seq_len x hidden position table (GPT); rope: rotary, no parameters (Llama)."""
     bias: bool = True
     """Linear layers carry biases (GPT) or not (Llama)."""
+    qkv_bias: bool = False
+    """With bias false, the query, key and value projections alone carry biases, the output
+    projection and the MLP none: Qwen2 (HF Qwen2Attention builds q_proj, k_proj and v_proj with
+    bias=True and o_proj with bias=False whatever the config says; Qwen2-MoE's `qkv_bias`,
+    default true), Megatron's `--disable-bias-linear --add-qkv-bias`. bias true already puts
+    biases on every Linear, q, k and v included."""
     tie_embeddings: bool = False
     """The output projection shares the input embedding's weights."""
     dropout: float = 0.0
@@ -148,6 +154,7 @@ class ModelSpec:
                               f"choose fewer than num_layers={self.num_layers}, or drop moe")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
+        _check_qkv_bias(self)
         _check_rope_theta(self.rope_theta, self.position)
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         if self.rope_scaling is not None and self.position != PositionKind.ROPE:
@@ -205,6 +212,18 @@ def _positive(field: str, value: Any) -> None:
         raise ConfigError(field, f"got {show(value)}", f"expected at most 2**{high.bit_length() - 1}")
 
 
+def _check_qkv_bias(spec: ModelSpec) -> None:
+    if not isinstance(spec.qkv_bias, bool):
+        raise ConfigError("model.qkv_bias", f"got {show(spec.qkv_bias)}", "expected true or false")
+    if spec.qkv_bias and spec.bias:  # one spelling per model (hashes, exports)
+        raise ConfigError("model.qkv_bias", "true with bias: true", "bias: true already puts "
+                          "biases on q, k and v (and every other Linear): drop qkv_bias, or "
+                          "set bias: false for q, k and v biases alone")
+    if spec.qkv_bias and spec.mla is not None:
+        raise ConfigError("model.qkv_bias", "true with mla", "latent attention has no q, k and "
+                          "v projections of that shape: drop qkv_bias")
+
+
 def _check_rope_theta(theta: Any, position: PositionKind) -> None:
     if (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta)
             or not 0.0 < theta <= MAX_ROPE_THETA):
@@ -216,15 +235,18 @@ def _check_rope_theta(theta: Any, position: PositionKind) -> None:
                           "set position: rope, or drop rope_theta")
 
 
-OMITTED_AT_DEFAULT = {"rope_theta": DEFAULT_ROPE_THETA, "rope_scaling": None}
+OMITTED_AT_DEFAULT = {"rope_theta": DEFAULT_ROPE_THETA, "rope_scaling": None, "qkv_bias": False}
 """ModelSpec fields added after files were first written, left out of a saved mapping at their
 defaults (model_dict)."""
+UNPRICED = ("rope_theta", "rope_scaling")
+"""OMITTED_AT_DEFAULT fields no figure of the cost model depends on (a stored study's hash
+leaves them out whatever their value); qkv_bias changes the parameter count."""
 
 
 def model_dict(data: dict[str, Any]) -> dict[str, Any]:
-    """A saved ModelSpec mapping (yaml_io.to_dict) without rope_theta and rope_scaling at their
-    defaults, so that model files, plans, checkpoints and studies written before those fields
-    read back the same; rope_scaling keeps only its kind's fields (the others are None)."""
+    """A saved ModelSpec mapping (yaml_io.to_dict) without rope_theta, rope_scaling and qkv_bias
+    at their defaults, so that model files, plans, checkpoints and studies written before those
+    fields read back the same; rope_scaling keeps only its kind's fields (the others are None)."""
     out = {k: v for k, v in data.items()
            if not (k in OMITTED_AT_DEFAULT and v == OMITTED_AT_DEFAULT[k])}
     if isinstance(out.get("rope_scaling"), dict):

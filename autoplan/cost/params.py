@@ -1,7 +1,8 @@
 """Parameter counts: per layer, per embedding, per pipeline rank.
 
 A transformer block (Vaswani et al. 2017; GPT-2/3 and Llama layouts) holds the QKV and output
-projections, the MLP (two matrices for GELU, three for SwiGLU) and two norms.
+projections, the MLP (two matrices for GELU, three for SwiGLU) and two norms; biases on every
+Linear (model.bias, GPT) or on q, k and v alone (model.qkv_bias, Qwen2).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def attention_params(model: ModelSpec) -> int:
     h, kv_width = model.hidden_size, model.kv_heads * model.head_width
     q_width = model.q_width  # num_heads * head_dim; h unless head_dim is set apart (Gemma, Qwen3)
     weights = h * (q_width + 2 * kv_width) + q_width * h  # QKV and output projection
-    biases = (q_width + 2 * kv_width) + h if model.bias else 0
-    return weights + biases
+    qkv_biases = q_width + 2 * kv_width if model.bias or model.qkv_bias else 0
+    return weights + qkv_biases + (h if model.bias else 0)  # the output projection's bias
 
 
 def mlp_params(model: ModelSpec) -> int:
@@ -152,10 +153,11 @@ def layer_params(model: ModelSpec) -> int:
 
 def tensors_per_layer(model: ModelSpec) -> int:
     """Parameter tensors of one block (optimizers over DTensors pay per tensor): q, k, v, o and
-    two or three MLP weights, their biases, and two norms' weights (and biases)."""
+    two or three MLP weights, their biases (or q, k and v's alone), and two norms' weights (and
+    biases)."""
     weights = 4 + (3 if model.gated_mlp else 2)
     norms = 2 * (2 if model.norm is NormKind.LAYERNORM else 1)
-    return weights * (2 if model.bias else 1) + norms
+    return weights * (2 if model.bias else 1) + (3 if model.qkv_bias else 0) + norms
 
 
 def end_tensors(model: ModelSpec) -> int:

@@ -29,7 +29,7 @@ from autoplan.cost.estimate import default_runtime
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
-from autoplan.model_spec import OMITTED_AT_DEFAULT, ModelSpec
+from autoplan.model_spec import OMITTED_AT_DEFAULT, UNPRICED, ModelSpec
 from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
 from autoplan.search.local_moves import failed_since_last_complete, next_move
@@ -94,14 +94,17 @@ def runtime_hash(traits: RuntimeTraits) -> str:
 
 def model_hash(model: ModelSpec) -> str:
     """content_hash of a model without its RoPE base and scaling (later fields no cost depends
-    on), so a tune's study of a model resumes as before them."""
+    on) and without qkv_bias at its default, so a tune's study of a model resumes as before
+    them."""
     return _sha256(_costed_model(to_dict(model)))
 
 
 def _costed_model(data: dict[str, Any]) -> dict[str, Any]:
-    """A model mapping without the fields no figure depends on that came after studies were
-    first stored (model_spec.OMITTED_AT_DEFAULT: the RoPE base and scaling)."""
-    return {k: v for k, v in data.items() if k not in OMITTED_AT_DEFAULT}
+    """A model mapping without the fields that came after studies were first stored
+    (model_spec.OMITTED_AT_DEFAULT): those no figure depends on (UNPRICED: the RoPE base and
+    scaling) whatever their value, the others (qkv_bias) at their defaults only."""
+    return {k: v for k, v in data.items() if k not in OMITTED_AT_DEFAULT
+            or (k not in UNPRICED and v != OMITTED_AT_DEFAULT[k])}
 
 
 def _fingerprint(req: SearchRequest, sampler: str) -> str:
@@ -122,7 +125,7 @@ def _fingerprint(req: SearchRequest, sampler: str) -> str:
     out = to_dict(fields)
     if req.targets.memory_slack == "median":  # the default, as before the flag: old studies resume
         out["targets"].pop("memory_slack", None)
-    if isinstance(out["model"], dict):  # no cost depends on RoPE: old studies resume
+    if isinstance(out["model"], dict):  # RoPE unpriced, qkv_bias at default: old studies resume
         out["model"] = _costed_model(out["model"])
     return json.dumps(out, sort_keys=True, default=str)
 

@@ -125,9 +125,12 @@ class Attention(nn.Module):
         self.rope_scaling = spec.rope_scaling
         # YaRN with mscale_all_dim (DeepSeek's MLA): the softmax scale times mscale^2
         self.softmax_gain = 1.0 if spec.rope_scaling is None else spec.rope_scaling.softmax_gain
-        self.wq = nn.Linear(h, spec.num_heads * hd, bias=spec.bias)
-        self.wk = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
-        self.wv = nn.Linear(h, spec.kv_heads * hd, bias=spec.bias)
+        # q, k and v biased with every Linear (GPT) or alone (qkv_bias: Qwen2), wo only with all;
+        # column-parallel under tp, their biases are split by heads as their output rows
+        qkv_bias = spec.bias or spec.qkv_bias
+        self.wq = nn.Linear(h, spec.num_heads * hd, bias=qkv_bias)
+        self.wk = nn.Linear(h, spec.kv_heads * hd, bias=qkv_bias)
+        self.wv = nn.Linear(h, spec.kv_heads * hd, bias=qkv_bias)
         self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.bias)
         self.context_parallel = None  # context_parallel.apply_cp sets it when cp > 1
         self.eager = False  # plan.attention: set_attention() sets it for eager

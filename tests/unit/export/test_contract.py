@@ -79,6 +79,8 @@ MODEL_FIELDS = {
     "norm",
     "position",
     "bias",
+    "qkv_bias",  # megatron writes --add-qkv-bias and reads it back, plain deepspeed names it in
+    # a comment; megatron-deepspeed and torchtitan refuse it (test_qkv_bias_export.py)
     "tie_embeddings",
     "dropout",
     "head_dim",

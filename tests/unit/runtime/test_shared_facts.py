@@ -23,7 +23,10 @@ from autoplan.runtime.pipeline_parallel import (  # noqa: E402
     stage_indices,
 )
 
-CASES = [  # (preset, vocab, tp, pp, vpp, schedule, split)
+SPECS = {**PRESETS, "tiny-qwen2": PRESETS["tiny-llama"].replace(name="tiny-qwen2",
+                                                                 qkv_bias=True)}
+"""The presets and a Qwen2-style model: q, k and v biased (split by heads under tp), o none."""
+CASES = [  # (model, vocab, tp, pp, vpp, schedule, split)
     ("tiny", 256, 1, 1, 1, Schedule.ONE_F_ONE_B, None),
     ("tiny", 1001, 2, 1, 1, Schedule.ONE_F_ONE_B, None),
     ("tiny", 256, 1, 2, 1, Schedule.ONE_F_ONE_B, None),
@@ -32,6 +35,8 @@ CASES = [  # (preset, vocab, tp, pp, vpp, schedule, split)
     ("tiny-llama", 256, 1, 2, 1, Schedule.ONE_F_ONE_B, (1, 3)),
     ("tiny-mla", 256, 1, 1, 1, Schedule.ONE_F_ONE_B, None),  # multi-head latent attention
     ("tiny-mla", 1001, 2, 2, 1, Schedule.ONE_F_ONE_B, None),
+    ("tiny-qwen2", 256, 1, 1, 1, Schedule.ONE_F_ONE_B, None),
+    ("tiny-qwen2", 1001, 2, 2, 1, Schedule.ONE_F_ONE_B, None),
 ]
 
 
@@ -42,7 +47,7 @@ def _count(module: torch.nn.Module) -> int:
 @pytest.mark.parametrize(("preset", "vocab", "tp", "pp", "vpp", "schedule", "split"), CASES)
 def test_cost_model_params_per_rank_are_the_runtimes(preset, vocab, tp, pp, vpp, schedule,
                                                      split) -> None:
-    spec = PRESETS[preset].replace(vocab_size=vocab)
+    spec = SPECS[preset].replace(vocab_size=vocab)
     assert vocab_rows(spec, tp) == int(params.padded_vocab(spec, tp))
     # the runtime's model at tp = 1 with the vocabulary padded for this tp: the cost model's
     # per-rank count times tp is the unsharded count (block matrices and the vocabulary split)
