@@ -3,7 +3,8 @@
 Decoder-only families only: Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma 2, GPT-2, GPT-NeoX. Every
 value is type-checked (no truthiness), encoder models are refused, and the training sequence
 length is the model's pre-training context, not its longest supported window. Sliding-window
-attention and logit soft-capping are not modelled: reading them warns, saying which way it leans.
+attention, logit soft-capping and biases a ModelSpec cannot hold (Llama's `attention_bias` or
+`mlp_bias` alone) are not modelled: reading them warns, saying which way it leans.
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ SOFTCAPPING_BY_DEFAULT = {"gemma2": {"attn_logit_softcapping": 50.0,
                                      "final_logit_softcapping": 30.0}}
 """Gemma2Config's tanh caps on the attention scores and the output logits, where the file
 leaves them out (a JSON null turns one off)."""
+QKV_BIAS_KEY = {"qwen2": None, "qwen2_moe": "qkv_bias"}
+"""Families whose q, k and v projections carry biases and o_proj and the MLP none (ModelSpec
+qkv_bias): Qwen2 always (Qwen2Attention: bias=True on q_proj/k_proj/v_proj, bias=False on
+o_proj; Qwen2Config has no key for it), Qwen2-MoE by this key (Qwen2MoeConfig, default true)."""
+ATTENTION_BIAS = ("llama", "qwen3", "gemma", "gemma2", "qwen3_moe")
+"""Families whose `attention_bias` (default false) biases q_proj, k_proj, v_proj AND o_proj
+(LlamaAttention, Qwen3Attention, GemmaAttention, Gemma2Attention, Qwen3MoeAttention); Llama's
+`mlp_bias` (default false) biases gate_proj, up_proj and down_proj (LlamaMLP). Mistral and
+Mixtral build no bias whatever the file says; gpt-oss's are read in model_hf_moe."""
 DEFAULT_SEQ_LEN = 8192
 """Training sequence length when the config does not state the pre-training context: Llama 3 /
 3.1 (Dubey et al. 2024, sec. 3.4), Gemma 2 (Gemma Team 2024, sec. 3) and Mistral 7B pre-train
@@ -245,11 +255,52 @@ def _softcaps(cfg: dict[str, Any], where: str, kind: str) -> dict[str, float]:
     return caps
 
 
+def _stated_biases(cfg: dict[str, Any], where: str, kind: str) -> tuple[bool, bool]:
+    """(attention_bias, mlp_bias) of an ATTENTION_BIAS family's config, as transformers reads
+    them (mlp_bias: Llama's alone)."""
+    if kind not in ATTENTION_BIAS:
+        return False, False
+    mlp = kind == "llama" and _bool(cfg, where, "mlp_bias", False)
+    return _bool(cfg, where, "attention_bias", False), mlp
+
+
+def linear_biases(cfg: dict[str, Any], where: str, kind: str) -> tuple[bool, bool]:
+    """ModelSpec (bias, qkv_bias) as the family's HF model builds its Linears: q, k and v
+    alone for Qwen2 (QKV_BIAS_KEY), every Linear where attention_bias and mlp_bias are both
+    set, q, k and v (qkv_bias) for attention_bias alone, whose o_proj biases
+    unmodelled_biases names; none otherwise (gpt-oss: model_hf_moe)."""
+    if kind in QKV_BIAS_KEY:
+        key = QKV_BIAS_KEY[kind]
+        return False, key is None or _bool(cfg, where, key, True)
+    attention, mlp = _stated_biases(cfg, where, kind)
+    return attention and mlp, attention and not mlp
+
+
+def unmodelled_biases(cfg: dict[str, Any], where: str, kind: str, spec: ModelSpec
+                      ) -> str | None:
+    """The biases the config states that linear_biases could not give the spec (priced and
+    trained without them: the parameter count leans low), and how many parameters; None when
+    every stated bias is in the spec."""
+    attention, mlp = _stated_biases(cfg, where, kind)
+    layers, h = spec.num_layers, spec.hidden_size
+    if attention and not mlp:
+        return (f"attention_bias true: o_proj's biases ({layers} layers x {h} = {layers * h:,} "
+                "parameters; priced and trained with q, k and v's alone, qkv_bias: the "
+                "parameter count leans low)")
+    if mlp and not attention:
+        per = (2 if spec.gated_mlp else 1) * spec.ffn + h
+        return (f"mlp_bias true: the MLP's biases ({layers} layers x {per} = {layers * per:,} "
+                "parameters; priced and trained without them, as autoplan biases every Linear "
+                "or q, k and v alone: the parameter count leans low)")
+    return None
+
+
 def unmodelled_attention(cfg: dict[str, Any], where: str, kind: str, spec: ModelSpec
                          ) -> str | None:
-    """What the config's attention does that autoplan neither prices nor trains, and which way
-    the estimate leans for it; None when nothing. A window no shorter than the training
-    sequence changes nothing (every token already sees every earlier one)."""
+    """What the config's attention (and its Linears' biases) does that autoplan neither
+    prices nor trains, and which way the estimate leans for it; None when nothing. A window no
+    shorter than the training sequence changes nothing (every token already sees every
+    earlier one)."""
     notes = []
     window, sliding = _sliding_layers(cfg, where, kind, spec.num_layers)
     if window is not None and sliding and spec.seq_len > window:
@@ -260,6 +311,9 @@ def unmodelled_attention(cfg: dict[str, Any], where: str, kind: str, spec: Model
     if caps:
         notes.append(f"{' and '.join(f'{k} {v:g}' for k, v in caps.items())} (priced without "
                      "the tanh caps: step time leans slightly low)")
+    biases = unmodelled_biases(cfg, where, kind, spec)
+    if biases is not None:
+        notes.append(biases)
     if not notes:
         return None
     return f"not modelled: {'; '.join(notes)}; `autoplan train` runs without them too"
@@ -284,6 +338,7 @@ def _llama_like(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelS
     heads = _int(cfg, where, "num_attention_heads")
     kv = cfg.get("num_key_value_heads")
     head_dim = cfg.get("head_dim")
+    bias, qkv_bias = linear_biases(cfg, where, kind)
     return ModelSpec(
         name=name, num_layers=_int(cfg, where, "num_hidden_layers"),
         hidden_size=_int(cfg, where, "hidden_size"), num_heads=heads,
@@ -292,7 +347,7 @@ def _llama_like(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelS
         ffn_hidden_size=_int(cfg, where, "intermediate_size"),
         vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
         mlp=_gated_mlp(cfg, where), norm=NormKind.RMSNORM, position=PositionKind.ROPE,
-        bias=False, rope_theta=_rope_theta(cfg, where, kind),
+        bias=bias, qkv_bias=qkv_bias, rope_theta=_rope_theta(cfg, where, kind),
         rope_scaling=_rope_scaling(cfg, where),
         tie_embeddings=_bool(cfg, where, "tie_word_embeddings", TIED_BY_DEFAULT.get(kind, False)),
     )

@@ -138,6 +138,9 @@ def from_moe_config(cfg: dict[str, Any], where: str, name: str, kind: str) -> Mo
     if kind == "gpt_oss":  # attention (q, k, v, o) and experts carry biases (GptOssAttention)
         changes["bias"] = _bool(cfg, where, "attention_bias", True)
     if kind == "deepseek_v3":
+        if _bool(cfg, where, "attention_bias", False):  # DeepseekV3Config's, default false
+            raise ConfigError(f"{where} attention_bias", "true", "autoplan models DeepSeek-V3's "
+                              "latent attention without biases (the released model has none)")
         mla = _mla_of(cfg, where)
         changes.update(mla=mla, num_kv_heads=base.num_heads,
                        head_dim=(mla.qk_head_dim + mla.v_head_dim) // 2,
