@@ -210,7 +210,7 @@ def model_comment(plan: Plan, model: ModelSpec) -> list[str]:
         f"# the script builds model {m.name}: {m.num_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_heads} heads ({m.kv_heads} kv), ffn {m.ffn} ({m.mlp.value}),",
         f"# {m.norm.value}, {m.position.value} positions{_theta(m)}, bias "
-        f"{str(m.bias).lower()}, tied embeddings {str(m.tie_embeddings).lower()}, vocab "
-        f"{m.vocab_size}, seq_len {m.seq_len},",
+        f"{'q, k and v only' if m.qkv_bias else str(m.bias).lower()}, tied embeddings "
+        f"{str(m.tie_embeddings).lower()}, vocab {m.vocab_size}, seq_len {m.seq_len},",
         last + ".",
     ]

@@ -202,8 +202,10 @@ def _model_args(m: ModelSpec) -> list[str]:
     a += yarn_args(m)  # YaRN: MLA's --rope-type yarn and its flags (megatron_moe)
     if not m.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
-    if not m.bias:
+    if not m.bias:  # linear_qkv is built with bias=add_bias_linear or add_qkv_bias
         a.append("--disable-bias-linear")
+        if m.qkv_bias:
+            a.append("--add-qkv-bias")
     a += ["--tokenizer-type NullTokenizer", f"--vocab-size {m.vocab_size - NULL_TOKENIZER_EXTRA}"]
     return a
 

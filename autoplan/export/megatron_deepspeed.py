@@ -50,6 +50,10 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
                    "--ds-sequence-parallel-size is DeepSpeed-Ulysses, an all-to-all head split")
     if model.mlp == MlpKind.GEGLU:
         why.append("mlp geglu: Megatron-DeepSpeed gates the MLP with SiLU only (--swiglu)")
+    if model.qkv_bias:
+        why.append("model.qkv_bias: Megatron-DeepSpeed biases every Linear or none "
+                   "(--disable-bias-linear), it has no --add-qkv-bias for q, k and v alone; "
+                   + megatron_hint(model, "--add-qkv-bias"))
     if p.pp > 1:
         why += _pipeline_reasons(plan, model)
     if rc.policy != RecomputePolicy.NONE and rc.num_layers is not None \

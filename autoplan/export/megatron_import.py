@@ -68,6 +68,7 @@ SWITCHES = frozenset(
         "--swiglu",
         "--untie-embeddings-and-output-weights",
         "--disable-bias-linear",
+        "--add-qkv-bias",
         "--use-torch-fsdp2",
         "--use-megatron-fsdp",
         "--torch-fsdp2-no-reshard-after-forward",
@@ -255,11 +256,20 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         "position": _position(f),
         **_rope_theta(f),
         **_rope_scaling(f),
-        "bias": not f.has("--disable-bias-linear"),
+        **launch_biases(f),
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "dropout": hidden_drop,
         **moe_fields(f, f.need("--num-layers", NEED)),  # experts and latent attention, if any
     }
+
+
+def launch_biases(f: Flags) -> dict[str, bool]:
+    """ModelSpec bias (and qkv_bias where set) of the model the flags build: every Linear biased
+    unless --disable-bias-linear; --add-qkv-bias puts q, k and v's back (Megatron-Core's
+    linear_qkv: bias=add_bias_linear or add_qkv_bias; Megatron-DeepSpeed has no such flag)."""
+    if not f.has("--disable-bias-linear"):
+        return {"bias": True}
+    return {"bias": False, **({"qkv_bias": True} if f.has("--add-qkv-bias") else {})}
 
 
 def _position(f: Flags) -> str:
@@ -664,6 +674,24 @@ def _hsdp(f: Flags, dp: int) -> dict[str, Any]:
     return {"dp_shard": dp // n}
 
 
+def _bias_words(bias: bool, qkv_bias: bool) -> str:
+    return "every linear bias" if bias else "q, k and v biases alone" if qkv_bias else "no bias"
+
+
+def _check_biases(f: Flags, model: ModelSpec, fix: str) -> None:
+    """Where --model or the launch has q, k and v biases alone, the other has them too
+    (launch_biases): a Qwen2 model launched with --disable-bias-linear alone would train
+    without them. A launch biasing every Linear for a model biasing none (or the reverse) is
+    let through, as it was before qkv_bias."""
+    built = launch_biases(f)
+    bias, qkv = built["bias"], built.get("qkv_bias", False)
+    if (qkv or model.qkv_bias) and (bias, qkv) != (model.bias, model.qkv_bias):
+        flag = "--add-qkv-bias" if not (bias or model.bias) else "--disable-bias-linear"
+        raise ConfigError(f"{f.what} {flag}", f"the launch builds {_bias_words(bias, qkv)}, "
+                          f"--model {model.name} has {_bias_words(model.bias, model.qkv_bias)}",
+                          fix)
+
+
 def padded_vocab_size(vocab: int, f: Flags, tp: int) -> int:
     """The vocabulary Megatron builds: padded up to a multiple of --make-vocab-size-divisible-by
     (default 128) times tp (_vocab_size_with_padding in megatron/training/tokenizer/
@@ -696,6 +724,7 @@ def check_model(f: Flags, model: ModelSpec, tp: int, kv_flag: str, kv_heads: int
     if kv_heads is not None and kv_heads != model.kv_heads:
         raise ConfigError(f"{f.what} {kv_flag}", f"{kv_heads} key/value heads but --model "
                           f"{model.name} has {model.kv_heads}", fix)
+    _check_biases(f, model, fix)
     vocab = launch_vocab(f)
     if vocab is None:
         return

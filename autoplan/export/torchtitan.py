@@ -103,6 +103,8 @@ def architecture_reasons(model: ModelSpec) -> list[str]:
         why.append(f"position {m.position.value} (rope)")
     if m.bias:
         why.append("linear biases (none)")
+    if m.qkv_bias:
+        why.append("model.qkv_bias: q, k and v biases (none)")
     if m.q_width != m.hidden_size:
         why.append(f"head_dim {m.head_dim} (hidden_size / num_heads = "
                    f"{m.hidden_size // m.num_heads})")

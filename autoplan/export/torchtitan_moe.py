@@ -110,8 +110,8 @@ def _shape(model: ModelSpec) -> tuple | None:
 def moe_flavor(model: ModelSpec) -> MoeFlavor | None:
     """The torchtitan MoE flavor whose shape the model has (the router is checked apart)."""
     m = model
-    if (m.mlp, m.norm, m.position, m.bias, m.tie_embeddings) != (
-            MlpKind.SWIGLU, NormKind.RMSNORM, PositionKind.ROPE, False, False):
+    if (m.mlp, m.norm, m.position, m.bias, m.qkv_bias, m.tie_embeddings) != (
+            MlpKind.SWIGLU, NormKind.RMSNORM, PositionKind.ROPE, False, False, False):
         return None
     shape = _shape(model)
     return next((f for f in MOE_FLAVORS if f.shape == shape), None)
@@ -120,6 +120,9 @@ def moe_flavor(model: ModelSpec) -> MoeFlavor | None:
 def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     """What of a MoE/MLA plan torchtitan (0.2.2 TOML, 0.3.0 Python) cannot run as planned."""
     found = moe_flavor(model)
+    if model.qkv_bias:  # Qwen2-MoE's: torchtitan's qwen3 and deepseek_v3 attention has none
+        return ["model.qkv_bias: torchtitan's MoE models have no q, k and v biases; "
+                + megatron_hint(model, "--add-qkv-bias")]
     if found is None:
         return [f"model {model.name} matches no torchtitan MoE flavor (qwen3 30B-A3B, "
                 "235B-A22B; deepseek_v3 671B: same layers, widths, experts, top-k, shared and "

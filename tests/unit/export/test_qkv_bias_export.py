@@ -1,0 +1,160 @@
+"""A model with q, k and v biases alone (model.qkv_bias, Qwen2) exported: Megatron-LM gets
+`--disable-bias-linear --add-qkv-bias` (Megatron-Core builds linear_qkv with
+bias=add_bias_linear or add_qkv_bias), reads back to the same plan and builds the parameters
+autoplan prices; targets without the layer refuse it in one line naming the field."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from autoplan.cost.params import total_params
+from autoplan.errors import ConfigError
+from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.importers import import_megatron
+from autoplan.export.registry import get_target
+from autoplan.model_spec import PRESETS, ModelSpec
+from autoplan.plan import Batch, Parallel
+
+from .cases import plan
+from .consumers import megatron_parser, run_script
+
+QWEN = PRESETS["llama-3-8b"].replace(name="qwen-like-8b", qkv_bias=True)
+TINY_QWEN = PRESETS["tiny-llama"].replace(name="tiny-qwen2", num_layers=2, qkv_bias=True)
+TP2 = dict(parallel=Parallel(dp=8, tp=2), sequence_parallel=True, zero_stage=1)
+
+
+def _export(tmp_path: Path, target: str, p, fmt: str = "python") -> dict[str, Path]:
+    files = export_plan(get_target(target), p, p.model_spec(),
+                        ExportOptions(gpus_per_node=8, torchtitan_format=fmt))
+    out = {}
+    for name, text in files.items():
+        out[name] = tmp_path / name
+        out[name].write_text(text)
+    return out
+
+
+def _megatron_argv(path: Path) -> list[str]:
+    [call] = run_script(path, {"torchrun": ""})
+    return call[call.index("pretrain_gpt.py") + 1:]
+
+
+def test_megatron_gets_both_flags_and_parses_them(tmp_path) -> None:
+    path = _export(tmp_path, "megatron", plan(QWEN, 16, **TP2))["megatron_args.sh"]
+    argv = _megatron_argv(path)
+    assert argv.count("--disable-bias-linear") == 1 and argv.count("--add-qkv-bias") == 1
+    ns = megatron_parser().parse_args(argv)
+    assert ns.disable_bias_linear and ns.add_qkv_bias
+    llama = _export(tmp_path, "megatron", plan("llama-3-8b", 16, **TP2))["megatron_args.sh"]
+    assert "--add-qkv-bias" not in _megatron_argv(llama)  # bias-free: no q, k, v bias
+
+
+def test_megatron_export_imports_back_equal_and_silent(tmp_path, caplog) -> None:
+    p = plan(QWEN, 16, **TP2)
+    path = _export(tmp_path, "megatron", p)["megatron_args.sh"]
+    with caplog.at_level(logging.WARNING):
+        back = import_megatron(path, model=None, cluster=p.cluster.profile, num_gpus=None)
+    assert [r.getMessage() for r in caplog.records] == []
+    assert back.model_spec() == QWEN
+    assert back == p.replace(model=back.model)
+
+
+@pytest.mark.parametrize(("model", "edit", "said"), [
+    (QWEN, lambda t: t.replace(" --add-qkv-bias", "").replace("--add-qkv-bias\n", ""),
+     "--add-qkv-bias: the launch builds no bias, --model qwen-like-8b has q, k and v biases "
+     "alone"),
+    (PRESETS["llama-3-8b"], lambda t: t,
+     "--add-qkv-bias: the launch builds q, k and v biases alone, --model llama-3-8b has no "
+     "bias"),
+])
+def test_a_model_given_with_other_q_k_v_biases_is_refused(tmp_path, model, edit, said) -> None:
+    path = _export(tmp_path, "megatron", plan(QWEN, 16, **TP2))["megatron_args.sh"]
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(ConfigError) as err:
+        import_megatron(path, model=model, cluster="h100-sxm-80gb", num_gpus=None)
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def _megatron_core_params(argv: list[str]) -> tuple[int, list[str]]:
+    """In a spawned process: Megatron-Core's GPTModel (local layer spec, one CPU rank) built
+    from the parsed launch flags; its parameter count and bias tensor names."""
+    import os
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    parallel_state.initialize_model_parallel(1, 1)
+    ns = megatron_parser().parse_args(argv)
+    config = TransformerConfig(
+        num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
+        num_attention_heads=ns.num_attention_heads,
+        num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
+        add_bias_linear=not ns.disable_bias_linear, add_qkv_bias=ns.add_qkv_bias,
+        gated_linear_unit=ns.swiglu, normalization=ns.normalization,
+        use_cpu_initialization=True, params_dtype=torch.float32)
+    model = GPTModel(config, get_gpt_layer_local_spec(normalization=ns.normalization),
+                     vocab_size=ns.vocab_size + 1,  # NullTokenizer's EOD token
+                     max_sequence_length=ns.seq_length,
+                     position_embedding_type=ns.position_embedding_type,
+                     share_embeddings_and_output_weights=not ns.untie_embeddings_and_output_weights)
+    names = [n for n, _ in model.named_parameters() if n.endswith("bias")]
+    return sum(p.numel() for p in model.parameters()), names
+
+
+def test_megatron_core_builds_the_parameters_autoplan_prices(tmp_path) -> None:
+    """The exported flags, parsed by Megatron's flag table, build Megatron-Core's GPTModel
+    with autoplan's parameter count: q, k and v's biases in linear_qkv, none elsewhere."""
+    pytest.importorskip("megatron.core")
+    p = plan(TINY_QWEN, 8, parallel=Parallel(dp=8), batch=Batch(1, 8), zero_stage=1)
+    argv = _megatron_argv(_export(tmp_path, "megatron", p)["megatron_args.sh"])
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+        count, names = ex.submit(_megatron_core_params, argv).result(timeout=300)
+    assert names == [f"decoder.layers.{i}.self_attention.linear_qkv.bias" for i in range(2)]
+    assert count == total_params(TINY_QWEN)
+    assert count - total_params(TINY_QWEN.replace(qkv_bias=False)) == 2 * (64 + 2 * 32)
+
+
+@pytest.mark.parametrize("fmt", ["python", "toml"])
+def test_torchtitan_refuses_in_one_line_naming_the_field(tmp_path, fmt) -> None:
+    """torchtitan's Llama 3 Attention builds wq, wk, wv and wo with bias=False."""
+    with pytest.raises(ConfigError) as err:
+        _export(tmp_path, "torchtitan", plan(QWEN, 16, batch=Batch(1, 64), zero_stage=2), fmt)
+    text = str(err.value)
+    assert "model.qkv_bias: q, k and v biases (none)" in text and "\n" not in text
+
+
+def test_torchtitan_moe_refuses_a_qwen2_moe_style_model(tmp_path) -> None:
+    qwen2_moe = PRESETS["qwen3-30b-a3b"].replace(name="qwen2-moe-like", qkv_bias=True)
+    with pytest.raises(ConfigError, match="model.qkv_bias: torchtitan's MoE models have no q, "
+                                          "k and v biases; export to megatron"):
+        _export(tmp_path, "torchtitan", plan(qwen2_moe, 64, parallel=Parallel(dp=64, ep=8),
+                                             batch=Batch(1, 64), zero_stage=2))
+
+
+def test_megatron_deepspeed_refuses_and_plain_deepspeed_names_it(tmp_path) -> None:
+    """Megatron-DeepSpeed (f1feb88) has --disable-bias-linear and no --add-qkv-bias: a tp plan
+    is refused; a plain ZeRO launch runs the user's code, told in the launch's comment."""
+    with pytest.raises(ConfigError) as err:
+        _export(tmp_path, "deepspeed", plan(QWEN, 16, **TP2))
+    assert "model.qkv_bias: Megatron-DeepSpeed biases every Linear or none" in str(err.value)
+    assert "export to megatron (--add-qkv-bias)" in str(err.value)
+    launch = _export(tmp_path, "deepspeed", plan(QWEN, 16, zero_stage=1))["launch.sh"]
+    assert "bias q, k and v only, tied embeddings false" in launch.read_text()
+
+
+def test_the_test_models_are_what_they_say() -> None:
+    assert isinstance(QWEN, ModelSpec) and QWEN.qkv_bias and not QWEN.bias
+    assert total_params(QWEN) - total_params(PRESETS["llama-3-8b"]) == 32 * (4096 + 2 * 1024)
