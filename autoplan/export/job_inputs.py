@@ -111,10 +111,10 @@ def check_lines(plan_path: str, plan_sha256: str | None, named: Sequence[NamedFi
     if plan_sha256 is None:
         return []
     lines = [f"# the plan exported, as priced (sha256): {plan_sha256}",
-             *_check(plan_sha256, plan_path, _shown(plan_path))]
+             *_check(plan_sha256, plan_path, shown(plan_path))]
     for file in named:
         lines += [f"# its {file.field}, as priced (sha256): {file.sha256}",
-                  *_check(file.sha256, file.path, f"{_shown(file.path)} ({file.field} of the "
+                  *_check(file.sha256, file.path, f"{shown(file.path)} ({file.field} of the "
                           "plan)")]
     if workdir is not None:
         lines += ["# the plan names a file by a relative path: run in its folder, where that "
@@ -130,9 +130,10 @@ def _check(sha256: str, path: str, what: str) -> list[str]:
             f"  || {{ echo {shlex.quote(why)} >&2; exit 2; }}"]
 
 
-def _shown(path: str) -> str:
-    """`path` for a one-line message: as it is, or quoted with its control characters
-    escaped (repr) where it holds any."""
+def shown(path: str) -> str:
+    """`path` for a one-line message or a script's comment: as it is, or quoted with its
+    control characters escaped (repr) where it holds any (a line break would end the
+    comment and start a command)."""
     return path if path.isprintable() else repr(path)
 
 

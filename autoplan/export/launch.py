@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass, fields
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
-from autoplan.export.job_inputs import NamedFile, check_data
+from autoplan.export.job_inputs import NamedFile, check_data, shown
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -224,6 +225,32 @@ def data_lines(opts: ExportOptions, where: str) -> list[str]:
         return ["# no --data: `autoplan train` trains on synthetic tokens (export --data PATH "
                 "for a text corpus)."]
     return [f"# data: {run.data} (byte-level text), read by every rank {where}."]
+
+
+def checkpoint_lines(opts: ExportOptions, num_nodes: int, note: str = "") -> list[str]:
+    """A comment on the checkpoint folder: every rank writes its shard there and all of them
+    are read back on resume (torch.distributed.checkpoint), so on several nodes it must be
+    storage every node reads and writes. `note`: more on the path, after how it is written."""
+    where = ("absolute, as export resolved it" if opts.checkpoint_dir.startswith("/")
+             else "relative to the folder the job starts in")
+    text = f"checkpoints: {shown(opts.checkpoint_dir)} ({where}{note})"
+    if num_nodes == 1:
+        return comment(text + ", read back on --resume.")
+    return comment(f"{text}: every rank writes its shard there and reads them all back on "
+                   f"resume, so it must be on storage all {num_nodes} nodes read and write "
+                   "(a shared filesystem), not a node's local disk.")
+
+
+def comment(text: str, width: int = 100) -> list[str]:
+    """`text` as '# ' comment lines of at most `width` characters (a long word, e.g. a path,
+    stays whole, and so does a number with its unit)."""
+    glued = _NUMBER_UNIT.sub("\\1\xa0\\2", text)
+    return [line.replace("\xa0", " ") for line in textwrap.wrap(
+        glued, width, initial_indent="# ", subsequent_indent="# ", break_long_words=False,
+        break_on_hyphens=False)]
+
+
+_NUMBER_UNIT = re.compile(r"(\d) (s|GiB)\b")
 
 
 def shell_join(argv: list[str], *, keep: tuple[str, ...] = ()) -> str:

@@ -4,10 +4,14 @@ c10d rendezvous on the job's first node; nodes and GPUs per node come from the p
 hardware profile (a CPU profile's plan asks for CPUs: one per rank, no GPUs); torchrun restarts the worker group up to --max-restarts times and
 `autoplan train --resume` continues from the checkpoint directory. `--elastic`: torchrun
 `--nnodes=MIN:MAX`, a job SLURM keeps when a node fails, and `autoplan train --elastic`, which
-re-plans for the nodes left, on nodes of the size written (--gpus-per-node).
+re-plans for the nodes left, on nodes of the size written (--gpus-per-node). `--signal` warns the
+ranks one priced step and a checkpoint save before the time limit (stop_warning).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
@@ -18,6 +22,8 @@ from autoplan.export.launch import (
     check_min_nodes,
     check_train_data,
     check_train_run,
+    checkpoint_lines,
+    comment,
     continued,
     data_lines,
     launch_options,
@@ -27,9 +33,21 @@ from autoplan.export.launch import (
     torchrun_argv,
     train_argv,
 )
-from autoplan.export.nodes import NODE_SIZE_ENV
+from autoplan.export.nodes import NODE_SIZE_ENV, written_cluster
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
+
+SAVE_MARGIN_S = 120
+"""Seconds the time-limit warning allows for the checkpoint save after the step: the cost
+model prices no save (how fast the shared storage writes is no profile fact)."""
+UNPRICED_STEP_S = 480
+"""The step the warning allows where the plan cannot be priced here (another site's profile
+and no step predicted in the plan): a guess, and the script says so."""
+SIGNAL_MAX_S = 65535
+"""sbatch(1) --signal: "sig_time must have an integer value between 0 and 65535"."""
+SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+"""Seconds torchrun waits, after it passes a SIGTERM on to its ranks, before it SIGKILLs them
+(30 by default; the environment form of torchrun --shutdown-timeout, pytorch/pytorch#172596)."""
 
 
 class SlurmTarget(ExportTarget):
@@ -59,6 +77,7 @@ class SlurmTarget(ExportTarget):
         launch = [shell_join(srun, keep=("$",))]
         launch += [shell_join([w], keep=("$",)) for w in argv]
         launch.append(shell_join(train_argv(opts, lay=lay, cpu=cpu)))
+        warning = stop_warning(plan, model, opts.gpus_per_node)
         text = "\n".join(
             [
                 "#!/bin/bash",
@@ -68,13 +87,17 @@ class SlurmTarget(ExportTarget):
                 _device_directive(lay, cpu),
                 "#SBATCH --exclusive",
                 *_elastic_directives(opts),
+                f"#SBATCH --signal=TERM@{warning.seconds_s}",
                 f"#SBATCH --output={opts.job_name}-%j.out",
                 "#",
                 "# Written by `autoplan export --to slurm`: one torchrun per node (srun), one process",
                 f"# per {unit}; plan: dp={plan.parallel.dp} tp={plan.parallel.tp} "
                 f"pp={plan.parallel.pp} cp={plan.parallel.cp} on {lay.num_nodes} x "
                 f"{lay.nproc_per_node} {unit}s.",
+                *checkpoint_lines(opts, lay.num_nodes,
+                                 "; the mkdir below runs on the first node only"),
                 *data_lines(opts, "on every node: keep it on storage they all read"),
+                *warning.comment(),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
                 *check_lines(run.plan_path, run.plan_sha256, run.named_files, run.workdir),
@@ -83,6 +106,7 @@ class SlurmTarget(ExportTarget):
                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                 f"mkdir -p {shell_join([opts.checkpoint_dir])}",
                 "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+                f"export {SHUTDOWN_ENV}=${{{SHUTDOWN_ENV}:-{warning.seconds_s}}}",
                 *(elastic_env_lines(opts) if opts.elastic else []),
                 "",
                 continued(launch),
@@ -135,3 +159,65 @@ def _elastic_comment(opts: ExportOptions) -> list[str]:
             "# re-plan for their GPUs and resume from the newest checkpoint. The rendezvous "
             "lives on the",
             "# first node: if that one fails the job ends (an etcd rendezvous avoids that)."]
+
+
+@dataclass(frozen=True)
+class StopWarning:
+    """How long before the time limit the job's ranks get SIGTERM (#SBATCH --signal), and how
+    that was sized.
+
+    At the time limit SLURM sends SIGTERM and, KillWait later (slurm.conf(5): 30 s by
+    default), SIGKILL. autoplan's ranks stop on SIGTERM at the end of the step in progress
+    and save a checkpoint (runtime/worker.py), which needs a step and a save, often more than
+    KillWait. `--signal=TERM@N` without `B:` signals every job step, the srun running torchrun
+    and its ranks, but not the batch shell (sbatch(1)); `B:` would signal only the shell,
+    which waits on srun and passes nothing on."""
+
+    seconds_s: int
+    step_s: float | None
+    """One step as priced; None: not priced here."""
+    band: float
+    """The price's error band (0.12: +-12%); the warning allows for its upper edge."""
+    priced_by: str
+    """Where step_s comes from, for the script's comment."""
+
+    def comment(self) -> list[str]:
+        if self.step_s is None:
+            step = (f"a guessed {UNPRICED_STEP_S} s for one step (no price here: the plan's "
+                    "profile does not load and the plan holds no predicted step)")
+        else:
+            step = f"one step, {self.step_s:.3g} s + {self.band:.0%} {self.priced_by},"
+        capped = f", capped at sbatch's {SIGNAL_MAX_S} s" if self.seconds_s == SIGNAL_MAX_S else ""
+        return comment(
+            f"--signal=TERM@{self.seconds_s}: at the time limit SLURM sends SIGTERM only "
+            "KillWait (30 s by default) before SIGKILL; this sends it that many seconds before "
+            "the limit to every process of the srun step, torchrun and the ranks (not B:, which "
+            "signals only this batch shell), so the ranks finish their step and save a "
+            f"checkpoint. Sized as {step} plus {SAVE_MARGIN_S} s for the save, which autoplan "
+            f"does not price{capped}. {SHUTDOWN_ENV} lets torchrun wait as long before it "
+            "kills its ranks (a torchrun without --shutdown-timeout waits 30 s). For more time: "
+            f"{SHUTDOWN_ENV}=S sbatch --signal=TERM@S <this script>. A scancel or a preemption "
+            "still allows only KillWait.")
+
+
+def stop_warning(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopWarning:
+    """The time-limit warning: one step as the job runs it (autoplan's runtime on nodes of
+    `gpus_per_node`, at the upper edge of the error band), plus SAVE_MARGIN_S for the save;
+    the plan's predicted step where its profile does not load here, else UNPRICED_STEP_S."""
+    from autoplan.cost.estimate import estimate_plan
+
+    step: float | None
+    try:
+        est = estimate_plan(plan, written_cluster(plan, gpus_per_node), model=model)
+        step, band, by = est.step_time_s, est.error_band, f"as priced for {est.runtime}"
+    except ConfigError:  # another site's profile: what the search that wrote the plan said
+        predicted = plan.predicted or {}
+        step, band = predicted.get("step_time_s"), predicted.get("error_band") or 0.0
+        by = "as the plan's search predicted"
+    if not isinstance(step, int | float) or not math.isfinite(step) or step <= 0:
+        step, band, by = None, 0.0, ""
+    if not isinstance(band, int | float) or not math.isfinite(band) or band < 0:
+        band = 0.0
+    allowed = UNPRICED_STEP_S if step is None else step * (1.0 + band)
+    seconds = min(SIGNAL_MAX_S, math.ceil(allowed) + SAVE_MARGIN_S)
+    return StopWarning(seconds, step, float(band), by)

@@ -13,6 +13,7 @@ from autoplan.export.launch import (
     check_min_nodes,
     check_train_data,
     check_train_run,
+    checkpoint_lines,
     continued,
     data_lines,
     launch_options,
@@ -47,12 +48,14 @@ class TorchrunTarget(ExportTarget):
         if lay.num_nodes == 1:
             argv = torchrun_argv(lay, opts, rdzv_host=None, rdzv_id=None)
             head.append(f"# One node, {lay.nproc_per_node} {'CPU ' if cpu else ''}processes.")
+            head += checkpoint_lines(opts, 1)
             head += data_lines(opts, "of this node")
         else:
             argv = torchrun_argv(lay, opts, rdzv_host="${RDZV_HOST}", rdzv_id=opts.job_name)
             head += [
                 f"# Run this same command on each of the {lay.num_nodes} nodes;",
                 "# RDZV_HOST is the address of the first node (the c10d rendezvous host).",
+                *checkpoint_lines(opts, lay.num_nodes),
                 *data_lines(opts, "on every node: keep it on storage they all read"),
                 ': "${RDZV_HOST:?set RDZV_HOST to the address of the first node}"',
             ]
