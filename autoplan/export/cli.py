@@ -75,6 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"rendezvous id (default {ExportOptions.job_name})")
     p.add_argument("--image", help="container image (kubernetes; default autoplan:latest)")
     p.add_argument("--namespace", help="Kubernetes namespace")
+    p.add_argument("--pvc", metavar="CLAIM",
+                   help="kubernetes: PersistentVolumeClaim mounted at --checkpoint-dir (absolute) "
+                        "in every pod; ReadWriteMany for several nodes")
+    p.add_argument("--data-pvc", metavar="CLAIM",
+                   help="kubernetes: PersistentVolumeClaim mounted read-only at the folder of "
+                        "--data in every pod (the claim holds the text at its root)")
     p.add_argument(
         "--kind",
         choices=("trainjob", "pytorchjob", "jobset"),
@@ -175,7 +181,8 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
 
 
 OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
-                  "--kind": ("kubernetes",), "--torchtitan-format": ("torchtitan",),
+                  "--kind": ("kubernetes",), "--pvc": ("kubernetes",),
+                  "--data-pvc": ("kubernetes",), "--torchtitan-format": ("torchtitan",),
                   "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
                   "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS,
                   "--checkpoint-dir": LAUNCH_TARGETS, "--data": LAUNCH_TARGETS,
@@ -280,6 +287,8 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         checkpoint_every=CHECKPOINT_EVERY if args.checkpoint_every is None
         else args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
+        pvc=args.pvc,
+        data_pvc=args.data_pvc,
     )
 
 

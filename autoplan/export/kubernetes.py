@@ -7,7 +7,8 @@ the image cannot find by name (a path, or a profile of this machine's user direc
 `autoplan profile` writes) travels the same way, and the plan points at that copy. `--elastic`: a
 PyTorchJob with an elasticPolicy, or a JobSet whose torchrun takes `--nnodes=MIN:MAX`; either
 way `autoplan train --elastic` re-plans for the pods left, on nodes of the size written. A CPU profile's plan requests a CPU
-per rank and no GPU, and trains on gloo.
+per rank and no GPU, and trains on gloo. What each pod gets besides (/dev/shm, the --pvc and
+--data-pvc claims, memory requests) is kube_pods.py's; where it goes in each kind is this file's.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ import yaml
 from autoplan import resources
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
+from autoplan.export.kube_pods import (
+    check_volumes,
+    memory_request_bytes,
+    node_resources,
+    pod_storage,
+    resource_lines,
+    storage_lines,
+)
 from autoplan.export.launch import (
     ELASTIC_ENV,
     check_min_nodes,
     check_path_word,
     check_train_data,
     check_train_run,
-    data_lines,
+    comment,
     max_restarts,
     on_cpu,
     runtime_reasons,
@@ -47,7 +56,6 @@ PROFILE_ENV = "AUTOPLAN_PROFILE_YAML"
 PROFILE_FILE = "/tmp/autoplan-profile.yaml"
 FILES = {PLAN_ENV: PLAN_FILE, PROFILE_ENV: PROFILE_FILE}
 """Environment variable -> the file the pod's script writes it to before torchrun starts."""
-GPU_RESOURCE = "nvidia.com/gpu"
 TRAINER_RUNTIME = "torch-distributed"
 """The ClusterTrainingRuntime Kubeflow Trainer installs for PyTorch (torchrun) jobs."""
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -59,6 +67,11 @@ DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_MAX = 63
 POD_SUFFIX = "-abcde"
 """The 5 random characters a Job's pod name ends in, as JobSet's webhook counts them."""
+TRAINER_NODE = "node"
+"""The replicated job and the container of the torch-distributed ClusterTrainingRuntime
+(kubeflow/trainer manifests/base/runtimes/torch_distributed.yaml)."""
+PATCH_MANAGER = "autoplan"
+"""The TrainJob's spec.runtimePatches entry autoplan owns (its `manager` key)."""
 
 
 def check_dns_label(flag: str, value: str) -> None:
@@ -99,14 +112,6 @@ def check_k8s_job_name(name: str, kind: str, lay: Layout, elastic: bool) -> None
         "lowercase letters, digits and '-', starting with a letter, ending with a letter or digit")
 
 
-def node_resources(nproc: int, cpu: bool) -> dict[str, dict[str, str]]:
-    """A pod's (a node's) resources: its GPUs as limits (an extended resource is requested by
-    its limit); a CPU plan: one CPU per rank as requests, and no GPU."""
-    if cpu:
-        return {"requests": {"cpu": str(nproc)}}
-    return {"limits": {GPU_RESOURCE: str(nproc)}}
-
-
 def _script(torchrun: list[str], opts: ExportOptions, payload: dict[str, str],
             lay: Layout | None = None, *, cpu: bool = False) -> str:
     """sh -c text: write the plan (and a shipped profile) from the environment, then exec
@@ -134,7 +139,13 @@ def _container(name: str, script: str, payload: dict[str, str], opts: ExportOpti
         "command": ["/bin/sh", "-c", script],
         "env": _env(payload, opts),
         "resources": resources,
+        "volumeMounts": pod_storage(opts)[1],
     }
+
+
+def _pod_spec(container: dict[str, Any], opts: ExportOptions, **fields: Any) -> dict[str, Any]:
+    """A pod template's spec: `fields` (restartPolicy), the container, the volumes."""
+    return {**fields, "containers": [container], "volumes": pod_storage(opts)[0]}
 
 
 def shipped_profile(plan: Plan) -> str | None:
@@ -157,8 +168,11 @@ def _metadata(opts: ExportOptions) -> dict[str, Any]:
     return meta
 
 
-def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
-    """TrainJob (trainer.kubeflow.org/v1alpha1); the torch runtime sets torchrun's PET_* env."""
+def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool,
+              resources: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """TrainJob (trainer.kubeflow.org/v1alpha1); the torch runtime sets torchrun's PET_* env.
+    The volumes go through spec.runtimePatches (Kubeflow Trainer >= v2.2, which replaced
+    podTemplateOverrides with it) into the runtime's `node` pods and container."""
     script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
                      payload, cpu=cpu)
     return {
@@ -173,21 +187,33 @@ def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bo
                 "env": [{"name": name, "value": text} for name, text in payload.items()],
                 "numNodes": lay.num_nodes,
                 "numProcPerNode": lay.nproc_per_node,
-                "resourcesPerNode": node_resources(lay.nproc_per_node, cpu),
+                "resourcesPerNode": resources,
             },
+            "runtimePatches": [runtime_patch(opts)],
         },
     }
 
 
-def pytorch_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
+def runtime_patch(opts: ExportOptions) -> dict[str, Any]:
+    """TrainJob spec.runtimePatches entry (kubeflow/trainer pkg/apis/trainer/v1alpha1
+    trainjob_types.go, RuntimePatch down to PodSpecPatch and ContainerPatch): pod_storage's
+    volumes in the `node` job's pods, its mounts in their `node` container."""
+    volumes, mounts = pod_storage(opts)
+    pod = {"volumes": volumes, "containers": [{"name": TRAINER_NODE, "volumeMounts": mounts}]}
+    job = {"name": TRAINER_NODE, "template": {"spec": {"template": {"spec": pod}}}}
+    return {"manager": PATCH_MANAGER,
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
+
+
+def pytorch_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool,
+                resources: dict[str, dict[str, str]]) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
     script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
                      payload, lay, cpu=cpu)
 
-    def replica(n: int) -> dict[str, Any]:  # a container per replica: no YAML aliases
-        container = _container("pytorch", script, payload, opts,
-                               node_resources(lay.nproc_per_node, cpu))
-        template = {"spec": {"containers": [container]}}
+    def replica(n: int) -> dict[str, Any]:
+        container = _container("pytorch", script, payload, opts, resources)
+        template = {"spec": _pod_spec(container, opts)}
         return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
 
     if opts.elastic:  # workers only, as the operator's elastic examples run them
@@ -217,7 +243,8 @@ def elastic_policy(lay: Layout, opts: ExportOptions) -> dict[str, Any]:
             "maxRestarts": max_restarts(opts)}
 
 
-def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool) -> dict[str, Any]:
+def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool,
+            resources: dict[str, dict[str, str]]) -> dict[str, Any]:
     """JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job of num_nodes pods, c10d on pod 0."""
     head = f"{opts.job_name}-node-0-0.{opts.job_name}"  # <jobset>-<rjob>-<job>-<pod>.<subdomain>
     torchrun = torchrun_argv(lay, opts, rdzv_host=head, rdzv_id=opts.job_name)
@@ -226,14 +253,14 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
             Layout(1, lay.nproc_per_node), opts, rdzv_host=head, rdzv_id=opts.job_name
         )
     container = _container("trainer", _script(torchrun, opts, payload, lay, cpu=cpu), payload, opts,
-                           node_resources(lay.nproc_per_node, cpu))
+                           resources)
     job_spec = {
         "parallelism": lay.num_nodes,
         "completions": lay.num_nodes,
         "completionMode": "Indexed",
         # elastic: a failed pod is recreated and rejoins (the others re-plan meanwhile)
         "backoffLimit": max_restarts(opts) if opts.elastic else 0,
-        "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+        "template": {"spec": _pod_spec(container, opts, restartPolicy="Never")},
     }
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -245,6 +272,14 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
             "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job_spec}}],
         },
     }
+
+
+class _NoAliases(yaml.SafeDumper):
+    """safe_dump that writes a value each place it appears (the replicas share volumes and
+    resources): no &anchors and *aliases, which some manifest tools do not follow."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 BUILDERS = {"trainjob": train_job, "pytorchjob": pytorch_job, "jobset": job_set}
@@ -261,6 +296,7 @@ class KubernetesTarget(ExportTarget):
         check_path_word("--image", opts.image)
         check_train_run(opts)
         check_train_data(opts, model, in_pod=True)
+        check_volumes(opts)
         why = layout_reasons(plan, opts.gpus_per_node)
         lay = None if why else layout(plan, opts.gpus_per_node)
         check_min_nodes(opts, lay)
@@ -285,13 +321,20 @@ class KubernetesTarget(ExportTarget):
         payload = {PLAN_ENV: dump_yaml(plan_to_dict(plan.replace(model=model)))}
         if profile is not None:
             payload[PROFILE_ENV] = profile
-        manifest = BUILDERS[opts.k8s_kind](lay, payload, opts, cpu)
-        header = (
+        memory = memory_request_bytes(plan, lay, opts.gpus_per_node)
+        resources = node_resources(lay.nproc_per_node, cpu, memory)
+        manifest = BUILDERS[opts.k8s_kind](lay, payload, opts, cpu, resources)
+        lines = [
             f"# {manifest['kind']} written by `autoplan export --to kubernetes`: "
-            f"{lay.num_nodes} node(s) x {lay.nproc_per_node} {'CPU' if cpu else 'GPU'}(s).\n"
-            f"# Checkpoints go to {opts.checkpoint_dir}: mount persistent storage there.\n"
-            + "".join(line + "\n" for line in data_lines(
-                opts, "inside its pod: mount it there (a volume) or build it into the image"))
-        )
-        body = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False, width=100)
+            f"{lay.num_nodes} node(s) x {lay.nproc_per_node} {'CPU' if cpu else 'GPU'}(s).",
+            *storage_lines(opts, lay.num_nodes),
+            *resource_lines(lay, cpu, memory, opts.gpus_per_node, plan.cluster.profile),
+        ]
+        if opts.k8s_kind == "trainjob":
+            lines += comment("The volumes reach the runtime's node pods through "
+                             "spec.runtimePatches: Kubeflow Trainer v2.2 or later (v2.0 and "
+                             "v2.1 took spec.podTemplateOverrides instead).")
+        header = "".join(line + "\n" for line in lines)
+        body = yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False, default_flow_style=False,
+                         width=100)
         return {f"{opts.job_name}-{opts.k8s_kind}.yaml": header + body}

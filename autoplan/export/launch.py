@@ -85,6 +85,11 @@ class LaunchOptions(ExportOptions):
     data: str | None = None
     """train --data: the text the job trains on (a path as the job's ranks see it); None:
     synthetic tokens."""
+    pvc: str | None = None
+    """Kubernetes: the PersistentVolumeClaim mounted at the checkpoint folder in every pod;
+    None: no volume there (the manifest's header names the path to mount)."""
+    data_pvc: str | None = None
+    """Kubernetes: the PersistentVolumeClaim mounted read-only at the folder of --data."""
 
 
 def launch_options(opts: ExportOptions) -> LaunchOptions:

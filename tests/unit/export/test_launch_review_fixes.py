@@ -240,7 +240,8 @@ def test_cpu_plan_requests_cpus_not_gpus_on_kubernetes(tmp_path: Path, kind: str
     validate(kind, doc)  # the published API models still read it
     for container in _k8s_containers(doc):
         resources = container.get("resources", container.get("resourcesPerNode"))
-        assert resources == {"requests": {"cpu": "4"}}
+        # a CPU per rank; 3/4 of cpu-gloo's 24 GiB host for 4 of its 8 rank slots
+        assert resources == {"requests": {"cpu": "4", "memory": "9Gi"}}
         assert _train_flags(_k8s_train_argv(container)).backend == "gloo"
 
 

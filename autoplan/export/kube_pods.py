@@ -1,0 +1,185 @@
+"""What every pod of a Kubernetes export gets besides its command: a memory-backed /dev/shm,
+the claims --pvc and --data-pvc name mounted at the checkpoint folder and the folder of --data,
+GPU limits and CPU/memory requests from the profile; and the manifest header's word on each.
+Where they go in a TrainJob, PyTorchJob or JobSet is kubernetes.py's.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+from autoplan.errors import ConfigError
+from autoplan.export.base import ExportOptions, Layout
+from autoplan.export.job_inputs import shown
+from autoplan.export.launch import comment, data_lines, launch_options
+from autoplan.export.nodes import written_cluster
+from autoplan.plan import Plan
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+SUBDOMAIN_MAX = 253
+"""A PersistentVolumeClaim's name is a DNS subdomain (Kubernetes, "Object Names and IDs",
+kubernetes.io/docs/concepts/overview/working-with-objects/names)."""
+SHM = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+"""/dev/shm for every pod: a container's is 64 MiB, which NCCL (its shared-memory transport
+between a node's GPUs) and PyTorch's shared-memory tensors outgrow; memory-backed, it counts
+against the pod's memory."""
+MEMORY_SHARE = 0.75
+"""Share of the profile's host memory (for the pod's GPUs) a pod requests: the pod is what the
+node runs, and the kubelet evicts a pod past its request first under memory pressure; the rest
+is left to the system and the kubelet (a node's allocatable is less than its memory)."""
+
+
+def check_dns_subdomain(flag: str, value: str) -> None:
+    """Refuse a name that is not a DNS-1123 subdomain (a PersistentVolumeClaim's)."""
+    if not DNS1123_SUBDOMAIN.fullmatch(value) or len(value) > SUBDOMAIN_MAX:
+        raise ConfigError(flag, f"got {value[:80]!r} ({len(value)} characters)",
+                          f"give the claim's name: at most {SUBDOMAIN_MAX} lowercase letters, "
+                          "digits, '-' and '.', starting and ending with a letter or digit "
+                          "(kubectl get pvc lists them)")
+
+
+def check_volumes(opts: ExportOptions) -> None:
+    """Refuse a --pvc or --data-pvc that names no claim or has nowhere to be mounted: a
+    volume mounts at an absolute folder, not at /, not over /dev/shm, one per folder."""
+    run = launch_options(opts)
+    if run.pvc is not None:
+        check_dns_subdomain("--pvc", run.pvc)
+        _check_mount("--checkpoint-dir", opts.checkpoint_dir,
+                     posixpath.normpath(opts.checkpoint_dir), "--pvc mounts the claim at it")
+    if run.data_pvc is None:
+        return
+    check_dns_subdomain("--data-pvc", run.data_pvc)
+    if run.data is None:
+        raise ConfigError("--data-pvc", f"got {run.data_pvc} without --data", "add --data PATH "
+                          "(the text's path in the pod), or drop --data-pvc")
+    folder = data_folder(run.data)
+    _check_mount("--data", run.data, folder, "--data-pvc mounts the claim at its folder")
+    if run.pvc not in (None, run.data_pvc) and folder == posixpath.normpath(opts.checkpoint_dir):
+        raise ConfigError("--data-pvc", f"{run.data_pvc} would be mounted at {folder}, where "
+                          f"--pvc mounts {run.pvc}", "keep the text in another folder than the "
+                          "checkpoints, or give one claim to both")
+
+
+def _check_mount(flag: str, path: str, folder: str, why: str) -> None:
+    """Refuse mounting at `folder` (for `path`, given as `flag`): only an absolute folder, not
+    /, not inside the pod's shared memory."""
+    example = "/checkpoints" if flag == "--checkpoint-dir" else "/data/corpus.txt"
+    if not path.startswith("/"):
+        raise ConfigError(flag, f"{shown(path)} is relative and {why}",
+                          f"give the absolute path in the pod, e.g. {example}")
+    if folder == "/" or folder == "/dev/shm" or folder.startswith("/dev/shm/"):
+        raise ConfigError(flag, f"{shown(path)}: {why}, {folder}, where no volume can go (the "
+                          "root, or the pod's shared memory)", f"give another folder, e.g. "
+                          f"{example}")
+
+
+def data_folder(data: str) -> str:
+    """The folder --data's claim is mounted at: the folder holding the text (a file, or a
+    folder of text files), which lies at the claim's root."""
+    return posixpath.dirname(posixpath.normpath(data))
+
+
+def pod_storage(opts: ExportOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every pod's volumes and the trainer container's mounts: /dev/shm (SHM); --pvc's claim
+    at the checkpoint folder; --data-pvc's, read-only, at the folder of --data (one volume
+    when both name one claim, one mount where both folders are one)."""
+    run = launch_options(opts)
+    volumes = [SHM]
+    mounts: list[dict[str, Any]] = [{"name": SHM["name"], "mountPath": "/dev/shm"}]
+    claims: dict[str, str] = {}  # claim -> volume name
+    for claim, name, path, read_only in (
+            (run.pvc, "checkpoints", opts.checkpoint_dir, False),
+            (run.data_pvc, "data", None if run.data is None else data_folder(run.data), True)):
+        if claim is None or path is None:
+            continue
+        if claim not in claims:
+            claims[claim] = name
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim}})
+        path = posixpath.normpath(path)
+        if any(m["mountPath"] == path for m in mounts):
+            continue  # the text in the checkpoint folder: that claim is mounted there already
+        mount = {"name": claims[claim], "mountPath": path}
+        mounts.append(mount | ({"readOnly": True} if read_only else {}))
+    return volumes, mounts
+
+
+def memory_request_bytes(plan: Plan, lay: Layout, gpus_per_node: int) -> int | None:
+    """A pod's memory request: MEMORY_SHARE of the profile's host memory per node, in the
+    share of the node its GPUs are (nodes of `gpus_per_node`), whole GiB; None where the
+    profile does not load here (another site's)."""
+    try:
+        host = written_cluster(plan, gpus_per_node).profile.host
+    except ConfigError:
+        return None
+    share = min(1.0, lay.nproc_per_node / gpus_per_node)
+    return int(host.memory_bytes * share * MEMORY_SHARE) // 2**30 * 2**30
+
+
+def node_resources(nproc: int, cpu: bool, memory_bytes: int | None = None
+                   ) -> dict[str, dict[str, str]]:
+    """A pod's (a node's) resources: its GPUs as limits (an extended resource is requested by
+    its limit); a CPU plan: one CPU per rank as requests, and no GPU; `memory_bytes` as a
+    memory request (no limit: a pod past a limit is killed, past a request only evicted
+    first)."""
+    requests = {"cpu": str(nproc)} if cpu else {}
+    if memory_bytes:
+        requests["memory"] = f"{memory_bytes // 2**30}Gi"
+    out = {"requests": requests} if requests else {}
+    return out if cpu else out | {"limits": {GPU_RESOURCE: str(nproc)}}
+
+
+def resource_lines(lay: Layout, cpu: bool, memory_bytes: int | None, gpus_per_node: int,
+                   profile: str) -> list[str]:
+    """The header's word on what each pod requests and why."""
+    if memory_bytes is None:
+        memory = (f"no memory request: profile {profile} does not load here, so its host "
+                  "memory is unknown (add resources.requests.memory for your nodes)")
+    else:
+        memory = (f"memory request {memory_bytes // 2**30}Gi, {MEMORY_SHARE:.0%} of profile "
+                  f"{profile}'s host memory for {lay.nproc_per_node} of a node's "
+                  f"{gpus_per_node} {'rank slots' if cpu else 'GPUs'} (the kubelet evicts a "
+                  "pod past its request first; lower it if your nodes allocate less)")
+    cores = (f"{lay.nproc_per_node} CPUs, one per rank" if cpu else
+             "no CPU request: the profile gives no core count (add resources.requests.cpu "
+             "for your nodes)")
+    return comment(f"Each pod: {memory}; {cores}. /dev/shm is a memory-backed emptyDir (a "
+                   "container's own is 64 MiB, too small for NCCL and PyTorch's shared-memory "
+                   "tensors); it counts against the pod's memory.")
+
+
+def storage_lines(opts: ExportOptions, num_pods: int) -> list[str]:
+    """The header's word on where checkpoints and --data lie in the pods, and what mounts
+    them there (pod_storage) or must."""
+    run = launch_options(opts)
+    ckpt = shown(opts.checkpoint_dir)
+    # torch.distributed.checkpoint: every rank writes its shard, every rank reads them back
+    claim = (f"a ReadWriteMany claim, which all {num_pods} pods read and write" if num_pods > 1
+             else "a claim the pod reads and writes")
+    if run.pvc is not None:
+        text = (f"checkpoints: {ckpt}, where PersistentVolumeClaim {run.pvc} is mounted in "
+                f"every pod: every rank writes its shard there and reads them back on resume, "
+                f"so it must be {claim}.")
+    elif opts.checkpoint_dir.startswith("/"):
+        text = (f"checkpoints: {ckpt} in every pod, where every rank writes its shard and "
+                f"reads them back on resume: mount storage there, {claim} (export --pvc "
+                "CLAIM), or they are lost with the pods.")
+    else:
+        text = (f"checkpoints: {ckpt}, relative to the image's working folder, where no storage "
+                "is mounted: they are lost with the pods. To keep them: export --checkpoint-dir "
+                f"/checkpoints --pvc CLAIM, {claim}.")
+    lines = comment(text)
+    if run.data is None:
+        return lines + data_lines(opts, "")
+    folder = data_folder(run.data)
+    if run.data_pvc is not None:
+        return lines + comment(
+            f"data: {shown(run.data)} (byte-level text), read by every rank: "
+            f"PersistentVolumeClaim {run.data_pvc} is mounted read-only at {shown(folder)}, "
+            f"so the claim must hold {shown(posixpath.basename(posixpath.normpath(run.data)))} "
+            "at its root.")
+    return lines + comment(f"data: {shown(run.data)} (byte-level text), read by every rank "
+                           f"inside its pod: mount a volume at {shown(folder)} (export "
+                           "--data-pvc CLAIM) or build it into the image.")
