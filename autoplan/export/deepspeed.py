@@ -25,7 +25,13 @@ from autoplan.export.base import (
     layout,
     layout_reasons,
 )
-from autoplan.export.launch import check_path_word, continued, cuda_only_reasons, shell_join
+from autoplan.export.launch import (
+    check_path_word,
+    comment,
+    continued,
+    cuda_only_reasons,
+    shell_join,
+)
 from autoplan.export.megatron_moe import megatron_hint
 from autoplan.model_spec import ModelSpec, PositionKind
 from autoplan.plan import Plan, Precision, RecomputePolicy
@@ -35,6 +41,30 @@ SCRIPT_DIR = 'script_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"'
 """The launch's own folder, where the DeepSpeed config is written beside it: the launch runs
 from the Megatron-DeepSpeed checkout or the user's training folder, and DeepSpeed's multi-node
 launcher hands the path to every node, so the launch names the config by an absolute path."""
+HOSTFILE = "hostfile"
+HOSTFILE_WORD = f'--hostfile="$script_dir"/{HOSTFILE}'
+"""On several nodes DeepSpeed's launcher reads the nodes from a hostfile, found beside the
+launch as its config is (SCRIPT_DIR), not in whatever folder it runs from: without one it
+warns and trains on the local node alone (deepspeed/launcher/runner.py fetch_hostfile)."""
+
+
+def hostfile_lines(num_nodes: int, slots: int) -> list[str]:
+    """The header's word on the hostfile a launch on several nodes reads."""
+    if num_nodes == 1:
+        return []
+    return comment(f"{num_nodes} nodes: DeepSpeed reads them from {HOSTFILE} in this script's "
+                   f"folder, one line per node ('<host> slots={slots}'); the launch stops "
+                   "without it (DeepSpeed would train on this node alone).")
+
+
+def hostfile_check(slots: int) -> list[str]:
+    """Script lines that stop the launch (exit 2) where the hostfile is missing."""
+    why = (f"no {HOSTFILE} beside this launch: write one line per node ('<host> slots={slots}') "
+           "to")
+    return [f'[ -f "$script_dir"/{HOSTFILE} ] || {{ echo {shlex.quote(why)} '
+            f'"$script_dir/{HOSTFILE}" >&2; exit 2; }}']
+
+
 CUDA_ONLY_3D = ("Megatron-DeepSpeed trains on CUDA GPUs only (NCCL, Megatron's fused CUDA "
                 "kernels)")
 CUDA_ONLY = ("DeepSpeed runs on a CPU host only through its CPU accelerator (DS_ACCELERATOR=cpu, "
@@ -163,8 +193,7 @@ class DeepSpeedTarget(ExportTarget):
         config_word = '"$script_dir"/' + shlex.quote(config)  # beside this script
         lay = layout(plan, opts.gpus_per_node)
         argv = ["deepspeed", f"--num_nodes={lay.num_nodes}", f"--num_gpus={lay.nproc_per_node}"]
-        if lay.num_nodes > 1:
-            argv.append("--hostfile=hostfile")
+        hostfile = [HOSTFILE_WORD] if lay.num_nodes > 1 else []  # beside this script too
         if megatron_deepspeed.runs_3d(plan):
             head = [
                 "# Megatron-DeepSpeed (DeepSpeed's 3D parallelism), written by `autoplan export "
@@ -176,7 +205,8 @@ class DeepSpeedTarget(ExportTarget):
             ]
             flags = megatron_deepspeed.launch_args(plan, model)
             env = ["export CUDA_DEVICE_MAX_CONNECTIONS=1"] if plan.sequence_parallel else []
-            body = continued([*argv, shlex.quote(opts.script or megatron_deepspeed.SCRIPT),
+            script = shlex.quote(opts.script or megatron_deepspeed.SCRIPT)
+            body = continued([*argv, *hostfile, script,
                               *(shell_join(f.split(" ", 1)) for f in flags),
                               f"--deepspeed_config {config_word}", '"$@"'])
         else:
@@ -184,9 +214,12 @@ class DeepSpeedTarget(ExportTarget):
                     *model_comment(plan, model),
                     f"# The DeepSpeed config is {config}, read from this script's folder."]
             env = []
-            argv += [opts.script or "train.py", "--deepspeed"]
-            body = shell_join(argv) + f" --deepspeed_config={config_word}" + ' "$@"'
-        launch = "\n".join(["#!/usr/bin/env bash", *head, "set -euo pipefail", SCRIPT_DIR, *env,
+            body = " ".join([shell_join(argv), *hostfile,
+                             shell_join([opts.script or "train.py", "--deepspeed"])]) \
+                + f" --deepspeed_config={config_word}" + ' "$@"'
+        head += hostfile_lines(lay.num_nodes, lay.nproc_per_node)
+        launch = "\n".join(["#!/usr/bin/env bash", *head, "set -euo pipefail", SCRIPT_DIR,
+                            *(hostfile_check(lay.nproc_per_node) if hostfile else []), *env,
                             body, ""])
         text = json.dumps(ds_config(plan), indent=2) + "\n"
         return {CONFIG_NAME: text, "launch.sh": launch}

@@ -237,8 +237,12 @@ def test_deepspeed_launch_finds_its_config_from_another_folder(tmp_path: Path, c
                  "--no-memory-check"]) == 0  # the path is the subject, not the fit
     checkout = tmp_path / "Megatron-DeepSpeed"
     checkout.mkdir()
-    (checkout / "hostfile").write_text("")
+    (tmp_path / "o3" / "hostfile").write_text("")  # the nodes too are read beside the launch
     [call] = run_script(tmp_path / "o3" / "ds3.launch.sh", {"deepspeed": ""}, cwd=checkout)
+    hostfiles = [w.partition("=")[2] for w in call if w.startswith("--hostfile=")]
+    several = CASES[case][0].world_size > 8  # nodes of 8 GPUs
+    assert [Path(h).resolve() for h in hostfiles] == \
+        [(tmp_path / "o3" / "hostfile").resolve()] * several
     i = next(i for i, w in enumerate(call) if w.startswith("--deepspeed_config"))
     path = call[i].partition("=")[2] or call[i + 1]
     config = checkout / path  # as the launched process opens it, from its working folder
