@@ -8,7 +8,6 @@ the rule's own words, in one ConfigError (exit 2).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from autoplan import resources
@@ -24,8 +23,8 @@ log = logging.getLogger(__name__)
 def load_cluster(plan: Plan) -> ClusterSpec:
     """The plan's cluster, or one ConfigError naming cluster.profile: what `autoplan train`
     requires before it launches (the memory check, the precision check and the summary's
-    prediction all price the plan on it). A relative path is read from the current
-    directory, as every other path the command takes."""
+    prediction all price the plan on it). A plan file's relative path was made absolute from
+    the plan's folder when it was read (plan.plan_file_paths)."""
     from autoplan.hardware import available_profiles
 
     ref = plan.cluster.profile
@@ -35,9 +34,10 @@ def load_cluster(plan: Plan) -> ClusterSpec:
         named = resources.is_name(ref)
         if (resources.find(resources.PROFILES, ref) is None) if named else not Path(ref).exists():
             where = (f"no profile of that name ({', '.join(available_profiles())})" if named
-                     else f"no such file from {os.getcwd()}")
+                     else "no such file")
             raise ConfigError("cluster.profile", f"{ref!r} cannot be loaded: {where}",
-                              "give a path that exists from here, or a profile name") from None
+                              "give a path that exists (a relative one from the plan's folder), "
+                              "or a profile name") from None
         raise ConfigError("cluster.profile", f"{ref!r} cannot be loaded ({err})",
                           "fix the profile, or name another one") from None
 

@@ -20,7 +20,7 @@ from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, count, emit, json_text, stderr_console
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.plan import Plan, plan_file_paths, plan_from_dict, plan_to_dict
 from autoplan.yaml_io import dump_yaml, read_yaml, show, write_text_atomic
 
 OUT_FILES = ("plan.yaml", "trials.csv", "summary.json")
@@ -262,7 +262,7 @@ def _user_plan(path: str, model: ModelSpec, args: argparse.Namespace) -> Plan:
     if not isinstance(data, dict):
         raise ConfigError("--plan", f"{path} is not a mapping of plan fields")
     try:
-        plan = plan_from_dict(data)
+        plan = plan_from_dict(plan_file_paths(data, path))  # its paths from its folder
         spec = plan.model_spec()
     except ConfigError as err:
         raise ConfigError(f"--plan {path}: {err.field}", err.problem, err.fix) from None

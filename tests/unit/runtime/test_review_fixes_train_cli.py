@@ -156,7 +156,7 @@ def test_a_profile_path_that_does_not_resolve_is_refused(tmp_path, capsys, no_la
     plan = _plan_on(tmp_path, "profs/my.yaml")
     assert_refused(capsys, ["train", plan, "--steps", "2", *memory_check],  # the plan's folder's
                    f"cluster.profile: '{tmp_path / 'profs' / 'my.yaml'}' cannot be loaded: no "
-                   "such file", "give a path that exists from here, or a profile name")
+                   "such file", "give a path that exists (a relative one from the plan's folder), or a profile name")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
 
 
@@ -164,7 +164,7 @@ def test_an_unknown_profile_name_is_refused_with_the_names(tmp_path, capsys, no_
     plan = _plan_on(tmp_path, "no-such-machine")
     assert_refused(capsys, ["train", plan, "--steps", "2"],
                    "cluster.profile: 'no-such-machine' cannot be loaded: no profile of that "
-                   "name (", "cpu-gloo", "give a path that exists from here, or a profile name")
+                   "name (", "cpu-gloo", "give a path that exists (a relative one from the plan's folder), or a profile name")
 
 
 def test_a_profile_path_from_here_is_priced(tmp_path, capsys, launch, monkeypatch):
