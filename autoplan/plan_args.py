@@ -111,6 +111,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         _derive_dp(data)
     if not args.plan and "precision" not in data and isinstance(data.get("cluster"), dict):
         data["precision"] = _default_precision(data["cluster"].get("profile"))
+    if not args.plan and "attention" not in data and isinstance(data.get("cluster"), dict):
+        data["attention"] = _default_attention(data["cluster"].get("profile"),
+                                               getattr(args, "runtime", None))
     if not args.plan and "global_batch_size" not in data["batch"]:
         dp = data.get("parallel", {}).get("dp", 1) if isinstance(data.get("parallel"), dict) else 1
         mbs = data["batch"].get("micro_batch_size", 1)
@@ -219,6 +222,21 @@ def _default_precision(profile_ref: Any) -> str:
         return "bf16"
     profile = load_profile(profile_ref)
     return device_precision(profile.device.peak_flops_per_s, profile.is_cpu)
+
+
+def _default_attention(profile_ref: Any, runtime: str | None) -> str:
+    """The attention of the default plan, as the search settles `attention: auto`: flash where
+    the runtime runs a fused kernel on the profile's device (runtime_rules.fused_attention_on:
+    not Transformer Engine on a V100, not Megatron-LM's 2021 code), else eager. A bad reference
+    is left for the loaders to name."""
+    if not runtime or not isinstance(profile_ref, str) or not profile_ref:
+        return "flash"  # autoplan's own runtime: SDPA's fused kernels run everywhere
+    from autoplan.cost.runtime_rules import fused_attention_on
+    from autoplan.cost.runtimes import load_runtime
+
+    profile = load_profile(profile_ref)
+    traits = load_runtime(runtime, on_cpu=profile.is_cpu)
+    return "flash" if fused_attention_on(traits, profile.device) else "eager"
 
 
 FLAG_FIELDS = {"--model": ("model",), "--cluster": ("cluster", "profile"),

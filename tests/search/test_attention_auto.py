@@ -61,3 +61,19 @@ def test_auto_is_the_shipped_spaces_and_an_empty_list_is_refused() -> None:
         space_from_dict({"schema_version": 1, "name": "s", "attention": []})
     assert str(err.value) == ("space: attention: got an empty list; list flash, eager or both, "
                               "or write auto")
+
+
+@pytest.mark.parametrize(("cluster", "runtime", "kind"), [
+    ("v100-sxm2-32gb", "megatron", "eager"), ("v100-sxm2-32gb", None, "flash"),
+    ("a100-sxm4-80gb", "megatron", "flash"), ("a100-sxm4-80gb", "megatron-2021", "eager"),
+])
+def test_estimates_default_plan_takes_the_attention_the_runtime_runs(cluster, runtime, kind,
+                                                                     capsys) -> None:
+    """estimate without --plan settles attention as the search does: its default plan under
+    Megatron on a V100 was refused for flash attention it could have left out."""
+    argv = ["estimate", "--model", "gpt3-1.3b", "--cluster", cluster, "--num-gpus", "8",
+            "--format", "json", *(["--runtime", runtime] if runtime else [])]
+    main(argv)
+    data = json.loads(capsys.readouterr().out)
+    assert data["plan"]["attention"] == kind
+    assert not [r for r in data["reasons"] if "attention" in r]
