@@ -290,11 +290,16 @@ def shared_precision(space: SearchSpace, types: tuple[GpuType, ...]) -> SearchSp
 
 def type_requests(req: SearchRequest) -> list[SearchRequest]:
     """One request per GPU type, each with its own profile and counts, the precisions of
-    shared_precision, and with --study its own study, "STUDY/TYPE" (each type's trials answer
-    its own request)."""
+    shared_precision and the attention kernels the request settled for all types (codes alike
+    across types: a V100's eager rows were read back as flash when each type settled its own),
+    and with --study its own study, "STUDY/TYPE" (each type's trials answer its own
+    request)."""
     if not req.types:
         return [req]
     given = shared_precision(req.space_given or req.space, req.types)
+    if not given.attention:  # `auto` settled for every type alike, as the ranked rows are read
+        # back (each type's runtime rules then refuse the kernel it cannot run)
+        given = dataclasses.replace(given, attention=req.space.attention)
     return [dataclasses.replace(req, profile=t.profile, profile_ref=t.ref,
                                 gpu_counts=t.gpu_counts, types=(), space=given,
                                 study=f"{req.study}/{t.ref}" if req.study else None)

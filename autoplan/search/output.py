@@ -129,10 +129,11 @@ search said it was done, in silence (pandas' float formatting, then gzip). Level
 54 MB against 44)."""
 
 
-def csv_kept(result: SearchResult) -> np.ndarray:
+def csv_kept(result: SearchResult, top: int = 0) -> np.ndarray:
     """The rows trials.csv.gz holds without --all-trials: engine.kept_rows of each GPU count
     (and type), as a range scored count by count keeps them, so the file holds the same rows
-    whether the counts were scored together or apart."""
+    whether the counts were scored together or apart; and the `top` ranked first (a --top
+    above KEEP_PER_COUNT lists them in top.yaml)."""
     sc = result.scored
     cols = sc.cols
     groups = np.asarray(cols["num_gpus"], dtype=np.int64) * 1024 + (
@@ -143,7 +144,8 @@ def csv_kept(result: SearchResult) -> np.ndarray:
         part = Scored({k: np.asarray(v)[idx] for k, v in cols.items()}, sc.counts, sc.runtime,
                       sc.clusters)
         keep.append(idx[kept_rows(part, result.request.targets)])
-    return np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
+    keep.append(np.asarray(result.order[:top], dtype=np.int64))
+    return np.concatenate(keep)
 
 
 def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
@@ -169,7 +171,7 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
         fsutil.write_text(tmp / "top.yaml", dump_yaml({"schema_version": 1, "plans": top_plans}))
         everything = np.concatenate([result.order, np.flatnonzero(~result.scored.feasible)])
         if not all_trials:  # ranked order first, as before
-            everything = everything[np.isin(everything, csv_kept(result))]
+            everything = everything[np.isin(everything, csv_kept(result, top))]
         if len(everything) >= LARGE_CSV_ROWS:  # a minute or more after "done": say why
             sys.stderr.write(f"search: writing {len(everything):,} rows to trials.csv.gz\n")
             sys.stderr.flush()

@@ -472,10 +472,11 @@ def miss_where(data: dict[str, Any], p: dict[str, Any]) -> str:
 def miss_knobs(p: dict[str, Any]) -> str:
     """A plan (plan_to_dict's) as `estimate --set` assignments, so `estimate --model M
     --cluster C --num-gpus N --global-batch-size G --set ...` with them prices the same figure:
-    the parallel degrees, the batch and the precision always (estimate's default precision is
-    the device's, not a plan's bf16), then every other field the plan sets away from a plan's
-    default (ZeRO stage, offload, recompute, sequence parallelism, pipeline schedule and vpp,
-    attention, gradient reduce dtype)."""
+    the parallel degrees, the batch, the precision and the attention always (estimate's
+    default precision is the device's, not a plan's bf16, and its default attention the one the
+    runtime runs on the device: eager under Megatron on a V100), then every other field the
+    plan sets away from a plan's default (ZeRO stage, offload, recompute, sequence parallelism,
+    pipeline schedule and vpp, gradient reduce dtype)."""
     import shlex
 
     from autoplan.plan import Batch, Plan, plan_from_dict, plan_to_dict
@@ -486,7 +487,7 @@ def miss_knobs(p: dict[str, Any]) -> str:
     given = flat_fields(plan_to_dict(plan))
     default_fields = flat_fields(default)
     always = [k for k in given if k.startswith("parallel.")] + [
-        "batch.micro_batch_size", "batch.global_batch_size", "precision"]
+        "batch.micro_batch_size", "batch.global_batch_size", "precision", "attention"]
     rest = [k for k in given if k not in always
             and not k.startswith(("model", "cluster.", "predicted", "schema_version"))
             and given[k] != default_fields.get(k)]

@@ -148,10 +148,13 @@ def rejected_words(result: SearchResult, rows: np.ndarray) -> list[str]:
     35)."""
     req = result.request
     df = frame(result.scored, rows, req.space, req.targets)
+    if "recompute_layers" in df:  # one word: none, or policy:layers (-1: every layer)
+        df["recompute"] = [r if r == "none" else f"{r}:{'all' if n < 0 else n}"
+                           for r, n in zip(df["recompute"], df["recompute_layers"],
+                                           strict=True)]
+        df = df.drop(columns="recompute_layers")
     names = [k for k in REJECTED_ALWAYS if k in df] + [
         k for k in REJECTED_IF_DIFFERENT if k in df and df[k].astype(str).nunique() > 1]
-    if "recompute_layers" in df:  # -1: every layer of the stage
-        df["recompute_layers"] = df["recompute_layers"].map(lambda n: "all" if n < 0 else n)
     return [" ".join(f"{k}{r[k]}" if k in REJECTED_ALWAYS else f"{k}={r[k]}" for k in names)
             for _, r in df.iterrows()]
 

@@ -5,6 +5,7 @@ search under such a runtime finds its plans instead of refusing every candidate.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,27 @@ def test_types_that_differ_search_both_and_each_keeps_what_it_runs(capsys) -> No
     assert v100["step_s"] == pytest.approx(alone["step_s"], rel=1e-12)
 
 
+def test_a_cheap_v100_wins_with_the_attention_it_was_priced_with(tmp_path, capsys) -> None:
+    """Review of 1917bc8: each type settled `auto` on its own (V100 eager, A100 flash), both as
+    code 0, and the merged table read code 0 as flash: the V100 winner's plan.yaml said flash
+    (which estimate then refused) for a step priced as eager."""
+    from autoplan.cost.estimate import estimate_plan
+    from autoplan.plan import load_plan
+
+    out = tmp_path / "mix"
+    assert main(["search", "--model", "gpt3-1.3b", "--num-gpus", "8", "--global-batch-size",
+                 "64", "--cluster", "a100-sxm4-80gb,v100-sxm2-32gb", "--runtime", "megatron",
+                 "--precision", "fp16", "--objective", "cost", "--price",
+                 "v100-sxm2-32gb=0.01", "--train-tokens", "1e9", "--format", "json",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    plan = load_plan(out / "plan.yaml")
+    assert plan.cluster.profile == "v100-sxm2-32gb" and plan.attention == Attention.EAGER
+    est = estimate_plan(plan.replace(predicted=None), runtime="megatron")
+    assert est.feasible and est.step_time_s == pytest.approx(plan.predicted["step_time_s"],
+                                                             rel=1e-9)
+
+
 def test_auto_is_the_shipped_spaces_and_an_empty_list_is_refused() -> None:
     assert load_space("default").attention == ()
     assert space_from_dict({"schema_version": 1, "name": "s", "attention": "auto"}).attention == ()
@@ -77,3 +99,26 @@ def test_estimates_default_plan_takes_the_attention_the_runtime_runs(cluster, ru
     data = json.loads(capsys.readouterr().out)
     assert data["plan"]["attention"] == kind
     assert not [r for r in data["reasons"] if "attention" in r]
+
+
+def test_the_nearest_miss_names_its_attention_so_estimate_prices_the_same_plan(
+        tmp_path, capsys) -> None:
+    """A space with `attention: flash` under megatron-2021 refuses every candidate; its nearest
+    miss left attention out (flash is a plan's default), and estimate with those --set words
+    then took megatron-2021's eager default: another plan, another reason (review of
+    7ab3c85). The words now name attention, and estimate refuses what search refused."""
+    import yaml
+
+    space = yaml.safe_load(Path("search_spaces/default.yaml").read_text()) | {
+        "name": "flash-only", "attention": "flash"}
+    (tmp_path / "flash.yaml").write_text(yaml.safe_dump(space))
+    job = ["--model", "gpt3-1.3b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "8",
+           "--global-batch-size", "64", "--runtime", "megatron-2021"]
+    assert main(["search", *job, "--space", str(tmp_path / "flash.yaml"),
+                 "--format", "json"]) == 3
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    sets = line.split("(as estimate --set) ")[1].split(": ")[0].split()
+    assert "attention=flash" in sets
+    main(["estimate", *job, "--set", *sets, "--format", "json"])
+    reasons = json.loads(capsys.readouterr().out)["reasons"]
+    assert any("computes attention unfused only" in r for r in reasons)

@@ -22,5 +22,6 @@ def test_the_nearest_miss_names_zero_offload_and_recompute() -> None:
     line = infeasible_line(data)
     assert ("nearest (out-of-memory) (as estimate --set) parallel.dp=8 parallel.tp=1 "
             "parallel.pp=1 parallel.cp=1 batch.micro_batch_size=1 batch.global_batch_size=8 "
-            "precision=bf16 zero_stage=3 offload.optimizer=true offload.params=true "
+            "precision=bf16 attention=flash zero_stage=3 offload.optimizer=true "
+            "offload.params=true "
             "recompute.policy=full: needs 64.7 GiB") in line

@@ -325,7 +325,7 @@ def test_the_nearest_miss_prices_again_under_estimate_set() -> None:
     sets = line.split("nearest (as estimate --set): ")[1].split(", which")[0]
     assert sets == ("parallel.dp=8 parallel.tp=1 parallel.pp=1 parallel.cp=1 "
                     "batch.micro_batch_size=1 batch.global_batch_size=8 precision=bf16 "
-                    "zero_stage=3 offload.params=true recompute.policy=full")
+                    "attention=flash zero_stage=3 offload.params=true recompute.policy=full")
     need = re.search(r"needs (\d+\.\d) GiB of 39.6 GiB per GPU", done.stdout)
     assert need is not None, done.stdout
     again = cli(["estimate", *job, "--set", *sets.split(), "--format", "json"])
@@ -342,7 +342,8 @@ def test_miss_knobs_name_every_field_away_from_the_default_as_set_keys() -> None
                    "recompute": {"policy": "full", "num_layers": 3, "method": "uniform"}}
     assert miss_knobs(plan) == (
         "parallel.dp=2 parallel.tp=4 parallel.pp=1 parallel.cp=1 batch.micro_batch_size=2 "
-        "batch.global_batch_size=8 precision=bf16 zero_stage=1 offload.optimizer=true "
+        "batch.global_batch_size=8 precision=bf16 attention=flash zero_stage=1 "
+        "offload.optimizer=true "
         "offload.params=true recompute.policy=full recompute.num_layers=3 "
         "recompute.method=uniform")
     plan = base | {"parallel": {"dp": 1, "tp": 4, "pp": 2}, "sequence_parallel": True,
@@ -350,9 +351,9 @@ def test_miss_knobs_name_every_field_away_from_the_default_as_set_keys() -> None
                    "attention": "eager",
                    "recompute": {"policy": "selective", "modules": ["core_attn", "mlp"]}}
     assert miss_knobs(plan).endswith(
-        "batch.micro_batch_size=2 batch.global_batch_size=8 precision=fp32 "
+        "batch.micro_batch_size=2 batch.global_batch_size=8 precision=fp32 attention=eager "
         "sequence_parallel=true pipeline.schedule=interleaved-1f1b pipeline.vpp=2 "
-        "recompute.policy=selective 'recompute.modules=[core_attn,mlp]' attention=eager")
+        "recompute.policy=selective 'recompute.modules=[core_attn,mlp]'")
 
 
 def test_the_nearest_miss_of_several_gpu_counts_names_its_count() -> None:

@@ -41,3 +41,18 @@ def test_all_trials_without_out_is_one_line(capsys) -> None:
     assert main([*JOB, "--all-trials"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--all-trials: given without --out" in err
+
+
+def test_a_top_above_the_kept_count_is_in_the_csv_too(tmp_path: Path, capsys,
+                                                      monkeypatch) -> None:
+    """--top 2500 listed 2,500 plans in top.yaml while trials.csv.gz held 2,000 feasible ones
+    (review of 9ec92af): the file holds the --top ranked first as well."""
+    from autoplan.search import engine
+
+    monkeypatch.setattr(engine, "KEEP_PER_COUNT", 20)
+    assert main([*JOB, "--top", "30", "--out", str(tmp_path / "r")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = pd.read_csv(tmp_path / "r" / "trials.csv.gz")
+    feasible = rows[rows["status"] == "feasible"]
+    assert len(feasible) == 30 and len(data["top"]) == 30
+    assert list(feasible["step_s"]) == [r["step_s"] for r in data["top"]]
