@@ -426,6 +426,14 @@ def lacking(t: Table, traits: RuntimeTraits, model: ModelSpec,
     return bad
 
 
+def device_refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec,
+                    device: DeviceSpec) -> list[str]:
+    """What of one plan the runtime cannot run on `device` alone (DEVICE_RULES), a line each."""
+    row = plan_to_row(plan, model)
+    return [rule.message(traits, device) for rule in DEVICE_RULES
+            if bool(np.asarray(rule.breaks(row, traits, model, device))[0])]
+
+
 def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None,
              device: DeviceSpec | None = None) -> list[str]:
     """What of one plan the runtime cannot run (on `device`, where given), a line per rule it
@@ -435,8 +443,7 @@ def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None,
     out = [rule.message(row, traits, model) for rule in RULES
            if bool(np.asarray(rule.breaks(row, traits, model))[0])]
     if device is not None:
-        out += [rule.message(traits, device) for rule in DEVICE_RULES
-                if bool(np.asarray(rule.breaks(row, traits, model, device))[0])]
+        out += device_refusals(plan, traits, model, device)
     if traits.own_runtime_rules:
         from autoplan.plan_rules import runtime_limits
 

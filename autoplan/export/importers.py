@@ -16,6 +16,7 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.export.deepspeed_keys import DEEPSPEED_ADAM, SECTION_KEYS
 from autoplan.export.megatron_import import refuse_non_adam, say_priced_whole
+from autoplan.hardware import DeviceSpec, load_profile
 from autoplan.plan import Plan, plan_from_dict
 from autoplan.yaml_io import did_you_mean, load_json_text, show
 
@@ -457,7 +458,7 @@ def import_megatron(
         raise ConfigError(what, "holds no Megatron flags (--name value)",
                           "a DeepSpeed JSON imports with --from deepspeed" if json_like else
                           "pass the launch script or arguments file of a Megatron run")
-    data = megatron_plan_dict(text, model, num_gpus, what)
+    data = megatron_plan_dict(text, model, num_gpus, what, _device(cluster))
     data["cluster"]["profile"] = cluster
     plan = finish_plan(data, list(assignments), what)
     skipped = unread_megatron_flags(text, what)
@@ -466,6 +467,14 @@ def import_megatron(
     for said in ignored_rope_flags(text, what):
         log.warning("%s: %s", what, said)
     return plan
+
+
+def _device(cluster: str) -> DeviceSpec | None:
+    """The device of --cluster, or None where it does not load (finish_plan then names it)."""
+    try:
+        return load_profile(cluster, "--cluster").device
+    except ConfigError:
+        return None
 
 
 IMPORTERS = {"deepspeed": import_deepspeed, "megatron": import_megatron}

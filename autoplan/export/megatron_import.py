@@ -37,6 +37,7 @@ from autoplan.export.shell_args import (
     parse_flags,
     unread_flags,
 )
+from autoplan.hardware import DeviceSpec
 from autoplan.model_spec import (
     DEFAULT_ROPE_THETA,
     PRESETS,
@@ -526,9 +527,11 @@ def say_priced_whole(setting: str, tp: int) -> None:
 
 
 def megatron_plan_dict(
-    text: str, model_ref: Any, num_gpus: int | None, what: str
+    text: str, model_ref: Any, num_gpus: int | None, what: str,
+    device: DeviceSpec | None = None,
 ) -> dict[str, Any]:
-    """Plan fields (and an inline model unless `model_ref`) from Megatron arguments."""
+    """Plan fields (and an inline model unless `model_ref`) from Megatron arguments; `device`:
+    the GPU the run is imported for, which settles --attention-backend auto."""
     f = Flags(parse_flags(expand_variables(text), SWITCHES), what)
     # a misspelled flag is refused before the flag it means is read as its default
     unread_flags(f, READ_FLAGS, LAUNCHER_FLAGS | UNREAD_NEIGHBOURS, "Megatron")
@@ -585,7 +588,7 @@ def megatron_plan_dict(
             "global_batch_size": f.integer("--global-batch-size", mb * dp),
         },
         "precision": _precision(f),
-        "attention": _attention(f),
+        "attention": _attention(f, device),
         "grad_reduce_dtype": "bf16" if f.has("--grad-reduce-in-bf16") else
         "fp32" if f.has("--accumulate-allreduce-grads-in-fp32") else None,
     }
@@ -622,13 +625,21 @@ def unread_megatron_flags(text: str, what: str) -> list[str]:
     return [name for name in unread if name not in LAUNCHER_FLAGS]
 
 
-def _attention(f: Flags) -> str:
+def _attention(f: Flags, device: DeviceSpec | None = None) -> str:
     """Plan attention of --attention-backend under --transformer-impl: the local spec
     (gpt_layer_specs.get_gpt_layer_local_spec) builds Megatron-Core's own unfused
-    DotProductAttention, full s x s scores, whatever the backend says."""
+    DotProductAttention, full s x s scores, whatever the backend says. `auto` (the default) is
+    Transformer Engine's pick: a fused kernel, or unfused on a GPU older than Ampere, where its
+    fused backends do not run (runtime_rules.fused_attention_on)."""
     backend = choice(f, "--attention-backend", BACKEND_ATTENTION, "auto")
     if choice(f, "--transformer-impl", TRANSFORMER_IMPLS, "transformer_engine") == "local":
         return "eager"
+    if backend == "auto" and device is not None:
+        from autoplan.cost.runtime_rules import fused_attention_on
+        from autoplan.cost.runtimes import load_runtime
+
+        if not fused_attention_on(load_runtime("megatron"), device):
+            return "eager"
     return BACKEND_ATTENTION[str(backend)]
 
 
