@@ -176,17 +176,24 @@ def _shown(key: str, value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _mismatch(name: str | None, changes: list[str], auto_precision: bool = False
-              ) -> ConfigError:
+def _mismatch(name: str | None, changes: list[str], auto_precision: bool = False,
+              auto_attention: bool = False) -> ConfigError:
     shown = "; ".join(changes[:3]) + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
     fix = "rerun that exact command, or use another --study name"
-    was = next((c.split(" -> ")[0].removeprefix("space.precision ") for c in changes
-                if c.startswith("space.precision ")), None)
-    if auto_precision and was is not None:
-        # the same command settles `precision: auto` otherwise than when the study was made
-        # (several GPU types once searched only the formats every type has)
-        fix = (f"precision: auto now settles as shown; to resume, give a space that lists "
-               f"the study's precision ({was}), or use another --study name")
+    for knob, auto, why in (
+            # the same command settles `precision: auto` otherwise than when the study was
+            # made (several GPU types once searched only the formats every type has)
+            ("precision", auto_precision, "auto now settles as shown"),
+            # `attention: auto` (session 35) settles to eager where the runtime runs no fused
+            # kernel on the GPU (Megatron on a V100): the study's flash plans do not run there
+            ("attention", auto_attention, "auto now settles to what the runtime runs on the "
+                                          "GPU")):
+        was = next((c.split(" -> ")[0].removeprefix(f"space.{knob} ") for c in changes
+                    if c.startswith(f"space.{knob} ")), None)
+        if auto and was is not None:
+            fix = (f"{knob}: {why}; to resume, give a space that lists the study's {knob} "
+                   f"({was}), or use another --study name")
+            break
     return ConfigError("--study", f"{name!r} was created by a different search ({shown})", fix)
 
 
@@ -331,8 +338,9 @@ def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
         return study
     changes = request_changes(have, fp)
     if changes:
-        raise _mismatch(req.study, changes, auto_precision=not (req.space_given
-                                                                or req.space).precision)
+        given = req.space_given or req.space
+        raise _mismatch(req.study, changes, auto_precision=not given.precision,
+                        auto_attention=not given.attention)
     return study
 
 

@@ -122,3 +122,17 @@ def test_the_nearest_miss_names_its_attention_so_estimate_prices_the_same_plan(
     main(["estimate", *job, "--set", *sets, "--format", "json"])
     reasons = json.loads(capsys.readouterr().out)["reasons"]
     assert any("computes attention unfused only" in r for r in reasons)
+
+
+def test_a_study_stored_before_auto_says_how_to_resume_it() -> None:
+    """A V100/Megatron study stored with `attention: flash` (before `auto`) met 'rerun that
+    exact command', which the user had just done (review of 1917bc8): the fix now names the
+    space line that resumes it."""
+    from autoplan.search.optuna_search import _mismatch
+
+    err = _mismatch("s1", ['space.attention ["flash"] -> ["eager"]'], auto_attention=True)
+    assert err.fix == ('attention: auto now settles to what the runtime runs on the GPU; to '
+                       'resume, give a space that lists the study\'s attention (["flash"]), or '
+                       'use another --study name')
+    plain = _mismatch("s1", ['space.attention ["flash"] -> ["eager"]'])
+    assert plain.fix == "rerun that exact command, or use another --study name"
