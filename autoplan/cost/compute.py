@@ -41,6 +41,7 @@ BLOCK_OPS_DELTA = {
     "rope": (38, 24, 0),  # rotary embedding of q and k: reshapes, complex-free mul/add
     "swiglu": (5, 15, 1),  # a third MLP GEMM and the gate's silu * up
     "no_bias": (0, -20, 0),  # mm instead of addmm: same forward count, no bias gradients
+    "qkv_bias": (0, 9, 0),  # a no_bias block with q, k and v biased: their gradients back
     "gqa": (8, 8, 0),  # repeating K and V heads to the query heads
     "eager": (4, 8, 2),  # scores and weights matmuls, scale, mask, softmax instead of SDPA
 }
@@ -75,7 +76,8 @@ def block_ops(model: ModelSpec, eager: bool = False) -> tuple[int, int, int]:
     flags = {"rmsnorm": model.norm is NormKind.RMSNORM,
              "rope": model.position is PositionKind.ROPE,
              "swiglu": model.gated_mlp,  # GeGLU dispatches as SwiGLU does (gelu for silu)
-             "no_bias": not model.bias, "gqa": model.kv_heads != model.num_heads,
+             "no_bias": not model.bias, "qkv_bias": model.qkv_bias and not model.bias,
+             "gqa": model.kv_heads != model.num_heads,
              "eager": eager}
     f, b, g = BLOCK_OPS
     for name in (k for k, on in flags.items() if on):
