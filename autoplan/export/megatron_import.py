@@ -698,6 +698,9 @@ def _check_biases(f: Flags, model: ModelSpec, fix: str) -> None:
     bias, qkv = built["bias"], built.get("qkv_bias", False)
     if (qkv or model.qkv_bias) and (bias, qkv) != (model.bias, model.qkv_bias):
         flag = "--add-qkv-bias" if not (bias or model.bias) else "--disable-bias-linear"
+        if model.qkv_bias and not qkv and not bias:  # the launch lacks the model's biases
+            fix = (f"add --add-qkv-bias to the launch (it trains {model.name} without its q, k "
+                   f"and v biases), or {fix}")
         raise ConfigError(f"{f.what} {flag}", f"the launch builds {_bias_words(bias, qkv)}, "
                           f"--model {model.name} has {_bias_words(model.bias, model.qkv_bias)}",
                           fix)

@@ -66,7 +66,8 @@ def test_megatron_export_imports_back_equal_and_silent(tmp_path, caplog) -> None
 @pytest.mark.parametrize(("model", "edit", "said"), [
     (QWEN, lambda t: t.replace(" --add-qkv-bias", "").replace("--add-qkv-bias\n", ""),
      "--add-qkv-bias: the launch builds no bias, --model qwen-like-8b has q, k and v biases "
-     "alone"),
+     "alone; add --add-qkv-bias to the launch (it trains qwen-like-8b without its q, k and v "
+     "biases), or "),
     (PRESETS["llama-3-8b"], lambda t: t,
      "--add-qkv-bias: the launch builds q, k and v biases alone, --model llama-3-8b has no "
      "bias"),
