@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +16,8 @@ from autoplan.cli_common import add_format_argument, emit, stderr_console
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, check_out_and_name, load_profile, profile_from_dict
 from autoplan.yaml_io import read_yaml, save_yaml, to_dict
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
@@ -129,12 +133,22 @@ def profile_name(args: argparse.Namespace, default: str) -> str:
     if args.out is None:
         return name or default
     stem = Path(args.out).stem
+    if Path(args.out).suffix != ".yaml" or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", stem):
+        log.warning("--out %s: --cluster cannot find this profile by name (a name is a plain "
+                    "file name without '.', in a file ending .yaml): give --cluster its path, "
+                    "or write it as e.g. %s", args.out,
+                    Path(args.out).with_name(_plain(stem) + ".yaml"))
     if name is not None and name != stem:
         raise ConfigError("--name", f"{name!r} differs from --out's file name {stem!r}, the name "
                           f"`--cluster` finds the profile by",
                           f"leave --name out (the profile is named {stem}), or write --out "
                           f"{Path(args.out).with_name(name + Path(args.out).suffix)}")
     return stem
+
+
+def _plain(stem: str) -> str:
+    """`stem` with every character a name cannot hold made '-' (v1.2 -> v1-2)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", stem).lstrip("-") or "profile"
 
 
 def check_base_device(base_ref: str, base: ClusterProfile, here: str) -> None:

@@ -66,3 +66,20 @@ def test_a_name_that_is_not_the_out_file_name_is_refused() -> None:
     assert str(err.value) == ("--name: 'mine' differs from --out's file name 'other', the name "
                               "`--cluster` finds the profile by; leave --name out (the profile "
                               "is named other), or write --out p/mine.yaml")
+
+
+@pytest.mark.parametrize(("out", "hint"), [
+    ("v1.2.yaml", "v1-2.yaml"), ("my box.yaml", "my-box.yaml"), ("box.yml", "box.yaml")])
+def test_an_out_file_no_cluster_name_finds_is_warned_about(out, hint, caplog) -> None:
+    """`profile --out v1.2.yaml` wrote name: v1.2, which --cluster v1.2 then could not find
+    (a name has no '.'); 'my box' and a .yml file neither (review of 29bc235). Written all the
+    same, found by path; the warning says so and names a file name that works."""
+    with caplog.at_level(logging.WARNING):
+        assert profile_name(argparse.Namespace(name=None, out=out), "x") == out.rsplit(".", 1)[0]
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.startswith(f"--out {out}: --cluster cannot find this profile by name")
+    assert said.endswith(f"give --cluster its path, or write it as e.g. {hint}")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        profile_name(argparse.Namespace(name=None, out="good-name_2.yaml"), "x")
+    assert not caplog.records
