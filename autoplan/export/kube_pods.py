@@ -1,23 +1,30 @@
 """What every pod of a Kubernetes export gets besides its command: a memory-backed /dev/shm,
-the claims --pvc and --data-pvc name mounted at the checkpoint folder and the folder of --data,
-GPU limits and CPU/memory requests from the profile; and the manifest header's word on each.
-Where they go in a TrainJob, PyTorchJob or JobSet is kubernetes.py's.
+the claims --pvc and --data-pvc name mounted at the checkpoint folder and the folder of --data
+(never over the files the pod's script writes the plan to), GPU limits and CPU/memory requests
+from the profile; and the manifest header's word on each. Where they go in a TrainJob,
+PyTorchJob or JobSet is kubernetes.py's.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
 from autoplan.export.job_inputs import shown
 from autoplan.export.launch import comment, data_lines, launch_options
-from autoplan.export.nodes import written_cluster
+from autoplan.export.nodes import profile_on_nodes
 from autoplan.plan import Plan
 
 GPU_RESOURCE = "nvidia.com/gpu"
+PLAN_FILE = "/tmp/autoplan-plan.yaml"
+PROFILE_FILE = "/tmp/autoplan-profile.yaml"
+"""Where the pod's script writes the plan (and a profile that travels with it) from the
+manifest's environment before torchrun starts: no claim may be mounted over them
+(check_volumes), read-only or hiding them."""
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 SUBDOMAIN_MAX = 253
 """A PersistentVolumeClaim's name is a DNS subdomain (Kubernetes, "Object Names and IDs",
@@ -30,6 +37,7 @@ MEMORY_SHARE = 0.75
 """Share of the profile's host memory (for the pod's GPUs) a pod requests: the pod is what the
 node runs, and the kubelet evicts a pod past its request first under memory pressure; the rest
 is left to the system and the kubelet (a node's allocatable is less than its memory)."""
+GiB = 2**30
 
 
 def check_dns_subdomain(flag: str, value: str) -> None:
@@ -43,7 +51,8 @@ def check_dns_subdomain(flag: str, value: str) -> None:
 
 def check_volumes(opts: ExportOptions) -> None:
     """Refuse a --pvc or --data-pvc that names no claim or has nowhere to be mounted: a
-    volume mounts at an absolute folder, not at /, not over /dev/shm, one per folder."""
+    volume mounts at an absolute folder, not at /, not over /dev/shm or the plan's file, one
+    per folder; a TrainJob mounts one claim at one folder only."""
     run = launch_options(opts)
     if run.pvc is not None:
         check_dns_subdomain("--pvc", run.pvc)
@@ -57,15 +66,25 @@ def check_volumes(opts: ExportOptions) -> None:
                           "(the text's path in the pod), or drop --data-pvc")
     folder = data_folder(run.data)
     _check_mount("--data", run.data, folder, "--data-pvc mounts the claim at its folder")
-    if run.pvc not in (None, run.data_pvc) and folder == posixpath.normpath(opts.checkpoint_dir):
+    checkpoints = posixpath.normpath(opts.checkpoint_dir)
+    if run.pvc not in (None, run.data_pvc) and folder == checkpoints:
         raise ConfigError("--data-pvc", f"{run.data_pvc} would be mounted at {folder}, where "
                           f"--pvc mounts {run.pvc}", "keep the text in another folder than the "
                           "checkpoints, or give one claim to both")
+    if opts.k8s_kind == "trainjob" and run.pvc == run.data_pvc and folder != checkpoints:
+        raise ConfigError(
+            "--data-pvc", f"{run.data_pvc} is --pvc's claim too, mounted at {checkpoints}: "
+            f"--kind trainjob cannot mount it at {folder} as well (a TrainJob's runtimePatches "
+            "take one mount per volume, and two volumes of one claim can leave the pods waiting "
+            "on their mounts, kubernetes/kubernetes#127004)",
+            f"give the text its own claim, put it in {checkpoints}, or export --kind jobset or "
+            "--kind pytorchjob, which mount one claim at both")
 
 
 def _check_mount(flag: str, path: str, folder: str, why: str) -> None:
     """Refuse mounting at `folder` (for `path`, given as `flag`): only an absolute folder, not
-    /, not inside the pod's shared memory."""
+    /, not inside the pod's shared memory, not over the files the pod's script writes (a claim
+    at /tmp would hide them, or, read-only, stop the script writing them)."""
     example = "/checkpoints" if flag == "--checkpoint-dir" else "/data/corpus.txt"
     if not path.startswith("/"):
         raise ConfigError(flag, f"{shown(path)} is relative and {why}",
@@ -74,6 +93,14 @@ def _check_mount(flag: str, path: str, folder: str, why: str) -> None:
         raise ConfigError(flag, f"{shown(path)}: {why}, {folder}, where no volume can go (the "
                           "root, or the pod's shared memory)", f"give another folder, e.g. "
                           f"{example}")
+    inside = "/" + folder.lstrip("/")  # POSIX lets a path start with //, the same folder
+    for written in (PLAN_FILE, PROFILE_FILE):
+        if written == inside or written.startswith(inside + "/") \
+                or inside.startswith(written + "/"):
+            raise ConfigError(flag, f"{shown(path)}: {why}, {folder}, over {written}, where the "
+                              "pod's script writes the plan before torchrun starts",
+                              f"give a folder outside {posixpath.dirname(written)}, e.g. "
+                              f"{example}")
 
 
 def data_folder(data: str) -> str:
@@ -85,7 +112,8 @@ def data_folder(data: str) -> str:
 def pod_storage(opts: ExportOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every pod's volumes and the trainer container's mounts: /dev/shm (SHM); --pvc's claim
     at the checkpoint folder; --data-pvc's, read-only, at the folder of --data (one volume
-    when both name one claim, one mount where both folders are one)."""
+    when both name one claim, mounted at both folders, which a TrainJob cannot write and
+    check_volumes refuses; one mount where both folders are one)."""
     run = launch_options(opts)
     volumes = [SHM]
     mounts: list[dict[str, Any]] = [{"name": SHM["name"], "mountPath": "/dev/shm"}]
@@ -106,46 +134,69 @@ def pod_storage(opts: ExportOptions) -> tuple[list[dict[str, Any]], list[dict[st
     return volumes, mounts
 
 
-def memory_request_bytes(plan: Plan, lay: Layout, gpus_per_node: int) -> int | None:
-    """A pod's memory request: MEMORY_SHARE of the profile's host memory per node, in the
-    share of the node its GPUs are (nodes of `gpus_per_node`), whole GiB; None where the
-    profile does not load here (another site's)."""
+@dataclass(frozen=True)
+class MemoryRequest:
+    """A pod's memory request and what it is sized from."""
+
+    request_bytes: int
+    """What the pod requests: whole GiB."""
+    host_bytes: int
+    """The profile's host memory, of one node of `node_ranks` GPUs (CPU rank slots)."""
+    node_ranks: int
+    """The profile's gpus_per_node: the node its host memory is of, whatever node size the
+    job is written for (--gpus-per-node)."""
+    pod_ranks: int
+
+
+def memory_request(plan: Plan, lay: Layout) -> MemoryRequest | None:
+    """A pod's memory request: MEMORY_SHARE of the profile's host memory per node, in the share
+    of that node the pod's ranks are (pod ranks / the profile's gpus_per_node, at most a whole
+    node: the price, too, gives a larger node no more host memory), whole GiB; None where the
+    profile does not load here (another site's). `plan` names the profile as priced, not the
+    pod's copy of it."""
     try:
-        host = written_cluster(plan, gpus_per_node).profile.host
+        profile = profile_on_nodes(plan.cluster.profile, None)
     except ConfigError:
         return None
-    share = min(1.0, lay.nproc_per_node / gpus_per_node)
-    return int(host.memory_bytes * share * MEMORY_SHARE) // 2**30 * 2**30
+    node, pod = profile.gpus_per_node, lay.nproc_per_node
+    host = profile.host.memory_bytes
+    return MemoryRequest(int(host * min(1.0, pod / node) * MEMORY_SHARE) // GiB * GiB, host,
+                         node, pod)
 
 
-def node_resources(nproc: int, cpu: bool, memory_bytes: int | None = None
+def node_resources(nproc: int, cpu: bool, memory: MemoryRequest | None = None
                    ) -> dict[str, dict[str, str]]:
     """A pod's (a node's) resources: its GPUs as limits (an extended resource is requested by
-    its limit); a CPU plan: one CPU per rank as requests, and no GPU; `memory_bytes` as a
-    memory request (no limit: a pod past a limit is killed, past a request only evicted
-    first)."""
+    its limit); a CPU plan: one CPU per rank as requests, and no GPU; `memory` as a memory
+    request (no limit: a pod past a limit is killed, past a request only evicted first)."""
     requests = {"cpu": str(nproc)} if cpu else {}
-    if memory_bytes:
-        requests["memory"] = f"{memory_bytes // 2**30}Gi"
+    if memory is not None and memory.request_bytes:
+        requests["memory"] = f"{memory.request_bytes // GiB}Gi"
     out = {"requests": requests} if requests else {}
     return out if cpu else out | {"limits": {GPU_RESOURCE: str(nproc)}}
 
 
-def resource_lines(lay: Layout, cpu: bool, memory_bytes: int | None, gpus_per_node: int,
+def resource_lines(lay: Layout, cpu: bool, memory: MemoryRequest | None,
                    profile: str) -> list[str]:
-    """The header's word on what each pod requests and why."""
-    if memory_bytes is None:
-        memory = (f"no memory request: profile {profile} does not load here, so its host "
-                  "memory is unknown (add resources.requests.memory for your nodes)")
+    """The header's word on what each pod requests and why; `profile` as priced."""
+    unit = "rank slots" if cpu else "GPUs"
+    evicts = ""
+    if memory is None:
+        text = (f"no memory request: profile {shown(profile)} does not load here, so its host "
+                "memory is unknown (add resources.requests.memory for your nodes)")
     else:
-        memory = (f"memory request {memory_bytes // 2**30}Gi, {MEMORY_SHARE:.0%} of profile "
-                  f"{profile}'s host memory for {lay.nproc_per_node} of a node's "
-                  f"{gpus_per_node} {'rank slots' if cpu else 'GPUs'} (the kubelet evicts a "
-                  "pod past its request first; lower it if your nodes allocate less)")
+        node = f"{memory.host_bytes / GiB:.0f} GiB of a node of {memory.node_ranks} {unit}"
+        share = (f" for the pod's {memory.pod_ranks} {unit}" if memory.pod_ranks
+                 <= memory.node_ranks else f", for the pod's {memory.pod_ranks} {unit} as for "
+                 "one such node (the price has them share its memory)")
+        text = (f"memory request {memory.request_bytes // GiB}Gi, {MEMORY_SHARE:.0%} of profile "
+                f"{shown(profile)}'s host memory ({node}){share}")
+        evicts = (" The kubelet evicts a pod past its memory request first: lower it if your "
+                  "nodes allocate less.")
     cores = (f"{lay.nproc_per_node} CPUs, one per rank" if cpu else
              "no CPU request: the profile gives no core count (add resources.requests.cpu "
              "for your nodes)")
-    return comment(f"Each pod: {memory}; {cores}. /dev/shm is a memory-backed emptyDir (a "
+    return comment(f"Each pod: {text}; {cores}.{evicts} /dev/shm is a memory-backed emptyDir (a "
                    "container's own is 64 MiB, too small for NCCL and PyTorch's shared-memory "
                    "tensors); it counts against the pod's memory.")
 

@@ -6,9 +6,10 @@ its model spec inlined, so the image needs autoplan but no copy of the plan. A h
 the image cannot find by name (a path, or a profile of this machine's user directory, such as
 `autoplan profile` writes) travels the same way, and the plan points at that copy. `--elastic`: a
 PyTorchJob with an elasticPolicy, or a JobSet whose torchrun takes `--nnodes=MIN:MAX`; either
-way `autoplan train --elastic` re-plans for the pods left, on nodes of the size written. A CPU profile's plan requests a CPU
-per rank and no GPU, and trains on gloo. What each pod gets besides (/dev/shm, the --pvc and
---data-pvc claims, memory requests) is kube_pods.py's; where it goes in each kind is this file's.
+way `autoplan train --elastic` re-plans for the pods left, on nodes of the size written. A CPU
+profile's plan requests a CPU per rank and no GPU, and trains on gloo. What each pod gets
+besides (/dev/shm, the --pvc and --data-pvc claims, memory requests) is kube_pods.py's; where
+it goes in each kind is this file's.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import yaml
 from autoplan import resources
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
+from autoplan.export.job_inputs import shown
 from autoplan.export.kube_pods import (
+    PLAN_FILE,
+    PROFILE_FILE,
     check_volumes,
-    memory_request_bytes,
+    memory_request,
     node_resources,
     pod_storage,
     resource_lines,
@@ -51,9 +55,7 @@ from autoplan.yaml_io import dump_yaml, read_yaml
 
 KINDS = ("trainjob", "pytorchjob", "jobset")
 PLAN_ENV = "AUTOPLAN_PLAN_YAML"
-PLAN_FILE = "/tmp/autoplan-plan.yaml"
 PROFILE_ENV = "AUTOPLAN_PROFILE_YAML"
-PROFILE_FILE = "/tmp/autoplan-profile.yaml"
 FILES = {PLAN_ENV: PLAN_FILE, PROFILE_ENV: PROFILE_FILE}
 """Environment variable -> the file the pod's script writes it to before torchrun starts."""
 TRAINER_RUNTIME = "torch-distributed"
@@ -104,10 +106,10 @@ def check_k8s_job_name(name: str, kind: str, lay: Layout, elastic: bool) -> None
     if DNS1035_LABEL.fullmatch(name) and len(longest) <= LABEL_MAX:
         return
     limit = LABEL_MAX - (len(longest) - len(name))
-    shown = longest if len(name) <= 80 else f"{name[:20]}...{longest[len(name):]}"
+    example = longest if len(name) <= 80 else f"{name[:20]}...{longest[len(name):]}"
     raise ConfigError(
         "--job-name", f"got {name[:80]!r} ({len(name)} characters)",
-        f"with --kind {kind} on {lay.num_nodes} node(s) its longest pod name is {shown}, which "
+        f"with --kind {kind} on {lay.num_nodes} node(s) its longest pod name is {example}, which "
         f"must be an RFC 1035 label of at most {LABEL_MAX} characters: give at most {limit} "
         "lowercase letters, digits and '-', starting with a letter, ending with a letter or digit")
 
@@ -274,6 +276,19 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
     }
 
 
+def _payload_lines(profile: str, shipped: bool) -> list[str]:
+    """The header's word on where the plan (and a profile that travels with it) lies in the
+    pod: check_volumes keeps every claim off those files."""
+    if shipped:
+        return comment(f"The plan and profile {shown(profile)} travel in the manifest "
+                       f"({PLAN_ENV}, {PROFILE_ENV}): the pod's script writes them to "
+                       f"{PLAN_FILE} and {PROFILE_FILE}, the plan naming that copy, before "
+                       "torchrun starts.")
+    return comment(f"The plan travels in the manifest ({PLAN_ENV}): the pod's script writes it "
+                   f"to {PLAN_FILE} before torchrun starts; the image finds profile "
+                   f"{shown(profile)} by name.")
+
+
 class _NoAliases(yaml.SafeDumper):
     """safe_dump that writes a value each place it appears (the replicas share volumes and
     resources): no &anchors and *aliases, which some manifest tools do not follow."""
@@ -315,21 +330,22 @@ class KubernetesTarget(ExportTarget):
     def render(self, plan: Plan, model: ModelSpec, opts: ExportOptions) -> dict[str, str]:
         lay = layout(plan, opts.gpus_per_node)
         cpu = on_cpu(plan)
+        # sized from the profile as priced, before the plan is pointed at the pod's copy of it
+        memory = memory_request(plan, lay)
+        resources = node_resources(lay.nproc_per_node, cpu, memory)
+        lines = [*storage_lines(opts, lay.num_nodes),
+                 *resource_lines(lay, cpu, memory, plan.cluster.profile)]
         profile = shipped_profile(plan)
+        lines += _payload_lines(plan.cluster.profile, profile is not None)
         if profile is not None:
             plan = plan.replace(cluster=ClusterRef(PROFILE_FILE, plan.cluster.num_gpus))
         payload = {PLAN_ENV: dump_yaml(plan_to_dict(plan.replace(model=model)))}
         if profile is not None:
             payload[PROFILE_ENV] = profile
-        memory = memory_request_bytes(plan, lay, opts.gpus_per_node)
-        resources = node_resources(lay.nproc_per_node, cpu, memory)
         manifest = BUILDERS[opts.k8s_kind](lay, payload, opts, cpu, resources)
-        lines = [
-            f"# {manifest['kind']} written by `autoplan export --to kubernetes`: "
-            f"{lay.num_nodes} node(s) x {lay.nproc_per_node} {'CPU' if cpu else 'GPU'}(s).",
-            *storage_lines(opts, lay.num_nodes),
-            *resource_lines(lay, cpu, memory, opts.gpus_per_node, plan.cluster.profile),
-        ]
+        lines.insert(0, f"# {manifest['kind']} written by `autoplan export --to kubernetes`: "
+                        f"{lay.num_nodes} node(s) x {lay.nproc_per_node} "
+                        f"{'CPU' if cpu else 'GPU'}(s).")
         if opts.k8s_kind == "trainjob":
             lines += comment("The volumes reach the runtime's node pods through "
                              "spec.runtimePatches: Kubeflow Trainer v2.2 or later (v2.0 and "

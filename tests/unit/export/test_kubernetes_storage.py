@@ -87,14 +87,55 @@ def test_claims_are_mounted_at_the_checkpoint_and_data_folders(kind: str):
     assert "corpus.v2 is mounted read-only at /corpus, so the claim must hold wiki.txt" in header
 
 
-def test_one_claim_for_both_is_one_volume_mounted_twice():
-    _, doc = _manifest("jobset", checkpoint_dir="/store/ckpt", pvc="store",
+@pytest.mark.parametrize("kind", ["jobset", "pytorchjob"])
+def test_one_claim_for_both_is_one_volume_mounted_twice(kind: str):
+    """A pod's container lists its mounts by mountPath: one volume at two folders is the
+    documented way to mount one claim twice (two volumes of one claim can leave the pod
+    waiting on its mounts, kubernetes/kubernetes#127004)."""
+    _, doc = _manifest(kind, checkpoint_dir="/store/ckpt", pvc="store",
                        data="/store/text/wiki.txt", data_pvc="store")
-    [(volumes, mounts, _)] = _pods("jobset", doc)
-    assert volumes[1:] == [{"name": "checkpoints",
-                            "persistentVolumeClaim": {"claimName": "store"}}]
-    assert mounts[1:] == [{"name": "checkpoints", "mountPath": "/store/ckpt"},
-                          {"name": "checkpoints", "mountPath": "/store/text", "readOnly": True}]
+    for volumes, mounts, _ in _pods(kind, doc):
+        assert volumes[1:] == [{"name": "checkpoints",
+                                "persistentVolumeClaim": {"claimName": "store"}}]
+        assert mounts[1:] == [{"name": "checkpoints", "mountPath": "/store/ckpt"},
+                              {"name": "checkpoints", "mountPath": "/store/text",
+                               "readOnly": True}]
+
+
+def test_a_trainjob_refuses_one_claim_at_two_folders_and_takes_it_at_one(tmp_path: Path,
+                                                                          capsys):
+    """A TrainJob's runtimePatches list a container's mounts by volume name (kubeflow/trainer
+    ContainerPatch.VolumeMounts: +listType=map +listMapKey=name): the same claim at /ckpt and
+    /data was two mounts named `checkpoints`, a duplicate key the API server refuses."""
+    code, err = _export(tmp_path, capsys, "--checkpoint-dir", "/store/ckpt", "--pvc", "store",
+                        "--data", "/store/text/wiki.txt", "--data-pvc", "store")
+    assert code == 2 and err.count("\n") == 1
+    assert "--data-pvc: store is --pvc's claim too, mounted at /store/ckpt" in err
+    assert "--kind jobset or --kind pytorchjob" in err
+    # the text in the checkpoint folder: one mount, read-write, which a TrainJob can write
+    _, doc = _manifest("trainjob", checkpoint_dir="/store", pvc="store",
+                       data="/store/wiki.txt", data_pvc="store")
+    [(volumes, mounts, _)] = _pods("trainjob", doc)
+    assert mounts[1:] == [{"name": "checkpoints", "mountPath": "/store"}]
+    assert [v["name"] for v in volumes] == ["dshm", "checkpoints"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("claims", [
+    {"pvc": "a", "data_pvc": "b"}, {"pvc": "a"}, {"data_pvc": "b"},
+    {"pvc": "a", "data_pvc": "a", "data": "/ckpt/wiki.txt"},
+])
+def test_every_list_the_api_keys_holds_each_key_once(kind: str, claims: dict[str, str]):
+    """The API server refuses a duplicate key in a list-map: a pod's volumes by name, its
+    container's mounts by mountPath (core/v1), a TrainJob patch's mounts by name."""
+    claims = {"data": "/corpus/wiki.txt", **claims}
+    _, doc = _manifest(kind, checkpoint_dir="/ckpt", **claims)
+    for volumes, mounts, _ in _pods(kind, doc):
+        names = [v["name"] for v in volumes]
+        assert len(set(names)) == len(names)
+        key = "name" if kind == "trainjob" else "mountPath"
+        assert len({m[key] for m in mounts}) == len(mounts)
+        assert {m["name"] for m in mounts} <= set(names)
 
 
 @pytest.mark.parametrize("checkpoint_dir, words", [
@@ -169,6 +210,14 @@ def test_the_cli_writes_the_claims(tmp_path: Path, capsys):
     (["--data", "/wiki.txt", "--data-pvc", "corpus"], "--data: /wiki.txt: --data-pvc mounts"),
     (["--checkpoint-dir", "/data", "--pvc", "a", "--data", "/data/w.txt", "--data-pvc", "b"],
      "--data-pvc: b would be mounted at /data, where --pvc mounts a"),
+    # over the plan the pod's script writes: read-only, the write fails; read-write, hidden
+    (["--data", "/tmp/corpus.txt", "--data-pvc", "corpus"],
+     "--data: /tmp/corpus.txt: --data-pvc mounts the claim at its folder, /tmp, over "
+     "/tmp/autoplan-plan.yaml, where the pod's script writes the plan"),
+    (["--pvc", "ckpt", "--checkpoint-dir", "/tmp"], "/tmp, over /tmp/autoplan-plan.yaml"),
+    (["--pvc", "ckpt", "--checkpoint-dir", "//tmp/"], "//tmp, over /tmp/autoplan-plan.yaml"),
+    (["--pvc", "ckpt", "--checkpoint-dir", "/tmp/autoplan-plan.yaml/x"],
+     "over /tmp/autoplan-plan.yaml"),
 ])
 def test_a_claim_with_nowhere_to_go_is_refused_in_one_line(tmp_path: Path, capsys,
                                                           args: list[str], words: str):
@@ -182,3 +231,74 @@ def test_the_claims_are_refused_by_targets_without_pods(tmp_path: Path, capsys, 
     assert main(["export", str(plan), "--to", "slurm", flag, "ckpt"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag}: --to slurm writes no" in err
+
+
+def test_a_claim_beside_the_plans_file_is_mounted():
+    """/tmp/ckpt covers no file the pod's script writes: mounted as asked."""
+    _, doc = _manifest("jobset", checkpoint_dir="/tmp/ckpt", pvc="ckpt")
+    [(_, mounts, _)] = _pods("jobset", doc)
+    assert mounts[1:] == [{"name": "checkpoints", "mountPath": "/tmp/ckpt"}]
+    assert "/tmp/autoplan-plan.yaml before torchrun starts" in _header(_manifest(
+        "jobset", checkpoint_dir="/tmp/ckpt", pvc="ckpt")[0])
+
+
+def _shipped_profile_plan(tmp_path: Path, monkeypatch, where: str) -> tuple[Any, str]:
+    """dp-zero1 on a copy of h100-sxm-80gb the image cannot find: a path, or a name found in
+    the user's profile folder (what `autoplan profile` writes)."""
+    from autoplan import resources
+
+    builtin = resources.find(resources.PROFILES, "h100-sxm-80gb")
+    assert builtin is not None
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    text = builtin.read_text().replace("name: h100-sxm-80gb", "name: my-h100")
+    assert "name: my-h100" in text
+    (folder / "my-h100.yaml").write_text(text)
+    if where == "path":
+        ref = str(folder / "my-h100.yaml")
+    else:
+        monkeypatch.setenv("AUTOPLAN_PROFILES", str(folder))
+        ref = "my-h100"
+    plan = CASES["dp-zero1"][0]
+    return plan.replace(cluster=ClusterRef(ref, plan.cluster.num_gpus)), ref
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("where", ["path", "user folder"])
+def test_a_profile_that_travels_in_the_manifest_sizes_the_pods_and_is_named(
+        tmp_path: Path, monkeypatch, kind: str, where: str):
+    """The memory request was worked out after the plan was pointed at the pod's copy
+    (/tmp/autoplan-profile.yaml), which does not load here: no request, and a header naming
+    that copy, for every profile `autoplan profile` writes."""
+    plan, ref = _shipped_profile_plan(tmp_path, monkeypatch, where)
+    opts = LaunchOptions(gpus_per_node=8, k8s_kind=kind)
+    [text] = export_plan(get_target("kubernetes"), plan, plan.model_spec(), opts).values()
+    doc = yaml.safe_load(text)
+    validate(kind, doc)
+    expected = int(load_profile(ref).host.memory_bytes * MEMORY_SHARE) // 2**30
+    for _, _, resources in _pods(kind, doc):
+        assert resources["requests"] == {"memory": f"{expected}Gi"}
+    header = _header(text)
+    assert f"memory request {expected}Gi, 75% of profile {ref}'s host memory" in header
+    assert f"The plan and profile {ref} travel in the manifest" in header
+    assert "profile /tmp/autoplan-profile.yaml" not in header
+
+
+@pytest.mark.parametrize("gpus_per_node, pod_gpus, share", [(4, 4, 0.5), (16, 16, 1.0)])
+def test_the_memory_request_is_the_pods_share_of_the_profiles_node(gpus_per_node: int,
+                                                                  pod_gpus: int, share: float):
+    """--gpus-per-node 4 requested 1536Gi, all of an 8-GPU node's share, for 4 GPUs; a node
+    larger than the profile's gets one node's share, as the price gives it one node's host
+    memory."""
+    plan = CASES["dp-zero1"][0]
+    opts = LaunchOptions(gpus_per_node=gpus_per_node, k8s_kind="jobset")
+    [text] = export_plan(get_target("kubernetes"), plan, plan.model_spec(), opts).values()
+    [(_, _, resources)] = _pods("jobset", yaml.safe_load(text))
+    host = load_profile("h100-sxm-80gb").host.memory_bytes
+    expected = int(host * share * MEMORY_SHARE) // 2**30
+    assert resources == {"requests": {"memory": f"{expected}Gi"},
+                         "limits": {"nvidia.com/gpu": str(pod_gpus)}}
+    header = _header(text)
+    assert f"memory request {expected}Gi" in header
+    assert "75% of profile h100-sxm-80gb's host memory (2048 GiB of a node of 8 GPUs)" in header
+    assert f"for the pod's {pod_gpus} GPUs" in header
