@@ -249,12 +249,12 @@ def _check_words(args: argparse.Namespace) -> None:
 def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
     """The options as the targets read them: each one not given at its default. A job that
     reads files where they lie (torchrun, slurm) gets them pinned: absolute paths (it runs from
-    any folder), hashes of the plan and the files it names, the plan's folder to run in when
-    it names one by a relative path (job_inputs.named_files refuses one that resolves
-    otherwise from there)."""
+    any folder: load_plan made the plan's relative paths absolute from its folder, and
+    job_inputs.named_files refuses one it left as written), hashes of the plan and the files
+    it names."""
     plan_file = Path(args.plan)
     in_place = args.to in PLAN_FILE_TARGETS
-    named, workdir = named_files(plan, plan_file) if in_place else ((), None)
+    named = named_files(plan, plan_file) if in_place else ()
     checkpoint_dir = (ExportOptions.checkpoint_dir if args.checkpoint_dir is None
                       else args.checkpoint_dir)
     data = args.data
@@ -267,7 +267,6 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         plan_path=str(plan_file.resolve()),
         plan_sha256=hashlib.sha256(plan_file.read_bytes()).hexdigest(),
         named_files=named,
-        workdir=workdir,
         data=data,
         gpus_per_node=_gpus_per_node(args, plan.cluster.profile),
         checkpoint_dir=checkpoint_dir,

@@ -2,10 +2,10 @@
 profile files the plan names, and the training text (`--data`).
 
 The torchrun and SLURM jobs read them where they lie, so the export pins each one: absolute
-paths, SHA-256 checks in the script (check_lines), and the plan's relative paths resolved from
-the plan's folder (load_plan resolves them against the working directory). Kubernetes carries
-the plan, its model and profile inside the manifest (kubernetes.py); only its --data lies in
-the pod.
+paths (load_plan reads a plan's relative paths from the plan's folder, plan.plan_file_paths,
+so the job runs from any folder) and SHA-256 checks in the script (check_lines). Kubernetes
+carries the plan, its model and profile inside the manifest (kubernetes.py); only its --data
+lies in the pod.
 """
 
 from __future__ import annotations
@@ -56,55 +56,46 @@ def _refs(plan: Plan) -> list[tuple[str, str]]:
     return refs
 
 
-def named_files(plan: Plan, plan_file: str | Path) -> tuple[tuple[NamedFile, ...], str | None]:
-    """The files `plan` (read from `plan_file`) names by path, hashed, and the folder its job
-    must run in: the plan's own when it names one by a relative path, else None.
+def named_files(plan: Plan, plan_file: str | Path) -> tuple[NamedFile, ...]:
+    """The files `plan` (read from `plan_file` by load_plan) names by path, hashed at the
+    absolute paths the job opens. A file that does not exist here (another site's profile) is
+    not hashed.
 
-    A relative path is read here against the working directory (load_plan's) and by the job
-    against the plan's folder: refused (exit 2) unless both name the same file. A file that
-    does not exist here (another site's profile) is not hashed."""
-    folder = Path(plan_file).resolve().parent
+    load_plan has made every relative path absolute from the plan's folder but a model named
+    by a bare word that is no preset and no file in that folder (and a path starting with '~'):
+    those it leaves as written, for each command to read from the folder it runs in, which
+    for the exported job is wherever it is started: refused (exit 2, _refuse_relative)."""
     pinned: list[NamedFile] = []
-    relative = False
     for field, ref in _refs(plan):
         file = _file_of(field, ref)
         if file is None:
             continue
-        here = file.resolve()
-        opened = file  # the path the job opens: through any symlink, so a link repointed
-        if not file.is_absolute():  # after the export fails the check (review)
-            relative = True
-            opened = folder / file
-            there = opened.resolve()
-            if here != there and not _same_file(here, there):
-                _refuse_relative(field, ref, here, there, folder)
-        if here.is_file():
-            pinned.append(NamedFile(field, str(opened), _sha256(here)))
-    return tuple(pinned), (str(folder) if relative else None)
+        if not file.is_absolute():
+            _refuse_relative(field, ref, Path(plan_file).resolve().parent)
+        if file.is_file():  # the path as the job opens it: through any symlink, so a link
+            pinned.append(NamedFile(field, str(file), _sha256(file)))  # repointed fails
+    return tuple(pinned)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.samefile(b)
-    except OSError:  # one of them missing
-        return not a.exists() and not b.exists()
-
-
-def _refuse_relative(field: str, ref: str, here: Path, there: Path, folder: Path) -> None:
-    gone = "" if there.exists() else " (missing)"
+def _refuse_relative(field: str, ref: str, folder: Path) -> None:
+    """Refuse a path load_plan left relative (named_files): say why it was left so and where
+    each reads it."""
+    here = Path(ref).resolve()
+    why = ("starts with '~', which load_plan does not expand" if ref.startswith("~") else
+           f"is no model preset and no file in the plan's folder {folder}")
     raise ConfigError(
-        field, f"{ref!r} is a relative path: {here} from here, but {there}{gone} from "
-        f"{folder}, the plan's folder, where the exported job resolves it",
-        f"write it in the plan as {here} (absolute) or relative to the plan's folder")
+        field, f"{ref!r} {why}, so it stays as written and each command reads it from the "
+        f"folder it runs in: {here} from here, but the exported job reads it from whatever "
+        "folder it is started in",
+        f"write it in the plan as {here} (absolute) or as a path relative to the plan's folder")
 
 
-def check_lines(plan_path: str, plan_sha256: str | None, named: Sequence[NamedFile],
-                workdir: str | None) -> list[str]:
+def check_lines(plan_path: str, plan_sha256: str | None,
+                named: Sequence[NamedFile]) -> list[str]:
     """Script lines that stop the job (exit 2) unless the plan file is the one exported, and
     each file it names (`named`) the one read: their SHA-256 (coreutils sha256sum, reading the
-    file on its stdin) at the absolute paths the job reads; then, where the plan names a file
-    by a relative path, `cd` to the plan's folder (`workdir`), which named_files checked it
-    resolves the same from. Empty without a hash (a plan not read from a file).
+    file on its stdin) at the absolute paths the job reads. Empty without a hash (a plan not
+    read from a file).
 
     Every path is one shlex-quoted word, whatever it holds: sha256sum --check's own input
     would need a line break in a name escaped, and failed every plan in such a folder."""
@@ -116,10 +107,6 @@ def check_lines(plan_path: str, plan_sha256: str | None, named: Sequence[NamedFi
         lines += [f"# its {file.field}, as priced (sha256): {file.sha256}",
                   *_check(file.sha256, file.path, f"{shown(file.path)} ({file.field} of the "
                           "plan)")]
-    if workdir is not None:
-        lines += ["# the plan names a file by a relative path: run in its folder, where that "
-                  "path was checked",
-                  f"cd {shlex.quote(workdir)}"]
     return lines
 
 

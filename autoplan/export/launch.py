@@ -77,11 +77,8 @@ class LaunchOptions(ExportOptions):
     trained under the exported job's name. None: no check (a plan not read from a file)."""
     named_files: tuple[NamedFile, ...] = ()
     """The model and profile files the plan names by path, hashed as exported: checked with the
-    plan (job_inputs.named_files)."""
-    workdir: str | None = None
-    """The folder the torchrun and SLURM jobs run in: the plan's, when the plan names a file by
-    a relative path (which load_plan resolves against the working directory); None: wherever
-    the script is started."""
+    plan (job_inputs.named_files), at the absolute paths the job reads them from, whatever
+    folder it runs in."""
     data: str | None = None
     """train --data: the text the job trains on (a path as the job's ranks see it); None:
     synthetic tokens."""
@@ -233,12 +230,14 @@ def data_lines(opts: ExportOptions, where: str) -> list[str]:
 
 
 def checkpoint_lines(opts: ExportOptions, num_nodes: int, note: str = "") -> list[str]:
-    """A comment on the checkpoint folder: every rank writes its shard there and all of them
-    are read back on resume (torch.distributed.checkpoint), so on several nodes it must be
-    storage every node reads and writes. `note`: more on the path, after how it is written."""
-    where = ("absolute, as export resolved it" if opts.checkpoint_dir.startswith("/")
-             else "relative to the folder the job starts in")
-    text = f"checkpoints: {shown(opts.checkpoint_dir)} ({where}{note})"
+    """A comment on the checkpoint folder (which `autoplan export` makes absolute for the
+    torchrun and SLURM jobs): every rank writes its shard there and all of them are read back
+    on resume (torch.distributed.checkpoint), so on several nodes it must be storage every node
+    reads and writes. `note`: more on the path, in the same parentheses."""
+    said = ["absolute, as export resolved it"] if opts.checkpoint_dir.startswith("/") else []
+    said += [note] if note else []
+    text = f"checkpoints: {shown(opts.checkpoint_dir)}" + (f" ({'; '.join(said)})" if said
+                                                          else "")
     if num_nodes == 1:
         return comment(text + ", read back on --resume.")
     return comment(f"{text}: every rank writes its shard there and reads them all back on "

@@ -47,7 +47,9 @@ SIGNAL_MAX_S = 65535
 """sbatch(1) --signal: "sig_time must have an integer value between 0 and 65535"."""
 SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 """Seconds torchrun waits, after it passes a SIGTERM on to its ranks, before it SIGKILLs them
-(30 by default; the environment form of torchrun --shutdown-timeout, pytorch/pytorch#172596)."""
+(30 by default; the environment form of torchrun --shutdown-timeout, pytorch/pytorch#172596).
+A torchrun from before that change (the package allows torch>=2.6) ignores it and waits 30 s:
+the script's header says so."""
 
 
 class SlurmTarget(ExportTarget):
@@ -94,13 +96,13 @@ class SlurmTarget(ExportTarget):
                 f"# per {unit}; plan: dp={plan.parallel.dp} tp={plan.parallel.tp} "
                 f"pp={plan.parallel.pp} cp={plan.parallel.cp} on {lay.num_nodes} x "
                 f"{lay.nproc_per_node} {unit}s.",
-                *checkpoint_lines(opts, lay.num_nodes,
-                                 "; the mkdir below runs on the first node only"),
+                *checkpoint_lines(opts, lay.num_nodes, "the mkdir below runs on the first "
+                                  "node only" if lay.num_nodes > 1 else ""),
                 *data_lines(opts, "on every node: keep it on storage they all read"),
                 *warning.comment(),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
-                *check_lines(run.plan_path, run.plan_sha256, run.named_files, run.workdir),
+                *check_lines(run.plan_path, run.plan_sha256, run.named_files),
                 "",
                 "# The first node hosts the c10d rendezvous.",
                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -195,9 +197,12 @@ class StopWarning:
             "signals only this batch shell), so the ranks finish their step and save a "
             f"checkpoint. Sized as {step} plus {SAVE_MARGIN_S} s for the save, which autoplan "
             f"does not price{capped}. {SHUTDOWN_ENV} lets torchrun wait as long before it "
-            "kills its ranks (a torchrun without --shutdown-timeout waits 30 s). For more time: "
-            f"{SHUTDOWN_ENV}=S sbatch --signal=TERM@S <this script>. A scancel or a preemption "
-            "still allows only KillWait.")
+            "kills its ranks, but only a torchrun that has --shutdown-timeout reads it "
+            "(pytorch/pytorch#172596, 2026; see `torchrun --help`): an older torchrun ignores "
+            "it and SIGKILLs the ranks 30 s after passing SIGTERM on, whatever the warning, so "
+            f"their step and save must then fit in 30 s. For more time: {SHUTDOWN_ENV}=S sbatch "
+            "--signal=TERM@S <this script>. A scancel or a preemption still allows only "
+            "KillWait.")
 
 
 def stop_warning(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopWarning:

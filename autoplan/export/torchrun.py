@@ -61,7 +61,7 @@ class TorchrunTarget(ExportTarget):
             ]
         head.append("set -euo pipefail")
         run = launch_options(opts)
-        head += check_lines(run.plan_path, run.plan_sha256, run.named_files, run.workdir)
+        head += check_lines(run.plan_path, run.plan_sha256, run.named_files)
         lines = [shell_join([w], keep=("${",)) for w in argv]
         lines.append(shell_join(train_argv(opts, cpu=cpu)))
         return {"launch.sh": "\n".join(head) + "\n" + continued(lines) + "\n"}

@@ -170,3 +170,41 @@ def test_a_line_break_in_the_checkpoint_folder_stays_inside_the_comment(tmp_path
     header = text.split("\nset -euo pipefail\n")[0].splitlines()
     assert all(line.startswith("#") for line in header), header
     assert repr(folder) in " ".join(line[2:] for line in header)
+
+
+def _header(text: str) -> str:
+    return " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+
+
+def test_the_mkdir_is_said_to_run_on_the_first_node_only_where_there_are_several():
+    """One node: the only node is the first, so the remark said nothing."""
+    plan = CASES["dp-zero1"][0]  # 16 GPUs
+    two = _header(_sbatch(plan, checkpoint_dir="/shared/ckpt"))
+    assert "(absolute, as export resolved it; the mkdir below runs on the first node only)" \
+        in two
+    one = _header(export_plan(get_target("slurm"), plan, plan.model_spec(),
+                              ExportOptions(gpus_per_node=16, checkpoint_dir="/local/ckpt")
+                              )["autoplan.sbatch"])
+    assert "checkpoints: /local/ckpt (absolute, as export resolved it), read back" in one
+    assert "mkdir" not in one
+
+
+@pytest.mark.parametrize("target", ["slurm", "torchrun"])
+def test_a_relative_checkpoint_folder_is_not_said_to_be_absolute_or_anything_else(target: str):
+    """The CLI makes the folder absolute; a caller of export_plan may not: the comment names it
+    as given, claiming nothing of how it resolves."""
+    plan = CASES["dp-zero1"][0]
+    [text] = export_plan(get_target(target), plan, plan.model_spec(),
+                         ExportOptions(gpus_per_node=8, checkpoint_dir="ckpt")).values()
+    header = _header(text)
+    assert "checkpoints: ckpt" in header
+    assert "absolute" not in header and "relative to" not in header
+
+
+def test_the_header_says_an_older_torchrun_ignores_the_shutdown_timeout():
+    """pytorch#172596 added --shutdown-timeout and its environment form; the package allows
+    torch>=2.6, whose torchrun ignores the variable and SIGKILLs its ranks 30 s after SIGTERM."""
+    header = _header(_sbatch(CASES["dp-zero1"][0]))
+    assert ("only a torchrun that has --shutdown-timeout reads it (pytorch/pytorch#172596, "
+            "2026; see `torchrun --help`): an older torchrun ignores it and SIGKILLs the ranks "
+            "30 s after passing SIGTERM on") in header
