@@ -390,22 +390,26 @@ def plan_file_paths(data: dict[str, Any], plan_file: str | Path) -> dict[str, An
     """`data`, a plan file's mapping, with the files it names by a relative path (`model`,
     `cluster.profile`) made absolute from the plan's folder: one rule for every command that
     reads a plan file (estimate --plan, train, export, the job export writes), whatever folder
-    it runs in. Names (a model preset, a profile name) and absolute paths stay as written; a
-    bare word that is no preset is a path only where the plan's folder holds it. What is no
-    string is left for the strict loader to name."""
+    it runs in. Names (a model preset, a profile name) and absolute paths stay as written, a
+    `~` path is expanded to the home folder; a bare word that is no preset is a path only
+    where the plan's folder holds it. What is no string is left for the strict loader to
+    name."""
     folder = Path(plan_file).resolve().parent
     out = dict(data)
     model = out.get("model")
     if isinstance(model, str) and model and model not in PRESETS:
         path = Path(model)
-        if not path.is_absolute() and not model.startswith("~") and (
+        if model.startswith("~"):  # a home folder: no shell expands it inside a YAML file
+            out["model"] = str(path.expanduser())
+        elif not path.is_absolute() and (
                 not resources.is_name(model) or _exists(folder / path)):
             out["model"] = _from(folder, path)
     cluster = out.get("cluster")
     if isinstance(cluster, dict) and isinstance(cluster.get("profile"), str):
         ref = cluster["profile"]
-        if ref and not resources.is_name(ref) and not Path(ref).is_absolute() \
-                and not ref.startswith("~"):
+        if ref.startswith("~"):
+            out["cluster"] = {**cluster, "profile": str(Path(ref).expanduser())}
+        elif ref and not resources.is_name(ref) and not Path(ref).is_absolute():
             out["cluster"] = {**cluster, "profile": _from(folder, Path(ref))}
     return out
 

@@ -61,10 +61,10 @@ def named_files(plan: Plan, plan_file: str | Path) -> tuple[NamedFile, ...]:
     absolute paths the job opens. A file that does not exist here (another site's profile) is
     not hashed.
 
-    load_plan has made every relative path absolute from the plan's folder but a model named
-    by a bare word that is no preset and no file in that folder (and a path starting with '~'):
-    those it leaves as written, for each command to read from the folder it runs in, which
-    for the exported job is wherever it is started: refused (exit 2, _refuse_relative)."""
+    load_plan has made every relative path absolute from the plan's folder (and expanded a
+    '~' one) but a model named by a bare word that is no preset and no file in that folder:
+    that it leaves as written, for each command to read from the folder it runs in, which for
+    the exported job is wherever it is started: refused (exit 2, _refuse_relative)."""
     pinned: list[NamedFile] = []
     for field, ref in _refs(plan):
         file = _file_of(field, ref)
@@ -81,8 +81,7 @@ def _refuse_relative(field: str, ref: str, folder: Path) -> None:
     """Refuse a path load_plan left relative (named_files): say why it was left so and where
     each reads it."""
     here = Path(ref).resolve()
-    why = ("starts with '~', which load_plan does not expand" if ref.startswith("~") else
-           f"is no model preset and no file in the plan's folder {folder}")
+    why = f"is no model preset and no file in the plan's folder {folder}"
     raise ConfigError(
         field, f"{ref!r} {why}, so it stays as written and each command reads it from the "
         f"folder it runs in: {here} from here, but the exported job reads it from whatever "

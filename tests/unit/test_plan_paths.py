@@ -164,3 +164,15 @@ def test_the_train_table_names_the_profile_it_priced(monkeypatch, predicted) -> 
     else:
         assert summary["predicted"] is None
         assert last == "profile /site/my-h100.yaml (no prediction)"
+
+
+def test_a_home_folder_path_in_a_plan_is_expanded(tmp_path, monkeypatch) -> None:
+    """`model: ~/m.yaml` in a plan was kept as written and read as ./~/m.yaml wherever a
+    command ran (no shell expands a YAML value; review of ded00e9)."""
+    from autoplan.plan import plan_file_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    data = {"model": "~/models/m.yaml", "cluster": {"profile": "~/p.yaml", "num_gpus": 1}}
+    out = plan_file_paths(data, tmp_path / "plans" / "plan.yaml")
+    assert out["model"] == str(tmp_path / "models" / "m.yaml")
+    assert out["cluster"]["profile"] == str(tmp_path / "p.yaml")

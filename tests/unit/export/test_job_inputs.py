@@ -253,20 +253,20 @@ def test_export_refuses_the_data_train_refuses(tmp_path, case):
 
 
 @pytest.mark.parametrize("target", list(SCRIPTS))
-@pytest.mark.parametrize("ref", ["mymodel", "~/mymodel.yaml"])
+@pytest.mark.parametrize("ref", ["mymodel"])
 def test_a_path_load_plan_leaves_as_written_is_refused_saying_why(tmp_path, monkeypatch, capsys,
                                                                  target, ref):
-    """A bare word that is no preset and no file in the plan's folder (or a '~' path) is the
-    one path load_plan leaves relative: every command reads it from the folder it runs in, so
-    the job, started anywhere, may read another. The refusal said the job resolves it from the
-    plan's folder, where it was 'missing', which neither export nor the job reads."""
+    """A bare word that is no preset and no file in the plan's folder is the one path
+    load_plan leaves relative (a '~' path it expands): every command reads it from the folder
+    it runs in, so the job, started anywhere, may read another. The refusal said the job
+    resolves it from the plan's folder, where it was 'missing', which neither export nor the
+    job reads."""
     plan = _plan_beside_its_files(tmp_path / "runs", model=ref)
     here = tmp_path / "here"
     (here / ref).parent.mkdir(parents=True)
     (here / ref).write_text(dump_yaml(to_dict(TINY.replace(name="mine"))))
     monkeypatch.chdir(here)
-    why = ("starts with '~', which load_plan does not expand" if ref.startswith("~") else
-           f"is no model preset and no file in the plan's folder {tmp_path / 'runs'}")
+    why = f"is no model preset and no file in the plan's folder {tmp_path / 'runs'}"
     err = assert_refused(capsys, ["export", str(plan), "--to", target],
                          f"model: {ref!r} {why}, so it stays as written and each command reads it "
                          f"from the folder it runs in: {here / ref} from here, but the exported "
