@@ -234,3 +234,19 @@ def run_parity(pool, plan: Plan, steps: int = 10, optim: str = "adamw",
 
 def with_model(plan: Plan, **changes: Any) -> Plan:
     return dataclasses.replace(plan, **changes)
+
+
+def attention_shards(rank: int, world_size: int, model) -> tuple[dict, dict]:
+    """One tp rank's attention parameters of `model` (on the meta device, tp = world_size):
+    their local shapes and their placements, by name."""
+    from autoplan.runtime import tensor_parallel
+    from autoplan.runtime.mesh import ParallelDims, build_mesh
+    from autoplan.runtime.models.transformer import build_meta_model
+
+    built = build_meta_model(model, 0.0, world_size)
+    tensor_parallel.apply_tp(built, build_mesh(ParallelDims(tp=world_size), "cpu")["tp"], True,
+                             True)
+    attn = built.layers["0"].attention
+    return ({n: tuple(p.to_local().shape) for n, p in attn.named_parameters()},
+            {n: str(p.placements[0]) for n, p in attn.named_parameters()})
+

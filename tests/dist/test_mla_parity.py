@@ -19,7 +19,14 @@ import pytest
 import autoplan.runtime.trainer  # noqa: F401  (the forked ranks inherit the import)
 from autoplan.cost import params
 from autoplan.model_spec import load_model
-from tests.dist.parity import compare, make_plan, merge_ranks, reference_plan, run_plan_rank
+from tests.dist.parity import (
+    attention_shards,
+    compare,
+    make_plan,
+    merge_ranks,
+    reference_plan,
+    run_plan_rank,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -108,22 +115,10 @@ def test_parity_catches_planted_latent_attention_bug(pool, reference_cache, bug)
     assert any("wkv_a" in p for p in problems), problems[:5]  # where the bug lives
 
 
-def _shards(rank: int, world_size: int) -> tuple[dict, dict]:
-    from autoplan.runtime import tensor_parallel
-    from autoplan.runtime.mesh import ParallelDims, build_mesh
-    from autoplan.runtime.models.transformer import build_meta_model
-
-    model = build_meta_model(MODEL, 0.0, 2)
-    tensor_parallel.apply_tp(model, build_mesh(ParallelDims(tp=2), "cpu")["tp"], True, True)
-    attn = model.layers["0"].attention
-    return ({n: tuple(p.to_local().shape) for n, p in attn.named_parameters()},
-            {n: str(p.placements[0]) for n, p in attn.named_parameters()})
-
-
 def test_tensor_parallel_shards_heads_and_replicates_latents(pool):
     """tp 2 (the model on the meta device): the up projections and wo hold half the heads, the
     down projections (with the shared rotary key) and the latent norms all of them."""
-    local, placements = pool.run(_shards, 2, timeout_s=60.0)[1]
+    local, placements = pool.run(attention_shards, 2, MODEL, timeout_s=60.0)[1]
     m, a, h = MODEL.mla, MODEL.num_heads, MODEL.hidden_size
     assert local == {
         "wq_a.weight": (m.q_lora_rank, h), "q_norm.weight": (m.q_lora_rank,),

@@ -13,7 +13,14 @@ import pytest
 import autoplan.runtime.trainer  # noqa: F401  (the forked ranks inherit the import)
 from autoplan.cost import params
 from autoplan.model_spec import load_model
-from tests.dist.parity import compare, make_plan, merge_ranks, reference_plan, run_plan_rank
+from tests.dist.parity import (
+    attention_shards,
+    compare,
+    make_plan,
+    merge_ranks,
+    reference_plan,
+    run_plan_rank,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -38,20 +45,8 @@ def test_q_k_v_biases_under_tp_and_sp_match_single_process(pool):
     assert not problems, "\n".join(problems[:20])
 
 
-def _shards(rank: int, world_size: int) -> tuple[dict, dict]:
-    from autoplan.runtime import tensor_parallel
-    from autoplan.runtime.mesh import ParallelDims, build_mesh
-    from autoplan.runtime.models.transformer import build_meta_model
-
-    model = build_meta_model(MODEL, 0.0, 2)
-    tensor_parallel.apply_tp(model, build_mesh(ParallelDims(tp=2), "cpu")["tp"], True, True)
-    attn = model.layers["0"].attention
-    return ({n: tuple(p.to_local().shape) for n, p in attn.named_parameters()},
-            {n: str(p.placements[0]) for n, p in attn.named_parameters()})
-
-
 def test_tensor_parallel_splits_the_biases_by_heads(pool):
-    local, placements = pool.run(_shards, 2, timeout_s=60.0)[1]
+    local, placements = pool.run(attention_shards, 2, MODEL, timeout_s=60.0)[1]
     h, q, kv = MODEL.hidden_size, MODEL.q_width, MODEL.kv_heads * MODEL.head_width
     assert local == {"wq.weight": (q // 2, h), "wq.bias": (q // 2,),
                      "wk.weight": (kv // 2, h), "wk.bias": (kv // 2,),

@@ -11,6 +11,7 @@ import pytest
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import load_model
+from tests.unit.hf_configs import QWEN25_7B
 
 MISTRAL_7B_V01 = {  # huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json
     "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
@@ -32,16 +33,6 @@ GEMMA2_9B = {  # huggingface.co/google/gemma-2-9b/blob/main/config.json
     "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
     "sliding_window": 4096, "sliding_window_size": 4096, "torch_dtype": "float32",
     "use_cache": True, "vocab_size": 256000,
-}
-QWEN25_7B = {  # huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
-    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
-    "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 131072,
-    "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
-    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
-    "vocab_size": 152064,
 }
 GPT_OSS_20B = {  # huggingface.co/openai/gpt-oss-20b/blob/main/config.json (the MoE parts)
     "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
