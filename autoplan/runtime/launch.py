@@ -312,7 +312,8 @@ def launch_and_report(args: argparse.Namespace) -> int:
         failure = read_failure(tmp) if summary is None else None
     if outcome.signal is not None:
         if summary is not None:  # the ranks stopped cleanly: what they trained, said as usual
-            summary["stopped_early"] = signal.Signals(outcome.signal).name
+            if summary.get("stopped_early"):  # none: the signal came as the last step ran
+                summary["stopped_early"] = signal.Signals(outcome.signal).name
             emit(args, with_profile(summary, plan),
                  lambda console: render(console, summary, plan.cluster.profile))
         raise TrainingInterrupted(outcome.signal, _interrupted(outcome, summary, args))
@@ -363,6 +364,11 @@ def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str
     step = summary.get("final_step")
     if step is None:
         return f"stopped by {name} before the first step finished (nothing saved)"
+    if not summary.get("stopped_early"):  # the ranks trained every step of --steps
+        saved = (f"; checkpoint step-{step:08d} saved in {args.checkpoint_dir}, nothing left "
+                 "to resume" if args.checkpoint_dir else " (no --checkpoint-dir: nothing saved)")
+        return (f"{name} came as the run ended: step {step}, the last of --steps {args.steps},"
+                f" finished{saved}")
     if args.checkpoint_dir:
         return (f"stopped by {name} after step {step}; checkpoint step-{step:08d} saved in "
                 f"{args.checkpoint_dir}; continue with --resume")
@@ -378,4 +384,8 @@ def _saved(args: argparse.Namespace) -> str:
     found, _ = newest_intact(args.checkpoint_dir)
     if found is None:
         return f"no whole checkpoint in {args.checkpoint_dir}: nothing to resume"
+    steps = getattr(args, "steps", None)
+    if steps is not None and found.step >= steps:
+        return (f"{found.path.name} in {args.checkpoint_dir} holds the last step of --steps "
+                f"{steps}: nothing is left to resume")
     return f"--resume continues from {found.path.name} (step {found.step})"

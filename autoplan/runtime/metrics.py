@@ -289,7 +289,8 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
               resumed_step: int = 0, peak: tuple[int, int] | None = None,
               machine: dict[str, Any] | None = None,
               device_mismatch: str | None = None, *, resumed_by: str | None = None,
-              restarts: int = 0, stopped_early: str | None = None) -> dict[str, Any]:
+              restarts: int = 0, stopped_early: str | None = None, steps: int | None = None,
+              checkpointed: bool = True) -> dict[str, Any]:
     """Measured medians over this run's steps after `warmup` (None when it had none: a
     warm-up step is no measurement), and the prediction for the plan. `steps` counts the
     run's steps including those before `resumed_from`, the checkpoint step its history starts
@@ -298,8 +299,12 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
     (job_peak); without it, this rank's step peaks. `device_mismatch`: machine.device_mismatch's
     line when the plan's profile describes another device, which makes measured and predicted
     incomparable (noted, and the table shows no ratios). `stopped_early`: why the run stopped
-    before --steps (a signal's name), None when it did not."""
+    before `steps` (--steps; a signal's name), None when it did not: a stop asked during the
+    last step stopped nothing, and the summary says none. `checkpointed`: the run saved
+    checkpoints (--checkpoint-dir), which a run stopped early can be resumed from."""
     assert resumed_by is None or resumed_by in RESUMED_BY, resumed_by
+    if steps is not None and history and history[-1].step >= steps:
+        stopped_early = None  # every step of --steps trained (and saved): nothing to resume
     steady = history[warmup:]
     step_time = statistics.median(m.step_time_s for m in steady) if steady else None
     measured = {
@@ -328,7 +333,8 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "machine": machine or {},
         "device_mismatch": device_mismatch,
         "note": joined(_on_prediction(step_time, pred, missing, machine, device_mismatch),
-                       unmeasured(history, warmup, resumed_step, stopped_early),
+                       unmeasured(history, warmup, resumed_step, stopped_early,
+                                  checkpointed),
                        diverged(history)),
     }
 

@@ -61,19 +61,22 @@ def diverged(history: list[StepMetrics]) -> str | None:
 
 
 def unmeasured(history: list[StepMetrics], warmup: int, resumed_step: int = 0,
-               stopped_early: str | None = None) -> str | None:
+               stopped_early: str | None = None, checkpointed: bool = True) -> str | None:
     """Why a run has no step time, and the --steps (a total, counted from step 0) that gives
-    it one step after the warm-up; or, where a signal stopped it (`stopped_early`), that
-    resuming it measures one (its --steps was long enough)."""
+    it one step after the warm-up; or, where a signal stopped it before its --steps
+    (`stopped_early`; a stop on the last step stopped nothing, metrics.summarize), that
+    resuming it measures one (its --steps was long enough), or rerunning it where it saved no
+    checkpoint (not `checkpointed`: no --checkpoint-dir)."""
     if not history or len(history) > warmup:
         return None
     n = len(history)
     after = f" after resuming at step {resumed_step}" if resumed_step else ""
     trained = f"this run trained {n} step{'s' if n > 1 else ''}{after}"
     if stopped_early:
+        again = ("resume it (--resume) to measure one" if checkpointed else
+                 "without --checkpoint-dir it saved nothing to resume: rerun it to measure one")
         return (f"step time not measured: the run was stopped within its {warmup} warm-up "
-                f"step{'s' if warmup > 1 else ''} ({trained}); resume it (--resume) to measure "
-                "one")
+                f"step{'s' if warmup > 1 else ''} ({trained}); {again}")
     return (f"step time not measured: the run had no step after its {warmup} warm-up "
             f"step{'s' if warmup > 1 else ''} ({trained}: --steps "
             f"{resumed_step + warmup + 1} or more measures one)")

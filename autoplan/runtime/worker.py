@@ -208,15 +208,15 @@ def run(args: argparse.Namespace) -> dict | None:
             peak.saved()
         if res.stop_requested:
             stopped_early = stop.reason or "another rank"  # the ranks agree in the step
-            if rank == 0:
+            if rank == 0 and res.step < args.steps:  # a stop in the last step stops nothing
                 log.warning("stopped after step %d", res.step)
             break
     largest = job_peak(peak.bytes)  # every rank: the cost model prices the largest
     machine = {**machine, **host_load(load_start, load_average())}
     summary = summarize(sink.history, plan, resumed_step=resumed, peak=largest,
                         machine=machine, device_mismatch=mismatch, resumed_by=resumed_by,
-                        restarts=attempt(), stopped_early=stopped_early
-                        ) if sink is not None else None
+                        restarts=attempt(), stopped_early=stopped_early, steps=args.steps,
+                        checkpointed=ckpt is not None) if sink is not None else None
     del trainer, pm, ckpt  # free reducers and FSDP state before the process group goes
     dist.barrier()
     if chosen is not None and rank == 0:
