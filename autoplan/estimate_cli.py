@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -17,7 +18,7 @@ from autoplan import resources
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
-from autoplan.cost.runtimes import RUNTIMES, RuntimeTraits
+from autoplan.cost.runtimes import RUNTIMES
 from autoplan.display import (
     bias_words,
     column,
@@ -27,13 +28,12 @@ from autoplan.display import (
     unvalidated_words,
 )
 from autoplan.errors import ConfigError
-from autoplan.hardware import available_profiles, load_profile
+from autoplan.hardware import available_profiles, load_profile, not_a_profile
 from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_to_dict
 from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_from_args
 from autoplan.plan_rules import validate_plan
 from autoplan.search_space import device_precision
-from autoplan.yaml_io import read_yaml
 
 GIB = 2**30
 log = logging.getLogger(__name__)
@@ -205,40 +205,17 @@ def three(value: float) -> str:
     return f"{float(f'{value:.3g}'):g}"
 
 
-OTHER_FILES = (
-    ("a plan", frozenset({"model", "cluster", "batch", "parallel"})),
-    ("a model spec", frozenset({"num_layers", "hidden_size", "num_heads", "vocab_size"})),
-    ("runtime traits, for --runtime",
-     frozenset(f.name for f in dataclasses.fields(RuntimeTraits)) - {"name", "description"}),
-)
-"""The other YAML files autoplan reads, by keys no profile holds (in this order: a plan's
-`offload:` is a traits key too)."""
-
-
-def not_a_profile(path: Any) -> str | None:
-    """What a YAML file in a profile folder is when it is no profile (no `device:`) but one
-    of the other files autoplan reads (OTHER_FILES: a runtime-traits file has `base:` or a
-    traits key); None for anything else, a broken profile, which is said as one."""
-    try:
-        data = read_yaml(path, "profile")
-    except ConfigError:
-        return None
-    if not isinstance(data, dict) or "device" in data:
-        return None
-    return next((what for what, keys in OTHER_FILES if not keys.isdisjoint(data)), None)
-
-
 def clusters_command(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
-    others: list[str] = []
+    others: dict[Path, list[str]] = {}  # by the folder each was found in
     for name in available_profiles():
         try:
             p = load_profile(name, "profile")
         except ConfigError as err:  # one broken file in $AUTOPLAN_PROFILES hides no others
             where = resources.find(resources.PROFILES, name)
             what = not_a_profile(where) if where is not None else None
-            if what is not None:  # a traits file or plan kept beside the profiles
-                others.append(f"{where.name} ({what})" if where else name)
+            if what is not None and where is not None:  # a traits file or plan kept there
+                others.setdefault(where.parent, []).append(f"{where.name} ({what})")
                 continue
             sys.stderr.write(f"autoplan clusters: warning: skipped {where or name}: {err}\n")
             continue
@@ -288,9 +265,10 @@ def clusters_command(args: argparse.Namespace) -> int:
     from autoplan.cli_common import resolve_format
     from autoplan.display import rounded
 
-    if others:
-        sys.stderr.write(f"autoplan clusters: skipped {len(others)} file(s) of "
-                         f"{resources.user_dir(resources.PROFILES)} that are no profiles: "
-                         f"{', '.join(others)}\n")
+    for folder in resources.search_dirs(resources.PROFILES):  # the user's first
+        files = others.get(folder)
+        if files:
+            sys.stderr.write(f"autoplan clusters: skipped {len(files)} file(s) of {folder} "
+                             f"that are no profiles: {', '.join(files)}\n")
     emit(args, rounded(rows) if resolve_format(args) == "yaml" else rows, render)
     return 0

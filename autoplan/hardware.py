@@ -503,6 +503,43 @@ def available_profiles() -> list[str]:
     return resources.names(resources.PROFILES)
 
 
+def profile_names() -> list[str]:
+    """The names of available_profiles() that are profiles: less the plans, model specs and
+    runtime-traits files kept beside them (not_a_profile), which `autoplan clusters` skips
+    and --cluster's "choose one of" leaves out. A broken profile stays: it is one."""
+    return [name for name in available_profiles()
+            if (path := resources.find(resources.PROFILES, name)) is None
+            or not_a_profile(path) is None]
+
+
+@functools.cache
+def other_files() -> tuple[tuple[str, frozenset[str]], ...]:
+    """The other YAML files autoplan reads, by keys no profile holds (in this order: a plan's
+    `offload:` is a traits key too)."""
+    import dataclasses
+
+    from autoplan.cost.runtimes import RuntimeTraits
+
+    traits = frozenset(f.name for f in dataclasses.fields(RuntimeTraits)) - {"name",
+                                                                              "description"}
+    return (("a plan", frozenset({"model", "cluster", "batch", "parallel"})),
+            ("a model spec", frozenset({"num_layers", "hidden_size", "num_heads", "vocab_size"})),
+            ("runtime traits, for --runtime", traits))
+
+
+def not_a_profile(path: str | Path) -> str | None:
+    """What a YAML file in a profile folder is when it is no profile (no `device:`) but one
+    of the other files autoplan reads (other_files: a runtime-traits file has `base:` or a
+    traits key); None for anything else, a broken profile, which is said as one."""
+    try:
+        data = read_yaml(path, "profile")
+    except ConfigError:
+        return None
+    if not isinstance(data, dict) or "device" in data:
+        return None
+    return next((what for what, keys in other_files() if not keys.isdisjoint(data)), None)
+
+
 def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {data!r}", "expected a mapping of profile fields")
@@ -534,7 +571,7 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
     if resources.is_name(ref):
         named = resources.find(resources.PROFILES, str(ref))
         if named is None:
-            known = available_profiles()
+            known = profile_names()
             hint = _named_inside(str(ref)) or name_hint(str(ref), known)
             raise ConfigError(
                 flag, f"unknown profile {show(str(ref))}",
@@ -566,7 +603,7 @@ def _named_inside(name: str) -> str | None:
                 continue
             found = _NAME_LINE.search(text)
             if found and found.group(2) == name and resources.find(
-                    resources.PROFILES, path.stem) == path:
+                    resources.PROFILES, path.stem) == path and not_a_profile(path) is None:
                 return (f"did you mean {path.stem!r}? {path} says name: {name}, but a profile "
                         "is found by its file name;")
     return None

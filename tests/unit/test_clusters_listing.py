@@ -69,3 +69,36 @@ def test_other_autoplan_files_beside_the_profiles_are_said_in_one_line(tmp_path,
         f"autoplan clusters: skipped 4 file(s) of {tmp_path} that are no profiles: m.yaml (a "
         "model spec), plan.yaml (a plan), r1.yaml (runtime traits, for --runtime), r9.yaml "
         "(runtime traits, for --runtime)"]
+
+
+def test_each_stray_file_is_said_with_the_folder_it_was_found_in(tmp_path, monkeypatch,
+                                                                 capsys) -> None:
+    """A plan in the packaged profiles/ folder was said as a file of the user's folder, which
+    need not even exist (review finding H1.2)."""
+    from autoplan import resources
+
+    user, packaged = tmp_path / "user", tmp_path / "packaged"
+    user.mkdir()
+    packaged.mkdir()
+    (packaged / "cpu-gloo.yaml").write_text(dump_yaml(CPU))
+    (packaged / "plan.yaml").write_text("model: tiny\ncluster: {profile: cpu-gloo, num_gpus: 1}\n"
+                                        "batch: {micro_batch_size: 1, global_batch_size: 1}\n")
+    (user / "m.yaml").write_text("name: m\nnum_layers: 2\nhidden_size: 64\n")
+    real = resources.package_dir
+    monkeypatch.setattr(resources, "package_dir",
+                        lambda kind: packaged if kind is resources.PROFILES else real(kind))
+    monkeypatch.setenv("AUTOPLAN_PROFILES", str(user))
+    assert main(["clusters", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert [r["name"] for r in json.loads(captured.out)] == ["cpu-gloo"]
+    assert captured.err.splitlines() == [
+        f"autoplan clusters: skipped 1 file(s) of {user} that are no profiles: m.yaml (a model "
+        "spec)",
+        f"autoplan clusters: skipped 1 file(s) of {packaged} that are no profiles: plan.yaml (a "
+        "plan)"]
+    (user / "m.yaml").unlink()
+    user.rmdir()  # no user folder at all: the packaged stray is still said where it is
+    assert main(["clusters", "--format", "json"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"autoplan clusters: skipped 1 file(s) of {packaged} that are no profiles: plan.yaml (a "
+        "plan)"]

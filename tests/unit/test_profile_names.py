@@ -83,3 +83,24 @@ def test_an_out_file_no_cluster_name_finds_is_warned_about(out, hint, caplog) ->
     with caplog.at_level(logging.WARNING):
         profile_name(argparse.Namespace(name=None, out="good-name_2.yaml"), "x")
     assert not caplog.records
+
+
+def test_an_unknown_name_is_offered_only_profiles(user_dir) -> None:
+    """The "choose one of" list held the stems of the plans, model specs and traits files kept
+    in a profile folder, which --cluster then refused (review finding H1.3)."""
+    (user_dir / "a-plan.yaml").write_text("model: tiny\ncluster: {profile: cpu-gloo, num_gpus: 1}"
+                                          "\nbatch: {micro_batch_size: 1, global_batch_size: 1}\n")
+    (user_dir / "a-model.yaml").write_text("name: my-h100-x\nnum_layers: 2\nhidden_size: 64\n")
+    (user_dir / "r1.yaml").write_text("name: r1\nbase: megatron\nfused_swiglu: false\n")
+    (user_dir / "broken.yaml").write_text("name: broken\ndevice: 3\n")  # a profile, if broken
+    with pytest.raises(ConfigError) as err:
+        load_profile("nosuch")
+    choices = str(err.value).split("choose one of ", 1)[1].split(" or a path")[0].split(", ")
+    assert "my-h100" in choices and "cpu-gloo" in choices and "broken" in choices
+    assert not {"a-plan", "a-model", "r1"} & set(choices), choices
+    with pytest.raises(ConfigError) as err:  # a model spec's name: points at no profile file
+        load_profile("my-h100-x")
+    assert "did you mean 'a-model'" not in str(err.value), str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_profile("a-plan")  # a stray is still found by name, and refused as no profile
+    assert "a-plan.yaml" in str(err.value)
