@@ -521,9 +521,12 @@ def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
     picks = [(name, next((int(i) for i in result.order if where[i] == k), None))
              for k, name in enumerate(sc.clusters)]
     picks.append(("overall", result.best))
-    for name, i in picks:
+    for k, (name, i) in enumerate(picks):
         row: dict[str, Any] = {"cluster": name if i is None else sc.clusters[int(where[i])],
                                "which": name, "feasible": i is not None}
+        miss = result.type_misses.get(name) if k < len(sc.clusters) else None
+        if i is None and miss is not None:  # why, as a search of this type alone says it
+            row["nearest"] = {"reason": miss.reason, "misses": list(miss.misses)}
         if i is not None:
             tps = float(c["tokens_per_s"][i])
             row |= {"num_gpus": int(c["num_gpus"][i]), "tokens_per_s": tps,
@@ -553,7 +556,9 @@ def by_cluster_lines(rows: list[dict[str, Any]], objectives: list[str]) -> list[
     for r in rows:
         label = "overall" if r["which"] == "overall" else r["cluster"]
         if not r["feasible"]:
-            lines.append(f"  {label}: no feasible plan")
+            near = r.get("nearest")
+            why = f"; nearest ({near['reason']}): {'; '.join(near['misses'])}" if near else ""
+            lines.append(f"  {label}: no feasible plan{why}")
             continue
         par = r["parallel"]
         of = f" of {r['cluster']}" if label == "overall" else ""

@@ -142,6 +142,9 @@ class SearchResult:
     counts_scored: tuple[int, ...] = ()
     """GPU counts whose candidates were scored: every requested one, but where an `--objective
     gpus` search stopped at the first count that meets the targets (run_exhaustive)."""
+    type_misses: dict[str, Miss] = field(default_factory=dict)
+    """A multi-type search: the nearest miss of each GPU type (by its name in --cluster) that
+    has no feasible plan, as a search of that type alone gives it."""
 
     @property
     def best(self) -> int | None:
@@ -341,6 +344,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
     subs = type_requests(req)
     clusters = tuple(r.profile_ref for r in subs)
     parts, total, samplers, notes = [], 0, [], []
+    type_misses: dict[str, Miss] = {}
     counts: set[int] = set()
     for k, sub in enumerate(subs):
         sampler, part, seen, done = _score_one(sub, progress)
@@ -350,6 +354,8 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
         note = sampling_note(sub, sampler, part, seen)
         if note:
             notes.append(note + (f" for {sub.profile_ref}" if len(subs) > 1 else ""))
+        if len(subs) > 1 and not part.feasible.any():
+            type_misses[sub.profile_ref] = _type_miss(sub, part, note)
         parts.append(with_cluster(part, k, sub.profile_ref, sub.profile.price_per_gpu_hour,
                                   clusters, req.targets))
     scored = parts[0] if len(parts) == 1 else merge_scored(parts)
@@ -365,4 +371,14 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
             miss = dataclasses.replace(miss, misses=[*miss.misses, *notes])
     return SearchResult(req, sampler, scored, order, front, total,
                         time.perf_counter() - t0, miss.row if miss else None, miss,
-                        tuple(sorted(counts)))
+                        tuple(sorted(counts)), type_misses)
+
+
+def _type_miss(sub: SearchRequest, part: Scored, note: str | None) -> Miss:
+    """One GPU type's nearest miss, judged on its own request and rows as a search of that
+    type alone judges it (a runtime rule every candidate breaks, in the rule's words), with its
+    sampling note last."""
+    from autoplan.search.nearest import nearest_miss
+
+    miss = nearest_miss(sub, part)
+    return dataclasses.replace(miss, misses=[*miss.misses, note]) if note else miss
