@@ -344,6 +344,14 @@ class Efficiency:
     (runtimes.RuntimeTraits). null: a share of the GEMM efficiency (compute.FLASH_EFFICIENCY)."""
     attention_backward: dict[str, AttentionFigure] | None = None
     """The same for the backward, whose FLOPs are counted as 2.5x the forward's."""
+    attention_clock: float = 1.0
+    """The clock a training step runs the attention kernels at over the clock their figures
+    (attention_forward/backward, attention_head_dims) were measured at. The papers' figures are
+    single-GPU kernel benchmarks, which run at the boost clock; inside a step every GPU of the
+    node is loaded at its power cap, and the kernel runs at the clock the step's GEMMs hold
+    there, as the matmul curve's top already does (the datasheet profiles file the loaded-node
+    over burst ratio the matmul top carries). 1: the figures were measured at the clock the
+    step runs at (`autoplan profile` times the GEMMs and the kernel alike)."""
     attention_head_dims: dict[int, AttentionFigures] | None = None
     """The kernels' figures at head dimensions narrower than ATTENTION_HEAD_DIM, by head dim:
     a narrow head gives each tile's two GEMMs a short inner dimension, so the kernels reach a
@@ -373,6 +381,10 @@ class Efficiency:
         if self.memory_bound == 0:
             raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")
         _fraction("overlap", self.overlap)
+        if not 0.0 < self.attention_clock <= 1.0:
+            raise ConfigError("attention_clock", f"got {self.attention_clock!r}",
+                              "expected a clock ratio in (0, 1] (0.915 = 91.5% of the clock "
+                              "the attention figures were measured at)")
         if not 0.0 <= self.comm_slowdown <= 1.0:
             raise ConfigError("comm_slowdown", f"got {self.comm_slowdown!r}",
                               "expected a slowdown in [0, 1] (0.2 = compute 20% longer)")

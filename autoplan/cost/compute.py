@@ -298,7 +298,9 @@ def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.nd
     one), read at `seq_len` (the tokens per sequence the kernel attends over) where the profile
     files the kernel by length, and at `head_dim` where it files the kernel at narrower heads
     (Efficiency.attention_head_dims); else FLASH_EFFICIENCY of the GEMM efficiency of the same
-    FLOPs. "fa-triton": those FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN."""
+    FLOPs. "fa-triton": those FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN. Filed
+    figures are read at the step's clock (Efficiency.attention_clock); the GEMM-based share
+    already is."""
     eff = profile.efficiency
     fwd, bwd = eff.attention_forward or {}, eff.attention_backward or {}
     name, _, dtype = kernel.partition("@")
@@ -312,7 +314,9 @@ def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.nd
         return share, share
 
     def read(figure: AttentionFigure) -> np.ndarray:
-        return _attention_figure(figure, core_flops, seq_len, profile.name, filed)
+        # at the clock the step runs the kernel at (Efficiency.attention_clock)
+        return eff.attention_clock * _attention_figure(figure, core_flops, seq_len,
+                                                       profile.name, filed)
 
     at_full = read(fwd[filed]), read(bwd[filed])
     if head_dim is None:

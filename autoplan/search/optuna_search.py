@@ -66,13 +66,18 @@ def _sha256(data: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+PROFILE_OMITTED_AT_DEFAULT = {"attention_head_dims": None, "attention_clock": 1.0}
+"""Efficiency fields added after studies were stored, left out of profile_hash at their
+default: a profile that leaves them so hashes as before they existed, so its studies resume;
+one that sets them prices differently and does not."""
+
+
 def profile_hash(profile: ClusterProfile) -> str:
-    """content_hash of a profile, an absent `efficiency.attention_head_dims` (a later field)
-    left out: a profile that files none hashes as before the field existed, so its studies
-    resume; one that files figures there prices differently and does not."""
+    """content_hash of a profile, PROFILE_OMITTED_AT_DEFAULT fields at their default left out."""
     data = to_dict(profile)
-    if data["efficiency"].get("attention_head_dims") is None:
-        data["efficiency"].pop("attention_head_dims", None)
+    for name, default in PROFILE_OMITTED_AT_DEFAULT.items():
+        if data["efficiency"].get(name, default) == default:
+            data["efficiency"].pop(name, None)
     return _sha256(data)
 
 

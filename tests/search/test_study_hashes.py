@@ -3,6 +3,8 @@ profile and model hashes its fingerprint holds stay those of the release that ma
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autoplan.hardware import load_profile
@@ -20,12 +22,28 @@ BEFORE = {
 }
 
 
+def _at_full_clock(profile):
+    return dataclasses.replace(profile, efficiency=dataclasses.replace(
+        profile.efficiency, attention_clock=1.0))
+
+
 @pytest.mark.parametrize("name", ["a100-sxm4-80gb", "cpu-gloo"])
 def test_a_profile_without_head_dim_figures_hashes_as_before(name) -> None:
-    profile = load_profile(name)
+    """...and at attention_clock's default (a later field too): the CPU profile leaves it, and
+    the A100's figures as they stood hash as before."""
+    profile = _at_full_clock(load_profile(name))
     assert profile.efficiency.attention_head_dims is None
     assert profile_hash(profile) == BEFORE[name]
-    assert content_hash(profile) != BEFORE[name]  # the new field is what profile_hash drops
+    assert content_hash(profile) != BEFORE[name]  # the new fields are what profile_hash drops
+
+
+def test_a_profile_read_at_the_loaded_clock_hashes_anew() -> None:
+    """The A100 profile reads its attention figures at the loaded node's clock: it prices
+    attention otherwise, so a study of its old figures does not resume."""
+    a100 = load_profile("a100-sxm4-80gb")
+    assert a100.efficiency.attention_clock < 1.0
+    assert profile_hash(a100) != BEFORE["a100-sxm4-80gb"]
+    assert load_profile("cpu-gloo").efficiency.attention_clock == 1.0
 
 
 def test_a_profile_that_files_head_dim_figures_hashes_anew() -> None:
@@ -50,8 +68,6 @@ def test_a_search_fingerprint_leaves_the_rotation_out() -> None:
     """A search study of a llama-3.1 model stored before its preset took rope_scaling (or of
     llama-3 before its base changed) resumes: the request's fingerprint holds the model without
     them, as model_hash does."""
-    import dataclasses
-
     from autoplan.search.optuna_search import _fingerprint
     from tests.search.conftest import request
 
