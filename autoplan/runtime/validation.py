@@ -25,7 +25,7 @@ def load_cluster(plan: Plan) -> ClusterSpec:
     requires before it launches (the memory check, the precision check and the summary's
     prediction all price the plan on it). A plan file's relative path was made absolute from
     the plan's folder when it was read (plan.plan_file_paths)."""
-    from autoplan.hardware import available_profiles
+    from autoplan.hardware import profile_names
 
     ref = plan.cluster.profile
     try:
@@ -33,7 +33,7 @@ def load_cluster(plan: Plan) -> ClusterSpec:
     except ConfigError as err:
         named = resources.is_name(ref)
         if (resources.find(resources.PROFILES, ref) is None) if named else not Path(ref).exists():
-            where = (f"no profile of that name ({', '.join(available_profiles())})" if named
+            where = (f"no profile of that name ({', '.join(profile_names())})" if named
                      else "no such file")
             raise ConfigError("cluster.profile", f"{ref!r} cannot be loaded: {where}",
                               "give a path that exists (a relative one from the plan's folder), "

@@ -504,7 +504,12 @@ def infeasible_line(data: dict[str, Any]) -> str:
         # every field away from the default, so `estimate --set` with them prices the figure
         where = ("" if p is None else
                  f"{miss_where(data, p)} (as estimate --set) {miss_knobs(p)}")
-        line += f"; nearest ({near['reason']}){where}: {'; '.join(near['misses'])}"
+        misses = list(near["misses"])
+        # a multi-type miss leads with its GPU type, which `where` has named already
+        said = "" if p is None else miss_where(data, p).strip() + ", "
+        if misses and said != ", " and misses[0].startswith(said):
+            misses[0] = misses[0][len(said):]
+        line += f"; nearest ({near['reason']}){where}: {'; '.join(misses)}"
     return line
 
 

@@ -25,3 +25,20 @@ def test_the_nearest_miss_names_zero_offload_and_recompute() -> None:
             "precision=bf16 attention=flash zero_stage=3 offload.optimizer=true "
             "offload.params=true "
             "recompute.policy=full: needs 64.7 GiB") in line
+
+
+def test_a_multi_type_miss_names_its_gpu_type_once() -> None:
+    """Across GPU types the miss leads with its type ("on 8 x P, needs ..."), which the line
+    has named before the knobs: said once, and the figure follows the knobs directly."""
+    plan = plan_from_dict({"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 8},
+                           "parallel": {"dp": 8},
+                           "batch": {"micro_batch_size": 1, "global_batch_size": 8}})
+    data = {"cluster": "cpu-gloo,other", "counts": {"host-memory": 1, "feasible": 0},
+            "candidates": 1,
+            "nearest": {"reason": "host-memory", "plan": plan_to_dict(plan),
+                        "misses": ["on 8 x cpu-gloo, needs 60.0 GiB of host memory",
+                                   "too slow"]}}
+    line = infeasible_line(data)
+    assert line.count("on 8 x cpu-gloo") == 1
+    assert "nearest (host-memory) on 8 x cpu-gloo (as estimate --set) parallel.dp=8" in line
+    assert line.endswith("attention=flash: needs 60.0 GiB of host memory; too slow")
