@@ -7,6 +7,7 @@ Scheduler specifics stay in their own modules.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import textwrap
@@ -15,6 +16,7 @@ from dataclasses import dataclass, fields
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
 from autoplan.export.job_inputs import NamedFile, check_data, shown
+from autoplan.export.nodes import written_cluster
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -53,6 +55,17 @@ ELASTIC_ENV = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 """Set for elastic torchrun (autoplan.runtime.launch.ELASTIC_ENV says why)."""
 RESTARTS = 3
 """torchrun --max-restarts of a LAUNCH_TARGETS export when --max-restarts is not given."""
+SAVE_MARGIN_S = 120
+"""Seconds the stop lead allows for the checkpoint save after the step: the cost model prices
+no save (how fast the shared storage writes is no profile fact)."""
+UNPRICED_STEP_S = 480
+"""The step the stop lead allows where the plan cannot be priced here (another site's profile
+and no step predicted in the plan): a guess, and the job's header says so."""
+SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+"""Seconds torchrun waits, after it passes a SIGTERM on to its ranks, before it SIGKILLs them
+(30 by default; the environment form of torchrun --shutdown-timeout, pytorch/pytorch#172596).
+A torchrun from before that change (the package allows torch>=2.6) ignores it and waits 30 s:
+the SLURM and Kubernetes headers say so."""
 
 
 def max_restarts(opts: ExportOptions) -> int:
@@ -271,3 +284,51 @@ def shell_join(argv: list[str], *, keep: tuple[str, ...] = ()) -> str:
 def continued(lines: list[str], indent: str = "  ") -> str:
     """Join shell lines with backslash continuations, one option per line."""
     return (" \\\n" + indent).join(lines)
+
+
+@dataclass(frozen=True)
+class StopLead:
+    """How long autoplan's ranks need between SIGTERM and SIGKILL, and how that was sized: they
+    stop at the end of the step in progress and save a checkpoint (runtime/worker.py), so one
+    step and a save. The SLURM job asks for SIGTERM that long before its time limit (#SBATCH
+    --signal), every Kubernetes pod gets that long to terminate (terminationGracePeriodSeconds),
+    and both give torchrun that long before it kills its ranks (SHUTDOWN_ENV)."""
+
+    seconds_s: int
+    step_s: float | None
+    """One step as priced; None: not priced here."""
+    band: float
+    """The price's error band (0.12: +-12%); the lead allows for its upper edge."""
+    priced_by: str
+    """Where step_s comes from, for the header's comment."""
+
+    def sized_as(self) -> str:
+        """How seconds_s was sized, for a header's comment."""
+        if self.step_s is None:
+            step = (f"a guessed {UNPRICED_STEP_S} s for one step (no price here: the plan's "
+                    "profile does not load and the plan holds no predicted step)")
+        else:
+            step = f"one step, {self.step_s:.3g} s + {self.band:.0%} {self.priced_by},"
+        return f"{step} plus {SAVE_MARGIN_S} s for the save, which autoplan does not price"
+
+
+def stop_lead(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopLead:
+    """The stop lead: one step as the job runs it (autoplan's runtime on nodes of
+    `gpus_per_node`, at the upper edge of the error band), plus SAVE_MARGIN_S for the save;
+    the plan's predicted step where its profile does not load here, else UNPRICED_STEP_S."""
+    from autoplan.cost.estimate import estimate_plan
+
+    step: float | None
+    try:
+        est = estimate_plan(plan, written_cluster(plan, gpus_per_node), model=model)
+        step, band, by = est.step_time_s, est.error_band, f"as priced for {est.runtime}"
+    except ConfigError:  # another site's profile: what the search that wrote the plan said
+        predicted = plan.predicted or {}
+        step, band = predicted.get("step_time_s"), predicted.get("error_band") or 0.0
+        by = "as the plan's search predicted"
+    if not isinstance(step, int | float) or not math.isfinite(step) or step <= 0:
+        step, band, by = None, 0.0, ""
+    if not isinstance(band, int | float) or not math.isfinite(band) or band < 0:
+        band = 0.0
+    allowed = UNPRICED_STEP_S if step is None else step * (1.0 + band)
+    return StopLead(math.ceil(allowed) + SAVE_MARGIN_S, step, float(band), by)

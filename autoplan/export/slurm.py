@@ -5,12 +5,12 @@ hardware profile (a CPU profile's plan asks for CPUs: one per rank, no GPUs); to
 `autoplan train --resume` continues from the checkpoint directory. `--elastic`: torchrun
 `--nnodes=MIN:MAX`, a job SLURM keeps when a node fails, and `autoplan train --elastic`, which
 re-plans for the nodes left, on nodes of the size written (--gpus-per-node). `--signal` warns the
-ranks one priced step and a checkpoint save before the time limit (stop_warning).
+ranks one priced step and a checkpoint save before the time limit (stop_warning); a job whose ranks
+stopped on it and saved ends with exit 0 and a line on how to resume (end_lines).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from autoplan.errors import ConfigError
@@ -18,6 +18,8 @@ from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, la
 from autoplan.export.job_inputs import check_lines
 from autoplan.export.launch import (
     ELASTIC_ENV,
+    SHUTDOWN_ENV,
+    StopLead,
     check_job_name,
     check_min_nodes,
     check_train_data,
@@ -30,26 +32,25 @@ from autoplan.export.launch import (
     on_cpu,
     runtime_reasons,
     shell_join,
+    stop_lead,
     torchrun_argv,
     train_argv,
 )
-from autoplan.export.nodes import NODE_SIZE_ENV, written_cluster
+from autoplan.export.nodes import NODE_SIZE_ENV
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
-SAVE_MARGIN_S = 120
-"""Seconds the time-limit warning allows for the checkpoint save after the step: the cost
-model prices no save (how fast the shared storage writes is no profile fact)."""
-UNPRICED_STEP_S = 480
-"""The step the warning allows where the plan cannot be priced here (another site's profile
-and no step predicted in the plan): a guess, and the script says so."""
 SIGNAL_MAX_S = 65535
 """sbatch(1) --signal: "sig_time must have an integer value between 0 and 65535"."""
-SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-"""Seconds torchrun waits, after it passes a SIGTERM on to its ranks, before it SIGKILLs them
-(30 by default; the environment form of torchrun --shutdown-timeout, pytorch/pytorch#172596).
-A torchrun from before that change (the package allows torch>=2.6) ignores it and waits 30 s:
-the script's header says so."""
+SAVED_STEP_ENV = "AUTOPLAN_SAVED_STEP_FILE"
+"""The file rank 0 of `autoplan train` writes the step of the run's last checkpoint to, once
+every rank has saved it and the run has ended cleanly (runtime/worker.py), set by the SLURM
+script: torchrun exits 1 once it has passed a SIGTERM on, whatever its ranks did, so srun's
+status cannot tell a clean stop at the time-limit warning from a crash; this file can."""
+SAVED_STEP_FILE = "autoplan-saved-step-$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"
+"""SAVED_STEP_ENV's file in the checkpoint folder, which every node reads (the batch shell
+runs on the first node, rank 0 on any): a name of this run of this job, which no earlier run
+left and this node never looked up (an NFS client may cache a name it saw missing)."""
 
 
 class SlurmTarget(ExportTarget):
@@ -78,7 +79,7 @@ class SlurmTarget(ExportTarget):
             srun.append(f"--cpus-per-task={lay.nproc_per_node}")
         launch = [shell_join(srun, keep=("$",))]
         launch += [shell_join([w], keep=("$",)) for w in argv]
-        launch.append(shell_join(train_argv(opts, lay=lay, cpu=cpu)))
+        launch.append(shell_join(train_argv(opts, lay=lay, cpu=cpu)) + " || status=$?")
         warning = stop_warning(plan, model, opts.gpus_per_node)
         text = "\n".join(
             [
@@ -100,6 +101,7 @@ class SlurmTarget(ExportTarget):
                                   "node only" if lay.num_nodes > 1 else ""),
                 *data_lines(opts, "on every node: keep it on storage they all read"),
                 *warning.comment(),
+                *warning.end_comment(run.steps),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
                 *check_lines(run.plan_path, run.plan_sha256, run.named_files),
@@ -109,9 +111,13 @@ class SlurmTarget(ExportTarget):
                 f"mkdir -p {shell_join([opts.checkpoint_dir])}",
                 "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
                 f"export {SHUTDOWN_ENV}=${{{SHUTDOWN_ENV}:-{warning.seconds_s}}}",
+                f"export {SAVED_STEP_ENV}={shell_join([opts.checkpoint_dir])}/"
+                f'"{SAVED_STEP_FILE}"',
                 *(elastic_env_lines(opts) if opts.elastic else []),
                 "",
+                "status=0",
                 continued(launch),
+                *end_lines(opts, warning.seconds_s),
                 "",
             ]
         )
@@ -165,8 +171,8 @@ def _elastic_comment(opts: ExportOptions) -> list[str]:
 
 @dataclass(frozen=True)
 class StopWarning:
-    """How long before the time limit the job's ranks get SIGTERM (#SBATCH --signal), and how
-    that was sized.
+    """How long before the time limit the job's ranks get SIGTERM (#SBATCH --signal): the stop
+    lead (launch.stop_lead), at most what sbatch takes.
 
     At the time limit SLURM sends SIGTERM and, KillWait later (slurm.conf(5): 30 s by
     default), SIGKILL. autoplan's ranks stop on SIGTERM at the end of the step in progress
@@ -175,54 +181,76 @@ class StopWarning:
     and its ranks, but not the batch shell (sbatch(1)); `B:` would signal only the shell,
     which waits on srun and passes nothing on."""
 
-    seconds_s: int
-    step_s: float | None
-    """One step as priced; None: not priced here."""
-    band: float
-    """The price's error band (0.12: +-12%); the warning allows for its upper edge."""
-    priced_by: str
-    """Where step_s comes from, for the script's comment."""
+    lead: StopLead
+
+    @property
+    def seconds_s(self) -> int:
+        return min(SIGNAL_MAX_S, self.lead.seconds_s)
 
     def comment(self) -> list[str]:
-        if self.step_s is None:
-            step = (f"a guessed {UNPRICED_STEP_S} s for one step (no price here: the plan's "
-                    "profile does not load and the plan holds no predicted step)")
-        else:
-            step = f"one step, {self.step_s:.3g} s + {self.band:.0%} {self.priced_by},"
-        capped = f", capped at sbatch's {SIGNAL_MAX_S} s" if self.seconds_s == SIGNAL_MAX_S else ""
+        capped = (f", capped at sbatch's {SIGNAL_MAX_S} s" if self.lead.seconds_s > SIGNAL_MAX_S
+                  else "")
         return comment(
             f"--signal=TERM@{self.seconds_s}: at the time limit SLURM sends SIGTERM only "
             "KillWait (30 s by default) before SIGKILL; this sends it that many seconds before "
             "the limit to every process of the srun step, torchrun and the ranks (not B:, which "
             "signals only this batch shell), so the ranks finish their step and save a "
-            f"checkpoint. Sized as {step} plus {SAVE_MARGIN_S} s for the save, which autoplan "
-            f"does not price{capped}. {SHUTDOWN_ENV} lets torchrun wait as long before it "
-            "kills its ranks, but only a torchrun that has --shutdown-timeout reads it "
-            "(pytorch/pytorch#172596, 2026; see `torchrun --help`): an older torchrun ignores "
-            "it and SIGKILLs the ranks 30 s after passing SIGTERM on, whatever the warning, so "
-            f"their step and save must then fit in 30 s. For more time: {SHUTDOWN_ENV}=S sbatch "
-            "--signal=TERM@S <this script>. A scancel or a preemption still allows only "
-            "KillWait.")
+            f"checkpoint. Sized as {self.lead.sized_as()}{capped}. {SHUTDOWN_ENV} lets torchrun "
+            "wait as long before it kills its ranks, but only a torchrun that has "
+            "--shutdown-timeout reads it (pytorch/pytorch#172596, 2026; see `torchrun --help`): "
+            "an older torchrun ignores it and SIGKILLs the ranks 30 s after passing SIGTERM on, "
+            "whatever the warning, so their step and save must then fit in 30 s. For more time: "
+            f"{SHUTDOWN_ENV}=S sbatch --signal=TERM@S <this script>. A scancel or a preemption "
+            "still allows only KillWait.")
+
+    def end_comment(self, steps: int) -> list[str]:
+        return comment(
+            "Exit status: torchrun exits 1 once it has passed a SIGTERM on, whatever its ranks "
+            f"did, which SLURM would record as FAILED. Rank 0 writes the step of the last "
+            f"checkpoint to ${SAVED_STEP_ENV} (in the checkpoint folder) once every rank has "
+            "saved it, and the script then exits 0 with a line in the job log naming the step "
+            "and how to resume: a job stopped by the time-limit warning after a clean save ends "
+            "COMPLETED. So an afterok dependency starts after each such stop, before all "
+            f"{steps} steps are trained: it suits the next run of this script, not a job that "
+            "needs the trained model. A crash, or ranks killed before their save, keeps srun's "
+            "status.")
 
 
 def stop_warning(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopWarning:
-    """The time-limit warning: one step as the job runs it (autoplan's runtime on nodes of
-    `gpus_per_node`, at the upper edge of the error band), plus SAVE_MARGIN_S for the save;
-    the plan's predicted step where its profile does not load here, else UNPRICED_STEP_S."""
-    from autoplan.cost.estimate import estimate_plan
+    """The time-limit warning: the stop lead of the job as written (launch.stop_lead)."""
+    return StopWarning(stop_lead(plan, model, gpus_per_node))
 
-    step: float | None
-    try:
-        est = estimate_plan(plan, written_cluster(plan, gpus_per_node), model=model)
-        step, band, by = est.step_time_s, est.error_band, f"as priced for {est.runtime}"
-    except ConfigError:  # another site's profile: what the search that wrote the plan said
-        predicted = plan.predicted or {}
-        step, band = predicted.get("step_time_s"), predicted.get("error_band") or 0.0
-        by = "as the plan's search predicted"
-    if not isinstance(step, int | float) or not math.isfinite(step) or step <= 0:
-        step, band, by = None, 0.0, ""
-    if not isinstance(band, int | float) or not math.isfinite(band) or band < 0:
-        band = 0.0
-    allowed = UNPRICED_STEP_S if step is None else step * (1.0 + band)
-    seconds = min(SIGNAL_MAX_S, math.ceil(allowed) + SAVE_MARGIN_S)
-    return StopWarning(seconds, step, float(band), by)
+
+def end_lines(opts: ExportOptions, signal_s: int) -> list[str]:
+    """After srun (its status in $status): where rank 0 named the step its ranks saved as the
+    run ended cleanly (SAVED_STEP_ENV), exit 0, with a line on how to resume where that step is
+    short of --steps; elsewhere srun's status."""
+    run = launch_options(opts)
+    again = (f"sbatch {shell_join([opts.out])} resumes from it" if opts.out
+             else "submitting this script again resumes from it")
+    stopped = (f"autoplan: the ranks stopped on SIGTERM after step %s of {run.steps} and saved "
+               "checkpoint step-%08d in %s (the time-limit warning, "
+               f"--signal=TERM@{signal_s}, or a scancel --signal=TERM): %s\\n")
+    finished = (f"autoplan: trained all {run.steps} steps; torchrun exited %s only because a "
+                "SIGTERM came as the last step ran\\n")
+    file = f'"${SAVED_STEP_ENV}"'
+    return [
+        "",
+        *comment("torchrun exits 1 after a SIGTERM whatever its ranks did: the step rank 0 "
+                 "names once they all saved tells a clean stop from a crash."),
+        "saved=",
+        f"if [ -f {file} ]; then",
+        f"  read -r saved < {file} || true",
+        f"  rm -f -- {file}",
+        "fi",
+        "case $saved in",
+        "  '' | *[!0-9]*) exit \"$status\" ;;  # no clean end: srun's status",
+        "esac",
+        f'if [ "$saved" -lt {run.steps} ]; then',
+        f'  printf {shell_join([stopped])} "$saved" "$saved" '
+        f"{shell_join([opts.checkpoint_dir])} {shell_join([again])}",
+        'elif [ "$status" -ne 0 ]; then',
+        f'  printf {shell_join([finished])} "$status"',
+        "fi",
+        "exit 0",
+    ]

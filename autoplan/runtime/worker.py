@@ -280,6 +280,7 @@ def run_and_report(args: argparse.Namespace) -> int:
         return leave_after_peer(folder, int(os.environ.get("RANK", "0") or 0), phrase,
                                 peer_loss_line(err))
     if summary is not None:
+        _write_saved_step(summary, args)  # first: what follows may fail, the save stands
         if args.run_record and not args.summary_file:  # under a scheduler: no CLI to write it
             from autoplan.plan import load_plan
             from autoplan.runtime.metrics import write_run_record
@@ -292,6 +293,25 @@ def run_and_report(args: argparse.Namespace) -> int:
         else:
             emit(args, summary, lambda console: render_summary(console, summary))
     return 0
+
+
+def _write_saved_step(summary: dict, args: argparse.Namespace) -> None:
+    """Rank 0, once the run ended cleanly: the step of its last checkpoint, which every rank
+    has saved (the loop saves the step it ends on), to the file an exported SLURM job names in
+    export.slurm.SAVED_STEP_ENV, written whole (renamed into place). torchrun exits 1 once it
+    has passed a SIGTERM on, whatever its ranks did; the job's script reads this instead."""
+    from autoplan.export.slurm import SAVED_STEP_ENV
+
+    path, step = os.environ.get(SAVED_STEP_ENV), summary.get("final_step")
+    if not path or not args.checkpoint_dir or step is None:
+        return
+    try:
+        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+            f.write(f"{step}\n")
+        os.replace(f"{path}.tmp", path)
+    except OSError as err:
+        log.warning("%s: cannot write %s (%s): the job script cannot tell this clean end from a crash",
+                    SAVED_STEP_ENV, path, err.strerror or err)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,14 +17,10 @@ import pytest
 
 from autoplan.cost.estimate import estimate_plan
 from autoplan.export.base import ExportOptions, export_plan
+from autoplan.export.launch import SAVE_MARGIN_S, SHUTDOWN_ENV, UNPRICED_STEP_S
 from autoplan.export.nodes import written_cluster
 from autoplan.export.registry import get_target
-from autoplan.export.slurm import (
-    SAVE_MARGIN_S,
-    SHUTDOWN_ENV,
-    SIGNAL_MAX_S,
-    UNPRICED_STEP_S,
-)
+from autoplan.export.slurm import SIGNAL_MAX_S
 from autoplan.plan import Batch, ClusterRef, Plan
 
 from .cases import CASES
