@@ -1,8 +1,8 @@
 """What every pod of a Kubernetes export gets besides its command: a memory-backed /dev/shm,
 the claims --pvc and --data-pvc name mounted at the checkpoint folder and the folder of --data
 (never over the files the pod's script writes the plan to), GPU limits and CPU/memory requests
-from the profile; and the manifest header's word on each. Where they go in a TrainJob,
-PyTorchJob or JobSet is kubernetes.py's.
+from the profile, a termination grace period of the stop lead; and the manifest header's word
+on each. Where they go in a TrainJob, PyTorchJob or JobSet is kubernetes.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, Layout
 from autoplan.export.job_inputs import shown
-from autoplan.export.launch import comment, data_lines, launch_options
+from autoplan.export.launch import SHUTDOWN_ENV, StopLead, comment, data_lines, launch_options
 from autoplan.export.nodes import profile_on_nodes
 from autoplan.plan import Plan
 
@@ -234,3 +234,17 @@ def storage_lines(opts: ExportOptions, num_pods: int) -> list[str]:
     return lines + comment(f"data: {shown(run.data)} (byte-level text), read by every rank "
                            f"inside its pod: mount a volume at {shown(folder)} (export "
                            "--data-pvc CLAIM) or build it into the image.")
+
+
+def grace_lines(lead: StopLead) -> list[str]:
+    """The header's word on every pod's terminationGracePeriodSeconds and torchrun's shutdown
+    timeout, both the stop lead (launch.stop_lead, as the SLURM job's time-limit warning)."""
+    return comment(
+        f"Every pod gets terminationGracePeriodSeconds {lead.seconds_s} and {SHUTDOWN_ENV}="
+        f"{lead.seconds_s}: a pod deleted, preempted or drained gets SIGTERM, which torchrun (the "
+        "container's process 1) passes on to the ranks, and they finish their step and save a "
+        "checkpoint before SIGKILL ends the grace period (Kubernetes' default, 30 s, is shorter "
+        f"than one step of a large plan). Sized as {lead.sized_as()}. Only a torchrun that has "
+        f"--shutdown-timeout reads {SHUTDOWN_ENV} (pytorch/pytorch#172596): an older one kills "
+        "its ranks 30 s after passing SIGTERM on, whatever the grace period. `kubectl delete "
+        "--grace-period` and the kubelet's hard evictions (node memory pressure) allow less.")

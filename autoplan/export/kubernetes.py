@@ -8,8 +8,8 @@ the image cannot find by name (a path, or a profile of this machine's user direc
 PyTorchJob with an elasticPolicy, or a JobSet whose torchrun takes `--nnodes=MIN:MAX`; either
 way `autoplan train --elastic` re-plans for the pods left, on nodes of the size written. A CPU
 profile's plan requests a CPU per rank and no GPU, and trains on gloo. What each pod gets
-besides (/dev/shm, the --pvc and --data-pvc claims, memory requests) is kube_pods.py's; where
-it goes in each kind is this file's.
+besides (/dev/shm, the --pvc and --data-pvc claims, memory requests, a grace period as long as
+the SLURM job's time-limit warning) is kube_pods.py's; where it goes in each kind is this file's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from autoplan.export.kube_pods import (
     PLAN_FILE,
     PROFILE_FILE,
     check_volumes,
+    grace_lines,
     memory_request,
     node_resources,
     pod_storage,
@@ -36,6 +37,7 @@ from autoplan.export.kube_pods import (
 )
 from autoplan.export.launch import (
     ELASTIC_ENV,
+    SHUTDOWN_ENV,
     check_min_nodes,
     check_path_word,
     check_train_data,
@@ -45,6 +47,7 @@ from autoplan.export.launch import (
     on_cpu,
     runtime_reasons,
     shell_join,
+    stop_lead,
     torchrun_argv,
     train_argv,
 )
@@ -125,8 +128,11 @@ def _script(torchrun: list[str], opts: ExportOptions, payload: dict[str, str],
     return " && ".join([*writes, run])
 
 
-def _env(payload: dict[str, str], opts: ExportOptions) -> list[dict[str, str]]:
+def _env(payload: dict[str, str], opts: ExportOptions, grace_s: int) -> list[dict[str, str]]:
+    """The payload, torchrun's shutdown timeout (as long as the pod's grace period), and an
+    elastic job's settings."""
     env = [{"name": name, "value": text} for name, text in payload.items()]
+    env.append({"name": SHUTDOWN_ENV, "value": str(grace_s)})
     if opts.elastic:  # and the node size `autoplan train --elastic` re-plans on
         env += [{"name": ELASTIC_ENV[0], "value": ELASTIC_ENV[1]},
                 {"name": NODE_SIZE_ENV, "value": str(opts.gpus_per_node)}]
@@ -134,20 +140,23 @@ def _env(payload: dict[str, str], opts: ExportOptions) -> list[dict[str, str]]:
 
 
 def _container(name: str, script: str, payload: dict[str, str], opts: ExportOptions,
-               resources: dict[str, dict[str, str]]) -> dict:
+               resources: dict[str, dict[str, str]], grace_s: int) -> dict:
     return {
         "name": name,
         "image": opts.image,
         "command": ["/bin/sh", "-c", script],
-        "env": _env(payload, opts),
+        "env": _env(payload, opts, grace_s),
         "resources": resources,
         "volumeMounts": pod_storage(opts)[1],
     }
 
 
-def _pod_spec(container: dict[str, Any], opts: ExportOptions, **fields: Any) -> dict[str, Any]:
-    """A pod template's spec: `fields` (restartPolicy), the container, the volumes."""
-    return {**fields, "containers": [container], "volumes": pod_storage(opts)[0]}
+def _pod_spec(container: dict[str, Any], opts: ExportOptions, grace_s: int,
+              **fields: Any) -> dict[str, Any]:
+    """A pod template's spec: `fields` (restartPolicy), the grace period, the container, the
+    volumes."""
+    return {**fields, "terminationGracePeriodSeconds": grace_s, "containers": [container],
+            "volumes": pod_storage(opts)[0]}
 
 
 def shipped_profile(plan: Plan) -> str | None:
@@ -171,10 +180,11 @@ def _metadata(opts: ExportOptions) -> dict[str, Any]:
 
 
 def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool,
-              resources: dict[str, dict[str, str]]) -> dict[str, Any]:
+              resources: dict[str, dict[str, str]], grace_s: int) -> dict[str, Any]:
     """TrainJob (trainer.kubeflow.org/v1alpha1); the torch runtime sets torchrun's PET_* env.
-    The volumes go through spec.runtimePatches (Kubeflow Trainer >= v2.2, which replaced
-    podTemplateOverrides with it) into the runtime's `node` pods and container."""
+    The volumes and the grace period go through spec.runtimePatches (Kubeflow Trainer >= v2.2,
+    which replaced podTemplateOverrides with it; the grace period >= v2.3) into the runtime's
+    `node` pods and container."""
     script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
                      payload, cpu=cpu)
     return {
@@ -186,36 +196,38 @@ def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bo
             "trainer": {
                 "image": opts.image,
                 "command": ["/bin/sh", "-c", script],
-                "env": [{"name": name, "value": text} for name, text in payload.items()],
+                "env": _env(payload, opts, grace_s),  # elastic: refused (check)
                 "numNodes": lay.num_nodes,
                 "numProcPerNode": lay.nproc_per_node,
                 "resourcesPerNode": resources,
             },
-            "runtimePatches": [runtime_patch(opts)],
+            "runtimePatches": [runtime_patch(opts, grace_s)],
         },
     }
 
 
-def runtime_patch(opts: ExportOptions) -> dict[str, Any]:
+def runtime_patch(opts: ExportOptions, grace_s: int) -> dict[str, Any]:
     """TrainJob spec.runtimePatches entry (kubeflow/trainer pkg/apis/trainer/v1alpha1
-    trainjob_types.go, RuntimePatch down to PodSpecPatch and ContainerPatch): pod_storage's
-    volumes in the `node` job's pods, its mounts in their `node` container."""
+    trainjob_types.go, RuntimePatch down to PodSpecPatch and ContainerPatch): the grace period
+    (PodSpecPatch.terminationGracePeriodSeconds, kubeflow/trainer#3324, Trainer v2.3) and
+    pod_storage's volumes in the `node` job's pods, its mounts in their `node` container."""
     volumes, mounts = pod_storage(opts)
-    pod = {"volumes": volumes, "containers": [{"name": TRAINER_NODE, "volumeMounts": mounts}]}
+    pod = {"terminationGracePeriodSeconds": grace_s, "volumes": volumes,
+           "containers": [{"name": TRAINER_NODE, "volumeMounts": mounts}]}
     job = {"name": TRAINER_NODE, "template": {"spec": {"template": {"spec": pod}}}}
     return {"manager": PATCH_MANAGER,
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
 
 
 def pytorch_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool,
-                resources: dict[str, dict[str, str]]) -> dict[str, Any]:
+                resources: dict[str, dict[str, str]], grace_s: int) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
     script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
                      payload, lay, cpu=cpu)
 
     def replica(n: int) -> dict[str, Any]:
-        container = _container("pytorch", script, payload, opts, resources)
-        template = {"spec": _pod_spec(container, opts)}
+        container = _container("pytorch", script, payload, opts, resources, grace_s)
+        template = {"spec": _pod_spec(container, opts, grace_s)}
         return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
 
     if opts.elastic:  # workers only, as the operator's elastic examples run them
@@ -246,7 +258,7 @@ def elastic_policy(lay: Layout, opts: ExportOptions) -> dict[str, Any]:
 
 
 def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool,
-            resources: dict[str, dict[str, str]]) -> dict[str, Any]:
+            resources: dict[str, dict[str, str]], grace_s: int) -> dict[str, Any]:
     """JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job of num_nodes pods, c10d on pod 0."""
     head = f"{opts.job_name}-node-0-0.{opts.job_name}"  # <jobset>-<rjob>-<job>-<pod>.<subdomain>
     torchrun = torchrun_argv(lay, opts, rdzv_host=head, rdzv_id=opts.job_name)
@@ -255,14 +267,14 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
             Layout(1, lay.nproc_per_node), opts, rdzv_host=head, rdzv_id=opts.job_name
         )
     container = _container("trainer", _script(torchrun, opts, payload, lay, cpu=cpu), payload, opts,
-                           resources)
+                           resources, grace_s)
     job_spec = {
         "parallelism": lay.num_nodes,
         "completions": lay.num_nodes,
         "completionMode": "Indexed",
         # elastic: a failed pod is recreated and rejoins (the others re-plan meanwhile)
         "backoffLimit": max_restarts(opts) if opts.elastic else 0,
-        "template": {"spec": _pod_spec(container, opts, restartPolicy="Never")},
+        "template": {"spec": _pod_spec(container, opts, grace_s, restartPolicy="Never")},
     }
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -332,9 +344,10 @@ class KubernetesTarget(ExportTarget):
         cpu = on_cpu(plan)
         # sized from the profile as priced, before the plan is pointed at the pod's copy of it
         memory = memory_request(plan, lay)
+        lead = stop_lead(plan, model, opts.gpus_per_node)  # as the SLURM time-limit warning
         resources = node_resources(lay.nproc_per_node, cpu, memory)
         lines = [*storage_lines(opts, lay.num_nodes),
-                 *resource_lines(lay, cpu, memory, plan.cluster.profile)]
+                 *resource_lines(lay, cpu, memory, plan.cluster.profile), *grace_lines(lead)]
         profile = shipped_profile(plan)
         lines += _payload_lines(plan.cluster.profile, profile is not None)
         if profile is not None:
@@ -342,14 +355,16 @@ class KubernetesTarget(ExportTarget):
         payload = {PLAN_ENV: dump_yaml(plan_to_dict(plan.replace(model=model)))}
         if profile is not None:
             payload[PROFILE_ENV] = profile
-        manifest = BUILDERS[opts.k8s_kind](lay, payload, opts, cpu, resources)
+        manifest = BUILDERS[opts.k8s_kind](lay, payload, opts, cpu, resources, lead.seconds_s)
         lines.insert(0, f"# {manifest['kind']} written by `autoplan export --to kubernetes`: "
                         f"{lay.num_nodes} node(s) x {lay.nproc_per_node} "
                         f"{'CPU' if cpu else 'GPU'}(s).")
         if opts.k8s_kind == "trainjob":
-            lines += comment("The volumes reach the runtime's node pods through "
-                             "spec.runtimePatches: Kubeflow Trainer v2.2 or later (v2.0 and "
-                             "v2.1 took spec.podTemplateOverrides instead).")
+            lines += comment("The volumes and the grace period reach the runtime's node pods "
+                             "through spec.runtimePatches: Kubeflow Trainer v2.3 or later, whose "
+                             "patches take terminationGracePeriodSeconds (kubeflow/trainer#3324); "
+                             "on v2.2 delete that line and set it in the ClusterTrainingRuntime's "
+                             "node pods (v2.0 and v2.1 took spec.podTemplateOverrides instead).")
         header = "".join(line + "\n" for line in lines)
         body = yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False, default_flow_style=False,
                          width=100)
