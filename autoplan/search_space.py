@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import logging
 import types
 import typing
 from collections.abc import Mapping
@@ -29,6 +31,8 @@ from autoplan.plan import (
     Schedule,
 )
 from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+
+log = logging.getLogger(__name__)
 
 SPACES_DIR = resources.package_dir(resources.SPACES)
 """The built-in spaces (package data); a user directory is searched first (autoplan.resources)."""
@@ -409,13 +413,63 @@ def available_spaces() -> list[str]:
     return resources.names(resources.SPACES)
 
 
+@dataclass(frozen=True)
+class LoadedSpace(SearchSpace):
+    """A space as `load_space` read it, named as the user gave it (space_label): headers,
+    summary.json and report.html show `name`, which may be a path. Study fingerprints hold
+    the file's own `name:` (summary), so a study resumes whatever path its space is given by."""
+
+    name_in_file: str = ""
+    """The file's `name:`."""
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        del out["name_in_file"]
+        return {**out, "name": self.name_in_file}
+
+
 def load_space(ref: str | Path) -> SearchSpace:
-    """A search space by name (the user's space directory, then the built-in ones) or by path."""
+    """A search space by name (the user's space directory, then the built-in ones) or by path,
+    named as it was given (space_label)."""
+    given = str(ref)
     path = Path(ref)
-    if resources.is_name(ref):
-        named = resources.find(resources.SPACES, str(ref))
-        if named is None:
-            raise ConfigError("--space", f"no search space named {show(str(ref))}",
-                              f"choose one of {', '.join(available_spaces())} or give a path")
-        path = named
-    return space_from_dict(read_yaml(path, "--space"), f"space {path.name}")
+    named = resources.is_name(ref)
+    if named:
+        found = resources.find(resources.SPACES, given)
+        if found is None:
+            raise ConfigError("--space", f"no search space named {show(given)}",
+                              f"choose one of {', '.join(available_spaces())} (`autoplan "
+                              "spaces` lists them) or give a path")
+        path = found
+    user = named and path.parent.resolve() != SPACES_DIR.resolve()
+    space = space_from_dict(read_yaml(path, "--space"), f"space {path if user else path.name}")
+    if named and space.name != given:
+        _warn_inner_name(given, str(path), space.name)
+    label = space_label(given, space.name, path if user else None)
+    if label == space.name:
+        return space
+    fields = {f.name: getattr(space, f.name) for f in dataclasses.fields(space)}
+    return LoadedSpace(**{**fields, "name": label}, name_in_file=space.name)
+
+
+def space_label(given: str, name_in_file: str, user_file: Path | None) -> str:
+    """The space as the user gave it: the name or path given, the file's own `name:` beside it
+    where the two differ, and the user's file where it shadows a shipped space of that name
+    (`default (user file ~/.config/autoplan/search_spaces/default.yaml, not the shipped one)`)."""
+    notes = []
+    if user_file is not None and (SPACES_DIR / f"{given}.yaml").is_file():
+        notes.append(f"user file {user_file}, not the shipped one")
+    stem = Path(given).stem if not resources.is_name(given) else given
+    if name_in_file != stem:
+        notes.append(f"name: {name_in_file}")
+    return f"{given} ({'; '.join(notes)})" if notes else given
+
+
+@functools.cache
+def _warn_inner_name(ref: str, path: str, inner: str) -> None:
+    """Say once per file that its `name:` is not the name it is found by (as for profiles:
+    hardware._warn_inner_name)."""
+    rename = "" if inner in available_spaces() else f", or rename the file {inner}.yaml"
+    log.warning("space %s (%s) says name: %s; a space is found by its file name, so --space "
+                "takes %s, not %s: set name: %s in it%s", ref, path, inner, ref, inner, ref,
+                rename)
