@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 SUBCOMMAND_MODULES = (
     "autoplan.estimate_cli",
     "autoplan.search.cli",
+    "autoplan.spaces_cli",
     "autoplan.runtime.cli",
     "autoplan.export.cli",
     "autoplan.profiler.cli",

@@ -70,3 +70,23 @@ def test_autoplan_from_the_wheel_finds_its_profiles_elsewhere(wheel, tmp_path) -
     assert Path(where).is_relative_to(site)
     assert {"a100-sxm4-80gb", "cpu-gloo", "h100-sxm-80gb"} <= set(profiles)
     assert (a100, space) == ("a100-sxm4-80gb", "default")
+
+
+def test_a_wheel_user_lists_and_copies_the_shipped_spaces(wheel, tmp_path) -> None:
+    """`autoplan spaces` (user test 36, finding 4): the shipped spaces live inside the wheel,
+    where a user finds none to copy without importlib.resources."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site), "HOME": str(tmp_path / "home")}
+    env.pop("AUTOPLAN_SPACES", None)
+    env.pop("XDG_CONFIG_HOME", None)
+
+    def autoplan(*argv: str) -> str:
+        code = f"import sys; from autoplan.commands import main; sys.exit(main({list(argv)!r}))"
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=120, check=True).stdout
+
+    rows = {r["name"]: r for r in json.loads(autoplan("spaces", "--format", "json"))}
+    assert rows["default"]["source"] == "shipped"
+    assert Path(rows["default"]["path"]).is_relative_to(site)
+    assert autoplan("spaces", "default") == (ROOT / "search_spaces" / "default.yaml").read_text()
