@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,9 +324,25 @@ def check_plan_keys(data: dict[Any, Any]) -> None:
     """Refuse (exit 2) a top-level key that is no plan field, listing PLAN_KEYS."""
     for key in data:
         if key not in PLAN_KEYS:
-            shown = (key if isinstance(key, str) and key.isprintable() and key.strip()
-                     and len(key) <= 100 else show(key, 100))
-            raise ConfigError(str(shown), "unknown key", unknown_key_fix(key, PLAN_KEYS))
+            raise ConfigError(_key_shown(key), "unknown key", unknown_key_fix(key, PLAN_KEYS))
+
+
+def check_section_keys(data: dict[Any, Any], cls: type, section: str) -> None:
+    """Refuse (exit 2) a key of plan section `section` that is no field of `cls`, as the loader
+    does, for callers that name a missing field before the loader runs: a misspelt
+    `cluster: {profle: ...}` is an unknown key, not a missing profile."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{section}.{_key_shown(key)}", "unknown key",
+                              unknown_key_fix(key, known))
+
+
+def _key_shown(key: Any) -> str:
+    """A key as an error names it: as written when it is short printable text (yaml_io's
+    from_dict shows keys so too)."""
+    return str(key if isinstance(key, str) and key.isprintable() and key.strip()
+               and len(key) <= 100 else show(key, 100))
 
 
 def plan_from_dict(data: Any, where: str = "plan") -> Plan:
@@ -402,7 +419,7 @@ def plan_file_paths(data: dict[str, Any], plan_file: str | Path) -> dict[str, An
         if model.startswith("~"):  # a home folder: no shell expands it inside a YAML file
             out["model"] = str(path.expanduser())
         elif not path.is_absolute() and (
-                not resources.is_name(model) or _exists(folder / path)):
+                not _bare_word(model) or _exists(folder / path)):
             out["model"] = _from(folder, path)
     cluster = out.get("cluster")
     if isinstance(cluster, dict) and isinstance(cluster.get("profile"), str):
@@ -412,6 +429,16 @@ def plan_file_paths(data: dict[str, Any], plan_file: str | Path) -> dict[str, An
         elif ref and not resources.is_name(ref) and not Path(ref).is_absolute():
             out["cluster"] = {**cluster, "profile": _from(folder, Path(ref))}
     return out
+
+
+def _bare_word(ref: str) -> bool:
+    """A reference without a folder part or a model file's suffix: a preset's name, misspelt
+    or not (`llama-3.1-8bb`, whose dots are no suffix), unless the plan's folder holds it."""
+    return "/" not in ref and os.sep not in ref and not ref.endswith(MODEL_FILE_SUFFIXES)
+
+
+MODEL_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+"""What a model file a plan names ends in (model_spec.load_model reads these)."""
 
 
 def _from(folder: Path, path: Path) -> str:

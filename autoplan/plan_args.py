@@ -4,6 +4,7 @@ and typed `--set key=value` edits, all validated by the strict plan loader."""
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -14,8 +15,10 @@ from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import MAX_SIZE, PRESETS, ModelSpec, load_model
 from autoplan.plan import (
+    ClusterRef,
     Plan,
     check_plan_keys,
+    check_section_keys,
     plan_file_paths,
     plan_from_dict,
     plan_to_dict,
@@ -24,6 +27,8 @@ from autoplan.plan import (
 )
 from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, safe_load_text, show
+
+log = logging.getLogger(__name__)
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -103,12 +108,15 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         batch.setdefault("micro_batch_size", 1)
     data["batch"] = batch
     derive = _dp_follows(args)
+    planned_dp = None
     if derive and isinstance(data.get("parallel"), dict):
+        planned_dp = data["parallel"].get("dp")
         data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
     apply_sets(data, args.set)
     _check_agree(args, data)
     if derive:
         _derive_dp(data)
+        _say_dp_moved(planned_dp, data)
     if not args.plan and "precision" not in data and isinstance(data.get("cluster"), dict):
         data["precision"] = _default_precision(data["cluster"].get("profile"))
     if not args.plan and "attention" not in data and isinstance(data.get("cluster"), dict):
@@ -124,6 +132,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
             raise ConfigError(section, f"got {show(data.get(section))}", "expected a mapping")
     if "model" not in data:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
+    check_section_keys(data["cluster"], ClusterRef, "cluster")  # `profle:` is no missing profile
     if "profile" not in data["cluster"]:
         raise ConfigError("--cluster", "missing", "give --cluster or a plan that names one")
     plan = plan_from_dict(data)
@@ -313,6 +322,18 @@ def _derive_dp(data: dict[str, Any]) -> None:
             f"{model_parallel}, which does not divide num_gpus={gpus}",
             f"choose degrees whose product divides {gpus}, or set parallel.dp and num_gpus")
     par["dp"] = gpus // model_parallel
+
+
+def _say_dp_moved(planned: Any, data: dict[str, Any]) -> None:
+    """One line when the plan file's dp is refitted to another GPU count or degrees (a plan
+    of dp 4 on 16 GPUs is dp 2 on 8): which degree moved, from what to what, and why."""
+    par, cluster = data.get("parallel"), data.get("cluster")
+    if not isinstance(par, dict) or not isinstance(cluster, dict) or planned is None \
+            or par.get("dp") in (None, planned):
+        return
+    degrees = " x ".join(f"{k} {par.get(k, 1)}" for k in ("tp", "pp", "cp"))
+    log.warning("dp %s -> %s: the plan's dp, refitted to num_gpus %s at %s", show(planned),
+                par["dp"], cluster.get("num_gpus"), degrees)
 
 
 __all__ = ["add_plan_arguments", "add_target_arguments", "apply_sets", "plan_from_args",
