@@ -12,7 +12,6 @@ attributes and are never re-scored.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -26,19 +25,33 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.cost.error_band import band_and_bias_of_table, mfu_ceiling_array
 from autoplan.cost.estimate import default_runtime
-from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.errors import ConfigError
-from autoplan.hardware import ClusterProfile
-from autoplan.model_spec import OMITTED_AT_DEFAULT, UNPRICED, ModelSpec
 from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS
 from autoplan.search.engine import Progress, SearchRequest
+from autoplan.search.fingerprint import (
+    PROFILE_ATTR,
+    Stored,
+    cluster_that_resumes,
+    fingerprint,
+    mismatch,
+    profile_record,
+    request_changes,
+)
+from autoplan.search.fingerprint import (  # where tune and stored tests import them from
+    RUNTIME_OMITTED_AT_DEFAULT as RUNTIME_OMITTED_AT_DEFAULT,
+)
+from autoplan.search.fingerprint import content_hash as content_hash
+from autoplan.search.fingerprint import fingerprint as _fingerprint  # noqa: F401
+from autoplan.search.fingerprint import mismatch as _mismatch  # noqa: F401
+from autoplan.search.fingerprint import model_hash as model_hash
+from autoplan.search.fingerprint import profile_hash as profile_hash
+from autoplan.search.fingerprint import runtime_hash as runtime_hash
 from autoplan.search.local_moves import failed_since_last_complete, next_move
 from autoplan.search.scoring import REASON_KEYS, Scored
 from autoplan.search.space import EXTRA_COLUMNS
 from autoplan.search.storage import check_study_name, journal_errors, open_storage, storage_errors
 from autoplan.search.targets import MISS_KEYS, display_value
 from autoplan.search.trial_space import evaluate, suggest_layout
-from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)
 OWNER_WAIT_S = 30.0
@@ -53,153 +66,6 @@ best layouts' neighbourhoods are explored, up to this many times in a row; then 
 REJECTED = 10.0
 """Constraint violation of a candidate that breaks a plan rule (worse than any miss ratio)."""
 Callback = Callable[[optuna.Study, FrozenTrial], None]
-
-
-def content_hash(obj: Any) -> str:
-    """SHA-256 of an object's canonical JSON (dataclasses and enums as YAML writes them, keys
-    sorted): the same in every process, unlike Python's hash()."""
-    return _sha256(to_dict(obj))
-
-
-def _sha256(data: Any) -> str:
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-PROFILE_OMITTED_AT_DEFAULT = {"attention_head_dims": None, "attention_clock": 1.0}
-"""Efficiency fields added after studies were stored, left out of profile_hash at their
-default: a profile that leaves them so hashes as before they existed, so its studies resume;
-one that sets them prices differently and does not."""
-
-
-def profile_hash(profile: ClusterProfile) -> str:
-    """content_hash of a profile, PROFILE_OMITTED_AT_DEFAULT fields at their default left out."""
-    data = to_dict(profile)
-    for name, default in PROFILE_OMITTED_AT_DEFAULT.items():
-        if data["efficiency"].get(name, default) == default:
-            data["efficiency"].pop(name, None)
-    return _sha256(data)
-
-
-RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel", "fused_attention")
-"""RuntimeTraits fields added after studies were stored, left out of runtime_hash at their
-default: a runtime they leave as it was hashes as before them, so its studies resume; one they
-change (megatron-2021 without sequence parallelism) prices otherwise and does not."""
-
-
-def runtime_hash(traits: RuntimeTraits) -> str:
-    """content_hash of runtime traits, RUNTIME_OMITTED_AT_DEFAULT fields at their default left
-    out."""
-    data = to_dict(traits)
-    for name in RUNTIME_OMITTED_AT_DEFAULT:
-        if data.get(name) == RuntimeTraits.__dataclass_fields__[name].default:
-            data.pop(name, None)
-    return _sha256(data)
-
-
-def model_hash(model: ModelSpec) -> str:
-    """content_hash of a model without its RoPE base and scaling (later fields no cost depends
-    on) and without qkv_bias at its default, so a tune's study of a model resumes as before
-    them."""
-    return _sha256(_costed_model(to_dict(model)))
-
-
-def _costed_model(data: dict[str, Any]) -> dict[str, Any]:
-    """A model mapping without the fields that came after studies were first stored
-    (model_spec.OMITTED_AT_DEFAULT): those no figure depends on (UNPRICED: the RoPE base and
-    scaling) whatever their value, the others (qkv_bias) at their defaults only."""
-    return {k: v for k, v in data.items() if k not in OMITTED_AT_DEFAULT
-            or (k not in UNPRICED and v != OMITTED_AT_DEFAULT[k])}
-
-
-def _fingerprint(req: SearchRequest, sampler: str) -> str:
-    """Everything the stored records depend on: a study resumes only under the same request.
-    The profile and the runtime traits are hashed by content, so a recalibrated or edited
-    profile under the same name (or path) does not mix its results with the old ones, and one
-    profile named by name or by path resumes the same study."""
-    runtime = req.runtime or default_runtime(req.profile)
-    fields: dict[str, Any] = {
-        "model": req.model, "gpu_counts": req.gpu_counts,
-        "profile_sha256": profile_hash(req.profile),
-        "global_batch_size": req.global_batch_size, "space": req.space.summary(),
-        "targets": req.targets, "sampler": sampler, "seed": req.seed,
-        "runtime": runtime.name, "runtime_sha256": runtime_hash(runtime),
-    }
-    if req.global_batch_size_max is not None:
-        fields["global_batch_size_max"] = req.global_batch_size_max
-    out = to_dict(fields)
-    if req.targets.memory_slack == "median":  # the default, as before the flag: old studies resume
-        out["targets"].pop("memory_slack", None)
-    if isinstance(out["model"], dict):  # RoPE unpriced, qkv_bias at default: old studies resume
-        out["model"] = _costed_model(out["model"])
-    return json.dumps(out, sort_keys=True, default=str)
-
-
-def request_changes(stored: str, given: str) -> list[str]:
-    """`FIELD stored -> given` for each field of two fingerprints that differs ([] when the
-    same request). Fingerprints stored before the profile was compared by content alone also
-    hold the profile as typed ("profile"): it is left out wherever its hash is there."""
-    if stored == given:
-        return []
-    try:
-        old, new = json.loads(stored), json.loads(given)
-    except ValueError:
-        old = new = None
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return ["another request"]
-    if "profile_sha256" in old:
-        old.pop("profile", None)
-    old, new = _flat(old), _flat(new)
-    for flat in (old, new):  # the default the fingerprint leaves out (_fingerprint)
-        if "targets.objectives" in flat:
-            flat.setdefault("targets.memory_slack", "median")
-    return [f"{_field_name(k)} {_shown(k, old.get(k))} -> {_shown(k, new.get(k))}"
-            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-
-
-def _flat(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested fields as dotted keys (targets.max_step_time_s), so a change names its leaf."""
-    out: dict[str, Any] = {}
-    for k, v in fields.items():
-        if isinstance(v, dict) and v:
-            out |= _flat(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _field_name(key: str) -> str:
-    return {"profile_sha256": "profile contents", "runtime_sha256": "runtime traits",
-            "gpu_counts": "--num-gpus", "global_batch_size": "--global-batch-size"}.get(key, key)
-
-
-def _shown(key: str, value: Any) -> str:
-    """A fingerprint value short enough for one line (hashes to 12 digits, the rest to 40)."""
-    if value is None:
-        return "none"
-    text = value[:12] if key.endswith("_sha256") else json.dumps(value, sort_keys=True)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _mismatch(name: str | None, changes: list[str], auto_precision: bool = False,
-              auto_attention: bool = False) -> ConfigError:
-    shown = "; ".join(changes[:3]) + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
-    fix = "rerun that exact command, or use another --study name"
-    for knob, auto, why in (
-            # the same command settles `precision: auto` otherwise than when the study was
-            # made (several GPU types once searched only the formats every type has)
-            ("precision", auto_precision, "auto now settles as shown"),
-            # `attention: auto` (session 35) settles to eager where the runtime runs no fused
-            # kernel on the GPU (Megatron on a V100): the study's flash plans do not run there
-            ("attention", auto_attention, "auto now settles to what the runtime runs on the "
-                                          "GPU")):
-        was = next((c.split(" -> ")[0].removeprefix(f"space.{knob} ") for c in changes
-                    if c.startswith(f"space.{knob} ")), None)
-        if auto and was is not None:
-            fix = (f"{knob}: {why}; to resume, give a space that lists the study's {knob} "
-                   f"({was}), or use another --study name")
-            break
-    return ConfigError("--study", f"{name!r} was created by a different search ({shown})", fix)
 
 
 def _directions(req: SearchRequest) -> list[Any]:
@@ -329,23 +195,31 @@ def open_study(req: SearchRequest, sampler: str) -> optuna.Study:
         raise ConfigError("--study", "missing", "name the study to create or resume")
     check_study_name(req.study)
     storage = open_storage(req.storage)
-    fp, attr = _fingerprint(req, sampler), FINGERPRINT_ATTRS["search"]
+    fp, attr = fingerprint(req, sampler), FINGERPRINT_ATTRS["search"]
+    profile = profile_record(req.profile, req.profile_ref)
     with journal_errors(req.storage):
         study, created = create_or_load(storage, req.study, _directions(req))
-    if created:
+    if created:  # the profile first: a process waiting for the mark then finds it too
+        study.set_user_attr(PROFILE_ATTR, profile)
         study.set_user_attr(attr, fp)
         claim_study(study, "search", _directions(req), created=True)
         return study
     claim_study(study, "search", _directions(req), created=False)
-    have = study.user_attrs.get(attr)
+    attrs = study.user_attrs
+    have = attrs.get(attr)
     if have is None:  # a study its maker never marked (it died first), without trials
+        study.set_user_attr(PROFILE_ATTR, profile)
         study.set_user_attr(attr, fp)
         return study
-    changes = request_changes(have, fp)
+    stored = Stored(have, attrs.get(PROFILE_ATTR))
+    changes = request_changes(stored, fp, profile)
     if changes:
         given = req.space_given or req.space
-        raise _mismatch(req.study, changes, auto_precision=not given.precision,
-                        auto_attention=not given.attention)
+        raise mismatch(req.study, changes, auto_precision=not given.precision,
+                       auto_attention=not given.attention,
+                       cluster=cluster_that_resumes(req, sampler, stored))
+    if stored.profile is None and have == fp:  # stored before the record: the same profile
+        study.set_user_attr(PROFILE_ATTR, profile)
     return study
 
 
