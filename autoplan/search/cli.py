@@ -34,6 +34,7 @@ from autoplan.search.engine import (
     run_search,
     type_requests,
 )
+from autoplan.search.precisions import check_runnable
 from autoplan.search.space import parse_batch_sizes, parse_gpu_counts, typed_range
 from autoplan.search.targets import MEMORY_SLACKS, OBJECTIVES, Targets
 from autoplan.search_space import SearchSpace, load_space
@@ -149,10 +150,12 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         if unpriced:
             raise ConfigError("--price", f"{', '.join(unpriced)} has no price_per_gpu_hour",
                               f"give --price {unpriced[0]}=USD to compare cost across types")
+    precision = getattr(args, "precision", None)  # `tune` builds its own args
+    space = with_precisions(load_space(args.space), precision)
+    check_runnable(space, [(t.ref, t.profile) for t in types], precision, args.space)
     req = SearchRequest(
         model=model, model_ref=model_ref, profile=profile,
-        profile_ref=",".join(t.ref for t in types),
-        space=with_precisions(load_space(args.space), getattr(args, "precision", None)),
+        profile_ref=",".join(t.ref for t in types), space=space,
         gpu_counts=tuple(sorted({n for t in types for n in t.gpu_counts})),
         global_batch_size=gbs, targets=targets, sampler=args.sampler,
         trials=DEFAULT_TRIALS if args.trials is None else args.trials, seed=args.seed,
