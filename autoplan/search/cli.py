@@ -284,8 +284,10 @@ def _check_database_url(url: str, fix: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+    from autoplan.search.storage import database_url
+
     try:
-        make_url(url).get_dialect()
+        make_url(database_url(url)).get_dialect()
     except (ArgumentError, NoSuchModuleError, ValueError) as err:
         from autoplan.search.storage import shown_url
 
@@ -327,10 +329,9 @@ def search_command(args: argparse.Namespace) -> int:
             from autoplan.search.report import _pyplot
 
             _pyplot()  # matplotlib missing: refused now, not after the search
-        before = stored_trials(req)
         with progress_bar() as progress:
             result = run_search(req, progress)
-        studies = study_counts(req, before, stored_trials(req))
+        studies = study_counts(result)
         data = write_results(args, result, report, together, studies)
         from autoplan.cli_common import resolve_format
         from autoplan.display import rounded
@@ -356,66 +357,41 @@ def search_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def stored_trials(req: SearchRequest) -> dict[str, int] | None:
-    """The complete trials each study of a stored search holds now (0 for one not there yet):
-    --study, or STUDY/TYPE per GPU type; {} without --storage. Only read: nothing is created.
-    None where reading a file storage fails: a SQLite file another worker is writing has a hot
-    journal that a read-only connection cannot roll back ("attempt to write a readonly
-    database"), and the search itself, not this count, reports a file it cannot open. A
-    database server's refusal (a wrong password) is raised here, once, before any search."""
-    if req.storage is None or req.study is None:
-        return {}
-    from optuna.trial import TrialState
-
-    from autoplan.search.storage import journal_errors, peek_storage, storage_errors
-
-    out = dict.fromkeys((str(sub.study) for sub in type_requests(req)), 0)
-    try:
-        with journal_errors(req.storage), storage_errors(req.storage):
-            storage = peek_storage(req.storage)
-            if storage is None:  # no file or no tables yet: the search creates them
-                return out
-            for name in out:
-                try:
-                    study_id = storage.get_study_id_from_name(name)
-                except KeyError:  # the search creates it
-                    continue
-                out[name] = len(storage.get_all_trials(study_id, deepcopy=False,
-                                                       states=(TrialState.COMPLETE,)))
-    except ConfigError as err:
-        if not req.storage.startswith(("sqlite", "journal:")):
-            raise  # a server refusing the URL (a wrong password): said once, here
-        log.info("study counts not read: %s", err)
-        return None
-    return out
-
-
-def study_counts(req: SearchRequest, before: dict[str, int] | None,
-                 after: dict[str, int] | None) -> list[dict[str, Any]]:
-    """summary `studies`: per study, the complete trials it held when this search began
-    (`stored`), those added since (`new`: by this process and any worker sharing the study),
-    and --trials, the total a study is sampled up to (`trials`); [] where either count could
-    not be read (stored_trials)."""
-    if before is None or after is None:
-        return []
-    return [{"study": name, "stored": n, "new": max(after.get(name, n) - n, 0),
-             "trials": req.trials} for name, n in before.items()]
+def study_counts(result: SearchResult) -> list[dict[str, Any]]:
+    """summary `studies` (with --storage): per study, the complete trials it held when this
+    search opened it (`stored`), those this process added (`new`), those it holds at the end
+    (`held`: more than stored + new where other workers share it) and --trials, the total a
+    study is sampled up to (`trials`). Counted by the search on the study it opened: a
+    read-only look at an SQLite file another worker writes can fail, which left a worker's
+    summary without `studies` (user test 36)."""
+    return [{"study": s.study, "stored": s.stored, "new": s.new, "held": s.held,
+             "trials": result.request.trials} for s in result.studies]
 
 
 def resumed_lines(studies: list[dict[str, Any]]) -> list[str]:
-    """What a search that resumed a stored study did: the trials it found, those it added, and
-    that --trials counts the study's total (rerun with the same --trials, it adds none)."""
+    """What a search that resumed a stored study, or shared one with other workers, did: the
+    trials it found, those it added, those other workers added, and that --trials counts the
+    study's total (rerun with the same --trials, it adds none)."""
     lines = []
     for s in studies:
-        if not s["stored"]:
-            continue  # a new study: the header line's count is all its trials
-        head = f"resumed study {s['study']}: {s['stored']:,} trials stored"
-        if s["new"]:
-            lines.append(f"{head}, {s['new']:,} new (--trials {s['trials']:,} is the study's "
-                         "total)")
+        others = s.get("held", s["stored"] + s["new"]) - s["stored"] - s["new"]
+        if not s["stored"] and others <= 0:
+            continue  # a new study of one worker: the header line's count is all its trials
+        head = (f"resumed study {s['study']}: {s['stored']:,} trials stored, " if s["stored"]
+                else f"study {s['study']}: ")
+        total = f"--trials {s['trials']:,} is the study's total"
+        if others > 0:
+            over = s["held"] - s["trials"]
+            past = (f"; workers sharing a study each finish the trial they have in flight, so "
+                    f"it holds {over:,} more" if over > 0 else "")
+            new = f"{s['new']:,} new" if s["new"] else "none new"
+            lines.append(f"{head}{new} by this worker, {others:,} by others sharing it: it "
+                         f"holds {s['held']:,} ({total}{past})")
+        elif s["new"]:
+            lines.append(f"{head}{s['new']:,} new ({total})")
         else:
-            lines.append(f"{head}, none new (--trials {s['trials']:,} is the study's total): "
-                         f"raise --trials above {s['stored']:,} to sample more")
+            lines.append(f"{head}none new ({total}): raise --trials above {s['stored']:,} to "
+                         "sample more")
     return lines
 
 

@@ -123,6 +123,18 @@ class SearchRequest:
         return "nsga2" if self.targets.multi else "tpe"
 
 
+@dataclass(frozen=True)
+class StudyCount:
+    """One stored study of a sampled search: the complete trials it held when this process
+    opened it, those this process added, and those it holds at the end (other workers sharing
+    it add theirs)."""
+
+    study: str
+    stored: int
+    new: int
+    held: int
+
+
 @dataclass
 class SearchResult:
     request: SearchRequest
@@ -145,6 +157,8 @@ class SearchResult:
     type_misses: dict[str, Miss] = field(default_factory=dict)
     """A multi-type search: the nearest miss of each GPU type (by its name in --cluster) that
     has no feasible plan, as a search of that type alone gives it."""
+    studies: tuple[StudyCount, ...] = ()
+    """With --storage: each study's counts (one per GPU type of --cluster A,B)."""
 
     @property
     def best(self) -> int | None:
@@ -239,20 +253,21 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None
 
 
 def _score_one(req: SearchRequest, progress: Progress | None
-               ) -> tuple[str, Scored, int, tuple[int, ...]]:
+               ) -> tuple[str, Scored, int, tuple[int, ...], StudyCount | None]:
     sampler = req.pick_sampler()
     if sampler == "exhaustive":
         if req.storage:
             raise ConfigError("--storage", "applies to the Optuna samplers",
                               "add --sampler tpe, nsga2 or random, or drop --storage")
         scored, total, counts = run_exhaustive(req, progress)
+        study = None
     else:  # a batch range is a sampled knob there (trial_space.pick_batch)
         from autoplan.search.optuna_search import run_optuna
 
-        scored, total = run_optuna(req, sampler, progress)
+        scored, total, study = run_optuna(req, sampler, progress)
         # the counts its trials scored (a sampled range scores some of the counts asked for)
         counts = tuple(int(n) for n in np.unique(scored.cols["num_gpus"])) if scored.n else ()
-    return sampler, scored, total, counts
+    return sampler, scored, total, counts, study
 
 
 def with_cluster(scored: Scored, k: int, ref: str, price: float | None, clusters: tuple[str, ...],
@@ -346,8 +361,11 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
     parts, total, samplers, notes = [], 0, [], []
     type_misses: dict[str, Miss] = {}
     counts: set[int] = set()
+    studies: list[StudyCount] = []
     for k, sub in enumerate(subs):
-        sampler, part, seen, done = _score_one(sub, progress)
+        sampler, part, seen, done, study = _score_one(sub, progress)
+        if study is not None:
+            studies.append(study)
         samplers.append(sampler)
         total += seen
         counts.update(done)
@@ -371,7 +389,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
             miss = dataclasses.replace(miss, misses=[*miss.misses, *notes])
     return SearchResult(req, sampler, scored, order, front, total,
                         time.perf_counter() - t0, miss.row if miss else None, miss,
-                        tuple(sorted(counts)), type_misses)
+                        tuple(sorted(counts)), type_misses, tuple(studies))
 
 
 def _type_miss(sub: SearchRequest, part: Scored, note: str | None) -> Miss:

@@ -27,7 +27,7 @@ from autoplan.cost.error_band import band_and_bias_of_table, mfu_ceiling_array
 from autoplan.cost.estimate import default_runtime
 from autoplan.errors import ConfigError
 from autoplan.plan_table import COLUMNS, EXPERT_COLUMNS
-from autoplan.search.engine import Progress, SearchRequest
+from autoplan.search.engine import Progress, SearchRequest, StudyCount
 from autoplan.search.fingerprint import (
     PROFILE_ATTR,
     Stored,
@@ -244,8 +244,10 @@ def _recover_move(study: optuna.Study, req: SearchRequest, done: int) -> None:
 
 
 def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = None,
-               callbacks: Sequence[Callback] = ()) -> tuple[Scored, int]:
-    """Run trials until the study holds `req.trials` complete ones; rebuild the scored set."""
+               callbacks: Sequence[Callback] = ()) -> tuple[Scored, int, StudyCount | None]:
+    """Run trials until the study holds `req.trials` complete ones; rebuild the scored set.
+    With --storage, also what the study held, what this process added and what it holds now
+    (None in memory)."""
     if req.trials < 1:
         raise ConfigError("--trials", f"got {req.trials}", "expected a positive integer")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -254,13 +256,17 @@ def run_optuna(req: SearchRequest, sampler: str, progress: Progress | None = Non
 
 
 def _run_trials(req: SearchRequest, sampler: str, progress: Progress | None,
-                callbacks: Sequence[Callback]) -> tuple[Scored, int]:
+                callbacks: Sequence[Callback]) -> tuple[Scored, int, StudyCount | None]:
+    """The sampling loop. Workers sharing a study each stop once it holds req.trials, but
+    finish the trial they have in flight: N workers may end it up to N - 1 past req.trials,
+    as with Optuna's MaxTrialsCallback (optuna/optuna#3518)."""
     study = open_study(req, sampler)
-    cache = {_key(t.user_attrs["record"]): t.user_attrs["record"] for t in _finished(study)}
-    local_retry = 0
+    finished = _finished(study)
+    cache = {_key(t.user_attrs["record"]): t.user_attrs["record"] for t in finished}
+    local_retry, added, stored = 0, 0, len(finished)
     if req.storage:
-        _recover_move(study, req, len(_finished(study)))
-    done = len(_finished(study))
+        _recover_move(study, req, stored)
+    done = stored
     while done < req.trials:
         retry = failed_since_last_complete(study) if req.storage else local_retry
         seed = _seed(req, done, retry)
@@ -289,12 +295,15 @@ def _run_trials(req: SearchRequest, sampler: str, progress: Progress | None,
         except optuna.exceptions.UpdateFinishedTrialError:
             log.info("trial %d was finished by another worker; moving on", trial.number)
             continue
-        done, local_retry = len(_finished(study)), 0
+        done, local_retry, added = len(_finished(study)), 0, added + 1
         if progress:
             progress("trials", min(done, req.trials), req.trials)
         for cb in callbacks:
             cb(study, frozen)
-    return collect(study, req), done
+    count = None
+    if req.storage:  # read again: workers sharing the study may have added trials since
+        count = StudyCount(str(req.study), stored, added, len(_finished(study)))
+    return collect(study, req), done, count
 
 
 def collect(study: optuna.Study, req: SearchRequest) -> Scored:

@@ -6,7 +6,9 @@ search (optuna_search.py) and tune (tune/study.py) share it.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import optuna
 
 from autoplan.errors import ConfigError
 
+log = logging.getLogger(__name__)
 STORAGE_ATTEMPTS = 5
 """Tries to open a fresh SQLite file that other workers are creating the schema in at once."""
 SQLITE_BUSY_TIMEOUT_S = 60.0
@@ -244,11 +247,29 @@ def _damaged(path: str, err: Exception) -> ConfigError:
                        "give a new file, or repair the journal")
 
 
+def database_url(url: str) -> str:
+    """`postgres://...` (Heroku's, Render's and many platforms' spelling) as postgresql://,
+    the name SQLAlchemy knows since 1.4 dropped the alias; other URLs as given."""
+    if not url.startswith("postgres://"):
+        return url
+    _said_postgres(shown_url(url))
+    return "postgresql://" + url.removeprefix("postgres://")
+
+
+@functools.cache
+def _said_postgres(shown: str) -> None:
+    """One line per URL and process, however often it is opened."""
+    log.warning("--storage: reading %s as postgresql://%s (SQLAlchemy's name for PostgreSQL)",
+                shown, shown.removeprefix("postgres://"))
+
+
 def _with_driver(url: str) -> str:
-    """postgresql://... with the driver that is installed: SQLAlchemy's default for the plain
-    scheme is psycopg 3 from 2.1 on and psycopg2 before; either works for Optuna."""
+    """postgresql://... (or postgres://) with the driver that is installed: SQLAlchemy's
+    default for the plain scheme is psycopg 3 from 2.1 on and psycopg2 before; either works
+    for Optuna."""
     import importlib.util
 
+    url = database_url(url)
     if not url.startswith("postgresql://"):
         return url
     for module, scheme in (("psycopg", "postgresql+psycopg://"),

@@ -21,7 +21,8 @@ def _search(tmp_path: Path, trials: int, *extra: str) -> list[str]:
 def test_each_run_says_what_it_found_and_added(tmp_path: Path, capsys) -> None:
     assert main(_search(tmp_path, 3, "--format", "json")) == 0
     first = json.loads(capsys.readouterr().out)
-    assert first["studies"] == [{"study": "s1", "stored": 0, "new": 3, "trials": 3}]
+    assert first["studies"] == [{"study": "s1", "stored": 0, "new": 3, "held": 3,
+                                  "trials": 3}]
 
     assert main(_search(tmp_path, 5, "--format", "table")) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -34,7 +35,8 @@ def test_each_run_says_what_it_found_and_added(tmp_path: Path, capsys) -> None:
         "resumed study s1: 5 trials stored, none new (--trials 5 is the study's total): raise "
         "--trials above 5 to sample more")
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["studies"] == [{"study": "s1", "stored": 5, "new": 0, "trials": 5}]
+    assert summary["studies"] == [{"study": "s1", "stored": 5, "new": 0, "held": 5,
+                                   "trials": 5}]
     assert summary["candidates"] == 5  # the study's trials, every one ranked
 
 
