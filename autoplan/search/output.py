@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from autoplan.search.ranking import frame, row_plan
 from autoplan.search.scoring import Scored
 from autoplan.search.targets import MISS_KEYS, Targets
 from autoplan.yaml_io import dump_yaml, to_dict
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 OUT_FILES = ("plan.yaml", "top.yaml", "trials.csv.gz", "summary.json")
@@ -175,8 +178,8 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
         if len(everything) >= LARGE_CSV_ROWS:  # a minute or more after "done": say why
             sys.stderr.write(f"search: writing {len(everything):,} rows to trials.csv.gz\n")
             sys.stderr.flush()
-        csv = frame(result.scored, everything, req.space, req.targets, result.front,
-                    row_capacities(req, result.scored)).to_csv(
+        csv = csv_words(frame(result.scored, everything, req.space, req.targets,
+                              result.front, row_capacities(req, result.scored))).to_csv(
             index_label="row")
         fsutil.write_bytes(tmp / "trials.csv.gz",
                            gzip.compress(csv.encode("utf-8"), compresslevel=3, mtime=0))
@@ -185,6 +188,22 @@ def write_out(result: SearchResult, out: str | Path, top: int, force: bool,
         if also is not None:
             also(tmp)
     return Path(out)
+
+
+CSV_WORDS = {"dp_shard": (0, "off"), "grad_reduce": ("", "default")}
+"""trials.csv.gz's words for a plan's null, where a number or an empty cell (NaN to pandas)
+said nothing (user test 36): dp_shard `off` (no HSDP: ZeRO shards over all of dp, a plan's
+`parallel.dp_shard: null`), grad_reduce `default` (the runtime's own reduce dtype, a plan's
+`grad_reduce_dtype: null`)."""
+
+
+def csv_words(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame with CSV_WORDS in place of the values that stand for a plan's null."""
+    for column, (null, word) in CSV_WORDS.items():
+        if column in df:
+            values = df[column].astype(object)
+            df[column] = values.where(values != null, word)
+    return df
 
 
 def _cross_check(plan: Plan) -> None:

@@ -143,9 +143,9 @@ REJECTED_IF_DIFFERENT = ("num_gpus", "cluster", "ep", "etp", "dp_shard", "sp", "
 
 
 def rejected_words(result: SearchResult, rows: np.ndarray) -> list[str]:
-    """Each row's plan in a few words: the layout, and every other knob in which the rows
-    differ (eight rows of one layout that missed by ep or precision read alike: user test
-    35)."""
+    """Each row's plan in a few words: the layout, every other knob in which the rows differ
+    (eight rows of one layout that missed by ep or precision read alike: user test 35), and
+    the precision and GPU type wherever the search had several."""
     req = result.request
     df = frame(result.scored, rows, req.space, req.targets)
     if "recompute_layers" in df:  # one word: none, or policy:layers (-1: every layer)
@@ -153,8 +153,12 @@ def rejected_words(result: SearchResult, rows: np.ndarray) -> list[str]:
                            for r, n in zip(df["recompute"], df["recompute_layers"],
                                            strict=True)]
         df = df.drop(columns="recompute_layers")
+    # the precision and GPU type whenever the search had several: eight fp8 rows of a
+    # bf16+fp8 search read as if precision played no part (user test 36)
+    searched = {"precision": len(req.space.precision) > 1, "cluster": len(req.types) > 1}
     names = [k for k in REJECTED_ALWAYS if k in df] + [
-        k for k in REJECTED_IF_DIFFERENT if k in df and df[k].astype(str).nunique() > 1]
+        k for k in REJECTED_IF_DIFFERENT
+        if k in df and (searched.get(k) or df[k].astype(str).nunique() > 1)]
     return [" ".join(f"{k}{r[k]}" if k in REJECTED_ALWAYS else f"{k}={r[k]}" for k in names)
             for _, r in df.iterrows()]
 
