@@ -48,6 +48,12 @@ DEFAULT_ROPE_THETA = 10000.0
 """RoPE base of Su et al. 2021 (RoFormer) and Llama 2, and Megatron's --rotary-base default."""
 MAX_ROPE_THETA = 1e9
 """Largest rope_theta: past any published base (Llama 3: 5e5; Qwen2.5-1M: 1e7)."""
+DEFAULT_NORM_EPS = 1e-5
+"""The norms' epsilon before norm_eps was a field (the runtime's, Megatron's --norm-epsilon
+default, GPT-2's and Llama 2/3's configs); Qwen3, DeepSeek-V3 and Gemma use 1e-6."""
+MAX_NORM_EPS = 0.1
+"""Largest norm_eps: far past any published value (1e-5 to 1e-6), so a slip such as 1 or 1e5
+(which would wash out the normalisation) is refused."""
 
 class NormKind(str, enum.Enum):
     LAYERNORM = "layernorm"
@@ -94,6 +100,16 @@ class ModelSpec:
     bias=True and o_proj with bias=False whatever the config says; Qwen2-MoE's `qkv_bias`,
     default true), Megatron's `--disable-bias-linear --add-qkv-bias`. bias true already puts
     biases on every Linear, q, k and v included."""
+    qk_norm: bool = False
+    """q and k are normalised per head after their projections, before RoPE: an RMSNorm over
+    head_dim with its own weight of head_dim, one for q and one for k, shared by the heads
+    (Qwen3 and Qwen3-MoE: HF Qwen3Attention's q_norm / k_norm; Megatron's --qk-layernorm,
+    torchtitan's qwen3 qk_norm). RMSNorm models only; not with latent attention (mla), whose
+    latent norms are part of it."""
+    norm_eps: float = DEFAULT_NORM_EPS
+    """Epsilon of every norm (the blocks', the final one, qk_norm's and MLA's latent ones):
+    HF `rms_norm_eps` / `layer_norm_eps`, Megatron --norm-epsilon. No figure of the cost model
+    depends on it."""
     tie_embeddings: bool = False
     """The output projection shares the input embedding's weights."""
     dropout: float = 0.0
@@ -155,6 +171,9 @@ class ModelSpec:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", f"got {self.dropout!r}", "expected 0 <= dropout < 1")
         _check_qkv_bias(self)
+        _check_qk_norm(self)
+        _check_norm_eps(self.norm_eps)
+        object.__setattr__(self, "norm_eps", float(self.norm_eps))
         _check_rope_theta(self.rope_theta, self.position)
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         if self.rope_scaling is not None and self.position != PositionKind.ROPE:
@@ -224,6 +243,26 @@ def _check_qkv_bias(spec: ModelSpec) -> None:
                           "v projections of that shape: drop qkv_bias")
 
 
+def _check_qk_norm(spec: ModelSpec) -> None:
+    if not isinstance(spec.qk_norm, bool):
+        raise ConfigError("model.qk_norm", f"got {show(spec.qk_norm)}", "expected true or false")
+    if spec.qk_norm and spec.mla is not None:
+        raise ConfigError("model.qk_norm", "true with mla", "latent attention normalises its "
+                          "latents instead (its q_norm and kv_norm are built with it): drop "
+                          "qk_norm")
+    if spec.qk_norm and spec.norm != NormKind.RMSNORM:
+        norm = getattr(spec.norm, "value", spec.norm)
+        raise ConfigError("model.qk_norm", f"true with norm {norm}", "autoplan normalises q "
+                          "and k with RMSNorm (Qwen3's): set norm: rmsnorm, or drop qk_norm")
+
+
+def _check_norm_eps(eps: Any) -> None:
+    if (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps)
+            or not 0.0 < eps <= MAX_NORM_EPS):
+        raise ConfigError("model.norm_eps", f"got {show(eps)}",
+                          f"expected a number in (0, {MAX_NORM_EPS:g}], e.g. 1e-5 or 1e-6")
+
+
 def _check_rope_theta(theta: Any, position: PositionKind) -> None:
     if (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta)
             or not 0.0 < theta <= MAX_ROPE_THETA):
@@ -235,18 +274,20 @@ def _check_rope_theta(theta: Any, position: PositionKind) -> None:
                           "set position: rope, or drop rope_theta")
 
 
-OMITTED_AT_DEFAULT = {"rope_theta": DEFAULT_ROPE_THETA, "rope_scaling": None, "qkv_bias": False}
+OMITTED_AT_DEFAULT = {"rope_theta": DEFAULT_ROPE_THETA, "rope_scaling": None, "qkv_bias": False,
+                      "qk_norm": False, "norm_eps": DEFAULT_NORM_EPS}
 """ModelSpec fields added after files were first written, left out of a saved mapping at their
 defaults (model_dict)."""
-UNPRICED = ("rope_theta", "rope_scaling")
+UNPRICED = ("rope_theta", "rope_scaling", "norm_eps")
 """OMITTED_AT_DEFAULT fields no figure of the cost model depends on (a stored study's hash
-leaves them out whatever their value); qkv_bias changes the parameter count."""
+leaves them out whatever their value); qkv_bias and qk_norm change the parameter count."""
 
 
 def model_dict(data: dict[str, Any]) -> dict[str, Any]:
-    """A saved ModelSpec mapping (yaml_io.to_dict) without rope_theta, rope_scaling and qkv_bias
-    at their defaults, so that model files, plans, checkpoints and studies written before those
-    fields read back the same; rope_scaling keeps only its kind's fields (the others are None)."""
+    """A saved ModelSpec mapping (yaml_io.to_dict) without the fields of OMITTED_AT_DEFAULT at
+    their defaults (rope_theta, rope_scaling, qkv_bias, qk_norm, norm_eps), so that model files,
+    plans, checkpoints and studies written before those fields read back the same; rope_scaling
+    keeps only its kind's fields (the others are None)."""
     out = {k: v for k, v in data.items()
            if not (k in OMITTED_AT_DEFAULT and v == OMITTED_AT_DEFAULT[k])}
     if isinstance(out.get("rope_scaling"), dict):
@@ -318,6 +359,18 @@ PRESETS: dict[str, ModelSpec] = {
     )
 }
 PRESETS.update((m.name, m) for m in moe_presets())  # Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss
+PRESET_NORMS = {
+    # huggingface.co/Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json "rms_norm_eps": 1e-06;
+    # Qwen3MoeAttention normalises q and k per head (q_norm, k_norm over head_dim)
+    "qwen3-30b-a3b": {"qk_norm": True, "norm_eps": 1e-6},
+    "qwen3-235b-a22b": {"qk_norm": True, "norm_eps": 1e-6},
+    # huggingface.co/deepseek-ai/DeepSeek-V3 config.json "rms_norm_eps": 1e-06 (its latent
+    # norms are MLA's own, not qk_norm)
+    "deepseek-v3": {"norm_eps": 1e-6},
+}
+"""Norm fields of the MoE presets (moe_spec.moe_presets builds their shapes); the other presets'
+configs state 1e-5 (Llama 2 and 3, Mistral 7B, Mixtral, gpt-oss, GPT-2's LayerNorm)."""
+PRESETS.update((name, PRESETS[name].replace(**norms)) for name, norms in PRESET_NORMS.items())
 
 
 def from_hf_config(path: str | Path, field: str = "--model",

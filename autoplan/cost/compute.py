@@ -42,6 +42,7 @@ BLOCK_OPS_DELTA = {
     "swiglu": (5, 15, 1),  # a third MLP GEMM and the gate's silu * up
     "no_bias": (0, -20, 0),  # mm instead of addmm: same forward count, no bias gradients
     "qkv_bias": (0, 9, 0),  # a no_bias block with q, k and v biased: their gradients back
+    "qk_norm": (14, 36, 0),  # composite RMSNorms of q and k over head_dim (Qwen3), 7 ops each
     "gqa": (8, 8, 0),  # repeating K and V heads to the query heads
     "eager": (4, 8, 2),  # scores and weights matmuls, scale, mask, softmax instead of SDPA
 }
@@ -77,7 +78,7 @@ def block_ops(model: ModelSpec, eager: bool = False) -> tuple[int, int, int]:
              "rope": model.position is PositionKind.ROPE,
              "swiglu": model.gated_mlp,  # GeGLU dispatches as SwiGLU does (gelu for silu)
              "no_bias": not model.bias, "qkv_bias": model.qkv_bias and not model.bias,
-             "gqa": model.kv_heads != model.num_heads,
+             "qk_norm": model.qk_norm, "gqa": model.kv_heads != model.num_heads,
              "eager": eager}
     f, b, g = BLOCK_OPS
     for name in (k for k, on in flags.items() if on):

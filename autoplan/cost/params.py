@@ -2,7 +2,8 @@
 
 A transformer block (Vaswani et al. 2017; GPT-2/3 and Llama layouts) holds the QKV and output
 projections, the MLP (two matrices for GELU, three for SwiGLU) and two norms; biases on every
-Linear (model.bias, GPT) or on q, k and v alone (model.qkv_bias, Qwen2).
+Linear (model.bias, GPT) or on q, k and v alone (model.qkv_bias, Qwen2); per-head norms of q and
+k (model.qk_norm, Qwen3).
 """
 
 from __future__ import annotations
@@ -27,7 +28,17 @@ def attention_params(model: ModelSpec) -> int:
     q_width = model.q_width  # num_heads * head_dim; h unless head_dim is set apart (Gemma, Qwen3)
     weights = h * (q_width + 2 * kv_width) + q_width * h  # QKV and output projection
     qkv_biases = q_width + 2 * kv_width if model.bias or model.qkv_bias else 0
-    return weights + qkv_biases + (h if model.bias else 0)  # the output projection's bias
+    out = weights + qkv_biases + (h if model.bias else 0)  # the output projection's bias
+    return out + qk_norm_params(model)
+
+
+def qk_norm_params(model: ModelSpec) -> int:
+    """QK-norm's two RMSNorm weights of head_dim, one for q and one for k, each shared by every
+    head (HF Qwen3Attention q_norm / k_norm; Megatron-Core q_layernorm / k_layernorm built at
+    hidden_size_per_attention_head): 2 * head_dim, 0 without it. Every tp rank holds them whole
+    (they are per head, not split); params_per_rank divides them with the block, as it does
+    the block norms: parts per million."""
+    return 2 * model.head_width if model.qk_norm else 0
 
 
 def mlp_params(model: ModelSpec) -> int:
@@ -153,10 +164,10 @@ def layer_params(model: ModelSpec) -> int:
 
 def tensors_per_layer(model: ModelSpec) -> int:
     """Parameter tensors of one block (optimizers over DTensors pay per tensor): q, k, v, o and
-    two or three MLP weights, their biases (or q, k and v's alone), and two norms' weights (and
-    biases)."""
+    two or three MLP weights, their biases (or q, k and v's alone), two norms' weights (and
+    biases), and QK-norm's two weights."""
     weights = 4 + (3 if model.gated_mlp else 2)
-    norms = 2 * (2 if model.norm is NormKind.LAYERNORM else 1)
+    norms = 2 * (2 if model.norm is NormKind.LAYERNORM else 1) + (2 if model.qk_norm else 0)
     return weights * (2 if model.bias else 1) + (3 if model.qkv_bias else 0) + norms
 
 

@@ -5,7 +5,8 @@ Per block: q/k/v and w1/w3 are column-parallel, wo and w2 row-parallel, so one a
 attention and per MLP in forward and again in backward (Shoeybi et al. 2019; Korthikanti et al.
 2022). The token embedding is vocab-parallel (row-wise), the head column-parallel; with
 `loss_parallel` the logits stay sharded over the vocabulary and the cross entropy is computed
-on the shards. Norms become SequenceParallel (replicated weights, sequence-sharded activations).
+on the shards. Norms become SequenceParallel (replicated weights, sequence-sharded activations);
+QK-norm's per-head norms stay whole on every rank and normalise its own heads (qk_norm_plan).
 Multi-head latent attention shards its up projections by heads and replicates its down
 projections (mla_plan).
 """
@@ -87,6 +88,16 @@ def mla_plan(plan: dict[str, object], q_lora: bool) -> dict[str, object]:
     return plan
 
 
+def qk_norm_plan(plan: dict[str, object]) -> dict[str, object]:
+    """A block's plan with QK-norm (model.qk_norm; models/layers.Attention): q_norm and k_norm
+    replicated over tp, their input taken as the rank's heads of q and k (b, s, local heads,
+    head_dim: sharded on dim 2, the heads), so their weight gradient, each rank's partial sum
+    over its heads, is summed over tp. torchtitan's qwen3 plans them the same way
+    (SequenceParallel(sequence_dim=2) on attention.q_norm / k_norm, use_local_output)."""
+    return {**plan, **{f"attention.{n}": SequenceParallel(sequence_dim=2, use_local_output=True)
+                       for n in ("q_norm", "k_norm")}}
+
+
 def head_plan(sequence_parallel: bool, loss_parallel: bool, has_embed: bool, has_head: bool):
     """Plan of the model's embedding / final norm / output head, where this stage has them."""
     act = Shard(1) if sequence_parallel else Replicate()
@@ -130,4 +141,6 @@ def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool, loss_parallel: 
             plan = moe_tp_plan(plan, sequence_parallel)
         if isinstance(block.attention, MultiHeadLatentAttention):
             plan = mla_plan(plan, q_lora=block.attention.mla.q_lora_rank is not None)
+        elif getattr(block.attention, "qk_norm", False):
+            plan = qk_norm_plan(plan)
         parallelize_module(block, tp_mesh, plan)

@@ -1,4 +1,5 @@
-"""Transformer sub-layers: attention (MHA/GQA, optional RoPE) and MLPs (GELU, SwiGLU, GeGLU).
+"""Transformer sub-layers: attention (MHA/GQA, optional QK-norm and RoPE) and MLPs (GELU, SwiGLU,
+GeGLU).
 
 Every layer reads the number of local heads from tensor shapes, never from the spec, so the same
 code runs on a full layer and on a tensor-parallel shard (heads split over tp ranks).
@@ -30,10 +31,11 @@ COMPUTE_DTYPES = {"fp32": torch.float32}
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
-    """LayerNorm (weight and bias, GPT) or RMSNorm (weight only, Llama); eps 1e-5."""
+    """LayerNorm (weight and bias, GPT) or RMSNorm (weight only, Llama) at the model's norm_eps
+    (1e-5 unless the model says otherwise: Qwen3 and DeepSeek-V3 1e-6)."""
     if spec.norm == NormKind.RMSNORM:
-        return nn.RMSNorm(spec.hidden_size, eps=1e-5)
-    return nn.LayerNorm(spec.hidden_size, eps=1e-5, bias=spec.bias)
+        return nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=spec.bias)
 
 
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device,
@@ -114,7 +116,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     """Causal self-attention; GQA when num_kv_heads < num_heads (k/v heads are repeated). Heads
-    are spec.head_dim wide, so q is num_heads * head_dim wide, which need not be hidden_size."""
+    are spec.head_dim wide, so q is num_heads * head_dim wide, which need not be hidden_size.
+    With spec.qk_norm each head of q and of k is RMS-normalised over head_dim before RoPE,
+    q_norm and k_norm holding one head_dim weight each (Qwen3: HF Qwen3Attention applies
+    q_norm(q_proj(x).view(..., head_dim)) before apply_rotary_pos_emb); under tensor
+    parallelism every rank keeps them whole and normalises its own heads (tensor_parallel
+    block_plan: their gradients summed over tp)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -132,6 +139,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, spec.kv_heads * hd, bias=qkv_bias)
         self.wv = nn.Linear(h, spec.kv_heads * hd, bias=qkv_bias)
         self.wo = nn.Linear(spec.num_heads * hd, h, bias=spec.bias)
+        if spec.qk_norm:
+            self.q_norm = nn.RMSNorm(hd, eps=spec.norm_eps)
+            self.k_norm = nn.RMSNorm(hd, eps=spec.norm_eps)
+        self.qk_norm = spec.qk_norm
         self.context_parallel = None  # context_parallel.apply_cp sets it when cp > 1
         self.eager = False  # plan.attention: set_attention() sets it for eager
         self.compute_dtype: torch.dtype | None = None  # set_attention(): the fused core's dtype
@@ -142,6 +153,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)  # (b, s, local heads, hd)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
+        if self.qk_norm:  # per head, over head_dim: (b, s, local heads, hd)
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             cos, sin = (
                 rope_cos_sin(s, self.head_dim, x.device, self.rope_theta, self.rope_scaling)

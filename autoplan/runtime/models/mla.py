@@ -20,9 +20,6 @@ from autoplan.model_spec import ModelSpec
 from autoplan.moe_spec import MLASpec
 from autoplan.runtime.models.layers import Attention, apply_rope, rope_cos_sin
 
-LATENT_NORM_EPS = 1e-5
-"""eps of the RMSNorms on the latents: make_norm's (DeepSeek-V3's config.json has 1e-6)."""
-
 
 def shared_key(k_rope: torch.Tensor) -> torch.Tensor:
     """The rotary key part as a plain tensor. Under tensor parallelism it is a DTensor replicated
@@ -58,15 +55,16 @@ class MultiHeadLatentAttention(Attention):
         mla = spec.mla
         assert mla is not None
         self.mla: MLASpec = mla
-        h, a = spec.hidden_size, spec.num_heads
+        h, a = spec.hidden_size, spec.num_heads  # latent norms at the model's norm_eps, as HF's
+        # DeepseekV3Attention builds q_a_layernorm and kv_a_layernorm at rms_norm_eps
         if mla.q_lora_rank is None:
             self.wq = nn.Linear(h, a * mla.qk_head_dim, bias=False)
         else:
             self.wq_a = nn.Linear(h, mla.q_lora_rank, bias=False)
-            self.q_norm = nn.RMSNorm(mla.q_lora_rank, eps=LATENT_NORM_EPS)
+            self.q_norm = nn.RMSNorm(mla.q_lora_rank, eps=spec.norm_eps)
             self.wq_b = nn.Linear(mla.q_lora_rank, a * mla.qk_head_dim, bias=False)
         self.wkv_a = nn.Linear(h, mla.kv_lora_rank + mla.qk_rope_head_dim, bias=False)
-        self.kv_norm = nn.RMSNorm(mla.kv_lora_rank, eps=LATENT_NORM_EPS)
+        self.kv_norm = nn.RMSNorm(mla.kv_lora_rank, eps=spec.norm_eps)
         self.wkv_b = nn.Linear(mla.kv_lora_rank, a * (mla.qk_nope_head_dim + mla.v_head_dim),
                                bias=False)
         self.wo = nn.Linear(a * mla.v_head_dim, h, bias=False)

@@ -48,18 +48,19 @@ def test_tensor_parallel_splits_gemm_flops() -> None:
     assert float(one) == pytest.approx(24 * 2048 * m.hidden_size**2)  # 24 s h^2 forward
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-llama+qkv_bias"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama", "tiny-llama+qkv_bias",
+                                  "tiny-llama+qk_norm"])
 def test_block_op_counts_match_the_runtime_block(name: str) -> None:
     """The cost model charges dispatch per aten op of a block; recount the runtime's block
     (q, k and v biases alone, Qwen2's layout, were priced as a bias-free block: 7 backward ops
-    short, review of a7c4ba9)."""
+    short, review of a7c4ba9; Qwen3's per-head q and k norms add 14 forward and 36 backward)."""
     import torch
 
     from autoplan.profiler.dispatch import _count, _materialize
     from autoplan.runtime.models.transformer import build_meta_model
 
     preset, _, feature = name.partition("+")
-    spec = PRESETS[preset].replace(qkv_bias=True) if feature else PRESETS[preset]
+    spec = PRESETS[preset].replace(**{feature: True}) if feature else PRESETS[preset]
     model = build_meta_model(spec, 0.0)
     _materialize(model, spec)
     x = torch.randn(1, 8, spec.hidden_size, requires_grad=True)

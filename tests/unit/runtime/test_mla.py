@@ -16,7 +16,7 @@ from autoplan.moe_spec import MLASpec
 
 torch = pytest.importorskip("torch")
 
-from autoplan.runtime.models.mla import LATENT_NORM_EPS, MultiHeadLatentAttention  # noqa: E402
+from autoplan.runtime.models.mla import MultiHeadLatentAttention  # noqa: E402
 
 TINY = PRESETS["tiny-mla"]
 SPECS = {
@@ -24,6 +24,11 @@ SPECS = {
     "no-q-latent": TINY.replace(mla=dataclasses.replace(TINY.mla, q_lora_rank=None)),
     "v-wider": TINY.replace(mla=MLASpec(32, 8, 16, 32, q_lora_rank=32)),  # d_v 32 > d_qk 24
 }
+
+
+LATENT_NORM_EPS = TINY.norm_eps
+"""The latent norms' epsilon: the model's norm_eps, every SPECS entry's (test_mla_latent_norms_
+take_the_models_epsilon holds the module to it)."""
 
 
 def _rms(x, weight):
@@ -139,6 +144,16 @@ def test_parameters_are_the_cost_models(name):
         with torch.device("meta"):
             attn = MultiHeadLatentAttention(s)
         assert sum(p.numel() for p in attn.parameters()) == params.mla_params(s)
+
+
+def test_mla_latent_norms_take_the_models_epsilon():
+    """DeepSeek-V3 normalises its latents at rms_norm_eps 1e-6 (its config.json; HF's
+    q_a_layernorm and kv_a_layernorm): the latent norms take the model's norm_eps, which the
+    deepseek-v3 preset sets, not a fixed 1e-5."""
+    assert PRESETS["deepseek-v3"].norm_eps == 1e-6
+    with torch.device("meta"):
+        attn = MultiHeadLatentAttention(TINY.replace(norm_eps=1e-6))
+    assert (attn.q_norm.eps, attn.kv_norm.eps) == (1e-6, 1e-6)
 
 
 @pytest.mark.parametrize("kw", [dict(tp=2, sp=True), dict(cp=2), dict(pp=2, mbs=1),

@@ -24,8 +24,11 @@ from autoplan.runtime.pipeline_parallel import (  # noqa: E402
 )
 
 SPECS = {**PRESETS, "tiny-qwen2": PRESETS["tiny-llama"].replace(name="tiny-qwen2",
-                                                                 qkv_bias=True)}
-"""The presets and a Qwen2-style model: q, k and v biased (split by heads under tp), o none."""
+                                                                 qkv_bias=True),
+         "tiny-qwen3": PRESETS["tiny-llama"].replace(name="tiny-qwen3", qk_norm=True)}
+"""The presets, a Qwen2-style model (q, k and v biased, split by heads under tp; o none) and a
+Qwen3-style one (q and k normalised per head: the norms whole on every rank, which the cost model
+divides with the block, as the block norms)."""
 CASES = [  # (model, vocab, tp, pp, vpp, schedule, split)
     ("tiny", 256, 1, 1, 1, Schedule.ONE_F_ONE_B, None),
     ("tiny", 1001, 2, 1, 1, Schedule.ONE_F_ONE_B, None),
@@ -37,6 +40,8 @@ CASES = [  # (model, vocab, tp, pp, vpp, schedule, split)
     ("tiny-mla", 1001, 2, 2, 1, Schedule.ONE_F_ONE_B, None),
     ("tiny-qwen2", 256, 1, 1, 1, Schedule.ONE_F_ONE_B, None),
     ("tiny-qwen2", 1001, 2, 2, 1, Schedule.ONE_F_ONE_B, None),
+    ("tiny-qwen3", 256, 1, 1, 1, Schedule.ONE_F_ONE_B, None),
+    ("tiny-qwen3", 1001, 2, 2, 1, Schedule.ONE_F_ONE_B, None),
 ]
 
 
