@@ -2,7 +2,8 @@
 
 Decoder-only families only: Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma 2, GPT-2, GPT-NeoX. Every
 value is type-checked (no truthiness), encoder models are refused, and the training sequence
-length is the model's pre-training context, not its longest supported window. Sliding-window
+length is the model's pre-training context, not its longest supported window. The norms'
+epsilon and Qwen3's per-head QK-norm are read too. Sliding-window
 attention, logit soft-capping and biases a ModelSpec cannot hold (Llama's `attention_bias` or
 `mlp_bias` alone) are not modelled: reading them warns, saying which way it leans.
 """
@@ -16,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_spec import DEFAULT_ROPE_THETA, MlpKind, ModelSpec, NormKind, PositionKind
+from autoplan.model_spec import (
+    DEFAULT_ROPE_THETA,
+    MAX_NORM_EPS,
+    MlpKind,
+    ModelSpec,
+    NormKind,
+    PositionKind,
+)
 from autoplan.rope_scaling import (
     LLAMA3_ROPE_TYPE,
     REQUIRED_FIELDS,
@@ -76,6 +84,19 @@ ATTENTION_BIAS = ("llama", "qwen3", "gemma", "gemma2", "qwen3_moe")
 (LlamaAttention, Qwen3Attention, GemmaAttention, Gemma2Attention, Qwen3MoeAttention); Llama's
 `mlp_bias` (default false) biases gate_proj, up_proj and down_proj (LlamaMLP). Mistral and
 Mixtral build no bias whatever the file says; gpt-oss's are read in model_hf_moe."""
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
+"""Families whose attention RMS-normalises q and k per head over head_dim before RoPE (ModelSpec
+qk_norm): Qwen3Attention and Qwen3MoeAttention build q_norm and k_norm whatever the config says
+(no key for it). Of the others none has it (Gemma 3 and OLMo 2, which do, are not read here;
+OLMo 2's norms span the whole q and k width, not a head)."""
+NORM_EPS_KEYS = {"gpt2": "layer_norm_epsilon", "gpt_neox": "layer_norm_eps"}
+"""The config key of the norms' epsilon where it is not `rms_norm_eps` (every other family's)."""
+NORM_EPS_BY_DEFAULT = {"mixtral": 1e-5, "gpt_oss": 1e-5, "gpt2": 1e-5, "gpt_neox": 1e-5}
+"""The epsilon when the file leaves its key out, as each family's HF config class sets it
+(MixtralConfig, GptOssConfig rms_norm_eps 1e-5; GPT2Config layer_norm_epsilon and
+GPTNeoXConfig layer_norm_eps 1e-5); every other family's class (Llama, Mistral, Qwen2/3 and
+their MoE, Gemma/Gemma 2, DeepSeek-V3) defaults rms_norm_eps to 1e-6 (transformers 5.25). The
+released checkpoints state theirs: Llama 2/3 and Mistral 7B 1e-5, Qwen3 and DeepSeek-V3 1e-6."""
 DEFAULT_SEQ_LEN = 8192
 """Training sequence length when the config does not state the pre-training context: Llama 3 /
 3.1 (Dubey et al. 2024, sec. 3.4), Gemma 2 (Gemma Team 2024, sec. 3) and Mistral 7B pre-train
@@ -325,6 +346,20 @@ def _warn_unmodelled(path: str, note: str) -> None:
     log.warning("%s: %s", path, note)
 
 
+def norm_eps(cfg: dict[str, Any], where: str, kind: str) -> float:
+    """The norms' epsilon: `rms_norm_eps` (GPT-2's `layer_norm_epsilon`, GPT-NeoX's
+    `layer_norm_eps`), else the family's HF default (NORM_EPS_BY_DEFAULT, else 1e-6)."""
+    key = NORM_EPS_KEYS.get(kind, "rms_norm_eps")
+    value = cfg.get(key)
+    if value is None:
+        return NORM_EPS_BY_DEFAULT.get(kind, 1e-6)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and 0 < value <= MAX_NORM_EPS):
+        raise ConfigError(f"{where} {key}", f"got {show(value)}",
+                          f"expected a positive number up to {MAX_NORM_EPS:g} (e.g. 1e-06)")
+    return float(value)
+
+
 def _gated_mlp(cfg: dict[str, Any], where: str) -> MlpKind:
     key = "hidden_activation" if cfg.get("hidden_activation") is not None else "hidden_act"
     act = cfg.get(key, "silu")
@@ -347,7 +382,8 @@ def _llama_like(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelS
         ffn_hidden_size=_int(cfg, where, "intermediate_size"),
         vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
         mlp=_gated_mlp(cfg, where), norm=NormKind.RMSNORM, position=PositionKind.ROPE,
-        bias=bias, qkv_bias=qkv_bias, rope_theta=_rope_theta(cfg, where, kind),
+        bias=bias, qkv_bias=qkv_bias, qk_norm=kind in QK_NORM_FAMILIES,
+        norm_eps=norm_eps(cfg, where, kind), rope_theta=_rope_theta(cfg, where, kind),
         rope_scaling=_rope_scaling(cfg, where),
         tie_embeddings=_bool(cfg, where, "tie_word_embeddings", TIED_BY_DEFAULT.get(kind, False)),
     )
@@ -367,6 +403,7 @@ def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
             vocab_size=_int(cfg, where, "vocab_size"),
             # learned positions: the table has n_positions rows, so no cap here
             seq_len=_int(cfg, where, "n_positions", "n_ctx"),
+            norm_eps=norm_eps(cfg, where, kind),
             tie_embeddings=_bool(cfg, where, "tie_word_embeddings", True),
         )
     if kind == "gpt_neox":
@@ -377,7 +414,7 @@ def _build(cfg: dict[str, Any], where: str, name: str, kind: str) -> ModelSpec:
             ffn_hidden_size=_int(cfg, where, "intermediate_size"),
             vocab_size=_int(cfg, where, "vocab_size"), seq_len=training_seq_len(cfg, where),
             position=PositionKind.ROPE, rope_theta=_rope_theta(cfg, where, kind),
-            rope_scaling=_rope_scaling(cfg, where),
+            rope_scaling=_rope_scaling(cfg, where), norm_eps=norm_eps(cfg, where, kind),
             tie_embeddings=_bool(cfg, where, "tie_word_embeddings", False),
         )
     return _llama_like(cfg, where, name, kind)
