@@ -147,7 +147,8 @@ def _profile_words(typed: Any, record: Any, given: dict[str, Any]) -> str | None
             return f"--cluster {typed} -> {given['ref']}"
         if isinstance(typed, str):
             return f"profile {name}'s contents changed"
-        return f"--cluster another profile (or other contents) -> {name}"
+        # a study made before the profile record: which fields (price among them) is unknown
+        return f"--cluster another profile, or new contents or price -> {name}"
     if record.get("name") != name:
         return f"--cluster {record.get('name')} -> {name}"
     before, after = record["fields"], given["fields"]
@@ -250,6 +251,10 @@ def mismatch(name: str | None, changes: list[str], auto_precision: bool = False,
     shown = "; ".join(changes[:3]) + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
     fix = "rerun that exact command, or use another --study name"
     auto = {"precision": auto_precision, "attention": auto_attention}
+    if changes and all(_profile_change(c) for c in changes):
+        # the command may be the very one that made the study: its profile is what changed
+        fix = ("the profile changed since the study was made: restore it to resume, or use "
+               "another --study name")
     if cluster is not None:
         fix = f"to resume, give --cluster {cluster} (the study's profile), or use another " \
               "--study name"
@@ -279,4 +284,11 @@ def cluster_that_resumes(req: SearchRequest, sampler: str, stored: Stored) -> st
                       space=req.space_given or req.space)
     except ConfigError:  # the profile is gone or no longer loads
         return None
-    return ref if fingerprint(alt, sampler) == stored.fingerprint else None
+    # what resume compares: a price or description of its own does not stop it
+    return ref if not request_changes(stored, fingerprint(alt, sampler),
+                                      profile_record(alt.profile, ref)) else None
+
+
+def _profile_change(change: str) -> bool:
+    """Whether a request_changes line is about the profile alone (_profile_words' wording)."""
+    return change.startswith(("profile ", "--cluster "))

@@ -66,8 +66,9 @@ def test_the_same_profile_edited_names_its_changed_fields(tmp_path) -> None:
     text = _refusal(four)
     assert ("profile a100-sxm4-80gb's contents changed: gpus_per_node 8 -> 4, "
             f"price_per_gpu_hour {req.profile.price_per_gpu_hour} -> 9.5") in text
-    # the study's reference gives this same (edited) profile: no --cluster to suggest
-    assert text.endswith("rerun that exact command, or use another --study name")
+    # the study's reference gives this same (edited) profile: no --cluster to suggest, and
+    # rerunning the command is what was refused
+    assert text.endswith("the profile changed since the study was made: restore it to resume, or use another --study name")
     eff = dataclasses.replace(req, profile=dataclasses.replace(
         req.profile, efficiency=dataclasses.replace(req.profile.efficiency,
                                                     attention_clock=0.5)))
@@ -115,7 +116,9 @@ def test_a_study_stored_before_the_record_says_another_profile(tmp_path) -> None
     db = f"sqlite:///{tmp_path / 's.db'}"
     _older_study(db, _req(db))
     text = _refusal(_req(db, "h100-sxm-80gb"))
-    assert "--cluster another profile (or other contents) -> h100-sxm-80gb" in text
+    # a study made before the record: which fields changed (its price among them) is unknown
+    assert "--cluster another profile, or new contents or price -> h100-sxm-80gb" in text
+    # the H100 also settles precision: auto otherwise: not the profile alone
     assert text.endswith("rerun that exact command, or use another --study name")
     study = open_study(_req(db), "random")  # the same request resumes, and records its profile
     assert study.user_attrs[PROFILE_ATTR]["name"] == "a100-sxm4-80gb"
@@ -143,9 +146,10 @@ def test_the_precision_hint_only_where_it_alone_resumes() -> None:
     assert str(both).endswith("rerun that exact command, or use another --study name")
 
 
-def test_a_profile_file_named_by_path_that_changed_gets_the_general_fix(tmp_path) -> None:
+def test_a_profile_file_named_by_path_that_changed_gets_no_cluster_hint(tmp_path) -> None:
     """--cluster PATH whose file now holds other figures: the study's reference no longer
-    gives its profile, so no --cluster is suggested."""
+    gives its profile, so no --cluster is suggested; given by that path again, the profile is
+    what to restore."""
     src = load_profile("a100-sxm4-80gb")
     path = tmp_path / "mine.yaml"
     from autoplan.yaml_io import dump_yaml, to_dict
@@ -159,4 +163,25 @@ def test_a_profile_file_named_by_path_that_changed_gets_the_general_fix(tmp_path
     path.write_text(dump_yaml(data), encoding="utf-8")
     text = _refusal(_req(db, "h100-sxm-80gb"))
     assert "--cluster a100-sxm4-80gb -> h100-sxm-80gb" in text
-    assert text.endswith("rerun that exact command, or use another --study name")
+    assert text.endswith("rerun that exact command, or use another --study name")  # + precision
+    data["gpus_per_node"] = 8
+    data["price_per_gpu_hour"] = 99.0
+    path.write_text(dump_yaml(data), encoding="utf-8")
+    data["gpus_per_node"] = 4
+    path.write_text(dump_yaml(data), encoding="utf-8")
+    again = dataclasses.replace(_req(db), profile=load_profile(str(path)), profile_ref=str(path))
+    assert _refusal(again).endswith("the profile changed since the study was made: restore it to resume, or use another --study name")  # the same command: the file is what changed
+
+
+def test_the_cluster_hint_ignores_a_price_as_resume_does(tmp_path) -> None:
+    """A study made at another price of its profile: the --cluster it names resumes it, as a
+    price-only change does, so the hint is given."""
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    req = _req(db)
+    priced = dataclasses.replace(req, profile=dataclasses.replace(req.profile,
+                                                                    price_per_gpu_hour=9.0))
+    open_study(priced, "random")
+    text = _refusal(_req(db, "h100-sxm-80gb"))
+    assert text.endswith("to resume, give --cluster a100-sxm4-80gb (the study's profile), or "
+                         "use another --study name")
+    open_study(req, "random")  # and it does
