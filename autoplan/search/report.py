@@ -17,7 +17,7 @@ import numpy as np
 from autoplan.errors import ConfigError
 from autoplan.search.engine import SearchRequest, SearchResult
 from autoplan.search.nearest import row_capacities
-from autoplan.search.output import scored_total, top_rows
+from autoplan.search.output import csv_words, scored_total, top_rows
 from autoplan.search.ranking import frame
 from autoplan.search.render import (
     COLUMNS,
@@ -147,7 +147,8 @@ def rejected_words(result: SearchResult, rows: np.ndarray) -> list[str]:
     (eight rows of one layout that missed by ep or precision read alike: user test 35), and
     the precision and GPU type wherever the search had several."""
     req = result.request
-    df = frame(result.scored, rows, req.space, req.targets)
+    # the same words as trials.csv.gz for a plan's nulls (dp_shard off, grad_reduce default)
+    df = csv_words(frame(result.scored, rows, req.space, req.targets))
     if "recompute_layers" in df:  # one word: none, or policy:layers (-1: every layer)
         df["recompute"] = [r if r == "none" else f"{r}:{'all' if n < 0 else n}"
                            for r, n in zip(df["recompute"], df["recompute_layers"],

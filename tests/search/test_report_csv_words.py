@@ -60,3 +60,7 @@ def test_trials_csv_spells_a_plans_null_in_words() -> None:
 
     back = pd.read_csv(io.StringIO(df.to_csv()))  # as pandas.read_csv reads the file
     assert not back[["dp_shard", "grad_reduce"]].isna().any().any()
+    # report.html's rejected rows say the same words as the CSV (review A S4)
+    words = " ".join(rejected_words(result, result.order[:40]))
+    assert "dp_shard=off" in words and "grad_reduce=default" in words
+    assert "dp_shard=0" not in words and "grad_reduce= " not in words + " "
