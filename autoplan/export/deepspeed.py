@@ -231,6 +231,10 @@ def _theta(m: ModelSpec) -> str:
     return f" (theta {m.rope_theta:g}{megatron_deepspeed.rope_scaling_words(m)})"
 
 
+def _qk_norm(m: ModelSpec) -> str:
+    return " (q and k RMS-normalised per head before RoPE: qk_norm)" if m.qk_norm else ""
+
+
 def model_comment(plan: Plan, model: ModelSpec) -> list[str]:
     """What the training script must build: the plan's fields DeepSpeed's config cannot hold."""
     m = model
@@ -242,7 +246,8 @@ def model_comment(plan: Plan, model: ModelSpec) -> list[str]:
     return [
         f"# the script builds model {m.name}: {m.num_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_heads} heads ({m.kv_heads} kv), ffn {m.ffn} ({m.mlp.value}),",
-        f"# {m.norm.value}, {m.position.value} positions{_theta(m)}, bias "
+        f"# {m.norm.value} at eps {m.norm_eps:g}{_qk_norm(m)}, {m.position.value} "
+        f"positions{_theta(m)}, bias "
         f"{'q, k and v only' if m.qkv_bias else str(m.bias).lower()}, tied embeddings "
         f"{str(m.tie_embeddings).lower()}, vocab {m.vocab_size}, seq_len {m.seq_len},",
         last + ".",

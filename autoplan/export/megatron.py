@@ -23,6 +23,7 @@ from autoplan.export.launch import (
     shell_join,
 )
 from autoplan.export.megatron_moe import moe_args, moe_reasons, rope_reasons, yarn_args
+from autoplan.export.megatron_norms import norm_args
 from autoplan.export.megatron_te import te_args, te_reasons
 from autoplan.model_spec import (
     LLAMA3_ROPE_TYPE,
@@ -190,6 +191,7 @@ def _model_args(m: ModelSpec) -> list[str]:
     if m.mlp == MlpKind.SWIGLU:
         a.append("--swiglu")
     a.append("--normalization " + ("RMSNorm" if m.norm == NormKind.RMSNORM else "LayerNorm"))
+    a += norm_args(m)  # --norm-epsilon, and --qk-layernorm for QK-norm or MLA's latent norms
     a.append(
         "--position-embedding-type "
         + ("rope" if m.position == PositionKind.ROPE else "learned_absolute")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autoplan.export.base import stage_layers
 from autoplan.export.megatron_moe import megatron_hint
+from autoplan.export.megatron_norms import MDS_EPS_FLAG
 from autoplan.model_spec import MlpKind, ModelSpec, NormKind, PositionKind
 from autoplan.plan import (
     Attention,
@@ -54,6 +55,9 @@ def reasons(plan: Plan, model: ModelSpec) -> list[str]:
         why.append("model.qkv_bias: Megatron-DeepSpeed biases every Linear or none "
                    "(--disable-bias-linear), it has no --add-qkv-bias for q, k and v alone; "
                    + megatron_hint(model, "--add-qkv-bias"))
+    if model.qk_norm:
+        why.append("model.qk_norm: Megatron-DeepSpeed has no per-head q and k norms (no "
+                   "--qk-layernorm); " + megatron_hint(model, "--qk-layernorm"))
     if p.pp > 1:
         why += _pipeline_reasons(plan, model)
     if rc.policy != RecomputePolicy.NONE and rc.num_layers is not None \
@@ -153,6 +157,7 @@ def _model_args(m: ModelSpec) -> list[str]:
     if m.mlp == MlpKind.SWIGLU:
         a.append("--swiglu")
     a.append("--normalization " + ("rmsnorm" if m.norm == NormKind.RMSNORM else "layernorm"))
+    a.append(f"{MDS_EPS_FLAG} {m.norm_eps!r}")  # whatever its default (1e-5)
     if m.position == PositionKind.ROPE:  # validate_args then drops the learned table
         a.append("--use-rotary-position-embeddings")
     if not m.tie_embeddings:

@@ -30,6 +30,7 @@ from autoplan.export.megatron_import import (
     sequence_parallel,
 )
 from autoplan.export.megatron_neutral import check_positions
+from autoplan.export.megatron_norms import MDS_EPS_FLAG, check_norms
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags, unread_flags
 from autoplan.model_spec import ModelSpec, PositionKind
 
@@ -54,7 +55,7 @@ DS_LAUNCHER = frozenset(f"--{name}" for name in (
 launch line with the script's."""
 MDS_READ = READ_FLAGS | SWITCHES | frozenset({
     "--deepspeed_config", "--ds-sequence-parallel-size", "--num_nodes", "--num_gpus",
-    "--zero-stage", "--num-key-value-heads", "--checkpoint-num-layers"})
+    "--zero-stage", "--num-key-value-heads", "--checkpoint-num-layers", MDS_EPS_FLAG})
 """Flags a Megatron-DeepSpeed launch's import reads: Megatron's it shares (READ_FLAGS), this
 module's switches and its own."""
 DS_CHECKPOINTING = "--deepspeed-activation-checkpointing"
@@ -159,6 +160,7 @@ def launch_plan_dict(text: str, launch: Path, num_gpus: int | None, what: str,
     check_model(f, model, tp, "--num-key-value-heads",
                 f.integer("--num-key-value-heads", f.integer("--num-attention-heads")),
                 fix="pass the --model the launch builds, or correct the launch")
+    check_norms(f, model, "pass the --model the launch builds", MDS_EPS_FLAG, qk_norm_flag=False)
     check_positions(f, model.position == PositionKind.LEARNED, model.hidden_size)
     # training.py builds the optimizer from --optimizer (get_megatron_optimizer: adam or sgd)
     # and hands it to deepspeed.initialize, whose engine runs a client optimizer over the

@@ -29,6 +29,7 @@ from autoplan.export.megatron_neutral import (
     check_positions,
     neutral_flags,
 )
+from autoplan.export.megatron_norms import check_norms, norm_fields
 from autoplan.export.megatron_te import ATTENTION_BACKENDS
 from autoplan.export.shell_args import (
     Flags,
@@ -70,6 +71,7 @@ SWITCHES = frozenset(
         "--untie-embeddings-and-output-weights",
         "--disable-bias-linear",
         "--add-qkv-bias",
+        "--qk-layernorm",
         "--use-torch-fsdp2",
         "--use-megatron-fsdp",
         "--torch-fsdp2-no-reshard-after-forward",
@@ -94,7 +96,8 @@ READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS - NEUTRAL_SWITCHES) | frozenset({
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
     "--num-query-groups", "--seq-length", POSITIONS, "--vocab-size", "--tokenizer-type",
-    "--make-vocab-size-divisible-by", "--normalization", "--position-embedding-type",
+    "--make-vocab-size-divisible-by", "--normalization", "--norm-epsilon",
+    "--position-embedding-type",
     "--rotary-base", "--rope-scaling-factor",
     "--attention-dropout", "--hidden-dropout", "--micro-batch-size", "--global-batch-size",
     "--optimizer", "--optimizer-offload-fraction", "--recompute-granularity", "--recompute-method",
@@ -258,6 +261,7 @@ def model_fields(f: Flags, name: str) -> dict[str, Any]:
         **_rope_theta(f),
         **_rope_scaling(f),
         **launch_biases(f),
+        **norm_fields(f),  # --norm-epsilon, --qk-layernorm
         "tie_embeddings": not f.has("--untie-embeddings-and-output-weights"),
         "dropout": hidden_drop,
         **moe_fields(f, f.need("--num-layers", NEED)),  # experts and latent attention, if any
@@ -557,6 +561,7 @@ def megatron_plan_dict(
         named = load_model(model_ref)
         check_model(f, named, tp,
                     "--num-query-groups" if gqa else "--group-query-attention", query_groups(f))
+        check_norms(f, named, "drop --model to read the model from the arguments")
         _check_rope(f, named)
     spec = load_model(model_ref)
     layers = spec.num_layers

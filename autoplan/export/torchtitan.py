@@ -47,6 +47,10 @@ RoPEScalingArgs() (models/llama3/model/args.py), which precompute_freqs_cis alwa
 0.3.0's flavors pass ComplexRoPE.Config(scaling="llama") at those defaults
 (models/llama3/__init__.py), read from both wheels. A model without it (Llama 3, Llama 2) or
 with another (Llama 3.2's factor 32) is defined at its own rotation (Python) or refused (TOML)."""
+FLAVOR_NORM_EPS = 1e-5
+"""The epsilon of every Llama 3 flavor's RMSNorms (0.2.2 TransformerModelArgs.norm_eps; 0.3.0
+RMSNorm.Config's default, which _build_llama3_layers leaves): a model at another one is defined
+at its own (Python) or trained at this one, which the TOML's header says (norm_notes)."""
 TOML_FLAVORS = ("8B", "70B", "405B")
 PYTHON_REGISTRY = ("llama3_8b", "llama3_70b", "llama3_405b")
 """config_registry functions torchtitan 0.3 ships for Llama 3 (the others start from 8B's)."""
@@ -105,6 +109,8 @@ def architecture_reasons(model: ModelSpec) -> list[str]:
         why.append("linear biases (none)")
     if m.qkv_bias:
         why.append("model.qkv_bias: q, k and v biases (none)")
+    if m.qk_norm:
+        why.append("model.qk_norm: q and k normalised per head (none)")
     if m.q_width != m.hidden_size:
         why.append(f"head_dim {m.head_dim} (hidden_size / num_heads = "
                    f"{m.hidden_size // m.num_heads})")
@@ -136,6 +142,22 @@ def flavor(model: ModelSpec) -> tuple[str, str] | None:
         return None
     return FLAVORS.get((m.num_layers, m.hidden_size, m.num_heads, m.kv_heads, m.ffn, m.vocab_size,
                         m.tie_embeddings))
+
+
+def norm_notes(model: ModelSpec, fmt: str) -> list[str]:
+    """What the header says of the norms' epsilon where the export cannot set it: torchtitan's
+    own flavors (Llama 3 in the TOML, and the MoE flavors) build theirs at a fixed one
+    (FLAVOR_NORM_EPS, MoeFlavor.norm_eps); a Python config defining the model sets it."""
+    moe = torchtitan_moe.moe_flavor(model)
+    if moe is None and fmt == "python":
+        return []
+    name, eps = (("llama3", FLAVOR_NORM_EPS) if moe is None
+                 else (f"{moe.family} {moe.flavor}", moe.norm_eps))
+    if model.norm_eps == eps:
+        return []
+    return [f"The model's norms normalise at eps {model.norm_eps:g} (norm_eps); torchtitan's "
+            f"{name} builds them at {eps:g},", "which no setting of this file changes: it trains "
+            f"at {eps:g} (export to megatron for --norm-epsilon {model.norm_eps!r})."]
 
 
 def _reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
@@ -325,10 +347,11 @@ def check_out_name(opts: ExportOptions) -> None:
     path = Path(opts.out)
     if path.suffix != ".py" or not path.stem.isidentifier():
         fixed = "".join(ch if ch.isalnum() else "_" for ch in path.stem) or "job"
+        toml = ("leave --torchtitan-format python out (a .toml --out writes the TOML job)"
+                if path.suffix == ".toml" else "export --torchtitan-format toml")
         raise ConfigError("--out", f"got {opts.out!r}: torchtitan imports the config as a "
                           "module, so it must be NAME.py with NAME a Python identifier",
-                          f"name it e.g. {path.with_name(fixed + '.py')}, or export "
-                          "--torchtitan-format toml")
+                          f"name it e.g. {path.with_name(fixed + '.py')}, or {toml}")
     clash = _module_clash(path.stem)
     if clash is not None:
         raise ConfigError("--out", f"got {opts.out!r}: torchtitan imports the config as "
@@ -357,17 +380,20 @@ class TorchtitanTarget(ExportTarget):
         lay = layout(plan, opts.gpus_per_node)
         values = settings(plan, model, opts.torchtitan_format)
         if opts.torchtitan_format == "toml":
-            return {"torchtitan.toml": torchtitan_text.toml_text(plan, model, values, lay,
-                                                                 opts.out)}
+            return {"torchtitan.toml": torchtitan_text.toml_text(
+                plan, model, values, lay, opts.out, norm_notes(model, "toml"))}
         moe, found = torchtitan_moe.moe_flavor(model), flavor(model)
         fp8 = (torchtitan_text.float8_converters(experts=moe is not None)
                if plan.precision == Precision.FP8 else None)
         if moe is not None:
             base, lines = moe.base, torchtitan_moe.python_model_lines(model, moe, fp8)
-        elif found is not None:
+        elif found is not None and model.norm_eps == FLAVOR_NORM_EPS:
             base = found[1] if found[1] in PYTHON_REGISTRY else "llama3_8b"
             lines = torchtitan_text.flavor_lines(found[0], fp8)
-        else:  # a Llama 3 architecture at a shape torchtitan does not register
+        else:  # a Llama 3 architecture at a shape (or epsilon) torchtitan does not register
             base, lines = nearest_base(model), torchtitan_text.custom_model_lines(model, fp8)
+        notes = norm_notes(model, "python")
+        if notes:
+            lines = lines._replace(note="\n".join(filter(None, [lines.note, *notes])))
         return {"autoplan_torchtitan.py": torchtitan_text.python_text(model, values, base, lay,
                                                                       opts.out, lines)}

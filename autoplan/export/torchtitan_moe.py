@@ -68,6 +68,13 @@ class MoeFlavor:
     """The flavor's RoPE base (qwen3: 1e6, Qwen3's; deepseek_v3: 10000, DeepSeek-V3's)."""
     yarn: bool = False
     """The flavor rotates with DeepSeek-V3's YaRN (flavor_rope_scaling); qwen3's unscaled."""
+    qk_norm: bool = False
+    """The flavor normalises q and k per head (qwen3: Qwen3ModelArgs qk_norm True in 0.2.2,
+    qk_norm=_qwen3_norm(head_dim) in 0.3.0's flavors)."""
+    norm_eps: float = 1e-5
+    """The flavor's RMSNorm epsilon (0.2.2 model args' norm_eps: qwen3 1e-6, deepseek_v3 1e-5;
+    0.3.0: qwen3's _EPS 1e-6, deepseek_v3's RMSNorm.Config default 1e-5); no setting of either
+    release changes it."""
 
 
 MOE_FLAVORS = (
@@ -75,11 +82,11 @@ MOE_FLAVORS = (
     # 128, vocab 151936, moe_inter_dim 768, 128 experts, top_k 8, no shared experts
     MoeFlavor("qwen3", "30B-A3B", "qwen3_30b_a3b",
               (48, 2048, 32, 4, 128, 151936, 128, 8, 768, 0, 0, 0, None),
-              False, None, 1.0, False, 1e6),
+              False, None, 1.0, False, 1e6, qk_norm=True, norm_eps=1e-6),
     # dim 4096, 94 layers, 64 heads, 4 KV heads, moe_inter_dim 1536, 128 experts, top_k 8
     MoeFlavor("qwen3", "235B-A22B", "qwen3_30b_a3b",
               (94, 4096, 64, 4, 128, 151936, 128, 8, 1536, 0, 0, 0, None),
-              False, None, 1.0, False, 1e6),
+              False, None, 1.0, False, 1e6, qk_norm=True, norm_eps=1e-6),
     # torchtitan/models/deepseek_v3/__init__.py 671B: dim 7168, 61 layers (3 dense of 18432),
     # 128 heads, vocab 129280, 256 experts of 2048 + 1 shared, top_k 8, MLA q_lora 1536,
     # kv_lora 512, rope 64, nope 128, v 128; sigmoid, 8 groups / 4, route_scale 2.5
@@ -144,6 +151,10 @@ def moe_reasons(plan: Plan, model: ModelSpec, fmt: str) -> list[str]:
     if moe.routed_scaling_factor != found.route_scale:
         why.append(f"model.moe.routed_scaling_factor={moe.routed_scaling_factor:g}: torchtitan's "
                    f"{found.flavor} scales gates by route_scale={found.route_scale:g}")
+    if model.qk_norm != found.qk_norm:  # only qwen3's can differ: MLA takes no qk_norm
+        why.append(f"model.qk_norm={str(model.qk_norm).lower()}: torchtitan's {found.family} "
+                   f"{found.flavor} normalises q and k per head (Qwen3's QK-norm); set qk_norm "
+                   "true, or " + megatron_hint(model))
     if model.rope_theta != found.rope_theta:
         why.append(f"model.rope_theta={model.rope_theta:g}: torchtitan's {found.family} "
                    f"{found.flavor} rotates by rope_theta={found.rope_theta:g}")

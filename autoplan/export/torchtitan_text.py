@@ -103,13 +103,15 @@ def _torchrun(lay: Layout) -> str:
 
 
 def toml_text(plan: Plan, model: ModelSpec, values: dict[str, dict[str, Any]], lay: Layout,
-              out: str | None = None) -> str:
+              out: str | None = None, notes: list[str] | None = None) -> str:
+    """The TOML job; `notes`: header lines on what the file cannot set (the norms' epsilon)."""
     config_file = shlex.quote(out) if out else "torchtitan.toml"
     lines = [
         f"# torchtitan (<= 0.2.2) job for model {model.name}, written by "
         "`autoplan export --to torchtitan --torchtitan-format toml`.",
         f"# Run: {_torchrun(lay)} -m torchtitan.train --job.config_file {config_file}",
         "# Data, tokenizer, optimizer and step count keep torchtitan's defaults: add them here.",
+        *(f"# {line}" for line in notes or []),
         "",
         "[job]",
         f"description = {_toml_value('autoplan plan for ' + model.name)}",
@@ -148,6 +150,24 @@ def _rope_scaling_args(m: ModelSpec) -> str:
             f"original_max_position_embeddings={s.original_max_position_embeddings}")
 
 
+LLAMA3_NORM_EPS = 1e-5
+"""RMSNorm.Config's default epsilon (torchtitan 0.3.0 models/common/nn_modules.py), which
+_build_llama3_layers leaves on every block norm."""
+
+
+def _eps_arg(m: ModelSpec) -> str:
+    return "" if m.norm_eps == LLAMA3_NORM_EPS else f", eps={m.norm_eps!r}"
+
+
+def _eps_lines(m: ModelSpec) -> list[str]:
+    """The block norms at the model's epsilon where it is not the builder's (its configs are
+    mutable dataclasses: TransformerBlock.Config's attention_norm and ffn_norm)."""
+    if m.norm_eps == LLAMA3_NORM_EPS:
+        return []
+    return ["    for layer in layers:  # the model's norm_eps, not RMSNorm.Config's 1e-5",
+            f"        layer.attention_norm.eps = layer.ffn_norm.eps = {m.norm_eps!r}"]
+
+
 def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -> ModelLines:
     """(imports, module-level lines, body lines) for a model of torchtitan's Llama 3 architecture
     whose shape has no registered flavor (Llama 2 13B, say): the module builds a Llama3Model
@@ -171,27 +191,30 @@ def custom_model_lines(model: ModelSpec, converters: Converters | None = None) -
         f'    """{_in_docstring(m.name)} in torchtitan\'s Llama 3 architecture, built as',
         '    torchtitan 0.3.0 builds its own flavors (private helpers of llama3/__init__.py)."""',
         f"    dim, vocab, n_heads = {m.hidden_size}, {m.vocab_size}, {m.num_heads}",
+        "    layers = llama3._build_llama3_layers(",
+        "        fuse_qkv=True,",
+        f"        n_layers={m.num_layers},",
+        "        dim=dim,",
+        "        n_heads=n_heads,",
+        f"        n_kv_heads={m.kv_heads},",
+        f"        hidden_dim={m.ffn},",
+        f"        rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={m.seq_len}, "
+        f"theta={m.rope_theta!r}{_rope_scaling_args(m)}),",
+        "        attn_backend=attn_backend,",
+        "        tp_gemm_backend=tp_gemm_backend,",
+        "    )",
+        *_eps_lines(m),
         "    return llama3.Llama3Model.Config(",
         "        dim=dim,",
         "        vocab_size=vocab,",
         f"        enable_weight_tying={m.tie_embeddings},",
         "        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,",
         f"                                        param_init=llama3.{embed_init}),",
-        "        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),",
+        f"        norm=RMSNorm.Config(normalized_shape=dim{_eps_arg(m)}, "
+        "param_init=llama3._NORM_INIT),",
         "        lm_head=Linear.Config(in_features=dim, out_features=vocab,",
         "                              param_init=llama3._output_linear_init(dim)),",
-        "        layers=llama3._build_llama3_layers(",
-        "            fuse_qkv=True,",
-        f"            n_layers={m.num_layers},",
-        "            dim=dim,",
-        "            n_heads=n_heads,",
-        f"            n_kv_heads={m.kv_heads},",
-        f"            hidden_dim={m.ffn},",
-        f"            rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len={m.seq_len}, "
-        f"theta={m.rope_theta!r}{_rope_scaling_args(m)}),",
-        "            attn_backend=attn_backend,",
-        "            tp_gemm_backend=tp_gemm_backend,",
-        "        ),",
+        "        layers=layers,",
         "    )",
         "",
         "",

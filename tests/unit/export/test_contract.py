@@ -81,6 +81,12 @@ MODEL_FIELDS = {
     "bias",
     "qkv_bias",  # megatron writes --add-qkv-bias and reads it back, plain deepspeed names it in
     # a comment; megatron-deepspeed and torchtitan refuse it (test_qkv_bias_export.py)
+    "qk_norm",  # megatron writes --qk-layernorm and reads it back, torchtitan's qwen3 flavors
+    # build it (its llama3 refuses it), megatron-deepspeed refuses it, plain deepspeed names it
+    # in a comment (test_norms_export.py)
+    "norm_eps",  # megatron writes --norm-epsilon, megatron-deepspeed --layernorm-epsilon (both
+    # read back), torchtitan a defined flavor's or says the one its flavor trains at, plain
+    # deepspeed names it in a comment (test_norms_export.py)
     "tie_embeddings",
     "dropout",
     "head_dim",

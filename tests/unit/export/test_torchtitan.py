@@ -127,7 +127,26 @@ def _config_class(name: str, fields: list[str]) -> type:
             assert set(kw) <= set(fields), f"torchtitan's {name}.Config has no {set(kw) - set(fields)}"
             self.__dict__.update(kw)
 
+        def __setattr__(self, key: str, value: Any) -> None:  # slots: only its own fields
+            assert key in fields, f"torchtitan's {name}.Config has no {key}"
+            self.__dict__[key] = value
+
     return type(name, (), {"Config": Config})
+
+
+class _Layers(list):
+    """What the fake _build_llama3_layers returns: n_layers block configs (TransformerBlock's
+    fields only, norms at RMSNorm.Config's eps 1e-5), and its arguments by name."""
+
+    def __init__(self, kw: dict[str, Any], custom: dict[str, Any]) -> None:
+        block, norm = (_config_class(n, custom[n]) for n in ("TransformerBlock", "RMSNorm"))
+        super().__init__(block.Config(attention_norm=norm.Config(eps=1e-5),
+                                      ffn_norm=norm.Config(eps=1e-5))
+                         for _ in range(kw["n_layers"]))
+        self.kw = kw
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.kw[key] if isinstance(key, str) else super().__getitem__(key)
 
 
 def _fake_torchtitan(monkeypatch) -> None:
@@ -153,9 +172,9 @@ def _fake_torchtitan(monkeypatch) -> None:
         if name.isupper() or name.lstrip("_").isupper():
             setattr(llama3, name, name)
 
-    def build_layers(**kw: Any) -> dict[str, Any]:
+    def build_layers(**kw: Any) -> _Layers:
         assert set(kw) <= set(custom["build_llama3_layers"]), kw
-        return kw
+        return _Layers(kw, custom)
 
     helpers = {"_build_llama3_layers": build_layers,
                "_output_linear_init": lambda dim: f"output_init:{dim}"}
@@ -426,3 +445,24 @@ def test_toml_quotes_model_names_beyond_the_basic_plane():
     p = plan(named, 8, parallel=Parallel(dp=8), zero_stage=3, batch=Batch(1, 32))
     doc = tomllib.loads(_export(p, "toml"))
     assert doc["job"]["description"] == 'autoplan plan for llama-3-8b-\U0001f680 "x"'
+
+
+def test_a_model_at_another_epsilon_is_defined_at_it_or_said(monkeypatch):
+    """torchtitan's Llama 3 flavors normalise at 1e-5 (RMSNorm.Config's default, which
+    _build_llama3_layers leaves): Llama-3.1-8B's shape at 1e-6 is defined at its own shape in the
+    Python config, its block norms and final norm set to 1e-6; the TOML, which names a flavor
+    and has no such field, says in its header that it trains at 1e-5."""
+    model = plan("llama-3.1-8b").model_spec().replace(name="llama3-eps6", norm_eps=1e-6)
+    p = plan(model, 16, zero_stage=2, batch=Batch(1, 64))
+    assert flavor(model) == ("8B", "llama3_8b")  # the shape alone matches
+    kind, name, built = _run_python(p, monkeypatch).values["model_spec"]
+    assert (kind, name) == ("spec", "autoplan-llama3-eps6")
+    assert len(built.layers) == 32 and built.norm.eps == 1e-6
+    assert {(b.attention_norm.eps, b.ffn_norm.eps) for b in built.layers} == {(1e-6, 1e-6)}
+    text = _export(p, "toml")
+    assert tomllib.loads(text)["model"] == {"name": "llama3", "flavor": "8B"}
+    assert "# The model's norms normalise at eps 1e-06 (norm_eps); torchtitan's llama3 " \
+           "builds them at 1e-05," in text
+    registered = _export(plan("llama-3.1-8b", 16, zero_stage=2, batch=Batch(1, 64)), "python")
+    assert "eps" not in registered and "norm_eps" not in _export(
+        plan("llama-3.1-8b", 16, zero_stage=2, batch=Batch(1, 64)), "toml")
