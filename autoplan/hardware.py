@@ -350,8 +350,10 @@ class Efficiency:
     single-GPU kernel benchmarks, which run at the boost clock; inside a step every GPU of the
     node is loaded at its power cap, and the kernel runs at the clock the step's GEMMs hold
     there, as the matmul curve's top already does (the datasheet profiles file the loaded-node
-    over burst ratio the matmul top carries). 1: the figures were measured at the clock the
-    step runs at (`autoplan profile` times the GEMMs and the kernel alike)."""
+    over burst ratio the matmul top carries). 1: the attention figures and the matmul curve
+    stand at one clock (a profile `autoplan profile` measured: on a CPU it times the GEMMs and
+    the kernel alike; on a GPU its GEMMs, timed on one GPU, run at the burst clock of the
+    papers' figures it keeps)."""
     attention_head_dims: dict[int, AttentionFigures] | None = None
     """The kernels' figures at head dimensions narrower than ATTENTION_HEAD_DIM, by head dim:
     a narrow head gives each tile's two GEMMs a short inner dimension, so the kernels reach a

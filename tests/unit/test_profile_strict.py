@@ -192,3 +192,23 @@ def test_a_curve_error_names_the_curve_once() -> None:
     bad["efficiency"]["intra_node"]["x"] = [1000.0, 100.0]
     bad["efficiency"]["intra_node"]["y"] = [0.5, 0.6]
     assert _refused(bad).field == "profile.efficiency.intra_node.x"
+
+
+def test_a_gpu_measurement_reads_attention_at_its_gemms_clock(monkeypatch) -> None:
+    """A GPU profile keeps the papers' burst-clock attention figures beside GEMMs it timed on
+    one GPU, also at burst clock: one clock for both (attention_clock 1), where the datasheet
+    base reads the figures at its loaded-node GEMM top's clock (0.915). A CPU one too."""
+    import types
+
+    base = _raw("h100-sxm-80gb")
+    assert base["efficiency"]["attention_clock"] < 1.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda _d: types.SimpleNamespace(total_memory=85_000_000_000))
+    prof = build.assemble(base, "t", torch.device("cuda", 0), "bf16",
+                          [Timing(1e9, 2e-6), Timing(1e12, 1.3e-3)], 3e12, 2.5e12, 0.0, {},
+                          48e9, 6e9, True)
+    assert prof["efficiency"]["attention_clock"] == 1.0
+    assert prof["efficiency"]["attention_forward"] == base["efficiency"]["attention_forward"]
+    assert profile_from_dict(prof).efficiency.attention_clock == 1.0
+    assert _assembled()["efficiency"]["attention_clock"] == 1.0
