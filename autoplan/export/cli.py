@@ -395,7 +395,7 @@ def portable(plan: Plan) -> Plan:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from autoplan.export.importers import IMPORTERS, files_read
+    from autoplan.export.importers import IMPORTERS, files_read, launch_runtime
     from autoplan.plan import load_plan, plan_to_dict
 
     _check_out(args.out)
@@ -422,9 +422,12 @@ def run_import(args: argparse.Namespace) -> int:
         if load_plan(args.out) != plan:  # every save reloads and compares (plan.save_plan)
             raise AssertionError(f"plan written to {args.out} does not reload equal")
         sys.stderr.write(f"wrote {args.out}\n")
-        # the plan keeps no engine: estimate prices autoplan's own runtime unless told
+        # the plan keeps no engine: estimate prices autoplan's own runtime unless told; the
+        # launch's dispatcher or --tp-comm-overlap picks the preset (megatron_runtime)
+        runtime, note = launch_runtime(args.source, args.file)
         sys.stderr.write(f"price it as {args.source} runs it: autoplan estimate --plan "
-                         f"{shlex.quote(args.out)} --runtime {target_runtime(args.source)}\n")
+                         f"{shlex.quote(args.out)} --runtime {runtime}"
+                         + (f" ({note})" if note else "") + "\n")
     elif args.format == "json":
         sys.stdout.write(json.dumps(plan_to_dict(plan), indent=2) + "\n")
     else:

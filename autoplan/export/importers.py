@@ -447,9 +447,11 @@ def import_megatron(
 ) -> Plan:
     from autoplan.export.megatron_import import (
         ignored_rope_flags,
+        megatron_flags,
         megatron_plan_dict,
         unread_megatron_flags,
     )
+    from autoplan.export.megatron_runtime import say_runtime
 
     what = f"megatron arguments {path}"
     text = _read(path, "FILE")
@@ -466,6 +468,7 @@ def import_megatron(
         log.warning("%s: flags autoplan does not read, skipped: %s", what, " ".join(skipped))
     for said in ignored_rope_flags(text, what):
         log.warning("%s: %s", what, said)
+    say_runtime(megatron_flags(text, what))
     return plan
 
 
@@ -478,6 +481,19 @@ def _device(cluster: str) -> DeviceSpec | None:
 
 
 IMPORTERS = {"deepspeed": import_deepspeed, "megatron": import_megatron}
+
+
+def launch_runtime(source: str, path: str | Path) -> tuple[str, str | None]:
+    """The runtime preset that prices the run `IMPORTERS[source]` imported from `path` as it
+    runs (and a sentence where none prices all of it): deepspeed's, or for a Megatron launch
+    the one its dispatcher and --tp-comm-overlap pick (megatron_runtime.launch_runtime)."""
+    if source != "megatron":
+        return source, None
+    from autoplan.export.megatron_import import megatron_flags
+    from autoplan.export.megatron_runtime import launch_runtime as megatron_runtime
+
+    what = f"megatron arguments {path}"
+    return megatron_runtime(megatron_flags(_read(path, "FILE"), what))
 
 
 def files_read(source: str, path: str | Path) -> list[Path]:

@@ -30,6 +30,7 @@ from autoplan.export.megatron_neutral import (
     neutral_flags,
 )
 from autoplan.export.megatron_norms import check_norms, norm_fields
+from autoplan.export.megatron_runtime import check_tp_overlap
 from autoplan.export.megatron_te import ATTENTION_BACKENDS
 from autoplan.export.shell_args import (
     Flags,
@@ -72,6 +73,7 @@ SWITCHES = frozenset(
         "--disable-bias-linear",
         "--add-qkv-bias",
         "--qk-layernorm",
+        "--tp-comm-overlap",
         "--use-torch-fsdp2",
         "--use-megatron-fsdp",
         "--torch-fsdp2-no-reshard-after-forward",
@@ -117,9 +119,10 @@ READ_FLAGS = (SWITCHES - LAUNCHER_FLAGS - NEUTRAL_SWITCHES) | frozenset({
 })
 """Megatron-LM flags the importer reads: an unknown flag that misspells one of them is refused
 (shell_args.unread_flags), where reading on would take that flag's default."""
-UNREAD_NEIGHBOURS = frozenset({"--fp4-format"})
-"""Megatron flags a misspelling away from one we read (--fp8-format), never refused
-(megatron/training/arguments.py; checked against Megatron-Core's config fields in the tests)."""
+UNREAD_NEIGHBOURS = frozenset({"--fp4-format", "--tp-comm-overlap-ag", "--tp-comm-overlap-rs"})
+"""Megatron flags a misspelling away from one we read (--fp8-format, --tp-comm-overlap), never
+refused (megatron/training/arguments.py; checked against Megatron-Core's config fields in the
+tests)."""
 BACKEND_ATTENTION = {v: k.value for k, v in ATTENTION_BACKENDS.items()} | {
     "flash": "flash", "auto": "flash", "local": "eager"}
 """Megatron-Core's AttnBackend (transformer/enums.py: flash, fused, unfused, local, auto) -> plan
@@ -574,6 +577,7 @@ def megatron_plan_dict(
             "autoplan models offloading all optimizer states (1.0)",
         )
     _refuse_unplanned(f, cp, text)
+    check_tp_overlap(f, tp, f.has("--sequence-parallel"))  # the runtime it picks: importers
     recompute = _recompute(f, flag_values(expand_variables(text), "--recompute-modules"))
     if f.has("--distribute-saved-activations"):
         _distributed_checkpoints(f, tp, recompute, sequence_parallel(f, tp))
@@ -619,6 +623,11 @@ def ignored_rope_flags(text: str, what: str) -> list[str]:
                 "--use-rope-scaling ignored, as Megatron ignores it: the model rotates "
                 "unscaled (add --use-rope-scaling if the run scales)"]
     return []
+
+
+def megatron_flags(text: str, what: str) -> Flags:
+    """The launch's flags as the importer reads them (variables expanded, switches known)."""
+    return Flags(parse_flags(expand_variables(text), SWITCHES), what)
 
 
 def unread_megatron_flags(text: str, what: str) -> list[str]:

@@ -227,17 +227,27 @@ def expert_degrees(f: Any, tp: int) -> dict[str, int]:
     return {"ep": ep, "etp": etp}
 
 
-def _tell_dispatcher_runtime(f: Any, dispatcher: str) -> None:
-    """The plan cannot carry the launch's token dispatcher (a runtime trait): say which
-    `--runtime` prices it, unless it is the `megatron` preset's own alltoall."""
-    given = "" if f.text("--moe-token-dispatcher-type") else " (Megatron's default)"
+def dispatcher_runtime(f: Any) -> str | None:
+    """The runtime preset that prices the launch's MoE token dispatcher: `megatron` (alltoall,
+    or no expert parallelism to dispatch over), `megatron-allgather` (Megatron's default),
+    `megatron-deepep` (flex on DeepEP); None for flex without DeepEP, which none prices."""
+    if f.integer("--num-experts") is None or (f.integer("--expert-model-parallel-size", 1)
+                                              or 1) < 2:
+        return "megatron"
+    dispatcher = f.text("--moe-token-dispatcher-type") or "allgather"
     if dispatcher == "flex":  # DeepEP by --moe-enable-deepep (2025) or the backend flag (2026;
         # HybridEP is a branch of DeepEP, its README says: one copy per destination node too)
         deepep = f.has("--moe-enable-deepep") or f.text("--moe-flex-dispatcher-backend") in (
             "deepep", "hybridep")
-        runtime = "megatron-deepep" if deepep else None
-    else:
-        runtime = DISPATCHER_RUNTIME[dispatcher]
+        return "megatron-deepep" if deepep else None
+    return DISPATCHER_RUNTIME[dispatcher]
+
+
+def _tell_dispatcher_runtime(f: Any, dispatcher: str) -> None:
+    """The plan cannot carry the launch's token dispatcher (a runtime trait): say which
+    `--runtime` prices it, unless it is the `megatron` preset's own alltoall."""
+    given = "" if f.text("--moe-token-dispatcher-type") else " (Megatron's default)"
+    runtime = dispatcher_runtime(f)
     if runtime == "megatron":
         return
     if runtime is None:
