@@ -386,7 +386,9 @@ def _auto_knobs(data: dict[str, Any], where: str) -> dict[str, Any]:
 
 def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
     if not isinstance(data, dict):
-        raise ConfigError(where, f"got {data!r}", "expected a mapping of search-space fields")
+        raise ConfigError(where, "the file is empty" if data is None else f"got {data!r}",
+                          "expected a mapping of search-space fields (`autoplan spaces NAME "
+                          "--shipped > FILE` writes a shipped one: not into the file it reads)")
     try:
         data = check_schema_version(data, "")
     except ConfigError as err:
