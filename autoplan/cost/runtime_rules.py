@@ -223,6 +223,15 @@ def _mixed_without_fsdp(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     return (_dtype(t) != PRECISIONS.index(Precision.FP32)) & ~fsdp
 
 
+def _mixed_fix(t: Table) -> str:
+    """The fix of _mixed_without_fsdp: FSDP keeps the plan's precision; fp32 needs none, but
+    for an fp8 plan that gives up fp8 (and bf16, which needs FSDP too) as well."""
+    if PRECISIONS[int(_dtype(t)[0])] == Precision.FP8:
+        return ("shard over dp (zero_stage 2 or 3 with dp > 1) to train it in fp8; only "
+                "precision fp32 runs without FSDP (bf16 needs it as fp8 does)")
+    return "shard over dp (zero_stage 2 or 3 with dp > 1), or set precision fp32"
+
+
 def _precision(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     codes = [i for i, p in enumerate(PRECISIONS) if p.value in rt.precisions]
     return ~np.isin(_dtype(t), codes)
@@ -301,7 +310,7 @@ RULES: tuple[RuntimeRule, ...] = (
         f"runtime {rt.name} trains in {PRECISIONS[int(_dtype(t)[0])].value} only through FSDP "
         f"(zero_stage >= 2 with dp > 1, or cp > 1; got zero_stage={_v(t, 'zero_stage')}, "
         f"dp={_v(t, 'dp')}, cp={_v(t, 'cp')}): without it, it trains in fp32 beside tp or pp "
-        "and under autocast otherwise; shard over dp, or set precision fp32")),
+        f"and under autocast otherwise; {_mixed_fix(t)}")),
     RuntimeRule(_te, _te_message),
     RuntimeRule(_parallel, _parallel_message),
     RuntimeRule(_ddp, lambda t, rt, m: (

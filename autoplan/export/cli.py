@@ -89,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--torchtitan-format",
         choices=("python", "toml"),
-        help="python (default): config_registry (torchtitan >= 0.3); toml: <= 0.2.2",
+        help="python: config_registry (torchtitan >= 0.3); toml: <= 0.2.2 (default: toml when "
+             "--out ends in .toml, else python)",
     )
     p.add_argument("--script", help="training script in the deepspeed/megatron launch command")
     p.add_argument("--elastic", action="store_true", help="slurm/kubernetes: torchrun "
@@ -275,7 +276,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         image=args.image or ExportOptions.image,
         namespace=args.namespace,
         k8s_kind=args.kind or ExportOptions.k8s_kind,
-        torchtitan_format=args.torchtitan_format or ExportOptions.torchtitan_format,
+        torchtitan_format=torchtitan_format(args),
         script=args.script,
         # --format json/yaml writes the {target, files} wrapper to --out: the files are named
         # by their keys there, so the launch commands name those, not the wrapper's path
@@ -289,6 +290,17 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         pvc=args.pvc,
         data_pvc=args.data_pvc,
     )
+
+
+def torchtitan_format(args: argparse.Namespace) -> str:
+    """--torchtitan-format, else the form --out's suffix asks for (job.toml: the TOML job of
+    torchtitan <= 0.2.2), else Python (>= 0.3). A --format json/yaml wrapper's --out names the
+    wrapper, not the job, so its suffix picks nothing."""
+    if args.torchtitan_format is not None:
+        return str(args.torchtitan_format)
+    if args.out and args.format not in ("json", "yaml") and Path(args.out).suffix == ".toml":
+        return "toml"
+    return ExportOptions.torchtitan_format
 
 
 def target_runtime(target: str, torchtitan_format: str = "toml") -> str | None:

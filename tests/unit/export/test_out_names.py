@@ -54,6 +54,24 @@ def test_torchtitan_toml_names_its_own_file(tmp_path: Path) -> None:
     assert f"--job.config_file {out}" in out.read_text()
 
 
+def test_a_toml_out_writes_the_toml_job(tmp_path: Path, capsys) -> None:
+    """`--out job.toml` was refused ("it must be NAME.py ... or export --torchtitan-format
+    toml"): the suffix picks the TOML form, priced as the release that reads it."""
+    out = tmp_path / "job.toml"
+    assert export(tmp_path, titan_case(), "torchtitan", out) == 0
+    assert out.read_text().startswith("# torchtitan (<= 0.2.2) job for model ")
+    assert "priced for torchtitan:" in capsys.readouterr().err
+
+
+def test_a_toml_out_with_the_python_form_asked_for_is_refused(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "job.toml"
+    assert export(tmp_path, titan_case(), "torchtitan", out, "--torchtitan-format",
+                  "python") == 2
+    err = capsys.readouterr().err
+    assert "name it e.g. " in err and "job.py, or leave --torchtitan-format python out (a " \
+        ".toml --out writes the TOML job)" in err and not out.exists()
+
+
 @pytest.mark.parametrize("name", ["train_mega.sh", "jobs/m.sh"])
 def test_megatron_script_names_itself(tmp_path: Path, name: str) -> None:
     out = tmp_path / name

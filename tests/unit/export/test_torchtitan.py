@@ -414,6 +414,19 @@ def test_toml_fp8_swaps_in_float8_linears_but_the_head():
         _export(FP8.replace(zero_stage=0), "toml")
 
 
+def test_an_fp8_plan_without_fsdp_is_told_to_shard_not_to_train_in_fp32():
+    """The refusal told an fp8 plan "shard over dp, or set precision fp32" (the user test's
+    finding 17): sharding is what keeps fp8; bf16 would not help (it needs FSDP as well)."""
+    with pytest.raises(ConfigError) as err:
+        _export(FP8.replace(zero_stage=0), "toml")
+    assert ("shard over dp (zero_stage 2 or 3 with dp > 1) to train it in fp8; only precision "
+            "fp32 runs without FSDP (bf16 needs it as fp8 does)") in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _export(FP8.replace(zero_stage=0, precision=Precision.BF16), "toml")
+    assert "shard over dp (zero_stage 2 or 3 with dp > 1), or set precision fp32" in \
+        str(err.value)
+
+
 def test_python_fp8_builds_the_model_with_float8_linears_but_the_head(monkeypatch):
     """0.3.0: model_registry(converters=[Float8LinearConverter.Config(...)]), as its own
     llama3_405b() does (lm_head left out)."""
