@@ -71,16 +71,17 @@ def runtime_hash(traits: RuntimeTraits) -> str:
 
 
 def model_hash(model: ModelSpec) -> str:
-    """content_hash of a model without its RoPE base and scaling (later fields no cost depends
-    on) and without qkv_bias at its default, so a tune's study of a model resumes as before
-    them."""
+    """content_hash of a model without its RoPE base, scaling and norms' epsilon (later fields
+    no cost depends on) and without qkv_bias and qk_norm at their defaults, so a tune's study
+    of a model resumes as before them."""
     return _sha256(_costed_model(to_dict(model)))
 
 
 def _costed_model(data: dict[str, Any]) -> dict[str, Any]:
     """A model mapping without the fields that came after studies were first stored
     (model_spec.OMITTED_AT_DEFAULT): those no figure depends on (UNPRICED: the RoPE base and
-    scaling) whatever their value, the others (qkv_bias) at their defaults only."""
+    scaling, the norms' epsilon) whatever their value, the others (qkv_bias, qk_norm) at their
+    defaults only."""
     return {k: v for k, v in data.items() if k not in OMITTED_AT_DEFAULT
             or (k not in UNPRICED and v != OMITTED_AT_DEFAULT[k])}
 
@@ -103,7 +104,7 @@ def fingerprint(req: SearchRequest, sampler: str) -> str:
     out = to_dict(fields)
     if req.targets.memory_slack == "median":  # the default, as before the flag: old studies resume
         out["targets"].pop("memory_slack", None)
-    if isinstance(out["model"], dict):  # RoPE unpriced, qkv_bias at default: old studies resume
+    if isinstance(out["model"], dict):  # unpriced fields, and priced ones at default: old studies resume
         out["model"] = _costed_model(out["model"])
     return json.dumps(out, sort_keys=True, default=str)
 
