@@ -58,6 +58,7 @@ from autoplan.runtime.checkpoint_files import (
     fallback_warning,
     verify,
 )
+from autoplan.runtime.checkpoint_names import step_dir
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +135,8 @@ class Checkpointer:
         return state
 
     def save(self, step: int, meta: dict | None = None) -> Path:
-        final = self.root / f"step-{step:08d}"
-        tmp = self.root / f"step-{step:08d}.tmp"
+        final = self.root / step_dir(step)
+        tmp = self.root / f"{step_dir(step)}.tmp"
         rank = dist.get_rank()
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
