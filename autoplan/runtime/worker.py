@@ -232,10 +232,13 @@ def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> st
     checkpoint, with this run's lr and weight decay (the loaded optimizer state brings the
     saving run's). A restart or an elastic start may find none and start at step 0; --resume
     may not, nor resume a checkpoint at --steps (the launcher refused both already: a job
-    started by a scheduler fails here). Under --elastic a world change restarts workers
-    without counting a restart, so there only the launcher decides. Returns what loaded a
-    checkpoint (metrics.RESUMED_BY: a restart before --elastic before --resume), None when
-    none was."""
+    started by a scheduler fails here). A checkpoint past --steps is always refused: no
+    attempt of this run saves past its --steps, so it is another run's, and the restart that
+    follows the first attempt's refusal would train nothing and exit 0. One at --steps ends a
+    restart or an elastic round quietly: an attempt saved the last step, and the run is done
+    (under --elastic a world change restarts workers without counting a restart, so there
+    only the launcher refuses it). Returns what loaded a checkpoint (metrics.RESUMED_BY: a
+    restart before --elastic before --resume), None when none was."""
     from autoplan.runtime.checkpoint_compat import check_steps
     from autoplan.runtime.launch import check_fresh_start
     from autoplan.runtime.optim import set_hyperparameters
@@ -253,7 +256,7 @@ def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> st
                 log.warning("--resume: no checkpoint in %s; starting at step 0",
                             args.checkpoint_dir)
         return None
-    if asked:
+    if asked or step > args.steps:
         check_steps(step, args.steps)
     trainer.step = step
     set_hyperparameters(trainer.optimizers, trainer.optim_cfg)
@@ -298,18 +301,24 @@ def run_and_report(args: argparse.Namespace) -> int:
 def _write_saved_step(summary: dict, args: argparse.Namespace) -> None:
     """Rank 0, once the run ended cleanly: the step of its last checkpoint, which every rank
     has saved (the loop saves the step it ends on), to the file an exported SLURM job names in
-    export.slurm.SAVED_STEP_ENV, written whole (renamed into place). torchrun exits 1 once it
-    has passed a SIGTERM on, whatever its ranks did; the job's script reads this instead."""
-    from autoplan.export.slurm import SAVED_STEP_ENV
+    checkpoint_names.SAVED_STEP_ENV, written whole (renamed into place; a write cut short
+    leaves no `.tmp` beside it). torchrun exits 1 once it has passed a SIGTERM on, whatever
+    its ranks did; the job's script reads this instead."""
+    from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV
 
     path, step = os.environ.get(SAVED_STEP_ENV), summary.get("final_step")
     if not path or not args.checkpoint_dir or step is None:
         return
+    tmp = f"{path}.tmp"
     try:
-        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(f"{step}\n")
-        os.replace(f"{path}.tmp", path)
+        os.replace(tmp, path)
     except OSError as err:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass  # never written (the folder is gone or read-only): nothing to remove
         log.warning("%s: cannot write %s (%s): the job script cannot tell this clean end from a crash",
                     SAVED_STEP_ENV, path, err.strerror or err)
 

@@ -1,5 +1,5 @@
 """Rank 0 names the step of the run's last checkpoint in the file an exported SLURM job gives
-in export.slurm.SAVED_STEP_ENV, once the run ended cleanly (every rank saved that step): the
+in checkpoint_names.SAVED_STEP_ENV, once the run ended cleanly (every rank saved that step): the
 job's script reads it, since torchrun exits 1 after a SIGTERM whatever its ranks did
 (tests/unit/export/test_slurm_exit.py plays the script's side)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.export.slurm import SAVED_STEP_ENV
 from autoplan.runtime import worker
+from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV
 
 
 def _report(monkeypatch, tmp_path: Path, summary: dict | None, *,
@@ -66,3 +66,15 @@ def test_a_file_that_cannot_be_written_is_warned_about_not_raised(monkeypatch, t
     assert not target.exists()
     assert f"{SAVED_STEP_ENV}: cannot write {target}" in caplog.text
     assert (tmp_path / "summary.json").exists()  # the rank still reports its run
+
+
+def test_a_write_that_fails_after_the_temporary_file_leaves_nothing(monkeypatch, tmp_path: Path,
+                                                                    caplog):
+    """The rename into place fails (a folder holds the name): the `.tmp` written first goes."""
+    target = tmp_path / "saved"
+    (target / "in-the-way").mkdir(parents=True)
+    monkeypatch.setenv(SAVED_STEP_ENV, str(target))
+    with caplog.at_level(logging.WARNING, logger="autoplan.runtime.worker"):
+        assert _report(monkeypatch, tmp_path, _summary(335)) == 0
+    assert f"{SAVED_STEP_ENV}: cannot write {target}" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved", "summary.json"]  # no .tmp
