@@ -316,6 +316,10 @@ def launch_and_report(args: argparse.Namespace) -> int:
                 summary["stopped_early"] = signal.Signals(outcome.signal).name
             emit(args, with_profile(summary, plan),
                  lambda console: render(console, summary, plan.cluster.profile))
+        finished = _finished(outcome, summary, args)
+        if finished is not None:  # no error: the signal's exit code, and a line on the run
+            sys.stderr.write(f"autoplan train: warning: {finished}\n")
+            return 128 + outcome.signal
         raise TrainingInterrupted(outcome.signal, _interrupted(outcome, summary, args))
     if refusal is not None:
         raise refusal
@@ -351,7 +355,26 @@ def render(console, summary: dict, profile: str) -> None:
                   else f"profile {profile} (no prediction)", markup=False)
 
 
+def _finished(outcome, summary: dict | None, args: argparse.Namespace) -> str | None:
+    """What the run did when the signal came as its last step of --steps ran: that step
+    finished (and was saved), so nothing stopped; None for a run the signal stopped."""
+    from autoplan.runtime.checkpoint_names import step_dir
+
+    if outcome.killed or summary is None or summary.get("stopped_early"):
+        return None
+    step = summary.get("final_step")
+    if step is None:
+        return None
+    name = signal.Signals(outcome.signal).name
+    saved = (f"; checkpoint {step_dir(step)} saved in {args.checkpoint_dir}, nothing left to "
+             "resume" if args.checkpoint_dir else " (no --checkpoint-dir: nothing saved)")
+    return (f"{name} came as the run ended: step {step}, the last of --steps {args.steps}, "
+            f"finished{saved}")
+
+
 def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str:
+    """The exit line of a run the signal stopped (_finished says the others)."""
+    from autoplan.runtime.checkpoint_names import step_dir
     from autoplan.runtime.metrics import last_recorded_step
 
     name = signal.Signals(outcome.signal).name
@@ -364,13 +387,8 @@ def _interrupted(outcome, summary: dict | None, args: argparse.Namespace) -> str
     step = summary.get("final_step")
     if step is None:
         return f"stopped by {name} before the first step finished (nothing saved)"
-    if not summary.get("stopped_early"):  # the ranks trained every step of --steps
-        saved = (f"; checkpoint step-{step:08d} saved in {args.checkpoint_dir}, nothing left "
-                 "to resume" if args.checkpoint_dir else " (no --checkpoint-dir: nothing saved)")
-        return (f"{name} came as the run ended: step {step}, the last of --steps {args.steps},"
-                f" finished{saved}")
     if args.checkpoint_dir:
-        return (f"stopped by {name} after step {step}; checkpoint step-{step:08d} saved in "
+        return (f"stopped by {name} after step {step}; checkpoint {step_dir(step)} saved in "
                 f"{args.checkpoint_dir}; continue with --resume")
     return f"stopped by {name} after step {step} (no --checkpoint-dir: nothing saved)"
 

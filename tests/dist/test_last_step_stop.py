@@ -34,6 +34,6 @@ def test_a_sigterm_on_the_last_step_finishes_the_run_without_resume_advice(tmp_p
     assert summary["final_step"] == 1 and summary["stopped_early"] is None, summary
     assert "--resume" not in summary["note"] and "--steps 2 or more" in summary["note"]
     assert err.strip().splitlines()[-1] == (
-        "autoplan train: error: SIGTERM came as the run ended: step 1, the last of --steps 1, "
+        "autoplan train: warning: SIGTERM came as the run ended: step 1, the last of --steps 1, "
         f"finished; checkpoint step-00000001 saved in {ck}, nothing left to resume")
     assert sorted(p.name for p in ck.iterdir()) == ["step-00000001"]

@@ -78,14 +78,33 @@ def test_the_exit_line_of_a_run_that_finished_says_so(tmp_path, capsys, monkeypa
     assert code == 128 + signum, err  # a signal came: its exit code, as before
     summary = json.loads(out)
     assert summary["stopped_early"] is None and summary["final_step"] == 3
+    assert "error:" not in err, err
     assert err.strip().splitlines()[-1] == (
-        f"autoplan train: error: {name} came as the run ended: step 3, the last of --steps 3, "
+        f"autoplan train: warning: {name} came as the run ended: step 3, the last of --steps 3, "
         f"finished; checkpoint step-00000003 saved in {ck}, nothing left to resume")
     code = main(["train", plan_path, "--steps", "3", "--format", "table"])
     out, err = capsys.readouterr()
     assert code == 128 + signum and "stopped early" not in out, out
-    assert err.strip().splitlines()[-1].endswith(
-        "the last of --steps 3, finished (no --checkpoint-dir: nothing saved)")
+    assert err.strip().splitlines()[-1] == (
+        f"autoplan train: warning: {name} came as the run ended: step 3, the last of --steps 3, "
+        "finished (no --checkpoint-dir: nothing saved)")  # a finished run: no error line
+
+
+def test_a_run_the_signal_stopped_still_ends_on_an_error_line(tmp_path, capsys, monkeypatch,
+                                                               predicted_50ms):
+    plan_path = str(save_plan(make_plan("h8-2l"), tmp_path / "plan.yaml"))
+    ranks = summarize(_history(2), make_plan("h8-2l"), stopped_early=worker.STOP_FILE_REASON,
+                      steps=5)
+    monkeypatch.setattr("autoplan.runtime.supervise.run_supervised",
+                        _fake_torchrun(ranks, signal.SIGTERM))
+    ck = tmp_path / "ck"
+    code = main(["train", plan_path, "--steps", "5", "--checkpoint-dir", str(ck),
+                 "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 143 and json.loads(out)["stopped_early"] == "SIGTERM"
+    assert err.strip().splitlines()[-1] == (
+        f"autoplan train: error: stopped by SIGTERM after step 2; checkpoint step-00000002 "
+        f"saved in {ck}; continue with --resume")
 
 
 def test_a_killed_run_whose_newest_checkpoint_is_the_last_step_is_not_told_to_resume(tmp_path):
