@@ -11,6 +11,7 @@ stopped on it and saved ends with exit 0 and a line on how to resume (end_lines)
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from autoplan.errors import ConfigError
@@ -39,14 +40,10 @@ from autoplan.export.launch import (
 from autoplan.export.nodes import NODE_SIZE_ENV
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
+from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV, STEP_DIR_FORMAT, step_dir
 
 SIGNAL_MAX_S = 65535
 """sbatch(1) --signal: "sig_time must have an integer value between 0 and 65535"."""
-SAVED_STEP_ENV = "AUTOPLAN_SAVED_STEP_FILE"
-"""The file rank 0 of `autoplan train` writes the step of the run's last checkpoint to, once
-every rank has saved it and the run has ended cleanly (runtime/worker.py), set by the SLURM
-script: torchrun exits 1 once it has passed a SIGTERM on, whatever its ranks did, so srun's
-status cannot tell a clean stop at the time-limit warning from a crash; this file can."""
 SAVED_STEP_FILE = "autoplan-saved-step-$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"
 """SAVED_STEP_ENV's file in the checkpoint folder, which every node reads (the batch shell
 runs on the first node, rank 0 on any): a name of this run of this job, which no earlier run
@@ -117,7 +114,7 @@ class SlurmTarget(ExportTarget):
                 "",
                 "status=0",
                 continued(launch),
-                *end_lines(opts, warning.seconds_s),
+                *end_lines(opts),
                 "",
             ]
         )
@@ -221,19 +218,26 @@ def stop_warning(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopWarnin
     return StopWarning(stop_lead(plan, model, gpus_per_node))
 
 
-def end_lines(opts: ExportOptions, signal_s: int) -> list[str]:
+def end_lines(opts: ExportOptions) -> list[str]:
     """After srun (its status in $status): where rank 0 named the step its ranks saved as the
     run ended cleanly (SAVED_STEP_ENV), exit 0, with a line on how to resume where that step is
-    short of --steps; elsewhere srun's status."""
+    short of --steps, or on srun's status where every step was trained yet srun failed;
+    elsewhere srun's status. The stop line names the warning by its flag, not by the time
+    written above, which `sbatch --signal` may replace at submission."""
     run = launch_options(opts)
-    again = (f"sbatch {shell_join([opts.out])} resumes from it" if opts.out
+    again = (f"sbatch {shell_join([os.path.abspath(opts.out)])} resumes from it" if opts.out
              else "submitting this script again resumes from it")
     stopped = (f"autoplan: the ranks stopped on SIGTERM after step %s of {run.steps} and saved "
-               "checkpoint step-%08d in %s (the time-limit warning, "
-               f"--signal=TERM@{signal_s}, or a scancel --signal=TERM): %s\\n")
-    finished = (f"autoplan: trained all {run.steps} steps; torchrun exited %s only because a "
-                "SIGTERM came as the last step ran\\n")
+               f"checkpoint {STEP_DIR_FORMAT} in %s (the time-limit warning that --signal sets, "
+               "or a scancel --signal=TERM): %s\\n")
+    # srun reports a failed task's status though the other nodes trained every step: torchrun's
+    # exit after passing a SIGTERM on, or under --elastic a node lost (the others finished)
+    lost = "; under --elastic a lost node also sets it" if opts.elastic else ""
+    finished = (f"autoplan: trained all {run.steps} steps and saved checkpoint "
+                f"{step_dir(run.steps)} in %s; srun's status was %s (torchrun exits 1 after "
+                f"passing on a SIGTERM{lost})\\n")
     file = f'"${SAVED_STEP_ENV}"'
+    folder = shell_join([opts.checkpoint_dir])
     return [
         "",
         *comment("torchrun exits 1 after a SIGTERM whatever its ranks did: the step rank 0 "
@@ -247,10 +251,9 @@ def end_lines(opts: ExportOptions, signal_s: int) -> list[str]:
         "  '' | *[!0-9]*) exit \"$status\" ;;  # no clean end: srun's status",
         "esac",
         f'if [ "$saved" -lt {run.steps} ]; then',
-        f'  printf {shell_join([stopped])} "$saved" "$saved" '
-        f"{shell_join([opts.checkpoint_dir])} {shell_join([again])}",
+        f'  printf {shell_join([stopped])} "$saved" "$saved" {folder} {shell_join([again])}',
         'elif [ "$status" -ne 0 ]; then',
-        f'  printf {shell_join([finished])} "$status"',
+        f'  printf {shell_join([finished])} {folder} "$status"',
         "fi",
         "exit 0",
     ]

@@ -80,8 +80,8 @@ def test_a_sigterm_to_the_step_ends_the_job_0_with_the_saved_step(tmp_path: Path
     assert "SignalException" in log  # torchrun's own exit after passing SIGTERM on: status 1
     assert job.returncode == 0, log[-3000:]
     found = re.fullmatch(r"autoplan: the ranks stopped on SIGTERM after step (\d+) of 100000 and "
-                         r"saved checkpoint step-(\d{8}) in (.+) \(the time-limit warning, "
-                         r"--signal=TERM@\d+, or a scancel --signal=TERM\): submitting this "
+                         r"saved checkpoint step-(\d{8}) in (.+) \(the time-limit warning that "
+                         r"--signal sets, or a scancel --signal=TERM\): submitting this "
                          r"script again resumes from it\n", out.splitlines(keepends=True)[-1])
     assert found, out[-2000:]
     assert int(found[1]) == int(found[2]) and found[3] == str(ckpt)

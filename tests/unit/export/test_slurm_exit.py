@@ -15,7 +15,8 @@ import pytest
 from autoplan.export.base import export_plan
 from autoplan.export.launch import LaunchOptions, stop_lead
 from autoplan.export.registry import get_target
-from autoplan.export.slurm import SAVED_STEP_ENV, SIGNAL_MAX_S
+from autoplan.export.slurm import SIGNAL_MAX_S
+from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV
 
 from .cases import CASES
 from .consumers import bash_syntax_ok
@@ -65,8 +66,10 @@ def test_a_clean_stop_at_the_warning_exits_0_and_says_how_to_resume(tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert res.stdout == (
         f"autoplan: the ranks stopped on SIGTERM after step 335 of {STEPS} and saved checkpoint "
-        f"step-00000335 in {ckpt} (the time-limit warning, --signal=TERM@{signal_s}, or a scancel"
+        f"step-00000335 in {ckpt} (the time-limit warning that --signal sets, or a scancel"
         " --signal=TERM): submitting this script again resumes from it\n")
+    # the warning's time is the script's #SBATCH line alone: sbatch --signal may replace it
+    assert f"TERM@{signal_s}" not in script.read_text().split("\nstatus=0\n")[1]
     assert list(ckpt.iterdir()) == []  # the step's file is read and removed
 
 
@@ -86,13 +89,28 @@ def test_a_step_file_that_names_no_step_is_no_clean_stop(tmp_path: Path, saved: 
 
 
 def test_a_sigterm_in_the_last_step_is_a_finished_run(tmp_path: Path):
-    script, _ = _script(tmp_path, tmp_path / "ckpt")
+    ckpt = tmp_path / "ckpt"
+    script, _ = _script(tmp_path, ckpt)
     res = _run(script, status=1, saved=str(STEPS))
     assert res.returncode == 0
-    assert res.stdout == (f"autoplan: trained all {STEPS} steps; torchrun exited 1 only because "
-                          "a SIGTERM came as the last step ran\n")
+    assert res.stdout == (f"autoplan: trained all {STEPS} steps and saved checkpoint "
+                          f"step-00001000 in {ckpt}; srun's status was 1 (torchrun exits 1 "
+                          "after passing on a SIGTERM)\n")
     done = _run(script, status=0, saved=str(STEPS))  # no signal: nothing to add
     assert (done.returncode, done.stdout) == (0, "")
+
+
+def test_an_elastic_job_whose_lost_node_failed_srun_names_both_causes(tmp_path: Path):
+    """Under --elastic a node lost after the others finished sets srun's status too: the line
+    names the status without claiming a SIGTERM it cannot know about."""
+    ckpt = tmp_path / "ckpt"
+    script, _ = _script(tmp_path, ckpt, elastic=True, min_nodes=1)
+    res = _run(script, status=9, saved=str(STEPS))
+    assert res.returncode == 0
+    assert res.stdout == (f"autoplan: trained all {STEPS} steps and saved checkpoint "
+                          f"step-00001000 in {ckpt}; srun's status was 9 (torchrun exits 1 "
+                          "after passing on a SIGTERM; under --elastic a lost node also sets "
+                          "it)\n")
 
 
 def test_the_step_file_is_this_run_of_this_job_in_the_checkpoint_folder(tmp_path: Path):
@@ -113,16 +131,23 @@ def test_the_step_file_is_this_run_of_this_job_in_the_checkpoint_folder(tmp_path
     assert SAVED_STEP_ENV == "AUTOPLAN_SAVED_STEP_FILE"  # the name the stub reads
 
 
-def test_an_odd_checkpoint_folder_and_the_written_script_are_named_as_they_are(tmp_path: Path):
+def test_an_odd_checkpoint_folder_and_the_written_script_are_named_as_they_are(
+        tmp_path: Path, monkeypatch):
+    """--out as typed is relative to where export ran: the line names it absolute, as the
+    script names --checkpoint-dir and --data, so it holds wherever the job runs from."""
     ckpt = tmp_path / "run 1's %s ckpt"
-    script, signal_s = _script(tmp_path, ckpt, out="jobs/train $1.sbatch")
+    monkeypatch.chdir(tmp_path)
+    script, _ = _script(tmp_path, ckpt, out="jobs/train $1.sbatch")
     ckpt.mkdir()
     res = _run(script, status=1, saved="7")
     assert res.returncode == 0, res.stderr
     assert res.stdout == (
         f"autoplan: the ranks stopped on SIGTERM after step 7 of {STEPS} and saved checkpoint "
-        f"step-00000007 in {ckpt} (the time-limit warning, --signal=TERM@{signal_s}, or a scancel"
-        " --signal=TERM): sbatch 'jobs/train $1.sbatch' resumes from it\n")
+        f"step-00000007 in {ckpt} (the time-limit warning that --signal sets, or a scancel"
+        f" --signal=TERM): sbatch '{tmp_path}/jobs/train $1.sbatch' resumes from it\n")
+    done = _run(script, status=1, saved=str(STEPS))
+    assert done.stdout.startswith(f"autoplan: trained all {STEPS} steps and saved checkpoint "
+                                  f"step-00001000 in {ckpt}; ")
 
 
 def test_the_header_says_what_the_exit_status_means():
