@@ -363,7 +363,8 @@ class KubernetesTarget(ExportTarget):
             lines += comment("The volumes and the grace period reach the runtime's node pods "
                              "through spec.runtimePatches: Kubeflow Trainer v2.3 or later, whose "
                              "patches take terminationGracePeriodSeconds (kubeflow/trainer#3324); "
-                             "on v2.2 delete that line and set it in the ClusterTrainingRuntime's "
+                             "on v2.2 delete the terminationGracePeriodSeconds line under "
+                             "spec.runtimePatches and set it in the ClusterTrainingRuntime's "
                              "node pods (v2.0 and v2.1 took spec.podTemplateOverrides instead).")
         header = "".join(line + "\n" for line in lines)
         body = yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False, default_flow_style=False,

@@ -110,4 +110,5 @@ def test_a_trainjob_says_which_trainer_takes_its_grace_period():
     text, _ = _manifest(CASES["dp-zero1"][0], "trainjob")
     header = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
     assert "Kubeflow Trainer v2.3 or later, whose patches take terminationGracePeriodSeconds " \
-           "(kubeflow/trainer#3324); on v2.2 delete that line" in header
+           "(kubeflow/trainer#3324); on v2.2 delete the terminationGracePeriodSeconds line " \
+           "under spec.runtimePatches" in header  # the line it names, not "that line"
