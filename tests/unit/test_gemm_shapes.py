@@ -60,12 +60,13 @@ def test_attention_is_priced_causal_at_the_kernels_figures(gs) -> None:
     assert gs.attention_work(2, 1024, 12, 64) == pytest.approx(
         0.5 * 4.0 * 2 * 1024**2 * 12 * 64)
     fwd, bwd = gs.predicted_attention_shares(profile, "fa2", 1e12, 2048)
-    assert (fwd, bwd) == (profile.efficiency.attention_forward["fa2"](2048.0),
-                          profile.efficiency.attention_backward["fa2"](2048.0))
+    clock = profile.efficiency.attention_clock  # the figures at the loaded node's clock
+    assert (fwd, bwd) == pytest.approx((clock * profile.efficiency.attention_forward["fa2"](2048.0),
+                                        clock * profile.efficiency.attention_backward["fa2"](2048.0)))
     # a profile that files the kernel by length is read at the sweep's length
     h100 = load_profile("h100-sxm-80gb")
     assert gs.predicted_attention_shares(h100, "fa2", 1e12, 512)[0] == pytest.approx(
-        191 / 989, abs=1e-3)
+        h100.efficiency.attention_clock * 191 / 989, abs=1e-3)
     assert gs.attention_kernel(torch.device("cpu"), "bf16") == "sdpa-cpu@bf16"
 
 
