@@ -78,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pvc", metavar="CLAIM",
                    help="kubernetes: PersistentVolumeClaim mounted at --checkpoint-dir (absolute) "
                         "in every pod; ReadWriteMany for several nodes")
+    p.add_argument("--requeue", action="store_true", default=None,
+                   help="slurm: a job stopped short of --steps after a clean save (the "
+                        "time-limit warning) requeues itself and resumes when it runs again")
     p.add_argument("--data-pvc", metavar="CLAIM",
                    help="kubernetes: PersistentVolumeClaim mounted read-only at the folder of "
                         "--data in every pod (the claim holds the text at its root)")
@@ -183,7 +186,8 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
 
 OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
                   "--kind": ("kubernetes",), "--pvc": ("kubernetes",),
-                  "--data-pvc": ("kubernetes",), "--torchtitan-format": ("torchtitan",),
+                  "--data-pvc": ("kubernetes",), "--requeue": ("slurm",),
+                  "--torchtitan-format": ("torchtitan",),
                   "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
                   "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS,
                   "--checkpoint-dir": LAUNCH_TARGETS, "--data": LAUNCH_TARGETS,
@@ -289,6 +293,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         keep_checkpoints=args.keep_checkpoints,
         pvc=args.pvc,
         data_pvc=args.data_pvc,
+        requeue=bool(args.requeue),
     )
 
 

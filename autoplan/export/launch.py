@@ -100,6 +100,10 @@ class LaunchOptions(ExportOptions):
     None: no volume there (the manifest's header names the path to mount)."""
     data_pvc: str | None = None
     """Kubernetes: the PersistentVolumeClaim mounted read-only at the folder of --data."""
+    requeue: bool = False
+    """SLURM: a job whose ranks stopped short of --steps after a clean save requeues itself
+    (`scontrol requeue`), so it resumes when it runs again and ends COMPLETED only once every
+    step is trained (the pattern of submitit and PyTorch Lightning's SLURM auto-requeue)."""
 
 
 def launch_options(opts: ExportOptions) -> LaunchOptions:

@@ -20,6 +20,7 @@ from autoplan.export.job_inputs import check_lines
 from autoplan.export.launch import (
     ELASTIC_ENV,
     SHUTDOWN_ENV,
+    LaunchOptions,
     StopLead,
     check_job_name,
     check_min_nodes,
@@ -87,6 +88,7 @@ class SlurmTarget(ExportTarget):
                 _device_directive(lay, cpu),
                 "#SBATCH --exclusive",
                 *_elastic_directives(opts),
+                *_requeue_directives(run),
                 f"#SBATCH --signal=TERM@{warning.seconds_s}",
                 f"#SBATCH --output={opts.job_name}-%j.out",
                 "#",
@@ -98,7 +100,7 @@ class SlurmTarget(ExportTarget):
                                   "node only" if lay.num_nodes > 1 else ""),
                 *data_lines(opts, "on every node: keep it on storage they all read"),
                 *warning.comment(),
-                *warning.end_comment(run.steps),
+                *warning.end_comment(run.steps, run.requeue),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
                 *check_lines(run.plan_path, run.plan_sha256, run.named_files),
@@ -156,6 +158,14 @@ def _elastic_directives(opts: ExportOptions) -> list[str]:
     return ["#SBATCH --no-kill"] if opts.elastic else []
 
 
+def _requeue_directives(run: LaunchOptions) -> list[str]:
+    """sbatch --requeue: "Specifies that the batch job should be eligible for requeuing"
+    (slurm.schedmd.com/sbatch.html), which `scontrol requeue` of a job that disallows it
+    refuses; --open-mode=append keeps each run's log, which a requeued job's restart would
+    truncate by default (sbatch: "append" or "truncate", the default set by JobFileAppend)."""
+    return ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if run.requeue else []
+
+
 def _elastic_comment(opts: ExportOptions) -> list[str]:
     if not opts.elastic:
         return []
@@ -200,22 +210,46 @@ class StopWarning:
             f"{SHUTDOWN_ENV}=S sbatch --signal=TERM@S <this script>. A scancel or a preemption "
             "still allows only KillWait.")
 
-    def end_comment(self, steps: int) -> list[str]:
+    def end_comment(self, steps: int, requeue: bool = False) -> list[str]:
+        head = ("Exit status: torchrun exits 1 once it has passed a SIGTERM on, whatever its "
+                f"ranks did, which SLURM would record as FAILED. Rank 0 writes the step of the "
+                f"last checkpoint to ${SAVED_STEP_ENV} (in the checkpoint folder) once every "
+                "rank has saved it. ")
+        if requeue:
+            return comment(
+                head + f"Stopped short of {steps} steps after such a save, the script requeues "
+                "this job (scontrol requeue $SLURM_JOB_ID; the partition must allow it), which "
+                "resumes from that checkpoint when it runs again; the job ends COMPLETED only "
+                f"once all {steps} steps are trained, so an afterok dependency waits for the "
+                "trained model. If the requeue is refused the script exits 1 with a line saying "
+                "so. A crash, or ranks killed before their save, keeps srun's status.")
         return comment(
-            "Exit status: torchrun exits 1 once it has passed a SIGTERM on, whatever its ranks "
-            f"did, which SLURM would record as FAILED. Rank 0 writes the step of the last "
-            f"checkpoint to ${SAVED_STEP_ENV} (in the checkpoint folder) once every rank has "
-            "saved it, and the script then exits 0 with a line in the job log naming the step "
-            "and how to resume: a job stopped by the time-limit warning after a clean save ends "
+            head + "The script then exits 0 with a line in the job log naming the step and how "
+            "to resume: a job stopped by the time-limit warning after a clean save ends "
             "COMPLETED. So an afterok dependency starts after each such stop, before all "
             f"{steps} steps are trained: it suits the next run of this script, not a job that "
-            "needs the trained model. A crash, or ranks killed before their save, keeps srun's "
-            "status.")
+            "needs the trained model (export with --requeue for that). A crash, or ranks "
+            "killed before their save, keeps srun's status.")
 
 
 def stop_warning(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopWarning:
     """The time-limit warning: the stop lead of the job as written (launch.stop_lead)."""
     return StopWarning(stop_lead(plan, model, gpus_per_node))
+
+
+def _requeue_lines(stopped: str, folder: str) -> list[str]:
+    """The stop branch under --requeue: say it, requeue the job, and exit 1 with a line where
+    SLURM refuses (a partition or job that disallows requeue), so the stop is not taken for
+    success while nothing will resume it."""
+    requeued = "requeueing job $SLURM_JOB_ID, which resumes from it when it runs again"
+    refused = ("autoplan: scontrol requeue %s was refused (the job or partition may not allow "
+               "requeue): submit this script again to resume\\n")
+    return [f'  printf {shell_join([stopped])} "$saved" "$saved" {folder} '
+            f'"{requeued}"',
+            '  if ! scontrol requeue "$SLURM_JOB_ID"; then',
+            f'    printf {shell_join([refused])} "$SLURM_JOB_ID"',
+            "    exit 1",
+            "  fi"]
 
 
 def end_lines(opts: ExportOptions) -> list[str]:
@@ -251,7 +285,9 @@ def end_lines(opts: ExportOptions) -> list[str]:
         "  '' | *[!0-9]*) exit \"$status\" ;;  # no clean end: srun's status",
         "esac",
         f'if [ "$saved" -lt {run.steps} ]; then',
-        f'  printf {shell_join([stopped])} "$saved" "$saved" {folder} {shell_join([again])}',
+        *(_requeue_lines(stopped, folder) if run.requeue else [
+            f'  printf {shell_join([stopped])} "$saved" "$saved" {folder} '
+            f'{shell_join([again])}']),
         'elif [ "$status" -ne 0 ]; then',
         f'  printf {shell_join([finished])} {folder} "$status"',
         "fi",

@@ -41,12 +41,14 @@ def _script(tmp_path: Path, ckpt: Path, **kw) -> tuple[Path, int]:
     return script, min(SIGNAL_MAX_S, stop_lead(plan, plan.model_spec(), 8).seconds_s)
 
 
-def _run(script: Path, *, status: int, saved: str | None = None,
+def _run(script: Path, *, status: int, saved: str | None = None, scontrol: str | None = None,
          **env: str) -> subprocess.CompletedProcess:
+    """The script under bash with srun stubbed (and scontrol: `show hostnames` answers node1
+    unless `scontrol` is another stub)."""
     bin_dir = script.parent / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/bash\necho node1\n")
+    (bin_dir / "scontrol").write_text(scontrol or "#!/bin/bash\necho node1\n")
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "AUTOPLAN_"))}
