@@ -98,6 +98,46 @@ def megatron_parser() -> argparse.ArgumentParser:
     return flags_parser("megatron_flags.yaml")
 
 
+def megatron_core_model(argv: list[str]) -> dict[str, Any]:
+    """In a spawned process (ProcessPoolExecutor with the spawn context): Megatron-Core's
+    GPTModel (local layer spec, one CPU rank) built from the parsed launch flags; its parameter
+    count, its bias tensors' names and its q/k norms with their eps."""
+    import os
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    parallel_state.initialize_model_parallel(1, 1)
+    ns = megatron_parser().parse_args(argv)
+    config = TransformerConfig(
+        num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
+        num_attention_heads=ns.num_attention_heads,
+        num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
+        add_bias_linear=not ns.disable_bias_linear, add_qkv_bias=ns.add_qkv_bias,
+        gated_linear_unit=ns.swiglu, normalization=ns.normalization,
+        layernorm_epsilon=ns.norm_epsilon, qk_layernorm=ns.qk_layernorm,
+        use_cpu_initialization=True, params_dtype=torch.float32)
+    spec = get_gpt_layer_local_spec(qk_layernorm=ns.qk_layernorm, normalization=ns.normalization)
+    model = GPTModel(config, spec, vocab_size=ns.vocab_size + 1,  # NullTokenizer's EOD token
+                     max_sequence_length=ns.seq_length,
+                     position_embedding_type=ns.position_embedding_type,
+                     share_embeddings_and_output_weights=not ns.untie_embeddings_and_output_weights)
+    norms = [(n, float(getattr(m, "eps", getattr(m, "variance_epsilon", -1.0))))
+             for n, m in model.named_modules() if n.endswith(("q_layernorm", "k_layernorm"))]
+    return {"params": sum(p.numel() for p in model.parameters()),
+            "biases": [n for n, _ in model.named_parameters() if n.endswith("bias")],
+            "norms": norms}
+
+
 TORCHTITAN_0_3_0_NAMES = {
     # what the Python config imports beyond tests/data/export/torchtitan_fields.yaml, with the
     # fields of each dataclass, read with ast from the torchtitan 0.3.0 wheel: config/configs.py

@@ -22,7 +22,7 @@ from autoplan.model_spec import PRESETS
 from autoplan.plan import Batch, Parallel
 
 from .cases import plan
-from .consumers import flags_parser, megatron_parser, run_script
+from .consumers import flags_parser, megatron_core_model, megatron_parser, run_script
 
 QWEN3_DENSE = PRESETS["llama-3-8b"].replace(name="qwen3-like-8b", qk_norm=True, norm_eps=1e-6)
 TINY_QWEN3 = PRESETS["tiny-llama"].replace(name="tiny-qwen3", num_layers=2, qk_norm=True,
@@ -126,42 +126,6 @@ def test_latent_attention_without_qk_layernorm_is_said(tmp_path, caplog) -> None
                for m in said), said
 
 
-def _megatron_core_norms(argv: list[str]) -> tuple[int, list[tuple[str, float]]]:
-    """In a spawned process: Megatron-Core's GPTModel (local layer spec, one CPU rank) built
-    from the parsed launch flags; its parameter count and its q/k norms with their eps."""
-    import os
-    import warnings
-
-    warnings.simplefilter("ignore")
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-
-    parallel_state.initialize_model_parallel(1, 1)
-    ns = megatron_parser().parse_args(argv)
-    config = TransformerConfig(
-        num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
-        num_attention_heads=ns.num_attention_heads,
-        num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
-        add_bias_linear=not ns.disable_bias_linear, gated_linear_unit=ns.swiglu,
-        normalization=ns.normalization, layernorm_epsilon=ns.norm_epsilon,
-        qk_layernorm=ns.qk_layernorm, use_cpu_initialization=True, params_dtype=torch.float32)
-    spec = get_gpt_layer_local_spec(qk_layernorm=ns.qk_layernorm, normalization=ns.normalization)
-    model = GPTModel(config, spec, vocab_size=ns.vocab_size + 1,  # NullTokenizer's EOD token
-                     max_sequence_length=ns.seq_length,
-                     position_embedding_type=ns.position_embedding_type,
-                     share_embeddings_and_output_weights=not ns.untie_embeddings_and_output_weights)
-    norms = [(n, float(getattr(m, "eps", getattr(m, "variance_epsilon", -1.0))))
-             for n, m in model.named_modules() if n.endswith(("q_layernorm", "k_layernorm"))]
-    return sum(p.numel() for p in model.parameters()), norms
-
-
 def test_megatron_core_builds_the_norms_autoplan_prices(tmp_path) -> None:
     """The exported flags, parsed by Megatron's flag table, build Megatron-Core's GPTModel with
     autoplan's parameter count: a head_dim-wide q and k norm per block, at the model's eps."""
@@ -169,7 +133,8 @@ def test_megatron_core_builds_the_norms_autoplan_prices(tmp_path) -> None:
     p = plan(TINY_QWEN3, 8, parallel=Parallel(dp=8), batch=Batch(1, 8), zero_stage=1)
     argv = _argv(_export(tmp_path, "megatron", p)["megatron_args.sh"])
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
-        count, norms = ex.submit(_megatron_core_norms, argv).result(timeout=300)
+        built = ex.submit(megatron_core_model, argv).result(timeout=300)
+    count, norms = built["params"], built["norms"]
     assert [n for n, _ in norms] == [f"decoder.layers.{i}.self_attention.{q}_layernorm"
                                      for i in range(2) for q in "qk"]
     assert {eps for _, eps in norms} == {1e-6}

@@ -21,7 +21,7 @@ from autoplan.model_spec import PRESETS, ModelSpec
 from autoplan.plan import Batch, Parallel
 
 from .cases import plan
-from .consumers import megatron_parser, run_script
+from .consumers import megatron_core_model, megatron_parser, run_script
 
 QWEN = PRESETS["llama-3-8b"].replace(name="qwen-like-8b", qkv_bias=True)
 TINY_QWEN = PRESETS["tiny-llama"].replace(name="tiny-qwen2", num_layers=2, qkv_bias=True)
@@ -80,41 +80,6 @@ def test_a_model_given_with_other_q_k_v_biases_is_refused(tmp_path, model, edit,
     assert said in str(err.value) and "\n" not in str(err.value)
 
 
-def _megatron_core_params(argv: list[str]) -> tuple[int, list[str]]:
-    """In a spawned process: Megatron-Core's GPTModel (local layer spec, one CPU rank) built
-    from the parsed launch flags; its parameter count and bias tensor names."""
-    import os
-    import warnings
-
-    warnings.simplefilter("ignore")
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-
-    parallel_state.initialize_model_parallel(1, 1)
-    ns = megatron_parser().parse_args(argv)
-    config = TransformerConfig(
-        num_layers=ns.num_layers, hidden_size=ns.hidden_size, ffn_hidden_size=ns.ffn_hidden_size,
-        num_attention_heads=ns.num_attention_heads,
-        num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
-        add_bias_linear=not ns.disable_bias_linear, add_qkv_bias=ns.add_qkv_bias,
-        gated_linear_unit=ns.swiglu, normalization=ns.normalization,
-        use_cpu_initialization=True, params_dtype=torch.float32)
-    model = GPTModel(config, get_gpt_layer_local_spec(normalization=ns.normalization),
-                     vocab_size=ns.vocab_size + 1,  # NullTokenizer's EOD token
-                     max_sequence_length=ns.seq_length,
-                     position_embedding_type=ns.position_embedding_type,
-                     share_embeddings_and_output_weights=not ns.untie_embeddings_and_output_weights)
-    names = [n for n, _ in model.named_parameters() if n.endswith("bias")]
-    return sum(p.numel() for p in model.parameters()), names
-
-
 def test_megatron_core_builds_the_parameters_autoplan_prices(tmp_path) -> None:
     """The exported flags, parsed by Megatron's flag table, build Megatron-Core's GPTModel
     with autoplan's parameter count: q, k and v's biases in linear_qkv, none elsewhere."""
@@ -122,7 +87,8 @@ def test_megatron_core_builds_the_parameters_autoplan_prices(tmp_path) -> None:
     p = plan(TINY_QWEN, 8, parallel=Parallel(dp=8), batch=Batch(1, 8), zero_stage=1)
     argv = _megatron_argv(_export(tmp_path, "megatron", p)["megatron_args.sh"])
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
-        count, names = ex.submit(_megatron_core_params, argv).result(timeout=300)
+        built = ex.submit(megatron_core_model, argv).result(timeout=300)
+    count, names = built["params"], built["biases"]
     assert names == [f"decoder.layers.{i}.self_attention.linear_qkv.bias" for i in range(2)]
     assert count == total_params(TINY_QWEN)
     assert count - total_params(TINY_QWEN.replace(qkv_bias=False)) == 2 * (64 + 2 * 32)
