@@ -98,6 +98,26 @@ def megatron_parser() -> argparse.ArgumentParser:
     return flags_parser("megatron_flags.yaml")
 
 
+def export_files(tmp_path: Path, target: str, plan: Any, fmt: str = "python") -> dict[str, Path]:
+    """The target's files for `plan` (8 GPUs a node), written under tmp_path: name -> path."""
+    from autoplan.export.base import ExportOptions, export_plan
+    from autoplan.export.registry import get_target
+
+    files = export_plan(get_target(target), plan, plan.model_spec(),
+                        ExportOptions(gpus_per_node=8, torchtitan_format=fmt))
+    out = {}
+    for name, text in files.items():
+        out[name] = tmp_path / name
+        out[name].write_text(text)
+    return out
+
+
+def launch_argv(path: Path, script: str = "pretrain_gpt.py") -> list[str]:
+    """The flags a launch script passes to `script` (its torchrun or deepspeed call)."""
+    [call] = run_script(path, {"torchrun": "", "deepspeed": ""})
+    return call[call.index(script) + 1:]
+
+
 def megatron_core_model(argv: list[str]) -> dict[str, Any]:
     """In a spawned process (ProcessPoolExecutor with the spawn context): Megatron-Core's
     GPTModel (local layer spec, one CPU rank) built from the parsed launch flags; its parameter

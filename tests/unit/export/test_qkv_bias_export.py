@@ -8,54 +8,36 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from autoplan.cost.params import total_params
 from autoplan.errors import ConfigError
-from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.importers import import_megatron
-from autoplan.export.registry import get_target
 from autoplan.model_spec import PRESETS, ModelSpec
 from autoplan.plan import Batch, Parallel
 
 from .cases import plan
-from .consumers import megatron_core_model, megatron_parser, run_script
+from .consumers import export_files, launch_argv, megatron_core_model, megatron_parser
 
 QWEN = PRESETS["llama-3-8b"].replace(name="qwen-like-8b", qkv_bias=True)
 TINY_QWEN = PRESETS["tiny-llama"].replace(name="tiny-qwen2", num_layers=2, qkv_bias=True)
 TP2 = dict(parallel=Parallel(dp=8, tp=2), sequence_parallel=True, zero_stage=1)
 
 
-def _export(tmp_path: Path, target: str, p, fmt: str = "python") -> dict[str, Path]:
-    files = export_plan(get_target(target), p, p.model_spec(),
-                        ExportOptions(gpus_per_node=8, torchtitan_format=fmt))
-    out = {}
-    for name, text in files.items():
-        out[name] = tmp_path / name
-        out[name].write_text(text)
-    return out
-
-
-def _megatron_argv(path: Path) -> list[str]:
-    [call] = run_script(path, {"torchrun": ""})
-    return call[call.index("pretrain_gpt.py") + 1:]
-
-
 def test_megatron_gets_both_flags_and_parses_them(tmp_path) -> None:
-    path = _export(tmp_path, "megatron", plan(QWEN, 16, **TP2))["megatron_args.sh"]
-    argv = _megatron_argv(path)
+    path = export_files(tmp_path, "megatron", plan(QWEN, 16, **TP2))["megatron_args.sh"]
+    argv = launch_argv(path)
     assert argv.count("--disable-bias-linear") == 1 and argv.count("--add-qkv-bias") == 1
     ns = megatron_parser().parse_args(argv)
     assert ns.disable_bias_linear and ns.add_qkv_bias
-    llama = _export(tmp_path, "megatron", plan("llama-3-8b", 16, **TP2))["megatron_args.sh"]
-    assert "--add-qkv-bias" not in _megatron_argv(llama)  # bias-free: no q, k, v bias
+    llama = export_files(tmp_path, "megatron", plan("llama-3-8b", 16, **TP2))["megatron_args.sh"]
+    assert "--add-qkv-bias" not in launch_argv(llama)  # bias-free: no q, k, v bias
 
 
 def test_megatron_export_imports_back_equal_and_silent(tmp_path, caplog) -> None:
     p = plan(QWEN, 16, **TP2)
-    path = _export(tmp_path, "megatron", p)["megatron_args.sh"]
+    path = export_files(tmp_path, "megatron", p)["megatron_args.sh"]
     with caplog.at_level(logging.WARNING):
         back = import_megatron(path, model=None, cluster=p.cluster.profile, num_gpus=None)
     assert [r.getMessage() for r in caplog.records] == []
@@ -73,7 +55,7 @@ def test_megatron_export_imports_back_equal_and_silent(tmp_path, caplog) -> None
      "bias"),
 ])
 def test_a_model_given_with_other_q_k_v_biases_is_refused(tmp_path, model, edit, said) -> None:
-    path = _export(tmp_path, "megatron", plan(QWEN, 16, **TP2))["megatron_args.sh"]
+    path = export_files(tmp_path, "megatron", plan(QWEN, 16, **TP2))["megatron_args.sh"]
     path.write_text(edit(path.read_text()))
     with pytest.raises(ConfigError) as err:
         import_megatron(path, model=model, cluster="h100-sxm-80gb", num_gpus=None)
@@ -85,7 +67,7 @@ def test_megatron_core_builds_the_parameters_autoplan_prices(tmp_path) -> None:
     with autoplan's parameter count: q, k and v's biases in linear_qkv, none elsewhere."""
     pytest.importorskip("megatron.core")
     p = plan(TINY_QWEN, 8, parallel=Parallel(dp=8), batch=Batch(1, 8), zero_stage=1)
-    argv = _megatron_argv(_export(tmp_path, "megatron", p)["megatron_args.sh"])
+    argv = launch_argv(export_files(tmp_path, "megatron", p)["megatron_args.sh"])
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
         built = ex.submit(megatron_core_model, argv).result(timeout=300)
     count, names = built["params"], built["biases"]
@@ -98,7 +80,7 @@ def test_megatron_core_builds_the_parameters_autoplan_prices(tmp_path) -> None:
 def test_torchtitan_refuses_in_one_line_naming_the_field(tmp_path, fmt) -> None:
     """torchtitan's Llama 3 Attention builds wq, wk, wv and wo with bias=False."""
     with pytest.raises(ConfigError) as err:
-        _export(tmp_path, "torchtitan", plan(QWEN, 16, batch=Batch(1, 64), zero_stage=2), fmt)
+        export_files(tmp_path, "torchtitan", plan(QWEN, 16, batch=Batch(1, 64), zero_stage=2), fmt)
     text = str(err.value)
     assert "model.qkv_bias: q, k and v biases (none)" in text and "\n" not in text
 
@@ -107,7 +89,7 @@ def test_torchtitan_moe_refuses_a_qwen2_moe_style_model(tmp_path) -> None:
     qwen2_moe = PRESETS["qwen3-30b-a3b"].replace(name="qwen2-moe-like", qkv_bias=True)
     with pytest.raises(ConfigError, match="model.qkv_bias: torchtitan's MoE models have no q, "
                                           "k and v biases; export to megatron"):
-        _export(tmp_path, "torchtitan", plan(qwen2_moe, 64, parallel=Parallel(dp=64, ep=8),
+        export_files(tmp_path, "torchtitan", plan(qwen2_moe, 64, parallel=Parallel(dp=64, ep=8),
                                              batch=Batch(1, 64), zero_stage=2))
 
 
@@ -115,10 +97,10 @@ def test_megatron_deepspeed_refuses_and_plain_deepspeed_names_it(tmp_path) -> No
     """Megatron-DeepSpeed (f1feb88) has --disable-bias-linear and no --add-qkv-bias: a tp plan
     is refused; a plain ZeRO launch runs the user's code, told in the launch's comment."""
     with pytest.raises(ConfigError) as err:
-        _export(tmp_path, "deepspeed", plan(QWEN, 16, **TP2))
+        export_files(tmp_path, "deepspeed", plan(QWEN, 16, **TP2))
     assert "model.qkv_bias: Megatron-DeepSpeed biases every Linear or none" in str(err.value)
     assert "export to megatron (--add-qkv-bias)" in str(err.value)
-    launch = _export(tmp_path, "deepspeed", plan(QWEN, 16, zero_stage=1))["launch.sh"]
+    launch = export_files(tmp_path, "deepspeed", plan(QWEN, 16, zero_stage=1))["launch.sh"]
     assert "bias q, k and v only, tied embeddings false" in launch.read_text()
 
 
