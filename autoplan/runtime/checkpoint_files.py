@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
-"""Checkpoint.save names folders step-{step:08d}: eight digits, more past step 99,999,999."""
+"""Checkpoint.save names folders checkpoint_names.step_dir(step) (STEP_DIR_FORMAT, step-%08d):
+eight digits, more past step 99,999,999."""
 
 _ALLOWED_GLOBALS = {
     "torch.distributed.checkpoint.metadata": {

@@ -116,6 +116,9 @@ PROFILE_ATTR = "autoplan_profile"
 that gave it, and each top-level field (numbers as they are, the rest hashed), so a refusal
 names what changed where the fingerprint holds only the whole profile's hash. Studies stored
 before it have none (their refusal says "another profile")."""
+UNPRICED_REQUEST_FIELDS = ("space.description",)
+"""Fingerprint fields no stored trial depends on, beside the profile's: a space whose one-line
+description was reworded resumes its study, as a profile's does."""
 UNPRICED_PROFILE_FIELDS = ("price_per_gpu_hour", "description")
 """Profile fields no stored record depends on: a trial stores GPU-hours, never dollars (the
 price multiplies them when the study is read: engine.with_cluster), and the description is
@@ -196,7 +199,7 @@ def request_changes(stored: Stored | str, given: str,
             flat.setdefault("targets.memory_slack", "median")
     out = []
     for k in sorted(set(old) | set(new)):
-        if old.get(k) == new.get(k):
+        if old.get(k) == new.get(k) or k in UNPRICED_REQUEST_FIELDS:
             continue
         if k == "profile_sha256" and profile is not None:
             words = _profile_words(typed, stored.profile, profile)

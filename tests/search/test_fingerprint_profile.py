@@ -27,9 +27,9 @@ from tests.search.conftest import SMALL_SPACE, request
 AUTO = {**SMALL_SPACE, "precision": "auto", "attention": ["flash"]}
 
 
-def _req(db: str, cluster: str = "a100-sxm4-80gb", **kw):
-    return request(AUTO, cluster=cluster, gpus=(8,), sampler="random", trials=3,
-                   storage=db, study="s1", **kw)
+def _req(db: str, cluster: str = "a100-sxm4-80gb", space: dict | None = None, **kw):
+    return request(AUTO if space is None else space, cluster=cluster, gpus=(8,),
+                   sampler="random", trials=3, storage=db, study="s1", **kw)
 
 
 def _refusal(req) -> str:
@@ -185,3 +185,13 @@ def test_the_cluster_hint_ignores_a_price_as_resume_does(tmp_path) -> None:
     assert text.endswith("to resume, give --cluster a100-sxm4-80gb (the study's profile), or "
                          "use another --study name")
     open_study(req, "random")  # and it does
+
+
+def test_a_reworded_space_description_resumes_but_a_knob_does_not(tmp_path) -> None:
+    """A space's one-line description, like a profile's, holds no figure a trial stored."""
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    open_study(_req(db), "random")
+    reworded = {**AUTO, "description": "my own words"}
+    open_study(_req(db, space=reworded), "random")  # resumes
+    knob = {**AUTO, "description": "my own words", "micro_batch_size": [1, 2, 4, 8]}
+    assert "space.micro_batch_size" in _refusal(_req(db, space=knob))
