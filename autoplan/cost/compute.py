@@ -180,7 +180,8 @@ def op_sac_recomputed_gemm_share(model: ModelSpec, early_stop: bool = False) -> 
 def eager_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
                             sp: np.ndarray, fused_norm: bool, precision: str) -> np.ndarray:
     """EAGER_BYTES_PER_TOKEN of one block on one rank: widths split by tp, the h-wide ops
-    (norms, residuals) split only under sequence parallelism."""
+    (norms, residuals) split only under sequence parallelism; with model.qk_norm, the q and k
+    norms at a norm's bytes per element (COMPOSITE_RMSNORM_BYTES, FUSED_NORM_BYTES)."""
     c = EAGER_BYTES_PER_TOKEN[model.norm]
     tp = np.asarray(tp, float)
     sp_div = np.where(np.asarray(sp), tp, 1.0)
@@ -189,6 +190,9 @@ def eager_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray
     per_h = c["h"] - (2.0 * (COMPOSITE_RMSNORM_BYTES - FUSED_NORM_BYTES)
                       if fused_norm and model.norm is NormKind.RMSNORM else 0.0)
     per_token = per_h * h / sp_div + (c["f"] * f + c["q"] * q + c["kv"] * kv) / tp + c["const"]
+    if model.qk_norm:  # the per-head norms of q and k (Qwen3), split by tp with their heads
+        per_token = per_token + (FUSED_NORM_BYTES if fused_norm else COMPOSITE_RMSNORM_BYTES
+                                 ) * (q + kv) / tp
     width = 2.0 if precision == "fp32" else 1.0
     return np.maximum(per_token, 0.0) * np.asarray(tokens, float) * width
 
@@ -203,7 +207,7 @@ def fused_elementwise_bytes(model: ModelSpec, parts: dict[str, np.ndarray], toke
     kernels read the branch and the residual and write the sum (3 h-wide tensors each) and
     their dropout masks (`masks`); the activation reads the first MLP GEMM's output
     (`mlp_act`) and writes the second's input (`mlp_mid`; the routed experts' too, as memory
-    counts them); RoPE reads and writes q and k. Backward moves about twice the forward
+    counts them); RoPE reads and writes q and k, and so do QK-norms (`qk_norm`, Qwen3). Backward moves about twice the forward
     (inputs, saved tensors, gradients): ELEMENTWISE_PASSES' 3x over the forward. Norms and
     residuals are h-wide on every tensor-parallel rank unless sequence parallelism shards them.
     For GPT this is Korthikanti et al. 2022's §4.1 count: 22sbh h-wide (2 LayerNorms at 4sbh,
@@ -215,7 +219,8 @@ def fused_elementwise_bytes(model: ModelSpec, parts: dict[str, np.ndarray], toke
     tokens, tp = np.asarray(tokens, float), np.asarray(tp, float)
     sp_div = np.where(np.asarray(sp), tp, 1.0)
     e = 2.0 * width
-    kept = sum(parts[k] for k in ("norm", "gemm_in", "masks", "mlp_act", "mlp_mid")) * width
+    kept = (sum(parts[k] for k in ("norm", "gemm_in", "masks", "mlp_act", "mlp_mid"))
+            + 2.0 * parts.get("qk_norm", 0.0)) * width  # QK-norms read q, k and write them
     residual = 2.0 * 3.0 * model.hidden_size * e * tokens / sp_div
     rope = (2.0 * (model.q_width + model.kv_heads * model.head_width) * e * tokens / tp
             if model.position is PositionKind.ROPE else 0.0)

@@ -160,7 +160,12 @@ def activation_elements_per_layer(
                 branches: `attention_dropout`); fused attention: fp32 row statistics 4asb;
       mlp_act   the first MLP GEMM's output: 2sbf (GELU input), 4sbf for gated MLPs (gate, up);
       mlp_mid   the second MLP GEMM's input: 2sbf (GELU output, or the gate x up product), and
-                an unfused SwiGLU's silu(gate) output, 2sbf more.
+                an unfused SwiGLU's silu(gate) output, 2sbf more;
+      qk_norm   with model.qk_norm (Qwen3), each per-head norm's saved input, q and k before
+                RoPE: 2sb * (a + kv)*d fused, 8sb * (a + kv)*d for torch's composite RMSNorm
+                (its fp32 upcast and normalised copies, as the block's norms), split by tp.
+                Megatron-Core's `layernorm` recompute module re-runs the block's two norms,
+                not these (module_kept_bytes keeps them).
     Replicated parts (norm, gemm_in, masks, branch) are split by tp only under sequence
     parallelism; the rest by tp. Context parallelism divides the sequence by cp. `input` is the
     block input full recompute keeps, 2sbh.
@@ -180,8 +185,11 @@ def activation_elements_per_layer(
         core = 4.0 * a * s * b
     sp_div = np.where(np.asarray(sp), tp, 1.0)
     kv = a if kv_repeated else model.kv_heads
+    qk_norm = (8.0 if composite_rms else 2.0) * s * b * (a + model.kv_heads) * d * float(
+        model.qk_norm)
     split = {
         "qkv": 2.0 * s * b * (a * d + 2.0 * kv * d),
+        "qk_norm": qk_norm,
         "attn_out": 2.0 * s * b * a * d,
         "core": core,
         "mlp_act": (4.0 if gated else 2.0) * s * b * f,
@@ -191,7 +199,9 @@ def activation_elements_per_layer(
                   "masks": (2.0 if model.dropout > 0 else 0.0) * sbh, "branch": 4.0 * sbh}
     out = {k: v / sp_div for k, v in replicated.items()}
     out.update({k: v / tp for k, v in split.items()})
-    out["fp32_fixed"] = (norm if composite_rms else 0.0) / sp_div
+    # the composite norms' fp32 copies (fp32 in any run), and the QK-norms' share of them
+    out["fp32_fixed_qk"] = (qk_norm if composite_rms else 0.0) / tp
+    out["fp32_fixed"] = (norm if composite_rms else 0.0) / sp_div + out["fp32_fixed_qk"]
     out["input"] = 2.0 * sbh / sp_div
     # an h-wide 16-bit gradient of a tensor-parallel GEMM's output, whole on every tp rank
     # (weight_grad_input_bytes)
@@ -204,7 +214,7 @@ def activation_elements_per_layer(
     return out
 
 
-NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "attn_out", "mlp_act", "mlp_mid")
+NONCORE_PARTS = ("norm", "gemm_in", "masks", "qkv", "qk_norm", "attn_out", "mlp_act", "mlp_mid")
 """Activation parts (activation_elements_per_layer) the element-wise kernels move."""
 
 
@@ -268,7 +278,7 @@ def module_kept_bytes(parts: dict[str, np.ndarray], modules: np.ndarray, precisi
     In a MoE model mlp frees the dense blocks' MLP tensors only (`mlp_*_dense`: Megatron-Core
     checkpoints no MoE block under mlp). An fp32 run doubles every 16-bit tensor;
     composite-RMSNorm fp32 copies (`fp32_fixed`) stay as they are unless layernorm re-makes
-    them."""
+    them (the QK-norms' share, `fp32_fixed_qk`, stays either way)."""
     scale = 2.0 if precision == "fp32" else 1.0
     fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)
     m = np.asarray(modules, dtype=np.int64)
@@ -281,8 +291,9 @@ def module_kept_bytes(parts: dict[str, np.ndarray], modules: np.ndarray, precisi
                + np.where(norm, norm_outputs + parts["norm"] - 2.0 * parts["input"], 0.0)
                + np.where((m & MOE) > 0, moe_layer_bytes(parts),
                           np.where((m & MOE_ACT) > 0, parts.get("mlp_mid_routed", 0.0), 0.0)))
-    return ((_kept_bytes_16bit(parts, "none") - dropped) * scale - np.where(norm, 0.0, fixed)
-            + extra)
+    fixed_qk = parts.get("fp32_fixed_qk", 0.0) * (scale - 1.0)
+    return ((_kept_bytes_16bit(parts, "none") - dropped) * scale
+            - np.where(norm, fixed_qk, fixed) + extra)
 
 
 def moe_layer_bytes(parts: dict[str, np.ndarray]) -> np.ndarray:
@@ -323,7 +334,8 @@ def backward_wavefront_bytes(parts: dict[str, np.ndarray], eager_attention: np.n
     gradients are not counted here (parameters' gradients are a state; Megatron accumulates
     them in place)."""
     scale = 2.0 if precision == "fp32" else 1.0
-    fixed = parts.get("fp32_fixed", 0.0) * (scale - 1.0)  # fp32 in any run: not doubled
+    # the block norms' fp32 copies (fp32 in any run: not doubled)
+    fixed = (parts.get("fp32_fixed", 0.0) - parts.get("fp32_fixed_qk", 0.0)) * (scale - 1.0)
     mlp = (parts["mlp_act"] + parts["input"]) * scale
     freed = (parts["mlp_act"] + parts["mlp_mid"] + parts["attn_out"]
              + 0.5 * (parts["norm"] + parts["gemm_in"] + parts["masks"])) * scale - 0.5 * fixed

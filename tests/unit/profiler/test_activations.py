@@ -21,6 +21,7 @@ from autoplan.runtime.models.layers import set_attention
 CPU = torch.device("cpu")
 GPT = PRESETS["tiny"]                                    # LayerNorm, GELU, learned positions
 LLAMA_MHA = PRESETS["tiny-llama"].replace(num_kv_heads=4)  # RMSNorm, SwiGLU, RoPE; no GQA
+LLAMA_QK_NORM = PRESETS["tiny-llama"].replace(qk_norm=True)  # Qwen3's per-head q/k norms
 B = 2
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -55,18 +56,21 @@ def test_selective_keeps_less_than_none_and_more_than_full(spec) -> None:
 
 def _unmodelled_bytes(spec, tp: int, precision: str) -> float:
     """What memory.py leaves out or rounds, each bounded from above:
-    - per-row statistics of the two norms (LayerNorm mean and rstd, RMSNorm rstd), <= 4 bytes;
+    - per-row statistics of the two norms (LayerNorm mean and rstd, RMSNorm rstd), <= 4 bytes,
+      and of the QK-norms (one rstd per head of q and k);
     - RoPE's cos and sin tables, (s, head_dim/2) fp32 each;
     - the flash row statistics (logsumexp, fp32: 4asb/t) that an fp32 run counts twice."""
     s = spec.seq_len
     stats = 2 * (2 if spec.norm is NormKind.LAYERNORM else 1) * B * s * 4
+    if spec.qk_norm:
+        stats += (spec.num_heads + spec.kv_heads) // tp * B * s * 4
     rope = 2 * s * spec.head_dim // 2 * 4 if spec.position is PositionKind.ROPE else 0
     lse = 4 * spec.num_heads // tp * s * B if precision == "fp32" else 0
     return float(stats + rope + lse)
 
 
-@pytest.mark.parametrize("spec", [GPT, LLAMA_MHA, PRESETS["tiny-llama"]],
-                         ids=["gpt", "llama-mha", "llama-gqa"])
+@pytest.mark.parametrize("spec", [GPT, LLAMA_MHA, PRESETS["tiny-llama"], LLAMA_QK_NORM],
+                         ids=["gpt", "llama-mha", "llama-gqa", "llama-qk-norm"])
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_none_policy_matches_the_activation_formula(spec, tp, precision) -> None:
@@ -85,7 +89,8 @@ def test_none_policy_matches_the_activation_formula(spec, tp, precision) -> None
     assert abs(kept - formula) <= slack
 
 
-@pytest.mark.parametrize("spec", [GPT, PRESETS["tiny-llama"]], ids=["gpt", "llama-gqa"])
+@pytest.mark.parametrize("spec", [GPT, PRESETS["tiny-llama"], LLAMA_QK_NORM],
+                         ids=["gpt", "llama-gqa", "llama-qk-norm"])
 @pytest.mark.parametrize("attention", [Attention.FLASH, Attention.EAGER])
 @pytest.mark.parametrize("policy", [RecomputePolicy.NONE, RecomputePolicy.FULL])
 def test_backward_peak_is_the_kept_blocks_plus_the_wavefront(spec, attention, policy) -> None:
