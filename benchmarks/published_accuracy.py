@@ -389,14 +389,16 @@ def fp8_bands(rows: list[dict]) -> list[dict]:
 
 
 def mfu_ceilings(rows: list[dict]) -> list[dict]:
-    """Per runtime family, GPU model (error_band.device_class), kind of parallelism (and every
-    dense kind together, error_band.DENSE), context class and precision class (16-bit, fp8),
+    """Per runtime family (and every family together, error_band.ANY_FAMILY), GPU model
+    (error_band.device_class), kind of parallelism (and, per family, every dense kind
+    together, error_band.DENSE), context class and precision class (16-bit, fp8),
     the highest MFU the cost model predicts for the runs, with the run and the MFU it
     measured (predicted MFU x predicted / measured step: the cost model's FLOP count whatever
     convention the source used; an fp8 run's against the fp8 peak). Predicted against
     predicted: the model leans optimistic, so a plan of a kind the runs validate would read
     above their measured best."""
     from autoplan.cost.error_band import (
+        ANY_FAMILY,
         DENSE,
         context_class,
         device_class,
@@ -411,9 +413,11 @@ def mfu_ceilings(rows: list[dict]) -> list[dict]:
             continue
         entry = (r["mfu"], r["id"], r["mfu"] * (1.0 + r["error"]))
         kinds = (r["kind"],) if r["kind"] == "moe" else (r["kind"], DENSE)
+        ctx = context_class(r["seq_len"])
         for kind in kinds:
-            key = (family(r["runtime"]), device, kind, context_class(r["seq_len"]), prec)
-            best.setdefault(key, []).append(entry)
+            best.setdefault((family(r["runtime"]), device, kind, ctx, prec), []).append(entry)
+        # every family's runs of the kind together (error_band.ANY_FAMILY)
+        best.setdefault((ANY_FAMILY, device, r["kind"], ctx, prec), []).append(entry)
     # rounded up: the run behind a ceiling is never above it
     return [{"family": f, "device": d, "kind": k, "context": ctx, "precision": prec,
              "mfu": math.ceil(top[0] * 1e4) / 1e4, "run": top[1], "measured": round(top[2], 4),

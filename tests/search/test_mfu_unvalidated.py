@@ -13,6 +13,8 @@ import optuna
 import pytest
 
 from autoplan.commands import main
+from autoplan.cost.error_band import KINDS, MIN_RUNS, mfu_ceiling
+from autoplan.hardware import load_profile
 from autoplan.search.render import above_validated, mfu_cell
 
 GPT3 = ["search", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "1024",
@@ -40,8 +42,11 @@ def test_gpt3_search_flags_its_winner_and_keeps_its_ranking(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert f"{best['mfu']:.1%}?" in text
     assert "MFU? = above the MFU predicted for every validated run of the plan's kind" in text
-    assert (f"unvalidated: the winner's MFU {best['mfu']:.1%} is above the 22 validated "
-            f"megatron runs of pipeline layouts on A100") in text
+    ceiling = mfu_ceiling("megatron", KINDS.index("3d"), load_profile("a100-sxm4-80gb"),
+                          "bf16", 2048)
+    assert ceiling is not None and ceiling.family == "megatron" and ceiling.runs >= MIN_RUNS
+    assert (f"unvalidated: the winner's MFU {best['mfu']:.1%} is above the {ceiling.runs} "
+            f"validated megatron runs of pipeline layouts on A100") in text
 
 
 def test_a_cost_ranking_report_notes_plan_1_apart_from_why(tmp_path, capsys) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.cost.error_band import (
+    ANY_FAMILY,
     DENSE,
     KINDS,
     MIN_RUNS,
@@ -49,7 +50,9 @@ def test_ceilings_are_the_highest_prediction_per_family_device_kind_and_context(
     """The ceiling is the highest MFU predicted for the runs (predicted against predicted: the
     model leans optimistic), with that run's measured MFU (predicted x predicted / measured
     step) beside it; a dense run counts toward its kind and every dense kind together, a MoE
-    run toward MoE only, a 32K+ run toward the long class, and fp8 or CPU runs toward none."""
+    run toward MoE only, every run toward its kind in every family together (ANY_FAMILY), a
+    32K+ run toward the long class, an fp8 run toward the fp8 class, and fp32 or CPU runs
+    toward none."""
     base = {"runtime": "megatron", "device": "A100-SXM4-80GB", "precision": "bf16",
             "seq_len": 4096}
     rows = [
@@ -61,6 +64,7 @@ def test_ceilings_are_the_highest_prediction_per_family_device_kind_and_context(
         {**base, "id": "e", "precision": "fp8", "kind": "3d", "mfu": 0.40, "error": 0.0},
         {**base, "id": "f", "device": "cpu-1-thread", "kind": "3d", "mfu": 0.90, "error": 0.0},
         {**base, "id": "g", "precision": "fp32", "kind": "3d", "mfu": 0.90, "error": 0.0},
+        {**base, "id": "h", "runtime": "torchtitan", "kind": "3d", "mfu": 0.45, "error": 0.0},
     ]
     got = {(c["family"], c["device"], c["kind"], c["context"], c["precision"]):
            (c["mfu"], c["run"], c["measured"], c["runs"]) for c in _bench().mfu_ceilings(rows)}
@@ -71,7 +75,15 @@ def test_ceilings_are_the_highest_prediction_per_family_device_kind_and_context(
                    ("megatron", "A100", "3d", "long", "16-bit"): (0.65, "d", 0.65, 1),
                    ("megatron", "A100", DENSE, "long", "16-bit"): (0.65, "d", 0.65, 1),
                    ("megatron", "A100", "3d", "short", "fp8"): (0.4, "e", 0.4, 1),
-                   ("megatron", "A100", DENSE, "short", "fp8"): (0.4, "e", 0.4, 1)}
+                   ("megatron", "A100", DENSE, "short", "fp8"): (0.4, "e", 0.4, 1),
+                   ("torchtitan", "A100", "3d", "short", "16-bit"): (0.45, "h", 0.45, 1),
+                   ("torchtitan", "A100", DENSE, "short", "16-bit"): (0.45, "h", 0.45, 1),
+                   # every family's runs of a kind: megatron's "a" and torchtitan's "h"
+                   (ANY_FAMILY, "A100", "3d", "short", "16-bit"): (0.5, "a", 0.55, 2),
+                   (ANY_FAMILY, "A100", "tp", "short", "16-bit"): (0.6, "b", 0.54, 1),
+                   (ANY_FAMILY, "A100", "moe", "short", "16-bit"): (0.7, "c", 0.7, 1),
+                   (ANY_FAMILY, "A100", "3d", "long", "16-bit"): (0.65, "d", 0.65, 1),
+                   (ANY_FAMILY, "A100", "3d", "short", "fp8"): (0.4, "e", 0.4, 1)}
 
 
 def test_no_validated_run_is_flagged_on_its_own_plan() -> None:
@@ -106,20 +118,30 @@ def test_no_validated_run_is_flagged_on_its_own_plan() -> None:
 
 
 def test_shipped_ceilings_hold_together() -> None:
-    """Every dense kind's ceiling is at most its family's dense one on that GPU, with no more
-    runs behind it, and each names a run and an MFU below 1."""
+    """Every dense kind's ceiling is at most its family's dense one on that GPU, and every
+    family's ceiling of a kind at most every family's together (ANY_FAMILY), with no more runs
+    behind it; each names a run and an MFU below 1."""
     entries = _bands()["mfu_ceilings"]
     def where(c: dict) -> tuple:
         return c["family"], c["device"], c["context"], c["precision"]
 
     dense = {where(c): c for c in entries if c["kind"] == DENSE}
+    across = {(c["device"], c["kind"], c["context"], c["precision"]): c for c in entries
+              if c["family"] == ANY_FAMILY}
     assert ("megatron", "A100", "short", "16-bit") in dense
     assert ("torchtitan", "H100", "short", "fp8") in dense
+    assert ("A100", "3d", "short", "16-bit") in across
     for c in entries:
         assert 0 < c["mfu"] < 1 and 0 < c["measured"] < 1 and c["run"] and c["runs"] >= 1
+        if c["family"] == ANY_FAMILY:
+            assert c["kind"] != DENSE
+            continue
         if c["kind"] not in (DENSE, "moe"):
             whole = dense[where(c)]
             assert c["mfu"] <= whole["mfu"] and c["runs"] <= whole["runs"]
+        if c["kind"] != DENSE:
+            kind = across[(c["device"], c["kind"], c["context"], c["precision"])]
+            assert c["mfu"] <= kind["mfu"] and c["runs"] <= kind["runs"]
 
 
 def _gpt3(parallel: dict, **plan) -> dict:
@@ -153,6 +175,24 @@ def test_gpt3_winner_is_above_the_validated_megatron_runs_and_the_recipe_is_not(
     assert base.mfu_ceiling == ceiling and base.mfu < ceiling.mfu and not base.above_validated
 
 
+def test_a_pipeline_plan_of_a_runtime_without_pipeline_runs_is_held_against_everyones() -> None:
+    """autoplan's CUDA runtime (torchtitan's family) has no validated pipeline run on A100: the
+    README main job's winner is held against the pipeline runs of every runtime there, not
+    against torchtitan's data-parallel ones (issue #11: a high prediction is explained by a
+    published run of its kind or said to be unvalidated)."""
+    winner = plan_from_dict(_gpt3({"dp": 32, "tp": 4, "pp": 8},
+                                  pipeline={"schedule": "interleaved-1f1b", "vpp": 12},
+                                  batch={"micro_batch_size": 2, "global_batch_size": 1536}))
+    est = estimate_plan(winner)
+    assert est.runtime == "autoplan-cuda"
+    ceiling = est.mfu_ceiling
+    assert ceiling is not None and (ceiling.family, ceiling.kind) == (ANY_FAMILY, "3d")
+    own = [c for c in _bands()["mfu_ceilings"] if (c["family"], c["device"], c["kind"]) ==
+           ("torchtitan", "A100", "3d")]
+    assert not own or own[0]["runs"] < MIN_RUNS
+    assert est.mfu > ceiling.mfu and est.above_validated
+
+
 def test_no_ceiling_without_enough_validated_runs_of_that_precision_or_gpu() -> None:
     h100, a100 = load_profile("h100-sxm-80gb"), load_profile("a100-sxm4-80gb")
     assert mfu_ceiling("megatron", KINDS.index("3d"), h100, "fp32", 4096) is None
@@ -167,16 +207,27 @@ def test_no_ceiling_without_enough_validated_runs_of_that_precision_or_gpu() -> 
     long_moe = mfu_ceiling("megatron", KINDS.index("moe"), h100, "bf16", 131072)
     short_moe = mfu_ceiling("megatron", KINDS.index("moe"), h100, "bf16", 4096)
     assert long_moe is not None and short_moe is not None and long_moe.mfu > short_moe.mfu
-    # a kind with fewer than MIN_RUNS runs of its own takes the family's dense ceiling there
-    few = [c for c in _bands()["mfu_ceilings"] if (c["family"], c["device"], c["kind"]) ==
-           ("megatron", "A100", "dp")]
-    assert few and few[0]["runs"] < MIN_RUNS
+    # a kind with fewer than MIN_RUNS runs of its own family takes every family's runs of
+    # that kind (megatron's data-parallel A100 runs: 1; everyone's: MosaicML's among them)
+    def runs(fam: str, device: str, kind: str, prec: str = "16-bit") -> int:
+        return next((c["runs"] for c in _bands()["mfu_ceilings"]
+                     if (c["family"], c["device"], c["kind"], c["context"], c["precision"])
+                     == (fam, device, kind, "short", prec)), 0)
+
+    assert runs("megatron", "A100", "dp") < MIN_RUNS <= runs(ANY_FAMILY, "A100", "dp")
     got = mfu_ceiling("megatron", KINDS.index("dp"), a100, "bf16", 2048)
-    assert got is not None and got.kind == DENSE
+    assert got is not None and (got.family, got.kind) == (ANY_FAMILY, "dp")
+    assert "validated runs (any runtime) of data-parallel layouts on A100" in got.describe()
+    # ... and where those are too few too, the family's runs of every dense kind
+    assert runs("torchtitan", "H100", "tp", "fp8") < MIN_RUNS
+    assert runs(ANY_FAMILY, "H100", "tp", "fp8") < MIN_RUNS <= runs("torchtitan", "H100",
+                                                                    DENSE, "fp8")
+    got = mfu_ceiling("torchtitan", KINDS.index("tp"), h100, "fp8", 4096)
+    assert got is not None and (got.family, got.kind) == ("torchtitan", DENSE)
     # a MoE plan is never held against dense runs, nor a dense plan against MoE runs
     moe = mfu_ceiling("megatron", KINDS.index("moe"), h100, "bf16", 4096)
     dense = mfu_ceiling("megatron", KINDS.index("dp"), h100, "bf16", 4096)
-    assert moe is not None and moe.kind == "moe" and dense is not None and dense.kind == DENSE
+    assert moe is not None and moe.kind == "moe" and dense is not None and dense.kind != "moe"
     assert mfu_ceiling("megatron", KINDS.index("moe"), a100, "bf16", 4096) is None  # no A100 MoE
 
 
