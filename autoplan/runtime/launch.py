@@ -316,6 +316,11 @@ def launch_and_report(args: argparse.Namespace) -> int:
                 summary["stopped_early"] = signal.Signals(outcome.signal).name
             emit(args, with_profile(summary, plan),
                  lambda console: render(console, summary, plan.cluster.profile))
+            if args.run_record:  # the steps trained were measured: calibrate reads them
+                write_run_record(args.run_record, summary, plan)
+        elif args.run_record:
+            log.warning("--run-record %s not written: the ranks were stopped before they "
+                        "summed up the run", args.run_record)
         finished = _finished(outcome, summary, args)
         if finished is not None:  # no error: the signal's exit code, and a line on the run
             sys.stderr.write(f"autoplan train: warning: {finished}\n")

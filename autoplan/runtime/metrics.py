@@ -376,7 +376,9 @@ def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
                      "peak_memory_bytes": m.get("memory_bytes"),
                      "peak_memory_rank": m.get("memory_rank"),
                      "tokens_per_s": m.get("tokens_per_s"),
-                     "steps": summary.get("steps_this_run")},
+                     "steps": summary.get("steps_this_run"),
+                     # the signal that stopped the run short of --steps (None: it ran them all)
+                     "stopped_early": summary.get("stopped_early") or None},
         "predicted": {"step_time_s": pred.get("step_time_s"),
                       "memory_total_bytes": pred.get("memory_bytes"),
                       "error_band": pred.get("error_band"),

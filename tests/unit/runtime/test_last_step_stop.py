@@ -120,3 +120,40 @@ def test_a_killed_run_whose_newest_checkpoint_is_the_last_step_is_not_told_to_re
                             "is left to resume")
     args.steps = 6
     assert _saved(args) == "--resume continues from step-00000004 (step 4)"
+
+
+@pytest.mark.parametrize(("steps", "stopped"), [(3, None), (5, "SIGTERM")])
+def test_a_signalled_run_writes_the_run_record_of_the_steps_it_trained(
+        tmp_path, capsys, monkeypatch, predicted_50ms, steps, stopped):
+    """User test 37, finding 3: a run Ctrl-C or SIGTERM stopped (or that finished as the signal
+    came) wrote no --run-record, and said nothing; the steps it trained were measured, and
+    `autoplan calibrate` reads them."""
+    from autoplan.calibrate_runs import load_run
+
+    plan_path = str(save_plan(make_plan("h8-2l"), tmp_path / "plan.yaml"))
+    ranks = summarize(_history(3), make_plan("h8-2l"), stopped_early=worker.STOP_FILE_REASON,
+                      steps=steps)
+    monkeypatch.setattr("autoplan.runtime.supervise.run_supervised",
+                        _fake_torchrun(ranks, signal.SIGTERM))
+    record = tmp_path / "run.json"
+    code = main(["train", plan_path, "--steps", str(steps), "--run-record", str(record),
+                 "--format", "json"])
+    capsys.readouterr()
+    assert code == 143
+    data = json.loads(record.read_text())
+    assert data["measured"]["stopped_early"] == stopped
+    assert data["measured"]["step_time_s"] == pytest.approx(0.05)
+    assert load_run(record).measured.step_time_s == pytest.approx(0.05)
+
+
+def test_a_killed_run_says_its_run_record_was_not_written(tmp_path, caplog, monkeypatch):
+    from autoplan.runtime.supervise import Outcome
+
+    plan_path = str(save_plan(make_plan("h8-2l"), tmp_path / "plan.yaml"))
+    monkeypatch.setattr("autoplan.runtime.supervise.run_supervised",
+                        lambda cmd, env, stop_file, grace_s: Outcome(
+                            returncode=-9, signal=signal.SIGTERM, killed=True))
+    record = tmp_path / "run.json"
+    code = main(["train", plan_path, "--steps", "5", "--run-record", str(record)])
+    assert code == 143 and not record.exists()
+    assert f"--run-record {record} not written" in caplog.text
