@@ -420,12 +420,22 @@ def write_run_record(path: str, summary: dict[str, Any], plan: Any) -> Path:
                       "names beside it are taken", "choose another path")
 
 
+def summary_title(summary: dict[str, Any]) -> str:
+    """The summary table's title: the run's steps, counted from step 0 as the JSON's `steps`,
+    with the checkpoint step it continued from (the JSON's `resumed_from`) where it resumed,
+    and the final loss."""
+    if summary.get("final_loss") is None:
+        return "autoplan train"
+    resumed = summary.get("resumed_from") or 0
+    since = f" (resumed from step {resumed})" if resumed else ""
+    return (f"autoplan train: {summary['steps']} steps{since}, final loss "
+            f"{summary['final_loss']:.4f}")
+
+
 def render_summary(console, summary: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table(title=f"autoplan train: {summary['steps']} steps, final loss "
-                        f"{summary['final_loss']:.4f}" if summary["final_loss"] is not None
-                  else "autoplan train")
+    table = Table(title=summary_title(summary))
     table.add_column("quantity")
     table.add_column("measured", justify="right")
     pred = summary.get("predicted") or {}
