@@ -1,8 +1,9 @@
 """What every pod of a Kubernetes export gets besides its command: a memory-backed /dev/shm,
 the claims --pvc and --data-pvc name mounted at the checkpoint folder and the folder of --data
 (never over the files the pod's script writes the plan to), GPU limits and CPU/memory requests
-from the profile, a termination grace period of the stop lead; and the manifest header's word
-on each. Where they go in a TrainJob, PyTorchJob or JobSet is kubernetes.py's.
+from the profile, a termination grace period of the stop lead, a pod failure policy that tells
+an eviction from a crash; and the manifest header's word on each. Where they go in a TrainJob,
+PyTorchJob or JobSet is kubernetes.py's.
 """
 
 from __future__ import annotations
@@ -248,3 +249,74 @@ def grace_lines(lead: StopLead) -> list[str]:
         f"--shutdown-timeout reads {SHUTDOWN_ENV} (pytorch/pytorch#172596): an older one kills "
         "its ranks 30 s after passing SIGTERM on, whatever the grace period. `kubectl delete "
         "--grace-period` and the kubelet's hard evictions (node memory pressure) allow less.")
+
+
+DISRUPTED = "DisruptionTarget"
+"""The pod condition the control plane adds to a pod it is about to take away: preempted by the
+scheduler, evicted through the Eviction API (a node drain), by the taint manager or the
+kubelet (node pressure, graceful node shutdown); Kubernetes 1.26 (beta, on by default), GA 1.31
+(kubernetes.io/docs/concepts/workloads/pods/disruptions, "Pod disruption conditions")."""
+FAILED_BY_POLICY = "PodFailurePolicy"
+"""The reason of the Failed condition of a Job that a FailJob rule of its pod failure policy
+failed (kubernetes/api batch/v1 types.go, JobReasonPodFailurePolicy): with pod_failure_policy
+the only FailJob rule, a Job failed for this reason lost a pod to a disruption."""
+SOURCES = {  # the commits read in full: kubernetes/api 8b76f66a8775732ec73ea921866ef2ce417bfd70,
+    # kubernetes-sigs/jobset 0336a8fd9fd3ba7a8e5d3e16462138b746e01ec8,
+    # kubeflow/trainer 0015772c282d9e127c9a08330485ef84b4fb3840,
+    # kubeflow/training-operator 186ac6c6c878e57ec498f2ea6b585837f77a8d86
+    "podFailurePolicy": "kubernetes/api batch/v1/types.go PodFailurePolicy (8b76f66a8775)",
+    "failurePolicy.rules": "kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go "
+                           "FailurePolicyRule (0336a8fd9fd3)",
+    "runtimePatches": "kubeflow/trainer pkg/apis/trainer/v1alpha1/trainjob_types.go "
+                      "JobSpecPatch (0015772c282d)",
+    "pytorchjob": "kubeflow/training-operator pkg/apis/kubeflow.org/v1/common_types.go "
+                  "ReplicaSpec, RunPolicy (186ac6c6c878)",
+}
+"""Where each API this file writes, or says a kind lacks, is defined (repository, file, type,
+the commit read), as the manifest's header cites it."""
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """A Job's spec.podFailurePolicy (kubernetes/api batch/v1 types.go: PodFailurePolicy, rules
+    of action and onPodConditions of type and status): a pod that failed with DISRUPTED fails
+    its Job at once (FailJob), with reason FAILED_BY_POLICY, which JobSet can restart without
+    spending maxRestarts; any other failure counts against backoffLimit as before. Requires the
+    pod template's restartPolicy Never. `status` is written although the API defaults it to
+    True: the types mark it required (`json:"status"`, no omitempty, at the commit SOURCES
+    names), and so do the schemas generated from them, such as a CRD that embeds a Job
+    template, JobSet's among them, which then refuses a pattern without it.
+
+    No rule on exit codes: the container's process is torchrun (`exec`), which exits 1 once it
+    has passed a SIGTERM on to its ranks, whatever they did (torch.distributed.elastic raises
+    SignalException), as it does after a crash; the ranks themselves return 0 after their
+    save (143 and 130 are `autoplan train`'s own launcher's, which does not run in a pod). A
+    rule on 143 would never match and one on 1 would take every crash for an eviction."""
+    return {"rules": [{"action": "FailJob",
+                       "onPodConditions": [{"type": DISRUPTED, "status": "True"}]}]}
+
+
+def disruption_lines(kind: str, restarts: int) -> list[str]:
+    """The header's word on what an evicted or preempted pod costs in each kind: a JobSet
+    tells it from a crash (pod_failure_policy, kubernetes.jobset_failure_policy); a PyTorchJob's
+    and a TrainJob's APIs cannot, and the line says so."""
+    if kind == "jobset":
+        return comment(
+            f"A pod evicted or preempted (node drain, preemption, kubelet eviction: condition "
+            f"{DISRUPTED}) fails its Job at once through spec.podFailurePolicy (FailJob; "
+            "Kubernetes 1.26 or later, GA in 1.31; needs restartPolicy Never), and a Job failed "
+            f"for reason {FAILED_BY_POLICY} restarts the JobSet with "
+            "RestartJobSetAndIgnoreMaxRestarts (JobSet v0.6.0 or later), so evictions restart it "
+            f"without limit and never spend failurePolicy.maxRestarts {restarts}, kept for crashes "
+            "(an older cluster or JobSet refuses or drops these fields: evictions then count). No "
+            "rule reads exit codes: torchrun, the container's process, exits 1 once it has passed "
+            "a SIGTERM on, as after a crash. APIs: "
+            f"{SOURCES['podFailurePolicy']}; {SOURCES['failurePolicy.rules']}.")
+    if kind == "trainjob":
+        return comment(
+            "Evictions and preemptions are handled as crashes: a TrainJob carries no pod failure "
+            "policy or JobSet failure rules (its runtimePatches reach pod templates only: "
+            f"{SOURCES['runtimePatches']}); the ClusterTrainingRuntime's JobSet template can "
+            "hold them, as --kind jobset writes them.")
+    return comment(
+        "Evictions and preemptions are handled as crashes: a kubeflow.org/v1 PyTorchJob has no "
+        f"pod failure policy ({SOURCES['pytorchjob']}); --kind jobset tells them apart.")

@@ -25,12 +25,15 @@ from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
 from autoplan.export.job_inputs import shown
 from autoplan.export.kube_pods import (
+    FAILED_BY_POLICY,
     PLAN_FILE,
     PROFILE_FILE,
     check_volumes,
+    disruption_lines,
     grace_lines,
     memory_request,
     node_resources,
+    pod_failure_policy,
     pod_storage,
     resource_lines,
     storage_lines,
@@ -77,6 +80,9 @@ TRAINER_NODE = "node"
 (kubeflow/trainer manifests/base/runtimes/torch_distributed.yaml)."""
 PATCH_MANAGER = "autoplan"
 """The TrainJob's spec.runtimePatches entry autoplan owns (its `manager` key)."""
+DISRUPTION_RULE = "restartOnEviction"
+"""The name of the JobSet failure policy rule for evicted and preempted pods (required, and
+matching ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$: kubernetes-sigs/jobset jobset_types.go)."""
 
 
 def check_dns_label(flag: str, value: str) -> None:
@@ -259,7 +265,9 @@ def elastic_policy(lay: Layout, opts: ExportOptions) -> dict[str, Any]:
 
 def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool,
             resources: dict[str, dict[str, str]], grace_s: int) -> dict[str, Any]:
-    """JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job of num_nodes pods, c10d on pod 0."""
+    """JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job of num_nodes pods, c10d on pod 0; a
+    pod evicted or preempted fails the Job through its pod failure policy, which restarts the
+    JobSet without spending maxRestarts (jobset_failure_policy)."""
     head = f"{opts.job_name}-node-0-0.{opts.job_name}"  # <jobset>-<rjob>-<job>-<pod>.<subdomain>
     torchrun = torchrun_argv(lay, opts, rdzv_host=head, rdzv_id=opts.job_name)
     if "--standalone" in torchrun:  # one pod: keep the same c10d form as several
@@ -274,6 +282,10 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
         "completionMode": "Indexed",
         # elastic: a failed pod is recreated and rejoins (the others re-plan meanwhile)
         "backoffLimit": max_restarts(opts) if opts.elastic else 0,
+        # elastic too: the evicted pod's ranks stop and save with every other rank (the stop
+        # is agreed in the step), so the others end cleanly and only a restart of the whole
+        # JobSet brings the job back; a replacement pod alone would wait for the nodes gone
+        "podFailurePolicy": pod_failure_policy(),
         "template": {"spec": _pod_spec(container, opts, grace_s, restartPolicy="Never")},
     }
     return {
@@ -282,10 +294,26 @@ def job_set(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bool
         "metadata": _metadata(opts),
         "spec": {
             "network": {"enableDNSHostnames": True},
-            "failurePolicy": {"maxRestarts": max_restarts(opts)},
+            "failurePolicy": jobset_failure_policy(max_restarts(opts)),
             "replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job_spec}}],
         },
     }
+
+
+def jobset_failure_policy(restarts: int) -> dict[str, Any]:
+    """JobSet spec.failurePolicy (kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go
+    at 0336a8fd9fd3ba7a8e5d3e16462138b746e01ec8: FailurePolicy of maxRestarts and rules;
+    FailurePolicyRule of name, action, onJobFailureReasons; rules since JobSet v0.6.0): a Job
+    failed by its pod failure policy (reason PodFailurePolicy: pod_failure_policy fails a Job
+    only for a disrupted pod) restarts the JobSet with RestartJobSetAndIgnoreMaxRestarts, which
+    leaves restartsCountTowardsMax alone; any other failure matches no rule and takes the
+    default, RestartJobSet, counted against `restarts`. The pattern of JobSet's own docs
+    (site/content/en/docs/tasks/failure_policy.md, "Handling Host Maintenance Events"). A
+    FailJob rule on exit codes added to the pod failure policy would restart without limit
+    too."""
+    return {"maxRestarts": restarts,
+            "rules": [{"name": DISRUPTION_RULE, "action": "RestartJobSetAndIgnoreMaxRestarts",
+                       "onJobFailureReasons": [FAILED_BY_POLICY]}]}
 
 
 def _payload_lines(profile: str, shipped: bool) -> list[str]:
@@ -347,7 +375,8 @@ class KubernetesTarget(ExportTarget):
         lead = stop_lead(plan, model, opts.gpus_per_node)  # as the SLURM time-limit warning
         resources = node_resources(lay.nproc_per_node, cpu, memory)
         lines = [*storage_lines(opts, lay.num_nodes),
-                 *resource_lines(lay, cpu, memory, plan.cluster.profile), *grace_lines(lead)]
+                 *resource_lines(lay, cpu, memory, plan.cluster.profile), *grace_lines(lead),
+                 *disruption_lines(opts.k8s_kind, max_restarts(opts))]
         profile = shipped_profile(plan)
         lines += _payload_lines(plan.cluster.profile, profile is not None)
         if profile is not None:
