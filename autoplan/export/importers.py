@@ -446,6 +446,7 @@ def import_megatron(
     assignments: Sequence[str] = (),
 ) -> Plan:
     from autoplan.export.megatron_import import (
+        check_megatron_arguments,
         ignored_rope_flags,
         megatron_flags,
         megatron_plan_dict,
@@ -460,6 +461,7 @@ def import_megatron(
         raise ConfigError(what, "holds no Megatron flags (--name value)",
                           "a DeepSpeed JSON imports with --from deepspeed" if json_like else
                           "pass the launch script or arguments file of a Megatron run")
+    check_megatron_arguments(text, str(path))
     data = megatron_plan_dict(text, model, num_gpus, what, _device(cluster))
     data["cluster"]["profile"] = cluster
     plan = finish_plan(data, list(assignments), what)

@@ -603,6 +603,32 @@ def megatron_plan_dict(
     }
 
 
+CORE_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads",
+              "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+              "--micro-batch-size", "--global-batch-size", "--seq-length")
+"""The flags every pretrain_gpt.py launch gives, named where a file holds none it reads."""
+
+
+def check_megatron_arguments(text: str, path: str) -> None:
+    """Refuse a file holding none of the Megatron-LM flags the importer reads (READ_FLAGS,
+    torchrun's aside): another tool's script (an sbatch of `autoplan train`, say), which read
+    on would be refused for something it never said (its "missing" RoPE scaling beside
+    --model), not for being no Megatron launch."""
+    flags = megatron_flags(text, f"megatron arguments {path}").flags
+    if any(name in READ_FLAGS and name not in LAUNCHER_FLAGS for name in flags):
+        return
+    found = [name for name in flags if name not in LAUNCHER_FLAGS][:6]
+    has = f"; its flags ({' '.join(found)}) are none of them" if found else ""
+    fix = "give the pretrain_gpt.py launch script, or a file of its arguments"
+    trained = re.search(r"(?:^|\s)autoplan\s+train\s+(\S+)", text)
+    if trained:  # an exported autoplan job: the plan it trains is the plan
+        plan = trained.group(1).strip("'\"")
+        fix += (f" (this file runs `autoplan train {plan}`: that plan needs no import; "
+                f"`autoplan estimate --plan {plan}` prices it)")
+    raise ConfigError(f"FILE {path}", "no Megatron-LM arguments found: it holds none of those "
+                      f"the import reads ({', '.join(CORE_FLAGS)}, ...){has}", fix)
+
+
 def ignored_rope_flags(text: str, what: str) -> list[str]:
     """Sentences on the RoPE flags in `text` Megatron ignores, read here as it reads them:
     --rope-scaling-factor without --use-rope-scaling (RotaryEmbedding scales only under the
