@@ -353,7 +353,9 @@ def run_export(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     model = plan.model_spec()
     opts = _launch_options(args, plan)
-    files = export_plan(get_target(args.to), plan, model, opts)  # refuses before any write
+    # refuses before any write, naming the search --runtime of the engine the target runs
+    files = export_plan(get_target(args.to), plan, model, opts,
+                        target_runtime(args.to, opts.torchtitan_format) or "autoplan")
     if not args.no_memory_check:
         _check_fits(args.plan, plan, model, target_runtime(args.to, opts.torchtitan_format),
                     opts.gpus_per_node)

@@ -1,0 +1,102 @@
+"""An export refused for a knob the target's engine lacks names the concrete fix (user test 37,
+finding 9): a search with the `--runtime` that keeps to what the target runs, and the `--set`
+edit that makes this plan expressible; where no search or edit helps (a model the target cannot
+build), neither is offered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.commands import main
+from autoplan.cost.runtime_rules import refusals
+from autoplan.cost.runtimes import load_runtime
+from autoplan.errors import ConfigError
+from autoplan.export.base import ExportOptions, export_plan, plan_edits
+from autoplan.export.registry import get_target
+from autoplan.plan import Parallel, Precision, plan_from_dict, plan_to_dict, save_plan
+from autoplan.plan_args import apply_sets
+from autoplan.search.cli import RUNTIMES
+from tests.cli_refusals import assert_refused
+
+from .cases import CASES, plan
+
+LLAMA_ZERO1 = plan("llama-3.1-8b", 16, zero_stage=1)
+"""torchtitan builds Llama 3.1 8B, but has no ZeRO-1 (it runs 0, 2, 3)."""
+
+
+@pytest.mark.parametrize(("fmt", "runtime", "out"), [("toml", "torchtitan", "job.toml"),
+                                                     ("python", "torchtitan-0.3", "job.py")])
+def test_a_torchtitan_refusal_says_which_search_and_which_set_give_a_plan_it_runs(
+        tmp_path: Path, capsys, fmt, runtime, out):
+    plan_file = tmp_path / "plan.yaml"
+    save_plan(LLAMA_ZERO1, plan_file)
+    assert runtime in RUNTIMES  # a name `search --runtime` takes
+    err = assert_refused(capsys, ["export", str(plan_file), "--to", "torchtitan", "--out",
+                                  str(tmp_path / out)],
+                         f"runtime {runtime} has no ZeRO stage 1",
+                         f"search again with --runtime {runtime}",
+                         "set zero_stage=2 in the plan",
+                         f"autoplan estimate --plan {plan_file} --runtime {runtime} --set "
+                         "zero_stage=2")
+    assert "pick another target" not in err
+    assert not (tmp_path / out).exists()
+
+
+def test_the_set_offered_makes_the_plan_export(tmp_path: Path):
+    """The edit is no guess: applied as estimate applies --set, the export goes through."""
+    target, opts = get_target("torchtitan"), ExportOptions(torchtitan_format="toml")
+    model = LLAMA_ZERO1.model_spec()
+    edits = plan_edits(target, LLAMA_ZERO1, model, opts)
+    assert edits == ["zero_stage=2"]
+    data = plan_to_dict(LLAMA_ZERO1)
+    apply_sets(data, edits)
+    assert export_plan(target, plan_from_dict(data), model, opts)
+    assert not refusals(plan_from_dict(data), load_runtime("torchtitan"), model)
+
+
+def test_two_edits_are_offered_where_one_is_not_enough():
+    """tp 2 at ZeRO-0 for torchtitan 0.2.2: DDP beside tp, and tp without sequence parallelism,
+    two refusals that no single field lifts."""
+    two = plan("llama-3.1-8b", 8, parallel=Parallel(dp=4, tp=2), zero_stage=0)
+    target, opts = get_target("torchtitan"), ExportOptions(torchtitan_format="toml")
+    edits = plan_edits(target, two, two.model_spec(), opts)
+    assert sorted(edits) == ["sequence_parallel=true", "zero_stage=2"]
+
+
+def test_a_launcher_refusal_names_autoplans_runtime(tmp_path: Path, capsys):
+    """A plan searched for Megatron-LM (fp8 beside tp 2, which autoplan's runtime does not
+    train) exported to a launcher: the search to run is autoplan's own, the edit bf16."""
+    fp8_tp = plan("llama-3.1-8b", 16, parallel=Parallel(dp=8, tp=2), sequence_parallel=True,
+                  zero_stage=1, precision=Precision.FP8)
+    plan_file = tmp_path / "plan.yaml"
+    save_plan(fp8_tp, plan_file)
+    assert_refused(capsys, ["export", str(plan_file), "--to", "torchrun"],
+                   "precision fp8 with tp=2", "search again with --runtime autoplan",
+                   "set precision=bf16 in the plan")
+
+
+def test_no_search_or_edit_is_offered_for_a_model_the_target_cannot_build():
+    """gpt3-1.3b: torchtitan builds Llama 3 only, so neither a search for its runtime nor a
+    plan edit gets an exportable plan."""
+    case = CASES["dp-zero1"][0]
+    with pytest.raises(ConfigError) as err:
+        export_plan(get_target("torchtitan"), case, case.model_spec(),
+                    ExportOptions(torchtitan_format="toml"), "torchtitan")
+    assert "runtime torchtitan has no ZeRO stage 1" in err.value.problem
+    assert err.value.fix == "change the plan or pick another target"
+
+
+def test_the_plan_rules_keep_their_own_fix():
+    case = CASES["sp-without-tp"][0]
+    with pytest.raises(ConfigError) as err:
+        export_plan(get_target("slurm"), case, case.model_spec(), ExportOptions(), "autoplan")
+    assert err.value.fix.startswith("fix the plan")
+
+
+def test_main_exit_code_is_two(tmp_path: Path, capsys):
+    plan_file = tmp_path / "plan.yaml"
+    save_plan(LLAMA_ZERO1, plan_file)
+    assert main(["export", str(plan_file), "--to", "torchtitan"]) == 2
+    assert not capsys.readouterr().out
