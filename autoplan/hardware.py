@@ -590,7 +590,10 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
             raise ConfigError(
                 flag, f"unknown profile {show(str(ref))}",
                 (f"{hint} " if hint else "")
-                + f"choose one of {', '.join(known)} or a path to a profile YAML",
+                + f"choose one of {', '.join(known)} or a path to a profile YAML "
+                f"({_looked_in()}; make one by running `autoplan profile --name "
+                f"{ref if re.fullmatch(r'[A-Za-z0-9._-]+', str(ref)) else show(str(ref))}` on "
+                "the machine, or copy a shipped one there and edit it)",
             )
         path = named
     # errors name the file: a user's profile may shadow a built-in name, a search read several
@@ -599,6 +602,13 @@ def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
     if resources.is_name(ref) and profile.name != str(ref):
         _warn_inner_name(str(ref), str(path), profile.name)
     return profile
+
+
+def _looked_in() -> str:
+    """Where a profile name is looked up, for the unknown-profile line: the user's folder (and
+    the variable that moves it), then the shipped ones."""
+    return (f"looked in {resources.user_dir(resources.PROFILES)} (${resources.PROFILES.env} "
+            "sets another folder), then the shipped ones")
 
 
 _NAME_LINE = re.compile(r"^name:[ \t]*(['\"]?)([^'\"#\s]+)\1[ \t]*(?:#.*)?$", re.MULTILINE)
