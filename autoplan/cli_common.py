@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -36,20 +37,122 @@ def check_seed(flag: str, value: int) -> int:
     return value
 
 
-def count(low: int = 1, high: int = MAX_COUNT) -> Callable[[str], int]:
-    """An argparse `type=` for an integer from `low` to `high`, in plain ASCII digits."""
+_SUFFIX_POWER = {"k": 1, "m": 2, "b": 3, "g": 3, "t": 4}
+"""Count suffixes, any case: k, M, B or G, T; a power of 1024 (binary) or of 1000 (decimal)."""
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?", re.ASCII)
+"""A plain ASCII decimal number (float() alone also takes '８', '1_000', 'nan' and 'inf')."""
+BINARY_NOTE = "k, M, G are powers of 1024: 8k = 8192"
+DECIMAL_NOTE = "k, M, B (or G), T are powers of 1000: 1T = 1e12"
+"""What the suffixes mean, for the --help of a flag that takes them."""
+_DURATION_S = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0,
+               "w": 604800.0}
+"""Units a duration flag takes besides its own (a bare number is in the flag's unit)."""
+
+
+def scaled_number(text: str, *, binary: bool) -> float:
+    """`text` as a number with an optional count suffix (k, M, B/G, T, any case): powers of 1024
+    where `binary` (sequence lengths and batch sizes are powers of two: 8k = 8192), of 1000
+    otherwise (token budgets: 1T = 1e12). ValueError for anything else or a non-finite value."""
+    body = text.strip()
+    power = _SUFFIX_POWER.get(body[-1:].lower(), 0) if len(body) > 1 else 0
+    if power:
+        body = body[:-1]
+    if not _NUMBER.fullmatch(body):
+        raise ValueError(text)
+    if not power and body.lstrip("+-").isdigit():
+        return int(body)  # exact past 2**53, as int() reads it
+    value = float(body) * (1024 if binary else 1000) ** power
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def scaled_count(text: str, *, binary: bool) -> int:
+    """`text` as a whole number, a suffix allowed (scaled_number): ValueError where it is not
+    one ('8.1k' at 1024 is 8294.4)."""
+    value = scaled_number(text, binary=binary)
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(text)
+    return int(value)
+
+
+def count(low: int | None = 1, high: int | None = MAX_COUNT, *, suffixes: str | None = None,
+          example: str = "8") -> Callable[[str], int]:
+    """An argparse `type=` for an integer from `low` to `high` in plain ASCII digits, or with
+    `suffixes` ("binary" or "decimal") also a count suffix: 8k, 1.5M (scaled_number). A bad
+    value is one line with the value and what to write (`example`: one the flag takes). None
+    for both bounds leaves the range to the command (a seed's own message: check_seed)."""
+    if suffixes not in (None, "binary", "decimal"):
+        raise ValueError(f"suffixes: {suffixes!r}")
 
     def parse(text: str) -> int:
-        digits = text.strip()
-        body = digits[1:] if digits[:1] in "+-" else digits
-        if not body.isascii() or not body.isdigit() or len(body) > 20:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}")
-        value = int(digits)
-        if not low <= value <= high:
+        try:
+            if suffixes is None:
+                digits = text.strip()
+                body = digits[1:] if digits[:1] in "+-" else digits
+                if not body.isascii() or not body.isdigit() or len(body) > 20:
+                    raise ValueError(text)
+                value = int(digits)
+            else:
+                value = scaled_count(text, binary=suffixes == "binary")
+        except ValueError:
+            how = f" ({BINARY_NOTE if suffixes == 'binary' else DECIMAL_NOTE})" if suffixes else ""
+            raise argparse.ArgumentTypeError(
+                f"got {text[:40]!r}; write a whole number, e.g. {example}{how}") from None
+        if low is not None and high is not None and not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {value}")
         return value
 
     parse.__name__ = "count"  # argparse names the type in some messages
+    return parse
+
+
+def amount(what: str, example: str) -> Callable[[str], float]:
+    """An argparse `type=` for a positive finite number of `what` (tokens, tokens/s), with a
+    decimal count suffix allowed (1T = 1e12, 250k = 250000): one line naming the value and
+    the fix otherwise."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(scaled_number(text, binary=False))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"got {text[:40]!r}; write a number of {what}, e.g. {example} "
+                f"({DECIMAL_NOTE})") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"got {text[:40]!r}; expected a positive number "
+                                             f"of {what}, e.g. {example}")
+        return value
+
+    parse.__name__ = "amount"
+    return parse
+
+
+def duration(unit: str, example: str) -> Callable[[str], float]:
+    """An argparse `type=` for a positive finite duration in `unit` ("s" or "days"): a bare
+    number is in that unit, and a number with a unit of _DURATION_S (100ms, 36h, 2w) is
+    converted to it. `m` is refused (minutes or months?): min is minutes."""
+    per_unit = {"s": 1.0, "days": 86400.0}[unit]
+    units = ", ".join(_DURATION_S)
+
+    def parse(text: str) -> float:
+        body = text.strip()
+        found = re.fullmatch(r"(.*?)\s*([a-z]*)", body, re.ASCII)
+        number, suffix = (found.group(1), found.group(2)) if found else (body, "")
+        fix = (f"write a number of {'seconds' if unit == 's' else 'days'}, e.g. {example}, "
+               f"or one with a unit: {units}")
+        if suffix == "m":
+            raise argparse.ArgumentTypeError(f"got {text[:40]!r}: minutes or months?; write "
+                                             f"min for minutes, e.g. {example}")
+        if (suffix and suffix not in _DURATION_S) or not _NUMBER.fullmatch(number):
+            raise argparse.ArgumentTypeError(f"got {text[:40]!r}; {fix}")
+        value = float(number) * (_DURATION_S[suffix] / per_unit if suffix else 1.0)
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"got {text[:40]!r}; expected a positive time: "
+                                             f"{fix}")
+        return value
+
+    parse.__name__ = "duration"
     return parse
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autoplan import resources
-from autoplan.cli_common import add_format_argument, emit
+from autoplan.cli_common import DECIMAL_NOTE, add_format_argument, amount, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
 from autoplan.cost.params import total_params
 from autoplan.cost.runtimes import RUNTIMES
@@ -44,7 +44,8 @@ def register(sub: Any) -> None:
                        description="Score one plan with the cost model and explain it.")
     add_target_arguments(p, required=False)
     add_plan_arguments(p)
-    p.add_argument("--train-tokens", type=float, help="token budget, for days_to_train")
+    p.add_argument("--train-tokens", type=amount("tokens", "1e12 or 1T"),
+                   help=f"token budget, for days_to_train, e.g. 1e12 or 1T ({DECIMAL_NOTE})")
     add_format_argument(p)
     p.set_defaults(func=estimate_command)
 
@@ -126,6 +127,7 @@ def estimate_command(args: argparse.Namespace) -> int:
             f"schedule={plan.pipeline.schedule.value} vpp={plan.pipeline.vpp} "
             f"zero={plan.zero_stage} recompute={plan.recompute.label()} "
             f"mbs={plan.batch.micro_batch_size} gbs={plan.batch.global_batch_size} "
+            f"({count(plan.batch.global_batch_size * model.seq_len)} tokens) "
             f"precision={plan.precision.value}{_offload(plan)}")
         mem = Table(title=f"memory per GPU (worst stage){note}")
         mem.add_column("part")

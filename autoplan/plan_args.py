@@ -9,8 +9,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from autoplan.cli_common import count
+from autoplan.cli_common import BINARY_NOTE, count
 from autoplan.cost.runtimes import RUNTIMES
+from autoplan.display import count as count_text
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, available_profiles, load_profile
 from autoplan.model_spec import MAX_SIZE, PRESETS, ModelSpec, load_model
@@ -30,6 +31,16 @@ from autoplan.yaml_io import read_yaml, safe_load_text, show
 
 log = logging.getLogger(__name__)
 
+SEQ_LEN = count(suffixes="binary", example="8192 or 8k")
+"""--seq-len's type, for every command that takes it: sequence lengths are powers of two, so
+k is 1024 (Llama 3.1's "128K context" is 131,072)."""
+SEQ_LEN_HELP = f"override the model's sequence length, e.g. 8192 or 8k ({BINARY_NOTE})"
+MAX_BATCH_TOKENS = 2**28
+"""Most tokens a global batch may hold (268M): 4x the largest published pre-training batch,
+DeepSeek-V3's 15,360 sequences x 4,096 = 63M tokens (arXiv 2412.19437 s4.2; Llama 3 405B's
+is 16M, arXiv 2407.21783 s3.4). A batch past it is sequences given as tokens: 4,194,304 "4M
+tokens" at seq 8192 is 34B tokens a step, which a search would plan as a 13-hour step."""
+
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument("--model", required=required,
@@ -37,8 +48,9 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
                         "config.json or its folder")
     parser.add_argument("--cluster", required=required,
                         help=f"hardware profile ({', '.join(available_profiles())}) or a path")
-    parser.add_argument("--num-gpus", type=count(), required=required, help="GPUs in the job")
-    parser.add_argument("--seq-len", type=count(), help="override the model's sequence length")
+    parser.add_argument("--num-gpus", type=count(suffixes="binary", example="64"),
+                        required=required, help="GPUs in the job")
+    parser.add_argument("--seq-len", type=SEQ_LEN, help=SEQ_LEN_HELP)
     parser.add_argument("--runtime", help="price the plan as this runtime runs it: "
                         f"{', '.join(('autoplan', *RUNTIMES))} or a traits YAML (default: "
                         "the runtime a --plan from search was priced for, else autoplan's own "
@@ -53,13 +65,17 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         "order: a field given twice must get the same value; a mapping such as "
                         "parallel={tp: 2} replaces that section of --plan and merges with the "
                         "other fields --set gives in it, e.g. --set parallel.pp=4)")
-    parser.add_argument("--global-batch-size", type=count(),
-                        help="sequences per optimizer step (default: the plan's; without --plan, "
-                        "one micro-batch per data-parallel rank)")
-    parser.add_argument("--micro-batch-size", type=count(), help="sequences per micro-batch")
+    parser.add_argument("--global-batch-size", type=count(suffixes="binary", example="512"),
+                        help="sequences (not tokens) per optimizer step: a 4M-token batch at seq "
+                        "8192 is 512 (default: the plan's; without --plan, one micro-batch per "
+                        "data-parallel rank)")
+    parser.add_argument("--micro-batch-size", type=count(example="1"),
+                        help="sequences per micro-batch")
 
 
 def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
+    """The model of --model (else `fallback`, a plan's) at --seq-len; a --global-batch-size
+    that reads as tokens at that length is refused here, where the length is first known."""
     ref = args.model or fallback
     if ref is None:
         raise ConfigError("--model", "missing", "give --model or a plan that names one")
@@ -67,7 +83,45 @@ def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
     if seq_len is not None and not 0 < seq_len <= MAX_SIZE["seq_len"]:
         raise ConfigError("--seq-len", f"got {seq_len}",
                           f"expected a positive integer up to {MAX_SIZE['seq_len']:,}")
-    return load_model(ref, "--model" if args.model else "model", seq_len)  # else the plan's
+    model = load_model(ref, "--model" if args.model else "model", seq_len)  # else the plan's
+    batch = getattr(args, "global_batch_size", None)
+    if batch is not None:
+        check_batch_tokens(batch, model.seq_len)
+    return model
+
+
+def check_batch_tokens(batch: int | str, seq_len: int) -> None:
+    """Refuse a --global-batch-size (one size, or search's `A..B`) whose largest size holds
+    more than MAX_BATCH_TOKENS tokens at `seq_len`, naming the tokens it makes and the
+    sequences the user likely meant."""
+    from autoplan.search.space import parse_batch_sizes
+
+    low, high = parse_batch_sizes(str(batch)) if isinstance(batch, str) else (batch, batch)
+    if high * seq_len <= MAX_BATCH_TOKENS:
+        return
+    most = MAX_BATCH_TOKENS // seq_len
+    given = f"{high:,} sequences" if low == high else f"{low}..{high} reaches {high:,} sequences"
+    problem = (f"{given} x {seq_len:,} tokens = {count_text(high * seq_len)} tokens a step, "
+               f"over {count_text(MAX_BATCH_TOKENS)}: 4x the largest published batch "
+               "(DeepSeek-V3's 63M tokens)")
+    fix = f"it counts sequences: give at most {most:,} at seq {seq_len:,}"
+    if low // seq_len >= 16:  # read as tokens, each size is a batch some run has used
+        fix = "it counts sequences: " + (
+            f"a {_tokens(high)}-token batch is {_sequences(high, seq_len)}" if low == high
+            else f"{_tokens(low)}..{_tokens(high)} tokens is {max(low // seq_len, 1)}.."
+                 f"{high // seq_len}")
+    raise ConfigError("--global-batch-size", problem, fix)
+
+
+def _tokens(n: int) -> str:
+    """A token count as people say it: 4.19M, 65,536."""
+    return count_text(n) if n >= 1_000_000 else f"{n:,}"
+
+
+def _sequences(tokens: int, seq_len: int) -> str:
+    """`tokens` as sequences of seq_len: exact where it divides, else the nearest (about)."""
+    whole_, rest = divmod(tokens, seq_len)
+    return f"{whole_:,}" if not rest else f"about {max(round(tokens / seq_len), 1):,}"
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSpec]:
@@ -116,7 +170,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
     _check_agree(args, data)
     if derive:
         _derive_dp(data)
-        _say_dp_moved(planned_dp, data)
+        _say_dp_moved(planned_dp, data, from_file=bool(args.plan))
     if not args.plan and "precision" not in data and isinstance(data.get("cluster"), dict):
         data["precision"] = _default_precision(data["cluster"].get("profile"))
     if not args.plan and "attention" not in data and isinstance(data.get("cluster"), dict):
@@ -324,16 +378,20 @@ def _derive_dp(data: dict[str, Any]) -> None:
     par["dp"] = gpus // model_parallel
 
 
-def _say_dp_moved(planned: Any, data: dict[str, Any]) -> None:
-    """One line when the plan file's dp is refitted to another GPU count or degrees (a plan
-    of dp 4 on 16 GPUs is dp 2 on 8): which degree moved, from what to what, and why."""
+def _say_dp_moved(planned: Any, data: dict[str, Any], from_file: bool) -> None:
+    """One line when the plan's dp is refitted to another GPU count or degrees (a plan of dp 4
+    on 16 GPUs is dp 2 on 8): which degree moved, from what to what, and why. A warning where
+    the dp was the plan file's (the numbers are of another plan than the file), an info line
+    where it was the default plan's, all data parallel (`--set parallel.tp=2` on the default
+    plan refits dp as the README documents)."""
     par, cluster = data.get("parallel"), data.get("cluster")
     if not isinstance(par, dict) or not isinstance(cluster, dict) or planned is None \
             or par.get("dp") in (None, planned):
         return
     degrees = " x ".join(f"{k} {par.get(k, 1)}" for k in ("tp", "pp", "cp"))
-    log.warning("dp %s -> %s: the plan's dp, refitted to num_gpus %s at %s", show(planned),
-                par["dp"], cluster.get("num_gpus"), degrees)
+    log.log(logging.WARNING if from_file else logging.INFO,
+            "dp %s -> %s: the plan's dp, refitted to num_gpus %s at %s", show(planned),
+            par["dp"], cluster.get("num_gpus"), degrees)
 
 
 __all__ = ["add_plan_arguments", "add_target_arguments", "apply_sets", "plan_from_args",

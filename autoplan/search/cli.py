@@ -17,13 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, check_seed, count, emit, stderr_console
+from autoplan.cli_common import (
+    add_format_argument,
+    amount,
+    check_seed,
+    count,
+    duration,
+    emit,
+    stderr_console,
+)
 from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.display import days, sig, whole
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.hardware import load_profile
 from autoplan.plan import Precision, plan_model_ref
-from autoplan.plan_args import resolve_model
+from autoplan.plan_args import SEQ_LEN, SEQ_LEN_HELP, resolve_model
 from autoplan.search.batch_range import check_batch_range
 from autoplan.search.engine import (
     SAMPLERS,
@@ -60,11 +68,12 @@ def register(sub: Any) -> None:
                    "each profile's price_per_gpu_hour, an example list price)")
     p.add_argument("--num-gpus", required=True,
                    help="GPU count N, a list A,B,C, or a range A..B (powers of two and whole "
-                   "nodes in it): the search also picks the count")
+                   "nodes in it): the search also picks the count (1k = 1024)")
     p.add_argument("--global-batch-size", required=True,
-                   help="sequences per step, or a range A..B the search picks from (powers of "
-                   "two and dp times a power of two inside it)")
-    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+                   help="sequences (not tokens) per step, or a range A..B the search picks "
+                   "from (powers of two and dp times a power of two inside it); a 4M-token "
+                   "batch at seq 8192 is 512 (1k = 1024)")
+    p.add_argument("--seq-len", type=SEQ_LEN, help=SEQ_LEN_HELP)
     p.add_argument("--space", default="default", help="search space name or YAML path")
     p.add_argument("--precision", metavar="LIST",
                    help="training precisions to search, comma-separated (bf16, fp16, fp32, "
@@ -75,10 +84,15 @@ def register(sub: Any) -> None:
                    "(default: autoplan's own runtime on the profile's device)")
     p.add_argument("--objective", default="throughput",
                    help=f"{'|'.join(OBJECTIVES)}, or several comma-separated for a Pareto front")
-    p.add_argument("--max-step-time-s", type=float, help="constraint: step time at most X s")
-    p.add_argument("--min-tokens-per-s", type=float, help="constraint: at least Y tokens/s")
-    p.add_argument("--deadline-days", type=float, help="constraint: train --train-tokens in D days")
-    p.add_argument("--train-tokens", type=float, help="token budget (cost in GPU-hours)")
+    p.add_argument("--max-step-time-s", type=duration("s", "30"),
+                   help="constraint: step time at most X s (or with a unit: 100ms, 2min)")
+    p.add_argument("--min-tokens-per-s", type=amount("tokens/s", "1e6 or 1M"),
+                   help="constraint: at least Y tokens/s (1M = 1e6)")
+    p.add_argument("--deadline-days", type=duration("days", "7"),
+                   help="constraint: train --train-tokens in D days (or with a unit: 36h, 2w)")
+    p.add_argument("--train-tokens", type=amount("tokens", "1e12 or 1T"),
+                   help="token budget (cost in GPU-hours), e.g. 1e12 or 1T (k, M, B or G, T "
+                   "are powers of 1000)")
     p.add_argument("--memory-slack", default="median", metavar="|".join(MEMORY_SLACKS),
                    help="allocator slack a plan must fit with: median (the cost model's, "
                         "2.05%% of allocated) or p75 (5.16%%: leaves out the plans marked GiB!)")
@@ -88,13 +102,15 @@ def register(sub: Any) -> None:
                    help=f"Optuna trials (default {DEFAULT_TRIALS}; not with --sampler "
                         "exhaustive, which scores every candidate); with --storage, the study's "
                         "total: a resumed study samples only the trials it lacks")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--seed", type=count(None, None, example="0"), default=0,
+                   help="sampler seed (default 0)")
     p.add_argument("--storage", help="Optuna storage: sqlite:///x.db, an RDB URL or journal:PATH")
     p.add_argument("--study", help="study name in --storage (created or resumed); with "
                    "several --cluster types, one study per type, named STUDY/TYPE")
-    p.add_argument("--worker", type=int, default=0,
+    p.add_argument("--worker", type=count(None, None, example="0"), default=0,
                    help="worker index when several processes share one study")
-    p.add_argument("--top", type=int, default=10, help="plans to show and keep (default 10)")
+    p.add_argument("--top", type=count(None, None, example="10"), default=10,
+                   help="plans to show and keep (default 10)")
     p.add_argument("--out", help="directory for plan.yaml, top.yaml, trials.csv.gz, "
                    "summary.json")
     p.add_argument("--force", action="store_true", help="replace files in --out")

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from autoplan.cli_common import BINARY_NOTE, scaled_count
 from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import RecomputeMethod, RecomputeModule, RecomputePolicy, Schedule
@@ -69,19 +70,18 @@ def _range_counts(lo: int, hi: int, gpus_per_node: int) -> list[int]:
 
 
 def _integer(text: str) -> int:
-    """int() of plain ASCII digits with an optional sign, as cli_common.count reads a count:
-    int() alone also takes '８' (a full-width 8), '١٢' and '1_000'."""
-    digits = text.strip()
-    body = digits[1:] if digits[:1] in "+-" else digits
-    if not body.isascii() or not body.isdigit() or len(body) > 20:
+    """A GPU count or batch size as cli_common reads every count: plain ASCII digits (int()
+    alone also takes '８', '١٢' and '1_000'), or with a binary suffix (1k = 1024: both are
+    powers of two in practice)."""
+    if len(text.strip()) > 24:
         raise ValueError(text)
-    return int(digits)
+    return scaled_count(text, binary=True)
 
 
 def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
     """`N`, `A,B,C` or `A..B` (every count in [A, B] that is a power of two or a multiple of
     gpus_per_node, i.e. whole nodes), each at most MAX_GPUS."""
-    where, fix = "--num-gpus", "write N, A,B,C or A..B, e.g. 64..1024"
+    where, fix = "--num-gpus", f"write N, A,B,C or A..B, e.g. 64..1024 or 64..1k ({BINARY_NOTE})"
     try:
         if ".." in text:
             lo_s, _, hi_s = text.partition("..")
@@ -123,7 +123,8 @@ MAX_BATCH_SIZES = 64
 
 def parse_batch_sizes(text: str) -> tuple[int, int]:
     """`B` or `A..B` as (A, B); a range lets the search pick the global batch size."""
-    where, fix = "--global-batch-size", "write B or A..B, e.g. 1024..4096"
+    where, fix = ("--global-batch-size", "write sequences B or A..B, e.g. 1024..4096 or 1k..4k "
+                  f"({BINARY_NOTE})")
     try:
         lo_s, dots, hi_s = text.partition("..")
         lo, hi = _integer(lo_s), _integer(hi_s) if dots else _integer(lo_s)
