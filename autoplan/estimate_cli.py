@@ -17,7 +17,7 @@ from rich.table import Table
 from autoplan import resources
 from autoplan.cli_common import DECIMAL_NOTE, add_format_argument, amount, emit
 from autoplan.cost.estimate import MEMORY_PARTS, TIME_PARTS, estimate_plan
-from autoplan.cost.params import total_params
+from autoplan.cost.params import active_params, moe_layers, total_params
 from autoplan.cost.runtimes import RUNTIMES
 from autoplan.display import (
     bias_words,
@@ -29,7 +29,7 @@ from autoplan.display import (
 )
 from autoplan.errors import ConfigError
 from autoplan.hardware import available_profiles, load_profile, not_a_profile
-from autoplan.model_spec import PRESETS
+from autoplan.model_spec import PRESETS, ModelSpec
 from autoplan.plan import plan_to_dict
 from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_from_args
 from autoplan.plan_rules import validate_plan
@@ -177,25 +177,66 @@ def estimate_command(args: argparse.Namespace) -> int:
     return 0 if est.feasible else 3
 
 
+def model_row(m: ModelSpec) -> dict[str, Any]:
+    """One preset as `models` lists it: parameters total and per token (the cost model's own
+    counts, cost.params), the dense MLP's width only where some block has it (a MoE model's
+    `ffn` is config.json's intermediate_size, unused when every block routes), the experts."""
+    n_moe = moe_layers(m)
+    experts = None if m.moe is None else {
+        "routed": m.moe.num_experts, "ffn": m.moe.expert_ffn_hidden_size,
+        "top_k": m.moe.experts_per_token, "shared": m.moe.num_shared_experts,
+        "moe_layers": n_moe}
+    return {"name": m.name, "params": total_params(m), "active": active_params(m),
+            "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
+            "kv_heads": m.kv_heads, "ffn": m.ffn if n_moe < m.num_layers else None,
+            "dense_layers": m.num_layers - n_moe, "experts": experts, "vocab": m.vocab_size,
+            "seq_len": m.seq_len, "mlp": m.mlp.value}
+
+
+DENSE_COLUMNS = ("name", "params", "layers", "hidden", "heads", "ffn", "vocab", "seq_len", "mlp")
+MOE_COLUMNS = ("name", "params", "active", "layers", "hidden", "experts", "top_k", "ffn",
+               "seq_len")
+"""The columns of each table: a MoE preset's experts and active parameters fit 80 columns only
+without the heads, vocab and mlp of the dense table (in --format json)."""
+HEADINGS = {"heads": "heads/kv", "seq_len": "seq", "top_k": "top-k", "experts": "experts"}
+MOE_CAPTION = ("experts: routed experts x their ffn; top-k: routed experts per token +N "
+               "shared; active: parameters a token passes through; ffn: the dense MLP of the "
+               "first N blocks, - if none; heads, vocab, mlp: --format json")
+
+
+def _cells(r: dict[str, Any]) -> dict[str, str]:
+    moe = r["experts"]
+    ffn = "-" if r["ffn"] is None else str(r["ffn"])
+    if moe is not None and r["ffn"] is not None:
+        ffn = f"{r['dense_layers']}x{r['ffn']}"
+    return {**{k: str(v) for k, v in r.items()}, "params": count(r["params"]),
+            "active": count(r["active"]), "heads": f"{r['heads']}/{r['kv_heads']}", "ffn": ffn,
+            "experts": "" if moe is None else f"{moe['routed']}x{moe['ffn']}",
+            "top_k": "" if moe is None else
+            f"{moe['top_k']}" + (f"+{moe['shared']}" if moe["shared"] else "")}
+
+
 def models_command(args: argparse.Namespace) -> int:
-    rows: list[dict[str, Any]] = [{"name": m.name, "params": total_params(m), "layers": m.num_layers,
-             "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.kv_heads,
-             "ffn": m.ffn, "vocab": m.vocab_size, "seq_len": m.seq_len, "mlp": m.mlp.value}
-            for m in PRESETS.values()]
+    rows = [model_row(m) for m in PRESETS.values()]
+
+    def table(title: str, keys: tuple[str, ...], chosen: list[dict[str, Any]],
+              caption: str | None = None) -> Table:
+        t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 0, 0, 1 if caption is None else 0))  # the MoE one has 2 more
+        for k in keys:
+            t.add_column(HEADINGS.get(k, k), no_wrap=True,
+                         justify="left" if k in ("name", "mlp") else "right")
+        for r in chosen:
+            cells = _cells(r)
+            t.add_row(*[cells[k] for k in keys])
+        return t
 
     def render(console: Console) -> None:
-        t = Table(title="model presets", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
-        heads = {"heads": "heads/kv", "seq_len": "seq"}
-        keys = [k for k in rows[0] if k != "kv_heads"]
-        for k in keys:
-            t.add_column(heads.get(k, k), justify="left" if k in ("name", "mlp") else "right",
-                         no_wrap=True)
-        for r in rows:
-            cells = {**{k: str(v) for k, v in r.items()}, "params": count(r["params"]),
-                     "heads": f"{r['heads']}/{r['kv_heads']}"}
-            t.add_row(*[cells[k] for k in keys])
         console.width = min(console.width, terminal_width())
-        console.print(t)
+        console.print(table("model presets", DENSE_COLUMNS,
+                            [r for r in rows if r["experts"] is None]))
+        console.print(table("mixture-of-experts presets", MOE_COLUMNS,
+                            [r for r in rows if r["experts"] is not None], MOE_CAPTION))
 
     emit(args, rows, render)
     return 0
