@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import shlex
 import sys
@@ -34,6 +35,7 @@ from autoplan.export.launch import (
 )
 from autoplan.export.nodes import bigger_node_warning, split_warning, written_cluster
 from autoplan.export.registry import TARGET_NAMES, get_target
+from autoplan.export.slurm import SlurmOptions, parse_time_s, steps_for_tokens
 from autoplan.hardware import MAX_GPUS_PER_NODE, ClusterSpec, load_profile
 from autoplan.model_spec import PRESETS, load_model
 from autoplan.plan import Plan, plan_model_ref
@@ -64,6 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=count(),
                    help=f"{_LAUNCHERS}: `autoplan train --steps`, optimizer steps the job runs in "
                         f"total, counted on after a resume (default {TRAIN_STEPS}, train's)")
+    p.add_argument("--train-tokens", type=_tokens, metavar="N",
+                   help="slurm: the training length in tokens instead of --steps: --steps = N / "
+                        "(the plan's global batch x seq_len), rounded up, said in the header")
+    p.add_argument("--time-limit", metavar="TIME",
+                   help="slurm: #SBATCH --time, the most the job may run (D-HH:MM:SS, HH:MM:SS "
+                        "or minutes): a job priced longer is refused unless --requeue, which "
+                        "runs it in turns; none: write no --time (default: the priced run, "
+                        "--steps x the step at its error band's upper edge + the --signal lead)")
     p.add_argument("--checkpoint-every", type=count(low=0), metavar="K",
                    help=f"{_LAUNCHERS}: `autoplan train --checkpoint-every`, save every K steps, "
                         f"so a restart resumes at most K steps back (default {CHECKPOINT_EVERY}; "
@@ -142,6 +152,18 @@ class _Assignments(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *values])
 
 
+def _tokens(text: str) -> float:
+    """--train-tokens: a number of tokens (1e12, 4194304); a bad one is the house's line."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}; write a positive number of "
+                                         "tokens, e.g. 1e12")
+    return value
+
+
 def _gpus_per_node(args: argparse.Namespace, profile: str) -> int:
     """GPUs in one node of the job written: --gpus-per-node, else the plan's profile's."""
     if args.gpus_per_node is not None:
@@ -187,6 +209,7 @@ def _out_paths(out: Path, names: list[str]) -> list[Path]:
 OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
                   "--kind": ("kubernetes",), "--pvc": ("kubernetes",),
                   "--data-pvc": ("kubernetes",), "--requeue": ("slurm",),
+                  "--train-tokens": ("slurm",), "--time-limit": ("slurm",),
                   "--torchtitan-format": ("torchtitan",),
                   "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
                   "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS,
@@ -214,6 +237,14 @@ def _check_options(args: argparse.Namespace) -> None:
         if getattr(args, flag[2:].replace("-", "_")) is not None and args.to not in targets:
             raise ConfigError(flag, f"--to {args.to} writes no {flag[2:]}",
                               f"drop it, or export --to {' or '.join(targets)}")
+    if args.time_limit is not None:  # a bad time is refused before the plan is read
+        if args.time_limit.strip().lower() == "none":
+            args.time_limit = "none"
+        else:
+            parse_time_s(args.time_limit)
+    if args.train_tokens is not None and args.steps is not None:
+        raise ConfigError("--train-tokens", f"given with --steps {args.steps}",
+                          "give one of them: --train-tokens is made into --steps")
     if args.min_nodes is not None and not args.elastic:  # as train's --min-gpus
         raise ConfigError("--min-nodes", f"got {args.min_nodes} without --elastic",
                           "add --elastic, or drop --min-nodes")
@@ -266,7 +297,14 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
     if in_place:
         checkpoint_dir = os.path.abspath(checkpoint_dir)
         data = None if data is None else os.path.abspath(data)
-    return LaunchOptions(
+    steps = TRAIN_STEPS if args.steps is None else args.steps
+    if args.train_tokens is not None:  # --to slurm alone (_check_options)
+        steps = steps_for_tokens(plan, plan.model_spec(), args.train_tokens)
+    options = SlurmOptions if args.to == "slurm" else LaunchOptions
+    extra = ({"time_limit": args.time_limit, "train_tokens": args.train_tokens}
+             if args.to == "slurm" else {})
+    return options(
+        **extra,
         # as exported: absolute, so the script runs from any folder, and hashed, so a plan file
         # replaced since is not trained under the exported job (job_inputs.check_lines)
         plan_path=str(plan_file.resolve()),
@@ -287,7 +325,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         out=None if args.format in ("json", "yaml") else args.out,
         elastic=args.elastic,
         min_nodes=1 if args.min_nodes is None else args.min_nodes,
-        steps=TRAIN_STEPS if args.steps is None else args.steps,
+        steps=steps,
         checkpoint_every=CHECKPOINT_EVERY if args.checkpoint_every is None
         else args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,

@@ -20,7 +20,7 @@ from .consumers import bash_syntax_ok, run_script, torchrun_args
 EXPRESSIBLE = [name for name, (_, ok) in CASES.items() if "slurm" in ok]
 # sbatch long options autoplan writes, as documented in sbatch(1) (slurm.schedmd.com/sbatch.html).
 SBATCH_DOCUMENTED = {"job-name", "nodes", "ntasks-per-node", "gpus-per-node", "exclusive", "signal",
-                     "output"}
+                     "output", "time"}
 
 
 def _write(tmp_path: Path, target: str, case: str, **kw) -> tuple[Path, object]:

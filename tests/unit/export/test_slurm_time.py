@@ -1,0 +1,182 @@
+"""`export --to slurm` for a real pretraining submit (user test 37, finding 16): the length in
+tokens (`--train-tokens`, made into --steps from the plan's global batch x seq_len, rounded up,
+said in the header), and `#SBATCH --time` sized from the priced step x --steps plus the
+time-limit warning's lead (`--time-limit` sets or omits it; a job priced longer than the limit
+given is refused, exit 3, unless it requeues itself)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autoplan.commands import main
+from autoplan.errors import ConfigError, InfeasiblePlanError
+from autoplan.export.base import export_plan
+from autoplan.export.launch import stop_lead
+from autoplan.export.registry import get_target
+from autoplan.export.slurm import SIGNAL_MAX_S, SlurmOptions, format_time, parse_time_s
+from autoplan.plan import ClusterRef, Plan, save_plan
+from tests.cli_refusals import assert_refused
+
+from .cases import CASES
+
+PLAN = CASES["dp-zero1"][0]
+"""gpt3-1.3b on 16 H100s: a global batch of 128 sequences of 2048 tokens."""
+TIME = re.compile(r"^#SBATCH --time=(\S+)$", re.M)
+STEPS = re.compile(r"^  autoplan train .* --steps (\d+) ", re.M)
+
+
+def _sbatch(plan: Plan = PLAN, **kw) -> str:
+    return export_plan(get_target("slurm"), plan, plan.model_spec(),
+                       SlurmOptions(gpus_per_node=8, **kw))["autoplan.sbatch"]
+
+
+def _header(text: str) -> str:
+    return " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+
+
+def _needed_s(plan: Plan, steps: int) -> float:
+    """The run as the header prices it: every step at the band's upper edge, then the
+    --signal lead (one such step and the save)."""
+    lead = stop_lead(plan, plan.model_spec(), 8)
+    return steps * lead.step_s * (1 + lead.band) + min(SIGNAL_MAX_S, lead.seconds_s)
+
+
+def _export(tmp_path: Path, *flags: str) -> list[str]:
+    plan_file = tmp_path / "plan.yaml"
+    if not plan_file.exists():
+        save_plan(PLAN, plan_file)
+    return ["export", str(plan_file), "--to", "slurm", "--out", str(tmp_path / "job.sbatch"),
+            *flags]
+
+
+def test_train_tokens_become_steps_rounded_up_and_the_header_says_so(tmp_path: Path, capsys):
+    per_step = 128 * 2048
+    assert PLAN.model_spec().seq_len == 2048 and PLAN.batch.global_batch_size == 128
+    assert main(_export(tmp_path, "--train-tokens", "1e9")) == 0, capsys.readouterr().err
+    text = (tmp_path / "job.sbatch").read_text()
+    steps = math.ceil(1e9 / per_step)  # 3814.7 -> 3815
+    assert steps == 3815 and STEPS.findall(text) == [str(steps)]
+    assert (f"--train-tokens 1e+09: --steps 3,815, the tokens over {per_step:,} a step (128 "
+            f"sequences x 2,048 tokens), rounded up: {steps * per_step:,} tokens in all"
+            in _header(text))
+
+
+def test_train_tokens_are_refused_beside_steps_and_for_other_targets(tmp_path: Path, capsys):
+    assert_refused(capsys, _export(tmp_path, "--train-tokens", "1e9", "--steps", "10"),
+                   "--train-tokens: given with --steps 10", "give one of them")
+    plan_file = tmp_path / "plan.yaml"
+    assert_refused(capsys, ["export", str(plan_file), "--to", "torchrun", "--train-tokens",
+                            "1e9"], "--train-tokens: --to torchrun writes no train-tokens")
+    assert_refused(capsys, ["export", str(plan_file), "--to", "torchrun", "--time-limit",
+                            "60"], "--time-limit: --to torchrun writes no time-limit")
+    with pytest.raises(SystemExit) as exit_:
+        main(_export(tmp_path, "--train-tokens", "lots"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "write a positive number of tokens, e.g. 1e12" in err
+    assert not (tmp_path / "job.sbatch").exists()
+
+
+@pytest.mark.parametrize("steps", [20, 5000])
+def test_the_time_limit_is_the_priced_run_plus_the_warning(steps: int):
+    text = _sbatch(steps=steps)
+    needed = _needed_s(PLAN, steps)
+    assert TIME.findall(text) == [format_time(needed)]
+    assert parse_time_s(format_time(needed)) - 60 < needed <= parse_time_s(format_time(needed))
+    header = _header(text)
+    assert f"--time={format_time(needed)}: {steps:,} steps x" in header
+    assert "periodic saves" in header and "--time-limit" in header
+
+
+def test_a_longer_run_asks_for_more_time():
+    short, long = (parse_time_s(TIME.findall(_sbatch(steps=n))[0]) for n in (100, 10_000))
+    assert long > 10 * short
+
+
+def test_time_limit_none_writes_no_time_and_a_given_one_is_written():
+    assert not TIME.findall(_sbatch(time_limit="none"))
+    assert TIME.findall(_sbatch(time_limit="7-00:00:00")) == ["7-00:00:00"]
+    assert TIME.findall(_sbatch(time_limit="90")) == ["0-01:30:00"]
+
+
+def test_a_job_priced_past_the_limit_is_refused_unless_it_requeues(tmp_path: Path, capsys):
+    steps = 1_000_000
+    needed = _needed_s(PLAN, steps)
+    limit = "0-12:00:00"
+    assert needed > parse_time_s(limit)
+    with pytest.raises(InfeasiblePlanError) as err:
+        _sbatch(steps=steps, time_limit=limit)
+    lead = stop_lead(PLAN, PLAN.model_spec(), 8)
+    fits = int((12 * 3600 - min(SIGNAL_MAX_S, lead.seconds_s))
+               // (lead.step_s * (1 + lead.band)))
+    message = str(err.value)
+    assert f"--time-limit {limit} is" in message and f"export with --steps {fits}" in message
+    assert "add --requeue" in message
+    text = _sbatch(steps=steps, time_limit=limit, requeue=True)
+    assert TIME.findall(text) == [limit]
+    assert f"about {fits:,} steps a run" in _header(text)
+    # through the CLI: exit 3, one line, nothing written
+    code = main(_export(tmp_path, "--steps", str(steps), "--time-limit", limit))
+    captured = capsys.readouterr()
+    assert code == 3 and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert not (tmp_path / "job.sbatch").exists()
+
+
+def test_a_limit_shorter_than_one_step_and_the_warning_names_the_least(tmp_path: Path):
+    with pytest.raises(InfeasiblePlanError, match="not even one step fits"):
+        _sbatch(time_limit="1", requeue=True)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 5400), ("90:30", 5430), ("12:00:00", 43200), ("2-12", 216000),
+    ("2-12:30", 217800), ("2-12:30:15", 217815), ("0-00:00:01", 1),
+])
+def test_slurm_time_forms_are_read_as_sbatch_reads_them(text: str, seconds: int):
+    assert parse_time_s(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["2x", "1:2:3:4", "-5", "0", "1.5", "", "2-", "a-01:00:00"])
+def test_a_bad_time_limit_is_one_line_exit_2(tmp_path: Path, capsys, text: str):
+    with pytest.raises(ConfigError, match="--time-limit"):
+        parse_time_s(text)
+    assert_refused(capsys, _export(tmp_path, "--time-limit", text), "--time-limit")
+
+
+def test_format_time_rounds_up_to_a_minute():
+    assert format_time(1) == "0-00:01:00"
+    assert format_time(60) == "0-00:01:00"
+    assert format_time(86400 + 3601) == "1-01:01:00"
+
+
+def test_a_plan_not_priced_here_gets_no_time_and_says_why():
+    elsewhere = PLAN.replace(cluster=ClusterRef("/nonexistent/site-profile.yaml", 16))
+    text = _sbatch(elsewhere)
+    assert not TIME.findall(text)
+    assert "not priced here" in _header(text)
+    assert TIME.findall(_sbatch(elsewhere, time_limit="1-00:00:00")) == ["1-00:00:00"]
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch (slurm-client) not installed")
+def test_real_sbatch_parses_the_time_written(tmp_path: Path):
+    conf = tmp_path / "slurm.conf"  # enough config for sbatch to parse; no controller runs
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nSlurmctldPort=1\nMessageTimeout=1\n"
+                    "GresTypes=gpu\nNodeName=n[1-64] CPUs=64 Gres=gpu:8\n"
+                    "PartitionName=p Nodes=ALL Default=YES\n")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+
+    def sbatch(body: str) -> str:
+        path = tmp_path / "job.sbatch"
+        path.write_text(body)
+        return subprocess.run(["sbatch", "--test-only", str(path)], env=env, text=True,
+                              capture_output=True, timeout=60).stderr
+
+    text = _sbatch(steps=1_000_000)
+    assert parse_time_s(TIME.findall(text)[0]) > 86400  # days: the D- form
+    assert "Unable to contact slurm controller" in sbatch(text)  # parsed, then no controller
+    assert "Invalid --time specification" in sbatch(TIME.sub("#SBATCH --time=2x", text))
