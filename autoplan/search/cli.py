@@ -366,7 +366,8 @@ def search_command(args: argparse.Namespace) -> int:
 
         emit(args, shown, table)
         if result.best is None:
-            raise NoFeasiblePlanError(infeasible_line(data))
+            raise NoFeasiblePlanError(table_infeasible_line(data) if resolve_format(args)
+                                      == "table" else infeasible_line(data))
     note = trials_note(args, req)
     if note:  # last, so that a search that fails still says one line
         sys.stderr.write(f"autoplan search: note: {note}\n")
@@ -454,6 +455,7 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
         data["studies"] = studies
     if result.request.types:
         data["by_cluster"] = best_by_cluster(result)
+    data |= caveats(result, data)
     if result.best is None:
         return data
     if report is not None:
@@ -486,6 +488,24 @@ def write_results(args: argparse.Namespace, result: SearchResult, report: str | 
     return data
 
 
+def caveats(result: SearchResult, data: dict[str, Any]) -> dict[str, Any]:
+    """What the table says under its rows, as summary fields: `p75_alternative` (plan #1 is
+    tight), `other_precision` (#1's band or lean is wider than its margin over another
+    precision) and, when nothing is feasible, `nearest.more_gpus` (a --num-gpus range)."""
+    from autoplan.search.nearest import more_gpus
+    from autoplan.search.render import other_precision, p75_alternative
+
+    out: dict[str, Any] = {}
+    for key, value in (("p75_alternative", p75_alternative(result)),
+                       ("other_precision", other_precision(result))):
+        if value is not None:
+            out[key] = value
+    more = more_gpus(result.request, result.scored, result.miss) if result.miss else None
+    if more is not None and data.get("nearest"):
+        out["nearest"] = data["nearest"] | {"more_gpus": more}
+    return out
+
+
 def infeasible_line(data: dict[str, Any]) -> str:
     """One line: the candidates by reason, then the nearest miss (render.miss_knobs) and what
     it misses."""
@@ -505,7 +525,22 @@ def infeasible_line(data: dict[str, Any]) -> str:
         if misses and said != ", " and misses[0].startswith(said):
             misses[0] = misses[0][len(said):]
         line += f"; nearest ({near['reason']}){where}: {'; '.join(misses)}"
+        from autoplan.search.render import more_gpus_text
+
+        hint = more_gpus_text(near)
+        if hint:
+            line += f"; {hint}"
     return line
+
+
+def table_infeasible_line(data: dict[str, Any]) -> str:
+    """The stderr line of a table search that found nothing, where the table has shown the
+    nearest miss already (user test 37: the whole text twice, on stdout and on stderr)."""
+    near = data.get("nearest") or {}
+    if near.get("plan") is None:
+        return infeasible_line(data)
+    return (f"no feasible plan among {data['candidates']:,} candidates; the nearest miss "
+            f"({near['reason']}) and what to try are above")
 
 
 def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:

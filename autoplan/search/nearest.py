@@ -67,6 +67,46 @@ def nearest_miss(req: SearchRequest, scored: Scored) -> Miss:
     return _rule_miss(req)
 
 
+MORE_GPUS_SPAN = 16
+"""How far past its first count the suggested --num-gpus range runs: memory that does not
+shard (activations) and communication that grows make the need more than proportional."""
+
+
+def more_gpus(req: SearchRequest, scored: Scored, miss: Miss) -> dict[str, object] | None:
+    """For a scored nearest miss of a single-type search (memory or a target): a --num-gpus
+    range an `--objective gpus` search could find the fewest GPUs in. It starts at the power of
+    two at or below the count that would close the shortfall if it shrank in proportion to the
+    GPU count (memory sharded, throughput scaled), and above every count searched; it runs
+    MORE_GPUS_SPAN times further. None where more GPUs are no answer the figures support."""
+    from autoplan.search.space import MAX_GPUS
+
+    if miss.row is None or req.types or "miss" not in scored.cols:
+        return None
+    short = float(np.max(scored.cols["miss"][miss.row]))
+    if not (np.isfinite(short) and short > 0):
+        return None
+    on = int(scored.cols["num_gpus"][miss.row])
+    proportional = on * (1.0 + short)
+    above = 1 << max(req.gpu_counts).bit_length()  # the first power of two past the searched
+    lo = max(1 << (int(proportional).bit_length() - 1), above)
+    hi = min(lo * MORE_GPUS_SPAN, MAX_GPUS, widest_world(req))
+    if hi < lo:  # more GPUs than the batch and the model can be split over
+        return None
+    return {"num_gpus": f"{lo}..{hi}" if hi > lo else f"{lo}", "from": on, "short": short,
+            "proportional": proportional}
+
+
+def widest_world(req: SearchRequest) -> int:
+    """An upper bound on the GPUs any plan of the space can use: dp at most the largest
+    global batch (a micro-batch of one sequence each) times the largest tp that divides the
+    heads, pp no deeper than the layers and cp of the space."""
+    par, model = req.space.parallel, req.model
+    dp = max(par.dp) if par.dp is not None else req.batch[1]
+    tp = max((t for t in par.tp if model.num_heads % t == 0), default=1)
+    pp = max((p for p in par.pp if p <= model.num_layers), default=1)
+    return int(dp * tp * pp * max(par.cp))
+
+
 def row_type(req: SearchRequest, scored: Scored, i: int) -> tuple[str, ClusterProfile]:
     """The GPU type (name, profile) a scored row was priced on: its `cluster` column indexes
     `req.types` in a multi-type search (engine.type_requests keeps their order)."""

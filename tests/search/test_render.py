@@ -362,4 +362,8 @@ def test_the_nearest_miss_of_several_gpu_counts_names_its_count() -> None:
                 "--num-gpus", "8,16", "--global-batch-size", "16", "--format", "table"])
     assert done.returncode == 3, done.stderr
     assert "nearest on 16 x a100-sxm4-40gb (as estimate --set): parallel.dp=16 " in done.stdout
+    # the table shows the miss; stderr does not say it again (user test 37), JSON's stderr does
+    assert "as estimate --set" not in done.stderr and "nearest miss" in done.stderr
+    done = cli(["search", "--model", "llama-3.1-405b", "--cluster", "a100-sxm4-40gb",
+                "--num-gpus", "8,16", "--global-batch-size", "16", "--format", "json"])
     assert "nearest (out-of-memory) on 16 x a100-sxm4-40gb (as estimate --set) " in done.stderr
