@@ -152,8 +152,8 @@ def offload_cell(r: dict[str, Any], wide: bool, optimizers: list[bool] | None = 
     """What is on the host; "p=o+p" where the optimizer's place scores the same (collapse):
     the parameters alone or with the optimizer states."""
     if optimizers and len(optimizers) > 1:
-        if r["offload_params"] and not wide:
-            return "p=o+p"
+        if r["offload_params"]:  # wide: also the shared line's words, with no legend
+            return "params (+opt: same)" if wide else "p=o+p"
         return "=".join(offload_cell(r | {"offload_optimizer": o}, wide) for o in (False, True))
     on = [k for k, flag in (("opt", r["offload_optimizer"]), ("params", r["offload_params"]))
           if flag]
@@ -371,7 +371,7 @@ def legend(shown: list[Shown], wide: bool, headers: set[str] | None = None) -> s
     if offload and not wide and any(False not in s.optimizers for s in both):
         parts.append("o+p = both")
     if offload and any(len(s.optimizers) > 1 for s in both):
-        parts.append(("params=opt+params" if wide else "p=o+p") + " = the parameters alone "
+        parts.append(("params (+opt: same)" if wide else "p=o+p") + " = the parameters alone "
                      "or with the optimizer states on the host: they score the same, one row")
     if seen("dp") and any(r.get("dp_shard") for r in rows):
         parts.append("dp D/S = HSDP, ZeRO shard groups of S replicated D/S times")
