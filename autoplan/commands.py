@@ -64,6 +64,9 @@ class _Parser(argparse.ArgumentParser):
         return parsed, extras
 
     def error(self, message: str) -> NoReturn:
+        """argparse's refusal as the house line: `--flag: got ...` (the flag first, as a
+        ConfigError names its field), not argparse's `argument --flag: got ...`."""
+        message = message.removeprefix("argument ")
         if message.startswith("the following arguments are required"):
             unknown = self._unknown(self._given)  # --globl-batch-size leaves one missing
             if unknown:

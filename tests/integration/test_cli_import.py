@@ -54,7 +54,7 @@ def test_file_after_the_assignments_is_refused_naming_the_fix(ds: Path, capsys) 
         main(argv)
     out = capsys.readouterr()
     assert exited.value.code == 2 and out.err.count("\n") == 1 and not out.out
-    assert f"argument --set: got {str(ds)!r}, which is no KEY=VALUE: give FILE before --set" \
+    assert f"error: --set: got {str(ds)!r}, which is no KEY=VALUE: give FILE before --set" \
         in out.err
 
 
