@@ -44,7 +44,8 @@ def register(sub: Any) -> None:
                    "profiles, under the name given to --profile)")
     p.add_argument("--trials", type=count(high=MAX_TRIALS), default=300,
                    help="Optuna trials (default 300)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=count(None, None, example="0"), default=0,
+                   help="sampler seed (default 0)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     add_format_argument(p)
     p.set_defaults(func=calibrate_command)

@@ -107,21 +107,30 @@ def count(low: int | None = 1, high: int | None = MAX_COUNT, *, suffixes: str | 
     return parse
 
 
-def amount(what: str, example: str) -> Callable[[str], float]:
-    """An argparse `type=` for a positive finite number of `what` (tokens, tokens/s), with a
-    decimal count suffix allowed (1T = 1e12, 250k = 250000): one line naming the value and
-    the fix otherwise."""
+def amount(what: str, example: str, *, suffixes: bool = True,
+           positive: bool = True) -> Callable[[str], float]:
+    """An argparse `type=` for a finite number of `what` (tokens, tokens/s; "" for a bare
+    number) in plain ASCII, with a decimal count suffix allowed where `suffixes` (1T = 1e12,
+    250k = 250000; not for a rate or a ratio: --lr 1k is no learning rate): one line naming
+    the value and the fix otherwise. `positive` refuses 0 and below here; without it the range
+    is left to the command (train's --dropout takes 0, its check names the interval)."""
+    noun = f"a number of {what}" if what else "a number"
+    note = f" ({DECIMAL_NOTE})" if suffixes else ""
 
     def parse(text: str) -> float:
         try:
-            value = float(scaled_number(text, binary=False))
+            if suffixes:
+                value = float(scaled_number(text, binary=False))
+            elif _NUMBER.fullmatch(text.strip()) and math.isfinite(float(text)):
+                value = float(text)
+            else:
+                raise ValueError(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"got {text[:40]!r}; write a number of {what}, e.g. {example} "
-                f"({DECIMAL_NOTE})") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"got {text[:40]!r}; expected a positive number "
-                                             f"of {what}, e.g. {example}")
+                f"got {text[:40]!r}; write {noun}, e.g. {example}{note}") from None
+        if positive and not value > 0:
+            raise argparse.ArgumentTypeError(f"got {text[:40]!r}; expected a positive "
+                                             f"{noun.removeprefix('a ')}, e.g. {example}")
         return value
 
     parse.__name__ = "amount"

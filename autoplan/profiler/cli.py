@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan import fsutil, resources
-from autoplan.cli_common import add_format_argument, emit, stderr_console
+from autoplan.cli_common import add_format_argument, count, emit, stderr_console
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, check_out_and_name, load_profile, profile_from_dict
 from autoplan.yaml_io import read_yaml, save_yaml, to_dict
@@ -33,8 +33,8 @@ def register(sub: Any) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
                    help="dtype of the GEMM curve (default fp32 on CPU, bf16 on GPU)")
-    p.add_argument("--ranks", type=int, help="largest collective group (default: 4 on CPU, "
-                   "the GPU count on CUDA)")
+    p.add_argument("--ranks", type=count(None, None, example="4"),
+                   help="largest collective group (default: 4 on CPU, the GPU count on CUDA)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (~1 minute)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     add_format_argument(p)

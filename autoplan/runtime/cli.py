@@ -9,22 +9,26 @@ from __future__ import annotations
 import argparse
 import os
 
-from autoplan.cli_common import add_format_argument
+from autoplan.cli_common import DECIMAL_NOTE, add_format_argument, amount, count, duration
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan YAML written by search (or by hand)")
-    parser.add_argument("--nproc", type=int, default=None,
+    parser.add_argument("--nproc", type=count(None, None, example="8"), default=None,
                         help="processes to launch locally (default: the plan's world size)")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps to run (total; default 20)")
+    parser.add_argument("--steps", type=count(None, None, suffixes="decimal", example="20 or 10k"),
+                        default=20, help=f"optimizer steps to run (total; default 20; "
+                        f"{DECIMAL_NOTE})")
     parser.add_argument("--data", default=None,
                         help="text file or folder (byte-level tokens); default synthetic tokens")
     parser.add_argument("--checkpoint-dir", default=None,
                         help="where DCP checkpoints go: an empty or new folder, or with "
                              "--resume one of this run's")
-    parser.add_argument("--checkpoint-every", type=int, default=0,
+    parser.add_argument("--checkpoint-every",
+                        type=count(None, None, suffixes="decimal", example="500 or 1k"), default=0,
                         help="save every K steps (default 0: only on Ctrl-C/SIGTERM and at the end)")
-    parser.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
+    parser.add_argument("--keep-checkpoints", type=count(None, None, example="3"), default=3,
+                        metavar="K",
                         help="keep the newest K checkpoints, delete older ones (default 3; 0: keep all)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest complete checkpoint in --checkpoint-dir "
@@ -38,14 +42,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-record", default=None, metavar="FILE",
                         help="write the run record `autoplan calibrate` reads (plan, profile, "
                              "measured and predicted step time and memory)")
-    parser.add_argument("--max-restarts", type=int, default=0,
+    parser.add_argument("--max-restarts", type=count(None, None, example="3"), default=0,
                         help="torchrun restarts after a rank fails (resuming from a "
                              "checkpoint; with --elastic and 0: 3)")
     parser.add_argument("--elastic", action="store_true",
                         help="when the world shrinks or grows (torchrun --nnodes=MIN:MAX), "
                              "re-plan for the ranks present with the same model, batch and "
                              "space, and resume from the newest checkpoint under the new plan")
-    parser.add_argument("--min-gpus", type=int, default=None, metavar="N",
+    parser.add_argument("--min-gpus", type=count(None, None, suffixes="binary", example="8"),
+                        default=None, metavar="N",
                         help="with --elastic: never re-plan below N ranks (exit 3 instead)")
     parser.add_argument("--space", default=None,
                         help="with --elastic: the search space re-plans are searched in "
@@ -54,21 +59,26 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="launch even when the cost model says the plan does not fit in "
                              "device memory (by default such a plan is refused, exit 3)")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
-    parser.add_argument("--lr", type=float, default=1e-3,
+    parser.add_argument("--lr", type=amount("", "1e-3", suffixes=False, positive=False),
+                        default=1e-3,
                         help="learning rate (with --resume: replaces the checkpoint's)")
-    parser.add_argument("--max-grad-norm", type=float, default=0.0,
+    parser.add_argument("--max-grad-norm", type=amount("", "1.0", suffixes=False, positive=False),
+                        default=0.0,
                         help="clip the global gradient norm (0: no clipping)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dropout", type=float, default=None,
+    parser.add_argument("--seed", type=count(None, None, example="0"), default=0)
+    parser.add_argument("--dropout", type=amount("", "0.1", suffixes=False, positive=False),
+                        default=None,
                         help="residual dropout probability (default: the model's dropout, "
                              "model.dropout; 0 for parity runs)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with CUDA, else gloo)")
-    parser.add_argument("--pg-timeout-s", type=float, default=120.0,
-                        help="timeout of every collective (finite: a failed rank cannot hang)")
+    parser.add_argument("--pg-timeout-s", type=duration("s", "120"), default=120.0,
+                        help="timeout of every collective in seconds, or with a unit: 10min "
+                        "(finite: a failed rank cannot hang)")
     parser.add_argument("--summary-file", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--stop-file", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--launcher-pid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--launcher-pid", type=count(example="4242"), default=None,
+                        help=argparse.SUPPRESS)
     add_format_argument(parser)
 
 

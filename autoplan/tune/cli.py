@@ -17,10 +17,19 @@ import numpy as np
 from rich.table import Table
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, count, emit, json_text, stderr_console
+from autoplan.cli_common import (
+    add_format_argument,
+    amount,
+    count,
+    duration,
+    emit,
+    json_text,
+    stderr_console,
+)
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, plan_file_paths, plan_from_dict, plan_to_dict
+from autoplan.plan_args import SEQ_LEN, SEQ_LEN_HELP
 from autoplan.yaml_io import dump_yaml, read_yaml, show, write_text_atomic
 
 OUT_FILES = ("plan.yaml", "trials.csv", "summary.json")
@@ -33,18 +42,24 @@ def register(sub: Any) -> None:
                        "slower ones, and keep the measured best; every run feeds calibration.")
     p.add_argument("--model", required=True)
     p.add_argument("--cluster", required=True, help="profile of this machine (name or path)")
-    p.add_argument("--num-gpus", type=count(), required=True,
+    p.add_argument("--num-gpus", type=count(suffixes="binary", example="8"), required=True,
                    help="ranks/GPUs on this machine (one count)")
-    p.add_argument("--global-batch-size", type=count(), required=True)
-    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--global-batch-size", type=count(suffixes="binary", example="8"),
+                   required=True, help="sequences (not tokens) per optimizer step")
+    p.add_argument("--seq-len", type=SEQ_LEN, help=SEQ_LEN_HELP)
     p.add_argument("--space", default="small-cpu", help="search space (default small-cpu)")
-    p.add_argument("--top", type=int, default=8, help="candidates from the search (default 8)")
+    p.add_argument("--top", type=count(None, None, example="8"), default=8,
+                   help="candidates from the search (default 8)")
     p.add_argument("--plan", action="append", default=[], help="also run this plan (repeatable)")
-    p.add_argument("--steps", type=int, default=8, help="steps per trial (default 8)")
-    p.add_argument("--budget-s", type=float, default=600.0, help="whole tune (default 600 s)")
-    p.add_argument("--trial-timeout-s", type=float, default=180.0,
-                   help="a trial running longer is recorded as a hang (default 180 s)")
-    p.add_argument("--prune-ratio", type=float, default=1.5,
+    p.add_argument("--steps", type=count(None, None, example="8"), default=8,
+                   help="steps per trial (default 8)")
+    p.add_argument("--budget-s", type=duration("s", "600"), default=600.0,
+                   help="whole tune (default 600 s; or with a unit: 10min, 2h)")
+    p.add_argument("--trial-timeout-s", type=duration("s", "180"), default=180.0,
+                   help="a trial running longer is recorded as a hang (default 180 s; or with "
+                   "a unit: 3min)")
+    p.add_argument("--prune-ratio", type=amount("", "1.5", suffixes=False, positive=False),
+                   default=1.5,
                    help="prune a trial slower than this times the best (default 1.5)")
     p.add_argument("--storage", help="Optuna storage to resume from: sqlite:///x.db or journal:PATH")
     p.add_argument("--study", help="study name in --storage (resumed only by the same tune)")
