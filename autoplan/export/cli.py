@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import shlex
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, count
+from autoplan.cli_common import add_format_argument, amount, count
 from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.job_inputs import PLAN_FILE_TARGETS, named_files
@@ -66,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=count(),
                    help=f"{_LAUNCHERS}: `autoplan train --steps`, optimizer steps the job runs in "
                         f"total, counted on after a resume (default {TRAIN_STEPS}, train's)")
-    p.add_argument("--train-tokens", type=_tokens, metavar="N",
+    p.add_argument("--train-tokens", type=amount("tokens", "1e12 or 1T"), metavar="N",
                    help="slurm: the training length in tokens instead of --steps: --steps = N / "
                         "(the plan's global batch x seq_len), rounded up, said in the header")
     p.add_argument("--time-limit", metavar="TIME",
@@ -150,18 +149,6 @@ class _Assignments(argparse.Action):
             raise argparse.ArgumentError(self, f"got {stray[0]!r}, which is no KEY=VALUE: give "
                                          "FILE before --set")
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *values])
-
-
-def _tokens(text: str) -> float:
-    """--train-tokens: a number of tokens (1e12, 4194304); a bad one is the house's line."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}; write a positive number of "
-                                         "tokens, e.g. 1e12")
-    return value
 
 
 def _gpus_per_node(args: argparse.Namespace, profile: str) -> int:

@@ -164,9 +164,9 @@ def test_export_help_offers_the_train_options(capsys):
 
 
 @pytest.mark.parametrize(("flag", "value", "expected"), [
-    ("--steps", "0", "from 1"), ("--steps", "-5", "from 1"), ("--steps", "ten", "an integer"),
+    ("--steps", "0", "from 1"), ("--steps", "-5", "from 1"), ("--steps", "ten", "a whole number"),
     ("--checkpoint-every", "-1", "from 0"), ("--keep-checkpoints", "-2", "from 0"),
-    ("--checkpoint-every", "1.5", "an integer"),
+    ("--checkpoint-every", "1.5", "a whole number"),
 ])
 def test_bad_train_values_are_one_line_exit_2(tmp_path: Path, capsys, flag: str, value: str,
                                               expected: str):

@@ -68,6 +68,12 @@ def test_train_tokens_become_steps_rounded_up_and_the_header_says_so(tmp_path: P
             in _header(text))
 
 
+def test_train_tokens_take_a_count_suffix(tmp_path: Path, capsys):
+    """1T is how people say it (cli_common.amount, as search and estimate take it)."""
+    assert main(_export(tmp_path, "--train-tokens", "1B")) == 0, capsys.readouterr().err
+    assert STEPS.findall((tmp_path / "job.sbatch").read_text()) == [str(math.ceil(1e9 / 2**18))]
+
+
 def test_train_tokens_are_refused_beside_steps_and_for_other_targets(tmp_path: Path, capsys):
     assert_refused(capsys, _export(tmp_path, "--train-tokens", "1e9", "--steps", "10"),
                    "--train-tokens: given with --steps 10", "give one of them")
@@ -79,7 +85,7 @@ def test_train_tokens_are_refused_beside_steps_and_for_other_targets(tmp_path: P
     with pytest.raises(SystemExit) as exit_:
         main(_export(tmp_path, "--train-tokens", "lots"))
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "write a positive number of tokens, e.g. 1e12" in err
+    assert exit_.value.code == 2 and "--train-tokens: got 'lots'; write a number of tokens" in err
     assert not (tmp_path / "job.sbatch").exists()
 
 
