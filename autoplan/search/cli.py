@@ -493,7 +493,7 @@ def caveats(result: SearchResult, data: dict[str, Any]) -> dict[str, Any]:
     tight), `other_precision` (#1's band or lean is wider than its margin over another
     precision) and, when nothing is feasible, `nearest.more_gpus` (a --num-gpus range)."""
     from autoplan.search.nearest import more_gpus
-    from autoplan.search.render import other_precision, p75_alternative
+    from autoplan.search.notes import other_precision, p75_alternative
 
     out: dict[str, Any] = {}
     for key, value in (("p75_alternative", p75_alternative(result)),

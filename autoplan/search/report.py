@@ -19,16 +19,9 @@ from autoplan.search.engine import SearchRequest, SearchResult
 from autoplan.search.nearest import row_capacities
 from autoplan.search.output import csv_words, scored_total, top_rows
 from autoplan.search.ranking import frame
-from autoplan.search.render import (
-    COLUMNS,
-    HOISTABLE,
-    Shown,
-    collapse,
-    counts_text,
-    legend,
-    with_band,
-    zero_cell,
-)
+from autoplan.search.render import counts_text
+from autoplan.search.rows import Shown, collapse, with_band, zero_cell
+from autoplan.search.table import COLUMNS, HOISTABLE, legend
 from autoplan.yaml_io import to_dict
 
 log = logging.getLogger(__name__)

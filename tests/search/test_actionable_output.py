@@ -16,16 +16,10 @@ from typing import Any
 
 import pytest
 
-from autoplan.search.render import (
-    collapse,
-    cost_line,
-    fold_line,
-    layout,
-    legend,
-    offload_cell,
-    ranks_text,
-    table_title,
-)
+from autoplan.search.notes import cost_line, fold_line, ranks_text
+from autoplan.search.render import table_title
+from autoplan.search.rows import collapse, offload_cell
+from autoplan.search.table import layout, legend
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_JOB = ["--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "1024",

@@ -124,7 +124,7 @@ def test_tables_show_the_shard_group_and_the_reduce_dtype(space_file, capsys,
     """A search table shows HSDP as dp/shard and the reduce dtype beside the precision, and
     its legend says what they mean; plans without them render as before."""
     from autoplan.commands import main
-    from autoplan.search.render import dp_cell, precision_cell
+    from autoplan.search.rows import dp_cell, precision_cell
 
     assert dp_cell({"dp": 16, "dp_shard": 2}) == "16/2" and dp_cell({"dp": 16}) == "16"
     assert precision_cell({"precision": "bf16", "grad_reduce": "bf16"}) == "bf16 rbf16"

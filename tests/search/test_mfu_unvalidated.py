@@ -15,7 +15,7 @@ import pytest
 from autoplan.commands import main
 from autoplan.cost.error_band import KINDS, MIN_RUNS, mfu_ceiling
 from autoplan.hardware import load_profile
-from autoplan.search.render import above_validated, mfu_cell
+from autoplan.search.rows import above_validated, mfu_cell
 
 GPT3 = ["search", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "1024",
         "--runtime", "megatron", "--global-batch-size", "1536"]

@@ -22,7 +22,7 @@ from autoplan.search.baseline import score_baseline, why_lines
 from autoplan.search.cli import build_request
 from autoplan.search.engine import run_search
 from autoplan.search.output import summary
-from autoplan.search.render import shown_rows
+from autoplan.search.rows import shown_rows
 from autoplan.search.targets import MISS_KEYS
 
 GIB = 2**30

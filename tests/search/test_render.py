@@ -14,16 +14,8 @@ import pytest
 import yaml
 
 from autoplan.display import column, count, rounded, sig
-from autoplan.search.render import (
-    collapse,
-    days_cell,
-    legend,
-    mem_cell,
-    ranked_table,
-    sched_cell,
-    step_cell,
-    zero_cell,
-)
+from autoplan.search.rows import collapse, days_cell, mem_cell, sched_cell, step_cell, zero_cell
+from autoplan.search.table import legend, ranked_table
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_JOB = ["search", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "1024",
@@ -287,7 +279,7 @@ def test_figures_past_any_clusters_reach_print_short() -> None:
     """--train-tokens 1e30 printed "85938006903806640128.0" days in the table and the nearest
     miss, and --min-tokens-per-s 1e30 every digit of the float."""
     from autoplan.display import whole
-    from autoplan.search.render import usd_cell
+    from autoplan.search.rows import usd_cell
 
     assert days_cell({"days": 8.5938e19}) == "8.59e+19"
     assert days_cell({"days": 123_456.7}) == "123,000" and days_cell({"days": 999.94}) == "999.9"

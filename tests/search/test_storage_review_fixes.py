@@ -32,7 +32,7 @@ from autoplan.search import storage as storage_module
 from autoplan.search.engine import run_search
 from autoplan.search.optuna_search import FINGERPRINT_ATTRS, open_study
 from autoplan.search.output import summary
-from autoplan.search.render import shown_rows
+from autoplan.search.rows import shown_rows
 from autoplan.search.storage import open_storage
 from tests import pg_server
 from tests.search.conftest import request

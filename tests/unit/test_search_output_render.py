@@ -14,14 +14,9 @@ from autoplan.hardware import load_profile
 from autoplan.model_spec import load_model
 from autoplan.search.engine import SearchRequest, run_search
 from autoplan.search.output import summary
-from autoplan.search.render import (
-    COLUMNS,
-    Shown,
-    collapse,
-    ranked_table,
-    render,
-    shown_rows,
-)
+from autoplan.search.render import render
+from autoplan.search.rows import Shown, collapse, shown_rows
+from autoplan.search.table import COLUMNS, ranked_table
 from autoplan.search.targets import Targets
 from autoplan.search_space import load_space
 

@@ -13,8 +13,8 @@ from autoplan.hardware import load_profile
 from autoplan.model_spec import load_model
 from autoplan.search.engine import SearchRequest, SearchResult, run_search
 from autoplan.search.output import summary
-from autoplan.search.render import dp_cell, shown_rows
 from autoplan.search.report import ranked_html, shown_plans
+from autoplan.search.rows import dp_cell, shown_rows
 from autoplan.search_space import load_space
 
 TOP = 10
