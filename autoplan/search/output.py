@@ -82,7 +82,9 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
         **({"num_gpus_range": list(req.gpu_range)} if req.gpu_range else {}),
         # an `--objective gpus` search stops at the first count that meets the targets
         "num_gpus_scored": list(result.counts_scored or req.gpu_counts),
-        "global_batch_size": req.global_batch_size}
+        "global_batch_size": req.global_batch_size,
+        # its tokens a step at the model's seq_len as searched (a range: its low end's)
+        "global_batch_tokens": req.global_batch_size * req.model.seq_len}
     lo, hi = req.batch
     if hi != lo:  # the search picked the batch in [lo, hi]; each plan names its own
         out["global_batch_range"] = [lo, hi]

@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from autoplan.display import terminal_width
+from autoplan.display import count, terminal_width
 from autoplan.search.engine import SearchResult
 from autoplan.search.notes import (
     cost_line,
@@ -32,15 +32,8 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
            wide: bool = False) -> None:
     width = terminal_width()
     console.width = max(width, 80)
-    gpus = data["num_gpus"]
-    where = counts_text(gpus, data.get("num_gpus_range"))
-    batches = data.get("global_batch_range")
-    batch = f"{batches[0]}..{batches[1]}" if batches else f"{data['global_batch_size']}"
-    console.print(
-        f"[bold]{data['model']}[/] on {where} x {data['cluster']}, global batch {batch}, "
-        f"space {data['space']}, priced for runtime {data['runtime']}: {data['sampler']} search, "
-        f"{data['candidates']:,} candidates, {data['scored']:,} scored, "
-        f"{data['feasible_count']:,} feasible{kept_text(data)} in {data['seconds']:.2f} s")
+    gpus, batches = data["num_gpus"], data.get("global_batch_range")
+    console.print(header(data, result.request.model.seq_len))
     if data["top"]:
         shown = shown_rows(result, data, top)
         merged = any(len(s.zeros) > 1 or len(s.splits) > 1 or len(s.optimizers) > 1
@@ -85,6 +78,26 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
         hint = more_gpus_text(near)
         if hint:
             console.print(hint, markup=False)
+
+
+def header(data: dict[str, Any], seq_len: int) -> str:
+    """The first line (rich markup): the model on the GPUs, the global batch, the space, the
+    runtime priced for and what was scored."""
+    where = counts_text(data["num_gpus"], data.get("num_gpus_range"))
+    return (f"[bold]{data['model']}[/] on {where} x {data['cluster']}, global batch "
+            f"{batch_text(data, seq_len)}, space {data['space']}, priced for runtime "
+            f"{data['runtime']}: {data['sampler']} search, {data['candidates']:,} candidates, "
+            f"{data['scored']:,} scored, {data['feasible_count']:,} feasible{kept_text(data)} "
+            f"in {data['seconds']:.2f} s")
+
+
+def batch_text(data: dict[str, Any], seq_len: int) -> str:
+    """The global batch in sequences and the tokens a step they make at `seq_len` (the model's
+    as the search priced it): "1536 (3.15M tokens)", a range "1024..4096 (4.19M..16.8M
+    tokens)"."""
+    sizes = data.get("global_batch_range") or [data["global_batch_size"]]
+    return (f"{'..'.join(map(str, sizes))} "
+            f"({'..'.join(count(n * seq_len) for n in sizes)} tokens)")
 
 
 def kept_text(data: dict[str, Any]) -> str:

@@ -141,8 +141,9 @@ def test_a_gpu_count_range_reports_every_scored_candidate(tmp_path: Path, capsys
 
 def test_a_batch_range_is_shown_and_the_recipe_priced_at_the_winners_batch(
         tmp_path: Path, capsys) -> None:
-    """--global-batch-size 64..256: the header and JSON give the range, the table a batch
-    column whose first row is the winner's batch, and the recipe is priced at that batch."""
+    """--global-batch-size 64..256: the header and JSON give the range (the header with its
+    tokens a step at seq_len 2048), the table a batch column whose first row is the winner's
+    batch, and the recipe is priced at that batch."""
     space = write_space(tmp_path, RECIPE_SPACE)
     job = ["search", "--model", "gpt3-175b", "--cluster", "a100-sxm4-80gb", "--num-gpus", "64",
            "--global-batch-size", "64..256", "--space", space, "--top", "3"]
@@ -150,10 +151,11 @@ def test_a_batch_range_is_shown_and_the_recipe_priced_at_the_winners_batch(
     assert code == 0, err
     data = json.loads(text)
     assert data["global_batch_size"] == 64 and data["global_batch_range"] == [64, 256]
+    assert data["global_batch_tokens"] == 64 * 2048  # the low end's, as global_batch_size
     picked = data["best"]["batch"]["global_batch_size"]
     assert picked != 64 and [r["gbs"] for r in data["top"]] != [picked] * 3
     code, table, _ = run(job + ["--format", "table"], capsys)
-    assert code == 0 and "global batch 64..256," in " ".join(table.split())
+    assert code == 0 and "global batch 64..256 (0.13M..0.52M tokens)," in " ".join(table.split())
     lines = table.splitlines()
     head = next(j for j, ln in enumerate(lines) if ln.split()[:1] == ["#"])
     col = lines[head].split().index("gbs")
