@@ -386,7 +386,8 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
 
         miss = nearest_miss(req, scored)
         if notes:  # last, so that the exit-3 line ends on what to do
-            miss = dataclasses.replace(miss, misses=[*miss.misses, *notes])
+            miss = dataclasses.replace(miss, misses=[*miss.misses, *notes],
+                                       sampled_too_few=True)
     return SearchResult(req, sampler, scored, order, front, total,
                         time.perf_counter() - t0, miss.row if miss else None, miss,
                         tuple(sorted(counts)), type_misses, tuple(studies))

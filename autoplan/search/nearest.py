@@ -44,6 +44,9 @@ class Miss:
     """Its row among the scored candidates, when it was scored."""
     plan: Plan | None = None
     """The candidate as a plan, when it was not scored (no prediction)."""
+    sampled_too_few: bool = False
+    """A sampled search scored too few trials to say nothing fits (engine.sampling_note, the
+    last of `misses`): more trials, not more GPUs, is the first thing to try."""
 
 
 def nearest_miss(req: SearchRequest, scored: Scored) -> Miss:
@@ -77,10 +80,11 @@ def more_gpus(req: SearchRequest, scored: Scored, miss: Miss) -> dict[str, objec
     range an `--objective gpus` search could find the fewest GPUs in. It starts at the power of
     two at or below the count that would close the shortfall if it shrank in proportion to the
     GPU count (memory sharded, throughput scaled), and above every count searched; it runs
-    MORE_GPUS_SPAN times further. None where more GPUs are no answer the figures support."""
+    MORE_GPUS_SPAN times further. None where more GPUs are no answer the figures support, and
+    where a sampled search scored too few trials to judge (its note says to raise --trials)."""
     from autoplan.search.space import MAX_GPUS
 
-    if miss.row is None or req.types or "miss" not in scored.cols:
+    if miss.row is None or miss.sampled_too_few or req.types or "miss" not in scored.cols:
         return None
     short = float(np.max(scored.cols["miss"][miss.row]))
     if not (np.isfinite(short) and short > 0):
