@@ -41,7 +41,7 @@ _SUFFIX_POWER = {"k": 1, "m": 2, "b": 3, "g": 3, "t": 4}
 """Count suffixes, any case: k, M, B or G, T; a power of 1024 (binary) or of 1000 (decimal)."""
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?", re.ASCII)
 """A plain ASCII decimal number (float() alone also takes '８', '1_000', 'nan' and 'inf')."""
-BINARY_NOTE = "k, M, G are powers of 1024: 8k = 8192"
+BINARY_NOTE = "k, M, G (or B), T are powers of 1024: 8k = 8192"
 DECIMAL_NOTE = "k, M, B (or G), T are powers of 1000: 1T = 1e12"
 """What the suffixes mean, for the --help of a flag that takes them."""
 _DURATION_S = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0,
@@ -57,7 +57,7 @@ def scaled_number(text: str, *, binary: bool) -> float:
     power = _SUFFIX_POWER.get(body[-1:].lower(), 0) if len(body) > 1 else 0
     if power:
         body = body[:-1]
-    if not _NUMBER.fullmatch(body):
+    if not _NUMBER.fullmatch(body) or (power and "e" in body.lower()):  # 1e3k: one scale
         raise ValueError(text)
     if not power and body.lstrip("+-").isdigit():
         return int(body)  # exact past 2**53, as int() reads it
@@ -97,6 +97,9 @@ def count(low: int | None = 1, high: int | None = MAX_COUNT, *, suffixes: str | 
                 value = scaled_count(text, binary=suffixes == "binary")
         except ValueError:
             how = f" ({BINARY_NOTE if suffixes == 'binary' else DECIMAL_NOTE})" if suffixes else ""
+            plain = text.strip()
+            if not suffixes and plain[-1:].lower() in _SUFFIX_POWER and plain[:-1].isdigit():
+                how = " (a plain number here: no k, M, G suffix)"
             raise argparse.ArgumentTypeError(
                 f"got {text[:40]!r}; write a whole number, e.g. {example}{how}") from None
         if low is not None and high is not None and not low <= value <= high:
@@ -146,8 +149,11 @@ def duration(unit: str, example: str) -> Callable[[str], float]:
 
     def parse(text: str) -> float:
         body = text.strip()
-        found = re.fullmatch(r"(.*?)\s*([a-z]*)", body, re.ASCII)
+        found = re.fullmatch(r"(.*?)\s*([A-Za-z]*)", body, re.ASCII)
         number, suffix = (found.group(1), found.group(2)) if found else (body, "")
+        if suffix == "M":
+            suffix = "m"  # minutes or months, as m
+        suffix = suffix.lower()  # 36H as 36h, as counts take 8K
         fix = (f"write a number of {'seconds' if unit == 's' else 'days'}, e.g. {example}, "
                f"or one with a unit: {units}")
         if suffix == "m":

@@ -90,17 +90,19 @@ def resolve_model(args: argparse.Namespace, fallback: Any = None) -> ModelSpec:
     return model
 
 
-def check_batch_tokens(batch: int | str, seq_len: int) -> None:
-    """Refuse a --global-batch-size (one size, or search's `A..B`) whose largest size holds
-    more than MAX_BATCH_TOKENS tokens at `seq_len`, naming the tokens it makes and the
-    sequences the user likely meant."""
+def check_batch_tokens(batch: int | str, seq_len: int,
+                       field: str = "--global-batch-size") -> None:
+    """Refuse a --global-batch-size (one size, or search's `A..B`; or the plan's `field` as
+    --set or --plan gave it) whose largest size holds more than MAX_BATCH_TOKENS tokens at
+    `seq_len`, naming the tokens it makes and the sequences the user likely meant."""
     from autoplan.search.space import parse_batch_sizes
 
     low, high = parse_batch_sizes(str(batch)) if isinstance(batch, str) else (batch, batch)
     if high * seq_len <= MAX_BATCH_TOKENS:
         return
     most = MAX_BATCH_TOKENS // seq_len
-    given = f"{high:,} sequences" if low == high else f"{low}..{high} reaches {high:,} sequences"
+    given = (f"{high:,} sequences" if low == high
+             else f"{low:,}..{high:,} reaches {high:,} sequences")
     problem = (f"{given} x {seq_len:,} tokens = {count_text(high * seq_len)} tokens a step, "
                f"over {count_text(MAX_BATCH_TOKENS)}: 4x the largest published batch "
                "(DeepSeek-V3's 63M tokens)")
@@ -110,7 +112,7 @@ def check_batch_tokens(batch: int | str, seq_len: int) -> None:
             f"a {_tokens(high)}-token batch is {_sequences(high, seq_len)}" if low == high
             else f"{_tokens(low)}..{_tokens(high)} tokens is {max(low // seq_len, 1)}.."
                  f"{high // seq_len}")
-    raise ConfigError("--global-batch-size", problem, fix)
+    raise ConfigError(field, problem, fix)
 
 
 def _tokens(n: int) -> str:
@@ -191,6 +193,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple[Plan, ModelSpec, ClusterSp
         raise ConfigError("--cluster", "missing", "give --cluster or a plan that names one")
     plan = plan_from_dict(data)
     model = resolve_model(args, plan.model)
+    if args.global_batch_size is None:  # the flag's value was checked as it was resolved
+        check_batch_tokens(plan.batch.global_batch_size, model.seq_len,
+                           "batch.global_batch_size")
     if getattr(args, "seq_len", None):
         plan = plan.replace(model=model)
     profile = load_profile(plan.cluster.profile, "--cluster" if args.cluster else "cluster.profile")

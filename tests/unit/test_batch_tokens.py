@@ -26,7 +26,7 @@ def test_a_batch_in_tokens_is_refused_naming_the_sequences_meant(capsys, command
 
 def test_a_search_range_reaching_past_it_is_refused(capsys) -> None:
     assert_refused(capsys, ["search", *L8B, "--global-batch-size", "1M..4M", "--format", "json"],
-                   "1048576..4194304 reaches 4,194,304 sequences",
+                   "1,048,576..4,194,304 reaches 4,194,304 sequences",
                    "1.05M..4.19M tokens is 128..512")
     assert_refused(capsys, ["search", *L8B, "--global-batch-size", "256..40000"],
                    "give at most 32,768 at seq 8,192")
@@ -48,3 +48,18 @@ def test_a_published_batch_passes_and_the_header_says_its_tokens(capsys) -> None
     assert json.loads(capsys.readouterr().out)["plan"]["batch"]["global_batch_size"] == 15360
     assert main(["estimate", *L8B, "--global-batch-size", "512", "--format", "table"]) in (0, 3)
     assert "gbs=512 (4.19M tokens)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_batch_in_tokens_given_by_set_or_plan_is_refused_too(capsys, tmp_path) -> None:
+    """Review A (session 37): `--set batch.global_batch_size=4194304` skipped the check the
+    flag gets; the plan's field is named as given."""
+    assert_refused(capsys, ["estimate", *L8B, "--set", "batch.global_batch_size=4194304",
+                            "--format", "json"],
+                   "batch.global_batch_size: 4,194,304 sequences x 8,192 tokens",
+                   "a 4.19M-token batch is 512")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model: llama-3.1-8b\ncluster: {profile: h100-sxm-80gb, num_gpus: 64}\n"
+                    "parallel: {dp: 64}\nbatch: {micro_batch_size: 1, global_batch_size: "
+                    "4194304}\n")
+    assert_refused(capsys, ["estimate", "--plan", str(plan), "--format", "json"],
+                   "batch.global_batch_size: 4,194,304 sequences")

@@ -118,3 +118,18 @@ def test_estimate_reads_a_suffixed_sequence_length_and_budget(capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["plan"]["model"]["seq_len"] == 128
     assert data["days_to_train"] == pytest.approx(1e6 / data["tokens_per_s"] / 86400, rel=1e-6)
+
+
+def test_review_a_edge_cases_read_one_way() -> None:
+    """Review A (session 37): an exponent with a suffix (1e3k) is two scales, refused; a flag
+    without suffixes says so for 1k; duration units take any case as count suffixes do, and M
+    stays ambiguous (minutes or months)."""
+    with pytest.raises(argparse.ArgumentTypeError, match="1e3k"):
+        count(suffixes="binary")("1e3k")
+    with pytest.raises(argparse.ArgumentTypeError, match="a plain number here: no k, M, G suffix"):
+        count(example="1")("1k")
+    assert duration("days", "7")("36H") == pytest.approx(1.5)
+    assert duration("s", "100")("100MS") == pytest.approx(0.1)
+    with pytest.raises(argparse.ArgumentTypeError, match="minutes or months"):
+        duration("days", "7")("2M")
+    assert count(suffixes="binary")("1B") == 2**30  # B as G, as the help now says
