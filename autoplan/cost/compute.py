@@ -207,8 +207,9 @@ def fused_elementwise_bytes(model: ModelSpec, parts: dict[str, np.ndarray], toke
     kernels read the branch and the residual and write the sum (3 h-wide tensors each) and
     their dropout masks (`masks`); the activation reads the first MLP GEMM's output
     (`mlp_act`) and writes the second's input (`mlp_mid`; the routed experts' too, as memory
-    counts them); RoPE reads and writes q and k, and so do QK-norms (`qk_norm`, Qwen3). Backward moves about twice the forward
-    (inputs, saved tensors, gradients): ELEMENTWISE_PASSES' 3x over the forward. Norms and
+    counts them); RoPE reads and writes q and k, and so do QK-norms (model.qk_norm, Qwen3).
+    Backward moves about twice the forward (inputs, saved tensors, gradients):
+    ELEMENTWISE_PASSES' 3x over the forward. Norms and
     residuals are h-wide on every tensor-parallel rank unless sequence parallelism shards them.
     For GPT this is Korthikanti et al. 2022's §4.1 count: 22sbh h-wide (2 LayerNorms at 4sbh,
     2 bias-dropout-adds at 7sbh) and 16sbh tp-split (bias-GeLU) forward, 38sbh at tp 1 as
@@ -219,12 +220,12 @@ def fused_elementwise_bytes(model: ModelSpec, parts: dict[str, np.ndarray], toke
     tokens, tp = np.asarray(tokens, float), np.asarray(tp, float)
     sp_div = np.where(np.asarray(sp), tp, 1.0)
     e = 2.0 * width
-    kept = (sum(parts[k] for k in ("norm", "gemm_in", "masks", "mlp_act", "mlp_mid"))
-            + 2.0 * parts.get("qk_norm", 0.0)) * width  # QK-norms read q, k and write them
+    kept = sum(parts[k] for k in ("norm", "gemm_in", "masks", "mlp_act", "mlp_mid")) * width
     residual = 2.0 * 3.0 * model.hidden_size * e * tokens / sp_div
-    rope = (2.0 * (model.q_width + model.kv_heads * model.head_width) * e * tokens / tp
-            if model.position is PositionKind.ROPE else 0.0)
-    return 3.0 * (kept + residual + rope)
+    qk = (model.q_width + model.kv_heads * model.head_width) * e * tokens / tp
+    rope = 2.0 * qk if model.position is PositionKind.ROPE else 0.0
+    qk_norms = 2.0 * qk if model.qk_norm else 0.0  # read q and k, write them
+    return 3.0 * (kept + residual + rope + qk_norms)
 
 
 def fp8_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.ndarray:
