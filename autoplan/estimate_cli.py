@@ -200,7 +200,8 @@ MOE_COLUMNS = ("name", "params", "active", "layers", "hidden", "experts", "top_k
 without the heads, vocab and mlp of the dense table (in --format json)."""
 HEADINGS = {"heads": "heads/kv", "seq_len": "seq", "top_k": "top-k", "experts": "experts"}
 MOE_CAPTION = ("experts: routed experts x their ffn; top-k: routed experts per token +N "
-               "shared; active: parameters a token passes through; ffn: the dense MLP of the "
+               "shared; active: parameters a token passes through, embeddings included (model "
+               "cards often leave them out); ffn: the dense MLP of the "
                "first N blocks, - if none; heads, vocab, mlp: --format json")
 
 
