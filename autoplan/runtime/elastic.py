@@ -131,9 +131,9 @@ def search_world(plan: Plan, world: int, space: str = DEFAULT_SPACE,
     of `gpus_per_node` GPUs (None: the profile's)."""
     import numpy as np
 
-    from autoplan.search.cli import infeasible_line
     from autoplan.search.engine import run_search
     from autoplan.search.output import plans, summary
+    from autoplan.search.summary import infeasible_line
 
     result = run_search(_request(plan, world, space, gpus_per_node))
     if result.best is None:

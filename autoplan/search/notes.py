@@ -53,8 +53,9 @@ def top_for_rows(result: SearchResult, want: int) -> int | None:
     return shown[-1].rank if len(shown) == want and len(rows) > 0 else None
 
 
-def amount(value: float) -> str:
-    """Dollars or GPU-hours: whole from 100 on, else 3 significant figures."""
+def money_or_hours_text(value: float) -> str:
+    """Dollars or GPU-hours as the lines under the table write them: whole from 100 on, else 3
+    significant figures ($0.734, not $1). Not cli_common.amount, which reads a number flag."""
     return whole(value) if abs(value) >= 100 else sig(value)
 
 
@@ -74,11 +75,11 @@ def cost_line(data: dict[str, Any], shown: list[Shown]) -> str | None:
         return None
     usd, where = row.get("usd"), data["cluster"]
     if isinstance(usd, (int, float)) and math.isfinite(usd):
-        price = (f"${amount(usd)} at ${usd / hours:.2f}/GPU-h (--price {where}=USD to "
+        price = (f"${money_or_hours_text(usd)} at ${usd / hours:.2f}/GPU-h (--price {where}=USD to "
                  "change)")
     else:
         price = f"no price ({where} has no price_per_gpu_hour; --price {where}=USD sets one)"
-    return (f"#{shown[0].rank} for {tokens_text(float(tokens))} tokens: {amount(hours)} "
+    return (f"#{shown[0].rank} for {tokens_text(float(tokens))} tokens: {money_or_hours_text(hours)} "
             f"GPU-hours, {price}")
 
 

@@ -124,9 +124,10 @@ LAYOUT_COLUMNS = ("dp", "tp", "pp", "cp", "ep", "etp", "dp_shard", "mbs", "sched
 def search_candidates(args: argparse.Namespace) -> list[tuple[Plan, str]]:
     """The search's best plans, one per layout first; NoFeasiblePlanError (exit 3) naming the
     nearest miss when nothing is feasible."""
-    from autoplan.search.cli import build_request, infeasible_line
+    from autoplan.search.cli import build_request
     from autoplan.search.engine import run_search
     from autoplan.search.output import plans, summary
+    from autoplan.search.summary import infeasible_line
 
     ns = argparse.Namespace(
         model=args.model, cluster=args.cluster, num_gpus=str(args.num_gpus),

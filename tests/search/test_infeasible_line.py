@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from autoplan.plan import Offload, Recompute, RecomputePolicy, plan_from_dict, plan_to_dict
-from autoplan.search.cli import infeasible_line
+from autoplan.search.summary import infeasible_line
 
 
 def test_the_nearest_miss_names_zero_offload_and_recompute() -> None:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from autoplan.commands import build_parser, main
-from autoplan.search.cli import resumed_lines
+from autoplan.search.summary import resumed_lines
 
 
 def _search(tmp_path: Path, trials: int, *extra: str) -> list[str]:

@@ -18,10 +18,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autoplan.search.cli import resumed_lines, study_counts
 from autoplan.search.engine import run_search
 from autoplan.search.optuna_search import run_optuna
 from autoplan.search.storage import database_url, open_storage
+from autoplan.search.summary import resumed_lines, study_counts
 from tests import pg_server
 from tests.search.conftest import request
 

@@ -17,8 +17,9 @@ from autoplan.commands import build_parser, main
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile, profile_from_dict
 from autoplan.plan import Precision, load_plan
-from autoplan.search.cli import best_by_cluster, build_request
+from autoplan.search.cli import build_request
 from autoplan.search.engine import run_search
+from autoplan.search.summary import best_by_cluster
 
 TYPES = "a100-sxm4-80gb,h100-sxm-80gb,h200-sxm-141gb"
 JOB = ["search", "--model", "gpt3-13b", "--num-gpus", "32", "--global-batch-size", "1024",
@@ -238,7 +239,7 @@ BY_TYPE = {"cluster": "h100-sxm-80gb", "which": "h100-sxm-80gb", "feasible": Tru
 ])
 def test_the_per_type_line_leads_with_the_first_objectives_figure(
         objectives: list[str], row: dict[str, Any], figures: str) -> None:
-    from autoplan.search.cli import by_cluster_lines
+    from autoplan.search.summary import by_cluster_lines
 
     header, line = by_cluster_lines([BY_TYPE | row], objectives)
     assert header == f"best per GPU type (by {objectives[0]}" + (
