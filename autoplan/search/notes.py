@@ -34,9 +34,19 @@ def fold_line(shown: list[Shown], more: int | None, top: int) -> str | None:
         return None
     text = ("slower recompute variants share their plan's row (it fits without them; top.yaml "
             f"lists them): {'; '.join(parts)}") if parts else ""
-    if more is not None:
-        text += f"{'; ' if text else ''}--top {more} shows {top} rows"
+    if more is not None:  # the --top whose table holds `top` rows
+        text += f"{' ' if text else ''}(--top {more} fills the table's {top} rows)"
     return text
+
+
+def fold_note(result: SearchResult, shown: list[Shown], plans: int, top: int) -> str | None:
+    """fold_line for a table whose `shown` rows hold `plans` ranked plans, with the --top that
+    fills `top` rows where the rows hold fewer (not for a Pareto front): the terminal's table
+    and report.html's say the same."""
+    more = None
+    if len(shown) < plans and len(result.order) > plans and not result.request.targets.multi:
+        more = top_for_rows(result, top)
+    return fold_line(shown, more, top)
 
 
 def top_for_rows(result: SearchResult, want: int) -> int | None:
@@ -129,11 +139,26 @@ def p75_line(data: dict[str, Any], shown: list[Shown]) -> str | None:
     ranks = {s.rank for s in shown}
     where = "" if alt["rank"] in ranks else \
         f", {layout_text(alt['parallel'])}, {alt['mem_gib']:.1f} GiB, below the table"
-    figure = OBJECTIVE_FIGURES[alt["objective"]]
-    change = (f"{alt['num_gpus']} GPUs" if alt["objective"] == "gpus"
-              else f"{alt['change']:+.1%} {figure}")
     return (f"{head}: the best plan that also fits at the allocator's 75th-percentile slack is "
-            f"#{alt['rank']} ({change}{where}); --memory-slack p75 ranks only those")
+            f"#{alt['rank']} ({p75_gap_text(alt, shown[0])}{where}); --memory-slack p75 ranks "
+            "only those")
+
+
+def p75_gap_text(alt: dict[str, Any], first: Shown) -> str:
+    """What plan #1 gains over the p75 alternative, from #1's side as the why line counts it
+    (baseline.gain_text: #1's tokens/s over the other's, less 1), so that both lines print one
+    figure for one pair (user test 37: "+0.9%" above "-0.8%" read as a contradiction); under
+    --objective cost the cost likewise, under gpus the alternative's GPU count."""
+    from autoplan.search.baseline import gain_text
+
+    objective = alt["objective"]
+    if objective == "gpus":
+        return f"{alt['num_gpus']} GPUs"
+    if objective in ("throughput", "latency"):
+        gap = gain_text(float(first.row["tokens_per_s"]), float(alt["tokens_per_s"]), None)
+    else:  # `change` is the alternative's cost over #1's, less 1
+        gap = f"{1.0 / (1.0 + alt['change']) - 1.0:+.1%} {OBJECTIVE_FIGURES[objective]}"
+    return f"#{first.rank} against it: {gap}"
 
 
 def layout_text(par: dict[str, Any]) -> str:

@@ -19,10 +19,9 @@ from autoplan.display import count, terminal_width
 from autoplan.search.engine import SearchResult
 from autoplan.search.notes import (
     cost_line,
-    fold_line,
+    fold_note,
     other_precision_line,
     p75_line,
-    top_for_rows,
 )
 from autoplan.search.rows import shown_rows
 from autoplan.search.table import COLUMNS, counts_table, legend, ranked_table
@@ -54,15 +53,11 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
             console.print(line, markup=False, style="dim")
         from autoplan.search.baseline import note_lines, why_lines
 
-        more = None
-        if len(shown) < len(data["top"]) and len(result.order) > len(data["top"]) \
-                and not result.request.targets.multi:
-            more = top_for_rows(result, top)
         headers = {str(c.header) for c in table.columns}
         lines = [*why_lines(result, data, shown), other_precision_line(data),
                  *note_lines(result, shown), p75_line(data, shown),
                  None if headers & {"GPU-h", "USD"} else cost_line(data, shown),
-                 fold_line(shown, more, top)]
+                 fold_note(result, shown, len(data["top"]), top)]
         for why in lines:
             if why:
                 console.print(why, markup=False)
@@ -148,15 +143,18 @@ def table_title(data: dict[str, Any], multi: bool, merged: bool,
             + (" (equivalent plans share a row)" if merged else ""))
 
 
-def more_gpus_text(near: dict[str, Any]) -> str:
+def more_gpus_text(near: dict[str, Any], short: bool = False) -> str:
     """"to find the fewest GPUs that fit: try --num-gpus 4..64 --objective gpus (...)" for a
-    nearest miss that more GPUs may cure (nearest.more_gpus), else ""."""
+    nearest miss that more GPUs may cure (nearest.more_gpus), else ""; `short`: without the
+    parenthesis on how far the nearest misses."""
     more = near.get("more_gpus")
     if not more:
         return ""
     what = "fit" if near.get("reason") in ("out-of-memory", "host-memory") else "meet the targets"
-    return (f"to find the fewest GPUs that {what}: try --num-gpus {more['num_gpus']} "
-            f"--objective gpus (the nearest, on {more['from']} GPUs, misses by "
+    text = f"to find the fewest GPUs that {what}: try --num-gpus {more['num_gpus']} --objective gpus"
+    if short:
+        return text
+    return (f"{text} (the nearest, on {more['from']} GPUs, misses by "
             f"{1 + more['short']:.3g}x: {math.ceil(more['proportional']):,} GPUs if that "
             "shrank in proportion)")
 

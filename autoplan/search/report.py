@@ -17,6 +17,7 @@ import numpy as np
 from autoplan.errors import ConfigError
 from autoplan.search.engine import SearchRequest, SearchResult
 from autoplan.search.nearest import row_capacities
+from autoplan.search.notes import fold_note
 from autoplan.search.output import csv_words, scored_total, top_rows
 from autoplan.search.ranking import frame
 from autoplan.search.render import counts_text
@@ -62,9 +63,9 @@ def table_html(headers: list[str], rows: list[list[str]],
 
 
 def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray]:
-    """The ranked plans as table rows (equivalent ones merged) and their row indexes: the
-    plans summary.json keeps (output.top_rows), as the terminal table shows them; never one
-    ranked below them."""
+    """The ranked plans as table rows and their row indexes: the plans summary.json keeps
+    (output.top_rows) as the terminal table shows them (rows.shown_rows: equivalent ones merged,
+    slower recompute variants folded into their plan's row); never one ranked below them."""
     from autoplan.search.ranking import frame
 
     req = result.request
@@ -72,7 +73,7 @@ def shown_plans(result: SearchResult, top: int) -> tuple[list[Shown], np.ndarray
     records = frame(result.scored, idx, req.space, req.targets, result.front,
                     row_capacities(req, result.scored)).to_dict("records")
     records = [with_band(r) | {"_row": int(i)} for r, i in zip(records, idx, strict=True)]
-    shown = collapse(records, top)
+    shown = collapse(records, top, fold=True)
     return shown, np.array([s.row["_row"] for s in shown], dtype=np.int64)
 
 
@@ -107,8 +108,9 @@ def batch_text(req: SearchRequest) -> str:
     return f"{lo}" if hi == lo else f"{lo}..{hi}"
 
 
-def ranked_html(result: SearchResult, shown: list[Shown]) -> str:
-    """Every column in full, except those all rows share: those are named once above it."""
+def ranked_html(result: SearchResult, shown: list[Shown], fold: str | None = None) -> str:
+    """Every column in full, except those all rows share: those are named once above it; under
+    it the legend and `fold`, the terminal's line on what its rows fold (notes.fold_note)."""
     objectives = list(result.request.targets.objectives)
     cols, shared = [], []
     for c in COLUMNS:
@@ -125,7 +127,8 @@ def ranked_html(result: SearchResult, shown: list[Shown]) -> str:
     left = {j for j, c in enumerate(cols) if not c[3]}
     note = f"<p>Every plan below: {esc(', '.join(shared))}.</p>" if shared else ""
     return (note + table_html([c[1] for c in cols], rows, left, best=0)
-            + f"<p class=note>{esc(legend(shown, wide=True, headers={c[1] for c in cols}))}</p>")
+            + f"<p class=note>{esc(legend(shown, wide=True, headers={c[1] for c in cols}))}</p>"
+            + (f"<p class=note>{esc(fold)}</p>" if fold else ""))
 
 
 REJECTED_ALWAYS = ("dp", "tp", "pp", "cp", "vpp", "zero", "mbs")
@@ -197,6 +200,7 @@ def page(result: SearchResult, top: int, plt: Any) -> str:
         parts += ["<h2>No feasible plan</h2>", rejected_html(result), "</body></html>"]
         return "\n".join(parts)
     shown, rows = shown_plans(result, top)
+    fold = fold_note(result, shown, len(top_rows(result, top)), top)
     labels = [label.replace(f"zero{s.zeros[0]}", f"zero{zero_cell(s)}") for label, s in
               zip(rp.plan_labels(result, rows, [s.rank for s in shown]), shown, strict=True)]
     why = why_lines(result, {}, shown)
@@ -205,7 +209,7 @@ def page(result: SearchResult, top: int, plt: Any) -> str:
     notes = note_lines(result, shown)
     if notes:  # under any ranking: an unvalidated MFU, an export target that refuses it
         parts += ["<h2>Notes on plan #1</h2>", "".join(f"<p>{esc(n)}</p>" for n in notes)]
-    parts += ["<h2>Ranked plans</h2>", ranked_html(result, shown),
+    parts += ["<h2>Ranked plans</h2>", ranked_html(result, shown, fold),
               "<h2>Pareto front</h2>",
               f"<img alt='Pareto front' src='{rp.pareto_figure(plt, result)}'>",
               "<h2>Memory per GPU</h2>",

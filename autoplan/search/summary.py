@@ -96,13 +96,20 @@ def infeasible_line(data: dict[str, Any]) -> str:
 
 
 def table_infeasible_line(data: dict[str, Any]) -> str:
-    """The stderr line of a table search that found nothing, where the table has shown the
-    nearest miss already (user test 37: the whole text twice, on stdout and on stderr)."""
+    """The stderr line of a table search that found nothing, where the table on stdout has
+    shown the nearest miss already (user test 37: the whole text twice, on stdout and on
+    stderr), with the --num-gpus range to search next, short: with `--format table > FILE`
+    stderr is all the terminal shows."""
+    from autoplan.search.render import more_gpus_text
+
     near = data.get("nearest") or {}
     if near.get("plan") is None:
         return infeasible_line(data)
-    return (f"no feasible plan among {data['candidates']:,} candidates; the nearest miss "
-            f"({near['reason']}) and what to try are above")
+    line = f"no feasible plan among {data['candidates']:,} candidates; the nearest miss "
+    hint = more_gpus_text(near, short=True)
+    if not hint:
+        return f"{line}({near['reason']}) and what to try are on stdout"
+    return f"{line}({near['reason']}) is on stdout; {hint}"
 
 
 def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:

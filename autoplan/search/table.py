@@ -140,8 +140,9 @@ def layout(shown: list[Shown], objectives: list[str], wide: bool, width: int,
         if c[0] in HOISTABLE and len(values) == 1:
             value = values.pop()
             if c[0] != "num_gpus" or not one_count:
+                none = "no" if c[0] == "sp" else "none"  # sequence parallel yes or no
                 shared.append(f"{SHARED_NAMES.get(c[0], c[1])} "
-                              f"{'none' if value == '-' else value}")
+                              f"{none if value == '-' else value}")
         else:
             keep.append(c)
     kept = objective_columns(objectives, {c[0] for c in keep})

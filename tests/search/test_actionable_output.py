@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,11 @@ def test_slower_recompute_variants_fold_into_the_plan_that_fits_without_them() -
     line = fold_line(shown, None, 10)
     assert line is not None and "#2, #4 = #1 with recompute sel:1, full:2" in line
     assert [s.rank for s in collapse(rows, 10)] == [1, 2, 3, 4]
+    # the --top that fills the table's rows: in the fold sentence, or alone in parentheses
+    assert fold_line(shown, 12, 10) == f"{line} (--top 12 fills the table's 10 rows)"
+    (alone,) = collapse(rows[:1], 10, fold=True)
+    assert fold_line([alone], 19, 10) == "(--top 19 fills the table's 10 rows)"
+    assert fold_line([alone], None, 10) is None
 
 
 def test_a_recompute_variant_that_fits_where_the_plan_is_tight_keeps_its_row() -> None:
@@ -110,7 +116,8 @@ def test_a_token_budget_prices_plan_1_under_the_table_and_wide_adds_the_columns(
 
 def test_the_main_job_says_plan_1_is_tight_and_which_plan_fits_at_p75() -> None:
     """The README's main job: #1 is 78.4! GiB; the line names #3, the plan `--memory-slack
-    p75` makes the winner, and its cost in tokens/s."""
+    p75` makes the winner, and what #1 gains over it in tokens/s, counted from #1's side as the
+    why line counts its gain over the same #3 (they printed +0.9% and -0.8%)."""
     table = cli([*MAIN_JOB, "--format", "table"])
     assert table.returncode == 0, table.stderr
     assert "top 10 plans by throughput, in 5 rows (equivalent plans share a row)" in table.stdout
@@ -119,9 +126,14 @@ def test_the_main_job_says_plan_1_is_tight_and_which_plan_fits_at_p75() -> None:
     alt = data["p75_alternative"]
     assert data["top"][0]["mem_tight_gib"] > 0 and alt["rank"] > 1
     said = " ".join(table.stdout.split())
+    gain = data["top"][0]["tokens_per_s"] / alt["tokens_per_s"] - 1.0
     assert (f"#1 is tight (GiB!): the best plan that also fits at the allocator's "
-            f"75th-percentile slack is #{alt['rank']} ({alt['change']:+.1%} tokens/s") in said
-    assert alt["change"] < 0
+            f"75th-percentile slack is #{alt['rank']} (#1 against it: {gain:+.1%} tokens/s)"
+            ) in said
+    assert alt["change"] < 0 < gain  # the JSON's change stays the alternative's own
+    why = re.search(r"why this plan: against the next different layout \(#(\d+), [^)]*\) "
+                    r"([+-][\d.]+%) tokens/s", said)
+    assert why is not None and int(why[1]) == alt["rank"] and why[2] == f"{gain:+.1%}"
     p75 = json.loads(cli([*MAIN_JOB, "--memory-slack", "p75", "--format", "json"]).stdout)
     layout_keys = ("dp", "tp", "pp", "cp")
     assert {k: p75["best"]["parallel"][k] for k in layout_keys} == \
@@ -161,7 +173,10 @@ def test_exit_3_names_a_gpu_range_that_holds_a_plan_and_says_it_once() -> None:
     said = " ".join(table.stdout.split())
     assert "to find the fewest GPUs that fit: try --num-gpus 4..64 --objective gpus" in said
     err = table.stderr.strip().splitlines()
-    assert len(err) == 1 and "as estimate --set" not in err[0] and "above" in err[0]
+    # with --format table > FILE stderr is what the terminal shows: the range is there, short
+    assert len(err) == 1 and "as estimate --set" not in err[0] and "on stdout" in err[0]
+    assert err[0].endswith("the nearest miss (out-of-memory) is on stdout; to find the fewest "
+                           "GPUs that fit: try --num-gpus 4..64 --objective gpus")
     assert "needs 153.6 GiB" in table.stdout and "needs 153.6 GiB" not in table.stderr
     failed = cli([*QWEN_235, "--num-gpus", "2", "--format", "json"])
     more = json.loads(failed.stdout)["nearest"]["more_gpus"]
@@ -182,3 +197,16 @@ def test_a_missed_deadline_names_counts_above_the_ones_searched() -> None:
     lo, hi = map(int, more["num_gpus"].split(".."))
     assert lo > 4 and lo <= more["proportional"] < hi
     assert "fewest GPUs that meet the targets" in done.stderr
+
+
+def test_the_shared_line_says_sequence_parallel_no_where_others_say_yes() -> None:
+    """A knob every row shares moves to the line above the table: sequence parallelism is yes
+    or no there (it read "none" in some searches, "yes" in others), what is on the host and
+    the recompute still "none"."""
+    rows = [row(), row(dp=4, cp=2, step_s=2.2, tokens_per_s=900.0)]
+    _, shared, _ = layout(collapse(rows, 10), ["throughput"], False, 80)
+    assert "sequence parallel no" in shared
+    assert {"offload none", "recompute none"} <= set(shared)
+    _, with_sp, _ = layout(collapse([r | {"sp": True} for r in rows], 10), ["throughput"],
+                           False, 80)
+    assert "sequence parallel yes" in with_sp

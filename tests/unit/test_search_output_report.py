@@ -49,3 +49,29 @@ def test_the_report_ranks_the_plans_summary_json_keeps(result: SearchResult) -> 
         for key in ("tp", "pp", "mbs"):
             assert cells.get(key, str(plan[key])) == str(plan[key]), (rank, key)
     assert [int(result.scored.cols["tp"][i]) for i in rows] == [top[k - 1]["tp"] for k in ranks]
+
+
+def test_the_report_says_what_its_rows_fold_as_the_terminal_does(
+        result: SearchResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recompute variants folded into a row are named under the report's table in the
+    terminal's words (notes.fold_note), not shown as rows of their own."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from autoplan.search import render as terminal
+    from autoplan.search.report import _pyplot, page
+
+    data: dict[str, Any] = summary(result, TOP)
+    shown = shown_rows(result, data, TOP)
+    folded = [k for s in shown for k, _ in s.folded]
+    assert folded  # the case at issue: some ranked plan is a slower recompute variant
+    out = StringIO()
+    monkeypatch.setattr(terminal, "terminal_width", lambda: 10_000)  # each line unwrapped
+    terminal.render(Console(file=out), result, data, TOP)
+    note = next(line for line in out.getvalue().splitlines()
+                if line.startswith("slower recompute variants share their plan's row"))
+    text = page(result, TOP, _pyplot())
+    assert f"<p class=note>{html.escape(note)}</p>" in text
+    page_ranks = {int(r["#"]) for r in table_rows(re.findall(r"<table>.*?</table>", text)[1])}
+    assert page_ranks == {s.rank for s in shown} and not page_ranks & set(folded)
