@@ -20,22 +20,29 @@ from typing import Any
 
 from autoplan import fsutil
 from autoplan.cli_common import add_format_argument, amount, count
-from autoplan.errors import ConfigError, InfeasiblePlanError
+from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.job_inputs import PLAN_FILE_TARGETS, named_files
+from autoplan.export.job_length import steps_for_tokens
 from autoplan.export.launch import (
     CHECKPOINT_EVERY,
-    ELASTIC_TARGETS,
     LAUNCH_TARGETS,
     RESTARTS,
     TRAIN_STEPS,
     LaunchOptions,
-    check_path_word,
 )
 from autoplan.export.nodes import bigger_node_warning, split_warning, written_cluster
+from autoplan.export.option_checks import (
+    MAX_RESTARTS,
+    check_options,
+    check_out,
+    check_words,
+    gpus_per_node,
+)
+from autoplan.export.pricing import check_fits, price_for_target, target_runtime
 from autoplan.export.registry import TARGET_NAMES, get_target
-from autoplan.export.slurm import SlurmOptions, parse_time_s, steps_for_tokens
-from autoplan.hardware import MAX_GPUS_PER_NODE, ClusterSpec, load_profile
+from autoplan.export.slurm import SlurmOptions
+from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS, load_model
 from autoplan.plan import Plan, plan_model_ref
 from autoplan.plan_args import apply_sets
@@ -151,122 +158,9 @@ class _Assignments(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *values])
 
 
-def _gpus_per_node(args: argparse.Namespace, profile: str) -> int:
-    """GPUs in one node of the job written: --gpus-per-node, else the plan's profile's."""
-    if args.gpus_per_node is not None:
-        if not 1 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:  # as a profile's gpus_per_node
-            raise ConfigError("--gpus-per-node", f"got {args.gpus_per_node}",
-                              f"expected 1 to {MAX_GPUS_PER_NODE} GPUs in one node")
-        return int(args.gpus_per_node)
-    try:
-        return load_profile(profile, flag="cluster.profile").gpus_per_node
-    except ConfigError as err:  # the plan's profile, not a flag the user gave
-        raise ConfigError("cluster.profile", err.problem, "restore the plan's profile, or give "
-                          "--gpus-per-node N to write the job for another site's GPUs") from None
-
-
-TARGET_RUNTIMES = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "torchtitan",
-                   "torchtitan/python": "torchtitan-0.3"}
-"""The runtime-traits preset each target's engine is priced with (torchtitan's Python config is
-torchtitan 0.3's, its TOML 0.2.2's); slurm, kubernetes and torchrun launch autoplan's own
-runtime."""
-
-
-def price_for_target(plan, model, target: str, torchtitan_format: str = "toml",
-                     cluster: ClusterSpec | None = None) -> str:
-    """One line: the plan's step time and memory as the target's engine would run it on
-    `cluster` (default: the plan's profile; an export passes nodes.written_cluster, the node
-    size it writes)."""
-    from autoplan.cost.estimate import estimate_plan
-
-    est = estimate_plan(plan, cluster, model=model,
-                        runtime=target_runtime(target, torchtitan_format))
-    line = (f"priced for {est.runtime}: step {est.step_time_s:.3g} s ± {est.error_band:.0%}, "
-            f"{est.memory['total'] / 2**30:.1f} GiB per GPU")
-    if not est.feasible:  # memory it lacks, or a feature it lacks: the reasons say which
-        line += f"; {est.runtime} cannot run it as planned: {'; '.join(est.reasons)}"
-    return line
-
-
 def _out_paths(out: Path, names: list[str]) -> list[Path]:
     """The primary file at --out, the others beside it as <stem>.<name>."""
     return [out] + [out.with_name(f"{out.stem}.{name}") for name in names[1:]]
-
-
-OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
-                  "--kind": ("kubernetes",), "--pvc": ("kubernetes",),
-                  "--data-pvc": ("kubernetes",), "--requeue": ("slurm",),
-                  "--train-tokens": ("slurm",), "--time-limit": ("slurm",),
-                  "--torchtitan-format": ("torchtitan",),
-                  "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
-                  "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS,
-                  "--checkpoint-dir": LAUNCH_TARGETS, "--data": LAUNCH_TARGETS,
-                  "--job-name": (*LAUNCH_TARGETS, "megatron"),
-                  "--max-restarts": (*LAUNCH_TARGETS, "megatron"),
-                  "--min-nodes": ELASTIC_TARGETS}
-"""Options only some targets write; another target refuses them rather than drop them (their
-defaults are None, so a given value is told from none; a target that writes one applies its
-default). Megatron's script runs torchrun, which takes --max-restarts and, on several nodes,
-the job name as its rendezvous id; its checkpoints are Megatron's own --save/--load."""
-MAX_RESTARTS = 10_000
-"""Largest --max-restarts (torchrun takes any count; a larger one is a typo)."""
-
-
-def _check_options(args: argparse.Namespace) -> None:
-    """Refuse an option the target does not write (--elastic and --min-nodes included), rather
-    than drop it; then --min-nodes without --elastic, which a target with elastic jobs takes."""
-    if args.elastic and args.to not in ELASTIC_TARGETS:
-        raise ConfigError("--elastic", f"--to {args.to} writes no elastic job: --elastic runs "
-                          "`autoplan train --elastic` under torchrun --nnodes=MIN:MAX, which only "
-                          f"--to {' and '.join(ELASTIC_TARGETS)} write",
-                          f"export --to {' or '.join(ELASTIC_TARGETS)}, or drop --elastic")
-    for flag, targets in OPTION_TARGETS.items():
-        if getattr(args, flag[2:].replace("-", "_")) is not None and args.to not in targets:
-            raise ConfigError(flag, f"--to {args.to} writes no {flag[2:]}",
-                              f"drop it, or export --to {' or '.join(targets)}")
-    if args.time_limit is not None:  # a bad time is refused before the plan is read
-        if args.time_limit.strip().lower() == "none":
-            args.time_limit = "none"
-        else:
-            parse_time_s(args.time_limit)
-    if args.train_tokens is not None and args.steps is not None:
-        raise ConfigError("--train-tokens", f"given with --steps {args.steps}",
-                          "give one of them: --train-tokens is made into --steps")
-    if args.min_nodes is not None and not args.elastic:  # as train's --min-gpus
-        raise ConfigError("--min-nodes", f"got {args.min_nodes} without --elastic",
-                          "add --elastic, or drop --min-nodes")
-
-
-def _check_out(out: str | None) -> None:
-    """--out names the file to write: an empty one or a folder (a trailing '/', '.' or '..')
-    is a mistake, not a request for stdout or for a file named after the folder."""
-    if out is None:
-        return
-    if not out:
-        raise ConfigError("--out", "got ''", "give a file path, or leave --out out to print "
-                          "to stdout")
-    if os.path.basename(out) in ("", ".", ".."):
-        raise ConfigError("--out", f"{out[:80]!r} names a folder", "give a file path, e.g. "
-                          f"{os.path.join(os.path.normpath(out), 'job.sh')}")
-
-
-def _check_words(args: argparse.Namespace) -> None:
-    """Values written into a launch script or manifest: a control character ends the script's
-    line; an empty script or an image with a space in it names nothing to run."""
-    if args.script is not None:
-        if not args.script.strip():
-            raise ConfigError("--script", f"got {args.script!r}", "give the training "
-                              "script's path, or leave --script out for the target's default")
-        check_path_word("--script", args.script)
-    if args.image is not None:
-        if not args.image or any(c.isspace() for c in args.image):
-            raise ConfigError("--image", f"got {args.image[:80]!r}", "give an image "
-                              "reference without spaces, e.g. registry.example/autoplan:1.0, "
-                              f"or leave --image out for {ExportOptions.image}")
-        check_path_word("--image", args.image)
-    for flag, value in (("--checkpoint-dir", args.checkpoint_dir), ("--data", args.data)):
-        if value is not None:  # torchrun's train line too; before '' is made the folder here
-            check_path_word(flag, value)
 
 
 def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
@@ -285,11 +179,10 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         checkpoint_dir = os.path.abspath(checkpoint_dir)
         data = None if data is None else os.path.abspath(data)
     steps = TRAIN_STEPS if args.steps is None else args.steps
-    if args.train_tokens is not None:  # --to slurm alone (_check_options)
+    if args.train_tokens is not None:  # --to slurm alone (check_options)
         steps = steps_for_tokens(plan, plan.model_spec(), args.train_tokens)
     options = SlurmOptions if args.to == "slurm" else LaunchOptions
-    extra = ({"time_limit": args.time_limit, "train_tokens": args.train_tokens}
-             if args.to == "slurm" else {})
+    extra = {"time_limit": args.time_limit} if args.to == "slurm" else {}
     return options(
         **extra,
         # as exported: absolute, so the script runs from any folder, and hashed, so a plan file
@@ -298,7 +191,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         plan_sha256=hashlib.sha256(plan_file.read_bytes()).hexdigest(),
         named_files=named,
         data=data,
-        gpus_per_node=_gpus_per_node(args, plan.cluster.profile),
+        gpus_per_node=gpus_per_node(args, plan.cluster.profile),
         checkpoint_dir=checkpoint_dir,
         max_restarts=args.max_restarts,  # None: each target's own default
         job_name=ExportOptions.job_name if args.job_name is None else args.job_name,
@@ -319,6 +212,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         pvc=args.pvc,
         data_pvc=args.data_pvc,
         requeue=bool(args.requeue),
+        train_tokens=args.train_tokens,
     )
 
 
@@ -333,46 +227,12 @@ def torchtitan_format(args: argparse.Namespace) -> str:
     return ExportOptions.torchtitan_format
 
 
-def target_runtime(target: str, torchtitan_format: str = "toml") -> str | None:
-    """The runtime-traits preset `target`'s engine is priced with (TARGET_RUNTIMES); None for
-    the launchers, which run autoplan's own runtime on the plan's device."""
-    key = f"{target}/{torchtitan_format}" if target == "torchtitan" else target
-    return TARGET_RUNTIMES.get(key, TARGET_RUNTIMES.get(target))
-
-
-def _check_fits(path: str, plan, model, runtime: str | None, gpus_per_node: int) -> None:
-    """Refuse (exit 3) to write what would run out of memory: a launcher's job of a plan that
-    does not fit as autoplan's runtime holds it (the check `autoplan train`'s launcher makes,
-    which the job's ranks, started by torchrun, do not make again), a framework's config of one
-    that does not fit as its engine (`runtime`) holds it (cost.estimate.memory_misses), on
-    nodes of the `gpus_per_node` written (host memory is per node). A profile this machine
-    cannot load (another site's) is not checked here."""
-    from autoplan.cost.estimate import memory_misses
-
-    try:
-        cluster = written_cluster(plan, gpus_per_node)
-    except ConfigError as err:  # another site's profile: written for the GPUs it names
-        log.warning("memory not checked and the job written for GPUs: the plan's profile does "
-                    "not load here (%s)", err.problem)
-        return
-    est, misses = memory_misses(plan, cluster, model, runtime)
-    if misses:
-        resized = "" if gpus_per_node == load_profile(plan.cluster.profile).gpus_per_node \
-            else f" on nodes of {gpus_per_node} GPUs"
-        search = "`autoplan search" + (f" --runtime {runtime}`" if runtime else "`")
-        raise InfeasiblePlanError(
-            f"plan {path} does not fit {cluster.num_gpus} x {plan.cluster.profile}{resized} as "
-            f"{est.runtime} runs it: {'; '.join(misses)}; its ranks would run out of "
-            f"memory: choose a plan that fits ({search}), or pass --no-memory-check to write "
-            "it anyway")
-
-
 def run_export(args: argparse.Namespace) -> int:
     from autoplan.plan import load_plan
 
-    _check_options(args)
-    _check_words(args)
-    _check_out(args.out)
+    check_options(args)
+    check_words(args)
+    check_out(args.out)
     if args.out is not None:  # a directory, a path under a file, an unwritable folder: first
         fsutil.check_file_target(args.out, force=args.force, field="--out")
     plan = load_plan(args.plan)
@@ -382,7 +242,7 @@ def run_export(args: argparse.Namespace) -> int:
     files = export_plan(get_target(args.to), plan, model, opts,
                         target_runtime(args.to, opts.torchtitan_format) or "autoplan")
     if not args.no_memory_check:
-        _check_fits(args.plan, plan, model, target_runtime(args.to, opts.torchtitan_format),
+        check_fits(args.plan, plan, model, target_runtime(args.to, opts.torchtitan_format),
                     opts.gpus_per_node)
     names = list(files)
     if args.out is not None:
@@ -442,7 +302,7 @@ def run_import(args: argparse.Namespace) -> int:
     from autoplan.export.importers import IMPORTERS, files_read, launch_runtime
     from autoplan.plan import load_plan, plan_to_dict
 
-    _check_out(args.out)
+    check_out(args.out)
     apply_sets({}, args.set)  # a field given twice is refused first, as estimate refuses it
     if args.model is not None and args.model not in PRESETS and not os.path.exists(args.model):
         load_model(args.model)  # an unknown name: refused as --model (not the plan's model:)

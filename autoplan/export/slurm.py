@@ -6,18 +6,20 @@ hardware profile (a CPU profile's plan asks for CPUs: one per rank, no GPUs); to
 `--nnodes=MIN:MAX`, a job SLURM keeps when a node fails, and `autoplan train --elastic`, which
 re-plans for the nodes left, on nodes of the size written (--gpus-per-node). `--signal` warns the
 ranks one priced step and a checkpoint save before the time limit (stop_warning); a job whose ranks
-stopped on it and saved ends with exit 0 and a line on how to resume (end_lines).
+stopped on it and saved ends with exit 0 and a line on how to resume (end_lines, the shell lines
+of saved_step.py). Its length and #SBATCH --time are job_length.py's.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, fields
 
-from autoplan.errors import ConfigError, InfeasiblePlanError
+from autoplan.errors import ConfigError
+from autoplan.export import saved_step
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
 from autoplan.export.job_inputs import check_lines
+from autoplan.export.job_length import time_limit, tokens_comment
 from autoplan.export.launch import (
     ELASTIC_ENV,
     SHUTDOWN_ENV,
@@ -40,9 +42,10 @@ from autoplan.export.launch import (
     train_argv,
 )
 from autoplan.export.nodes import NODE_SIZE_ENV
+from autoplan.export.saved_step import stopped_line
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
-from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV, STEP_DIR_FORMAT, step_dir
+from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV
 
 SIGNAL_MAX_S = 65535
 """sbatch(1) --signal: "sig_time must have an integer value between 0 and 65535"."""
@@ -80,7 +83,7 @@ class SlurmTarget(ExportTarget):
         launch += [shell_join([w], keep=("$",)) for w in argv]
         launch.append(shell_join(train_argv(opts, lay=lay, cpu=cpu)) + " || status=$?")
         warning = stop_warning(plan, model, opts.gpus_per_node)
-        limit = time_limit(slurm_options(opts), warning)
+        limit = time_limit(run, slurm_options(opts).time_limit, warning.lead, warning.seconds_s)
         text = "\n".join(
             [
                 "#!/bin/bash",
@@ -102,7 +105,7 @@ class SlurmTarget(ExportTarget):
                 *checkpoint_lines(opts, lay.num_nodes, "the mkdir below runs on the first "
                                   "node only" if lay.num_nodes > 1 else ""),
                 *data_lines(opts, "on every node: keep it on storage they all read"),
-                *tokens_comment(slurm_options(opts), plan, model),
+                *tokens_comment(run, plan, model),
                 *warning.comment(),
                 *limit.comment(),
                 *warning.end_comment(run.steps, run.requeue),
@@ -115,8 +118,7 @@ class SlurmTarget(ExportTarget):
                 f"mkdir -p {shell_join([opts.checkpoint_dir])}",
                 "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
                 f"export {SHUTDOWN_ENV}=${{{SHUTDOWN_ENV}:-{warning.seconds_s}}}",
-                f"export {SAVED_STEP_ENV}={shell_join([opts.checkpoint_dir])}/"
-                f'"{SAVED_STEP_FILE}"',
+                saved_step.env_line(opts.checkpoint_dir, SAVED_STEP_FILE),
                 *(elastic_env_lines(opts) if opts.elastic else []),
                 "",
                 "status=0",
@@ -179,9 +181,6 @@ class SlurmOptions(LaunchOptions):
     """#SBATCH --time: None, the priced run (TimeLimit); "none", no --time (the partition's
     default applies); else a SLURM time, the most the job may run: a run priced longer is
     refused (exit 3) unless it requeues itself (--requeue), then it runs in several turns."""
-    train_tokens: float | None = None
-    """--train-tokens the job's --steps were derived from (steps_for_tokens), for the header;
-    None: the steps were given as such."""
 
 
 def slurm_options(opts: ExportOptions) -> SlurmOptions:
@@ -191,150 +190,6 @@ def slurm_options(opts: ExportOptions) -> SlurmOptions:
     run = launch_options(opts)
     return SlurmOptions(**{f.name: getattr(run, f.name) for f in fields(LaunchOptions)})
 
-
-def tokens_per_step(plan: Plan, model: ModelSpec) -> int:
-    """Tokens one optimizer step trains: the global batch (sequences) x the sequence length."""
-    return plan.batch.global_batch_size * model.seq_len
-
-
-def steps_for_tokens(plan: Plan, model: ModelSpec, tokens: float) -> int:
-    """The --steps that train at least `tokens` tokens (rounded up to a whole step)."""
-    if not (math.isfinite(tokens) and tokens > 0):
-        raise ConfigError("--train-tokens", f"got {tokens:g}", "expected a positive number of "
-                          "tokens, e.g. 1e12")
-    steps = math.ceil(tokens / tokens_per_step(plan, model))
-    if steps > MAX_STEPS:
-        raise ConfigError("--train-tokens", f"got {tokens:g}: {steps:,} steps of "
-                          f"{tokens_per_step(plan, model):,} tokens", f"expected at most "
-                          f"{MAX_STEPS * tokens_per_step(plan, model):.3g} tokens")
-    return steps
-
-
-MAX_STEPS = 2**40
-"""Most steps --train-tokens may come to (as a command-line count, cli_common.MAX_COUNT)."""
-
-
-def tokens_comment(run: SlurmOptions, plan: Plan, model: ModelSpec) -> list[str]:
-    """The header's word on --train-tokens: the steps it came to, and how."""
-    if run.train_tokens is None:
-        return []
-    per_step = tokens_per_step(plan, model)
-    return comment(
-        f"--train-tokens {run.train_tokens:g}: --steps {run.steps:,}, the tokens over "
-        f"{per_step:,} a step ({plan.batch.global_batch_size:,} sequences x {model.seq_len:,} "
-        f"tokens), rounded up: {run.steps * per_step:,} tokens in all.")
-
-
-def parse_time_s(text: str, flag: str = "--time-limit") -> int:
-    """Seconds of a SLURM time (sbatch(1) --time: "minutes", "minutes:seconds",
-    "hours:minutes:seconds", "days-hours", "days-hours:minutes", "days-hours:minutes:seconds")."""
-    days, _, rest = text.strip().rpartition("-") if "-" in text else ("0", "", text.strip())
-    parts = rest.split(":")
-    words = [days, *parts]
-    if not all(w.isascii() and w.isdigit() and len(w) <= 6 for w in words) or len(parts) > 3:
-        raise ConfigError(flag, f"got {text[:40]!r}", "write a SLURM time: minutes, HH:MM:SS "
-                          "or D-HH:MM:SS (e.g. 2-00:00:00), or none to write no --time")
-    d, nums = int(days), [int(p) for p in parts]
-    if "-" in text:  # days-hours[:minutes[:seconds]]
-        h, m, sec = (nums + [0, 0])[:3]
-    else:  # minutes | minutes:seconds | hours:minutes:seconds
-        h, m, sec = {1: (0, nums[0], 0), 2: (0, *nums), 3: tuple(nums)}[len(nums)]
-    seconds = ((d * 24 + h) * 60 + m) * 60 + sec
-    if seconds <= 0:
-        raise ConfigError(flag, f"got {text[:40]!r}", "give a time above zero, or none to "
-                          "write no --time (sbatch reads 0 as no limit)")
-    return seconds
-
-
-def format_time(seconds: float) -> str:
-    """`seconds` as sbatch's days-hours:minutes:seconds, rounded up to a whole minute."""
-    minutes = math.ceil(seconds / 60)
-    days, rest = divmod(minutes, 24 * 60)
-    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
-
-
-def human_time(seconds: float) -> str:
-    """`seconds` for a reader: minutes below two hours, hours below two days, else days."""
-    if seconds < 2 * 3600:
-        return f"{math.ceil(seconds / 60)} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
-@dataclass(frozen=True)
-class TimeLimit:
-    """The job's #SBATCH --time and how it was sized: all of --steps at the upper edge of the
-    priced step's error band, plus the time-limit warning's lead (StopWarning), which must
-    come after the last step."""
-
-    seconds_s: float | None
-    """The --time written (rounded up to a minute there); None: none."""
-    needed_s: float | None
-    """The run as priced (None: not priced here)."""
-    why: str
-    """How seconds_s came about, for the header."""
-
-    def directive(self) -> list[str]:
-        return [] if self.seconds_s is None else [f"#SBATCH --time={format_time(self.seconds_s)}"]
-
-    def comment(self) -> list[str]:
-        return comment(self.why)
-
-
-def time_limit(run: SlurmOptions, warning: StopWarning) -> TimeLimit:
-    """The --time to write: the priced run (auto), none, or the one given, which must hold the
-    priced run unless the job requeues itself (then it runs in several turns, each ended by the
-    time-limit warning). The run is priced as all of --steps at the upper edge of the step's
-    error band, plus the warning's lead, which must come after the last step."""
-    lead = warning.lead
-    if lead.step_s is None:  # not priced here: nothing to size or check the limit by
-        if run.time_limit == "none":
-            return TimeLimit(None, None, "no --time (--time-limit none): the partition's "
-                             "default limit applies.")
-        if run.time_limit is None:
-            return TimeLimit(None, None, "no --time: the plan is not priced here (its profile "
-                             "does not load), so give --time-limit D-HH:MM:SS; the partition's "
-                             "default limit applies meanwhile.")
-        given = parse_time_s(run.time_limit)
-        return TimeLimit(given, None, f"--time={format_time(given)} as given (--time-limit); "
-                         "not checked: the plan is not priced here.")
-    step_s = lead.step_s * (1 + lead.band)
-    needed = run.steps * step_s + warning.seconds_s
-    sized = (f"{run.steps:,} steps x {lead.step_s:.3g} s + {lead.band:.0%} (the upper edge of "
-             f"the step {lead.priced_by}) + the {warning.seconds_s} s time-limit warning")
-    unpriced = ("start-up, checkpoint loading and the periodic saves (every "
-                f"{run.checkpoint_every} steps) are not priced: allow for them")
-    if run.time_limit == "none":
-        return TimeLimit(None, needed, "no --time (--time-limit none): the partition's default "
-                         f"limit applies; the run is priced at {human_time(needed)} ({sized}).")
-    if run.time_limit is None:
-        central = run.steps * lead.step_s + warning.seconds_s
-        return TimeLimit(math.ceil(needed), needed, f"--time={format_time(needed)}: {sized}, "
-                         f"rounded up to a minute (at the priced step itself the run takes "
-                         f"{human_time(central)}); {unpriced}. --time-limit D-HH:MM:SS sets "
-                         "it (a partition allowing less: --time-limit ITS_MAX --requeue runs "
-                         "the job in turns), none leaves it to the partition.")
-    given = parse_time_s(run.time_limit)
-    if given >= needed:
-        return TimeLimit(given, needed, f"--time={format_time(given)} as given (--time-limit); "
-                         f"the run is priced at {human_time(needed)} ({sized}); {unpriced}.")
-    short = (f"--time-limit {run.time_limit} is {human_time(needed - given)} short of the "
-             f"{human_time(needed)} the job needs ({sized})")
-    fits = int((given - warning.seconds_s) // step_s)
-    if fits < 1:
-        raise InfeasiblePlanError(f"{short}: not even one step fits before the warning; give "
-                                  f"at least {format_time(step_s + warning.seconds_s)} (one step and the warning)")
-    turns = math.ceil(run.steps / fits)
-    if not run.requeue:
-        raise InfeasiblePlanError(
-            f"{short}: {fits:,} steps fit in it; export with --steps {fits}, add --requeue to "
-            f"train all {run.steps:,} in about {turns} runs that requeue themselves, or give a "
-            "longer --time-limit")
-    return TimeLimit(given, needed, f"--time={format_time(given)} as given (--time-limit), "
-                     f"{human_time(needed - given)} short of the priced run ({sized}): about "
-                     f"{fits:,} steps a run, so the job requeues itself about {turns - 1} "
-                     "times (--requeue).")
 
 
 def _elastic_comment(opts: ExportOptions) -> list[str]:
@@ -408,15 +263,14 @@ def stop_warning(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopWarnin
     return StopWarning(stop_lead(plan, model, gpus_per_node))
 
 
-def _requeue_lines(stopped: str, folder: str) -> list[str]:
+def _requeue_lines(run: LaunchOptions, folder: str, cause: str) -> list[str]:
     """The stop branch under --requeue: say it, requeue the job, and exit 1 with a line where
     SLURM refuses (a partition or job that disallows requeue), so the stop is not taken for
     success while nothing will resume it."""
     requeued = "requeueing job $SLURM_JOB_ID, which resumes from it when it runs again"
     refused = ("autoplan: scontrol requeue %s was refused (the job or partition may not allow "
                "requeue): submit this script again to resume\\n")
-    return [f'  printf {shell_join([stopped])} "$saved" "$saved" {folder} '
-            f'"{requeued}"',
+    return ["  " + stopped_line(run.steps, folder, cause, f'"{requeued}"'),
             '  if ! scontrol requeue "$SLURM_JOB_ID"; then',
             f'    printf {shell_join([refused])} "$SLURM_JOB_ID"',
             "    exit 1",
@@ -424,43 +278,20 @@ def _requeue_lines(stopped: str, folder: str) -> list[str]:
 
 
 def end_lines(opts: ExportOptions) -> list[str]:
-    """After srun (its status in $status): where rank 0 named the step its ranks saved as the
-    run ended cleanly (SAVED_STEP_ENV), exit 0, with a line on how to resume where that step is
-    short of --steps, or on srun's status where every step was trained yet srun failed;
-    elsewhere srun's status. The stop line names the warning by its flag, not by the time
-    written above, which `sbatch --signal` may replace at submission."""
+    """After srun (its status in $status), saved_step.end_lines: where rank 0 named the step
+    its ranks saved as the run ended cleanly, exit 0, with a line on how to resume (or a
+    requeue) where that step is short of --steps, or on srun's status where every step was
+    trained yet srun failed; elsewhere srun's status. The stop line names the warning by its
+    flag, not by the time written above, which `sbatch --signal` may replace at submission."""
     run = launch_options(opts)
     again = (f"sbatch {shell_join([os.path.abspath(opts.out)])} resumes from it" if opts.out
              else "submitting this script again resumes from it")
-    stopped = (f"autoplan: the ranks stopped on SIGTERM after step %s of {run.steps} and saved "
-               f"checkpoint {STEP_DIR_FORMAT} in %s (the time-limit warning that --signal sets, "
-               "or a scancel --signal=TERM): %s\\n")
+    cause = "the time-limit warning that --signal sets, or a scancel --signal=TERM"
+    folder = shell_join([opts.checkpoint_dir])
     # srun reports a failed task's status though the other nodes trained every step: torchrun's
     # exit after passing a SIGTERM on, or under --elastic a node lost (the others finished)
     lost = "; under --elastic a lost node also sets it" if opts.elastic else ""
-    finished = (f"autoplan: trained all {run.steps} steps and saved checkpoint "
-                f"{step_dir(run.steps)} in %s; srun's status was %s (torchrun exits 1 after "
-                f"passing on a SIGTERM{lost})\\n")
-    file = f'"${SAVED_STEP_ENV}"'
-    folder = shell_join([opts.checkpoint_dir])
-    return [
-        "",
-        *comment("torchrun exits 1 after a SIGTERM whatever its ranks did: the step rank 0 "
-                 "names once they all saved tells a clean stop from a crash."),
-        "saved=",
-        f"if [ -f {file} ]; then",
-        f"  read -r saved < {file} || true",
-        f"  rm -f -- {file}",
-        "fi",
-        "case $saved in",
-        "  '' | *[!0-9]*) exit \"$status\" ;;  # no clean end: srun's status",
-        "esac",
-        f'if [ "$saved" -lt {run.steps} ]; then',
-        *(_requeue_lines(stopped, folder) if run.requeue else [
-            f'  printf {shell_join([stopped])} "$saved" "$saved" {folder} '
-            f'{shell_join([again])}']),
-        'elif [ "$status" -ne 0 ]; then',
-        f'  printf {shell_join([finished])} {folder} "$status"',
-        "fi",
-        "exit 0",
-    ]
+    on_stop = (_requeue_lines(run, folder, cause) if run.requeue
+               else ["  " + stopped_line(run.steps, folder, cause, shell_join([again]))])
+    return saved_step.end_lines(run.steps, folder, launcher="srun", on_stop=on_stop,
+                                why_failed=f"torchrun exits 1 after passing on a SIGTERM{lost}")

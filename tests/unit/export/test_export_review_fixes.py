@@ -147,7 +147,7 @@ def test_a_framework_export_refuses_a_plan_its_engine_would_not_fit(tmp_path: Pa
 
 
 def test_the_price_line_tells_a_missing_feature_from_missing_memory() -> None:
-    from autoplan.export.cli import price_for_target
+    from autoplan.export.pricing import price_for_target
 
     line = price_for_target(FP8_TP, FP8_TP.model_spec(), "slurm")
     assert "does not fit" not in line

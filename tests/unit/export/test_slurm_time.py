@@ -18,9 +18,10 @@ import pytest
 from autoplan.commands import main
 from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.export.base import export_plan
+from autoplan.export.job_length import format_time, parse_time_s
 from autoplan.export.launch import stop_lead
 from autoplan.export.registry import get_target
-from autoplan.export.slurm import SIGNAL_MAX_S, SlurmOptions, format_time, parse_time_s
+from autoplan.export.slurm import SIGNAL_MAX_S, SlurmOptions
 from autoplan.plan import ClusterRef, Plan, save_plan
 from tests.cli_refusals import assert_refused
 

@@ -82,7 +82,7 @@ def test_export_refuses_every_plan_its_runtime_rules_refuse(fmt: str) -> None:
 
 
 def test_formats_are_priced_as_the_release_they_run() -> None:
-    from autoplan.export.cli import TARGET_RUNTIMES
+    from autoplan.export.pricing import TARGET_RUNTIMES
 
     assert TARGET_RUNTIMES["torchtitan/python"] == RUNTIMES["python"]
     assert TARGET_RUNTIMES["torchtitan"] == RUNTIMES["toml"]

@@ -1,0 +1,66 @@
+"""How a launch script ends after torchrun: torchrun exits 1 once it has passed a SIGTERM on,
+whatever its ranks did, so the step rank 0 names once every rank saved (SAVED_STEP_ENV) tells a
+clean stop from a crash. The SLURM and torchrun scripts share these shell lines."""
+
+from __future__ import annotations
+
+from autoplan.export.launch import comment, shell_join
+from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV, STEP_DIR_FORMAT, step_dir
+
+FILE = f'"${SAVED_STEP_ENV}"'
+"""The step file as the script names it (the variable, exported where the script sets it)."""
+
+
+def env_line(checkpoint_dir: str, name: str) -> str:
+    """`export SAVED_STEP_ENV=<checkpoint_dir>/"<name>"`: the file lies in the checkpoint
+    folder, which every node reads; `name` may hold shell expansions (it is double-quoted)."""
+    return f'export {SAVED_STEP_ENV}={shell_join([checkpoint_dir])}/"{name}"'
+
+
+def stopped_line(steps: int, folder: str, cause: str, then: str, *,
+                 signal: str = "SIGTERM") -> str:
+    """The printf of a stop short of `steps` after a clean save: the step ($saved), the
+    checkpoint and its `folder` (a shell word), the `cause` (what sent `signal`) and `then`
+    (a shell word: what to do next)."""
+    text = (f"autoplan: the ranks stopped on {signal} after step %s of {steps} and saved "
+            f"checkpoint {STEP_DIR_FORMAT} in %s ({cause}): %s\\n")
+    return f'printf {shell_join([text])} "$saved" "$saved" {folder} {then}'
+
+
+def end_lines(steps: int, folder: str, *, launcher: str, on_stop: list[str],
+              why_failed: str = "torchrun exits 1 after passing on a SIGTERM",
+              wait_s: int = 0, keep_file: bool = False) -> list[str]:
+    """After the launch, its status in $status: where rank 0 named the step its ranks saved
+    as the run ended cleanly, exit 0, running `on_stop` (lines of the branch, e.g. a
+    stopped_line) where that step is short of `steps`, or saying the `launcher`'s status and
+    `why_failed` where every step was trained yet it failed; elsewhere the launcher's status.
+    `folder` is the checkpoint folder as a shell word. `wait_s`: seconds to wait for the file
+    after a failed launch (on several torchrun nodes, rank 0's may end after this one's, and
+    rank 0 writes the file last); `keep_file` leaves it for other nodes to read (the script
+    removes it before the launch)."""
+    finished = (f"autoplan: trained all {steps} steps and saved checkpoint {step_dir(steps)} "
+                f"in %s; {launcher}'s status was %s ({why_failed})\\n")
+    wait = ['if [ "$status" -ne 0 ]; then  # rank 0 may write it after this node\'s ranks '
+            "ended",
+            f"  for ((i = 0; i < {wait_s}; i++)); do [ -f {FILE} ] && break; sleep 1; done",
+            "fi"] if wait_s else []
+    return [
+        "",
+        *comment("torchrun exits 1 after a SIGTERM whatever its ranks did: the step rank 0 "
+                 "names once they all saved tells a clean stop from a crash."),
+        *wait,
+        "saved=",
+        f"if [ -f {FILE} ]; then",
+        f"  read -r saved < {FILE} || true",
+        *([] if keep_file else [f"  rm -f -- {FILE}"]),
+        "fi",
+        "case $saved in",
+        f"  '' | *[!0-9]*) exit \"$status\" ;;  # no clean end: {launcher}'s status",
+        "esac",
+        f'if [ "$saved" -lt {steps} ]; then',
+        *on_stop,
+        'elif [ "$status" -ne 0 ]; then',
+        f'  printf {shell_join([finished])} {folder} "$status"',
+        "fi",
+        "exit 0",
+    ]
