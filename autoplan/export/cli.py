@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan import fsutil
-from autoplan.cli_common import add_format_argument, amount, count
+from autoplan.cli_common import BINARY_NOTE, DECIMAL_NOTE, add_format_argument, amount, count
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.job_inputs import PLAN_FILE_TARGETS, named_files
@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--to", required=True, choices=TARGET_NAMES, help="target format")
     p.add_argument("--out", help="write here instead of stdout (extra files go beside it)")
     p.add_argument("--force", action="store_true", help="replace existing output files")
-    p.add_argument("--gpus-per-node", type=count(), help="default: the plan's hardware profile")
+    p.add_argument("--gpus-per-node", type=count(example="8"),
+                   help="default: the plan's hardware profile")
     p.add_argument("--checkpoint-dir", help=f"{_LAUNCHERS}: `autoplan train --checkpoint-dir` "
                    f"(default {ExportOptions.checkpoint_dir}; torchrun/slurm write it absolute, "
                    "from where export runs; kubernetes: a path in the pod)")
@@ -66,25 +67,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"{_LAUNCHERS}: `autoplan train --data`, the text the job trains on "
                         "(default: synthetic tokens); torchrun/slurm: checked here and written "
                         "absolute; kubernetes: an absolute path inside the pod")
-    p.add_argument("--max-restarts", type=count(low=0, high=MAX_RESTARTS),
+    p.add_argument("--max-restarts", type=count(low=0, high=MAX_RESTARTS, example="3"),
                    help=f"{_LAUNCHERS}, megatron: torchrun --max-restarts (default {RESTARTS}; "
                         "megatron: torchrun's, 0)")
-    p.add_argument("--steps", type=count(),
+    p.add_argument("--steps", type=count(suffixes="decimal", example="20 or 10k"),
                    help=f"{_LAUNCHERS}: `autoplan train --steps`, optimizer steps the job runs in "
-                        f"total, counted on after a resume (default {TRAIN_STEPS}, train's)")
+                        f"total, counted on after a resume (default {TRAIN_STEPS}, train's; "
+                        f"{DECIMAL_NOTE})")
     p.add_argument("--train-tokens", type=amount("tokens", "1e12 or 1T"), metavar="N",
                    help="slurm: the training length in tokens instead of --steps: --steps = N / "
-                        "(the plan's global batch x seq_len), rounded up, said in the header")
+                        "(the plan's global batch x seq_len), rounded up, said in the header "
+                        f"({DECIMAL_NOTE})")
     p.add_argument("--time-limit", metavar="TIME",
                    help="slurm: #SBATCH --time, the most the job may run (D-HH:MM:SS, HH:MM:SS "
                         "or minutes): a job priced longer is refused unless --requeue, which "
                         "runs it in turns; none: write no --time (default: the priced run, "
                         "--steps x the step at its error band's upper edge + the --signal lead)")
-    p.add_argument("--checkpoint-every", type=count(low=0), metavar="K",
+    p.add_argument("--checkpoint-every", type=count(low=0, suffixes="decimal",
+                                                     example="500 or 1k"), metavar="K",
                    help=f"{_LAUNCHERS}: `autoplan train --checkpoint-every`, save every K steps, "
                         f"so a restart resumes at most K steps back (default {CHECKPOINT_EVERY}; "
                         "0: only on SIGTERM and at the end)")
-    p.add_argument("--keep-checkpoints", type=count(low=0), metavar="K",
+    p.add_argument("--keep-checkpoints", type=count(low=0, example="3"), metavar="K",
                    help=f"{_LAUNCHERS}: `autoplan train --keep-checkpoints`, keep the newest K "
                         "(default: train's, 3; 0: keep all)")
     p.add_argument("--job-name", help=f"{_LAUNCHERS}, megatron: scheduler job / object name, "
@@ -114,7 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--script", help="training script in the deepspeed/megatron launch command")
     p.add_argument("--elastic", action="store_true", help="slurm/kubernetes: torchrun "
                    "--nnodes=MIN:MAX; `autoplan train --elastic` re-plans when nodes leave or join")
-    p.add_argument("--min-nodes", type=count(), help="with --elastic: fewest nodes (default 1)")
+    p.add_argument("--min-nodes", type=count(example="2"),
+                   help="with --elastic: fewest nodes (default 1)")
     p.add_argument("--no-memory-check", action="store_true",
                    help="write it even when the cost model says the plan does not fit as the "
                    "target runs it (by default refused, exit 3, as `autoplan train` refuses it)")
@@ -127,7 +132,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--from", dest="source", required=True, choices=("deepspeed", "megatron"))
     q.add_argument("--model", help="model preset or spec (required for DeepSpeed)")
     q.add_argument("--cluster", required=True, help="hardware profile name or path")
-    q.add_argument("--num-gpus", type=count(), help="GPUs in the job (default: from the config)")
+    q.add_argument("--num-gpus", type=count(suffixes="binary", example="64"),
+                   help=f"GPUs in the job (default: from the config; {BINARY_NOTE})")
     q.add_argument(
         "--set",
         action=_Assignments,
