@@ -75,9 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"total, counted on after a resume (default {TRAIN_STEPS}, train's; "
                         f"{DECIMAL_NOTE})")
     p.add_argument("--train-tokens", type=amount("tokens", "1e12 or 1T"), metavar="N",
-                   help="slurm: the training length in tokens instead of --steps: --steps = N / "
-                        "(the plan's global batch x seq_len), rounded up, said in the header "
-                        f"({DECIMAL_NOTE})")
+                   help="slurm, torchrun: the training length in tokens instead of --steps: "
+                        "--steps = N / (the plan's global batch x seq_len), rounded up, said in "
+                        f"the header ({DECIMAL_NOTE})")
     p.add_argument("--time-limit", metavar="TIME",
                    help="slurm: #SBATCH --time, the most the job may run (D-HH:MM:SS, HH:MM:SS "
                         "or minutes): a job priced longer is refused unless --requeue, which "
@@ -185,7 +185,7 @@ def _launch_options(args: argparse.Namespace, plan: Plan) -> LaunchOptions:
         checkpoint_dir = os.path.abspath(checkpoint_dir)
         data = None if data is None else os.path.abspath(data)
     steps = TRAIN_STEPS if args.steps is None else args.steps
-    if args.train_tokens is not None:  # --to slurm alone (check_options)
+    if args.train_tokens is not None:  # --to slurm or torchrun alone (check_options)
         steps = steps_for_tokens(plan, plan.model_spec(), args.train_tokens)
     options = SlurmOptions if args.to == "slurm" else LaunchOptions
     extra = {"time_limit": args.time_limit} if args.to == "slurm" else {}

@@ -102,7 +102,7 @@ class LaunchOptions(ExportOptions):
     """Kubernetes: the PersistentVolumeClaim mounted read-only at the folder of --data."""
     train_tokens: float | None = None
     """--train-tokens the job's --steps were derived from (job_length.steps_for_tokens), for
-    the SLURM header; None: the steps were given as such."""
+    the torchrun and SLURM headers; None: the steps were given as such."""
     requeue: bool = False
     """SLURM: a job whose ranks stopped short of --steps after a clean save requeues itself
     (`scontrol requeue`), so it resumes when it runs again and ends COMPLETED only once every

@@ -16,7 +16,7 @@ from autoplan.hardware import MAX_GPUS_PER_NODE, load_profile
 OPTION_TARGETS = {"--image": ("kubernetes",), "--namespace": ("kubernetes",),
                   "--kind": ("kubernetes",), "--pvc": ("kubernetes",),
                   "--data-pvc": ("kubernetes",), "--requeue": ("slurm",),
-                  "--train-tokens": ("slurm",), "--time-limit": ("slurm",),
+                  "--train-tokens": ("slurm", "torchrun"), "--time-limit": ("slurm",),
                   "--torchtitan-format": ("torchtitan",),
                   "--script": ("deepspeed", "megatron"), "--steps": LAUNCH_TARGETS,
                   "--checkpoint-every": LAUNCH_TARGETS, "--keep-checkpoints": LAUNCH_TARGETS,

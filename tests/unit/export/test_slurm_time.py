@@ -79,8 +79,9 @@ def test_train_tokens_are_refused_beside_steps_and_for_other_targets(tmp_path: P
     assert_refused(capsys, _export(tmp_path, "--train-tokens", "1e9", "--steps", "10"),
                    "--train-tokens: given with --steps 10", "give one of them")
     plan_file = tmp_path / "plan.yaml"
-    assert_refused(capsys, ["export", str(plan_file), "--to", "torchrun", "--train-tokens",
-                            "1e9"], "--train-tokens: --to torchrun writes no train-tokens")
+    assert_refused(capsys, ["export", str(plan_file), "--to", "kubernetes", "--train-tokens",
+                            "1e9"], "--train-tokens: --to kubernetes writes no train-tokens",
+                   "export --to slurm or torchrun")
     assert_refused(capsys, ["export", str(plan_file), "--to", "torchrun", "--time-limit",
                             "60"], "--time-limit: --to torchrun writes no time-limit")
     with pytest.raises(SystemExit) as exit_:
