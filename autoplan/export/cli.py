@@ -23,7 +23,7 @@ from autoplan.cli_common import BINARY_NOTE, DECIMAL_NOTE, add_format_argument, 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.job_inputs import PLAN_FILE_TARGETS, named_files
-from autoplan.export.job_length import steps_for_tokens
+from autoplan.export.job_length import steps_for_tokens, written_time
 from autoplan.export.launch import (
     CHECKPOINT_EVERY,
     LAUNCH_TARGETS,
@@ -81,8 +81,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", metavar="TIME",
                    help="slurm: #SBATCH --time, the most the job may run (D-HH:MM:SS, HH:MM:SS "
                         "or minutes): a job priced longer is refused unless --requeue, which "
-                        "runs it in turns; none: write no --time (default: the priced run, "
-                        "--steps x the step at its error band's upper edge + the --signal lead)")
+                        "runs it in turns, checked against --steps at the priced step's upper "
+                        "edge, the saves, 10 min of start-up and the --signal lead (default, or "
+                        "none: no --time, the partition's limit applies; the header advises the "
+                        "priced run)")
     p.add_argument("--checkpoint-every", type=count(low=0, suffixes="decimal",
                                                      example="500 or 1k"), metavar="K",
                    help=f"{_LAUNCHERS}: `autoplan train --checkpoint-every`, save every K steps, "
@@ -257,6 +259,11 @@ def run_export(args: argparse.Namespace) -> int:
             fsutil.check_not_input(path, args.plan, "the plan being exported")
 
     def done() -> int:  # after every file is written: a failed export prints only its error
+        time_line, too_long = written_time(files)
+        if time_line:
+            sys.stderr.write(time_line + "\n")
+        if too_long:
+            log.warning("%s", too_long)
         try:  # priced on the nodes written, which --gpus-per-node may have changed
             line = price_for_target(plan, model, args.to, opts.torchtitan_format,
                                     written_cluster(plan, opts.gpus_per_node))

@@ -1,14 +1,15 @@
 """How long an exported job runs: --train-tokens made into --steps, and SLURM's #SBATCH --time
-sized from the priced step (the stop lead it must leave is launch.stop_lead's; the scripts
+(--time-limit's, checked against the priced job; none by default) (the stop lead it must leave is launch.stop_lead's; the scripts
 that write them are slurm.py and torchrun.py)."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from autoplan.errors import ConfigError, InfeasiblePlanError
-from autoplan.export.launch import LaunchOptions, StopLead, comment
+from autoplan.export.launch import SAVE_MARGIN_S, LaunchOptions, StopLead, comment
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -84,16 +85,28 @@ def human_time(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+START_UP_S = 600
+"""Seconds a --time-limit must allow beyond the steps for the job's start-up: sbatch's node
+prolog, srun, torchrun's c10d rendezvous, NCCL's communicator set-up, building and sharding the
+model and loading a checkpoint to resume from. None of it is priced here; on a large job it
+runs to minutes (a rendezvous alone waits up to torchrun's 900 s --rdzv-conf join_timeout), so
+10 minutes: more than a small job needs, what a big one commonly takes."""
+
+WEEK_S = 7 * 86400
+"""Above this a --time is past what most partitions allow (MaxTime is commonly 2 to 7 days)."""
+
+
 @dataclass(frozen=True)
 class TimeLimit:
-    """The job's #SBATCH --time and how it was sized: all of --steps at the upper edge of the
-    priced step's error band, plus the time-limit warning's lead (slurm.StopWarning), which must
-    come after the last step."""
+    """The job's #SBATCH --time and how it was sized: written only where --time-limit gives it,
+    then checked against all of --steps at the upper edge of the priced step's error band, the
+    periodic saves, a start-up allowance (START_UP_S) and the time-limit warning's lead
+    (slurm.StopWarning), which must come after the last step."""
 
     seconds_s: float | None
     """The --time written (rounded up to a minute there); None: none."""
     needed_s: float | None
-    """The run as priced (None: not priced here)."""
+    """The time the job needs, as priced (None: not priced here)."""
     why: str
     """How seconds_s came about, for the header."""
 
@@ -104,58 +117,102 @@ class TimeLimit:
         return comment(self.why)
 
 
+def saves(steps: int, checkpoint_every: int) -> int:
+    """The checkpoint saves a run of `steps` makes: one every `checkpoint_every` steps, the last
+    at the end (0: only the one at the end)."""
+    return math.ceil(steps / checkpoint_every) if checkpoint_every > 0 else 1
+
+
+def _steps_fitting(run: LaunchOptions, seconds: float, step_s: float) -> int:
+    """Most steps (each at `step_s`, with SAVE_MARGIN_S a save) that fit in `seconds`."""
+    every = run.checkpoint_every
+    fits = max(0, int(seconds // (step_s + (SAVE_MARGIN_S / every if every > 0 else 0))))
+    while fits > 0 and fits * step_s + saves(fits, every) * SAVE_MARGIN_S > seconds:
+        fits -= 1
+    return fits
+
+
+def _unpriced_limit(limit: str | None, warning_s: int) -> TimeLimit:
+    """--time-limit for a plan not priced here: written as given, once it is past the lead."""
+    if limit is None or limit == "none":
+        return TimeLimit(None, None, "no --time: the partition's limit applies; the plan is "
+                         "not priced here (its profile does not load), so no run time is "
+                         "advised; --time-limit D-HH:MM:SS writes #SBATCH --time.")
+    given = parse_time_s(limit)
+    if given <= warning_s:
+        raise ConfigError("--time-limit", f"got {limit.strip()!r} ({human_time(given)}), at or "
+                          f"under the {warning_s} s --signal lead, so the ranks would be told to "
+                          "stop before they start", f"give more than the lead, at least "
+                          f"{format_time(warning_s + 1)} (a step or more beyond it)")
+    return TimeLimit(given, None, f"--time={format_time(given)} as given (--time-limit); not "
+                     "checked: the plan is not priced here.")
+
+
 def time_limit(run: LaunchOptions, limit: str | None, lead: StopLead,
                warning_s: int) -> TimeLimit:
-    """The --time to write for `limit` (--time-limit: None, the priced run; "none"; else a SLURM
-    time, which must hold the priced run unless the job requeues itself, then it runs in several
-    turns, each ended by the time-limit warning). The run is priced as all of --steps at the
-    upper edge of the step's error band (`lead`), plus the warning's `warning_s` seconds, which
-    must come after the last step."""
+    """The --time to write for `limit` (--time-limit: None or "none", none, so the partition's
+    limit applies, with the priced run as advice; else a SLURM time, which must hold the job as
+    priced unless it requeues itself, then it runs in several turns, each ended by the
+    time-limit warning). The job is priced as all of --steps at the upper edge of the step's
+    error band (`lead`), a SAVE_MARGIN_S save every --checkpoint-every steps, START_UP_S for the
+    start-up, and the warning's `warning_s` seconds, which must come after the last step."""
     if lead.step_s is None:  # not priced here: nothing to size or check the limit by
-        if limit == "none":
-            return TimeLimit(None, None, "no --time (--time-limit none): the partition's "
-                             "default limit applies.")
-        if limit is None:
-            return TimeLimit(None, None, "no --time: the plan is not priced here (its profile "
-                             "does not load), so give --time-limit D-HH:MM:SS; the partition's "
-                             "default limit applies meanwhile.")
-        given = parse_time_s(limit)
-        return TimeLimit(given, None, f"--time={format_time(given)} as given (--time-limit); "
-                         "not checked: the plan is not priced here.")
+        return _unpriced_limit(limit, warning_s)
     step_s = lead.step_s * (1 + lead.band)
-    needed = run.steps * step_s + warning_s
+    n_saves = saves(run.steps, run.checkpoint_every)
+    overhead = START_UP_S + n_saves * SAVE_MARGIN_S + warning_s
+    needed = run.steps * step_s + overhead
+    central = run.steps * lead.step_s
     sized = (f"{run.steps:,} steps x {lead.step_s:.3g} s + {lead.band:.0%} (the upper edge of "
-             f"the step {lead.priced_by}) + the {warning_s} s time-limit warning")
-    unpriced = ("start-up, checkpoint loading and the periodic saves (every "
-                f"{run.checkpoint_every} steps) are not priced: allow for them")
-    if limit == "none":
-        return TimeLimit(None, needed, "no --time (--time-limit none): the partition's default "
-                         f"limit applies; the run is priced at {human_time(needed)} ({sized}).")
-    if limit is None:
-        central = run.steps * lead.step_s + warning_s
-        return TimeLimit(math.ceil(needed), needed, f"--time={format_time(needed)}: {sized}, "
-                         f"rounded up to a minute (at the priced step itself the run takes "
-                         f"{human_time(central)}); {unpriced}. --time-limit D-HH:MM:SS sets "
-                         "it (a partition allowing less: --time-limit ITS_MAX --requeue runs "
-                         "the job in turns), none leaves it to the partition.")
+             f"the step {lead.priced_by}), {n_saves:,} {plural(n_saves, 'save')} x "
+             f"{SAVE_MARGIN_S} s (--checkpoint-every {run.checkpoint_every:,}), "
+             f"{START_UP_S // 60} min for start-up and the {warning_s} s time-limit warning")
+    if limit is None or limit == "none":
+        return TimeLimit(None, needed, "no --time: the partition's limit applies. Priced run: "
+                         f"{human_time(central)} at the priced step, {human_time(run.steps * step_s)}"
+                         " at the band's top; --time-limit D-HH:MM:SS writes #SBATCH --time and "
+                         f"checks it against {human_time(needed)} ({sized}).")
     given = parse_time_s(limit)
     if given >= needed:
         return TimeLimit(given, needed, f"--time={format_time(given)} as given (--time-limit); "
-                         f"the run is priced at {human_time(needed)} ({sized}); {unpriced}.")
-    short = (f"--time-limit {limit} is {human_time(needed - given)} short of the "
+                         f"the job is priced at {human_time(needed)} ({sized}).")
+    short = (f"--time-limit {limit.strip()} is {human_time(needed - given)} short of the "
              f"{human_time(needed)} the job needs ({sized})")
-    fits = int((given - warning_s) // step_s)
+    fits = _steps_fitting(run, given - START_UP_S - warning_s, step_s)
     if fits < 1:
+        least = step_s + SAVE_MARGIN_S + START_UP_S + warning_s
         raise InfeasiblePlanError(f"{short}: not even one step fits before the warning; give "
-                                  f"at least {format_time(step_s + warning_s)} (one step and "
-                                  "the warning)")
+                                  f"at least {format_time(least)} (start-up, one step, a save "
+                                  "and the warning)")
     turns = math.ceil(run.steps / fits)
     if not run.requeue:
+        given_as = " (instead of --train-tokens)" if run.train_tokens is not None else ""
         raise InfeasiblePlanError(
-            f"{short}: {fits:,} steps fit in it; export with --steps {fits}, add --requeue to "
-            f"train all {run.steps:,} in about {turns} runs that requeue themselves, or give a "
-            "longer --time-limit")
+            f"{short}: {fits:,} {plural(fits, 'step')} {'fits' if fits == 1 else 'fit'} in it; export with --steps {fits}"
+            f"{given_as}, add --requeue to train all {run.steps:,} in about {turns} runs that "
+            "requeue themselves, or give a longer --time-limit")
     return TimeLimit(given, needed, f"--time={format_time(given)} as given (--time-limit), "
-                     f"{human_time(needed - given)} short of the priced run ({sized}): about "
+                     f"{human_time(needed - given)} short of the job as priced ({sized}): about "
                      f"{fits:,} steps a run, so the job requeues itself about {turns - 1} "
                      "times (--requeue).")
+
+
+def written_time(files: dict[str, str]) -> tuple[str | None, str | None]:
+    """For stderr beside "wrote ...": the #SBATCH --time line an export wrote, and above WEEK_S
+    a warning that the partition may never run it (None, None where no --time was written)."""
+    found = [t for text in files.values() for t in re.findall(r"^#SBATCH --time=(\S+)$", text,
+                                                              re.M)]
+    if not found:
+        return None, None
+    line = f"#SBATCH --time={found[0]} (--time-limit)"
+    if parse_time_s(found[0]) <= WEEK_S:
+        return line, None
+    return line, (f"--time={found[0]} is over 7 days: most partitions cap MaxTime at 2-7 days, "
+                  "and a longer job may pend with reason PartitionTimeLimit (`scontrol show "
+                  "partition` lists MaxTime); export with --time-limit MAX --requeue to run it "
+                  "in turns")
+
+
+def plural(n: int, word: str) -> str:
+    """`word` for `n` of it: "1 step", "2 steps" (the number is the caller's)."""
+    return word if n == 1 else word + "s"

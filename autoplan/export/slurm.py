@@ -178,8 +178,8 @@ class SlurmOptions(LaunchOptions):
     """LaunchOptions plus what only the sbatch script writes."""
 
     time_limit: str | None = None
-    """#SBATCH --time: None, the priced run (TimeLimit); "none", no --time (the partition's
-    default applies); else a SLURM time, the most the job may run: a run priced longer is
+    """#SBATCH --time: None or "none", no --time (the partition's limit applies; the header
+    advises the priced run, TimeLimit); else a SLURM time, the most the job may run: a run priced longer is
     refused (exit 3) unless it requeues itself (--requeue), then it runs in several turns."""
 
 

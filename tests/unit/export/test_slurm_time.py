@@ -1,8 +1,9 @@
 """`export --to slurm` for a real pretraining submit (user test 37, finding 16): the length in
 tokens (`--train-tokens`, made into --steps from the plan's global batch x seq_len, rounded up,
-said in the header), and `#SBATCH --time` sized from the priced step x --steps plus the
-time-limit warning's lead (`--time-limit` sets or omits it; a job priced longer than the limit
-given is refused, exit 3, unless it requeues itself)."""
+said in the header); no `#SBATCH --time` unless `--time-limit` gives one (the priced run is
+advice in the header), which is checked against the steps at the band's top, the saves, a
+start-up allowance and the time-limit warning's lead (a job priced longer is refused, exit 3,
+unless it requeues itself)"""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import pytest
 from autoplan.commands import main
 from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.export.base import export_plan
-from autoplan.export.job_length import format_time, parse_time_s
-from autoplan.export.launch import stop_lead
+from autoplan.export.job_length import START_UP_S, format_time, human_time, parse_time_s
+from autoplan.export.launch import CHECKPOINT_EVERY, SAVE_MARGIN_S, stop_lead
 from autoplan.export.registry import get_target
 from autoplan.export.slurm import SIGNAL_MAX_S, SlurmOptions
 from autoplan.plan import ClusterRef, Plan, save_plan
@@ -42,11 +43,12 @@ def _header(text: str) -> str:
     return " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
 
 
-def _needed_s(plan: Plan, steps: int) -> float:
-    """The run as the header prices it: every step at the band's upper edge, then the
-    --signal lead (one such step and the save)."""
+def _needed_s(plan: Plan, steps: int, checkpoint_every: int = CHECKPOINT_EVERY) -> float:
+    """The job as --time-limit is checked against: every step at the band's upper edge, a save
+    every checkpoint_every steps, the start-up allowance, then the --signal lead."""
     lead = stop_lead(plan, plan.model_spec(), 8)
-    return steps * lead.step_s * (1 + lead.band) + min(SIGNAL_MAX_S, lead.seconds_s)
+    return (steps * lead.step_s * (1 + lead.band) + math.ceil(steps / checkpoint_every)
+            * SAVE_MARGIN_S + START_UP_S + min(SIGNAL_MAX_S, lead.seconds_s))
 
 
 def _export(tmp_path: Path, *flags: str) -> list[str]:
@@ -92,19 +94,34 @@ def test_train_tokens_are_refused_beside_steps_and_for_other_targets(tmp_path: P
 
 
 @pytest.mark.parametrize("steps", [20, 5000])
-def test_the_time_limit_is_the_priced_run_plus_the_warning(steps: int):
+def test_no_time_is_written_by_default_and_the_header_advises_the_priced_run(steps: int):
+    """A --time sized to the steps alone left a 20-step job seconds for srun, the rendezvous,
+    NCCL and the model build, then it stopped early and ended COMPLETED: by default the
+    partition's limit applies and the priced run is advice."""
     text = _sbatch(steps=steps)
-    needed = _needed_s(PLAN, steps)
-    assert TIME.findall(text) == [format_time(needed)]
-    assert parse_time_s(format_time(needed)) - 60 < needed <= parse_time_s(format_time(needed))
+    assert not TIME.findall(text)
+    lead = stop_lead(PLAN, PLAN.model_spec(), 8)
     header = _header(text)
-    assert f"--time={format_time(needed)}: {steps:,} steps x" in header
-    assert "periodic saves" in header and "--time-limit" in header
+    assert "no --time: the partition's limit applies" in header
+    assert (f"Priced run: {human_time(steps * lead.step_s)} at the priced step, "
+            f"{human_time(steps * lead.step_s * (1 + lead.band))} at the band's top" in header)
+    assert "--time-limit D-HH:MM:SS writes #SBATCH --time and checks it" in header
+    assert f"{human_time(_needed_s(PLAN, steps))} (" in header
 
 
-def test_a_longer_run_asks_for_more_time():
-    short, long = (parse_time_s(TIME.findall(_sbatch(steps=n))[0]) for n in (100, 10_000))
-    assert long > 10 * short
+def test_the_check_counts_start_up_and_the_saves():
+    """A limit that holds the steps and the warning but not start-up and saves is short."""
+    steps, every = 5000, 100
+    lead = stop_lead(PLAN, PLAN.model_spec(), 8)
+    bare = steps * lead.step_s * (1 + lead.band) + min(SIGNAL_MAX_S, lead.seconds_s)
+    needed = _needed_s(PLAN, steps, every)
+    assert needed - bare == 50 * SAVE_MARGIN_S + START_UP_S
+    assert needed > parse_time_s(format_time(bare))
+    with pytest.raises(InfeasiblePlanError, match="short of"):
+        _sbatch(steps=steps, checkpoint_every=every, time_limit=format_time(bare))
+    enough = format_time(needed)
+    assert TIME.findall(_sbatch(steps=steps, checkpoint_every=every,
+                                time_limit=enough)) == [enough]
 
 
 def test_time_limit_none_writes_no_time_and_a_given_one_is_written():
@@ -121,8 +138,10 @@ def test_a_job_priced_past_the_limit_is_refused_unless_it_requeues(tmp_path: Pat
     with pytest.raises(InfeasiblePlanError) as err:
         _sbatch(steps=steps, time_limit=limit)
     lead = stop_lead(PLAN, PLAN.model_spec(), 8)
-    fits = int((12 * 3600 - min(SIGNAL_MAX_S, lead.seconds_s))
-               // (lead.step_s * (1 + lead.band)))
+    step_s = lead.step_s * (1 + lead.band)
+    room = 12 * 3600 - min(SIGNAL_MAX_S, lead.seconds_s) - START_UP_S
+    fits = max(n for n in range(int(room // step_s) + 1)
+               if n * step_s + math.ceil(n / CHECKPOINT_EVERY) * SAVE_MARGIN_S <= room)
     message = str(err.value)
     assert f"--time-limit {limit} is" in message and f"export with --steps {fits}" in message
     assert "add --requeue" in message
@@ -170,6 +189,24 @@ def test_a_plan_not_priced_here_gets_no_time_and_says_why():
     assert TIME.findall(_sbatch(elsewhere, time_limit="1-00:00:00")) == ["1-00:00:00"]
 
 
+def test_a_plan_not_priced_here_is_refused_a_limit_at_or_under_its_lead(tmp_path: Path, capsys):
+    """--time-limit 5 under --signal=TERM@600 told the ranks to stop before they started."""
+    elsewhere = PLAN.replace(cluster=ClusterRef("/nonexistent/site-profile.yaml", 16))
+    lead = min(SIGNAL_MAX_S, stop_lead(elsewhere, elsewhere.model_spec(), 8).seconds_s)
+    for limit in ("5", format_time(lead)):
+        with pytest.raises(ConfigError, match=f"at or under the {lead} s --signal lead") as err:
+            _sbatch(elsewhere, time_limit=limit)
+        assert f"at least {format_time(lead + 1)}" in str(err.value)
+    assert TIME.findall(_sbatch(elsewhere, time_limit=format_time(lead + 1))) == [
+        format_time(lead + 1)]
+    plan_file = tmp_path / "elsewhere.yaml"
+    save_plan(elsewhere, plan_file)
+    assert_refused(capsys, ["export", str(plan_file), "--to", "slurm", "--time-limit", "5",
+                            "--gpus-per-node", "8", "--out", str(tmp_path / "job.sbatch")],
+                   "--time-limit: got '5'", f"at least {format_time(lead + 1)}")
+    assert not (tmp_path / "job.sbatch").exists()
+
+
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch (slurm-client) not installed")
 def test_real_sbatch_parses_the_time_written(tmp_path: Path):
     conf = tmp_path / "slurm.conf"  # enough config for sbatch to parse; no controller runs
@@ -184,7 +221,32 @@ def test_real_sbatch_parses_the_time_written(tmp_path: Path):
         return subprocess.run(["sbatch", "--test-only", str(path)], env=env, text=True,
                               capture_output=True, timeout=60).stderr
 
-    text = _sbatch(steps=1_000_000)
+    text = _sbatch(steps=1_000_000, time_limit="100-00:00:00")
     assert parse_time_s(TIME.findall(text)[0]) > 86400  # days: the D- form
     assert "Unable to contact slurm controller" in sbatch(text)  # parsed, then no controller
     assert "Invalid --time specification" in sbatch(TIME.sub("#SBATCH --time=2x", text))
+
+
+def test_the_time_written_is_echoed_and_over_a_week_warned(tmp_path: Path, capsys, caplog):
+    assert main(_export(tmp_path, "--time-limit", "2-00:00:00")) == 0
+    err = capsys.readouterr().err
+    assert "#SBATCH --time=2-00:00:00 (--time-limit)" in err and "PartitionTimeLimit" not in err
+    assert main(_export(tmp_path, "--time-limit", "8-00:00:00", "--force")) == 0
+    err = capsys.readouterr().err
+    assert "#SBATCH --time=8-00:00:00 (--time-limit)" in err
+    assert "over 7 days" in caplog.text and "PartitionTimeLimit" in caplog.text
+    assert "--time-limit MAX --requeue" in caplog.text
+    assert main(_export(tmp_path, "--force")) == 0  # no --time written: nothing said of it
+    assert "#SBATCH --time" not in capsys.readouterr().err
+
+
+def test_checkpoint_every_0_counts_the_one_save_at_the_end():
+    lead = stop_lead(PLAN, PLAN.model_spec(), 8)
+    steps = 1000
+    needed = (steps * lead.step_s * (1 + lead.band) + SAVE_MARGIN_S + START_UP_S
+              + min(SIGNAL_MAX_S, lead.seconds_s))
+    assert "1 save x" in _header(_sbatch(steps=steps, checkpoint_every=0, time_limit="30-0"))
+    with pytest.raises(InfeasiblePlanError, match="short of"):
+        _sbatch(steps=steps, checkpoint_every=0, time_limit=format_time(needed - 120))
+    assert TIME.findall(_sbatch(steps=steps, checkpoint_every=0,
+                                time_limit=format_time(needed))) == [format_time(needed)]
