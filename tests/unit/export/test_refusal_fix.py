@@ -12,18 +12,31 @@ import pytest
 from autoplan.commands import main
 from autoplan.cost.runtime_rules import refusals
 from autoplan.cost.runtimes import load_runtime
-from autoplan.errors import ConfigError
-from autoplan.export.base import ExportOptions, export_plan, plan_edits
+from autoplan.errors import ConfigError, InfeasiblePlanError
+from autoplan.export.base import ExportOptions, export_plan, plan_reasons
+from autoplan.export.pricing import check_fits
+from autoplan.export.refusal_fix import plan_edits
 from autoplan.export.registry import get_target
-from autoplan.plan import Parallel, Precision, plan_from_dict, plan_to_dict, save_plan
+from autoplan.plan import (
+    Batch,
+    Parallel,
+    Precision,
+    Recompute,
+    RecomputePolicy,
+    plan_from_dict,
+    plan_to_dict,
+    save_plan,
+)
 from autoplan.plan_args import apply_sets
 from autoplan.search.cli import RUNTIMES
 from tests.cli_refusals import assert_refused
 
-from .cases import CASES, plan
+from .cases import CASES, FULL, plan
 
-LLAMA_ZERO1 = plan("llama-3.1-8b", 16, zero_stage=1)
-"""torchtitan builds Llama 3.1 8B, but has no ZeRO-1 (it runs 0, 2, 3)."""
+LLAMA_ZERO1 = plan("llama-3.1-8b", 16, zero_stage=1, recompute=FULL)
+"""torchtitan builds Llama 3.1 8B, but has no ZeRO-1 (it runs 0, 2, 3); with full recompute
+it fits at ZeRO-2 (without, ZeRO-2 needs 94.2 GiB as torchtitan holds it, and the memory
+check refused the edit offered)."""
 
 
 @pytest.mark.parametrize(("fmt", "runtime", "out"), [("toml", "torchtitan", "job.toml"),
@@ -100,3 +113,38 @@ def test_main_exit_code_is_two(tmp_path: Path, capsys):
     save_plan(LLAMA_ZERO1, plan_file)
     assert main(["export", str(plan_file), "--to", "torchtitan"]) == 2
     assert not capsys.readouterr().out
+
+
+def _fp8_70b(**kw):
+    """llama-3-70b on 64 H100s at tp 2 in fp8, as `search --runtime megatron` may give it:
+    autoplan's runtime does not train fp8 beside tp; in bf16 it holds twice the weights."""
+    return plan("llama-3-70b", 64, parallel=Parallel(dp=32, tp=2), sequence_parallel=True,
+                precision=Precision.FP8, batch=Batch(micro_batch_size=1, global_batch_size=256),
+                **kw)
+
+
+def test_an_edit_that_would_run_out_of_memory_is_not_offered(tmp_path: Path, capsys):
+    """precision=bf16 lifts torchrun's refusal of ZeRO-1's fp8 plan, but the export's memory
+    check then refused it (exit 3): the suggested --set must pass that check too."""
+    target, opts = get_target("torchrun"), ExportOptions()
+    fp8 = _fp8_70b(zero_stage=1)
+    model = fp8.model_spec()
+    bf16 = fp8.replace(precision=Precision.BF16)
+    assert not plan_reasons(bf16, model) and not target.check(bf16, model, opts)
+    with pytest.raises(InfeasiblePlanError, match="does not fit"):
+        check_fits("plan.yaml", bf16, model, None, opts.gpus_per_node)
+    assert plan_edits(target, fp8, model, opts, "autoplan") == []
+    plan_file = tmp_path / "plan.yaml"
+    save_plan(fp8, plan_file)
+    err = assert_refused(capsys, ["export", str(plan_file), "--to", "torchrun"],
+                         "precision fp8 with tp=2")
+    assert "precision=bf16" not in err
+
+
+def test_an_edit_offered_passes_the_memory_check_too():
+    target, opts = get_target("torchrun"), ExportOptions()
+    fp8 = _fp8_70b(zero_stage=3, recompute=Recompute(RecomputePolicy.FULL))
+    model = fp8.model_spec()
+    assert plan_edits(target, fp8, model, opts, "autoplan") == ["precision=bf16"]
+    check_fits("plan.yaml", fp8.replace(precision=Precision.BF16), model, None,
+               opts.gpus_per_node)  # raises where it does not fit
