@@ -307,7 +307,11 @@ def disruption_lines(kind: str, restarts: int) -> list[str]:
             f"for reason {FAILED_BY_POLICY} restarts the JobSet with "
             "RestartJobSetAndIgnoreMaxRestarts (JobSet v0.6.0 or later), so evictions restart it "
             f"without limit and never spend failurePolicy.maxRestarts {restarts}, kept for crashes "
-            "(an older cluster or JobSet refuses or drops these fields: evictions then count). No "
+            "(an older cluster or JobSet refuses or drops these fields: evictions then count). "
+            "So does a pod the kubelet evicts for its own memory use (node-pressure eviction "
+            f"also sets {DISRUPTED}): a job that outgrows its node restarts without limit; "
+            "`kubectl get jobset -o yaml` shows it, status.restarts growing while "
+            "status.restartsCountTowardsMax does not. No "
             "rule reads exit codes: torchrun, the container's process, exits 1 once it has passed "
             "a SIGTERM on, as after a crash. APIs: "
             f"{SOURCES['podFailurePolicy']}; {SOURCES['failurePolicy.rules']}.")
