@@ -622,9 +622,16 @@ def check_megatron_arguments(text: str, path: str) -> None:
     fix = "give the pretrain_gpt.py launch script, or a file of its arguments"
     trained = re.search(r"(?:^|\s)autoplan\s+train\s+(\S+)", text)
     if trained:  # an exported autoplan job: the plan it trains is the plan
+        from autoplan.export.kubernetes import PLAN_ENV, PLAN_FILE
+
         plan = trained.group(1).strip("'\"")
-        fix += (f" (this file runs `autoplan train {plan}`: that plan needs no import; "
-                f"`autoplan estimate --plan {plan}` prices it)")
+        if plan == PLAN_FILE:  # a pod's path: the manifest carries the plan in an env var
+            fix += (f" (this Kubernetes manifest runs `autoplan train` on the plan it carries "
+                    f"in {PLAN_ENV}: that plan needs no import; save it to a file and "
+                    "`autoplan estimate --plan FILE` prices it)")
+        else:
+            fix += (f" (this file runs `autoplan train {plan}`: that plan needs no import; "
+                    f"`autoplan estimate --plan {plan}` prices it)")
     raise ConfigError(f"FILE {path}", "no Megatron-LM arguments found: it holds none of those "
                       f"the import reads ({', '.join(CORE_FLAGS)}, ...){has}", fix)
 

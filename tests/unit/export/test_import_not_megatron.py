@@ -54,3 +54,17 @@ def test_a_megatron_launch_still_imports(tmp_path: Path, capsys):
     assert main(["import", str(script), "--from", "megatron", "--cluster", CLUSTER,
                  "--out", str(out)]) == 0, capsys.readouterr().err
     assert out.exists()
+
+
+def test_a_kubernetes_manifest_names_the_env_var_its_plan_travels_in(tmp_path: Path, capsys):
+    """The manifest's `autoplan train` reads a path inside the pod: the plan is in the
+    manifest's AUTOPLAN_PLAN_YAML, which the refusal names, not the pod's path."""
+    plan_file = tmp_path / "plan.yaml"
+    save_plan(CASES["dp-zero1"][0], plan_file)
+    manifest = tmp_path / "job.yaml"
+    assert main(["export", str(plan_file), "--to", "kubernetes", "--out", str(manifest)]) == 0
+    capsys.readouterr()
+    err = assert_refused(capsys, _import(manifest), "no Megatron-LM arguments found",
+                         "this Kubernetes manifest runs `autoplan train` on the plan it carries "
+                         "in AUTOPLAN_PLAN_YAML")
+    assert "/tmp/autoplan-plan.yaml" not in err
