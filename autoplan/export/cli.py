@@ -23,7 +23,7 @@ from autoplan.cli_common import BINARY_NOTE, DECIMAL_NOTE, add_format_argument, 
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.job_inputs import PLAN_FILE_TARGETS, named_files
-from autoplan.export.job_length import steps_for_tokens, written_time
+from autoplan.export.job_length import overshoot_warning, steps_for_tokens, written_time
 from autoplan.export.launch import (
     CHECKPOINT_EVERY,
     LAUNCH_TARGETS,
@@ -246,6 +246,9 @@ def run_export(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     model = plan.model_spec()
     opts = _launch_options(args, plan)
+    overshoot = overshoot_warning(opts, plan, model)
+    if overshoot:
+        log.warning("%s", overshoot)
     # refuses before any write, naming the search --runtime of the engine the target runs
     files = export_plan(get_target(args.to), plan, model, opts,
                         target_runtime(args.to, opts.torchtitan_format) or "autoplan")

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from autoplan.errors import ConfigError, InfeasiblePlanError
-from autoplan.export.launch import SAVE_MARGIN_S, LaunchOptions, StopLead, comment
+from autoplan.export.launch import SAVE_MARGIN_S, LaunchOptions, StopLead, comment, plural
 from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan
 
@@ -26,10 +26,29 @@ def steps_for_tokens(plan: Plan, model: ModelSpec, tokens: float) -> int:
                           "tokens, e.g. 1e12")
     steps = math.ceil(tokens / tokens_per_step(plan, model))
     if steps > MAX_STEPS:
-        raise ConfigError("--train-tokens", f"got {tokens:g}: {steps:,} steps of "
+        raise ConfigError("--train-tokens", f"got {tokens_text(tokens)}: {steps:,} steps of "
                           f"{tokens_per_step(plan, model):,} tokens", f"expected at most "
                           f"{MAX_STEPS * tokens_per_step(plan, model):.3g} tokens")
     return steps
+
+
+def tokens_text(tokens: float) -> str:
+    """A token count as a reader writes it: 1,000,000,000,000 for 1T (not 1e+12)."""
+    whole = math.isfinite(tokens) and tokens == int(tokens) and tokens < 1e21
+    return f"{int(tokens):,}" if whole else f"{tokens:g}"
+
+
+def overshoot_warning(run: LaunchOptions, plan: Plan, model: ModelSpec) -> str | None:
+    """Where --train-tokens is under half a step's tokens, the steps it came to train over
+    twice the tokens asked: a line saying so (None elsewhere)."""
+    if run.train_tokens is None:
+        return None
+    trained = run.steps * tokens_per_step(plan, model)
+    if trained <= 2 * run.train_tokens:
+        return None
+    return (f"--train-tokens {tokens_text(run.train_tokens)}: --steps {run.steps:,} trains "
+            f"{trained:,} tokens, {trained / run.train_tokens:,.0f}x those asked (one step "
+            f"trains {tokens_per_step(plan, model):,}); give more tokens, or --steps")
 
 
 MAX_STEPS = 2**40
@@ -43,7 +62,7 @@ def tokens_comment(run: LaunchOptions, plan: Plan, model: ModelSpec) -> list[str
         return []
     per_step = tokens_per_step(plan, model)
     return comment(
-        f"--train-tokens {run.train_tokens:g}: --steps {run.steps:,}, the tokens over "
+        f"--train-tokens {tokens_text(run.train_tokens)}: --steps {run.steps:,}, the tokens over "
         f"{per_step:,} a step ({plan.batch.global_batch_size:,} sequences x {model.seq_len:,} "
         f"tokens), rounded up: {run.steps * per_step:,} tokens in all.")
 
@@ -163,7 +182,7 @@ def time_limit(run: LaunchOptions, limit: str | None, lead: StopLead,
     overhead = START_UP_S + n_saves * SAVE_MARGIN_S + warning_s
     needed = run.steps * step_s + overhead
     central = run.steps * lead.step_s
-    sized = (f"{run.steps:,} steps x {lead.step_s:.3g} s + {lead.band:.0%} (the upper edge of "
+    sized = (f"{run.steps:,} {plural(run.steps, 'step')} x {lead.step_s:.3g} s + {lead.band:.0%} (the upper edge of "
              f"the step {lead.priced_by}), {n_saves:,} {plural(n_saves, 'save')} x "
              f"{SAVE_MARGIN_S} s (--checkpoint-every {run.checkpoint_every:,}), "
              f"{START_UP_S // 60} min for start-up and the {warning_s} s time-limit warning")
@@ -188,13 +207,13 @@ def time_limit(run: LaunchOptions, limit: str | None, lead: StopLead,
     if not run.requeue:
         given_as = " (instead of --train-tokens)" if run.train_tokens is not None else ""
         raise InfeasiblePlanError(
-            f"{short}: {fits:,} {plural(fits, 'step')} {'fits' if fits == 1 else 'fit'} in it; export with --steps {fits}"
-            f"{given_as}, add --requeue to train all {run.steps:,} in about {turns} runs that "
+            f"{short}: {fits:,} {plural(fits, 'step')} {'fits' if fits == 1 else 'fit'} in it; "
+            f"export with --steps {fits}{given_as}, add --requeue to train all {run.steps:,} in about {turns} runs that "
             "requeue themselves, or give a longer --time-limit")
     return TimeLimit(given, needed, f"--time={format_time(given)} as given (--time-limit), "
                      f"{human_time(needed - given)} short of the job as priced ({sized}): about "
-                     f"{fits:,} steps a run, so the job requeues itself about {turns - 1} "
-                     "times (--requeue).")
+                     f"{fits:,} {plural(fits, 'step')} a run, so the job requeues itself about "
+                     f"{turns - 1} {plural(turns - 1, 'time')} (--requeue).")
 
 
 def written_time(files: dict[str, str]) -> tuple[str | None, str | None]:
@@ -211,8 +230,3 @@ def written_time(files: dict[str, str]) -> tuple[str | None, str | None]:
                   "and a longer job may pend with reason PartitionTimeLimit (`scontrol show "
                   "partition` lists MaxTime); export with --time-limit MAX --requeue to run it "
                   "in turns")
-
-
-def plural(n: int, word: str) -> str:
-    """`word` for `n` of it: "1 step", "2 steps" (the number is the caller's)."""
-    return word if n == 1 else word + "s"

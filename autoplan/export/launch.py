@@ -265,6 +265,16 @@ def checkpoint_lines(opts: ExportOptions, num_nodes: int, note: str = "") -> lis
                    "(a shared filesystem), not a node's local disk.")
 
 
+def plural(n: int, word: str) -> str:
+    """`word` for `n` of it: "1 step", "2 steps" (the number is the caller's)."""
+    return word if n == 1 else word + "s"
+
+
+def all_steps(n: int) -> str:
+    """"all 20 steps", "the 1 step": every step of a run of `n`, for a header or a log line."""
+    return "the 1 step" if n == 1 else f"all {n} steps"
+
+
 def comment(text: str, width: int = 100) -> list[str]:
     """`text` as '# ' comment lines of at most `width` characters (a long word, e.g. a path,
     stays whole, and so does a number with its unit)."""

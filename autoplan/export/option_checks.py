@@ -45,7 +45,9 @@ def check_options(args: argparse.Namespace) -> None:
             raise ConfigError(flag, f"--to {args.to} writes no {flag[2:]}",
                               f"drop it, or export --to {' or '.join(targets)}")
     if args.time_limit is not None:  # a bad time is refused before the plan is read
-        if args.time_limit.strip().lower() == "none":
+        args.time_limit = args.time_limit.strip()
+        # sbatch's UNLIMITED and INFINITE: no --time of ours, the partition's limit
+        if args.time_limit.lower() in ("none", "unlimited", "infinite"):
             args.time_limit = "none"
         else:
             parse_time_s(args.time_limit)

@@ -4,7 +4,7 @@ clean stop from a crash. The SLURM and torchrun scripts share these shell lines.
 
 from __future__ import annotations
 
-from autoplan.export.launch import comment, shell_join
+from autoplan.export.launch import all_steps, comment, shell_join
 from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV, STEP_DIR_FORMAT, step_dir
 
 FILE = f'"${SAVED_STEP_ENV}"'
@@ -38,7 +38,7 @@ def end_lines(steps: int, folder: str, *, launcher: str, on_stop: list[str],
     after a failed launch (on several torchrun nodes, rank 0's may end after this one's, and
     rank 0 writes the file last); `keep_file` leaves it for other nodes to read (the script
     removes it before the launch)."""
-    finished = (f"autoplan: trained all {steps} steps and saved checkpoint {step_dir(steps)} "
+    finished = (f"autoplan: trained {all_steps(steps)} and saved checkpoint {step_dir(steps)} "
                 f"in %s; {launcher}'s status was %s ({why_failed})\\n")
     wait = ['if [ "$status" -ne 0 ]; then  # rank 0 may write it after this node\'s ranks '
             "ended",

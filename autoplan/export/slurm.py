@@ -25,6 +25,7 @@ from autoplan.export.launch import (
     SHUTDOWN_ENV,
     LaunchOptions,
     StopLead,
+    all_steps,
     check_job_name,
     check_min_nodes,
     check_train_data,
@@ -35,6 +36,7 @@ from autoplan.export.launch import (
     data_lines,
     launch_options,
     on_cpu,
+    plural,
     runtime_reasons,
     shell_join,
     stop_lead,
@@ -243,17 +245,17 @@ class StopWarning:
                 "rank has saved it. ")
         if requeue:
             return comment(
-                head + f"Stopped short of {steps} steps after such a save, the script requeues "
+                head + f"Stopped short of {steps} {plural(steps, 'step')} after such a save, the script requeues "
                 "this job (scontrol requeue $SLURM_JOB_ID; the partition must allow it), which "
                 "resumes from that checkpoint when it runs again; the job ends COMPLETED only "
-                f"once all {steps} steps are trained, so an afterok dependency waits for the "
+                f"once {all_steps(steps)} {'is' if steps == 1 else 'are'} trained, so an afterok dependency waits for the "
                 "trained model. If the requeue is refused the script exits 1 with a line saying "
                 "so. A crash, or ranks killed before their save, keeps srun's status.")
         return comment(
             head + "The script then exits 0 with a line in the job log naming the step and how "
             "to resume: a job stopped by the time-limit warning after a clean save ends "
-            "COMPLETED. So an afterok dependency starts after each such stop, before all "
-            f"{steps} steps are trained: it suits the next run of this script, not a job that "
+            "COMPLETED. So an afterok dependency starts after each such stop, before "
+            f"{all_steps(steps)} {'is' if steps == 1 else 'are'} trained: it suits the next run of this script, not a job that "
             "needs the trained model (export with --requeue for that). A crash, or ranks "
             "killed before their save, keeps srun's status.")
 

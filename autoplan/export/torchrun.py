@@ -25,6 +25,7 @@ from autoplan.export.launch import (
     data_lines,
     launch_options,
     on_cpu,
+    plural,
     runtime_reasons,
     shell_join,
     torchrun_argv,
@@ -105,7 +106,7 @@ def _end_comment(steps: int, num_nodes: int) -> list[str]:
         "Exit status: torchrun exits 1 once it has passed a SIGTERM or Ctrl-C on, whatever its "
         f"ranks did. Rank 0 writes the step of the last checkpoint to ${SAVED_STEP_ENV} (in "
         "the checkpoint folder) once every rank has saved it; the script then exits 0, with a "
-        f"line naming the step and how to resume where it is short of {steps} steps. A crash, "
+        f"line naming the step and how to resume where it is short of {steps} {plural(steps, 'step')}. A crash, "
         "or ranks killed before their save, keeps torchrun's status. Stop a run by sending "
         "SIGTERM to torchrun or to this script's process group (kill -TERM -- -PGID, as timeout "
         "and systemd do): the script outlives it to read the step." + nodes)

@@ -19,7 +19,13 @@ import pytest
 from autoplan.commands import main
 from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.export.base import export_plan
-from autoplan.export.job_length import START_UP_S, format_time, human_time, parse_time_s
+from autoplan.export.job_length import (
+    START_UP_S,
+    format_time,
+    human_time,
+    parse_time_s,
+    tokens_text,
+)
 from autoplan.export.launch import CHECKPOINT_EVERY, SAVE_MARGIN_S, stop_lead
 from autoplan.export.registry import get_target
 from autoplan.export.slurm import SIGNAL_MAX_S, SlurmOptions
@@ -66,7 +72,7 @@ def test_train_tokens_become_steps_rounded_up_and_the_header_says_so(tmp_path: P
     text = (tmp_path / "job.sbatch").read_text()
     steps = math.ceil(1e9 / per_step)  # 3814.7 -> 3815
     assert steps == 3815 and STEPS.findall(text) == [str(steps)]
-    assert (f"--train-tokens 1e+09: --steps 3,815, the tokens over {per_step:,} a step (128 "
+    assert (f"--train-tokens 1,000,000,000: --steps 3,815, the tokens over {per_step:,} a step (128 "
             f"sequences x 2,048 tokens), rounded up: {steps * per_step:,} tokens in all"
             in _header(text))
 
@@ -250,3 +256,37 @@ def test_checkpoint_every_0_counts_the_one_save_at_the_end():
         _sbatch(steps=steps, checkpoint_every=0, time_limit=format_time(needed - 120))
     assert TIME.findall(_sbatch(steps=steps, checkpoint_every=0,
                                 time_limit=format_time(needed))) == [format_time(needed)]
+
+
+def test_train_tokens_1t_is_echoed_as_a_number_not_1e12():
+    assert tokens_text(1e12) == "1,000,000,000,000" and tokens_text(1.5) == "1.5"
+
+
+def test_train_tokens_under_half_a_step_warn_of_the_tokens_trained(tmp_path: Path, capsys,
+                                                                   caplog):
+    """2k tokens came to --steps 1, 262,144 tokens (131x), with no word."""
+    assert main(_export(tmp_path, "--train-tokens", "2k")) == 0
+    assert STEPS.findall((tmp_path / "job.sbatch").read_text()) == ["1"]
+    assert ("--train-tokens 2,000: --steps 1 trains 262,144 tokens, 131x those asked"
+            in caplog.text)
+    caplog.clear()
+    assert main(_export(tmp_path, "--train-tokens", "1B", "--force")) == 0
+    assert "those asked" not in caplog.text
+
+
+def test_one_step_is_said_as_one_step():
+    header = _header(_sbatch(steps=1, time_limit="1-0"))
+    assert "1 step x" in header and "1 steps" not in header
+
+
+@pytest.mark.parametrize("text", ["UNLIMITED", "infinite", " none "])
+def test_slurms_unlimited_is_read_as_none(tmp_path: Path, capsys, text: str):
+    assert main(_export(tmp_path, "--time-limit", text)) == 0
+    assert not TIME.findall((tmp_path / "job.sbatch").read_text())
+
+
+def test_a_refused_time_limit_is_echoed_stripped_and_train_tokens_named(tmp_path: Path, capsys):
+    code = main(_export(tmp_path, "--train-tokens", "1T", "--time-limit", " 30 "))
+    err = capsys.readouterr().err
+    assert code == 3 and "--time-limit 30 is" in err and "' 30 '" not in err
+    assert "(instead of --train-tokens)" in err

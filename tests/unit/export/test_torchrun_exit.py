@@ -204,6 +204,6 @@ def test_train_tokens_become_steps_as_for_slurm(tmp_path: Path, capsys):
         assert f" --steps {steps} " in text
     header = " ".join(line[2:] for line in texts["torchrun"].splitlines()
                       if line.startswith("# "))
-    assert (f"--train-tokens 1e+09: --steps {steps:,}, the tokens over {per_step:,} a step"
+    assert (f"--train-tokens 1,000,000,000: --steps {steps:,}, the tokens over {per_step:,} a step"
             in header)
     assert f"short of {steps} steps" in header
