@@ -103,7 +103,10 @@ def count(low: int | None = 1, high: int | None = MAX_COUNT, *, suffixes: str | 
             raise argparse.ArgumentTypeError(
                 f"got {text[:40]!r}; write a whole number, e.g. {example}{how}") from None
         if low is not None and high is not None and not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {value}")
+            plain = text.strip()
+            read = "" if plain == str(value) else f" (= {value:,})"
+            raise argparse.ArgumentTypeError(f"got {plain[:40]!r}{read}; expected a whole number "
+                                             f"from {low:,} to {high:,}")
         return value
 
     parse.__name__ = "count"  # argparse names the type in some messages

@@ -382,5 +382,5 @@ def test_an_absurd_trial_count_is_a_typo(tmp_path, capsys, value) -> None:
         main(["calibrate", _one_run(tmp_path), "--profile", "cpu-gloo", "--trials", value,
               "--seed", "-1", "--out", str(tmp_path / "out.yaml")])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "--trials: expected an integer from 1 to 100000" in err
+    assert exit_.value.code == 2 and f"--trials: got {value!r}; expected a whole number from 1 to 100,000" in err
     assert not (tmp_path / "out.yaml").exists()

@@ -132,4 +132,4 @@ def test_an_absurd_trial_count_is_a_typo(capsys, value: str) -> None:
         # --top 0 is refused too, later: the parser refuses the count before any search
         main([*SEARCH, "--sampler", "random", "--trials", value, "--top", "0"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "--trials: expected an integer from 1 to 100000" in err
+    assert exit_.value.code == 2 and f"--trials: got {value!r}; expected a whole number from 1 to 100,000" in err

@@ -47,12 +47,24 @@ def test_a_bad_number_is_the_house_line_with_the_flags_example(capsys, argv: lis
 
 
 @pytest.mark.parametrize(("flag", "value", "needle"), [
-    ("--steps", "0", "--steps: expected an integer from 1 to"),
-    ("--checkpoint-every", "-1", "--checkpoint-every: expected an integer from 0 to"),
-    ("--max-restarts", "10001", "--max-restarts: expected an integer from 0 to 10000, got 10001"),
+    ("--steps", "0", "--steps: got '0'; expected a whole number from 1 to"),
+    ("--checkpoint-every", "-1", "--checkpoint-every: got '-1'; expected a whole number from 0 to"),
+    ("--max-restarts", "10001",
+     "--max-restarts: got '10001'; expected a whole number from 0 to 10,000"),
 ])
 def test_the_ranges_stay(capsys, flag: str, value: str, needle: str) -> None:
     with pytest.raises(SystemExit) as exit_:
         main([*EXPORT, flag, value])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and needle in err, err
+
+
+def test_a_suffixed_count_out_of_range_shows_the_text_and_its_value(capsys) -> None:
+    """'-1k' read "got -1024" beside an ungrouped range: the text given comes first, its value
+    beside it where that is not the same text, the range grouped."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*EXPORT, "--steps=-1k"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert ("--steps: got '-1k' (= -1,000); expected a whole number from 1 to "
+            "1,099,511,627,776") in err
