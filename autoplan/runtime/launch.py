@@ -271,7 +271,6 @@ def launch_and_report(args: argparse.Namespace) -> int:
     from autoplan.cli_common import emit
     from autoplan.plan import load_plan
     from autoplan.runtime.checkpoint_files import clean_temporaries
-    from autoplan.runtime.metrics import write_run_record
     from autoplan.runtime.supervise import run_supervised
     from autoplan.runtime.train_args import check_train_args
     from autoplan.runtime.validation import load_cluster
@@ -317,7 +316,7 @@ def launch_and_report(args: argparse.Namespace) -> int:
             emit(args, with_profile(summary, plan),
                  lambda console: render(console, summary, plan.cluster.profile))
             if args.run_record:  # the steps trained were measured: calibrate reads them
-                write_run_record(args.run_record, summary, plan)
+                _write_record(args.run_record, summary, plan)
         elif args.run_record:
             log.warning("--run-record %s not written: the ranks were stopped before they "
                         "summed up the run", args.run_record)
@@ -337,8 +336,21 @@ def launch_and_report(args: argparse.Namespace) -> int:
     emit(args, with_profile(summary, plan),
          lambda console: render(console, summary, plan.cluster.profile))
     if args.run_record:  # after the summary: a path taken meanwhile costs no result
-        write_run_record(args.run_record, summary, plan)
+        _write_record(args.run_record, summary, plan)
     return 0
+
+
+def _write_record(path: str, summary: dict, plan) -> None:
+    """Write the run record, saying so where it holds no measured step (a run stopped, or
+    ended, within its warm-up): its measured.step_time_s is null, which `autoplan calibrate`
+    refuses, so the record is no calibration point until a run measures a step."""
+    from autoplan.runtime.metrics import write_run_record
+
+    written = write_run_record(path, summary, plan)
+    if summary.get("measured", {}).get("step_time_s") is None:
+        log.warning("--run-record %s holds no measured step (measured.step_time_s is null: "
+                    "the run trained no step after its warm-up), so `autoplan calibrate` "
+                    "refuses it; a run that measures one makes a record it reads", written)
 
 
 def with_profile(summary: dict, plan) -> dict:
