@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from autoplan.plan import Batch, ClusterRef, Plan
 
 from .cases import CASES
 from .consumers import bash_syntax_ok
+from .real_sbatch import ACCEPTED, needs_sbatch, sbatch_test_only
 
 EXPRESSIBLE = [name for name, (_, ok) in CASES.items() if "slurm" in ok]
 SIGNAL = re.compile(r"^#SBATCH --signal=(\S+)$", re.M)
@@ -121,24 +121,12 @@ def test_torchrun_waits_as_long_as_the_warning(tmp_path: Path):
     assert config.shutdown_timeout == seconds
 
 
-@pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch (slurm-client) not installed")
+@needs_sbatch
 def test_real_sbatch_takes_the_capped_warning_and_refuses_one_past_it(tmp_path: Path):
-    conf = tmp_path / "slurm.conf"  # enough config for sbatch to parse; no controller runs
-    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nSlurmctldPort=1\nMessageTimeout=1\n"
-                    "GresTypes=gpu\nNodeName=n[1-64] CPUs=64 Gres=gpu:8\n"
-                    "PartitionName=p Nodes=ALL Default=YES\n")
     text = _sbatch(_elsewhere(step_time_s=1e6))
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-
-    def sbatch(body: str) -> str:
-        path = tmp_path / "job.sbatch"
-        path.write_text(body)
-        return subprocess.run(["sbatch", "--test-only", str(path)], env=env, text=True,
-                              capture_output=True, timeout=60).stderr
-
-    assert "Unable to contact slurm controller" in sbatch(text)  # parsed, then no controller
+    assert ACCEPTED in sbatch_test_only(tmp_path, text)  # parsed, then no controller
     past = text.replace(f"TERM@{SIGNAL_MAX_S}", f"TERM@{SIGNAL_MAX_S + 1}")
-    assert "Invalid --signal specification" in sbatch(past)
+    assert "Invalid --signal specification" in sbatch_test_only(tmp_path, past)
 
 
 @pytest.mark.parametrize("target", ["slurm", "torchrun"])

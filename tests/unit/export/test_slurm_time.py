@@ -8,10 +8,7 @@ unless it requeues itself)"""
 from __future__ import annotations
 
 import math
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,6 +30,7 @@ from autoplan.plan import ClusterRef, Plan, save_plan
 from tests.cli_refusals import assert_refused
 
 from .cases import CASES
+from .real_sbatch import ACCEPTED, needs_sbatch, sbatch_test_only
 
 PLAN = CASES["dp-zero1"][0]
 """gpt3-1.3b on 16 H100s: a global batch of 128 sequences of 2048 tokens."""
@@ -213,24 +211,13 @@ def test_a_plan_not_priced_here_is_refused_a_limit_at_or_under_its_lead(tmp_path
     assert not (tmp_path / "job.sbatch").exists()
 
 
-@pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch (slurm-client) not installed")
+@needs_sbatch
 def test_real_sbatch_parses_the_time_written(tmp_path: Path):
-    conf = tmp_path / "slurm.conf"  # enough config for sbatch to parse; no controller runs
-    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nSlurmctldPort=1\nMessageTimeout=1\n"
-                    "GresTypes=gpu\nNodeName=n[1-64] CPUs=64 Gres=gpu:8\n"
-                    "PartitionName=p Nodes=ALL Default=YES\n")
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-
-    def sbatch(body: str) -> str:
-        path = tmp_path / "job.sbatch"
-        path.write_text(body)
-        return subprocess.run(["sbatch", "--test-only", str(path)], env=env, text=True,
-                              capture_output=True, timeout=60).stderr
-
     text = _sbatch(steps=1_000_000, time_limit="100-00:00:00")
     assert parse_time_s(TIME.findall(text)[0]) > 86400  # days: the D- form
-    assert "Unable to contact slurm controller" in sbatch(text)  # parsed, then no controller
-    assert "Invalid --time specification" in sbatch(TIME.sub("#SBATCH --time=2x", text))
+    assert ACCEPTED in sbatch_test_only(tmp_path, text)  # parsed, then no controller
+    bad = TIME.sub("#SBATCH --time=2x", text)
+    assert "Invalid --time specification" in sbatch_test_only(tmp_path, bad)
 
 
 def test_the_time_written_is_echoed_and_over_a_week_warned(tmp_path: Path, capsys, caplog):
