@@ -99,4 +99,4 @@ def unvalidated_words(mfu: float, ceiling: Any) -> str:
     """Why a predicted MFU above what the validated runs of its kind on its GPU were predicted
     at (error_band.MfuCeiling) is an extrapolation, in one sentence."""
     return (f"MFU {mfu:.1%} is above {ceiling.describe()}: the validation does not reach it, "
-            f"so measure it (autoplan tune) before relying on it")
+            f"so measure it (autoplan tune, on those GPUs) before relying on it")

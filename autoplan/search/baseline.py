@@ -117,7 +117,7 @@ def gain_text(best: float, other: float, band: float | None) -> str:
     gain = best / other - 1.0
     text = f"{gain:+.1%} tokens/s"
     if band is not None:
-        text += (f", inside the cost model's ±{band:.0%} band: measure both (autoplan tune)"
+        text += (f", inside the cost model's ±{band:.0%} band: measure both (autoplan tune, on those GPUs)"
                  if abs(gain) < band else f", more than the cost model's ±{band:.0%} band")
     return text
 

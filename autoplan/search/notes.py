@@ -233,3 +233,15 @@ def other_precision_line(data: dict[str, Any]) -> str | None:
             f"step {sig(o['step_s'])} s ±{o['error_band']:.0%}) is {o['slower_as_priced']:.1%} "
             f"slower as priced, and #1's ±{w['error_band']:.0%} is the error of "
             f"{w['precision']}{moe} runs{bias_words(w['error_bias'])}{lean}: measure both")
+
+
+def fp8_line(data: dict[str, Any]) -> str | None:
+    """Where plan #1 is fp8 under autoplan's own runtime: it trains through torchao's float8
+    layers (runtime/float8.py), a package the install leaves out, on GPUs with fp8 tensor
+    cores; said so before the user exports it. None for every other winner."""
+    top = data.get("top") or ()
+    if not top or str(top[0].get("precision")) != "fp8" \
+            or not str(data.get("runtime", "")).startswith("autoplan"):
+        return None
+    return ("#1 is fp8: `autoplan train` runs it through torchao's float8 layers on GPUs with "
+            "fp8 tensor cores (H100 and later), so `pip install torchao` where it trains")

@@ -20,6 +20,7 @@ from autoplan.search.engine import SearchResult
 from autoplan.search.notes import (
     cost_line,
     fold_note,
+    fp8_line,
     other_precision_line,
     p75_line,
 )
@@ -54,7 +55,7 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
         from autoplan.search.baseline import note_lines, why_lines
 
         headers = {str(c.header) for c in table.columns}
-        lines = [*why_lines(result, data, shown), other_precision_line(data),
+        lines = [*why_lines(result, data, shown), other_precision_line(data), fp8_line(data),
                  *note_lines(result, shown), p75_line(data, shown),
                  None if headers & {"GPU-h", "USD"} else cost_line(data, shown),
                  fold_note(result, shown, len(data["top"]), top)]

@@ -2,7 +2,8 @@
 how many plans its rows hold and folds recompute variants that buy nothing, `par`/`o+p` pairs
 that price the same share a row, a token budget's cost is on a line under the table, a tight
 winner names the best plan that fits at the 75th-percentile slack, an fp8 winner whose runs
-lean far past its margin names the best plan of the other precision, and exit 3 says which GPU
+lean far past its margin names the best plan of the other precision (and that autoplan's runtime
+trains fp8 through torchao, user test 37's nit), and exit 3 says which GPU
 counts to search next, once."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from autoplan.search.notes import cost_line, fold_line, ranks_text
+from autoplan.search.notes import cost_line, fold_line, fp8_line, ranks_text
 from autoplan.search.render import table_title
 from autoplan.search.rows import collapse, offload_cell
 from autoplan.search.table import layout, legend
@@ -160,8 +161,20 @@ def test_an_fp8_winner_whose_runs_lean_past_its_margin_names_the_bf16_plan() -> 
     assert (f"but the best bf16 plan (#{o['rank']}, " in said and "slower as priced" in said
             and "which took 123% longer than priced on average" in said
             and said.count("measure both") >= 2)
+    assert "#1 is fp8: `autoplan train` runs it through torchao's float8 layers" in said
+    assert "`pip install torchao` where it trains" in said
     header = next(line for line in table.stdout.splitlines() if line.lstrip().startswith("#"))
     assert "prec" in header.split() and "p=o+p" in table.stdout
+
+
+def test_the_torchao_line_is_only_for_an_fp8_winner_of_autoplans_runtime() -> None:
+    """torchao is said where #1 is fp8 and autoplan's runtime trains it; a bf16 winner, or an
+    fp8 one priced for Megatron-Core (Transformer Engine's fp8), gets no line."""
+    fp8 = {"top": [row(precision="fp8")], "runtime": "autoplan-cuda"}
+    assert fp8_line(fp8) is not None and "torchao" in str(fp8_line(fp8))
+    assert fp8_line({**fp8, "top": [row()]}) is None
+    assert fp8_line({**fp8, "runtime": "megatron"}) is None
+    assert fp8_line({"top": [], "runtime": "autoplan-cuda"}) is None
 
 
 def test_exit_3_names_a_gpu_range_that_holds_a_plan_and_says_it_once() -> None:
