@@ -28,13 +28,11 @@ from autoplan.cli_common import (
 )
 from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.errors import ConfigError, NoFeasiblePlanError
-from autoplan.hardware import load_profile
-from autoplan.plan import Precision, plan_model_ref
+from autoplan.plan import plan_model_ref
 from autoplan.plan_args import SEQ_LEN, SEQ_LEN_HELP, resolve_model
 from autoplan.search.batch_range import check_batch_range
 from autoplan.search.engine import (
     SAMPLERS,
-    GpuType,
     Progress,
     SearchRequest,
     SearchResult,
@@ -42,7 +40,8 @@ from autoplan.search.engine import (
     type_requests,
 )
 from autoplan.search.precisions import check_runnable
-from autoplan.search.space import parse_batch_sizes, parse_gpu_counts, typed_range
+from autoplan.search.request_args import common_format, gpu_types, with_precisions
+from autoplan.search.space import parse_batch_sizes, typed_range
 from autoplan.search.summary import (
     best_by_cluster,
     by_cluster_lines,
@@ -53,7 +52,7 @@ from autoplan.search.summary import (
     table_infeasible_line,
 )
 from autoplan.search.targets import MEMORY_SLACKS, OBJECTIVES, Targets
-from autoplan.search_space import SearchSpace, load_space
+from autoplan.search_space import load_space
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +153,8 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
         raise ConfigError("--all-trials", "given without --out",
                           "it sets what trials.csv.gz in --out holds: give --out DIR too")
     if args.storage is not None:
+        from autoplan.search.storage import check_storage
+
         check_storage(args.storage)
     if args.study is not None:
         from autoplan.search.storage import check_study_name
@@ -196,128 +197,8 @@ def build_request(args: argparse.Namespace) -> SearchRequest:
     if len(set(precisions.values())) > 1:
         raise ConfigError("--cluster", "the GPU types train in different precisions (" + ", ".join(
             f"{k} {'/'.join(p.value for p in v)}" for k, v in precisions.items()) + ")",
-            "search them one at a time, or give --precision" + _common_format(types))
+            "search them one at a time, or give --precision" + common_format(types))
     return req
-
-
-def _common_format(types: tuple[GpuType, ...]) -> str:
-    """' NAME' for --precision's fix: the narrowest format every type has a peak for."""
-    common = [p.value for p in (Precision.BF16, Precision.FP16, Precision.FP32)
-              if all(p.value in t.profile.device.peak_flops_per_s for t in types)]
-    return f" {common[0]} (every type runs it)" if common else ""
-
-
-def with_precisions(space: SearchSpace, text: str | None) -> SearchSpace:
-    """The space with --precision's list in place of its own (`auto`: each device's own, as
-    SearchSpace.for_device settles it)."""
-    if text is None:
-        return space
-    names = [n.strip() for n in text.split(",")]
-    if names == ["auto"]:
-        return dataclasses.replace(space, precision=())
-    known = [p.value for p in Precision]
-    for name in names:
-        if name not in known:
-            raise ConfigError("--precision", f"got {name!r} in {text!r}",
-                              f"list some of {', '.join(known)} (comma-separated), or auto")
-    if len(set(names)) != len(names):
-        raise ConfigError("--precision", f"got {text!r} with repeats", "list each once")
-    return dataclasses.replace(space, precision=tuple(Precision(n) for n in names))
-
-
-def gpu_types(cluster: str, num_gpus: str, price: str | None) -> tuple[GpuType, ...]:
-    """The profiles of --cluster (one, or several comma-separated), each with its GPU counts
-    and its price per GPU-hour (--price NAME=USD overrides the profile's)."""
-    refs = [c.strip() for c in cluster.split(",") if c.strip()] if "," in cluster else [cluster]
-    if not refs or len(set(refs)) != len(refs):
-        raise ConfigError("--cluster", f"got {cluster[:80]!r}", "name each profile once")
-    profiles = {ref: load_profile(ref) for ref in refs}
-    names = [p.name for p in profiles.values()]
-    # a profile given by path is priced by its path or, where no other shares it, its name
-    aliases = {**{p.name: ref for ref, p in profiles.items() if names.count(p.name) == 1},
-               **{ref: ref for ref in refs}}
-    prices = parse_prices(price, aliases)
-    out = []
-    for ref, prof in profiles.items():
-        if ref in prices:
-            prof = dataclasses.replace(prof, price_per_gpu_hour=prices[ref])
-        out.append(GpuType(ref, prof, parse_gpu_counts(num_gpus, prof.gpus_per_node)))
-    return tuple(out)
-
-
-def parse_prices(text: str | None, refs: dict[str, str]) -> dict[str, float]:
-    """--price NAME=USD,NAME=USD as {--cluster reference: dollars per GPU-hour}; `refs` maps
-    each name a price may give (a reference as typed, or a file profile's own name) to the
-    --cluster reference it prices."""
-    if not text:
-        return {}
-    out: dict[str, float] = {}
-    for item in text.split(","):
-        name, eq, value = item.partition("=")
-        name = name.strip()
-        try:
-            usd = float(value)
-        except ValueError:
-            usd = float("nan")
-        if not eq or not name or usd != usd:  # NaN: no number after the =
-            raise ConfigError("--price", f"got {item[:80]!r}",
-                              "write NAME=USD per GPU-hour, e.g. h100-sxm-80gb=2.99")
-        if not 0 < usd < 1e6:
-            raise ConfigError("--price", f"got {item[:80]!r}", "expected a price per GPU-hour "
-                              "above 0 and below 1,000,000 US dollars")
-        if name not in refs:
-            raise ConfigError("--price", f"{name!r} is not in --cluster",
-                              f"price one of {', '.join(refs)}")
-        out[refs[name]] = usd
-    return out
-
-
-def check_storage(url: str) -> None:
-    """Refuse, before any work, an Optuna storage file that cannot be made: journal:PATH or
-    sqlite:///PATH naming a directory, lying under a file, in a missing or unwritable folder;
-    and an SQLite database in memory, which nothing can share or resume."""
-    from autoplan.search.storage import check_not_in_memory
-
-    fix = "write journal:PATH or sqlite:///PATH.db"
-    check_not_in_memory(url)
-    if url.startswith("journal:"):
-        path = url.removeprefix("journal:").removeprefix("//")
-    elif url.startswith("sqlite:///"):
-        path = url.removeprefix("sqlite:///")
-    else:  # a database server: Optuna reports what is wrong with it when it connects
-        _check_database_url(url, fix)
-        return
-    if not path:
-        raise ConfigError("--storage", f"{url!r} needs a path", f"{fix}, e.g. journal:study.log")
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError("--storage", f"{path!r} is a directory", f"{fix} naming a file")
-    fsutil.check_parent(p, "--storage")
-    if not p.parent.is_dir():
-        raise ConfigError("--storage", f"the directory {str(p.parent)!r} does not exist",
-                          "create it first or give another path")
-    if url.startswith("journal:"):
-        from autoplan.search.storage import check_journal
-
-        check_journal(path)
-
-
-def _check_database_url(url: str, fix: str) -> None:
-    """A URL SQLAlchemy parses, of a database kind it knows; checked without connecting, so a
-    tune's --dry-run, which opens nothing, refuses what the tune itself would."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    from autoplan.search.storage import database_url
-
-    try:
-        make_url(database_url(url)).get_dialect()
-    except (ArgumentError, NoSuchModuleError, ValueError) as err:
-        from autoplan.search.storage import shown_url
-
-        raise ConfigError("--storage", f"got {shown_url(url)[:120]!r}, which is no storage URL "
-                          f"({err.__class__.__name__})", f"{fix}, or a database URL such as "
-                          "postgresql://USER@HOST/DB") from None
 
 
 @contextmanager

@@ -13,10 +13,12 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import optuna
 
+from autoplan import fsutil
 from autoplan.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -330,3 +332,43 @@ def storage_errors(url: str | None) -> Iterator[None]:
         raise ConfigError("--storage", f"{shown_url(url)!r} failed during the search "
                           f"({_reason(cause)})", "once it answers again, rerun the same "
                           "command to resume") from None
+
+
+def check_storage(url: str) -> None:
+    """Refuse, before any work, an Optuna storage file that cannot be made: journal:PATH or
+    sqlite:///PATH naming a directory, lying under a file, in a missing or unwritable folder;
+    and an SQLite database in memory, which nothing can share or resume."""
+    fix = "write journal:PATH or sqlite:///PATH.db"
+    check_not_in_memory(url)
+    if url.startswith("journal:"):
+        path = url.removeprefix("journal:").removeprefix("//")
+    elif url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+    else:  # a database server: Optuna reports what is wrong with it when it connects
+        _check_database_url(url, fix)
+        return
+    if not path:
+        raise ConfigError("--storage", f"{url!r} needs a path", f"{fix}, e.g. journal:study.log")
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError("--storage", f"{path!r} is a directory", f"{fix} naming a file")
+    fsutil.check_parent(p, "--storage")
+    if not p.parent.is_dir():
+        raise ConfigError("--storage", f"the directory {str(p.parent)!r} does not exist",
+                          "create it first or give another path")
+    if url.startswith("journal:"):
+        check_journal(path)
+
+
+def _check_database_url(url: str, fix: str) -> None:
+    """A URL SQLAlchemy parses, of a database kind it knows; checked without connecting, so a
+    tune's --dry-run, which opens nothing, refuses what the tune itself would."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(database_url(url)).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as err:
+        raise ConfigError("--storage", f"got {shown_url(url)[:120]!r}, which is no storage URL "
+                          f"({err.__class__.__name__})", f"{fix}, or a database URL such as "
+                          "postgresql://USER@HOST/DB") from None

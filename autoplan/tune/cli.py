@@ -92,7 +92,7 @@ def _validate(args: argparse.Namespace) -> None:
 
         check_study_name(args.study)  # a name no storage holds: refused before any is touched
     if args.storage:
-        from autoplan.search.cli import check_storage
+        from autoplan.search.storage import check_storage
 
         check_storage(args.storage)  # a file that is not a journal: refused before any work
     if args.out:

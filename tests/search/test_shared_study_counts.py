@@ -111,7 +111,7 @@ def test_postgres_scheme_is_read_as_postgresql(caplog) -> None:
 
 
 def test_a_postgres_url_passes_the_up_front_check(capsys) -> None:
-    from autoplan.search.cli import check_storage
+    from autoplan.search.storage import check_storage
 
     check_storage("postgres://ap@127.0.0.1:1/studies")  # refused before: NoSuchModuleError
 

@@ -180,7 +180,7 @@ def test_auto_precision_across_types_keeps_each_types_own_formats() -> None:
 
 def test_a_profile_given_by_path_is_priced_by_its_name_too(tmp_path) -> None:
     """`--cluster prof/noprice.yaml --price noprice=2` said "'noprice' is not in --cluster"."""
-    from autoplan.search.cli import gpu_types
+    from autoplan.search.request_args import gpu_types
 
     raw = yaml.safe_load((Path(__file__).parents[2] / "profiles" / "a100-sxm4-80gb.yaml")
                          .read_text())
