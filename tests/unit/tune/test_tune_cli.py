@@ -175,7 +175,7 @@ def test_trial_runs_without_out_go_to_a_temporary_directory_removed_after(
 def test_only_the_picked_rows_become_plans(monkeypatch) -> None:
     """--top plans, the best of each layout first, built without a Plan per feasible row."""
     import autoplan.search.output as output
-    from autoplan.tune.cli import search_candidates
+    from autoplan.tune.candidates import search_candidates
 
     args = argparse.Namespace(model="tiny", cluster="cpu-gloo", num_gpus=2,
                               global_batch_size=8, seq_len=None, space="small-cpu", top=6)
@@ -205,7 +205,7 @@ def test_only_the_picked_rows_become_plans(monkeypatch) -> None:
 def test_picked_ranks_take_each_layout_first_then_the_rest_in_rank_order() -> None:
     import numpy as np
 
-    from autoplan.tune.cli import picked_ranks
+    from autoplan.tune.candidates import picked_ranks
 
     cols = {"dp": np.array([2, 1, 1, 1, 1]), "tp": np.ones(5, dtype=np.int64),
             "mbs": np.array([1, 2, 1, 1, 2]), "zero_stage": np.arange(5)}

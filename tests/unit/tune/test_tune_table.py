@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from autoplan.commands import main
-from autoplan.tune.cli import TRIAL_COLUMNS, _table
+from autoplan.tune.table import TRIAL_COLUMNS, trial_table
 
 STAND_IN = Path(__file__).with_name("stand_in_train.py")
 TUNE = ["tune", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1",
@@ -36,7 +36,7 @@ ROWS = [
 
 def _rendered(width: int) -> str:
     console = Console(width=width, record=True, file=io.StringIO())
-    console.print(_table(ROWS, TRIAL_COLUMNS, "tune"))
+    console.print(trial_table(ROWS, TRIAL_COLUMNS, "tune"))
     return console.export_text()
 
 
