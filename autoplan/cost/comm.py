@@ -154,12 +154,28 @@ def p2p_time_s(nbytes: np.ndarray, inside_node: np.ndarray, profile: ClusterProf
                        lat + nbytes / bw)
 
 
+TP_CALLS: dict[str, tuple[dict[str, int], dict[str, int]]] = {
+    "layer": ({ALL_REDUCE: 4}, {ALL_GATHER: 4, REDUCE_SCATTER: 4}),
+    "recompute_full": ({ALL_REDUCE: 1}, {ALL_GATHER: 2, REDUCE_SCATTER: 1}),
+    "recompute_reentrant": ({ALL_REDUCE: 2}, {ALL_GATHER: 2, REDUCE_SCATTER: 2}),
+    "recompute_selective": ({}, {ALL_GATHER: 2}),
+    "embedding": ({ALL_REDUCE: 1}, {ALL_REDUCE: 1, ALL_GATHER: 1}),
+    "head": ({ALL_REDUCE: 1}, {ALL_GATHER: 1, REDUCE_SCATTER: 1}),
+}
+"""Tensor-parallel collectives of b*s*h activations per micro-batch, by where they occur:
+(calls by kind without sequence parallelism, with it); see tensor_parallel_time_s.
+tests/unit/cost/test_tp_collectives.py counts them on the runtime."""
+LOSS_ALL_REDUCES = 3
+"""The vocab-parallel loss's all-reduces of one float per token (max, sum of exponentials,
+target logit), per micro-batch on the last stage."""
+
+
 def tensor_parallel_time_s(
     model: ModelSpec, msg_bytes: np.ndarray, loss_bytes: np.ndarray, tp: np.ndarray,
     sp: np.ndarray, inside_node: np.ndarray, profile: ClusterProfile,
     per_node: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Seconds of the tensor-parallel collectives, by where they occur.
+    """Seconds of the tensor-parallel collectives, by where they occur (TP_CALLS).
 
     Each block all-reduces its attention and MLP outputs forward and their inputs' gradients
     backward (Megatron-LM, Shoeybi et al. 2019): 4 all-reduces of b*s*h. With sequence
@@ -190,20 +206,16 @@ def tensor_parallel_time_s(
     def coll(kind: str, nbytes: np.ndarray) -> np.ndarray:
         return collective_time_s(kind, nbytes, tp, inside_node, profile, per_node=per_node)
 
-    ar, ag, rs = coll(ALL_REDUCE, msg_bytes), coll(ALL_GATHER, msg_bytes), coll(
-        REDUCE_SCATTER, msg_bytes)
-    loss = 3.0 * coll(ALL_REDUCE, loss_bytes)
+    kinds = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)
+    each = {kind: coll(kind, msg_bytes) for kind in kinds}
+    sp = np.asarray(sp, bool)
+    out = {part: sum(np.where(sp, on.get(k, 0), off.get(k, 0)) * each[k] for k in kinds)
+           for part, (off, on) in TP_CALLS.items()}
+    out["head"] = out["head"] + LOSS_ALL_REDUCES * coll(ALL_REDUCE, loss_bytes)
     norm_grad = coll(ALL_REDUCE, np.full_like(np.asarray(msg_bytes, float),
                                               4.0 * model.hidden_size))
-    return {
-        "layer": np.where(sp, 4.0 * (ag + rs), 4.0 * ar),
-        "recompute_full": np.where(sp, 2.0 * ag + rs, ar),
-        "recompute_reentrant": np.where(sp, 2.0 * (ag + rs), 2.0 * ar),
-        "recompute_selective": np.where(sp, 2.0 * ag, 0.0),
-        "embedding": np.where(sp, ar + ag, ar),
-        "head": np.where(sp, ag + rs, ar) + loss,
-        "norm_grad": np.where(sp, norm_grad, 0.0),
-    }
+    out["norm_grad"] = np.where(sp, norm_grad, 0.0)
+    return out
 
 
 def context_parallel_time_s(
