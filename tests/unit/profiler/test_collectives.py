@@ -52,6 +52,34 @@ def test_send_recv_is_measured_over_two_ranks_only() -> None:
             op for op in collectives.OPS if op != "send_recv")
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize(("op", "runs_as"), [("reduce_scatter", "gloo:all_reduce"),
+                                             ("all_gather", "gloo:all_gather"),
+                                             ("all_reduce", "gloo:all_reduce")])
+def test_gloo_runs_a_reduce_scatter_as_an_all_reduce(one_rank, op, runs_as) -> None:
+    """What gloo_reduce_scatter_floor rests on: gloo's reduce_scatter_tensor is its all-reduce
+    of the whole input (and a copy), so it cannot cost less. Should a torch release give gloo
+    a reduce-scatter of its own, this fails and the floor goes."""
+    from torch.profiler import profile
+
+    buf, out = collectives._buffers(op, 1 << 12, 1, torch.device("cpu"))
+    with profile() as prof:
+        collectives._call(op, buf, out, 0)
+    assert {e.name for e in prof.events() if e.name.startswith("gloo:")} == {runs_as}
+
+
+def test_a_reduce_scatter_is_floored_at_the_all_reduce_beside_it() -> None:
+    rows = {"all_reduce": [[1024.0, 3e-3], [4096.0, 2e-3]],
+            "reduce_scatter": [[1024.0, 1e-3], [4096.0, 5e-3], [16384.0, 4e-3]],
+            "all_gather": [[1024.0, 1e-3]]}
+    floored = collectives.gloo_reduce_scatter_floor(rows)
+    # raised where it read below; kept where above, or where no all-reduce was timed
+    assert floored["reduce_scatter"] == [[1024.0, 3e-3], [4096.0, 5e-3], [16384.0, 4e-3]]
+    assert floored["all_reduce"] == rows["all_reduce"]
+    assert floored["all_gather"] == rows["all_gather"]
+    assert rows["reduce_scatter"][0] == [1024.0, 1e-3]  # the measured rows are not edited
+
+
 # `autoplan profile` whose benchmark ranks write their pids and hang: SIGTERM then arrives
 # while the launcher waits for them (the GEMM and other phases are skipped)
 HANGING_PROFILE = """
