@@ -1,6 +1,7 @@
 """Where studies live: opening an Optuna storage from a --storage URL (SQLite, PostgreSQL or
 another RDB, an Optuna journal file), checking the URL, the study name and a journal before
-anything is written, and turning a storage that fails while a search runs into one line.
+anything is written (storage_drivers.py: a URL's driver), and turning a storage that fails
+while a search runs into one line.
 search (optuna_search.py) and tune (tune/study.py) share it.
 """
 
@@ -20,6 +21,7 @@ import optuna
 
 from autoplan import fsutil
 from autoplan.errors import ConfigError
+from autoplan.search.storage_drivers import check_driver, driver_error
 
 log = logging.getLogger(__name__)
 STORAGE_ATTEMPTS = 5
@@ -53,8 +55,7 @@ def open_storage(url: str | None) -> Any:
                 # workers creating a fresh SQLite schema at once race; the loser retries
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise ConfigError("--storage", f"cannot open {shown_url(given)!r} ({_reason(err)})",
-                              _storage_fix(err)) from None
+            raise _open_error(given, err) from None
     raise AssertionError("unreachable")
 
 
@@ -112,8 +113,15 @@ def _peek_rdb(url: str) -> Any | None:
     except ConfigError:
         raise
     except Exception as err:  # sqlalchemy raises many kinds; Optuna a RuntimeError for old tables
-        raise ConfigError("--storage", f"cannot open {shown_url(given)!r} ({_reason(err)})",
-                          _storage_fix(err)) from None
+        raise _open_error(given, err) from None
+
+
+def _open_error(url: str, err: BaseException) -> ConfigError:
+    """A storage that failed to open, in one line: its missing driver and the package to
+    install, or the driver's reason and the fix that fits it."""
+    shown = shown_url(url)
+    return driver_error(shown, err) or ConfigError(
+        "--storage", f"cannot open {shown!r} ({_reason(err)})", _storage_fix(err))
 
 
 def _server_kwargs(url: str) -> dict[str, Any]:
@@ -361,14 +369,16 @@ def check_storage(url: str) -> None:
 
 
 def _check_database_url(url: str, fix: str) -> None:
-    """A URL SQLAlchemy parses, of a database kind it knows; checked without connecting, so a
-    tune's --dry-run, which opens nothing, refuses what the tune itself would."""
+    """A URL SQLAlchemy parses, of a database kind it knows, whose driver is installed;
+    checked without connecting, so a tune's --dry-run, which opens nothing, refuses what the
+    tune itself would."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     try:
-        make_url(database_url(url)).get_dialect()
+        dialect = make_url(_with_driver(url)).get_dialect()
     except (ArgumentError, NoSuchModuleError, ValueError) as err:
         raise ConfigError("--storage", f"got {shown_url(url)[:120]!r}, which is no storage URL "
                           f"({err.__class__.__name__})", f"{fix}, or a database URL such as "
                           "postgresql://USER@HOST/DB") from None
+    check_driver(dialect, shown_url(url))
