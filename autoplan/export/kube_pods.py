@@ -237,14 +237,18 @@ def storage_lines(opts: ExportOptions, num_pods: int) -> list[str]:
                            "--data-pvc CLAIM) or build it into the image.")
 
 
-def grace_lines(lead: StopLead) -> list[str]:
+def grace_lines(lead: StopLead, relay: bool = False) -> list[str]:
     """The header's word on every pod's terminationGracePeriodSeconds and torchrun's shutdown
-    timeout, both the stop lead (launch.stop_lead, as the SLURM job's time-limit warning)."""
+    timeout, both the stop lead (launch.stop_lead, as the SLURM job's time-limit warning);
+    `relay`: the pod's shell, not torchrun, is the container's process 1 (kube_ending)."""
+    gets = ("which the pod's shell (the container's process 1) passes on to torchrun, and "
+            "torchrun to the ranks" if relay else
+            "which torchrun (the container's process 1) passes on to the ranks")
     return comment(
         f"Every pod gets terminationGracePeriodSeconds {lead.seconds_s} and {SHUTDOWN_ENV}="
-        f"{lead.seconds_s}: a pod deleted, preempted or drained gets SIGTERM, which torchrun (the "
-        "container's process 1) passes on to the ranks, and they finish their step and save a "
-        "checkpoint before SIGKILL ends the grace period (Kubernetes' default, 30 s, is shorter "
+        f"{lead.seconds_s}: a pod deleted, preempted or drained gets SIGTERM, {gets}, and they "
+        "finish their step and save a checkpoint before SIGKILL ends the grace period "
+        "(Kubernetes' default, 30 s, is shorter "
         f"than one step of a large plan). Sized as {lead.sized_as()}. Only a torchrun that has "
         f"--shutdown-timeout reads {SHUTDOWN_ENV} (pytorch/pytorch#172596): an older one kills "
         "its ranks 30 s after passing SIGTERM on, whatever the grace period. `kubectl delete "

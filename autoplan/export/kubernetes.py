@@ -10,7 +10,8 @@ way `autoplan train --elastic` re-plans for the pods left, on nodes of the size 
 profile's plan requests a CPU per rank and no GPU, and trains on gloo. What each pod gets
 besides (/dev/shm, the --pvc and --data-pvc claims, memory requests, a grace period as long as
 the SLURM job's time-limit warning) is kube_pods.py's; where it goes in each kind is this file's.
-The names the cluster must accept are kube_names.py's.
+How a PyTorchJob's or TrainJob's pod ends (restarted after a clean stop short of --steps) is
+kube_ending.py's; the names the cluster must accept, kube_names.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ import yaml
 from autoplan import resources
 from autoplan.export.base import ExportOptions, ExportTarget, Layout, layout, layout_reasons
 from autoplan.export.job_inputs import shown
+from autoplan.export.kube_ending import (
+    LAUNCH,
+    RESTART_KINDS,
+    Script,
+    ending_lines,
+    launch_function,
+    saved_step_env,
+)
 from autoplan.export.kube_names import check_dns_label, check_k8s_job_name
 from autoplan.export.kube_pods import (
     FAILED_BY_POLICY,
@@ -77,21 +86,26 @@ matching ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$: kubernetes-sigs/jobset jobset
 
 
 def _script(torchrun: list[str], opts: ExportOptions, payload: dict[str, str],
-            lay: Layout | None = None, *, cpu: bool = False) -> str:
-    """sh -c text: write the plan (and a shipped profile) from the environment, then exec
-    torchrun on the plan."""
+            lay: Layout | None = None, *, cpu: bool = False, pods: int = 0) -> str:
+    """sh -c text: write the plan (and a shipped profile) from the environment, then run torchrun
+    on the plan: `exec` it (a JobSet), or, on `pods` pods that restart (a PyTorchJob's, a
+    TrainJob's), through kube_ending.launch_function."""
     writes = [f'printf "%s\\n" "${env}" > {FILES[env]}' for env in payload]
     # only torchrun's own words may hold $(...) expansions; the user's values are single-quoted
-    run = shell_join(["exec", *torchrun], keep=("$(",)) + " " + shell_join(
-        train_argv(opts, PLAN_FILE, lay, cpu=cpu))
-    return " && ".join([*writes, run])
+    run = (shell_join([LAUNCH if pods else "exec", *torchrun], keep=("$(",)) + " "
+           + shell_join(train_argv(opts, PLAN_FILE, lay, cpu=cpu)))
+    chain = " && ".join([*writes, run])
+    return Script("\n".join([*launch_function(opts, pods), chain])) if pods else chain
 
 
-def _env(payload: dict[str, str], opts: ExportOptions, grace_s: int) -> list[dict[str, str]]:
-    """The payload, torchrun's shutdown timeout (as long as the pod's grace period), and an
-    elastic job's settings."""
+def _env(payload: dict[str, str], opts: ExportOptions, grace_s: int,
+         restarts: bool = False) -> list[dict[str, str]]:
+    """The payload, torchrun's shutdown timeout (as long as the pod's grace period), the file
+    rank 0 names the step saved in where the pods restart, and an elastic job's settings."""
     env = [{"name": name, "value": text} for name, text in payload.items()]
     env.append({"name": SHUTDOWN_ENV, "value": str(grace_s)})
+    if restarts:
+        env.append(saved_step_env(opts))
     if opts.elastic:  # and the node size `autoplan train --elastic` re-plans on
         env += [{"name": ELASTIC_ENV[0], "value": ELASTIC_ENV[1]},
                 {"name": NODE_SIZE_ENV, "value": str(opts.gpus_per_node)}]
@@ -104,7 +118,7 @@ def _container(name: str, script: str, payload: dict[str, str], opts: ExportOpti
         "name": name,
         "image": opts.image,
         "command": ["/bin/sh", "-c", script],
-        "env": _env(payload, opts, grace_s),
+        "env": _env(payload, opts, grace_s, isinstance(script, Script)),
         "resources": resources,
         "volumeMounts": pod_storage(opts)[1],
     }
@@ -145,7 +159,7 @@ def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bo
     which replaced podTemplateOverrides with it; the grace period >= v2.3) into the runtime's
     `node` pods and container."""
     script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
-                     payload, cpu=cpu)
+                     payload, cpu=cpu, pods=lay.num_nodes)
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -155,7 +169,7 @@ def train_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: bo
             "trainer": {
                 "image": opts.image,
                 "command": ["/bin/sh", "-c", script],
-                "env": _env(payload, opts, grace_s),  # elastic: refused (check)
+                "env": _env(payload, opts, grace_s, True),  # elastic: refused (check)
                 "numNodes": lay.num_nodes,
                 "numProcPerNode": lay.nproc_per_node,
                 "resourcesPerNode": resources,
@@ -182,7 +196,7 @@ def pytorch_job(lay: Layout, payload: dict[str, str], opts: ExportOptions, cpu: 
                 resources: dict[str, dict[str, str]], grace_s: int) -> dict[str, Any]:
     """PyTorchJob (kubeflow.org/v1): the operator sets PET_NNODES, PET_NODE_RANK, PET_MASTER_*."""
     script = _script(["torchrun", f"--max-restarts={max_restarts(opts)}", "--no-python"], opts,
-                     payload, lay, cpu=cpu)
+                     payload, lay, cpu=cpu, pods=lay.num_nodes)
 
     def replica(n: int) -> dict[str, Any]:
         container = _container("pytorch", script, payload, opts, resources, grace_s)
@@ -290,6 +304,10 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
+_NoAliases.add_representer(Script, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|"))
+
+
 BUILDERS = {"trainjob": train_job, "pytorchjob": pytorch_job, "jobset": job_set}
 
 
@@ -327,9 +345,11 @@ class KubernetesTarget(ExportTarget):
         memory = memory_request(plan, lay)
         lead = stop_lead(plan, model, opts.gpus_per_node)  # as the SLURM time-limit warning
         resources = node_resources(lay.nproc_per_node, cpu, memory)
+        restarts = opts.k8s_kind in RESTART_KINDS  # the shell passes SIGTERM on (kube_ending)
         lines = [*storage_lines(opts, lay.num_nodes),
-                 *resource_lines(lay, cpu, memory, plan.cluster.profile), *grace_lines(lead),
-                 *disruption_lines(opts.k8s_kind, max_restarts(opts))]
+                 *resource_lines(lay, cpu, memory, plan.cluster.profile),
+                 *grace_lines(lead, restarts), *disruption_lines(opts.k8s_kind, max_restarts(opts)),
+                 *(ending_lines(opts, lay.num_nodes) if restarts else [])]
         profile = shipped_profile(plan)
         lines += _payload_lines(plan.cluster.profile, profile is not None)
         if profile is not None:

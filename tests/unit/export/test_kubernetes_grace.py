@@ -71,7 +71,10 @@ def test_every_pod_gets_the_slurm_warnings_lead_to_stop(kind: str, plan: Plan):
         assert grace == lead
         assert env[SHUTDOWN_ENV] == str(lead)  # torchrun waits as long before its SIGKILL
     command = _command(kind, doc)
-    assert "&& exec torchrun " in command  # torchrun is process 1: the pod's SIGTERM reaches it
+    if kind == "jobset":
+        assert "&& exec torchrun " in command  # torchrun is process 1: the pod's SIGTERM reaches it
+    else:  # the pod's shell is process 1 and passes it on (test_kube_ending runs it)
+        assert "&& run torchrun " in command and 'kill -TERM "$pid"' in command
     header = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
     assert f"Every pod gets terminationGracePeriodSeconds {lead} and {SHUTDOWN_ENV}={lead}" \
         in header
