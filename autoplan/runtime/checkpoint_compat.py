@@ -301,8 +301,19 @@ def corpus_change(saved: dict, now: dict) -> str:
             f"{str(saved.get('sha256'))[:12]}... then, {str(now.get('sha256'))[:12]}... now")
 
 
+def trained_already(step: int, steps: int, folder: str) -> str | None:
+    """With --resume, a checkpoint at --steps is a finished run (a job resubmitted, requeued or
+    chained after it ended): the line that says so, where the command trains nothing and
+    exits 0; None for any other step (check_steps refuses one past --steps)."""
+    if step != steps:
+        return None
+    trained = "the 1 step" if steps == 1 else f"all {steps} steps"
+    return f"trained {trained} already (checkpoint step {step} in {folder}): nothing to do"
+
+
 def check_steps(step: int, steps: int) -> None:
-    """A resume must have a step left to train."""
+    """A resume must have a step left to train (trained_already says one at --steps under
+    --resume first, which ends the run with nothing to do)."""
     if step >= steps:
         raise ConfigError("--steps", f"checkpoint step {step} >= --steps {steps}: nothing to "
                           "train", f"raise --steps above {step}")

@@ -194,53 +194,6 @@ def stop_file_for(summary_file: str) -> str:
     return os.path.join(os.path.dirname(summary_file), "stop")
 
 
-def resume_preflight(args: argparse.Namespace, plan, spec,
-                     data_fingerprint: dict | None = None) -> None:
-    """Before any rank starts (the ranks repeat the decisions, which are deterministic):
-    --resume refuses a folder without an intact checkpoint, a hostile one, one of
-    another model, optimizer, batch, data (its path or, by `data_fingerprint`, its content:
-    data_preflight's, scanned here when not given) or seed, and one already at --steps."""
-    from autoplan.runtime.checkpoint_compat import (
-        RunSettings,
-        check_resumable,
-        check_settings,
-        check_steps,
-    )
-    from autoplan.runtime.checkpoint_files import clean_temporaries, newest_intact
-
-    if not args.checkpoint_dir:
-        return  # a fresh run into a folder of checkpoints: refused by check_train_args
-    clean_temporaries(args.checkpoint_dir)
-    if not (args.resume or getattr(args, "elastic", False)):
-        return
-    found, skipped = newest_intact(args.checkpoint_dir)
-    if found is None and skipped:
-        raise ConfigError("--checkpoint-dir", f"no intact checkpoint in {args.checkpoint_dir} "
-                          f"({skipped[0]})", "remove the damaged step-* folders, or start "
-                          "without --resume in a new --checkpoint-dir")
-    if found is None:
-        if args.resume:
-            check_fresh_start(args)
-        return  # a job's first launch (exported jobs always pass --resume): step 0
-    check_resumable(found, plan, spec)
-    if data_fingerprint is None:
-        data_fingerprint = data_preflight(args, spec)
-    check_settings(found, RunSettings.of(args, plan, data_fingerprint=data_fingerprint))
-    check_steps(found.step, args.steps)
-
-
-def check_fresh_start(args: argparse.Namespace) -> None:
-    """--resume that finds no checkpoint starts the run at step 0, as a scheduled job's first
-    launch must (export/launch.py train_argv always passes --resume). Not over another run's
-    --metrics-file: starting over would cut its history (a mistyped --checkpoint-dir)."""
-    metrics = Path(args.metrics_file) if args.metrics_file else None
-    if metrics is not None and metrics.is_file() and metrics.stat().st_size > 0:
-        raise ConfigError("--resume", f"--checkpoint-dir {args.checkpoint_dir} holds no "
-                          f"checkpoint (no step-* folder), but --metrics-file {metrics} holds "
-                          "a run's steps", "check the --checkpoint-dir path, or give a new "
-                          "--metrics-file to start a new run")
-
-
 ELASTIC_RESTARTS = 3
 """torchrun --max-restarts of an --elastic job when --max-restarts is 0."""
 ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -271,6 +224,7 @@ def launch_and_report(args: argparse.Namespace) -> int:
     from autoplan.cli_common import emit
     from autoplan.plan import load_plan
     from autoplan.runtime.checkpoint_files import clean_temporaries
+    from autoplan.runtime.resume import resume_preflight
     from autoplan.runtime.supervise import run_supervised
     from autoplan.runtime.train_args import check_train_args
     from autoplan.runtime.validation import load_cluster
@@ -290,7 +244,10 @@ def launch_and_report(args: argparse.Namespace) -> int:
     fingerprint = data_preflight(args, spec)
     memory_preflight(args, plan, spec)
     host_preflight(args, plan, spec, nproc, backend)
-    resume_preflight(args, plan, spec, fingerprint)
+    done = resume_preflight(args, plan, spec, fingerprint)
+    if done is not None:  # a run trained already (a job started again): nothing to launch
+        sys.stderr.write(f"autoplan train: {done}\n")
+        return 0
     restarts = args.max_restarts or (ELASTIC_RESTARTS if args.elastic else 0)
     with tempfile.TemporaryDirectory(prefix="autoplan-train-") as tmp:
         summary_file = os.path.join(tmp, "summary.json")

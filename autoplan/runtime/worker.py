@@ -152,6 +152,8 @@ def run(args: argparse.Namespace) -> dict | None:
     plan, spec, backend = preflight(args, world, chosen.plan if chosen is not None else None,
                                     check_data=False)
     source = make_source(args.data, spec.vocab_size, spec.seq_len, args.seed)  # read once
+    if _trained_already(args, plan, spec, source, rank):
+        return None
     args.effective_plan = plan  # what run_and_report writes into the run record
     device = torch.device("cpu")
     if backend == "nccl":
@@ -227,21 +229,38 @@ def run(args: argparse.Namespace) -> dict | None:
     return summary
 
 
+def _trained_already(args: argparse.Namespace, plan, spec, source, rank: int) -> bool:
+    """A job's launch with --resume over a checkpoint at --steps (resubmitted, requeued or
+    chained after it ended; no launcher checked it) trains nothing: every rank reads the shared
+    checkpoint folder before it builds anything (resume.check_resume, which also refuses what
+    the launcher refuses), rank 0 says it, and every rank exits 0 having written nothing, so the
+    job's script ends on torchrun's 0 (no saved-step file). Not in a restart (_resume ends one
+    at --steps) nor under --elastic (rank 0 releases the ranks a re-plan left idle)."""
+    from autoplan.runtime.resume import check_resume
+    from autoplan.runtime.train_args import under_restart
+
+    if not args.resume or args.elastic or under_restart():
+        return False
+    done = check_resume(args, plan, spec, getattr(source, "fingerprint", None))
+    if done is not None and rank == 0:  # as the launcher says it (launch_and_report)
+        sys.stderr.write(f"autoplan train: {done}\n")
+    return done is not None
+
+
 def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> str | None:
     """With --resume, after a torchrun restart or under --elastic: continue from the newest
     checkpoint, with this run's lr and weight decay (the loaded optimizer state brings the
     saving run's). A restart or an elastic start may find none and start at step 0; --resume
-    may not, nor resume a checkpoint at --steps (the launcher refused both already: a job
-    started by a scheduler fails here). A checkpoint past --steps is always refused: no
-    attempt of this run saves past its --steps, so it is another run's, and the restart that
-    follows the first attempt's refusal would train nothing and exit 0. One at --steps ends a
-    restart or an elastic round quietly: an attempt saved the last step, and the run is done
-    (under --elastic a world change restarts workers without counting a restart, so there
-    only the launcher refuses it). Returns what loaded a checkpoint (metrics.RESUMED_BY: a
-    restart before --elastic before --resume), None when none was."""
+    may not, and ends at --steps with nothing to do (the launcher, or _trained_already where a
+    scheduler started the ranks, decided both already). A checkpoint past --steps is always
+    refused: no attempt of this run saves past its --steps, so it is another run's, and the
+    restart that follows the first attempt's refusal would train nothing and exit 0. One at
+    --steps ends a restart or an elastic round quietly: an attempt saved the last step, and
+    the run is done. Returns what loaded a checkpoint (metrics.RESUMED_BY: a restart before
+    --elastic before --resume), None when none was."""
     from autoplan.runtime.checkpoint_compat import check_steps
-    from autoplan.runtime.launch import check_fresh_start
     from autoplan.runtime.optim import set_hyperparameters
+    from autoplan.runtime.resume import check_fresh_start
     from autoplan.runtime.train_args import under_restart
 
     restarted = under_restart()

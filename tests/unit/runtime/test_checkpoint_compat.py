@@ -1,8 +1,8 @@
 """What a checkpoint folder lets `autoplan train` do, decided before launch (exit 2, one line,
 nothing written): a fresh run into another run's checkpoints, --resume of nothing over a run's
-metrics file, of another optimizer, batch, data or seed, or of a checkpoint already at
---steps; and the optimizer a checkpoint holds is told from its keys when meta.json does not
-say."""
+metrics file, of another optimizer, batch, data or seed, or of a checkpoint past --steps; one
+at --steps is a run done (exit 0, one line, nothing written); and the optimizer a checkpoint
+holds is told from its keys when meta.json does not say."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_a_jobs_first_launch_resumes_nothing_and_starts(tmp_path):
 
     from autoplan.export.base import ExportOptions
     from autoplan.export.launch import train_argv
-    from autoplan.runtime.launch import resume_preflight
+    from autoplan.runtime.resume import resume_preflight
 
     assert "--resume" in train_argv(ExportOptions(gpus_per_node=8))
     (tmp_path / "ck").mkdir()
@@ -131,9 +131,8 @@ def test_a_jobs_first_launch_resumes_nothing_and_starts(tmp_path):
 REFUSED = [  # (flags, needles): each named the saved and the given value
     (["--optimizer", "sgd"], ["--optimizer: sgd, but step-00000005 was saved with adamw",
                               "pass --optimizer adamw"]),
-    (["--steps", "5"], ["--steps: checkpoint step 5 >= --steps 5: nothing to train",
-                        "raise --steps"]),
-    (["--steps", "3"], ["checkpoint step 5 >= --steps 3"]),
+    (["--steps", "4"], ["--steps: checkpoint step 5 >= --steps 4: nothing to train",
+                        "raise --steps above 5"]),
     (["--seed", "7"], ["--seed: 7, but step-00000005 was saved with --seed 0"]),
     (["--data", "{data}"], ["--data: '{data}', but step-00000005 was saved training on "
                             "synthetic tokens"]),
@@ -152,6 +151,68 @@ def test_resume_with_other_settings_is_refused_before_launch(setup, capsys, no_l
     assert_refused(capsys, argv + [f.format(**fill) for f in flags],
                    *(n.format(**fill) for n in needles))
     assert _tree(tmp_path) == before
+
+
+DONE = "trained all 5 steps already (checkpoint step 5 in {ck}): nothing to do"
+"""What a --resume over the fixture's step-00000005 at --steps 5 says."""
+
+
+def test_resume_of_a_checkpoint_at_steps_is_a_run_done(setup, capsys, no_launch):
+    """A job started again after it ended (resubmitted, requeued, chained afterok) used to
+    fail (exit 2, and under torchrun a restart spent): now it exits 0 with one line, launching
+    nothing and writing nothing (no metrics file, no run record)."""
+    from autoplan.commands import main
+
+    tmp_path, ck, plan = setup
+    before = _tree(tmp_path)
+    code = main(["train", plan, "--steps", "5", "--checkpoint-dir", str(ck), "--resume",
+                 "--metrics-file", str(tmp_path / "m.jsonl"),
+                 "--run-record", str(tmp_path / "run.json")])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (0, ""), captured.err
+    assert captured.err == f"autoplan train: {DONE.format(ck=ck)}\n"
+    assert _tree(tmp_path) == before
+
+
+@pytest.fixture
+def in_place(monkeypatch, tmp_path):
+    """The environment of rank 0 of 1 started by a scheduler (`autoplan train` then runs in
+    place), with the job script's saved-step file named; the rank's signal handlers undone."""
+    import signal
+
+    from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "0", SAVED_STEP_ENV: str(tmp_path / "saved-step")}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+
+
+def test_a_jobs_ranks_end_a_run_done_before_they_build_anything(setup, capsys, monkeypatch,
+                                                                 in_place):
+    """An exported job's `autoplan train --resume` (in place under torchrun): every rank sees
+    the checkpoint at --steps before its process group, rank 0 says it, and each exits 0
+    writing nothing, no saved-step file either (the script then ends on torchrun's 0)."""
+    from autoplan.commands import main
+
+    def built(*args, **kwargs):
+        raise AssertionError("the rank built its process group")
+
+    monkeypatch.setattr("autoplan.runtime.worker._init_process_group", built)
+    tmp_path, ck, plan = setup
+    before = _tree(tmp_path)
+    code = main(["train", plan, "--steps", "5", "--checkpoint-dir", str(ck), "--resume"])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (0, ""), captured.err
+    assert captured.err == f"autoplan train: {DONE.format(ck=ck)}\n"
+    assert _tree(tmp_path) == before
+    assert_refused(capsys, ["train", plan, "--steps", "4", "--checkpoint-dir", str(ck),
+                            "--resume"], "--steps: checkpoint step 5 >= --steps 4")
 
 
 def test_resume_with_another_global_batch_is_refused(setup, capsys, no_launch):
