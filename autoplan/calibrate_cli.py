@@ -20,6 +20,7 @@ from autoplan.calibrate import (
     load_run,
     profile_file,
 )
+from autoplan.calibrate_runs import busy_host
 from autoplan.cli_common import add_format_argument, check_seed, count, emit
 from autoplan.errors import ConfigError
 from autoplan.hardware import check_out_and_name, load_profile
@@ -84,6 +85,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.profile)
     check_out(out, args)
     check_runs(runs, args.profile, base)
+    busy = {r.source: line for r in runs if (line := busy_host(r))}
+    for line in busy.values():  # before the fit, which may take a while
+        sys.stderr.write(f"autoplan calibrate: warning: {line}\n")
     result = calibrate(runs, base, trials=args.trials, seed=args.seed, held_out=True)
     summary = result.summary()
     prof = to_dict(result.profile)
@@ -97,7 +101,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     held = result.step_errors_held_out
     held_out: list[float | None] = list(held) if held else [None] * len(runs)
     rows: list[dict[str, Any]] = [{"run": r.source, "measured_s": r.measured.step_time_s,
-             "error_before": b, "error_after": a, "error_held_out": h}
+             "error_before": b, "error_after": a, "error_held_out": h,
+             "busy_host": busy.get(r.source)}
             for r, b, a, h in zip(runs, result.step_errors_before, result.step_errors_after,
                                   held_out, strict=True)]
     data = {"profile": str(written), **summary, "per_run": rows}

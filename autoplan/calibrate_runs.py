@@ -1,10 +1,12 @@
 """Run records, as `autoplan train --run-record` writes them (runtime/metrics.run_record) and
 `autoplan tune` does (tune/study.run_record): load_run reads one strictly, naming the file in
-every error, since calibrate reads many; plan_key tells runs of different plans apart."""
+every error, since calibrate reads many; plan_key tells runs of different plans apart, and
+busy_host says which ran on a host other processes kept busy."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,33 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class HostLoad:
+    """The 1-minute load average of rank 0's host when the run started and when it ended, on
+    its CPUs (runtime/machine.host_load), and the run's ranks."""
+
+    cpu_count: int
+    start: float | None
+    end: float | None
+    ranks: int
+
+    @property
+    def others(self) -> float:
+        """The load of other processes: the start's, taken before the ranks add to it, or the
+        end's less one per rank (a CPU rank is one runnable task under OMP_NUM_THREADS=1; the
+        ranks of other nodes are subtracted too, which errs towards no warning), the higher."""
+        seen = [x for x in (self.start, None if self.end is None else self.end - self.ranks)
+                if x is not None]
+        return max(seen, default=0.0)
+
+    @property
+    def busy(self) -> bool:
+        """Other processes alone kept more tasks runnable than the host has CPUs, so each of
+        the run's ranks got less than the CPU time the profile was measured with (the run's
+        own ranks time-sharing the CPUs are priced: host.compute_slots)."""
+        return self.others > self.cpu_count
+
+
+@dataclass(frozen=True)
 class RunRecord:
     plan: Plan
     measured: Measured
@@ -58,10 +87,26 @@ class RunRecord:
     device: str | None = None
     """The device the run trained on (machine.device: `cpu` or the GPU's name, as torch
     names it); None in records written before train recorded it."""
+    host_load: HostLoad | None = None
+    """The host's load while the run trained (machine.host_load); None where the record has
+    none (tune's records, records written before train kept it)."""
+
+
+def busy_host(run: RunRecord) -> str | None:
+    """The warning for a run measured on a busy host (HostLoad.busy), in words; None for a
+    quiet one or a record without the load."""
+    load = run.host_load
+    if load is None or not load.busy:
+        return None
+    seen = " -> ".join(f"{x:.2f}" for x in (load.start, load.end) if x is not None)
+    return (f"{run.source} ran at load {seen} on {load.cpu_count} CPUs, {load.others:.2f} of "
+            f"it other processes' (its {load.ranks} rank{'s' if load.ranks > 1 else ''} left "
+            "out), more than the CPUs: the fit takes the load for the machine's speed; "
+            "re-measure on a quiet host")
 
 
 def load_run(path: str | Path) -> RunRecord:
-    data = read_yaml(path, f"RUN {path}")  # JSON is YAML, so both load
+    data = read_yaml(path, "RUN")  # JSON is YAML, so both load; read_yaml names the path
     if not isinstance(data, dict):
         raise ConfigError(f"RUN {path}", "expected a mapping with plan and measured")
     data = check_schema_version(data, "run")
@@ -86,8 +131,10 @@ def load_run(path: str | Path) -> RunRecord:
     if profile is not None and not isinstance(profile, str):
         raise ConfigError(f"RUN {path}: profile", f"got {show(profile)}",
                           "expected the name or path of the profile the run was predicted with")
-    return RunRecord(plan=_run_plan(path, data["plan"]), measured=measured,
-                     profile=profile, source=str(path), device=_recorded_device(path, data))
+    plan = _run_plan(path, data["plan"])
+    return RunRecord(plan=plan, measured=measured, profile=profile, source=str(path),
+                     device=_recorded_device(path, data),
+                     host_load=_recorded_load(path, data, plan.world_size))
 
 
 def _run_plan(path: str | Path, data: Any) -> Plan:
@@ -127,6 +174,32 @@ def _recorded_device(path: str | Path, data: dict) -> str | None:
         raise ConfigError(f"RUN {path}: machine.device", f"got {show(device)}",
                           "expected the device the run trained on (cpu or a GPU's name)")
     return device
+
+
+def _recorded_load(path: str | Path, data: dict, ranks: int) -> HostLoad | None:
+    """machine.cpu_count and the 1-minute figure of machine.load_avg_start and _end (each the
+    1-, 5- and 15-minute averages, or null where the OS has none); None without them."""
+    machine = data.get("machine")
+    if not isinstance(machine, dict) or machine.get("cpu_count") is None:
+        return None
+    cpus = machine["cpu_count"]
+    if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
+        raise ConfigError(f"RUN {path}: machine.cpu_count", f"got {show(cpus)}",
+                          "expected the host's CPU count (a positive integer), or null")
+    first = []
+    for key in ("load_avg_start", "load_avg_end"):
+        avg = machine.get(key)
+        ok = avg is None or (isinstance(avg, list) and 1 <= len(avg) <= 3 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and x >= 0 for x in avg))
+        if not ok:
+            raise ConfigError(f"RUN {path}: machine.{key}", f"got {show(avg)}",
+                              "expected the 1-, 5- and 15-minute load averages as `autoplan "
+                              "train` records them ([1.2, 0.8, 0.5]), or null")
+        first.append(None if avg is None else float(avg[0]))
+    if first == [None, None]:
+        return None
+    return HostLoad(cpu_count=cpus, start=first[0], end=first[1], ranks=ranks)
 
 
 def plan_key(plan: Plan) -> str:
