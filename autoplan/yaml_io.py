@@ -189,6 +189,10 @@ def _check_expanded_size(root: yaml.Node) -> None:
                 stack.append((child, False))
 
 
+class _NotYaml(ConfigError):
+    """Text that YAML cannot parse (safe_load_text), which read_yaml retries as JSON."""
+
+
 def safe_load_text(text: str, what: str, *, invalid_as_text: bool = False) -> Any:
     """yaml.safe_load through BoundedLoader; every refusal is a one-line ConfigError on `what`.
     `invalid_as_text`: text that is not YAML at all comes back as the string itself."""
@@ -202,7 +206,7 @@ def safe_load_text(text: str, what: str, *, invalid_as_text: bool = False) -> An
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or "syntax error"
-        raise ConfigError(what, f"not valid YAML{where}: {problem}") from None
+        raise _NotYaml(what, f"not valid YAML{where}: {problem}") from None
     except ValueError as err:  # int() past sys.get_int_max_str_digits(), bad timestamps
         raise ConfigError(what, f"a value cannot be read ({show(str(err), 120)})") from None
     except RecursionError:  # pragma: no cover - the depth bound comes first
@@ -385,7 +389,9 @@ def to_dict(obj: Any) -> Any:
 
 
 def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
-    """Read a YAML file with `yaml.safe_load`; missing or malformed files raise ConfigError."""
+    """Read a YAML file with `yaml.safe_load`; missing or malformed files raise ConfigError on
+    `what` and the path. A .json file YAML cannot parse is read as JSON (tabs indenting JSON
+    are no YAML), and what is wrong with it said as JSON's (load_json_text)."""
     p = Path(path)
     try:
         found, exists, is_dir = p.is_file(), p.exists(), p.is_dir()
@@ -407,7 +413,12 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
                           "save it as UTF-8 YAML") from None
     except OSError as err:
         raise ConfigError(what, f"cannot read {str(p)!r} ({err.__class__.__name__})") from None
-    return safe_load_text(text, f"{what} {str(p)!r}")
+    try:
+        return safe_load_text(text, f"{what} {str(p)!r}")
+    except _NotYaml:
+        if p.suffix.lower() != ".json":
+            raise
+    return load_json_text(text, f"{what} {str(p)!r}")
 
 
 def check_schema_version(data: dict[str, Any], where: str) -> dict[str, Any]:

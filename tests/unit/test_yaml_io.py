@@ -84,3 +84,27 @@ def test_a_binary_file_says_what_is_wrong_and_the_fix(tmp_path: Path, capsys) ->
     assert "byte 0xff at offset 0 is not UTF-8 text" in err.value.problem
     assert_refused(capsys, ["estimate", "--model", str(binary), "--cluster", "cpu-gloo",
                             "--num-gpus", "1"], "--model: cannot read", "save it as UTF-8 YAML")
+
+
+def test_a_broken_json_file_is_called_json_and_named_once(tmp_path: Path, capsys) -> None:
+    """`calibrate trunc.json` said "RUN trunc.json 'trunc.json': not valid YAML" (user test 38
+    N5): the file named twice, and JSON called YAML."""
+    trunc = tmp_path / "trunc.json"
+    trunc.write_text('{"plan": {"model": "tiny"')
+    assert main(["calibrate", str(trunc), "--profile", "cpu-gloo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not valid JSON (Expecting ',' delimiter at line 1, column 26)" in err, err
+    assert "YAML" not in err and err.count("trunc.json") == 1, err
+    broken = tmp_path / "broken.yaml"  # a .yaml file's mistakes stay YAML's
+    broken.write_text("plan: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line 2"):
+        read_yaml(broken, "--plan")
+
+
+def test_json_that_yaml_cannot_read_is_read_as_json(tmp_path: Path) -> None:
+    """A tab indenting JSON is no YAML token; json.dump(..., indent="\\t") writes it."""
+    tabs = tmp_path / "run.json"
+    tabs.write_text('{\n\t"plan": {\n\t\t"model": "tiny"\n\t}\n}\n')
+    assert read_yaml(tabs, "RUN") == {"plan": {"model": "tiny"}}
+    with pytest.raises(ConfigError, match="not valid YAML"):  # the same text as .yaml is not
+        read_yaml(tabs.rename(tmp_path / "run.yaml"), "RUN")
