@@ -31,6 +31,8 @@ from autoplan.tune.table import (
     PARTIAL,
     TRIAL_COLUMNS,
     cell,
+    dry_run_line,
+    resumed_line,
     short_plan,
     trial_printer,
     trial_rows,
@@ -162,10 +164,15 @@ def _tune(args: argparse.Namespace, out: Path | None, workdir: Path,
     data: dict[str, Any] = {"trials": table_rows, "seconds": result.seconds,
                             "chosen": plan_to_dict(best.plan) if best else None,
                             "calibration": calib.summary() if calib else None}
+    if args.study:  # search's summary field, with the counts its resumed line gives
+        data["studies"] = [{"study": args.study, "stored": result.stored, "new": result.new}]
     if out:
         _write_out(out, data, table_rows, best.plan if best else None, args.force)
 
     def render(console_out: Any) -> None:
+        if result.stored:
+            console_out.print(resumed_line(args.study, result.stored, result.new,
+                                           len(candidates)), markup=False, soft_wrap=True)
         console_out.print(trial_table(table_rows, TRIAL_COLUMNS,
                                  "tune: predicted and measured step time"))
         console_out.print(LEGEND[calib is not None])
@@ -216,32 +223,45 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
 
 def _dry_run(args: argparse.Namespace, candidates: list[Any]) -> int:
     """Print the trials tune would run and their predicted seconds against the budget, once
-    the --study the tune would resume passes its checks (read only: nothing is created)."""
-    from autoplan.tune.study import check_study, fingerprint
+    the --study the tune would resume passes its checks (read only: nothing is created); the
+    trials that study holds a result for are shown with it, at 0 s: the tune runs them not
+    again."""
+    from autoplan.tune.study import check_study
 
-    cfg = _config(args)
-    check_study(cfg, fingerprint(candidates, cfg))
-    rows: list[dict[str, Any]] = [{"key": c.key, "source": c.source, "plan": short_plan(c.plan),
-             "predicted_step_s": c.predicted_step_s,
-             "predicted_trial_s": c.predicted_trial_s(args.steps)} for c in candidates]
-    total = sum(r["predicted_trial_s"] for r in rows)
+    stored = check_study(_config(args), candidates)
+    rows: list[dict[str, Any]] = []
+    for c in candidates:
+        row = {"key": c.key, "source": c.source, "plan": short_plan(c.plan), "status": "to run",
+               "predicted_step_s": c.predicted_step_s,
+               "predicted_trial_s": c.predicted_trial_s(args.steps)}
+        if c.key in stored:
+            done = stored[c.key]
+            row.update({k: done[k] for k in ("status", "reason", "measured_step_s",
+                                             "measured_tokens_per_s", "partial_step_s",
+                                             "partial_tokens_per_s")},
+                       predicted_trial_s=0.0)
+        rows.append(row)
+    to_run = [r for r in rows if r["key"] not in stored]
+    total = sum(r["predicted_trial_s"] for r in to_run)
     spent, fit = 0.0, 0  # tune runs them best predicted first until the budget is spent
-    for r in rows:
+    for r in to_run:
         spent += r["predicted_trial_s"]
         fit += spent <= args.budget_s
     dry = {"trials": rows, "predicted_total_s": total, "budget_s": args.budget_s,
-           "predicted_within_budget": fit}
+           "predicted_within_budget": fit, "stored": len(stored)}
+    cols = (("source", "source"), ("plan", "plan"), *((("status", "status"),) if stored else ()),
+            ("predicted_step_s", "step s"), ("measured_step_s", "meas. s"),
+            ("predicted_trial_s", "trial s"))
+    title = (f"trials of study {args.study}: {len(stored)} stored (not run again), "
+             f"{len(to_run)} to run" if stored else "trials tune would run")
 
     def render_dry(console: Any) -> None:
-        console.print(trial_table(rows, (("source", "source"), ("plan", "plan"),
-                                    ("predicted_step_s", "step s"),
-                                    ("predicted_trial_s", "trial s")),
-                             "trials tune would run"))
-        line = f"predicted total {total:.0f} s of a {args.budget_s:.0f} s budget"
-        if total > args.budget_s:
-            line += (f": about {fit} of {len(rows)} trials fit; tune runs them best predicted "
-                     "first and reports the rest as not run (raise --budget-s to run all)")
-        console.print(line)
+        console.print(trial_table(rows, cols, title))
+        for r in rows:  # a stored trial's (pruned, failed), as the tune prints them
+            if r.get("reason"):
+                console.print(f"{cell(r, 'source')}: {r['reason']}", markup=False)
+        console.print(dry_run_line(total, args.budget_s, fit, len(to_run), len(stored),
+                                   args.study), soft_wrap=True)
 
     emit(args, _shown(args, dry), render_dry)
     return 0

@@ -106,6 +106,10 @@ class TuneResult:
     trials: list[dict[str, Any]] = field(default_factory=list)
     best_key: str | None = None
     seconds: float = 0.0
+    stored: int = 0
+    """Candidates with a result in the --study when the tune opened it (not run again)."""
+    new: int = 0
+    """Trials this tune ran to a result (complete, pruned or failed)."""
 
     @property
     def best(self) -> Candidate | None:
@@ -151,26 +155,31 @@ def open_study(cfg: TuneConfig, fp: dict[str, Any] | None = None) -> optuna.Stud
     return study
 
 
-def check_study(cfg: TuneConfig, fp: dict[str, Any]) -> None:
+def check_study(cfg: TuneConfig, candidates: list[Candidate]) -> dict[str, dict[str, Any]]:
     """What open_study would refuse in `cfg`'s storage, found without creating or writing
     anything (a tune's --dry-run): a search's study, one valued the other way, another tune's.
-    A storage or study not there yet passes: the tune would create it."""
+    A storage or study not there yet passes: the tune would create it. Returns the rows
+    (trial_row) of the candidates the study holds a result for, by key: the tune runs them
+    not again."""
     check_study_name(cfg.study_name)
     if cfg.storage is None or cfg.study_name is None:
-        return
+        return {}
     with _opening_errors(cfg.storage):
         storage = peek_storage(cfg.storage)
         if storage is None:
-            return
+            return {}
         try:
             study = optuna.load_study(study_name=cfg.study_name, storage=storage)
         except KeyError:  # no study of that name
-            return
+            return {}
     attrs = study.user_attrs
     check_claim(study, "tune", [DIRECTION], attrs)
     have = attrs.get(FINGERPRINT_ATTR)
     if have is not None:
-        _refuse_another_tune(study, have, fp)
+        _refuse_another_tune(study, have, fingerprint(candidates, cfg))
+    by_key = {c.key: c for c in candidates}
+    return {key: trial_row(by_key[key], t) for key, t in _latest(study, finished=True).items()
+            if key in by_key}
 
 
 @contextmanager
@@ -222,16 +231,22 @@ def _refuse_another_tune(study: optuna.Study, have: str, fp: dict[str, Any]) -> 
                       "rerun that exact command to resume it, or use another --study name")
 
 
-def _finished_keys(study: optuna.Study) -> set[str]:
-    """Candidates with a result: complete, pruned, or failed for a reason of their own (a trial
+def _finished(t: Any) -> bool:
+    """A trial with a result: complete, pruned, or failed for a reason of its own (a trial
     that failed because the tune itself was interrupted has no reason and runs again)."""
-    done = set()
+    return t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+        t.state == TrialState.FAIL and "reason" in t.user_attrs)
+
+
+def _latest(study: optuna.Study, finished: bool = False) -> dict[str, Any]:
+    """Each candidate's last trial in the study (only those with a result: `finished`), by
+    key: the last wins (a rerun after a crash)."""
+    latest: dict[str, Any] = {}  # key -> FrozenTrial
     for t in study.get_trials(deepcopy=False):
         key = t.user_attrs.get("candidate")
-        if key and (t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                    or (t.state == TrialState.FAIL and "reason" in t.user_attrs)):
-            done.add(key)
-    return done
+        if key and (_finished(t) or not finished):
+            latest[key] = t
+    return latest
 
 
 def run_tune(
@@ -245,7 +260,9 @@ def run_tune(
     study = open_study(cfg, fingerprint(candidates, cfg))
     by_key = {c.key: c for c in candidates}
     keys = [c.key for c in candidates]
-    pending = [k for k in keys if k not in _finished_keys(study)]
+    stored = set(_latest(study, finished=True)) & set(keys)
+    pending = [k for k in keys if k not in stored]
+    ran = [0]
     waiting = {t.user_attrs.get("candidate")
                for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     for k in pending:
@@ -278,6 +295,7 @@ def run_tune(
             command = [part.format(**fill) for part in cfg.command]
         outcome = runner(plan_path, cand.plan.world_size, cfg.steps, tdir,
                          max(5.0, min(cfg.trial_timeout_s, remaining)), on_step, command)
+        ran[0] += 1
         trial.set_user_attr("step_times_s", outcome.step_times_s)
         trial.set_user_attr("wall_s", outcome.wall_s)
         if outcome.peak_memory_bytes is not None:
@@ -297,39 +315,39 @@ def run_tune(
     if pending:
         study.optimize(objective, n_trials=len(pending), catch=(TrialFailed,),
                        timeout=max(1.0, cfg.budget_s))
-    result = TuneResult(candidates, seconds=time.monotonic() - start)
-    latest: dict[str, Any] = {}  # key -> FrozenTrial
-    for ft in study.get_trials(deepcopy=False):
-        key = ft.user_attrs.get("candidate")
-        if key in by_key:
-            latest[key] = ft  # the last trial of a candidate wins (a rerun after a crash)
-    for key in keys:
-        t: Any = latest.get(key)
-        if t is None:
-            result.trials.append({"key": key, "status": "not run", "reason": "budget exhausted"})
-            continue
-        complete = t.state == TrialState.COMPLETE
-        partial = partial_step_s(t) if t.state == TrialState.PRUNED else None
-        result.trials.append({
-            "key": key, "status": {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
-                                   TrialState.FAIL: "failed"}.get(t.state, "interrupted"),
-            "reason": t.user_attrs.get("reason", ""),
-            "measured_step_s": t.user_attrs.get("measured_step_s") if complete else None,
-            "measured_tokens_per_s": t.value if complete else None,
-            # a pruned trial's median step so far (its line on stderr): not a measurement
-            # calibrate may use, shown apart
-            "partial_step_s": partial,
-            "partial_tokens_per_s": by_key[key].tokens_per_step / partial if partial else None,
-            "predicted_step_s": by_key[key].predicted_step_s,
-            "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
-            "steps_run": len(t.user_attrs.get("step_times_s", [])),
-        })
+    result = TuneResult(candidates, seconds=time.monotonic() - start, stored=len(stored),
+                        new=ran[0])
+    latest = _latest(study)
+    result.trials = [trial_row(by_key[key], latest.get(key)) for key in keys]
     done = [r for r in result.trials if r["status"] == "complete"
             and r["measured_tokens_per_s"] is not None
             and math.isfinite(r["measured_tokens_per_s"])]
     if done:
         result.best_key = max(done, key=lambda r: r["measured_tokens_per_s"])["key"]
     return result
+
+
+def trial_row(cand: Candidate, t: Any) -> dict[str, Any]:
+    """A candidate's row in the tune's result from its last trial `t` (a FrozenTrial; None, or
+    one still queued: not run, the budget was spent first)."""
+    if t is None or t.state == TrialState.WAITING:  # was shown as "interrupted"
+        return {"key": cand.key, "status": "not run", "reason": "budget exhausted"}
+    complete = t.state == TrialState.COMPLETE
+    partial = partial_step_s(t) if t.state == TrialState.PRUNED else None
+    return {
+        "key": cand.key, "status": {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
+                                    TrialState.FAIL: "failed"}.get(t.state, "interrupted"),
+        "reason": t.user_attrs.get("reason", ""),
+        "measured_step_s": t.user_attrs.get("measured_step_s") if complete else None,
+        "measured_tokens_per_s": t.value if complete else None,
+        # a pruned trial's median step so far (its line on stderr): not a measurement
+        # calibrate may use, shown apart
+        "partial_step_s": partial,
+        "partial_tokens_per_s": cand.tokens_per_step / partial if partial else None,
+        "predicted_step_s": cand.predicted_step_s,
+        "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
+        "steps_run": len(t.user_attrs.get("step_times_s", [])),
+    }
 
 
 def partial_step_s(trial: Any) -> float | None:

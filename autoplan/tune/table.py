@@ -26,6 +26,30 @@ def trial_printer(console: Any, total: int) -> Any:
     return on_trial
 
 
+def resumed_line(study: str, stored: int, new: int, total: int) -> str:
+    """What a tune that resumed a stored study did, in the search's words
+    (search.summary.resumed_lines): the trials it found and those it added."""
+    line = f"resumed study {study}: {stored:,} trials stored, {f'{new:,}' if new else 'none'} new"
+    if not new and stored >= total:
+        line += " (every plan has a result: another --study name runs them again)"
+    return line
+
+
+def dry_run_line(total_s: float, budget_s: float, fit: int, to_run: int, stored: int,
+                 study: str | None) -> str:
+    """The dry run's line under its table: the predicted seconds of the trials left against the
+    budget, how many of them fit, and the trials the study already holds (run not again)."""
+    line = f"predicted total {total_s:.0f} s of a {budget_s:.0f} s budget"
+    if stored:
+        line += (f" for the {to_run:,} trials left (study {study} holds {stored:,}, shown with "
+                 "their measurements)" if to_run else
+                 f": study {study} holds a result for every plan, so the tune runs none")
+    if total_s > budget_s:
+        line += (f": about {fit} of {to_run} trials fit; tune runs them best predicted "
+                 "first and reports the rest as not run (raise --budget-s to run all)")
+    return line
+
+
 def trial_rows(trials: list[dict[str, Any]], by_key: dict[str, Any], calib: Any
                 ) -> list[dict[str, Any]]:
     """One row per trial: where its plan came from, the plan, the trial's fields and, once
