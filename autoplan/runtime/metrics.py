@@ -332,7 +332,8 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
         "predicted": pred,
         "machine": machine or {},
         "device_mismatch": device_mismatch,
-        "note": joined(_on_prediction(step_time, pred, missing, machine, device_mismatch),
+        "note": joined(_on_prediction(step_time, pred, missing, machine, device_mismatch,
+                                      plan.world_size),
                        unmeasured(history, warmup, resumed_step, stopped_early,
                                   checkpointed),
                        diverged(history)),
@@ -340,11 +341,12 @@ def summarize(history: list[StepMetrics], plan: Any, warmup: int = 1,
 
 
 def _on_prediction(step_time: float | None, pred: dict[str, Any] | None, missing: str | None,
-                   machine: dict[str, Any] | None, device_mismatch: str | None) -> str | None:
+                   machine: dict[str, Any] | None, device_mismatch: str | None,
+                   ranks: int) -> str | None:
     """What of the summary's note concerns the prediction: the device mismatch, why there is
     none, or a step time outside its error band (a diverged loss says nothing of it)."""
     off = None if device_mismatch or pred is None else band_note(
-        step_time, pred["step_time_s"], pred["error_band"], machine)
+        step_time, pred["step_time_s"], pred["error_band"], machine, ranks)
     return joined(device_mismatch, missing, off)
 
 
@@ -355,7 +357,8 @@ def prediction_note(summary: dict[str, Any], plan: Any) -> str | None:
     pred = summary.get("predicted")
     missing = None if pred else predicted(plan)[1]
     return _on_prediction((summary.get("measured") or {}).get("step_time_s"), pred, missing,
-                          summary.get("machine"), summary.get("device_mismatch"))
+                          summary.get("machine"), summary.get("device_mismatch"),
+                          plan.world_size)
 
 
 def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:

@@ -13,10 +13,11 @@ if TYPE_CHECKING:
 
 
 def band_note(measured_s: float | None, predicted_s: float | None, band: float | None,
-               machine: dict[str, Any] | None = None) -> str | None:
+              machine: dict[str, Any] | None = None, ranks: int = 0) -> str | None:
     """The note when the measured step time lies outside the prediction's error band
     (predicted_s * (1 +- band)), saying by how much and, where recorded (machine.host_load),
-    how loaded the host was; None inside the band or when either side is missing."""
+    how loaded the host was (`ranks`: the run's, which count in the load at its end); None
+    inside the band or when either side is missing."""
     if measured_s is None or not predicted_s or predicted_s <= 0 or band is None:
         return None
     ratio = measured_s / predicted_s
@@ -28,7 +29,7 @@ def band_note(measured_s: float | None, predicted_s: float | None, band: float |
     note = (f"the measured step time {measured_s:.4g} s is {ratio:.2f}x the predicted "
             f"{predicted_s:.4g} s ({how}), outside the prediction's ±{band:.0%} error band "
             f"({low:.4g}-{high:.4g} s)")
-    load = load_words(machine or {})
+    load = load_words(machine or {}, ranks)
     return f"{note}; {load}" if load else note
 
 
@@ -37,14 +38,19 @@ def joined(*notes: str | None) -> str | None:
     return "; ".join(n for n in notes if n) or None
 
 
-def load_words(machine: dict[str, Any]) -> str | None:
-    """The host's 1-minute load average at the start and end of the run, on its CPUs."""
+def load_words(machine: dict[str, Any], ranks: int = 0) -> str | None:
+    """The host's 1-minute load average at the start and end of the run, on its CPUs; busy by
+    calibrate's rule (calibrate_runs.HostLoad: other processes' load above the CPU count, the
+    run's own `ranks` left out of the end's), so a run and its calibration agree."""
+    from autoplan.calibrate_runs import HostLoad
+
     cpus, start, end = (machine.get(k) for k in ("cpu_count", "load_avg_start", "load_avg_end"))
     if not cpus or (not start and not end):
         return None
     seen = [f"{avg[0]:.2f} {name}" for name, avg in (("at the start", start), ("at the end", end))
             if avg]
-    busy = max(avg[0] for avg in (start, end) if avg) > cpus
+    busy = HostLoad(int(cpus), start[0] if start else None, end[0] if end else None,
+                    ranks).busy
     return (f"the host's load average was {' and '.join(seen)}, on {cpus} CPUs (this run's "
             f"ranks count in it){': a busy host slows every step' if busy else ''}")
 

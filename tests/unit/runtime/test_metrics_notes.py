@@ -47,6 +47,16 @@ def test_a_busy_host_is_named_as_one():
         "host slows every step")
 
 
+def test_a_host_loaded_only_by_the_runs_own_ranks_is_not_busy():
+    """calibrate's rule (calibrate_runs.HostLoad, user test 38): the end's load less the run's
+    ranks, or the start's, above the CPUs. 4 ranks on 2 quiet CPUs end at load 4.2, which is
+    their own; without the ranks counted out the same figures read busy."""
+    own = {"cpu_count": 2, "load_avg_start": [0.3, 0.2, 0.1], "load_avg_end": [4.2, 2.0, 1.0]}
+    quiet = band_note(0.1, 0.05, 0.25, own, ranks=4)
+    assert quiet is not None and not quiet.endswith("a busy host slows every step")
+    assert str(band_note(0.1, 0.05, 0.25, own, ranks=0)).endswith("a busy host slows every step")
+
+
 def _history(step_s: float) -> list[StepMetrics]:
     return [StepMetrics(step, 5.0, step_s, 1e4, 1 << 20, 0.5) for step in (1, 2, 3)]
 
