@@ -30,7 +30,7 @@ from autoplan.plan import (
     ReduceDtype,
     Schedule,
 )
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+from autoplan.yaml_io import check_schema_version, from_dict, name_hint, read_yaml, show
 
 log = logging.getLogger(__name__)
 
@@ -438,10 +438,12 @@ def load_space(ref: str | Path) -> SearchSpace:
     named = resources.is_name(ref)
     if named:
         found = resources.find(resources.SPACES, given)
-        if found is None:
+        if found is None:  # the profiles' suggestion rule (`defualt`: did you mean 'default'?)
+            known = available_spaces()
+            hint = name_hint(given, known)
             raise ConfigError("--space", f"no search space named {show(given)}",
-                              f"choose one of {', '.join(available_spaces())} (`autoplan "
-                              "spaces` lists them) or give a path")
+                              (f"{hint} " if hint else "") + f"choose one of {', '.join(known)}"
+                              " (`autoplan spaces` lists them) or give a path")
         path = found
     user = named and path.parent.resolve() != SPACES_DIR.resolve()
     space = space_from_dict(read_yaml(path, "--space"), f"space {path if user else path.name}")

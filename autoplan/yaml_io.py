@@ -79,16 +79,20 @@ NAMES_SHOWN = 3
 
 
 def name_hint(name: Any, known: Iterable[str]) -> str | None:
-    """'did you mean ...?' for an unknown preset or profile name: the names equal to it but for
-    case (`llama-3-8B`), else the few that hold it (`h100`: h100-sxm-80gb, h100-96gb-500w),
-    else the close ones (close_matches), compared without case; None when none is near or when
-    more than NAMES_SHOWN hold it."""
+    """'did you mean ...?' for an unknown preset, profile or search-space name, compared
+    without case. The rule, first that applies:
+    1. the names equal to it but for case (`llama-3-8B`);
+    2. the names holding every '-'-separated token typed, each inside one of the name's tokens
+       (`a100-80gb`: a100-sxm4-80gb and a100-80gb-opa), up to NAMES_SHOWN, in token_matches' order;
+       more than that is a guess, so None (the list of names that follows shows them);
+    3. the close spellings (close_matches: `defualt` -> default).
+    None when no name is near."""
     if not isinstance(name, str) or not name.strip():
         return None
     known = list(known)
     folded = name.strip().casefold()
     same = [k for k in known if k.casefold() == folded]
-    held = [k for k in known if len(folded) >= 3 and folded in k.casefold()]
+    held = token_matches(folded, known) if len(folded) >= 3 else []
     for picks in (same, held):
         if 0 < len(picks) <= NAMES_SHOWN:
             return f"did you mean {' or '.join(map(repr, picks))}?"
@@ -97,6 +101,31 @@ def name_hint(name: Any, known: Iterable[str]) -> str | None:
     by_folded = {k.casefold(): k for k in known}
     close = close_matches(folded, by_folded, NAMES_SHOWN)
     return f"did you mean {' or '.join(repr(by_folded[c]) for c in close)}?" if close else None
+
+
+def token_matches(name: str, known: Iterable[str]) -> list[str]:
+    """The entries of `known` holding every '-'-separated token of `name` inside one of their
+    own tokens (without case), ordered most likely meant first, on three keys in turn:
+    - the typed first and last tokens at the name's ends: what is added sits between them, a
+      qualifier (`a100-80gb` -> a100-sxm4-80gb, the form factor) rather than after them, a
+      variant (a100-80gb-opa, one Omni-Path cluster);
+    - fewer tokens that nothing typed matches (less the user left out);
+    - the closer spelling (difflib ratio: `h100` -> h100-sxm-80gb before h100-96gb-500w)."""
+    typed = [t for t in name.casefold().split("-") if t]
+
+    def parts(entry: str) -> list[str]:
+        return entry.casefold().split("-")
+
+    def holds(entry: str) -> bool:
+        return bool(typed) and all(any(t in p for p in parts(entry)) for t in typed)
+
+    def key(entry: str) -> tuple[int, int, float]:
+        own = parts(entry)
+        ends = (typed[0] in own[0]) + (typed[-1] in own[-1])
+        untyped = sum(not any(t in p for t in typed) for p in own)
+        return -ends, untyped, -difflib.SequenceMatcher(None, name, entry.casefold()).ratio()
+
+    return sorted((k for k in known if holds(k)), key=key)
 
 
 def unknown_key_fix(key: Any, known: Iterable[str]) -> str:

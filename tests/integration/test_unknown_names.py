@@ -1,6 +1,8 @@
-"""An unknown --model preset or --cluster profile name is refused in one line (exit 2) that
-suggests the name meant: the same but for case, the few names holding it, or a close one
-(user test 34, finding 13: `--model llama-3-8B` and `--cluster h100` listed every name)."""
+"""An unknown --model preset, --cluster profile or --space name is refused in one line (exit 2)
+that suggests the name meant: the same but for case, the few names holding every token typed
+(the likelier first), or a close one (user test 34, finding 13: `--model llama-3-8B` and
+`--cluster h100` listed every name; user test 38, N3: `a100-80gb` got only a100-80gb-opa,
+`--space defualt` no suggestion)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,11 @@ def test_a_model_name_gets_the_preset_it_likely_means(name: str, hint: str) -> N
 
 
 @pytest.mark.parametrize("name,hint", [
-    ("h100", "did you mean 'h100-96gb-500w' or 'h100-sxm-80gb'?"),
+    ("h100", "did you mean 'h100-sxm-80gb' or 'h100-96gb-500w'?"),  # the closer spelling first
+    # every token typed, qualifier between them (sxm4) before a variant after them (opa)
+    ("a100-80gb", "did you mean 'a100-sxm4-80gb' or 'a100-80gb-opa'?"),
+    ("A100-80", "did you mean 'a100-sxm4-80gb' or 'a100-80gb-opa'?"),
+    ("sxm-80gb", "did you mean 'h100-sxm-80gb' or 'h800-sxm-80gb' or 'a100-sxm4-80gb'?"),
     ("H100-SXM-80GB", "did you mean 'h100-sxm-80gb'?"),
     ("v100", "did you mean 'v100-sxm2-32gb'?"),
     ("h100-sxm-80g", "did you mean 'h100-sxm-80gb'?"),
@@ -35,7 +41,7 @@ def test_a_cluster_name_gets_the_profile_it_likely_means(name: str, hint: str) -
     assert name_hint(name, available_profiles()) == hint
 
 
-@pytest.mark.parametrize("name", ["gpt3", "zzz", "", "8b"])
+@pytest.mark.parametrize("name", ["gpt3", "zzz", "", "8b", "llama-3"])
 def test_no_hint_where_no_name_or_too_many_are_near(name: str) -> None:
     """`gpt3` is in eight presets: naming one of them would be a guess."""
     assert name_hint(name, PRESETS) is None
@@ -58,7 +64,9 @@ COMMANDS = {
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("flag,given,good,hint", [
     ("--model", "llama-3-8B", "llama-3-8b", "did you mean 'llama-3-8b'?"),
-    ("--cluster", "h100", "h100-sxm-80gb", "did you mean 'h100-96gb-500w' or 'h100-sxm-80gb'?"),
+    ("--cluster", "h100", "h100-sxm-80gb", "did you mean 'h100-sxm-80gb' or 'h100-96gb-500w'?"),
+    ("--cluster", "a100-80gb", "a100-sxm4-80gb",
+     "did you mean 'a100-sxm4-80gb' or 'a100-80gb-opa'?"),
 ])
 def test_every_command_taking_the_flag_suggests_the_name(
         command: str, flag: str, given: str, good: str, hint: str, tmp_path: Path, capsys,
@@ -73,3 +81,22 @@ def test_every_command_taking_the_flag_suggests_the_name(
     assert len(err.strip().splitlines()) == 1, err
     assert f"{flag}: unknown " in err and f"{given!r}; {hint} choose" in err
     assert "Traceback" not in err and good in err
+
+
+def test_more_profiles_than_shown_holding_the_tokens_get_no_guess() -> None:
+    """`80gb` is in four profiles: the list after the hint shows them."""
+    assert name_hint("80gb", available_profiles()) is None
+
+
+@pytest.mark.parametrize("command", ["search", "tune"])
+@pytest.mark.parametrize("given,hint", [("defualt", "did you mean 'default'?"),
+                                        ("small", "did you mean 'small-cpu'?")])
+def test_a_space_name_gets_the_space_it_likely_means(command: str, given: str, hint: str,
+                                                     capsys) -> None:
+    argv = [command, "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "1",
+            "--global-batch-size", "2", "--space", given, *(["--dry-run"] * (command == "tune"))]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert len(err.strip().splitlines()) == 1 and not captured.out, err
+    assert f"--space: no search space named {given!r}; {hint} choose one of default," in err
