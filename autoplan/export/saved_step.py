@@ -11,6 +11,29 @@ FILE = f'"${SAVED_STEP_ENV}"'
 """The step file as the script names it (the variable, exported where the script sets it)."""
 
 
+SIGNAL_TRACEBACK = ("torch.distributed.elastic.multiprocessing.api.SignalException: Process N "
+                    "got signal: 15")
+"""The last line of the traceback torchrun prints as it exits on a SIGTERM it passed on to its
+ranks (torch/distributed/elastic/multiprocessing/api.py, _terminate_process_handler; torch
+2.13), which a clean stop prints before the script's own line."""
+
+
+def traceback_note(where: str = "") -> str:
+    """The header's word on that traceback (`where`: e.g. " in the job log")."""
+    return (f"A stop by a signal prints torchrun's own traceback{where} ({SIGNAL_TRACEBACK}) "
+            "before the script's line: torchrun's exit after passing the signal on, expected, "
+            "and no error of the run.")
+
+
+def done_note(steps: int) -> str:
+    """The header's word on a job started again once its run is done: every rank finds the
+    checkpoint at --steps, rank 0 says so, and all exit 0 having written nothing (no step file:
+    the script ends on the launcher's 0; runtime/resume.py)."""
+    return (f"Started again once {all_steps(steps)} {'is' if steps == 1 else 'are'} trained "
+            "(resubmitted, requeued, chained), the ranks train nothing: one line says so and "
+            "the script exits 0.")
+
+
 def env_line(checkpoint_dir: str, name: str) -> str:
     """`export SAVED_STEP_ENV=<checkpoint_dir>/"<name>"`: the file lies in the checkpoint
     folder, which every node reads; `name` may hold shell expansions (it is double-quoted)."""

@@ -110,7 +110,7 @@ class SlurmTarget(ExportTarget):
                 *tokens_comment(run, plan, model),
                 *warning.comment(),
                 *limit.comment(),
-                *warning.end_comment(run.steps, run.requeue),
+                *warning.end_comment(run.steps, run.requeue, opts.elastic),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
                 *check_lines(run.plan_path, run.plan_sha256, run.named_files),
@@ -238,11 +238,15 @@ class StopWarning:
             f"{SHUTDOWN_ENV}=S sbatch --signal=TERM@S <this script>. A scancel or a preemption "
             "still allows only KillWait.")
 
-    def end_comment(self, steps: int, requeue: bool = False) -> list[str]:
+    def end_comment(self, steps: int, requeue: bool = False,
+                    elastic: bool = False) -> list[str]:
         head = ("Exit status: torchrun exits 1 once it has passed a SIGTERM on, whatever its "
                 f"ranks did, which SLURM would record as FAILED. Rank 0 writes the step of the "
                 f"last checkpoint to ${SAVED_STEP_ENV} (in the checkpoint folder) once every "
                 "rank has saved it. ")
+        tail = " " + saved_step.traceback_note(" in the job log")
+        if not elastic:  # an elastic round over a run done ends on an empty summary instead
+            tail += " " + saved_step.done_note(steps)
         if requeue:
             return comment(
                 head + f"Stopped short of {steps} {plural(steps, 'step')} after such a save, the script requeues "
@@ -250,14 +254,14 @@ class StopWarning:
                 "resumes from that checkpoint when it runs again; the job ends COMPLETED only "
                 f"once {all_steps(steps)} {'is' if steps == 1 else 'are'} trained, so an afterok dependency waits for the "
                 "trained model. If the requeue is refused the script exits 1 with a line saying "
-                "so. A crash, or ranks killed before their save, keeps srun's status.")
+                "so. A crash, or ranks killed before their save, keeps srun's status." + tail)
         return comment(
             head + "The script then exits 0 with a line in the job log naming the step and how "
             "to resume: a job stopped by the time-limit warning after a clean save ends "
             "COMPLETED. So an afterok dependency starts after each such stop, before "
             f"{all_steps(steps)} {'is' if steps == 1 else 'are'} trained: it suits the next run of this script, not a job that "
             "needs the trained model (export with --requeue for that). A crash, or ranks "
-            "killed before their save, keeps srun's status.")
+            "killed before their save, keeps srun's status." + tail)
 
 
 def stop_warning(plan: Plan, model: ModelSpec, gpus_per_node: int) -> StopWarning:

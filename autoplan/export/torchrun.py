@@ -109,7 +109,8 @@ def _end_comment(steps: int, num_nodes: int) -> list[str]:
         f"line naming the step and how to resume where it is short of {steps} {plural(steps, 'step')}. A crash, "
         "or ranks killed before their save, keeps torchrun's status. Stop a run by sending "
         "SIGTERM to torchrun or to this script's process group (kill -TERM -- -PGID, as timeout "
-        "and systemd do): the script outlives it to read the step." + nodes)
+        "and systemd do): the script outlives it to read the step. "
+        + saved_step.traceback_note() + " " + saved_step.done_note(steps) + nodes)
 
 
 def _end_lines(opts: ExportOptions, num_nodes: int) -> list[str]:
