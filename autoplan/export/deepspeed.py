@@ -32,6 +32,7 @@ from autoplan.export.launch import (
     cuda_only_reasons,
     shell_join,
 )
+from autoplan.export.megatron import length_lines
 from autoplan.export.megatron_moe import megatron_hint
 from autoplan.model_spec import ModelSpec, PositionKind
 from autoplan.plan import Plan, Precision, RecomputePolicy
@@ -200,7 +201,8 @@ class DeepSpeedTarget(ExportTarget):
                 "--to deepspeed`:",
                 f"# run from the Megatron-DeepSpeed checkout; the DeepSpeed config is {config}, "
                 "read from this script's folder.",
-                "# Append data, tokenizer and optimizer flags as arguments to this script.",
+                *length_lines(plan, model, "Megatron-DeepSpeed"),
+                "# Append it, data, tokenizer and optimizer flags as arguments to this script.",
                 *megatron_deepspeed.rope_note(model),
             ]
             flags = megatron_deepspeed.launch_args(plan, model)

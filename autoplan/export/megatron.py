@@ -18,6 +18,7 @@ from autoplan.export.base import ExportOptions, ExportTarget, layout, layout_rea
 from autoplan.export.launch import (
     check_job_name,
     check_path_word,
+    comment,
     continued,
     cuda_only_reasons,
     shell_join,
@@ -41,6 +42,20 @@ NULL_TOKENIZER_EXTRA = 1
 """Megatron's NullTokenizer adds one end-of-document token to --vocab-size."""
 CUDA_ONLY = ("Megatron-LM trains on CUDA GPUs only (NCCL, Transformer Engine and its fused CUDA "
              "kernels)")
+
+
+def length_lines(plan: Plan, model: ModelSpec, tool: str) -> list[str]:
+    """The header's word on the run's length, which no plan holds and this export takes no
+    --steps for: `tool` (Megatron-LM, Megatron-DeepSpeed) needs --train-iters or
+    --train-samples, else update_train_iters computes train_samples // global_batch_size from
+    None and fails (megatron/training/training.py; Megatron-DeepSpeed's megatron/training.py)."""
+    gbs = plan.batch.global_batch_size
+    return comment(
+        f"{tool} needs the run's length, --train-iters N (optimizer steps, each of global "
+        f"batch {gbs} x seq_len {model.seq_len} = {gbs * model.seq_len:,} tokens) or "
+        "--train-samples N (sequences): with neither it fails at start (update_train_iters "
+        "divides the missing --train-samples by the global batch). This export takes no "
+        "--steps: `autoplan train --steps N` is --train-iters N.")
 
 
 def _reasons(plan: Plan, model: ModelSpec) -> list[str]:
@@ -253,11 +268,13 @@ class MegatronTarget(ExportTarget):
                 "`autoplan export --to megatron`.",
                 "# NullTokenizer adds one EOD token to --vocab-size, so the model has the plan's "
                 f"vocabulary ({model.vocab_size}).",
-                "# Append data and optimizer flags as arguments to this script; a real "
+                *length_lines(plan, model, "Megatron-LM"),
+                "# Append it, data and optimizer flags as arguments to this script; a real "
                 "tokenizer's flags replace",
                 "# NullTokenizer (its vocabulary then decides the model's, not --vocab-size):",
                 f"# bash {shlex.quote(opts.out) if opts.out else 'megatron_args.sh'} "
-                "--data-path ... [--tokenizer-type ... --tokenizer-model ...] (run from the "
+                "--train-iters N --data-path ... [--tokenizer-type ... --tokenizer-model ...] "
+                "(run from the "
                 "Megatron-LM checkout"
                 + (" on every node, RDZV_HOST set to the first node)" if lay.num_nodes > 1
                    else ")"),
