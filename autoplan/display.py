@@ -47,12 +47,21 @@ def days(value: float) -> str:
     return f"{value:.1f}" if value < 1000 else sig(value, 3)
 
 
+EXACT_BELOW = 10_000
+"""Counts below this print whole ("1,024 tokens"): four digits read at a glance."""
+
+
 def count(n: float) -> str:
-    """A parameter or token count in millions below a billion: 0.24M, 125M, 8.03B, 1.20T."""
-    for scale, suffix in ((1e12, "T"), (1e9, "B")):
-        if abs(n) >= scale:
-            return f"{sig(n / scale, 3)}{suffix}"
-    return f"{sig(n / 1e6, 3 if abs(n) >= 1e6 else 2)}M"
+    """A parameter or token count for people: whole below EXACT_BELOW ("1,024"), else to 3
+    significant figures with k, M, B or T: 32.8k, 125M, 8.03B, 1.20T (a 1,024-token batch read
+    "0.0010M" when every count below a billion was in millions: user test 38)."""
+    if abs(n) < EXACT_BELOW:
+        return f"{n:,.0f}"
+    rounded_n = float(f"{n:.3g}")  # 999,950 is 1.00M, not 1,000k
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if abs(rounded_n) >= scale:
+            return f"{sig(rounded_n / scale, 3)}{suffix}"
+    return f"{sig(rounded_n / 1e3, 3)}k"
 
 
 def rounded(obj: Any, digits: int = 4) -> Any:
@@ -95,8 +104,10 @@ def tight_words(memory: dict[str, float]) -> str:
             f"the {memory['capacity'] / gib:.1f} GiB per GPU: it may not fit")
 
 
-def unvalidated_words(mfu: float, ceiling: Any) -> str:
+def unvalidated_words(mfu: float, ceiling: Any, cpu: bool = False) -> str:
     """Why a predicted MFU above what the validated runs of its kind on its GPU were predicted
-    at (error_band.MfuCeiling) is an extrapolation, in one sentence."""
+    at (error_band.MfuCeiling) is an extrapolation, in one sentence. `autoplan tune` measures
+    the machine it runs on: the GPUs priced, or for a CPU profile (`cpu`) this host."""
+    where = "on this machine" if cpu else "on those GPUs"
     return (f"MFU {mfu:.1%} is above {ceiling.describe()}: the validation does not reach it, "
-            f"so measure it (autoplan tune, on those GPUs) before relying on it")
+            f"so measure it (autoplan tune, {where}) before relying on it")

@@ -112,13 +112,17 @@ def layout_text(r: dict[str, Any]) -> str:
     return " ".join(f"{k}{r[k]}" for k in ("dp", "tp", "pp", "cp") if k != "cp" or r[k] > 1)
 
 
-def gain_text(best: float, other: float, band: float | None) -> str:
-    """"+4.2% tokens/s", with a note when the gain is inside the error band."""
+def gain_text(best: float, other: float, band: float | None, cpu: bool = False) -> str:
+    """"+4.2% tokens/s", with a note when the gain is inside the error band: measure both with
+    `autoplan tune`, which measures the machine it runs on (on the GPUs priced; a CPU
+    profile's host is this one)."""
     gain = best / other - 1.0
     text = f"{gain:+.1%} tokens/s"
     if band is not None:
-        text += (f", inside the cost model's ±{band:.0%} band: measure both (autoplan tune, on those GPUs)"
-                 if abs(gain) < band else f", more than the cost model's ±{band:.0%} band")
+        where = "on this machine" if cpu else "on those GPUs"
+        text += (f", inside the cost model's ±{band:.0%} band: measure both (autoplan tune, "
+                 f"{where})" if abs(gain) < band
+                 else f", more than the cost model's ±{band:.0%} band")
     return text
 
 
@@ -168,7 +172,8 @@ def unvalidated_line(result: SearchResult, best: dict[str, Any]) -> str | None:
     if ceiling is None:
         return None
     whose = "plan #1's" if req.targets.multi else "the winner's"
-    return f"unvalidated: {whose} " + unvalidated_words(float(best["mfu"]), ceiling)
+    return f"unvalidated: {whose} " + unvalidated_words(float(best["mfu"]), ceiling,
+                                                       profile.is_cpu)
 
 
 def gain_lines(result: SearchResult, shown: list[Any]) -> list[str]:
@@ -179,7 +184,8 @@ def gain_lines(result: SearchResult, shown: list[Any]) -> list[str]:
         return []  # gains in tokens/s explain a throughput ranking, not a GPU-count one
     best = shown[0].row
     band = best.get("band") if isinstance(best.get("band"), float) else None
-    lines = [next_layout_line(result, best, band)]
+    cpu = type_request(result.request, best.get("cluster") or None).profile.is_cpu
+    lines = [next_layout_line(result, best, band, cpu)]
     try:
         # priced as the winner runs: its GPU type, GPU count and (from a range) global batch
         base = score_baseline(result, int(best["num_gpus"]), int(best["gbs"]) if "gbs" in best
@@ -193,7 +199,7 @@ def gain_lines(result: SearchResult, shown: list[Any]) -> list[str]:
         if base.feasible:
             lines.append(f"against the {base.name}, {base.layout}, which scores step "
                          f"{sig(base.step_s)} s, MFU {base.mfu:.1%} {here}: "
-                         f"{gain_text(best['tokens_per_s'], base.tokens_per_s, band)}")
+                         f"{gain_text(best['tokens_per_s'], base.tokens_per_s, band, cpu)}")
         else:
             lines.append(f"the {base.name} ({base.layout}) {verdict(base.reasons)} {here}: "
                          f"{'; '.join(base.reasons[:2])}")
@@ -215,7 +221,8 @@ def next_layout(result: SearchResult) -> tuple[int, int] | None:
     return (int(at[0]) + 1, int(order[at[0]])) if len(at) else None
 
 
-def next_layout_line(result: SearchResult, best: dict[str, Any], band: float | None) -> str:
+def next_layout_line(result: SearchResult, best: dict[str, Any], band: float | None,
+                     cpu: bool = False) -> str:
     """The winner against the next different layout in the whole ranking, or the truth that
     every feasible plan shares its layout."""
     found = next_layout(result)
@@ -230,7 +237,7 @@ def next_layout_line(result: SearchResult, best: dict[str, Any], band: float | N
     step, tokens = float(c["time_step"][i]), float(c["tokens_per_s"][i])
     return (f"why this plan: against the next different layout (#{rank}, "
             f"{layout_text(other)}, step {sig(step)} s) "
-            f"{gain_text(best['tokens_per_s'], tokens, band)}")
+            f"{gain_text(best['tokens_per_s'], tokens, band, cpu)}")
 
 
 def where_text(req: SearchRequest, best: dict[str, Any]) -> str:

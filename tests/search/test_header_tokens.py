@@ -20,7 +20,7 @@ from tests.search.conftest import SMALL_SPACE
 
 def test_one_batch_reads_with_its_tokens_a_step() -> None:
     assert batch_text({"global_batch_size": 1536}, 2048) == "1536 (3.15M tokens)"
-    assert batch_text({"global_batch_size": 16}, 64) == "16 (0.0010M tokens)"
+    assert batch_text({"global_batch_size": 16}, 64) == "16 (1,024 tokens)"
 
 
 def test_a_batch_range_reads_with_the_tokens_of_both_ends() -> None:
@@ -43,8 +43,8 @@ def search(seq_len: int) -> tuple[str, dict]:
 def test_the_header_and_json_count_tokens_at_the_searched_seq_len() -> None:
     short, short_data = search(64)
     long, long_data = search(128)
-    assert "global batch 8 (0.00051M tokens)," in short
-    assert "global batch 8 (0.0010M tokens)," in long
+    assert "global batch 8 (512 tokens)," in short
+    assert "global batch 8 (1,024 tokens)," in long
     assert short_data["global_batch_tokens"] == 8 * 64
     assert long_data["global_batch_tokens"] == 8 * 128
     assert short_data["global_batch_size"] == long_data["global_batch_size"] == 8

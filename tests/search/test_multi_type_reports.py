@@ -155,7 +155,7 @@ def test_a_batch_range_is_shown_and_the_recipe_priced_at_the_winners_batch(
     picked = data["best"]["batch"]["global_batch_size"]
     assert picked != 64 and [r["gbs"] for r in data["top"]] != [picked] * 3
     code, table, _ = run(job + ["--format", "table"], capsys)
-    assert code == 0 and "global batch 64..256 (0.13M..0.52M tokens)," in " ".join(table.split())
+    assert code == 0 and "global batch 64..256 (131k..524k tokens)," in " ".join(table.split())
     lines = table.splitlines()
     head = next(j for j, ln in enumerate(lines) if ln.split()[:1] == ["#"])
     col = lines[head].split().index("gbs")

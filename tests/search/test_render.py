@@ -114,7 +114,7 @@ def test_a_gpu_count_search_names_the_count_its_plans_share() -> None:
 def test_numbers_at_sensible_figures() -> None:
     assert sig(0.0006992) == "0.000699" and sig(131.31648302078247) == "131"
     assert column([3.468, 0.0, 0.2151, 0.0006992], 4.056) == ["3.47", "0", "0.22", "<0.01"]
-    assert count(240_000) == "0.24M" and count(8.03e9) == "8.03B"
+    assert count(240_000) == "240k" and count(8.03e9) == "8.03B"
     assert rounded({"a": [131.31648302078247, 3], "b": True}) == {"a": [131.3, 3], "b": True}
 
 
@@ -151,7 +151,7 @@ def test_models_and_clusters_fit_80_columns_without_cutting_names() -> None:
         assert "…" not in proc.stdout
         assert max(len(line) for line in proc.stdout.splitlines()) <= 80
     models = cli(["models", "--format", "table"]).stdout
-    assert "llama-3.1-405b" in models and re.search(r"tiny\s+0\.24M", models)
+    assert "llama-3.1-405b" in models and re.search(r"tiny\s+237k\s", models)
 
 
 def test_every_published_recipe_loads_as_a_plan_of_its_models() -> None:
