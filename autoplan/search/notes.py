@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.display import sig, whole
+from autoplan.display import days, sig, whole
 from autoplan.search.engine import SearchResult
 from autoplan.search.rows import LAYOUT, Shown, collapse, with_band
 
@@ -75,8 +75,9 @@ def tokens_text(tokens: float) -> str:
 
 
 def cost_line(data: dict[str, Any], shown: list[Shown]) -> str | None:
-    """With --train-tokens and no cost column: what the first plan costs, at which price per
-    GPU-hour, and the flag that changes it (its summary row's gpu_hours and usd)."""
+    """With --train-tokens and no cost column: the days the first plan takes (user test 38: the
+    narrow table drops its days column, the figure a deadline wants), what it costs, at which
+    price per GPU-hour, and the flag that changes it (its summary row's days, gpu_hours, usd)."""
     tokens = (data.get("targets") or {}).get("train_tokens")
     row = shown[0].row if shown else {}
     hours = row.get("gpu_hours")
@@ -89,8 +90,11 @@ def cost_line(data: dict[str, Any], shown: list[Shown]) -> str | None:
                  "change)")
     else:
         price = f"no price ({where} has no price_per_gpu_hour; --price {where}=USD sets one)"
-    return (f"#{shown[0].rank} for {tokens_text(float(tokens))} tokens: {money_or_hours_text(hours)} "
-            f"GPU-hours, {price}")
+    span = row.get("days")  # the table's narrow layout leaves its days column out
+    took = (f"{days(span)} days at the priced step, " if isinstance(span, (int, float))
+            and math.isfinite(span) else "")
+    return (f"#{shown[0].rank} for {tokens_text(float(tokens))} tokens: {took}"
+            f"{money_or_hours_text(hours)} GPU-hours, {price}")
 
 
 def p75_alternative(result: SearchResult) -> dict[str, Any] | None:

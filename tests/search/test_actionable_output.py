@@ -101,7 +101,8 @@ def test_the_title_says_how_many_rows_hold_the_plans() -> None:
 def test_a_token_budget_prices_plan_1_under_the_table_and_wide_adds_the_columns() -> None:
     data = {"targets": {"train_tokens": 1e12}, "cluster": "h100-sxm-80gb"}
     shown = collapse([row(days=15.7, gpu_hours=24158.0, usd=72473.0)], 10)
-    assert cost_line(data, shown) == ("#1 for 1e12 tokens: 24,158 GPU-hours, $72,473 at "
+    assert cost_line(data, shown) == ("#1 for 1e12 tokens: 15.7 days at the priced step, "
+                                      "24,158 GPU-hours, $72,473 at "
                                       "$3.00/GPU-h (--price h100-sxm-80gb=USD to change)")
     unpriced = collapse([row(days=15.7, gpu_hours=24158.0, usd=None)], 10)
     line = cost_line(data, unpriced)
