@@ -44,7 +44,6 @@ from autoplan.search.request_args import common_format, gpu_types, with_precisio
 from autoplan.search.space import parse_batch_sizes, typed_range
 from autoplan.search.summary import (
     best_by_cluster,
-    by_cluster_lines,
     caveats,
     infeasible_line,
     resumed_lines,
@@ -250,8 +249,6 @@ def search_command(args: argparse.Namespace) -> int:
             for line in resumed_lines(studies):  # above the sampled search's header line
                 console.print(line, markup=False, soft_wrap=True)
             render(console, result, view, args.top, wide=getattr(args, "wide", False))
-            for line in by_cluster_lines(data.get("by_cluster", []), data["objectives"]):
-                console.print(line, markup=False, soft_wrap=True)  # one line each, for grep
 
         emit(args, shown, table)
         if result.best is None:

@@ -23,9 +23,10 @@ from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
 from autoplan.search.batch_range import check_batch_range
 from autoplan.search.ranking import rank
+from autoplan.search.sampled import SampledSpace, choose_sampler, sampling_note
 from autoplan.search.scoring import Context, Scored, score_table
 from autoplan.search.space import MAX_ROWS, enumerate_space, joint_rows
-from autoplan.search.targets import MISS_KEYS, Targets, objective_matrix
+from autoplan.search.targets import Targets, objective_matrix
 from autoplan.search_space import SearchSpace
 
 if TYPE_CHECKING:
@@ -106,21 +107,25 @@ class SearchRequest:
         differ from the even one (space.joint_rows)."""
         return joint_rows(self.space, self.model, self.gpu_counts, self.batch)
 
+    def largest_count(self) -> tuple[int, int]:
+        """(GPU count, its candidates) of the GPU count with the most of them."""
+        if len(self.gpu_counts) == 1:
+            return self.gpu_counts[0], self.space_size()
+        return max(((n, joint_rows(self.space, self.model, (n,), self.batch))
+                    for n in self.gpu_counts), key=lambda pair: pair[1])
+
     def largest_count_rows(self) -> int:
         """Candidates of the GPU count with the most of them."""
-        if len(self.gpu_counts) == 1:
-            return self.space_size()
-        return max(joint_rows(self.space, self.model, (n,), self.batch) for n in self.gpu_counts)
+        return self.largest_count()[1]
 
     def pick_sampler(self) -> str:
+        """--sampler, else sampled.choose_sampler's (exhaustive where max_enumerate allows)."""
         if self.sampler is not None:
             if self.sampler not in SAMPLERS:
                 raise ConfigError("--sampler", f"got {self.sampler!r}",
                                   f"choose from {', '.join(SAMPLERS)}")
             return self.sampler
-        if self.largest_count_rows() <= self.space.max_enumerate:
-            return "exhaustive"  # a range is scored count by count (run_exhaustive)
-        return "nsga2" if self.targets.multi else "tpe"
+        return choose_sampler(self)[0]  # a range is scored count by count (run_exhaustive)
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,8 @@ class SearchResult:
     has no feasible plan, as a search of that type alone gives it."""
     studies: tuple[StudyCount, ...] = ()
     """With --storage: each study's counts (one per GPU type of --cluster A,B)."""
+    sampled: tuple[SampledSpace, ...] = ()
+    """The space each sampled GPU type drew from (none for the exhaustive search)."""
 
     @property
     def best(self) -> int | None:
@@ -253,8 +260,9 @@ def run_exhaustive(req: SearchRequest, progress: Progress | None = None
 
 
 def _score_one(req: SearchRequest, progress: Progress | None
-               ) -> tuple[str, Scored, int, tuple[int, ...], StudyCount | None]:
-    sampler = req.pick_sampler()
+               ) -> tuple[str, Scored, int, tuple[int, ...], StudyCount | None,
+                          SampledSpace | None]:
+    sampler, space = choose_sampler(req)
     if sampler == "exhaustive":
         if req.storage:
             raise ConfigError("--storage", "applies to the Optuna samplers",
@@ -267,7 +275,7 @@ def _score_one(req: SearchRequest, progress: Progress | None
         scored, total, study = run_optuna(req, sampler, progress)
         # the counts its trials scored (a sampled range scores some of the counts asked for)
         counts = tuple(int(n) for n in np.unique(scored.cols["num_gpus"])) if scored.n else ()
-    return sampler, scored, total, counts, study
+    return sampler, scored, total, counts, study, space
 
 
 def with_cluster(scored: Scored, k: int, ref: str, price: float | None, clusters: tuple[str, ...],
@@ -324,32 +332,6 @@ def type_requests(req: SearchRequest) -> list[SearchRequest]:
             for t in req.types]
 
 
-SAMPLER_NAMES = {"tpe": "TPE", "nsga2": "NSGA-II", "random": "random sampling"}
-
-
-def sampling_note(req: SearchRequest, sampler: str, scored: Scored, trials: int) -> str | None:
-    """What to do when most trials of a sampled search broke a plan rule before any estimate:
-    the few scored are too few to say nothing fits, so the infeasible outcome says how many
-    were scored and how to score more (a range of 121 GPU counts once ended on "no feasible
-    plan" with 1 of 300 trials scored). None for the exhaustive search, which scores or counts
-    every candidate, where most trials were scored, and where none was: nearest.nearest_miss
-    then judges a sample of the space, and says to raise --trials only where that sample holds
-    a valid candidate (a rule every candidate breaks is not cured by more trials)."""
-    if sampler not in SAMPLER_NAMES:
-        return None
-    c = scored.counts
-    done = c.get("feasible", 0) + sum(c.get(k, 0) for k in MISS_KEYS)
-    # a format one GPU type of several lacks (an A100's fp8 rows) is no rule more trials cure
-    rejected = sum(v for k, v in c.items()
-                   if k not in (*MISS_KEYS, "feasible", "duplicate", "precision-unsupported"))
-    if done == 0 or 2 * rejected <= trials:
-        return None
-    narrow = "narrow --num-gpus" if len(req.gpu_counts) > 1 else "narrow the space"
-    return (f"{SAMPLER_NAMES[sampler]} scored {done:,} of {trials:,} trials ({rejected:,} broke "
-            f"a plan rule before any estimate), too few to say nothing fits: raise --trials or "
-            f"{narrow}")
-
-
 def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
     """Search the space and rank the result (never raises for an infeasible outcome). With
     several GPU types each is searched alone and the rows ranked together. A batch range no
@@ -362,10 +344,13 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
     type_misses: dict[str, Miss] = {}
     counts: set[int] = set()
     studies: list[StudyCount] = []
+    spaces: list[SampledSpace] = []
     for k, sub in enumerate(subs):
-        sampler, part, seen, done, study = _score_one(sub, progress)
+        sampler, part, seen, done, study, space = _score_one(sub, progress)
         if study is not None:
             studies.append(study)
+        if space is not None:
+            spaces.append(space)
         samplers.append(sampler)
         total += seen
         counts.update(done)
@@ -390,7 +375,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchRe
                                        sampled_too_few=True)
     return SearchResult(req, sampler, scored, order, front, total,
                         time.perf_counter() - t0, miss.row if miss else None, miss,
-                        tuple(sorted(counts)), type_misses, tuple(studies))
+                        tuple(sorted(counts)), type_misses, tuple(studies), tuple(spaces))
 
 
 def _type_miss(sub: SearchRequest, part: Scored, note: str | None) -> Miss:

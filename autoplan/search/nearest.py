@@ -45,7 +45,7 @@ class Miss:
     plan: Plan | None = None
     """The candidate as a plan, when it was not scored (no prediction)."""
     sampled_too_few: bool = False
-    """A sampled search scored too few trials to say nothing fits (engine.sampling_note, the
+    """A sampled search scored too few trials to say nothing fits (sampled.sampling_note, the
     last of `misses`): more trials, not more GPUs, is the first thing to try."""
 
 

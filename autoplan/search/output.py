@@ -92,7 +92,11 @@ def summary(result: SearchResult, top: int) -> dict[str, Any]:
         "space": req.space.name,
         # what was searched: the space's list or --precision, `auto` settled for the device
         "precisions": [p.value for p in req.space.precision], "runtime": sc.runtime,
-        "sampler": result.sampler, "objectives": list(req.targets.objectives),
+        "sampler": result.sampler,
+        # a sampled search: the space each GPU type drew from, against max_enumerate
+        **({"sampled_space": [s.to_dict() for s in result.sampled], "trials": req.trials}
+           if result.sampled else {}),
+        "objectives": list(req.targets.objectives),
         "targets": to_dict(req.targets), "seed": req.seed,
         # over every candidate scored (counts), not only the rows a GPU-count range kept
         "candidates": result.total, "scored": scored_total(sc.counts),

@@ -1,6 +1,6 @@
 """The terminal view of a search, in order: the header line, the ranked table (table.py, rows
-from rows.py), the lines under it (notes.py and baseline.py's why and note lines), the count of
-candidates by reason, and the nearest miss when nothing fits.
+from rows.py), each GPU type's best (summary.py), the lines under it (notes.py and baseline.py's
+why and note lines), the count of candidates by reason, and the nearest miss when nothing fits.
 
 The default layout fits the terminal (80 columns when there is none): knobs that every shown
 plan shares move to one line above the table, cells are abbreviated, equivalent plans share
@@ -52,12 +52,15 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
             line += f"{'; ' if line else ''}--wide adds: {', '.join(names[d] for d in dropped)}"
         if line:
             console.print(line, markup=False, style="dim")
+        type_lines(console, data)  # beside the ranking they summarise (user test 38)
         from autoplan.search.baseline import note_lines, why_lines
 
         headers = {str(c.header) for c in table.columns}
         lines = [*why_lines(result, data, shown), other_precision_line(data), fp8_line(data),
                  *note_lines(result, shown), p75_line(data, shown),
-                 None if headers & {"GPU-h", "USD"} else cost_line(data, shown),
+                 # the cost columns say the cost, but a narrow table may drop the days
+                 None if headers & {"GPU-h", "USD"} and "days" in headers
+                 else cost_line(data, shown),
                  fold_note(result, shown, len(data["top"]), top)]
         for why in lines:
             if why:
@@ -74,6 +77,17 @@ def render(console: Console, result: SearchResult, data: dict[str, Any], top: in
         hint = more_gpus_text(near)
         if hint:
             console.print(hint, markup=False)
+    if not data["top"]:  # each type's nearest miss, after the search's own
+        type_lines(console, data)
+
+
+def type_lines(console: Console, data: dict[str, Any]) -> None:
+    """The "best per GPU type" lines of a multi-type search (summary.by_cluster_lines), one
+    line each, for grep."""
+    from autoplan.search.summary import by_cluster_lines
+
+    for line in by_cluster_lines(data.get("by_cluster") or [], data["objectives"]):
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def header(data: dict[str, Any], seq_len: int) -> str:
@@ -82,9 +96,30 @@ def header(data: dict[str, Any], seq_len: int) -> str:
     where = counts_text(data["num_gpus"], data.get("num_gpus_range"))
     return (f"[bold]{data['model']}[/] on {where} x {data['cluster']}, global batch "
             f"{batch_text(data, seq_len)}, space {data['space']}, priced for runtime "
-            f"{data['runtime']}: {data['sampler']} search, {data['candidates']:,} candidates, "
+            f"{data['runtime']}: {searched_text(data)}, "
             f"{data['scored']:,} scored, {data['feasible_count']:,} feasible{kept_text(data)} "
-            f"in {data['seconds']:.2f} s")
+            f"in {data['seconds']:.2f} s{more_trials_text(data)}")
+
+
+def searched_text(data: dict[str, Any]) -> str:
+    """"exhaustive search, 1,404 candidates"; a sampled search says the space it drew from
+    (sampled.sampled_text) and counts trials: "tpe search (the space's 6,992,568 candidates
+    exceed max_enumerate 5,000,000): 300 trials"."""
+    spaces = data.get("sampled_space") or []
+    if not spaces:
+        return f"{data['sampler']} search, {data['candidates']:,} candidates"
+    from autoplan.search.sampled import sampled_text
+
+    what = "candidates and trials" if "exhaustive" in data["sampler"] else "trials"
+    return (f"{data['sampler']} search ({sampled_text(spaces, ',' in data['cluster'])}): "
+            f"{data['candidates']:,} {what}")
+
+
+def more_trials_text(data: dict[str, Any]) -> str:
+    """"; --trials above 300 samples more" after a sampled search's header, else ""."""
+    if not data.get("sampled_space") or "trials" not in data:
+        return ""
+    return f"; --trials above {data['trials']:,} samples more"
 
 
 def batch_text(data: dict[str, Any], seq_len: int) -> str:

@@ -113,9 +113,10 @@ def table_infeasible_line(data: dict[str, Any]) -> str:
 
 
 def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
-    """The best plan of each GPU type by the (first) objective, then the best overall, with the
-    figures of every objective: tokens/s, step seconds, and with --train-tokens or a cost
-    objective GPU-hours and dollars (for `cost_tokens`: the budget, else 1e9 tokens)."""
+    """The best plan of each GPU type by the (first) objective, then the best overall, with its
+    precision and error band and the figures of every objective: tokens/s, step seconds, and
+    with --train-tokens or a cost objective GPU-hours and dollars (for `cost_tokens`: the
+    budget, else 1e9 tokens)."""
     import numpy as np
 
     sc, req = result.scored, result.request
@@ -135,7 +136,11 @@ def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
             tps = float(c["tokens_per_s"][i])
             row |= {"num_gpus": int(c["num_gpus"][i]), "tokens_per_s": tps,
                     "step_s": float(c["time_step"][i]),
-                    "parallel": {k: int(c[k][i]) for k in ("dp", "tp", "pp", "cp")}}
+                    "parallel": {k: int(c[k][i]) for k in ("dp", "tp", "pp", "cp")},
+                    # codes alike across types (engine.shared_precision)
+                    "precision": req.space.precision[int(c["precision"][i])].value}
+            if "band" in c:  # the step time's error band (cost/error_band.py), as top's
+                row["error_band"] = float(c["band"][i])
             if t.train_tokens is not None:
                 row["days"] = t.train_tokens / tps / 86400.0
             if t.train_tokens is not None or "cost" in t.objectives:
@@ -149,8 +154,8 @@ def best_by_cluster(result: SearchResult) -> list[dict[str, Any]]:
 
 
 def by_cluster_lines(rows: list[dict[str, Any]], objectives: list[str]) -> list[str]:
-    """`best per GPU type` lines under the table of a multi-type search: each plan's figure of
-    the first objective first (cost: dollars and GPU-hours, or GPU-hours where unpriced;
+    """`best per GPU type` lines right under the table of a multi-type search (render.render):
+    each plan's layout, precision and error band, then its figure of the first objective first (cost: dollars and GPU-hours, or GPU-hours where unpriced;
     latency: the step time; throughput: tokens/s; gpus: the count, which leads every line)."""
     if not rows:
         return []
@@ -167,8 +172,17 @@ def by_cluster_lines(rows: list[dict[str, Any]], objectives: list[str]) -> list[
         par = r["parallel"]
         of = f" of {r['cluster']}" if label == "overall" else ""
         lines.append(f"  {label}: {r['num_gpus']} GPUs{of}, dp={par['dp']} tp={par['tp']} "
-                     f"pp={par['pp']} cp={par['cp']}, " + ", ".join(_figures(r, first)))
+                     f"pp={par['pp']} cp={par['cp']}, {_precision(r)}"
+                     + ", ".join(_figures(r, first)))
     return lines
+
+
+def _precision(r: dict[str, Any]) -> str:
+    """"fp8 (±22%), " from a by_cluster row: an fp8 winner's band is the fp8 runs' own (user
+    test 38: the H100's fp8 ±22% showed in the table only); "" where the row has neither."""
+    band = r.get("error_band")
+    spread = f" (±{band:.0%})" if isinstance(band, float) else ""
+    return f"{r['precision']}{spread}, " if "precision" in r else ""
 
 
 def _figures(r: dict[str, Any], first: str) -> list[str]:

@@ -146,7 +146,7 @@ def test_fp8_rows_a_gpu_type_lacks_are_not_rules_more_trials_cure() -> None:
     infeasible line say to raise --trials."""
     from types import SimpleNamespace
 
-    from autoplan.search.engine import sampling_note
+    from autoplan.search.sampled import sampling_note
 
     req = range_request(300)
     miss = {"out-of-memory": 2}

@@ -212,7 +212,8 @@ def test_a_cost_search_prints_each_types_dollars_not_its_tokens_per_s(tmp_path, 
         hours = r["num_gpus"] * 1e9 / r["tokens_per_s"] / 3600
         assert r["gpu_hours"] == pytest.approx(hours) and r["cost_tokens"] == 1e9
         assert r["usd"] == pytest.approx(hours * load_profile(r["cluster"]).price_per_gpu_hour)
-        figures = line.split("cp=1, ", 1)[1]  # the first figure is the objective's
+        # the precision and its band, then the objective's figure first
+        figures = line.split(f"cp=1, {r['precision']} (±{r['error_band']:.0%}), ", 1)[1]
         assert figures.startswith(f"${r['usd']:,.0f} per 1e9 tokens ({r['gpu_hours']:,.0f} GPU-h"
                                   if r["usd"] >= 100 else f"${r['usd']:.3g} per 1e9 tokens")
     assert min(rows[:2], key=lambda r: r["usd"])["cluster"] == rows[2]["cluster"]
