@@ -445,13 +445,13 @@ def import_megatron(
     num_gpus: int | None,
     assignments: Sequence[str] = (),
 ) -> Plan:
-    from autoplan.export.megatron_import import (
+    from autoplan.export.megatron_args import (
         check_megatron_arguments,
-        ignored_rope_flags,
         megatron_flags,
-        megatron_plan_dict,
         unread_megatron_flags,
     )
+    from autoplan.export.megatron_import import megatron_plan_dict
+    from autoplan.export.megatron_model import ignored_rope_flags
     from autoplan.export.megatron_runtime import say_runtime
 
     what = f"megatron arguments {path}"
@@ -491,7 +491,7 @@ def launch_runtime(source: str, path: str | Path) -> tuple[str, str | None]:
     the one its dispatcher and --tp-comm-overlap pick (megatron_runtime.launch_runtime)."""
     if source != "megatron":
         return source, None
-    from autoplan.export.megatron_import import megatron_flags
+    from autoplan.export.megatron_args import megatron_flags
     from autoplan.export.megatron_runtime import launch_runtime as megatron_runtime
 
     what = f"megatron arguments {path}"

@@ -16,19 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
+from autoplan.export.megatron_args import READ_FLAGS, UNREAD_NEIGHBOURS, choice, positive
 from autoplan.export.megatron_import import (
     GRANULARITIES,
-    READ_FLAGS,
     RECOMPUTE_METHODS,
-    UNREAD_NEIGHBOURS,
-    check_model,
     check_one_precision,
-    choice,
-    positive,
     refuse_non_adam,
     say_priced_whole,
     sequence_parallel,
 )
+from autoplan.export.megatron_model import check_model
 from autoplan.export.megatron_neutral import check_positions
 from autoplan.export.megatron_norms import MDS_EPS_FLAG, check_norms
 from autoplan.export.shell_args import Flags, expand_variables, parse_flags, unread_flags

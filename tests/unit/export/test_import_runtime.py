@@ -12,7 +12,7 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.export.importers import import_megatron, launch_runtime
-from autoplan.export.megatron_import import unread_megatron_flags
+from autoplan.export.megatron_args import unread_megatron_flags
 from tests.cli_refusals import assert_refused
 
 CLUSTER = "h100-sxm-80gb"

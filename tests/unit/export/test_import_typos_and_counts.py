@@ -14,7 +14,7 @@ import pytest
 
 from autoplan.export import importers, megatron_import
 from autoplan.export.importers import import_deepspeed, import_megatron
-from autoplan.export.megatron_import import READ_FLAGS, UNREAD_NEIGHBOURS
+from autoplan.export.megatron_args import LAUNCHER_FLAGS, READ_FLAGS, UNREAD_NEIGHBOURS
 from tests.cli_refusals import assert_refused
 
 CLUSTER = "a100-sxm4-80gb"
@@ -238,9 +238,10 @@ def _read_in_source(*modules: str) -> set[str]:
 def test_every_flag_the_importer_reads_is_in_read_flags():
     """READ_FLAGS is what misspellings are caught against: a flag read but not listed would
     let its misspelling through as its default."""
-    read = _read_in_source("megatron_import", "megatron_moe", "megatron_neutral")
+    read = _read_in_source("megatron_import", "megatron_args", "megatron_model",
+                           "megatron_pipeline", "megatron_moe", "megatron_neutral")
     assert len(read) > 60
-    assert read - READ_FLAGS - megatron_import.LAUNCHER_FLAGS == set()
+    assert read - READ_FLAGS - LAUNCHER_FLAGS == set()
 
 
 def test_no_megatron_core_config_name_is_taken_for_a_misspelling():

@@ -15,7 +15,8 @@ from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.importers import import_megatron
 from autoplan.export.megatron import layout_string
-from autoplan.export.megatron_import import SWITCHES, parse_layout
+from autoplan.export.megatron_args import SWITCHES
+from autoplan.export.megatron_pipeline import parse_layout
 from autoplan.export.registry import get_target
 from autoplan.export.shell_args import expand_variables, parse_flags
 from autoplan.plan import Parallel, Pipeline, Schedule

@@ -13,7 +13,7 @@ import pytest
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.importers import import_megatron
-from autoplan.export.megatron_import import flag_values
+from autoplan.export.megatron_args import flag_values
 from autoplan.export.registry import get_target
 from autoplan.plan import (
     Attention,

@@ -189,7 +189,7 @@ def test_megatron_deepspeed_names_the_scaling_it_must_apply():
 
 
 def test_rope_flags_on_a_learned_position_model_are_said_ignored():
-    from autoplan.export.megatron_import import ignored_rope_flags
+    from autoplan.export.megatron_model import ignored_rope_flags
 
     said = ignored_rope_flags("--position-embedding-type learned_absolute --rotary-base 500000 "
                               "--rope-scaling-factor 8", "args")
