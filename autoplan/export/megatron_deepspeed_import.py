@@ -4,8 +4,8 @@ the user's script, degrees 1) read back into plan fields.
 
 The launch gives the degrees, sequence parallelism, recompute, precision and attention; the
 DeepSpeed JSON it names with --deepspeed_config gives batch, ZeRO and offload (read by
-importers.deepspeed_plan_dict). Where both state a value they must agree, and the launch's model
-flags must build --model. Flag meanings are those of megatron_deepspeed.py
+deepspeed_import.deepspeed_plan_dict). Where both state a value they must agree, and the launch's
+model flags must build --model. Flag meanings are those of megatron_deepspeed.py
 (deepspeedai/Megatron-DeepSpeed @ f1feb88: megatron/arguments.py validate_args).
 """
 
@@ -250,7 +250,8 @@ def _agree(what: str, flag: str, launch: Any, config: Any) -> None:
 def import_launch(path: str | Path, *, model: str | None, cluster: str, num_gpus: int | None,
                   assignments: Any = ()) -> Any:  # -> Plan
     """The plan a Megatron-DeepSpeed launch and its DeepSpeed JSON describe."""
-    from autoplan.export.importers import _read, deepspeed_plan_dict, finish_plan
+    from autoplan.export.deepspeed_import import deepspeed_plan_dict
+    from autoplan.export.importers import _read, finish_plan
     from autoplan.model_spec import load_model
     from autoplan.yaml_io import load_json_text
 

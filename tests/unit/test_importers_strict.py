@@ -118,7 +118,7 @@ def test_deepspeed_plain_settings_still_import(tmp_path, capsys, stage, mics) ->
 def test_partitioned_activations_under_tp_are_said_to_be_priced_whole(caplog) -> None:
     import logging
 
-    from autoplan.export.importers import deepspeed_plan_dict
+    from autoplan.export.deepspeed_import import deepspeed_plan_dict
 
     cfg = {**DS_BASE, "activation_checkpointing": {"partition_activations": True}}
     with caplog.at_level(logging.WARNING):

@@ -14,7 +14,8 @@ import pytest
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.deepspeed import ds_config
-from autoplan.export.importers import deepspeed_plan_dict, import_deepspeed
+from autoplan.export.deepspeed_import import deepspeed_plan_dict
+from autoplan.export.importers import import_deepspeed
 from autoplan.export.registry import get_target
 from autoplan.plan import Batch, Offload, Parallel, Pipeline, Recompute, RecomputePolicy, Schedule
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.export import importers, megatron_import
+from autoplan.export import megatron_import
+from autoplan.export.deepspeed_keys import SECTION_KEYS
 from autoplan.export.importers import import_deepspeed, import_megatron
 from autoplan.export.megatron_args import LAUNCHER_FLAGS, READ_FLAGS, UNREAD_NEIGHBOURS
 from tests.cli_refusals import assert_refused
@@ -141,12 +142,11 @@ def test_the_key_lists_hold_every_key_the_installed_deepspeed_takes():
                "tensor_parallel": TPTrainingConfig,
                "zero_optimization.offload_param": DeepSpeedZeroOffloadParamConfig,
                "zero_optimization.offload_optimizer": DeepSpeedZeroOffloadOptimizerConfig}
-    assert set(classes) == set(importers.SECTION_KEYS)
+    assert set(classes) == set(SECTION_KEYS)
     for section, cls in classes.items():
         assert cls.model_config.get("extra") == "forbid", section
         taken = {n for name, field in cls.model_fields.items() for n in (name, field.alias) if n}
-        assert taken <= importers.SECTION_KEYS[section], (section, taken
-                                                          - importers.SECTION_KEYS[section])
+        assert taken <= SECTION_KEYS[section], (section, taken - SECTION_KEYS[section])
 
 
 def test_bf16_is_read_before_the_legacy_bfloat16_as_deepspeed_reads_them(tmp_path):
