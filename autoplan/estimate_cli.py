@@ -162,7 +162,7 @@ def estimate_command(args: argparse.Namespace) -> int:
                       f"± {est.error_band:.0%} (validation error of runs of this kind"
                       f"{bias_words(est.error_bias)})", markup=False)
         if est.above_validated:
-            console.print(f"[yellow]unvalidated:[/] {unvalidated_words(est.mfu, est.mfu_ceiling)}")
+            console.print(f"[yellow]unvalidated:[/] {unvalidated_words(est.mfu, est.mfu_ceiling, cluster.profile.is_cpu)}")
         if est.feasible:
             console.print("[green]feasible[/]")
             if est.memory["tight_by"] > 0:
