@@ -137,7 +137,7 @@ def _freq_pattern(text: str, num_layers: int, what: str) -> tuple[int, int]:
 
 def moe_fields(f: Any, num_layers: int) -> dict[str, Any]:
     """`moe` and `mla` model fields from the flags (empty for a dense model). `f` is
-    megatron_import's Flags reader."""
+    the launch's flags (shell_args.Flags)."""
     out: dict[str, Any] = {}
     depth = f.integer("--mtp-num-layers")
     if depth:  # multi-token prediction (None and 0: none)
