@@ -37,7 +37,7 @@ PEAK_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
 DeviceSpec.peak for) and tf32, the datasheets' fp32 tensor-core peak."""
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "sdpa-cpu")
 """Kernels a profile files attention figures under (alone or as "kernel@dtype"):
-cost.runtimes.ATTENTION_KERNELS less fa-triton, which compute.attention_efficiency prices
+cost.runtime_kinds.ATTENTION_KERNELS less fa-triton, which compute.attention_efficiency prices
 from fa2's figures."""
 MEASURED_KEYS = ("date", "torch", "device", "precision", "quick", "threads_per_rank", "matmul",
                  "copy_bytes_per_s", "elementwise_bytes_per_s", "op_overhead_s", "collectives",

@@ -207,7 +207,7 @@ class Offload:
 @dataclass(frozen=True)
 class Recompute:
     policy: RecomputePolicy = RecomputePolicy.NONE
-    """none | selective (`modules`, or the runtime's own kind: cost/runtimes.SelectiveKind) |
+    """none | selective (`modules`, or the runtime's own kind: cost/runtime_kinds.SelectiveKind) |
     full (whole blocks)."""
     num_layers: int | None = None
     """block method: recomputed layers of each pipeline stage (each model chunk when vpp > 1),
@@ -290,7 +290,7 @@ class Plan:
     grad_reduce_dtype: ReduceDtype | None = None
     """fp32 | bf16: the dtype of data-parallel gradient reductions (FSDP2's
     MixedPrecisionPolicy.reduce_dtype, Megatron's --grad-reduce-in-bf16, DeepSpeed's
-    communication_data_type); null: the runtime's default (cost.runtimes reduce_bytes_*)."""
+    communication_data_type); null: the runtime's default (cost.runtime_traits reduce_bytes_*)."""
     predicted: dict[str, Any] | None = None
     """Written by search/estimate for comparison; train ignores it except to report."""
 

@@ -60,7 +60,7 @@ class Split(str, enum.Enum):
     EMBED_LOSS = "embed-loss"
     """An embedding-only first stage and a last stage of only the final norm, output layer and
     loss, the blocks even over the stages between (Megatron-Core's layout "E|t*n|...|t*n|L";
-    runtimes without it: cost/runtimes.RuntimeTraits.layer_splits)."""
+    runtimes without it: cost/runtime_traits.RuntimeTraits.layer_splits)."""
     DEEPSPEED = "deepspeed"
     """The split DeepSpeed's PipelineModule makes of Megatron-DeepSpeed's GPTModelPipe
     (partition_method type:transformer, one stage per rank): the only uneven one it runs."""

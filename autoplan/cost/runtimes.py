@@ -22,7 +22,7 @@ from autoplan.cost.runtime_kinds import (
 from autoplan.cost.runtime_presets import RUNTIME_PRESETS, RUNTIMES
 from autoplan.cost.runtime_traits import RuntimeTraits
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import check_schema_version, from_dict, read_yaml, show
+from autoplan.yaml_io import check_schema_version, from_dict, name_hint, read_yaml, show
 
 __all__ = [
     "ATTENTION_KERNELS", "CP_EXCHANGES", "EP_DISPATCHERS", "LOSS_CAST_BYTES", "OFFLOAD_MODES",
@@ -83,8 +83,10 @@ def load_runtime(ref: str | Path | RuntimeTraits | None, flag: str = "--runtime"
     if name in RUNTIME_PRESETS:
         return runtime_from_dict({"schema_version": 1, "name": name, **RUNTIME_PRESETS[name]}, flag)
     if not _names_a_file(name):
-        raise ConfigError(flag, f"unknown runtime {name!r}", "choose one of autoplan, "
-                          f"{', '.join(RUNTIMES)} or a path to a traits YAML")
+        hint = name_hint(name, ["autoplan", *RUNTIMES])
+        raise ConfigError(flag, f"unknown runtime {name!r}", (f"{hint} " if hint else "")
+                          + f"choose one of autoplan, {', '.join(RUNTIMES)} or a path to a "
+                          "traits YAML")
     path = Path(name)
     traits = runtime_from_dict(read_yaml(path, flag), flag, source=path.stem)
     # a file that calls itself a preset must be that preset, or its estimates read as the preset's

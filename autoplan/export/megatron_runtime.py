@@ -2,7 +2,7 @@
 cannot carry: its MoE token dispatcher (megatron_moe.dispatcher_runtime) and Transformer Engine's
 comm-GEMM overlap of tensor parallelism (--tp-comm-overlap, userbuffers), which the `nemo` preset
 prices; `megatron` prices the async input-gradient overlap Megatron-Core runs without it
-(cost/runtimes.py tp_comm_overlap_method). `import` names the preset on its last line.
+(cost/runtime_traits.py tp_comm_overlap_method). `import` names the preset on its last line.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ def module_parts(split: tuple[int, ...], fmt: str) -> list[list[str]]:
 CUDA_ONLY = ("torchtitan trains on an accelerator (with none it takes device type cuda: "
              "torchtitan/tools/utils.py get_device_info)")
 RUNTIMES = {"python": "torchtitan-0.3", "toml": "torchtitan"}
-"""Each format's release as a runtime-traits preset (cost/runtimes.py): the Python config is
+"""Each format's release as a runtime-traits preset (cost/runtime_presets.py): the Python config is
 torchtitan 0.3.0's, the TOML 0.2.2's. `export` prices the plan with the same preset."""
 
 

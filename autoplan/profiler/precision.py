@@ -1,6 +1,6 @@
 """bf16 against fp32 on a CPU, measured on the runtime's own block shapes: the GEMMs' speed ratio
 (which sets the profile's bf16 peak) and SDPA's fused attention forward and backward per dtype
-(which the cost model prices as the `sdpa-cpu` kernel, see cost/runtimes.py `autoplan-cpu`).
+(which the cost model prices as the `sdpa-cpu` kernel, see cost/runtime_presets.py `autoplan-cpu`).
 
 Why both: on a CPU with AMX/AVX512-BF16 a bf16 GEMM of the tiny block's size runs 0.8-1.6x
 fp32's speed (large square ones 6-7x), while torch's CPU flash-attention backward in bf16

@@ -223,7 +223,7 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def set_attention(model: nn.Module, kind: AttentionKind, device_type: str | None = None) -> None:
     """plan.attention: flash runs SDPA (fused, no s x s tensors kept), eager the unfused form.
     `device_type` (the device the model will run on): the fused core computes in the dtype
-    autoplan's runtime traits for that device name (cost/runtimes.py attention_compute_dtype:
+    autoplan's runtime traits for that device name (cost/runtime_traits.py attention_compute_dtype:
     fp32 on CPU, where torch's bf16 flash backward is the bottleneck); None keeps q's dtype."""
     dtype = None
     if device_type is not None and kind != AttentionKind.EAGER:

@@ -108,7 +108,10 @@ def test_a_value_that_looks_like_a_path_is_read_as_a_file(capsys, tmp_path) -> N
     bare = tmp_path / "traits"
     bare.write_text("base: megatron\ngrad_bytes_bf16: 2.0\n")
     assert priced_for(capsys, str(bare)) == "megatron+traits"
-    assert "--runtime: unknown runtime 'megatorn'" in refused(capsys, "megatorn")
+    assert "--runtime: unknown runtime 'megatorn'; did you mean 'megatron'?" in refused(
+        capsys, "megatorn")
+    assert "did you mean 'megatron-deepep'?" in refused(capsys, "megatron-deep")
+    assert "did you mean" not in refused(capsys, "zzz")  # nothing near: the list only
 
 
 def test_a_bad_field_is_named_under_the_flag_once(capsys, tmp_path) -> None:
