@@ -1,7 +1,8 @@
 """What `train --resume` starts from, decided before any rank trains: the launcher's checks and,
 under a scheduler that no launcher checked, every rank's. A checkpoint already at --steps is a
 finished run: nothing trains and the command exits 0 (a job resubmitted or requeued after it
-ended); the checkpoint's own checks are checkpoint_compat's."""
+ended), under --elastic too (elastic_trained_already); the checkpoint's own checks are
+checkpoint_compat's."""
 
 from __future__ import annotations
 
@@ -60,6 +61,28 @@ def check_resume(args: argparse.Namespace, plan, spec,
     if done is None:
         check_steps(found.step, args.steps)
     return done
+
+
+def elastic_trained_already(args: argparse.Namespace) -> str | None:
+    """Under --elastic with --resume, every rank before the round's re-plan: check_resume's
+    line of a checkpoint at --steps, on the plan file's own plan (a re-plan keeps its model,
+    global batch and precision, all that check reads), so the round ends before it re-plans,
+    hosts a store or idles a rank, as the non-elastic path does. None for any other step or
+    no checkpoint, left to the round's own resume: a membership change starts a round without
+    counting a restart, and one after a round that saved nothing starts at step 0 (which
+    check_fresh_start would refuse over its metrics). Not in a restart (_resume ends one)."""
+    from autoplan.plan import load_plan
+    from autoplan.runtime.checkpoint_files import newest_intact
+    from autoplan.runtime.launch import run_dropout
+    from autoplan.runtime.train_args import under_restart
+
+    if not (args.resume and args.checkpoint_dir) or under_restart():
+        return None
+    found, _ = newest_intact(args.checkpoint_dir)
+    if found is None or found.step != args.steps:
+        return None
+    plan = run_dropout(args, load_plan(args.plan))
+    return check_resume(args, plan, plan.model_spec())
 
 
 def check_fresh_start(args: argparse.Namespace) -> None:

@@ -139,6 +139,11 @@ def run(args: argparse.Namespace) -> dict | None:
     load_start = load_average()  # before this rank's start-up adds to it
     _setup_logging(rank)
     stop = _StopFlag(args.stop_file, args.launcher_pid)  # before the slow start-up
+    if args.elastic:
+        from autoplan.runtime.resume import elastic_trained_already
+
+        if _say_done(elastic_trained_already(args), rank):  # before the store and re-plan
+            return None
     store = _job_store(rank, present, args.pg_timeout_s, args.elastic)
     chosen = None
     if args.elastic:
@@ -235,14 +240,18 @@ def _trained_already(args: argparse.Namespace, plan, spec, source, rank: int) ->
     checkpoint folder before it builds anything (resume.check_resume, which also refuses what
     the launcher refuses), rank 0 says it, and every rank exits 0 having written nothing, so the
     job's script ends on torchrun's 0 (no saved-step file). Not in a restart (_resume ends one
-    at --steps) nor under --elastic (rank 0 releases the ranks a re-plan left idle)."""
+    at --steps) nor under --elastic (resume.elastic_trained_already decided before the store)."""
     from autoplan.runtime.resume import check_resume
     from autoplan.runtime.train_args import under_restart
 
     if not args.resume or args.elastic or under_restart():
         return False
-    done = check_resume(args, plan, spec, getattr(source, "fingerprint", None))
-    if done is not None and rank == 0:  # as the launcher says it (launch_and_report)
+    return _say_done(check_resume(args, plan, spec, getattr(source, "fingerprint", None)), rank)
+
+
+def _say_done(done: str | None, rank: int) -> bool:
+    """Rank 0 says a finished run's line as the launcher says it (launch_and_report)."""
+    if done is not None and rank == 0:
         sys.stderr.write(f"autoplan train: {done}\n")
     return done is not None
 
