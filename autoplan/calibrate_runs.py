@@ -89,7 +89,7 @@ class RunRecord:
     names it); None in records written before train recorded it."""
     host_load: HostLoad | None = None
     """The host's load while the run trained (machine.host_load); None where the record has
-    none (tune's records, records written before train kept it)."""
+    none (records written before train and tune kept it)."""
 
 
 def busy_host(run: RunRecord) -> str | None:

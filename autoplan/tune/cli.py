@@ -284,19 +284,35 @@ def _calibrate(trials: list[dict[str, Any]], by_key: dict[str, Any], cluster: st
     from autoplan.hardware import load_profile
     from autoplan.tune.study import run_record
 
-    records = [run_record(by_key[t["key"]], t, cluster, device)
-               for t in trials if t["status"] == "complete"]
-    if len(records) < 2:
+    done = [t for t in trials if t["status"] == "complete"]
+    if len(done) < 2:
         return None
     paths = []
-    for i, rec in enumerate(records):
+    for i, t in enumerate(done):
         path = workdir / "runs" / f"{i:03d}.json"
-        write_text_atomic(path, json_text(rec), overwrite=True)
+        write_text_atomic(path, json_text(run_record(by_key[t["key"]], t, cluster, device)),
+                          overwrite=True)
         paths.append(path)
     runs: list[RunRecord] = [load_run(p) for p in paths]
+    _warn_busy(runs, [by_key[t["key"]] for t in done])
     # calibrate's own defaults (trials, seed), as `autoplan calibrate` on these records runs
     # it: tune's 150 trials gave 0.0663 s where calibrate's 300 gave 0.0655 (user test 35)
     return calibrate(runs, load_profile(cluster), held_out=True)
+
+
+def _warn_busy(runs: list[Any], cands: list[Any]) -> None:
+    """`autoplan calibrate`'s warning (calibrate_runs.busy_host) for each trial run on a host
+    other processes kept busy, before the fit, naming the trial rather than its record (which
+    a tune without --out removes)."""
+    import dataclasses
+
+    from autoplan.calibrate_runs import busy_host
+
+    for run, cand in zip(runs, cands, strict=True):
+        named = dataclasses.replace(run, source=f"the trial of {cand.source} "
+                                                f"({short_plan(cand.plan)})")
+        if line := busy_host(named):
+            sys.stderr.write(f"autoplan tune: warning: {line}\n")
 
 
 def _write_out(out: Path, data: dict[str, Any], rows: list[dict[str, Any]], best: Plan | None,

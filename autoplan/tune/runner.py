@@ -3,7 +3,8 @@
 The child writes one JSON line per step (--metrics-file); the runner reads them as they come,
 hands each step time to a callback (which may ask to stop: pruning), enforces a time limit (a
 hang fails the trial, it does not stall the tune) and classifies failures (out of memory,
-crash, timeout) with the child's last error line as the reason. `stop_on_signals` turns
+crash, timeout) with the child's last error line as the reason, and reads the host's load as
+it starts and ends (as `autoplan train` records it). `stop_on_signals` turns
 SIGTERM/SIGHUP into an exception, so a stopped tune kills its child (which runs in a session of
 its own and would not get the signal) and releases its locks on the way out.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 WARMUP_STEPS = 1
 """Steps left out of the measured step time (compilation, allocator warm-up, first collectives)."""
@@ -35,6 +37,10 @@ class TrialOutcome:
     step_times_s: list[float] = field(default_factory=list)
     peak_memory_bytes: float | None = None
     wall_s: float = 0.0
+    host_load: dict[str, Any] | None = None
+    """The host's CPUs and load averages before the child started and after it stopped
+    (runtime/machine.host_load, the fields a train run record keeps under machine); None
+    where the OS gives no load average."""
 
     @property
     def step_time_s(self) -> float | None:
@@ -99,6 +105,8 @@ def run_trial(
     on_step: Callable[[int, float], bool] | None = None, command: list[str] | None = None,
 ) -> TrialOutcome:
     """Run `autoplan train` on the plan; `on_step(step, seconds)` returning True prunes."""
+    from autoplan.runtime.machine import host_load, load_average
+
     workdir.mkdir(parents=True, exist_ok=True)
     metrics = workdir / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
@@ -107,6 +115,7 @@ def run_trial(
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     start = time.monotonic()
     outcome = TrialOutcome(status="complete")
+    load_start = load_average()  # before the child's ranks add to it
     with open(stderr_path, "w", encoding="utf-8") as err, open(os.devnull, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
         lines_seen = 0
@@ -137,6 +146,9 @@ def run_trial(
             if proc.poll() is None:
                 _kill(proc)
     outcome.wall_s = time.monotonic() - start
+    load_end = load_average()  # the 1-minute average still holds the ranks just stopped
+    if load_start is not None or load_end is not None:
+        outcome.host_load = host_load(load_start, load_end)
     if outcome.status == "complete" and proc.returncode != 0:
         outcome.status = "failed"
         outcome.reason = _classify(proc.returncode, stderr_path.read_text(errors="replace"))

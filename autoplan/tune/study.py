@@ -116,6 +116,8 @@ class TuneResult:
         return next((c for c in self.candidates if c.key == self.best_key), None)
 
 
+HOST_LOAD_KEYS = ("cpu_count", "load_avg_start", "load_avg_end")
+"""What a trial's row keeps of runtime/machine.host_load, as a train run record's machine."""
 FINGERPRINT_ATTR = FINGERPRINT_ATTRS["tune"]
 DIRECTION: Literal["maximize"] = "maximize"
 """Trials are valued in measured tokens/s."""
@@ -300,6 +302,8 @@ def run_tune(
         trial.set_user_attr("wall_s", outcome.wall_s)
         if outcome.peak_memory_bytes is not None:
             trial.set_user_attr("peak_memory_bytes", outcome.peak_memory_bytes)
+        if outcome.host_load is not None:
+            trial.set_user_attr("host_load", outcome.host_load)
         if on_trial:
             on_trial(cand, outcome)
         if outcome.status == "pruned":
@@ -347,6 +351,8 @@ def trial_row(cand: Candidate, t: Any) -> dict[str, Any]:
         "predicted_step_s": cand.predicted_step_s,
         "peak_memory_bytes": t.user_attrs.get("peak_memory_bytes"),
         "steps_run": len(t.user_attrs.get("step_times_s", [])),
+        # the host's CPUs and load averages around the run (runner.TrialOutcome.host_load)
+        **{k: (t.user_attrs.get("host_load") or {}).get(k) for k in HOST_LOAD_KEYS},
     }
 
 
@@ -360,9 +366,12 @@ def partial_step_s(trial: Any) -> float | None:
 def run_record(cand: Candidate, trial: dict[str, Any], profile: str, device: str
                ) -> dict[str, Any]:
     """A run record `autoplan calibrate` reads; `device` is what the trial trained on
-    (machine.device, which calibrate holds against the profile it fits)."""
+    (machine.device, which calibrate holds against the profile it fits), and the host's load
+    around it where read (machine.cpu_count, load_avg_start and load_avg_end, as `autoplan
+    train` writes them: calibrate warns of a run on a busy host)."""
+    load = {k: trial[k] for k in HOST_LOAD_KEYS if trial.get(k) is not None}
     return {"schema_version": 1, "plan": plan_to_dict(cand.plan), "profile": profile,
-            "machine": {"device": device},
+            "machine": {"device": device, **load},
             "measured": {"step_time_s": trial["measured_step_s"],
                          "peak_memory_bytes": trial.get("peak_memory_bytes"),
                          "steps": trial.get("steps_run")},
