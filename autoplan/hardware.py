@@ -335,6 +335,11 @@ class Efficiency:
     dtensor_optimizer_overhead_s: float = 0.0
     """Extra host seconds per parameter tensor of that step when the parameters are DTensors
     (FSDP2 or tensor parallelism): each op dispatches through DTensor per tensor."""
+    tp_collective_overhead_s: float = 0.0
+    """Extra host seconds per tensor-parallel collective issued through DTensor (a redistribute
+    of a Partial or Shard placement) over the plain collective of the same bytes, charged per
+    call cost.comm.TP_CALLS counts (measured by `autoplan profile` over 2 CPU ranks,
+    profiler/dtensor_collectives.py; 0 on a GPU, where kernels of real size hide it)."""
     attention_forward: dict[str, AttentionFigure] | None = None
     """Achieved / peak FLOP/s of fused attention's forward by kernel (fa2, fa3, cudnn): one share
     at training lengths (2K-8K tokens, head dim 128; causal work counted once, as the kernels'
@@ -392,7 +397,8 @@ class Efficiency:
                               "expected a slowdown in [0, 1] (0.2 = compute 20% longer)")
         for name in ("op_overhead_s", "dtensor_op_overhead_s", "checkpoint_op_overhead_s",
                      "selective_op_overhead_s", "fsdp_unit_overhead_s",
-                     "optimizer_overhead_s", "dtensor_optimizer_overhead_s"):
+                     "optimizer_overhead_s", "dtensor_optimizer_overhead_s",
+                     "tp_collective_overhead_s"):
             if not 0 <= getattr(self, name) < MAX_OVERHEAD_S:
                 raise ConfigError(name, f"got {getattr(self, name)}",
                                   f"expected seconds per call, >= 0 and below {MAX_OVERHEAD_S:g}")

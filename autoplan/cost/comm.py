@@ -202,19 +202,26 @@ def tensor_parallel_time_s(
       sequence parallelism the norms (each block's two and the final one) stay replicated but
       see sequence shards, so their gradients are partial sums; the caller counts how often
       they are summed (once per step, or per micro-batch where FSDP reduces every one).
+    A profile's tp_collective_overhead_s (DTensor's host seconds per redistribute, measured on
+    CPU) is added to each call TP_CALLS counts and to norm_grad's (a Partial -> Replicate
+    redistribute, runtime/optim.reduce_partial_grads); the loss's all-reduces, which loss_parallel
+    issues inside its op handlers rather than by a redistribute, are not charged it.
     """
     def coll(kind: str, nbytes: np.ndarray) -> np.ndarray:
         return collective_time_s(kind, nbytes, tp, inside_node, profile, per_node=per_node)
 
     kinds = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)
-    each = {kind: coll(kind, msg_bytes) for kind in kinds}
+    # DTensor's host seconds per call (a runtime that pays host costs; 0 elsewhere:
+    # step_time.priced_profile), charged to every call TP_CALLS counts where tp > 1
+    host = np.where(np.asarray(tp) > 1, profile.efficiency.tp_collective_overhead_s, 0.0)
+    each = {kind: coll(kind, msg_bytes) + host for kind in kinds}
     sp = np.asarray(sp, bool)
     out = {part: sum(np.where(sp, on.get(k, 0), off.get(k, 0)) * each[k] for k in kinds)
            for part, (off, on) in TP_CALLS.items()}
     out["head"] = out["head"] + LOSS_ALL_REDUCES * coll(ALL_REDUCE, loss_bytes)
     norm_grad = coll(ALL_REDUCE, np.full_like(np.asarray(msg_bytes, float),
                                               4.0 * model.hidden_size))
-    out["norm_grad"] = np.where(sp, norm_grad, 0.0)
+    out["norm_grad"] = np.where(sp, norm_grad + host, 0.0)
     return out
 
 

@@ -41,7 +41,7 @@ def priced_profile(profile: ClusterProfile, runtime: RuntimeTraits) -> ClusterPr
         eff = replace(eff, op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
                       checkpoint_op_overhead_s=0.0, selective_op_overhead_s=0.0,
                       fsdp_unit_overhead_s=0.0, optimizer_overhead_s=0.0,
-                      dtensor_optimizer_overhead_s=0.0)
+                      dtensor_optimizer_overhead_s=0.0, tp_collective_overhead_s=0.0)
     if not runtime.overlap_dp_comm:
         eff = replace(eff, overlap=0.0)
     device = profile.device
