@@ -228,7 +228,7 @@ def _measure(req: _Request, console: Any) -> _Measured:
 
 def _profile(req: _Request, m: _Measured) -> dict[str, Any]:
     """The new profile's fields: the base's, with what was measured in their place."""
-    from autoplan.profiler import build, collectives, dispatch
+    from autoplan.profiler import build, collectives, dispatch, dtensor_collectives
     from autoplan.profiler import precision as sixteen_bit
 
     prof = build.assemble(req.base, req.name, req.device, req.precision, m.matmul, m.copy_bw,
@@ -240,6 +240,7 @@ def _profile(req: _Request, m: _Measured) -> dict[str, Any]:
         sixteen_bit.apply_precision(prof, m.sixteen_bit, req.precision)
     if m.collectives:
         prof["collectives"] = collectives.collective_tables(m.collectives)
+    dtensor_collectives.apply_tp_overhead(prof, m.collectives, req.device)
     if m.tables.get("layers"):  # last: it prices blocks with every other field final
         build.feed_layer_points(prof, m.tables, req.precision)
     return prof

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autoplan.errors import RuntimeLaunchError
+from autoplan.profiler import dtensor_collectives as dtc
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 TIMEOUT = timedelta(seconds=120)
@@ -134,6 +135,15 @@ def _sample(call, device: torch.device, timed_alone: bool, work) -> float:
     return max(burst, time.perf_counter() - t0)
 
 
+def _dtensor_mesh(world: int) -> Any:
+    """The job's default group as a 1-D device mesh, for the DTensor excess
+    (profiler.dtensor_collectives), over 2 CPU ranks only: the group size tensor-parallel
+    plans of a 2-core host run; None for any other."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world,)) if world == 2 else None
+
+
 def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
             sizes: list[int], repeats: int) -> None:
     import warnings
@@ -150,13 +160,17 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
     ops = measured_ops(world)
     results: dict[str, list[list[float]]] = {op: [] for op in ops}
     work = _arithmetic(INTERLEAVE_S)
+    mesh = _dtensor_mesh(world) if backend == "gloo" else None
     try:
         for nbytes in sizes:
-            calls = {op: partial(_call, op, *_buffers(op, nbytes, world, device), rank)
-                     for op in ops}
+            buffers = {op: _buffers(op, nbytes, world, device) for op in ops}
+            calls = {op: partial(_call, op, *buffers[op], rank) for op in ops}
+            if mesh is not None and nbytes in dtc.SIZES:  # each right after its plain kind
+                calls = dtc.paired(calls, dtc.redistributes(
+                    {k: buffers[k][0] for k in dtc.KINDS}, mesh))
             for call in calls.values():
                 call()  # warm-up (and connection set-up)
-            samples: dict[str, list[float]] = {op: [] for op in ops}
+            samples: dict[str, list[float]] = {op: [] for op in calls}
             # every kind once per round, so a load that comes and goes on a shared host
             # meets each kind alike (timed kind after kind, a 2-rank CPU profile read a
             # 64 KiB reduce-scatter at 1.1 ms beside a 3.1 ms all-reduce, which gloo runs
@@ -165,13 +179,14 @@ def _worker(rank: int, world: int, store_path: str, out_path: str, backend: str,
                 for op, call in calls.items():
                     samples[op].append(_sample(call, device, backend == "nccl"
                                                or op == "send_recv", work))
-            for op in ops:
+            for op in calls:  # a kind's median; a redistribute's, its excess over the kind
                 got = sorted(samples[op])
-                median = torch.tensor([got[len(got) // 2]], dtype=torch.float64)
+                median = torch.tensor([dtc.excess_s(samples, op) if op.startswith(dtc.PREFIX)
+                                       else got[len(got) // 2]], dtype=torch.float64)
                 if backend == "nccl":
                     median = median.to(device)
                 dist.all_reduce(median, op=dist.ReduceOp.MAX)
-                results[op].append([float(nbytes), float(median.item())])
+                results.setdefault(op, []).append([float(nbytes), float(median.item())])
         if rank == 0:
             Path(out_path).write_text(json.dumps(results))
     finally:
@@ -217,6 +232,8 @@ def collective_tables(measured: dict[int, dict[str, list[list[float]]]]) -> dict
     tables: dict[str, Any] = {}
     for group, ops in sorted(measured.items()):
         for op, rows in ops.items():
+            if op.startswith(dtc.PREFIX):  # no table: Efficiency.tp_collective_overhead_s
+                continue
             rows = sorted(rows)
             tables.setdefault(op, {})[int(group)] = {
                 "x": [full_message_bytes(op, r[0], int(group)) for r in rows],
@@ -225,11 +242,16 @@ def collective_tables(measured: dict[int, dict[str, list[list[float]]]]) -> dict
     return tables
 
 
-def measure_collectives(group_size: int, device_type: str, quick: bool) -> dict[str, list[list[float]]]:
-    """{op: [[bytes, seconds], ...]} for one group of `group_size` ranks."""
+def measure_collectives(group_size: int, device_type: str, quick: bool,
+                        sizes: list[int] | None = None, repeats: int | None = None
+                        ) -> dict[str, list[list[float]]]:
+    """{op: [[bytes, seconds], ...]} for one group of `group_size` ranks; over 2 CPU ranks also
+    {dtensor_collectives.PREFIX + kind: [[bytes, DTensor's excess seconds], ...]} at its SIZES.
+    `sizes` and `repeats` replace message_sizes' and the default counts (a short test)."""
     backend = "nccl" if device_type == "cuda" else "gloo"
-    sizes = message_sizes(device_type, quick)
-    repeats = 7 if quick else 11  # odd: the median is a sample
+    sizes = message_sizes(device_type, quick) if sizes is None else sizes
+    if repeats is None:
+        repeats = 7 if quick else 11  # odd: the median is a sample
     with tempfile.TemporaryDirectory(prefix="autoplan-profile-") as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
         env = os.environ.get("OMP_NUM_THREADS")
