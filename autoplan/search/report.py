@@ -88,9 +88,7 @@ def inputs_html(result: SearchResult) -> str:
                     f"{prof.device.memory_bytes / GIB:.0f} GiB, {prof.gpus_per_node} GPUs per node"
                     + (" (measured profile)" if prof.measured is not None else " (datasheet)")],
         ["GPUs", gpus], ["global batch", f"{batch_text(req)} sequences"],
-        ["space", req.space.name], ["sampler", f"{result.sampler} (seed {req.seed}"
-                                    + (f", {req.trials} trials)" if result.sampler != "exhaustive"
-                                       else ")")],
+        ["space", req.space.name], ["sampler", sampler_text(result)],
         ["targets", "; ".join(f"{k.replace('_', ' ')} "
                               f"{', '.join(map(str, v)) if isinstance(v, list) else v}"
                               for k, v in to_dict(req.targets).items() if v not in (None, [], ()))],
@@ -100,6 +98,21 @@ def inputs_html(result: SearchResult) -> str:
                           else "") + f") in {result.seconds:.2f} s"],
     ]
     return table_html(["input", "value"], rows, left={0, 1})
+
+
+def sampler_text(result: SearchResult) -> str:
+    """"exhaustive (seed 0)"; a sampled search adds its trials and the space it drew from, as
+    the terminal header says it (sampled.sampled_text): "tpe (seed 0, 300 trials; the space's
+    6,992,568 candidates exceed max_enumerate 5,000,000)", "random (seed 0, 300 trials of the
+    space's 6,992,568 candidates)"."""
+    from autoplan.search.sampled import sampled_text
+
+    req = result.request
+    if result.sampler == "exhaustive":
+        return f"exhaustive (seed {req.seed})"
+    space = sampled_text([s.to_dict() for s in result.sampled], "," in req.profile_ref)
+    joint = "" if not space else f" {space}" if space.startswith("of ") else f"; {space}"
+    return f"{result.sampler} (seed {req.seed}, {req.trials:,} trials{joint})"
 
 
 def batch_text(req: SearchRequest) -> str:

@@ -3,6 +3,7 @@ the Pareto front, memory and time per plan under distinct labels, and what was r
 
 from __future__ import annotations
 
+import html
 import re
 
 import numpy as np
@@ -12,7 +13,7 @@ from autoplan.search.engine import run_search
 from autoplan.search.report import shown_plans, write_report
 from autoplan.search.report_plots import DP1_LABEL, plan_labels, small_series
 
-from .conftest import request
+from .conftest import SMALL_SPACE, request
 
 pytest.importorskip("matplotlib")
 
@@ -104,3 +105,25 @@ def test_rejected_plans_name_the_knobs_they_differ_in() -> None:
     assert all(w.split()[:len(REJECTED_ALWAYS)] == [f"{k}{df.iloc[j][k]}"
                                                     for k in REJECTED_ALWAYS]
                for j, w in enumerate(words))
+
+
+def _sampler_row(result, path) -> str:
+    page = write_report(result, path, 5, force=False).read_text(encoding="utf-8")
+    found = re.findall(r"<td class='l'>sampler</td><td class='l'>([^<]*)</td>", page)
+    assert len(found) == 1, page[:2000]
+    return html.unescape(found[0])
+
+
+def test_the_sampler_row_gives_the_space_a_sampled_search_drew_from(result, tmp_path) -> None:
+    """The terminal header says a sampled search's space size against max_enumerate
+    (sampled.sampled_text, JSON sampled_space); the report's sampler row said only the
+    sampler, its seed and its trials."""
+    fell_back = run_search(request({**SMALL_SPACE, "max_enumerate": 100}, trials=12))
+    size = fell_back.request.space_size()
+    assert fell_back.sampler == "tpe" and size > 100
+    assert _sampler_row(fell_back, tmp_path / "tpe") == (
+        f"tpe (seed 0, 12 trials; the space's {size:,} candidates exceed max_enumerate 100)")
+    given = run_search(request(SMALL_SPACE, trials=12, sampler="random"))
+    assert _sampler_row(given, tmp_path / "random") == (
+        f"random (seed 0, 12 trials of the space's {size:,} candidates)")
+    assert _sampler_row(result, tmp_path / "exhaustive") == "exhaustive (seed 0)"
