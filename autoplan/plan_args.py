@@ -116,7 +116,7 @@ def check_batch_tokens(batch: int | str, seq_len: int,
 
 
 def _tokens(n: int) -> str:
-    """A token count as people say it: 4.19M, 65,536."""
+    """Whole below 1M (131,072: display.count's 131k misreads a binary 128k), else 4.19M."""
     return count_text(n) if n >= 1_000_000 else f"{n:,}"
 
 

@@ -63,3 +63,12 @@ def test_a_batch_in_tokens_given_by_set_or_plan_is_refused_too(capsys, tmp_path)
                     "4194304}\n")
     assert_refused(capsys, ["estimate", "--plan", str(plan), "--format", "json"],
                    "batch.global_batch_size: 4,194,304 sequences")
+
+
+def test_a_batch_under_a_million_tokens_reads_whole_as_typed() -> None:
+    """plan_args._tokens keeps whole digits below 1M rather than display.count's decimal k:
+    --global-batch-size 128k is 131,072 (binary), which "131k" would misread."""
+    with pytest.raises(ConfigError, match="a 131,072-token batch is 32$"):
+        check_batch_tokens(131_072, 4096)  # 128k at seq 4k: 512M tokens a step
+    with pytest.raises(ConfigError, match="65,536..262,144 tokens is 16..64$"):
+        check_batch_tokens("65536..262144", 4096)
