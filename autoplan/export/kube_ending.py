@@ -50,14 +50,16 @@ def launch_function(opts: ExportOptions, num_pods: int) -> list[str]:
     then saved_step.end_lines, whose stop short of --steps exits RESTART_STATUS. On several
     pods the file stays for the others to read: pods restart at different times, and one that
     removed it at its start could hide a stop from another still to read it, which would then
-    end 0 short of --steps. One pod removes an earlier job's file before torchrun starts."""
+    end 0 short of --steps, so each reads it before torchrun starts and takes a line still
+    unchanged at the end for an earlier attempt's (saved_step.STALE_RULE): a crash after an
+    earlier clean stop keeps torchrun's status. One pod removes an earlier job's file first."""
     run = launch_options(opts)
     folder = shell_join([opts.checkpoint_dir])
     then = shell_join([f"exiting {RESTART_STATUS}; restartPolicy OnFailure restarts this "
                        "container, which resumes from it"])
     on_stop = ["  " + saved_step.stopped_line(run.steps, folder, CAUSE, then),
                f"  exit {RESTART_STATUS}"]
-    start = [] if num_pods > 1 else [
+    start = saved_step.start_lines() if num_pods > 1 else [
         f"rm -f -- {saved_step.FILE}  # an earlier job's: rank 0 writes this run's at its end"]
     body = [
         *start,
@@ -74,7 +76,7 @@ def launch_function(opts: ExportOptions, num_pods: int) -> list[str]:
         '  wait "$pid" || status=$?',
         "done",
         *saved_step.end_lines(run.steps, folder, launcher="torchrun", on_stop=on_stop,
-                              keep_file=num_pods > 1),
+                              keep_file=num_pods > 1, unchanged_is_stale=num_pods > 1),
     ]
     return [f"{LAUNCH}() {{", *("  " + line if line else "" for line in body), "}"]
 
@@ -103,8 +105,11 @@ def ending_lines(opts: ExportOptions, num_pods: int) -> list[str]:
         "torchrun's status.")
     if num_pods > 1:
         text += (" The file stays between restarts (pods restart at different times, and one "
-                 "removing it could hide a stop from another yet to read it): a later crash may "
-                 "print that earlier stop's line, and exits non-zero all the same.")
+                 "removing it could hide a stop from another yet to read it), so each pod reads "
+                 f"it before torchrun starts: {saved_step.STALE_RULE}. A crash after an earlier "
+                 "clean stop so keeps torchrun's status; a pod recreated before the last "
+                 f"attempt's rank 0 wrote its line may still read that line and exit "
+                 f"{RESTART_STATUS} after a crash (restarted either way), never 0.")
         if run.pvc is None:
             text += (f" No claim is shared by the {num_pods} pods (--pvc): only the pod of rank "
                      "0 sees the file, and the others end 0 after a clean stop, as torchrun "

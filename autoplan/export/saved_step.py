@@ -50,9 +50,25 @@ def stopped_line(steps: int, folder: str, cause: str, then: str, *,
     return f'printf {shell_join([text])} "$saved" "$saved" {folder} {then}'
 
 
+STALE_RULE = ("a line that reads as it read before torchrun started is an earlier attempt's, "
+              "and the pod ends with torchrun's status: rank 0 writes it only once every rank "
+              "saved, and a clean stop trains at least one step past the checkpoint it resumed "
+              "from, the newest, so each attempt's stop names a step no earlier line did")
+"""Why a kept file's line, unchanged since the script read it at its start, is stale (several
+pods share the file, so none removes it; kube_ending writes this in the header)."""
+
+
+def start_lines() -> list[str]:
+    """Before the launch: the file's line as it reads now, in $before (empty without one), for
+    end_lines(unchanged_is_stale=True)."""
+    return ["before=", f"if [ -f {FILE} ]; then read -r before < {FILE} || true; fi  # stale "
+            "if unchanged at the end"]
+
+
 def end_lines(steps: int, folder: str, *, launcher: str, on_stop: list[str],
               why_failed: str = "torchrun exits 1 after passing on a SIGTERM",
-              wait_s: int = 0, keep_file: bool = False) -> list[str]:
+              wait_s: int = 0, keep_file: bool = False,
+              unchanged_is_stale: bool = False) -> list[str]:
     """After the launch, its status in $status: where rank 0 named the step its ranks saved
     as the run ended cleanly, exit 0, running `on_stop` (lines of the branch, e.g. a
     stopped_line) where that step is short of `steps`, or saying the `launcher`'s status and
@@ -60,7 +76,8 @@ def end_lines(steps: int, folder: str, *, launcher: str, on_stop: list[str],
     `folder` is the checkpoint folder as a shell word. `wait_s`: seconds to wait for the file
     after a failed launch (on several torchrun nodes, rank 0's may end after this one's, and
     rank 0 writes the file last); `keep_file` leaves it for other nodes to read (the script
-    removes it before the launch)."""
+    removes it before the launch, unless `unchanged_is_stale`: then a line that reads as
+    start_lines read it is an earlier attempt's, STALE_RULE, and the launcher's status stands)."""
     finished = (f"autoplan: trained {all_steps(steps)} and saved checkpoint {step_dir(steps)} "
                 f"in %s; {launcher}'s status was %s ({why_failed})\\n")
     wait = ['if [ "$status" -ne 0 ]; then  # rank 0 may write it after this node\'s ranks '
@@ -77,6 +94,8 @@ def end_lines(steps: int, folder: str, *, launcher: str, on_stop: list[str],
         f"  read -r saved < {FILE} || true",
         *([] if keep_file else [f"  rm -f -- {FILE}"]),
         "fi",
+        *(['[ "$saved" != "$before" ] || saved=  # an earlier attempt\'s line: not this one\'s']
+          if unchanged_is_stale else []),
         "case $saved in",
         f"  '' | *[!0-9]*) exit \"$status\" ;;  # no clean end: {launcher}'s status",
         "esac",

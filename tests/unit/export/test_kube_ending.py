@@ -124,6 +124,22 @@ def test_without_the_file_the_pod_ends_with_torchruns_status(tmp_path: Path, sta
     assert Pod(tmp_path).run("", status) == (status, "")
 
 
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("crash", [1, 3])
+def test_a_crash_after_an_earlier_clean_stop_keeps_torchruns_status(tmp_path: Path, kind: str,
+                                                                    crash: int):
+    """Several pods keep the file, so an earlier attempt's stop is still in it; a line that
+    reads as it did when the script started is not this attempt's (it used to exit 75)."""
+    pod = Pod(tmp_path, kind)
+    assert pod.run("7", 1)[0] == RESTART_STATUS  # the earlier attempt: a clean stop
+    assert pod.run("", crash) == (crash, "")  # then a crash: rank 0 wrote nothing
+    assert pod.saved.read_text() == "7\n"  # kept for the other pods all the same
+    assert pod.run("", 0) == (0, "")  # ended 0 naming no step: torchrun's status, silent
+    code, out = pod.run("9", 1)  # a later clean stop changes the line: this attempt's
+    assert code == RESTART_STATUS and "after step 9 of 20" in out
+    assert pod.run(str(STEPS), 1)[0] == 0  # every step trained, though torchrun exited 1
+
+
 def test_one_pod_removes_an_earlier_jobs_file_first(tmp_path: Path):
     pod = Pod(tmp_path, case="single-node-tp")  # one pod of 4 GPUs
     pod.saved.write_text("3\n")  # an earlier job's clean stop, under the same name
@@ -158,6 +174,7 @@ def test_restarting_kinds_say_how_a_pod_ends(kind: str):
     assert f"exits {RESTART_STATUS}, and restartPolicy OnFailure restarts the container" in header
     assert "/checkpoints/autoplan-saved-step-llm" in header
     assert "No claim is shared by the" in header  # no --pvc: only rank 0's pod sees the file
+    assert "an earlier attempt's, and the pod ends with torchrun's status" in header
     assert ("the node Job's backoffLimit" in header) == (kind == "trainjob")
     for container in _containers(kind, doc):
         assert any(line.strip() == "run() {" for line in container["command"][2].splitlines())
