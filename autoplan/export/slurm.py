@@ -110,7 +110,7 @@ class SlurmTarget(ExportTarget):
                 *tokens_comment(run, plan, model),
                 *warning.comment(),
                 *limit.comment(),
-                *warning.end_comment(run.steps, run.requeue, opts.elastic),
+                *warning.end_comment(run.steps, run.requeue),
                 *_elastic_comment(opts),
                 "set -euo pipefail",
                 *check_lines(run.plan_path, run.plan_sha256, run.named_files),
@@ -238,15 +238,14 @@ class StopWarning:
             f"{SHUTDOWN_ENV}=S sbatch --signal=TERM@S <this script>. A scancel or a preemption "
             "still allows only KillWait.")
 
-    def end_comment(self, steps: int, requeue: bool = False,
-                    elastic: bool = False) -> list[str]:
+    def end_comment(self, steps: int, requeue: bool = False) -> list[str]:
         head = ("Exit status: torchrun exits 1 once it has passed a SIGTERM on, whatever its "
                 f"ranks did, which SLURM would record as FAILED. Rank 0 writes the step of the "
                 f"last checkpoint to ${SAVED_STEP_ENV} (in the checkpoint folder) once every "
                 "rank has saved it. ")
-        tail = " " + saved_step.traceback_note(" in the job log")
-        if not elastic:  # an elastic round over a run done ends on an empty summary instead
-            tail += " " + saved_step.done_note(steps)
+        # elastic rounds too: every rank finds a checkpoint at --steps before it re-plans
+        # (runtime/resume.elastic_trained_already)
+        tail = " " + saved_step.traceback_note(" in the job log") + " " + saved_step.done_note(steps)
         if requeue:
             return comment(
                 head + f"Stopped short of {steps} {plural(steps, 'step')} after such a save, the script requeues "

@@ -43,12 +43,13 @@ def test_launch_headers_expect_torchruns_traceback_and_a_run_done(target, option
     assert DONE in header
 
 
-def test_an_elastic_slurm_header_promises_no_line_for_a_run_done():
-    """Its ranks resume under --elastic, where a run done ends on an empty summary."""
+def test_an_elastic_slurm_header_promises_the_line_for_a_run_done():
+    """Under --elastic every rank finds the checkpoint at --steps before it re-plans, and rank 0
+    says the non-elastic path's line (tests/dist/test_elastic_done.py runs it)."""
     header = _header("slurm", CASES["dp-zero1"][0],
                      SlurmOptions(gpus_per_node=8, steps=300, elastic=True))
     assert TRACEBACK.format(where=" in the job log") in header
-    assert "Started again once" not in header
+    assert DONE in header
 
 
 LENGTH = ("{tool} needs the run's length, --train-iters N (optimizer steps, each of global batch "
