@@ -55,7 +55,7 @@ TP_OVERLAP_METHODS = ("none", "async-dgrad", "userbuffers")
 """RuntimeTraits.tp_comm_overlap_method values."""
 EP_DISPATCHERS = ("alltoall", "deepep", "allgather")
 """RuntimeTraits.ep_dispatcher's kinds."""
-CP_EXCHANGES = ("all-gather", "torch-ring")
+CP_EXCHANGES = ("all-gather", "torch-ring", "te-p2p")
 """RuntimeTraits.cp_exchange values."""
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "fa-triton", "sdpa-cpu")
 """RuntimeTraits.attention_kernel values."""

@@ -200,7 +200,10 @@ class RuntimeTraits(TraitsPricing):
     K/V as SDPA sees them (repeated where `kv_repeated`) all-gathered behind the first ring
     step, fp32 dK/dV passed around the ring behind each backward step, and the fp32 merges of
     the per-step outputs and gradients (comm.torch_ring_time_s,
-    compute.torch_ring_elementwise_bytes)."""
+    compute.torch_ring_elementwise_bytes). `te-p2p`: Transformer Engine's P2P ring
+    (AttnFuncWithCPAndKVP2P, cp_comm_type "p2p", Megatron-Core's default): 2cp load-balanced
+    chunks, the grouped K/V heads sent to the next rank behind each step's kernel, 16-bit
+    dK/dV passed along the ring, 16-bit output merges (cost/te_ring.py)."""
     own_runtime_rules: bool = False
     """The runtime is autoplan's own (`autoplan train`): the limits only it has
     (autoplan.plan_rules.RUNTIME_RULES: layernorm recompute under tp, a MoE capacity factor

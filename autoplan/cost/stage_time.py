@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.cost import comm, compute, memory, moe, mtp
+from autoplan.cost import comm, compute, memory, moe, mtp, te_ring
 from autoplan.cost.recompute_time import deepseek_v3_recompute_s, module_recompute_s
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
@@ -169,12 +169,12 @@ class BlockCosts:
 
 
 def block_extras_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: str,
-                   runtime: RuntimeTraits, lt: dict[str, np.ndarray]
+                   runtime: RuntimeTraits, lt: dict[str, np.ndarray], eager: bool = False
                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Device seconds a block adds to compute.layer_times_s' forward, backward and full
     recompute ({forward, backward, full}), and the MoE/MLA forward delta alone: userbuffers'
-    SM margin, PyTorch's ring-attention merges, the expert GEMMs, router and MLA projections,
-    an fp8 run's expert casts."""
+    SM margin, PyTorch's ring-attention merges, Transformer Engine's ring steps and merges
+    (te_ring), the expert GEMMs, router and MLA projections, an fp8 run's expert casts."""
     # Transformer Engine's pipelined userbuffers overlap runs the two row-parallel forward
     # GEMMs on the SMs its reduce-scatter leaves them (a full recompute's forward too)
     margin = userbuffers_margin_s(model, profile, runtime, r, lt)
@@ -183,6 +183,10 @@ def block_extras_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision
         ring = compute.torch_ring_elementwise_bytes(model, model.seq_len / r.cp * r.b, r.tp,
                                                     r.cp, runtime.kv_repeated)
         fwd, bwd = (compute.memory_time_s(ring[k], profile) for k in ("forward", "backward"))
+        extra = {"forward": extra["forward"] + fwd, "backward": extra["backward"] + bwd,
+                 "full": extra["full"] + fwd}
+    if runtime.cp_exchange == "te-p2p":  # its ring steps' kernels and merges, a recompute's too
+        fwd, bwd = te_ring.block_extra_s(model, profile, r, precision, runtime, lt, eager)
         extra = {"forward": extra["forward"] + fwd, "backward": extra["backward"] + bwd,
                  "full": extra["full"] + fwd}
     if model.moe is None and model.mla is None:
@@ -281,7 +285,7 @@ def tensor_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
 
 
 def context_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
-                           runtime: RuntimeTraits, lt: dict[str, np.ndarray]
+                           runtime: RuntimeTraits, lt: dict[str, np.ndarray], precision: str
                            ) -> tuple[np.ndarray, np.ndarray]:
     """A block's exposed context-parallel exchanges, and those a recomputed layer runs again
     (none where its recompute.modules keep the attention core), as the runtime exchanges K/V
@@ -297,6 +301,9 @@ def context_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
                                       lt["core_backward"] / r.cp, cp_inside, profile,
                                       per_node=cp_nodes)
         # a recomputed attention core runs the forward ring again
+        return ring["forward"] + ring["backward"], np.where(keeps_core, 0.0, ring["forward"])
+    if runtime.cp_exchange == "te-p2p":
+        ring = te_ring.ring_time_s(model, profile, r, precision, runtime, cp_inside)
         return ring["forward"] + ring["backward"], np.where(keeps_core, 0.0, ring["forward"])
     cp_layer = comm.context_parallel_time_s(model, r.b, r.tp, r.cp, r.weight_bytes, cp_inside,
                                             profile, per_node=cp_nodes)
@@ -315,7 +322,7 @@ def block_costs(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: s
     if runtime.selective is SelectiveKind.DEEPSEEK_V3:
         lt["deepseek-v3"] = deepseek_v3_recompute_s(model, profile, gemm_peak(
             profile, precision, runtime), r, lt, parts)
-    extra, delta = block_extras_s(model, profile, r, precision, runtime, lt)
+    extra, delta = block_extras_s(model, profile, r, precision, runtime, lt, eager)
     # device work: it joins the block's kernels before the host's share is weighed
     lt = {**lt, **{k: compute.with_host(lt[f"{k}_device"] + x, lt[f"{k}_host"],
                                         runtime.host_runs_ahead) for k, x in extra.items()}}
@@ -328,7 +335,7 @@ def block_costs(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: s
                    else a2a / 2.0)
     rec_extra, a2a_rec = recompute_extra_s(model, profile, r, precision, runtime, lt, parts,
                                            a2a_forward)
-    cp_layer, cp_rec = context_parallel_costs(model, profile, r, runtime, lt)
+    cp_layer, cp_rec = context_parallel_costs(model, profile, r, runtime, lt, precision)
     return BlockCosts(block_s=lt, wgrad=lt["gemm_forward"] + delta, recompute=rec_extra, a2a=a2a,
                       a2a_recompute=a2a_rec,
                       tp=tensor_parallel_costs(model, profile, r, runtime, lt, parts),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import memory, moe, mtp, params, pipeline
+from autoplan.cost import memory, moe, mtp, params, pipeline, te_ring
 from autoplan.cost.rows import Rows, recomputed_layers, uniform_groups
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -207,11 +207,14 @@ def _working_set(r: Rows, precision: str, eager: bool, runtime: RuntimeTraits,
                  ) -> np.ndarray:
     """Bytes one block holds beside what is kept while it runs: its backward's gradients in
     flight (memory.backward_wavefront_bytes), or PyTorch ring attention's gathered K/V and
-    merges in its forward (memory.torch_ring_attention_bytes), whichever is wider, plus what a
+    merges in its forward (memory.torch_ring_attention_bytes; Transformer Engine's ring:
+    te_ring.attention_bytes), whichever is wider, plus what a
     recomputed block brings back (all of it under full recompute, the re-run part
     selectively; a uniform group's backward re-makes all its layers at once)."""
     ring_fwd, ring_bwd = memory.torch_ring_attention_bytes(parts, r.cp, precision)
-    if runtime.cp_exchange != "torch-ring":
+    if runtime.cp_exchange == "te-p2p":  # Transformer Engine's ring: its buffers instead
+        ring_fwd, ring_bwd = te_ring.attention_bytes(parts, r.cp, precision)
+    elif runtime.cp_exchange != "torch-ring":
         ring_fwd, ring_bwd = 0.0 * ring_fwd, 0.0 * ring_bwd
     widest = np.maximum(memory.backward_wavefront_bytes(parts, eager, precision, ring_bwd),
                         ring_fwd)
