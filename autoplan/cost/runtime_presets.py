@@ -67,6 +67,10 @@ _MEGATRON_TE: dict[str, Any] = {
     "offload_zero_stages": [1],  # the distributed optimizer's (HybridDeviceOptimizer)
     "sharded_zero_with_pipeline": False,
     "schedules": ["1f1b", "interleaved-1f1b"], "hsdp_zero_stages": [1],
+    # context parallelism through TE's P2P ring: Megatron-Core's TEDotProductAttention passes
+    # cp_comm_type "p2p" where none is set (megatron/core/extensions/transformer_engine.py, TE
+    # >= 1.10; the only kind before), --cp-comm-type's default (megatron/training/arguments.py)
+    "cp_exchange": "te-p2p",
 }
 """Megatron-Core with Transformer Engine, as `export --to megatron` runs it (the MoE alltoall
 dispatcher); the megatron-* presets differ from it in their MoE dispatcher alone."""
@@ -122,6 +126,8 @@ RUNTIME_PRESETS: dict[str, dict[str, Any]] = {
         "schedules": ["1f1b", "interleaved-1f1b"], "tp_comm_overlap_method": "userbuffers",
         "userbuffers_proj_sms": 24, "userbuffers_fc2_sms": 16,  # NeMo's H100 70B recipe
         "hsdp_zero_stages": [1],
+        # NeMo 2 / Megatron-Bridge recipes leave cp_comm_type unset: Megatron-Core's p2p ring
+        "cp_exchange": "te-p2p",
     },
     # torchtitan's RMSNorm (torchtitan/models/norms.py, until its PR #985 of 2025-03 made it
     # nn.RMSNorm) is `self._norm(x.float()).type_as(x) * self.weight`: it keeps the fp32 upcast
