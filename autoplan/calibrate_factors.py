@@ -21,7 +21,8 @@ FACTORS = {  # name: (low, high, log scale)
 
 
 HOST_OVERHEADS = ("dtensor_op_overhead_s", "checkpoint_op_overhead_s", "selective_op_overhead_s",
-                  "fsdp_unit_overhead_s", "optimizer_overhead_s", "dtensor_optimizer_overhead_s")
+                  "fsdp_unit_overhead_s", "optimizer_overhead_s", "dtensor_optimizer_overhead_s",
+                  "tp_collective_overhead_s")
 """Measured host costs that `host_overheads` scales together (one host, one speed)."""
 
 

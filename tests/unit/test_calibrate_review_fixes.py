@@ -65,7 +65,10 @@ def test_factors_no_run_can_feel_are_left_at_one_and_named(tmp_path) -> None:
     assert result.profile.inter_node == base.inter_node
     assert {name: result.summary()["factors_left"][name] for name in LINKS} == \
         {name: UNFELT for name in LINKS}
-    assert "compute" not in result.left and result.factors["compute"] != 1.0
+    # and the factors it did fit moved (the runs measured 2x their prediction); which ones fit
+    # depends on their shares of the step, so none is named here
+    fitted = [name for name in result.factors if name not in result.left]
+    assert fitted and all(result.factors[name] != 1.0 for name in fitted)
 
 
 def test_a_run_across_nodes_feels_the_links(tmp_path) -> None:
