@@ -149,7 +149,7 @@ def _recompute(f: Flags, modules: list[str] | None = None) -> dict[str, Any]:
 CP_COMM_TYPES = ("p2p", "all_gather", "allgather", "a2a", "a2a+p2p")
 """--cp-comm-type's values (megatron/training/arguments.py: nargs='+', one for all layers or one
 per layer; default p2p). Megatron passes them to Transformer Engine's cp_comm_type, which takes
-all_gather (what `export --to megatron` writes); Megatron's help spells it allgather."""
+all_gather; Megatron's help spells it allgather. `export --to megatron` writes p2p."""
 
 
 def _refuse_unplanned(f: Flags, cp: int, text: str) -> None:

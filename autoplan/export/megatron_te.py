@@ -15,10 +15,11 @@ ATTENTION_BACKENDS = {Attention.FLASH: "fused", Attention.EAGER: "unfused"}
 the megatron runtime prices (attention_kernel cudnn); `flash` would switch cuDNN off for the
 flash-attn package (megatron/core/models/common/language_module/language_module.py
 _set_attention_backend sets NVTE_FUSED_ATTN=0). unfused keeps the s x s scores."""
-CP_EXCHANGE = "all_gather"
-"""--cp-comm-type: one K/V all-gather per layer, as the megatron runtime prices context
-parallelism (cp_exchange all-gather; Megatron's default is the p2p ring). Megatron-Core's and
-TE's spelling (TransformerConfig.cp_comm_type: "p2p", "all_gather", "a2a", "a2a+p2p")."""
+CP_EXCHANGE = "p2p"
+"""--cp-comm-type: Transformer Engine's P2P ring (AttnFuncWithCPAndKVP2P), Megatron's default,
+as the megatron runtime prices context parallelism (cp_exchange te-p2p: cost/te_ring.py); written
+out so the run does not depend on the default. Megatron-Core's and TE's spelling
+(TransformerConfig.cp_comm_type: "p2p", "all_gather", "a2a", "a2a+p2p")."""
 FP8_FORMAT = "hybrid"
 """--fp8-format: E4M3 forward, E5M2 gradients, as Precision.FP8 is defined."""
 

@@ -331,8 +331,8 @@ def test_megatron_settings_a_plan_cannot_say_are_refused(tmp_path, capsys, flags
                                    "--context-parallel-size 2 --cp-comm-type all_gather",
                                    "--cp-comm-type a2a", "--optimizer adam"])
 def test_ring_context_parallelism_and_adam_import(tmp_path, flags):
-    """The ring (p2p, all_gather as Transformer Engine spells it and `export --to megatron`
-    writes it, allgather as Megatron's help does) is what autoplan plans; a2a without cp > 1
+    """The ring (p2p, as `export --to megatron` writes it; all_gather as Transformer Engine
+    spells it, allgather as Megatron's help does) is what autoplan plans; a2a without cp > 1
     changes nothing."""
     plan = _megatron(_args(tmp_path, f"{GPT3_1_3B} --micro-batch-size 2 {flags}"))
     assert plan.parallel.cp == (2 if "--context-parallel-size 2" in flags else 1)

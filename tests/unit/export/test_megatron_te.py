@@ -92,9 +92,9 @@ def test_what_transformer_engine_cannot_run_is_refused(p: Plan, field: str):
     assert field in _refusal(p)
 
 
-def test_context_parallelism_exchanges_kv_by_all_gather(tmp_path: Path):
-    # the megatron runtime prices cp as one K/V all-gather (cp_exchange all-gather); Megatron's
-    # default --cp-comm-type is the p2p ring. Megatron-Core/TE spell it all_gather.
+def test_context_parallelism_runs_the_p2p_ring(tmp_path: Path):
+    # the megatron runtime prices cp as Transformer Engine's P2P ring (cp_exchange te-p2p),
+    # Megatron's default --cp-comm-type, written out so the run does not lean on the default
     pytest.importorskip("megatron.core")
     import inspect
 
@@ -103,7 +103,7 @@ def test_context_parallelism_exchanges_kv_by_all_gather(tmp_path: Path):
     p = plan("llama-3-70b", 64, parallel=Parallel(dp=4, tp=8, cp=2), sequence_parallel=True,
              zero_stage=1, batch=Batch(1, 64))
     ns, _ = _args(tmp_path, p)
-    assert ns.cp_comm_type == ["all_gather"]
-    assert '"all_gather"' in inspect.getsource(TransformerConfig)  # cp_comm_type's doc
+    assert ns.cp_comm_type == ["p2p"]
+    assert '"p2p"' in inspect.getsource(TransformerConfig)  # cp_comm_type's doc
     flat, _ = _args(tmp_path, p.replace(parallel=Parallel(dp=8, tp=8)))
     assert flat.cp_comm_type is None
