@@ -94,7 +94,8 @@ class Rows:
     """HBM bytes per parameter with which the optimizer adds each micro-batch's 16-bit
     gradients into a buffer of its own (DeepSpeed's BF16_Optimizer under a pipeline:
     RuntimeTraits.pipeline_engine_reduce; BF16_OPTIMIZER_ACCUMULATE_BYTES into fp32,
-    BF16_ACCUMULATE_BYTES into bf16); 0 where gradients accumulate in place."""
+    BF16_ACCUMULATE_BYTES into bf16), else the runtime's RuntimeTraits.grad_accumulate_bytes
+    (nanotron's fp32 accumulator); 0 where gradients accumulate in place."""
     weight_bytes: float
     act_scale: float
     """2 for fp32 activations, 1 for 16-bit."""
@@ -172,7 +173,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
     reduce_bytes = np.array([runtime.reduce_bytes(precision), 4.0, 2.0])[reduce_code]
     grad_bytes = np.where((reduce_code != 0) & runtime.grads_in_reduce_dtype, reduce_bytes,
                           runtime.grad_bytes(precision))
-    accumulate = np.zeros_like(pp)
+    accumulate = np.zeros_like(pp) + runtime.grad_accumulate_bytes
     if runtime.pipeline_engine_reduce and precision == "bf16":
         # DeepSpeed 0.19 (engine._do_optimizer_sanity_check) runs a bf16 pipeline on
         # BF16_Optimizer: at ZeRO-1 with data_types.grad_accum_dtype fp32, which export writes
@@ -186,7 +187,7 @@ def rows_of(table: Table, model: ModelSpec, precision: str, runtime: RuntimeTrai
         grad_bytes = np.where(fp32, BF16_OPTIMIZER_GRAD_BYTES,
                               np.where(bf16, 2.0 * runtime.grad_bytes(precision), grad_bytes))
         accumulate = np.where(fp32, BF16_OPTIMIZER_ACCUMULATE_BYTES,
-                              np.where(bf16, BF16_ACCUMULATE_BYTES, 0.0))
+                              np.where(bf16, BF16_ACCUMULATE_BYTES, accumulate))
     # DDP or FSDP2, as autoplan's runtime wraps the plan (plan_rules.data_parallel_wrappers)
     ep, etp = expert_col(table, "ep").astype(float), expert_col(table, "etp").astype(float)
     _, fsdp = data_parallel_wrappers(dp, tp, pp, cp, ep * etp, zero, precision == "fp32",

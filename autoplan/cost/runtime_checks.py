@@ -51,6 +51,9 @@ def _check_numbers(traits: RuntimeTraits) -> None:
     if not 0.0 <= traits.optimizer_extra_bytes <= 64.0:
         _refuse("optimizer_extra_bytes", traits.optimizer_extra_bytes,
                 "expected 0 to 64 bytes per sharded parameter")
+    if not 0.0 <= traits.grad_accumulate_bytes <= 32.0:
+        _refuse("grad_accumulate_bytes", traits.grad_accumulate_bytes,
+                "expected 0 to 32 bytes per parameter")
     if not 0.0 <= traits.fp8_weight_cache_bytes <= 4.0:
         _refuse("fp8_weight_cache_bytes", traits.fp8_weight_cache_bytes,
                 "expected 0 to 4 bytes")

@@ -247,6 +247,10 @@ RUNTIME_PRESETS: dict[str, dict[str, Any]] = {
         "precisions": ["bf16", "fp32"], "recompute_policies": ["none", "full"],
         "recompute_modules": [], "partial_recompute": False, "nth_block_recompute": False,
         "layer_splits": ["even", "balanced"], "overlap_param_gather": False,
+        # optim/gradient_accumulator.py FP32GradientAccumulator.backward: every parameter's
+        # bf16 gradient added into its fp32 buffer after each micro-batch (10 bytes a
+        # parameter), the embedding's among them, so no separate embedding add
+        "grad_accumulate_bytes": 10.0, "adds_into_grad_buffer": False,
     },
     "autoplan-cuda": {
         "description": "autoplan's own runtime on CUDA: FSDP2 (fp32 sharded params, fp32 "

@@ -58,6 +58,15 @@ class RuntimeTraits(TraitsPricing):
     layers only), so the embedding's dense gradient is read once more and the buffer read and
     written each micro-batch (stage_time.embedding_grad_s). False: the gradient goes straight to
     its reduction (FSDP2, whose copy-in fsdp2_copies prices) or accumulates in place."""
+    grad_accumulate_bytes: float = 0.0
+    """HBM bytes per parameter the runtime moves after every micro-batch's backward to add the
+    16-bit gradients of all its parameters into an accumulator of its own, on the compute
+    stream between micro-batches (nothing hides it): nanotron's FP32GradientAccumulator.backward
+    loops over every parameter tensor, `fp32_grad.add_(half.grad)` (read 2 + 4, write 4: 10;
+    huggingface/nanotron src/nanotron/optim/gradient_accumulator.py, accumulate_grad_in_fp32).
+    0: gradients accumulate in place (gradient_accumulation_fusion, FSDP2) or only the
+    embedding's is added (adds_into_grad_buffer). DeepSpeed's pipeline engine has its own
+    (pipeline_engine_reduce)."""
     zeroes_grad_buffer: bool = False
     """Each step zeroes the rank's gradient buffer, grad_bytes per parameter it holds: all of
     them under DDP and the distributed optimizer (ZeRO 0-1), its shard under FSDP (ZeRO-2/3)
