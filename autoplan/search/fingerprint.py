@@ -33,7 +33,8 @@ def _sha256(data: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-PROFILE_OMITTED_AT_DEFAULT = {"attention_head_dims": None, "attention_clock": 1.0}
+PROFILE_OMITTED_AT_DEFAULT = {"attention_head_dims": None, "attention_clock": 1.0,
+                              "tp_collective_overhead_s": 0.0}
 """Efficiency fields added after studies were stored, left out of profile_hash at their
 default: a profile that leaves them so hashes as before they existed, so its studies resume;
 one that sets them prices differently and does not."""
@@ -54,7 +55,7 @@ def profile_hash(profile: ClusterProfile) -> str:
     return _sha256(_profile_data(profile))
 
 
-RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel", "fused_attention")
+RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel", "fused_attention", "grad_accumulate_bytes")
 """RuntimeTraits fields added after studies were stored, left out of runtime_hash at their
 default: a runtime they leave as it was hashes as before them, so its studies resume; one they
 change (megatron-2021 without sequence parallelism) prices otherwise and does not."""

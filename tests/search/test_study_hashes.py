@@ -23,8 +23,11 @@ BEFORE = {
 
 
 def _at_full_clock(profile):
+    """The profile with the later fields a release added at their defaults: attention_clock,
+    and tp_collective_overhead_s, which cpu-gloo now measures (its studies then price DTensor's
+    calls and do not resume)."""
     return dataclasses.replace(profile, efficiency=dataclasses.replace(
-        profile.efficiency, attention_clock=1.0))
+        profile.efficiency, attention_clock=1.0, tp_collective_overhead_s=0.0))
 
 
 @pytest.mark.parametrize("name", ["a100-sxm4-80gb", "cpu-gloo"])
@@ -50,7 +53,9 @@ def test_a_profile_that_files_head_dim_figures_hashes_anew() -> None:
     """Its attention is priced differently: a study of its old figures must not resume."""
     h100 = load_profile("h100-sxm-80gb")
     assert h100.efficiency.attention_head_dims
-    assert profile_hash(h100) == content_hash(h100)
+    without = dataclasses.replace(h100, efficiency=dataclasses.replace(
+        h100.efficiency, attention_head_dims=None))
+    assert profile_hash(h100) != profile_hash(without)
 
 
 @pytest.mark.parametrize("name", ["tiny", "llama-2-7b", "llama-3-8b", "llama-3.1-8b"])
@@ -87,17 +92,32 @@ RUNTIMES_BEFORE = {
 }
 
 
-@pytest.mark.parametrize("name", ["torchtitan", "megatron", "autoplan-cuda", "autoplan-cpu"])
+@pytest.mark.parametrize("name", ["torchtitan", "autoplan-cuda", "autoplan-cpu"])
 def test_runtime_traits_that_keep_a_later_field_at_its_default_hash_as_before(name) -> None:
     """has_sequence_parallel (session 34) changed every runtime's content hash, so no stored
     study resumed; runtime_hash leaves it out at its default (review of 759a233)."""
-    from autoplan.cost.runtimes import load_runtime
+    from autoplan.cost.runtimes import RuntimeTraits, load_runtime
     from autoplan.search.optuna_search import RUNTIME_OMITTED_AT_DEFAULT, runtime_hash
 
     traits = load_runtime(name)
-    assert all(getattr(traits, f) for f in RUNTIME_OMITTED_AT_DEFAULT)
+    assert all(getattr(traits, f) == RuntimeTraits.__dataclass_fields__[f].default
+               for f in RUNTIME_OMITTED_AT_DEFAULT)
     assert runtime_hash(traits) != content_hash(traits)  # the field is what it drops
     assert runtime_hash(traits).startswith(RUNTIMES_BEFORE[name])
+
+
+def test_a_runtime_that_now_prices_otherwise_hashes_anew() -> None:
+    """megatron prices context parallelism as Transformer Engine's P2P ring now (cp_exchange
+    te-p2p, a value it changed, not a later field at its default): its studies must not
+    resume."""
+    from autoplan.cost.runtimes import load_runtime
+    from autoplan.search.optuna_search import runtime_hash
+
+    megatron = load_runtime("megatron")
+    assert megatron.cp_exchange == "te-p2p"
+    assert not runtime_hash(megatron).startswith(RUNTIMES_BEFORE["megatron"])
+    assert runtime_hash(dataclasses.replace(megatron, cp_exchange="all-gather")).startswith(
+        RUNTIMES_BEFORE["megatron"])
 
 
 def test_a_runtime_the_later_field_changes_hashes_anew() -> None:
@@ -106,4 +126,5 @@ def test_a_runtime_the_later_field_changes_hashes_anew() -> None:
     from autoplan.search.optuna_search import runtime_hash
 
     old = load_runtime("megatron-2021")
-    assert not old.has_sequence_parallel and runtime_hash(old) == content_hash(old)
+    assert not old.has_sequence_parallel
+    assert runtime_hash(old) != runtime_hash(dataclasses.replace(old, has_sequence_parallel=True))

@@ -53,14 +53,16 @@ def test_context_parallel_gathers_kv_heads_not_query_heads() -> None:
 
 
 def _tabled(per_call_s: float, slots: int | None = 2):
-    """cpu-gloo with measured tables: a fixed cost per call and 1 GB/s beyond it."""
+    """cpu-gloo with measured tables: a fixed cost per call and 1 GB/s beyond it, and no DTensor
+    excess per call (tp_collective_overhead_s: test_tp_collective_overhead.py adds it)."""
     from autoplan.hardware import CollectiveTimes, TimeTable
 
     xs = (1024.0, 2.0**20, 2.0**24)
     table = {g: TimeTable(xs, tuple(per_call_s * g + x / 1e9 for x in xs)) for g in (2, 4)}
     prof = load_profile("cpu-gloo")
     host = dataclasses.replace(prof.host, compute_slots=slots)
-    return dataclasses.replace(prof, host=host, collectives=CollectiveTimes(
+    eff = dataclasses.replace(prof.efficiency, tp_collective_overhead_s=0.0)
+    return dataclasses.replace(prof, host=host, efficiency=eff, collectives=CollectiveTimes(
         all_reduce=table, all_gather=table, reduce_scatter=table))
 
 
