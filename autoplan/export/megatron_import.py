@@ -167,11 +167,22 @@ def _refuse_unplanned(f: Flags, cp: int, text: str) -> None:
         raise ConfigError(f"{f.what} --cp-comm-type", f"{' '.join(kinds)}: all-to-all "
                           "context parallelism", "autoplan plans ring context parallelism: "
                           "import the run with --cp-comm-type p2p or all_gather")
+    if cp > 1 and any(kind in ("all_gather", "allgather") for kind in kinds):
+        _say_cp_all_gather(f"{f.what} --cp-comm-type")
     refuse_non_adam(f"{f.what} --optimizer", f.text("--optimizer", "adam") or "adam")
     if f.has("--cpu-offloading"):
         raise ConfigError(f"{f.what} --cpu-offloading", "offloads layers' activations and "
                           "weights to the host, which a plan cannot say", "drop it to import "
                           "the run without it (its activations then priced on the GPU)")
+
+
+def _say_cp_all_gather(setting: str) -> None:
+    """Say how to price Transformer Engine's all-gather context parallelism: a plan carries no
+    runtime, and the megatron and nemo presets price TE's P2P ring (cp_exchange te-p2p, the
+    default kind); a traits file with cp_exchange all-gather prices the gathered K/V instead."""
+    log.warning("%s: all_gather K/V exchange: the megatron and nemo runtimes price TE's P2P "
+                "ring; to price the all-gather, estimate with --runtime FILE, a traits YAML of "
+                "`base: megatron` and `cp_exchange: all-gather`", setting)
 
 
 def refuse_non_adam(where: str, optimizer: str, adam: Collection[str] = ("adam",),

@@ -5,6 +5,7 @@ model the shape flags build, recompute follows the launch's flags, the degrees a
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,16 @@ def test_ring_context_parallelism_and_adam_import(tmp_path, flags):
     changes nothing."""
     plan = _megatron(_args(tmp_path, f"{GPT3_1_3B} --micro-batch-size 2 {flags}"))
     assert plan.parallel.cp == (2 if "--context-parallel-size 2" in flags else 1)
+
+
+@pytest.mark.parametrize("flags, said", [("--context-parallel-size 2 --cp-comm-type all_gather", True),
+                                         ("--context-parallel-size 2 --cp-comm-type allgather", True),
+                                         ("--context-parallel-size 2 --cp-comm-type p2p", False),
+                                         ("--cp-comm-type all_gather", False)])
+def test_all_gather_context_parallelism_says_how_to_price_it(tmp_path, caplog, flags, said):
+    """A plan carries no runtime and the megatron presets price TE's P2P ring, so an imported
+    all_gather run is told which traits price its exchange (at cp 1 there is none)."""
+    with caplog.at_level(logging.WARNING):
+        _megatron(_args(tmp_path, f"{GPT3_1_3B} --micro-batch-size 2 {flags}"))
+    notes = [r.getMessage() for r in caplog.records if "cp_exchange: all-gather" in r.getMessage()]
+    assert len(notes) == (1 if said else 0)
