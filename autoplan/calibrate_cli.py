@@ -23,7 +23,8 @@ from autoplan.calibrate import (
 from autoplan.calibrate_runs import busy_host
 from autoplan.cli_common import add_format_argument, check_seed, count, emit
 from autoplan.errors import ConfigError
-from autoplan.hardware import check_out_and_name, load_profile
+from autoplan.hardware import load_profile
+from autoplan.profile_files import check_out_and_name
 from autoplan.yaml_io import save_yaml, to_dict
 
 MAX_TRIALS = 100_000

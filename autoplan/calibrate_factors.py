@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.hardware import ClusterProfile, CollectiveTimes, LinkSpec, TimeTable
+from autoplan.hardware import ClusterProfile, CollectiveTimes, TimeTable
+from autoplan.hardware_devices import LinkSpec
 
 FACTORS = {  # name: (low, high, log scale)
     "compute": (0.1, 10.0, True),

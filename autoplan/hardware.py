@@ -1,15 +1,12 @@
-"""Hardware: devices, links, hosts and efficiency curves, loaded from profiles/NAME.yaml.
-
-A profile describes one node type; the GPU count of a job is given separately (ClusterSpec).
-Datasheet presets carry reasonable efficiency curves; `autoplan profile` writes measured ones.
+"""A hardware profile: the efficiency curves and measured collective times of one node type,
+the ClusterProfile that joins them to its datasheet figures (hardware_devices), and loading one
+from profiles/NAME.yaml (profile_files finds the file; ClusterSpec adds the GPU count).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,61 +15,31 @@ import numpy as np
 
 from autoplan import resources
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import (
-    check_schema_version,
-    from_dict,
-    name_hint,
-    read_yaml,
-    show,
-    unknown_key_fix,
-)
+from autoplan.hardware_devices import PEAK_DTYPES, DeviceSpec, HostSpec, LinkSpec, key_field
+from autoplan.profile_files import profile_path
+from autoplan.profile_measured import check_measured, device_compute
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
 
 log = logging.getLogger(__name__)
 
 PROFILES_DIR = resources.package_dir(resources.PROFILES)
 """The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
-
-PEAK_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
-"""Keys of device.peak_flops_per_s: plan.Precision's values (what the cost model asks
-DeviceSpec.peak for) and tf32, the datasheets' fp32 tensor-core peak."""
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "sdpa-cpu")
 """Kernels a profile files attention figures under (alone or as "kernel@dtype"):
 cost.runtime_kinds.ATTENTION_KERNELS less fa-triton, which compute.attention_efficiency prices
 from fa2's figures."""
-MEASURED_KEYS = ("date", "torch", "device", "precision", "quick", "threads_per_rank", "matmul",
-                 "copy_bytes_per_s", "elementwise_bytes_per_s", "op_overhead_s", "collectives",
-                 "host_copy_bytes_per_s", "cpu_adam_params_per_s")
-"""Keys of `measured` that `autoplan profile` always writes (profiler/build.py assemble)."""
-MEASURED_EXTRA_KEYS = ("layer_models", "layers", "saved_activations", "matmul_from_layers",
-                       "dispatch", "calibration")
-"""Keys it writes when it measured them (build.py), and `autoplan calibrate`'s record."""
-MEASURED_ALONE_KEYS = ("dispatch", "precision", "calibration")
-"""Sections written into any profile on their own (profiler dispatch.apply_dispatch and
-precision.apply_precision, `autoplan calibrate` on a datasheet profile): a `measured` holding
-only these needs none of MEASURED_KEYS' others."""
 
-# Upper bounds far outside any real hardware (2026: ~5e15 dense FP8 FLOP/s per GPU, 72 GPUs in
-# the largest NVLink domain, microseconds per operator): a value past them is a typo or a unit
-# slip, refused on load instead of scoring plans that are off by orders of magnitude.
-MAX_PEAK_FLOPS_PER_S = 1e17
+# Upper bounds far outside any real hardware (2026: 72 GPUs in the largest NVLink domain,
+# microseconds per operator; hardware_devices bounds the peak FLOP/s alike): a value past them is
+# a typo or a unit slip, refused on load instead of scoring plans that are off by orders of
+# magnitude.
 MAX_OVERHEAD_S = 1.0
 MAX_GPUS_PER_NODE = 1024
-
-
-def _positive(field: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(field, f"got {value!r}", "expected a positive number")
 
 
 def _fraction(field: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(field, f"got {value!r}", "expected a fraction from 0 to 1")
-
-
-def _key(key: Any) -> str:
-    """A mapping key for an error's field: as written when it is a short printable word."""
-    ok = isinstance(key, str) and key.isprintable() and key.strip() and len(key) <= 60
-    return key if ok else show(key, 60)
 
 
 def _check_sizes(x: tuple[float, ...], y: tuple[float, ...]) -> None:
@@ -132,7 +99,7 @@ class AttentionFigures:
     def __post_init__(self) -> None:
         for table in ("forward", "backward"):
             for kernel, value in getattr(self, table).items():
-                _check_kernel(f"{table}.{_key(kernel)}", kernel)
+                _check_kernel(f"{table}.{key_field(kernel)}", kernel)
                 if not isinstance(value, Curve) and not 0 < value <= 1:
                     raise ConfigError(f"{table}.{kernel}", f"got {value!r}",
                                       "expected a fraction of the peak in (0, 1]")
@@ -198,96 +165,6 @@ class CollectiveTimes:
 
     def table(self, kind: str) -> dict[int, TimeTable]:
         return getattr(self, kind) or {}
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    name: str
-    """Marketing name of the accelerator."""
-    memory_bytes: int
-    """Device memory a process can allocate from: cudaMemGetInfo's total (torch's
-    `total_memory`, the "total capacity" of its out-of-memory message), which is below the
-    datasheet's figure and nvidia-smi's by what the driver keeps (79.35 GiB on an A100 80GB).
-    `reserved_bytes` come out of it."""
-    hbm_bytes_per_s: float
-    """Peak device-memory bandwidth."""
-    peak_flops_per_s: dict[str, float]
-    """Dense peak per dtype: bf16, fp16, fp32 (and tf32 where it exists)."""
-    reserved_bytes: int = 0
-    """Memory the runtime holds before the model: CUDA context, NCCL and cuBLAS workspaces."""
-    sm_count: int | None = None
-    """Streaming multiprocessors (datasheet). With it the cost model prices the tile and wave
-    quantization of each GEMM (NVIDIA, "Matrix Multiplication Background User's Guide"); null
-    (CPUs): no quantization."""
-    gemm_tile: tuple[int, int] = (256, 128)
-    """Output tile (rows, columns) one SM computes at a time for large 16-bit GEMMs: cuBLAS's
-    largest tensor-core tiles on Volta to Hopper (the guide's examples use 256 x 128)."""
-
-    def __post_init__(self) -> None:
-        _positive("memory_bytes", self.memory_bytes)
-        _positive("hbm_bytes_per_s", self.hbm_bytes_per_s)
-        if not self.peak_flops_per_s:
-            raise ConfigError("peak_flops_per_s", "is empty", "give at least one dtype")
-        for k, v in self.peak_flops_per_s.items():
-            if k not in PEAK_DTYPES:
-                raise ConfigError(f"peak_flops_per_s.{_key(k)}", "unknown dtype",
-                                  f"use one of {', '.join(PEAK_DTYPES)} (lower case)")
-            _positive(f"peak_flops_per_s.{k}", v)
-            if v > MAX_PEAK_FLOPS_PER_S:
-                raise ConfigError(f"peak_flops_per_s.{k}", f"got {v:g}",
-                                  f"expected FLOP/s of one device, at most "
-                                  f"{MAX_PEAK_FLOPS_PER_S:g}")
-        if self.sm_count is not None and self.sm_count < 1:
-            raise ConfigError("sm_count", f"got {self.sm_count}", "expected a positive integer")
-        if len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1:
-            raise ConfigError("gemm_tile", f"got {list(self.gemm_tile)}",
-                              "expected [rows, columns], both positive")
-        if not 0 <= self.reserved_bytes < self.memory_bytes:
-            raise ConfigError("reserved_bytes", f"got {self.reserved_bytes}",
-                              f"expected 0 or more bytes, below memory_bytes "
-                              f"({self.memory_bytes})")
-
-    def peak(self, precision: str) -> float:
-        if precision not in self.peak_flops_per_s:
-            raise ConfigError("peak_flops_per_s", f"has no {precision!r} entry",
-                              f"add one (have {', '.join(self.peak_flops_per_s)})")
-        return self.peak_flops_per_s[precision]
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    bytes_per_s: float
-    """Unidirectional bandwidth available to one GPU on this link tier."""
-    latency_s: float
-    """Per-message latency (one hop)."""
-
-    def __post_init__(self) -> None:
-        _positive("bytes_per_s", self.bytes_per_s)
-        if self.latency_s < 0:
-            raise ConfigError("latency_s", f"got {self.latency_s}", "expected >= 0 seconds")
-
-
-@dataclass(frozen=True)
-class HostSpec:
-    memory_bytes: int
-    """Host (CPU) memory per node."""
-    pcie_bytes_per_s: float
-    """Host <-> one GPU copy bandwidth (pinned memory)."""
-    optimizer_params_per_s: float
-    """Parameters per second the node's CPUs update with Adam (shared by its GPUs; offload)."""
-
-    compute_slots: int | None = None
-    """Ranks one node can run at once without time-sharing (CPU cores for a CPU profile, each
-    rank using one thread); more ranks than this slow every rank proportionally. null: every
-    GPU is its own device."""
-
-    def __post_init__(self) -> None:
-        if self.compute_slots is not None and self.compute_slots < 1:
-            raise ConfigError("compute_slots", f"got {self.compute_slots}",
-                              "expected a positive integer or null")
-        _positive("memory_bytes", self.memory_bytes)
-        _positive("pcie_bytes_per_s", self.pcie_bytes_per_s)
-        _positive("optimizer_params_per_s", self.optimizer_params_per_s)
 
 
 @dataclass(frozen=True)
@@ -369,7 +246,7 @@ class Efficiency:
     def __post_init__(self) -> None:
         for table in ("attention_forward", "attention_backward"):
             for kernel, value in (getattr(self, table) or {}).items():
-                _check_kernel(f"{table}.{_key(kernel)}", kernel)
+                _check_kernel(f"{table}.{key_field(kernel)}", kernel)
                 if isinstance(value, Curve):  # its shares are checked to lie in (0, 1]
                     continue
                 # "kernel@dtype" entries are measured against that dtype's peak, which a CPU
@@ -413,48 +290,6 @@ def _check_kernel(field: str, kernel: str) -> None:
                           f"KERNEL@DTYPE with DTYPE one of {', '.join(PEAK_DTYPES)}")
 
 
-def _device_compute(measured: dict[str, Any] | None) -> float:
-    """The compute multiplier between a calibrated profile's peak and its device's own:
-    `autoplan calibrate`'s record (measured.calibration.device_compute, every fit in a chain;
-    factors.compute in records of one fit written before it); 1 without a record."""
-    calibration = (measured or {}).get("calibration")
-    if calibration is None:
-        return 1.0
-    if not isinstance(calibration, dict):
-        raise ConfigError("measured.calibration", f"got {show(calibration)}",
-                          "expected the mapping `autoplan calibrate` wrote")
-    factors = calibration.get("factors")
-    if factors is not None and not isinstance(factors, dict):
-        raise ConfigError("measured.calibration.factors", f"got {show(factors)}",
-                          "expected the mapping of factors `autoplan calibrate` wrote")
-    field, value = (("device_compute", calibration["device_compute"])
-                    if "device_compute" in calibration
-                    else ("factors.compute", (factors or {}).get("compute", 1.0)))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise ConfigError(f"measured.calibration.{field}", f"got {value!r}",
-                          "expected the positive multiplier `autoplan calibrate` wrote")
-    return float(value)
-
-
-def _check_measured(measured: dict[str, Any]) -> None:
-    """`measured` holds what `autoplan profile` writes, or only sections of MEASURED_ALONE_KEYS:
-    its presence turns off the datasheet GEMM quantization (cost.compute.gemm_time_s), so a
-    stray or empty section must not."""
-    known = MEASURED_KEYS + MEASURED_EXTRA_KEYS
-    for key in measured:
-        if key not in known:
-            raise ConfigError(f"measured.{_key(key)}", "unknown key",
-                              unknown_key_fix(key, known))
-    _device_compute(measured)  # a calibration record's multiplier, checked
-    if measured and set(measured) <= set(MEASURED_ALONE_KEYS):
-        return
-    missing = [k for k in MEASURED_KEYS if k not in measured]
-    if missing:
-        raise ConfigError("measured", f"lacks {', '.join(missing)}" if measured else "is empty",
-                          "keep the section `autoplan profile` wrote whole, or delete it")
-
-
 @dataclass(frozen=True)
 class ClusterProfile:
     name: str
@@ -484,14 +319,14 @@ class ClusterProfile:
         fit of a chain (a calibrated profile calibrated again); 1 for a profile it did not fit.
         The fitted peak times the profile's efficiencies is the rate plans are priced at; MFU is
         stated against the device's own peak, this divided back out (cost.estimate)."""
-        return _device_compute(self.measured)
+        return device_compute(self.measured)
 
     def __post_init__(self) -> None:
         if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
             raise ConfigError("gpus_per_node", f"got {self.gpus_per_node}",
                               f"expected 1 to {MAX_GPUS_PER_NODE} GPUs in one node")
         if self.measured is not None:
-            _check_measured(self.measured)
+            check_measured(self.measured)
         price = self.price_per_gpu_hour
         if price is not None and not (isinstance(price, (int, float)) and 0 < price < 1e6):
             raise ConfigError("price_per_gpu_hour", f"got {price!r}",
@@ -518,125 +353,23 @@ class ClusterSpec:
         return min(self.num_gpus, self.profile.gpus_per_node)
 
 
-def available_profiles() -> list[str]:
-    """Profile names: the user's directory and the built-in ones."""
-    return resources.names(resources.PROFILES)
-
-
-def profile_names() -> list[str]:
-    """The names of available_profiles() that are profiles: less the plans, model specs and
-    runtime-traits files kept beside them (not_a_profile), which `autoplan clusters` skips
-    and --cluster's "choose one of" leaves out. A broken profile stays: it is one."""
-    return [name for name in available_profiles()
-            if (path := resources.find(resources.PROFILES, name)) is None
-            or not_a_profile(path) is None]
-
-
-@functools.cache
-def other_files() -> tuple[tuple[str, frozenset[str]], ...]:
-    """The other YAML files autoplan reads, by keys no profile holds (in this order: a plan's
-    `offload:` is a traits key too)."""
-    import dataclasses
-
-    from autoplan.cost.runtimes import RuntimeTraits
-
-    traits = frozenset(f.name for f in dataclasses.fields(RuntimeTraits)) - {"name",
-                                                                              "description"}
-    return (("a plan", frozenset({"model", "cluster", "batch", "parallel"})),
-            ("a model spec", frozenset({"num_layers", "hidden_size", "num_heads", "vocab_size"})),
-            ("runtime traits, for --runtime", traits))
-
-
-def not_a_profile(path: str | Path) -> str | None:
-    """What a YAML file in a profile folder is when it is no profile (no `device:`) but one
-    of the other files autoplan reads (other_files: a runtime-traits file has `base:` or a
-    traits key); None for anything else, a broken profile, which is said as one."""
-    try:
-        data = read_yaml(path, "profile")
-    except ConfigError:
-        return None
-    if not isinstance(data, dict) or "device" in data:
-        return None
-    return next((what for what, keys in other_files() if not keys.isdisjoint(data)), None)
-
-
 def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
     if not isinstance(data, dict):
         raise ConfigError(where, f"got {data!r}", "expected a mapping of profile fields")
     return from_dict(ClusterProfile, check_schema_version(data, where), where)
 
 
-def check_out_and_name(out: str | None, name: str | None, reader: str = "--cluster") -> None:
-    """Refuse an empty --out or --name (`--out ''` wrote into the default folder) and an --out
-    of a profile that `reader` (`--cluster`, `--profile`) could not read back: without a
-    .yaml/.yml suffix a bare word is taken for a packaged profile name. `autoplan profile` and
-    `autoplan calibrate` write profiles under this rule."""
-    if name is not None and not name.strip():
-        raise ConfigError("--name", "is empty", "give the profile a name, or leave --name out")
-    if out is None:
-        return
-    if not out.strip():
-        raise ConfigError("--out", "is empty", "give a path ending in .yaml, or leave --out out")
-    if Path(out).suffix.lower() not in (".yaml", ".yml"):
-        raise ConfigError("--out", f"{show(out)} does not end in .yaml or .yml",
-                          f"add .yaml: profiles are YAML files, and `{reader}` reads a bare "
-                          "word as the name of a packaged profile")
-
-
 def load_profile(ref: str | Path, flag: str = "--cluster") -> ClusterProfile:
     """A profile by name (the user's profile directory, then the built-in ones) or by path;
     `flag` names the option in errors about the reference, and every error about the file's
     contents names the profile and the file it was read from."""
-    path = Path(ref)
-    if resources.is_name(ref):
-        named = resources.find(resources.PROFILES, str(ref))
-        if named is None:
-            known = profile_names()
-            hint = _named_inside(str(ref)) or name_hint(str(ref), known)
-            raise ConfigError(
-                flag, f"unknown profile {show(str(ref))}",
-                (f"{hint} " if hint else "")
-                + f"choose one of {', '.join(known)} or a path to a profile YAML "
-                f"({_looked_in()}; make one by running `autoplan profile --name "
-                f"{ref if re.fullmatch(r'[A-Za-z0-9._-]+', str(ref)) else show(str(ref))}` on "
-                "the machine, or copy a shipped one there and edit it)",
-            )
-        path = named
+    path = profile_path(ref, flag)
     # errors name the file: a user's profile may shadow a built-in name, a search read several
     where = f"profile {ref} ({path})" if resources.is_name(ref) else f"profile {str(path)!r}"
     profile = profile_from_dict(read_yaml(path, flag), where)
     if resources.is_name(ref) and profile.name != str(ref):
         _warn_inner_name(str(ref), str(path), profile.name)
     return profile
-
-
-def _looked_in() -> str:
-    """Where a profile name is looked up, for the unknown-profile line: the user's folder (and
-    the variable that moves it), then the shipped ones."""
-    return (f"looked in {resources.user_dir(resources.PROFILES)} (${resources.PROFILES.env} "
-            "sets another folder), then the shipped ones")
-
-
-_NAME_LINE = re.compile(r"^name:[ \t]*(['\"]?)([^'\"#\s]+)\1[ \t]*(?:#.*)?$", re.MULTILINE)
-"""A profile file's top-level `name:` line, read without parsing the file (a hint only)."""
-
-
-def _named_inside(name: str) -> str | None:
-    """'did you mean ...?' for an unknown profile name that a profile file gives as its own
-    `name:`: profiles are found by file name (`--cluster my-h100` reads my-h100.yaml), not by
-    the name inside, so a user who named the profile in the file looked it up by that."""
-    for folder in resources.search_dirs(resources.PROFILES):
-        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")[:100_000]
-            except OSError:
-                continue
-            found = _NAME_LINE.search(text)
-            if found and found.group(2) == name and resources.find(
-                    resources.PROFILES, path.stem) == path and not_a_profile(path) is None:
-                return (f"did you mean {path.stem!r}? {path} says name: {name}, but a profile "
-                        "is found by its file name;")
-    return None
 
 
 @functools.cache
@@ -649,5 +382,3 @@ def _warn_inner_name(ref: str, path: str, inner: str) -> None:
 
 def cluster(ref: str | Path, num_gpus: int) -> ClusterSpec:
     return ClusterSpec(load_profile(ref), num_gpus)
-
-

@@ -13,7 +13,7 @@ from autoplan.cli_common import BINARY_NOTE, count
 from autoplan.cost.runtimes import RUNTIMES
 from autoplan.display import count as count_text
 from autoplan.errors import ConfigError
-from autoplan.hardware import ClusterSpec, available_profiles, load_profile
+from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.model_spec import MAX_SIZE, PRESETS, ModelSpec, load_model
 from autoplan.plan import (
     ClusterRef,
@@ -26,6 +26,7 @@ from autoplan.plan import (
     put_field,
     set_field,
 )
+from autoplan.profile_files import available_profiles
 from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, safe_load_text, show
 

@@ -254,7 +254,7 @@ what it reserved, slack included, and not the CUDA context or NCCL's buffers."""
 
 def counter_gib(est: Any, basis: str | None) -> float:
     """The predicted figure the source's memory counter measures: the priced total, less the
-    device's reserve outside the allocator (hardware.DeviceSpec.reserved_bytes) where the
+    device's reserve outside the allocator (hardware_devices.DeviceSpec.reserved_bytes) where the
     counter is the allocator's own."""
     total = est.memory_total_bytes
     if basis and any(c in basis for c in ALLOCATOR_COUNTERS):

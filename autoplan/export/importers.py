@@ -12,7 +12,8 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 from autoplan.export.deepspeed_import import deepspeed_plan_dict, require_int
-from autoplan.hardware import DeviceSpec, load_profile
+from autoplan.hardware import load_profile
+from autoplan.hardware_devices import DeviceSpec
 from autoplan.plan import Plan, plan_from_dict
 from autoplan.yaml_io import load_json_text, show
 

@@ -25,7 +25,7 @@ from autoplan.export.megatron_pipeline import pipeline_section
 from autoplan.export.megatron_runtime import check_tp_overlap
 from autoplan.export.megatron_te import ATTENTION_BACKENDS
 from autoplan.export.shell_args import Flags, expand_variables, launched_gpus, unread_flags
-from autoplan.hardware import DeviceSpec
+from autoplan.hardware_devices import DeviceSpec
 from autoplan.model_spec import PositionKind, load_model
 from autoplan.yaml_io import show
 

@@ -151,7 +151,7 @@ def assemble(
     prof["description"] = (f"Measured by `autoplan profile{' --quick' if quick else ''}` on "
                            f"{platform.node()} ({dev['name']}); fields not measured come from "
                            f"the base profile {base.get('name')!r}.")
-    prof["measured"] = {  # hardware.MEASURED_KEYS: a profile that lacks one is refused
+    prof["measured"] = {  # profile_measured.MEASURED_KEYS: a profile that lacks one is refused
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": str(torch.__version__), "device": dev["name"], "precision": precision,
         "quick": quick, "threads_per_rank": 1 if device.type == "cpu" else None,

@@ -14,7 +14,8 @@ from typing import Any
 from autoplan import fsutil, resources
 from autoplan.cli_common import add_format_argument, count, emit, stderr_console
 from autoplan.errors import ConfigError
-from autoplan.hardware import ClusterProfile, check_out_and_name, load_profile, profile_from_dict
+from autoplan.hardware import ClusterProfile, load_profile, profile_from_dict
+from autoplan.profile_files import check_out_and_name
 from autoplan.yaml_io import read_yaml, save_yaml, to_dict
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from autoplan.commands import main
-from autoplan.hardware import available_profiles
 from autoplan.model_spec import PRESETS
+from autoplan.profile_files import available_profiles
 from autoplan.yaml_io import name_hint
 
 

@@ -57,8 +57,9 @@ def test_autoplan_from_the_wheel_finds_its_profiles_elsewhere(wheel, tmp_path) -
     zipfile.ZipFile(wheel).extractall(site)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    code = ("import autoplan, json; from autoplan.hardware import available_profiles, "
-            "load_profile; from autoplan.search_space import load_space; "
+    code = ("import autoplan, json; from autoplan.hardware import load_profile; "
+            "from autoplan.profile_files import available_profiles; "
+            "from autoplan.search_space import load_space; "
             "print(json.dumps([autoplan.__file__, available_profiles(), "
             "load_profile('a100-sxm4-80gb').name, load_space('default').name]))")
     env = {**os.environ, "PYTHONPATH": str(site), "HOME": str(tmp_path / "home")}

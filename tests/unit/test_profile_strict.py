@@ -14,15 +14,11 @@ import yaml
 from autoplan.commands import main
 from autoplan.cost import runtimes
 from autoplan.errors import ConfigError
-from autoplan.hardware import (
-    ATTENTION_KERNELS,
-    MEASURED_KEYS,
-    PEAK_DTYPES,
-    available_profiles,
-    load_profile,
-    profile_from_dict,
-)
+from autoplan.hardware import ATTENTION_KERNELS, load_profile, profile_from_dict
+from autoplan.hardware_devices import PEAK_DTYPES
 from autoplan.plan import Precision
+from autoplan.profile_files import available_profiles
+from autoplan.profile_measured import MEASURED_KEYS
 from autoplan.profiler import build
 from autoplan.profiler.compute import Timing
 from autoplan.resources import PROFILES, find

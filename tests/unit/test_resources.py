@@ -11,7 +11,8 @@ import yaml
 from autoplan import resources
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.hardware import PROFILES_DIR, available_profiles, load_profile
+from autoplan.hardware import PROFILES_DIR, load_profile
+from autoplan.profile_files import available_profiles
 from autoplan.search_space import SPACES_DIR, available_spaces, load_space
 
 BUILTIN = yaml.safe_load((PROFILES_DIR / "a100-sxm4-80gb.yaml").read_text())
