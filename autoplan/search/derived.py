@@ -10,7 +10,9 @@ from functools import lru_cache
 import numpy as np
 
 from autoplan.model_spec import ModelSpec
-from autoplan.plan_rules import MOE_RULES, even_split_fits, violations_of, virtual_stages_fit
+from autoplan.plan_rules import violations_of
+from autoplan.plan_rules_layout import even_split_fits, virtual_stages_fit
+from autoplan.plan_rules_moe import MOE_RULES
 from autoplan.search_space import AUTO_VPP_ALL, SearchSpace, Split
 
 
@@ -21,7 +23,7 @@ def auto_vpp(num_layers: int, pp: int, ends_empty: bool = False) -> tuple[int, .
     layers (the even split), or the layers plus one each for the embedding and the loss
     (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split: the
     "ends" split with both ends one block lighter, so at least two per virtual stage). No vpp
-    that would leave a virtual stage without a block (plan_rules.virtual_stages_fit; with
+    that would leave a virtual stage without a block (plan_rules_layout.virtual_stages_fit; with
     `ends_empty`, the embed-loss split, the first and the last may hold none) is listed; pp 1
     has no virtual stages. Deep interleaving the layers do not divide needs a hand-written
     layout and is left to spaces that list it."""
@@ -53,7 +55,7 @@ def expert_pairs(space: SearchSpace, model: ModelSpec | None, tp: int = 1,
     dense model and the DEFAULT_EP that divide a MoE model's experts; for `etp: auto` 1 and
     tp (Megatron-Core's ETP 1 or ETP = TP; once where tp is 1). A dense model tries etp 1
     only. Given `group` (the layout's dp * cp * tp), a MoE model keeps the pairs the expert
-    rules (plan_rules.MOE_RULES) allow there, all of them when none is (the rules then say
+    rules (plan_rules_moe.MOE_RULES) allow there, all of them when none is (the rules then say
     why): a refused pair is never a plan, so it is neither listed nor sampled."""
     eps = space.parallel.ep
     moe = model.moe if model is not None else None

@@ -19,7 +19,8 @@ from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.registry import get_target
 from autoplan.model_spec import PRESETS
 from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Schedule
-from autoplan.plan_rules import MOE_RULES, RULE_KEYS, validate_plan, violations, violations_of
+from autoplan.plan_rules import RULE_KEYS, validate_plan, violations, violations_of
+from autoplan.plan_rules_moe import MOE_RULES
 from autoplan.plan_table import INTERLEAVED, plan_to_row
 from autoplan.search.derived import auto_vpp, expert_pairs
 from autoplan.search.engine import run_search

@@ -10,7 +10,8 @@ import pytest
 from autoplan.errors import ConfigError
 from autoplan.model_spec import load_model
 from autoplan.moe_spec import MoESpec
-from autoplan.plan_rules import RUNTIME_RULE_KEYS, runtime_limits, validate_plan
+from autoplan.plan_rules import runtime_limits, validate_plan
+from autoplan.plan_rules_runtime import RUNTIME_RULE_KEYS
 from autoplan.runtime.validation import check_plan
 from tests.dist.parity import make_plan
 
