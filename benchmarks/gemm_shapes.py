@@ -17,7 +17,7 @@ curve was read from square GEMMs.
 Attention: for MPT 125M's heads (12 x 64) and MPT 7B's (32 x 128), times causal
 scaled_dot_product_attention (FlashAttention-2 on CUDA, torch's CPU flash kernel on a CPU)
 forward and backward at a fixed token count per micro-batch over sequence lengths 512-16,384,
-against compute.attention_efficiency's shares, by length on every GPU profile: the H100 family's
+against attention_kernels.attention_efficiency's shares, by length on every GPU profile: the H100 family's
 from the FlashAttention-3 paper (Figs. 5-6), the A100's the FA2 paper's 2K-8K figure spread by
 that kernel's H100 shape (no A100 per-length measurement was found), read at the loaded node's
 clock (efficiency.attention_clock) as the GEMMs' curve is: one GPU timed alone runs at its burst
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from autoplan import fsutil
-from autoplan.cost import compute
+from autoplan.cost import attention_kernels, compute
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, load_profile
 from autoplan.model_spec import ModelSpec, load_model
@@ -123,7 +123,7 @@ def predicted_attention_shares(profile: ClusterProfile, kernel: str, work: float
                                ) -> tuple[float, float]:
     """(forward, backward) shares of the peak the cost model runs the causal kernel at, for
     sequences of `seq` tokens."""
-    fwd, bwd = compute.attention_efficiency(profile, kernel, np.array([2.0 * work]),
+    fwd, bwd = attention_kernels.attention_efficiency(profile, kernel, np.array([2.0 * work]),
                                             np.array([float(seq)]))
     return float(np.ravel(fwd)[0]), float(np.ravel(bwd)[0])
 
@@ -170,7 +170,7 @@ def measure_attention(args: argparse.Namespace, profile: ClusterProfile, deadlin
             pred_f, pred_b = predicted_attention_shares(profile, kernel, work, seq)
             for pass_, seconds, flops, pred in (
                     ("fwd", fwd_s, work, pred_f),
-                    ("bwd", bwd_s, compute.FLASH_BACKWARD * work, pred_b)):
+                    ("bwd", bwd_s, attention_kernels.FLASH_BACKWARD * work, pred_b)):
                 rows.append({"model": name, "kernel": kernel, "batch": batch, "seq": seq,
                              "heads": heads, "head_dim": head_dim, "pass": pass_,
                              "flops": flops, "seconds": seconds,

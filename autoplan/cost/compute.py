@@ -1,36 +1,20 @@
-"""Compute: FLOPs of a transformer and the time a GPU needs for them.
-
-FLOPs: Narayanan et al. 2021 (SC21) eq. 3, 72*B*s*L*h^2*(1 + s/6h + V/12Lh) per step for GPT;
-here each GEMM is counted on its own, so grouped-query attention and SwiGLU are exact too.
-Time: every GEMM runs at the profile's efficiency for its size (small GEMMs are slow), the
-element-wise work is bounded by memory bandwidth (Korthikanti et al. 2022 count the bytes).
+"""FLOPs of a transformer, each GEMM counted on its own (Narayanan et al. 2021 eq. 3 for GPT), and
+the seconds a block takes: GEMMs at their size's efficiency, memory-bound work at HBM speed, host
+costs. elementwise.py counts the element-wise bytes; attention_kernels.py rates fused attention.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-from autoplan.hardware import (
-    ATTENTION_HEAD_DIM,
-    AttentionFigure,
-    AttentionFigures,
-    ClusterProfile,
-    Curve,
-)
+from autoplan.cost.attention_kernels import FLASH_BACKWARD, attention_efficiency
+from autoplan.cost.elementwise import ELEMENTWISE_PASSES
+from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec, NormKind, PositionKind
 
-ELEMENTWISE_PASSES = 3.3
-"""HBM bytes moved by norms, activation functions, bias/dropout/residual kernels per byte of
-activation kept for backward: forward reads and writes each tensor about once (38sbh moved per
-34sbh kept for GPT) and backward moves about twice that (inputs, saved tensors, gradients)."""
 SOFTMAX_PASSES = 5.4
-"""Same for the eager attention core (scale, mask, softmax, dropout): 9as^2b moved forward per
-5as^2b kept, twice that backward."""
-FLASH_EFFICIENCY = 0.75
-"""Fused attention runs at ~75% of the GEMM efficiency of its size (Dao 2023, FlashAttention-2:
-50-73% of A100 peak forward, less backward, against ~80% for large GEMMs)."""
+"""ELEMENTWISE_PASSES for the eager attention core (scale, mask, softmax, dropout): 9as^2b moved
+forward per 5as^2b kept, twice that backward."""
 BLOCK_OPS = (39, 97, 6)
 """aten operators a GPT block (LayerNorm, GELU MLP, biases, multi-head fused attention)
 dispatches forward, backward, and how many forward ones are GEMMs: counted on the runtime's
@@ -46,30 +30,6 @@ BLOCK_OPS_DELTA = {
     "gqa": (8, 8, 0),  # repeating K and V heads to the query heads
     "eager": (4, 8, 2),  # scores and weights matmuls, scale, mask, softmax instead of SDPA
 }
-EAGER_BYTES_PER_TOKEN = {
-    NormKind.LAYERNORM: {"h": 58.0, "f": 10.6, "q": 43.2, "kv": -17.0, "const": -166.9},
-    NormKind.RMSNORM: {"h": 344.9, "f": 35.0, "q": 138.0, "kv": 88.0, "const": 169.0},
-}
-"""Bytes the element-wise ops of one block of eager PyTorch move per token, forward + backward,
-bf16: c_h*h + c_f*f + c_q*(a*d) + c_kv*(kv*d) + c_0. Counted, not fitted: every non-GEMM,
-non-attention, non-view aten op's inputs and outputs of autoplan's runtime block (the GPT-style
-family with LayerNorm, GELU, learned positions; the Llama-style family with RMSNorm, SwiGLU,
-RoPE, GQA), solved exactly from blocks of six shapes (autoplan.profiler.traffic;
-tests/unit/profiler/test_traffic.py recounts them). The Llama family's count holds torch's
-composite RMSNorm (COMPOSITE_RMSNORM_BYTES per element); a fused one moves FUSED_NORM_BYTES."""
-COMPOSITE_RMSNORM_BYTES = 153.4
-"""Bytes per element of torch's composite RMSNorm, forward + backward, bf16 (counted likewise)."""
-FUSED_NORM_BYTES = 20.5
-"""Bytes per element of a fused norm kernel (native_layer_norm and its backward), counted."""
-FLASH_BACKWARD = 2.5
-"""Fused attention backward recomputes the scores: 2.5x the forward FLOPs instead of 2x."""
-TRITON_FA_SLOWDOWN = (1.4, 2.0)
-"""How much slower FlashAttention's Triton implementation (flash_attn_triton.py; MosaicML's
-llm-foundry ran it as attn_impl: triton, with ALiBi) is than FlashAttention-2, forward and
-backward: "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the
-forward pass and around 2x faster in the backward pass" (Dao 2023, FlashAttention-2, §4.1,
-A100 80GB, head dim 64 and 128, causal and not). The kernel "fa-triton" is priced at the
-profile's FlashAttention-2 figures divided by these, on every GPU: the paper measured A100."""
 
 
 def block_ops(model: ModelSpec, eager: bool = False) -> tuple[int, int, int]:
@@ -177,195 +137,6 @@ def op_sac_recomputed_gemm_share(model: ModelSpec, early_stop: bool = False) -> 
     return again / total
 
 
-def eager_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
-                            sp: np.ndarray, fused_norm: bool, precision: str) -> np.ndarray:
-    """EAGER_BYTES_PER_TOKEN of one block on one rank: widths split by tp, the h-wide ops
-    (norms, residuals) split only under sequence parallelism; with model.qk_norm, the q and k
-    norms at a norm's bytes per element (COMPOSITE_RMSNORM_BYTES, FUSED_NORM_BYTES)."""
-    c = EAGER_BYTES_PER_TOKEN[model.norm]
-    tp = np.asarray(tp, float)
-    sp_div = np.where(np.asarray(sp), tp, 1.0)
-    h, f = model.hidden_size, model.ffn
-    q, kv = model.q_width, model.kv_heads * model.head_width
-    per_h = c["h"] - (2.0 * (COMPOSITE_RMSNORM_BYTES - FUSED_NORM_BYTES)
-                      if fused_norm and model.norm is NormKind.RMSNORM else 0.0)
-    per_token = per_h * h / sp_div + (c["f"] * f + c["q"] * q + c["kv"] * kv) / tp + c["const"]
-    if model.qk_norm:  # the per-head norms of q and k (Qwen3), split by tp with their heads
-        per_token = per_token + (FUSED_NORM_BYTES if fused_norm else COMPOSITE_RMSNORM_BYTES
-                                 ) * (q + kv) / tp
-    width = 2.0 if precision == "fp32" else 1.0
-    return np.maximum(per_token, 0.0) * np.asarray(tokens, float) * width
-
-
-def fused_elementwise_bytes(model: ModelSpec, parts: dict[str, np.ndarray], tokens: np.ndarray,
-                            tp: np.ndarray, sp: np.ndarray, precision: str) -> np.ndarray:
-    """HBM bytes the fused element-wise kernels of one block move on one rank per micro-batch,
-    forward + backward (a runtime with fused kernels: Megatron-Core + Transformer Engine, Apex,
-    DeepSpeed's Megatron fork), counted by kernel from the block's kept tensors (`parts`:
-    memory.activation_elements_per_layer's 16-bit bytes on this rank). Forward: the 2 norms
-    read their inputs (`norm`) and write their outputs (`gemm_in`); the 2 bias-dropout-add
-    kernels read the branch and the residual and write the sum (3 h-wide tensors each) and
-    their dropout masks (`masks`); the activation reads the first MLP GEMM's output
-    (`mlp_act`) and writes the second's input (`mlp_mid`; the routed experts' too, as memory
-    counts them); RoPE reads and writes q and k, and so do QK-norms (model.qk_norm, Qwen3).
-    Backward moves about twice the forward (inputs, saved tensors, gradients):
-    ELEMENTWISE_PASSES' 3x over the forward. Norms and
-    residuals are h-wide on every tensor-parallel rank unless sequence parallelism shards them.
-    For GPT this is Korthikanti et al. 2022's §4.1 count: 22sbh h-wide (2 LayerNorms at 4sbh,
-    2 bias-dropout-adds at 7sbh) and 16sbh tp-split (bias-GeLU) forward, 38sbh at tp 1 as
-    ELEMENTWISE_PASSES' factor on kept bytes gives, but 22 + 16/t sbh per rank without SP,
-    where that factor gave 1.1 x (10 + 24/t); Table 4 there measures SP saving 0.5 ms of the
-    22B layer's 7.7 ms forward (tp 8), which the factor put at 0.32 ms."""
-    width = 2.0 if precision == "fp32" else 1.0  # parts are 16-bit bytes
-    tokens, tp = np.asarray(tokens, float), np.asarray(tp, float)
-    sp_div = np.where(np.asarray(sp), tp, 1.0)
-    e = 2.0 * width
-    kept = sum(parts[k] for k in ("norm", "gemm_in", "masks", "mlp_act", "mlp_mid")) * width
-    residual = 2.0 * 3.0 * model.hidden_size * e * tokens / sp_div
-    qk = (model.q_width + model.kv_heads * model.head_width) * e * tokens / tp
-    rope = 2.0 * qk if model.position is PositionKind.ROPE else 0.0
-    qk_norms = 2.0 * qk if model.qk_norm else 0.0  # read q and k, write them
-    return 3.0 * (kept + residual + rope + qk_norms)
-
-
-def fp8_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray) -> np.ndarray:
-    """Bytes an fp8 block's casts move per micro-batch, forward + backward: every FP8 GEMM casts
-    its 16-bit input forward and its 16-bit output gradient backward (read 2, write 1 byte per
-    element; per-tensor amax and scale: Transformer Engine, "Using FP8 with Transformer Engine";
-    torchao float8 training alike); weight casts amortise over the micro-batches and are left
-    out. Inputs: QKV h, output projection a*d, MLP h and f; output gradients: QKV a*d + 2kv*d,
-    output projection h, MLP up (2f gated) and down h. Widths split by tp except h's."""
-    h = model.hidden_size
-    q, kv = model.q_width, model.kv_heads * model.head_width
-    tp = np.asarray(tp, float)
-    widths = 2 * h + (q + q + 2 * kv) / tp + mlp_cast_widths(model, model.ffn / tp)
-    return 3.0 * widths * np.asarray(tokens, float)
-
-
-def mlp_cast_widths(model: ModelSpec, f: np.ndarray | float) -> np.ndarray | float:
-    """Elements per token an fp8 MLP of width `f` (per rank) casts: its up and down GEMMs'
-    inputs (h, f) forward and output gradients (2f gated or f, h) backward."""
-    up = 2.0 * f if model.gated_mlp else f
-    return 2.0 * model.hidden_size + f + up
-
-
-def attention_cast_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
-                         cp: np.ndarray) -> np.ndarray:
-    """Bytes one block's attention casts move per micro-batch, forward + backward, where a
-    16-bit plan's core computes in fp32 (RuntimeTraits.attention_compute_dtype): forward casts
-    Q, K, V up and the output down, backward the output gradient up and the Q, K, V gradients
-    down, each reading 2 and writing 4 bytes per element or the reverse (runtime/models/layers.py
-    Attention.core). Under context parallelism each of a rank's two query chunks casts the keys
-    and values up to its end (context_parallel.attention): (2cp+1)/2 of the local length."""
-    q, kv = model.q_width, model.kv_heads * model.head_width
-    cp = np.asarray(cp, float)
-    kv_tokens = np.where(cp > 1, (2.0 * cp + 1.0) / 2.0, 1.0)
-    widths = (2.0 * q + 2.0 * kv * kv_tokens) / np.asarray(tp, float)
-    return 2.0 * 6.0 * widths * np.asarray(tokens, float)
-
-
-def torch_ring_elementwise_bytes(model: ModelSpec, tokens: np.ndarray, tp: np.ndarray,
-                                 cp: np.ndarray, kv_repeated: bool) -> dict[str, np.ndarray]:
-    """Bytes the element-wise kernels around PyTorch's ring attention move per block and
-    micro-batch on one rank, {"forward", "backward"}; 0 where cp is 1. Read off
-    torch/distributed/tensor/experimental/_context_parallel/_attention.py (convert_to_f32 and
-    the head-tail load balancer, its defaults), with q the rank's query elements (`tokens` x
-    heads x head_dim / tp) and k those of K (the kv heads, or all heads where the runtime
-    repeats them before SDPA, `kv_repeated`); 16-bit inputs, fp32 accumulators:
-    - forward: K and V made contiguous (torchtitan hands SDPA transposed views), 8k; every
-      step but the last concatenates K and V for the rotater, 8k; every step's output is cast
-      to fp32 (6 bytes per element) and every step after the first merged into the running
-      output (out - block_out, times the sigmoid of the log-sum-exp difference, subtracted:
-      12 + 8 + 12), 38q; a step that sees only the second query half does half of that and
-      re-concatenates the fp32 output (19q + 8q), so 32.5q on average; the first step's cast,
-      6q, and the result's cast back to 16 bits, 6q.
-    - backward: fp32 zeros for dQ, dK, dV (4q + 8k); K and V contiguous (8k); the K/V
-      concatenation of every step but the last (8k); dK and dV accumulated in fp32 (+= of a
-      16-bit gradient, 10 bytes per element: 20k at the first step, 23k on average after it,
-      where half the steps add into one chunk and re-concatenate); the fp32 dK/dV concatenated
-      for the next rank every step (16k); dQ accumulated (10q, or 13q re-concatenating: 11.5q
-      on average); dQ, dK and dV cast back (6q + 12k)."""
-    cp = np.asarray(cp, float)
-    per_token = 1.0 / np.asarray(tp, float) * np.asarray(tokens, float)
-    q = model.q_width * per_token
-    k = (model.q_width if kv_repeated else model.kv_heads * model.head_width) * per_token
-    forward = 8.0 * k * cp + 32.5 * q * (cp - 1.0) + 12.0 * q
-    backward = (4.0 * q + 8.0 * k + 8.0 * k + 8.0 * k * (cp - 1.0) + 20.0 * k
-                + 23.0 * k * (cp - 1.0) + 16.0 * k * cp + 11.5 * q * cp + 6.0 * q + 12.0 * k)
-    ring = cp > 1
-    return {"forward": np.where(ring, forward, 0.0), "backward": np.where(ring, backward, 0.0)}
-
-
-def attention_efficiency(profile: ClusterProfile, kernel: str, core_flops: np.ndarray,
-                         seq_len: np.ndarray | float | None = None,
-                         head_dim: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) achieved / peak FLOP/s of fused attention: the profile's figures for
-    `kernel` (filed as "name@dtype" first where a profile measured them per dtype, as
-    profiler/precision.py does on a CPU; then by name; FlashAttention-2 where it lacks that
-    one), read at `seq_len` (the tokens per sequence the kernel attends over) where the profile
-    files the kernel by length, and at `head_dim` where it files the kernel at narrower heads
-    (Efficiency.attention_head_dims); else FLASH_EFFICIENCY of the GEMM efficiency of the same
-    FLOPs. "fa-triton": those FlashAttention-2 figures slowed by TRITON_FA_SLOWDOWN. Filed
-    figures are read at the step's clock (Efficiency.attention_clock); the GEMM-based share
-    already is."""
-    eff = profile.efficiency
-    fwd, bwd = eff.attention_forward or {}, eff.attention_backward or {}
-    name, _, dtype = kernel.partition("@")
-    if name == "fa-triton":
-        f2, b2 = attention_efficiency(profile, f"fa2@{dtype}" if dtype else "fa2", core_flops,
-                                      seq_len, head_dim)
-        return f2 / TRITON_FA_SLOWDOWN[0], b2 / TRITON_FA_SLOWDOWN[1]
-    filed = next((k for k in (kernel, name, "fa2") if k in fwd and k in bwd), None)
-    if filed is None:
-        share = eff.matmul(core_flops) * FLASH_EFFICIENCY
-        return share, share
-
-    def read(figure: AttentionFigure) -> np.ndarray:
-        # at the clock the step runs the kernel at (Efficiency.attention_clock)
-        return eff.attention_clock * _attention_figure(figure, core_flops, seq_len,
-                                                       profile.name, filed)
-
-    at_full = read(fwd[filed]), read(bwd[filed])
-    if head_dim is None:
-        return at_full
-    return _by_head_dim(eff.attention_head_dims or {}, filed, head_dim, at_full, read)
-
-
-def _by_head_dim(tables: dict[int, AttentionFigures], kernel: str, head_dim: float,
-                 at_full: tuple[np.ndarray, np.ndarray],
-                 read: Callable[[AttentionFigure], np.ndarray]
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) figures at `head_dim`, from `at_full` (ATTENTION_HEAD_DIM's) and the
-    narrower head dims `tables` files `kernel` at: linear in the width between the two filed
-    dims around it, the narrowest one's below it, ATTENTION_HEAD_DIM's at and above it. Linear
-    is an assumption, no measurement: FlashAttention compiles one kernel per head-dim bucket
-    (64, 96, 128, ...), so an 80-wide head runs a padded 96 kernel, which no paper here times."""
-    points = {ATTENTION_HEAD_DIM: at_full}
-    for dim, figures in tables.items():
-        if kernel in figures.forward and kernel in figures.backward:
-            points[dim] = read(figures.forward[kernel]), read(figures.backward[kernel])
-    dims = sorted(points)
-    width = min(max(float(head_dim), dims[0]), ATTENTION_HEAD_DIM)
-    upper = next(d for d in dims if d >= width)
-    lower = max((d for d in dims if d <= width), default=upper)
-    if upper == lower:
-        return points[upper]
-    w = (width - lower) / (upper - lower)
-    return (points[lower][0] + w * (points[upper][0] - points[lower][0]),
-            points[lower][1] + w * (points[upper][1] - points[lower][1]))
-
-
-def _attention_figure(figure: AttentionFigure, like: np.ndarray,
-                      seq_len: np.ndarray | float | None, profile: str, kernel: str
-                      ) -> np.ndarray:
-    """One figure over `like`'s shape: the share, or the by-length Curve read at `seq_len`."""
-    zeros = np.zeros_like(np.asarray(like, float))
-    if not isinstance(figure, Curve):
-        return zeros + figure
-    if seq_len is None:
-        raise ValueError(f"profile {profile} files {kernel} by sequence length; pass seq_len")
-    return zeros + figure(seq_len)
-
 
 def attention_core_times_s(
     model: ModelSpec, profile: ClusterProfile, peak: float, b: np.ndarray, tp: np.ndarray,
@@ -433,8 +204,8 @@ def layer_times_s(
                                                 act_core_bytes, eager, causal_skip,
                                                 attention_kernel)
     # the element-wise kernels' bytes, forward + backward, as the caller counted them for its
-    # runtime (eager_elementwise_bytes, fused_elementwise_bytes); without a count, each kept
-    # activation moved ELEMENTWISE_PASSES times
+    # runtime (elementwise.eager_elementwise_bytes, fused_elementwise_bytes); without a count,
+    # each kept activation moved ELEMENTWISE_PASSES times
     elem = memory_time_s((act_noncore_bytes * ELEMENTWISE_PASSES if elementwise_bytes is None
                           else elementwise_bytes) + extra_elementwise_bytes, profile)
     host, dtensor = block_host_s(model, profile, tp, eager, unit_host_s, host_runs_ahead)

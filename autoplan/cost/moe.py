@@ -13,7 +13,7 @@ from math import comb
 
 import numpy as np
 
-from autoplan.cost import comm, compute, params
+from autoplan.cost import comm, compute, elementwise, params
 from autoplan.cost.rows import Rows
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
@@ -109,7 +109,7 @@ def moe_block_forward_s(model: ModelSpec, profile: ClusterProfile, peak: float, 
 
 def fp8_cast_delta_bytes(model: ModelSpec, r: Rows, dispatch_bytes: float | None = None,
                          routed: bool = True) -> np.ndarray:
-    """Bytes an fp8 MoE block's casts move per micro-batch over those compute.fp8_cast_bytes
+    """Bytes an fp8 MoE block's casts move per micro-batch over those elementwise.fp8_cast_bytes
     counts for the dense block (forward + backward, read 2 and write 1 byte per element, as
     Transformer Engine casts every FP8 GEMM's input forward and output gradient backward): the
     routed experts cast each token copy's fc1 input (h) and fc2 input (f_e / etp) and the output
@@ -123,14 +123,14 @@ def fp8_cast_delta_bytes(model: ModelSpec, r: Rows, dispatch_bytes: float | None
     moe, h = model.moe, model.hidden_size
     tokens = r.b * model.seq_len / r.cp
     copies = routed_tokens(model, r)
-    casts = copies * compute.mlp_cast_widths(model, moe.expert_ffn_hidden_size / r.etp)
+    casts = copies * elementwise.mlp_cast_widths(model, moe.expert_ffn_hidden_size / r.etp)
     if dispatch_bytes is not None and dispatch_bytes < 2.0:  # fc1's input cast before copying
         casts = casts - (copies - dispatched_tokens(model, r)) * h
     casts = casts if routed else 0.0 * casts
-    shared = (tokens * compute.mlp_cast_widths(
+    shared = (tokens * elementwise.mlp_cast_widths(
         model, moe.num_shared_experts * moe.expert_ffn_hidden_size / r.tp)
         if moe.num_shared_experts else 0.0)
-    dense = tokens * compute.mlp_cast_widths(model, model.ffn / r.tp)
+    dense = tokens * elementwise.mlp_cast_widths(model, model.ffn / r.tp)
     return moe_share(model) * 3.0 * (casts + shared - dense)
 
 

@@ -209,7 +209,7 @@ class RuntimeTraits(TraitsPricing):
     K/V as SDPA sees them (repeated where `kv_repeated`) all-gathered behind the first ring
     step, fp32 dK/dV passed around the ring behind each backward step, and the fp32 merges of
     the per-step outputs and gradients (comm.torch_ring_time_s,
-    compute.torch_ring_elementwise_bytes). `te-p2p`: Transformer Engine's P2P ring
+    elementwise.torch_ring_elementwise_bytes). `te-p2p`: Transformer Engine's P2P ring
     (AttnFuncWithCPAndKVP2P, cp_comm_type "p2p", Megatron-Core's default): 2cp load-balanced
     chunks, the grouped K/V heads sent to the next rank behind each step's kernel, 16-bit
     dK/dV passed along the ring, 16-bit output merges (cost/te_ring.py)."""
@@ -249,7 +249,7 @@ class RuntimeTraits(TraitsPricing):
     (efficiency.attention_forward/backward). PyTorch's SDPA runs FlashAttention-2 on A100 and
     H100; Transformer Engine picks cuDNN's fused attention on Hopper. fa-triton: FlashAttention's
     Triton implementation (MosaicML llm-foundry's attn_impl: triton of 2023), priced from the
-    FlashAttention-2 figures (compute.TRITON_FA_SLOWDOWN). sdpa-cpu: torch's CPU
+    FlashAttention-2 figures (attention_kernels.TRITON_FA_SLOWDOWN). sdpa-cpu: torch's CPU
     flash kernel, whose speed a CPU profile files per dtype (profiler/precision.py)."""
     attention_compute_dtype: str | None = None
     """The dtype the fused attention core computes in for a 16-bit plan. None: the plan's own.
@@ -258,7 +258,7 @@ class RuntimeTraits(TraitsPricing):
     bf16 runs 9-45x slower than in fp32 at the tiny block's call while the casts cost ~0.2x of
     the fp32 core (measured by profiler/precision.py); priced at the profile's
     `attention_kernel@fp32` figures and fp32 peak, plus the casts' bytes
-    (attention_precision, compute.attention_cast_bytes)."""
+    (attention_precision, elementwise.attention_cast_bytes)."""
     attention_dropout: bool = True
     """Dropout on the attention probabilities at the model's rate (model.dropout), as
     Megatron-LM's attention_dropout and Hugging Face's attention_probs_dropout apply it: an eager
@@ -270,7 +270,7 @@ class RuntimeTraits(TraitsPricing):
     (FlashAttention-2, Dao 2023 §3.1; cuDNN/FA3 alike). Eager attention always does all of it."""
     eager_elementwise: bool = False
     """Element-wise work runs as one eager PyTorch kernel per aten op (each reads and writes
-    device memory: compute.EAGER_BYTES_PER_TOKEN, counted on autoplan's block); False: fused
+    device memory: elementwise.EAGER_BYTES_PER_TOKEN, counted on autoplan's block); False: fused
     kernels (Transformer Engine, Apex, torch.compile) move each kept activation a few times."""
     eager_host_overheads: bool = False
     """Pays the profile's measured host seconds per aten op, DTensor op, checkpoint, FSDP unit

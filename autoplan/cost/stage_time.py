@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.cost import comm, compute, memory, moe, mtp, te_ring
+from autoplan.cost import comm, compute, elementwise, memory, moe, mtp, te_ring
 from autoplan.cost.recompute_time import deepseek_v3_recompute_s, module_recompute_s
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
@@ -31,24 +31,24 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     act_scale = 2.0 if precision == "fp32" else 1.0
     noncore = np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0) * act_scale
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
-    casts = (compute.fp8_cast_bytes(model, tokens, tp) if precision == "fp8"
+    casts = (elementwise.fp8_cast_bytes(model, tokens, tp) if precision == "fp8"
              else np.zeros_like(tokens))
     core = runtime.attention_precision(precision)  # the fused core's own dtype
     if core != precision and core == "fp32" and not eager:
-        casts = casts + compute.attention_cast_bytes(model, tokens, tp, cp)
+        casts = casts + elementwise.attention_cast_bytes(model, tokens, tp, cp)
     if runtime.eager_elementwise:
-        elementwise = compute.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
-                                                      runtime.fused_norm, precision)
+        moved = elementwise.eager_elementwise_bytes(model, tokens, tp, np.asarray(sp),
+                                                    runtime.fused_norm, precision)
     else:
-        elementwise = compute.fused_elementwise_bytes(model, parts, tokens, tp, np.asarray(sp),
-                                                      precision)
+        moved = elementwise.fused_elementwise_bytes(model, parts, tokens, tp, np.asarray(sp),
+                                                    precision)
     early_stop = (runtime.recompute_early_stop and not runtime.reentrant_recompute
                   and model.moe is None and model.mla is None)
     return compute.layer_times_s(model, profile, gemm_peak(profile, precision, runtime), b, tp,
                                  cp, noncore, parts["core"] * act_scale, eager,
                                  causal_skip=runtime.causal_attention_skip and not eager,
                                  attention_kernel=f"{runtime.attention_kernel}@{core}",
-                                 elementwise_bytes=elementwise,
+                                 elementwise_bytes=moved,
                                  attention_peak=profile.device.peak(core),
                                  extra_elementwise_bytes=casts,
                                  host_runs_ahead=runtime.host_runs_ahead, unit_host_s=unit_host_s,
@@ -180,8 +180,8 @@ def block_extras_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precision
     margin = userbuffers_margin_s(model, profile, runtime, r, lt)
     extra = {"forward": margin, "backward": 0.0 * margin, "full": margin}
     if runtime.cp_exchange == "torch-ring":  # the ring's fp32 merges, a recompute's too
-        ring = compute.torch_ring_elementwise_bytes(model, model.seq_len / r.cp * r.b, r.tp,
-                                                    r.cp, runtime.kv_repeated)
+        ring = elementwise.torch_ring_elementwise_bytes(model, model.seq_len / r.cp * r.b,
+                                                        r.tp, r.cp, runtime.kv_repeated)
         fwd, bwd = (compute.memory_time_s(ring[k], profile) for k in ("forward", "backward"))
         extra = {"forward": extra["forward"] + fwd, "backward": extra["backward"] + bwd,
                  "full": extra["full"] + fwd}

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost import comm, compute
+from autoplan.cost import attention_kernels, comm, compute
 from autoplan.cost.rows import Rows
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -50,16 +50,16 @@ def step_times_s(model: ModelSpec, profile: ClusterProfile, peak: float, kernel:
     """Seconds of one ring step's kernel: {diagonal,step}_{forward,backward}. Each step does
     1/(2cp) of the rank's full-square attention FLOPs (compute.attention_core_flops), at the
     kernel's efficiency read at the keys it attends over (the length the profile's curves file,
-    compute.attention_efficiency). A non-diagonal step costs its slower kind: rank cp-1 runs
+    attention_kernels.attention_efficiency). A non-diagonal step costs its slower kind: rank cp-1 runs
     every step as first_keys and rank 0 as second_queries, and the ring waits for both."""
     flops = compute.attention_core_flops(model, b, tp, cp)
     work = flops / (2.0 * np.asarray(cp, float))
     lengths = step_lengths(model.seq_len, cp)
 
     def at(kind: str) -> tuple[np.ndarray, np.ndarray]:
-        fwd, bwd = compute.attention_efficiency(profile, kernel, flops, lengths[kind][1],
+        fwd, bwd = attention_kernels.attention_efficiency(profile, kernel, flops, lengths[kind][1],
                                                 model.head_width)
-        return work / (peak * fwd), compute.FLASH_BACKWARD * work / (peak * bwd)
+        return work / (peak * fwd), attention_kernels.FLASH_BACKWARD * work / (peak * bwd)
 
     diagonal, first, second = at("diagonal"), at("first_keys"), at("second_queries")
     return {"diagonal_forward": diagonal[0], "diagonal_backward": diagonal[1],

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import compute, memory, params
+from autoplan.cost import compute, elementwise, memory, params
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
 from autoplan.cost.stage_time import block_times_s
 from autoplan.cost.step_time import priced_profile
@@ -67,7 +67,7 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
     }
     if layer not in owned:
         return None
-    elem = float(compute.memory_time_s(owned[layer] * scale * compute.ELEMENTWISE_PASSES,
+    elem = float(compute.memory_time_s(owned[layer] * scale * elementwise.ELEMENTWISE_PASSES,
                                        profile))
     if layer == "attention":
         core = float(lt["core_forward"] + lt["core_backward"])  # each at its own efficiency
@@ -149,7 +149,7 @@ def mlp_gemm_points(layers: dict[str, Any], models: dict[str, Any], profile: Clu
             continue
         tokens, f = r["mbs"] * r["seq"], spec.ffn / r["tp"]
         elem = float(compute.memory_time_s(
-            4.0 * tokens * f * scale * compute.ELEMENTWISE_PASSES, profile))
+            4.0 * tokens * f * scale * elementwise.ELEMENTWISE_PASSES, profile))
         total = r["fwd_s"] + r["bwd_s"]
         # a host that runs ahead (CUDA) hides its op costs behind these GEMMs; a CPU pays them
         host = 0.0 if runtime.host_runs_ahead else r["ops"] * profile.efficiency.op_overhead_s

@@ -121,7 +121,7 @@ def attention_efficiency(seconds: tuple[float, float], core_flops: float, peak: 
     dtype's peak is inferred from the GEMMs' time ratio (apply_precision), and on a CPU without
     native bf16 GEMMs (12x slower than fp32 on this project's 2-core machines) bf16 attention
     beats that inferred peak; a cap would misprice the seconds it measured."""
-    from autoplan.cost.compute import FLASH_BACKWARD
+    from autoplan.cost.attention_kernels import FLASH_BACKWARD
 
     work = (0.5 if causal_skip else 1.0) * core_flops
     fwd, bwd = seconds

@@ -5,7 +5,7 @@ bytes of its tensor inputs and outputs are added up for each op that is neither 
 fused attention, nor a view (views move nothing). Eager PyTorch runs each such op as its own
 kernel reading its inputs from and writing its output to device memory, so this is the
 element-wise HBM traffic of an eager runtime (autoplan's own, torchtitan without compile). The
-cost model holds the per-token coefficients (compute.EAGER_BYTES_PER_TOKEN); a unit test
+cost model holds the per-token coefficients (elementwise.EAGER_BYTES_PER_TOKEN); a unit test
 recounts them with `traffic_coefficients`.
 """
 

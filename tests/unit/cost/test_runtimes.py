@@ -588,7 +588,7 @@ def test_scatter_gather_sends_one_slice_between_stages_and_gathers_it_in_the_nod
 
 def test_fa_triton_runs_at_flashattention_2_s_speed_over_the_papers_ratios() -> None:
     """Dao 2023 §4.1: FlashAttention-2 is 1.3-1.5x the Triton kernel forward, ~2x backward."""
-    from autoplan.cost.compute import TRITON_FA_SLOWDOWN, attention_efficiency
+    from autoplan.cost.attention_kernels import TRITON_FA_SLOWDOWN, attention_efficiency
     from autoplan.hardware import load_profile
 
     profile = load_profile("a100-sxm4-80gb")

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplan.cost.compute import attention_cast_bytes, gemm_shapes_per_layer, memory_time_s
+from autoplan.cost.compute import gemm_shapes_per_layer, memory_time_s
+from autoplan.cost.elementwise import attention_cast_bytes
 from autoplan.cost.memory import activation_elements_per_layer
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
 from autoplan.cost.stage_time import block_times_s
@@ -66,7 +67,7 @@ def test_the_tiny_blocks_attention_is_priced_at_the_core_dtypes_measured_seconds
 
 def test_a_bf16_core_run_in_fp32_adds_the_casts_bytes_at_memory_speed() -> None:
     """Where bf16's and fp32's kernels take the same seconds, the upcast core costs exactly the
-    casts: compute.attention_cast_bytes moved at the profile's element-wise bandwidth."""
+    casts: elementwise.attention_cast_bytes moved at the profile's element-wise bandwidth."""
     same = dict(FIGURES.attention_seconds, bf16=FIGURES.attention_seconds["fp32"])
     prof = _profile(precision.PrecisionFigures(FIGURES.gemm_seconds, same, FIGURES.core_flops))
     up, plain = _block(prof, "bf16"), _block(prof, "bf16", NO_UPCAST)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autoplan.cost.compute import attention_cast_bytes
+from autoplan.cost.elementwise import attention_cast_bytes
 from autoplan.model_spec import PRESETS
 from autoplan.plan import Attention as AttentionKind
 from autoplan.runtime.context_parallel import LoadBalancedLayout
