@@ -17,11 +17,11 @@ curve was read from square GEMMs.
 Attention: for MPT 125M's heads (12 x 64) and MPT 7B's (32 x 128), times causal
 scaled_dot_product_attention (FlashAttention-2 on CUDA, torch's CPU flash kernel on a CPU)
 forward and backward at a fixed token count per micro-batch over sequence lengths 512-16,384,
-against attention_kernels.attention_efficiency's shares, by length on every GPU profile: the H100 family's
-from the FlashAttention-3 paper (Figs. 5-6), the A100's the FA2 paper's 2K-8K figure spread by
-that kernel's H100 shape (no A100 per-length measurement was found), read at the loaded node's
-clock (efficiency.attention_clock) as the GEMMs' curve is: one GPU timed alone runs at its burst
-clock, so expect it above both by about 1 / 0.915. The MPT A100 error runs
+against attention_kernels.attention_efficiency's shares, by length on every GPU profile: the H100
+family's from the FlashAttention-3 paper (Figs. 5-6), the A100's the FA2 paper's 2K-8K figure
+spread by that kernel's H100 shape (no A100 per-length measurement was found), read at the
+loaded node's clock (efficiency.attention_clock) as the GEMMs' curve is: one GPU timed alone
+runs at its burst clock, so expect it above both by about 1 / 0.915. The MPT A100 error runs
 from -22% at 512 tokens to 0% at 65,536 at the same GEMM shapes, so how a causal kernel's speed
 depends on the length on this GPU is the question.
 

@@ -50,8 +50,9 @@ def step_times_s(model: ModelSpec, profile: ClusterProfile, peak: float, kernel:
     """Seconds of one ring step's kernel: {diagonal,step}_{forward,backward}. Each step does
     1/(2cp) of the rank's full-square attention FLOPs (compute.attention_core_flops), at the
     kernel's efficiency read at the keys it attends over (the length the profile's curves file,
-    attention_kernels.attention_efficiency). A non-diagonal step costs its slower kind: rank cp-1 runs
-    every step as first_keys and rank 0 as second_queries, and the ring waits for both."""
+    attention_kernels.attention_efficiency). A non-diagonal step costs its slower kind: rank
+    cp-1 runs every step as first_keys and rank 0 as second_queries, and the ring waits for
+    both."""
     flops = compute.attention_core_flops(model, b, tp, cp)
     work = flops / (2.0 * np.asarray(cp, float))
     lengths = step_lengths(model.seq_len, cp)

@@ -7,7 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from autoplan.cost import attention_kernels
+from autoplan.cost.attention_kernels import (
+    FLASH_EFFICIENCY,
+    TRITON_FA_SLOWDOWN,
+    attention_efficiency,
+)
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile
 
@@ -20,22 +24,22 @@ def test_attention_filed_by_length_runs_short_sequences_slower() -> None:
     h100 = load_profile("h100-sxm-80gb")
     flops = np.full(3, 1e12)
     clock = h100.efficiency.attention_clock  # the paper's bars, at the loaded node's clock
-    fwd, bwd = attention_kernels.attention_efficiency(h100, "fa2", flops, np.array([512.0, 4096.0, 16384.0]))
+    fwd, bwd = attention_efficiency(h100, "fa2", flops, np.array([512.0, 4096.0, 16384.0]))
     assert fwd == pytest.approx(clock * np.array([191.0, 319.0, 335.0]) / 989.0, abs=1e-3)
     assert bwd[0] < bwd[1] < bwd[2]
     # past the measured lengths the curve holds its end values
-    assert attention_kernels.attention_efficiency(h100, "fa2", flops[:1], 131072.0)[0] == pytest.approx(
+    assert attention_efficiency(h100, "fa2", flops[:1], 131072.0)[0] == pytest.approx(
         fwd[2])
     with pytest.raises(ValueError, match="seq_len"):
-        attention_kernels.attention_efficiency(h100, "fa2", flops)  # a by-length figure needs the length
+        attention_efficiency(h100, "fa2", flops)  # a by-length figure needs the length
     # the Triton kernel keeps its ratios to FlashAttention-2 at every length
-    tri = attention_kernels.attention_efficiency(h100, "fa-triton", flops, np.array([512.0, 4096.0, 16384.0]))
-    assert tri[0] == pytest.approx(fwd / attention_kernels.TRITON_FA_SLOWDOWN[0])
+    tri = attention_efficiency(h100, "fa-triton", flops, np.array([512.0, 4096.0, 16384.0]))
+    assert tri[0] == pytest.approx(fwd / TRITON_FA_SLOWDOWN[0])
     # the A100 profiles spread the FA2 paper's 2K-8K figure over length by that kernel's H100
     # shape: the 2K-8K mean stays 0.62 forward, 512 tokens run at 0.60 of it
     a100 = load_profile("a100-sxm4-80gb")
     lengths = np.array([512.0, 2048.0, 4096.0, 8192.0, 16384.0])
-    f100 = attention_kernels.attention_efficiency(a100, "fa2", np.full(5, 1e12), lengths)[0]
+    f100 = attention_efficiency(a100, "fa2", np.full(5, 1e12), lengths)[0]
     assert f100[1:4].mean() == pytest.approx(0.62 * a100.efficiency.attention_clock, abs=1e-3)
     assert f100[0] / f100[1:4].mean() == pytest.approx(191.0 / np.mean([298.0, 319.0, 333.0]),
                                                        abs=2e-3)
@@ -53,15 +57,15 @@ def test_attention_figures_are_read_at_the_loaded_node_s_clock() -> None:
                                                                      attention_clock=1.0))
     flops, lengths = np.full(3, 1e12), np.array([512.0, 4096.0, 16384.0])
     for kernel, head_dim in (("fa2", None), ("cudnn", 64), ("fa-triton", 96)):
-        loaded = attention_kernels.attention_efficiency(h100, kernel, flops, lengths, head_dim)
-        full = attention_kernels.attention_efficiency(burst, kernel, flops, lengths, head_dim)
+        loaded = attention_efficiency(h100, kernel, flops, lengths, head_dim)
+        full = attention_efficiency(burst, kernel, flops, lengths, head_dim)
         for at_clock, at_burst in zip(loaded, full, strict=True):
             assert at_clock == pytest.approx(h100.efficiency.attention_clock * at_burst)
     unfiled = dataclasses.replace(h100, efficiency=dataclasses.replace(
         h100.efficiency, attention_forward=None, attention_backward=None,
         attention_head_dims=None))
-    share = attention_kernels.attention_efficiency(unfiled, "fa2", flops)[0]
-    assert share == pytest.approx(h100.efficiency.matmul(flops) * attention_kernels.FLASH_EFFICIENCY)
+    share = attention_efficiency(unfiled, "fa2", flops)[0]
+    assert share == pytest.approx(h100.efficiency.matmul(flops) * FLASH_EFFICIENCY)
     with pytest.raises(ConfigError, match="attention_clock"):
         dataclasses.replace(h100.efficiency, attention_clock=0.0)
     with pytest.raises(ConfigError, match="attention_clock"):
@@ -77,7 +81,7 @@ def test_attention_filed_by_head_dim_runs_narrow_heads_slower() -> None:
     clock = h100.efficiency.attention_clock
 
     def fwd(kernel: str, head_dim: float | None) -> float:
-        return float(attention_kernels.attention_efficiency(h100, kernel, flops, at_4k, head_dim)[0][0])
+        return float(attention_efficiency(h100, kernel, flops, at_4k, head_dim)[0][0])
 
     assert fwd("fa2", 64) == pytest.approx(clock * 284 / 989, abs=1e-3)
     assert fwd("fa2@bf16", 64) == fwd("fa2", 64)  # as a block names it: kernel@dtype
@@ -86,12 +90,12 @@ def test_attention_filed_by_head_dim_runs_narrow_heads_slower() -> None:
     assert fwd("fa2", 96) == pytest.approx((fwd("fa2", 64) + fwd("fa2", 128)) / 2)
     assert fwd("fa2", 32) == fwd("fa2", 64)  # nothing filed narrower: 64's
     assert fwd("fa2", 256) == fwd("fa2", 128)  # nothing filed wider: 128's
-    bwd64 = attention_kernels.attention_efficiency(h100, "cudnn", flops, at_4k, 64)[1]
+    bwd64 = attention_efficiency(h100, "cudnn", flops, at_4k, 64)[1]
     assert float(bwd64[0]) == pytest.approx(clock * 417 / 989, abs=1e-3)
     # a Triton kernel keeps its ratio to FlashAttention-2 at every width
-    tri = attention_kernels.attention_efficiency(h100, "fa-triton", flops, at_4k, 64)[0]
-    assert float(tri[0]) == pytest.approx(fwd("fa2", 64) / attention_kernels.TRITON_FA_SLOWDOWN[0])
+    tri = attention_efficiency(h100, "fa-triton", flops, at_4k, 64)[0]
+    assert float(tri[0]) == pytest.approx(fwd("fa2", 64) / TRITON_FA_SLOWDOWN[0])
     # a profile that files no narrower head dim prices every width at its one figure
     a100 = load_profile("a100-sxm4-80gb")
-    assert attention_kernels.attention_efficiency(a100, "fa2", flops, at_4k, 64)[0] == pytest.approx(
-        attention_kernels.attention_efficiency(a100, "fa2", flops, at_4k, 128)[0])
+    assert attention_efficiency(a100, "fa2", flops, at_4k, 64)[0] == pytest.approx(
+        attention_efficiency(a100, "fa2", flops, at_4k, 128)[0])

@@ -42,5 +42,6 @@ def test_a_fused_norm_moves_less_than_the_composite_one() -> None:
     assert spec.norm is NormKind.RMSNORM
     composite = float(elementwise.eager_elementwise_bytes(spec, 1, 1, False, False, "bf16"))
     fused = float(elementwise.eager_elementwise_bytes(spec, 1, 1, False, True, "bf16"))
-    saved = 2 * (elementwise.COMPOSITE_RMSNORM_BYTES - elementwise.FUSED_NORM_BYTES) * spec.hidden_size
+    saved = (2 * (elementwise.COMPOSITE_RMSNORM_BYTES - elementwise.FUSED_NORM_BYTES)
+             * spec.hidden_size)
     assert composite - fused == pytest.approx(saved)
