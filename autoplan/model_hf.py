@@ -32,7 +32,8 @@ from autoplan.rope_scaling import (
     YARN_ROPE_TYPE,
     RopeScaling,
 )
-from autoplan.yaml_io import load_json_text, show
+from autoplan.yaml_io import show
+from autoplan.yaml_parse import load_json_text
 
 log = logging.getLogger(__name__)
 

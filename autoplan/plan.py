@@ -24,12 +24,12 @@ from autoplan.yaml_io import (
     check_schema_version,
     from_dict,
     read_yaml,
-    safe_load_text,
     save_yaml,
     show,
     to_dict,
     unknown_key_fix,
 )
+from autoplan.yaml_parse import safe_load_text
 
 
 class Schedule(str, enum.Enum):

@@ -28,7 +28,8 @@ from autoplan.plan import (
 )
 from autoplan.profile_files import available_profiles
 from autoplan.search_space import device_precision
-from autoplan.yaml_io import read_yaml, safe_load_text, show
+from autoplan.yaml_io import read_yaml, show
+from autoplan.yaml_parse import safe_load_text
 
 log = logging.getLogger(__name__)
 

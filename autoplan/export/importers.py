@@ -15,7 +15,8 @@ from autoplan.export.deepspeed_import import deepspeed_plan_dict, require_int
 from autoplan.hardware import load_profile
 from autoplan.hardware_devices import DeviceSpec
 from autoplan.plan import Plan, plan_from_dict
-from autoplan.yaml_io import load_json_text, show
+from autoplan.yaml_io import show
+from autoplan.yaml_parse import load_json_text
 
 log = logging.getLogger(__name__)
 

@@ -253,7 +253,7 @@ def import_launch(path: str | Path, *, model: str | None, cluster: str, num_gpus
     from autoplan.export.deepspeed_import import deepspeed_plan_dict
     from autoplan.export.importers import _read, finish_plan
     from autoplan.model_spec import load_model
-    from autoplan.yaml_io import load_json_text
+    from autoplan.yaml_parse import load_json_text
 
     what = f"deepspeed launch {path}"
     if model is None:

@@ -247,7 +247,7 @@ def to_text(plan: Plan) -> str:
 
 def from_text(text: str) -> Plan:
     from autoplan.plan import plan_from_dict
-    from autoplan.yaml_io import safe_load_text
+    from autoplan.yaml_parse import safe_load_text
 
     return plan_from_dict(safe_load_text(text, "elastic plan"))
 

@@ -12,7 +12,8 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import MAX_YAML_DEPTH, MAX_YAML_NODES, load_json_text, read_yaml
+from autoplan.yaml_io import read_yaml
+from autoplan.yaml_parse import MAX_YAML_DEPTH, MAX_YAML_NODES, load_json_text
 
 PLAN = (
     "model: tiny\ncluster: {profile: cpu-gloo, num_gpus: 2}\nparallel: {dp: 2}\n"

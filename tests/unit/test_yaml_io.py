@@ -9,7 +9,8 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.yaml_io import load_json_text, read_yaml, safe_load_text, write_text_atomic
+from autoplan.yaml_io import read_yaml, write_text_atomic
+from autoplan.yaml_parse import load_json_text, safe_load_text
 
 
 @pytest.mark.parametrize("text", [
