@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost import compute, memory, moe
+from autoplan.cost import compute, latent_attention, memory, moe
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -28,12 +28,13 @@ def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: flo
     """Seconds per block DeepSeek-V3's recompute adds (runtimes.SelectiveKind.DEEPSEEK_V3):
     the norms' and SwiGLU's share of the block's element-wise forward time, in proportion to
     the bytes they keep as module_recompute_s counts them, and MLA's two up-projection GEMMs
-    (moe.mla_up_forward_s). The routed copies' dispatched inputs (gemm_in_routed) stay kept
-    and are not re-made: out of the share. `lt`: the block's times before the MoE/MLA delta."""
+    (latent_attention.mla_up_forward_s). The routed copies' dispatched inputs (gemm_in_routed)
+    stay kept and are not re-made: out of the share. `lt`: the block's times before the MoE/MLA
+    delta."""
     elementwise, noncore = _elementwise(lt, parts)
     norm_outputs = parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)
     share = (parts["norm"] + norm_outputs + parts["mlp_act"] + parts["mlp_mid"]) / noncore
-    return share * elementwise + moe.mla_up_forward_s(model, profile, peak, r)
+    return share * elementwise + latent_attention.mla_up_forward_s(model, profile, peak, r)
 
 
 def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
@@ -73,7 +74,7 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
                   and model.moe is None and model.mla is None)
     fwd_layer = np.sum(compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one))
     fwd_core = compute.attention_core_flops(model, one, one, one)
-    mla_up = moe.mla_up_flops(model, np.array(float(model.seq_len)), one)
+    mla_up = latent_attention.mla_up_flops(model, np.array(float(model.seq_len)), one)
     selective = {"attention-core": fwd_core, "all-but-gemms": fwd_core, "deepseek-v3": mla_up,
                  "op-sac": compute.op_sac_recomputed_gemm_share(model, early_stop) * fwd_layer
                  }[runtime.selective.value]

@@ -195,11 +195,11 @@ class RuntimeTraits(TraitsPricing):
     (Megatron-Core --moe-token-dispatcher-type alltoall). `deepep`: one copy per destination
     node, forwarded to its experts over NVLink (DeepEP's internode kernels; Megatron-Core
     --moe-token-dispatcher-type flex with the DeepEP backend; DeepSeek-V3 report §3.2.2), so a
-    group across nodes sends moe.node_dedup_share of the copies through the NICs. `allgather`:
-    every token to every rank of the expert-TP x EP group, each keeping those for its experts,
-    and the outputs reduce-scattered back (Megatron-Core --moe-token-dispatcher-type allgather,
-    its default; moe.all_gather_dispatch_s), through a gather buffer it keeps
-    (moe.all_gather_buffer_bytes)."""
+    group across nodes sends moe_dispatch.node_dedup_share of the copies through the NICs.
+    `allgather`: every token to every rank of the expert-TP x EP group, each keeping those for
+    its experts, and the outputs reduce-scattered back (Megatron-Core
+    --moe-token-dispatcher-type allgather, its default; moe_dispatch.all_gather_dispatch_s),
+    through a gather buffer it keeps (moe_dispatch.all_gather_buffer_bytes)."""
     cp_exchange: str = "all-gather"
     """How context parallelism brings each rank the K/V of the whole sequence. `all-gather`: one
     all-gather of the grouped K/V heads before attention and a reduce-scatter of their gradients

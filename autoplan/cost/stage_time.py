@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.cost import comm, compute, elementwise, memory, moe, mtp, te_ring
+from autoplan.cost import comm, compute, elementwise, memory, moe, moe_dispatch, mtp, te_ring
 from autoplan.cost.recompute_time import deepseek_v3_recompute_s, module_recompute_s
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
@@ -326,11 +326,11 @@ def block_costs(model: ModelSpec, profile: ClusterProfile, r: Rows, precision: s
     # device work: it joins the block's kernels before the host's share is weighed
     lt = {**lt, **{k: compute.with_host(lt[f"{k}_device"] + x, lt[f"{k}_host"],
                                         runtime.host_runs_ahead) for k, x in extra.items()}}
-    a2a = moe.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
+    a2a = moe_dispatch.all_to_all_per_block_s(model, profile, r, runtime.ep_dispatch_bytes,
                                      dedup_nodes=runtime.ep_dispatcher == "deepep",
                                      all_gather=runtime.ep_dispatcher == "allgather")
     # the all-to-alls' forward half (two of four); the allgather dispatcher's forward legs
-    a2a_forward = (moe.all_gather_dispatch_s(model, profile, r, forward_only=True)
+    a2a_forward = (moe_dispatch.all_gather_dispatch_s(model, profile, r, forward_only=True)
                    if runtime.ep_dispatcher == "allgather" and model.moe is not None
                    else a2a / 2.0)
     rec_extra, a2a_rec = recompute_extra_s(model, profile, r, precision, runtime, lt, parts,

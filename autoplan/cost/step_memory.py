@@ -13,7 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import memory, moe, mtp, params, pipeline, te_ring
+from autoplan.cost import (
+    latent_attention,
+    memory,
+    moe,
+    moe_dispatch,
+    mtp,
+    params,
+    pipeline,
+    te_ring,
+)
 from autoplan.cost.rows import Rows, recomputed_layers, uniform_groups
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -49,7 +58,7 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
         parts = {**parts, **{k: (parts[k] - kept[k]) / 2.0 + kept[k] for k in FP8_SAVED_INPUTS
                              if k in parts and k not in whole.values()}}
     parts["fp8_scale"] = np.asarray(0.5 if fp8 else 1.0)
-    parts["mla_latent"] = moe.mla_latent_bytes(model, r)
+    parts["mla_latent"] = latent_attention.mla_latent_bytes(model, r)
     # already at the run's precision (memory.activation_bytes_per_layer adds it as it is)
     parts["moe_extra"] = (moe.eager_moe_bytes(model, r, precision) if runtime.moe_eager_tensors
                           else 0.0 * parts["qkv"])
@@ -345,7 +354,8 @@ def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
     at h = 4096 is 2x a Llama-8B block). DeepSpeed's ZeRO-2 stages its gradients in one
     contiguous bucket of memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS (the deepspeed runtime, which
     RuntimeTraits.pipeline_engine_reduce marks). Megatron-Core's allgather MoE dispatcher
-    keeps the global buffer it gathers a block's tokens into (moe.all_gather_buffer_bytes)."""
+    keeps the global buffer it gathers a block's tokens into
+    (moe_dispatch.all_gather_buffer_bytes)."""
     has_dp = r.shard > 1
     # FSDP2 wraps a layer's experts in a unit of their own where they have an expert mesh
     # (autoplan: runtime/expert_parallel.apply_expert_fsdp at ep * etp > 1; torchtitan's
@@ -365,5 +375,5 @@ def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
                        memory.DEEPSPEED_REDUCE_BUCKET_ELEMENTS * r.weight_bytes, 0.0)
             + zero3_gather
             + np.where(r.offload_optimizer | r.offload_params, memory.DDP_BUCKET_BYTES, 0.0)
-            + (moe.all_gather_buffer_bytes(model, r) if runtime.ep_dispatcher == "allgather"
-               else 0.0))
+            + (moe_dispatch.all_gather_buffer_bytes(model, r)
+               if runtime.ep_dispatcher == "allgather" else 0.0))

@@ -10,7 +10,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplan.cost import compute, memory, moe, mtp, params, stage_time, step_memory, step_time
+from autoplan.cost import (
+    compute,
+    latent_attention,
+    memory,
+    mtp,
+    params,
+    stage_time,
+    step_memory,
+    step_time,
+)
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import RUNTIMES, SelectiveKind, load_runtime
@@ -185,7 +194,7 @@ def test_deepseek_recompute_keeps_what_the_report_keeps():
     kept = memory.activation_bytes_per_layer(parts, np.array([1]), "fp8", "deepseek-v3")
     dense_in = parts["gemm_in"] - parts["gemm_in_routed"]
     want = none - dense_in - parts["qkv"] - parts["mlp_mid"] - 0.5 * parts["mlp_act"] \
-        + moe.mla_latent_bytes(DS, r)
+        + latent_attention.mla_latent_bytes(DS, r)
     assert float(kept[0]) == pytest.approx(float(want[0]), rel=1e-12)
     assert float(parts["input"][0]) < float(kept[0]) < float(none[0])
     est = estimate_plan(plan, H800, runtime=traits)
@@ -273,7 +282,7 @@ def test_mtp_loss_stage_keeps_an_embedding_copy_apart_from_stage_0():
 def test_deepseek_recompute_re_runs_no_routed_copies():
     """The dispatched copies (gemm_in_routed) are kept, not re-made: their bytes weigh in the
     re-run share as any other kept part (the attention output here) does, not as norm
-    outputs. And the up projections' FLOPs are MLA's GEMMs' (moe._mla_gemms), once."""
+    outputs. And the up projections' FLOPs are MLA's GEMMs' (latent_attention._mla_gemms), once."""
     traits = load_runtime(DEEPSEEK_RUNTIME)
     r = rows_of(plan_to_row(ACCURACY.deepseek_v3_plan(), DS), DS, "fp8", traits)
     parts = step_memory.activation_parts(DS, r, False, traits, "fp8")
@@ -291,7 +300,7 @@ def test_deepseek_recompute_re_runs_no_routed_copies():
     mla = DS.mla
     up = 2.0 * DS.seq_len * DS.num_heads * (mla.q_lora_rank * mla.qk_head_dim + mla.kv_lora_rank
                                             * (mla.qk_nope_head_dim + mla.v_head_dim))
-    got = moe.mla_up_flops(DS, np.array(float(DS.seq_len)), np.array(1.0))
+    got = latent_attention.mla_up_flops(DS, np.array(float(DS.seq_len)), np.array(1.0))
     assert float(got) == pytest.approx(up, rel=1e-12)
     per_step = recompute_flops_per_step(DS, r, traits)
     assert float(per_step[0]) == pytest.approx(float(r.gbs[0]) * DS.num_layers * up, rel=1e-9)
