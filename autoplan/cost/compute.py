@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost.attention_kernels import FLASH_BACKWARD, attention_efficiency
-from autoplan.cost.elementwise import ELEMENTWISE_PASSES
+from autoplan.cost import attention_kernels, elementwise
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec, NormKind, PositionKind
 
 SOFTMAX_PASSES = 5.4
-"""ELEMENTWISE_PASSES for the eager attention core (scale, mask, softmax, dropout): 9as^2b moved
-forward per 5as^2b kept, twice that backward."""
+"""elementwise.ELEMENTWISE_PASSES for the eager attention core (scale, mask, softmax, dropout):
+9as^2b moved forward per 5as^2b kept, twice that backward."""
 BLOCK_OPS = (39, 97, 6)
 """aten operators a GPT block (LayerNorm, GELU MLP, biases, multi-head fused attention)
 dispatches forward, backward, and how many forward ones are GEMMs: counted on the runtime's
@@ -159,10 +158,10 @@ def attention_core_times_s(
     work = (0.5 if causal_skip else 1.0) * core_flops
     # the kernel attends over a rank's share of each sequence (context parallelism splits it),
     # one head's width at a time
-    fwd_eff, bwd_eff = attention_efficiency(profile, attention_kernel, core_flops,
-                                            model.seq_len / np.asarray(cp, float),
-                                            model.head_width)
-    return work / (peak * fwd_eff), FLASH_BACKWARD * work / (peak * bwd_eff)
+    fwd_eff, bwd_eff = attention_kernels.attention_efficiency(
+        profile, attention_kernel, core_flops, model.seq_len / np.asarray(cp, float),
+        model.head_width)
+    return work / (peak * fwd_eff), attention_kernels.FLASH_BACKWARD * work / (peak * bwd_eff)
 
 
 def layer_times_s(
@@ -206,8 +205,9 @@ def layer_times_s(
     # the element-wise kernels' bytes, forward + backward, as the caller counted them for its
     # runtime (elementwise.eager_elementwise_bytes, fused_elementwise_bytes); without a count,
     # each kept activation moved ELEMENTWISE_PASSES times
-    elem = memory_time_s((act_noncore_bytes * ELEMENTWISE_PASSES if elementwise_bytes is None
-                          else elementwise_bytes) + extra_elementwise_bytes, profile)
+    elem = memory_time_s((act_noncore_bytes * elementwise.ELEMENTWISE_PASSES
+                          if elementwise_bytes is None else elementwise_bytes)
+                         + extra_elementwise_bytes, profile)
     host, dtensor = block_host_s(model, profile, tp, eager, unit_host_s, host_runs_ahead)
     parts = {
         "forward": (gemm + core_fwd + elem / 3.0, host["forward"]),
@@ -223,12 +223,12 @@ def layer_times_s(
     attention_core = core_fwd + np.zeros_like(gemm)
     # the forward's non-GEMM, non-core seconds (module recompute shares them out by bytes): the
     # element-wise kernels, and on a CPU the per-op host costs beside them
-    elementwise = elem / 3.0 if host_runs_ahead else forward - gemm - core_fwd
+    elementwise_s = elem / 3.0 if host_runs_ahead else forward - gemm - core_fwd
     out = {"forward": forward, "backward": backward, "dtensor": dtensor,
            "all-but-gemms": all_but_gemms, "op-sac": op_sac, "attention-core": attention_core,
            "full": full, "core_forward": core_fwd, "core_backward": core_bwd + np.zeros_like(gemm),
            "gemm_forward": gemm,
-           "mlp_gemm_forward": gemm_each[2] + gemm_each[3], "elementwise_forward": elementwise,
+           "mlp_gemm_forward": gemm_each[2] + gemm_each[3], "elementwise_forward": elementwise_s,
            # the column-parallel GEMMs (QKV, the MLP's first): their weight gradients are what
            # an asynchronous input-gradient collective runs beside
            "column_gemm_forward": gemm_each[0] + gemm_each[2],

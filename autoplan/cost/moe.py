@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost import compute, elementwise, params
-from autoplan.cost.latent_attention import mla_block_forward_s
+from autoplan.cost import compute, elementwise, latent_attention, params
 from autoplan.cost.rows import Rows
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import ModelSpec
@@ -129,7 +128,7 @@ def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float
     (backward is twice it: two GEMMs per forward GEMM); zero for a dense model. `expert_peak`:
     as moe_block_forward_s."""
     return moe_share(model) * moe_block_forward_s(model, profile, peak, r, expert_peak) + \
-        mla_block_forward_s(model, profile, peak, r)
+        latent_attention.mla_block_forward_s(model, profile, peak, r)
 
 
 def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarray]

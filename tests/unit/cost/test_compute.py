@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoplan.cost import compute
+from autoplan.cost import attention_kernels, compute
 from autoplan.cost.params import total_params
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS
@@ -148,8 +148,8 @@ def test_a_block_prices_its_attention_at_the_model_s_head_width() -> None:
 
     (fw, bw), (fn, bn) = core(wide), core(narrow)
     flops, at_4k = np.full(1, 1e12), np.array([4096.0])
-    f128, b128 = compute.attention_efficiency(h100, "fa2", flops, at_4k, 128)
-    f64, b64 = compute.attention_efficiency(h100, "fa2", flops, at_4k, 64)
+    f128, b128 = attention_kernels.attention_efficiency(h100, "fa2", flops, at_4k, 128)
+    f64, b64 = attention_kernels.attention_efficiency(h100, "fa2", flops, at_4k, 64)
     assert fn / fw == pytest.approx(float(f128[0] / f64[0]))  # 319 / 284 TFLOP/s in the paper
     assert bn / bw == pytest.approx(float(b128[0] / b64[0]))  # 310 / 279
     assert fn / fw > 1.1
@@ -192,9 +192,10 @@ def test_the_attention_core_priced_fused_and_eager() -> None:
 
     (f_all, b_all), (f_half, b_half) = fused(False), fused(True)
     assert f_half == pytest.approx(f_all / 2) and b_half == pytest.approx(b_all / 2)
-    fwd_eff, bwd_eff = compute.attention_efficiency(h100, "fa2", flops, np.array([8192.0]))
+    fwd_eff, bwd_eff = attention_kernels.attention_efficiency(h100, "fa2", flops,
+                                                              np.array([8192.0]))
     assert b_all / f_all == pytest.approx(
-        compute.FLASH_BACKWARD * float(fwd_eff[0]) / float(bwd_eff[0]))
+        attention_kernels.FLASH_BACKWARD * float(fwd_eff[0]) / float(bwd_eff[0]))
 
     scores = np.array([3.0e9])  # bytes of kept scores
     f0, b0 = compute.attention_core_times_s(model, h100, peak, one, one, one, 0.0 * scores,
