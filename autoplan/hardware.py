@@ -26,7 +26,7 @@ PROFILES_DIR = resources.package_dir(resources.PROFILES)
 """The built-in profiles (package data); a user directory is searched first (autoplan.resources)."""
 ATTENTION_KERNELS = ("fa2", "fa3", "cudnn", "sdpa-cpu")
 """Kernels a profile files attention figures under (alone or as "kernel@dtype"):
-cost.runtime_kinds.ATTENTION_KERNELS less fa-triton, which compute.attention_efficiency prices
+cost.runtime_kinds.ATTENTION_KERNELS less fa-triton, which attention_kernels.attention_efficiency prices
 from fa2's figures."""
 
 # Upper bounds far outside any real hardware (2026: 72 GPUs in the largest NVLink domain,
@@ -223,7 +223,7 @@ class Efficiency:
     papers count it), or, where a paper measured the kernel by length, a Curve over the tokens
     per sequence the kernel attends over ({x: lengths, y: shares}: short sequences run slower,
     each query block iterating over fewer key blocks). Which kernel runs is the runtime's
-    (runtimes.RuntimeTraits). null: a share of the GEMM efficiency (compute.FLASH_EFFICIENCY)."""
+    (runtimes.RuntimeTraits). null: a share of the GEMM efficiency (attention_kernels.FLASH_EFFICIENCY)."""
     attention_backward: dict[str, AttentionFigure] | None = None
     """The same for the backward, whose FLOPs are counted as 2.5x the forward's."""
     attention_clock: float = 1.0
