@@ -138,7 +138,8 @@ def test_torchrun_exits_1_after_passing_sigterm_on_though_its_rank_exits_0(tmp_p
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
          "--no-python", str(rank)], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=110)
+        timeout=110, stdin=subprocess.DEVNULL)  # under pytest-xdist stdin is the worker's pipe,
+    # which torchrun, handed it, never gets past after the signal (the run hangs)
     assert (tmp_path / "rank.sh.saved").read_text() == "saved\n"  # the rank ended cleanly
     assert done.returncode == 1, done.stderr[-2000:]
     assert "SignalException" in done.stderr
