@@ -113,6 +113,18 @@ def _micro(t: Table) -> np.ndarray:
     return col(t, "gbs") // np.maximum(col(t, "dp") * col(t, "mbs"), 1)
 
 
+def _microbatches_multiple_of_pp(name: str, schedule: int) -> Rule:
+    """A looped schedule (interleaved 1F1B, torch's zero-bubble) runs micro-batches in rounds
+    of pp, so their count per step must be a multiple of pp."""
+    return Rule(
+        name,
+        lambda t, m: (col(t, "schedule") == schedule) & (col(t, "pp") > 1)
+        & (_micro(t) % col(t, "pp") != 0),
+        lambda t, i, m: f"pipeline.schedule={SCHEDULES[schedule].value} needs micro-batches "
+        f"per step ({int(_micro(t)[i])}) to be a multiple of pp={row_int(t, 'pp', i)}",
+    )
+
+
 _MOE_ACT_BIT = modules_mask((RecomputeModule.MOE_ACT,))
 _MOE_BIT = modules_mask((RecomputeModule.MOE,))
 
@@ -157,20 +169,8 @@ LAYOUT_RULES: tuple[Rule, ...] = (
         f"micro-batches per step ({int(_micro(t)[i])}) >= pp={row_int(t, 'pp', i)}; raise "
         "global_batch_size or lower micro_batch_size or dp",
     ),
-    Rule(
-        "interleaved-microbatches",
-        lambda t, m: (col(t, "schedule") == INTERLEAVED) & (col(t, "pp") > 1)
-        & (_micro(t) % col(t, "pp") != 0),
-        lambda t, i, m: f"pipeline.schedule=interleaved-1f1b needs micro-batches per step "
-        f"({int(_micro(t)[i])}) to be a multiple of pp={row_int(t, 'pp', i)}",
-    ),
-    Rule(
-        "zero-bubble-microbatches",
-        lambda t, m: (col(t, "schedule") == ZERO_BUBBLE) & (col(t, "pp") > 1)
-        & (_micro(t) % col(t, "pp") != 0),
-        lambda t, i, m: f"pipeline.schedule=zero-bubble needs micro-batches per step "
-        f"({int(_micro(t)[i])}) to be a multiple of pp={row_int(t, 'pp', i)}",
-    ),
+    _microbatches_multiple_of_pp("interleaved-microbatches", INTERLEAVED),
+    _microbatches_multiple_of_pp("zero-bubble-microbatches", ZERO_BUBBLE),
     Rule(
         "zero-bubble-selective",
         lambda t, m: (col(t, "schedule") == ZERO_BUBBLE) & (col(t, "pp") > 1)
