@@ -97,7 +97,7 @@ def check_batch_tokens(batch: int | str, seq_len: int,
     """Refuse a --global-batch-size (one size, or search's `A..B`; or the plan's `field` as
     --set or --plan gave it) whose largest size holds more than MAX_BATCH_TOKENS tokens at
     `seq_len`, naming the tokens it makes and the sequences the user likely meant."""
-    from autoplan.search.space import parse_batch_sizes
+    from autoplan.search.ranges import parse_batch_sizes
 
     low, high = parse_batch_sizes(str(batch)) if isinstance(batch, str) else (batch, batch)
     if high * seq_len <= MAX_BATCH_TOKENS:

@@ -1,6 +1,6 @@
 """A `--global-batch-size A..B` range that no layout can take, refused before any search.
 
-The sizes a layout tries are space.batch_sizes': powers of two and dp x 2^k inside the range.
+The sizes a layout tries are ranges.batch_sizes': powers of two and dp x 2^k inside the range.
 A range with none for every dp the GPU counts allow would leave the exhaustive search with no
 candidate and every sampled trial rejected, so it is bad input (exit 2), not an infeasible plan.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.errors import ConfigError
-from autoplan.search.space import batch_sizes, layouts
+from autoplan.search.ranges import batch_sizes
+from autoplan.search.space import layouts
 from autoplan.search_space import SearchSpace
 
 SHOWN = 8

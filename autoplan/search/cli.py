@@ -40,8 +40,8 @@ from autoplan.search.engine import (
     type_requests,
 )
 from autoplan.search.precisions import check_runnable
+from autoplan.search.ranges import parse_batch_sizes, typed_range
 from autoplan.search.request_args import common_format, gpu_types, with_precisions
-from autoplan.search.space import parse_batch_sizes, typed_range
 from autoplan.search.summary import (
     best_by_cluster,
     caveats,

@@ -82,7 +82,7 @@ def more_gpus(req: SearchRequest, scored: Scored, miss: Miss) -> dict[str, objec
     GPU count (memory sharded, throughput scaled), and above every count searched; it runs
     MORE_GPUS_SPAN times further. None where more GPUs are no answer the figures support, and
     where a sampled search scored too few trials to judge (its note says to raise --trials)."""
-    from autoplan.search.space import MAX_GPUS
+    from autoplan.search.ranges import MAX_GPUS
 
     if miss.row is None or miss.sampled_too_few or req.types or "miss" not in scored.cols:
         return None

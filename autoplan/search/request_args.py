@@ -9,7 +9,7 @@ from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile
 from autoplan.plan import Precision
 from autoplan.search.engine import GpuType
-from autoplan.search.space import parse_gpu_counts
+from autoplan.search.ranges import parse_gpu_counts
 from autoplan.search_space import SearchSpace
 
 

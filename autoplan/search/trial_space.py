@@ -37,11 +37,11 @@ from autoplan.plan_table import (
 )
 from autoplan.search.engine import SearchRequest
 from autoplan.search.partition import split_columns
+from autoplan.search.ranges import batch_sizes
 from autoplan.search.ranking import nearest
 from autoplan.search.scoring import REASON_KEYS, canonical_schedule, score_table
 from autoplan.search.space import (
     EXTRA_COLUMNS,
-    batch_sizes,
     expert_pairs,
     layouts,
     recompute_columns,
@@ -212,7 +212,7 @@ def fill_count(req: SearchRequest, wanted: int, inner: int) -> int | None:
 @lru_cache(maxsize=64)
 def _batch_choices(space: SearchSpace, gpu_counts: tuple[int, ...], lo: int, hi: int
                    ) -> list[int]:
-    """Every global batch size some layout tries (space.batch_sizes over the data-parallel
+    """Every global batch size some layout tries (ranges.batch_sizes over the data-parallel
     degrees the GPU counts allow): the sampler's one fixed list for `gbs`."""
     dps = np.unique(layouts(space, gpu_counts)[0][1])
     return sorted({g for d in dps.tolist() for g in batch_sizes(lo, hi, int(d))}) or [lo]
@@ -220,7 +220,7 @@ def _batch_choices(space: SearchSpace, gpu_counts: tuple[int, ...], lo: int, hi:
 
 def pick_batch(trial: Trial, req: SearchRequest, dp: int) -> int | None:
     """The trial's global batch size: the request's one size, or for a range the size of this
-    layout's own list (space.batch_sizes(lo, hi, dp), the sizes the exhaustive search lists for
+    layout's own list (ranges.batch_sizes(lo, hi, dp), the sizes the exhaustive search lists for
     it) nearest in log2 to the one the sampler suggests from the fixed list of all of them
     (ties to the larger). Every trial gets a size its dp can take, or None where the range
     holds none for this dp (96..100 at dp 8: the exhaustive search lists no plan of that

@@ -11,7 +11,7 @@ import pytest
 from autoplan.errors import ConfigError
 from autoplan.search.batch_range import check_batch_range, tried_sizes
 from autoplan.search.engine import run_search
-from autoplan.search.space import batch_sizes
+from autoplan.search.ranges import batch_sizes
 from tests.cli_refusals import assert_refused
 
 from .conftest import request

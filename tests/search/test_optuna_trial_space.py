@@ -18,7 +18,7 @@ from autoplan.hardware import load_profile
 from autoplan.model_spec import load_model
 from autoplan.search.engine import SearchRequest, run_search
 from autoplan.search.optuna_search import open_study
-from autoplan.search.space import batch_sizes
+from autoplan.search.ranges import batch_sizes
 from autoplan.search_space import space_from_dict
 from tests.search.conftest import SMALL_SPACE, request
 

@@ -15,15 +15,14 @@ from autoplan.commands import main
 from autoplan.plan_rules import RULE_KEYS
 from autoplan.search.engine import run_search
 from autoplan.search.output import summary
+from autoplan.search.ranges import batch_sizes, parse_gpu_counts
 from autoplan.search.scoring import first_rule
 from autoplan.search.space import (
     _joint,
     _materialize,
     _rest_axes,
-    batch_sizes,
     enumerate_space,
     layouts,
-    parse_gpu_counts,
 )
 from autoplan.search.targets import Targets
 from tests.search.conftest import request
