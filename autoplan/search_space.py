@@ -1,8 +1,9 @@
 """Search spaces: the allowed values of every plan knob (search_spaces/NAME.yaml, DESIGN.md s7).
 
 Loaded strictly like plans: unknown keys list the valid ones, schema_version is checked, and each
-bad value is a one-line ConfigError naming the field, the value and the fix. Enumerating or
-sampling the space is left to `autoplan.search`.
+bad value is a one-line ConfigError naming the field, the value and the fix. Finding space files
+and their `auto` spellings are autoplan.space_files'; enumerating or sampling the space is left to
+`autoplan.search`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import dataclasses
 import enum
 import functools
 import logging
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,20 +30,26 @@ from autoplan.plan import (
     ReduceDtype,
     Schedule,
 )
-from autoplan.yaml_io import check_schema_version, from_dict, name_hint, read_yaml, show
+from autoplan.space_files import (
+    AUTO,
+    AUTO_KNOBS,
+    SPACES_DIR,
+    available_spaces,
+    listify,
+    read_auto,
+    space_label,
+    space_path,
+)
+from autoplan.yaml_io import check_schema_version, from_dict, read_yaml
 
 log = logging.getLogger(__name__)
 
-SPACES_DIR = resources.package_dir(resources.SPACES)
-"""The built-in spaces (package data); a user directory is searched first (autoplan.resources)."""
 ENUMERABLE_LIMIT = 5_000_000
 """Default ceiling on candidates for the exhaustive sampler; larger spaces go to Optuna."""
 AUTO_VPP_ALL = 8
 """`vpp: auto` tries every vpp up to this one at each pp, with uneven splits where pp * vpp
 does not divide the layers (NVIDIA's Llama 3.x recipes use VP 5-8); deeper ones only where a
 virtual stage gets a whole number of blocks (autoplan.search.derived.auto_vpp)."""
-AUTO = "auto"
-"""The YAML spelling of a knob the search derives (precision, pipeline.vpp, parallel.etp)."""
 
 
 class Split(str, enum.Enum):
@@ -340,50 +346,6 @@ class SearchSpace:
         return out
 
 
-def _listify(cls: type, data: Any) -> Any:
-    """Accept a scalar wherever a list of values is expected (`precision: bf16`)."""
-    if not isinstance(data, dict):
-        return data
-    hints = typing.get_type_hints(cls)
-    out = dict(data)
-    for name, value in data.items():
-        tp = hints.get(name)
-        if tp is None:
-            continue
-        union = typing.get_origin(tp) in (typing.Union, types.UnionType)
-        inner = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
-        if dataclasses.is_dataclass(inner[0]):
-            out[name] = _listify(inner[0], value)  # type: ignore[arg-type]
-        elif typing.get_origin(inner[0]) is tuple and value is not None \
-                and not isinstance(value, list):
-            out[name] = [value]
-    return out
-
-
-AUTO_KNOBS = (("pipeline", "vpp", "a list of integers >= 1, e.g. [1, 2, 4]"),
-              ("parallel", "etp", "a list of integers >= 1, e.g. [1, 2]"))
-"""Knobs whose YAML `auto` loads as null (derived per model and layout by the search)."""
-
-
-def _auto_knobs(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """`auto` as null for AUTO_KNOBS; an explicit null there is refused (write auto)."""
-    out = dict(data)
-    for section, name, listed in AUTO_KNOBS:
-        sub = data.get(section)
-        if not isinstance(sub, dict) or name not in sub:
-            continue
-        value = sub[name]
-        if value is None:
-            raise ConfigError(f"{where}: {section}.{name}", "got null",
-                              f"write {AUTO} (derived by the search) or {listed}")
-        if value == AUTO or value == [AUTO]:
-            out[section] = {**sub, name: None}
-        elif isinstance(value, str) or (isinstance(value, list) and AUTO in value):
-            raise ConfigError(f"{where}: {section}.{name}", f"got {show(value)}",
-                              f"write {AUTO} alone or {listed}")
-    return out
-
-
 def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
     if not isinstance(data, dict):
         raise ConfigError(where, "the file is empty" if data is None else f"got {data!r}",
@@ -393,26 +355,11 @@ def space_from_dict(data: Any, where: str = "space") -> SearchSpace:
         data = check_schema_version(data, "")
     except ConfigError as err:
         raise ConfigError(f"{where}: {err.field}", err.problem, err.fix) from None
-    data = _auto_knobs(data, where)
-    if data.get("precision") in ("auto", ["auto"]):
-        data = {**data, "precision": []}
-    elif data.get("precision") == []:
-        raise ConfigError(f"{where}: precision", "got an empty list",
-                          "list at least one of bf16, fp16, fp32, fp8, or write auto")
-    if data.get("attention") in ("auto", ["auto"]):
-        data = {**data, "attention": []}
-    elif data.get("attention") == []:
-        raise ConfigError(f"{where}: attention", "got an empty list",
-                          "list flash, eager or both, or write auto")
+    data = read_auto(data, where)
     try:
-        return from_dict(SearchSpace, _listify(SearchSpace, data), "")
+        return from_dict(SearchSpace, listify(SearchSpace, data), "")
     except ConfigError as err:
         raise ConfigError(f"{where}: {err.field}", err.problem, err.fix) from None
-
-
-def available_spaces() -> list[str]:
-    """Space names: the user's directory ($AUTOPLAN_SPACES) and the built-in ones."""
-    return resources.names(resources.SPACES)
 
 
 @dataclass(frozen=True)
@@ -434,17 +381,8 @@ def load_space(ref: str | Path) -> SearchSpace:
     """A search space by name (the user's space directory, then the built-in ones) or by path,
     named as it was given (space_label)."""
     given = str(ref)
-    path = Path(ref)
+    path = space_path(ref)
     named = resources.is_name(ref)
-    if named:
-        found = resources.find(resources.SPACES, given)
-        if found is None:  # the profiles' suggestion rule (`defualt`: did you mean 'default'?)
-            known = available_spaces()
-            hint = name_hint(given, known)
-            raise ConfigError("--space", f"no search space named {show(given)}",
-                              (f"{hint} " if hint else "") + f"choose one of {', '.join(known)}"
-                              " (`autoplan spaces` lists them) or give a path")
-        path = found
     user = named and path.parent.resolve() != SPACES_DIR.resolve()
     space = space_from_dict(read_yaml(path, "--space"), f"space {path if user else path.name}")
     if named and space.name != given:
@@ -454,19 +392,6 @@ def load_space(ref: str | Path) -> SearchSpace:
         return space
     fields = {f.name: getattr(space, f.name) for f in dataclasses.fields(space)}
     return LoadedSpace(**{**fields, "name": label}, name_in_file=space.name)
-
-
-def space_label(given: str, name_in_file: str, user_file: Path | None) -> str:
-    """The space as the user gave it: the name or path given, the file's own `name:` beside it
-    where the two differ, and the user's file where it shadows a shipped space of that name
-    (`default (user file ~/.config/autoplan/search_spaces/default.yaml, not the shipped one)`)."""
-    notes = []
-    if user_file is not None and (SPACES_DIR / f"{given}.yaml").is_file():
-        notes.append(f"user file {user_file}, not the shipped one")
-    stem = Path(given).stem if not resources.is_name(given) else given
-    if name_in_file != stem:
-        notes.append(f"name: {name_in_file}")
-    return f"{given} ({'; '.join(notes)})" if notes else given
 
 
 @functools.cache

@@ -16,7 +16,8 @@ from autoplan import resources
 from autoplan.cli_common import add_format_argument, emit
 from autoplan.display import terminal_width
 from autoplan.errors import ConfigError
-from autoplan.search_space import SPACES_DIR, available_spaces, load_space
+from autoplan.search_space import load_space
+from autoplan.space_files import SPACES_DIR, available_spaces
 from autoplan.yaml_io import did_you_mean, show
 
 

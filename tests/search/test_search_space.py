@@ -10,7 +10,8 @@ import pytest
 from autoplan.commands import main
 from autoplan.errors import ConfigError
 from autoplan.plan import Precision
-from autoplan.search_space import available_spaces, load_space, space_from_dict
+from autoplan.search_space import load_space, space_from_dict
+from autoplan.space_files import available_spaces
 from tests.search.conftest import SMALL_SPACE
 
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from autoplan.commands import main
-from autoplan.search_space import SPACES_DIR, _warn_inner_name, load_space
+from autoplan.search_space import _warn_inner_name, load_space
+from autoplan.space_files import SPACES_DIR
 
 SMALL = (SPACES_DIR / "small-cpu.yaml").read_text()
 SEARCH = ["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "4",

@@ -13,7 +13,8 @@ from autoplan.commands import main
 from autoplan.errors import ConfigError
 from autoplan.hardware import PROFILES_DIR, load_profile
 from autoplan.profile_files import available_profiles
-from autoplan.search_space import SPACES_DIR, available_spaces, load_space
+from autoplan.search_space import load_space
+from autoplan.space_files import SPACES_DIR, available_spaces
 
 BUILTIN = yaml.safe_load((PROFILES_DIR / "a100-sxm4-80gb.yaml").read_text())
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from autoplan.commands import main
-from autoplan.search_space import SPACES_DIR, available_spaces, load_space
+from autoplan.search_space import load_space
+from autoplan.space_files import SPACES_DIR, available_spaces
 from tests.cli_refusals import assert_refused
 
 
