@@ -12,12 +12,18 @@ process-global state does not reliably survive init/destroy cycles. The likely c
 DTensor's process-wide caches (sharding propagation, redistribute plans) keyed by meshes that
 compare equal across tasks (same ranks and layout) while naming the old task's process groups.
 A fork per task costs a fraction of a second and isolates tasks completely.
+
+Modules, unlike process groups, are safe to share: the pool imports the runtime once, in the
+parent (`PRELOAD`), so that a forked rank does not import it again. Measured on the 2-core test
+machine: importing the runtime in each of 8 fresh ranks took 4.5 s of an 8-rank task's 6.5 s
+(dp 8, ZeRO-3, four steps), and 0.0 s once the parent had imported it (the task: 2.0 s).
 """
 
 from __future__ import annotations
 
 import datetime
 import faulthandler
+import importlib
 import multiprocessing as mp
 import os
 import queue
@@ -28,6 +34,10 @@ from collections.abc import Callable
 from typing import Any
 
 PG_TIMEOUT_S = 45.0
+PRELOAD = ("autoplan.runtime.parallelize", "autoplan.runtime.trainer", "autoplan.runtime.data",
+           "autoplan.runtime.checkpoint", "autoplan.runtime.optim")
+"""Imported in the parent before any fork: the modules every rank's task needs (they pull in
+torch.distributed's DTensor, FSDP2, pipelining and checkpoint packages)."""
 
 
 def _stack_path(store_path: str, rank: int) -> str:
@@ -79,9 +89,11 @@ def _leave_together(dist: Any) -> None:
 class WorkerPool:
     """Runs fn(rank, world_size, *args) on up to `size` freshly forked ranks per task."""
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = 8, preload: tuple[str, ...] = PRELOAD) -> None:
         self.size = size
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        for module in preload:
+            importlib.import_module(module)
 
     def close(self) -> None:
         pass
