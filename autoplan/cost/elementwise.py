@@ -54,7 +54,7 @@ def fused_elementwise_bytes(model: ModelSpec, parts: dict[str, np.ndarray], toke
     """HBM bytes the fused element-wise kernels of one block move on one rank per micro-batch,
     forward + backward (a runtime with fused kernels: Megatron-Core + Transformer Engine, Apex,
     DeepSpeed's Megatron fork), counted by kernel from the block's kept tensors (`parts`:
-    memory.activation_elements_per_layer's 16-bit bytes on this rank). Forward: the 2 norms
+    activations.activation_elements_per_layer's 16-bit bytes on this rank). Forward: the 2 norms
     read their inputs (`norm`) and write their outputs (`gemm_in`); the 2 bias-dropout-add
     kernels read the branch and the residual and write the sum (3 h-wide tensors each) and
     their dropout masks (`masks`); the activation reads the first MLP GEMM's output

@@ -133,14 +133,14 @@ def block_forward_delta_s(model: ModelSpec, profile: ClusterProfile, peak: float
 
 def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarray]
                             ) -> dict[str, np.ndarray]:
-    """memory.activation_elements_per_layer's parts of a mean block with MoE blocks' MLP
+    """activations.activation_elements_per_layer's parts of a mean block with MoE blocks' MLP
     activations in place of the dense MLP's: each routed token copy keeps its expert MLP's
     activations (mlp_act, mlp_mid at the expert width split by etp) and its permuted input
     (gemm_in: 2*k*tokens*h, the grouped GEMM's input), the shared experts their own; 16-bit,
-    as memory.py counts (Megatron-Core docs, "MoE": activation memory grows with top-k).
+    as activations.py counts (Megatron-Core docs, "MoE": activation memory grows with top-k).
     mlp_act_dense/mlp_mid_dense (the dense blocks' share, `dense_share` of the blocks) and
     mlp_act_routed/mlp_mid_routed (the routed experts') split mlp_act and mlp_mid for
-    recompute.modules mlp and moe_act (memory.module_kept_bytes)."""
+    recompute.modules mlp and moe_act (activations.module_kept_bytes)."""
     if model.moe is None:
         return parts
     moe, share = model.moe, moe_share(model)
@@ -156,7 +156,7 @@ def routed_activation_parts(model: ModelSpec, r: Rows, parts: dict[str, np.ndarr
     out = dict(parts)
     out["mlp_act"] = (1.0 - share) * parts["mlp_act"] + share * moe_act
     out["mlp_mid"] = (1.0 - share) * parts["mlp_mid"] + share * moe_act * ratio_mid
-    # what recompute.modules frees (memory.module_kept_bytes): mlp the dense blocks' MLP
+    # what recompute.modules frees (activations.module_kept_bytes): mlp the dense blocks' MLP
     # tensors only (Megatron-Core checkpoints no MoE block under mlp), moe_act the routed
     # experts' activation outputs (fc2's saved inputs; not the shared experts')
     out["dense_share"] = np.asarray(1.0 - share)
@@ -180,7 +180,7 @@ def eager_moe_bytes(model: ModelSpec, r: Rows, precision: str) -> np.ndarray:
     else in the layer keeps (+2h), and the 16-bit gates (+2k), and once per micro-batch the
     fp32 copy of the router weight (h*E*4). Counted with saved-tensor hooks on the runtime's
     block, exact to the byte over eleven shapes (h 48-160, k 1-6, E 4-32) in fp32 and bf16
-    beside the per-token statistics memory.py leaves out of every block (norm rstd, attention
+    beside the per-token statistics activations.py leaves out of every block (norm rstd, attention
     logsumexp: tests/unit/runtime/test_recompute_moe.py recounts). A 16-bit router (not
     counted) is priced as the 16-bit count without the upcasts. The router is replicated
     over tp, so each tp rank routes the rank's whole sequence."""

@@ -70,6 +70,6 @@ def params_per_rank(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.nd
 def extra_activation_bytes(model: ModelSpec, r: Rows) -> np.ndarray:
     """Bytes per micro-batch the depths keep beside their block's activations: the inputs of
     the two norms (h each) and of eh_proj (2h), 16-bit (4h elements, 8sbh bytes), split by tp
-    under sequence parallelism as the block's replicated parts are (memory.py)."""
+    under sequence parallelism as the block's replicated parts are (activations.py)."""
     sp_div = np.where(r.sp, r.tp, 1.0)
     return model.mtp_layers * 8.0 * r.b * model.seq_len / r.cp * model.hidden_size / sp_div

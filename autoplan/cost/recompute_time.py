@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost import compute, latent_attention, memory, moe
+from autoplan.cost import activations, compute, latent_attention, moe
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import ClusterProfile
@@ -17,9 +17,10 @@ from autoplan.plan_table import RC_FULL, RC_SELECTIVE
 def _elementwise(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray]
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(a block's non-GEMM, non-core forward seconds, the bytes its element-wise kernels move:
-    memory.NONCORE_PARTS, at least 1): a re-run part's share of that time follows its bytes."""
+    activations.NONCORE_PARTS, at least 1): a re-run part's share of that time follows its bytes."""
     elementwise = np.maximum(lt["elementwise_forward"], 0.0)
-    return elementwise, np.maximum(np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0), 1.0)
+    return elementwise, np.maximum(
+        np.sum([parts[k] for k in activations.NONCORE_PARTS], axis=0), 1.0)
 
 
 def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: float, r: Rows,
@@ -40,7 +41,7 @@ def deepseek_v3_recompute_s(model: ModelSpec, profile: ClusterProfile, peak: flo
 def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
                        modules: np.ndarray, moe_gemm_forward: np.ndarray | float = 0.0
                        ) -> np.ndarray:
-    """Seconds per block that recomputing `modules` (memory.CORE_ATTN | MLP | LAYERNORM |
+    """Seconds per block that recomputing `modules` (activations.CORE_ATTN | MLP | LAYERNORM |
     MOE_ACT | MOE) adds: the attention core's forward; the dense MLP's two GEMMs (on the dense
     share of a MoE model's blocks); the MoE layers' forward GEMMs, router and shared experts
     (`moe_gemm_forward`, the mean block's: step_time.py); and for the MLP, the norms, the
@@ -48,7 +49,7 @@ def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
     (element-wise work and per-op host costs) in proportion to the bytes they keep (an
     assumption: element-wise time follows bytes moved). The norms' share leaves out a MoE
     block's routed copies of their output (the dispatch's tensors); the MoE layer's share is
-    those copies and every expert tensor (memory.moe_layer_bytes), the activation among them,
+    those copies and every expert tensor (activations.moe_layer_bytes), the activation among them,
     so moe_act adds nothing beside moe. The all-to-alls moe repeats are step_time.py's."""
     m = np.asarray(modules, dtype=np.int64)
     elementwise, noncore = _elementwise(lt, parts)
@@ -57,14 +58,14 @@ def module_recompute_s(lt: dict[str, np.ndarray], parts: dict[str, np.ndarray],
                  + parts.get("mlp_mid_dense", parts["mlp_mid"])) / noncore
     norm_share = (parts["norm"] + parts["gemm_in"] - parts.get("gemm_in_routed", 0.0)) / noncore
     act_share = (parts.get("mlp_act_routed", 0.0) + parts.get("mlp_mid_routed", 0.0)) / noncore
-    moe_layer = (m & memory.MOE) > 0
-    moe_share = memory.moe_layer_bytes(parts) / noncore
-    return (np.where((m & memory.CORE_ATTN) > 0, lt["attention-core"], 0.0)
-            + np.where((m & memory.MLP) > 0,
+    moe_layer = (m & activations.MOE) > 0
+    moe_share = activations.moe_layer_bytes(parts) / noncore
+    return (np.where((m & activations.CORE_ATTN) > 0, lt["attention-core"], 0.0)
+            + np.where((m & activations.MLP) > 0,
                        dense * lt["mlp_gemm_forward"] + mlp_share * elementwise, 0.0)
-            + np.where((m & memory.LAYERNORM) > 0, norm_share * elementwise, 0.0)
+            + np.where((m & activations.LAYERNORM) > 0, norm_share * elementwise, 0.0)
             + np.where(moe_layer, moe_gemm_forward + moe_share * elementwise,
-                       np.where((m & memory.MOE_ACT) > 0, act_share * elementwise, 0.0)))
+                       np.where((m & activations.MOE_ACT) > 0, act_share * elementwise, 0.0)))
 
 
 def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
@@ -80,11 +81,11 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
                  }[runtime.selective.value]
     gemms = compute.gemm_flops_per_layer(model, np.array(float(model.seq_len)), one)
     m = np.asarray(r.rc_modules, dtype=np.int64)
-    by_module = (np.where((m & memory.CORE_ATTN) > 0, fwd_core, 0.0)
-                 + np.where((m & memory.MLP) > 0,
+    by_module = (np.where((m & activations.CORE_ATTN) > 0, fwd_core, 0.0)
+                 + np.where((m & activations.MLP) > 0,
                             (1.0 - moe.moe_share(model)) * (gemms[2] + gemms[3]), 0.0)
                  # the MoE layer's experts, counted as the MLP the layer count stands in for
-                 + np.where((m & memory.MOE) > 0,
+                 + np.where((m & activations.MOE) > 0,
                             moe.moe_share(model) * (gemms[2] + gemms[3]), 0.0))
     selective = np.where(m > 0, by_module, selective)
     # a full recompute re-runs a block's forward: a MoE or MLA block's as the model FLOPs

@@ -23,7 +23,7 @@ class SelectiveKind(str, enum.Enum):
     """DeepSeek-V3's recompute (report §3.2.3 and §3.3.3, "Low-Precision Activation" (2)): all
     RMSNorms and the MLA up-projections re-run in backward, so the norms' outputs (the next
     GEMMs' saved inputs, the routed tokens' own dispatched copies aside) and the up-projected
-    Q, K, V are not kept, the MLA latents are (memory.py `mla_latent`); SwiGLU keeps its input
+    Q, K, V are not kept, the MLA latents are (activations.py `mla_latent`); SwiGLU keeps its input
     (in FP8 in an fp8 run) and re-runs its output. Re-run: the norms' and SwiGLU's element-wise
     work and the two up-projection GEMMs (q_up, kv_up)."""
     OP_SAC = "op-sac"

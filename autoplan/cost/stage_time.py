@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.cost import comm, compute, elementwise, memory, moe, moe_dispatch, mtp, te_ring
+from autoplan.cost import activations, comm, compute, elementwise, moe, moe_dispatch, mtp, te_ring
 from autoplan.cost.recompute_time import deepseek_v3_recompute_s, module_recompute_s
 from autoplan.cost.rows import Rows, recomputed_layers
 from autoplan.cost.runtimes import RuntimeTraits, SelectiveKind
@@ -29,7 +29,7 @@ def block_times_s(model: ModelSpec, profile: ClusterProfile, precision: str, b: 
     profile` compares its measured blocks with); `unit_host_s`: the host seconds of the
     block's FSDP unit per micro-batch, where the runtime's host runs ahead of the device."""
     act_scale = 2.0 if precision == "fp32" else 1.0
-    noncore = np.sum([parts[k] for k in memory.NONCORE_PARTS], axis=0) * act_scale
+    noncore = np.sum([parts[k] for k in activations.NONCORE_PARTS], axis=0) * act_scale
     tokens = np.asarray(b, float) * model.seq_len / np.asarray(cp, float)
     casts = (elementwise.fp8_cast_bytes(model, tokens, tp) if precision == "fp8"
              else np.zeros_like(tokens))
@@ -227,7 +227,7 @@ def recompute_extra_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precis
     # ... and its forward dispatch and combine, which a recompute of the whole block (full)
     # re-runs too: the checkpointed forward holds the MoE layer's dispatch and combine
     # (Megatron's and torchtitan's full recompute checkpoint the block)
-    moe_again = ((r.recompute == RC_SELECTIVE) & ((r.rc_modules & memory.MOE) > 0)) | (
+    moe_again = ((r.recompute == RC_SELECTIVE) & ((r.rc_modules & activations.MOE) > 0)) | (
         r.recompute == RC_FULL)
     a2a_rec = np.where(moe_again, a2a_forward, 0.0)
     rec_extra = np.where(r.recompute == RC_SELECTIVE, selective_t,
@@ -258,7 +258,7 @@ def tensor_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
                           # Megatron re-runs the MLP under its reentrant checkpoint: fc1's
                           # gather and fc2's reduction, one MLP forward's (a quarter of the
                           # block's)
-                          by_module, np.where((r.rc_modules & memory.MLP) > 0,
+                          by_module, np.where((r.rc_modules & activations.MLP) > 0,
                                               parts.get("dense_share", 1.0)
                                               * tpc["layer"] / 4.0, 0.0),
                           selective_tp), 0.0))
@@ -293,7 +293,7 @@ def context_parallel_costs(model: ModelSpec, profile: ClusterProfile, r: Rows,
     gpn = profile.gpus_per_node
     cp_inside = comm.intra_node(r.tp, r.cp, gpn)
     cp_nodes = comm.members_per_node(r.tp, r.cp, gpn)
-    keeps_core = (r.rc_modules > 0) & ((r.rc_modules & memory.CORE_ATTN) == 0)
+    keeps_core = (r.rc_modules > 0) & ((r.rc_modules & activations.CORE_ATTN) == 0)
     if runtime.cp_exchange == "torch-ring":
         width = model.q_width if runtime.kv_repeated else model.kv_heads * model.head_width
         kv_bytes = 2.0 * r.weight_bytes * model.seq_len * r.b * width / r.tp

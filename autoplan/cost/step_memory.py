@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost import (
+    activations,
     latent_attention,
     memory,
     moe,
@@ -39,7 +40,7 @@ FP8_SAVED_INPUTS = ("gemm_in", "gemm_in_routed", "attn_out", "mlp_mid", "mlp_mid
 
 def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTraits,
                      precision: str = "bf16") -> dict[str, np.ndarray]:
-    parts = memory.activation_elements_per_layer(
+    parts = activations.activation_elements_per_layer(
         model, r.b, r.tp, r.sp, r.cp, eager, fused_norm=runtime.fused_norm,
         fused_swiglu=runtime.fused_swiglu, kv_repeated=runtime.kv_repeated,
         attention_dropout=runtime.attention_dropout)
@@ -59,7 +60,7 @@ def activation_parts(model: ModelSpec, r: Rows, eager: bool, runtime: RuntimeTra
                              if k in parts and k not in whole.values()}}
     parts["fp8_scale"] = np.asarray(0.5 if fp8 else 1.0)
     parts["mla_latent"] = latent_attention.mla_latent_bytes(model, r)
-    # already at the run's precision (memory.activation_bytes_per_layer adds it as it is)
+    # already at the run's precision (activations.activation_bytes_per_layer adds it as it is)
     parts["moe_extra"] = (moe.eager_moe_bytes(model, r, precision) if runtime.moe_eager_tensors
                           else 0.0 * parts["qkv"])
     parts["attn_upcast"] = 0.0 * parts["qkv"]
@@ -163,9 +164,9 @@ def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: boo
                            ) -> StageActivations:
     """What each stage keeps for the micro-batches it holds in flight, plus the backward's
     working set and, where the head sits, its logits."""
-    a_none = memory.activation_bytes_per_layer(parts, np.zeros_like(r.recompute), precision)
-    a_pol = memory.activation_bytes_per_layer(parts, r.recompute, precision,
-                                              runtime.selective.value, r.rc_modules)
+    a_none = activations.activation_bytes_per_layer(parts, np.zeros_like(r.recompute), precision)
+    a_pol = activations.activation_bytes_per_layer(parts, r.recompute, precision,
+                                                   runtime.selective.value, r.rc_modules)
 
     def act_layers(layers: np.ndarray) -> np.ndarray:
         n = recomputed_layers(layers, r)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import compute, elementwise, memory, params
+from autoplan.cost import activations, compute, elementwise, params
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
 from autoplan.cost.stage_time import block_times_s
 from autoplan.cost.step_time import priced_profile
@@ -35,7 +35,7 @@ def _runtime(profile: ClusterProfile | None) -> RuntimeTraits:
 
 
 def _parts(spec: ModelSpec, b: int, tp: int, runtime: RuntimeTraits) -> dict[str, np.ndarray]:
-    return memory.activation_elements_per_layer(
+    return activations.activation_elements_per_layer(
         spec, np.array(b), np.array(tp), np.array(False), np.array(1), eager_attention=False,
         fused_norm=runtime.fused_norm, fused_swiglu=runtime.fused_swiglu)
 
@@ -60,7 +60,8 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
         return float(lt["forward"] + lt["backward"] + lt["dtensor"])
     gemms = compute.gemm_flops_per_layer(spec, ba * s, ta)
     gemm_s = [float(compute.gemm_time_s(g, profile, peak)) for g in gemms]
-    owned = {  # 16-bit bytes each part keeps (memory.py's terms), moved ELEMENTWISE_PASSES times
+    # 16-bit bytes each part keeps (activations.py's terms), moved ELEMENTWISE_PASSES times
+    owned = {
         "attention": float(parts["qkv"] + parts["attn_out"]),
         "mlp": float(parts["mlp_act"] + parts["mlp_mid"]),
         "norm": float(parts["norm"] + parts["gemm_in"]) / 2.0,  # one norm's input and output
@@ -79,10 +80,10 @@ def predicted_layer_s(layer: str, spec: ModelSpec, b: int, tp: int, profile: Clu
 
 def predicted_saved_bytes(spec: ModelSpec, b: int, tp: int, policy: str, precision: str,
                           profile: ClusterProfile | None = None) -> float:
-    """memory.activation_bytes_per_layer for one block (flash attention, no SP, no CP) as
+    """activations.activation_bytes_per_layer for one block (flash attention, no SP, no CP) as
     autoplan's runtime on this machine keeps it."""
     runtime = _runtime(profile)
-    return float(memory.activation_bytes_per_layer(
+    return float(activations.activation_bytes_per_layer(
         _parts(spec, b, tp, runtime), np.array(RC[policy]), precision, runtime.selective.value))
 
 
@@ -115,7 +116,7 @@ def layer_comparison(layers: dict[str, Any], models: dict[str, Any], profile: Cl
 
 def saved_comparison(saved: dict[str, Any], models: dict[str, Any], precision: str
                      ) -> list[dict[str, Any]]:
-    """measured vs memory.py bytes per block for every measured (model, tp, policy)."""
+    """measured vs activations.py bytes per block for every measured (model, tp, policy)."""
     cols = saved["columns"]
     out = []
     for raw in saved["rows"]:

@@ -31,7 +31,7 @@ def layer_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def saved_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="bytes one block keeps for backward: measured vs cost/memory.py",
+    t = Table(title="bytes one block keeps for backward: measured vs cost/activations.py",
               caption="runtime Block + recompute wrappers, flash (SDPA) attention, no SP")
     for c in ("model", "mbs x seq", "tp", "policy", "measured KiB", "predicted KiB", "ratio"):
         t.add_column(c, justify="left" if c in ("model", "policy") else "right")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from autoplan.cost import (
+    activations,
     compute,
     latent_attention,
     memory,
@@ -190,8 +191,8 @@ def test_deepseek_recompute_keeps_what_the_report_keeps():
     plan = ACCURACY.deepseek_v3_plan()
     r = rows_of(plan_to_row(plan, DS), DS, "fp8", traits)
     parts = step_memory.activation_parts(DS, r, False, traits, "fp8")
-    none = memory.activation_bytes_per_layer(parts, np.array([0]), "fp8")
-    kept = memory.activation_bytes_per_layer(parts, np.array([1]), "fp8", "deepseek-v3")
+    none = activations.activation_bytes_per_layer(parts, np.array([0]), "fp8")
+    kept = activations.activation_bytes_per_layer(parts, np.array([1]), "fp8", "deepseek-v3")
     dense_in = parts["gemm_in"] - parts["gemm_in_routed"]
     want = none - dense_in - parts["qkv"] - parts["mlp_mid"] - 0.5 * parts["mlp_act"] \
         + latent_attention.mla_latent_bytes(DS, r)

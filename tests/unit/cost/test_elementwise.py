@@ -16,7 +16,7 @@ def test_fused_elementwise_bytes_count_korthikanti_s_kernels() -> None:
     tensor-parallel rank."""
     import dataclasses
 
-    from autoplan.cost import memory
+    from autoplan.cost import activations
     from autoplan.cost.elementwise import fused_elementwise_bytes
 
     model = dataclasses.replace(PRESETS["gpt3-13b"], dropout=0.1)
@@ -24,10 +24,10 @@ def test_fused_elementwise_bytes_count_korthikanti_s_kernels() -> None:
     sbh = model.seq_len * model.hidden_size
     for tp, sp, forward_sbh in ((1, False, 38.0), (8, False, 22.0 + 16.0 / 8), (8, True, 38.0 / 8)):
         tp_a, sp_a = np.full(1, float(tp)), np.full(1, sp)
-        parts = memory.activation_elements_per_layer(model, b, tp_a, sp_a, one, False)
+        parts = activations.activation_elements_per_layer(model, b, tp_a, sp_a, one, False)
         got = fused_elementwise_bytes(model, parts, model.seq_len * b, tp_a, sp_a, "bf16")
         assert got == pytest.approx(3.0 * forward_sbh * sbh)
-    parts = memory.activation_elements_per_layer(model, b, one, np.zeros(1, bool), one, False)
+    parts = activations.activation_elements_per_layer(model, b, one, np.zeros(1, bool), one, False)
     fp32 = fused_elementwise_bytes(model, parts, model.seq_len * b, one, np.zeros(1, bool), "fp32")
     assert fp32 == pytest.approx(2.0 * 3.0 * 38.0 * sbh)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoplan.cost import memory, pipeline, step_memory
+from autoplan.cost import activations, memory, pipeline, step_memory
 from autoplan.cost.estimate import estimate_plan
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import load_runtime
@@ -154,8 +154,8 @@ def test_stage_backward_input_keeps_the_weight_ops_output_gradients_until_w() ->
     after_forward = alive[t < starts["I"]][-1]  # the saved tensors and the output
     # after I: the output is gone and x's gradient (as large) has come
     kept_for_w = alive[t < starts["W"]][-1]
-    saved = memory.activation_elements_per_layer(spec, np.array(1), np.array(1),
-                                                 np.array(False), np.array(1), False)
+    saved = activations.activation_elements_per_layer(spec, np.array(1), np.array(1),
+                                                      np.array(False), np.array(1), False)
     counted = 2 * float(memory.weight_grad_input_bytes(saved))
     assert kept_for_w - after_forward == pytest.approx(counted, rel=0.06)
 

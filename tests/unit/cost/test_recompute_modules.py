@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from autoplan.commands import build_parser
-from autoplan.cost import memory
+from autoplan.cost import activations
 from autoplan.cost.estimate import estimate_plan
 from autoplan.model_spec import PRESETS
 from autoplan.plan import (
@@ -36,8 +36,9 @@ GPT = PRESETS["gpt3-175b"]
 
 
 def _parts(model=GPT, b=1, tp=8, sp=True):
-    return memory.activation_elements_per_layer(model, np.array(b), np.array(tp), np.array(sp),
-                                                np.array(1), eager_attention=False)
+    return activations.activation_elements_per_layer(model, np.array(b), np.array(tp),
+                                                     np.array(sp), np.array(1),
+                                                     eager_attention=False)
 
 
 def test_module_figures_term_by_term():
@@ -49,13 +50,13 @@ def test_module_figures_term_by_term():
     s, b, h, a, t = GPT.seq_len, 1, GPT.hidden_size, GPT.num_heads, 8
     sbh_t = s * b * h / t
     p = _parts()
-    none = memory.activation_bytes_per_layer(p, np.array(0), "bf16")
+    none = activations.activation_bytes_per_layer(p, np.array(0), "bf16")
     assert float(none) == pytest.approx(34 * sbh_t + 4 * a * s * b / t)
 
     def drop(*ms):
         mask = sum({M.CORE_ATTN: 1, M.MLP: 2, M.LAYERNORM: 4}[m] for m in ms)
-        return float(none - memory.activation_bytes_per_layer(p, np.array(1), "bf16",
-                                                              modules=np.array(mask)))
+        return float(none - activations.activation_bytes_per_layer(p, np.array(1), "bf16",
+                                                                   modules=np.array(mask)))
 
     assert drop(M.CORE_ATTN) == pytest.approx(4 * a * s * b / t)
     assert drop(M.MLP) == pytest.approx(16 * sbh_t)
@@ -96,7 +97,7 @@ def test_uniform_keeps_one_input_per_group_and_recomputes_every_layer():
     assert uni[3].time["recompute"] == pytest.approx(full.time["recompute"])
     p = _parts()
     one_input = float(p["input"])
-    a_none = float(memory.activation_bytes_per_layer(p, np.array(0), "bf16"))
+    a_none = float(activations.activation_bytes_per_layer(p, np.array(0), "bf16"))
     in_flight = 16  # 1F1B: stage 0 holds pp micro-batches
     expected = (in_flight * (2 - 6) * one_input  # 2 group inputs instead of 6 layer inputs
                 + (3 - 1) * (a_none - one_input))  # 3 layers re-made at once instead of 1
@@ -142,7 +143,7 @@ def test_default_space_is_unchanged_and_the_opt_in_space_adds_the_choices():
     assert opt_in.size() * 9 == default.size() * 32
     dense, moe = (recompute_pairs(opt_in, PRESETS[m]) for m in ("llama-3-8b", "qwen3-30b-a3b"))
     assert (len(dense), len(moe)) == (24, 32)
-    moe_bits = memory.MOE | memory.MOE_ACT
+    moe_bits = activations.MOE | activations.MOE_ACT
     assert not any(mask & moe_bits for _, _, mask, _ in dense)
     assert {mask for _, _, mask, _ in moe if mask & moe_bits} == {
         modules_mask((M.LAYERNORM, M.MOE_ACT)), modules_mask((M.LAYERNORM, M.MOE))}

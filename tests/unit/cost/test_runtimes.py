@@ -661,7 +661,7 @@ def test_a_checkpoint_that_stops_early_does_not_rerun_the_blocks_last_gemm() -> 
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.checkpoint import checkpoint
 
-    from autoplan.cost import memory
+    from autoplan.cost import activations
     from autoplan.cost.stage_time import block_times_s
     from autoplan.hardware import load_profile
     from autoplan.model_spec import load_model
@@ -699,7 +699,8 @@ def test_a_checkpoint_that_stops_early_does_not_rerun_the_blocks_last_gemm() -> 
 
     model, profile = load_model("gpt3-1.3b"), load_profile("a100-sxm4-80gb")
     one = np.array([1.0])
-    parts = memory.activation_elements_per_layer(model, one, one, np.array([False]), one, False)
+    parts = activations.activation_elements_per_layer(model, one, one, np.array([False]), one,
+                                                      False)
 
     def times(runtime):
         return block_times_s(model, profile, "bf16", one, one, one, False, load_runtime(runtime),

@@ -1,4 +1,4 @@
-"""Bytes a runtime block keeps for backward, per recompute policy, against cost/memory.py."""
+"""Bytes a runtime block keeps for backward, per recompute policy, against cost/activations.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from autoplan.cost import memory
+from autoplan.cost import activations, memory
 from autoplan.model_spec import PRESETS, NormKind, PositionKind
 from autoplan.plan import Attention, RecomputePolicy
 from autoplan.profiler.activations import (
@@ -55,7 +55,7 @@ def test_selective_keeps_less_than_none_and_more_than_full(spec) -> None:
 
 
 def _unmodelled_bytes(spec, tp: int, precision: str) -> float:
-    """What memory.py leaves out or rounds, each bounded from above:
+    """What activations.py leaves out or rounds, each bounded from above:
     - per-row statistics of the two norms (LayerNorm mean and rstd, RMSNorm rstd), <= 4 bytes,
       and of the QK-norms (one rstd per head of q and k);
     - RoPE's cos and sin tables, (s, head_dim/2) fp32 each;
@@ -77,12 +77,12 @@ def test_none_policy_matches_the_activation_formula(spec, tp, precision) -> None
     kept, _ = measure_block(spec, B, spec.seq_len, tp, RecomputePolicy.NONE, CPU,
                             DTYPES[precision])
     # autoplan's runtime on CPU (runtime traits autoplan-cpu): composite RMSNorm, eager SwiGLU
-    parts = memory.activation_elements_per_layer(spec, np.array(B), np.array(tp),
-                                                 np.array(False), np.array(1),
-                                                 eager_attention=False,  # SDPA is fused
-                                                 fused_norm=False, fused_swiglu=False,
-                                                 kv_repeated=True)  # repeat_interleave
-    formula = float(memory.activation_bytes_per_layer(parts, np.array(0), precision))
+    parts = activations.activation_elements_per_layer(spec, np.array(B), np.array(tp),
+                                                      np.array(False), np.array(1),
+                                                      eager_attention=False,  # SDPA is fused
+                                                      fused_norm=False, fused_swiglu=False,
+                                                      kv_repeated=True)  # repeat_interleave
+    formula = float(activations.activation_bytes_per_layer(parts, np.array(0), precision))
     slack = _unmodelled_bytes(spec, tp, precision)
     one_tensor = B * spec.seq_len * spec.hidden_size * DTYPES[precision].itemsize
     assert slack < one_tensor  # a missing or extra (b, s, h) activation cannot hide in it
@@ -112,7 +112,7 @@ def test_backward_peak_is_the_kept_blocks_plus_the_wavefront(spec, attention, po
     after_forward, peak = backward_peak_bytes(nn.Sequential(*(block(policy) for _ in range(3))),
                                               x)
     measured = peak - after_forward - (a_none - kept)
-    parts = memory.activation_elements_per_layer(
+    parts = activations.activation_elements_per_layer(
         spec, np.array(B), np.array(1), np.array(False), np.array(1),
         eager_attention=attention is Attention.EAGER, fused_norm=False, fused_swiglu=False,
         kv_repeated=True)

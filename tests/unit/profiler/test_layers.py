@@ -108,16 +108,16 @@ def test_comparison_names_every_model_and_layer(rows) -> None:
 def test_block_prediction_is_the_estimate_term() -> None:
     """The block row is priced with stage_time.block_times_s exactly as estimate_table charges a
     block (forward + backward + DTensor's host costs, apart on a CPU)."""
-    from autoplan.cost import memory
+    from autoplan.cost import activations
     from autoplan.cost.runtimes import load_runtime
     from autoplan.cost.stage_time import block_times_s
     from autoplan.cost.step_time import priced_profile
     prof = load_profile("cpu-gloo")
     runtime = load_runtime("autoplan-cpu")
     spec = layer_models(CPU, 128)["gpt"]
-    parts = memory.activation_elements_per_layer(spec, np.array(2), np.array(2), np.array(False),
-                                                 np.array(1), False, fused_norm=False,
-                                                 fused_swiglu=False)
+    parts = activations.activation_elements_per_layer(spec, np.array(2), np.array(2),
+                                                      np.array(False), np.array(1), False,
+                                                      fused_norm=False, fused_swiglu=False)
     lt = block_times_s(spec, priced_profile(prof, runtime), "fp32", np.array(2.0),
                        np.array(2.0), np.array(1.0), False, runtime, parts)
     assert predicted_layer_s("block", spec, 2, 2, prof, "fp32") == pytest.approx(

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from autoplan.cost import memory
+from autoplan.cost import activations
 from autoplan.model_spec import PRESETS, NormKind
 from autoplan.plan import RecomputeMethod, RecomputeModule, RecomputePolicy
 from autoplan.plan_table import RC_MODULES, modules_mask
@@ -52,19 +52,19 @@ def _kept(spec, modules: tuple[RecomputeModule, ...], precision: str) -> int:
 
 def _predicted(spec, modules: tuple[RecomputeModule, ...], precision: str) -> float:
     # autoplan's runtime on CPU (traits autoplan-cpu): composite RMSNorm, eager SwiGLU, SDPA
-    parts = memory.activation_elements_per_layer(spec, np.array(B), np.array(1),
-                                                 np.array(False), np.array(1),
-                                                 eager_attention=False, fused_norm=False,
-                                                 fused_swiglu=False)
-    return float(memory.activation_bytes_per_layer(
+    parts = activations.activation_elements_per_layer(spec, np.array(B), np.array(1),
+                                                      np.array(False), np.array(1),
+                                                      eager_attention=False, fused_norm=False,
+                                                      fused_swiglu=False)
+    return float(activations.activation_bytes_per_layer(
         parts, np.array(1 if modules else 0), precision, "attention-core",
         np.array(modules_mask(modules))))
 
 
 def _row_statistics_bytes(spec, precision: str) -> float:
-    """What memory.py leaves out of a module's figure: the two norms' per-row statistics
+    """What activations.py leaves out of a module's figure: the two norms' per-row statistics
     (LayerNorm mean and rstd, RMSNorm rstd; fp32) and, in an fp32 run, the flash row
-    statistics that memory.py counts twice (4asb)."""
+    statistics that activations.py counts twice (4asb)."""
     s = spec.seq_len
     stats = 2 * (2 if spec.norm is NormKind.LAYERNORM else 1) * B * s * 4
     lse = 4 * spec.num_heads * s * B if precision == "fp32" else 0
@@ -73,7 +73,7 @@ def _row_statistics_bytes(spec, precision: str) -> float:
 
 def test_module_bits_agree_between_plan_table_and_cost_model() -> None:
     assert [1 << RC_MODULES.index(m) for m in (M.CORE_ATTN, M.MLP, M.LAYERNORM)] == [
-        memory.CORE_ATTN, memory.MLP, memory.LAYERNORM]
+        activations.CORE_ATTN, activations.MLP, activations.LAYERNORM]
 
 
 @pytest.mark.parametrize("spec", [GPT, LLAMA_MHA], ids=["gpt", "llama-mha"])
@@ -96,7 +96,7 @@ def test_saved_bytes_shrink_by_the_cost_models_module_figure(spec, modules, prec
 @pytest.mark.parametrize("modules", [(M.MLP,), (M.LAYERNORM,), (M.LAYERNORM, M.MLP)],
                          ids=["mlp", "layernorm", "layernorm+mlp"])
 def test_grouped_query_attention_mlp_and_norm_figures(modules) -> None:
-    """With grouped-query attention (whose repeated K/V the runtime keeps and memory.py does
+    """With grouped-query attention (whose repeated K/V the runtime keeps and activations.py does
     not count: the attention core is left out here) the MLP and norm figures still hold."""
     measured = _kept(LLAMA_GQA, (), "fp32") - _kept(LLAMA_GQA, modules, "fp32")
     predicted = _predicted(LLAMA_GQA, (), "fp32") - _predicted(LLAMA_GQA, modules, "fp32")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from autoplan.cost import memory, moe
+from autoplan.cost import activations, moe
 from autoplan.model_spec import MlpKind
 from autoplan.plan import RecomputeModule
 from autoplan.plan_table import modules_mask
@@ -40,12 +40,12 @@ def _predicted(spec, modules, precision: str, recompute: int = 1) -> float:
     """The cost model's bytes per block for autoplan's runtime, its eager MoE bytes included."""
     parts = _model_parts(spec)
     parts["moe_extra"] = moe.eager_moe_bytes(spec, ROWS, precision)
-    return float(memory.activation_bytes_per_layer(
+    return float(activations.activation_bytes_per_layer(
         parts, np.array(recompute), precision, modules=np.array(modules_mask(modules))))
 
 
 def _unmodelled(spec, precision: str) -> int:
-    """What memory.py leaves out of every block, as tests/unit/profiler/test_activations.py
+    """What activations.py leaves out of every block, as tests/unit/profiler/test_activations.py
     bounds it: the two RMSNorms' fp32 rstd per token, RoPE's cos and sin tables ((s,
     head_dim/2) fp32 each) and, in an fp32 run, the flash logsumexp (fp32 per head and token)."""
     s = spec.seq_len
@@ -57,7 +57,7 @@ def _unmodelled(spec, precision: str) -> int:
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_moe_block_keeps_the_cost_models_bytes(shape, precision) -> None:
     """Without recompute the measured bytes exceed the prediction by no more than what
-    memory.py leaves out of every block, which is smaller than the k*h tensor of expert
+    activations.py leaves out of every block, which is smaller than the k*h tensor of expert
     outputs the combine keeps: leaving out the eager router/combine bytes fails."""
     spec = _shaped(MlpKind.SWIGLU, *shape)
     over = _kept(spec, (), precision) - _predicted(spec, (), precision, recompute=0)
@@ -70,7 +70,7 @@ def test_moe_block_keeps_the_cost_models_bytes(shape, precision) -> None:
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_moe_frees_the_cost_models_bytes(mlp, precision) -> None:
     """moe frees exactly the model's MoE-layer bytes; with layernorm the norms' outputs and
-    their rstd (which memory.py leaves out) go too."""
+    their rstd (which activations.py leaves out) go too."""
     spec = _spec(mlp)
     none = _kept(spec, (), precision)
     drop = none - _kept(spec, (M.MOE,), precision)

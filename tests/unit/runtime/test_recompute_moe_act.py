@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from autoplan.cost import memory, moe
+from autoplan.cost import activations, moe
 from autoplan.model_spec import MlpKind, load_model
 from autoplan.plan import RecomputeModule
 from autoplan.plan_table import modules_mask
@@ -71,7 +71,7 @@ ROWS = SimpleNamespace(b=np.array(float(B)), cp=np.array(1.0), tp=np.array(1.0),
 def _model_parts(spec) -> dict:
     """The cost model's activation parts of one block for autoplan's runtime (composite
     RMSNorm, eager SwiGLU keeps silu(gate) too: fused_swiglu False), one rank, dropless."""
-    parts = memory.activation_elements_per_layer(
+    parts = activations.activation_elements_per_layer(
         spec, np.array(B), np.array(1), np.array(False), np.array(1), eager_attention=False,
         fused_norm=False, fused_swiglu=False)
     return moe.routed_activation_parts(spec, ROWS, parts)
@@ -80,9 +80,9 @@ def _model_parts(spec) -> dict:
 def _predicted_drop(spec, modules, precision: str) -> float:
     """The cost model's bytes freed per block for autoplan's runtime."""
     parts = _model_parts(spec)
-    none = memory.activation_bytes_per_layer(parts, np.array(0), precision)
-    kept = memory.activation_bytes_per_layer(parts, np.array(1), precision,
-                                             modules=np.array(modules_mask(modules)))
+    none = activations.activation_bytes_per_layer(parts, np.array(0), precision)
+    kept = activations.activation_bytes_per_layer(parts, np.array(1), precision,
+                                                  modules=np.array(modules_mask(modules)))
     return float(none - kept)
 
 
@@ -108,7 +108,7 @@ def test_layernorm_in_a_moe_block_keeps_the_routed_copies() -> None:
     for modules in ((M.LAYERNORM,), (M.LAYERNORM, M.MOE_ACT)):
         measured = _kept(spec, (), "fp32") - _kept(spec, modules, "fp32")
         predicted = _predicted_drop(spec, modules, "fp32")
-        stats = 2 * B * spec.seq_len * 4  # two RMSNorms' fp32 rstd, which memory.py leaves out
+        stats = 2 * B * spec.seq_len * 4  # two RMSNorms' fp32 rstd, which activations.py leaves out
         assert abs(measured - predicted) <= stats, (modules, measured, predicted)
 
 

@@ -8,8 +8,8 @@ import argparse
 
 import numpy as np
 
+from autoplan.cost.activations import activation_elements_per_layer
 from autoplan.cost.estimate import estimate_plan
-from autoplan.cost.memory import activation_elements_per_layer
 from autoplan.cost.runtimes import load_runtime
 from autoplan.model_spec import PRESETS
 from autoplan.plan import plan_from_dict
