@@ -138,7 +138,7 @@ def all_gather_dispatch_s(model: ModelSpec, profile: ClusterProfile, r: Rows,
     (With etp != tp the expert-TP share is priced as tp's, as under the all-to-all.) The
     busiest expert's excess is compute, not traffic: every rank receives every token.
     `forward_only`: the forward's legs alone, which a recomputed block runs again
-    (stage_time.recompute_extra_s)."""
+    (block_time.recompute_extra_s)."""
     assert model.moe is not None
     gpn = profile.gpus_per_node
     wb = np.asarray(r.weight_bytes, float)

@@ -91,7 +91,7 @@ def recompute_flops_per_step(model: ModelSpec, r: Rows, runtime: RuntimeTraits) 
     # a full recompute re-runs a block's forward: a MoE or MLA block's as the model FLOPs
     # count it (active experts, MLA's projections), not the dense block's; a checkpoint that
     # stops early leaves out the MLP's down projection (RuntimeTraits.recompute_early_stop,
-    # as stage_time.block_times_s prices it)
+    # as block_time.block_times_s prices it)
     if model.moe is not None or model.mla is not None:
         full = (moe.model_flops_per_sequence(model) / 3.0
                 - 2.0 * model.seq_len * model.hidden_size * model.vocab_size) / model.num_layers

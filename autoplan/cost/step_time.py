@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from autoplan.cost import comm, compute, memory, offload, params, pipeline
+from autoplan.cost.block_time import fsdp_unit_host_s
 from autoplan.cost.recompute_time import recompute_flops_per_step
 from autoplan.cost.rows import Rows
 from autoplan.cost.runtimes import RuntimeTraits
-from autoplan.cost.stage_time import critical_stage_s, fsdp_unit_host_s
+from autoplan.cost.stage_time import critical_stage_s
 from autoplan.cost.step_memory import held_expert_psi
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, Curve, scale_figure

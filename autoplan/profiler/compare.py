@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost import activations, compute, elementwise, params
+from autoplan.cost.block_time import block_times_s
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
-from autoplan.cost.stage_time import block_times_s
 from autoplan.cost.step_time import priced_profile
 from autoplan.hardware import ClusterProfile
 from autoplan.model_spec import MlpKind, ModelSpec

@@ -3,7 +3,7 @@
 torchao's `convert_to_float8_training` swaps each nn.Linear for a Float8Linear that casts its
 input, weight and output gradient to fp8 with dynamic per-tensor scaling and runs the GEMMs in
 fp8 (torchao/float8/README.md; torchtitan's float8 converter does the same). The output layer
-stays 16-bit, as the cost model prices it (autoplan.cost.stage_time.sixteen_bit_peak). Where CUDA,
+stays 16-bit, as the cost model prices it (autoplan.cost.block_time.sixteen_bit_peak). Where CUDA,
 a GPU with fp8 tensor cores or torchao is missing, the runtime refuses the plan in one line.
 """
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autoplan import resources
-from autoplan.cost import comm, stage_time
+from autoplan.cost import block_comm, comm
 from autoplan.cost.estimate import estimate_table
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import load_runtime, runtime_from_dict
@@ -113,9 +113,9 @@ def test_userbuffers_pipelined_overlap_runs_its_gemms_on_the_sms_left() -> None:
     r = rows_of(plan_to_row(_tp4(sp=True), MODEL), MODEL, "bf16", nemo)
     lt = {"gemm_forward": np.array([1.0]), "proj_gemm_forward": np.array([0.1]),
           "fc2_gemm_forward": np.array([0.3])}
-    got = stage_time.userbuffers_margin_s(MODEL, H100, nemo, r, lt)
+    got = block_comm.userbuffers_margin_s(MODEL, H100, nemo, r, lt)
     assert got == pytest.approx([0.1 * (132 / 108 - 1) + 0.3 * (132 / 116 - 1)])
-    assert stage_time.userbuffers_margin_s(MODEL, H100, none, r, lt) == pytest.approx([0.0])
+    assert block_comm.userbuffers_margin_s(MODEL, H100, none, r, lt) == pytest.approx([0.0])
     # the whole step: the margin adds forward time only where userbuffers runs (SP, tp >= 2)
     sp_on = _table(_tp4(sp=True), H100, nemo)["time_compute"][0]
     assert sp_on > _table(_tp4(sp=True), H100, none)["time_compute"][0]

@@ -12,12 +12,12 @@ import pytest
 
 from autoplan.cost import (
     activations,
+    block_time,
     compute,
     latent_attention,
     memory,
     mtp,
     params,
-    stage_time,
     step_memory,
     step_time,
 )
@@ -288,8 +288,8 @@ def test_deepseek_recompute_re_runs_no_routed_copies():
     r = rows_of(plan_to_row(ACCURACY.deepseek_v3_plan(), DS), DS, "fp8", traits)
     parts = step_memory.activation_parts(DS, r, False, traits, "fp8")
     prof = step_time.priced_profile(H800.profile, traits)
-    peak = stage_time.gemm_peak(prof, "fp8", traits)
-    lt = stage_time.block_times_s(DS, prof, "fp8", r.b, r.tp, r.cp, False, traits, parts, r.sp)
+    peak = block_time.gemm_peak(prof, "fp8", traits)
+    lt = block_time.block_times_s(DS, prof, "fp8", r.b, r.tp, r.cp, False, traits, parts, r.sp)
     routed = parts["gemm_in_routed"]
     moved = {**parts, "gemm_in": parts["gemm_in"] - routed, "gemm_in_routed": 0.0 * routed,
              "attn_out": parts["attn_out"] + routed}

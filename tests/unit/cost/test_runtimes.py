@@ -662,7 +662,7 @@ def test_a_checkpoint_that_stops_early_does_not_rerun_the_blocks_last_gemm() -> 
     from torch.utils.checkpoint import checkpoint
 
     from autoplan.cost import activations
-    from autoplan.cost.stage_time import block_times_s
+    from autoplan.cost.block_time import block_times_s
     from autoplan.hardware import load_profile
     from autoplan.model_spec import load_model
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoplan.cost import stage_time, step_memory, step_time
+from autoplan.cost import block_time, stage_time, step_memory, step_time
 from autoplan.cost.rows import rows_of
 from autoplan.cost.runtimes import load_runtime
 from autoplan.hardware import load_profile
@@ -46,7 +46,7 @@ def _total(stage: dict[str, np.ndarray]) -> float:
 
 def test_a_stage_without_ends_scales_with_its_blocks():
     r, parts = _rows(4)
-    c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
+    c = block_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     zero = 0.0 * r.layers_max
 
     def middle(n: float) -> dict[str, np.ndarray]:
@@ -62,7 +62,7 @@ def test_a_stage_without_ends_scales_with_its_blocks():
 
 def test_full_recompute_adds_one_forward_per_block():
     r, parts = _rows(4, recompute="full")
-    c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
+    c = block_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     zero = 0.0 * r.layers_max
     stage = stage_time.stage_s(c, r, PROFILE, MEGATRON, np.array([20.0]), zero, zero)
     assert float(stage["recompute"][0]) == pytest.approx(20.0 * float(c.block_s["full"][0]))
@@ -73,7 +73,7 @@ def test_the_head_sits_on_the_last_stage_and_the_step_waits_on_the_slowest():
     """Even 20-block stages: the last adds the output layer and its loss, so it is the critical
     one; moving four of its blocks to the first makes the first the critical one."""
     r, parts = _rows(4)
-    c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
+    c = block_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     first, middle, last = stage_time.stages_s(c, LLAMA, PROFILE, r, "bf16", MEGATRON)
     assert _total(last) > _total(middle)
     assert float(stage_time.loss_on_first(r)[0]) == 0.0
@@ -85,7 +85,7 @@ def test_the_head_sits_on_the_last_stage_and_the_step_waits_on_the_slowest():
 
     r, parts = _rows(4, layers=(24, 20, 20, 16))
     crit = stage_time.critical_stage_s(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
-    c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
+    c = block_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     first, _, last = stage_time.stages_s(c, LLAMA, PROFILE, r, "bf16", MEGATRON)
     assert _total(first) > _total(last)
     assert float(crit["t_mb"][0]) == pytest.approx(_total(first))
@@ -96,7 +96,7 @@ def test_without_a_pipeline_one_stage_holds_embedding_blocks_and_head():
     r, parts = _rows(1)
     assert float(stage_time.loss_on_first(r)[0]) == 1.0
     crit = stage_time.critical_stage_s(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
-    c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
+    c = block_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     blocks_only = 80.0 * float((c.block_s["forward"] + c.block_s["backward"] + c.block_s["dtensor"])[0])
     assert float(crit["compute"][0]) > blocks_only
     assert float(crit["holds_head"][0]) == 1.0
@@ -117,7 +117,7 @@ def test_megatrons_mlp_recompute_runs_one_mlp_forwards_collectives_again(sp) -> 
                                     modules=(RecomputeModule.MLP,)))
     r = rows_of(plan_to_row(plan, LLAMA), LLAMA, "bf16", MEGATRON)
     parts = step_memory.activation_parts(LLAMA, r, False, MEGATRON, "bf16")
-    c = stage_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
+    c = block_time.block_costs(LLAMA, PROFILE, r, "bf16", False, MEGATRON, parts)
     assert float(c.tp.recompute[0]) == pytest.approx(float(c.tp.collectives["layer"][0]) / 4)
 
 

@@ -106,11 +106,11 @@ def test_comparison_names_every_model_and_layer(rows) -> None:
 
 
 def test_block_prediction_is_the_estimate_term() -> None:
-    """The block row is priced with stage_time.block_times_s exactly as estimate_table charges a
+    """The block row is priced with block_time.block_times_s exactly as estimate_table charges a
     block (forward + backward + DTensor's host costs, apart on a CPU)."""
     from autoplan.cost import activations
+    from autoplan.cost.block_time import block_times_s
     from autoplan.cost.runtimes import load_runtime
-    from autoplan.cost.stage_time import block_times_s
     from autoplan.cost.step_time import priced_profile
     prof = load_profile("cpu-gloo")
     runtime = load_runtime("autoplan-cpu")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from autoplan.cost.activations import activation_elements_per_layer
+from autoplan.cost.block_time import block_times_s
 from autoplan.cost.compute import gemm_shapes_per_layer, memory_time_s
 from autoplan.cost.elementwise import attention_cast_bytes
 from autoplan.cost.runtimes import RuntimeTraits, load_runtime
-from autoplan.cost.stage_time import block_times_s
 from autoplan.cost.step_time import priced_profile
 from autoplan.hardware import profile_from_dict
 from autoplan.model_spec import load_model
