@@ -296,12 +296,12 @@ def _default_precision(profile_ref: Any) -> str:
 
 def _default_attention(profile_ref: Any, runtime: str | None) -> str:
     """The attention of the default plan, as the search settles `attention: auto`: flash where
-    the runtime runs a fused kernel on the profile's device (runtime_rules.fused_attention_on:
+    the runtime runs a fused kernel on the profile's device (kernel_rules.fused_attention_on:
     not Transformer Engine on a V100, not Megatron-LM's 2021 code), else eager. A bad reference
     is left for the loaders to name."""
     if not runtime or not isinstance(profile_ref, str) or not profile_ref:
         return "flash"  # autoplan's own runtime: SDPA's fused kernels run everywhere
-    from autoplan.cost.runtime_rules import fused_attention_on
+    from autoplan.cost.kernel_rules import fused_attention_on
     from autoplan.cost.runtimes import load_runtime
 
     profile = load_profile(profile_ref)

@@ -314,7 +314,7 @@ class SearchSpace:
     def for_runtime(self, fused: list[bool]) -> SearchSpace:
         """The space with `attention: auto` settled: flash where the runtime runs a fused
         kernel on the device (`fused`, one per GPU type searched:
-        runtime_rules.fused_attention_on), eager where it does not; both when the types
+        kernel_rules.fused_attention_on), eager where it does not; both when the types
         differ, each type's runtime rules refusing the other's."""
         if self.attention:
             return self

@@ -2,7 +2,9 @@
 
 One set for both users, as autoplan.plan_rules is for plan validity: the search masks whole
 tables with `lacking` (search --runtime T keeps to plans T runs, so its winner exports), and
-`estimate` names what one plan breaks with `refusals` (the plan as a one-row table).
+`estimate` names what one plan breaks with `refusals` (the plan as a one-row table). The
+recompute rules live in recompute_rules, the kernels' limits (Transformer Engine, fused attention
+by device) in kernel_rules; RULES, lacking and refusals apply them here with the rest.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan.cost import kernel_rules, recompute_rules
 from autoplan.cost.rows import microbatches
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import DeviceSpec
@@ -20,19 +23,10 @@ from autoplan.model_spec import ModelSpec
 from autoplan.plan import Plan, Precision, ReduceDtype
 from autoplan.plan_table import (
     PRECISIONS,
-    RC_BLOCK,
-    RC_FULL,
-    RC_MODULES,
-    RC_NONE,
-    RC_SELECTIVE,
-    RECOMPUTE,
     REDUCE_DTYPES,
     SCHEDULES,
-    dp_col,
     dtype_col,
     eager_col,
-    mask_modules,
-    modules_mask,
     plan_to_row,
 )
 
@@ -54,33 +48,6 @@ def _v(t: Table, col: str) -> int:
 def _schedule(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     codes = [i for i, s in enumerate(SCHEDULES) if s.value in rt.schedules]
     return (t["pp"] > 1) & ~np.isin(t["schedule"], codes)
-
-
-def _partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
-    k = t["recompute_layers"]  # -1: every layer of the stage
-    partial = (t["recompute"] != RC_NONE) & (k >= 0)
-    if rt.partial_recompute:
-        return partial & (t["recompute"] == RC_SELECTIVE) & (not rt.partial_selective)
-    if not rt.nth_block_recompute:
-        return partial
-    # torchtitan's selective_ac_option = n checkpoints whole blocks, fully: the block method
-    nth = ((t["pp"] == 1) & (k > 0) & (m.num_layers % np.maximum(k, 1) == 0)
-           & (t["recompute"] == RC_FULL) & (dp_col(t, "rc_method") == RC_BLOCK))
-    return partial & ~nth
-
-
-def _partial_recompute_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
-    n = _v(t, "recompute_layers")
-    if rt.partial_recompute:
-        return (f"runtime {rt.name} counts recomputed layers for full recompute only "
-                f"(recompute.num_layers={n} with policy selective: set it null, or use policy "
-                "full)")
-    if not rt.nth_block_recompute:
-        return (f"runtime {rt.name} recomputes every block or none "
-                f"(recompute.num_layers={n}: set it null)")
-    return (f"runtime {rt.name} recomputes every block, none, or every n-th block fully "
-            f"without a pipeline (recompute.num_layers={n}: null, or with policy full, method "
-            "block and pp=1 a count that divides the layers)")
 
 
 def _offload_mode(t: Table) -> tuple[bool, bool, int]:
@@ -135,25 +102,6 @@ def _dualpipe(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     mb = _microbatches(t)
     return (t["pp"] > 1) & ((t["pp"] % 2 != 0) | (t["vpp"] != 1) | (mb % 2 != 0)
                             | (mb < 2 * t["pp"]))
-
-
-def _modules_lacking(rt: RuntimeTraits) -> int:
-    """Bits of column rc_modules (plan_table.RC_MODULES) naming modules the runtime cannot
-    recompute by name (RuntimeTraits.recompute_modules)."""
-    return modules_mask(tuple(m for m in RC_MODULES if m.value not in rt.recompute_modules))
-
-
-def _modules(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
-    if "rc_modules" not in t:  # a table that tries no module sets
-        return np.zeros(np.shape(t["pp"]), dtype=bool)
-    return (np.asarray(t["rc_modules"]) & _modules_lacking(rt)) > 0
-
-
-def _modules_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
-    names = mask_modules(_v(t, "rc_modules") & _modules_lacking(rt)) or ()
-    has = ", ".join(rt.recompute_modules) or "none"
-    return (f"runtime {rt.name} cannot recompute {', '.join(m.value for m in names)} by module "
-            f"(recompute.modules; it names: {has}): drop them, or use selective without modules")
 
 
 def _degrees(t: Table) -> dict[str, np.ndarray]:
@@ -237,63 +185,17 @@ def _precision(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     return ~np.isin(_dtype(t), codes)
 
 
-def _engine(t: Table, m: ModelSpec) -> list[tuple[Any, str]]:
-    """What Transformer Engine and Megatron-Core's grouped GEMM cannot run: (rows, why) per
-    limit, the why written for the first row (messages are for one-plan tables). Sources:
-    TE's get_attention_backend (FusedAttention takes bf16/fp16 inputs; UnfusedDotProduct-
-    Attention "does not support context parallelism"), its context_parallel.py (MLA only with
-    cp_comm_type p2p or a2a+p2p), Megatron-LM's validate_args (`if args.moe_grouped_gemm:
-    assert args.bf16`, and `not args.fp16` with expert parallelism)."""
-    dtype, eager = _dtype(t), eager_col(t, t["pp"])
-    cp = np.asarray(t.get("cp", np.ones(np.shape(t["pp"]), dtype=np.int64)))
-    first = PRECISIONS[int(dtype[0])].value if np.size(dtype) else "bf16"
-    c = int(cp[0]) if np.size(cp) else 1
-    sixteen = [PRECISIONS.index(Precision.BF16), PRECISIONS.index(Precision.FP8)]
-    return [
-        ((dtype == PRECISIONS.index(Precision.FP32)) & ~eager,
-         "precision fp32 with attention flash: Transformer Engine's fused attention runs in 16 "
-         "bits only; use bf16, or attention eager"),
-        (eager & (cp > 1),
-         f"attention eager with cp={c}: Transformer Engine runs context parallelism through "
-         "fused attention only; use attention flash or cp=1"),
-        ((cp > 1) & (m.mla is not None),
-         f"model.mla with cp={c}: Transformer Engine runs latent attention's context "
-         "parallelism as its p2p ring only, not the K/V all-gather priced and exported; use "
-         "cp=1"),
-        (~np.isin(dtype, sixteen) & (m.moe is not None),
-         f"precision {first} with experts: Megatron's grouped expert GEMM (--moe-grouped-gemm) "
-         "runs in bf16 only; use bf16 or fp8"),
-    ]
-
-
-def engine_reasons(plan: Plan, model: ModelSpec) -> list[str]:
-    """What of one plan Transformer Engine and Megatron-Core cannot run, a line per limit (the
-    megatron exporter refuses with these; the runtime rule below keeps searches from them)."""
-    row = plan_to_row(plan, model)
-    return [why for rows, why in _engine(row, model) if bool(np.asarray(rows)[0])]
-
-
 def _te(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
     bad = np.zeros(np.shape(t["pp"]), dtype=bool)
     if rt.transformer_engine:
-        for rows, _ in _engine(t, m):
+        for rows, _ in kernel_rules.engine_limits(t, m):
             bad |= np.asarray(rows, dtype=bool)
     return bad
 
 
 def _te_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
-    why = [w for rows, w in _engine(t, m) if bool(np.asarray(rows)[0])]
+    why = [w for rows, w in kernel_rules.engine_limits(t, m) if bool(np.asarray(rows)[0])]
     return f"runtime {rt.name}: " + "; ".join(why)
-
-
-def _recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
-    codes = [i for i, p in enumerate(RECOMPUTE) if p.value in rt.recompute_policies]
-    return ~np.isin(t["recompute"], codes)
-
-
-def _selective_without_model_code(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
-    return (rt.selective_needs_model_parallel & (t["recompute"] == RC_SELECTIVE)
-            & (t["tp"] == 1) & (t["pp"] == 1))
 
 
 def _one_stage(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
@@ -317,13 +219,9 @@ RULES: tuple[RuntimeRule, ...] = (
         f"runtime {rt.name} replicates (ZeRO-0, DDP) only as the sole parallelism and shards "
         f"whenever cp > 1 (got dp={_v(t, 'dp')}, tp={_v(t, 'tp')}, pp={_v(t, 'pp')}, "
         f"cp={_v(t, 'cp')}): set zero_stage 2 or 3")),
-    RuntimeRule(_recompute, lambda t, rt, m: (
-        f"runtime {rt.name} has no {RECOMPUTE[_v(t, 'recompute')].value} recompute "
-        f"(it runs {', '.join(rt.recompute_policies)})")),
-    RuntimeRule(_selective_without_model_code, lambda t, rt, m: (
-        f"runtime {rt.name} recomputes selectively only through Megatron's model code, with "
-        f"tp or pp above 1 (got tp=1, pp=1); its ZeRO config checkpoints whole blocks: set "
-        f"recompute.policy full or none")),
+    RuntimeRule(recompute_rules.policy, recompute_rules.policy_message),
+    RuntimeRule(recompute_rules.selective_without_model_code,
+                recompute_rules.selective_without_model_code_message),
     RuntimeRule(_schedule, lambda t, rt, m: (
         f"runtime {rt.name} has no {SCHEDULES[_v(t, 'schedule')].value} schedule "
         f"(it runs {', '.join(rt.schedules)})")),
@@ -333,7 +231,7 @@ RULES: tuple[RuntimeRule, ...] = (
     RuntimeRule(lambda t, rt, m: ~np.isin(t["zero_stage"], list(rt.zero_stages)),
                 lambda t, rt, m: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
                                   f"(it runs {', '.join(map(str, rt.zero_stages))})")),
-    RuntimeRule(_partial_recompute, _partial_recompute_message),
+    RuntimeRule(recompute_rules.partial_recompute, recompute_rules.partial_recompute_message),
     RuntimeRule(lambda t, rt, m: (t["zero_stage"] >= 2) & (t["pp"] > 1)
                 & (not rt.sharded_zero_with_pipeline),
                 lambda t, rt, m: (f"runtime {rt.name} has no ZeRO stage {_v(t, 'zero_stage')} "
@@ -367,53 +265,13 @@ RULES: tuple[RuntimeRule, ...] = (
                 lambda t, rt, m: (f"runtime {rt.name} has no sequence parallelism (Megatron-LM "
                                   "added it in 2022, Korthikanti et al.): set sequence_parallel "
                                   "false, or price it as megatron-2022 or later")),
-    RuntimeRule(_modules, _modules_message),
+    RuntimeRule(recompute_rules.modules, recompute_rules.modules_message),
     RuntimeRule(_split, lambda t, rt, m: (
         f"runtime {rt.name} runs the layer splits {', '.join(rt.layer_splits)} only")),
     RuntimeRule(lambda t, rt, m: ~eager_col(t, t["pp"]) & (not rt.fused_attention),
                 lambda t, rt, m: (f"runtime {rt.name} computes attention unfused only "
                                   "(Megatron-LM took FlashAttention in 2023, after its 2021 and "
                                   "2022 releases): set attention eager, or price it as megatron")),
-)
-
-
-def pre_ampere(device: DeviceSpec) -> bool:
-    """An NVIDIA GPU older than Ampere (compute capability below 8.0: V100, T4): its profile
-    lists no bf16 peak, as bf16 tensor cores came with Ampere (V100 datasheet: fp16 and fp32;
-    A100 and later: bf16). A CPU profile lists one and is not pre-Ampere."""
-    return "bf16" not in device.peak_flops_per_s
-
-
-def fused_attention_on(rt: RuntimeTraits, dev: DeviceSpec) -> bool:
-    """Whether the runtime runs a fused attention kernel on the device: not where it has none
-    (RuntimeTraits.fused_attention), nor under Transformer Engine on a GPU older than Ampere.
-    TE's fused backends (cuDNN's FusedAttention and FlashAttention-2) need compute capability
-    8.0 or later (FlashAttention-2's README: Ampere, Ada or Hopper; TE's get_attention_backend
-    checks the same) and TE computes attention unfused below it, which `attention: flash` does
-    not price. PyTorch's SDPA (autoplan's runtime, torchtitan) falls back to its
-    memory-efficient kernel there, still fused."""
-    return rt.fused_attention and not (rt.transformer_engine and pre_ampere(dev))
-
-
-def _te_pre_ampere(t: Table, rt: RuntimeTraits, m: ModelSpec, dev: DeviceSpec) -> Any:
-    """Flash-attention rows under Transformer Engine on a GPU older than Ampere (a runtime
-    without fused attention anywhere is refused by RULES, on every device)."""
-    return (~eager_col(t, t["pp"])) & (rt.fused_attention and not fused_attention_on(rt, dev))
-
-
-@dataclass(frozen=True)
-class DeviceRule:
-    breaks: Callable[[Table, RuntimeTraits, ModelSpec, DeviceSpec], Any]
-    """Rows the runtime cannot run on the device."""
-    message: Callable[[RuntimeTraits, DeviceSpec], str]
-    """Why."""
-
-
-DEVICE_RULES: tuple[DeviceRule, ...] = (
-    DeviceRule(_te_pre_ampere, lambda rt, dev: (
-        f"runtime {rt.name}: attention flash on {dev.name}, older than Ampere (no bf16 tensor "
-        "cores): Transformer Engine's fused attention needs compute capability 8.0 or later "
-        "and computes attention unfused there; set attention eager")),
 )
 
 
@@ -426,21 +284,13 @@ def lacking(t: Table, traits: RuntimeTraits, model: ModelSpec,
     for rule in RULES:
         bad |= np.asarray(rule.breaks(t, traits, model), dtype=bool)
     if device is not None:
-        for device_rule in DEVICE_RULES:
+        for device_rule in kernel_rules.DEVICE_RULES:
             bad |= np.asarray(device_rule.breaks(t, traits, model, device), dtype=bool)
     if traits.own_runtime_rules:
         from autoplan.plan_rules import RUNTIME_RULES, violations_of
 
         bad |= violations_of(RUNTIME_RULES, t, model).any(axis=1)
     return bad
-
-
-def device_refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec,
-                    device: DeviceSpec) -> list[str]:
-    """What of one plan the runtime cannot run on `device` alone (DEVICE_RULES), a line each."""
-    row = plan_to_row(plan, model)
-    return [rule.message(traits, device) for rule in DEVICE_RULES
-            if bool(np.asarray(rule.breaks(row, traits, model, device))[0])]
 
 
 def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None,
@@ -452,7 +302,7 @@ def refusals(plan: Plan, traits: RuntimeTraits, model: ModelSpec | None = None,
     out = [rule.message(row, traits, model) for rule in RULES
            if bool(np.asarray(rule.breaks(row, traits, model))[0])]
     if device is not None:
-        out += device_refusals(plan, traits, model, device)
+        out += kernel_rules.device_refusals(plan, traits, model, device)
     if traits.own_runtime_rules:
         from autoplan.plan_rules import runtime_limits
 

@@ -225,12 +225,12 @@ def _attention(f: Flags, device: DeviceSpec | None = None) -> str:
     (gpt_layer_specs.get_gpt_layer_local_spec) builds Megatron-Core's own unfused
     DotProductAttention, full s x s scores, whatever the backend says. `auto` (the default) is
     Transformer Engine's pick: a fused kernel, or unfused on a GPU older than Ampere, where its
-    fused backends do not run (runtime_rules.fused_attention_on)."""
+    fused backends do not run (kernel_rules.fused_attention_on)."""
     backend = choice(f, "--attention-backend", BACKEND_ATTENTION, "auto")
     if choice(f, "--transformer-impl", TRANSFORMER_IMPLS, "transformer_engine") == "local":
         return "eager"
     if backend == "auto" and device is not None:
-        from autoplan.cost.runtime_rules import fused_attention_on
+        from autoplan.cost.kernel_rules import fused_attention_on
         from autoplan.cost.runtimes import load_runtime
 
         if not fused_attention_on(load_runtime("megatron"), device):

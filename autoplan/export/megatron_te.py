@@ -26,10 +26,10 @@ FP8_FORMAT = "hybrid"
 
 def te_reasons(plan: Plan, model: ModelSpec) -> list[str]:
     """What of the plan's precision, attention and experts Transformer Engine and Megatron-Core
-    cannot run: the megatron runtime's own rules (cost/runtime_rules.engine_reasons, and its
+    cannot run: the megatron runtime's own rules (cost/kernel_rules.engine_reasons, and its
     device rules on the plan's GPU where its profile loads here: no fused attention before
     Ampere), so a search priced for megatron and this export refuse the same plans."""
-    from autoplan.cost.runtime_rules import device_refusals, engine_reasons
+    from autoplan.cost.kernel_rules import device_refusals, engine_reasons
     from autoplan.cost.runtimes import load_runtime
     from autoplan.errors import ConfigError
     from autoplan.hardware import load_profile

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoplan.cost.estimate import default_runtime
-from autoplan.cost.runtime_rules import fused_attention_on
+from autoplan.cost.kernel_rules import fused_attention_on
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile
