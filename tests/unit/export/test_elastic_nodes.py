@@ -25,6 +25,14 @@ from autoplan.yaml_io import read_yaml
 
 from .cases import plan
 
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in the test's folder: export resolves the checkpoint folder against the working
+    directory and the scripts run here make it (`mkdir -p`), which left an empty
+    `checkpoints/` and `ck/` in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
 PLAN = plan("llama-3-8b", 16, zero_stage=3)
 """16 GPUs, 2 nodes of the profile's 8 (h100-sxm-80gb), 4 of 4 GPUs."""
 PRESENT = 12

@@ -28,6 +28,14 @@ from autoplan.plan import Batch, ClusterRef, Parallel, Plan, save_plan
 from .cases import CASES
 from .consumers import bash_syntax_ok, run_script, torchrun_args
 
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in the test's folder: export resolves the checkpoint folder against the working
+    directory and the scripts run here make it (`mkdir -p`), which left an empty
+    `checkpoints/` and `ck/` in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
 K8S_KINDS = ("trainjob", "pytorchjob", "jobset")
 CPU_PLAN = Plan(model="tiny", cluster=ClusterRef("cpu-gloo", 4), parallel=Parallel(dp=4),
                 batch=Batch(micro_batch_size=2, global_batch_size=8))
