@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.model_hf import _bool, _int, _llama_like
+from autoplan.model_hf import _llama_like
+from autoplan.model_hf_values import _bool, _int
 from autoplan.model_spec import ModelSpec
 from autoplan.moe_spec import MLASpec, MoESpec
 from autoplan.yaml_io import show

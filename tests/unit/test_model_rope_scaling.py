@@ -88,7 +88,7 @@ def test_hf_llama3_scaling_is_read(tmp_path) -> None:
 
 def test_hf_unmodelled_scaling_warns_and_rotates_without(tmp_path, caplog) -> None:
     dynamic = {"rope_type": "dynamic", "factor": 4.0}  # YaRN is read: test_model_rope_yarn.py
-    with caplog.at_level(logging.WARNING, logger="autoplan.model_hf"):
+    with caplog.at_level(logging.WARNING, logger="autoplan.model_hf_values"):
         spec = _read(tmp_path, {**LLAMA_CFG, "rope_scaling": dynamic})
     assert spec.rope_scaling is None
     assert "rope_type 'dynamic' is not modelled" in caplog.text

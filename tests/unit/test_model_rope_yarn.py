@@ -131,7 +131,7 @@ def _read(tmp_path, cfg: dict):
 
 
 def test_hf_yarn_is_read_in_each_spelling(tmp_path, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="autoplan.model_hf"):
+    with caplog.at_level(logging.WARNING, logger="autoplan.model_hf_values"):
         ds = _read(tmp_path, {**LLAMA_CFG, "rope_scaling": DSV3_SCALING})  # the older "type"
         oss = _read(tmp_path, {**LLAMA_CFG, "rope_theta": 150000.0,
                                "rope_scaling": GPT_OSS_SCALING})
@@ -168,7 +168,7 @@ def test_hf_bad_yarn_names_the_file_and_key(tmp_path, scaling) -> None:
 
 @pytest.mark.parametrize("kind", ["linear", "dynamic", "longrope"])
 def test_hf_other_kinds_still_warn(tmp_path, caplog, kind) -> None:
-    with caplog.at_level(logging.WARNING, logger="autoplan.model_hf"):
+    with caplog.at_level(logging.WARNING, logger="autoplan.model_hf_values"):
         spec = _read(tmp_path, {**LLAMA_CFG, "rope_scaling": {"rope_type": kind,
                                                                "factor": 4.0}})
     assert spec.rope_scaling is None
