@@ -1,4 +1,4 @@
-"""Run records, as `autoplan train --run-record` writes them (runtime/metrics.run_record) and
+"""Run records, as `autoplan train --run-record` writes them (runtime/summary.run_record) and
 `autoplan tune` does (tune/study.run_record): load_run reads one strictly, naming the file in
 every error, since calibrate reads many; plan_key tells runs of different plans apart, and
 busy_host says which ran on a host other processes kept busy."""

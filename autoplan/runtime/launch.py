@@ -301,7 +301,7 @@ def _write_record(path: str, summary: dict, plan) -> None:
     """Write the run record, saying so where it holds no measured step (a run stopped, or
     ended, within its warm-up): its measured.step_time_s is null, which `autoplan calibrate`
     refuses, so the record is no calibration point until a run measures a step."""
-    from autoplan.runtime.metrics import write_run_record
+    from autoplan.runtime.summary import write_run_record
 
     written = write_run_record(path, summary, plan)
     if summary.get("measured", {}).get("step_time_s") is None:
@@ -321,7 +321,7 @@ def with_profile(summary: dict, plan) -> dict:
 
 def render(console, summary: dict, profile: str) -> None:
     """The summary's table, then the runtime and profile the prediction was priced for."""
-    from autoplan.runtime.metrics import render_summary
+    from autoplan.runtime.summary import render_summary
 
     render_summary(console, summary)
     runtime = (summary.get("predicted") or {}).get("runtime")

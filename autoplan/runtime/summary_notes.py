@@ -1,4 +1,4 @@
-"""The notes the end-of-run summary adds (metrics.summarize): a measured step time outside the
+"""The notes the end-of-run summary adds (summary.summarize): a measured step time outside the
 prediction's error band, with the host's load (a note on the prediction, which the run record
 keeps); no step measured after the warm-up; a loss that stopped being finite. Each a line of
 words, or None when there is nothing to say."""
@@ -70,7 +70,7 @@ def unmeasured(history: list[StepMetrics], warmup: int, resumed_step: int = 0,
                stopped_early: str | None = None, checkpointed: bool = True) -> str | None:
     """Why a run has no step time, and the --steps (a total, counted from step 0) that gives
     it one step after the warm-up; or, where a signal stopped it before its --steps
-    (`stopped_early`; a stop on the last step stopped nothing, metrics.summarize), that
+    (`stopped_early`; a stop on the last step stopped nothing, summary.summarize), that
     resuming it measures one (its --steps was long enough), or rerunning it where it saved no
     checkpoint (not `checkpointed`: no --checkpoint-dir)."""
     if not history or len(history) > warmup:

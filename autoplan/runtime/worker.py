@@ -122,16 +122,11 @@ def run(args: argparse.Namespace) -> dict | None:
     from autoplan.runtime.data import local_batch, make_source
     from autoplan.runtime.launch import preflight
     from autoplan.runtime.machine import device_mismatch, host_load, load_average, machine_info
-    from autoplan.runtime.metrics import (
-        MetricsSink,
-        StepMetrics,
-        TrainingPeak,
-        job_peak,
-        summarize,
-    )
+    from autoplan.runtime.metrics import MetricsSink, StepMetrics, TrainingPeak, job_peak
     from autoplan.runtime.optim import OptimConfig
     from autoplan.runtime.parallelize import RuntimeOptions, parallelize
     from autoplan.runtime.rank_failures import attempt
+    from autoplan.runtime.summary import summarize
     from autoplan.runtime.train_args import under_restart
     from autoplan.runtime.trainer import Trainer
 
@@ -265,7 +260,7 @@ def _resume(ckpt, trainer, plan, spec, settings, args: argparse.Namespace) -> st
     refused: no attempt of this run saves past its --steps, so it is another run's, and the
     restart that follows the first attempt's refusal would train nothing and exit 0. One at
     --steps ends a restart or an elastic round quietly: an attempt saved the last step, and
-    the run is done. Returns what loaded a checkpoint (metrics.RESUMED_BY: a restart before
+    the run is done. Returns what loaded a checkpoint (summary.RESUMED_BY: a restart before
     --elastic before --resume), None when none was."""
     from autoplan.runtime.checkpoint_compat import check_steps
     from autoplan.runtime.optim import set_hyperparameters
@@ -296,8 +291,8 @@ def run_and_report(args: argparse.Namespace) -> int:
     whose collective failed because another rank died leaves without a traceback (exit 1)."""
     from autoplan.cli_common import emit
     from autoplan.errors import AutoplanError
-    from autoplan.runtime.metrics import render_summary
     from autoplan.runtime.rank_failures import leave_after_peer, peer_loss, peer_loss_line
+    from autoplan.runtime.summary import render_summary
 
     try:
         summary = run(args)
@@ -314,7 +309,7 @@ def run_and_report(args: argparse.Namespace) -> int:
         _write_saved_step(summary, args)  # first: what follows may fail, the save stands
         if args.run_record and not args.summary_file:  # under a scheduler: no CLI to write it
             from autoplan.plan import load_plan
-            from autoplan.runtime.metrics import write_run_record
+            from autoplan.runtime.summary import write_run_record
 
             plan = getattr(args, "effective_plan", None) or load_plan(args.plan)
             write_run_record(args.run_record, summary, plan)

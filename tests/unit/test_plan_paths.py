@@ -142,14 +142,15 @@ def test_the_train_table_names_the_profile_it_priced(monkeypatch, predicted) -> 
 
     from rich.console import Console
 
-    from autoplan.runtime import metrics
+    from autoplan.runtime import summary as run_summary
     from autoplan.runtime.launch import render, with_profile
-    from autoplan.runtime.metrics import StepMetrics, summarize
+    from autoplan.runtime.metrics import StepMetrics
+    from autoplan.runtime.summary import summarize
     from tests.dist.parity import make_plan
 
     pred = {"step_time_s": 0.05, "tokens_per_s": 1e4, "memory_bytes": 1e6,
             "runtime": "autoplan-cpu", "error_band": 0.25}
-    monkeypatch.setattr(metrics, "predicted",
+    monkeypatch.setattr(run_summary, "predicted",
                         lambda plan: (dict(pred), None) if predicted else (None, "no model"))
     plan = make_plan()
     plan = plan.replace(cluster=ClusterRef("/site/my-h100.yaml", plan.cluster.num_gpus))

@@ -14,8 +14,10 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.plan import save_plan
-from autoplan.runtime import metrics, worker
-from autoplan.runtime.metrics import StepMetrics, summarize
+from autoplan.runtime import summary as run_summary
+from autoplan.runtime import worker
+from autoplan.runtime.metrics import StepMetrics
+from autoplan.runtime.summary import summarize
 from tests.dist.parity import make_plan
 
 PRED = {"step_time_s": 0.05, "tokens_per_s": 1e4, "memory_bytes": 1e6,
@@ -28,7 +30,7 @@ def _history(n: int) -> list[StepMetrics]:
 
 @pytest.fixture
 def predicted_50ms(monkeypatch):
-    monkeypatch.setattr(metrics, "predicted", lambda plan: (dict(PRED), None))
+    monkeypatch.setattr(run_summary, "predicted", lambda plan: (dict(PRED), None))
 
 
 def test_a_stop_on_the_last_step_is_no_early_stop_and_advises_no_resume(predicted_50ms):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoplan.runtime.metrics import MetricsSink, StepMetrics, summarize
+from autoplan.runtime.metrics import MetricsSink, StepMetrics
+from autoplan.runtime.summary import summarize
 from tests.dist.parity import make_plan
 
 
@@ -29,7 +30,7 @@ def test_a_run_without_a_step_after_warm_up_measures_no_step_time(tmp_path):
     """--steps 1: the warm-up step was reported as the step time and calibrate fitted it."""
     from autoplan.calibrate import load_run
     from autoplan.errors import ConfigError
-    from autoplan.runtime.metrics import write_run_record
+    from autoplan.runtime.summary import write_run_record
 
     plan = make_plan()
     sink = MetricsSink(None, live=False)
@@ -52,7 +53,7 @@ def test_a_run_without_a_step_after_warm_up_measures_no_step_time(tmp_path):
 
 def test_summary_and_run_record_give_the_largest_ranks_peak(tmp_path):
     """Rank 0's figure was reported while the cost model prices the largest rank."""
-    from autoplan.runtime.metrics import run_record
+    from autoplan.runtime.summary import run_record
 
     sink = MetricsSink(None, live=False)
     for step in (1, 2):
@@ -105,7 +106,7 @@ def test_the_summary_says_which_runtime_it_priced_and_how_sure():
     from rich.console import Console
 
     from autoplan.cost.estimate import estimate_plan
-    from autoplan.runtime.metrics import render_summary
+    from autoplan.runtime.summary import render_summary
 
     plan = make_plan()
     sink = MetricsSink(None, live=False)

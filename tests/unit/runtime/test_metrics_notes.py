@@ -11,9 +11,10 @@ import logging
 import pytest
 from rich.console import Console
 
-from autoplan.runtime import metrics
+from autoplan.runtime import summary as run_summary
 from autoplan.runtime.machine import host_load, load_average
-from autoplan.runtime.metrics import MetricsSink, StepMetrics, render_summary, run_record, summarize
+from autoplan.runtime.metrics import MetricsSink, StepMetrics
+from autoplan.runtime.summary import render_summary, run_record, summarize
 from autoplan.runtime.summary_notes import band_note
 from tests.dist.parity import make_plan
 
@@ -65,7 +66,7 @@ def _history(step_s: float) -> list[StepMetrics]:
 def predicted_50ms(monkeypatch):
     pred = {"step_time_s": 0.05, "tokens_per_s": 1e4, "memory_bytes": 1e6,
             "runtime": "autoplan-cpu", "error_band": 0.25}
-    monkeypatch.setattr(metrics, "predicted", lambda plan: (dict(pred), None))
+    monkeypatch.setattr(run_summary, "predicted", lambda plan: (dict(pred), None))
 
 
 def test_the_note_reaches_the_json_the_table_and_the_run_record(predicted_50ms, tmp_path):

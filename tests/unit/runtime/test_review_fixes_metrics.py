@@ -9,7 +9,8 @@ from dataclasses import asdict
 
 import pytest
 
-from autoplan.runtime.metrics import MetricsSink, StepMetrics, summarize, write_run_record
+from autoplan.runtime.metrics import MetricsSink, StepMetrics
+from autoplan.runtime.summary import summarize, write_run_record
 from tests.dist.parity import make_plan
 
 RECORD = asdict(StepMetrics(3, 5.1, 0.05, 1e4, 1 << 20, None, loss_scale=1024.0, skipped=True))

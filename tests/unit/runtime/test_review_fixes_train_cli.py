@@ -15,7 +15,8 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.plan import ClusterRef, save_plan
-from autoplan.runtime.metrics import MetricsSink, StepMetrics, summarize
+from autoplan.runtime.metrics import MetricsSink, StepMetrics
+from autoplan.runtime.summary import summarize
 from tests.cli_refusals import assert_refused
 from tests.dist.parity import make_plan
 

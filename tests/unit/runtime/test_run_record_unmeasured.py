@@ -14,7 +14,7 @@ from autoplan.commands import main
 from autoplan.errors import ConfigError
 from autoplan.plan import save_plan
 from autoplan.runtime import worker
-from autoplan.runtime.metrics import summarize
+from autoplan.runtime.summary import summarize
 from tests.dist.parity import make_plan
 
 from .test_last_step_stop import _fake_torchrun, _history, predicted_50ms  # noqa: F401

@@ -10,8 +10,9 @@ import json
 import pytest
 from rich.console import Console
 
-from autoplan.runtime import metrics
-from autoplan.runtime.metrics import StepMetrics, render_summary, summarize, summary_title
+from autoplan.runtime import summary as run_summary
+from autoplan.runtime.metrics import StepMetrics
+from autoplan.runtime.summary import render_summary, summarize, summary_title
 from tests.dist.parity import make_plan
 
 PRED = {"step_time_s": 0.05, "tokens_per_s": 1e4, "memory_bytes": 1e6,
@@ -24,7 +25,7 @@ def _history(first: int, n: int) -> list[StepMetrics]:
 
 @pytest.fixture(autouse=True)
 def _priced(monkeypatch):
-    monkeypatch.setattr(metrics, "predicted", lambda plan: (dict(PRED), None))
+    monkeypatch.setattr(run_summary, "predicted", lambda plan: (dict(PRED), None))
 
 
 def _rendered(summary) -> str:

@@ -21,13 +21,8 @@ from autoplan.errors import ConfigError, InfeasiblePlanError
 from autoplan.plan import save_plan
 from autoplan.runtime.checkpoint_compat import RunSettings
 from autoplan.runtime.data import ByteText, scan_corpus
-from autoplan.runtime.metrics import (
-    MetricsSink,
-    StepMetrics,
-    metrics_file_problem,
-    render_summary,
-    summarize,
-)
+from autoplan.runtime.metrics import MetricsSink, StepMetrics, metrics_file_problem
+from autoplan.runtime.summary import render_summary, summarize
 from tests.cli_refusals import assert_refused
 from tests.dist.parity import make_plan
 

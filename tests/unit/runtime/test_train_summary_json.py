@@ -18,8 +18,10 @@ from rich.console import Console
 
 from autoplan.commands import main
 from autoplan.plan import save_plan
-from autoplan.runtime import metrics, worker
-from autoplan.runtime.metrics import StepMetrics, render_summary, run_record, summarize
+from autoplan.runtime import summary as run_summary
+from autoplan.runtime import worker
+from autoplan.runtime.metrics import StepMetrics
+from autoplan.runtime.summary import render_summary, run_record, summarize
 from autoplan.runtime.summary_notes import band_note
 from tests.dist.parity import make_plan
 
@@ -37,7 +39,7 @@ def _history(first: int, n: int, step_s: float = 0.1) -> list[StepMetrics]:
 
 @pytest.fixture
 def predicted_50ms(monkeypatch):
-    monkeypatch.setattr(metrics, "predicted", lambda plan: (dict(PRED), None))
+    monkeypatch.setattr(run_summary, "predicted", lambda plan: (dict(PRED), None))
 
 
 def test_the_summary_has_its_documented_keys_and_says_each_note_once(predicted_50ms):
@@ -59,7 +61,7 @@ def test_the_summary_has_its_documented_keys_and_says_each_note_once(predicted_5
 
 def test_without_a_cost_model_the_run_record_still_says_why(monkeypatch):
     why = "cost model unavailable (ImportError: no numpy)"
-    monkeypatch.setattr(metrics, "predicted", lambda plan: (None, why))
+    monkeypatch.setattr(run_summary, "predicted", lambda plan: (None, why))
     plan = make_plan()
     summary = json.loads(json.dumps(summarize(_history(1, 3), plan)))
     assert summary["predicted"] is None and summary["note"] == why
