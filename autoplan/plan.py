@@ -10,7 +10,6 @@ import dataclasses
 import enum
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,6 @@ from autoplan.yaml_io import (
     to_dict,
     unknown_key_fix,
 )
-from autoplan.yaml_parse import safe_load_text
 
 
 class Schedule(str, enum.Enum):
@@ -474,30 +472,3 @@ def save_plan(plan: Plan, path: str | Path, *, overwrite: bool = False) -> Path:
     if load_plan(written) != plan_from_dict(plan_file_paths(data, written)):
         raise AssertionError(f"plan written to {written} does not reload equal")
     return written
-
-
-def set_field(data: dict[str, Any], assignment: str) -> None:
-    """Apply one `--set a.b.c=value` to a plan mapping; the value is parsed as YAML."""
-    if "=" not in assignment:
-        raise ConfigError("--set", f"got {show(assignment)}", "write key=value, e.g. parallel.tp=4")
-    key, _, raw = assignment.partition("=")
-    value = safe_load_text(raw, f"--set {key}", invalid_as_text=True) if raw else None
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError("--set", f"got {show(assignment)}", "write key=value, e.g. parallel.tp=4")
-    put_field(data, parts, value)
-
-
-def put_field(data: dict[str, Any], parts: Sequence[str], value: Any) -> None:
-    """Set the field at `parts` (a dotted key's parts) to `value`, making the sections above it;
-    exit 2 where one of them is not a section."""
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError("--set", f"{show('.'.join(parts))}: {show(part)} is not a section",
-                              "check the key")
-        node = child
-    node[parts[-1]] = value

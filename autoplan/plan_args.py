@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
-from collections.abc import Sequence
 from typing import Any
 
 from autoplan.cli_common import BINARY_NOTE, count
@@ -23,9 +21,8 @@ from autoplan.plan import (
     plan_file_paths,
     plan_from_dict,
     plan_to_dict,
-    put_field,
-    set_field,
 )
+from autoplan.plan_sets import apply_sets
 from autoplan.profile_files import available_profiles
 from autoplan.search_space import device_precision
 from autoplan.yaml_io import read_yaml, show
@@ -218,72 +215,6 @@ def _check_plan_keys(path: str, raw: dict[str, Any]) -> None:
     check_plan_keys(raw)  # the loader's own list and message, before the flags add fields
 
 
-FieldPath = tuple[Any, ...]
-"""A field's keys from the top of the plan, e.g. ("parallel", "tp")."""
-
-
-def apply_sets(data: dict[str, Any], assignments: Sequence[str]) -> None:
-    """Apply `--set key=value` edits to plan data, whatever their order: a field given twice
-    must get the same value (exit 2 naming it otherwise), and a mapping (`parallel={tp: 2}`)
-    replaces that section of the plan file, then merges with every other field set inside it
-    (`parallel.pp=4`, another mapping)."""
-    sections: list[FieldPath] = []
-    fields: dict[FieldPath, Any] = {}
-    for assignment in assignments:
-        one: dict[str, Any] = {}
-        set_field(one, assignment)  # the syntax and the YAML value of this one edit
-        key: FieldPath = tuple(assignment.partition("=")[0].strip().split("."))
-        value: Any = one
-        for part in key:
-            value = value[part]
-        if isinstance(value, dict):
-            sections.append(key)
-        for path, leaf in _fields_of(key, value):
-            _refuse_clash(fields, path, leaf)
-            fields[path] = leaf
-    for key in sorted(sections, key=len):  # whole sections first, then what they hold
-        put_field(data, key, {})
-    for path in sorted(fields, key=len):
-        put_field(data, path, fields[path])
-
-
-def _fields_of(key: FieldPath, value: Any) -> list[tuple[FieldPath, Any]]:
-    """The fields a value sets under `key`: each value of a mapping in turn, else `key` itself
-    (an empty mapping too: an empty section)."""
-    if isinstance(value, dict) and value:
-        return [f for k, v in value.items() for f in _fields_of((*key, k), v)]
-    return [(key, value)]
-
-
-def _same(a: Any, b: Any) -> bool:
-    """One value given twice: equal and of one type (1 and true differ), a NaN the same as a
-    NaN (the plan loader then names it: not a finite number)."""
-    if type(a) is not type(b):
-        return False
-    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
-
-
-def _refuse_clash(fields: dict[FieldPath, Any], path: FieldPath, value: Any) -> None:
-    """Refuse a field set before to another value, or a field inside one that is no section."""
-    for other, given in fields.items():
-        if other == path and not _same(given, value):
-            raise ConfigError(f"--set {_dotted(path)}", f"given twice, as {show(given)} and "
-                              f"as {show(value)}", "give it once, or the same value both times")
-        for outer, held, inner in ((other, given, path), (path, value, other)):
-            if _within(inner, outer) and not isinstance(held, dict):
-                raise ConfigError(f"--set {_dotted(outer)}", f"got {show(held)} and --set "
-                                  f"{_dotted(inner)}, which needs it to be a section",
-                                  "drop one of them")
-
-
-def _within(inner: FieldPath, outer: FieldPath) -> bool:
-    return len(inner) > len(outer) and inner[:len(outer)] == outer
-
-
-def _dotted(path: FieldPath) -> str:
-    return ".".join(map(str, path))
-
-
 def _default_precision(profile_ref: Any) -> str:
     """The precision of the default plan on this profile, as the search settles `precision:
     auto` (search_space.device_precision); a bad reference is left for the plan loader to
@@ -401,5 +332,4 @@ def _say_dp_moved(planned: Any, data: dict[str, Any], from_file: bool) -> None:
             par["dp"], cluster.get("num_gpus"), degrees)
 
 
-__all__ = ["add_plan_arguments", "add_target_arguments", "apply_sets", "plan_from_args",
-           "plan_to_dict"]
+__all__ = ["add_plan_arguments", "add_target_arguments", "plan_from_args", "plan_to_dict"]

@@ -45,7 +45,7 @@ from autoplan.export.slurm import SlurmOptions
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS, load_model
 from autoplan.plan import Plan, plan_model_ref
-from autoplan.plan_args import apply_sets
+from autoplan.plan_sets import apply_sets
 from autoplan.yaml_io import dump_yaml
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ def _read(path: str | Path, what: str) -> str:
 def finish_plan(data: dict[str, Any], assignments: list[str], what: str) -> Plan:
     """--set edits (as estimate applies them: a field set twice must agree), strict loading,
     then the plan rules (imported from autoplan.plan_rules)."""
-    from autoplan.plan_args import apply_sets
+    from autoplan.plan_sets import apply_sets
 
     apply_sets(data, assignments)
     plan = plan_from_dict(data)

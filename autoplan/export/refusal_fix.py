@@ -144,7 +144,7 @@ def _edited(plan: Plan, edits: list[str]) -> Plan | None:
     """`plan` with `--set` edits applied as estimate applies them; None where they do not
     make a plan."""
     from autoplan.plan import plan_from_dict, plan_to_dict
-    from autoplan.plan_args import apply_sets
+    from autoplan.plan_sets import apply_sets
 
     data = plan_to_dict(plan)
     data.pop("predicted", None)

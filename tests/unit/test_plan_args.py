@@ -11,7 +11,7 @@ import yaml
 
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.plan_args import apply_sets
+from autoplan.plan_sets import apply_sets
 
 
 def _applied(sets: list[str], data: dict | None = None) -> dict:

@@ -27,7 +27,7 @@ from autoplan.plan import (
     plan_to_dict,
     save_plan,
 )
-from autoplan.plan_args import apply_sets
+from autoplan.plan_sets import apply_sets
 from autoplan.search.cli import RUNTIMES
 from tests.cli_refusals import assert_refused
 
