@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autoplan import fsutil
+from autoplan import fileset, fsutil
 from autoplan.cli_common import BINARY_NOTE, DECIMAL_NOTE, add_format_argument, amount, count
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
@@ -297,7 +297,7 @@ def run_export(args: argparse.Namespace) -> int:
         return done()
     paths = _out_paths(Path(args.out), names)
     # all staged, then renamed into place: a failure (a full disk) leaves none of them
-    fsutil.write_texts({path: files[name] for path, name in zip(paths, names, strict=True)},
+    fileset.write_texts({path: files[name] for path, name in zip(paths, names, strict=True)},
                        force=args.force, field="--out")
     for path in paths:
         sys.stderr.write(f"wrote {path}\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan import fsutil
+from autoplan import fileset, fsutil
 from autoplan.errors import ConfigError
 
 
@@ -228,15 +228,15 @@ def test_a_set_of_files_is_written_whole_or_not_at_all(tmp_path: Path, monkeypat
     a, b = tmp_path / "ds.json", tmp_path / "ds.launch.sh"
     if force:
         a.write_text("old a\n")
-    monkeypatch.setattr(fsutil.os, "fsync", _full_at(2))
+    monkeypatch.setattr(fileset.os, "fsync", _full_at(2))
     with pytest.raises(ConfigError, match="cannot write .*ds.launch.sh.*No space left.*wrote "
                                           "none of the files"):
-        fsutil.write_texts({a: "new a\n", b: "new b\n"}, force=force)
+        fileset.write_texts({a: "new a\n", b: "new b\n"}, force=force)
     assert sorted(p.name for p in tmp_path.iterdir()) == (["ds.json"] if force else [])
     if force:
         assert a.read_text() == "old a\n"
     monkeypatch.undo()
-    fsutil.write_texts({a: "new a\n", b: "new b\n"}, force=force or False)
+    fileset.write_texts({a: "new a\n", b: "new b\n"}, force=force or False)
     assert (a.read_text(), b.read_text()) == ("new a\n", "new b\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.json", "ds.launch.sh"]
 
@@ -253,8 +253,8 @@ def test_a_failed_rename_puts_back_what_force_replaced(tmp_path: Path, monkeypat
             raise OSError(5, "Input/output error")
         real(src, dst)
 
-    monkeypatch.setattr(fsutil.os, "replace", replace)
+    monkeypatch.setattr(fileset.os, "replace", replace)
     with pytest.raises(ConfigError, match="b.txt"):
-        fsutil.write_texts({a: "new a\n", b: "new b\n"}, force=True)
+        fileset.write_texts({a: "new a\n", b: "new b\n"}, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
     assert a.read_text() == "old a\n"

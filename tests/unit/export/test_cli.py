@@ -317,7 +317,7 @@ def test_a_failed_second_file_leaves_no_first_file(plan_file: Path, tmp_path: Pa
     staged first, renamed into place only when all are, and `wrote` follows the renames."""
     import os
 
-    from autoplan import fsutil
+    from autoplan import fileset
 
     calls = {"n": 0}
     real = os.fsync
@@ -328,7 +328,7 @@ def test_a_failed_second_file_leaves_no_first_file(plan_file: Path, tmp_path: Pa
             raise OSError(28, "No space left on device")
         real(fd)
 
-    monkeypatch.setattr(fsutil.os, "fsync", full_on_second)
+    monkeypatch.setattr(fileset.os, "fsync", full_on_second)
     out = tmp_path / "ds.json"
     code = main(["export", str(plan_file), "--to", "deepspeed", "--out", str(out)])
     _, err = capsys.readouterr()
