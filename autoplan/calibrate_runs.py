@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError
-from autoplan.plan import Plan, plan_from_dict, plan_identity
+from autoplan.plan import Plan, plan_from_dict
+from autoplan.plan_files import plan_identity
 from autoplan.yaml_io import (
     check_schema_version,
     from_dict,

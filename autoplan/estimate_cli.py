@@ -30,8 +30,8 @@ from autoplan.display import (
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS, ModelSpec
-from autoplan.plan import plan_to_dict
 from autoplan.plan_args import add_plan_arguments, add_target_arguments, plan_from_args
+from autoplan.plan_files import plan_to_dict
 from autoplan.plan_rules import validate_plan
 from autoplan.profile_files import available_profiles, not_a_profile
 from autoplan.search_space import device_precision

@@ -13,15 +13,8 @@ from autoplan.display import count as count_text
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.model_spec import MAX_SIZE, PRESETS, ModelSpec, load_model
-from autoplan.plan import (
-    ClusterRef,
-    Plan,
-    check_plan_keys,
-    check_section_keys,
-    plan_file_paths,
-    plan_from_dict,
-    plan_to_dict,
-)
+from autoplan.plan import ClusterRef, Plan, check_plan_keys, check_section_keys, plan_from_dict
+from autoplan.plan_files import plan_file_paths, plan_to_dict
 from autoplan.plan_sets import apply_sets
 from autoplan.profile_files import available_profiles
 from autoplan.search_space import device_precision

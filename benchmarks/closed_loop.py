@@ -36,7 +36,8 @@ import pandas as pd
 from autoplan.calibrate import calibrate, load_run
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import Plan, plan_from_dict, plan_to_dict
+from autoplan.plan import Plan, plan_from_dict
+from autoplan.plan_files import plan_to_dict
 from autoplan.tune.runner import TrialOutcome, run_trial
 from autoplan.yaml_io import dump_yaml
 

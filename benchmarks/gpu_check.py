@@ -232,7 +232,8 @@ HEADER = (f"{'plan':<22} {'status':<9} {'meas ms':>9} {'pred(ds)':>9} {'pred(ms)
 
 def run_plans(args: argparse.Namespace, work: Path, datasheet: str, measured: str | None,
               peak: float, deadline: float, report: dict[str, Any]) -> None:
-    from autoplan.plan import plan_from_dict, save_plan
+    from autoplan.plan import plan_from_dict
+    from autoplan.plan_files import save_plan
     from autoplan.tune.runner import run_trial
 
     print(HEADER, flush=True)

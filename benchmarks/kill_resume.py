@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.dist.interrupt
 
-from autoplan.plan import save_plan  # noqa: E402
+from autoplan.plan_files import save_plan  # noqa: E402
 from tests.dist.interrupt import KINDS, interrupt_and_resume, reference_loss  # noqa: E402
 from tests.dist.parity import make_plan  # noqa: E402
 

@@ -33,7 +33,8 @@ from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.registry import RUNTIME_TARGETS, get_target
-from autoplan.plan import Plan, save_plan
+from autoplan.plan import Plan
+from autoplan.plan_files import save_plan
 from autoplan.search.engine import SearchRequest, SearchResult, run_search
 from autoplan.search.output import plans
 from autoplan.search_space import load_space

@@ -44,7 +44,8 @@ from autoplan.export.registry import TARGET_NAMES, get_target
 from autoplan.export.slurm import SlurmOptions
 from autoplan.hardware import load_profile
 from autoplan.model_spec import PRESETS, load_model
-from autoplan.plan import Plan, plan_model_ref
+from autoplan.plan import Plan
+from autoplan.plan_files import plan_model_ref
 from autoplan.plan_sets import apply_sets
 from autoplan.yaml_io import dump_yaml
 
@@ -236,7 +237,7 @@ def torchtitan_format(args: argparse.Namespace) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from autoplan.plan import load_plan
+    from autoplan.plan_files import load_plan
 
     check_options(args)
     check_words(args)
@@ -316,7 +317,7 @@ def portable(plan: Plan) -> Plan:
 
 def run_import(args: argparse.Namespace) -> int:
     from autoplan.export.importers import IMPORTERS, files_read, launch_runtime
-    from autoplan.plan import load_plan, plan_to_dict
+    from autoplan.plan_files import load_plan, plan_to_dict
 
     check_out(args.out)
     apply_sets({}, args.set)  # a field given twice is refused first, as estimate refuses it
@@ -339,7 +340,7 @@ def run_import(args: argparse.Namespace) -> int:
         text = (json.dumps(plan_to_dict(plan), indent=2) + "\n" if args.format == "json"
                 else dump_yaml(plan_to_dict(plan)))
         fsutil.write_text(args.out, text, force=args.force, field="--out")
-        if load_plan(args.out) != plan:  # every save reloads and compares (plan.save_plan)
+        if load_plan(args.out) != plan:  # every save reloads and compares (plan_files.save_plan)
             raise AssertionError(f"plan written to {args.out} does not reload equal")
         sys.stderr.write(f"wrote {args.out}\n")
         # the plan keeps no engine: estimate prices autoplan's own runtime unless told; the

@@ -2,7 +2,7 @@
 profile files the plan names, and the training text (`--data`).
 
 The torchrun and SLURM jobs read them where they lie, so the export pins each one: absolute
-paths (load_plan reads a plan's relative paths from the plan's folder, plan.plan_file_paths,
+paths (load_plan reads a plan's relative paths from the plan's folder, plan_files.plan_file_paths,
 so the job runs from any folder) and SHA-256 checks in the script (check_lines). Kubernetes
 carries the plan, its model and profile inside the manifest (kubernetes.py); only its --data
 lies in the pod.

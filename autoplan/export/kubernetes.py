@@ -65,7 +65,8 @@ from autoplan.export.launch import (
 )
 from autoplan.export.nodes import NODE_SIZE_ENV
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import ClusterRef, Plan, plan_to_dict
+from autoplan.plan import ClusterRef, Plan
+from autoplan.plan_files import plan_to_dict
 from autoplan.yaml_io import dump_yaml, read_yaml
 
 KINDS = ("trainjob", "pytorchjob", "jobset")

@@ -143,7 +143,8 @@ def plan_edits(target: ExportTarget, plan: Plan, model: ModelSpec, opts: ExportO
 def _edited(plan: Plan, edits: list[str]) -> Plan | None:
     """`plan` with `--set` edits applied as estimate applies them; None where they do not
     make a plan."""
-    from autoplan.plan import plan_from_dict, plan_to_dict
+    from autoplan.plan import plan_from_dict
+    from autoplan.plan_files import plan_to_dict
     from autoplan.plan_sets import apply_sets
 
     data = plan_to_dict(plan)

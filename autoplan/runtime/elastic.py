@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoplan.errors import ConfigError, NoFeasiblePlanError
-from autoplan.plan import Plan, load_plan, plan_to_dict, save_plan
+from autoplan.plan import Plan
+from autoplan.plan_files import load_plan, plan_to_dict, save_plan
 from autoplan.yaml_io import dump_yaml
 
 log = logging.getLogger(__name__)

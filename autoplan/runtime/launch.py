@@ -54,7 +54,7 @@ def preflight(args: argparse.Namespace, world_size: int, plan=None, *, check_dat
     """Load (or take, e.g. an elastic re-plan) and check the plan for `world_size` processes;
     returns (plan, spec, backend). `check_data=False` leaves --data to the caller (a rank
     reads it once, into its source; the launcher scans it once: data_preflight)."""
-    from autoplan.plan import load_plan
+    from autoplan.plan_files import load_plan
     from autoplan.runtime.train_args import check_train_args
     from autoplan.runtime.validation import check_plan
 
@@ -222,7 +222,7 @@ def launch_and_report(args: argparse.Namespace) -> int:
     a Ctrl-C or SIGTERM too, where the ranks stopped cleanly (stopped_early names the signal),
     before the exit code says it. Killed ranks write no summary: then only the error line."""
     from autoplan.cli_common import emit
-    from autoplan.plan import load_plan
+    from autoplan.plan_files import load_plan
     from autoplan.runtime.checkpoint_files import clean_temporaries
     from autoplan.runtime.resume import resume_preflight
     from autoplan.runtime.supervise import run_supervised

@@ -71,7 +71,7 @@ def elastic_trained_already(args: argparse.Namespace) -> str | None:
     no checkpoint, left to the round's own resume: a membership change starts a round without
     counting a restart, and one after a round that saved nothing starts at step 0 (which
     check_fresh_start would refuse over its metrics). Not in a restart (_resume ends one)."""
-    from autoplan.plan import load_plan
+    from autoplan.plan_files import load_plan
     from autoplan.runtime.checkpoint_files import newest_intact
     from autoplan.runtime.launch import run_dropout
     from autoplan.runtime.train_args import under_restart

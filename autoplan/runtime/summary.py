@@ -126,7 +126,7 @@ def run_record(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
     of the summary's note concerns the prediction under predicted (a step time outside the
     error band, a device mismatch, no cost model) and the host's load under machine
     (machine.host_load)."""
-    from autoplan.plan import plan_to_dict
+    from autoplan.plan_files import plan_to_dict
 
     m = summary["measured"]
     pred = summary.get("predicted") or {}

@@ -24,7 +24,7 @@ def load_cluster(plan: Plan) -> ClusterSpec:
     """The plan's cluster, or one ConfigError naming cluster.profile: what `autoplan train`
     requires before it launches (the memory check, the precision check and the summary's
     prediction all price the plan on it). A plan file's relative path was made absolute from
-    the plan's folder when it was read (plan.plan_file_paths)."""
+    the plan's folder when it was read (plan_files.plan_file_paths)."""
     from autoplan.profile_files import profile_names
 
     ref = plan.cluster.profile

@@ -308,7 +308,7 @@ def run_and_report(args: argparse.Namespace) -> int:
     if summary is not None:
         _write_saved_step(summary, args)  # first: what follows may fail, the save stands
         if args.run_record and not args.summary_file:  # under a scheduler: no CLI to write it
-            from autoplan.plan import load_plan
+            from autoplan.plan_files import load_plan
             from autoplan.runtime.summary import write_run_record
 
             plan = getattr(args, "effective_plan", None) or load_plan(args.plan)

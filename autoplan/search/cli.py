@@ -28,8 +28,8 @@ from autoplan.cli_common import (
 )
 from autoplan.cost.runtimes import RUNTIMES, load_runtime
 from autoplan.errors import ConfigError, NoFeasiblePlanError
-from autoplan.plan import plan_model_ref
 from autoplan.plan_args import SEQ_LEN, SEQ_LEN_HELP, resolve_model
+from autoplan.plan_files import plan_model_ref
 from autoplan.search.batch_range import check_batch_range
 from autoplan.search.engine import (
     SAMPLERS,

@@ -19,7 +19,8 @@ import numpy as np
 from autoplan import fsutil
 from autoplan.cli_common import finite, json_text
 from autoplan.errors import ConfigError
-from autoplan.plan import Plan, load_plan, plan_to_dict
+from autoplan.plan import Plan
+from autoplan.plan_files import load_plan, plan_to_dict
 from autoplan.search.engine import SearchResult, kept_rows
 from autoplan.search.exportable import export_refusals
 from autoplan.search.nearest import row_capacities

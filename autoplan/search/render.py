@@ -213,7 +213,8 @@ def miss_knobs(p: dict[str, Any]) -> str:
     pipeline schedule and vpp, gradient reduce dtype)."""
     import shlex
 
-    from autoplan.plan import Batch, Plan, plan_from_dict, plan_to_dict
+    from autoplan.plan import Batch, Plan, plan_from_dict
+    from autoplan.plan_files import plan_to_dict
 
     plan = plan_from_dict(dict(p))
     default = plan_to_dict(Plan(model=plan.model, cluster=plan.cluster,

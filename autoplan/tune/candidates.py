@@ -10,7 +10,8 @@ import numpy as np
 
 from autoplan.errors import ConfigError, NoFeasiblePlanError
 from autoplan.model_spec import ModelSpec
-from autoplan.plan import Plan, plan_file_paths, plan_from_dict
+from autoplan.plan import Plan, plan_from_dict
+from autoplan.plan_files import plan_file_paths
 from autoplan.yaml_io import read_yaml
 
 LAYOUT_COLUMNS = ("dp", "tp", "pp", "cp", "ep", "etp", "dp_shard", "mbs", "schedule", "vpp")

@@ -23,8 +23,9 @@ from autoplan.cli_common import (
     stderr_console,
 )
 from autoplan.errors import ConfigError, NoFeasiblePlanError
-from autoplan.plan import Plan, plan_to_dict
+from autoplan.plan import Plan
 from autoplan.plan_args import SEQ_LEN, SEQ_LEN_HELP
+from autoplan.plan_files import plan_to_dict
 from autoplan.tune.candidates import tune_candidates
 from autoplan.tune.table import (
     LEGEND,

@@ -26,7 +26,8 @@ from optuna.trial import TrialState
 from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import Plan, plan_from_dict, plan_identity, plan_to_dict
+from autoplan.plan import Plan, plan_from_dict
+from autoplan.plan_files import plan_identity, plan_to_dict
 from autoplan.search.optuna_search import (
     FINGERPRINT_ATTRS,
     check_claim,
@@ -49,7 +50,7 @@ class TrialFailed(Exception):
 
 
 def trial_key(plan: Plan) -> str:
-    """A short name of the plan as trained (plan.plan_identity's hash): trials of one plan
+    """A short name of the plan as trained (plan_files.plan_identity's hash): trials of one plan
     share it."""
     return hashlib.sha1(plan_identity(plan).encode()).hexdigest()[:12]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.dist.parity import make_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import load_plan, save_plan
+from autoplan.plan_files import load_plan, save_plan
 from autoplan.runtime.elastic import replan
 from autoplan.runtime.launch import ELASTIC_ENV
 from tests.dist.parity import ADAM_LR, RTOL, make_plan

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.checkpoint_names import SAVED_STEP_ENV
 from autoplan.runtime.launch import ELASTIC_ENV
 from tests.dist.parity import make_plan

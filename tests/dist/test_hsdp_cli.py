@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.dist.parity import make_plan
 from tests.dist.test_cli_train import _metrics, _train
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.dist.interrupt import interrupt_and_resume, reference_loss
 from tests.dist.parity import make_plan
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.dist.interrupt import OUTER_TIMEOUT_S, _env, _rank_pid, train_cmd
 from tests.dist.parity import make_plan
 

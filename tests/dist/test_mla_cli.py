@@ -16,7 +16,7 @@ import pytest
 from autoplan.commands import main
 from autoplan.cost import params
 from autoplan.model_spec import PRESETS
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.dist.parity import make_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import Parallel, Pipeline, Precision, load_plan, save_plan
+from autoplan.plan import Parallel, Pipeline, Precision
+from autoplan.plan_files import load_plan, save_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.launch import torchrun_command
 from autoplan.runtime.rank_failures import read_failure
 from tests.dist.interrupt import _rank_pid, metrics_steps, train_cmd

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.dist.interrupt import OUTER_TIMEOUT_S, _env
 from tests.dist.parity import make_plan
 

@@ -18,7 +18,7 @@ import pytest
 from autoplan.export.base import export_plan
 from autoplan.export.launch import LaunchOptions
 from autoplan.export.registry import get_target
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.dist.parity import make_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]

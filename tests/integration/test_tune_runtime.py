@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autoplan.commands import main
-from autoplan.plan import load_plan
+from autoplan.plan_files import load_plan
 from autoplan.tune.study import trial_key
 
 pytestmark = pytest.mark.dist

@@ -60,7 +60,7 @@ def test_a_cheap_v100_wins_with_the_attention_it_was_priced_with(tmp_path, capsy
     code 0, and the merged table read code 0 as flash: the V100 winner's plan.yaml said flash
     (which estimate then refused) for a step priced as eager."""
     from autoplan.cost.estimate import estimate_plan
-    from autoplan.plan import load_plan
+    from autoplan.plan_files import load_plan
 
     out = tmp_path / "mix"
     assert main(["search", "--model", "gpt3-1.3b", "--num-gpus", "8", "--global-batch-size",

@@ -11,7 +11,8 @@ import yaml
 
 from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
-from autoplan.plan import Offload, Recompute, RecomputePolicy, load_plan
+from autoplan.plan import Offload, Recompute, RecomputePolicy
+from autoplan.plan_files import load_plan
 
 SMALL = ["search", "--model", "tiny", "--cluster", "cpu-gloo", "--num-gpus", "4",
          "--global-batch-size", "8", "--space", "small-cpu"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.plan import Offload, Recompute, RecomputePolicy, plan_from_dict, plan_to_dict
+from autoplan.plan import Offload, Recompute, RecomputePolicy, plan_from_dict
+from autoplan.plan_files import plan_to_dict
 from autoplan.search.summary import infeasible_line, table_infeasible_line
 
 

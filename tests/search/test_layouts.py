@@ -12,7 +12,8 @@ import pytest
 
 from autoplan.cost.estimate import estimate_plan
 from autoplan.model_spec import load_model
-from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Schedule, load_plan
+from autoplan.plan import Batch, ClusterRef, Parallel, Pipeline, Plan, Schedule
+from autoplan.plan_files import load_plan
 from autoplan.plan_table import SCHEDULES, ZERO_BUBBLE, plan_to_row, stages_of_rank
 from autoplan.search.engine import run_search
 from autoplan.search.output import plans, summary, write_out

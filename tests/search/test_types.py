@@ -16,7 +16,8 @@ import yaml
 from autoplan.commands import build_parser, main
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile, profile_from_dict
-from autoplan.plan import Precision, load_plan
+from autoplan.plan import Precision
+from autoplan.plan_files import load_plan
 from autoplan.search.cli import build_request
 from autoplan.search.engine import run_search
 from autoplan.search.summary import best_by_cluster

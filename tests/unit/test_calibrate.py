@@ -12,7 +12,8 @@ from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import plan_from_dict, plan_to_dict
+from autoplan.plan import plan_from_dict
+from autoplan.plan_files import plan_to_dict
 from tests.cli_refusals import assert_refused
 
 PLANS = [

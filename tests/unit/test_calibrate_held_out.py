@@ -22,7 +22,8 @@ from autoplan.calibrate_cli import warn_overfit
 from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import plan_from_dict, plan_to_dict
+from autoplan.plan import plan_from_dict
+from autoplan.plan_files import plan_to_dict
 
 PLANS = [  # one cpu-gloo node: tp with sp, pp, ZeRO-3, full recompute, bf16, flash attention
     {"parallel": {"dp": 2}}, {"parallel": {"tp": 2}, "sequence_parallel": True},

@@ -12,7 +12,8 @@ from autoplan.calibrate_identify import UNFELT, chosen_factors, share_words
 from autoplan.calibrate_runs import load_run
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import plan_from_dict, plan_to_dict
+from autoplan.plan import plan_from_dict
+from autoplan.plan_files import plan_to_dict
 
 PLAN = {"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 2},
         "precision": "fp32", "attention": "eager",

@@ -12,7 +12,8 @@ from autoplan.calibrate_cli import ERROR_LEGEND
 from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import plan_from_dict, plan_to_dict
+from autoplan.plan import plan_from_dict
+from autoplan.plan_files import plan_to_dict
 from autoplan.runtime.summary_notes import band_note
 
 PLAN = {"model": "tiny", "cluster": {"profile": "cpu-gloo", "num_gpus": 2},

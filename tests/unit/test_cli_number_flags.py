@@ -10,7 +10,7 @@ import argparse
 import pytest
 
 from autoplan.commands import build_parser, main
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.cli import add_train_arguments
 from autoplan.runtime.launch import worker_argv
 from tests.dist.parity import make_plan

@@ -11,7 +11,8 @@ import yaml
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import PRESETS, PositionKind, load_model, model_dict
-from autoplan.plan import ClusterRef, Plan, load_plan, plan_to_dict, save_plan
+from autoplan.plan import ClusterRef, Plan
+from autoplan.plan_files import load_plan, plan_to_dict, save_plan
 from autoplan.yaml_io import to_dict
 
 LLAMA3 = PRESETS["llama-3-8b"]

@@ -104,7 +104,8 @@ def test_a_file_holds_only_its_kinds_fields(tmp_path) -> None:
 
 
 def test_a_plan_file_of_a_yarn_model_reloads_equal(tmp_path) -> None:
-    from autoplan.plan import Batch, ClusterRef, Parallel, Plan, load_plan, save_plan
+    from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+    from autoplan.plan_files import load_plan, save_plan
 
     plan = Plan(model=PRESETS["gpt-oss-120b"].replace(name="oss-inline"),
                 cluster=ClusterRef("h100-sxm-80gb", 8), parallel=Parallel(dp=8),

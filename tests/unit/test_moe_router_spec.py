@@ -11,7 +11,8 @@ import pytest
 from autoplan.errors import ConfigError
 from autoplan.model_spec import PRESETS, load_model
 from autoplan.moe_spec import MoESpec
-from autoplan.plan import plan_from_dict, plan_to_dict
+from autoplan.plan import plan_from_dict
+from autoplan.plan_files import plan_to_dict
 from autoplan.yaml_io import dump_yaml, from_dict
 from tests.dist.parity import make_plan
 from tests.unit.test_moe_spec import DEEPSEEK_V3

@@ -208,7 +208,8 @@ def test_plan_yaml_stores_the_moe_model_inline(tmp_path):
     and a dense plan's file has no moe/mla/ep/etp keys."""
     import yaml
 
-    from autoplan.plan import Batch, ClusterRef, Parallel, Plan, load_plan, save_plan
+    from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+    from autoplan.plan_files import load_plan, save_plan
 
     batch = Batch(micro_batch_size=1, global_batch_size=64)
     moe = Plan(model=PRESETS["deepseek-v3"].replace(name="ds-inline"),

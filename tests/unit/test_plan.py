@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from autoplan.errors import ConfigError
-from autoplan.plan import Plan, load_plan, plan_from_dict, plan_to_dict, save_plan
+from autoplan.plan import Plan, plan_from_dict
+from autoplan.plan_files import load_plan, plan_to_dict, save_plan
 
 GOOD = {
     "schema_version": 1, "model": "gpt3-175b",

@@ -11,7 +11,7 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.model_spec import PRESETS
-from autoplan.plan import plan_file_paths
+from autoplan.plan_files import plan_file_paths
 from autoplan.yaml_io import dump_yaml, to_dict
 from tests.cli_refusals import assert_refused
 

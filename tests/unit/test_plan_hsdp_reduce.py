@@ -8,17 +8,8 @@ import yaml
 
 from autoplan.errors import ConfigError
 from autoplan.model_spec import load_model
-from autoplan.plan import (
-    Batch,
-    ClusterRef,
-    Parallel,
-    Plan,
-    Precision,
-    ReduceDtype,
-    load_plan,
-    plan_from_dict,
-    save_plan,
-)
+from autoplan.plan import Batch, ClusterRef, Parallel, Plan, Precision, ReduceDtype, plan_from_dict
+from autoplan.plan_files import load_plan, save_plan
 from autoplan.plan_rules import runtime_limits, validate_plan
 
 TINY = load_model("tiny")

@@ -1,6 +1,7 @@
 """A plan file's relative paths (`model`, `cluster.profile`) are read from the plan's folder by
-every command (plan.plan_file_paths): `estimate --plan`, `train` and `export` read one plan the
-same from any folder, and an error names the file looked for (user test 35, finding 2)."""
+every command (plan_files.plan_file_paths): `estimate --plan`, `train` and `export` read one
+plan the same from any folder, and an error names the file looked for (user test 35,
+finding 2)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,8 @@ import yaml
 
 from autoplan.commands import main
 from autoplan.model_spec import PRESETS
-from autoplan.plan import (
-    Batch,
-    ClusterRef,
-    Parallel,
-    Plan,
-    load_plan,
-    plan_file_paths,
-    save_plan,
-)
+from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+from autoplan.plan_files import load_plan, plan_file_paths, save_plan
 from autoplan.resources import PROFILES, find
 from autoplan.yaml_io import dump_yaml, to_dict
 from tests.cli_refusals import assert_refused
@@ -170,7 +164,7 @@ def test_the_train_table_names_the_profile_it_priced(monkeypatch, predicted) -> 
 def test_a_home_folder_path_in_a_plan_is_expanded(tmp_path, monkeypatch) -> None:
     """`model: ~/m.yaml` in a plan was kept as written and read as ./~/m.yaml wherever a
     command ran (no shell expands a YAML value; review of ded00e9)."""
-    from autoplan.plan import plan_file_paths
+    from autoplan.plan_files import plan_file_paths
 
     monkeypatch.setenv("HOME", str(tmp_path))
     data = {"model": "~/models/m.yaml", "cluster": {"profile": "~/p.yaml", "num_gpus": 1}}

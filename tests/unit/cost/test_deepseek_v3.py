@@ -27,7 +27,8 @@ from autoplan.cost.runtimes import RUNTIMES, SelectiveKind, load_runtime
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterSpec, load_profile
 from autoplan.model_spec import PRESETS, ModelSpec, load_model
-from autoplan.plan import Batch, ClusterRef, Parallel, Plan, Precision, plan_from_dict, plan_to_dict
+from autoplan.plan import Batch, ClusterRef, Parallel, Plan, Precision, plan_from_dict
+from autoplan.plan_files import plan_to_dict
 from autoplan.plan_rules import runtime_limits
 from autoplan.plan_table import plan_to_row
 from tests.unit.cost.test_moe import ACCURACY, DEEPSEEK_RUNTIME, DEEPSEEK_STEP_S

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.commands import main
-from autoplan.plan import load_plan, plan_to_dict, save_plan
+from autoplan.plan_files import load_plan, plan_to_dict, save_plan
 
 from .cases import CASES
 

@@ -18,14 +18,15 @@ import pytest
 from autoplan import resources
 from autoplan.commands import main
 from autoplan.model_spec import PRESETS
-from autoplan.plan import Batch, ClusterRef, Parallel, Plan, save_plan
+from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+from autoplan.plan_files import save_plan
 from autoplan.yaml_io import dump_yaml, read_yaml, to_dict
 
 SCRIPTS = {"torchrun": "launch.sh", "slurm": "job.sbatch"}
 FOLDERS = ["runs\nnext", "runs\ttab", "runs\x7fdel"]
 RANK = """import json, os, sys
 from autoplan.hardware import load_profile
-from autoplan.plan import load_plan
+from autoplan.plan_files import load_plan
 argv = sys.argv[1:]
 plan = load_plan(argv[argv.index('train') + 1])
 plan.model_spec()

@@ -241,7 +241,7 @@ def test_megatron_deepspeed_launch_parses_and_matches_the_plan(tmp_path: Path, c
 def test_gpt3_175b_3d_with_sequence_parallelism_exports_through_the_cli(tmp_path: Path, capsys):
     """Issue #15's acceptance: tp8/pp8/dp16 ZeRO-1 with sequence parallelism, --to deepspeed."""
     from autoplan.commands import main
-    from autoplan.plan import save_plan
+    from autoplan.plan_files import save_plan
 
     p = CASES["gpt3-175b-3d-sp"][0]
     plan_path = tmp_path / "plan.yaml"

@@ -13,7 +13,8 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.export.importers import import_deepspeed
-from autoplan.plan import Parallel, save_plan
+from autoplan.plan import Parallel
+from autoplan.plan_files import save_plan
 from tests.cli_refusals import assert_refused
 
 from .cases import FULL, plan

@@ -19,7 +19,7 @@ from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.nodes import NODE_SIZE_ENV
 from autoplan.export.registry import get_target
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.elastic import agree_on_plan, describe, job_gpus_per_node, replan
 from autoplan.yaml_io import read_yaml
 

@@ -28,9 +28,8 @@ from autoplan.plan import (
     RecomputeModule,
     RecomputePolicy,
     Schedule,
-    load_plan,
-    save_plan,
 )
+from autoplan.plan_files import load_plan, save_plan
 
 from .cases import CASES, LAUNCHERS, plan
 from .consumers import run_script, torchrun_args

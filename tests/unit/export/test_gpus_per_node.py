@@ -14,16 +14,8 @@ from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
 from autoplan.export.nodes import split_groups
 from autoplan.hardware import ClusterSpec, load_profile
-from autoplan.plan import (
-    Batch,
-    ClusterRef,
-    Offload,
-    Parallel,
-    Plan,
-    Recompute,
-    RecomputePolicy,
-    save_plan,
-)
+from autoplan.plan import Batch, ClusterRef, Offload, Parallel, Plan, Recompute, RecomputePolicy
+from autoplan.plan_files import save_plan
 
 PROFILE = "a100-sxm4-80gb"
 

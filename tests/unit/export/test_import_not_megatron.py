@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autoplan.commands import main
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from tests.cli_refusals import assert_refused
 
 from .cases import CASES

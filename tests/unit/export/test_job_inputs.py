@@ -21,7 +21,8 @@ from autoplan.commands import main
 from autoplan.errors import ConfigError
 from autoplan.export.job_inputs import check_data
 from autoplan.model_spec import PRESETS
-from autoplan.plan import Batch, ClusterRef, Parallel, Plan, save_plan
+from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+from autoplan.plan_files import save_plan
 from autoplan.yaml_io import dump_yaml, read_yaml, to_dict
 from tests.cli_refusals import assert_refused
 
@@ -55,7 +56,7 @@ def _run(script: Path, cwd: Path) -> subprocess.CompletedProcess:
     working directory the launcher leaves them."""
     bin_dir = script.parent / "bin"
     bin_dir.mkdir(exist_ok=True)
-    rank = ("import sys\nfrom autoplan.plan import load_plan\n"
+    rank = ("import sys\nfrom autoplan.plan_files import load_plan\n"
             "from autoplan.hardware import load_profile\n"
             "argv = sys.argv[1:]\nplan = load_plan(argv[argv.index('train') + 1])\n"
             "plan.model_spec()\nload_profile(plan.cluster.profile)\n"

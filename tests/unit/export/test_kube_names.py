@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from autoplan.commands import main
-from autoplan.plan import Batch, Parallel, save_plan
+from autoplan.plan import Batch, Parallel
+from autoplan.plan_files import save_plan
 
 from .cases import plan
 

@@ -15,7 +15,8 @@ import yaml
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.kubernetes import PLAN_ENV, PLAN_FILE, PROFILE_ENV, PROFILE_FILE
 from autoplan.export.registry import get_target
-from autoplan.plan import ClusterRef, load_plan
+from autoplan.plan import ClusterRef
+from autoplan.plan_files import load_plan
 
 from .cases import CASES
 from .consumers import run_script

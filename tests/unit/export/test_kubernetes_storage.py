@@ -17,7 +17,8 @@ from autoplan.export.kubernetes import PATCH_MANAGER, TRAINER_NODE
 from autoplan.export.launch import LaunchOptions
 from autoplan.export.registry import get_target
 from autoplan.hardware import load_profile
-from autoplan.plan import ClusterRef, save_plan
+from autoplan.plan import ClusterRef
+from autoplan.plan_files import save_plan
 
 from .cases import CASES
 from .test_kubernetes import validate

@@ -23,7 +23,8 @@ from autoplan.commands import main
 from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.registry import get_target
-from autoplan.plan import Batch, ClusterRef, Parallel, Plan, save_plan
+from autoplan.plan import Batch, ClusterRef, Parallel, Plan
+from autoplan.plan_files import save_plan
 
 from .cases import CASES
 from .consumers import bash_syntax_ok, run_script, torchrun_args

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.commands import main
-from autoplan.plan import load_plan, save_plan
+from autoplan.plan_files import load_plan, save_plan
 
 from .cases import CASES
 

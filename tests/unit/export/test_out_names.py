@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.commands import main
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 
 from .cases import CASES
 

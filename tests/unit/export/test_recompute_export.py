@@ -23,11 +23,9 @@ from autoplan.plan import (
     RecomputeMethod,
     RecomputeModule,
     RecomputePolicy,
-    load_plan,
     plan_from_dict,
-    plan_to_dict,
-    save_plan,
 )
+from autoplan.plan_files import load_plan, plan_to_dict, save_plan
 
 from .cases import plan
 from .consumers import megatron_parser, run_script, torchrun_args

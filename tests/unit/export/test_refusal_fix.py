@@ -17,16 +17,8 @@ from autoplan.export.base import ExportOptions, export_plan, plan_reasons
 from autoplan.export.pricing import check_fits
 from autoplan.export.refusal_fix import plan_edits
 from autoplan.export.registry import get_target
-from autoplan.plan import (
-    Batch,
-    Parallel,
-    Precision,
-    Recompute,
-    RecomputePolicy,
-    plan_from_dict,
-    plan_to_dict,
-    save_plan,
-)
+from autoplan.plan import Batch, Parallel, Precision, Recompute, RecomputePolicy, plan_from_dict
+from autoplan.plan_files import plan_to_dict, save_plan
 from autoplan.plan_sets import apply_sets
 from autoplan.search.cli import RUNTIMES
 from tests.cli_refusals import assert_refused

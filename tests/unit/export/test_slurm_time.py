@@ -26,7 +26,8 @@ from autoplan.export.job_length import (
 from autoplan.export.launch import CHECKPOINT_EVERY, SAVE_MARGIN_S, stop_lead
 from autoplan.export.registry import get_target
 from autoplan.export.slurm import SIGNAL_MAX_S, SlurmOptions
-from autoplan.plan import ClusterRef, Plan, save_plan
+from autoplan.plan import ClusterRef, Plan
+from autoplan.plan_files import save_plan
 from tests.cli_refusals import assert_refused
 
 from .cases import CASES

@@ -20,7 +20,7 @@ from autoplan.export.base import export_plan
 from autoplan.export.launch import LaunchOptions
 from autoplan.export.registry import get_target
 from autoplan.export.torchrun import SAVED_STEP_WAIT_S
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 
 from .cases import CASES, plan
 from .consumers import bash_syntax_ok

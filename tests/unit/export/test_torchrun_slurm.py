@@ -173,7 +173,7 @@ def test_slurm_elastic_bounds_are_checked(tmp_path: Path, kw: dict, match: str):
 
 def test_elastic_is_refused_for_targets_torchrun_does_not_launch(tmp_path: Path, capsys):
     from autoplan.commands import main
-    from autoplan.plan import save_plan
+    from autoplan.plan_files import save_plan
 
     plan = save_plan(CASES["dp-zero1"][0], tmp_path / "plan.yaml")
     assert main(["export", str(plan), "--to", "deepspeed", "--elastic"]) == 2

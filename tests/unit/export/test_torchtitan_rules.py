@@ -15,7 +15,8 @@ from autoplan.errors import ConfigError
 from autoplan.export.base import ExportOptions, export_plan
 from autoplan.export.registry import get_target
 from autoplan.export.torchtitan import RUNTIMES
-from autoplan.plan import Batch, Parallel, Pipeline, Precision, Schedule, save_plan
+from autoplan.plan import Batch, Parallel, Pipeline, Precision, Schedule
+from autoplan.plan_files import save_plan
 from tests.cli_refusals import assert_refused
 
 from .cases import plan

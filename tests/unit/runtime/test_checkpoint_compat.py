@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.checkpoint_compat import RunSettings, checkpoint_meta, saved_optimizer
 from autoplan.runtime.checkpoint_files import verify
 from autoplan.runtime.metrics import StepMetrics

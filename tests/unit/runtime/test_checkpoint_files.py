@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.checkpoint_compat import check_resumable, checkpoint_meta
 from autoplan.runtime.checkpoint_files import (
     CheckpointRefused,

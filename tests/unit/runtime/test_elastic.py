@@ -10,7 +10,7 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.errors import ConfigError, NoFeasiblePlanError
-from autoplan.plan import load_plan, save_plan
+from autoplan.plan_files import load_plan, save_plan
 from autoplan.runtime.elastic import (
     describe,
     from_text,

@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from autoplan.commands import main
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime import summary as run_summary
 from autoplan.runtime import worker
 from autoplan.runtime.metrics import StepMetrics

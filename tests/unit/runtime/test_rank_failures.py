@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.rank_failures import (
     FailureRecorder,
     leave_after_peer,

@@ -13,7 +13,8 @@ import torch
 from autoplan.commands import main
 from autoplan.cost.estimate import estimate_plan
 from autoplan.hardware import load_profile
-from autoplan.plan import ClusterRef, plan_from_dict, save_plan
+from autoplan.plan import ClusterRef, plan_from_dict
+from autoplan.plan_files import save_plan
 from tests.dist.parity import make_plan
 from tests.unit.runtime.test_review_fixes_train_cli import FakeLaunch
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from autoplan.commands import main
-from autoplan.plan import ClusterRef, save_plan
+from autoplan.plan import ClusterRef
+from autoplan.plan_files import save_plan
 from autoplan.runtime.metrics import MetricsSink, StepMetrics
 from autoplan.runtime.summary import summarize
 from tests.cli_refusals import assert_refused
@@ -183,7 +184,7 @@ def test_a_profile_path_from_here_is_priced(tmp_path, capsys, launch, monkeypatc
 def test_ranks_a_scheduler_started_still_train_a_plan_whose_profile_stayed_behind(tmp_path):
     """The case None was kept for: an exported job's ranks on a site without the profile file
     (the launcher, which refuses it, does not run there)."""
-    from autoplan.plan import load_plan
+    from autoplan.plan_files import load_plan
     from autoplan.runtime.validation import plan_cluster, runtime_problems
 
     plan = load_plan(_plan_on(tmp_path, str(tmp_path / "elsewhere" / "site.yaml")))

@@ -12,7 +12,7 @@ import pytest
 from autoplan.calibrate_runs import load_run
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime import worker
 from autoplan.runtime.summary import summarize
 from tests.dist.parity import make_plan

@@ -9,7 +9,7 @@ import pytest
 
 from autoplan.calibrate import load_run
 from autoplan.commands import main
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.metrics import MetricsSink, StepMetrics, truncate_after
 from autoplan.runtime.summary import summarize, write_run_record
 from tests.dist.parity import make_plan

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from autoplan.errors import ConfigError, InfeasiblePlanError
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime.checkpoint_compat import RunSettings
 from autoplan.runtime.data import ByteText, scan_corpus
 from autoplan.runtime.metrics import MetricsSink, StepMetrics, metrics_file_problem

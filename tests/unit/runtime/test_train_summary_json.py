@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from autoplan.commands import main
-from autoplan.plan import save_plan
+from autoplan.plan_files import save_plan
 from autoplan.runtime import summary as run_summary
 from autoplan.runtime import worker
 from autoplan.runtime.metrics import StepMetrics

@@ -9,15 +9,8 @@ import pytest
 
 from autoplan.commands import main
 from autoplan.errors import ConfigError
-from autoplan.plan import (
-    Batch,
-    ClusterRef,
-    Offload,
-    Parallel,
-    Plan,
-    Precision,
-    save_plan,
-)
+from autoplan.plan import Batch, ClusterRef, Offload, Parallel, Plan, Precision
+from autoplan.plan_files import save_plan
 from autoplan.runtime.validation import check_plan
 
 
