@@ -27,8 +27,9 @@ from autoplan.plan_table import (
 )
 
 
-def _v(t: Table, col: str) -> int:
-    """Column `col` of a one-row table (the messages' plan), as runtime_rules reads it."""
+def row_value(t: Table, col: str) -> int:
+    """Column `col` of a one-row table (the plan a message is about); runtime_rules' messages
+    read their plan with it too."""
     return int(t[col][0])
 
 
@@ -38,7 +39,7 @@ def policy(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 
 def policy_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
-    return (f"runtime {rt.name} has no {RECOMPUTE[_v(t, 'recompute')].value} recompute "
+    return (f"runtime {rt.name} has no {RECOMPUTE[row_value(t, 'recompute')].value} recompute "
             f"(it runs {', '.join(rt.recompute_policies)})")
 
 
@@ -67,7 +68,7 @@ def partial_recompute(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 
 def partial_recompute_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
-    n = _v(t, "recompute_layers")
+    n = row_value(t, "recompute_layers")
     if rt.partial_recompute:
         return (f"runtime {rt.name} counts recomputed layers for full recompute only "
                 f"(recompute.num_layers={n} with policy selective: set it null, or use policy "
@@ -93,7 +94,7 @@ def modules(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
 
 
 def modules_message(t: Table, rt: RuntimeTraits, m: ModelSpec) -> str:
-    names = mask_modules(_v(t, "rc_modules") & _modules_lacking(rt)) or ()
+    names = mask_modules(row_value(t, "rc_modules") & _modules_lacking(rt)) or ()
     has = ", ".join(rt.recompute_modules) or "none"
     return (f"runtime {rt.name} cannot recompute {', '.join(m.value for m in names)} by module "
             f"(recompute.modules; it names: {has}): drop them, or use selective without modules")

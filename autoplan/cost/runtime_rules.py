@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.cost import kernel_rules, recompute_rules
+from autoplan.cost.recompute_rules import row_value as _v
 from autoplan.cost.rows import microbatches
 from autoplan.cost.runtimes import RuntimeTraits
 from autoplan.hardware import DeviceSpec
@@ -39,10 +40,6 @@ class RuntimeRule:
     """Rows the runtime cannot run (a boolean array over the table)."""
     message: Callable[[Table, RuntimeTraits, ModelSpec], str]
     """Why, for a one-row table."""
-
-
-def _v(t: Table, col: str) -> int:
-    return int(t[col][0])
 
 
 def _schedule(t: Table, rt: RuntimeTraits, m: ModelSpec) -> Any:
