@@ -179,7 +179,7 @@ class Efficiency:
     """Achieved / link bandwidth of a collective by message bytes, across nodes."""
     overlap: float = 0.8
     """Share of the compute beside them that overlapped data-parallel collectives can use
-    (cost.step_time._zero_traffic). The GPU datasheet profiles set 1: collectives run on their
+    (cost.dp_comm._zero_traffic). The GPU datasheet profiles set 1: collectives run on their
     own stream as soon as their unit is ready, the first gather and last reduction of a step
     are priced as exposed, and what the collectives take from the compute is comm_slowdown.
     Below 1 is a measured profile's fit (`autoplan calibrate`), or the 0.8 default for a

@@ -361,7 +361,7 @@ def _buffers(model: ModelSpec, r: Rows, runtime: RuntimeTraits) -> np.ndarray:
     # FSDP2 wraps a layer's experts in a unit of their own where they have an expert mesh
     # (autoplan: runtime/expert_parallel.apply_expert_fsdp at ep * etp > 1; torchtitan's
     # apply_fsdp fully_shards transformer_block.moe.experts apart at ep > 1); Megatron-FSDP's
-    # unit is the TransformerLayer with its experts (step_time._dp_comm)
+    # unit is the TransformerLayer with its experts (dp_comm._dp_comm)
     experts_apart = runtime.fsdp2_copies & (r.ep * r.etp > 1)
     largest_unit = np.maximum(params.largest_block_unit(model, r.tp, r.ep, r.etp, experts_apart),
                               r.vocab * model.hidden_size / r.tp)

@@ -202,7 +202,7 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
     ZeRO-3 (FSDP2 in torchtitan, Megatron-FSDP in Megatron-Core) gathers them for every
     forward and backward like the blocks, Megatron's distributed optimizer (ZeRO-1) once per
     step; and both groups hide in the same compute, never more than the larger window."""
-    from autoplan.cost import step_time
+    from autoplan.cost import dp_comm
     from autoplan.cost.rows import rows_of
     from autoplan.cost.step_memory import held_expert_psi
 
@@ -214,7 +214,7 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
         rt = load_runtime(runtime)
         plan = replace(_plan("mixtral-8x7b", 16, gbs=gbs, dp=16, ep=4), zero_stage=zero)
         r = rows_of(plan_to_row(plan, model), model, "bf16", rt)
-        t = step_time._zero_traffic(prof, r, rt, idle, held_expert_psi(model, r, rt),
+        t = dp_comm._zero_traffic(prof, r, rt, idle, held_expert_psi(model, r, rt),
                                     r.expert_shard, r.ep * r.etp)
         return float(t.gathers[0]), float(r.m[0])
 
@@ -230,10 +230,10 @@ def test_expert_zero_traffic_follows_the_stage_and_shares_the_dense_overlap_wind
     psi, psi_e = np.full(1, 1e9), held_expert_psi(model, r, rt)
     busy = {"forward": np.full(1, 0.05), "backward": np.full(1, 0.1),
             "recompute": np.zeros(1)}
-    groups = [step_time._zero_traffic(prof, r, rt, busy, p, n, s) for p, n, s in (
+    groups = [dp_comm._zero_traffic(prof, r, rt, busy, p, n, s) for p, n, s in (
         (psi, r.shard, r.tp), (psi_e, r.expert_shard, r.ep * r.etp))]
     total = sum(float(g.reductions[0] + g.gathers[0]) for g in groups)
-    exposed = float(step_time._dp_comm(prof, r, rt, busy, psi, psi_e)[0])
+    exposed = float(dp_comm._dp_comm(prof, r, rt, busy, psi, psi_e)[0])
     window = max(float(g.reduction_window[0]) for g in groups) + max(
         float(g.gather_window[0]) for g in groups)
     # what is hidden (all there is, less what is exposed net of contention and copies) never

@@ -1000,7 +1000,7 @@ def test_chunk_shares_hide_behind_the_chunks_after_them() -> None:
     behind its own backward (own / vpp = 0.1 s) and j x pp more chunk backwards: 0.1, 0.5 and
     0.9 s of its 1 s. A collective shorter than the windows hides whole; vpp 1 is the
     one-window case."""
-    from autoplan.cost.step_time import chunked_hidden_s
+    from autoplan.cost.dp_comm import chunked_hidden_s
 
     passes = 4.0 * np.arange(3)[:, None]
     hidden = chunked_hidden_s(np.array([3.0, 0.3, 3.0]), np.array([0.3, 0.3, 0.3]),
@@ -1036,7 +1036,7 @@ def test_zero3_gathers_and_reductions_share_the_backward() -> None:
     forward's gathers in the forward's. On a communication-bound plan (13B, dp 512, one
     2,048-token sequence per rank) the hidden seconds never exceed the compute beside them (as
     long as the collectives make it last), which they did when the backward counted for both."""
-    from autoplan.cost import step_time
+    from autoplan.cost import dp_comm
     from autoplan.cost.rows import rows_of
     from autoplan.cost.stage_time import critical_stage_s
     from autoplan.cost.step_memory import activation_parts
@@ -1052,7 +1052,7 @@ def test_zero3_gathers_and_reductions_share_the_backward() -> None:
     r = rows_of(plan_to_row(plan, model), model, "bf16", titan)
     crit = critical_stage_s(model, profile, r, "bf16", False, titan,
                             activation_parts(model, r, False, titan))
-    z = step_time._zero_traffic(profile, r, titan, crit, np.full(1, 13e9), r.shard, r.tp)
+    z = dp_comm._zero_traffic(profile, r, titan, crit, np.full(1, 13e9), r.shard, r.tp)
     # the compute beside them, stretched by the slowdown they cause it
     ov = profile.efficiency.overlap * (1.0 + profile.efficiency.comm_slowdown)
     forward = r.m * crit["forward"] * ov

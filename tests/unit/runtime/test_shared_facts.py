@@ -150,7 +150,7 @@ def _collectives_of_one_step(dims, spec) -> dict[str, int]:
 @pytest.mark.parametrize("dp_shard", [None, 2])
 def test_hsdp_collectives_are_the_cost_models(dp_shard) -> None:
     """ZeRO-2 on dp 4, fully sharded or HSDP 2 x 2: per FSDP unit (each block and the root,
-    step_time._dp_comm's `calls` = layers + 1) one all-gather and one reduce-scatter inside
+    dp_comm._dp_comm's `calls` = layers + 1) one all-gather and one reduce-scatter inside
     the shard group, and under HSDP one all-reduce across the replicas (the replica term of
     _dp_comm, priced when Rows.replicate > 1) -- none without HSDP."""
     from autoplan.cost.rows import rows_of
