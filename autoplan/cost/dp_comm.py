@@ -1,7 +1,7 @@
 """The data-parallel (ZeRO) collectives of a step and what hides them: each parameter group's
 reductions and gathers over its shard group (dense parameters over dp, a MoE model's routed
-experts over their expert-DP group), the windows of compute they overlap, and the step's small
-syncs.
+experts over their expert-DP group), the windows of compute and NVLink-bound collectives they
+overlap, and the step's small syncs.
 
 step_time.py adds what is left exposed to the step; comm.py holds the collectives' formulas
 and their sources.
@@ -54,7 +54,8 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     Windows (runtime.overlap_*): reductions hide behind the backward they follow (one
     micro-batch's, or every one's when they run each time; a pipeline engine's run after the
     last backward: none), gathers behind the forward they precede (once per step) or every
-    forward and backward (ZeRO-3 per micro-batch).
+    forward and backward (ZeRO-3 per micro-batch). A group that crosses the network also
+    hides behind the pass's exposed collectives that stay on NVLink (_beside_s), unstretched.
 
     A window is its compute stretched by the collectives beside it: compute of C seconds
     slowed by s while they run (efficiency.comm_slowdown) lasts C (1 + s) when they run beside
@@ -86,11 +87,15 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     once = r.unsharded_accumulation | (r.zero <= 1)
     per_pass = r.zero == 3
     overlap = profile.efficiency.overlap * (1.0 + profile.efficiency.comm_slowdown)
-    red_overlap = np.where((r.pp > 1) & runtime.pipeline_engine_reduce, 0.0, overlap)
+    engine = (r.pp > 1) & runtime.pipeline_engine_reduce
+    red_overlap = np.where(engine, 0.0, overlap)
     reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
     gathers = np.where(r.zero == 0, 0.0, np.where(per_pass, 2.0 * r.m, 1.0) * ag)
-    reduction_window = crit["backward"] * red_overlap
-    gather_window = crit["forward"] * overlap
+    fwd_beside, bwd_beside = _beside_s(crit, r, inside, gpn)
+    bwd_share = crit["backward"] / np.maximum(crit["backward"] + crit["recompute"], 1e-30)
+    reduction_window = (crit["backward"] * red_overlap + bwd_share * bwd_beside
+                        * np.where(engine, 0.0, profile.efficiency.overlap))
+    gather_window = crit["forward"] * overlap + fwd_beside * profile.efficiency.overlap
     if runtime.chunked_dp_sync:
         chunked = once & (r.pp > 1) & (r.vpp > 1)
         j = np.arange(int(r.vpp.max(initial=1.0)))[:, None]  # chunk index, one row each
@@ -102,14 +107,36 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     # ZeRO-3 gathers every pass: the forward's gathers hide in the forward; the backward's
     # share the backward (and its recompute) with the reductions, which run first on the same
     # links (FSDP2 prefetches one unit ahead)
-    backward = r.m * (crit["backward"] + crit["recompute"]) * overlap
-    per_pass_hidden = (np.minimum(gathers / 2.0, r.m * crit["forward"] * overlap)
+    backward = r.m * ((crit["backward"] + crit["recompute"]) * overlap
+                      + bwd_beside * profile.efficiency.overlap)
+    per_pass_hidden = (np.minimum(gathers / 2.0, r.m * (crit["forward"] * overlap
+                                                         + fwd_beside * profile.efficiency.overlap))
                        + np.minimum(gathers / 2.0, np.maximum(
                            0.0, backward - np.minimum(reductions, reduction_window))))
     return _ZeroTraffic(
         reductions=reductions, gathers=gathers, calls=calls,
         reduction_window=reduction_window,
         gather_window=np.where(per_pass, per_pass_hidden, gather_window))
+
+
+def _beside_s(crit: dict[str, np.ndarray], r: Rows, inside: np.ndarray, gpn: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per micro-batch of the critical stage's exposed tensor-parallel collectives and
+    expert all-to-alls in its forward and in its backward (recompute in it) that a ZeRO group
+    spanning nodes also hides behind: a pass's collectives stream on their own CUDA stream
+    through its wall time (FSDP2's and Megatron's prefetch and bucketed reduce), and where the
+    group crosses the network while the tensor-parallel or expert group stays inside a node,
+    NVLink carries those and the network link is free beside them. A group inside a node
+    shares their links and hides behind compute alone, as does every group beside collectives
+    that cross nodes themselves."""
+    spans = ~np.asarray(inside, bool)
+    tp_in = spans & comm.intra_node(np.ones_like(r.tp), r.tp, gpn)
+    ep_in = spans & comm.intra_node(r.etp, r.ep, gpn) & (r.ep > 1)
+    # a stage priced without its collectives (a window given as compute alone) has none beside
+    tp, tp_f, ep, ep_f = (crit.get(k, 0.0) for k in ("tp", "tp_forward", "ep", "ep_forward"))
+    fwd = np.where(tp_in, tp_f, 0.0) + np.where(ep_in, ep_f, 0.0)
+    bwd = np.where(tp_in, tp - tp_f, 0.0) + np.where(ep_in, ep - ep_f, 0.0)
+    return fwd, bwd
 
 
 def chunked_hidden_s(total: np.ndarray, own: np.ndarray, vpp: np.ndarray,

@@ -52,20 +52,32 @@ def stage_s(c: block_time.BlockCosts, r: Rows, profile: ClusterProfile, runtime:
         layers * (lt["forward"] + lt["backward"]))
     # SMs a runtime reserves for communication are priced for the whole step (priced_profile)
     reserved = runtime.comm_reserved_sms > 0
+    tp_raw = layers * tp_layer + n * tp.recompute + tp_ends
+    ep_raw = layers * c.a2a + n * c.a2a_recompute + extra_a2a
+    tp_exposed = tp_raw - tp_hidden + comm.contention_s(contended, profile)
+    ep_exposed = ep_raw - ep_hidden + (0.0 if reserved else comm.contention_s(ep_hidden, profile))
     return {
         "compute": layers * (lt["forward"] + lt["backward"] + lt["dtensor"]) + extra + embed,
         "recompute": n * c.recompute,
-        "tp": layers * tp_layer + n * tp.recompute + tp_ends - tp_hidden
-              + comm.contention_s(contended, profile),
+        "tp": tp_exposed,
         "cp": layers * c.cp + n * c.cp_recompute,
-        "ep": layers * c.a2a + n * c.a2a_recompute + extra_a2a - ep_hidden
-              + (0.0 if reserved else comm.contention_s(ep_hidden, profile)),
+        "ep": ep_exposed,
+        # the exposed TP and expert all-to-all seconds inside the forward pass: each block and
+        # end runs as many of its collectives forward as backward (Megatron's f/g pairs, a
+        # dispatch and a combine each way), the recompute's all in backward
+        "tp_forward": tp_exposed * _share(tp_raw - n * tp.recompute, tp_raw) / 2.0,
+        "ep_forward": ep_exposed * _share(ep_raw - n * c.a2a_recompute, ep_raw) / 2.0,
         "forward": layers * lt["forward"],
         "backward": layers * lt["backward"],
         # the head's and MTP's GEMMs: a third of their forward + backward is weight gradient
         "wgrad": layers * c.wgrad + extra / 3.0,
         "layers": layers + 0.0 * extra,
     }
+
+
+def _share(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """part / whole, 0 where whole is 0."""
+    return np.where(whole > 0.0, part / np.where(whole > 0.0, whole, 1.0), 0.0)
 
 
 def loss_on_first(r: Rows) -> np.ndarray:
