@@ -33,6 +33,11 @@ class _ZeroTraffic:
     """Collectives each kind is cut into (FSDP units, or DDP buckets at ZeRO-0)."""
     reduction_window: np.ndarray
     gather_window: np.ndarray
+    reduction_compute_share: np.ndarray
+    gather_compute_share: np.ndarray
+    """Shares of each window that are compute (the rest: NVLink collectives, _beside_s):
+    what hides there slows the compute beside it (comm.contention_s), what hides beside the
+    other collectives slows no compute."""
 
 
 def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
@@ -93,9 +98,14 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     gathers = np.where(r.zero == 0, 0.0, np.where(per_pass, 2.0 * r.m, 1.0) * ag)
     fwd_beside, bwd_beside = _beside_s(crit, r, inside, gpn)
     bwd_share = crit["backward"] / np.maximum(crit["backward"] + crit["recompute"], 1e-30)
-    reduction_window = (crit["backward"] * red_overlap + bwd_share * bwd_beside
-                        * np.where(engine, 0.0, profile.efficiency.overlap))
+    red_compute = crit["backward"] * red_overlap
+    red_beside = bwd_share * bwd_beside * np.where(engine, 0.0, profile.efficiency.overlap)
+    reduction_window = red_compute + red_beside
     gather_window = crit["forward"] * overlap + fwd_beside * profile.efficiency.overlap
+    pass_compute = (crit["forward"] + crit["backward"] + crit["recompute"]) * overlap
+    pass_beside = (fwd_beside + bwd_beside) * profile.efficiency.overlap
+    gather_compute = np.where(per_pass, pass_compute, crit["forward"] * overlap)
+    gather_beside = np.where(per_pass, pass_beside, fwd_beside * profile.efficiency.overlap)
     if runtime.chunked_dp_sync:
         chunked = once & (r.pp > 1) & (r.vpp > 1)
         j = np.arange(int(r.vpp.max(initial=1.0)))[:, None]  # chunk index, one row each
@@ -116,7 +126,9 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     return _ZeroTraffic(
         reductions=reductions, gathers=gathers, calls=calls,
         reduction_window=reduction_window,
-        gather_window=np.where(per_pass, per_pass_hidden, gather_window))
+        gather_window=np.where(per_pass, per_pass_hidden, gather_window),
+        reduction_compute_share=red_compute / np.maximum(red_compute + red_beside, 1e-30),
+        gather_compute_share=gather_compute / np.maximum(gather_compute + gather_beside, 1e-30))
 
 
 def _beside_s(crit: dict[str, np.ndarray], r: Rows, inside: np.ndarray, gpn: int
@@ -193,6 +205,13 @@ def _dp_comm(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
                             np.max([getattr(g, kind + "_window") for g in groups], axis=0))
         return total, hidden
 
+    def compute_share(kind: str) -> np.ndarray:
+        """The groups' compute shares of their windows of this kind, weighted by window."""
+        windows = [np.asarray(getattr(g, kind + "_window"), float) for g in groups]
+        shares = [getattr(g, kind + "_compute_share") for g in groups]
+        return (np.sum([w * s for w, s in zip(windows, shares, strict=True)], axis=0)
+                / np.maximum(np.sum(windows, axis=0), 1e-30))
+
     (reductions, hide_red), (gathers, hide_gat) = exposed("reduction"), exposed("gather")
     calls = groups[0].calls
     if runtime.overlap_param_gather:
@@ -209,8 +228,10 @@ def _dp_comm(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
         once, 1.0, r.m) * (r.weight_bytes + r.reduce_bytes)), profile)
     copies = np.where(runtime.fsdp2_copies & r.fsdp & (r.zero >= 1) & (r.shard > 1), copies,
                       0.0)
-    # what overlap hides still slows the compute it runs beside (comm.contention_s)
-    hidden = reductions - exposed_red + np.maximum(0.0, gathers - exposed_gat)
+    # what overlap hides still slows the compute it runs beside (comm.contention_s); beside
+    # the NVLink collectives of a pass (_beside_s) there is no compute to slow
+    hidden = ((reductions - exposed_red) * compute_share("reduction")
+              + np.maximum(0.0, gathers - exposed_gat) * compute_share("gather"))
     return np.where(has_dp, exposed_red + exposed_gat + comm.contention_s(hidden, profile),
                     0.0) + copies
 

@@ -65,19 +65,15 @@ def stage_s(c: block_time.BlockCosts, r: Rows, profile: ClusterProfile, runtime:
         # the exposed TP and expert all-to-all seconds inside the forward pass: each block and
         # end runs as many of its collectives forward as backward (Megatron's f/g pairs, a
         # dispatch and a combine each way), the recompute's all in backward
-        "tp_forward": tp_exposed * _share(tp_raw - n * tp.recompute, tp_raw) / 2.0,
-        "ep_forward": ep_exposed * _share(ep_raw - n * c.a2a_recompute, ep_raw) / 2.0,
+        "tp_forward": tp_exposed * (tp_raw - n * tp.recompute) / np.maximum(tp_raw, 1e-30) / 2.0,
+        "ep_forward": ep_exposed * (ep_raw - n * c.a2a_recompute) / np.maximum(ep_raw, 1e-30)
+                      / 2.0,
         "forward": layers * lt["forward"],
         "backward": layers * lt["backward"],
         # the head's and MTP's GEMMs: a third of their forward + backward is weight gradient
         "wgrad": layers * c.wgrad + extra / 3.0,
         "layers": layers + 0.0 * extra,
     }
-
-
-def _share(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
-    """part / whole, 0 where whole is 0."""
-    return np.where(whole > 0.0, part / np.where(whole > 0.0, whole, 1.0), 0.0)
 
 
 def loss_on_first(r: Rows) -> np.ndarray:

@@ -130,3 +130,23 @@ def test_the_qwen3_fsdp_row_hides_its_expert_collectives_behind_the_all_to_alls(
                  tp_forward=0.0 * crit["tp"], tp=0.0 * crit["tp"])
     without = float(dp_comm._dp_comm(priced, r, rt, alone, psi, psi * 7)[0])
     assert with_beside < without
+
+
+def test_what_hides_beside_nvlink_collectives_slows_no_compute():
+    """The compute slowdown a hidden collective costs (comm.contention_s) is charged on the
+    compute share of its window only: beside a pass's NVLink collectives no compute runs.
+    dp 8 x tp 8 on 64 GPUs: the forward window is 0.1 s of compute stretched by the slowdown
+    and 0.025 s of TP collectives, the backward's 0.2 s and 0.035 s; inside one node the
+    windows are compute alone."""
+    s, overlap = H100.efficiency.comm_slowdown, H100.efficiency.overlap
+    r, _ = _rows("llama-3-70b", 64, dp=8, tp=8)
+    t = dp_comm._zero_traffic(H100, r, MEGATRON, _crit(tp=0.06, tp_forward=0.025),
+                              np.full(1, 1e9), r.shard, r.tp)
+    fwd, bwd = 0.1 * overlap * (1 + s), 0.2 * overlap * (1 + s)
+    assert float(t.gather_compute_share[0]) == pytest.approx(fwd / (fwd + 0.025 * overlap))
+    assert float(t.reduction_compute_share[0]) == pytest.approx(bwd / (bwd + 0.035 * overlap))
+    inside, _ = _rows("llama-3.1-8b", 8, dp=4, tp=2)
+    t = dp_comm._zero_traffic(H100, inside, MEGATRON, _crit(tp=0.06, tp_forward=0.025),
+                              np.full(1, 1e9), inside.shard, inside.tp)
+    assert float(t.gather_compute_share[0]) == 1.0
+    assert float(t.reduction_compute_share[0]) == 1.0
