@@ -91,21 +91,24 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
         per_node=comm.members_per_node(rep_stride, r.replicate, gpn)), 0.0)
     once = r.unsharded_accumulation | (r.zero <= 1)
     per_pass = r.zero == 3
-    overlap = profile.efficiency.overlap * (1.0 + profile.efficiency.comm_slowdown)
+    # compute windows are stretched by the slowdown (above), the NVLink collectives beside a
+    # group that crosses nodes (_beside_s) are not
+    beside_overlap = profile.efficiency.overlap
+    overlap = beside_overlap * (1.0 + profile.efficiency.comm_slowdown)
     engine = (r.pp > 1) & runtime.pipeline_engine_reduce
-    red_overlap = np.where(engine, 0.0, overlap)
     reductions = np.where(r.zero == 0, ar, np.where(once, 1.0, r.m) * rs)
     gathers = np.where(r.zero == 0, 0.0, np.where(per_pass, 2.0 * r.m, 1.0) * ag)
     fwd_beside, bwd_beside = _beside_s(crit, r, inside, gpn)
+    # per micro-batch: the forward, the backward alone (what a reduction follows; its share of
+    # the backward's collectives) and the backward with its recompute, as compute and beside
+    fwd_c, fwd_b = crit["forward"] * overlap, fwd_beside * beside_overlap
     bwd_share = crit["backward"] / np.maximum(crit["backward"] + crit["recompute"], 1e-30)
-    red_compute = crit["backward"] * red_overlap
-    red_beside = bwd_share * bwd_beside * np.where(engine, 0.0, profile.efficiency.overlap)
-    reduction_window = red_compute + red_beside
-    gather_window = crit["forward"] * overlap + fwd_beside * profile.efficiency.overlap
-    pass_compute = (crit["forward"] + crit["backward"] + crit["recompute"]) * overlap
-    pass_beside = (fwd_beside + bwd_beside) * profile.efficiency.overlap
-    gather_compute = np.where(per_pass, pass_compute, crit["forward"] * overlap)
-    gather_beside = np.where(per_pass, pass_beside, fwd_beside * profile.efficiency.overlap)
+    red_c = np.where(engine, 0.0, crit["backward"] * overlap)
+    red_b = np.where(engine, 0.0, bwd_share * bwd_beside * beside_overlap)
+    back_c = (crit["backward"] + crit["recompute"]) * overlap
+    back_b = bwd_beside * beside_overlap
+    reduction_window = red_c + red_b
+    gather_window = fwd_c + fwd_b
     if runtime.chunked_dp_sync:
         chunked = once & (r.pp > 1) & (r.vpp > 1)
         j = np.arange(int(r.vpp.max(initial=1.0)))[:, None]  # chunk index, one row each
@@ -117,18 +120,18 @@ def _zero_traffic(profile: ClusterProfile, r: Rows, runtime: RuntimeTraits,
     # ZeRO-3 gathers every pass: the forward's gathers hide in the forward; the backward's
     # share the backward (and its recompute) with the reductions, which run first on the same
     # links (FSDP2 prefetches one unit ahead)
-    backward = r.m * ((crit["backward"] + crit["recompute"]) * overlap
-                      + bwd_beside * profile.efficiency.overlap)
-    per_pass_hidden = (np.minimum(gathers / 2.0, r.m * (crit["forward"] * overlap
-                                                         + fwd_beside * profile.efficiency.overlap))
+    per_pass_hidden = (np.minimum(gathers / 2.0, r.m * (fwd_c + fwd_b))
                        + np.minimum(gathers / 2.0, np.maximum(
-                           0.0, backward - np.minimum(reductions, reduction_window))))
+                           0.0, r.m * (back_c + back_b) - np.minimum(reductions,
+                                                                     reduction_window))))
+    gather_c = np.where(per_pass, fwd_c + back_c, fwd_c)
+    gather_b = np.where(per_pass, fwd_b + back_b, fwd_b)
     return _ZeroTraffic(
         reductions=reductions, gathers=gathers, calls=calls,
         reduction_window=reduction_window,
         gather_window=np.where(per_pass, per_pass_hidden, gather_window),
-        reduction_compute_share=red_compute / np.maximum(red_compute + red_beside, 1e-30),
-        gather_compute_share=gather_compute / np.maximum(gather_compute + gather_beside, 1e-30))
+        reduction_compute_share=red_c / np.maximum(red_c + red_b, 1e-30),
+        gather_compute_share=gather_c / np.maximum(gather_c + gather_b, 1e-30))
 
 
 def _beside_s(crit: dict[str, np.ndarray], r: Rows, inside: np.ndarray, gpn: int
@@ -262,7 +265,8 @@ def data_parallel_s(model: ModelSpec, profile: ClusterProfile, r: Rows, precisio
     held = np.where(paired, 2.0 * r.layers_max, r.layers_max)
     # routed experts: their own states and expert-DP group
     psi_e = held_expert_psi(model, r, runtime) if model.moe is not None else None
-    out = _dp_comm(profile, replace(r, layers_max=held), runtime, crit, psi, psi_e) + step_sync_s(profile, r, precision) + fsdp_host
+    out = (_dp_comm(profile, replace(r, layers_max=held), runtime, crit, psi, psi_e)
+           + step_sync_s(profile, r, precision) + fsdp_host)
     if psi_e is not None:
         psi = psi + psi_e * np.where(r.zero >= 1, r.shard / r.expert_shard, 1.0)
     return out, psi, held
