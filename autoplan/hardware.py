@@ -34,6 +34,8 @@ from fa2's figures."""
 # a typo or a unit slip, refused on load instead of scoring plans that are off by orders of
 # magnitude.
 MAX_OVERHEAD_S = 1.0
+MAX_FP8_MATMUL = 1.5
+"""Efficiency.fp8_matmul's bound: FP8 GEMMs half as fast again as the curve is no measurement."""
 MAX_GPUS_PER_NODE = 1024
 
 
@@ -243,6 +245,15 @@ class Efficiency:
     head width between two filed dims reads their figures linearly in the width; below the
     narrowest, that one's; a kernel filed here only at 128 is read at 128."""
 
+    fp8_matmul: float = 1.0
+    """FP8 GEMMs' share of the fp8 peak over the share `matmul` gives a GEMM of that shape: the
+    device's FP8 tensor-core path under cuBLASLt, measured against the curve (benchmarks/
+    gemm_published.py derives it from published cuBLASLt FP8 tables; H100 and H200 reach 4-6%
+    less of their FP8 peak than the curve's 16-bit share). It scales every FP8 GEMM the cost
+    model prices (cost.block_time.profile_gemm_peak); a runtime whose FP8 kernels are not
+    cuBLASLt's scales it again (RuntimeTraits.fp8_gemm_efficiency). 1: FP8 GEMMs as the curve
+    (a device nobody measured in FP8; `autoplan profile` keeps its base profile's figure)."""
+
     def __post_init__(self) -> None:
         for table in ("attention_forward", "attention_backward"):
             for kernel, value in (getattr(self, table) or {}).items():
@@ -265,6 +276,11 @@ class Efficiency:
         if self.memory_bound == 0:
             raise ConfigError("memory_bound", "got 0", "expected a fraction above 0")
         _fraction("overlap", self.overlap)
+        if not 0.0 < self.fp8_matmul <= MAX_FP8_MATMUL:
+            raise ConfigError("fp8_matmul", f"got {self.fp8_matmul!r}",
+                              f"expected a ratio above 0 and at most {MAX_FP8_MATMUL:g} of the "
+                              "curve's rate (0.96: FP8 GEMMs 4% slower than the curve at the "
+                              "fp8 peak)")
         if not 0.0 < self.attention_clock <= 1.0:
             raise ConfigError("attention_clock", f"got {self.attention_clock!r}",
                               "expected a clock ratio in (0, 1] (0.915 = 91.5% of the clock "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.cost import compute
+from autoplan.cost import block_time, compute
 from autoplan.hardware import load_profile
 
 SOURCE = ("deepseek-ai/DeepGEMM README.md, first release (2025-02-26), section Performance: "
@@ -63,11 +63,12 @@ GROUP_TOKENS = 8192
 
 
 def curve_seconds(g: Gemm, profile_name: str = "h800-sxm-80gb") -> float:
-    """Seconds autoplan charges for one execution of the GEMM at the fp8 peak on all SMs: the
-    profile's curve with tile/wave quantization for a dense GEMM (compute.gemm_time_s), the
-    curve at one expert's FLOPs for a grouped one (cost/moe.py moe_block_forward_s)."""
+    """Seconds autoplan charges for one execution of the GEMM in FP8 on all SMs (the fp8 peak
+    at the profile's cuBLASLt figure, block_time.profile_gemm_peak): the profile's curve with
+    tile/wave quantization for a dense GEMM (compute.gemm_time_s), the curve at one expert's
+    FLOPs for a grouped one (cost/moe.py moe_block_forward_s)."""
     profile = load_profile(profile_name)
-    peak = profile.device.peak("fp8")
+    peak = block_time.profile_gemm_peak(profile, "fp8")
     if g.grouped:
         one = 2.0 * GROUP_TOKENS * g.n * g.k
         return float(4 * one / (peak * profile.efficiency.matmul(np.array(one))))

@@ -2,11 +2,13 @@
 
 benchmarks/data/gemm-published.yaml holds GEMMs measured by others on the GPUs the datasheet
 profiles describe: XLA's H100 cost table (375 shapes, every b in 1, 2, 4 and m, n, k in
-256 ... 4096) and Azure's A100 cuBLASLt table. For each GEMM this prints the share of the peak
-it ran at and the share the cost model runs it at (gemm_shapes.predicted_share: the profile's
-matmul curve for the GEMM's padded FLOPs after the tile/wave quantization of its output, as a
-block's GEMMs are priced), grouped by FLOPs, and the same with the curve alone (no
-quantization), so each of the two parts is seen against kernels that measured them.
+256 ... 4096), Azure's A100 cuBLASLt table and its H100 and H200 cuBLASLt FP8 tables, from which
+each profile's `efficiency.fp8_matmul` is read (fp8_matmul). For each GEMM this prints the
+share of the peak it ran at and the share the cost model runs it at (gemm_shapes.predicted_share:
+the profile's matmul curve for the GEMM's padded FLOPs after the tile/wave quantization of its
+output, as a block's GEMMs are priced, an FP8 one's times fp8_matmul), grouped by FLOPs, and the
+same with the curve alone (no quantization), so each of the two parts is seen against kernels
+that measured them.
 
 Read it knowing how each set timed: one GPU at burst clocks, the kernel alone. The profiles'
 curves top out at a rate held with every GPU of a node loaded (their comments: 727 of
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.cost import compute
+from autoplan.cost import block_time, compute
 from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile
 from autoplan.yaml_io import read_yaml
@@ -68,16 +70,39 @@ def compare(s: dict[str, Any]) -> list[dict[str, Any]]:
     m here is a multiple of the tile's rows, as a block folds its tokens into m)."""
     profile = load_profile(s["profile"])
     peak = profile.device.peak(s["precision"])
+    priced_at = block_time.profile_gemm_peak(profile, s["precision"])
     out = []
     for b, m, n, k, tflops in s["rows"]:
         flops = 2.0 * b * m * n * k
-        curve = float(flops / (compute.gemm_time_s(np.array([flops]), profile, peak)[0] * peak))
+        curve = float(flops / (compute.gemm_time_s(np.array([flops]), profile, priced_at)[0]
+                               * peak))
         out.append({"b": b, "m": m, "n": n, "k": k, "flops": flops,
                     "measured": tflops * 1e12 / peak,
                     "priced": predicted_share(profile, int(b * m), int(n), int(k),
                                               s["precision"]),
                     "curve_alone": curve})
     return out
+
+
+TRAINING_GEMM_FLOPS = 1e11
+TRAINING_GEMM_DIM = 1024
+"""The GEMMs of a set that stand for a training block's (tokens x hidden x hidden or ffn): at
+least this many FLOPs and every dimension at least this wide (no skinny output)."""
+
+
+def fp8_matmul(s: dict[str, Any]) -> float:
+    """The profile's Efficiency.fp8_matmul as FP8 set `s` measures it: the median, over its
+    training-shaped GEMMs, of the measured share of the peak over the share the curve prices
+    the GEMM at (the cost model's price with the profile's own figure divided back out)."""
+    factor = load_profile(s["profile"]).efficiency.fp8_matmul
+    ratios = [r["measured"] / (r["priced"] / factor) for r in compare(s)
+              if r["flops"] >= TRAINING_GEMM_FLOPS
+              and min(r["b"] * r["m"], r["n"], r["k"]) >= TRAINING_GEMM_DIM]
+    if not ratios:
+        raise ConfigError(f"{s['id']}.rows", "no GEMM of a training block's shape",
+                          f"give GEMMs of {TRAINING_GEMM_FLOPS:.0e} FLOPs or more, every "
+                          f"dimension at least {TRAINING_GEMM_DIM}")
+    return float(np.median(ratios))
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = [{"id": s["id"], "device": s["device"], "profile": s["profile"],
                "timing": " ".join(str(s.get("timing", "")).split()),
-               **summarize(compare(s))} for s in sets]
+               **summarize(compare(s)),
+               **({"fp8_matmul": fp8_matmul(s)} if s["precision"] == "fp8" else {})}
+              for s in sets]
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0
@@ -136,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         a = r["all"]
         print(f"  mean |priced/measured - 1|: {a['time_mape']:.1%} as priced, "
               f"{a['curve_alone_mape']:.1%} with the curve alone")
+        if "fp8_matmul" in r:
+            print(f"  fp8_matmul measured: {r['fp8_matmul']:.3f} (median over the GEMMs of "
+                  f">= {TRAINING_GEMM_FLOPS:.0e} FLOPs, every dimension >= {TRAINING_GEMM_DIM}; "
+                  f"the {r['profile']} profile files "
+                  f"{load_profile(r['profile']).efficiency.fp8_matmul:g})")
     return 0
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from autoplan import fsutil
-from autoplan.cost import attention_kernels, compute
+from autoplan.cost import attention_kernels, block_time, compute
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, load_profile
 from autoplan.model_spec import ModelSpec, load_model
@@ -92,12 +92,13 @@ def pass_shape(pass_: str, m: int, n: int, k: int) -> tuple[int, int, int]:
 
 
 def predicted_share(profile: ClusterProfile, m: int, n: int, k: int, precision: str) -> float:
-    """The share of the peak the cost model runs an m x n x k GEMM at."""
+    """The share of the precision's peak the cost model runs an m x n x k GEMM at (an FP8 one
+    at the profile's FP8 figure, block_time.profile_gemm_peak)."""
     flops = 2.0 * m * n * k
-    peak = profile.device.peak(precision)
-    seconds = compute.gemm_time_s(np.array([flops]), profile, peak,
+    seconds = compute.gemm_time_s(np.array([flops]), profile,
+                                  block_time.profile_gemm_peak(profile, precision),
                                   (np.array([float(m)]), np.array([float(n)])))
-    return float(flops / (float(seconds[0]) * peak))
+    return float(flops / (float(seconds[0]) * profile.device.peak(precision)))
 
 
 def time_gemm(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype,

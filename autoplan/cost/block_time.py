@@ -66,11 +66,18 @@ def fsdp_unit_host_s(r: Rows, runtime: RuntimeTraits, profile: ClusterProfile
     return np.zeros_like(unit), (r.layers_max + r.vpp) * unit
 
 
+def profile_gemm_peak(profile: ClusterProfile, precision: str) -> float:
+    """The peak the profile's GEMMs of `precision` are priced at: the device's, an FP8 one's
+    scaled by what its cuBLASLt FP8 GEMMs reach against the curve (Efficiency.fp8_matmul)."""
+    scale = profile.efficiency.fp8_matmul if precision == "fp8" else 1.0
+    return profile.device.peak(precision) * scale
+
+
 def gemm_peak(profile: ClusterProfile, precision: str, runtime: RuntimeTraits) -> float:
     """The peak a block's GEMMs run at: the profile's for the plan's precision, an fp8 run's
-    scaled by the runtime's fp8 kernels (RuntimeTraits.fp8_gemm_efficiency)."""
+    scaled again by the runtime's fp8 kernels (RuntimeTraits.fp8_gemm_efficiency)."""
     scale = runtime.fp8_gemm_efficiency if precision == "fp8" else 1.0
-    return profile.device.peak(precision) * scale
+    return profile_gemm_peak(profile, precision) * scale
 
 
 def sixteen_bit_peak(profile: ClusterProfile, precision: str) -> float:

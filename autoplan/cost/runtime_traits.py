@@ -289,14 +289,15 @@ class RuntimeTraits(TraitsPricing):
     each weight's fp8 copy and its transpose across micro-batches (2); torchao's dynamic
     scaling casts on the fly (0)."""
     fp8_gemm_efficiency: float = 1.0
-    """Speed of the runtime's FP8 GEMM kernels over what the profile's matmul curve gives at the
-    fp8 peak (a factor on every FP8 GEMM's time: FP8 plans only). 1: kernels as fast as the
-    curve (Transformer Engine's per-tensor FP8 on cuBLAS, as priced so far). DeepSeek-V3's
-    fine-grained FP8 (1x128 activation tiles, 128x128 weight blocks, partial sums promoted to
-    CUDA cores every 128 K elements: report §3.3.2) is slower: the ratio of a kernel's
-    measured TFLOPS to the curve's, time-weighted over a model's GEMMs, is derived from the
-    DeepGEMM README's table (benchmarks/deepgemm_fp8.py). Backward GEMMs (Dgrad, Wgrad) are
-    taken at the forward shapes' factor: no source tabulates them."""
+    """Speed of the runtime's FP8 GEMM kernels over what the profile prices an FP8 GEMM at (the
+    curve at the fp8 peak times the profile's cuBLASLt figure, Efficiency.fp8_matmul; FP8
+    plans only). 1: cuBLASLt's kernels (Transformer Engine's per-tensor FP8, torchao's
+    Float8Linear through torch._scaled_mm). DeepSeek-V3's fine-grained FP8 (1x128 activation
+    tiles, 128x128 weight blocks, partial sums promoted to CUDA cores every 128 K elements:
+    report §3.3.2) is slower: the ratio of a kernel's measured TFLOPS to the profile's price,
+    time-weighted over a model's GEMMs, is derived from the DeepGEMM README's table
+    (benchmarks/deepgemm_fp8.py). Backward GEMMs (Dgrad, Wgrad) are taken at the forward
+    shapes' factor: no source tabulates them."""
     fp8_activations: bool = True
     """An fp8 run saves its GEMM inputs for backward in fp8 (1 byte instead of 2): TE's
     Linear/LayerNormLinear and torchao's Float8Linear both keep the casts."""

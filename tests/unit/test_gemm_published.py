@@ -54,3 +54,42 @@ def test_the_ratio_is_the_priced_over_the_measured_time(gp) -> None:
     assert out["all"]["time_ratio"] == pytest.approx(1.5)  # median of 2.0 and 1.0
     assert out["all"]["time_mape"] == pytest.approx(0.5)
     assert out["all"]["curve_alone_ratio"] == pytest.approx((1.0 + 0.8) / 2)
+
+
+@pytest.mark.parametrize(("set_id", "profile", "derived"), [
+    ("azure-nd-h100-v5-cublaslt-fp8", "h100-sxm-80gb", 0.960),
+    ("azure-nd-h200-v5-cublaslt-fp8", "h200-sxm-141gb", 0.941)])
+def test_each_profile_files_the_fp8_figure_its_cublaslt_table_measures(gp, set_id, profile,
+                                                                       derived) -> None:
+    """Efficiency.fp8_matmul is read off the published FP8 table, not typed: the median of the
+    measured over the curve's share over the training-shaped GEMMs (the 1024^3-2048^3 and the
+    192-wide GEMMs left out), whatever the profile files now (its own figure is divided back
+    out, so filing it moves no derivation)."""
+    s = next(s for s in gp.load_sets(gp.DEFAULT_DATA) if s["id"] == set_id)
+    assert gp.fp8_matmul(s) == pytest.approx(derived, abs=5e-4)
+    assert load_profile(profile).efficiency.fp8_matmul == round(gp.fp8_matmul(s), 2)
+    picked = [r for r in gp.compare(s) if r["flops"] >= gp.TRAINING_GEMM_FLOPS
+              and min(r["m"], r["n"], r["k"]) >= gp.TRAINING_GEMM_DIM]
+    assert len(picked) == 5 and all(r["n"] >= 4096 for r in picked)
+
+
+def test_the_fp8_figure_prices_fp8_gemms_and_no_others(gp) -> None:
+    """An FP8 set is priced at the profile's FP8 figure, a 16-bit one at the curve: the same
+    shape's priced share in fp8 is fp8_matmul times its bf16 share (one peak-relative curve)."""
+    h100 = load_profile("h100-sxm-80gb")
+    rows = [[1, 8192, 8192, 8192, 600.0]]
+    fp8 = gp.compare({"id": "a", "profile": "h100-sxm-80gb", "precision": "fp8", "rows": rows})
+    bf16 = gp.compare({"id": "b", "profile": "h100-sxm-80gb", "precision": "bf16", "rows": rows})
+    assert h100.efficiency.fp8_matmul < 1.0
+    assert fp8[0]["priced"] == pytest.approx(h100.efficiency.fp8_matmul * bf16[0]["priced"])
+    assert fp8[0]["curve_alone"] == pytest.approx(
+        h100.efficiency.fp8_matmul * bf16[0]["curve_alone"])
+
+
+def test_the_same_die_s_profiles_borrow_the_h100_figure() -> None:
+    """H800 (the GH100 die at the same 700 W) and the 500 W H100s torchtitan ran on file no
+    table of their own: they carry the H100 SXM figure, as their comments say."""
+    h100 = load_profile("h100-sxm-80gb").efficiency.fp8_matmul
+    assert [load_profile(p).efficiency.fp8_matmul
+            for p in ("h800-sxm-80gb", "h100-96gb-500w")] == [h100, h100]
+    assert load_profile("a100-sxm4-80gb").efficiency.fp8_matmul == 1.0  # no fp8 there
