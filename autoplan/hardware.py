@@ -254,6 +254,15 @@ class Efficiency:
     cuBLASLt's scales it again (RuntimeTraits.fp8_gemm_efficiency). 1: FP8 GEMMs as the curve
     (a device nobody measured in FP8; `autoplan profile` keeps its base profile's figure)."""
 
+    nvls_all_reduce: Curve | None = None
+    """NCCL's NVLink SHARP (NVLS) all-reduce inside a node, where the NVSwitch reduces in the
+    switch (HGX/DGX H100 and H200): its algorithm bandwidth (message bytes over seconds) as a
+    share of intra_node.bytes_per_s, by message bytes, as an 8-GPU group measured it (NVLS is
+    all-reduce over NVLink only: NVIDIA/nccl #1031). NCCL turns it on where the system has it
+    (NCCL_NVLS_ENABLE's default) and runs each all-reduce on whichever algorithm is faster, so
+    a group inside a node takes the faster of it and the ring (comm.collective_time_s). null: no
+    NVLS (A100's NVSwitch, PCIe, a CPU, or a cluster whose jobs set NCCL_NVLS_ENABLE=0)."""
+
     def __post_init__(self) -> None:
         for table in ("attention_forward", "attention_backward"):
             for kernel, value in (getattr(self, table) or {}).items():

@@ -95,8 +95,29 @@ def collective_time_s(
         across = np.minimum(ring, hierarchical)
     else:
         across = ring
+    if kind == ALL_REDUCE:  # NCCL's tuner takes NVLS where the node has it and it is faster
+        intra = np.minimum(intra, nvls_all_reduce_s(nbytes, n, profile))
     total = np.where(n > 1, np.where(k > 1, across, intra), 0.0)
     return measured_or(kind, nbytes, n, inside_node, profile, total)
+
+
+NVLS_MEASURED_GROUP = 8
+"""The group size the profiles' NVLS figures were measured over (one HGX/DGX node)."""
+
+
+def nvls_all_reduce_s(nbytes: np.ndarray, n: np.ndarray, profile: ClusterProfile) -> np.ndarray:
+    """Seconds of an NVLS all-reduce of `nbytes` over n ranks inside a node; infinite where the
+    profile files no NVLS (Efficiency.nvls_all_reduce). Each GPU's link carries M + M/n each
+    way (the switch pulls every GPU's slices for the reduction, then multicasts each reduced
+    slice to all), so the share measured over NVLS_MEASURED_GROUP GPUs is scaled by
+    (1 + 1/8) / (1 + 1/n) for a group of n."""
+    curve = profile.efficiency.nvls_all_reduce
+    nbytes = np.asarray(nbytes, float)
+    if curve is None:
+        return np.full(np.broadcast(nbytes, n).shape, np.inf)
+    n = np.maximum(np.asarray(n, float), 2.0)
+    share = curve(nbytes) * (1.0 + 1.0 / NVLS_MEASURED_GROUP) / (1.0 + 1.0 / n)
+    return nbytes / (profile.intra_node.bytes_per_s * share)
 
 
 def _all_to_all_s(nbytes: np.ndarray, n: np.ndarray, g: np.ndarray, profile: ClusterProfile

@@ -34,7 +34,8 @@ def _sha256(data: Any) -> str:
 
 
 PROFILE_OMITTED_AT_DEFAULT = {"attention_head_dims": None, "attention_clock": 1.0,
-                              "tp_collective_overhead_s": 0.0, "fp8_matmul": 1.0}
+                              "tp_collective_overhead_s": 0.0, "fp8_matmul": 1.0,
+                              "nvls_all_reduce": None}
 """Efficiency fields added after studies were stored, left out of profile_hash at their
 default: a profile that leaves them so hashes as before they existed, so its studies resume;
 one that sets them prices differently and does not."""
