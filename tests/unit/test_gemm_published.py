@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from autoplan.errors import ConfigError
 from autoplan.hardware import load_profile
 from tests.benchmark_scripts import load_script
 
@@ -93,3 +94,12 @@ def test_the_same_die_s_profiles_borrow_the_h100_figure() -> None:
     assert [load_profile(p).efficiency.fp8_matmul
             for p in ("h800-sxm-80gb", "h100-96gb-500w")] == [h100, h100]
     assert load_profile("a100-sxm4-80gb").efficiency.fp8_matmul == 1.0  # no fp8 there
+
+
+def test_an_fp8_set_with_no_training_shaped_gemm_is_refused(gp) -> None:
+    """The figure is read at training shapes only: a set of small or skinny GEMMs gives none,
+    and says which field and why rather than a median of nothing."""
+    s = {"id": "small", "profile": "h100-sxm-80gb", "precision": "fp8",
+         "rows": [[1, 2048, 2048, 2048, 900.0], [1, 802816, 192, 768, 600.0]]}
+    with pytest.raises(ConfigError, match=r"small\.rows: no GEMM of a training block's shape"):
+        gp.fp8_matmul(s)
