@@ -1,6 +1,6 @@
 """A profile's datasheet figures for one node: the device (memory, bandwidth, dense peak per
-dtype), its two link tiers and its host, each checked on load. hardware.py holds the efficiency
-curves and the ClusterProfile that joins these to them."""
+dtype), its two link tiers and its host, each checked on load. hardware_efficiency.py holds the
+efficiency curves, hardware.py the ClusterProfile that joins these to them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ DeviceSpec.peak for) and tf32, the datasheets' fp32 tensor-core peak."""
 
 # An upper bound far outside any real hardware (2026: ~5e15 dense FP8 FLOP/s per GPU): a value
 # past it is a typo or a unit slip, refused on load instead of scoring plans that are off by
-# orders of magnitude (hardware.py bounds the overheads and GPUs per node alike).
+# orders of magnitude (hardware_efficiency.py bounds the overheads, hardware.py the GPUs per node).
 MAX_PEAK_FLOPS_PER_S = 1e17
 
 

@@ -1,5 +1,6 @@
-"""hardware.py loads profiles strictly: peak dtypes, attention kernels, the `measured` section
-and upper bounds are checked, and every error names the profile file it came from."""
+"""hardware.py and hardware_efficiency.py load profiles strictly: peak dtypes, attention
+kernels, the `measured` section and upper bounds are checked, and every error names the profile
+file it came from."""
 
 from __future__ import annotations
 
