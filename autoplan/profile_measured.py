@@ -16,7 +16,7 @@ MEASURED_KEYS = ("date", "torch", "device", "precision", "quick", "threads_per_r
                  "host_copy_bytes_per_s", "cpu_adam_params_per_s")
 """Keys of `measured` that `autoplan profile` always writes (profiler/build.py assemble)."""
 MEASURED_EXTRA_KEYS = ("layer_models", "layers", "saved_activations", "matmul_from_layers",
-                       "dispatch", "calibration")
+                       "dispatch", "calibration", "fp8_matmul")
 """Keys it writes when it measured them (build.py), and `autoplan calibrate`'s record."""
 MEASURED_ALONE_KEYS = ("dispatch", "precision", "calibration")
 """Sections written into any profile on their own (profiler dispatch.apply_dispatch and

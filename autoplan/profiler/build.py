@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from autoplan.errors import RuntimeLaunchError
+from autoplan.hardware_efficiency import MAX_FP8_MATMUL
 from autoplan.profiler.collectives import monotone
 from autoplan.profiler.compute import Timing
 
@@ -25,6 +26,21 @@ def _clamp(v: float) -> float:
 def matmul_curve(timings: list[Timing], peak: float) -> dict[str, list[float]]:
     """Efficiency = achieved FLOP/s / peak at each measured GEMM size."""
     return {"x": [t.size for t in timings], "y": [_clamp(t.size / t.seconds / peak) for t in timings]}
+
+
+def fp8_matmul_ratio(fp8: list[Timing], matmul: list[Timing], peak_fp8: float, peak: float
+                     ) -> float:
+    """Efficiency.fp8_matmul as this GPU measures it: the median, over the sizes timed in FP8,
+    of an FP8 GEMM's share of the fp8 peak over the share the curve's GEMM of the same size
+    (timed in the curve's dtype) reached of its peak; benchmarks/gemm_published.py reads the
+    figure off published cuBLASLt tables the same way."""
+    curve = {t.size: t.seconds for t in matmul}
+    ratios = [(t.size / t.seconds / peak_fp8) / (t.size / curve[t.size] / peak)
+              for t in fp8 if t.size in curve]
+    if not ratios:
+        raise RuntimeLaunchError(f"FP8 GEMMs timed at sizes {[t.size for t in fp8]}, none of "
+                                 f"which the matmul curve measured {sorted(curve)}")
+    return float(np.median(ratios))
 
 
 def clean_all_reduce_rows(rows: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -106,11 +122,15 @@ def assemble(
     matmul: list[Timing], copy_bw: float, elementwise_bw: float, op_overhead_s: float,
     collectives: dict[int, dict[str, list[list[float]]]], host_copy_bw: float,
     adam_params_per_s: float, quick: bool, layers: dict[str, Any] | None = None,
+    fp8: list[Timing] | None = None,
 ) -> dict[str, Any]:
     """The profile: `base` with the measured fields replaced; `layers` (optional) holds the
-    per-layer tables (layer_models, layers, saved_activations) kept under `measured`. The
-    caller applies what else it measured (dispatch, precision, collective tables), then
-    feed_layer_points, which prices the layers with every field final."""
+    per-layer tables (layer_models, layers, saved_activations) kept under `measured`; `fp8`
+    (optional) the FP8 GEMMs timed at the curve's training sizes, which set
+    efficiency.fp8_matmul (fp8_matmul_ratio) where the figure lies in the range a profile
+    loads (hardware_efficiency.MAX_FP8_MATMUL; outside it the base's stays, and the timings
+    say why). The caller applies what else it measured (dispatch, precision, collective
+    tables), then feed_layer_points, which prices the layers with every field final."""
     prof = copy.deepcopy(base)
     prof["schema_version"] = 1
     prof["name"] = name
@@ -132,6 +152,14 @@ def assemble(
     eff["attention_clock"] = 1.0
     eff["memory_bound"] = _clamp(elementwise_bw / copy_bw)
     eff["op_overhead_s"] = float(op_overhead_s)
+    fp8_record = None
+    if fp8:
+        ratio = fp8_matmul_ratio(fp8, matmul, float(dev["peak_flops_per_s"]["fp8"]), peak)
+        applied = 0.0 < ratio <= MAX_FP8_MATMUL
+        if applied:
+            eff["fp8_matmul"] = ratio
+        fp8_record = {"gemms": [[t.size, t.seconds] for t in fp8], "ratio": ratio,
+                      "applied": applied}
     if collectives:
         # the smallest group: larger ones on a CPU host are slowed by ranks sharing cores,
         # which the cost model accounts for separately (host.compute_slots)
@@ -162,6 +190,7 @@ def assemble(
         "host_copy_bytes_per_s": float(host_copy_bw),
         "cpu_adam_params_per_s": float(adam_params_per_s),
         **(layers or {}),
+        **({"fp8_matmul": fp8_record} if fp8_record else {}),
     }
     return prof
 

@@ -15,6 +15,7 @@ from autoplan import fsutil, resources
 from autoplan.cli_common import add_format_argument, count, emit, stderr_console
 from autoplan.errors import ConfigError
 from autoplan.hardware import ClusterProfile, load_profile, profile_from_dict
+from autoplan.hardware_efficiency import MAX_FP8_MATMUL
 from autoplan.profile_files import check_out_and_name
 from autoplan.yaml_io import read_yaml, save_yaml, to_dict
 
@@ -90,6 +91,10 @@ class _Measured:
     sixteen_bit: Any
     tables: dict[str, Any]
     collectives: dict[int, dict[str, list[list[float]]]] = field(default_factory=dict)
+    fp8: list[Any] | None = None
+    """FP8 GEMMs at the curve's training sizes (compute.measure_fp8_matmul); None: not timed."""
+    fp8_why: str | None = None
+    """Why they were not (compute.fp8_unavailable)."""
 
 
 def _request(args: argparse.Namespace) -> _Request:
@@ -201,6 +206,10 @@ def _measure(req: _Request, console: Any) -> _Measured:
 
         step(f"GEMMs ({req.precision})")
         mm = compute.measure_matmul(device, req.precision, quick)
+        fp8_why, fp8 = compute.fp8_unavailable(device, req.base), None
+        if fp8_why is None:
+            step("GEMMs (fp8)")
+            fp8 = compute.measure_fp8_matmul(device, compute.fp8_sizes(device, quick), quick)
         progress.advance(task)
         step("memory bandwidth")
         copy_bw, elem_bw = compute.measure_bandwidth(device, quick)
@@ -219,7 +228,8 @@ def _measure(req: _Request, console: Any) -> _Measured:
             device, req.precision, quick,
             lambda i, n, what: step(f"runtime layers {i}/{n}: {what}"))
         progress.advance(task)
-        measured = _Measured(mm, copy_bw, elem_bw, disp, host_bw, adam, figures, tables)
+        measured = _Measured(mm, copy_bw, elem_bw, disp, host_bw, adam, figures, tables,
+                             fp8=fp8, fp8_why=fp8_why)
         for g in req.groups:
             step(f"collectives over {g} ranks")
             measured.collectives[g] = collectives.measure_collectives(g, device.type, quick)
@@ -234,7 +244,7 @@ def _profile(req: _Request, m: _Measured) -> dict[str, Any]:
 
     prof = build.assemble(req.base, req.name, req.device, req.precision, m.matmul, m.copy_bw,
                           m.elem_bw, m.dispatch.op_overhead_s, m.collectives, m.host_bw, m.adam,
-                          req.quick, m.tables)
+                          req.quick, m.tables, m.fp8)
     dispatch.apply_dispatch(prof, m.dispatch, req.device)
     # a GPU profile keeps its datasheet 16-bit peaks; an fp16 curve scales neither fp32 nor bf16
     if m.sixteen_bit is not None and req.precision in ("fp32", "bf16"):
@@ -267,6 +277,9 @@ def _summary(req: _Request, m: _Measured, prof: dict[str, Any], loaded: Any, wri
         "saved_vs_model": compare.saved_comparison(m.tables["saved_activations"],
                                                    m.tables["layer_models"], req.precision),
         "matmul_from_layers": prof["measured"]["matmul_from_layers"],
+        # a GPU profile's FP8 figure and where it came from (a CPU runs no FP8 plan: None)
+        "fp8_matmul": prof["efficiency"].get("fp8_matmul", 1.0) if req.use_cuda else None,
+        "fp8_measured": prof["measured"].get("fp8_matmul"), "fp8_why": m.fp8_why,
     }
 
 
@@ -279,6 +292,9 @@ def _render(summary: dict[str, Any], c: Any) -> None:
             f"{summary['host_copy_bytes_per_s'] / 1e9:.1f} GB/s, CPU Adam "
             f"{summary['cpu_adam_params_per_s'] / 1e6:.0f} M params/s, "
             f"{summary['op_overhead_s'] * 1e6:.1f} us per operator")
+    if summary["fp8_matmul"] is not None:
+        c.print(f"  FP8 GEMMs at {summary['fp8_matmul']:.3f} of the curve's share of the fp8 "
+                f"peak {_fp8_source(summary['fp8_measured'], summary['fp8_why'])}")
     if summary["all_reduce_bytes_per_s"] is not None:
         c.print(f"  all-reduce over {min(summary['groups'])} ranks: "  # the fit's group
                 f"{summary['all_reduce_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, "
@@ -291,6 +307,16 @@ def _render(summary: dict[str, Any], c: Any) -> None:
             f"{err['with_points']:.3f} with them")
     c.print(report.layer_table(summary["layers_vs_model"]))
     c.print(report.saved_table(summary["saved_vs_model"]))
+
+
+def _fp8_source(measured: dict[str, Any] | None, why: str | None) -> str:
+    """Where the profile's fp8_matmul comes from, for the summary line."""
+    if measured is None:
+        return f"(the base profile's: not timed here, {why})"
+    if measured["applied"]:
+        return "(measured)"
+    return (f"(the base profile's: measured {measured['ratio']:.3f}, outside the (0, "
+            f"{MAX_FP8_MATMUL:g}] a profile loads; is the base's fp8 peak the dense one?)")
 
 
 def profile_command(args: argparse.Namespace) -> int:

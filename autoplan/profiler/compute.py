@@ -1,15 +1,24 @@
-"""Matmul throughput by problem size and memory bandwidth, on CPU (one thread, as one runtime
-rank runs) or on a CUDA device (timed with CUDA events)."""
+"""Matmul throughput by problem size (16-bit or fp32, and FP8 where the GPU has FP8 tensor
+cores) and memory bandwidth, on CPU (one thread, as one runtime rank runs) or on a CUDA device
+(timed with CUDA events)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FP8_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with FP8 tensor cores (Ada, sm_89; Hopper and later)."""
+TRAINING_GEMM_FLOPS = 1e11
+TRAINING_GEMM_DIM = 1024
+"""The GEMMs FP8 is timed at stand for a training block's (tokens x hidden x hidden or ffn): at
+least this many FLOPs and every dimension at least this wide, the rule benchmarks/
+gemm_published.py reads published FP8 tables by."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,64 @@ def measure_matmul(device: torch.device, precision: str, quick: bool) -> list[Ti
                 torch.mm(a, b)
 
         out.append(Timing(flops, time_call(run, device, repeats) / inner))
+    return out
+
+
+def fp8_sizes(device: torch.device, quick: bool) -> list[int]:
+    """The square sizes of matmul_sizes of a training block's GEMM (TRAINING_GEMM_FLOPS,
+    TRAINING_GEMM_DIM): 4096 and 8192 on a GPU, 8192 alone with --quick."""
+    return [n for n in matmul_sizes(device, quick)
+            if 2.0 * n**3 >= TRAINING_GEMM_FLOPS and n >= TRAINING_GEMM_DIM]
+
+
+def fp8_unavailable(device: torch.device, base: dict[str, Any]) -> str | None:
+    """Why FP8 GEMMs are not timed here (None: they are): a CPU, a GPU without FP8 tensor
+    cores (FP8_CAPABILITY), a base profile without an fp8 peak to state them against, or a
+    torch without torch._scaled_mm."""
+    if device.type != "cuda":
+        return "a CPU runs no FP8 plan"
+    capability = torch.cuda.get_device_capability(device)
+    if tuple(capability) < FP8_CAPABILITY:
+        return (f"compute capability {capability[0]}.{capability[1]} has no FP8 tensor cores "
+                f"(from {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]})")
+    peaks = (base.get("device") or {}).get("peak_flops_per_s") or {}
+    if "fp8" not in peaks:
+        return "the base profile has no fp8 peak"
+    if not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no torch._scaled_mm"
+    return None
+
+
+def fp8_operands(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two n x n e4m3 operands of random values, the second column-major (the layout
+    cuBLASLt's FP8 GEMM takes its second operand in)."""
+    e4m3 = torch.float8_e4m3fn
+    return (torch.randn(n, n, device=device).to(e4m3),
+            torch.randn(n, n, device=device).to(e4m3).t())
+
+
+def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """a @ b in FP8 with per-tensor scales `scale` (a float32 scalar) and a bf16 output:
+    torch._scaled_mm, the cuBLASLt FP8 GEMM Transformer Engine and torchao's float8 training
+    call."""
+    return torch._scaled_mm(a, b, scale, scale, out_dtype=torch.bfloat16)
+
+
+def measure_fp8_matmul(device: torch.device, sizes: list[int], quick: bool) -> list[Timing]:
+    """Square FP8 GEMMs n x n x n (fp8_operands, fp8_gemm with scales of 1) at each of
+    `sizes`; size is 2n^3 FLOPs."""
+    one = torch.ones((), device=device)
+    out = []
+    for n in sizes:
+        a, b = fp8_operands(n, device)
+        flops = 2.0 * n**3
+        inner = max(1, int(2e8 / flops)) if device.type == "cpu" else max(1, int(5e10 / flops))
+
+        def run(a: torch.Tensor = a, b: torch.Tensor = b, inner: int = inner) -> None:
+            for _ in range(inner):
+                fp8_gemm(a, b, one)
+
+        out.append(Timing(flops, time_call(run, device, 5 if quick else 10) / inner))
     return out
 
 
