@@ -67,6 +67,11 @@ def _check_numbers(traits: RuntimeTraits) -> None:
                 f"expected bytes in ({floor:g}, 256]"
                 + (" (the casts alone move that much; loss_casts: false for a kernel "
                    "without them)" if traits.loss_casts else ""))
+    passes = traits.train_metric_passes
+    if isinstance(passes, bool) or not isinstance(passes, int) or not 0 <= passes <= 8:
+        _refuse("train_metric_passes", passes,
+                "expected a whole number of passes over the logits from 0 to 8 (2: Composer's "
+                "LanguageCrossEntropy and LanguagePerplexity)")
     fp8_gemm = traits.fp8_gemm_efficiency
     if isinstance(fp8_gemm, bool) or not isinstance(fp8_gemm, (int, float)) or not (
             0.1 <= fp8_gemm <= 1.5):

@@ -46,6 +46,13 @@ class PipelineGradSync(str, enum.Enum):
 LOSS_CAST_BYTES = 12.0
 """Bytes per logit of the loss's upcast of 16-bit logits (read 2, write 4) and of the cast of
 their gradient back (read 4, write 2)."""
+METRIC_PASS_BYTES = 14.0
+"""HBM bytes per 16-bit logit of one torch cross-entropy forward that a trainer runs on the
+logits for a metric (RuntimeTraits.train_metric_passes), counted op by op: under autocast
+cross_entropy runs in fp32 (PyTorch's AMP op reference lists cross_entropy among the "CUDA ops
+that can autocast to float32"), so the logits are upcast (read 2, write 4) and log_softmax
+reads and writes fp32 (8); nll_loss gathers one logit per token. An fp32 run has no upcast:
+LOSS_CAST_BYTES / 2 fewer."""
 
 OFFLOAD_MODES = {"optimizer": "the optimizer alone", "params": "the parameters alone",
                  "both": "parameters and optimizer together"}

@@ -196,8 +196,9 @@ RUNTIME_PRESETS: dict[str, dict[str, Any]] = {
         "description": "MosaicML llm-foundry / Composer (2023): PyTorch FSDP (FULL_SHARD or "
                        "SHARD_GRAD_OP, fp32 sharded params), whole-block activation "
                        "checkpointing, FlashAttention's Triton kernel, flash_attn's fused "
-                       "cross-entropy, eager element-wise ops; no tensor, pipeline or context "
-                       "parallelism",
+                       "cross-entropy, Composer's two train metrics (cross-entropies over the "
+                       "logits) after every micro-batch, eager element-wise ops; no tensor, "
+                       "pipeline or context parallelism",
         "attention_kernel": "fa-triton", "fused_norm": True, "fused_swiglu": False,
         "eager_elementwise": True, "fp8_weight_cache_bytes": 0.0,
         # Composer's FSDP mixed_precision: PURE reduces in bf16; DEFAULT's reduce dtype
@@ -206,6 +207,9 @@ RUNTIME_PRESETS: dict[str, dict[str, Any]] = {
         "fp32_sharded_params": True, "grad_bytes_fp16": 4.0, "reduce_bytes_fp16": 4.0,
         "logit_bytes_saved": 2.0, "logit_bytes_transient": 2.0,
         "loss_bytes_per_logit": 8.0, "loss_casts": False,
+        # Composer's Trainer updates the model's two train metrics, each a torch cross-entropy
+        # over the logits, after every micro-batch (runtime_traits.train_metric_passes)
+        "train_metric_passes": 2,
         "zero_stages": [0, 2, 3], "hsdp_zero_stages": [2, 3],
         "grad_reduce_dtypes": ["fp32", "bf16"],
         "offload": ["both"],  # FSDP's CPUOffload: parameters, gradients and the step together

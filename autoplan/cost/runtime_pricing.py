@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost.runtime_kinds import LOSS_CAST_BYTES, OFFLOAD_MODES
+from autoplan.cost.runtime_kinds import LOSS_CAST_BYTES, METRIC_PASS_BYTES, OFFLOAD_MODES
 
 
 class TraitsPricing:
@@ -25,6 +25,7 @@ class TraitsPricing:
     reduce_bytes_fp16: float
     loss_bytes_per_logit: float
     loss_casts: bool
+    train_metric_passes: int
 
     def offload_refusal(self, optimizer: bool, params: bool,
                         zero_stage: int | None = None) -> str | None:
@@ -107,13 +108,17 @@ class TraitsPricing:
         return self.grad_bytes_fp16 if precision == "fp16" else self.grad_bytes_bf16
 
     def loss_bytes(self, precision: str) -> float:
-        """loss_bytes_per_logit for this precision: fp32 logits need no upcast forward and no
-        cast back (LOSS_CAST_BYTES fewer); a kernel without casts moves twice the bytes."""
+        """HBM bytes per logit of the loss and the trainer's metric passes over the logits:
+        loss_bytes_per_logit for this precision (fp32 logits need no upcast forward and no cast
+        back, LOSS_CAST_BYTES fewer; a kernel without casts moves twice the bytes), plus
+        train_metric_passes cross-entropy forwards of METRIC_PASS_BYTES (no upcast in fp32)."""
+        metric = self.train_metric_passes * (
+            METRIC_PASS_BYTES - (LOSS_CAST_BYTES / 2.0 if precision == "fp32" else 0.0))
         if precision != "fp32":
-            return self.loss_bytes_per_logit
+            return self.loss_bytes_per_logit + metric
         if self.loss_casts:
-            return self.loss_bytes_per_logit - LOSS_CAST_BYTES
-        return 2.0 * self.loss_bytes_per_logit
+            return self.loss_bytes_per_logit - LOSS_CAST_BYTES + metric
+        return 2.0 * self.loss_bytes_per_logit + metric
 
     def reduce_bytes(self, precision: str) -> float:
         """Bytes per gradient element sent in data-parallel reductions."""

@@ -341,6 +341,17 @@ class RuntimeTraits(TraitsPricing):
     loss_bytes_per_logit, which an fp32 plan does not pay (torch's F.cross_entropy, Megatron's).
     False: the kernel reads the logits as they are (flash_attn's fused cross-entropy), so an
     fp32 plan moves twice the bytes."""
+    train_metric_passes: int = 0
+    """Cross-entropy forwards over the logits the trainer runs every micro-batch for its
+    training metrics, beside the loss (priced in time at runtime_kinds.METRIC_PASS_BYTES per
+    logit each, with the loss: loss_bytes). 2: Composer, as MosaicML's MPT tables ran it: the
+    model's train metrics are LanguageCrossEntropy and LanguagePerplexity (mosaicml/examples
+    mosaic_gpt.py ComposerMosaicGPT, llm-foundry's ComposerMPTCausalLM, use_train_metrics
+    true by default), Composer's Trainer._train_microbatch updates every train metric after
+    each micro-batch's backward under the run's autocast (_eval_train_metrics), and
+    LanguagePerplexity subclasses LanguageCrossEntropy, so its update runs the
+    torch.nn.CrossEntropyLoss again. Their fp32 transients come after backward's peak and are
+    not in memory (the MPT tables publish none)."""
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     """Pipeline schedules the runtime can run (Plan spelling)."""
     multi_stage_schedules: tuple[str, ...] = ()

@@ -56,7 +56,8 @@ def profile_hash(profile: ClusterProfile) -> str:
     return _sha256(_profile_data(profile))
 
 
-RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel", "fused_attention", "grad_accumulate_bytes")
+RUNTIME_OMITTED_AT_DEFAULT = ("has_sequence_parallel", "fused_attention", "grad_accumulate_bytes",
+                              "train_metric_passes")
 """RuntimeTraits fields added after studies were stored, left out of runtime_hash at their
 default: a runtime they leave as it was hashes as before them, so its studies resume; one they
 change (megatron-2021 without sequence parallelism) prices otherwise and does not."""
