@@ -239,8 +239,10 @@ class Efficiency:
     less of their FP8 peak than the curve's 16-bit share). It scales every FP8 GEMM the cost
     model prices (cost.block_time.profile_gemm_peak); a runtime whose FP8 kernels are not
     cuBLASLt's scales it again (RuntimeTraits.fp8_gemm_efficiency); `autoplan profile` times
-    it on a GPU with FP8 tensor cores (profiler.build.fp8_matmul_ratio) and elsewhere keeps
-    its base profile's. 1: FP8 GEMMs as the curve (a device nobody measured in FP8)."""
+    it on a CUDA GPU with FP8 tensor cores whose base profile states an fp8 peak
+    (profiler.build.fp8_matmul_ratio), writing the figure where it lies in (0,
+    MAX_FP8_MATMUL], and elsewhere keeps its base profile's. 1: FP8 GEMMs as the curve (a
+    device nobody measured in FP8)."""
 
     nvls_all_reduce: Curve | None = None
     """NCCL's NVLink SHARP (NVLS) all-reduce inside a node, where the NVSwitch reduces in the

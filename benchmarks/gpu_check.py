@@ -369,9 +369,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({time.monotonic() - start:.0f} s)", flush=True)
     if summary and summary.get("fp8_matmul") is not None:  # the figure the note keeps
         fp8 = summary.get("fp8_measured")
-        print(f"profile: fp8_matmul {summary['fp8_matmul']:.3f} "
-              + (f"(measured {fp8['ratio']:.3f} over {len(fp8['gemms'])} GEMMs)" if fp8
-                 else f"(the datasheet's: {summary.get('fp8_why')})"), flush=True)
+        if not fp8:
+            source = f"the datasheet's: {summary.get('fp8_why')}"
+        else:
+            source = (f"measured {fp8['ratio']:.3f} over {len(fp8['gemms'])} GEMMs"
+                      + ("" if fp8["applied"] else ", not applied: the datasheet's kept"))
+        print(f"profile: fp8_matmul {summary['fp8_matmul']:.3f} ({source})", flush=True)
     if summary and args.json is not None:
         shutil.copy2(prof_path, args.json.parent / prof_path.name)
     write_json(args.json, report)

@@ -53,6 +53,10 @@ cross_entropy runs in fp32 (PyTorch's AMP op reference lists cross_entropy among
 that can autocast to float32"), so the logits are upcast (read 2, write 4) and log_softmax
 reads and writes fp32 (8); nll_loss gathers one logit per token. An fp32 run has no upcast:
 LOSS_CAST_BYTES / 2 fewer."""
+METRIC_PASS_LIVE_BYTES = 10.0
+"""Bytes per 16-bit logit alive while a metric pass runs: the logits the trainer keeps as the
+step's outputs (2), their fp32 upcast (4) and log_softmax's fp32 output (4); passes run one
+after another. fp32 logits: 4 + 4 (no upcast)."""
 
 OFFLOAD_MODES = {"optimizer": "the optimizer alone", "params": "the parameters alone",
                  "both": "parameters and optimizer together"}

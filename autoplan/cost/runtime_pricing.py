@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.cost.runtime_kinds import LOSS_CAST_BYTES, METRIC_PASS_BYTES, OFFLOAD_MODES
+from autoplan.cost.runtime_kinds import (
+    LOSS_CAST_BYTES,
+    METRIC_PASS_BYTES,
+    METRIC_PASS_LIVE_BYTES,
+    OFFLOAD_MODES,
+)
 
 
 class TraitsPricing:
@@ -107,18 +112,26 @@ class TraitsPricing:
             return 4.0
         return self.grad_bytes_fp16 if precision == "fp16" else self.grad_bytes_bf16
 
-    def loss_bytes(self, precision: str) -> float:
+    def loss_bytes(self, precision: str, metrics: bool = True) -> float:
         """HBM bytes per logit of the loss and the trainer's metric passes over the logits:
         loss_bytes_per_logit for this precision (fp32 logits need no upcast forward and no cast
-        back, LOSS_CAST_BYTES fewer; a kernel without casts moves twice the bytes), plus
-        train_metric_passes cross-entropy forwards of METRIC_PASS_BYTES (no upcast in fp32)."""
-        metric = self.train_metric_passes * (
+        back, LOSS_CAST_BYTES fewer; a kernel without casts moves twice the bytes), plus, with
+        `metrics` (the main head's logits; not an MTP head's), train_metric_passes
+        cross-entropy forwards of METRIC_PASS_BYTES (no upcast in fp32)."""
+        metric = float(metrics) * self.train_metric_passes * (
             METRIC_PASS_BYTES - (LOSS_CAST_BYTES / 2.0 if precision == "fp32" else 0.0))
         if precision != "fp32":
             return self.loss_bytes_per_logit + metric
         if self.loss_casts:
             return self.loss_bytes_per_logit - LOSS_CAST_BYTES + metric
         return 2.0 * self.loss_bytes_per_logit + metric
+
+    def metric_live_bytes(self, precision: str) -> float:
+        """Bytes per logit alive during the trainer's metric passes (METRIC_PASS_LIVE_BYTES;
+        fp32 logits need no upcast), 0 without them."""
+        if not self.train_metric_passes:
+            return 0.0
+        return METRIC_PASS_LIVE_BYTES - (2.0 if precision == "fp32" else 0.0)
 
     def reduce_bytes(self, precision: str) -> float:
         """Bytes per gradient element sent in data-parallel reductions."""

@@ -350,8 +350,10 @@ class RuntimeTraits(TraitsPricing):
     true by default), Composer's Trainer._train_microbatch updates every train metric after
     each micro-batch's backward under the run's autocast (_eval_train_metrics), and
     LanguagePerplexity subclasses LanguageCrossEntropy, so its update runs the
-    torch.nn.CrossEntropyLoss again. Their fp32 transients come after backward's peak and are
-    not in memory (the MPT tables publish none)."""
+    torch.nn.CrossEntropyLoss again. In memory, after each micro-batch's backward has freed its
+    activations, the stage with the loss holds runtime_kinds.METRIC_PASS_LIVE_BYTES per logit
+    beside the micro-batches still in flight (step_memory.stage_activation_bytes): for small
+    models with large micro-batches that, not backward, is the step's peak."""
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     """Pipeline schedules the runtime can run (Plan spelling)."""
     multi_stage_schedules: tuple[str, ...] = ()

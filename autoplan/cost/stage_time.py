@@ -86,10 +86,14 @@ def stages_s(c: block_time.BlockCosts, model: ModelSpec, profile: ClusterProfile
              precision: str, runtime: RuntimeTraits) -> list[dict[str, np.ndarray]]:
     """stage_s of the first, the largest and the last pipeline stage, the ends with the
     embedding, the head and its loss, and multi-token prediction where they sit."""
-    # the output layer stays 16-bit in fp8 runs
-    logit_t = compute.logits_times_s(model, profile,
-                                     block_time.sixteen_bit_peak(profile, precision), r.b,
-                                     r.tp, r.cp, r.vocab, runtime.loss_bytes(precision))
+    # the output layer stays 16-bit in fp8 runs; a trainer's metric passes read the main
+    # head's logits only (RuntimeTraits.train_metric_passes)
+    def head_t(metrics: bool) -> np.ndarray:
+        return compute.logits_times_s(model, profile,
+                                      block_time.sixteen_bit_peak(profile, precision), r.b,
+                                      r.tp, r.cp, r.vocab, runtime.loss_bytes(precision, metrics))
+
+    logit_t = head_t(True)
     embed_t = embedding_grad_s(model, profile, runtime, r)
     # multi-token prediction (cost/mtp.py) on the stage with the loss: one more block each
     # depth, priced as the stage's blocks, plus eh_proj, the MoE kind's excess and a second
@@ -97,7 +101,7 @@ def stages_s(c: block_time.BlockCosts, model: ModelSpec, profile: ClusterProfile
     d_mtp = float(model.mtp_layers)
     mtp_x = 3.0 * mtp.extra_forward_s(model, profile,
                                       block_time.gemm_peak(profile, precision, runtime), r) \
-        + d_mtp * logit_t
+        + d_mtp * (head_t(False) if runtime.train_metric_passes else logit_t)
     mtp_a2a = mtp.extra_all_to_all_s(model, c.a2a)
     head_first = loss_on_first(r)
     head_last = 1.0 - head_first

@@ -201,11 +201,24 @@ def stage_activation_bytes(model: ModelSpec, r: Rows, precision: str, eager: boo
         return np.maximum(n * per_set + pending * layers * wgrad, c * (per_set + layers * wgrad))
 
     logits = _loss_stage_bytes(model, r, runtime, working, d_mtp, zb.head)
+    # after a micro-batch's backward the trainer's metric passes (train_metric_passes) run over
+    # its logits, its own activations freed, beside the micro-batches still in flight
+    metric = runtime.metric_live_bytes(precision) * memory.logit_elements(
+        model, r.b, r.tp, r.vocab, r.cp)
+    none = np.zeros_like(r.pp, dtype=float)
+
+    def after_backward(n: np.ndarray, per_set: np.ndarray, layers: np.ndarray) -> np.ndarray:
+        return kept(np.maximum(n - 1.0, 0.0), per_set, layers, none) + metric
+
     act_first = (kept(held[0], end_first, r.layers_first + mtp_first, zb.first) + working
                  + np.where(loss_first, logits, 0))
-    act_last = np.where(single, act_first,
-                        kept(held[2], end_last, r.layers_last + mtp_last, zb.last) + working
-                        + np.where(r.v_shape, 0.0, logits))
+    act_first = np.where(loss_first, np.maximum(
+        act_first, after_backward(held[0], end_first, r.layers_first + mtp_first)), act_first)
+    act_last = (kept(held[2], end_last, r.layers_last + mtp_last, zb.last) + working
+                + np.where(r.v_shape, 0.0, logits))
+    act_last = np.where(r.v_shape, act_last, np.maximum(
+        act_last, after_backward(held[2], end_last, r.layers_last + mtp_last)))
+    act_last = np.where(single, act_first, act_last)
     act_mid = np.where(single, act_first, kept(held[1], act_layers(r.layers_max), r.layers_max,
                                                zb.mid) + working)
     return StageActivations(first=act_first, last=act_last, mid=act_mid, of_layers=act_layers,

@@ -89,11 +89,14 @@ def fp8_sizes(device: torch.device, quick: bool) -> list[int]:
 
 
 def fp8_unavailable(device: torch.device, base: dict[str, Any]) -> str | None:
-    """Why FP8 GEMMs are not timed here (None: they are): a CPU, a GPU without FP8 tensor
-    cores (FP8_CAPABILITY), a base profile without an fp8 peak to state them against, or a
-    torch without torch._scaled_mm."""
+    """Why FP8 GEMMs are not timed here (None: they are): a CPU, a ROCm GPU (its FP8 types are
+    the e4m3fnuz variants, which this timing does not build), a GPU without FP8 tensor cores
+    (FP8_CAPABILITY), a base profile without an fp8 peak to state them against, or a torch
+    without torch._scaled_mm."""
     if device.type != "cuda":
         return "a CPU runs no FP8 plan"
+    if torch.version.hip is not None:
+        return "ROCm's FP8 GEMMs are not timed (their types are e4m3fnuz)"
     capability = torch.cuda.get_device_capability(device)
     if tuple(capability) < FP8_CAPABILITY:
         return (f"compute capability {capability[0]}.{capability[1]} has no FP8 tensor cores "
@@ -137,6 +140,21 @@ def measure_fp8_matmul(device: torch.device, sizes: list[int], quick: bool) -> l
 
         out.append(Timing(flops, time_call(run, device, 5 if quick else 10) / inner))
     return out
+
+
+def time_fp8(device: torch.device, base: dict[str, Any], quick: bool
+             ) -> tuple[list[Timing] | None, str | None]:
+    """(FP8 GEMM timings, None) where this device times them (fp8_unavailable), else (None,
+    why not); a GEMM that fails (a driver or torch build without this FP8 path) is a reason,
+    not the end of a profile that took minutes."""
+    why = fp8_unavailable(device, base)
+    if why is not None:
+        return None, why
+    try:
+        return measure_fp8_matmul(device, fp8_sizes(device, quick), quick), None
+    except RuntimeError as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return None, f"torch._scaled_mm failed: {first[:200]}"
 
 
 def measure_bandwidth(device: torch.device, quick: bool) -> tuple[float, float]:

@@ -17,14 +17,36 @@ from autoplan.resources import PROFILES, find
 from autoplan.yaml_io import read_yaml
 
 
+def test_the_operands_are_laid_out_as_cublaslt_takes_them() -> None:
+    # cuBLASLt's FP8 GEMM takes a row-major first and a column-major second operand (a CPU's
+    # _scaled_mm takes any layout, so the strides are what a test here can hold it to)
+    a, b = compute.fp8_operands(64, torch.device("cpu"))
+    assert a.dtype == b.dtype == torch.float8_e4m3fn
+    assert a.stride() == (64, 1) and b.stride() == (1, 64)
+
+
 def test_the_timed_fp8_gemm_is_the_product_of_its_operands() -> None:
-    # the second operand is column-major: a transposed layout would multiply by b.T
     a, b = compute.fp8_operands(64, torch.device("cpu"))
     got = compute.fp8_gemm(a, b, torch.ones(()))
     want = a.float() @ b.float()
     assert got.dtype == torch.bfloat16
     assert torch.allclose(got.float(), want, rtol=2e-2, atol=5e-2)
     assert not torch.allclose(got.float(), a.float() @ b.float().t(), rtol=2e-2, atol=5e-2)
+
+
+FP8_GPU = torch.cuda.is_available() and compute.fp8_unavailable(
+    torch.device("cuda", 0), {"device": {"peak_flops_per_s": {"fp8": 1.0}}}) is None
+
+
+@pytest.mark.skipif(not FP8_GPU, reason="needs a CUDA GPU with FP8 tensor cores")
+def test_on_an_fp8_gpu_the_timed_gemm_runs_and_is_the_product() -> None:
+    gpu = torch.device("cuda", 0)
+    a, b = compute.fp8_operands(256, gpu)
+    got = compute.fp8_gemm(a, b, torch.ones((), device=gpu))
+    assert torch.allclose(got.float().cpu(), (a.float() @ b.float()).cpu(), rtol=2e-2,
+                          atol=1e-1)
+    (timing,) = compute.measure_fp8_matmul(gpu, [256], quick=True)
+    assert timing.size == 2.0 * 256**3 and timing.seconds > 0
 
 
 def test_fp8_is_timed_at_the_training_sizes_of_the_curve() -> None:
@@ -67,7 +89,8 @@ def test_a_measured_figure_goes_into_the_profile_it_loads_from() -> None:
 
 
 def test_a_figure_no_profile_loads_keeps_the_base_and_says_so() -> None:
-    # FP8 at 4x the curve's share: a sparse or wrong fp8 peak in the base, not a measurement
+    # FP8 at 4x the curve's share: the base's fp8 peak is below what the GPU reached (a 16-bit
+    # figure filed as fp8), not a measurement the loader takes
     prof = _assembled([Timing(2e9, 0.0125)])
     record = prof["measured"]["fp8_matmul"]
     assert record["ratio"] == pytest.approx(4.0) and record["applied"] is False
@@ -97,3 +120,28 @@ def test_which_gpus_time_fp8(monkeypatch: pytest.MonkeyPatch, capability: tuple[
 
 def test_a_cpu_times_no_fp8() -> None:
     assert "CPU" in (compute.fp8_unavailable(torch.device("cpu"), {}) or "")
+    assert compute.time_fp8(torch.device("cpu"), {}, quick=True) == (
+        None, "a CPU runs no FP8 plan")
+
+
+def test_a_rocm_gpu_times_no_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MI300 reports capability 9.4 but its FP8 types are e4m3fnuz: not this timing's operands
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 4))
+    why = compute.fp8_unavailable(torch.device("cuda", 0),
+                                  {"device": {"peak_flops_per_s": {"fp8": 2.6e15}}})
+    assert "ROCm" in (why or "")
+
+
+def test_an_fp8_gemm_that_fails_is_a_reason_not_the_end_of_the_profile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compute, "fp8_unavailable", lambda device, base: None)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul\nmore")
+
+    monkeypatch.setattr(compute, "measure_fp8_matmul", fails)
+    timings, why = compute.time_fp8(torch.device("cuda", 0), {}, quick=True)
+    assert timings is None
+    assert why == ("torch._scaled_mm failed: CUBLAS_STATUS_NOT_SUPPORTED when calling "
+                   "cublasLtMatmul")
