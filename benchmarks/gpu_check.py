@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         if not fp8:
             source = f"the datasheet's: {summary.get('fp8_why')}"
         else:
-            source = (f"measured {fp8['ratio']:.3f} over {len(fp8['gemms'])} GEMMs"
+            source = (f"measured {fp8['ratio']:.3f}: forward {fp8['forward_ratio']:.3f} (fast "
+                      f"accumulation), backward {fp8['backward_ratio']:.3f}"
                       + ("" if fp8["applied"] else ", not applied: the datasheet's kept"))
         print(f"profile: fp8_matmul {summary['fp8_matmul']:.3f} ({source})", flush=True)
     if summary and args.json is not None:

@@ -28,19 +28,32 @@ def matmul_curve(timings: list[Timing], peak: float) -> dict[str, list[float]]:
     return {"x": [t.size for t in timings], "y": [_clamp(t.size / t.seconds / peak) for t in timings]}
 
 
-def fp8_matmul_ratio(fp8: list[Timing], matmul: list[Timing], peak_fp8: float, peak: float
-                     ) -> float:
-    """Efficiency.fp8_matmul as this GPU measures it: the median, over the sizes timed in FP8,
-    of an FP8 GEMM's share of the fp8 peak over the share the curve's GEMM of the same size
-    (timed in the curve's dtype) reached of its peak; benchmarks/gemm_published.py reads the
-    figure off published cuBLASLt tables the same way."""
+FP8_FORWARD_SHARE = 1.0 / 3.0
+"""A layer's GEMM FLOPs in its forward (fprop) against its backward (dgrad and wgrad, each the
+forward's): a third."""
+
+
+def fp8_matmul_ratio(fp8: dict[str, list[Timing]], matmul: list[Timing], peak_fp8: float,
+                     peak: float) -> tuple[float, dict[str, float]]:
+    """Efficiency.fp8_matmul as this GPU measures it, and each pass's figure. A pass's: the
+    median, over the sizes timed in FP8 with its accumulation (compute.FP8_FAST_ACCUM), of an
+    FP8 GEMM's share of the fp8 peak over the share the curve's GEMM of the same size (timed
+    in the curve's dtype) reached of its peak, as benchmarks/gemm_published.py reads published
+    cuBLASLt tables. The profile's: the rate of a layer's GEMMs, a third forward and two thirds
+    backward (FP8_FORWARD_SHARE): 1 / (1/3 / forward + 2/3 / backward)."""
     curve = {t.size: t.seconds for t in matmul}
-    ratios = [(t.size / t.seconds / peak_fp8) / (t.size / curve[t.size] / peak)
-              for t in fp8 if t.size in curve]
-    if not ratios:
-        raise RuntimeLaunchError(f"FP8 GEMMs timed at sizes {[t.size for t in fp8]}, none of "
-                                 f"which the matmul curve measured {sorted(curve)}")
-    return float(np.median(ratios))
+    by_pass = {}
+    for part, timings in fp8.items():
+        ratios = [(t.size / t.seconds / peak_fp8) / (t.size / curve[t.size] / peak)
+                  for t in timings if t.size in curve]
+        if not ratios:
+            raise RuntimeLaunchError(
+                f"FP8 GEMMs timed at sizes {[t.size for t in timings]}, none of which the "
+                f"matmul curve measured {sorted(curve)}")
+        by_pass[part] = float(np.median(ratios))
+    share = {"forward": FP8_FORWARD_SHARE, "backward": 1.0 - FP8_FORWARD_SHARE}
+    weights = sum(share[p] for p in by_pass)  # 1 with both passes timed
+    return weights / sum(share[p] / r for p, r in by_pass.items()), by_pass
 
 
 def clean_all_reduce_rows(rows: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -122,11 +135,11 @@ def assemble(
     matmul: list[Timing], copy_bw: float, elementwise_bw: float, op_overhead_s: float,
     collectives: dict[int, dict[str, list[list[float]]]], host_copy_bw: float,
     adam_params_per_s: float, quick: bool, layers: dict[str, Any] | None = None,
-    fp8: list[Timing] | None = None,
+    fp8: dict[str, list[Timing]] | None = None,
 ) -> dict[str, Any]:
     """The profile: `base` with the measured fields replaced; `layers` (optional) holds the
     per-layer tables (layer_models, layers, saved_activations) kept under `measured`; `fp8`
-    (optional) the FP8 GEMMs timed at the curve's training sizes, which set
+    (optional) the FP8 GEMMs timed at the curve's training sizes, by pass, which set
     efficiency.fp8_matmul (fp8_matmul_ratio) where the figure lies in the range a profile
     loads (hardware_efficiency.MAX_FP8_MATMUL; outside it the base's stays, and the timings
     say why). The caller applies what else it measured (dispatch, precision, collective
@@ -154,12 +167,14 @@ def assemble(
     eff["op_overhead_s"] = float(op_overhead_s)
     fp8_record = None
     if fp8:
-        ratio = fp8_matmul_ratio(fp8, matmul, float(dev["peak_flops_per_s"]["fp8"]), peak)
+        ratio, by_pass = fp8_matmul_ratio(fp8, matmul, float(dev["peak_flops_per_s"]["fp8"]),
+                                          peak)
         applied = 0.0 < ratio <= MAX_FP8_MATMUL
         if applied:
             eff["fp8_matmul"] = ratio
-        fp8_record = {"gemms": [[t.size, t.seconds] for t in fp8], "ratio": ratio,
-                      "applied": applied}
+        fp8_record = {**{f"{p}_gemms": [[t.size, t.seconds] for t in ts] for p, ts in fp8.items()},
+                      **{f"{p}_ratio": r for p, r in by_pass.items()},
+                      "ratio": ratio, "applied": applied}
     if collectives:
         # the smallest group: larger ones on a CPU host are slowed by ranks sharing cores,
         # which the cost model accounts for separately (host.compute_slots)

@@ -91,8 +91,8 @@ class _Measured:
     sixteen_bit: Any
     tables: dict[str, Any]
     collectives: dict[int, dict[str, list[list[float]]]] = field(default_factory=dict)
-    fp8: list[Any] | None = None
-    """FP8 GEMMs at the curve's training sizes (compute.measure_fp8_matmul); None: not timed."""
+    fp8: dict[str, list[Any]] | None = None
+    """FP8 GEMMs at the curve's training sizes by pass (compute.time_fp8); None: not timed."""
     fp8_why: str | None = None
     """Why they were not (compute.fp8_unavailable)."""
 
@@ -313,7 +313,8 @@ def _fp8_source(measured: dict[str, Any] | None, why: str | None) -> str:
     if measured is None:
         return f"(the base profile's: not timed here, {why})"
     if measured["applied"]:
-        return "(measured)"
+        return (f"(measured: forward {measured['forward_ratio']:.3f} with fast accumulation, "
+                f"backward {measured['backward_ratio']:.3f})")
     return (f"(the base profile's: measured {measured['ratio']:.3f}, outside the (0, "
             f"{MAX_FP8_MATMUL:g}] a profile loads; the base's fp8 peak is below what this GPU "
             f"reached: a 16-bit figure filed as fp8?)")

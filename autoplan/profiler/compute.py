@@ -117,16 +117,26 @@ def fp8_operands(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tens
             torch.randn(n, n, device=device).to(e4m3).t())
 
 
-def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """a @ b in FP8 with per-tensor scales `scale` (a float32 scalar) and a bf16 output:
-    torch._scaled_mm, the cuBLASLt FP8 GEMM Transformer Engine and torchao's float8 training
-    call."""
-    return torch._scaled_mm(a, b, scale, scale, out_dtype=torch.bfloat16)
+FP8_FAST_ACCUM = {"forward": True, "backward": False}
+"""The accumulation FP8 training runs each GEMM with: the forward's (fprop) in the tensor
+cores' fast accumulation, the backward's (dgrad, wgrad) promoting partial sums to fp32
+(Transformer Engine pytorch/module/base.py: _2X_ACC_FPROP False, _2X_ACC_DGRAD and
+_2X_ACC_WGRAD True; torchao's Float8Linear: use_fast_accum for the output only)."""
 
 
-def measure_fp8_matmul(device: torch.device, sizes: list[int], quick: bool) -> list[Timing]:
-    """Square FP8 GEMMs n x n x n (fp8_operands, fp8_gemm with scales of 1) at each of
-    `sizes`; size is 2n^3 FLOPs."""
+def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor,
+             fast_accum: bool = False) -> torch.Tensor:
+    """a @ b in FP8 with per-tensor scales `scale` (a float32 scalar), a bf16 output and the
+    tensor cores' fast accumulation or not: torch._scaled_mm, the cuBLASLt FP8 GEMM Transformer
+    Engine and torchao's float8 training call."""
+    return torch._scaled_mm(a, b, scale, scale, out_dtype=torch.bfloat16,
+                            use_fast_accum=fast_accum)
+
+
+def measure_fp8_matmul(device: torch.device, sizes: list[int], quick: bool,
+                       fast_accum: bool = False) -> list[Timing]:
+    """Square FP8 GEMMs n x n x n (fp8_operands, fp8_gemm with scales of 1 and `fast_accum`)
+    at each of `sizes`; size is 2n^3 FLOPs."""
     one = torch.ones((), device=device)
     out = []
     for n in sizes:
@@ -136,22 +146,23 @@ def measure_fp8_matmul(device: torch.device, sizes: list[int], quick: bool) -> l
 
         def run(a: torch.Tensor = a, b: torch.Tensor = b, inner: int = inner) -> None:
             for _ in range(inner):
-                fp8_gemm(a, b, one)
+                fp8_gemm(a, b, one, fast_accum)
 
         out.append(Timing(flops, time_call(run, device, 5 if quick else 10) / inner))
     return out
 
 
 def time_fp8(device: torch.device, base: dict[str, Any], quick: bool
-             ) -> tuple[list[Timing] | None, str | None]:
-    """(FP8 GEMM timings, None) where this device times them (fp8_unavailable), else (None,
-    why not); a GEMM that fails (a driver or torch build without this FP8 path) is a reason,
-    not the end of a profile that took minutes."""
+             ) -> tuple[dict[str, list[Timing]] | None, str | None]:
+    """(FP8 GEMM timings by pass, FP8_FAST_ACCUM's keys, None) where this device times them
+    (fp8_unavailable), else (None, why not); a GEMM that fails (a driver or torch build
+    without this FP8 path) is a reason, not the end of a profile that took minutes."""
     why = fp8_unavailable(device, base)
     if why is not None:
         return None, why
     try:
-        return measure_fp8_matmul(device, fp8_sizes(device, quick), quick), None
+        return {part: measure_fp8_matmul(device, fp8_sizes(device, quick), quick, fast)
+                for part, fast in FP8_FAST_ACCUM.items()}, None
     except RuntimeError as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return None, f"torch._scaled_mm failed: {first[:200]}"

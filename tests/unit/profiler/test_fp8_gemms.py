@@ -45,7 +45,9 @@ def test_on_an_fp8_gpu_the_timed_gemm_runs_and_is_the_product() -> None:
     got = compute.fp8_gemm(a, b, torch.ones((), device=gpu))
     assert torch.allclose(got.float().cpu(), (a.float() @ b.float()).cpu(), rtol=2e-2,
                           atol=1e-1)
-    (timing,) = compute.measure_fp8_matmul(gpu, [256], quick=True)
+    fast = compute.fp8_gemm(a, b, torch.ones((), device=gpu), fast_accum=True)
+    assert torch.allclose(fast.float(), got.float(), rtol=2e-2, atol=1e-1)
+    (timing,) = compute.measure_fp8_matmul(gpu, [256], quick=True, fast_accum=True)
     assert timing.size == 2.0 * 256**3 and timing.seconds > 0
 
 
@@ -56,18 +58,33 @@ def test_fp8_is_timed_at_the_training_sizes_of_the_curve() -> None:
     assert set(compute.fp8_sizes(gpu, quick=False)) <= set(compute.matmul_sizes(gpu, False))
 
 
-def test_the_figure_is_the_fp8_share_over_the_curve_share() -> None:
+def test_a_pass_figure_is_the_fp8_share_over_the_curve_share() -> None:
     # 16-bit: 1e12 FLOPs in 2 ms of a 1e15 peak, 0.5 of it; FP8: in 1.25 ms of a 2e15 peak,
     # 0.4 of it: 0.8 of the curve's share. The median of the sizes.
     curve = [Timing(1e11, 2e-4), Timing(1e12, 2e-3)]
     fp8 = [Timing(1e11, 1.0e-4), Timing(1e12, 1.25e-3)]
-    assert build.fp8_matmul_ratio(fp8[1:], curve, 2e15, 1e15) == pytest.approx(0.8)
-    assert build.fp8_matmul_ratio(fp8, curve, 2e15, 1e15) == pytest.approx((1.0 + 0.8) / 2)
+    ratio, by_pass = build.fp8_matmul_ratio({"backward": fp8[1:]}, curve, 2e15, 1e15)
+    assert ratio == by_pass["backward"] == pytest.approx(0.8)
+    _, by_pass = build.fp8_matmul_ratio({"backward": fp8}, curve, 2e15, 1e15)
+    assert by_pass["backward"] == pytest.approx((1.0 + 0.8) / 2)
+
+
+def test_the_profile_figure_is_a_layer_rate_a_third_forward() -> None:
+    # forward (fast accumulation) at 1.0 of the curve's share, backward at 0.8: a layer's GEMMs
+    # take 1/3 / 1.0 + 2/3 / 0.8 of the curve's time, a rate of 0.857
+    curve = [Timing(1e12, 2e-3)]
+    fp8 = {"forward": [Timing(1e12, 1.0e-3)], "backward": [Timing(1e12, 1.25e-3)]}
+    ratio, by_pass = build.fp8_matmul_ratio(fp8, curve, 2e15, 1e15)
+    assert by_pass == pytest.approx({"forward": 1.0, "backward": 0.8})
+    assert ratio == pytest.approx(1.0 / (1.0 / 3.0 / 1.0 + 2.0 / 3.0 / 0.8))
+    # Transformer Engine's and torchao's choice: fast accumulation forward only
+    assert compute.FP8_FAST_ACCUM == {"forward": True, "backward": False}
 
 
 def test_fp8_at_a_size_the_curve_lacks_is_refused() -> None:
     with pytest.raises(Exception, match="none of which the matmul curve measured"):
-        build.fp8_matmul_ratio([Timing(3e11, 1e-3)], [Timing(1e11, 1e-3)], 2e15, 1e15)
+        build.fp8_matmul_ratio({"forward": [Timing(3e11, 1e-3)]}, [Timing(1e11, 1e-3)],
+                               2e15, 1e15)
 
 
 def _assembled(fp8: list[Timing] | None) -> dict:
@@ -76,15 +93,18 @@ def _assembled(fp8: list[Timing] | None) -> dict:
     base = copy.deepcopy(read_yaml(find(PROFILES, "cpu-gloo"), "base"))
     matmul = [Timing(1e9, 1e-1), Timing(2e9, 1e-1)]  # best 2e10 FLOP/s: the CPU's peak
     base["device"]["peak_flops_per_s"]["fp8"] = 4e10
+    timings = None if fp8 is None else {"forward": fp8, "backward": fp8}
     return build.assemble(base, "t", torch.device("cpu"), "fp32", matmul, 1e10, 1e10, 1e-6,
-                          {}, 1e9, 1e8, True, None, fp8)
+                          {}, 1e9, 1e8, True, None, timings)
 
 
 def test_a_measured_figure_goes_into_the_profile_it_loads_from() -> None:
     # FP8 at 2e9 FLOPs in 0.0625 s: 3.2e10 of a 4e10 peak, 0.8; the curve there is at 1.0
     prof = _assembled([Timing(2e9, 0.0625)])
     assert prof["efficiency"]["fp8_matmul"] == pytest.approx(0.8)
-    assert prof["measured"]["fp8_matmul"]["applied"] is True
+    record = prof["measured"]["fp8_matmul"]
+    assert record["applied"] is True and record["forward_ratio"] == pytest.approx(0.8)
+    assert record["backward_gemms"] == [[2e9, 0.0625]]
     assert profile_from_dict(prof).efficiency.fp8_matmul == pytest.approx(0.8)
 
 
