@@ -121,10 +121,12 @@ class TraitsPricing:
         metric = float(metrics) * self.train_metric_passes * (
             METRIC_PASS_BYTES - (LOSS_CAST_BYTES / 2.0 if precision == "fp32" else 0.0))
         if precision != "fp32":
-            return self.loss_bytes_per_logit + metric
-        if self.loss_casts:
-            return self.loss_bytes_per_logit - LOSS_CAST_BYTES + metric
-        return 2.0 * self.loss_bytes_per_logit + metric
+            own = self.loss_bytes_per_logit
+        elif self.loss_casts:
+            own = self.loss_bytes_per_logit - LOSS_CAST_BYTES
+        else:
+            own = 2.0 * self.loss_bytes_per_logit
+        return own + metric
 
     def metric_live_bytes(self, precision: str) -> float:
         """Bytes per logit alive during the trainer's metric passes (METRIC_PASS_LIVE_BYTES;

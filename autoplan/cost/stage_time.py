@@ -101,7 +101,7 @@ def stages_s(c: block_time.BlockCosts, model: ModelSpec, profile: ClusterProfile
     d_mtp = float(model.mtp_layers)
     mtp_x = 3.0 * mtp.extra_forward_s(model, profile,
                                       block_time.gemm_peak(profile, precision, runtime), r) \
-        + d_mtp * (head_t(False) if runtime.train_metric_passes else logit_t)
+        + d_mtp * head_t(False)
     mtp_a2a = mtp.extra_all_to_all_s(model, c.a2a)
     head_first = loss_on_first(r)
     head_last = 1.0 - head_first
