@@ -1,26 +1,32 @@
 """Score the cost model against measured runs from published papers.
 
-Reads tests/data/published/published-open.yaml (or --data PATH), predicts the step time of every
-run marked `test_quality: complete` as its paper's software ran it (runtime_of), and prints
-predicted against measured per run, the mean absolute percentage error with how many of those
-runs are predicted not to fit, and the runs it does not score with the reason for each. Nothing
-is fitted to these runs: the profile's efficiency curves are datasheet/microbenchmark figures,
-so the leave-one-source-out error equals the plain one; what is estimated from residuals is the
-error band, and that is checked leaving each source out (one publication: a run's `source_id`,
-a practitioner entry's `source.id`): does a run fall inside the band its kind gets from the
-other sources, and which band was it? With the practitioner set
-(benchmarks/data/practitioner.yaml) and the measured sweeps (MosaicML's MPT tables,
-benchmarks/data/mpt-llm-foundry.yaml; BigScience's BLOOM layout search,
-benchmarks/data/bloom-tr11-topology.yaml; Hugging Face's nanotron layout sweep,
-benchmarks/data/nanotron-old-bench.yaml) it also reports, for groups of runs of one model on
-one cluster, whether the run a search would pick (the predicted-fastest of those predicted to
-fit) is the measured-fastest, both per token: step time / (global batch x sequence length), as
-the runs of a group may differ in batch; `--write-bands` writes autoplan/cost/error_bands.yaml.
+Reads tests/data/published/published-open.yaml (or --data PATH, any file of that schema: its
+`units` block says what each field holds), prices every run marked `test_quality: complete` as
+its software ran it and prints predicted against measured per run (and peak memory where the
+run publishes it), the mean absolute percentage error with how many of those runs are predicted
+not to fit, and the runs it does not score with the reason for each. The schema names a
+framework, a GPU and a model's shape, not a runtime preset, a profile or an architecture:
+published_schema.py reads those off what the run does say (the framework's name and year, the
+GPU's name, the published parameter count, the FLOP convention of a published TFLOP/s), states
+each rule, lists a run it cannot read with the field that stopped it, and never prices one on
+another GPU's figures. Nothing is fitted to these runs: the profile's efficiency curves are
+datasheet/microbenchmark figures, so the leave-one-source-out error equals the plain one; what
+is estimated from residuals is the error band, and that is checked leaving each source out (one
+publication: a run's `source_id`, else the arXiv id or URL its `source` cites; a practitioner
+entry's `source.id`): does a run fall inside the band its kind gets from the other sources, and
+which band was it? With the practitioner set (benchmarks/data/practitioner.yaml) and the
+measured sweeps (MosaicML's MPT tables, benchmarks/data/mpt-llm-foundry.yaml; BigScience's BLOOM
+layout search, benchmarks/data/bloom-tr11-topology.yaml; Hugging Face's nanotron layout sweep,
+benchmarks/data/nanotron-old-bench.yaml) it also reports, for groups of runs of one model on one
+cluster, whether the run a search would pick (the predicted-fastest of those predicted to fit)
+is the measured-fastest, both per token: step time / (global batch x sequence length), as the
+runs of a group may differ in batch; `--write-bands` writes autoplan/cost/error_bands.yaml.
 Runs are priced on the profiles shipped in profiles/, never on a user's profile of that name.
 
-Measured step time: `measured.iteration_time_s` where published; otherwise it is derived from
-the published TFLOP/s per GPU with that paper's own FLOP count (`flops_convention`): Megatron
-SC21 eq. 3, 96*B*s*l*h^2*(1 + s/6h + V/16lh) per iteration, i.e. with the recompute forward.
+Measured step time: `measured.iteration_time_s` where published; else the global batch's tokens
+over the published tokens/s (per GPU or in all); else from the published TFLOP/s per GPU (or
+MFU and its stated peak) with the paper's own FLOP count (`flops_convention`: Megatron SC21
+eq. 3, Korthikanti et al. eq. 7, PaLM's 6N + 12Lhs, 6N).
 
 Run: python benchmarks/published_accuracy.py [--data PATH] [--format table|json] [--write-bands]
 """
@@ -33,120 +39,87 @@ import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from autoplan.cost.estimate import estimate_plan
-from autoplan.hardware import ClusterSpec
-from autoplan.model_spec import ModelSpec
-from autoplan.plan import plan_from_dict
+from autoplan.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import practitioner  # noqa: E402  (the sibling script: its loader, plan builder and profiles)
+import published_schema  # noqa: E402  (reads a run of the published schema as it ran)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT / "tests" / "data" / "published" / "published-open.yaml"
 BANDS = ROOT / "autoplan" / "cost" / "error_bands.yaml"
-GPU_PROFILES = {"A100-SXM4-80GB": "a100-sxm4-80gb", "A100-SXM4-40GB": "a100-sxm4-40gb",
-                "H100-SXM5-80GB": "h100-sxm-80gb", "V100-SXM2-32GB": "v100-sxm2-32gb"}
-PLAN_FIELDS = ("tp", "pp", "dp", "micro_batch", "global_batch", "recompute")
-"""Plan fields a run must publish to be priced as it ran."""
-
-
-def runtime_of(run: dict) -> str:
-    """The open runs ran Megatron-LM as released for each paper: the SC21 code of 2021 (Table 1,
-    Table 2's PTD rows) and the 2022 selective-recompute release (Korthikanti et al.), whose
-    column-parallel backward overlaps its input-gradient collective (see the presets); Table 2's
-    ZeRO-3 rows ran DeepSpeed's ZeRO-3 inside the Megatron-LM code."""
-    framework = run.get("framework", "")
-    if run["plan"].get("zero_stage") == 3 and "DeepSpeed" in framework:
-        return "deepspeed"
-    return "megatron-2022" if "(2022)" in framework else "megatron-2021"
-
-
-def sc21_flops_per_iteration(run: dict) -> float:
-    """Narayanan et al. 2021, eq. 3 (counts the recompute forward pass)."""
-    m, p = run["model"], run["plan"]
-    B, s, L, h, V = p["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"]
-    return 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
-
-
-def measured_step_time_s(run: dict) -> float | None:
-    meas = run["measured"]
-    if meas.get("iteration_time_s"):
-        return float(meas["iteration_time_s"])
-    convention = run.get("flops_convention") or ""
-    if meas.get("tflops_per_gpu") and ("96*B*s*l*h^2" in convention or "eq. (3)" in convention):
-        return sc21_flops_per_iteration(run) / (meas["tflops_per_gpu"] * 1e12 * run["cluster"]["gpus"])
-    return None
-
-
-def run_to_plan(run: dict):
-    m, p, c = run["model"], run["plan"], run["cluster"]
-    model = ModelSpec(
-        name=run["id"], num_layers=m["layers"], hidden_size=m["hidden"], num_heads=m["heads"],
-        num_kv_heads=m.get("kv_heads"), ffn_hidden_size=m.get("ffn_hidden"),
-        vocab_size=m["vocab"], seq_len=m["seq_len"], dropout=0.1,
-    )
-    vpp = p.get("vpp") or 1
-    precision = "fp16" if "fp16" in str(run.get("precision")) else "bf16"
-    plan = plan_from_dict({
-        "model": "inline", "cluster": {"profile": GPU_PROFILES[c["gpu"]], "num_gpus": c["gpus"]},
-        "parallel": {"dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "cp": p.get("cp") or 1},
-        "sequence_parallel": bool(p.get("sp")),
-        "pipeline": {"schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "vpp": vpp},
-        "zero_stage": p.get("zero_stage") or 0,
-        "recompute": {"policy": p.get("recompute") or "none"},
-        "batch": {"micro_batch_size": p["micro_batch"], "global_batch_size": p["global_batch"]},
-        "precision": precision, "attention": "eager",  # 2021-22 Megatron-LM: unfused attention
-    }).replace(model=model)
-    cluster = ClusterSpec(practitioner.packaged_profile(GPU_PROFILES[c["gpu"]]), c["gpus"])
-    return plan, model, cluster
 
 
 def load_runs(data_path: Path) -> list[dict]:
-    return yaml.safe_load(data_path.read_text())["runs"]
+    """The file's runs; a file that is not the published schema is a one-line error."""
+    data = yaml.safe_load(data_path.read_text())
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ConfigError(f"--data {data_path}", "has no list of runs under `runs`",
+                          "give a file in the schema of tests/data/published/published-open.yaml")
+    return runs
 
 
-def _unpublished(run: dict) -> list[str]:
-    return [f"plan.{k}" for k in PLAN_FIELDS if run["plan"].get(k) is None]
+def _priced(run: dict, recompute: str | None = None) -> tuple[dict, list[str], Any]:
+    """(the run's practitioner-schema entry, what it assumed, the estimate), priced as it ran
+    (published_schema.to_entry), with `recompute` in place of its policy where given."""
+    if recompute is not None:
+        run = {**run, "plan": {**run["plan"], "recompute": recompute}}
+    entry, assumed = published_schema.to_entry(run)
+    plan, model, cluster = practitioner.build(entry)
+    est = estimate_plan(plan, cluster, model, runtime=practitioner.row_runtime(entry))
+    return entry, assumed, (plan, model, cluster, est)
 
 
-def why_not_scored(run: dict) -> str | None:
-    """Why `score` leaves a run out; None where it scores it."""
-    if run.get("test_quality") != "complete":
-        missing = ", ".join(_unpublished(run))
-        return f"test_quality {run.get('test_quality')}" + (f": {missing} not published"
-                                                            if missing else "")
-    if run["cluster"]["gpu"] not in GPU_PROFILES:
-        return f"no profile for GPU {run['cluster']['gpu']}"
-    if measured_step_time_s(run) is None:
-        return "no measured step time (no iteration_time_s, no TFLOP/s under eq. 3)"
-    return None
+def _why_not_scored(run: dict) -> str | None:
+    why = published_schema.why_not_priced(run)
+    if why is None and published_schema.measured_step_s(run, published_schema.model_of(run))[0] \
+            is None:
+        return published_schema.measured_step_s(run, published_schema.model_of(run))[1]
+    return why
+
+
+def _scored_row(run: dict) -> dict:
+    entry, assumed, (plan, model, cluster, est) = _priced(run)
+    measured, how = published_schema.measured_step_s(run, model)
+    assert measured is not None  # _why_not_scored holds it
+    mem = published_schema.measured_memory_gib(run)
+    counter = practitioner.counter_gib(est, published_schema.memory_basis(run))
+    return {
+        "id": entry["id"], "gpus": cluster.num_gpus, "measured_s": measured,
+        "measured_from": how, "predicted_s": est.step_time_s,
+        "error": est.step_time_s / measured - 1.0,
+        "feasible": est.feasible, "reason": est.reasons[0] if est.reasons else None,
+        "mfu": est.mfu, "dominant": est.dominant, "source": entry["source"]["id"],
+        "runtime": entry["runtime"], "profile": cluster.profile.name,
+        "plan": practitioner.plan_summary(plan), "assumed": assumed,
+        "measured_mem_gib": mem, "predicted_mem_gib": counter,
+        "memory_error": None if mem is None else counter / mem - 1.0,
+        "group": published_schema.group_of(run),
+        "tokens": plan.batch.global_batch_size * model.seq_len,
+        "kind": _kind(plan), "scale": _scale(plan, cluster),
+        "device": cluster.profile.device.name, "precision": plan.precision.value,
+        "seq_len": model.seq_len,
+    }
 
 
 def score(data_path: Path) -> list[dict]:
-    """One row per run that `why_not_scored` passes."""
+    """One row per run that can be priced as it ran and has a measured step
+    (`_why_not_scored` passes; a run whose plan the cost model refuses is listed by
+    `not_scored` with the refusal)."""
     rows = []
     for run in load_runs(data_path):
-        if why_not_scored(run) is not None:
+        if _why_not_scored(run) is not None:
             continue
-        measured = measured_step_time_s(run)
-        assert measured is not None  # why_not_scored holds it
-        plan, model, cluster = run_to_plan(run)
-        est = estimate_plan(plan, cluster, model, runtime=runtime_of(run))
-        rows.append({
-            "id": run["id"], "gpus": run["cluster"]["gpus"], "measured_s": measured,
-            "predicted_s": est.step_time_s, "error": est.step_time_s / measured - 1.0,
-            "feasible": est.feasible, "reason": est.reasons[0] if est.reasons else None,
-            "mfu": est.mfu, "dominant": est.dominant,
-            "source": run["source_id"], "runtime": runtime_of(run),
-            "group": f"{run['model']['params']}B on {run['cluster']['gpus']} x {run['cluster']['gpu']}",
-            "tokens": plan.batch.global_batch_size * model.seq_len,
-            "kind": _kind(plan), "scale": _scale(plan, cluster),
-            "device": cluster.profile.device.name, "precision": plan.precision.value,
-            "seq_len": model.seq_len,
-        })
+        try:
+            rows.append(_scored_row(run))
+        except ConfigError:
+            continue  # not_scored lists it with the one-line reason
     return rows
 
 
@@ -156,16 +129,21 @@ def not_scored(data_path: Path) -> list[dict]:
     beside the measured one; they are not scored, as which policy ran is unknown."""
     out = []
     for run in load_runs(data_path):
-        reason = why_not_scored(run)
+        reason = _why_not_scored(run)
         if reason is None:
-            continue
-        row = {"id": run["id"], "reason": reason, "measured_s": measured_step_time_s(run),
-               "runtime": runtime_of(run), "predicted": {}}
-        if _unpublished(run) == ["plan.recompute"] and run["cluster"]["gpu"] in GPU_PROFILES:
+            try:
+                _priced(run)
+                continue
+            except ConfigError as err:
+                reason = f"the plan as published is refused: {err}"
+        model = published_schema.model_of(run)
+        row = {"id": run["id"], "reason": reason,
+               "measured_s": published_schema.measured_step_s(run, model)[0],
+               "runtime": published_schema.runtime_of(run), "predicted": {}}
+        unpublished = [k for k in published_schema.PLAN_FIELDS if run["plan"].get(k) is None]
+        if unpublished == ["recompute"] and published_schema.profile_of(run) is not None:
             for policy in ("none", "full"):
-                plan, model, cluster = run_to_plan({**run, "plan": {**run["plan"],
-                                                                    "recompute": policy}})
-                est = estimate_plan(plan, cluster, model, runtime=row["runtime"])
+                *_, (_, _, _, est) = _priced(run, recompute=policy)
                 row["predicted"][policy] = {"step_s": est.step_time_s, "feasible": est.feasible}
         out.append(row)
     return out
@@ -457,21 +435,41 @@ def write_bands(rows: list[dict], path: Path, fp8: list[dict]) -> None:
     tmp.replace(path)
 
 
-def print_runs(rows: list[dict], skipped: list[dict], every: list[dict]) -> None:
-    print(f"{'run':38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>7}  dominant")
+def memory_rows(rows: list[dict]) -> list[dict]:
+    """The scored runs that publish their peak memory."""
+    return [r for r in rows if r.get("measured_mem_gib")]
+
+
+def print_runs(rows: list[dict], skipped: list[dict], every: list[dict],
+               data_path: Path) -> None:
+    print(f"{'run':38} {'GPUs':>5} {'runtime':13} {'measured s':>11} {'predicted s':>12} "
+          f"{'error':>7}  {'mem GiB m/p':>12}  dominant")
     for r in rows:
         flag = "" if r["feasible"] else "  (predicted infeasible)"
-        print(f"{r['id']:38} {r['gpus']:>5} {r['measured_s']:>11.3f} {r['predicted_s']:>12.3f} "
-              f"{r['error']:>+7.1%}  {r['dominant']}{flag}")
+        mem = (f"{r['measured_mem_gib']:.1f}/{r['predicted_mem_gib']:.1f}"
+               if r.get("measured_mem_gib") else "-")
+        print(f"{r['id'][:38]:38} {r['gpus']:>5} {r['runtime']:13} {r['measured_s']:>11.3f} "
+              f"{r['predicted_s']:>12.3f} {r['error']:>+7.1%}  {mem:>12}  {r['dominant']}{flag}")
     unfit = [r for r in every if not r["feasible"]]
-    print(f"\n{len(rows)} of the {len(rows) + len(skipped)} open runs scored (test_quality "
-          f"complete, a published or eq. 3 step time, a profiled GPU): MAPE {mape(rows):.1%}, "
-          f"{sum(not r['feasible'] for r in rows)} of them predicted not to fit")
+    print(f"\n{len(rows)} of the {len(rows) + len(skipped)} runs of {data_path.name} scored "
+          f"(test_quality complete, the plan published, a measured step, a profiled GPU): "
+          f"MAPE {mape(rows):.1%}, {sum(not r['feasible'] for r in rows)} of them predicted "
+          f"not to fit")
+    with_memory = memory_rows(rows)
+    if with_memory:
+        errors = sorted(abs(r["memory_error"]) for r in with_memory)
+        median = errors[len(errors) // 2] if len(errors) % 2 else \
+            (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
+        print(f"peak memory, {len(with_memory)} runs that publish it: median absolute error "
+              f"{median:.1%}, {sum(r['feasible'] for r in with_memory)} predicted to fit")
+    assumed = [r for r in rows if any("unknown" in a for a in r["assumed"])]
+    for r in assumed:
+        print(f"  runtime assumed for {r['id']}: {r['assumed'][0]}")
     print(f"with the practitioner set and the sweeps: {len(every)} runs, MAPE {mape(every):.1%}, "
           f"{len(unfit)} of them predicted not to fit")
     for r in unfit:
         print(f"  ran, but predicted not to fit: {r['id']} ({r['reason']})")
-    print(f"\nnot scored: {len(skipped)} open runs")
+    print(f"\nnot scored: {len(skipped)} runs")
     for s in skipped:
         print(f"  {s['id']:38} {s['reason']}")
         if s["predicted"]:
@@ -525,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         sys.stderr.write(f"published_accuracy: no data file at {args.data}; pass --data PATH\n")
         return 2
-    rows, skipped = score(args.data), not_scored(args.data)
+    try:
+        rows, skipped = score(args.data), not_scored(args.data)
+    except (ConfigError, yaml.YAMLError) as err:
+        sys.stderr.write(f"published_accuracy: {args.data}: {' '.join(str(err).split())}\n")
+        return 2
     every = rows + ([] if args.no_practitioner else practitioner_rows())
     loso, picks = leave_one_source_out(every), first_choice(every)
     if args.write_bands:
@@ -535,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                           "all_runs": every, "leave_one_source_out": loso,
                           "first_choice": picks}, indent=2))
         return 0
-    print_runs(rows, skipped, every)
+    print_runs(rows, skipped, every, args.data)
     print_loso(loso)
     print_picks(picks)
     if args.write_bands:

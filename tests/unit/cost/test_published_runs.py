@@ -69,9 +69,9 @@ def test_runs_predicted_not_to_fit_are_counted_and_named(tmp_path: Path, capsys)
     path.write_text(yaml.safe_dump({**data, "runs": [run, on_v100, on_tpu]}))
     assert _bench().main(["--data", str(path), "--no-practitioner"]) == 0
     out = capsys.readouterr().out
-    assert "2 of the 3 open runs scored" in out and "1 of them predicted not to fit" in out
+    assert "2 of the 3 runs of runs.yaml scored" in out and "1 of them predicted not to fit" in out
     assert "ran, but predicted not to fit: on-v100 (needs " in out
-    assert "on-tpu" in out.split("not scored: 1 open runs")[1]
+    assert "on-tpu" in out.split("not scored: 1 runs")[1]
 
 
 def test_a_users_profile_of_the_same_name_does_not_change_a_score(tmp_path: Path,
@@ -99,11 +99,15 @@ def test_a_users_profile_of_the_same_name_does_not_change_a_score(tmp_path: Path
 
 
 def test_sc21_flop_convention_is_reproduced() -> None:
-    bench = _bench()
-    run = {"model": {"layers": 96, "hidden": 12288, "seq_len": 2048, "vocab": 51200},
-           "plan": {"global_batch": 1536}}
+    from autoplan.model_spec import load_model
+
+    schema = load_script("published_schema")
+    model = load_model({"name": "gpt3", "num_layers": 96, "hidden_size": 12288, "num_heads": 96,
+                        "vocab_size": 51200, "seq_len": 2048})
+    per_token, name = schema.flops_per_token("Megatron eq. (3): 96*B*s*l*h^2*(...)", model)
+    assert name == "megatron-sc21"
     # SC21 Table 2: 175B at 1536 GPUs, 141 TFLOP/s per GPU, 300B tokens in ~23 days.
-    seconds = bench.sc21_flops_per_iteration(run) / (141e12 * 1536)
+    seconds = 1536 * 2048 * per_token / (141e12 * 1536)
     days = 300e9 / (1536 * 2048) * seconds / 86400
     assert days == pytest.approx(23, rel=0.05)
 

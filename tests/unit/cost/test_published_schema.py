@@ -1,0 +1,247 @@
+"""benchmarks/published_schema.py: a run of the published schema read as its software ran it.
+
+A file of runs from elsewhere comes in tests/data/published/published-open.yaml's schema, which
+names a framework, a GPU and a model's shape but no runtime preset, profile or architecture:
+these tests hold each reading rule, and hold the runs of tests/data/published/schema-cases.yaml
+(practitioner-set runs written in that schema) to the prices the practitioner set gives them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoplan.model_spec import load_model
+from tests.benchmark_scripts import load_script
+
+ROOT = Path(__file__).resolve().parents[3]
+OPEN = ROOT / "tests" / "data" / "published" / "published-open.yaml"
+CASES = ROOT / "tests" / "data" / "published" / "schema-cases.yaml"
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return load_script("published_schema")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script("published_accuracy")
+
+
+def _run(**fields) -> dict:
+    run = {"id": "r", "framework": "", "source": "", "precision": "bf16",
+           "model": {"params": None, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
+                     "ffn_hidden": 14336, "seq_len": 8192, "vocab": 128256},
+           "cluster": {"gpu": "H100-SXM5-80GB", "gpus": 8},
+           "plan": {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "zero_stage": 3,
+                    "recompute": "full", "micro_batch": 1, "global_batch": 8},
+           "measured": {}}
+    for key, value in fields.items():
+        run[key] = {**run[key], **value} if isinstance(value, dict) else value
+    return run
+
+
+@pytest.mark.parametrize("framework, source, zero, runtime", [
+    ("Megatron-LM (2021, PyTorch NGC 20.12)", "", 0, "megatron-2021"),
+    ("Megatron-LM (2022)", "", 0, "megatron-2022"),
+    ("Megatron-LM (+DeepSpeed ZeRO-3 for zero3 rows)", "SC21, arXiv 2104.04473", 0,
+     "megatron-2021"),
+    ("Megatron-LM (+DeepSpeed ZeRO-3 for zero3 rows)", "SC21, arXiv 2104.04473", 3, "deepspeed"),
+    ("Megatron-DeepSpeed", "BigScience 2022", 1, "deepspeed"),
+    ("Megatron-LM", "MegaScale, arXiv 2402.15627", 1, "megatron"),
+    ("Megatron-Core 0.9", "", 1, "megatron"),
+    ("NeMo 24.09", "", 1, "nemo"),
+    ("Megatron-Bridge", "NVIDIA performance summary 2025", 1, "nemo"),
+    ("NeMo Megatron (2022)", "", 0, "megatron-2022"),
+    ("torchtitan", "", 3, "torchtitan"),
+    ("NeMo AutoModel (FSDP2)", "", 3, "torchtitan"),
+    ("PyTorch FSDP", "", 3, "torchtitan"),
+    ("MosaicML llm-foundry (Composer)", "", 3, "llm-foundry"),
+    ("nanotron", "", 1, "nanotron"),
+    ("an in-house stack", "", 1, "megatron"),
+])
+def test_the_framework_names_the_runtime(schema, framework, source, zero, runtime) -> None:
+    run = _run(framework=framework, source=source, plan={"zero_stage": zero})
+    assert schema.runtime_of(run) == runtime
+
+
+def test_an_unknown_framework_is_priced_as_megatron_core_and_says_so(schema) -> None:
+    _, assumed = schema.to_entry(_run(framework="an in-house stack"))
+    assert assumed[0] == "runtime megatron (framework unknown)"
+    _, assumed = schema.to_entry(_run(framework="torchtitan"))
+    assert assumed[0] == "runtime torchtitan"
+
+
+@pytest.mark.parametrize("gpu, interconnect, profile", [
+    ("A100-SXM4-80GB", "", "a100-sxm4-80gb"),
+    ("A100 80GB", "Omni-Path 100 Gb/s x 4", "a100-80gb-opa"),
+    ("A100-SXM4-40GB", "", "a100-sxm4-40gb"),
+    ("A100-PCIE-40GB", "", None),
+    ("H100-SXM5-80GB", "", "h100-sxm-80gb"),
+    ("H100 80GB HBM3", "", "h100-sxm-80gb"),
+    ("H100-SXM5-96GB", "", "h100-96gb-500w"),
+    ("H100 NVL", "", None),
+    ("H200-SXM-141GB", "", "h200-sxm-141gb"),
+    ("H800", "", "h800-sxm-80gb"),
+    ("V100-SXM2-32GB", "", "v100-sxm2-32gb"),
+    ("V100-SXM2-16GB", "", None),
+    ("GH200", "", None),
+    ("MI300X", "", None),
+])
+def test_the_gpu_name_picks_a_shipped_profile_or_none(schema, gpu, interconnect, profile) -> None:
+    run = _run(cluster={"gpu": gpu, "interconnect": interconnect})
+    assert schema.profile_of(run) == profile
+    if profile is not None:
+        assert (ROOT / "profiles" / f"{profile}.yaml").is_file()
+
+
+def test_the_architecture_is_the_one_whose_count_matches_the_published_one(schema) -> None:
+    llama8b = _run(model={"params": 8.0})
+    arch, how = schema.architecture(llama8b)
+    assert arch["mlp"] == "swiglu" and arch["norm"] == "rmsnorm" and not arch["tie_embeddings"]
+    assert how.startswith("llama-style, untied: 8.03B")
+    gpt175 = _run(model={"params": 174.6, "layers": 96, "hidden": 12288, "heads": 96,
+                         "kv_heads": None, "ffn_hidden": 49152, "seq_len": 2048,
+                         "vocab": 51200})
+    arch, how = schema.architecture(gpt175)
+    assert arch["mlp"] == "gelu" and arch["tie_embeddings"] and how.startswith(
+        "gpt-style, tied: 174.62B")
+    # rounded to 175 the untied count (175.25B) is no worse a match: the style's own (tied) holds
+    arch, _ = schema.architecture({**gpt175, "model": {**gpt175["model"], "params": 175}})
+    assert arch["tie_embeddings"]
+    # a tied Llama-style model whose count says so (1.24B with the head shared)
+    small = _run(model={"params": 1.24, "layers": 16, "hidden": 2048, "heads": 32,
+                        "kv_heads": 8, "ffn_hidden": 8192, "vocab": 128256})
+    arch, _ = schema.architecture(small)
+    assert arch["mlp"] == "swiglu" and arch["tie_embeddings"]
+
+
+def test_without_a_count_the_ffn_width_decides(schema) -> None:
+    assert schema.architecture(_run())[0]["mlp"] == "swiglu"  # 14336 = 3.5 h
+    gpt = _run(model={"ffn_hidden": 16384})  # 4 h
+    assert schema.architecture(gpt)[0]["mlp"] == "gelu"
+    assert schema.architecture(_run(model={"ffn_hidden": None}))[0]["mlp"] == "gelu"
+
+
+def test_the_measured_step_comes_from_what_was_published(schema) -> None:
+    run = _run(plan={"global_batch": 16})
+    model = schema.model_of(run)
+    tokens = 16 * 8192
+    assert schema.measured_step_s(_run(measured={"iteration_time_s": 3.5}), model) == (
+        3.5, "iteration_time_s")
+    step, how = schema.measured_step_s({**run, "measured": {"tokens_per_s_per_gpu": 5762}},
+                                       model)
+    assert step == pytest.approx(tokens / (5762 * 8)) and how == "tokens_per_s_per_gpu"
+    step, how = schema.measured_step_s({**run, "measured": {"tokens_per_s": 46096}}, model)
+    assert step == pytest.approx(tokens / 46096) and how == "tokens_per_s"
+    # TFLOP/s under PaLM's count: 6N + 12 L h s per token
+    palm = {**run, "measured": {"tflops_per_gpu": 400},
+            "flops_convention": "PaLM (Chowdhery et al. 2022), 6N + 12*L*h*s"}
+    step, how = schema.measured_step_s(palm, model)
+    from autoplan.cost.params import total_params
+    per_token = 6 * total_params(model) + 12 * 32 * 4096 * 8192
+    assert step == pytest.approx(tokens * per_token / (400e12 * 8)) and how == "tflops_per_gpu (palm)"
+    # MFU with the peak it was stated against
+    mfu = {**palm, "measured": {"mfu": 0.4}, "flops_convention": "6*N per token, peak 989 TFLOP/s"}
+    step, how = schema.measured_step_s(mfu, model)
+    assert step == pytest.approx(tokens * 6 * total_params(model) / (0.4 * 989e12 * 8))
+    assert how == "mfu (6n)"
+
+
+def test_a_flop_count_it_cannot_read_is_not_guessed(schema) -> None:
+    run = _run(measured={"tflops_per_gpu": 400}, flops_convention="the vendor's own count")
+    step, why = schema.measured_step_s(run, schema.model_of(run))
+    assert step is None and "not recognised" in why
+    run = _run(measured={"mfu": 0.4}, flops_convention="6N")  # no peak stated
+    assert schema.measured_step_s(run, schema.model_of(run))[0] is None
+
+
+def test_korthikanti_eq7_counts_model_flops(schema) -> None:
+    """Korthikanti et al. 2022, Appendix A eq. 7: 72 B L s h^2 (1 + s/6h + V/12Lh), which is
+    eq. 3 of SC21 without the recompute forward's share: 3/4 of it at V -> 0."""
+    model = load_model({"name": "m", "num_layers": 96, "hidden_size": 12288, "num_heads": 96,
+                        "vocab_size": 1, "seq_len": 2048})
+    eq7, name = schema.flops_per_token("Appendix A eq. (7) model FLOPs", model)
+    eq3, _ = schema.flops_per_token("eq. (3)", model)
+    assert name == "korthikanti-eq7" and eq7 / eq3 == pytest.approx(0.75, rel=1e-4)
+
+
+def test_memory_is_read_in_its_unit(schema) -> None:
+    assert schema.measured_memory_gib(_run(measured={"memory_gb": 80.0},
+                                           memory_unit="GB")) == pytest.approx(80e9 / 2**30)
+    run = _run(measured={"memory_gb": 82.4}, memory_unit="GiB (torch.cuda.max_memory_reserved)")
+    assert schema.measured_memory_gib(run) == 82.4
+    assert schema.memory_basis(run) == "max reserved"
+    assert schema.measured_memory_gib(_run(measured={"memory_gb": None})) is None
+
+
+def test_the_source_is_the_publication(schema) -> None:
+    assert schema.source_of(_run(source="Narayanan et al. (SC21, arXiv 2104.04473), Table 1")) \
+        == "arXiv:2104.04473"
+    assert schema.source_of(_run(source="torchtitan docs; https://github.com/pytorch/torchtitan."
+                                 )) == "https://github.com/pytorch/torchtitan"
+    assert schema.source_of(_run(source_id="mine", source="x")) == "mine"
+
+
+def test_the_open_file_as_shipped_upstream_scores_the_same(bench, tmp_path: Path) -> None:
+    """The schema's own file carries no source_id: each run's source is then the arXiv id it
+    cites, and every price is the same."""
+    data = yaml.safe_load(OPEN.read_text())
+    for run in data["runs"]:
+        del run["source_id"]
+    upstream = tmp_path / "published-open.yaml"
+    upstream.write_text(yaml.safe_dump(data))
+    ours = {r["id"]: r for r in bench.score(OPEN)}
+    theirs = {r["id"]: r for r in bench.score(upstream)}
+    assert ours.keys() == theirs.keys() and len(ours) == 25
+    assert all(theirs[k]["predicted_s"] == ours[k]["predicted_s"] for k in ours)
+    assert {r["source"] for r in theirs.values()} == {"arXiv:2104.04473", "arXiv:2205.05198"}
+
+
+def test_runs_of_other_stacks_price_as_the_practitioner_set_prices_them(bench) -> None:
+    """Where the schema carries everything a practitioner row states (no runtime_traits, no
+    layer split), the reading is that row: same runtime, profile, plan and price."""
+    practitioner = load_script("practitioner")
+    rows = {r["id"]: r for r in bench.score(CASES)}
+    assert set(rows) == {"torchtitan-llama31-8b-8gpu-fsdp", "megascale-175b-256gpu-gbs768"}
+    for entry in practitioner.load_data(practitioner.DEFAULT_DATA):
+        if entry["id"] in rows:
+            row, theirs = rows[entry["id"]], practitioner.score_entry(entry)
+            assert (row["runtime"], row["profile"], row["plan"]) == (
+                theirs["runtime"], theirs["profile"], theirs["plan"])
+            assert row["predicted_s"] == pytest.approx(theirs["predicted_s"], rel=1e-9)
+            assert row["measured_s"] == pytest.approx(theirs["measured_s"], rel=1e-4)
+    torchtitan = rows["torchtitan-llama31-8b-8gpu-fsdp"]
+    assert torchtitan["measured_mem_gib"] == 82.4
+    assert torchtitan["memory_error"] == pytest.approx(torchtitan["predicted_mem_gib"] / 82.4 - 1)
+
+
+def test_runs_it_cannot_price_are_listed_with_the_reason(bench, tmp_path: Path, capsys) -> None:
+    skipped = {s["id"]: s["reason"] for s in bench.not_scored(CASES)}
+    assert skipped == {
+        "on-mi300x": "no profile for GPU MI300X",
+        "mixtral-moe": "a mixture-of-experts model: the schema carries no expert fields",
+        "no-micro-batch": "plan.micro_batch not published",
+    }
+    # a plan the cost model refuses is listed with the refusal, not raised
+    data = yaml.safe_load(CASES.read_text())
+    bad = {**data["runs"][0], "id": "odd-policy",
+           "plan": {**data["runs"][0]["plan"], "recompute": "sometimes"}}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({**data, "runs": [bad]}))
+    assert bench.score(path) == []
+    (reason,) = [s["reason"] for s in bench.not_scored(path)]
+    assert reason.startswith("the plan as published is refused: recompute.policy: got 'sometimes'")
+    assert bench.main(["--data", str(path), "--no-practitioner"]) == 0
+    assert "odd-policy" in capsys.readouterr().out
+
+
+def test_a_file_without_runs_is_a_one_line_error(bench, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "runs.yaml"
+    path.write_text("configurations: []\n")
+    assert bench.main(["--data", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "has no list of runs under `runs`" in err
