@@ -44,7 +44,9 @@ from typing import Any
 import yaml
 
 from autoplan.cost.estimate import estimate_plan
+from autoplan.cost.runtime_rules import refusals
 from autoplan.errors import ConfigError
+from autoplan.plan_rules import validate_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import practitioner  # noqa: E402  (the sibling script: its loader, plan builder and profiles)
@@ -72,7 +74,14 @@ def _priced(run: dict, recompute: str | None = None) -> tuple[dict, list[str], A
         run = {**run, "plan": {**run["plan"], "recompute": recompute}}
     entry, assumed = published_schema.to_entry(run)
     plan, model, cluster = practitioner.build(entry)
-    est = estimate_plan(plan, cluster, model, runtime=practitioner.row_runtime(entry))
+    traits = practitioner.row_runtime(entry)
+    # a plan as read that breaks a rule, or that the runtime read off its framework cannot run,
+    # is no prediction of the run: listed, not counted as "predicted not to fit"
+    problems = validate_plan(plan, model, cluster) + refusals(plan, traits, model,
+                                                              cluster.profile.device)
+    if problems:
+        raise ConfigError("", problems[0])
+    est = estimate_plan(plan, cluster, model, runtime=traits)
     return entry, assumed, (plan, model, cluster, est)
 
 
@@ -135,7 +144,7 @@ def not_scored(data_path: Path) -> list[dict]:
                 _priced(run)
                 continue
             except ConfigError as err:
-                reason = f"the plan as published is refused: {err}"
+                reason = f"the plan as read is refused: {err}"
         model = published_schema.model_of(run)
         row = {"id": run["id"], "reason": reason,
                "measured_s": published_schema.measured_step_s(run, model)[0],
@@ -143,7 +152,10 @@ def not_scored(data_path: Path) -> list[dict]:
         unpublished = [k for k in published_schema.PLAN_FIELDS if run["plan"].get(k) is None]
         if unpublished == ["recompute"] and published_schema.profile_of(run) is not None:
             for policy in ("none", "full"):
-                *_, (_, _, _, est) = _priced(run, recompute=policy)
+                try:
+                    *_, (_, _, _, est) = _priced(run, recompute=policy)
+                except ConfigError:
+                    continue  # the runtime cannot run that policy: nothing to show
                 row["predicted"][policy] = {"step_s": est.step_time_s, "feasible": est.feasible}
         out.append(row)
     return out

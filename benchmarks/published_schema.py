@@ -301,6 +301,14 @@ def why_not_priced(run: dict) -> str | None:
     return None
 
 
+def _offload(offload: bool, modes: tuple[str, ...]) -> dict[str, bool]:
+    """The schema's offload flag as the runtime offloads: the optimizer (ZeRO-Offload,
+    Megatron's HybridDeviceOptimizer) where it can, else parameters and optimizer together
+    (FSDP's CPUOffload, the only offload torchtitan and llm-foundry have)."""
+    both = offload and "optimizer" not in modes and "both" in modes
+    return {"optimizer": offload, "params": both}
+
+
 def _parallel(run: dict) -> dict[str, int]:
     p, gpus = run["plan"], run["cluster"]["gpus"]
     tp, pp, cp = p["tp"], p["pp"], p.get("cp") or 1
@@ -347,7 +355,7 @@ def to_entry(run: dict) -> tuple[dict[str, Any], list[str]]:
             "parallel": parallel, "sequence_parallel": bool(sp),
             "pipeline": {"schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "vpp": vpp},
             "zero_stage": zero,
-            "offload": {"optimizer": bool(p.get("offload")), "params": False},
+            "offload": _offload(bool(p.get("offload")), traits.offload),
             "recompute": {"policy": p["recompute"]},
             "batch": {"micro_batch_size": p["micro_batch"],
                       "global_batch_size": p["global_batch"]},

@@ -234,7 +234,7 @@ def test_runs_it_cannot_price_are_listed_with_the_reason(bench, tmp_path: Path, 
     path.write_text(yaml.safe_dump({**data, "runs": [bad]}))
     assert bench.score(path) == []
     (reason,) = [s["reason"] for s in bench.not_scored(path)]
-    assert reason.startswith("the plan as published is refused: recompute.policy: got 'sometimes'")
+    assert reason.startswith("the plan as read is refused: recompute.policy: got 'sometimes'")
     assert bench.main(["--data", str(path), "--no-practitioner"]) == 0
     assert "odd-policy" in capsys.readouterr().out
 
@@ -245,3 +245,29 @@ def test_a_file_without_runs_is_a_one_line_error(bench, tmp_path: Path, capsys) 
     assert bench.main(["--data", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "has no list of runs under `runs`" in err
+
+
+def test_offload_is_read_as_the_runtime_offloads(schema) -> None:
+    """The schema's one offload flag: FSDP's CPUOffload moves parameters with the optimizer
+    (torchtitan's only mode), DeepSpeed's ZeRO-Offload and Megatron's the optimizer alone."""
+    fsdp, _ = schema.to_entry(_run(framework="torchtitan", plan={"offload": True}))
+    assert fsdp["plan"]["offload"] == {"optimizer": True, "params": True}
+    zero, _ = schema.to_entry(_run(framework="DeepSpeed", plan={"offload": True}))
+    assert zero["plan"]["offload"] == {"optimizer": True, "params": False}
+    off, _ = schema.to_entry(_run(framework="torchtitan"))
+    assert off["plan"]["offload"] == {"optimizer": False, "params": False}
+
+
+def test_a_plan_its_runtime_cannot_run_is_listed_not_counted_unfit(bench, tmp_path: Path) -> None:
+    """llm-foundry has no tensor parallelism: a run read as llm-foundry with tp 2 is no
+    prediction of that run (the reading or the file is wrong), so it is listed with the
+    runtime's refusal rather than scored as "predicted not to fit"."""
+    data = yaml.safe_load(CASES.read_text())
+    run = {**data["runs"][0], "id": "foundry-tp2", "framework": "MosaicML llm-foundry",
+           "plan": {**data["runs"][0]["plan"], "tp": 2, "dp": 4}}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({**data, "runs": [run]}))
+    assert bench.score(path) == []
+    (row,) = bench.not_scored(path)
+    assert row["reason"] == ("the plan as read is refused: runtime llm-foundry cannot split the "
+                             "model by tp=2 (it runs data parallelism and ZeRO sharding only)")
