@@ -61,22 +61,23 @@ def load_runs(data_path: Path) -> list[dict]:
     """The file's runs; a file that is not the published schema is a one-line error."""
     data = yaml.safe_load(data_path.read_text())
     runs = data.get("runs") if isinstance(data, dict) else None
-    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+    if not isinstance(runs, list):
         raise ConfigError(f"--data {data_path}", "has no list of runs under `runs`",
                           "give a file in the schema of tests/data/published/published-open.yaml")
     return runs
 
 
 def _priced(run: dict, recompute: str | None = None) -> tuple[dict, list[str], Any]:
-    """(the run's practitioner-schema entry, what it assumed, the estimate), priced as it ran
-    (published_schema.to_entry), with `recompute` in place of its policy where given."""
+    """(the run's practitioner-schema entry, what it assumed, (plan, model, cluster, the
+    estimate)), priced as it ran (published_schema.to_entry), with `recompute` in place of its
+    policy where given. A plan as read that breaks a rule, or that the runtime read off its
+    framework cannot run, is no prediction of the run: a ConfigError, so the run is listed,
+    not counted as "predicted not to fit"."""
     if recompute is not None:
         run = {**run, "plan": {**run["plan"], "recompute": recompute}}
     entry, assumed = published_schema.to_entry(run)
     plan, model, cluster = practitioner.build(entry)
     traits = practitioner.row_runtime(entry)
-    # a plan as read that breaks a rule, or that the runtime read off its framework cannot run,
-    # is no prediction of the run: listed, not counted as "predicted not to fit"
     problems = validate_plan(plan, model, cluster) + refusals(plan, traits, model,
                                                               cluster.profile.device)
     if problems:
@@ -85,18 +86,8 @@ def _priced(run: dict, recompute: str | None = None) -> tuple[dict, list[str], A
     return entry, assumed, (plan, model, cluster, est)
 
 
-def _why_not_scored(run: dict) -> str | None:
-    why = published_schema.why_not_priced(run)
-    if why is None and published_schema.measured_step_s(run, published_schema.model_of(run))[0] \
-            is None:
-        return published_schema.measured_step_s(run, published_schema.model_of(run))[1]
-    return why
-
-
-def _scored_row(run: dict) -> dict:
+def _scored_row(run: dict, measured: float, how: str) -> dict:
     entry, assumed, (plan, model, cluster, est) = _priced(run)
-    measured, how = published_schema.measured_step_s(run, model)
-    assert measured is not None  # _why_not_scored holds it
     mem = published_schema.measured_memory_gib(run)
     counter = practitioner.counter_gib(est, published_schema.memory_basis(run))
     return {
@@ -117,48 +108,77 @@ def _scored_row(run: dict) -> dict:
     }
 
 
-def score(data_path: Path) -> list[dict]:
-    """One row per run that can be priced as it ran and has a measured step
-    (`_why_not_scored` passes; a run whose plan the cost model refuses is listed by
-    `not_scored` with the refusal)."""
-    rows = []
-    for run in load_runs(data_path):
-        if _why_not_scored(run) is not None:
-            continue
+def _skipped(run: dict, reason: str, measured: float | None) -> dict:
+    """A run `read` lists: its reason; where the recompute policy is all it leaves
+    unpublished, the step predicted under recompute none and full beside the measured one
+    (not scored: which policy ran is unknown)."""
+    row = {"id": run["id"], "reason": reason, "measured_s": measured,
+           "runtime": published_schema.runtime_of(run), "predicted": {}}
+    unpublished = [k for k in published_schema.PLAN_FIELDS if run["plan"][k] is None]
+    if unpublished == ["recompute"] and published_schema.profile_of(run) is not None:
+        for policy in ("none", "full"):
+            try:
+                *_, (_, _, _, est) = _priced(run, recompute=policy)
+            except ConfigError:
+                continue  # the runtime cannot run that policy: nothing to show
+            row["predicted"][policy] = {"step_s": est.step_time_s, "feasible": est.feasible}
+    return row
+
+
+def _read_one(raw: Any, index: int) -> tuple[dict | None, dict | None]:
+    """(the scored row, None) or (None, the listed row) for one run of the file. A field that
+    cannot be read (published_schema.clean), a model or plan the tool refuses, or no measured
+    step: listed with the one-line reason, never raised."""
+    try:
+        run = published_schema.clean(raw, index)
+    except ConfigError as err:
+        rid = raw.get("id") if isinstance(raw, dict) else None
+        return None, {"id": str(rid or f"runs[{index}]"), "reason": str(err),
+                      "measured_s": None, "runtime": None, "predicted": {}}
+    reason = published_schema.why_not_priced(run)
+    measured, how = None, ""
+    if reason is None or reason.startswith("test_quality"):
         try:
-            rows.append(_scored_row(run))
-        except ConfigError:
-            continue  # not_scored lists it with the one-line reason
-    return rows
+            measured, how = published_schema.measured_step_s(run,
+                                                             published_schema.model_of(run))
+        except ConfigError as err:
+            reason = reason or f"the model as read is refused: {err}"
+    if reason is None and measured is None:
+        reason = how
+    if reason is None:
+        assert measured is not None
+        try:
+            return _scored_row(run, measured, how), None
+        except ConfigError as err:
+            reason = f"the plan as read is refused: {err}"
+    try:
+        return None, _skipped(run, reason, measured)
+    except ConfigError:
+        return None, {"id": run["id"], "reason": reason, "measured_s": measured,
+                      "runtime": None, "predicted": {}}
+
+
+def read(data_path: Path) -> tuple[list[dict], list[dict]]:
+    """(the scored rows, the listed runs) of a file of the published schema, each run read once
+    (published_schema: priced as it ran, with a measured step)."""
+    scored, listed = [], []
+    for index, raw in enumerate(load_runs(data_path)):
+        row, skipped = _read_one(raw, index)
+        if row is not None:
+            scored.append(row)
+        if skipped is not None:
+            listed.append(skipped)
+    return scored, listed
+
+
+def score(data_path: Path) -> list[dict]:
+    """One row per run that can be priced as it ran and has a measured step."""
+    return read(data_path)[0]
 
 
 def not_scored(data_path: Path) -> list[dict]:
-    """The runs `score` leaves out, each with its reason. Where the recompute policy is all that
-    a run leaves unpublished, the step times predicted under recompute none and full stand
-    beside the measured one; they are not scored, as which policy ran is unknown."""
-    out = []
-    for run in load_runs(data_path):
-        reason = _why_not_scored(run)
-        if reason is None:
-            try:
-                _priced(run)
-                continue
-            except ConfigError as err:
-                reason = f"the plan as read is refused: {err}"
-        model = published_schema.model_of(run)
-        row = {"id": run["id"], "reason": reason,
-               "measured_s": published_schema.measured_step_s(run, model)[0],
-               "runtime": published_schema.runtime_of(run), "predicted": {}}
-        unpublished = [k for k in published_schema.PLAN_FIELDS if run["plan"].get(k) is None]
-        if unpublished == ["recompute"] and published_schema.profile_of(run) is not None:
-            for policy in ("none", "full"):
-                try:
-                    *_, (_, _, _, est) = _priced(run, recompute=policy)
-                except ConfigError:
-                    continue  # the runtime cannot run that policy: nothing to show
-                row["predicted"][policy] = {"step_s": est.step_time_s, "feasible": est.feasible}
-        out.append(row)
-    return out
+    """The runs `score` leaves out, each with its reason (see _skipped)."""
+    return read(data_path)[1]
 
 
 def _kind(plan) -> str:
@@ -488,7 +508,8 @@ def print_runs(rows: list[dict], skipped: list[dict], every: list[dict],
             priced = ", ".join(f"{p['step_s']:.2f} s under {policy}"
                                + ("" if p["feasible"] else " (predicted not to fit)")
                                for policy, p in s["predicted"].items())
-            print(f"  {'':38} measured {s['measured_s']:.2f} s; predicted as {s['runtime']}, "
+            measured = "-" if s["measured_s"] is None else f"{s['measured_s']:.2f} s"
+            print(f"  {'':38} measured {measured}; predicted as {s['runtime']}, "
                   f"not scored: {priced}")
 
 
@@ -511,11 +532,11 @@ def print_loso(loso: dict) -> None:
 
 
 def print_picks(picks: list[dict]) -> None:
-    print(f"\n{'group (one model, one cluster; per token)':48} {'runs':>4} {'fit':>3} "
+    print(f"\n{'group (one model, one cluster; per token)':56} {'runs':>4} {'fit':>3} "
           f"{'rank':>5}  {'regret':>7}  picked among those predicted to fit")
     for g in picks:
         rho = "-" if g.get("spearman") is None else f"{g['spearman']:.2f}"
-        head = f"{g['group'][:48]:48} {g['runs']:>4} {g['feasible']:>3} {rho:>5}"
+        head = f"{g['group'][:56]:56} {g['runs']:>4} {g['feasible']:>3} {rho:>5}"
         if g["picked"] is None:
             print(f"{head}  {'-':>7}  none predicted to fit (fastest {g['fastest']})")
             continue
@@ -536,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"published_accuracy: no data file at {args.data}; pass --data PATH\n")
         return 2
     try:
-        rows, skipped = score(args.data), not_scored(args.data)
+        rows, skipped = read(args.data)
     except (ConfigError, yaml.YAMLError) as err:
         sys.stderr.write(f"published_accuracy: {args.data}: {' '.join(str(err).split())}\n")
         return 2

@@ -26,33 +26,138 @@ field, and the caller lists the run with that reason.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from autoplan.cost.params import total_params
+from autoplan.errors import ConfigError
 from autoplan.model_spec import ModelSpec, load_model
 
 GPU_GIB = 2**30
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+"""The shipped profiles: a run is priced on these, never on a user's profile of that name."""
 
 PLAN_FIELDS = ("tp", "pp", "micro_batch", "global_batch", "recompute")
 """Plan fields a run must publish to be priced as it ran (dp follows from the GPU count)."""
 
 
+MODEL_INTS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab")
+PLAN_INTS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch")
+MEASURED = ("iteration_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+            "hfu", "pct_peak", "memory_gb", "days", "tokens")
+
+
+# --- one run's fields, checked --------------------------------------------------------------------
+
+def _number(where: str, value: Any) -> float | None:
+    """A published figure as a float (a string of one too, with a trailing B for billions);
+    None for null. Anything else is a ConfigError naming the field."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(where, f"got {value!r}", "give a number or null")
+    if isinstance(value, str):
+        value = value.strip().rstrip("Bb").strip()
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(where, f"got {value!r}", "give a number or null") from None
+    if number != number or number < 0:
+        raise ConfigError(where, f"got {value!r}", "give a non-negative number or null")
+    return number
+
+
+def _count(where: str, value: Any) -> int | None:
+    """A published count (layers, degrees, batch sizes): a whole number >= 1, or None."""
+    number = _number(where, value)
+    if number is None:
+        return None
+    if number < 1 or number != int(number):
+        raise ConfigError(where, f"got {value!r}", "give a whole number of at least 1 or null")
+    return int(number)
+
+
+def _flag(where: str, value: Any) -> bool | None:
+    """true/false as YAML or as a string; None for null."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off", "none"):
+        return False
+    raise ConfigError(where, f"got {value!r}", "give true, false or null")
+
+
+def _section(run: dict, key: str, rid: str) -> dict:
+    value = run.get(key)
+    if not isinstance(value, dict):
+        raise ConfigError(f"run {rid}: {key}", f"got {type(value).__name__}",
+                          f"give the run's {key} as a mapping")
+    return value
+
+
+def clean(run: Any, index: int = 0) -> dict:
+    """The run with every field the reading uses checked and turned into its type: counts to
+    ints, figures to floats, flags to bools, texts to str (nulls kept). A field that is none
+    of these is a ConfigError naming the run and the field, so one malformed run is listed,
+    not priced on a guess and not the end of the file."""
+    if not isinstance(run, dict):
+        raise ConfigError(f"runs[{index}]", f"got {type(run).__name__}", "give each run as a mapping")
+    rid = str(run.get("id") or f"runs[{index}]")
+    model, cluster = _section(run, "model", rid), _section(run, "cluster", rid)
+    plan, measured = _section(run, "plan", rid), run.get("measured") or {}
+    if not isinstance(measured, dict):
+        raise ConfigError(f"run {rid}: measured", f"got {type(measured).__name__}",
+                          "give the measured figures as a mapping")
+    zero = _number(f"run {rid}: plan.zero_stage", plan.get("zero_stage"))
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise ConfigError(f"run {rid}: plan.zero_stage", f"got {plan.get('zero_stage')!r}",
+                          "give 0, 1, 2, 3 or null")
+    texts = ("framework", "source", "source_id", "precision", "flops_convention", "memory_unit",
+             "test_quality")
+    return {
+        **{k: None if run.get(k) is None else str(run[k]) for k in texts},
+        "id": rid,
+        "model": {**{k: _count(f"run {rid}: model.{k}", model.get(k)) for k in MODEL_INTS},
+                  "params": _number(f"run {rid}: model.params", model.get("params")),
+                  "moe": any(k in model for k in ("experts", "num_experts", "moe"))},
+        "cluster": {"gpu": str(cluster.get("gpu") or ""),
+                    "gpus": _count(f"run {rid}: cluster.gpus", cluster.get("gpus")),
+                    "interconnect": str(cluster.get("interconnect") or "")},
+        "plan": {**{k: _count(f"run {rid}: plan.{k}", plan.get(k)) for k in PLAN_INTS},
+                 "sp": _flag(f"run {rid}: plan.sp", plan.get("sp")),
+                 "offload": bool(_flag(f"run {rid}: plan.offload", plan.get("offload"))),
+                 "zero_stage": None if zero is None else int(zero),
+                 "recompute": None if plan.get("recompute") is None
+                 else str(plan["recompute"]).strip().lower()},
+        "measured": {k: _number(f"run {rid}: measured.{k}", measured.get(k)) for k in MEASURED},
+    }
+
+
 # --- the framework -> a runtime preset --------------------------------------------------------
 
+ARXIV = re.compile(r"arxiv(?:\.org/(?:abs|pdf)/|[:\s]*)(\d{4}\.\d{4,5})", re.I)
+"""An arXiv id as a source cites it: "arXiv 2104.04473", "arXiv:2104.04473", a URL."""
+
+
 def run_year(run: dict) -> int | None:
-    """The year the run's software is from: the first year in its `framework` text (NGC/NeMo
-    releases name theirs YY.MM: "NeMo 24.07" is 2024), else in its `source` (an arXiv id's
-    YYMM counts), else None."""
-    framework, source = str(run.get("framework") or ""), str(run.get("source") or "")
-    for text in (framework, source):
-        year = re.search(r"\b(20[12]\d)\b", text)
-        if year:
-            return int(year.group(1))
-        release = re.search(r"\b(?:NeMo|NGC|nemo|ngc)[^0-9]{0,12}(\d\d)\.(\d\d)\b", text)
-        if release:
-            return 2000 + int(release.group(1))
-    arxiv = re.search(r"arXiv[: ]*(\d\d)(\d\d)\.\d{4,5}", source)
-    return 2000 + int(arxiv.group(1)) if arxiv else None
+    """The year the run's software is from: a year in its `framework` text, else a release
+    named YY.MM there ("NeMo 24.07", "NGC 20.12", "Megatron-LM 23.08 container"), else the
+    year of the arXiv id its `source` cites (YYMM.NNNNN), else a year in the source's text,
+    else None."""
+    framework, source = run.get("framework") or "", run.get("source") or ""
+    year = re.search(r"\b(20[12]\d)\b", framework)
+    if year:
+        return int(year.group(1))
+    release = re.search(r"\b(1[89]|2\d)\.(0[1-9]|1[0-2])\b", framework)
+    if release:
+        return 2000 + int(release.group(1))
+    arxiv = ARXIV.search(source)
+    if arxiv:
+        return 2000 + int(arxiv.group(1)[:2])
+    year = re.search(r"\b(20[12]\d)\b", source)
+    return int(year.group(1)) if year else None
 
 
 def runtime_of(run: dict) -> str:
@@ -71,7 +176,7 @@ def runtime_of(run: dict) -> str:
       Megatron-Core's;
     - anything else: Megatron-Core's, the most common stack of published large runs (the row
       says the runtime was assumed: `assumptions`)."""
-    framework = str(run.get("framework") or "").lower()
+    framework = (run.get("framework") or "").lower()
     year = run_year(run)
     if "nanotron" in framework:
         return "nanotron"
@@ -96,7 +201,7 @@ def runtime_of(run: dict) -> str:
 
 
 def _known_runtime(run: dict) -> bool:
-    framework = str(run.get("framework") or "").lower()
+    framework = (run.get("framework") or "").lower()
     return any(k in framework for k in ("nanotron", "llm-foundry", "llm foundry", "composer",
                                         "mosaic", "torchtitan", "automodel", "fsdp", "deepspeed",
                                         "nemo", "megatron", "megascale"))
@@ -112,13 +217,16 @@ def profile_of(run: dict) -> str | None:
     cluster whose `interconnect` is Omni-Path (Jean Zay's, BLOOM's) takes a100-80gb-opa; an
     H100 with 94-96 GB is Meta's Grand Teton part at 500 W (h100-96gb-500w)."""
     cluster = run["cluster"]
-    name = re.sub(r"[\s_]+", "", str(cluster.get("gpu") or "")).upper()
+    name = str(cluster.get("gpu") or "").upper()
     link = str(cluster.get("interconnect") or "").lower()
-    # the memory size is read past the family's own digits ("A10080GB": 80)
-    memory = re.search(r"(\d+)GB", re.sub(r"^.*?[VAHB]\d00", "", name))
+    # "80GB", "80 GB": a size standing apart from the family's and form's digits (SXM5 80GB)
+    memory = re.search(r"(?<![A-Z0-9])(\d{2,3})\s*GB", name)
     gb = int(memory.group(1)) if memory else None
-    if any(form in name for form in ("PCIE", "NVL")) or name.startswith("GH"):
+    # PCIe and NVL parts have other clocks, power and links; a Grace Hopper superchip another
+    # memory system: none of them is a shipped profile's
+    if re.search(r"PCI-?E|\bNVL\b|(?<![A-Z])GH\d", name):
         return None
+    name = re.sub(r"[\s_-]+", "", name)
     if "V100" in name:
         return "v100-sxm2-32gb" if gb in (None, 32) else None
     if "A100" in name:
@@ -163,8 +271,8 @@ def _shape(run: dict) -> dict[str, Any]:
 def _half_unit(params: float) -> float:
     """Half the last published digit of a parameter count in billions (175 -> 0.5e9, 174.6 ->
     0.05e9): counts within it of the figure are the same count."""
-    text = repr(params)
-    decimals = len(text.split(".")[1]) if "." in text and not text.endswith(".0") else 0
+    text = repr(float(params))
+    decimals = 0 if text.endswith(".0") else len(text.split(".")[1])
     return 0.5 * 10.0 ** -decimals * 1e9
 
 
@@ -187,7 +295,11 @@ def architecture(run: dict) -> tuple[dict[str, Any], str]:
     style = min(counts, key=lambda k: abs(counts[k] - published))[0]
     arch = GPT_STYLE if style == "gpt" else LLAMA_STYLE
     tied = arch["tie_embeddings"]
-    if abs(counts[(style, tied)] - published) > half >= abs(counts[(style, not tied)] - published):
+    # the head (vocab x hidden) apart is resolved only where the count's last digit is finer
+    # than a quarter of it: Llama 3 70B's "70" (0.5B) cannot tell its 1.05B head apart
+    head = shape["vocab_size"] * shape["hidden_size"]
+    if half < head / 4 and abs(counts[(style, tied)] - published) > half \
+            >= abs(counts[(style, not tied)] - published):
         tied = not tied
     how = (f"{style}-style, {'tied' if tied else 'untied'}: {counts[(style, tied)] / 1e9:.2f}B "
            f"parameters against the published {params}B")
@@ -208,96 +320,124 @@ def flops_per_token(convention: str, model: ModelSpec) -> tuple[float, str] | No
     - Megatron SC21 eq. 3, 96*B*s*l*h^2*(1 + s/6h + V/16lh) per iteration (counts the
       recompute forward);
     - Korthikanti et al. 2022 eq. 7 (model FLOPs), 72*B*L*s*h^2*(1 + s/6h + V/12Lh);
-    - PaLM's (Chowdhery et al. 2022, Appendix B), 6N + 12*L*h*s per token;
-    - 6N (Kaplan et al. 2020; 6ND)."""
+    - PaLM's (Chowdhery et al. 2022, Appendix B), 6N + 12*L*H*Q*T per token (12*L*h*s);
+    - 6N (Kaplan et al. 2020; 6ND).
+    N is every parameter (autoplan.cost.params.total_params), as practitioner.py counts the
+    same conventions."""
     L, h, s, V = model.num_layers, model.hidden_size, model.seq_len, model.vocab_size
     text = convention.replace(" ", "").lower()
-    if "96*b*s*l*h^2" in text or "eq.(3)" in text:
+    if "96*b*s*l*h^2" in text or re.search(r"eq\.?\(?3\)?(?!\d)", text):
         return 96 * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h)), "megatron-sc21"
-    if "72*b*l*s*h^2" in text or "eq.(7)" in text:
+    if "72*b*l*s*h^2" in text or re.search(r"eq\.?\(?7\)?(?!\d)", text):
         return 72 * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)), "korthikanti-eq7"
-    if "palm" in text or "12*l*h*s" in text or "12lhs" in text:
+    if any(k in text for k in ("palm", "chowdhery", "12*l*h*s", "12lhs", "12lhqt",
+                               "12*l*h*q*t")):
         return 6.0 * total_params(model) + 12.0 * L * h * s, "palm"
-    if re.search(r"\b6\s*\*?\s*N(D)?\b", convention, re.I) or "6*params" in text:
+    if re.search(r"(?<![\w.])6\s*\*?\s*N(?:\s*\*?\s*D)?\b", convention, re.I) \
+            or "6*params" in text:
         return 6.0 * total_params(model), "6n"
     return None
 
 
 def _peak_tflops(run: dict) -> float | None:
-    """The peak an MFU was stated against: "peak NNN TFLOP" in the convention text."""
-    found = re.search(r"peak\s*(?:of\s*)?(\d+(?:\.\d+)?)\s*TFLOP", str(run.get("flops_convention")
-                                                                       or ""), re.I)
+    """The peak an MFU was stated against, where the convention's text states one: "peak 989
+    TFLOP/s", "312 TFLOP/s peak", "peak: 989"."""
+    text = run.get("flops_convention") or ""
+    found = (re.search(r"peak[^0-9]{0,12}(\d+(?:\.\d+)?)", text, re.I)
+             or re.search(r"(\d+(?:\.\d+)?)\s*TFLOP\S*\s*peak", text, re.I))
     return float(found.group(1)) if found else None
 
 
+def _profile_peak_tflops(run: dict) -> float | None:
+    """The dense peak of the run's profile at its precision, TFLOP/s (None without a profile)."""
+    from autoplan.hardware import load_profile
+
+    name = profile_of(run)
+    if name is None:
+        return None
+    device = load_profile(PROFILES / f"{name}.yaml", "cluster.profile").device
+    dtype = precision_of(run)
+    return device.peak(dtype) / 1e12 if dtype in device.peak_flops_per_s else None
+
+
 def measured_step_s(run: dict, model: ModelSpec) -> tuple[float | None, str]:
-    """(seconds per optimizer step, how it was read), or (None, why not)."""
+    """(seconds per optimizer step, how it was read), or (None, why not). `run` is clean()'s."""
     meas, plan, gpus = run["measured"], run["plan"], run["cluster"]["gpus"]
-    if meas.get("iteration_time_s"):
-        return float(meas["iteration_time_s"]), "iteration_time_s"
-    if not plan.get("global_batch"):
-        return None, "no global batch to turn a rate into a step"
+    if meas["iteration_time_s"]:
+        return meas["iteration_time_s"], "iteration_time_s"
+    if not plan["global_batch"] or not gpus:
+        return None, "no global batch and GPU count to turn a rate into a step"
     tokens = plan["global_batch"] * model.seq_len
-    if meas.get("tokens_per_s_per_gpu"):
+    if meas["tokens_per_s_per_gpu"]:
         return tokens / (meas["tokens_per_s_per_gpu"] * gpus), "tokens_per_s_per_gpu"
-    if meas.get("tokens_per_s"):
+    if meas["tokens_per_s"]:
         return tokens / meas["tokens_per_s"], "tokens_per_s"
-    convention = str(run.get("flops_convention") or "")
-    counted = flops_per_token(convention, model)
-    if meas.get("tflops_per_gpu"):
+    counted = flops_per_token(run["flops_convention"] or "", model)
+    if meas["tflops_per_gpu"]:
         if counted is None:
             return None, "TFLOP/s under a FLOP convention not recognised (flops_convention)"
         return tokens * counted[0] / (meas["tflops_per_gpu"] * 1e12 * gpus), \
             f"tflops_per_gpu ({counted[1]})"
-    if meas.get("mfu"):
-        peak = _peak_tflops(run)
-        if counted is None or peak is None:
-            return None, "MFU without a recognised FLOP convention and its peak"
-        return tokens * counted[0] / (meas["mfu"] * peak * 1e12 * gpus), f"mfu ({counted[1]})"
+    if meas["mfu"]:
+        if counted is None:
+            return None, "MFU under a FLOP convention not recognised (flops_convention)"
+        peak, how = _peak_tflops(run), f"mfu ({counted[1]})"
+        if peak is None:  # MFU is of the GPU's dense peak at the run's precision
+            peak = _profile_peak_tflops(run)
+            if peak is None:
+                return None, "MFU without a stated peak or a profile to read one from"
+            how = f"mfu ({counted[1]}, of the profile's {precision_of(run)} peak {peak:g} TFLOP/s)"
+        return tokens * counted[0] / (meas["mfu"] * peak * 1e12 * gpus), how
     return None, "no iteration time, tokens/s, TFLOP/s or MFU published"
 
 
 def measured_memory_gib(run: dict) -> float | None:
     """The published peak memory in GiB: `memory_gb` in its `memory_unit` (GiB where the unit
     says so, else decimal GB)."""
-    value = run["measured"].get("memory_gb")
+    value = run["measured"]["memory_gb"]
     if not value:
         return None
-    unit = str(run.get("memory_unit") or "").lower()
-    return float(value) if "gib" in unit else float(value) * 1e9 / GPU_GIB
+    unit = (run["memory_unit"] or "").lower()
+    return value if "gib" in unit else value * 1e9 / GPU_GIB
 
 
 def memory_basis(run: dict) -> str | None:
     """The allocator counter the memory was read from, where the unit names one."""
-    unit = str(run.get("memory_unit") or "").lower()
-    return "max reserved" if "reserved" in unit else None
+    return "max reserved" if "reserved" in (run["memory_unit"] or "").lower() else None
 
 
 # --- the run as a practitioner-schema entry -----------------------------------------------------
 
 DEFAULT_ZERO = {"torchtitan": 3, "llm-foundry": 3, "nemo": 1, "megatron": 1, "deepspeed": 1,
                 "nanotron": 1, "megatron-2021": 0, "megatron-2022": 0}
-"""ZeRO stage where a run leaves it null: FSDP's full shard for the FSDP stacks (torchtitan's and
-llm-foundry's defaults), the distributed optimizer NeMo's and Megatron-Core's recipes turn on,
-DeepSpeed's ZeRO-1 (its pipeline engine's), nanotron's configs' zero_stage 1, and none in
-Megatron-LM's 2021-22 code (no distributed optimizer yet)."""
+"""ZeRO stage where a run leaves it null and its framework's name states none ("DeepSpeed
+ZeRO-3"): FSDP's full shard for the FSDP stacks (torchtitan's and llm-foundry's defaults), the
+distributed optimizer NeMo's and Megatron-Core's recipes turn on, DeepSpeed's ZeRO-1 (its
+pipeline engine's), nanotron's configs' zero_stage 1, and none in Megatron-LM's 2021-22 code (no
+distributed optimizer yet)."""
+SEQUENCE_PARALLEL_BY_DEFAULT = ("megatron-2022", "megatron", "nemo", "torchtitan", "nanotron")
+"""Runtimes whose tensor-parallel runs shard the norms' sequence where a run leaves `sp` null:
+Megatron-LM from its 2022 release and NeMo's recipes set --sequence-parallel with TP, torchtitan
+always does, nanotron's REDUCE_SCATTER mode is its sweep's. Not Megatron-LM 2021 (it had none)
+nor Megatron-DeepSpeed, whose 2022 runs (BLOOM) had none."""
 
 
 def why_not_priced(run: dict) -> str | None:
-    """Why the run cannot be priced as it ran; None where it can."""
-    if run.get("test_quality", "complete") != "complete":
-        missing = ", ".join(f"plan.{k}" for k in PLAN_FIELDS if run["plan"].get(k) is None)
-        return f"test_quality {run.get('test_quality')}" + (f": {missing} not published"
-                                                            if missing else "")
-    missing = [f"plan.{k}" for k in PLAN_FIELDS if run["plan"].get(k) is None]
+    """Why the run (clean()'s) cannot be priced as it ran; None where it can."""
+    plan, model = run["plan"], run["model"]
+    missing = [f"plan.{k}" for k in PLAN_FIELDS if plan[k] is None]
+    if (run["test_quality"] or "complete") != "complete":
+        return f"test_quality {run['test_quality']}" + (
+            f": {', '.join(missing)} not published" if missing else "")
     missing += [f"model.{k}" for k in ("layers", "hidden", "heads", "seq_len", "vocab")
-                if run["model"].get(k) is None]
+                if model[k] is None]
+    missing += ["cluster.gpus"] if run["cluster"]["gpus"] is None else []
     if missing:
         return f"{', '.join(missing)} not published"
-    if any(k in run["model"] for k in ("experts", "num_experts", "moe")):
+    if model["moe"]:
         return "a mixture-of-experts model: the schema carries no expert fields"
     if profile_of(run) is None:
-        return f"no profile for GPU {run['cluster'].get('gpu')}"
+        return f"no profile for GPU {run['cluster']['gpu'] or '(none named)'}"
     return None
 
 
@@ -309,57 +449,66 @@ def _offload(offload: bool, modes: tuple[str, ...]) -> dict[str, bool]:
     return {"optimizer": offload, "params": both}
 
 
-def _parallel(run: dict) -> dict[str, int]:
-    p, gpus = run["plan"], run["cluster"]["gpus"]
-    tp, pp, cp = p["tp"], p["pp"], p.get("cp") or 1
-    return {"dp": p.get("dp") or max(1, gpus // (tp * pp * cp)), "tp": tp, "pp": pp, "cp": cp}
+def precision_of(run: dict) -> str:
+    """The plan's precision from the run's text: fp8 (FP8 GEMMs, "float8"), fp16 ("float16",
+    "half"), fp32/tf32, else bf16 ("mixed precision (16-bit)" included, as the open runs were
+    scored: on A100 the two 16-bit peaks are one)."""
+    text = (run["precision"] or "").lower()
+    if "fp8" in text or "float8" in text:
+        return "fp8"
+    if "fp16" in text or "float16" in text or "half" in text:
+        return "fp16"
+    return "fp32" if text.strip() in ("fp32", "tf32", "float32") else "bf16"
 
 
 def to_entry(run: dict) -> tuple[dict[str, Any], list[str]]:
-    """(the run as a practitioner-schema entry, what was assumed rather than published)."""
+    """(the run, clean()'s, as a practitioner-schema entry; what was assumed rather than
+    published)."""
     from autoplan.cost.runtimes import runtime_from_dict
 
-    p = run["plan"]
+    p, gpus = run["plan"], run["cluster"]["gpus"]
     runtime = runtime_of(run)
     traits = runtime_from_dict({"schema_version": 1, "base": runtime}, "runtime")
     arch, how = architecture(run)
     assumed = [f"runtime {runtime}" + ("" if _known_runtime(run) else " (framework unknown)"),
                how]
-    parallel = _parallel(run)
-    if p.get("dp") is None:
-        assumed.append("dp = GPUs / (tp * pp * cp)")
-    zero = p.get("zero_stage")
+    tp, pp, cp = p["tp"], p["pp"], p["cp"] or 1
+    if p["cp"] is None:
+        assumed.append("cp 1")
+    dp = p["dp"] or max(1, gpus // (tp * pp * cp))
+    if p["dp"] is None:
+        assumed.append(f"dp {dp} = GPUs / (tp * pp * cp)")
+    zero = p["zero_stage"]
     if zero is None:
-        zero = DEFAULT_ZERO.get(runtime, 0)
-        assumed.append(f"zero_stage {zero} ({runtime}'s default)")
-    sp = p.get("sp")
+        named = re.search(r"zero[-\s]?(?:stage[-\s]?)?([0-3])", (run["framework"] or "").lower())
+        zero = int(named.group(1)) if named else DEFAULT_ZERO.get(runtime, 0)
+        assumed.append(f"zero_stage {zero} ("
+                       + ("the framework's name" if named else f"{runtime}'s default") + ")")
+    sp = p["sp"]
     if sp is None:
-        sp = bool(parallel["tp"] > 1 and traits.has_sequence_parallel
-                  and runtime not in ("megatron-2021",))
+        sp = tp > 1 and runtime in SEQUENCE_PARALLEL_BY_DEFAULT
         assumed.append(f"sequence_parallel {sp}")
     year = run_year(run)
     # Megatron-LM's 2021-22 code and the DeepSpeed runs of those years ran unfused softmax
     # attention; FlashAttention (2022) entered Megatron-Core, NeMo and the PyTorch stacks after
     eager = runtime in ("megatron-2021", "megatron-2022") or (
-        runtime in ("deepspeed", "megatron") and year is not None and year <= 2022)
-    precision = str(run.get("precision") or "").lower()
-    dtype = ("fp8" if "fp8" in precision else "fp16" if "fp16" in precision
-             else "fp32" if precision in ("fp32", "tf32") else "bf16")
-    vpp = p.get("vpp") or 1
+        runtime == "deepspeed" and year is not None and year <= 2022)
+    vpp = p["vpp"] or 1
     entry = {
-        "id": str(run["id"]), "runtime": runtime,
-        "source": {"id": source_of(run), "title": str(run.get("source") or run["id"])},
+        "id": run["id"], "runtime": runtime,
+        "source": {"id": source_of(run), "title": run["source"] or run["id"]},
         "model": {**_shape(run), **arch},
-        "cluster": {"profile": profile_of(run), "num_gpus": run["cluster"]["gpus"]},
+        "cluster": {"profile": profile_of(run), "num_gpus": gpus},
         "plan": {
-            "parallel": parallel, "sequence_parallel": bool(sp),
+            "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp},
+            "sequence_parallel": bool(sp),
             "pipeline": {"schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "vpp": vpp},
             "zero_stage": zero,
-            "offload": _offload(bool(p.get("offload")), traits.offload),
+            "offload": _offload(p["offload"], traits.offload),
             "recompute": {"policy": p["recompute"]},
             "batch": {"micro_batch_size": p["micro_batch"],
                       "global_batch_size": p["global_batch"]},
-            "precision": dtype, "attention": "eager" if eager else "flash",
+            "precision": precision_of(run), "attention": "eager" if eager else "flash",
         },
     }
     return entry, assumed
@@ -367,12 +516,12 @@ def to_entry(run: dict) -> tuple[dict[str, Any], list[str]]:
 
 def source_of(run: dict) -> str:
     """The publication a run comes from, for leave-one-source-out: its `source_id` where the
-    file gives one, else the arXiv id its `source` cites, else its first URL, else the
-    source's text up to its first comma-separated title."""
-    if run.get("source_id"):
-        return str(run["source_id"])
-    source = str(run.get("source") or run["id"])
-    arxiv = re.search(r"arXiv[: ]*(\d{4}\.\d{4,5})", source)
+    file gives one, else the arXiv id its `source` cites (as text or URL), else its first URL,
+    else the source's text up to its first semicolon."""
+    if run["source_id"]:
+        return run["source_id"]
+    source = run["source"] or run["id"]
+    arxiv = ARXIV.search(source)
     if arxiv:
         return f"arXiv:{arxiv.group(1)}"
     url = re.search(r"https?://\S+", source)
@@ -382,8 +531,10 @@ def source_of(run: dict) -> str:
 
 
 def group_of(run: dict) -> str:
-    """One model on one cluster: what a search would choose among."""
+    """One model at one sequence length on one cluster: what a search would choose among
+    (runs at other lengths are other work per token). The model by its shape, not its published
+    parameter count, which papers round differently (SC21's 529.6B is Korthikanti et al.'s
+    530B)."""
     m, c = run["model"], run["cluster"]
-    model = (f"{m['params']}B" if m.get("params") else
-             f"L{m['layers']} h{m['hidden']} s{m['seq_len']}")
-    return f"{model} on {c['gpus']} x {c.get('gpu')}"
+    model = f"L{m['layers']} h{m['hidden']} ffn{m['ffn_hidden'] or 4 * m['hidden']}"
+    return f"{model} s{m['seq_len']} on {c['gpus']} x {profile_of(run) or c['gpu']}"

@@ -32,6 +32,11 @@ def bench():
 
 
 def _run(**fields) -> dict:
+    """A run of the schema with `fields` over a Llama 3 8B FSDP run, as clean() reads it."""
+    return load_script("published_schema").clean(_raw(**fields))
+
+
+def _raw(**fields) -> dict:
     run = {"id": "r", "framework": "", "source": "", "precision": "bf16",
            "model": {"params": None, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
                      "ffn_hidden": 14336, "seq_len": 8192, "vocab": 128256},
@@ -68,6 +73,27 @@ def test_the_framework_names_the_runtime(schema, framework, source, zero, runtim
     assert schema.runtime_of(run) == runtime
 
 
+def test_the_year_comes_from_the_framework_then_the_paper(schema) -> None:
+    # the paper's arXiv id before a later year its source mentions (a repository's scripts)
+    run = _run(framework="Megatron-LM", source="arXiv 2205.05198; scripts from the 2023 repo")
+    assert schema.run_year(run) == 2022 and schema.runtime_of(run) == "megatron-2022"
+    assert schema.run_year(_run(framework="Megatron-LM 23.08 container")) == 2023
+    assert schema.run_year(_run(framework="Megatron-LM (2021, PyTorch NGC 20.12)")) == 2021
+
+
+def test_what_the_plan_leaves_null_is_read_from_the_framework_and_said(schema) -> None:
+    entry, assumed = schema.to_entry(_run(framework="DeepSpeed ZeRO-3",
+                                          plan={"zero_stage": None, "tp": 2, "dp": 4}))
+    assert entry["plan"]["zero_stage"] == 3
+    assert "zero_stage 3 (the framework's name)" in assumed
+    # Megatron-DeepSpeed's runs had no Megatron-style sequence parallelism; NeMo's recipes do
+    assert not entry["plan"]["sequence_parallel"] and "sequence_parallel False" in assumed
+    entry, assumed = schema.to_entry(_run(framework="NeMo 24.09",
+                                          plan={"zero_stage": None, "tp": 2, "dp": 4}))
+    assert entry["plan"]["sequence_parallel"] and entry["plan"]["zero_stage"] == 1
+    assert "zero_stage 1 (nemo's default)" in assumed
+
+
 def test_an_unknown_framework_is_priced_as_megatron_core_and_says_so(schema) -> None:
     _, assumed = schema.to_entry(_run(framework="an in-house stack"))
     assert assumed[0] == "runtime megatron (framework unknown)"
@@ -83,12 +109,17 @@ def test_an_unknown_framework_is_priced_as_megatron_core_and_says_so(schema) -> 
     ("H100-SXM5-80GB", "", "h100-sxm-80gb"),
     ("H100 80GB HBM3", "", "h100-sxm-80gb"),
     ("H100-SXM5-96GB", "", "h100-96gb-500w"),
+    ("H100 SXM5 80GB", "", "h100-sxm-80gb"),
+    ("NVIDIA H100 SXM5 80GB HBM3", "", "h100-sxm-80gb"),
+    ("H100_SXM5_80GB", "", "h100-sxm-80gb"),
+    ("NVIDIA A100 SXM4 40GB", "", "a100-sxm4-40gb"),
     ("H100 NVL", "", None),
     ("H200-SXM-141GB", "", "h200-sxm-141gb"),
     ("H800", "", "h800-sxm-80gb"),
     ("V100-SXM2-32GB", "", "v100-sxm2-32gb"),
     ("V100-SXM2-16GB", "", None),
     ("GH200", "", None),
+    ("NVIDIA GH200 96GB", "", None),
     ("MI300X", "", None),
 ])
 def test_the_gpu_name_picks_a_shipped_profile_or_none(schema, gpu, interconnect, profile) -> None:
@@ -110,8 +141,13 @@ def test_the_architecture_is_the_one_whose_count_matches_the_published_one(schem
     assert arch["mlp"] == "gelu" and arch["tie_embeddings"] and how.startswith(
         "gpt-style, tied: 174.62B")
     # rounded to 175 the untied count (175.25B) is no worse a match: the style's own (tied) holds
-    arch, _ = schema.architecture({**gpt175, "model": {**gpt175["model"], "params": 175}})
+    arch, _ = schema.architecture(_run(model={**gpt175["model"], "params": 175}))
     assert arch["tie_embeddings"]
+    # Llama 3 70B published as "70": its last digit (0.5B) cannot tell the 1.05B head apart,
+    # though tied (69.50B) sits nearer than untied (70.55B): Llama's own (untied) holds
+    arch, _ = schema.architecture(_run(model={"params": 70, "layers": 80, "hidden": 8192,
+                                              "heads": 64, "ffn_hidden": 28672}))
+    assert arch["mlp"] == "swiglu" and not arch["tie_embeddings"]
     # a tied Llama-style model whose count says so (1.24B with the head shared)
     small = _run(model={"params": 1.24, "layers": 16, "hidden": 2048, "heads": 32,
                         "kv_heads": 8, "ffn_hidden": 8192, "vocab": 128256})
@@ -127,36 +163,52 @@ def test_without_a_count_the_ffn_width_decides(schema) -> None:
 
 
 def test_the_measured_step_comes_from_what_was_published(schema) -> None:
-    run = _run(plan={"global_batch": 16})
-    model = schema.model_of(run)
-    tokens = 16 * 8192
-    assert schema.measured_step_s(_run(measured={"iteration_time_s": 3.5}), model) == (
-        3.5, "iteration_time_s")
-    step, how = schema.measured_step_s({**run, "measured": {"tokens_per_s_per_gpu": 5762}},
-                                       model)
-    assert step == pytest.approx(tokens / (5762 * 8)) and how == "tokens_per_s_per_gpu"
-    step, how = schema.measured_step_s({**run, "measured": {"tokens_per_s": 46096}}, model)
-    assert step == pytest.approx(tokens / 46096) and how == "tokens_per_s"
-    # TFLOP/s under PaLM's count: 6N + 12 L h s per token
-    palm = {**run, "measured": {"tflops_per_gpu": 400},
-            "flops_convention": "PaLM (Chowdhery et al. 2022), 6N + 12*L*h*s"}
-    step, how = schema.measured_step_s(palm, model)
     from autoplan.cost.params import total_params
+
+    def step(measured: dict, convention: str | None = None) -> tuple[float | None, str]:
+        run = _run(plan={"global_batch": 16}, measured=measured, flops_convention=convention)
+        return schema.measured_step_s(run, schema.model_of(run))
+
+    model = schema.model_of(_run())
+    tokens = 16 * 8192
+    assert step({"iteration_time_s": 3.5}) == (3.5, "iteration_time_s")
+    seconds, how = step({"tokens_per_s_per_gpu": 5762})
+    assert seconds == pytest.approx(tokens / (5762 * 8)) and how == "tokens_per_s_per_gpu"
+    seconds, how = step({"tokens_per_s": "46096"})  # a figure written as a string
+    assert seconds == pytest.approx(tokens / 46096) and how == "tokens_per_s"
+    # TFLOP/s under PaLM's count, 6N + 12 L H Q T per token, as PaLM writes it
+    seconds, how = step({"tflops_per_gpu": 400}, "PaLM Appendix B: 6N + 12LHQT")
     per_token = 6 * total_params(model) + 12 * 32 * 4096 * 8192
-    assert step == pytest.approx(tokens * per_token / (400e12 * 8)) and how == "tflops_per_gpu (palm)"
-    # MFU with the peak it was stated against
-    mfu = {**palm, "measured": {"mfu": 0.4}, "flops_convention": "6*N per token, peak 989 TFLOP/s"}
-    step, how = schema.measured_step_s(mfu, model)
-    assert step == pytest.approx(tokens * 6 * total_params(model) / (0.4 * 989e12 * 8))
-    assert how == "mfu (6n)"
+    assert seconds == pytest.approx(tokens * per_token / (400e12 * 8))
+    assert how == "tflops_per_gpu (palm)"
+    # MFU with the peak it was stated against, in either order
+    for convention in ("6*N per token, peak 989 TFLOP/s", "6ND against 989 TFLOP/s peak"):
+        seconds, how = step({"mfu": 0.4}, convention)
+        assert seconds == pytest.approx(tokens * 6 * total_params(model) / (0.4 * 989e12 * 8))
+        assert how == "mfu (6n)"
+    # no peak stated: the run's GPU's dense peak at its precision (the H100 profile's bf16)
+    seconds, how = step({"mfu": 0.4}, "6N")
+    assert seconds == pytest.approx(tokens * 6 * total_params(model) / (0.4 * 989e12 * 8))
+    assert how == "mfu (6n, of the profile's bf16 peak 989 TFLOP/s)"
 
 
 def test_a_flop_count_it_cannot_read_is_not_guessed(schema) -> None:
     run = _run(measured={"tflops_per_gpu": 400}, flops_convention="the vendor's own count")
-    step, why = schema.measured_step_s(run, schema.model_of(run))
-    assert step is None and "not recognised" in why
-    run = _run(measured={"mfu": 0.4}, flops_convention="6N")  # no peak stated
-    assert schema.measured_step_s(run, schema.model_of(run))[0] is None
+    seconds, why = schema.measured_step_s(run, schema.model_of(run))
+    assert seconds is None and "not recognised" in why
+
+
+@pytest.mark.parametrize("text, name", [
+    ("Megatron eq. (3): 96*B*s*l*h^2*(...)", "megatron-sc21"),
+    ("Megatron eq. 3 (includes recompute forward)", "megatron-sc21"),
+    ("Appendix A eq. (7) model FLOPs", "korthikanti-eq7"),
+    ("6N + 12*L*H*Q*T (PaLM)", "palm"),
+    ("6 * N * D", "6n"),
+    ("eq. (30) of some paper", None),
+])
+def test_flop_conventions_are_read_from_their_text(schema, text, name) -> None:
+    counted = schema.flops_per_token(text, schema.model_of(_run()))
+    assert (counted and counted[1]) == name
 
 
 def test_korthikanti_eq7_counts_model_flops(schema) -> None:
@@ -180,6 +232,8 @@ def test_memory_is_read_in_its_unit(schema) -> None:
 
 def test_the_source_is_the_publication(schema) -> None:
     assert schema.source_of(_run(source="Narayanan et al. (SC21, arXiv 2104.04473), Table 1")) \
+        == "arXiv:2104.04473"
+    assert schema.source_of(_run(source="https://arxiv.org/abs/2104.04473v2")) \
         == "arXiv:2104.04473"
     assert schema.source_of(_run(source="torchtitan docs; https://github.com/pytorch/torchtitan."
                                  )) == "https://github.com/pytorch/torchtitan"
@@ -237,6 +291,43 @@ def test_runs_it_cannot_price_are_listed_with_the_reason(bench, tmp_path: Path, 
     assert reason.startswith("the plan as read is refused: recompute.policy: got 'sometimes'")
     assert bench.main(["--data", str(path), "--no-practitioner"]) == 0
     assert "odd-policy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("broken", [
+    {"id": "no-heads", "test_quality": "partial", "model": {"heads": None}},
+    {"id": "heads-not-dividing", "model": {"heads": 60, "kv_heads": 7}},
+    {"id": "float-layers", "model": {"layers": 32.5}},
+    {"id": "gpus-null", "cluster": {"gpus": None}},
+    {"id": "gpus-text", "cluster": {"gpus": "eight"}},
+    {"id": "tp-zero", "plan": {"tp": 0}},
+    {"id": "sp-text", "plan": {"sp": "maybe"}},
+    {"id": "mfu-no-convention", "plan": {"recompute": None}, "measured": {"mfu": 0.4}},
+    {"id": "no-measured", "measured": None},
+])
+def test_a_run_it_cannot_read_is_listed_and_the_rest_scored(bench, tmp_path: Path, capsys,
+                                                            broken) -> None:
+    """One malformed run among good ones: exit 0, the good run scored, the other listed with
+    the field that stopped it (a file of runs from elsewhere is never stopped by one run)."""
+    data = yaml.safe_load(CASES.read_text())
+    good = data["runs"][0]
+    bad = {**good, **{k: v for k, v in broken.items() if not isinstance(v, dict)}}
+    for key in ("model", "cluster", "plan", "measured"):
+        if isinstance(broken.get(key), dict):
+            bad[key] = {**good[key], **broken[key]}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({**data, "runs": [good, bad]}))
+    assert bench.main(["--data", str(path), "--no-practitioner"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of the 2 runs of runs.yaml scored" in out
+    listed = out.split("not scored: 1 runs")[1]
+    assert broken["id"] in listed
+
+
+def test_figures_written_as_text_are_read(schema) -> None:
+    run = _run(model={"params": "8.0B"}, cluster={"gpus": "8"}, plan={"sp": "false"},
+               measured={"tokens_per_s": "46096"})
+    assert run["model"]["params"] == 8.0 and run["cluster"]["gpus"] == 8
+    assert run["plan"]["sp"] is False and run["measured"]["tokens_per_s"] == 46096.0
 
 
 def test_a_file_without_runs_is_a_one_line_error(bench, tmp_path: Path, capsys) -> None:
