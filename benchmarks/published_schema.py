@@ -488,6 +488,9 @@ def to_entry(run: dict) -> tuple[dict[str, Any], list[str]]:
     if sp is None:
         sp = tp > 1 and runtime in SEQUENCE_PARALLEL_BY_DEFAULT
         assumed.append(f"sequence_parallel {sp}")
+    elif sp and tp == 1:  # a recipe's flag with nothing to shard over: the run had none
+        sp = False
+        assumed.append("sequence_parallel False (sp with tp 1 shards nothing)")
     year = run_year(run)
     # Megatron-LM's 2021-22 code and the DeepSpeed runs of those years ran unfused softmax
     # attention; FlashAttention (2022) entered Megatron-Core, NeMo and the PyTorch stacks after

@@ -94,6 +94,14 @@ def test_what_the_plan_leaves_null_is_read_from_the_framework_and_said(schema) -
     assert "zero_stage 1 (nemo's default)" in assumed
 
 
+def test_sequence_parallel_without_tensor_parallelism_is_read_as_none(schema) -> None:
+    """NeMo's recipes may carry sequence_parallel true at tp 1, where it shards nothing; the
+    plan rules refuse sp without tp, so it is read as off, and said."""
+    entry, assumed = schema.to_entry(_run(framework="NeMo 24.09", plan={"sp": True}))
+    assert entry["plan"]["sequence_parallel"] is False
+    assert "sequence_parallel False (sp with tp 1 shards nothing)" in assumed
+
+
 def test_an_unknown_framework_is_priced_as_megatron_core_and_says_so(schema) -> None:
     _, assumed = schema.to_entry(_run(framework="an in-house stack"))
     assert assumed[0] == "runtime megatron (framework unknown)"
