@@ -467,9 +467,16 @@ def write_bands(rows: list[dict], path: Path, fp8: list[dict]) -> None:
     tmp.replace(path)
 
 
-def memory_rows(rows: list[dict]) -> list[dict]:
-    """The scored runs that publish their peak memory."""
-    return [r for r in rows if r.get("measured_mem_gib")]
+def memory_summary(rows: list[dict]) -> dict:
+    """Over the scored runs that publish their peak memory: how many, the median of
+    |predicted / measured - 1| (None without any) and how many are predicted to fit."""
+    with_memory = [r for r in rows if r.get("measured_mem_gib")]
+    errors = sorted(abs(r["memory_error"]) for r in with_memory)
+    n = len(errors)
+    median = None if not n else (errors[n // 2] if n % 2 else
+                                 (errors[n // 2 - 1] + errors[n // 2]) / 2)
+    return {"runs": n, "median_abs_error": median,
+            "predicted_to_fit": sum(r["feasible"] for r in with_memory)}
 
 
 def print_runs(rows: list[dict], skipped: list[dict], every: list[dict],
@@ -487,13 +494,10 @@ def print_runs(rows: list[dict], skipped: list[dict], every: list[dict],
           f"(test_quality complete, the plan published, a measured step, a profiled GPU): "
           f"MAPE {mape(rows):.1%}, {sum(not r['feasible'] for r in rows)} of them predicted "
           f"not to fit")
-    with_memory = memory_rows(rows)
-    if with_memory:
-        errors = sorted(abs(r["memory_error"]) for r in with_memory)
-        median = errors[len(errors) // 2] if len(errors) % 2 else \
-            (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
-        print(f"peak memory, {len(with_memory)} runs that publish it: median absolute error "
-              f"{median:.1%}, {sum(r['feasible'] for r in with_memory)} predicted to fit")
+    memory = memory_summary(rows)
+    if memory["runs"]:
+        print(f"peak memory, {memory['runs']} runs that publish it: median absolute error "
+              f"{memory['median_abs_error']:.1%}, {memory['predicted_to_fit']} predicted to fit")
     assumed = [r for r in rows if any("unknown" in a for a in r["assumed"])]
     for r in assumed:
         print(f"  runtime assumed for {r['id']}: {r['assumed'][0]}")
@@ -566,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_bands:
         write_bands(every, BANDS, [] if args.no_practitioner else fp8_rows())
     if args.format == "json":
-        print(json.dumps({"runs": rows, "mape": mape(rows), "not_scored": skipped,
+        print(json.dumps({"runs": rows, "mape": mape(rows), "memory": memory_summary(rows),
+                          "not_scored": skipped,
                           "all_runs": every, "leave_one_source_out": loso,
                           "first_choice": picks}, indent=2))
         return 0

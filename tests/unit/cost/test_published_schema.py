@@ -279,6 +279,8 @@ def test_runs_of_other_stacks_price_as_the_practitioner_set_prices_them(bench) -
     torchtitan = rows["torchtitan-llama31-8b-8gpu-fsdp"]
     assert torchtitan["measured_mem_gib"] == 82.4
     assert torchtitan["memory_error"] == pytest.approx(torchtitan["predicted_mem_gib"] / 82.4 - 1)
+    assert bench.memory_summary(list(rows.values())) == {
+        "runs": 1, "median_abs_error": abs(torchtitan["memory_error"]), "predicted_to_fit": 1}
 
 
 def test_runs_it_cannot_price_are_listed_with_the_reason(bench, tmp_path: Path, capsys) -> None:
