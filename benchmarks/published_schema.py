@@ -163,8 +163,9 @@ def run_year(run: dict) -> int | None:
 def runtime_of(run: dict) -> str:
     """The runtime preset that prices the run, from its framework's name:
 
-    - nanotron, llm-foundry (MosaicML's Composer), torchtitan: their own presets; NeMo AutoModel
-      and plain PyTorch FSDP take torchtitan's (FSDP2/FSDP with SDPA, the same PyTorch parts);
+    - nanotron, llm-foundry (MosaicML's Composer), torchtitan: their own presets (torchtitan
+      0.3 and later: torchtitan-0.3's); NeMo AutoModel and plain PyTorch FSDP take torchtitan's
+      (FSDP2/FSDP with SDPA, the same PyTorch parts);
     - DeepSpeed and Megatron-DeepSpeed: deepspeed, but the SC21 table's Megatron-LM rows that
       only name DeepSpeed for their ZeRO-3 runs stay Megatron-LM's (only the ZeRO-3 rows ran it);
     - NeMo and Megatron-Bridge from 2023 on: nemo (Megatron-Core with Transformer Engine's
@@ -182,6 +183,9 @@ def runtime_of(run: dict) -> str:
         return "nanotron"
     if any(k in framework for k in ("llm-foundry", "llm foundry", "composer", "mosaic")):
         return "llm-foundry"
+    release = re.search(r"torchtitan\D{0,3}(\d+)\.(\d+)", framework)
+    if release and (int(release.group(1)), int(release.group(2))) >= (0, 3):
+        return "torchtitan-0.3"
     if any(k in framework for k in ("torchtitan", "automodel", "fsdp")):
         return "torchtitan"
     if "deepspeed" in framework:
@@ -408,14 +412,15 @@ def memory_basis(run: dict) -> str | None:
 
 # --- the run as a practitioner-schema entry -----------------------------------------------------
 
-DEFAULT_ZERO = {"torchtitan": 3, "llm-foundry": 3, "nemo": 1, "megatron": 1, "deepspeed": 1,
+DEFAULT_ZERO = {"torchtitan": 3, "torchtitan-0.3": 3, "llm-foundry": 3, "nemo": 1, "megatron": 1, "deepspeed": 1,
                 "nanotron": 1, "megatron-2021": 0, "megatron-2022": 0}
 """ZeRO stage where a run leaves it null and its framework's name states none ("DeepSpeed
 ZeRO-3"): FSDP's full shard for the FSDP stacks (torchtitan's and llm-foundry's defaults), the
 distributed optimizer NeMo's and Megatron-Core's recipes turn on, DeepSpeed's ZeRO-1 (its
 pipeline engine's), nanotron's configs' zero_stage 1, and none in Megatron-LM's 2021-22 code (no
 distributed optimizer yet)."""
-SEQUENCE_PARALLEL_BY_DEFAULT = ("megatron-2022", "megatron", "nemo", "torchtitan", "nanotron")
+SEQUENCE_PARALLEL_BY_DEFAULT = ("megatron-2022", "megatron", "nemo", "torchtitan", "nanotron",
+                                "torchtitan-0.3")
 """Runtimes whose tensor-parallel runs shard the norms' sequence where a run leaves `sp` null:
 Megatron-LM from its 2022 release and NeMo's recipes set --sequence-parallel with TP, torchtitan
 always does, nanotron's REDUCE_SCATTER mode is its sweep's. Not Megatron-LM 2021 (it had none)

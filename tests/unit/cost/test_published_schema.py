@@ -62,6 +62,8 @@ def _raw(**fields) -> dict:
     ("Megatron-Bridge", "NVIDIA performance summary 2025", 1, "nemo"),
     ("NeMo Megatron (2022)", "", 0, "megatron-2022"),
     ("torchtitan", "", 3, "torchtitan"),
+    ("torchtitan 0.2.0", "", 3, "torchtitan"),
+    ("torchtitan v0.3.0", "", 3, "torchtitan-0.3"),
     ("NeMo AutoModel (FSDP2)", "", 3, "torchtitan"),
     ("PyTorch FSDP", "", 3, "torchtitan"),
     ("MosaicML llm-foundry (Composer)", "", 3, "llm-foundry"),
