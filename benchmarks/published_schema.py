@@ -382,17 +382,21 @@ def measured_step_s(run: dict, model: ModelSpec) -> tuple[float | None, str]:
             return None, "TFLOP/s under a FLOP convention not recognised (flops_convention)"
         return tokens * counted[0] / (meas["tflops_per_gpu"] * 1e12 * gpus), \
             f"tflops_per_gpu ({counted[1]})"
-    if meas["mfu"]:
+    # a share of the peak: MFU, else HFU or SC21's "% of theoretical peak", each under the
+    # FLOP count the convention names (SC21's eq. 3 counts the recompute forward: hardware FLOPs)
+    share = next(((k, meas[k]) for k in ("mfu", "hfu", "pct_peak") if meas[k]), None)
+    if share:
         if counted is None:
-            return None, "MFU under a FLOP convention not recognised (flops_convention)"
-        peak, how = _peak_tflops(run), f"mfu ({counted[1]})"
-        if peak is None:  # MFU is of the GPU's dense peak at the run's precision
+            return None, f"{share[0]} under a FLOP convention not recognised (flops_convention)"
+        peak, how = _peak_tflops(run), f"{share[0]} ({counted[1]})"
+        if peak is None:  # a share of the GPU's dense peak at the run's precision
             peak = _profile_peak_tflops(run)
             if peak is None:
-                return None, "MFU without a stated peak or a profile to read one from"
-            how = f"mfu ({counted[1]}, of the profile's {precision_of(run)} peak {peak:g} TFLOP/s)"
-        return tokens * counted[0] / (meas["mfu"] * peak * 1e12 * gpus), how
-    return None, "no iteration time, tokens/s, TFLOP/s or MFU published"
+                return None, f"{share[0]} without a stated peak or a profile to read one from"
+            how = (f"{share[0]} ({counted[1]}, of the profile's {precision_of(run)} peak "
+                   f"{peak:g} TFLOP/s)")
+        return tokens * counted[0] / (share[1] * peak * 1e12 * gpus), how
+    return None, "no iteration time, tokens/s, TFLOP/s or share of peak published"
 
 
 def measured_memory_gib(run: dict) -> float | None:

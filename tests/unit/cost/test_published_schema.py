@@ -200,6 +200,11 @@ def test_the_measured_step_comes_from_what_was_published(schema) -> None:
     seconds, how = step({"mfu": 0.4}, "6N")
     assert seconds == pytest.approx(tokens * 6 * total_params(model) / (0.4 * 989e12 * 8))
     assert how == "mfu (6n, of the profile's bf16 peak 989 TFLOP/s)"
+    # SC21's "% of theoretical peak" alone, against its stated 312 TFLOP/s, under eq. 3
+    seconds, how = step({"pct_peak": 0.44}, "Megatron eq. (3), peak 312 TFLOP/s")
+    eq3 = 96 * 32 * 4096**2 * (1 + 8192 / (6 * 4096) + 128256 / (16 * 32 * 4096))
+    assert seconds == pytest.approx(tokens * eq3 / (0.44 * 312e12 * 8))
+    assert how == "pct_peak (megatron-sc21)"
 
 
 def test_a_flop_count_it_cannot_read_is_not_guessed(schema) -> None:
