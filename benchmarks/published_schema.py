@@ -396,7 +396,11 @@ def measured_step_s(run: dict, model: ModelSpec) -> tuple[float | None, str]:
             how = (f"{share[0]} ({counted[1]}, of the profile's {precision_of(run)} peak "
                    f"{peak:g} TFLOP/s)")
         return tokens * counted[0] / (share[1] * peak * 1e12 * gpus), how
-    return None, "no iteration time, tokens/s, TFLOP/s or share of peak published"
+    if meas["days"] and meas["tokens"]:
+        # days to train `tokens` (NeMo Megatron's README states GPT-3 175B's so: a projection
+        # from its measured step time), so one step is the step's share of them
+        return meas["days"] * 86400.0 * tokens / meas["tokens"], "days (to train its tokens)"
+    return None, "no iteration time, tokens/s, TFLOP/s, share of peak or days published"
 
 
 def measured_memory_gib(run: dict) -> float | None:

@@ -205,6 +205,10 @@ def test_the_measured_step_comes_from_what_was_published(schema) -> None:
     eq3 = 96 * 32 * 4096**2 * (1 + 8192 / (6 * 4096) + 128256 / (16 * 32 * 4096))
     assert seconds == pytest.approx(tokens * eq3 / (0.44 * 312e12 * 8))
     assert how == "pct_peak (megatron-sc21)"
+    # days to train a number of tokens (NeMo's GPT-3 175B README: 300B tokens in 24 days)
+    seconds, how = step({"days": 24, "tokens": 300e9})
+    assert seconds == pytest.approx(24 * 86400 * tokens / 300e9)
+    assert how == "days (to train its tokens)"
 
 
 def test_a_flop_count_it_cannot_read_is_not_guessed(schema) -> None:
