@@ -462,6 +462,25 @@ def _offload(offload: bool, modes: tuple[str, ...]) -> dict[str, bool]:
     return {"optimizer": offload, "params": both}
 
 
+def layer_split(layers: int, chunks: int) -> list[int] | None:
+    """Blocks per pipeline chunk where `chunks` (pp * vpp) does not divide `layers`: as even as
+    it goes, the end chunks, which also hold the embedding and the output layer, taking the
+    fewer. So the runs that publish their split did it: Llama 3 405B, "we reduce one
+    Transformer layer each from the first and the last stages" (Dubey et al. 2024 §3.3.2);
+    BLOOM's Megatron-DeepSpeed partition counting the tied embedding as a block on the first
+    and last stage (70 blocks on 12 stages: 5, 6 x 10, 5); Megatron-LM's
+    --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split. None
+    where the chunks divide the blocks (the runtime's even split)."""
+    base, extra = divmod(layers, chunks)
+    if extra == 0 or chunks == 1:
+        return None
+    split = [base] * chunks
+    middle = list(range(1, chunks - 1))
+    for i in (middle + [0, chunks - 1])[:extra]:  # the middle first, then the ends
+        split[i] += 1
+    return split
+
+
 def precision_of(run: dict) -> str:
     """The plan's precision from the run's text: fp8 (FP8 GEMMs, "float8"), fp16 ("float16",
     "half"), fp32/tf32, else bf16 ("mixed precision (16-bit)" included, as the open runs were
@@ -510,6 +529,13 @@ def to_entry(run: dict) -> tuple[dict[str, Any], list[str]]:
     eager = runtime in ("megatron-2021", "megatron-2022") or (
         runtime == "deepspeed" and year is not None and year <= 2022)
     vpp = p["vpp"] or 1
+    pipeline: dict[str, Any] = {"schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
+                                "vpp": vpp}
+    split = layer_split(run["model"]["layers"], pp * vpp)
+    if split is not None:
+        pipeline["layers_per_stage"] = split
+        assumed.append(f"layers_per_stage {split[0]}/{max(split)}/{split[-1]} (first/most/last: "
+                       f"pp * vpp does not divide {run['model']['layers']}, the ends take fewer)")
     entry = {
         "id": run["id"], "runtime": runtime,
         "source": {"id": source_of(run), "title": run["source"] or run["id"]},
@@ -518,7 +544,7 @@ def to_entry(run: dict) -> tuple[dict[str, Any], list[str]]:
         "plan": {
             "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp},
             "sequence_parallel": bool(sp),
-            "pipeline": {"schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "vpp": vpp},
+            "pipeline": pipeline,
             "zero_stage": zero,
             "offload": _offload(p["offload"], traits.offload),
             "recompute": {"policy": p["recompute"]},

@@ -201,6 +201,7 @@ CHECKS: list[tuple[str, int, Callable[[Ran], None]]] = [
     ("autoplan search --model gpt3-13b --cluster a100-sxm4-80gb,h100-sxm-80gb,h200-sxm-141gb", 0,
      lambda r: assert_in("h100-sxm-80gb", [c["cluster"] for c in r.json()["by_cluster"]])),
     ("python benchmarks/practitioner.py", 0, lambda r: assert_in("mean absolute error", r.out)),
+    ("python benchmarks/schema_fidelity.py", 0, lambda r: assert_in("same price", r.out)),
     ("python benchmarks/gemm_published.py", 0,
      lambda r: (assert_in("xla-sm90-bf16", r.out), assert_in("curve alone", r.out))),
     ("python benchmarks/residuals.py", 0,

@@ -383,3 +383,34 @@ def test_a_plan_its_runtime_cannot_run_is_listed_not_counted_unfit(bench, tmp_pa
     (row,) = bench.not_scored(path)
     assert row["reason"] == ("the plan as read is refused: runtime llm-foundry cannot split the "
                              "model by tp=2 (it runs data parallelism and ZeRO sharding only)")
+
+
+@pytest.mark.parametrize("layers, chunks, split", [
+    (96, 8, None), (70, 12, [5] + [6] * 10 + [5]), (126, 16, [7] + [8] * 14 + [7]),
+    (126, 128, [0] + [1] * 126 + [0]), (10, 4, [2, 3, 3, 2]), (3, 4, [1, 1, 1, 0]),
+    (24, 16, [1] + [2] * 8 + [1] * 7), (5, 1, None),
+])
+def test_an_uneven_pipeline_gives_the_ends_fewer_blocks(schema, layers, chunks, split) -> None:
+    got = schema.layer_split(layers, chunks)
+    assert got == split
+    assert got is None or (sum(got) == layers and len(got) == chunks)
+
+
+def test_the_uneven_split_is_the_one_the_published_runs_state() -> None:
+    """Every practitioner-set split of Llama 3's, Megatron-Bridge's, the MoE model zoo's and
+    BLOOM's layouts (31 rows, the sources' own or read off their schedules) is the rule's:
+    ends fewer. torchtitan's (the last two stages fewer) and nanotron's (its own block costs)
+    are their own."""
+    practitioner, schema = load_script("practitioner"), load_script("published_schema")
+    bench = load_script("published_accuracy")
+    matched, own = [], []
+    for path in (practitioner.DEFAULT_DATA, *bench.SWEEPS):
+        for entry in practitioner.load_data(path):
+            stated = entry["plan"].get("pipeline", {}).get("layers_per_stage")
+            if not stated:
+                continue
+            plan, model, _ = practitioner.build(entry)
+            ours = schema.layer_split(model.num_layers, plan.parallel.pp * plan.pipeline.vpp)
+            (matched if ours == list(stated) else own).append(entry["id"])
+    assert len(matched) == 31
+    assert {i.split("-")[0] for i in own} == {"torchtitan", "nanotron"}
