@@ -14,10 +14,12 @@ them off what the run does say, each rule stated where it is made:
 - architecture: GPT-style (GELU, LayerNorm, learned positions, biases, dropout 0.1: Megatron-LM's
   GPT) or Llama-style (SwiGLU, RMSNorm, RoPE, no biases, no dropout), tied or not, whichever
   parameter count lies nearest the published one; by the FFN width where no count is published;
-- measured_step_s: the iteration time, else tokens/s, else TFLOP/s or MFU under the FLOP
-  convention the paper states (flops_convention's text; a convention not recognised is not
-  guessed at: the run is listed, not scored);
-- to_entry: the run as a practitioner-schema entry (benchmarks/practitioner.py builds it).
+- measured_step_s: the iteration time, else tokens/s, else TFLOP/s or a share of the peak (MFU,
+  HFU, % of peak) under the FLOP convention the paper states (flops_convention's text; a
+  convention not recognised is not guessed at: the run is listed, not scored), else days to
+  train its tokens;
+- to_entry: the run as a practitioner-schema entry (benchmarks/practitioner.py builds it), with
+  what it assumed where the run is silent (runtime defaults, an uneven pipeline's split).
 
 A run with a field these rules cannot read is never priced on a guess: `why_not_priced` names the
 field, and the caller lists the run with that reason.
@@ -25,6 +27,7 @@ field, and the caller lists the run with that reason.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -62,7 +65,7 @@ def _number(where: str, value: Any) -> float | None:
         number = float(value)
     except (TypeError, ValueError):
         raise ConfigError(where, f"got {value!r}", "give a number or null") from None
-    if number != number or number < 0:
+    if not math.isfinite(number) or number < 0:
         raise ConfigError(where, f"got {value!r}", "give a non-negative number or null")
     return number
 
@@ -87,6 +90,17 @@ def _flag(where: str, value: Any) -> bool | None:
     if text in ("false", "no", "0", "off", "none"):
         return False
     raise ConfigError(where, f"got {value!r}", "give true, false or null")
+
+
+def _policy(value: Any) -> str | None:
+    """The recompute policy: none | selective | full as the schema writes it; a flag for
+    activation checkpointing (true / false) is the whole-block checkpointing such a flag turns
+    on (Megatron-LM's --checkpoint-activations, DeepSpeed's) or none."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    return {"true": "full", "yes": "full", "on": "full",
+            "false": "none", "no": "none", "off": "none"}.get(text, text)
 
 
 def _section(run: dict, key: str, rid: str) -> dict:
@@ -129,8 +143,7 @@ def clean(run: Any, index: int = 0) -> dict:
                  "sp": _flag(f"run {rid}: plan.sp", plan.get("sp")),
                  "offload": bool(_flag(f"run {rid}: plan.offload", plan.get("offload"))),
                  "zero_stage": None if zero is None else int(zero),
-                 "recompute": None if plan.get("recompute") is None
-                 else str(plan["recompute"]).strip().lower()},
+                 "recompute": _policy(plan.get("recompute"))},
         "measured": {k: _number(f"run {rid}: measured.{k}", measured.get(k)) for k in MEASURED},
     }
 
@@ -386,6 +399,8 @@ def measured_step_s(run: dict, model: ModelSpec) -> tuple[float | None, str]:
     # FLOP count the convention names (SC21's eq. 3 counts the recompute forward: hardware FLOPs)
     share = next(((k, meas[k]) for k in ("mfu", "hfu", "pct_peak") if meas[k]), None)
     if share:
+        if share[1] > 1.0:
+            return None, f"{share[0]} {share[1]:g} is no fraction of the peak (the schema's 0-1)"
         if counted is None:
             return None, f"{share[0]} under a FLOP convention not recognised (flops_convention)"
         peak, how = _peak_tflops(run), f"{share[0]} ({counted[1]})"

@@ -211,6 +211,18 @@ def test_the_measured_step_comes_from_what_was_published(schema) -> None:
     assert how == "days (to train its tokens)"
 
 
+def test_a_share_of_the_peak_above_one_is_not_read_as_a_fraction(schema) -> None:
+    run = _run(measured={"mfu": 43}, flops_convention="6N, peak 989 TFLOP/s")
+    seconds, why = schema.measured_step_s(run, schema.model_of(run))
+    assert seconds is None and why == "mfu 43 is no fraction of the peak (the schema's 0-1)"
+
+
+def test_a_checkpointing_flag_is_read_as_a_policy(schema) -> None:
+    assert _run(plan={"recompute": True})["plan"]["recompute"] == "full"
+    assert _run(plan={"recompute": "false"})["plan"]["recompute"] == "none"
+    assert _run(plan={"recompute": "Selective"})["plan"]["recompute"] == "selective"
+
+
 def test_a_flop_count_it_cannot_read_is_not_guessed(schema) -> None:
     run = _run(measured={"tflops_per_gpu": 400}, flops_convention="the vendor's own count")
     seconds, why = schema.measured_step_s(run, schema.model_of(run))
@@ -318,6 +330,7 @@ def test_runs_it_cannot_price_are_listed_with_the_reason(bench, tmp_path: Path, 
     {"id": "no-heads", "test_quality": "partial", "model": {"heads": None}},
     {"id": "heads-not-dividing", "model": {"heads": 60, "kv_heads": 7}},
     {"id": "float-layers", "model": {"layers": 32.5}},
+    {"id": "infinite-gpus", "cluster": {"gpus": float("inf")}},
     {"id": "gpus-null", "cluster": {"gpus": None}},
     {"id": "gpus-text", "cluster": {"gpus": "eight"}},
     {"id": "tp-zero", "plan": {"tp": 0}},
