@@ -319,7 +319,7 @@ def architecture(run: dict) -> tuple[dict[str, Any], str]:
             >= abs(counts[(style, not tied)] - published):
         tied = not tied
     how = (f"{style}-style, {'tied' if tied else 'untied'}: {counts[(style, tied)] / 1e9:.2f}B "
-           f"parameters against the published {params}B")
+           f"parameters against the published {params:g}B")
     return {**arch, "tie_embeddings": tied}, how
 
 
