@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rows, skipped = read(args.data)
-    except (ConfigError, yaml.YAMLError) as err:
+    except (ConfigError, yaml.YAMLError, UnicodeDecodeError, OSError) as err:
         sys.stderr.write(f"published_accuracy: {args.data}: {' '.join(str(err).split())}\n")
         return 2
     every = rows + ([] if args.no_practitioner else practitioner_rows())

@@ -63,7 +63,7 @@ def _number(where: str, value: Any) -> float | None:
         value = value.strip().rstrip("Bb").strip()
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(where, f"got {value!r}", "give a number or null") from None
     if not math.isfinite(number) or number < 0:
         raise ConfigError(where, f"got {value!r}", "give a non-negative number or null")
@@ -403,6 +403,10 @@ def measured_step_s(run: dict, model: ModelSpec) -> tuple[float | None, str]:
             return None, f"{share[0]} {share[1]:g} is no fraction of the peak (the schema's 0-1)"
         if counted is None:
             return None, f"{share[0]} under a FLOP convention not recognised (flops_convention)"
+        if share[0] != "mfu" and counted[1] != "megatron-sc21":
+            # a hardware share counts the recompute's FLOPs, which only SC21's eq. 3 of the
+            # conventions read here does (Korthikanti et al.'s HFU is their eq. 8, not eq. 7)
+            return None, f"{share[0]} under a model-FLOPs convention ({counted[1]})"
         peak, how = _peak_tflops(run), f"{share[0]} ({counted[1]})"
         if peak is None:  # a share of the GPU's dense peak at the run's precision
             peak = _profile_peak_tflops(run)
@@ -487,8 +491,8 @@ def layer_split(layers: int, chunks: int) -> list[int] | None:
     --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split. None
     where the chunks divide the blocks (the runtime's even split)."""
     base, extra = divmod(layers, chunks)
-    if extra == 0 or chunks == 1:
-        return None
+    if extra == 0 or chunks == 1 or base == 0 and extra < chunks - 2:
+        return None  # even, or too few blocks for every middle chunk: the plan rules say so
     split = [base] * chunks
     middle = list(range(1, chunks - 1))
     for i in (middle + [0, chunks - 1])[:extra]:  # the middle first, then the ends
@@ -514,6 +518,11 @@ def to_entry(run: dict) -> tuple[dict[str, Any], list[str]]:
     from autoplan.cost.runtimes import runtime_from_dict
 
     p, gpus = run["plan"], run["cluster"]["gpus"]
+    missing = [f"plan.{k}" for k in ("tp", "pp") if p[k] is None]
+    missing += ["cluster.gpus"] if gpus is None else []
+    if missing:
+        raise ConfigError(f"run {run['id']}", f"{', '.join(missing)} not published",
+                          "a plan is priced only with its degrees and GPU count")
     runtime = runtime_of(run)
     traits = runtime_from_dict({"schema_version": 1, "base": runtime}, "runtime")
     arch, how = architecture(run)

@@ -41,10 +41,11 @@ GPUS = {"h100-sxm-80gb": ("H100-SXM5-80GB", ""), "h100-96gb-500w": ("H100-SXM5-9
 
 
 def as_published(entry: dict) -> dict | None:
-    """The entry as a run of the published schema; None for a MoE model, an unscored row or
-    one without a measured step."""
+    """The entry as a run of the published schema; None for a MoE model, an unscored row, one
+    without a measured step, or one on a profile GPUS does not name."""
     plan, model, cluster = practitioner.build(entry)
-    if model.moe is not None or entry["runtime"] not in FRAMEWORKS:
+    if model.moe is not None or entry["runtime"] not in FRAMEWORKS \
+            or cluster.profile.name not in GPUS:
         return None
     if not entry.get("scored", True) or not entry["measured"].get("step_time_s"):
         return None
@@ -68,11 +69,11 @@ def as_published(entry: dict) -> dict | None:
     }
 
 
-def compare() -> list[dict]:
-    """Per row: the hand-built price and the one read back from the schema (None where the
-    reading lists the run, with its reason)."""
+def compare(paths: tuple[Path, ...] = (practitioner.DEFAULT_DATA, *SWEEPS)) -> list[dict]:
+    """Per row of the data files `paths`: the hand-built price and the one read back from the
+    schema (None where the reading lists the run, with its reason)."""
     out = []
-    for path in (practitioner.DEFAULT_DATA, *SWEEPS):
+    for path in paths:
         for index, entry in enumerate(practitioner.load_data(path)):
             run = as_published(entry)
             if run is None:

@@ -8,6 +8,7 @@ these tests hold each reading rule, and hold the runs of tests/data/published/sc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,22 @@ def test_the_measured_step_comes_from_what_was_published(schema) -> None:
     assert how == "days (to train its tokens)"
 
 
+def test_a_hardware_share_is_read_only_under_a_hardware_flop_count(schema) -> None:
+    """HFU counts the recompute's FLOPs: SC21's eq. 3 does, Korthikanti et al.'s eq. 7 (model
+    FLOPs; their HFU is eq. 8) does not, so an HFU under it is listed, not read 4/3 short."""
+    run = _run(measured={"hfu": 0.5}, flops_convention="MFU from eq. (7), HFU from eq. (8)")
+    seconds, why = schema.measured_step_s(run, schema.model_of(run))
+    assert seconds is None and why == "hfu under a model-FLOPs convention (korthikanti-eq7)"
+    run = _run(measured={"hfu": 0.5}, flops_convention="Megatron eq. (3), peak 312 TFLOP/s")
+    assert schema.measured_step_s(run, schema.model_of(run))[1] == "hfu (megatron-sc21)"
+
+
+def test_days_without_their_tokens_give_no_step(schema) -> None:
+    run = _run(measured={"days": 24})
+    assert schema.measured_step_s(run, schema.model_of(run)) == (
+        None, "no iteration time, tokens/s, TFLOP/s, share of peak or days published")
+
+
 def test_a_share_of_the_peak_above_one_is_not_read_as_a_fraction(schema) -> None:
     run = _run(measured={"mfu": 43}, flops_convention="6N, peak 989 TFLOP/s")
     seconds, why = schema.measured_step_s(run, schema.model_of(run))
@@ -331,6 +348,7 @@ def test_runs_it_cannot_price_are_listed_with_the_reason(bench, tmp_path: Path, 
     {"id": "heads-not-dividing", "model": {"heads": 60, "kv_heads": 7}},
     {"id": "float-layers", "model": {"layers": 32.5}},
     {"id": "infinite-gpus", "cluster": {"gpus": float("inf")}},
+    {"id": "huge-figure", "plan": {"recompute": None}, "measured": {"tokens_per_s": 10**400}},
     {"id": "gpus-null", "cluster": {"gpus": None}},
     {"id": "gpus-text", "cluster": {"gpus": "eight"}},
     {"id": "tp-zero", "plan": {"tp": 0}},
@@ -402,11 +420,66 @@ def test_a_plan_its_runtime_cannot_run_is_listed_not_counted_unfit(bench, tmp_pa
     (96, 8, None), (70, 12, [5] + [6] * 10 + [5]), (126, 16, [7] + [8] * 14 + [7]),
     (126, 128, [0] + [1] * 126 + [0]), (10, 4, [2, 3, 3, 2]), (3, 4, [1, 1, 1, 0]),
     (24, 16, [1] + [2] * 8 + [1] * 7), (5, 1, None),
+    (24, 32, None),  # too few blocks for every middle chunk: the plan rules refuse it by name
 ])
 def test_an_uneven_pipeline_gives_the_ends_fewer_blocks(schema, layers, chunks, split) -> None:
     got = schema.layer_split(layers, chunks)
     assert got == split
     assert got is None or (sum(got) == layers and len(got) == chunks)
+
+
+def test_an_uneven_run_is_scored_with_the_split_and_says_so(bench, tmp_path: Path) -> None:
+    """Llama 3 405B's 126 blocks on 16 stages: refused by the plan rules without a split,
+    scored with the ends-fewer one, which the row names."""
+    data = yaml.safe_load(CASES.read_text())
+    run = {**data["runs"][0], "id": "uneven", "cluster": {"gpu": "H100-SXM5-80GB", "gpus": 256},
+           "model": {"params": 405, "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
+                     "ffn_hidden": 53248, "seq_len": 8192, "vocab": 128256},
+           "plan": {**data["runs"][0]["plan"], "tp": 8, "pp": 16, "dp": 2, "zero_stage": 1,
+                    "recompute": "full", "micro_batch": 1, "global_batch": 64},
+           "framework": "Megatron-Core", "measured": {"iteration_time_s": 60.0}}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({**data, "runs": [run]}))
+    (row,) = bench.score(path)
+    assert "layers_per_stage 7/8/7 (first/most/last: pp * vpp does not divide 126, the ends " \
+        "take fewer)" in row["assumed"]
+
+
+def test_a_run_without_its_gpu_count_is_listed_under_either_policy(bench, tmp_path: Path) -> None:
+    """A run that leaves the recompute policy out is priced under none and full beside its
+    measured step, but not without a GPU count: listed, not raised (a crash before)."""
+    data = yaml.safe_load(CASES.read_text())
+    run = {**data["runs"][0], "id": "no-gpus", "cluster": {"gpu": "H100-SXM5-96GB", "gpus": None},
+           "plan": {**data["runs"][0]["plan"], "dp": None, "recompute": None}}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({**data, "runs": [run]}))
+    (row,) = bench.not_scored(path)
+    assert row["reason"] == "plan.recompute, cluster.gpus not published" and not row["predicted"]
+
+
+def test_the_memory_summary_takes_the_median(bench) -> None:
+    rows = [{"measured_mem_gib": 80.0, "memory_error": e, "feasible": f}
+            for e, f in ((-0.1, True), (0.3, True), (0.2, False), (-0.05, True))]
+    assert bench.memory_summary(rows) == {"runs": 4, "median_abs_error": pytest.approx(0.15),
+                                          "predicted_to_fit": 3}
+    assert bench.memory_summary([{"measured_mem_gib": None}]) == {
+        "runs": 0, "median_abs_error": None, "predicted_to_fit": 0}
+
+
+def test_the_json_report_carries_the_memory_summary(bench, capsys) -> None:
+    assert bench.main(["--data", str(CASES), "--no-practitioner", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["memory"]["runs"] == 1 and report["memory"]["predicted_to_fit"] == 1
+
+
+def test_bloom_s_layouts_read_back_from_the_schema_at_their_own_price() -> None:
+    """schema_fidelity writes a practitioner row in the published schema and reads it back:
+    BLOOM's 17 layouts (Megatron-DeepSpeed, 2022, uneven pipelines, Omni-Path) carry all they
+    state, so each prices as its row does."""
+    fidelity = load_script("schema_fidelity")
+    rows = fidelity.compare((ROOT / "benchmarks" / "data" / "bloom-tr11-topology.yaml",))
+    assert len(rows) == 17 and not any(r["listed"] for r in rows)
+    assert fidelity.summary(rows)["all"]["same_price"] == 17
 
 
 def test_the_uneven_split_is_the_one_the_published_runs_state() -> None:
