@@ -1,7 +1,8 @@
 """Score the cost model against measured runs from published papers.
 
 Reads tests/data/published/published-open.yaml (or --data PATH, any file of that schema: its
-`units` block says what each field holds), prices every run marked `test_quality: complete` as
+`units` block says what each field holds; a file of the practitioner set's schema is scored as
+benchmarks/practitioner.py scores it), prices every run marked `test_quality: complete` as
 its software ran it and prints predicted against measured per run (and peak memory where the
 run publishes it), the mean absolute percentage error with how many of those runs are predicted
 not to fit, and the runs it does not score with the reason for each. The schema names a
@@ -63,7 +64,8 @@ def load_runs(data_path: Path) -> list[dict]:
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, list):
         raise ConfigError(f"--data {data_path}", "has no list of runs under `runs`",
-                          "give a file in the schema of tests/data/published/published-open.yaml")
+                          "give a file in the schema of tests/data/published/published-open.yaml"
+                          " (or of benchmarks/data/practitioner.yaml, under `configurations`)")
     return runs
 
 
@@ -158,9 +160,33 @@ def _read_one(raw: Any, index: int) -> tuple[dict | None, dict | None]:
                       "runtime": None, "predicted": {}}
 
 
+def _read_practitioner(data_path: Path) -> tuple[list[dict], list[dict]]:
+    """(the scored rows, the listed ones) of a file of the practitioner set's schema (its
+    `configurations`, read strictly by practitioner.load_data), each priced with the runtime
+    and traits it names, as practitioner.py does."""
+    scored, listed = [], []
+    for entry in practitioner.load_data(data_path):
+        rows = _row(entry) if entry.get("scored", True) else []
+        for row in rows:
+            mem = row["measured_mem_gib"]
+            scored.append({**row, "predicted_mem_gib": row["predicted_counter_gib"],
+                           "memory_error": mem and row["predicted_counter_gib"] / mem - 1.0,
+                           "assumed": []})
+        if not rows:
+            listed.append({"id": entry["id"], "measured_s": entry["measured"]["step_time_s"],
+                           "runtime": entry["runtime"], "predicted": {},
+                           "reason": "scored: false in the file" if not entry.get("scored", True)
+                           else "no measured step time"})
+    return scored, listed
+
+
 def read(data_path: Path) -> tuple[list[dict], list[dict]]:
     """(the scored rows, the listed runs) of a file of the published schema, each run read once
-    (published_schema: priced as it ran, with a measured step)."""
+    (published_schema: priced as it ran, with a measured step); a file of the practitioner
+    set's schema (`configurations`) is scored as practitioner.py scores it."""
+    data = yaml.safe_load(data_path.read_text())
+    if isinstance(data, dict) and "configurations" in data:
+        return _read_practitioner(data_path)
     scored, listed = [], []
     for index, raw in enumerate(load_runs(data_path)):
         row, skipped = _read_one(raw, index)
@@ -563,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows, skipped = read(args.data)
     except (ConfigError, yaml.YAMLError, UnicodeDecodeError, OSError) as err:
-        sys.stderr.write(f"published_accuracy: {args.data}: {' '.join(str(err).split())}\n")
+        where = "" if isinstance(err, ConfigError) else f"{args.data}: "  # it names the file
+        sys.stderr.write(f"published_accuracy: {where}{' '.join(str(err).split())}\n")
         return 2
     every = rows + ([] if args.no_practitioner else practitioner_rows())
     loso, picks = leave_one_source_out(every), first_choice(every)

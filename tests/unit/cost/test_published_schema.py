@@ -384,7 +384,7 @@ def test_figures_written_as_text_are_read(schema) -> None:
 
 def test_a_file_without_runs_is_a_one_line_error(bench, tmp_path: Path, capsys) -> None:
     path = tmp_path / "runs.yaml"
-    path.write_text("configurations: []\n")
+    path.write_text("title: neither runs nor configurations\n")
     assert bench.main(["--data", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "has no list of runs under `runs`" in err
@@ -500,3 +500,13 @@ def test_the_uneven_split_is_the_one_the_published_runs_state() -> None:
             (matched if ours == list(stated) else own).append(entry["id"])
     assert len(matched) == 31
     assert {i.split("-")[0] for i in own} == {"torchtitan", "nanotron"}
+
+
+def test_a_file_of_the_practitioner_schema_is_scored_as_practitioner_py_scores_it(bench) -> None:
+    practitioner = load_script("practitioner")
+    path = ROOT / "benchmarks" / "data" / "bloom-tr11-topology.yaml"
+    rows, listed = bench.read(path)
+    ours = {e["id"]: practitioner.score_entry(e) for e in practitioner.load_data(path)}
+    assert len(rows) == len(ours) == 17 and listed == []
+    assert all(r["predicted_s"] == ours[r["id"]]["predicted_s"] for r in rows)
+    assert all(r["runtime"] == "deepspeed" and r["source"] == "bigscience-tr11-176b" for r in rows)
