@@ -65,6 +65,9 @@ def flops_per_token(convention: str, model: ModelSpec) -> float:
     if convention == "megatron-sc21":
         # Narayanan et al. 2021 (SC21), eq. 3 divided by B*s: counts the recompute forward.
         return 96 * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+    if convention == "korthikanti-eq7":
+        # Korthikanti et al. 2022, Appendix A eq. 7 divided by B*s: model FLOPs (no recompute).
+        return 72 * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
     if convention in ("megatron-moe", "megatron-moe-causal"):
         # Megatron-LM megatron/training/training.py num_floating_point_operations (MCore
         # v0.8-0.9, no shared experts): 12*L*h^2*((1 + g/a + s/h)*a*d/h + f_e*k*(3/2 if SwiGLU)/h
@@ -97,8 +100,8 @@ def flops_per_token(convention: str, model: ModelSpec) -> float:
         # Kaplan et al. 2020 / torchtitan's 6*N part: 6 FLOPs per parameter per token.
         return 6.0 * total_params(model)
     raise ConfigError("derived.inputs.flops_convention", f"got {convention!r}",
-                      "use nemo-llama, megatron-sc21, megatron-moe, megatron-moe-causal, palm, "
-                      "nanotron or 6n")
+                      "use nemo-llama, megatron-sc21, korthikanti-eq7, megatron-moe, "
+                      "megatron-moe-causal, palm, nanotron or 6n")
 
 
 def _tokens_per_step(entry: dict[str, Any], model: ModelSpec) -> float:

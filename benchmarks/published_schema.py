@@ -330,30 +330,37 @@ def model_of(run: dict) -> ModelSpec:
 
 # --- measured figures ---------------------------------------------------------------------------
 
-def flops_per_token(convention: str, model: ModelSpec) -> tuple[float, str] | None:
-    """(model FLOPs per trained token, the convention's name) under the paper's own FLOP count,
-    recognised from its `flops_convention` text; None where the text names none of these:
+def convention_of(text: str) -> str | None:
+    """The FLOP convention a paper's `flops_convention` text names, as practitioner.py's
+    flops_per_token knows them; None where it names none of these:
 
-    - Megatron SC21 eq. 3, 96*B*s*l*h^2*(1 + s/6h + V/16lh) per iteration (counts the
-      recompute forward);
-    - Korthikanti et al. 2022 eq. 7 (model FLOPs), 72*B*L*s*h^2*(1 + s/6h + V/12Lh);
-    - PaLM's (Chowdhery et al. 2022, Appendix B), 6N + 12*L*H*Q*T per token (12*L*h*s);
-    - 6N (Kaplan et al. 2020; 6ND).
-    N is every parameter (autoplan.cost.params.total_params), as practitioner.py counts the
-    same conventions."""
-    L, h, s, V = model.num_layers, model.hidden_size, model.seq_len, model.vocab_size
-    text = convention.replace(" ", "").lower()
-    if "96*b*s*l*h^2" in text or re.search(r"eq\.?\(?3\)?(?!\d)", text):
-        return 96 * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h)), "megatron-sc21"
-    if "72*b*l*s*h^2" in text or re.search(r"eq\.?\(?7\)?(?!\d)", text):
-        return 72 * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)), "korthikanti-eq7"
-    if any(k in text for k in ("palm", "chowdhery", "12*l*h*s", "12lhs", "12lhqt",
+    - megatron-sc21: Megatron SC21 eq. 3, 96*B*s*l*h^2*(1 + s/6h + V/16lh) per iteration
+      (counts the recompute forward);
+    - korthikanti-eq7: Korthikanti et al. 2022 eq. 7 (model FLOPs),
+      72*B*L*s*h^2*(1 + s/6h + V/12Lh);
+    - palm: PaLM's (Chowdhery et al. 2022, Appendix B), 6N + 12*L*H*Q*T per token;
+    - 6n: Kaplan et al. 2020 (6ND)."""
+    flat = text.replace(" ", "").lower()
+    if "96*b*s*l*h^2" in flat or re.search(r"eq\.?\(?3\)?(?!\d)", flat):
+        return "megatron-sc21"
+    if "72*b*l*s*h^2" in flat or re.search(r"eq\.?\(?7\)?(?!\d)", flat):
+        return "korthikanti-eq7"
+    if any(k in flat for k in ("palm", "chowdhery", "12*l*h*s", "12lhs", "12lhqt",
                                "12*l*h*q*t")):
-        return 6.0 * total_params(model) + 12.0 * L * h * s, "palm"
-    if re.search(r"(?<![\w.])6\s*\*?\s*N(?:\s*\*?\s*D)?\b", convention, re.I) \
-            or "6*params" in text:
-        return 6.0 * total_params(model), "6n"
+        return "palm"
+    if re.search(r"(?<![\w.])6\s*\*?\s*N(?:\s*\*?\s*D)?\b", text, re.I) or "6*params" in flat:
+        return "6n"
     return None
+
+
+def flops_per_token(convention: str, model: ModelSpec) -> tuple[float, str] | None:
+    """(model FLOPs per trained token, the convention's name) under the count the paper's
+    `flops_convention` text names (convention_of), by practitioner.py's flops_per_token; None
+    where the text names none it knows."""
+    import practitioner  # the sibling script: one home of the conventions' formulas
+
+    name = convention_of(convention)
+    return None if name is None else (practitioner.flops_per_token(name, model), name)
 
 
 def _peak_tflops(run: dict) -> float | None:
